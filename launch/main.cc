@@ -1,0 +1,48 @@
+// difftrain: one binary, subcommands registered by launch/*_command.cc.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "launch/command.h"
+
+namespace difftrain::launch {
+namespace {
+std::vector<CommandSpec>& Registry() {
+  static std::vector<CommandSpec> commands;
+  return commands;
+}
+}  // namespace
+
+bool RegisterCommand(CommandSpec spec) {
+  Registry().push_back(std::move(spec));
+  return true;
+}
+
+int ReportBadInput(const std::string& command, const std::string& message) {
+  std::fprintf(stderr, "difftrain %s: %s\n", command.c_str(), message.c_str());
+  return kExitBadInput;
+}
+
+}  // namespace difftrain::launch
+
+int main(int argc, char** argv) {
+  using namespace difftrain::launch;
+  CLI::App app{"difftrain: train diffusion models on CPUs and GPU clusters"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, std::function<int()>> runners;
+  for (const CommandSpec& spec : Registry()) {
+    CLI::App* sub = app.add_subcommand(spec.name, spec.description);
+    runners[sub] = spec.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitBadInput;
+  }
+  for (auto& [sub, run] : runners) {
+    if (sub->parsed()) return run();
+  }
+  return kExitBadInput;
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs every Debian package that difftrain's build and tests need.
+# Idempotent: prints nothing and touches nothing when all packages are present.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config clang-format
+  libzmq3-dev cppzmq-dev libyaml-cpp-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
+  libgloo-dev libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev libpng-dev zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch python3-numpy dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[[ $(id -u) -eq 0 ]] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
