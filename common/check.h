@@ -17,9 +17,8 @@ namespace difftrain::detail {
 }  // namespace difftrain::detail
 
 // DT_CHECK(n > 0, "batch {} must be positive", n);
-#define DT_CHECK(cond, ...)                                                              \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]]                                                            \
-      ::difftrain::detail::CheckFailed(__FILE__, __LINE__, #cond,                        \
-                                       ::fmt::format("" __VA_ARGS__));                   \
+#define DT_CHECK(cond, ...)                                                                       \
+  do {                                                                                            \
+    if (!(cond)) [[unlikely]]                                                                     \
+      ::difftrain::detail::CheckFailed(__FILE__, __LINE__, #cond, ::fmt::format("" __VA_ARGS__)); \
   } while (0)

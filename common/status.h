@@ -46,7 +46,7 @@ Status Errorf(fmt::format_string<Args...> format, Args&&... args) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {}  // NOLINT: implicit by design
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -65,16 +65,17 @@ class [[nodiscard]] Result {
 }  // namespace difftrain
 
 // Returns the Status of `expr` from the current function when it is an error.
-#define DT_RETURN_IF_ERROR(expr)                 \
-  do {                                           \
-    ::difftrain::Status dt_status_ = (expr);     \
-    if (!dt_status_.ok()) return dt_status_;     \
+#define DT_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::difftrain::Status dt_status_ = (expr); \
+    if (!dt_status_.ok()) return dt_status_; \
   } while (0)
 
 #define DT_CONCAT_INNER(a, b) a##b
 #define DT_CONCAT(a, b) DT_CONCAT_INNER(a, b)
 // `DT_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a Result or returns its error.
-#define DT_ASSIGN_OR_RETURN(lhs, expr) DT_ASSIGN_OR_RETURN_IMPL(DT_CONCAT(dt_result_, __LINE__), lhs, expr)
+#define DT_ASSIGN_OR_RETURN(lhs, expr) \
+  DT_ASSIGN_OR_RETURN_IMPL(DT_CONCAT(dt_result_, __LINE__), lhs, expr)
 #define DT_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                             \
   if (!tmp.ok()) return tmp.status();            \

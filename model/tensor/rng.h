@@ -13,10 +13,10 @@
 namespace difftrain {
 
 enum class RngStream : uint64_t {
-  kInit = 1,     // parameter initialisation
-  kData = 2,     // synthetic data, shuffling
-  kNoise = 3,    // diffusion noise, timesteps and label dropout per training sample
-  kSample = 4,   // sampling (generation)
+  kInit = 1,    // parameter initialisation
+  kData = 2,    // synthetic data, shuffling
+  kNoise = 3,   // diffusion noise, timesteps and label dropout per training sample
+  kSample = 4,  // sampling (generation)
 };
 
 // xoshiro256** seeded through splitmix64 from (seed, stream, counter).
@@ -25,7 +25,8 @@ class Rng {
   Rng(uint64_t seed, RngStream stream, uint64_t counter = 0) {
     uint64_t x = seed ^ (static_cast<uint64_t>(stream) * 0x9E3779B97F4A7C15ull) ^
                  (counter * 0xD1B54A32D192ED03ull);
-    for (uint64_t& w : s_) w = SplitMix(x);
+    for (uint64_t& w : s_)
+      w = SplitMix(x);
   }
 
   uint64_t NextU64() {

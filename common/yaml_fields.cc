@@ -1,0 +1,102 @@
+#include "common/yaml_fields.h"
+
+#include <fstream>
+
+namespace difftrain {
+
+YamlFields::YamlFields(const std::string& file, const YAML::Node& node, std::string path)
+    : file_(file), node_(node), path_(std::move(path)) {
+  if (node_ && !node_.IsNull() && !node_.IsMap()) {
+    status_ = Errorf("{}: {}: expected a mapping of fields", Where(node_), path_);
+  }
+}
+
+std::string YamlFields::Where(const YAML::Node& node) const {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return file_;
+  return fmt::format("{}:{}:{}", file_, mark.line + 1, mark.column + 1);
+}
+
+std::string YamlFields::FieldPath(const std::string& key) const {
+  return path_.empty() ? key : path_ + "." + key;
+}
+
+bool YamlFields::Has(const std::string& key) const {
+  return node_ && node_.IsMap() && node_[key];
+}
+
+Status YamlFields::ErrorAt(const std::string& key, const std::string& message) const {
+  const YAML::Node where = Has(key) ? node_[key] : node_;
+  return Errorf("{}: {}: {}", Where(where), FieldPath(key), message);
+}
+
+template <typename T>
+YamlFields& YamlFields::Read(const std::string& key, T& out, const char* expected) {
+  read_.insert(key);
+  if (!status_.ok() || !Has(key)) return *this;
+  const YAML::Node value = node_[key];
+  try {
+    if (!value.IsScalar()) throw YAML::BadConversion(value.Mark());
+    out = value.as<T>();
+  } catch (const YAML::Exception&) {
+    const std::string found = value.IsScalar()     ? "'" + value.Scalar() + "'"
+                              : value.IsMap()      ? "a mapping"
+                              : value.IsSequence() ? "a list"
+                                                   : "nothing";
+    status_ =
+        Errorf("{}: {}: expected {}, found {}", Where(value), FieldPath(key), expected, found);
+  }
+  return *this;
+}
+
+YamlFields& YamlFields::Int(const std::string& key, int& out) {
+  return Read(key, out, "an integer");
+}
+YamlFields& YamlFields::Int64(const std::string& key, int64_t& out) {
+  return Read(key, out, "an integer");
+}
+YamlFields& YamlFields::Double(const std::string& key, double& out) {
+  return Read(key, out, "a number");
+}
+YamlFields& YamlFields::Bool(const std::string& key, bool& out) {
+  return Read(key, out, "true or false");
+}
+YamlFields& YamlFields::String(const std::string& key, std::string& out) {
+  return Read(key, out, "a string");
+}
+
+YamlFields YamlFields::Section(const std::string& key) {
+  read_.insert(key);
+  YAML::Node child = Has(key) ? node_[key] : YAML::Node();
+  YamlFields section(file_, child, FieldPath(key));
+  if (!status_.ok()) section.status_ = status_;
+  return section;
+}
+
+Status YamlFields::Finish() const {
+  DT_RETURN_IF_ERROR(status_);
+  if (!node_ || !node_.IsMap()) return Status::Ok();
+  for (const auto& entry : node_) {
+    const std::string key = entry.first.as<std::string>();
+    if (!read_.contains(key)) {
+      std::string known;
+      for (const std::string& k : read_)
+        known += (known.empty() ? "" : ", ") + k;
+      return Errorf("{}: {}: unknown field (known fields here: {})", Where(entry.first),
+                    FieldPath(key), known);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<YAML::Node> YamlFields::LoadFile(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) return Errorf("cannot open '{}'", file);
+  try {
+    return YAML::Load(in);
+  } catch (const YAML::ParserException& e) {
+    return Errorf("{}:{}:{}: invalid YAML: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+}
+
+}  // namespace difftrain

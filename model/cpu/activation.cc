@@ -1,0 +1,61 @@
+#include "model/cpu/activation.h"
+
+#include <cmath>
+
+namespace difftrain::cpu {
+namespace {
+// GELU(x) = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
+template <typename T>
+constexpr T kGeluScale = T(0.7978845608028654);  // √(2/π)
+template <typename T>
+constexpr T kGeluCubic = T(0.044715);
+}  // namespace
+
+template <typename T>
+void GeluForward(T* out, const T* in, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const T x = in[i];
+    const T u = kGeluScale<T> * (x + kGeluCubic<T> * x * x * x);
+    out[i] = T(0.5) * x * (T(1) + std::tanh(u));
+  }
+}
+
+template <typename T>
+void GeluBackward(T* din, const T* dout, const T* in, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const T x = in[i];
+    const T u = kGeluScale<T> * (x + kGeluCubic<T> * x * x * x);
+    const T th = std::tanh(u);
+    const T du = kGeluScale<T> * (T(1) + T(3) * kGeluCubic<T> * x * x);
+    din[i] += dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du);
+  }
+}
+
+template <typename T>
+void SiluForward(T* out, const T* in, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i)
+    out[i] = in[i] / (T(1) + std::exp(-in[i]));
+}
+
+template <typename T>
+void SiluBackward(T* din, const T* dout, const T* in, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const T sig = T(1) / (T(1) + std::exp(-in[i]));
+    din[i] += dout[i] * sig * (T(1) + in[i] * (T(1) - sig));
+  }
+}
+
+template void GeluForward<float>(float*, const float*, size_t);
+template void GeluForward<double>(double*, const double*, size_t);
+template void GeluBackward<float>(float*, const float*, const float*, size_t);
+template void GeluBackward<double>(double*, const double*, const double*, size_t);
+template void SiluForward<float>(float*, const float*, size_t);
+template void SiluForward<double>(double*, const double*, size_t);
+template void SiluBackward<float>(float*, const float*, const float*, size_t);
+template void SiluBackward<double>(double*, const double*, const double*, size_t);
+
+}  // namespace difftrain::cpu

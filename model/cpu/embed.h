@@ -1,0 +1,39 @@
+// The DiT's input and output reshapes and its fixed embeddings.
+//
+// Patchify:   img [B, C, H, W] → patches [B, T, C·p·p], T = (H/p)·(W/p), token t = i·(W/p) + j,
+//             feature c·p·p + ki·p + kj — the order of a Conv2d weight [D, C, p, p], so the
+//             patch embed is a Linear over these features.
+// Unpatchify: tokens [B, T, p·p·C] → img [B, C, H, W], feature (ki·p + kj)·C + c
+//             (DiT's reshape(N, h, w, p, p, c) + einsum nhwpqc->nchpwq).
+#pragma once
+
+#include <cstdint>
+
+namespace difftrain::cpu {
+
+template <typename T>
+void Patchify(T* patches, const T* img, int B, int C, int H, int W, int p);
+
+template <typename T>
+void UnpatchifyForward(T* img, const T* tokens, int B, int C, int H, int W, int p);
+// Adds into dtokens.
+template <typename T>
+void UnpatchifyBackward(T* dtokens, const T* dimg, int B, int C, int H, int W, int p);
+
+// MAE's fixed 2-D sin-cos position embedding [grid·grid, D]: the first D/2 features encode
+// the column j, the last D/2 the row i; each half is [sin(pos·ω_k)…, cos(pos·ω_k)…] with
+// ω_k = 10000^(−k/(D/4)). Computed in double precision.
+void SinCos2DPositionEmbedding(float* out, int grid, int D);
+
+// DiT's timestep frequencies [B, 256]: [cos(t·f_k)…, sin(t·f_k)…], f_k = exp(−ln(10⁴)·k/128).
+// Computed in double precision and rounded once.
+template <typename T>
+void TimestepFrequencies(T* out, const T* t, int B, int dim);
+
+// Label embedding: out[b] = table[labels[b]] ([B, D]); backward adds dout[b] into row labels[b].
+template <typename T>
+void EmbeddingForward(T* out, const T* table, const int32_t* labels, int B, int D);
+template <typename T>
+void EmbeddingBackward(T* dtable, const T* dout, const int32_t* labels, int B, int D);
+
+}  // namespace difftrain::cpu

@@ -1,0 +1,148 @@
+#include "model/dit/config.h"
+
+#include <map>
+
+namespace difftrain {
+namespace {
+
+struct SizeSpec {
+  int depth, hidden, heads;
+};
+const std::map<std::string, SizeSpec>& Sizes() {
+  static const std::map<std::string, SizeSpec> sizes = {
+      {"S", {12, 384, 6}}, {"B", {12, 768, 12}}, {"L", {24, 1024, 16}}, {"XL", {28, 1152, 16}}};
+  return sizes;
+}
+
+int64_t LinearParams(int64_t in, int64_t out) {
+  return in * out + out;
+}
+
+}  // namespace
+
+Status DiTConfig::Validate() const {
+  auto positive = [](const char* field, int v) -> Status {
+    return v > 0 ? Status::Ok() : Errorf("model.{} must be positive, got {}", field, v);
+  };
+  for (auto [field, v] : {std::pair{"input_size", input_size},
+                          {"patch_size", patch_size},
+                          {"in_channels", in_channels},
+                          {"hidden_size", hidden_size},
+                          {"depth", depth},
+                          {"num_heads", num_heads},
+                          {"num_classes", num_classes}}) {
+    DT_RETURN_IF_ERROR(positive(field, v));
+  }
+  if (input_size % patch_size != 0)
+    return Errorf("model.input_size {} is not divisible by model.patch_size {}", input_size,
+                  patch_size);
+  if (hidden_size % num_heads != 0)
+    return Errorf("model.hidden_size {} is not divisible by model.num_heads {}", hidden_size,
+                  num_heads);
+  if (hidden_size % 4 != 0)
+    return Errorf("model.hidden_size {} must be divisible by 4 (2-D sin-cos position embedding)",
+                  hidden_size);
+  if (mlp_ratio <= 0 || mlp_hidden() < 1)
+    return Errorf("model.mlp_ratio must be positive, got {}", mlp_ratio);
+  if (class_dropout_prob < 0 || class_dropout_prob >= 1)
+    return Errorf("model.class_dropout_prob must be in [0, 1), got {}", class_dropout_prob);
+  return Status::Ok();
+}
+
+nlohmann::json DiTConfig::ToJson() const {
+  return {{"name", name},
+          {"input_size", input_size},
+          {"patch_size", patch_size},
+          {"in_channels", in_channels},
+          {"hidden_size", hidden_size},
+          {"depth", depth},
+          {"num_heads", num_heads},
+          {"mlp_ratio", mlp_ratio},
+          {"num_classes", num_classes},
+          {"class_dropout_prob", class_dropout_prob},
+          {"learn_sigma", learn_sigma}};
+}
+
+Result<DiTConfig> DiTConfig::FromJson(const nlohmann::json& j) {
+  DiTConfig c;
+  try {
+    c.name = j.value("name", std::string("custom"));
+    c.input_size = j.at("input_size").get<int>();
+    c.patch_size = j.at("patch_size").get<int>();
+    c.in_channels = j.at("in_channels").get<int>();
+    c.hidden_size = j.at("hidden_size").get<int>();
+    c.depth = j.at("depth").get<int>();
+    c.num_heads = j.at("num_heads").get<int>();
+    c.mlp_ratio = j.at("mlp_ratio").get<double>();
+    c.num_classes = j.at("num_classes").get<int>();
+    c.class_dropout_prob = j.at("class_dropout_prob").get<double>();
+    c.learn_sigma = j.at("learn_sigma").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    return Errorf("malformed DiT config: {}", e.what());
+  }
+  DT_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+Result<DiTConfig> DiTConfigByName(const std::string& name, int input_size) {
+  // "DiT-<size>/<patch>"
+  const size_t slash = name.find('/');
+  if (name.rfind("DiT-", 0) != 0 || slash == std::string::npos) {
+    return Errorf(
+        "unknown model '{}' (expected one of DiT-S/B/L/XL with patch 2, 4 or 8, e.g. "
+        "DiT-XL/2)",
+        name);
+  }
+  const std::string size = name.substr(4, slash - 4), patch = name.substr(slash + 1);
+  auto it = Sizes().find(size);
+  if (it == Sizes().end() || (patch != "2" && patch != "4" && patch != "8")) {
+    return Errorf("unknown model '{}' (expected one of DiT-S/B/L/XL with patch 2, 4 or 8)", name);
+  }
+  DiTConfig c;
+  c.name = name;
+  c.input_size = input_size;
+  c.patch_size = std::stoi(patch);
+  c.depth = it->second.depth;
+  c.hidden_size = it->second.hidden;
+  c.num_heads = it->second.heads;
+  DT_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+std::vector<std::string> DiTConfigNames() {
+  std::vector<std::string> names;
+  for (const char* size : {"S", "B", "L", "XL"}) {
+    for (const char* patch : {"2", "4", "8"})
+      names.push_back(fmt::format("DiT-{}/{}", size, patch));
+  }
+  return names;
+}
+
+int64_t TrainableParameterCount(const DiTConfig& c) {
+  const int64_t D = c.hidden_size, M = c.mlp_hidden();
+  const int64_t block = LinearParams(D, 6 * D) + LinearParams(D, 3 * D) + LinearParams(D, D) +
+                        LinearParams(D, M) + LinearParams(M, D);
+  const int64_t embed = LinearParams(c.patch_features(), D) + LinearParams(256, D) +
+                        LinearParams(D, D) + int64_t(c.label_rows()) * D;
+  const int64_t final = LinearParams(D, 2 * D) +
+                        LinearParams(D, int64_t(c.patch_size) * c.patch_size * c.out_channels());
+  return embed + c.depth * block + final;
+}
+
+int64_t ParameterCount(const DiTConfig& c) {
+  return TrainableParameterCount(c) + int64_t(c.tokens()) * c.hidden_size;
+}
+
+double ForwardMacsPerSample(const DiTConfig& c) {
+  const double D = c.hidden_size, T = c.tokens(), M = c.mlp_hidden();
+  const double block = 6 * D * D + 3 * D * D * T + 2 * T * T * D + D * D * T + 2 * M * D * T;
+  const double embed = T * c.patch_features() * D + 256 * D + D * D;
+  const double final = 2 * D * D + T * D * c.patch_size * c.patch_size * c.out_channels();
+  return embed + c.depth * block + final;
+}
+
+double TrainingFlopsPerSample(const DiTConfig& c) {
+  return 6.0 * ForwardMacsPerSample(c);
+}
+
+}  // namespace difftrain

@@ -1,0 +1,75 @@
+#include "model/optim/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace difftrain {
+
+Status OptimizerConfig::Validate() const {
+  if (!(lr > 0)) return Errorf("optimizer.lr must be positive, got {}", lr);
+  if (!(beta1 >= 0 && beta1 < 1)) return Errorf("optimizer.beta1 must be in [0, 1), got {}", beta1);
+  if (!(beta2 >= 0 && beta2 < 1)) return Errorf("optimizer.beta2 must be in [0, 1), got {}", beta2);
+  if (!(eps > 0)) return Errorf("optimizer.eps must be positive, got {}", eps);
+  if (weight_decay < 0) return Errorf("optimizer.weight_decay must be >= 0, got {}", weight_decay);
+  if (warmup_steps < 0) return Errorf("optimizer.warmup_steps must be >= 0, got {}", warmup_steps);
+  if (grad_clip < 0) return Errorf("optimizer.grad_clip must be >= 0, got {}", grad_clip);
+  if (!(ema_decay >= 0 && ema_decay <= 1))
+    return Errorf("optimizer.ema_decay must be in [0, 1], got {}", ema_decay);
+  return Status::Ok();
+}
+
+nlohmann::json OptimizerConfig::ToJson() const {
+  return {{"lr", lr},
+          {"beta1", beta1},
+          {"beta2", beta2},
+          {"eps", eps},
+          {"weight_decay", weight_decay},
+          {"warmup_steps", warmup_steps},
+          {"grad_clip", grad_clip},
+          {"ema_decay", ema_decay}};
+}
+
+double LearningRate(const OptimizerConfig& config, int64_t step) {
+  if (config.warmup_steps <= 0) return config.lr;
+  return config.lr * std::min(1.0, static_cast<double>(step + 1) / config.warmup_steps);
+}
+
+double SumOfSquares(const float* g, size_t n) {
+  double sum = 0;
+#pragma omp parallel for reduction(+ : sum) schedule(static)
+  for (size_t i = 0; i < n; ++i)
+    sum += static_cast<double>(g[i]) * g[i];
+  return sum;
+}
+
+double ClipScale(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
+}
+
+void AdamWUpdate(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, size_t n,
+                 double lr, double grad_scale, int64_t step, const OptimizerConfig& config) {
+  const float b1 = static_cast<float>(config.beta1), b2 = static_cast<float>(config.beta2);
+  const float decay = static_cast<float>(1.0 - lr * config.weight_decay);
+  const float step_size = static_cast<float>(lr / (1.0 - std::pow(config.beta1, step)));
+  const float bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config.beta2, step)));
+  const float eps = static_cast<float>(config.eps), scale = static_cast<float>(grad_scale);
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grads[i] * scale;
+    params[i] *= decay;
+    exp_avg[i] = b1 * exp_avg[i] + (1 - b1) * g;
+    exp_avg_sq[i] = b2 * exp_avg_sq[i] + (1 - b2) * g * g;
+    params[i] -= step_size * exp_avg[i] / (std::sqrt(exp_avg_sq[i]) / bias2_sqrt + eps);
+  }
+}
+
+void EmaUpdate(float* ema, const float* params, size_t n, double decay) {
+  const float d = static_cast<float>(decay), keep = static_cast<float>(1.0 - decay);
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i)
+    ema[i] = d * ema[i] + keep * params[i];
+}
+
+}  // namespace difftrain

@@ -1,0 +1,48 @@
+// AdamW (PyTorch's semantics), global-norm gradient clipping, a linear warm-up learning
+// rate, and the EMA of the weights. Each works on a flat range of the parameter arena, so
+// the full model and a ZeRO-1 shard are updated by the same code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace difftrain {
+
+struct OptimizerConfig {
+  double lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  int64_t warmup_steps = 0;  // linear warm-up from lr/warmup to lr
+  double grad_clip = 0.0;    // max global gradient norm; 0 disables clipping
+  double ema_decay = 0.9999;
+
+  Status Validate() const;
+  nlohmann::json ToJson() const;
+};
+
+// Learning rate of optimizer step `step` (0-based): lr·min(1, (step + 1) / warmup_steps).
+double LearningRate(const OptimizerConfig& config, int64_t step);
+
+// Sum of squares of g[0..n) in double precision (the caller takes the square root after
+// adding the partial sums of every shard).
+double SumOfSquares(const float* g, size_t n);
+
+// The factor that scales gradients of global norm `norm` down to `max_norm` (1 when not
+// clipping), as torch.nn.utils.clip_grad_norm_ computes it.
+double ClipScale(double norm, double max_norm);
+
+// One AdamW step on n parameters; `step` is the 1-based step count used by bias correction.
+// The gradient is multiplied by grad_scale first (clipping).
+void AdamWUpdate(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, size_t n,
+                 double lr, double grad_scale, int64_t step, const OptimizerConfig& config);
+
+// ema = decay · ema + (1 − decay) · params
+void EmaUpdate(float* ema, const float* params, size_t n, double decay);
+
+}  // namespace difftrain

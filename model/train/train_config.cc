@@ -1,0 +1,125 @@
+#include "model/train/train_config.h"
+
+#include "common/yaml_fields.h"
+
+namespace difftrain {
+namespace {
+
+// The model section: a named config (`name: DiT-S/4`) with optional overrides, or
+// `name: custom` with every shape field given.
+Status ReadModel(YamlFields fields, DiTConfig& model) {
+  std::string name = "DiT-S/2";
+  int input_size = 32;
+  fields.String("name", name).Int("input_size", input_size);
+  if (name != "custom") {
+    Result<DiTConfig> named = DiTConfigByName(name, input_size);
+    if (!named.ok()) return fields.ErrorAt("name", named.status().message());
+    model = *named;
+  } else {
+    for (const char* required : {"patch_size", "hidden_size", "depth", "num_heads"}) {
+      if (!fields.Has(required)) return fields.ErrorAt(required, "required when name is custom");
+    }
+    model.name = "custom";
+    model.input_size = input_size;
+  }
+  fields.Int("patch_size", model.patch_size)
+      .Int("in_channels", model.in_channels)
+      .Int("hidden_size", model.hidden_size)
+      .Int("depth", model.depth)
+      .Int("num_heads", model.num_heads)
+      .Double("mlp_ratio", model.mlp_ratio)
+      .Int("num_classes", model.num_classes)
+      .Double("class_dropout_prob", model.class_dropout_prob)
+      .Bool("learn_sigma", model.learn_sigma);
+  DT_RETURN_IF_ERROR(fields.Finish());
+  return model.Validate();
+}
+
+}  // namespace
+
+Status TrainConfig::Validate(int dp) const {
+  DT_RETURN_IF_ERROR(model.Validate());
+  DT_RETURN_IF_ERROR(diffusion.Validate());
+  DT_RETURN_IF_ERROR(optimizer.Validate());
+  if (data.kind != "synthetic") {
+    return Errorf("data.kind: unknown dataset '{}' (expected synthetic)", data.kind);
+  }
+  if (micro_batch < 1) return Errorf("batch.micro must be positive, got {}", micro_batch);
+  if (global_batch < 1) return Errorf("batch.global must be positive, got {}", global_batch);
+  if (global_batch % (micro_batch * dp) != 0) {
+    return Errorf(
+        "batch.global {} is not a multiple of batch.micro × data-parallel size = {} × {} = {} "
+        "(global = micro × dp × accumulation steps)",
+        global_batch, micro_batch, dp, micro_batch * dp);
+  }
+  if (steps < 1) return Errorf("train.steps must be positive, got {}", steps);
+  if (log_every < 1) return Errorf("train.log_every must be positive, got {}", log_every);
+  if (checkpoint.every < 0)
+    return Errorf("checkpoint.every must be >= 0, got {}", checkpoint.every);
+  if (checkpoint.keep < 1) return Errorf("checkpoint.keep must be >= 1, got {}", checkpoint.keep);
+  return Status::Ok();
+}
+
+nlohmann::json TrainConfig::ToJson() const {
+  return {{"model", model.ToJson()},
+          {"data", {{"kind", data.kind}}},
+          {"diffusion", diffusion.ToJson()},
+          {"optimizer", optimizer.ToJson()},
+          {"batch", {{"micro", micro_batch}, {"global", global_batch}}},
+          {"train", {{"steps", steps}, {"seed", seed}, {"log_every", log_every}}},
+          {"checkpoint",
+           {{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep", checkpoint.keep}}}};
+}
+
+Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(YAML::Node root, YamlFields::LoadFile(path));
+  YamlFields top(path, root, "");
+  TrainConfig c;
+  DT_RETURN_IF_ERROR(ReadModel(top.Section("model"), c.model));
+
+  YamlFields data = top.Section("data");
+  data.String("kind", c.data.kind);
+  DT_RETURN_IF_ERROR(data.Finish());
+
+  YamlFields diffusion = top.Section("diffusion");
+  diffusion.Int("steps", c.diffusion.steps)
+      .Double("beta_start", c.diffusion.beta_start)
+      .Double("beta_end", c.diffusion.beta_end);
+  DT_RETURN_IF_ERROR(diffusion.Finish());
+
+  YamlFields opt = top.Section("optimizer");
+  opt.Double("lr", c.optimizer.lr)
+      .Double("beta1", c.optimizer.beta1)
+      .Double("beta2", c.optimizer.beta2)
+      .Double("eps", c.optimizer.eps)
+      .Double("weight_decay", c.optimizer.weight_decay)
+      .Int64("warmup_steps", c.optimizer.warmup_steps)
+      .Double("grad_clip", c.optimizer.grad_clip)
+      .Double("ema_decay", c.optimizer.ema_decay);
+  DT_RETURN_IF_ERROR(opt.Finish());
+
+  YamlFields batch = top.Section("batch");
+  batch.Int("micro", c.micro_batch);
+  c.global_batch = c.micro_batch;  // default: no accumulation
+  batch.Int("global", c.global_batch);
+  DT_RETURN_IF_ERROR(batch.Finish());
+
+  YamlFields train = top.Section("train");
+  int64_t seed = 0;
+  train.Int64("steps", c.steps).Int64("seed", seed).Int("log_every", c.log_every);
+  c.seed = static_cast<uint64_t>(seed);
+  DT_RETURN_IF_ERROR(train.Finish());
+
+  YamlFields ckpt = top.Section("checkpoint");
+  ckpt.String("dir", c.checkpoint.dir)
+      .Int64("every", c.checkpoint.every)
+      .Int("keep", c.checkpoint.keep);
+  DT_RETURN_IF_ERROR(ckpt.Finish());
+
+  DT_RETURN_IF_ERROR(top.Finish());
+  Status valid = c.Validate();
+  if (!valid.ok()) return valid.WithContext(path);
+  return c;
+}
+
+}  // namespace difftrain

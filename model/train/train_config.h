@@ -1,0 +1,49 @@
+// What one training run needs: model, data, diffusion, optimizer, batch arithmetic, run
+// length and checkpointing. Read from the YAML job file (docs/job-spec.md); every error
+// names the field, the expected and the found value, with line and column.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "model/diffusion/gaussian_diffusion.h"
+#include "model/dit/config.h"
+#include "model/optim/adamw.h"
+
+namespace difftrain {
+
+struct DataConfig {
+  std::string kind = "synthetic";  // synthetic: N(0, 1) latents and uniform labels from the seed
+};
+
+struct CheckpointConfig {
+  std::string dir;    // empty: no checkpoints
+  int64_t every = 0;  // steps between checkpoints (0: only at the end)
+  int keep = 3;       // newest complete checkpoints kept
+};
+
+struct TrainConfig {
+  DiTConfig model;
+  DataConfig data;
+  DiffusionConfig diffusion;
+  OptimizerConfig optimizer;
+  int micro_batch = 8;
+  int global_batch = 8;  // = micro_batch × data-parallel size × accumulation steps
+  int64_t steps = 100;
+  uint64_t seed = 0;
+  int log_every = 10;
+  CheckpointConfig checkpoint;
+
+  // Micro-batches per optimizer step on each of `dp` data-parallel ranks.
+  int AccumulationSteps(int dp = 1) const { return global_batch / (micro_batch * dp); }
+  // Every field and the batch arithmetic; the message shows the arithmetic when it fails.
+  Status Validate(int dp = 1) const;
+  nlohmann::json ToJson() const;
+
+  static Result<TrainConfig> FromYamlFile(const std::string& path);
+};
+
+}  // namespace difftrain

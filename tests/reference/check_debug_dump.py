@@ -1,0 +1,197 @@
+#!/usr/bin/python3
+"""Checks a `difftrain debug-dump` file against the float64 PyTorch reference DiT.
+
+    /usr/bin/python3 tests/reference/check_debug_dump.py FILE [--tol 1e-5]
+
+The dump holds one training step: the parameters, the inputs (x0, noise, t, y, x_t), the
+model output, the epsilon-MSE loss and every parameter's gradient. The checker rebuilds the
+model in float64 from the dump's config and parameters, recomputes x_t with its own beta
+schedule, runs forward and backward on the dump's x_t, t and y, and compares each tensor.
+
+Error measure: ||a - b|| / ||b|| (L2 norms, b the float64 reference). Where ||b|| is
+exactly 0, a relative error means nothing, and the absolute ||a - b|| is used instead,
+against the same tol. This happens for the gradients of a DiT-initialised model (its
+zero-initialised adaLN and final Linears block every gradient upstream of them), where a
+correct implementation also yields exact zeros.
+
+Exit status: 0 if every tensor is within tol, 1 if any is not, 2 if the file is malformed
+or lacks a tensor.
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dit_torch  # noqa: E402
+import safetensors_np  # noqa: E402
+
+FORMAT = "difftrain-debug-dump"
+VERSION = "1"
+CONFIG_FIELDS = dataclasses.fields(dit_torch.DiTConfig)
+DIFFUSION_KEYS = {"schedule", "steps", "beta_start", "beta_end"}
+
+
+class MalformedDump(Exception):
+    """The dump cannot be checked: not a dump, or a tensor is missing or misshapen."""
+
+
+def parse_metadata(metadata):
+    """Returns (DiTConfig, diffusion dict) from the header metadata."""
+    if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
+        raise MalformedDump(f"metadata format/version is {metadata.get('format')!r}/"
+                            f"{metadata.get('version')!r}, expected {FORMAT!r}/{VERSION!r}")
+    config = _json_object(metadata, "config", {f.name for f in CONFIG_FIELDS}, optional={"name"})
+    config.pop("name", None)  # descriptive only ("DiT-S/2" or "custom")
+    diffusion = _json_object(metadata, "diffusion", DIFFUSION_KEYS)
+    if diffusion["schedule"] != "linear":
+        raise MalformedDump(f"diffusion schedule {diffusion['schedule']!r}: only 'linear' is known")
+    for field in CONFIG_FIELDS:
+        value = config[field.name]
+        allowed = (int, float) if field.type is float else field.type
+        # bool is an int in Python; neither may stand for the other here.
+        if isinstance(value, bool) != (field.type is bool) or not isinstance(value, allowed):
+            raise MalformedDump(f"config {field.name}={value!r} is not a {field.type.__name__}")
+    cfg = dit_torch.DiTConfig(**config)
+    if cfg.input_size % cfg.patch_size or cfg.hidden_size % cfg.num_heads or cfg.hidden_size % 4:
+        raise MalformedDump(f"inconsistent config {config}: input_size must be a multiple of "
+                            "patch_size, hidden_size of num_heads and of 4 (2-D sin-cos)")
+    return cfg, diffusion
+
+
+def _json_object(metadata, key, keys, optional=frozenset()):
+    if key not in metadata:
+        raise MalformedDump(f"metadata has no {key!r}")
+    try:
+        value = json.loads(metadata[key])
+    except json.JSONDecodeError as e:
+        raise MalformedDump(f"metadata {key!r} is not JSON: {e}") from None
+    if not isinstance(value, dict) or not keys <= set(value) <= keys | optional:
+        raise MalformedDump(f"metadata {key!r} must have exactly the keys {sorted(keys)}, "
+                            f"has {sorted(value) if isinstance(value, dict) else value!r}")
+    return value
+
+
+def expected_shapes(model, batch):
+    """name -> (shape, kind) for every tensor a dump of this model must hold; kind is
+    "float" or "int"."""
+    cfg = model.cfg
+    image = (batch, cfg.in_channels, cfg.input_size, cfg.input_size)
+    shapes = {name: (tuple(p.shape), "float") for name, p in model.named_parameters()}
+    shapes.update({
+        "input.x0": (image, "float"), "input.noise": (image, "float"),
+        "input.t": ((batch,), "int"), "input.y": ((batch,), "int"),
+        "input.x_t": (image, "float"),
+        "output": ((batch, cfg.out_channels, cfg.input_size, cfg.input_size), "float"),
+        "loss": ((1,), "float"),
+    })
+    shapes.update({f"grad.{name}": (tuple(p.shape), "float")
+                   for name, p in model.named_parameters() if p.requires_grad})
+    return shapes
+
+
+def validate_tensors(tensors, shapes):
+    missing = [name for name in shapes if name not in tensors]
+    unexpected = [name for name in tensors if name not in shapes]
+    if missing or unexpected:
+        raise MalformedDump(f"missing tensors {missing}, unexpected tensors {unexpected}")
+    for name, (shape, kind) in shapes.items():
+        array = tensors[name]
+        numeric = np.floating if kind == "float" else np.integer
+        if tuple(array.shape) != shape or not np.issubdtype(array.dtype, numeric):
+            raise MalformedDump(f"tensor {name!r} is {array.dtype}{list(array.shape)}, "
+                                f"expected {kind}{list(shape)}")
+
+
+def error(actual, expected):
+    """(error, "rel" | "abs"): the relative L2 error, or the absolute one where the
+    reference is exactly zero. Non-finite values give an infinite error."""
+    actual = torch.as_tensor(actual, dtype=torch.float64)
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    if not torch.isfinite(actual).all():
+        return math.inf, "rel"
+    diff = torch.linalg.vector_norm(actual - expected).item()
+    norm = torch.linalg.vector_norm(expected).item()
+    return (diff / norm, "rel") if norm > 0 else (diff, "abs")
+
+
+def reference_step(model, tensors):
+    """Runs forward and backward on the dump's inputs; returns name -> float64 tensor for
+    output, loss and every grad.*."""
+    as64 = lambda name: torch.from_numpy(tensors[name]).to(torch.float64)  # noqa: E731
+    output = model(as64("input.x_t"), torch.from_numpy(tensors["input.t"]).long(),
+                   torch.from_numpy(tensors["input.y"]).long())
+    loss = dit_torch.epsilon_mse_loss(output, as64("input.noise"))
+    loss.backward()
+    result = {"output": output.detach(), "loss": loss.detach().reshape(1)}
+    result.update({f"grad.{name}": p.grad for name, p in model.named_parameters() if p.requires_grad})
+    return result
+
+
+def check(path, tol):
+    """Prints one line per tensor and a summary; returns True iff every error <= tol.
+    Raises MalformedDump or safetensors_np.SafetensorsError for a bad file."""
+    tensors, metadata = safetensors_np.read(path)
+    cfg, diffusion = parse_metadata(metadata)
+    if "input.t" not in tensors:
+        raise MalformedDump("missing tensor 'input.t'")
+    batch = tensors["input.t"].shape[0]
+
+    model = dit_torch.DiT(cfg, dtype=torch.float64)
+    validate_tensors(tensors, expected_shapes(model, batch))
+    t, y = tensors["input.t"], tensors["input.y"]
+    if t.min() < 0 or t.max() >= diffusion["steps"]:
+        raise MalformedDump(f"input.t {t.tolist()} outside [0, {diffusion['steps']})")
+    num_rows = model.y_embedder.embedding_table.num_embeddings
+    if y.min() < 0 or y.max() >= num_rows:
+        raise MalformedDump(f"input.y {y.tolist()} outside [0, {num_rows})")
+    model.load_state_dict({name: torch.from_numpy(tensors[name]) for name in model.state_dict()})
+
+    # Every comparison, as (name, value in the dump, float64 reference value).
+    betas = dit_torch.linear_beta_schedule(diffusion["steps"], diffusion["beta_start"], diffusion["beta_end"])
+    x_t = dit_torch.q_sample(torch.from_numpy(tensors["input.x0"]), torch.from_numpy(tensors["input.noise"]),
+                             torch.from_numpy(t).long(), betas)
+    grid_size = cfg.input_size // cfg.patch_size
+    pos_embed = dit_torch.get_2d_sincos_pos_embed(cfg.hidden_size, grid_size)[None]
+    comparisons = [("input.x_t", tensors["input.x_t"], x_t), ("pos_embed", tensors["pos_embed"], pos_embed)]
+    comparisons += [(name, tensors[name], value) for name, value in reference_step(model, tensors).items()]
+
+    print(f"{path}: seed {metadata.get('seed', '?')}, batch {batch}, config {metadata['config']}")
+    width = max(len(name) for name, _, _ in comparisons)
+    failures = []
+    worst = ("", -1.0, "rel")
+    for name, actual, expected in comparisons:
+        err, kind = error(actual, expected)
+        ok = err <= tol
+        print(f"{name:<{width}}  {kind} {err:.3e}  {'OK' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(name)
+        if err > worst[1]:
+            worst = (name, err, kind)
+    verdict = "all OK" if not failures else f"{len(failures)} FAILED ({', '.join(failures)})"
+    print(f"summary: {len(comparisons)} tensors, tol {tol:g}: {verdict}; "
+          f"worst {worst[0]} ({worst[2]} {worst[1]:.3e})")
+    return not failures
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("file", help="the debug-dump .safetensors file")
+    parser.add_argument("--tol", type=float, default=1e-5,
+                        help="largest relative L2 error (absolute where the reference is 0)")
+    args = parser.parse_args(argv)
+    try:
+        return 0 if check(args.file, args.tol) else 1
+    except (MalformedDump, safetensors_np.SafetensorsError, OSError) as e:
+        print(f"error: cannot check {args.file}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
