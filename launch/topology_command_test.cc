@@ -1,35 +1,16 @@
 // Runs the built `difftrain topology` the way a user does.
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/run_command.h"
+
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-// The arguments are constants of this file, so handing them to the shell is safe.
-CommandResult RunDifftrain(const std::string& args) {
-  const std::string command = std::string(DIFFTRAIN_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  CommandResult result;
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0)
-    result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using difftrain::testing::CommandResult;
+using difftrain::testing::RunDifftrain;
 
 TEST(TopologyCommandTest, PrintsTheExampleGroups) {
   const CommandResult result = RunDifftrain("topology --tp 2 --cp 2 --dp 2 --pp 2");

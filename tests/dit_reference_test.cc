@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "tests/reference/run_command.h"
+#include "tests/testing/run_command.h"
 
 namespace difftrain::testing {
 namespace {

@@ -3,7 +3,7 @@
 // malformed file, and the reference model must have DiT's parameter count and FLOPs.
 #include <gtest/gtest.h>
 
-#include "tests/reference/run_command.h"
+#include "tests/testing/run_command.h"
 
 namespace difftrain::testing {
 namespace {

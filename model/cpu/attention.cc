@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "common/check.h"
 #include "model/cpu/gemm.h"
 
 namespace difftrain::cpu {
@@ -33,6 +34,7 @@ void SoftmaxRows(T* x, int rows, int cols) {
 // inside (OpenBLAS does not spawn threads inside a parallel region).
 template <typename T>
 void AttentionForward(T* out, T* probs, const T* qkv, int B, int T_, int D, int H) {
+  DT_CHECK(D % H == 0, "hidden size {} is not divisible by {} heads", D, H);
   const int hd = D / H;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
 #pragma omp parallel for collapse(2) schedule(static)
@@ -53,6 +55,7 @@ void AttentionForward(T* out, T* probs, const T* qkv, int B, int T_, int D, int 
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* probs, int B, int T_, int D,
                        int H) {
+  DT_CHECK(D % H == 0, "hidden size {} is not divisible by {} heads", D, H);
   const int hd = D / H;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
 #pragma omp parallel

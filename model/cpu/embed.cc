@@ -48,6 +48,7 @@ void Patchify(T* patches, const T* img, int B, int C, int H, int W, int p) {
 
 template <typename T>
 void UnpatchifyForward(T* img, const T* tokens, int B, int C, int H, int W, int p) {
+  DT_CHECK(H % p == 0 && W % p == 0, "image {}x{} is not divisible by patch {}", H, W, p);
   const PatchIndex idx{C, H, W, p};
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
@@ -62,6 +63,7 @@ void UnpatchifyForward(T* img, const T* tokens, int B, int C, int H, int W, int 
 
 template <typename T>
 void UnpatchifyBackward(T* dtokens, const T* dimg, int B, int C, int H, int W, int p) {
+  DT_CHECK(H % p == 0 && W % p == 0, "image {}x{} is not divisible by patch {}", H, W, p);
   const PatchIndex idx{C, H, W, p};
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {

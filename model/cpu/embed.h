@@ -25,7 +25,8 @@ void UnpatchifyBackward(T* dtokens, const T* dimg, int B, int C, int H, int W, i
 // ω_k = 10000^(−k/(D/4)). Computed in double precision.
 void SinCos2DPositionEmbedding(float* out, int grid, int D);
 
-// DiT's timestep frequencies [B, 256]: [cos(t·f_k)…, sin(t·f_k)…], f_k = exp(−ln(10⁴)·k/128).
+// DiT's timestep frequencies [B, dim] (dim = 256 in DiT): [cos(t·f_k)…, sin(t·f_k)…] with
+// f_k = exp(−ln(10⁴)·k/(dim/2)).
 // Computed in double precision and rounded once.
 template <typename T>
 void TimestepFrequencies(T* out, const T* t, int B, int dim);

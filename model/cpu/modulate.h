@@ -5,9 +5,9 @@
 //   Modulate:       out = x · (1 + scale[b]) + shift[b]
 //   GatedResidual:  out = x + gate[b] · y
 //
-// Backward adds into every gradient it is given. In GatedResidualBackward `dx` may be
-// null: the residual stream's gradient then stays where it is (dx is dout) and only dy
-// and dgate are produced.
+// Backward adds into every gradient it is given; every gradient pointer is required, except
+// `dx` of GatedResidualBackward, which may be null: the residual stream's gradient then
+// stays where it is (dx is dout) and only dy and dgate are produced.
 #pragma once
 
 namespace difftrain::cpu {

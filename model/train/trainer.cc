@@ -63,14 +63,24 @@ double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {
 
 Result<StepStats> Trainer::Step() {
   const int accumulation = config_.AccumulationSteps();
-  const size_t n = model_.num_params();
-  std::memset(model_.grads(), 0, n * sizeof(float));
+  std::memset(model_.grads(), 0, model_.num_params() * sizeof(float));
   double loss = 0;
   for (int i = 0; i < accumulation; ++i) {
     const int64_t first = samples_seen_ + static_cast<int64_t>(i) * config_.micro_batch;
     DT_RETURN_IF_ERROR(MakeMicroBatch(first, config_.micro_batch, batch_));
     loss += ForwardBackward(batch_, 1.0f / accumulation) / accumulation;
   }
+  return ApplyUpdate(loss, config_.global_batch);
+}
+
+StepStats Trainer::StepOn(const MicroBatch& batch) {
+  std::memset(model_.grads(), 0, model_.num_params() * sizeof(float));
+  const double loss = ForwardBackward(batch, 1.0f);
+  return ApplyUpdate(loss, batch.size);
+}
+
+StepStats Trainer::ApplyUpdate(double loss, int64_t samples) {
+  const size_t n = model_.num_params();
   StepStats stats;
   stats.loss = loss;
   stats.grad_norm = std::sqrt(SumOfSquares(model_.grads(), n));
@@ -80,7 +90,7 @@ Result<StepStats> Trainer::Step() {
               config_.optimizer);
   EmaUpdate(ema_.data(), model_.params(), n, config_.optimizer.ema_decay);
   ++step_;
-  samples_seen_ += config_.global_batch;
+  samples_seen_ += samples;
   stats.step = step_;
   return stats;
 }

@@ -45,8 +45,10 @@ class Trainer {
   // Forward, ε-MSE loss and backward of one micro-batch; gradients accumulate, scaled by
   // grad_scale. Returns the (unscaled) loss.
   double ForwardBackward(const MicroBatch& batch, float grad_scale);
-  // One optimizer step over the global batch.
+  // One optimizer step over the next global batch of the data.
   Result<StepStats> Step();
+  // One optimizer step on exactly this batch (no accumulation), e.g. to overfit it.
+  StepStats StepOn(const MicroBatch& batch);
 
   // The checkpoint shard of this process: model (reference names, pos_embed included), EMA
   // (`ema.` prefix), AdamW moments (`optim.exp_avg.`, `optim.exp_avg_sq.`) and, in the
@@ -66,6 +68,9 @@ class Trainer {
   int64_t samples_seen() const { return samples_seen_; }
 
  private:
+  // Clips, updates the parameters with AdamW and the EMA, and advances the counters.
+  StepStats ApplyUpdate(double loss, int64_t samples);
+
   TrainConfig config_;
   std::unique_ptr<Dataset> data_;
   DiT model_;

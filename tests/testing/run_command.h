@@ -1,5 +1,5 @@
-// Running a shell command from a test and capturing what it prints: the reference tests
-// drive Python scripts and the `difftrain` binary this way, and print the output on failure.
+// Running a command from a test and capturing what it prints: tests drive Python scripts
+// and the built `difftrain` binary this way, and print the output on failure.
 #pragma once
 
 #include <sys/wait.h>
@@ -39,5 +39,12 @@ inline std::string ShellQuote(const std::string& word) {
   }
   return quoted + "'";
 }
+
+#ifdef DIFFTRAIN_BINARY
+// Runs the built `difftrain` with `args` (already quoted where needed).
+inline CommandResult RunDifftrain(const std::string& args) {
+  return RunCommand(std::string(DIFFTRAIN_BINARY) + " " + args);
+}
+#endif
 
 }  // namespace difftrain::testing

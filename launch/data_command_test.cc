@@ -1,0 +1,144 @@
+// Runs the built `difftrain data` the way a user does.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/data/dataset.h"
+#include "model/data/fashion_mnist.h"
+#include "model/data/latent_folder.h"
+
+namespace difftrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// The arguments are built by this file from constants and a mkdtemp path, so handing them
+// to the shell is safe.
+CommandResult RunDifftrain(const std::string& args) {
+  const std::string command = std::string(DIFFTRAIN_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << command;
+  CommandResult result;
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0)
+    result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+void ExpectSameSamples(const Dataset& a, const Dataset& b, int64_t count) {
+  std::vector<float> x(a.sample_floats()), y(b.sample_floats());
+  ASSERT_EQ(x.size(), y.size());
+  for (int64_t i = 0; i < count; ++i) {
+    int32_t label_a = -1, label_b = -2;
+    ASSERT_TRUE(a.Get(i, x.data(), &label_a).ok());
+    ASSERT_TRUE(b.Get(i, y.data(), &label_b).ok());
+    ASSERT_EQ(x, y) << "sample " << i;
+    ASSERT_EQ(label_a, label_b) << "sample " << i;
+  }
+}
+
+class DataCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/data_command_test.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<LatentFolderDataset> OpenOut() {
+    Result<std::unique_ptr<LatentFolderDataset>> folder = LatentFolderDataset::Open(dir_ + "/out");
+    EXPECT_TRUE(folder.ok()) << folder.status().message();
+    return folder.ok() ? std::move(folder).value() : nullptr;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(DataCommandTest, PacksSyntheticSamples) {
+  const CommandResult result = RunDifftrain(
+      "data pack --dataset synthetic --seed 5 --channels 4 --image-size 8 --num-classes 100 "
+      "--limit 10 --per-shard 4 --out " +
+      dir_ + "/out");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::unique_ptr<LatentFolderDataset> folder = OpenOut();
+  ASSERT_NE(folder, nullptr);
+  EXPECT_EQ(folder->size(), 10);
+  EXPECT_EQ(folder->num_shards(), 3);
+  ExpectSameSamples(*folder, SyntheticDataset(5, 4, 8, 100), 10);
+}
+
+TEST_F(DataCommandTest, PacksFashionMnistAndVerifies) {
+  CommandResult result = RunDifftrain(
+      "data pack --dataset fashion_mnist --split test --limit 500 "
+      "--out " +
+      dir_ + "/out");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::unique_ptr<LatentFolderDataset> folder = OpenOut();
+  ASSERT_NE(folder, nullptr);
+  EXPECT_EQ(folder->size(), 500);
+  Result<std::unique_ptr<FashionMnistDataset>> fashion =
+      FashionMnistDataset::Load(std::string(kFashionMnistDefaultDir), "test");
+  ASSERT_TRUE(fashion.ok()) << fashion.status().message();
+  ExpectSameSamples(*folder, **fashion, 500);
+
+  result = RunDifftrain("data verify " + dir_ + "/out");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("500 samples of 1×32×32, 10 classes, 1 shards, checksums good"),
+            std::string::npos)
+      << result.output;
+}
+
+TEST_F(DataCommandTest, VerifyFindsACorruptShard) {
+  ASSERT_EQ(RunDifftrain("data pack --limit 3 --out " + dir_ + "/out").exit_code, 0);
+  const std::string shard = dir_ + "/out/shard-00000.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(shard, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[bytes.size() - 100] ^= 1;
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+  const CommandResult result = RunDifftrain("data verify " + dir_ + "/out");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find(shard), std::string::npos) << result.output;
+}
+
+TEST_F(DataCommandTest, SyntheticWithoutLimitIsBadInput) {
+  const CommandResult result = RunDifftrain("data pack --dataset synthetic --out " + dir_ + "/out");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("give --limit"), std::string::npos) << result.output;
+  EXPECT_FALSE(fs::exists(dir_ + "/out"));
+}
+
+TEST_F(DataCommandTest, UnknownDatasetOrMissingFilesAreBadInput) {
+  CommandResult result = RunDifftrain("data pack --dataset imagenet --out " + dir_ + "/out");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("unknown dataset 'imagenet'"), std::string::npos) << result.output;
+
+  result =
+      RunDifftrain("data pack --dataset fashion_mnist --path " + dir_ + " --out " + dir_ + "/out");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find(dir_ + "/train-images-idx3-ubyte.gz"), std::string::npos)
+      << result.output;
+}
+
+}  // namespace
+}  // namespace difftrain

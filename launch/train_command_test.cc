@@ -1,0 +1,98 @@
+// Runs the built `difftrain train` as a user does: bad job files, then train and resume.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/run_command.h"
+
+namespace difftrain {
+namespace {
+
+using testing::CommandResult;
+using testing::RunDifftrain;
+using testing::ShellQuote;
+
+constexpr const char* kTinyJob = R"(model:
+  name: custom
+  input_size: 8
+  patch_size: 2
+  hidden_size: 32
+  depth: 2
+  num_heads: 4
+  num_classes: 10
+batch:
+  micro: 4
+  global: 8
+train:
+  steps: 3
+  log_every: 1
+)";
+
+class TrainCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("train_command_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Writes `text` as the job file and runs `difftrain train` on it.
+  CommandResult Train(const std::string& text, const std::string& extra = "") {
+    const std::filesystem::path job = dir_ / "job.yaml";
+    std::ofstream(job) << text;
+    return RunDifftrain("train --config " + ShellQuote(job.string()) + " " + extra);
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(TrainCommandTest, UnknownFieldExitsTwoWithLineAndColumn) {
+  const CommandResult r = Train(std::string(kTinyJob) + "optimizer:\n  lrr: 0.1\n");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("job.yaml:16:3: optimizer.lrr: unknown field"), std::string::npos)
+      << r.output;
+}
+
+TEST_F(TrainCommandTest, WrongTypeNamesExpectedAndFound) {
+  const CommandResult r = Train(std::string(kTinyJob) + "optimizer:\n  lr: fast\n");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("optimizer.lr: expected a number, found 'fast'"), std::string::npos)
+      << r.output;
+}
+
+TEST_F(TrainCommandTest, BatchArithmeticIsShown) {
+  std::string job = kTinyJob;
+  job.replace(job.find("global: 8"), 9, "global: 10");
+  const CommandResult r = Train(job);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("batch.global 10 is not a multiple of batch.micro"), std::string::npos)
+      << r.output;
+}
+
+TEST_F(TrainCommandTest, MissingFileExitsTwo) {
+  const CommandResult r = RunDifftrain("train --config /nonexistent/job.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot open '/nonexistent/job.yaml'"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainCommandTest, TrainsWritesCheckpointAndResumes) {
+  const std::string job =
+      std::string(kTinyJob) + "checkpoint:\n  dir: " + (dir_ / "ckpt").string() + "\n  keep: 2\n";
+  CommandResult r = Train(job);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3/3"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "ckpt" / "step-00000003" / "manifest.json"));
+
+  r = Train(job, "--steps 5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from step 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 5/5"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1/5"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace difftrain
