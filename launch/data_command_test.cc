@@ -1,7 +1,4 @@
 // Runs the built `difftrain data` the way a user does.
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,33 +11,16 @@
 #include "model/data/dataset.h"
 #include "model/data/fashion_mnist.h"
 #include "model/data/latent_folder.h"
+#include "tests/testing/run_command.h"
 
 namespace difftrain {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-// The arguments are built by this file from constants and a mkdtemp path, so handing them
-// to the shell is safe.
-CommandResult RunDifftrain(const std::string& args) {
-  const std::string command = std::string(DIFFTRAIN_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  CommandResult result;
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0)
-    result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using testing::CommandResult;
+using testing::RunDifftrain;
+using testing::ShellQuote;
 
 void ExpectSameSamples(const Dataset& a, const Dataset& b, int64_t count) {
   std::vector<float> x(a.sample_floats()), y(b.sample_floats());
@@ -69,6 +49,9 @@ class DataCommandTest : public ::testing::Test {
     return folder.ok() ? std::move(folder).value() : nullptr;
   }
 
+  // The output folder as one shell word.
+  std::string Out() const { return ShellQuote(dir_ + "/out"); }
+
   std::string dir_;
 };
 
@@ -76,7 +59,7 @@ TEST_F(DataCommandTest, PacksSyntheticSamples) {
   const CommandResult result = RunDifftrain(
       "data pack --dataset synthetic --seed 5 --channels 4 --image-size 8 --num-classes 100 "
       "--limit 10 --per-shard 4 --out " +
-      dir_ + "/out");
+      Out());
   ASSERT_EQ(result.exit_code, 0) << result.output;
   std::unique_ptr<LatentFolderDataset> folder = OpenOut();
   ASSERT_NE(folder, nullptr);
@@ -89,7 +72,7 @@ TEST_F(DataCommandTest, PacksFashionMnistAndVerifies) {
   CommandResult result = RunDifftrain(
       "data pack --dataset fashion_mnist --split test --limit 500 "
       "--out " +
-      dir_ + "/out");
+      Out());
   ASSERT_EQ(result.exit_code, 0) << result.output;
   std::unique_ptr<LatentFolderDataset> folder = OpenOut();
   ASSERT_NE(folder, nullptr);
@@ -99,7 +82,7 @@ TEST_F(DataCommandTest, PacksFashionMnistAndVerifies) {
   ASSERT_TRUE(fashion.ok()) << fashion.status().message();
   ExpectSameSamples(*folder, **fashion, 500);
 
-  result = RunDifftrain("data verify " + dir_ + "/out");
+  result = RunDifftrain("data verify " + Out());
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("500 samples of 1×32×32, 10 classes, 1 shards, checksums good"),
             std::string::npos)
@@ -107,7 +90,7 @@ TEST_F(DataCommandTest, PacksFashionMnistAndVerifies) {
 }
 
 TEST_F(DataCommandTest, VerifyFindsACorruptShard) {
-  ASSERT_EQ(RunDifftrain("data pack --limit 3 --out " + dir_ + "/out").exit_code, 0);
+  ASSERT_EQ(RunDifftrain("data pack --limit 3 --out " + Out()).exit_code, 0);
   const std::string shard = dir_ + "/out/shard-00000.safetensors";
   std::string bytes;
   {
@@ -116,25 +99,25 @@ TEST_F(DataCommandTest, VerifyFindsACorruptShard) {
   }
   bytes[bytes.size() - 100] ^= 1;
   std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
-  const CommandResult result = RunDifftrain("data verify " + dir_ + "/out");
+  const CommandResult result = RunDifftrain("data verify " + Out());
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find(shard), std::string::npos) << result.output;
 }
 
 TEST_F(DataCommandTest, SyntheticWithoutLimitIsBadInput) {
-  const CommandResult result = RunDifftrain("data pack --dataset synthetic --out " + dir_ + "/out");
+  const CommandResult result = RunDifftrain("data pack --dataset synthetic --out " + Out());
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("give --limit"), std::string::npos) << result.output;
   EXPECT_FALSE(fs::exists(dir_ + "/out"));
 }
 
 TEST_F(DataCommandTest, UnknownDatasetOrMissingFilesAreBadInput) {
-  CommandResult result = RunDifftrain("data pack --dataset imagenet --out " + dir_ + "/out");
+  CommandResult result = RunDifftrain("data pack --dataset imagenet --out " + Out());
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("unknown dataset 'imagenet'"), std::string::npos) << result.output;
 
-  result =
-      RunDifftrain("data pack --dataset fashion_mnist --path " + dir_ + " --out " + dir_ + "/out");
+  result = RunDifftrain("data pack --dataset fashion_mnist --path " + ShellQuote(dir_) + " --out " +
+                        Out());
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find(dir_ + "/train-images-idx3-ubyte.gz"), std::string::npos)
       << result.output;

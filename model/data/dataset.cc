@@ -1,5 +1,8 @@
 #include "model/data/dataset.h"
 
+#include "common/check.h"
+#include "model/data/fashion_mnist.h"
+#include "model/data/latent_folder.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {
@@ -11,6 +14,36 @@ Status SyntheticDataset::Get(int64_t index, float* image, int32_t* label) const 
   for (size_t i = 0; i < n; ++i)
     image[i] = static_cast<float>(rng.Normal());
   return Status::Ok();
+}
+
+PrefixDataset::PrefixDataset(const Dataset& source, int64_t count)
+    : source_(source), count_(count) {
+  DT_CHECK(count >= 0 && count <= source.size(), "prefix of {} samples of a dataset of {}", count,
+           source.size());
+}
+
+Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec) {
+  if (spec.kind == "synthetic") {
+    if (spec.channels < 1 || spec.image_size < 1 || spec.num_classes < 1) {
+      return Errorf(
+          "synthetic dataset needs positive channels, image size and classes, got {}, {}, {}",
+          spec.channels, spec.image_size, spec.num_classes);
+    }
+    return std::unique_ptr<Dataset>(std::make_unique<SyntheticDataset>(
+        spec.seed, spec.channels, spec.image_size, spec.num_classes));
+  }
+  if (spec.kind == "fashion_mnist") {
+    const std::string dir = spec.path.empty() ? std::string(kFashionMnistDefaultDir) : spec.path;
+    DT_ASSIGN_OR_RETURN(auto dataset, FashionMnistDataset::Load(dir, spec.split));
+    return std::unique_ptr<Dataset>(std::move(dataset));
+  }
+  if (spec.kind == "latent_folder") {
+    if (spec.path.empty()) return Status::Error("latent_folder dataset needs a path");
+    DT_ASSIGN_OR_RETURN(auto dataset, LatentFolderDataset::Open(spec.path));
+    return std::unique_ptr<Dataset>(std::move(dataset));
+  }
+  return Errorf("unknown dataset '{}' (expected synthetic, fashion_mnist or latent_folder)",
+                spec.kind);
 }
 
 }  // namespace difftrain

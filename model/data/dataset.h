@@ -1,12 +1,18 @@
-// A dataset of class-labelled images (or latents) C×H×W, addressed by index.
+// A dataset of class-labelled images (or latents) C×H×W, addressed by index, and the
+// ones difftrain knows by name (docs/data.md).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "common/status.h"
 
 namespace difftrain {
+
+// The size() of a dataset that has a sample at every index (SyntheticDataset): the loader
+// never shuffles it and a writer refuses it unless it is cut with PrefixDataset.
+inline constexpr int64_t kUnboundedSize = INT64_MAX;
 
 class Dataset {
  public:
@@ -16,8 +22,13 @@ class Dataset {
   virtual int height() const = 0;
   virtual int width() const = 0;
   virtual int num_classes() const = 0;
-  // Writes sample `index` (0 ≤ index < size()) as C·H·W floats and its label.
+  // Writes sample `index` (0 ≤ index < size()) as C·H·W floats and its label. Must be safe
+  // to call from several threads at once: the loader's prefetch thread calls it while the
+  // training thread may fill another range.
   virtual Status Get(int64_t index, float* image, int32_t* label) const = 0;
+
+  bool unbounded() const { return size() == kUnboundedSize; }
+  int64_t sample_floats() const { return int64_t{channels()} * height() * width(); }
 };
 
 // N(0, 1) values and uniform labels, a pure function of (seed, index): the seeds' benchmark
@@ -26,7 +37,7 @@ class SyntheticDataset : public Dataset {
  public:
   SyntheticDataset(uint64_t seed, int channels, int size, int num_classes)
       : seed_(seed), channels_(channels), size_(size), num_classes_(num_classes) {}
-  int64_t size() const override { return INT64_MAX; }
+  int64_t size() const override { return kUnboundedSize; }
   int channels() const override { return channels_; }
   int height() const override { return size_; }
   int width() const override { return size_; }
@@ -37,5 +48,39 @@ class SyntheticDataset : public Dataset {
   uint64_t seed_;
   int channels_, size_, num_classes_;
 };
+
+// The first `count` samples of another dataset (which must outlive this view): how an
+// unbounded dataset is given a size, e.g. to pack a few synthetic samples.
+class PrefixDataset : public Dataset {
+ public:
+  PrefixDataset(const Dataset& source, int64_t count);
+  int64_t size() const override { return count_; }
+  int channels() const override { return source_.channels(); }
+  int height() const override { return source_.height(); }
+  int width() const override { return source_.width(); }
+  int num_classes() const override { return source_.num_classes(); }
+  Status Get(int64_t index, float* image, int32_t* label) const override {
+    return source_.Get(index, image, label);
+  }
+
+ private:
+  const Dataset& source_;
+  int64_t count_;
+};
+
+// A dataset chosen by name, as a command line or job spec names it.
+struct DatasetSpec {
+  std::string kind = "synthetic";  // "synthetic", "fashion_mnist" or "latent_folder"
+  // fashion_mnist: the directory of the IDX files ("" = Debian's); latent_folder: required.
+  std::string path;
+  std::string split = "train";  // fashion_mnist: "train" or "test"
+  // synthetic only; the other kinds take their shape from their files.
+  uint64_t seed = 0;
+  int channels = 4;
+  int image_size = 32;
+  int num_classes = 1000;
+};
+
+Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec);
 
 }  // namespace difftrain

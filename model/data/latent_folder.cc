@@ -1,0 +1,290 @@
+#include "model/data/latent_folder.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "model/io/posix_file.h"
+#include "model/io/safetensors.h"
+
+namespace difftrain {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "shards hold little-endian tensors");
+
+using Json = nlohmann::json;
+
+constexpr char kLatentsTensor[] = "latents";
+constexpr char kLabelsTensor[] = "labels";
+// A shard header is a few hundred bytes; a larger length means a corrupt file.
+constexpr uint64_t kMaxShardHeaderBytes = 1 << 20;
+
+Status IndexError(const std::string& path, const std::string& what) {
+  return Errorf("latent folder index '{}': {}", path, what);
+}
+
+Status ShardError(const std::string& path, const std::string& what) {
+  return Errorf("latent shard '{}': {}", path, what);
+}
+
+// Reads exactly `bytes` bytes at `offset`; pread keeps no file position, so threads share fds.
+Status ReadAt(int fd, const std::string& path, void* dst, size_t bytes, uint64_t offset) {
+  auto* out = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd, out + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return io::OsError("cannot read latent shard", path, errno);
+    if (n == 0) {
+      return ShardError(path, fmt::format("ends at byte {}, before the {} bytes wanted at {} "
+                                          "(was it truncated?)",
+                                          offset + done, bytes, offset));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+// A positive integer member of an index.json object.
+Result<int64_t> PositiveField(const Json& object, const char* key, const std::string& path) {
+  auto it = object.find(key);
+  if (it == object.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) {
+    return IndexError(path, fmt::format("'{}' must be a positive integer", key));
+  }
+  return it->get<int64_t>();
+}
+
+// The index names shard files inside the folder only: a bare file name.
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
+}
+
+// Where tensor `name` lies in a shard, after checking its dtype and shape.
+Result<uint64_t> TensorOffset(const std::string& path, const Json& header, const char* name,
+                              io::DType dtype, const std::vector<int64_t>& shape,
+                              uint64_t data_start, uint64_t file_bytes) {
+  auto it = header.find(name);
+  const std::string expected = fmt::format("{} {}", io::DTypeName(dtype), Json(shape).dump());
+  if (it == header.end() || !it->is_object()) {
+    return ShardError(path, fmt::format("has no tensor '{}' (expected {})", name, expected));
+  }
+  const Json& info = *it;
+  const Json dtype_json = info.value("dtype", Json());
+  const Json shape_json = info.value("shape", Json());
+  if (dtype_json != std::string(io::DTypeName(dtype)) || shape_json != Json(shape)) {
+    const std::string got =
+        dtype_json.is_string() ? dtype_json.get<std::string>() : dtype_json.dump();
+    return ShardError(path, fmt::format("tensor '{}' is {} {}, expected {}", name, got,
+                                        shape_json.dump(), expected));
+  }
+  const std::optional<uint64_t> size = io::TensorBytes(dtype, shape);
+  if (!size) return ShardError(path, fmt::format("tensor '{}' is too large", name));
+  const uint64_t bytes = *size;
+  const Json offsets = info.value("data_offsets", Json());
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned() || offsets[0].get<uint64_t>() > offsets[1].get<uint64_t>() ||
+      offsets[1].get<uint64_t>() - offsets[0].get<uint64_t>() != bytes) {
+    return ShardError(path, fmt::format("tensor '{}' has data_offsets {} for {} bytes", name,
+                                        offsets.dump(), bytes));
+  }
+  const uint64_t end = data_start + offsets[1].get<uint64_t>();
+  if (end > file_bytes) {
+    return ShardError(path, fmt::format("truncated: tensor '{}' ends at byte {}, the file has {}",
+                                        name, end, file_bytes));
+  }
+  return data_start + offsets[0].get<uint64_t>();
+}
+
+}  // namespace
+
+LatentFolderDataset::~LatentFolderDataset() {
+  for (Shard& shard : shards_) {
+    if (shard.fd >= 0) ::close(shard.fd);
+  }
+}
+
+Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std::string& dir) {
+  const std::string index_path = dir + "/" + std::string(kLatentFolderIndex);
+  DT_ASSIGN_OR_RETURN(std::string text, io::ReadWholeFile(index_path));
+  const Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object()) {
+    return IndexError(index_path, "is not a JSON object");
+  }
+  if (index.value("format", Json()) != std::string(kLatentFolderFormat)) {
+    return IndexError(index_path,
+                      fmt::format("format is {}, expected \"{}\"",
+                                  index.value("format", Json()).dump(), kLatentFolderFormat));
+  }
+  if (index.value("version", Json()) != kLatentFolderVersion) {
+    return IndexError(index_path,
+                      fmt::format("version {} is not supported (this difftrain reads {})",
+                                  index.value("version", Json()).dump(), kLatentFolderVersion));
+  }
+  std::unique_ptr<LatentFolderDataset> data(new LatentFolderDataset());
+  for (auto [key, field] :
+       {std::pair{"channels", &data->channels_}, std::pair{"height", &data->height_},
+        std::pair{"width", &data->width_}, std::pair{"num_classes", &data->num_classes_}}) {
+    DT_ASSIGN_OR_RETURN(int64_t value, PositiveField(index, key, index_path));
+    if (value > INT32_MAX) return IndexError(index_path, fmt::format("'{}' is too large", key));
+    *field = static_cast<int>(value);
+  }
+  DT_ASSIGN_OR_RETURN(int64_t total, PositiveField(index, "total", index_path));
+  auto shards = index.find("shards");
+  if (shards == index.end() || !shards->is_array() || shards->empty()) {
+    return IndexError(index_path, "'shards' must be a non-empty list");
+  }
+  int64_t first = 0;
+  for (const Json& entry : *shards) {
+    const Json file = entry.is_object() ? entry.value("file", Json()) : Json();
+    if (!file.is_string() || !IsPlainFileName(file.get<std::string>())) {
+      return IndexError(index_path,
+                        fmt::format("shard {}: 'file' must be a file name in the folder, got {}",
+                                    data->shards_.size(), file.dump()));
+    }
+    DT_ASSIGN_OR_RETURN(int64_t count, PositiveField(entry, "count", index_path));
+    data->shards_.push_back({dir + "/" + file.get<std::string>(), -1, first, count, 0});
+    first += count;
+  }
+  if (first != total) {
+    return IndexError(index_path,
+                      fmt::format("'total' is {} but the shards hold {} samples", total, first));
+  }
+  for (Shard& shard : data->shards_)
+    DT_RETURN_IF_ERROR(data->OpenShard(shard));
+  return data;
+}
+
+// Opens the shard, checks its header against the index and appends its labels. Labels grow
+// shard by shard, after each shard's size has vouched for its count, so a corrupt count in
+// the index cannot ask for a huge allocation.
+Status LatentFolderDataset::OpenShard(Shard& shard) {
+  const std::string& path = shard.path;
+  shard.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (shard.fd < 0) return io::OsError("cannot open latent shard", path, errno);
+  struct stat st;
+  if (::fstat(shard.fd, &st) != 0) return io::OsError("cannot stat latent shard", path, errno);
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+
+  uint64_t header_bytes = 0;
+  if (file_bytes < 8) return ShardError(path, fmt::format("truncated: {} bytes", file_bytes));
+  DT_RETURN_IF_ERROR(ReadAt(shard.fd, path, &header_bytes, 8, 0));
+  if (header_bytes > kMaxShardHeaderBytes || 8 + header_bytes > file_bytes) {
+    return ShardError(path, fmt::format("header length {} does not fit the file of {} bytes",
+                                        header_bytes, file_bytes));
+  }
+  std::string header_text(header_bytes, '\0');
+  DT_RETURN_IF_ERROR(ReadAt(shard.fd, path, header_text.data(), header_bytes, 8));
+  const Json header = Json::parse(header_text, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return ShardError(path, "header is not a JSON object");
+  }
+
+  const uint64_t data_start = 8 + header_bytes;
+  DT_ASSIGN_OR_RETURN(
+      shard.latents_offset,
+      TensorOffset(path, header, kLatentsTensor, io::DType::kF32,
+                   {shard.count, channels_, height_, width_}, data_start, file_bytes));
+  DT_ASSIGN_OR_RETURN(uint64_t labels_offset,
+                      TensorOffset(path, header, kLabelsTensor, io::DType::kI64, {shard.count},
+                                   data_start, file_bytes));
+  std::vector<int64_t> labels(static_cast<size_t>(shard.count));
+  DT_RETURN_IF_ERROR(
+      ReadAt(shard.fd, path, labels.data(), labels.size() * sizeof(int64_t), labels_offset));
+  for (int64_t i = 0; i < shard.count; ++i) {
+    if (labels[i] < 0 || labels[i] >= num_classes_) {
+      return ShardError(path, fmt::format("label {} of sample {} is outside [0, {})", labels[i], i,
+                                          num_classes_));
+    }
+    labels_.push_back(static_cast<int32_t>(labels[i]));
+  }
+  return Status::Ok();
+}
+
+Status LatentFolderDataset::Get(int64_t index, float* image, int32_t* label) const {
+  // The last shard whose first sample is at or before `index`.
+  auto it = std::upper_bound(shards_.begin(), shards_.end(), index,
+                             [](int64_t i, const Shard& shard) { return i < shard.first; });
+  const Shard& shard = *std::prev(it);
+  const size_t bytes = static_cast<size_t>(sample_floats()) * sizeof(float);
+  DT_RETURN_IF_ERROR(ReadAt(shard.fd, shard.path, image, bytes,
+                            shard.latents_offset + (index - shard.first) * bytes));
+  *label = labels_[index];
+  return Status::Ok();
+}
+
+Status LatentFolderDataset::VerifyChecksums() const {
+  for (const Shard& shard : shards_) {
+    Result<io::FileDigest> digest = io::SafetensorsFile::Verify(shard.path);
+    if (!digest.ok()) return digest.status();
+  }
+  return Status::Ok();
+}
+
+Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t samples_per_shard) {
+  if (source.unbounded()) {
+    return Status::Error("cannot pack an unbounded dataset: give it a size (a sample limit)");
+  }
+  if (source.size() == 0) return Status::Error("cannot pack an empty dataset");
+  if (samples_per_shard < 1) {
+    return Errorf("samples per shard must be positive, got {}", samples_per_shard);
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Errorf("cannot create directory '{}': {}", dir, ec.message());
+  const std::string index_path = dir + "/" + std::string(kLatentFolderIndex);
+  if (::unlink(index_path.c_str()) != 0 && errno != ENOENT) {
+    return io::OsError("cannot remove the old index", index_path, errno);
+  }
+
+  const int64_t total = source.size();
+  const int64_t floats = source.sample_floats();
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  std::vector<float> latents;
+  std::vector<int64_t> labels;
+  for (int64_t first = 0; first < total; first += samples_per_shard) {
+    const int64_t count = std::min(samples_per_shard, total - first);
+    latents.resize(static_cast<size_t>(count * floats));
+    labels.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      int32_t label = 0;
+      Status got = source.Get(first + i, latents.data() + i * floats, &label);
+      if (!got.ok()) return got.WithContext(fmt::format("reading sample {} to pack", first + i));
+      labels[i] = label;
+    }
+    const std::string file = fmt::format("shard-{:05d}.safetensors", shards.size());
+    io::SafetensorsWriter writer;
+    writer.AddF32(kLatentsTensor, {count, source.channels(), source.height(), source.width()},
+                  latents.data());
+    writer.Add(kLabelsTensor, io::DType::kI64, {count}, labels.data());
+    writer.SetMetadata("format", std::string(kLatentFolderFormat));
+    writer.SetMetadata("first_sample", std::to_string(first));
+    DT_RETURN_IF_ERROR(writer.WriteAtomic(dir + "/" + file));
+    shards.push_back({{"file", file}, {"count", count}});
+  }
+
+  nlohmann::ordered_json index;
+  index["format"] = kLatentFolderFormat;
+  index["version"] = kLatentFolderVersion;
+  index["channels"] = source.channels();
+  index["height"] = source.height();
+  index["width"] = source.width();
+  index["num_classes"] = source.num_classes();
+  index["shards"] = std::move(shards);
+  index["total"] = total;
+  const std::string text = index.dump(2) + "\n";
+  DT_ASSIGN_OR_RETURN(io::AtomicFileWriter out, io::AtomicFileWriter::Open(index_path));
+  DT_RETURN_IF_ERROR(out.Append(text.data(), text.size()));
+  return out.Commit();
+}
+
+}  // namespace difftrain

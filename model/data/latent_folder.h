@@ -1,0 +1,80 @@
+// A directory of precomputed samples, usually VAE latents (ImageNet 256² → 4×32×32 for DiT),
+// sharded into safetensors files and described by index.json (docs/data.md):
+//
+//   DIR/index.json               {"format": "difftrain-latents", "version": 1,
+//                                 "channels": C, "height": H, "width": W, "num_classes": K,
+//                                 "shards": [{"file": "shard-00000.safetensors", "count": n0},
+//                                            ...],
+//                                 "total": n0 + n1 + ...}
+//   DIR/shard-00000.safetensors  "latents" F32 [n0, C, H, W], "labels" I64 [n0]
+//   ...
+//
+// Samples are numbered across shards in index order. Latents are stored as the model
+// consumes them (already multiplied by the VAE's scale factor).
+//
+// Reading is lazy: Open checks index.json and every shard's header and size, and reads the
+// labels (8 bytes a sample); Get reads one sample's latents with pread. The loader shuffles
+// over the whole dataset, so a sample can come from any shard at any step: reading whole
+// shards would read a shard for every sample, and holding all of ImageNet's latents (21 GB)
+// in every rank of a node would cost eight times that. With pread the kernel's page cache
+// holds the hot data once per node, shared by all its ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/data/dataset.h"
+
+namespace difftrain {
+
+inline constexpr std::string_view kLatentFolderFormat = "difftrain-latents";
+inline constexpr int kLatentFolderVersion = 1;
+inline constexpr std::string_view kLatentFolderIndex = "index.json";
+
+class LatentFolderDataset : public Dataset {
+ public:
+  // Errors name the file (index.json or the shard) and what is wrong with it.
+  static Result<std::unique_ptr<LatentFolderDataset>> Open(const std::string& dir);
+  ~LatentFolderDataset() override;
+  LatentFolderDataset(const LatentFolderDataset&) = delete;
+  LatentFolderDataset& operator=(const LatentFolderDataset&) = delete;
+
+  int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
+  int channels() const override { return channels_; }
+  int height() const override { return height_; }
+  int width() const override { return width_; }
+  int num_classes() const override { return num_classes_; }
+  Status Get(int64_t index, float* image, int32_t* label) const override;
+
+  // Reads every shard whole and checks it as SafetensorsFile::Verify does: the header, the
+  // layout and the CRC-32 of the data. Open does not, to start quickly on large folders.
+  Status VerifyChecksums() const;
+  int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
+
+ private:
+  struct Shard {
+    std::string path;
+    int fd = -1;
+    int64_t first = 0;  // global index of its first sample
+    int64_t count = 0;
+    uint64_t latents_offset = 0;  // byte offset of the latents tensor in the file
+  };
+  LatentFolderDataset() = default;
+  Status OpenShard(Shard& shard);
+
+  int channels_ = 0, height_ = 0, width_ = 0, num_classes_ = 0;
+  std::vector<Shard> shards_;
+  std::vector<int32_t> labels_;  // all of them, read at Open
+};
+
+// Writes every sample of `source` (which must be bounded) to `dir` as a latent folder of
+// shards of `samples_per_shard` samples (the last one may hold fewer), creating `dir` if
+// needed. Each shard and then index.json are written atomically; index.json is removed
+// first, so a pack that fails midway leaves a folder that does not open rather than an index
+// over a mix of old and new shards.
+Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t samples_per_shard);
+
+}  // namespace difftrain
