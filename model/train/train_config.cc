@@ -41,8 +41,14 @@ Status TrainConfig::Validate(int dp) const {
   DT_RETURN_IF_ERROR(model.Validate());
   DT_RETURN_IF_ERROR(diffusion.Validate());
   DT_RETURN_IF_ERROR(optimizer.Validate());
-  if (data.kind != "synthetic") {
-    return Errorf("data.kind: unknown dataset '{}' (expected synthetic)", data.kind);
+  if (data.kind != "synthetic" && data.kind != "fashion_mnist" && data.kind != "latent_folder") {
+    return Errorf(
+        "data.kind: unknown dataset '{}' (expected synthetic, fashion_mnist or "
+        "latent_folder)",
+        data.kind);
+  }
+  if (data.kind == "latent_folder" && data.path.empty()) {
+    return Status::Error("data.path: required for data.kind latent_folder");
   }
   if (micro_batch < 1) return Errorf("batch.micro must be positive, got {}", micro_batch);
   if (global_batch < 1) return Errorf("batch.global must be positive, got {}", global_batch);
@@ -62,7 +68,12 @@ Status TrainConfig::Validate(int dp) const {
 
 nlohmann::json TrainConfig::ToJson() const {
   return {{"model", model.ToJson()},
-          {"data", {{"kind", data.kind}}},
+          {"data",
+           {{"kind", data.kind},
+            {"path", data.path},
+            {"split", data.split},
+            {"shuffle", data.shuffle},
+            {"horizontal_flip", data.horizontal_flip}}},
           {"diffusion", diffusion.ToJson()},
           {"optimizer", optimizer.ToJson()},
           {"batch", {{"micro", micro_batch}, {"global", global_batch}}},
@@ -78,7 +89,11 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   DT_RETURN_IF_ERROR(ReadModel(top.Section("model"), c.model));
 
   YamlFields data = top.Section("data");
-  data.String("kind", c.data.kind);
+  data.String("kind", c.data.kind)
+      .String("path", c.data.path)
+      .String("split", c.data.split)
+      .Bool("shuffle", c.data.shuffle)
+      .Bool("horizontal_flip", c.data.horizontal_flip);
   DT_RETURN_IF_ERROR(data.Finish());
 
   YamlFields diffusion = top.Section("diffusion");

@@ -16,7 +16,11 @@
 namespace difftrain {
 
 struct DataConfig {
-  std::string kind = "synthetic";  // synthetic: N(0, 1) latents and uniform labels from the seed
+  std::string kind = "synthetic";  // synthetic | fashion_mnist | latent_folder (docs/data.md)
+  std::string path;                // fashion_mnist: IDX directory ("" = Debian's); latent_folder
+  std::string split = "train";     // fashion_mnist: train | test
+  bool shuffle = true;             // a new permutation every epoch, from the seed
+  bool horizontal_flip = false;    // flip each sample with probability 1/2
 };
 
 struct CheckpointConfig {

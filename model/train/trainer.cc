@@ -9,9 +9,48 @@
 
 namespace difftrain {
 
+namespace {
+
+DataLoaderOptions LoaderOptions(const TrainConfig& config) {
+  DataLoaderOptions o;
+  o.seed = config.seed;
+  o.batch_size = config.global_batch;  // this process's samples of one global batch
+  o.shuffle = config.data.shuffle;
+  o.horizontal_flip = config.data.horizontal_flip;
+  return o;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config) {
+  DT_RETURN_IF_ERROR(config.Validate());
+  const DiTConfig& m = config.model;
+  DatasetSpec spec;
+  spec.kind = config.data.kind;
+  spec.path = config.data.path;
+  spec.split = config.data.split;
+  spec.seed = config.seed;
+  spec.channels = m.in_channels;
+  spec.image_size = m.input_size;
+  spec.num_classes = m.num_classes;
+  Result<std::unique_ptr<Dataset>> opened = OpenDataset(spec);
+  if (!opened.ok()) return opened.status().WithContext("data");
+  const Dataset& d = **opened;
+  if (d.channels() != m.in_channels || d.height() != m.input_size || d.width() != m.input_size ||
+      d.num_classes() != m.num_classes) {
+    return Errorf(
+        "data: {} samples are {}x{}x{} with {} classes, but the model takes "
+        "in_channels {}, input_size {} and num_classes {}",
+        config.data.kind, d.channels(), d.height(), d.width(), d.num_classes(), m.in_channels,
+        m.input_size, m.num_classes);
+  }
+  return std::make_unique<Trainer>(config, std::move(opened).value());
+}
+
 Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data)
     : config_(config),
       data_(std::move(data)),
+      loader_(*data_, LoaderOptions(config)),
       model_(config.model),
       diffusion_(config.diffusion),
       ema_(model_.num_params()),
@@ -25,7 +64,7 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data)
   std::memcpy(ema_.data(), model_.params(), ema_.bytes());
 }
 
-Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) const {
+Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
   const DiTConfig& m = config_.model;
   const size_t n = static_cast<size_t>(m.in_channels) * m.input_size * m.input_size;
   batch.size = B;
@@ -35,9 +74,9 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) const {
   batch.t.resize(B);
   batch.t_float.resize(B);
   batch.y.resize(B);
+  DT_RETURN_IF_ERROR(loader_.Fill(first, B, batch.x0.data(), batch.y.data()));
   for (int b = 0; b < B; ++b) {
     const int64_t sample = first + b;
-    DT_RETURN_IF_ERROR(data_->Get(sample, batch.x0.data() + b * n, &batch.y[b]));
     Rng rng(config_.seed, RngStream::kNoise, static_cast<uint64_t>(sample));
     batch.t[b] = static_cast<int64_t>(rng.Below(diffusion_.steps()));
     batch.t_float[b] = static_cast<float>(batch.t[b]);
@@ -70,6 +109,8 @@ Result<StepStats> Trainer::Step() {
     DT_RETURN_IF_ERROR(MakeMicroBatch(first, config_.micro_batch, batch_));
     loss += ForwardBackward(batch_, 1.0f / accumulation) / accumulation;
   }
+  // Read the next global batch while the optimizer runs and the next step begins.
+  loader_.Prefetch(samples_seen_ + config_.global_batch, config_.global_batch);
   return ApplyUpdate(loss, config_.global_batch);
 }
 

@@ -1,10 +1,10 @@
 // One training process's model, optimizer and data position: the DiT training step.
 //
 // Every random draw is addressed by the global index n of the training sample: sample n's
-// image comes from the dataset, and its timestep, label dropout and noise from
-// Rng(seed, kNoise, n). Step s consumes samples [s·G, (s+1)·G) for global batch G. So
-// the whole training state is the arenas plus (step, samples seen), and resuming from a
-// checkpoint continues bit for bit.
+// image comes from the data loader (a permutation per epoch, from the seed), and its
+// timestep, label dropout and noise from Rng(seed, kNoise, n). Step s consumes samples [s·G,
+// (s+1)·G) for global batch G. So the whole training state is the arenas plus (step, samples seen),
+// and resuming from a checkpoint continues bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/data/dataset.h"
+#include "model/data/loader.h"
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/dit/dit.h"
 #include "model/io/safetensors.h"
@@ -37,11 +38,13 @@ struct StepStats {
 
 class Trainer {
  public:
-  // Initialises the model as the reference does, from config.seed.
+  // Opens the dataset of config.data and checks that its samples fit the model.
+  static Result<std::unique_ptr<Trainer>> Create(const TrainConfig& config);
+  // Initialises the model as the reference does, from config.seed; `data` must fit the model.
   Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data);
 
   // Builds the micro-batch of global samples [first, first + B).
-  Status MakeMicroBatch(int64_t first, int B, MicroBatch& batch) const;
+  Status MakeMicroBatch(int64_t first, int B, MicroBatch& batch);
   // Forward, ε-MSE loss and backward of one micro-batch; gradients accumulate, scaled by
   // grad_scale. Returns the (unscaled) loss.
   double ForwardBackward(const MicroBatch& batch, float grad_scale);
@@ -73,6 +76,7 @@ class Trainer {
 
   TrainConfig config_;
   std::unique_ptr<Dataset> data_;
+  DataLoader loader_;
   DiT model_;
   GaussianDiffusion diffusion_;
   Buffer<float> ema_, exp_avg_, exp_avg_sq_;

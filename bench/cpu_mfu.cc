@@ -1,0 +1,102 @@
+// CPU MFU of a DiT training step: the achieved FLOP rate of full training steps (forward,
+// backward, AdamW, EMA) divided by the FLOP rate OpenBLAS sgemm reaches on this machine.
+//
+//   bench_cpu_mfu [--model DiT-S/4] [--input-size 32] [--batch 64] [--steps 5] [--repeats 5]
+//
+// Prints one line per measurement and a summary with medians (see bench/cpu_mfu.sh).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <omp.h>
+
+#include "model/cpu/gemm.h"
+#include "model/tensor/buffer.h"
+#include "model/train/trainer.h"
+
+namespace difftrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The sgemm ceiling: a large square single-precision GEMM, best of the repeats is not
+// used — the median is, as for the model.
+double SgemmGflops(int n, int repeats) {
+  Buffer<float> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = 1.0f / static_cast<float>(1 + i % 7);
+  cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  std::vector<double> rates;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    rates.push_back(2.0 * n * n * n / Seconds(t0, Clock::now()) / 1e9);
+  }
+  return Median(rates);
+}
+
+int Main(int argc, char** argv) {
+  std::string model = "DiT-S/4";
+  int input_size = 32, batch = 64, steps = 5, repeats = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--model") model = value;
+    else if (flag == "--input-size") input_size = std::stoi(value);
+    else if (flag == "--batch") batch = std::stoi(value);
+    else if (flag == "--steps") steps = std::stoi(value);
+    else if (flag == "--repeats") repeats = std::stoi(value);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  Result<DiTConfig> dit = DiTConfigByName(model, input_size);
+  if (!dit.ok()) {
+    std::fprintf(stderr, "%s\n", dit.status().message().c_str());
+    return 2;
+  }
+  std::printf("threads %d\n", omp_get_max_threads());
+  const double peak = SgemmGflops(2048, repeats);
+  std::printf("sgemm 2048^3: %.1f GFLOP/s (median of %d)\n", peak, repeats);
+
+  TrainConfig config;
+  config.model = *dit;
+  config.micro_batch = config.global_batch = batch;
+  Trainer trainer(config, std::make_unique<SyntheticDataset>(0, dit->in_channels, input_size,
+                                                            dit->num_classes));
+  // Time steps on one prepared batch: the model's compute alone, not data generation.
+  MicroBatch mb;
+  if (Status s = trainer.MakeMicroBatch(0, batch, mb); !s.ok()) return 1;
+  trainer.StepOn(mb);  // warm-up: allocates the activation arena
+  const double flops_per_step = TrainingFlopsPerSample(*dit) * batch;
+  std::vector<double> step_seconds;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    for (int s = 0; s < steps; ++s) trainer.StepOn(mb);
+    step_seconds.push_back(Seconds(t0, Clock::now()) / steps);
+    std::printf("repeat %d: %.3f s/step, %.1f GFLOP/s\n", r, step_seconds.back(),
+                flops_per_step / step_seconds.back() / 1e9);
+  }
+  const double median = Median(step_seconds);
+  const double gflops = flops_per_step / median / 1e9;
+  std::printf("%s %dx%d batch %d: %.2f samples/s, %.1f GFLOP/s, sgemm %.1f GFLOP/s, MFU %.1f%%\n",
+              model.c_str(), input_size, input_size, batch, batch / median, gflops, peak,
+              100 * gflops / peak);
+  return 0;
+}
+
+}  // namespace
+}  // namespace difftrain
+
+int main(int argc, char** argv) { return difftrain::Main(argc, argv); }

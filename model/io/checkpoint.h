@@ -1,0 +1,60 @@
+// A directory of checkpoints, one subdirectory per step:
+//
+//   dir/step-00000020/shard-00000-of-00002.safetensors   one safetensors file per rank
+//   dir/step-00000020/shard-00001-of-00002.safetensors
+//   dir/step-00000020/manifest.json                      the size and CRC-32 of every shard
+//
+// Ranks write their shards into `dir/step-00000020.pending/`; rank 0's Commit verifies
+// them, writes the manifest and only then renames the directory to `step-00000020`, so a
+// step directory always holds a whole checkpoint and a crash at any moment leaves the
+// previous checkpoints as they were. A step is "complete" when its manifest and every
+// shard it lists exist and match their recorded size and checksum. See docs/formats.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "model/io/safetensors.h"
+
+namespace difftrain::io {
+
+class CheckpointStore {
+ public:
+  // `keep`: how many complete checkpoints Commit leaves in place; 0 keeps all of them.
+  CheckpointStore(std::string dir, int keep);
+
+  // Writes rank `rank`'s shard of step `step` (atomically) into the step's pending
+  // directory, creating directories as needed. Every rank calls it; none of it is visible
+  // to LatestComplete or ReadShard until Commit.
+  Status WriteShard(int64_t step, int rank, int world, const SafetensorsWriter& shard) const;
+
+  // Called by rank 0 once every rank's WriteShard returned: verifies every shard, writes
+  // the manifest, publishes the step (replacing an existing directory of the same step
+  // in one atomic exchange) and prunes old checkpoints: the newest `keep` complete ones
+  // and the one just written stay, older complete ones go, and so do incomplete and
+  // pending ones older than the newest complete one. A failure to prune is logged, not
+  // returned: the checkpoint itself was written.
+  Status Commit(int64_t step, int world) const;
+
+  // The newest complete step, verifying every shard's checksum; nullopt when there is none
+  // (a missing directory included). Incomplete or corrupt steps are skipped with a warning.
+  Result<std::optional<int64_t>> LatestComplete() const;
+
+  // Reads rank `rank`'s shard of a committed step after checking it against the manifest:
+  // the manifest's step and world, the shard's size and whole-file checksum.
+  Result<SafetensorsFile> ReadShard(int64_t step, int rank, int world) const;
+
+  const std::string& dir() const { return dir_; }
+  // The directory of a committed step: `dir/step-00000020`.
+  std::string StepDir(int64_t step) const;
+
+ private:
+  void Prune(int64_t committed) const;
+
+  std::string dir_;
+  int keep_;
+};
+
+}  // namespace difftrain::io

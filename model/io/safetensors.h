@@ -1,0 +1,142 @@
+// safetensors files (https://github.com/huggingface/safetensors), the format of every
+// difftrain checkpoint shard and debug dump, readable by PyTorch's `safetensors` package.
+//
+// Layout: an 8-byte little-endian u64 N, then N bytes of JSON header padded with spaces to a
+// multiple of 8, then the data section. The header maps each tensor name to
+// {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the data section)
+// and "__metadata__" to a string-to-string map. Tensors are little-endian, row-major and
+// together cover the data section exactly. We add metadata key `difftrain.crc32`: the zlib
+// CRC-32 of the whole data section, 8 lowercase hex digits. See docs/formats.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/status.h"
+
+namespace difftrain::io {
+
+// The element types of the safetensors spec (names as in the header: "F32", "BF16", ...).
+enum class DType {
+  kBool,
+  kU8,
+  kI8,
+  kF8E5M2,
+  kF8E4M3,
+  kI16,
+  kU16,
+  kF16,
+  kBF16,
+  kI32,
+  kU32,
+  kF32,
+  kI64,
+  kU64,
+  kF64,
+};
+
+std::string_view DTypeName(DType dtype);
+size_t DTypeSize(DType dtype);
+std::optional<DType> ParseDType(std::string_view name);
+
+// Bytes of a tensor of `dtype` and `shape`; nullopt for a negative dimension or a size
+// that does not fit in 64 bits. A shape of [] is a scalar (one element).
+std::optional<uint64_t> TensorBytes(DType dtype, const std::vector<int64_t>& shape);
+
+// The metadata key holding the CRC-32 of the data section, and its text form.
+inline constexpr std::string_view kCrc32Key = "difftrain.crc32";
+std::string Crc32Hex(uint32_t crc);
+std::optional<uint32_t> ParseCrc32Hex(std::string_view text);
+
+// Collects tensors by pointer and writes them as one safetensors file. Nothing is copied:
+// every pointer given to Add must stay valid, and its data unchanged, until WriteAtomic
+// returns. Tensors are written in the order they were added.
+class SafetensorsWriter {
+ public:
+  // A duplicate name, a negative dimension or a null `data` for a non-empty tensor is a
+  // programming error. `data` holds TensorBytes(dtype, shape) bytes.
+  void Add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data);
+  void AddF32(std::string name, std::vector<int64_t> shape, const float* data);
+  // `kCrc32Key` is reserved: WriteAtomic sets it.
+  void SetMetadata(std::string key, std::string value);
+
+  // Writes the file to `path + ".tmp.<pid>"`, fsyncs it, renames it over `path` and fsyncs
+  // the directory, so `path` is always either the old file or the complete new one.
+  Status WriteAtomic(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    const void* data;
+    uint64_t bytes;
+  };
+  uint32_t DataCrc32() const;
+  std::string Header(uint32_t data_crc) const;
+
+  std::vector<Entry> tensors_;
+  std::unordered_set<std::string> names_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// One tensor of a file that was read. `data` points into the file's buffer and may be
+// unaligned for files written elsewhere (a U8 tensor before an F32 one): copy it out with
+// memcpy rather than dereferencing it as a typed pointer.
+struct TensorView {
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data;
+  uint64_t bytes;
+};
+
+// Size and CRC-32 of a whole file (header included), as checkpoint manifests record them.
+struct FileDigest {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+// A safetensors file read whole into memory and validated: the header parses, every dtype
+// is known, every tensor's offsets match its dtype and shape, tensors neither overlap nor
+// leave gaps, and the data matches `difftrain.crc32` when that key is present. Every error
+// names the file and what is wrong with it. Move-only: the views point into its buffer.
+class SafetensorsFile {
+ public:
+  static Result<SafetensorsFile> Read(const std::string& path);
+  // Validates `path` exactly as Read does while streaming it in pieces, so a checkpoint of
+  // many gigabytes can be checked without holding it in memory.
+  static Result<FileDigest> Verify(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Tensor names in the order of their data in the file.
+  const std::vector<std::string>& Names() const { return names_; }
+  // nullptr when there is no tensor of that name.
+  const TensorView* Find(const std::string& name) const;
+  // Copies tensor `name` to `dst`; an error names the file and the tensor when it is
+  // missing or is not F32 of exactly `expected_shape`.
+  Status CopyF32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                 float* dst) const;
+  const FileDigest& digest() const { return digest_; }
+
+ private:
+  SafetensorsFile() = default;
+
+  std::string path_;
+  std::unique_ptr<uint8_t[]> buffer_;
+  std::map<std::string, std::string> metadata_;
+  std::vector<std::string> names_;
+  std::vector<TensorView> views_;  // parallel to names_
+  std::unordered_map<std::string, size_t> index_;
+  FileDigest digest_;
+};
+
+}  // namespace difftrain::io
