@@ -255,7 +255,10 @@ const float* DiT::Forward(const float* x, const float* t, const int32_t* y, int 
   return a.out;
 }
 
-void DiT::Backward(const float* dout) {
+void DiT::Backward(const float* dout, const GradientsReady& ready) {
+  auto report = [&](size_t from) {
+    if (ready) ready(from);
+  };
   DT_CHECK(batch_ > 0, "Backward called before Forward");
   Acts& a = acts_;
   const DiTConfig& c = config_;
@@ -278,6 +281,7 @@ void DiT::Backward(const float* dout) {
                       2 * D);
   Zero(a.d_resid, ND);
   cpu::LayerNormBackward(a.d_resid, a.d_b, a.resid_out, a.meanf, a.rstdf, N, D);
+  report(fada_w_);  // the final layer's parameters sit at the end of the arena
 
   // Blocks, last to first. d_resid holds the residual-stream gradient throughout: the gated
   // residuals pass it through unchanged and the LayerNorms add their branch into it.
@@ -315,6 +319,7 @@ void DiT::Backward(const float* dout) {
     // adaLN of this block.
     cpu::LinearBackward(a.d_silu_c, G(o.ada_w), G(o.ada_b), a.d_ada, a.silu_c, P(o.ada_w), B, D,
                         6 * D);
+    report(o.qkv_w);  // the block's first tensor
   }
 
   // Patch embed (the position embedding is fixed; the input is data: no input gradient).
@@ -330,6 +335,7 @@ void DiT::Backward(const float* dout) {
   cpu::SiluBackward(a.d_t2, a.d_t1, a.t_hidden, size_t(B) * D);
   cpu::LinearBackward<float>(nullptr, G(t1_w_), G(t1_b_), a.d_t2, a.tfreq, P(t1_w_), B,
                              kFrequencyDim, D);
+  report(0);
 }
 
 }  // namespace difftrain

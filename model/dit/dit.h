@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/dit/config.h"
@@ -39,8 +40,14 @@ class DiT {
   // x [B, C, H, W], t [B] (timesteps as floats), y [B] (labels; num_classes = null class).
   // Returns the output [B, out_channels, H, W], valid until the next Forward.
   const float* Forward(const float* x, const float* t, const int32_t* y, int B);
+  // Called during Backward with an offset o: the gradients of the arena range [o, end) are
+  // final. Backward finishes the final layer first and the embeddings last, so o only
+  // decreases, and the last call has o = 0. Data parallelism starts reducing a gradient
+  // bucket as soon as it is final, while backward goes on.
+  using GradientsReady = std::function<void(size_t from)>;
+
   // dout [B, out_channels, H, W]: the loss gradient of the last Forward's output.
-  void Backward(const float* dout);
+  void Backward(const float* dout, const GradientsReady& ready = {});
 
   // Bytes of the activation (and activation-gradient) arena for micro-batch B.
   static size_t ActivationBytes(const DiTConfig& config, int B);

@@ -383,4 +383,9 @@ Result<SafetensorsFile> CheckpointStore::ReadShard(int64_t step, int rank, int w
   return shard;
 }
 
+Result<int> CheckpointStore::World(int64_t step) const {
+  DT_ASSIGN_OR_RETURN(Manifest manifest, LoadManifest(StepDir(step), step));
+  return manifest.world;
+}
+
 }  // namespace difftrain::io

@@ -46,6 +46,10 @@ class CheckpointStore {
   // the manifest's step and world, the shard's size and whole-file checksum.
   Result<SafetensorsFile> ReadShard(int64_t step, int rank, int world) const;
 
+  // The number of shards (ranks) a committed step was written by; a run of another size
+  // reads all of them to reassemble sharded state.
+  Result<int> World(int64_t step) const;
+
   const std::string& dir() const { return dir_; }
   // The directory of a committed step: `dir/step-00000020`.
   std::string StepDir(int64_t step) const;

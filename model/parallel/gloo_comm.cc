@@ -376,7 +376,9 @@ std::unique_ptr<CommWork> GlooComm::ReduceScatterAsync(const float* in, float* o
 // no reduce-scatter, and an all-reduce would move twice the data.
 void GlooComm::RingReduceScatter(const float* in, float* out, size_t n, uint32_t tag) {
   const size_t bytes = n * sizeof(float);
-  scratch_.assign(in, in + n * size_ + n);  // the accumulator, then one incoming chunk
+  // The accumulator (a copy of in), then room for one incoming chunk.
+  scratch_.resize(n * size_ + n);
+  std::copy(in, in + n * size_, scratch_.begin());
   float* acc = scratch_.data();
   float* incoming = acc + n * size_;
   if (size_ > 1) {

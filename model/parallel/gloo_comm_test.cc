@@ -1,3 +1,6 @@
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "model/parallel/gloo_comm.h"
 
 #include <signal.h>
@@ -139,6 +142,32 @@ TEST_P(GlooCollectiveTest, ReduceScatterGivesEachRankItsReducedChunk) {
       DT_RETURN_IF_ERROR(comm.ReduceScatter(inout.data(), own, n, ReduceOp::kSum));
       DT_RETURN_IF_ERROR(Check("in place", own, n, reduced));
     }
+    return Status::Ok();
+  });
+  EXPECT_TRUE(status.ok()) << status.message();
+}
+
+// Regression: the ring reduce-scatter once copied one chunk more than its input holds.
+// The input ends exactly at an inaccessible page here, so any read past it faults.
+TEST_P(GlooCollectiveTest, ReduceScatterReadsNothingPastItsInput) {
+  const int size = GetParam();
+  Status status = RunGroup(size, [&](Comm& comm) -> Status {
+    const size_t n = 1000, page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t bytes = n * size * sizeof(float);
+    const size_t mapped = (bytes + page - 1) / page * page;
+    char* base = static_cast<char*>(
+        ::mmap(nullptr, mapped + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (base == MAP_FAILED) return Status::Error("mmap failed");
+    ::mprotect(base + mapped, page, PROT_NONE);
+    float* in = reinterpret_cast<float*>(base + mapped - bytes);
+    const std::vector<float> contribution = Contribution(comm.rank(), n * size);
+    std::copy(contribution.begin(), contribution.end(), in);
+    std::vector<float> out(n);
+    DT_RETURN_IF_ERROR(comm.ReduceScatter(in, out.data(), n, ReduceOp::kSum));
+    const int r = comm.rank();
+    DT_RETURN_IF_ERROR(
+        Check("sum", out.data(), n, [&](size_t i) { return SumOf(Iota(size), r * n + i); }));
+    ::munmap(base, mapped + page);
     return Status::Ok();
   });
   EXPECT_TRUE(status.ok()) << status.message();

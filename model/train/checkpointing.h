@@ -1,6 +1,8 @@
 // Saving and restoring a Trainer through a checkpoint directory (model/io/checkpoint.h).
-// With `world` ranks, every rank writes its shard and rank 0 commits once all have written
-// (the caller provides that barrier; one process needs none).
+// Every rank writes its shard; rank 0 commits once all have written (the caller provides
+// that barrier; one process needs none). Restoring reads shard 0 for the model and every
+// shard for the optimizer moments, so a checkpoint loads into a run with another
+// data-parallel size or ZeRO setting.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +20,6 @@ Status WriteCheckpointShard(const Trainer& trainer, const io::CheckpointStore& s
 // Restores the newest complete checkpoint, if any; returns its step (nullopt: none, the
 // trainer keeps its fresh initialisation).
 Result<std::optional<int64_t>> RestoreLatestCheckpoint(Trainer& trainer,
-                                                       const io::CheckpointStore& store, int rank,
-                                                       int world);
+                                                       const io::CheckpointStore& store);
 
 }  // namespace difftrain

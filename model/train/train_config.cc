@@ -60,6 +60,12 @@ Status TrainConfig::Validate(int dp) const {
   }
   if (steps < 1) return Errorf("train.steps must be positive, got {}", steps);
   if (log_every < 1) return Errorf("train.log_every must be positive, got {}", log_every);
+  if (!(parallel.bucket_mb > 0)) {
+    return Errorf("parallel.bucket_mb must be positive, got {}", parallel.bucket_mb);
+  }
+  if (!(parallel.timeout_seconds > 0)) {
+    return Errorf("parallel.timeout_seconds must be positive, got {}", parallel.timeout_seconds);
+  }
   if (checkpoint.every < 0)
     return Errorf("checkpoint.every must be >= 0, got {}", checkpoint.every);
   if (checkpoint.keep < 1) return Errorf("checkpoint.keep must be >= 1, got {}", checkpoint.keep);
@@ -77,7 +83,16 @@ nlohmann::json TrainConfig::ToJson() const {
           {"diffusion", diffusion.ToJson()},
           {"optimizer", optimizer.ToJson()},
           {"batch", {{"micro", micro_batch}, {"global", global_batch}}},
-          {"train", {{"steps", steps}, {"seed", seed}, {"log_every", log_every}}},
+          {"train",
+           {{"steps", steps},
+            {"seed", seed},
+            {"log_every", log_every},
+            {"metrics_file", metrics_file}}},
+          {"parallel",
+           {{"zero1", parallel.zero1},
+            {"overlap", parallel.overlap},
+            {"bucket_mb", parallel.bucket_mb},
+            {"timeout_seconds", parallel.timeout_seconds}}},
           {"checkpoint",
            {{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep", checkpoint.keep}}}};
 }
@@ -121,9 +136,19 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
 
   YamlFields train = top.Section("train");
   int64_t seed = 0;
-  train.Int64("steps", c.steps).Int64("seed", seed).Int("log_every", c.log_every);
+  train.Int64("steps", c.steps)
+      .Int64("seed", seed)
+      .Int("log_every", c.log_every)
+      .String("metrics_file", c.metrics_file);
   c.seed = static_cast<uint64_t>(seed);
   DT_RETURN_IF_ERROR(train.Finish());
+
+  YamlFields parallel = top.Section("parallel");
+  parallel.Bool("zero1", c.parallel.zero1)
+      .Bool("overlap", c.parallel.overlap)
+      .Double("bucket_mb", c.parallel.bucket_mb)
+      .Double("timeout_seconds", c.parallel.timeout_seconds);
+  DT_RETURN_IF_ERROR(parallel.Finish());
 
   YamlFields ckpt = top.Section("checkpoint");
   ckpt.String("dir", c.checkpoint.dir)

@@ -29,6 +29,13 @@ struct CheckpointConfig {
   int keep = 3;       // newest complete checkpoints kept
 };
 
+struct ParallelConfig {
+  bool zero1 = false;            // shard AdamW moments over the data-parallel group
+  bool overlap = true;           // reduce gradient buckets while backward runs
+  double bucket_mb = 4;          // gradient bucket size in MiB
+  double timeout_seconds = 120;  // a collective or rendezvous that takes longer fails
+};
+
 struct TrainConfig {
   DiTConfig model;
   DataConfig data;
@@ -39,6 +46,8 @@ struct TrainConfig {
   int64_t steps = 100;
   uint64_t seed = 0;
   int log_every = 10;
+  std::string metrics_file;  // JSON lines of per-step metrics; "{rank}" becomes the rank
+  ParallelConfig parallel;
   CheckpointConfig checkpoint;
 
   // Micro-batches per optimizer step on each of `dp` data-parallel ranks.

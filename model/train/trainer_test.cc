@@ -86,7 +86,7 @@ TEST_F(TrainerTest, ResumeIsBitIdentical) {
   ASSERT_TRUE(store.Commit(10, 1).ok());
 
   auto resumed = MakeTrainer(c);
-  Result<std::optional<int64_t>> step = RestoreLatestCheckpoint(*resumed, store, 0, 1);
+  Result<std::optional<int64_t>> step = RestoreLatestCheckpoint(*resumed, store);
   ASSERT_TRUE(step.ok()) << step.status().message();
   ASSERT_EQ(step->value_or(-1), 10);
   for (int i = 0; i < 10; ++i)
@@ -121,7 +121,7 @@ TEST_F(TrainerTest, RestoringAnotherModelNamesTheDifference) {
 
   c.model.hidden_size = 64;
   auto other = MakeTrainer(c);
-  Result<std::optional<int64_t>> restored = RestoreLatestCheckpoint(*other, store, 0, 1);
+  Result<std::optional<int64_t>> restored = RestoreLatestCheckpoint(*other, store);
   ASSERT_FALSE(restored.ok());
   EXPECT_NE(restored.status().message().find("checkpoint is of model"), std::string::npos)
       << restored.status().message();
@@ -150,7 +150,7 @@ TEST_F(TrainerTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
   std::fclose(f);
 
   auto resumed = MakeTrainer(c);
-  Result<std::optional<int64_t>> step = RestoreLatestCheckpoint(*resumed, store, 0, 1);
+  Result<std::optional<int64_t>> step = RestoreLatestCheckpoint(*resumed, store);
   ASSERT_TRUE(step.ok()) << step.status().message();
   EXPECT_EQ(step->value_or(-1), 1);
   EXPECT_EQ(resumed->step(), 1);
