@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "model/cpu/vec_math.h"
+
 namespace difftrain::cpu {
 namespace {
 // GELU(x) = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
@@ -17,7 +19,7 @@ void GeluForward(T* out, const T* in, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const T x = in[i];
     const T u = kGeluScale<T> * (x + kGeluCubic<T> * x * x * x);
-    out[i] = T(0.5) * x * (T(1) + std::tanh(u));
+    out[i] = T(0.5) * x * (T(1) + VecTanh(u));
   }
 }
 
@@ -27,7 +29,7 @@ void GeluBackward(T* din, const T* dout, const T* in, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const T x = in[i];
     const T u = kGeluScale<T> * (x + kGeluCubic<T> * x * x * x);
-    const T th = std::tanh(u);
+    const T th = VecTanh(u);
     const T du = kGeluScale<T> * (T(1) + T(3) * kGeluCubic<T> * x * x);
     din[i] += dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du);
   }
@@ -37,14 +39,14 @@ template <typename T>
 void SiluForward(T* out, const T* in, size_t n) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i)
-    out[i] = in[i] / (T(1) + std::exp(-in[i]));
+    out[i] = in[i] * VecSigmoid(in[i]);
 }
 
 template <typename T>
 void SiluBackward(T* din, const T* dout, const T* in, size_t n) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
-    const T sig = T(1) / (T(1) + std::exp(-in[i]));
+    const T sig = VecSigmoid(in[i]);
     din[i] += dout[i] * sig * (T(1) + in[i] * (T(1) - sig));
   }
 }
