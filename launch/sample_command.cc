@@ -1,0 +1,297 @@
+// `difftrain sample`: class-conditional samples from a checkpoint's model, written as a PNG
+// grid (one row per class) and optionally as raw floats (docs/sampling.md).
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+#include "launch/command.h"
+#include "model/diffusion/sampler.h"
+#include "model/dit/dit.h"
+#include "model/io/checkpoint.h"
+#include "model/io/png.h"
+#include "model/io/safetensors.h"
+
+namespace difftrain::launch {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct SampleOptions {
+  std::string checkpoint;
+  std::vector<int> classes;
+  int per_class = 8;
+  std::optional<int> steps;
+  std::string sampler = "ddpm";
+  std::optional<double> eta;
+  std::optional<double> cfg;
+  uint64_t seed = 0;
+  int batch = 16;
+  std::string out;
+  std::string raw;
+  std::string weights = "ema";
+  std::optional<bool> clip_denoised;
+  std::string log_level = "info";
+};
+
+// DiT's sample.py defaults: 250 respaced steps and guidance scale 4.
+constexpr int kDefaultSteps = 250;
+constexpr double kDefaultGuidance = 4.0;
+// Black pixels between the images of the grid.
+constexpr int kGridPadding = 2;
+
+// What sampling needs from a checkpoint: rank 0's shard (it holds the model and the EMA)
+// and what its metadata says.
+struct Checkpoint {
+  std::string step_dir;
+  int64_t step = 0;
+  std::optional<io::SafetensorsFile> shard;
+  DiTConfig model;
+  DiffusionConfig diffusion;
+  std::string data_kind;  // the dataset it was trained on ("" if the shard does not say)
+};
+
+// `path` is a checkpoint directory (its newest complete step is used) or one step directory
+// `.../step-00000020`. Returns the store holding the step and the step.
+Result<std::pair<io::CheckpointStore, int64_t>> ResolveStep(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return Errorf("'{}' is not a directory", path);
+  if (fs::exists(fs::path(path) / "manifest.json", ec)) {
+    const fs::path step_dir = fs::path(path).lexically_normal();
+    const fs::path dir = step_dir.has_filename() ? step_dir : step_dir.parent_path();
+    const std::string name = dir.filename().string();
+    int64_t step = -1;
+    if (name.rfind("step-", 0) == 0) {
+      try {
+        step = std::stoll(name.substr(5));
+      } catch (const std::exception&) {
+      }
+    }
+    // Only the name CheckpointStore writes (step-00000020) names the step it reads.
+    if (step < 0 || fmt::format("step-{:08d}", step) != name) {
+      return Errorf("'{}' holds a manifest but is not named step-<N> as checkpoint steps are",
+                    path);
+    }
+    const std::string parent = dir.has_parent_path() ? dir.parent_path().string() : ".";
+    return std::pair(io::CheckpointStore(parent, 0), step);
+  }
+  io::CheckpointStore store(path, 0);
+  DT_ASSIGN_OR_RETURN(std::optional<int64_t> latest, store.LatestComplete());
+  if (!latest) return Errorf("'{}' holds no complete checkpoint", path);
+  return std::pair(std::move(store), *latest);
+}
+
+Result<Checkpoint> LoadCheckpoint(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(auto resolved, ResolveStep(path));
+  auto& [store, step] = resolved;
+  Checkpoint c;
+  c.step = step;
+  c.step_dir = store.StepDir(step);
+  DT_ASSIGN_OR_RETURN(int world, store.World(step));
+  DT_ASSIGN_OR_RETURN(c.shard, store.ReadShard(step, 0, world));
+
+  const auto& meta = c.shard->metadata();
+  auto json_field = [&](const std::string& key) -> Result<nlohmann::json> {
+    auto it = meta.find(key);
+    if (it == meta.end()) return Errorf("'{}': metadata has no '{}'", c.shard->path(), key);
+    nlohmann::json value = nlohmann::json::parse(it->second, nullptr, false);
+    if (!value.is_object())
+      return Errorf("'{}': metadata '{}' is not a JSON object", c.shard->path(), key);
+    return value;
+  };
+  DT_ASSIGN_OR_RETURN(nlohmann::json config, json_field("config"));
+  Result<DiTConfig> model = DiTConfig::FromJson(config);
+  if (!model.ok()) return model.status().WithContext(fmt::format("'{}'", c.shard->path()));
+  c.model = *model;
+
+  DT_ASSIGN_OR_RETURN(nlohmann::json train, json_field("train"));
+  try {
+    const nlohmann::json& d = train.at("diffusion");
+    if (d.value("schedule", std::string("linear")) != "linear") {
+      return Errorf("'{}': unknown diffusion schedule '{}'", c.shard->path(),
+                    d.at("schedule").get<std::string>());
+    }
+    c.diffusion.steps = d.at("steps").get<int>();
+    c.diffusion.beta_start = d.at("beta_start").get<double>();
+    c.diffusion.beta_end = d.at("beta_end").get<double>();
+    c.data_kind = train.contains("data") ? train["data"].value("kind", std::string()) : "";
+  } catch (const nlohmann::json::exception& e) {
+    return Errorf("'{}': malformed training config in the metadata: {}", c.shard->path(), e.what());
+  }
+  if (Status s = c.diffusion.Validate(); !s.ok()) {
+    return s.WithContext(fmt::format("'{}'", c.shard->path()));
+  }
+  return c;
+}
+
+// Copies the EMA (`ema.<name>`) or the trained (`<name>`) weights into the model.
+Status LoadWeights(const Checkpoint& c, bool ema, DiT& model) {
+  for (const TensorSpec& t : model.parameter_table().tensors()) {
+    DT_RETURN_IF_ERROR(
+        c.shard->CopyF32((ema ? "ema." : "") + t.name, t.shape, model.params() + t.offset));
+  }
+  return Status::Ok();
+}
+
+Status WriteRaw(const std::string& path, const std::vector<float>& images,
+                const std::vector<int64_t>& labels, const DiTConfig& m, const nlohmann::json& how) {
+  io::SafetensorsWriter file;
+  const int64_t N = static_cast<int64_t>(labels.size());
+  file.AddF32("images", {N, m.in_channels, m.input_size, m.input_size}, images.data());
+  file.Add("labels", io::DType::kI64, {N}, labels.data());
+  file.SetMetadata("format", "difftrain-samples");
+  file.SetMetadata("version", "1");
+  file.SetMetadata("config", m.ToJson().dump());
+  file.SetMetadata("sampling", how.dump());
+  return file.WriteAtomic(path);
+}
+
+int RunSample(const SampleOptions& o) {
+  auto bad = [](const std::string& message) { return ReportBadInput("sample", message); };
+  if (Status s = SetupLogging(o.log_level); !s.ok()) return bad(s.message());
+  if (o.out.empty() && o.raw.empty()) return bad("give --out (a PNG grid), --raw, or both");
+  if (o.per_class < 1) return bad(fmt::format("--per-class must be positive, got {}", o.per_class));
+  if (o.batch < 1) return bad(fmt::format("--batch must be positive, got {}", o.batch));
+  Result<SamplerKind> kind = ParseSamplerKind(o.sampler);
+  if (!kind.ok()) return bad("--sampler: " + kind.status().message());
+  if (o.eta && *kind != SamplerKind::kDdim) return bad("--eta is for --sampler ddim only");
+
+  Result<Checkpoint> loaded = LoadCheckpoint(o.checkpoint);
+  if (!loaded.ok()) return bad("--checkpoint: " + loaded.status().message());
+  const Checkpoint& ckpt = *loaded;
+  const DiTConfig& m = ckpt.model;
+  for (int label : o.classes) {
+    if (label < 0 || label >= m.num_classes) {
+      return bad(
+          fmt::format("--classes: class {} is outside the model's [0, {})", label, m.num_classes));
+    }
+  }
+  if (!o.out.empty() && m.in_channels != 1 && m.in_channels != 3) {
+    return bad(fmt::format(
+        "--out: a PNG needs 1 or 3 channels and this model makes {} (latents: write them with "
+        "--raw and decode them first)",
+        m.in_channels));
+  }
+
+  const GaussianDiffusion diffusion(ckpt.diffusion);
+  SamplerOptions options;
+  options.kind = *kind;
+  options.steps = o.steps.value_or(std::min(kDefaultSteps, diffusion.steps()));
+  options.eta = o.eta.value_or(0.0);
+  options.cfg_scale = o.cfg.value_or(m.has_null_class() ? kDefaultGuidance : 1.0);
+  // Pixel models are clipped to the data range at every step; latents (not bounded to
+  // [−1, 1]) are not, as DiT's sample.py does for them.
+  options.clip_denoised = o.clip_denoised.value_or(ckpt.data_kind != "latent_folder");
+  options.seed = o.seed;
+  DenoiserShape shape{m.in_channels, m.input_size, m.input_size, m.learn_sigma,
+                      m.has_null_class() ? m.num_classes : -1};
+  Result<Sampler> sampler = Sampler::Create(diffusion, shape, options);
+  if (!sampler.ok()) return bad(sampler.status().message());
+
+  DiT model(m);
+  if (Status s = LoadWeights(ckpt, o.weights == "ema", model); !s.ok()) {
+    return bad("--checkpoint: " + s.message());
+  }
+  const size_t out_floats = static_cast<size_t>(m.out_channels()) * m.input_size * m.input_size;
+  const Denoiser denoiser = [&model, out_floats](const float* x_t, const float* t, const int32_t* y,
+                                                 int B, float* out) {
+    const float* result = model.Forward(x_t, t, y, B);
+    std::memcpy(out, result, B * out_floats * sizeof(float));
+  };
+
+  // Sample k (row-major in the grid) is column k % per_class of the row of class k / per_class.
+  const int total = static_cast<int>(o.classes.size()) * o.per_class;
+  std::vector<int32_t> labels(total);
+  for (int k = 0; k < total; ++k)
+    labels[k] = o.classes[k / o.per_class];
+  const size_t n = static_cast<size_t>(m.in_channels) * m.input_size * m.input_size;
+  std::vector<float> images(total * n);
+  spdlog::info(
+      "sampling {} images of {} ({} weights of step {} in {}): {} {} steps{}, guidance {}, "
+      "seed {}",
+      total, m.name, o.weights, ckpt.step, ckpt.step_dir, o.sampler, options.steps,
+      *kind == SamplerKind::kDdim ? fmt::format(" (eta {})", options.eta) : "", options.cfg_scale,
+      o.seed);
+  for (int first = 0; first < total; first += o.batch) {
+    const int B = std::min(o.batch, total - first);
+    sampler->Sample(denoiser, labels.data() + first, B, first, images.data() + first * n);
+    spdlog::info("sampled {}/{}", first + B, total);
+  }
+
+  if (!o.out.empty()) {
+    Status s = io::WriteImageGrid(o.out, images.data(), total, m.in_channels, m.input_size,
+                                  m.input_size, o.per_class, kGridPadding);
+    if (!s.ok()) {
+      spdlog::error("{}", s.message());
+      return kExitJobFailed;
+    }
+    spdlog::info("wrote {}", o.out);
+  }
+  if (!o.raw.empty()) {
+    const nlohmann::json how = {{"checkpoint", ckpt.step_dir},
+                                {"step", ckpt.step},
+                                {"weights", o.weights},
+                                {"sampler", o.sampler},
+                                {"steps", options.steps},
+                                {"eta", options.eta},
+                                {"cfg_scale", options.cfg_scale},
+                                {"clip_denoised", options.clip_denoised},
+                                {"seed", o.seed}};
+    Status s = WriteRaw(o.raw, images, {labels.begin(), labels.end()}, m, how);
+    if (!s.ok()) {
+      spdlog::error("{}", s.message());
+      return kExitJobFailed;
+    }
+    spdlog::info("wrote {}", o.raw);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+DIFFTRAIN_COMMAND(
+    kSample,
+    {"sample", "Draw class-conditional samples from a checkpoint into a PNG grid",
+     [](CLI::App& app) {
+       auto o = std::make_shared<SampleOptions>();
+       app.add_option("--checkpoint", o->checkpoint,
+                      "checkpoint directory (its newest complete step) or one step directory")
+           ->required();
+       app.add_option("--classes", o->classes, "class labels, one grid row each: 0,1,2")
+           ->required()
+           ->delimiter(',');
+       app.add_option("--per-class", o->per_class, "samples per class (grid columns)")
+           ->capture_default_str();
+       app.add_option("--steps", o->steps,
+                      "sampling steps, respaced from the diffusion's (default 250, or all if "
+                      "fewer)");
+       app.add_option("--sampler", o->sampler, "ddpm or ddim")->capture_default_str();
+       app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");
+       app.add_option("--cfg", o->cfg,
+                      "classifier-free guidance scale; 1 = none (default 4, or 1 for a model "
+                      "without a null class)");
+       app.add_option("--seed", o->seed, "seed of the noise")->capture_default_str();
+       app.add_option("--batch", o->batch, "samples per model call (twice that with guidance)")
+           ->capture_default_str();
+       app.add_option("--out", o->out, "PNG grid: one row per class");
+       app.add_option("--raw", o->raw,
+                      "safetensors file of the samples: images F32 [N, C, H, W], labels I64 [N]");
+       app.add_option("--weights", o->weights, "ema or model")
+           ->check(CLI::IsMember({"ema", "model"}))
+           ->capture_default_str();
+       app.add_option("--clip-denoised", o->clip_denoised,
+                      "clip x0 predictions to [-1, 1] every step (default: true, false for "
+                      "models trained on latents)");
+       app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")
+           ->capture_default_str();
+       return [o] { return RunSample(*o); };
+     }});
+
+}  // namespace difftrain::launch

@@ -1,0 +1,157 @@
+// Runs the built `difftrain sample` as a user does, on a tiny checkpoint that `difftrain
+// train` writes first: the PNG grid and the raw file, both kinds of checkpoint argument,
+// determinism, and the bad-input exits.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "model/io/png.h"
+#include "model/io/safetensors.h"
+#include "tests/testing/run_command.h"
+
+namespace difftrain {
+namespace {
+
+using testing::CommandResult;
+using testing::RunDifftrain;
+using testing::ShellQuote;
+
+// 8×8 grey images, 1 input channel, learn_sigma (DiT's default) and a null class.
+constexpr const char* kTinyJob = R"(model:
+  name: custom
+  input_size: 8
+  patch_size: 2
+  in_channels: 1
+  hidden_size: 32
+  depth: 2
+  num_heads: 4
+  num_classes: 10
+batch:
+  micro: 4
+  global: 4
+train:
+  steps: 2
+  log_every: 1
+)";
+
+class SampleCommandTest : public ::testing::Test {
+ protected:
+  // One checkpoint for the whole suite: training it is the slow part.
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     ("sample_command_test_" + std::to_string(::getpid())));
+    std::filesystem::remove_all(*dir_);
+    std::filesystem::create_directories(*dir_);
+    const std::filesystem::path job = *dir_ / "job.yaml";
+    std::ofstream(job) << kTinyJob << "checkpoint:\n  dir: " << (*dir_ / "ckpt").string() << "\n";
+    train_ = new CommandResult(RunDifftrain("train --config " + ShellQuote(job.string())));
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+    delete train_;
+  }
+  void SetUp() override { ASSERT_EQ(train_->exit_code, 0) << train_->output; }
+
+  static std::string Ckpt() { return ShellQuote((*dir_ / "ckpt").string()); }
+  static std::string File(const std::string& name) { return (*dir_ / name).string(); }
+
+  static std::filesystem::path* dir_;
+  static CommandResult* train_;
+};
+
+std::filesystem::path* SampleCommandTest::dir_ = nullptr;
+CommandResult* SampleCommandTest::train_ = nullptr;
+
+TEST_F(SampleCommandTest, WritesGridAndRawSamples) {
+  const CommandResult r = RunDifftrain(
+      "sample --checkpoint " + Ckpt() +
+      " --classes 0,3,7 --per-class 4 --steps 5 --sampler ddpm --cfg 2 --seed 1 --batch 5 --out " +
+      ShellQuote(File("grid.png")) + " --raw " + ShellQuote(File("raw.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  Result<io::PngImage> png = io::ReadPng(File("grid.png"));
+  ASSERT_TRUE(png.ok()) << png.status().message();
+  // 4 columns and 3 rows of 8×8 images with 2 pixels of padding: 4·10 + 2 by 3·10 + 2.
+  EXPECT_EQ(png->width, 42);
+  EXPECT_EQ(png->height, 32);
+  EXPECT_EQ(png->channels, 1);
+
+  Result<io::SafetensorsFile> raw = io::SafetensorsFile::Read(File("raw.safetensors"));
+  ASSERT_TRUE(raw.ok()) << raw.status().message();
+  const io::TensorView* images = raw->Find("images");
+  const io::TensorView* labels = raw->Find("labels");
+  ASSERT_NE(images, nullptr);
+  ASSERT_NE(labels, nullptr);
+  EXPECT_EQ(images->dtype, io::DType::kF32);
+  EXPECT_EQ(images->shape, (std::vector<int64_t>{12, 1, 8, 8}));
+  EXPECT_EQ(labels->dtype, io::DType::kI64);
+  EXPECT_EQ(labels->shape, (std::vector<int64_t>{12}));
+  std::vector<int64_t> label_values(12);
+  std::memcpy(label_values.data(), labels->data, labels->bytes);
+  EXPECT_EQ(label_values, (std::vector<int64_t>{0, 0, 0, 0, 3, 3, 3, 3, 7, 7, 7, 7}));
+  std::vector<float> pixels(12 * 64);
+  std::memcpy(pixels.data(), images->data, images->bytes);
+  for (float v : pixels) {
+    ASSERT_TRUE(v >= -1.0f && v <= 1.0f) << v;
+  }
+  EXPECT_EQ(raw->metadata().at("format"), "difftrain-samples");
+}
+
+// A step directory works as well as the checkpoint directory, the batch size does not
+// change the samples, and the same seed gives the same file.
+TEST_F(SampleCommandTest, StepDirectoryBatchSizeAndSeed) {
+  auto sample = [&](const std::string& checkpoint, int batch, int seed, const std::string& name) {
+    const CommandResult r = RunDifftrain(
+        "sample --checkpoint " + checkpoint +
+        " --classes 1,2 --per-class 3 --steps 4 --sampler ddim --eta 0.5 --weights model --seed " +
+        std::to_string(seed) + " --batch " + std::to_string(batch) + " --raw " +
+        ShellQuote(File(name)));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    Result<io::SafetensorsFile> raw = io::SafetensorsFile::Read(File(name));
+    EXPECT_TRUE(raw.ok()) << raw.status().message();
+    if (!raw.ok()) return std::vector<float>();
+    const io::TensorView* images = raw->Find("images");
+    std::vector<float> values(images->bytes / sizeof(float));
+    std::memcpy(values.data(), images->data, images->bytes);
+    return values;
+  };
+  const std::string step_dir = ShellQuote((*dir_ / "ckpt" / "step-00000002").string());
+  const std::vector<float> a = sample(Ckpt(), 6, 3, "a.safetensors");
+  ASSERT_EQ(a.size(), 6u * 64);
+  EXPECT_EQ(sample(step_dir, 6, 3, "b.safetensors"), a);
+  EXPECT_EQ(sample(Ckpt(), 6, 4, "c.safetensors") == a, false);
+  // DiT's forward is per sample, but a GEMM over another batch size may round differently.
+  const std::vector<float> d = sample(Ckpt(), 2, 3, "d.safetensors");
+  ASSERT_EQ(d.size(), a.size());
+  for (size_t k = 0; k < a.size(); ++k)
+    ASSERT_NEAR(d[k], a[k], 1e-4) << k;
+}
+
+TEST_F(SampleCommandTest, BadInputExitsTwo) {
+  struct Case {
+    std::string args, message;
+  };
+  const std::string out = " --out " + ShellQuote(File("bad.png"));
+  for (const Case& c : std::vector<Case>{
+           {"--checkpoint /nonexistent --classes 0" + out, "'/nonexistent' is not a directory"},
+           {"--checkpoint " + ShellQuote(dir_->string()) + " --classes 0" + out,
+            "holds no complete checkpoint"},
+           {"--checkpoint " + Ckpt() + " --classes 0,10" + out, "class 10 is outside"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler euler" + out, "unknown sampler"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --steps 5000" + out, "got 5000"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --eta 0.5" + out, "--eta is for"},
+           {"--checkpoint " + Ckpt() + " --classes 0", "give --out"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --weights best" + out, "--weights"},
+       }) {
+    const CommandResult r = RunDifftrain("sample " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace difftrain

@@ -1,0 +1,98 @@
+// Drawing samples from a trained diffusion model, as DiT's sample.py does: DDPM ancestral
+// sampling or DDIM, over every step of the diffusion or a respaced subset of them, with
+// classifier-free guidance. The model is a callback, so the samplers know nothing of DiT.
+//
+// Respacing (DiT's respace.py, spacing "N"): N timesteps of the T-step process are kept,
+// evenly strided from 0 to T − 1; the respaced process has one step per kept timestep, its
+// ᾱ being the kept ᾱ's, so β'_i = 1 − ᾱ_{k_i} / ᾱ_{k_{i−1}}. The model is called with the
+// original timesteps k_i. N = T is the process itself.
+//
+// Guidance: with scale g ≠ 1 every model call runs the conditional and the unconditional
+// model (labels = the null class) in one doubled batch and uses ε = ε_u + g · (ε_c − ε_u)
+// for every ε channel (DiT guides its first 3 channels only, an artefact of its 4-channel
+// latents; see docs/sampling.md); the variance channels are the conditional model's.
+//
+// Randomness: sample n (its global index, whatever batch it is drawn in) takes x_T from
+// Rng(seed, kSample, 2n) and its per-step noise from Rng(seed, kSample, 2n + 1), so a
+// sample does not depend on the batch size or on the other samples of its batch.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/diffusion/gaussian_diffusion.h"
+#include "model/diffusion/vb_loss.h"
+
+namespace difftrain {
+
+// The model as the samplers call it: x_t [B, C, H, W], timesteps t [B] (the original
+// timesteps of the diffusion, as floats), labels y [B]; writes out [B, out_channels, H, W]:
+// ε in the first C channels and, with learn_sigma, the variance interpolation v in the last C.
+using Denoiser =
+    std::function<void(const float* x_t, const float* t, const int32_t* y, int B, float* out)>;
+
+enum class SamplerKind { kDdpm, kDdim };
+// "ddpm" or "ddim".
+Result<SamplerKind> ParseSamplerKind(const std::string& name);
+
+// What the samplers must know of the model.
+struct DenoiserShape {
+  int channels = 4;
+  int height = 32;
+  int width = 32;
+  // The output has 2 × channels channels, the last ones v (DiT's LEARNED_RANGE); otherwise
+  // DDPM uses the fixed small variance, the posterior's.
+  bool learn_sigma = true;
+  // The label of the unconditional model (DiT: num_classes); −1 when there is none.
+  int null_class = -1;
+};
+
+struct SamplerOptions {
+  SamplerKind kind = SamplerKind::kDdpm;
+  int steps = 250;            // respaced steps N, 1 ≤ N ≤ T
+  double eta = 0.0;           // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
+  double cfg_scale = 1.0;     // guidance scale g; 1 runs the conditional model alone
+  bool clip_denoised = true;  // clip every x0 prediction, and the final sample, to [−1, 1]
+  uint64_t seed = 0;
+};
+
+// DiT's space_timesteps(T, "N"): N timesteps evenly strided over [0, T − 1], each position
+// rounded half to even as Python's round does, in increasing order. Needs 1 ≤ N ≤ T.
+std::vector<int> SpaceTimesteps(int T, int N);
+
+class Sampler {
+ public:
+  // Errors (for the user to fix): steps outside [1, T], η outside [0, 1] or given to DDPM,
+  // a negative guidance scale, guidance without a null class.
+  static Result<Sampler> Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
+                                const SamplerOptions& options);
+
+  // The original timesteps kept, increasing; the respaced step i runs at timesteps()[i].
+  const std::vector<int>& timesteps() const { return timesteps_; }
+  // The β's of the respaced process, one per kept timestep.
+  const std::vector<double>& betas() const { return betas_; }
+  const DenoiserShape& shape() const { return shape_; }
+  const SamplerOptions& options() const { return options_; }
+
+  // Draws samples first_index, ..., first_index + N − 1 with labels y [N] into out
+  // [N, C, H, W]. The model is called with batches of N (2N with guidance).
+  void Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
+              float* out) const;
+  // The same from a given x_T: x [N, C, H, W] holds x_T and is overwritten by the samples.
+  void Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x) const;
+
+ private:
+  Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
+          const SamplerOptions& options);
+
+  DenoiserShape shape_;
+  SamplerOptions options_;
+  std::vector<int> timesteps_;
+  std::vector<double> betas_;
+  std::vector<StepCoefficients> steps_;  // the respaced process's coefficients, per step
+};
+
+}  // namespace difftrain

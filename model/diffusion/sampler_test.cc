@@ -1,0 +1,296 @@
+#include "model/diffusion/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace difftrain {
+namespace {
+
+constexpr int kC = 2, kH = 3, kW = 3;
+constexpr size_t kN = kC * kH * kW;
+constexpr int kNumClasses = 5;
+
+// A smooth made-up model whose ε depends on x_t, t and the label, and whose v varies in
+// (−1, 1): enough to tell conditional from unconditional and one timestep from another.
+void ToyModel(const float* x_t, const float* t, const int32_t* y, int B, float* out,
+              bool learn_sigma) {
+  const size_t out_n = (learn_sigma ? 2 : 1) * kN;
+  for (int b = 0; b < B; ++b) {
+    for (size_t j = 0; j < kN; ++j) {
+      const float x = x_t[b * kN + j];
+      out[b * out_n + j] = 0.6f * x + 0.05f * (y[b] + 1) * std::sin(0.01f * t[b] + j);
+      if (learn_sigma) out[b * out_n + kN + j] = std::tanh(0.3f * x + 0.1f * y[b]);
+    }
+  }
+}
+
+class SamplerTest : public ::testing::Test {
+ protected:
+  Sampler Make(SamplerOptions options, bool learn_sigma = true) const {
+    DenoiserShape shape{kC, kH, kW, learn_sigma, kNumClasses};
+    Result<Sampler> sampler = Sampler::Create(diffusion, shape, options);
+    EXPECT_TRUE(sampler.ok()) << sampler.status().message();
+    return std::move(sampler).value();
+  }
+  static Denoiser Toy(bool learn_sigma = true) {
+    return [learn_sigma](const float* x, const float* t, const int32_t* y, int B, float* out) {
+      ToyModel(x, t, y, B, out, learn_sigma);
+    };
+  }
+  // A perfect denoiser for data that is always `x0`: it returns the exact noise of x_t.
+  Denoiser Perfect(const std::vector<float>& x0, bool learn_sigma) const {
+    return [this, x0, learn_sigma](const float* x_t, const float* t, const int32_t*, int B,
+                                   float* out) {
+      const size_t out_n = (learn_sigma ? 2 : 1) * kN;
+      for (int b = 0; b < B; ++b) {
+        const double abar = diffusion.alphas_cumprod()[static_cast<int>(t[b])];
+        for (size_t j = 0; j < kN; ++j) {
+          out[b * out_n + j] =
+              static_cast<float>((x_t[b * kN + j] - std::sqrt(abar) * x0[j]) / std::sqrt(1 - abar));
+          if (learn_sigma) out[b * out_n + kN + j] = 0.0f;
+        }
+      }
+    };
+  }
+  std::vector<float> Draw(const Sampler& sampler, const Denoiser& model,
+                          const std::vector<int32_t>& labels, int64_t first = 0) const {
+    std::vector<float> out(labels.size() * kN);
+    sampler.Sample(model, labels.data(), static_cast<int>(labels.size()), first, out.data());
+    return out;
+  }
+
+  GaussianDiffusion diffusion{DiffusionConfig{}};
+};
+
+TEST(SpaceTimestepsTest, KeepsDitsTimesteps) {
+  // Values from DiT's space_timesteps (tests/reference/diffusion_torch.py ports it).
+  const std::vector<int> kept = SpaceTimesteps(1000, 250);
+  ASSERT_EQ(kept.size(), 250u);
+  EXPECT_EQ(std::vector<int>(kept.begin(), kept.begin() + 4), (std::vector<int>{0, 4, 8, 12}));
+  EXPECT_EQ(std::vector<int>(kept.begin() + 40, kept.begin() + 46),
+            (std::vector<int>{160, 164, 169, 173, 177, 181}));
+  EXPECT_EQ(kept.back(), 999);
+  EXPECT_EQ(std::accumulate(kept.begin(), kept.end(), 0), 124875);
+  const std::vector<int> fifty = SpaceTimesteps(1000, 50);
+  EXPECT_EQ(std::vector<int>(fifty.begin(), fifty.begin() + 8),
+            (std::vector<int>{0, 20, 41, 61, 82, 102, 122, 143}));
+  EXPECT_EQ(SpaceTimesteps(10, 4), (std::vector<int>{0, 3, 6, 9}));
+  EXPECT_EQ(SpaceTimesteps(1000, 1), (std::vector<int>{0}));
+  // Positions 0, 1.25, 2.5, 3.75, 5: Python rounds 2.5 to even.
+  EXPECT_EQ(SpaceTimesteps(6, 5), (std::vector<int>{0, 1, 2, 4, 5}));
+  std::vector<int> all(7);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(SpaceTimesteps(7, 7), all);
+}
+
+// The respaced process's ᾱ at step i is the base process's ᾱ at the kept timestep.
+TEST_F(SamplerTest, RespacedProcessKeepsTheAlphaBars) {
+  SamplerOptions options;
+  options.steps = 50;
+  const Sampler sampler = Make(options);
+  ASSERT_EQ(sampler.betas().size(), 50u);
+  double abar = 1;
+  for (size_t i = 0; i < sampler.timesteps().size(); ++i) {
+    abar *= 1 - sampler.betas()[i];
+    EXPECT_NEAR(abar, diffusion.alphas_cumprod()[sampler.timesteps()[i]], 1e-14) << i;
+  }
+  // Keeping every step gives back the process (to rounding: β'_k = 1 − ᾱ_k / ᾱ_{k−1}).
+  options.steps = 1000;
+  const Sampler all = Make(options);
+  for (int k = 0; k < 1000; ++k)
+    ASSERT_NEAR(all.betas()[k], diffusion.betas()[k], 1e-12 * diffusion.betas()[k]) << k;
+}
+
+TEST_F(SamplerTest, ShapesRangeAndDeterminism) {
+  for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim}) {
+    SamplerOptions options;
+    options.kind = kind;
+    options.steps = 20;
+    options.eta = kind == SamplerKind::kDdim ? 0.5 : 0.0;
+    options.cfg_scale = 3;
+    options.seed = 11;
+    const std::vector<int32_t> labels = {0, 1, 4, 2};
+    const std::vector<float> a = Draw(Make(options), Toy(), labels);
+    ASSERT_EQ(a.size(), labels.size() * kN);
+    for (float v : a) {
+      ASSERT_TRUE(std::isfinite(v));
+      ASSERT_LE(std::abs(v), 1.0f);
+    }
+    EXPECT_EQ(Draw(Make(options), Toy(), labels), a);
+    options.seed = 12;
+    EXPECT_NE(Draw(Make(options), Toy(), labels), a);
+  }
+}
+
+// Sample n's noise is addressed by n: drawing in batches of any size gives the same samples.
+TEST_F(SamplerTest, SamplesDoNotDependOnTheBatch) {
+  for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim}) {
+    SamplerOptions options;
+    options.kind = kind;
+    options.steps = 10;
+    options.eta = kind == SamplerKind::kDdim ? 1.0 : 0.0;
+    options.cfg_scale = 2.5;
+    const Sampler sampler = Make(options);
+    const std::vector<int32_t> labels = {3, 1, 4, 1, 0, 2};
+    const std::vector<float> whole = Draw(sampler, Toy(), labels);
+    std::vector<float> pieces;
+    for (int first = 0; first < 6; first += 4) {
+      const int B = std::min(4, 6 - first);
+      const std::vector<float> part =
+          Draw(sampler, Toy(), {labels.begin() + first, labels.begin() + first + B}, first);
+      pieces.insert(pieces.end(), part.begin(), part.end());
+    }
+    EXPECT_EQ(pieces, whole);
+    const std::vector<float> third = Draw(sampler, Toy(), {labels[3]}, 3);
+    EXPECT_TRUE(std::equal(third.begin(), third.end(), whole.begin() + 3 * kN));
+  }
+}
+
+TEST_F(SamplerTest, DdimWithEtaZeroIsDeterministicGivenXT) {
+  SamplerOptions options;
+  options.kind = SamplerKind::kDdim;
+  options.steps = 25;
+  std::vector<float> x_T(3 * kN);
+  for (size_t j = 0; j < x_T.size(); ++j)
+    x_T[j] = std::sin(1.7f * j);
+  const std::vector<int32_t> labels = {0, 1, 2};
+  auto denoise = [&](uint64_t seed, double eta) {
+    options.seed = seed;
+    options.eta = eta;
+    std::vector<float> x = x_T;
+    Make(options).Denoise(Toy(), labels.data(), 3, 0, x.data());
+    return x;
+  };
+  EXPECT_EQ(denoise(1, 0.0), denoise(2, 0.0));
+  EXPECT_NE(denoise(1, 0.5), denoise(2, 0.5));
+}
+
+// With a model that knows the data is the point mass x0, every x0 prediction is x0 and every
+// sampler must land on it.
+TEST_F(SamplerTest, PerfectDenoiserRecoversThePointMass) {
+  std::vector<float> x0(kN);
+  for (size_t j = 0; j < kN; ++j)
+    x0[j] = 0.9f * std::cos(0.7f * j);
+  struct Case {
+    SamplerKind kind;
+    int steps;
+    double eta;
+    bool learn_sigma, clip;
+  };
+  for (const Case& c :
+       {Case{SamplerKind::kDdpm, 1000, 0, false, true},
+        Case{SamplerKind::kDdpm, 50, 0, true, false}, Case{SamplerKind::kDdpm, 7, 0, true, true},
+        Case{SamplerKind::kDdim, 50, 0, true, true},
+        Case{SamplerKind::kDdim, 20, 1, false, false}}) {
+    SamplerOptions options;
+    options.kind = c.kind;
+    options.steps = c.steps;
+    options.eta = c.eta;
+    options.clip_denoised = c.clip;
+    options.seed = 5;
+    const std::vector<float> x =
+        Draw(Make(options, c.learn_sigma), Perfect(x0, c.learn_sigma), {0, 1, 2});
+    for (size_t k = 0; k < x.size(); ++k) {
+      ASSERT_NEAR(x[k], x0[k % kN], 1e-3)
+          << "sampler " << static_cast<int>(c.kind) << " steps " << c.steps << " element " << k;
+    }
+  }
+}
+
+// g = 1 is the conditional model alone: one batch of N, the labels as given.
+TEST_F(SamplerTest, GuidanceScaleOneIsTheConditionalModel) {
+  SamplerOptions options;
+  options.steps = 5;
+  const Sampler sampler = Make(options);
+  const std::vector<int32_t> labels = {2, 0};
+  int calls = 0;
+  const Denoiser checked = [&](const float* x, const float* t, const int32_t* y, int B,
+                               float* out) {
+    ++calls;
+    EXPECT_EQ(B, 2);
+    EXPECT_EQ(std::vector<int32_t>(y, y + B), labels);
+    ToyModel(x, t, y, B, out, true);
+  };
+  EXPECT_EQ(Draw(sampler, checked, labels), Draw(sampler, Toy(), labels));
+  EXPECT_EQ(calls, 5);
+}
+
+// Guided sampling equals sampling with a model that itself returns ε_u + g(ε_c − ε_u) (and
+// the conditional v), i.e. the doubled batch is split and combined as intended.
+TEST_F(SamplerTest, GuidanceCombinesConditionalAndUnconditional) {
+  constexpr double g = 3.0;
+  const Denoiser combined = [](const float* x, const float* t, const int32_t* y, int B,
+                               float* out) {
+    std::vector<float> cond(B * 2 * kN), uncond(B * 2 * kN);
+    std::vector<int32_t> null(B, kNumClasses);
+    ToyModel(x, t, y, B, cond.data(), true);
+    ToyModel(x, t, null.data(), B, uncond.data(), true);
+    for (size_t k = 0; k < cond.size(); ++k) {
+      const bool eps = k % (2 * kN) < kN;
+      out[k] = eps ? static_cast<float>(uncond[k] + g * (double(cond[k]) - uncond[k])) : cond[k];
+    }
+  };
+  for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim}) {
+    SamplerOptions options;
+    options.kind = kind;
+    options.steps = 10;
+    options.seed = 3;
+    const std::vector<float> plain = Draw(Make(options), combined, {1, 4, 0});
+    options.cfg_scale = g;
+    const std::vector<float> guided = Draw(Make(options), Toy(), {1, 4, 0});
+    for (size_t k = 0; k < plain.size(); ++k)
+      ASSERT_NEAR(guided[k], plain[k], 1e-5) << k;
+  }
+}
+
+// v = −1 selects the posterior variance, which is what a model without learn_sigma samples
+// with: the two must agree bit for bit.
+TEST_F(SamplerTest, LearnedVarianceAtMinusOneIsTheFixedSmallVariance) {
+  SamplerOptions options;
+  options.steps = 10;
+  options.seed = 9;
+  const Denoiser learned = [](const float* x, const float* t, const int32_t* y, int B, float* out) {
+    std::vector<float> eps(B * kN);
+    ToyModel(x, t, y, B, eps.data(), false);
+    for (int b = 0; b < B; ++b) {
+      std::copy_n(eps.begin() + b * kN, kN, out + b * 2 * kN);
+      std::fill_n(out + b * 2 * kN + kN, kN, -1.0f);
+    }
+  };
+  EXPECT_EQ(Draw(Make(options, true), learned, {0, 3}),
+            Draw(Make(options, false), Toy(false), {0, 3}));
+}
+
+TEST_F(SamplerTest, RejectsBadOptions) {
+  DenoiserShape shape{kC, kH, kW, true, kNumClasses};
+  auto error = [&](SamplerOptions options, DenoiserShape s) {
+    Result<Sampler> sampler = Sampler::Create(diffusion, s, options);
+    return sampler.ok() ? std::string("ok") : sampler.status().message();
+  };
+  SamplerOptions options;
+  options.steps = 0;
+  EXPECT_NE(error(options, shape).find("between 1 and the diffusion's 1000 steps"),
+            std::string::npos);
+  options.steps = 1001;
+  EXPECT_NE(error(options, shape).find("got 1001"), std::string::npos);
+  options = {};
+  options.eta = 0.5;
+  EXPECT_NE(error(options, shape).find("DDIM"), std::string::npos);
+  options.kind = SamplerKind::kDdim;
+  options.eta = 1.5;
+  EXPECT_NE(error(options, shape).find("eta must be in [0, 1]"), std::string::npos);
+  options = {};
+  options.cfg_scale = 4;
+  DenoiserShape unconditional = shape;
+  unconditional.null_class = -1;
+  EXPECT_NE(error(options, unconditional).find("no null class"), std::string::npos);
+  EXPECT_EQ(error(options, shape), "ok");
+  EXPECT_FALSE(ParseSamplerKind("euler").ok());
+}
+
+}  // namespace
+}  // namespace difftrain

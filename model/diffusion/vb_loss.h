@@ -1,0 +1,70 @@
+// The learned-variance objective DiT trains with learn_sigma (Nichol & Dhariwal's hybrid
+// loss, as in DiT's gaussian_diffusion.py with loss_type MSE, model_var_type LEARNED_RANGE and
+// model_mean_type EPSILON), and the per-timestep coefficients of the diffusion that it and the
+// samplers (sampler.h) share.
+//
+// With learn_sigma the model output [B, 2C, H, W] holds ε (the first C channels) and v (the
+// last C). The model's reverse step p(x_{t−1} | x_t) has the mean of the posterior
+// q(x_{t−1} | x_t, x0) at x0 = x0(x_t, ε) and the log-variance
+//   frac · log β_t + (1 − frac) · log β̃_t,   frac = (v + 1) / 2,
+// interpolating between DiT's two fixed choices (β̃_t the posterior variance, clipped at t = 0
+// to β̃_1 as DiT does). The loss of sample b is
+//   mse_b = mean over its C·H·W elements of (ε − noise)²
+//   vb_b  = mean over its elements of KL(q(x_{t−1} | x_t, x0) ‖ p(x_{t−1} | x_t)) / ln 2
+//           (at t = 0 instead −log p(x0 | x_1) under DiT's discretized Gaussian with bins of
+//           width 2/255, edge bins open beyond ±0.999, also / ln 2)
+// and the batch's loss is the mean over the batch of mse_b + vb_b. The vb term sees ε
+// detached: its gradient reaches only the v channels, and ε is trained by the MSE alone.
+//
+// Everything is computed in double from the fp32 inputs (DiT computes in fp32 with the
+// coefficients rounded to fp32; the two agree to rounding).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/diffusion/gaussian_diffusion.h"
+
+namespace difftrain {
+
+// DiT's GaussianDiffusion arrays at one timestep t of a β schedule (the base schedule, or a
+// respaced one: see sampler.h), in double.
+struct StepCoefficients {
+  double beta = 0, log_beta = 0;
+  double alpha_cumprod = 0, alpha_cumprod_prev = 0;  // ᾱ_t and ᾱ_{t−1} (1 at t = 0)
+  // x0 = sqrt_recip_alphas_cumprod · x_t − sqrt_recipm1_alphas_cumprod · ε.
+  double sqrt_recip_alphas_cumprod = 0, sqrt_recipm1_alphas_cumprod = 0;
+  // Posterior q(x_{t−1} | x_t, x0): mean coef1 · x0 + coef2 · x_t, variance β̃_t.
+  double posterior_mean_coef1 = 0, posterior_mean_coef2 = 0;
+  double posterior_variance = 0;
+  // log β̃_t, with β̃_0 (which is 0) replaced by β̃_1; log β_0 for a 1-step schedule.
+  double posterior_log_variance_clipped = 0;
+
+  double PredictX0(double x_t, double eps) const {
+    return sqrt_recip_alphas_cumprod * x_t - sqrt_recipm1_alphas_cumprod * eps;
+  }
+  double PosteriorMean(double x0, double x_t) const {
+    return posterior_mean_coef1 * x0 + posterior_mean_coef2 * x_t;
+  }
+  // The model's log-variance for the variance output v (LEARNED_RANGE).
+  double LearnedLogVariance(double v) const {
+    const double frac = (v + 1) / 2;
+    return frac * log_beta + (1 - frac) * posterior_log_variance_clipped;
+  }
+};
+
+// The coefficients at timestep t (0 ≤ t < betas.size()) of the schedule `betas` with
+// cumulative products `alphas_cumprod`.
+StepCoefficients CoefficientsAt(const std::vector<double>& betas,
+                                const std::vector<double>& alphas_cumprod, int t);
+
+// The training loss of one micro-batch. `output` is the model output [B, out_channels, HW]
+// (out_channels = 2C with learn_sigma, else C); x0, x_t and noise are [B, C, HW]; t [B].
+// Writes dout = grad_scale · ∂loss/∂output for every output channel and returns the loss.
+// learn_sigma = false is EpsilonMseLoss exactly; learn_sigma = true adds the mean vb term
+// above (its gradient lands in the v channels only).
+double DiffusionLoss(const GaussianDiffusion& diffusion, const float* output, const float* x0,
+                     const float* x_t, const float* noise, const int64_t* t, int B, int C, int HW,
+                     bool learn_sigma, float grad_scale, float* dout);
+
+}  // namespace difftrain
