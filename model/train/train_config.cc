@@ -50,6 +50,10 @@ Status TrainConfig::Validate(int dp) const {
   if (data.kind == "latent_folder" && data.path.empty()) {
     return Status::Error("data.path: required for data.kind latent_folder");
   }
+  if (learn_sigma_loss && !model.learn_sigma) {
+    return Status::Error(
+        "diffusion.learn_sigma_loss needs model.learn_sigma: true (the variance channels)");
+  }
   if (micro_batch < 1) return Errorf("batch.micro must be positive, got {}", micro_batch);
   if (global_batch < 1) return Errorf("batch.global must be positive, got {}", global_batch);
   if (global_batch % (micro_batch * dp) != 0) {
@@ -81,6 +85,7 @@ nlohmann::json TrainConfig::ToJson() const {
             {"shuffle", data.shuffle},
             {"horizontal_flip", data.horizontal_flip}}},
           {"diffusion", diffusion.ToJson()},
+          {"learn_sigma_loss", learn_sigma_loss},
           {"optimizer", optimizer.ToJson()},
           {"batch", {{"micro", micro_batch}, {"global", global_batch}}},
           {"train",
@@ -112,7 +117,9 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   DT_RETURN_IF_ERROR(data.Finish());
 
   YamlFields diffusion = top.Section("diffusion");
-  diffusion.Int("steps", c.diffusion.steps)
+  c.learn_sigma_loss = c.model.learn_sigma;  // DiT trains the variance whenever it has one
+  diffusion.Bool("learn_sigma_loss", c.learn_sigma_loss)
+      .Int("steps", c.diffusion.steps)
       .Double("beta_start", c.diffusion.beta_start)
       .Double("beta_end", c.diffusion.beta_end);
   DT_RETURN_IF_ERROR(diffusion.Finish());

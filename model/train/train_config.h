@@ -40,6 +40,9 @@ struct TrainConfig {
   DiTConfig model;
   DataConfig data;
   DiffusionConfig diffusion;
+  // DiT's objective for learn_sigma models: ε-MSE plus the variational bound that trains
+  // the variance channels (model/diffusion/vb_loss.h). Off: ε-MSE alone.
+  bool learn_sigma_loss = false;
   OptimizerConfig optimizer;
   int micro_batch = 8;
   int global_batch = 8;  // = micro_batch × data-parallel size × accumulation steps

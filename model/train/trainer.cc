@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "model/optim/adamw.h"
+#include "model/diffusion/vb_loss.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {
@@ -114,8 +115,13 @@ double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale,
   const int HW = m.input_size * m.input_size;
   last_output_ = model_.Forward(batch.x_t.data(), batch.t_float.data(), batch.y.data(), batch.size);
   dout_.resize(static_cast<size_t>(batch.size) * m.out_channels() * HW);
-  const double loss = EpsilonMseLoss(last_output_, batch.noise.data(), batch.size, m.in_channels,
-                                     m.out_channels(), HW, grad_scale, dout_.data());
+  const double loss =
+      config_.learn_sigma_loss
+          ? DiffusionLoss(diffusion_, last_output_, batch.x0.data(), batch.x_t.data(),
+                          batch.noise.data(), batch.t.data(), batch.size, m.in_channels, HW,
+                          /*learn_sigma=*/true, grad_scale, dout_.data())
+          : EpsilonMseLoss(last_output_, batch.noise.data(), batch.size, m.in_channels,
+                           m.out_channels(), HW, grad_scale, dout_.data());
   model_.Backward(dout_.data(), ready);
   return loss;
 }

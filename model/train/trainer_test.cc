@@ -72,6 +72,32 @@ TEST_F(TrainerTest, OverfitsAFixedBatchTenfold) {
   EXPECT_LT(last, first / 10) << "loss " << first << " -> " << last;
 }
 
+// The final linear's output features are ordered (ki, kj, channel); channels C..2C-1 are
+// the variance. Their weights get gradient from the variational bound only.
+double VarianceWeightGradient(bool learn_sigma_loss) {
+  TrainConfig c = TinyConfig();
+  c.learn_sigma_loss = learn_sigma_loss;
+  auto trainer = MakeTrainer(c);
+  trainer->model().InitializeRandom(3);  // the reference zero-initialises the final layer
+  MicroBatch batch;
+  EXPECT_TRUE(trainer->MakeMicroBatch(0, 4, batch).ok());
+  std::memset(trainer->model().grads(), 0, trainer->model().num_params() * sizeof(float));
+  trainer->ForwardBackward(batch, 1.0f);
+  const TensorSpec* w = trainer->model().parameter_table().Find("final_layer.linear.weight");
+  const int C = c.model.in_channels, out = c.model.out_channels(), D = c.model.hidden_size;
+  double sum = 0;
+  for (int f = 0; f < static_cast<int>(w->shape[0]); ++f) {
+    if (f % out < C) continue;
+    for (int d = 0; d < D; ++d) sum += std::abs(trainer->model().grads()[w->offset + f * D + d]);
+  }
+  return sum;
+}
+
+TEST_F(TrainerTest, LearnSigmaLossAloneTrainsTheVarianceChannels) {
+  EXPECT_EQ(VarianceWeightGradient(false), 0.0);
+  EXPECT_GT(VarianceWeightGradient(true), 0.0);
+}
+
 TEST_F(TrainerTest, ResumeIsBitIdentical) {
   const TrainConfig c = TinyConfig();
   auto straight = MakeTrainer(c);
