@@ -35,7 +35,8 @@ double Median(std::vector<double> v) {
 // used — the median is, as for the model.
 double SgemmGflops(int n, int repeats) {
   Buffer<float> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = 1.0f / static_cast<float>(1 + i % 7);
+  for (size_t i = 0; i < a.size(); ++i)
+    a[i] = b[i] = 1.0f / static_cast<float>(1 + i % 7);
   cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
   std::vector<double> rates;
   for (int r = 0; r < repeats; ++r) {
@@ -51,11 +52,16 @@ int Main(int argc, char** argv) {
   int input_size = 32, batch = 64, steps = 5, repeats = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--model") model = value;
-    else if (flag == "--input-size") input_size = std::stoi(value);
-    else if (flag == "--batch") batch = std::stoi(value);
-    else if (flag == "--steps") steps = std::stoi(value);
-    else if (flag == "--repeats") repeats = std::stoi(value);
+    if (flag == "--model")
+      model = value;
+    else if (flag == "--input-size")
+      input_size = std::stoi(value);
+    else if (flag == "--batch")
+      batch = std::stoi(value);
+    else if (flag == "--steps")
+      steps = std::stoi(value);
+    else if (flag == "--repeats")
+      repeats = std::stoi(value);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -74,7 +80,7 @@ int Main(int argc, char** argv) {
   config.model = *dit;
   config.micro_batch = config.global_batch = batch;
   Trainer trainer(config, std::make_unique<SyntheticDataset>(0, dit->in_channels, input_size,
-                                                            dit->num_classes));
+                                                             dit->num_classes));
   // Time steps on one prepared batch: the model's compute alone, not data generation.
   MicroBatch mb;
   if (Status s = trainer.MakeMicroBatch(0, batch, mb); !s.ok()) return 1;
@@ -83,7 +89,8 @@ int Main(int argc, char** argv) {
   std::vector<double> step_seconds;
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = Clock::now();
-    for (int s = 0; s < steps; ++s) trainer.StepOn(mb);
+    for (int s = 0; s < steps; ++s)
+      trainer.StepOn(mb);
     step_seconds.push_back(Seconds(t0, Clock::now()) / steps);
     std::printf("repeat %d: %.3f s/step, %.1f GFLOP/s\n", r, step_seconds.back(),
                 flops_per_step / step_seconds.back() / 1e9);
@@ -99,4 +106,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace difftrain
 
-int main(int argc, char** argv) { return difftrain::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return difftrain::Main(argc, argv);
+}

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "common/check.h"
-#include "model/optim/adamw.h"
 #include "model/diffusion/vb_loss.h"
+#include "model/optim/adamw.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {

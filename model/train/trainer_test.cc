@@ -88,7 +88,8 @@ double VarianceWeightGradient(bool learn_sigma_loss) {
   double sum = 0;
   for (int f = 0; f < static_cast<int>(w->shape[0]); ++f) {
     if (f % out < C) continue;
-    for (int d = 0; d < D; ++d) sum += std::abs(trainer->model().grads()[w->offset + f * D + d]);
+    for (int d = 0; d < D; ++d)
+      sum += std::abs(trainer->model().grads()[w->offset + f * D + d]);
   }
   return sum;
 }
