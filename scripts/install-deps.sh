@@ -9,7 +9,18 @@ packages=(
   libgloo-dev libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev libpng-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy dataset-fashion-mnist
+  # The Helm chart's tests (tests/k8s): Helm's template engine and the Kubernetes API schema.
+  golang-go golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-kubernetes
 )
+# DIFFTRAIN_DEPS=build: only what compiling difftrain needs (the container image's build
+# stage), without the packages that only tests and tools use.
+if [[ "${DIFFTRAIN_DEPS:-all}" == build ]]; then
+  test_only=" clang-format python3-torch python3-numpy dataset-fashion-mnist golang-go \
+golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-kubernetes "
+  for i in "${!packages[@]}"; do
+    if [[ "$test_only" == *" ${packages[$i]} "* ]]; then unset 'packages[i]'; fi
+  done
+fi
 
 missing=()
 for p in "${packages[@]}"; do
