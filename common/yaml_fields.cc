@@ -30,6 +30,10 @@ Status YamlFields::ErrorAt(const std::string& key, const std::string& message) c
   return Errorf("{}: {}: {}", Where(where), FieldPath(key), message);
 }
 
+std::string YamlFields::Location(const std::string& key) const {
+  return Where(Has(key) ? node_[key] : node_);
+}
+
 template <typename T>
 YamlFields& YamlFields::Read(const std::string& key, T& out, const char* expected) {
   read_.insert(key);
@@ -65,6 +69,23 @@ YamlFields& YamlFields::String(const std::string& key, std::string& out) {
   return Read(key, out, "a string");
 }
 
+YamlFields& YamlFields::IntList(const std::string& key, std::vector<int>& out) {
+  read_.insert(key);
+  if (!status_.ok() || !Has(key)) return *this;
+  const YAML::Node value = node_[key];
+  std::vector<int> list;
+  try {
+    if (!value.IsSequence()) throw YAML::BadConversion(value.Mark());
+    for (const YAML::Node& item : value)
+      list.push_back(item.as<int>());
+  } catch (const YAML::Exception&) {
+    status_ = Errorf("{}: {}: expected a list of integers", Where(value), FieldPath(key));
+    return *this;
+  }
+  out = std::move(list);
+  return *this;
+}
+
 YamlFields YamlFields::Section(const std::string& key) {
   read_.insert(key);
   YAML::Node child = Has(key) ? node_[key] : YAML::Node();
@@ -77,7 +98,15 @@ Status YamlFields::Finish() const {
   DT_RETURN_IF_ERROR(status_);
   if (!node_ || !node_.IsMap()) return Status::Ok();
   for (const auto& entry : node_) {
-    const std::string key = entry.first.as<std::string>();
+    // A key that is a list, a mapping or empty ("? [a]: 1", "?\n:") names no field.
+    if (!entry.first.IsScalar()) {
+      return Errorf("{}: {}: expected a field name, found {}", Where(entry.first),
+                    path_.empty() ? "(top level)" : path_,
+                    entry.first.IsMap()        ? "a mapping"
+                    : entry.first.IsSequence() ? "a list"
+                                               : "nothing");
+    }
+    const std::string key = entry.first.Scalar();
     if (!read_.contains(key)) {
       std::string known;
       for (const std::string& k : read_)
@@ -94,7 +123,7 @@ Result<YAML::Node> YamlFields::LoadFile(const std::string& file) {
   if (!in) return Errorf("cannot open '{}'", file);
   try {
     return YAML::Load(in);
-  } catch (const YAML::ParserException& e) {
+  } catch (const YAML::Exception& e) {
     return Errorf("{}:{}:{}: invalid YAML: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
 }

@@ -27,6 +27,7 @@ class YamlFields {
   YamlFields& Double(const std::string& key, double& out);
   YamlFields& Bool(const std::string& key, bool& out);
   YamlFields& String(const std::string& key, std::string& out);
+  YamlFields& IntList(const std::string& key, std::vector<int>& out);
   // A nested mapping; absent gives a null node that reads as "all defaults".
   YamlFields Section(const std::string& key);
   bool Has(const std::string& key) const;
@@ -36,6 +37,8 @@ class YamlFields {
   Status status() const { return status_; }
   // An error located at `key` (or at this mapping when the key is absent).
   Status ErrorAt(const std::string& key, const std::string& message) const;
+  // "file:line:col" of `key` (of this mapping when the key is absent).
+  std::string Location(const std::string& key) const;
 
   static Result<YAML::Node> LoadFile(const std::string& file);
 

@@ -1,11 +1,14 @@
-// `difftrain info`: parameters, FLOPs and memory of a model; with --all the whole
-// DiT-S/B/L/XL × 2/4/8 table; with --devices the GPUs this build can see.
+// `difftrain info`: parameters, FLOPs and memory of a model, and with --tp/--cp/--pp/--dp
+// the bytes per rank of each pipeline stage; with --all the whole DiT-S/B/L/XL × 2/4/8
+// table; with --devices the GPUs this build can see.
 #include <cstdio>
 
 #include "launch/command.h"
 #include "launch/model_options.h"
 #include "model/device.h"
 #include "model/dit/dit.h"
+#include "model/dit/shard.h"
+#include "model/train/trainer.h"
 
 namespace difftrain::launch {
 namespace {
@@ -13,6 +16,10 @@ namespace {
 struct InfoOptions {
   ModelOptions model;
   int micro_batch = 1;
+  int tp = 1, cp = 1, pp = 1, dp = 1;
+  int micro_batches = 0;  // per step and replica; 0: pp (the pipeline full)
+  bool zero1 = false;
+  double bucket_mb = ParallelConfig{}.bucket_mb;
   bool all = false;
   bool devices = false;
   bool json = false;
@@ -21,7 +28,35 @@ struct InfoOptions {
 // fp32 parameters, gradients, two AdamW moments and the EMA: 5 arenas of 4 bytes each.
 constexpr int kStateArenas = 5;
 
-nlohmann::json Describe(const DiTConfig& c, int micro_batch) {
+// Bytes per rank of each pipeline stage (every tp and cp rank of a stage holds the same).
+nlohmann::json DescribeRanks(const DiTConfig& c, const InfoOptions& o) {
+  nlohmann::json stages = nlohmann::json::array();
+  const int micro_batches = o.micro_batches > 0 ? o.micro_batches : o.pp;
+  for (int stage = 0; stage < o.pp; ++stage) {
+    const DiTShard shard = *DiTShard::Create(c, o.tp, 0, o.cp, 0, o.pp, stage);
+    const MemoryBytes m = PlanMemory(c, shard, o.micro_batch, micro_batches, o.zero1, o.dp * o.cp,
+                                     static_cast<size_t>(o.bucket_mb * (1 << 20) / sizeof(float)));
+    stages.push_back({{"stage", stage},
+                      {"blocks", {shard.first_block, shard.end_block}},
+                      {"parameters", m.parameters},
+                      {"gradients", m.gradients},
+                      {"optimizer", m.optimizer},
+                      {"ema", m.ema},
+                      {"activations", m.activations},
+                      {"total", m.parameters + m.gradients + m.optimizer + m.ema + m.activations}});
+  }
+  return {{"tp", o.tp},
+          {"cp", o.cp},
+          {"dp", o.dp},
+          {"pp", o.pp},
+          {"micro_batch", o.micro_batch},
+          {"micro_batches", micro_batches},
+          {"zero1", o.zero1},
+          {"stages", stages}};
+}
+
+nlohmann::json Describe(const DiTConfig& c, const InfoOptions& o) {
+  const int micro_batch = o.micro_batch;
   const double params = static_cast<double>(ParameterCount(c));
   const double trainable = static_cast<double>(TrainableParameterCount(c));
   return {{"model", c.name},
@@ -33,8 +68,9 @@ nlohmann::json Describe(const DiTConfig& c, int micro_batch) {
           {"training_gflops_per_sample", TrainingFlopsPerSample(c) / 1e9},
           {"state_bytes",
            static_cast<int64_t>(trainable * kStateArenas * 4 + (params - trainable) * 4)},
-          {"activation_bytes", DiT::ActivationBytes(c, micro_batch)},
-          {"micro_batch", micro_batch}};
+          {"activation_bytes", DiT::ActivationBytes(c, DiTShard::Whole(c), micro_batch, 1)},
+          {"micro_batch", micro_batch},
+          {"per_rank", DescribeRanks(c, o)}};
 }
 
 // 675129632 → "675,129,632"
@@ -57,10 +93,28 @@ void PrintHuman(const nlohmann::json& d) {
       d["forward_gmacs_per_sample"].get<double>(), d["training_gflops_per_sample"].get<double>(),
       d["state_bytes"].get<double>() / (1 << 30), d["activation_bytes"].get<double>() / (1 << 30),
       d["micro_batch"].get<int>());
+  const nlohmann::json& r = d["per_rank"];
+  if (r["tp"] == 1 && r["cp"] == 1 && r["pp"] == 1 && r["dp"] == 1) return;
+  const double GiB = 1 << 30;
+  for (const nlohmann::json& s : r["stages"]) {
+    std::printf(
+        "  tp %d cp %d dp %d pp %d%s stage %d (blocks %d-%d), per rank: parameters %.2f GiB  "
+        "gradients %.2f GiB  optimizer %.2f GiB  EMA %.2f GiB  activations %.2f GiB  total "
+        "%.2f GiB\n",
+        r["tp"].get<int>(), r["cp"].get<int>(), r["dp"].get<int>(), r["pp"].get<int>(),
+        r["zero1"].get<bool>() ? " ZeRO-1" : "", s["stage"].get<int>(), s["blocks"][0].get<int>(),
+        s["blocks"][1].get<int>() - 1, s["parameters"].get<double>() / GiB,
+        s["gradients"].get<double>() / GiB, s["optimizer"].get<double>() / GiB,
+        s["ema"].get<double>() / GiB, s["activations"].get<double>() / GiB,
+        s["total"].get<double>() / GiB);
+  }
 }
 
 int RunInfo(const InfoOptions& o) {
   if (o.micro_batch < 1) return ReportBadInput("info", "--micro-batch must be positive");
+  if (o.dp < 1 || o.micro_batches < 0 || !(o.bucket_mb > 0)) {
+    return ReportBadInput("info", "--dp, --micro-batches and --bucket-mb must be positive");
+  }
   if (o.devices) {
     const DeviceInventory inv = QueryDeviceInventory();
     nlohmann::json gpus = nlohmann::json::array();
@@ -89,7 +143,10 @@ int RunInfo(const InfoOptions& o) {
   }
   nlohmann::json all = nlohmann::json::array();
   for (const DiTConfig& c : configs) {
-    nlohmann::json d = Describe(c, o.micro_batch);
+    if (Status s = ValidateParallelLayout(c, o.tp, o.cp, o.pp, {}); !s.ok()) {
+      return ReportBadInput("info", s.message());
+    }
+    nlohmann::json d = Describe(c, o);
     if (o.json) {
       all.push_back(d);
     } else {
@@ -102,17 +159,25 @@ int RunInfo(const InfoOptions& o) {
 
 }  // namespace
 
-DIFFTRAIN_COMMAND(kInfo, {"info", "Parameters, FLOPs and memory of a model; or the GPUs",
-                          [](CLI::App& app) {
-                            auto o = std::make_shared<InfoOptions>();
-                            o->model.AddTo(app);
-                            app.add_option("--micro-batch", o->micro_batch,
-                                           "micro-batch for the activation estimate")
-                                ->capture_default_str();
-                            app.add_flag("--all", o->all, "every DiT-S/B/L/XL x 2/4/8 config");
-                            app.add_flag("--devices", o->devices, "list the CUDA devices");
-                            app.add_flag("--json", o->json, "print JSON");
-                            return [o] { return RunInfo(*o); };
-                          }});
+DIFFTRAIN_COMMAND(
+    kInfo,
+    {"info", "Parameters, FLOPs and memory of a model; or the GPUs", [](CLI::App& app) {
+       auto o = std::make_shared<InfoOptions>();
+       o->model.AddTo(app);
+       app.add_option("--micro-batch", o->micro_batch, "micro-batch for the activation estimate")
+           ->capture_default_str();
+       app.add_option("--tp", o->tp, "tensor-parallel size")->capture_default_str();
+       app.add_option("--cp", o->cp, "context-parallel size")->capture_default_str();
+       app.add_option("--pp", o->pp, "pipeline stages")->capture_default_str();
+       app.add_option("--dp", o->dp, "data-parallel size")->capture_default_str();
+       app.add_option("--micro-batches", o->micro_batches,
+                      "micro-batches per step and replica (default: pp)");
+       app.add_flag("--zero1", o->zero1, "shard AdamW moments over the dp-cp group");
+       app.add_option("--bucket-mb", o->bucket_mb, "gradient bucket MiB")->capture_default_str();
+       app.add_flag("--all", o->all, "every DiT-S/B/L/XL x 2/4/8 config");
+       app.add_flag("--devices", o->devices, "list the CUDA devices");
+       app.add_flag("--json", o->json, "print JSON");
+       return [o] { return RunInfo(*o); };
+     }});
 
 }  // namespace difftrain::launch

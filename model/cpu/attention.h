@@ -1,19 +1,25 @@
 // Multi-head self-attention core (timm's Attention between qkv and proj):
-//   qkv [B, T, 3·D] holds q, k, v one after another, each split into H heads of hd = D/H;
-//   per (b, h):  P = softmax(Q·Kᵀ / √hd)  [T, T],   O = P·V;
-//   out [B, T, D] has the heads side by side (head h at columns h·hd … h·hd+hd−1).
+//   a qkv buffer [B, T, 3·D] holds q, k, v one after another, each split into H heads of
+//   hd = D/H; per (b, h):  P = softmax(Q·Kᵀ / √hd)  [Tq, Tk],   O = P·V;
+//   out [B, Tq, D] has the heads side by side (head h at columns h·hd … h·hd+hd−1).
 //
-// Forward writes out and the probabilities P [B, H, T, T] that backward reuses.
-// Backward adds into dqkv [B, T, 3·D].
+// The queries come from the Q part of `q` [B, Tq, 3·D], the keys and values from the K and
+// V parts of `kv` [B, Tk, 3·D]. Self-attention passes the same buffer twice (Tq = Tk);
+// context parallelism passes this rank's tokens as `q` and the gathered sequence as `kv`.
+//
+// Forward writes out and the probabilities P [B, H, Tq, Tk] that backward reuses.
+// Backward adds the Q gradient into the Q part of dq [B, Tq, 3·D] and the K and V gradients
+// into the K and V parts of dkv [B, Tk, 3·D] (dq and dkv may be the same buffer).
 #pragma once
 
 namespace difftrain::cpu {
 
 template <typename T>
-void AttentionForward(T* out, T* probs, const T* qkv, int B, int T_, int D, int H);
+void AttentionForward(T* out, T* probs, const T* q, const T* kv, int B, int Tq, int Tk, int D,
+                      int H);
 
 template <typename T>
-void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* probs, int B, int T_, int D,
-                       int H);
+void AttentionBackward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* probs, int B,
+                       int Tq, int Tk, int D, int H);
 
 }  // namespace difftrain::cpu

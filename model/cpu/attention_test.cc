@@ -39,8 +39,9 @@ class AttentionTest : public ::testing::Test {
     const auto qkv = gradcheck::Convert<Real>(qkv_), dout = gradcheck::Convert<Real>(w_);
     AttentionResult<Real> r{std::vector<Real>(kOut), std::vector<Real>(kProbs),
                             std::vector<Real>(kQkv)};
-    AttentionForward(r.out.data(), r.probs.data(), qkv.data(), B, T, D, H);
-    AttentionBackward(r.dqkv.data(), dout.data(), qkv.data(), r.probs.data(), B, T, D, H);
+    AttentionForward(r.out.data(), r.probs.data(), qkv.data(), qkv.data(), B, T, T, D, H);
+    AttentionBackward(r.dqkv.data(), r.dqkv.data(), dout.data(), qkv.data(), qkv.data(),
+                      r.probs.data(), B, T, T, D, H);
     return r;
   }
 
@@ -80,7 +81,7 @@ class AttentionTest : public ::testing::Test {
 
   void Forward(Vector& out) const {
     Vector probs(kProbs);
-    AttentionForward(out.data(), probs.data(), qkv_.data(), B, T, D, H);
+    AttentionForward(out.data(), probs.data(), qkv_.data(), qkv_.data(), B, T, T, D, H);
   }
 
   std::mt19937 rng_{505};
@@ -116,7 +117,8 @@ TEST_F(AttentionTest, BackwardAddsIntoGradient) {
   const AttentionResult<double> r = Run<double>();
   Vector dqkv(kQkv);
   EXPECT_TRUE(gradcheck::Accumulates({{"dqkv", &dqkv}}, [&] {
-    AttentionBackward(dqkv.data(), w_.data(), qkv_.data(), r.probs.data(), B, T, D, H);
+    AttentionBackward(dqkv.data(), dqkv.data(), w_.data(), qkv_.data(), qkv_.data(), r.probs.data(),
+                      B, T, T, D, H);
   }));
 }
 

@@ -1,5 +1,6 @@
 #include "model/dit/dit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -10,10 +11,17 @@
 #include "model/cpu/layernorm.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/modulate.h"
+#include "model/parallel/mappings.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {
 namespace {
+
+using parallel::CopyToTensorParallel;
+using parallel::GatherSequence;
+using parallel::GatherSequenceSplitGrad;
+using parallel::ReduceFromTensorParallel;
+using parallel::SequenceShape;
 
 constexpr float kLayerNormEps = 1e-6f;
 constexpr int kFrequencyDim = 256;  // timestep embedder input width
@@ -22,65 +30,21 @@ void Zero(float* p, size_t n) {
   std::memset(p, 0, n * sizeof(float));
 }
 
-// Calls f(name, shape, member) for every activation of a micro-batch of B, in arena order.
-// Laying out the arena and binding the pointers both walk this one list.
-template <typename Acts, typename F>
-void VisitActivations(const DiTConfig& c, int B, Acts& a, F&& f) {
-  const int64_t T = c.tokens(), D = c.hidden_size, H = c.num_heads, M = c.mlp_hidden();
-  const int64_t N = int64_t(B) * T;
-  f("patches", {N, c.patch_features()}, a.patches);
-  f("t_freq", {B, kFrequencyDim}, a.tfreq);
-  f("t_hidden", {B, D}, a.t_hidden);
-  f("t_act", {B, D}, a.t_act);
-  f("t_emb", {B, D}, a.t_emb);
-  f("y_emb", {B, D}, a.y_emb);
-  f("c", {B, D}, a.c);
-  f("silu_c", {B, D}, a.silu_c);
-  a.blocks.resize(c.depth);
-  for (int l = 0; l < c.depth; ++l) {
-    auto& k = a.blocks[l];
-    const std::string p = "blocks." + std::to_string(l) + ".";
-    f(p + "resid_in", {N, D}, k.resid_in);
-    f(p + "ada", {B, 6 * D}, k.ada);
-    f(p + "ln1", {N, D}, k.ln1);
-    f(p + "mean1", {N}, k.mean1);
-    f(p + "rstd1", {N}, k.rstd1);
-    f(p + "mod1", {N, D}, k.mod1);
-    f(p + "qkv", {N, 3 * D}, k.qkv);
-    f(p + "probs", {B, H, T, T}, k.probs);
-    f(p + "attn", {N, D}, k.attn);
-    f(p + "proj", {N, D}, k.proj);
-    f(p + "mid", {N, D}, k.mid);
-    f(p + "ln2", {N, D}, k.ln2);
-    f(p + "mean2", {N}, k.mean2);
-    f(p + "rstd2", {N}, k.rstd2);
-    f(p + "mod2", {N, D}, k.mod2);
-    f(p + "fc1", {N, M}, k.fc1);
-    f(p + "gelu", {N, M}, k.gelu);
-    f(p + "fc2", {N, D}, k.fc2);
+// out[n, :] += bias for N rows of width D: the bias of a row-parallel layer, added once the
+// partial products are summed.
+void AddBias(float* out, const float* bias, int N, int D) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    for (int d = 0; d < D; ++d)
+      out[size_t(n) * D + d] += bias[d];
   }
-  const int64_t out_features = int64_t(c.patch_size) * c.patch_size * c.out_channels();
-  f("resid_out", {N, D}, a.resid_out);
-  f("final.ada", {B, 2 * D}, a.ada_f);
-  f("final.ln", {N, D}, a.lnf);
-  f("final.mean", {N}, a.meanf);
-  f("final.rstd", {N}, a.rstdf);
-  f("final.mod", {N, D}, a.modf);
-  f("final.linear", {N, out_features}, a.final_out);
-  f("output", {B, c.out_channels(), c.input_size, c.input_size}, a.out);
-  // Backward scratch: the residual-stream gradient and reusable per-layer buffers.
-  f("grad.resid", {N, D}, a.d_resid);
-  f("grad.a", {N, D}, a.d_a);
-  f("grad.b", {N, D}, a.d_b);
-  f("grad.qkv", {N, 3 * D}, a.d_qkv);
-  f("grad.h1", {N, M}, a.d_h1);
-  f("grad.h2", {N, M}, a.d_h2);
-  f("grad.ada", {B, 6 * D}, a.d_ada);
-  f("grad.silu_c", {B, D}, a.d_silu_c);
-  f("grad.c", {B, D}, a.d_c);
-  f("grad.t1", {B, D}, a.d_t1);
-  f("grad.t2", {B, D}, a.d_t2);
-  f("grad.final_linear", {N, out_features}, a.d_final_out);
+}
+
+// Copies context-parallel rank r's tokens [r·Tl, (r+1)·Tl) of every sample out of [B, T, w].
+void KeepTokens(float* local, const float* full, int B, int T, int Tl, int w, int r) {
+  const size_t chunk = size_t(Tl) * w;
+  for (int b = 0; b < B; ++b)
+    std::memcpy(local + b * chunk, full + size_t(b) * T * w + r * chunk, chunk * sizeof(float));
 }
 
 void XavierUniform(float* w, int64_t fan_out, int64_t fan_in, Rng& rng) {
@@ -94,248 +58,512 @@ void Normal(float* w, size_t n, double std, Rng& rng) {
     w[i] = static_cast<float>(rng.Normal() * std);
 }
 
+struct Dims {
+  int B, T, Tl, N, D, Dl, Hl, Ml, F, Fo, S;
+  Dims(const DiTConfig& c, const DiTShard& s, int B_)
+      : B(B_),
+        T(c.tokens()),
+        Tl(c.tokens() / s.cp),
+        N(B_ * (c.tokens() / s.cp)),
+        D(c.hidden_size),
+        Dl(c.hidden_size / s.tp),
+        Hl(c.num_heads / s.tp),
+        Ml(c.mlp_hidden() / s.tp),
+        F(c.patch_features()),
+        Fo(c.patch_size * c.patch_size * c.out_channels()),
+        S(c.input_size) {}
+};
+
 }  // namespace
 
-DiT::DiT(const DiTConfig& config) : config_(config) {
+// Calls f(name, shape, member) for every activation of one slot, in arena order. Laying out
+// the arena and binding the pointers both walk this one list. Context parallelism adds the
+// gathered keys/values and output; with cp = 1 those are the local buffers themselves.
+template <typename F>
+void DiT::VisitActivations(const DiTConfig& c, const DiTShard& s, int B, Acts& a, F&& f) {
+  const Dims d(c, s, B);
+  const int64_t N = d.N, D = d.D;
+  if (s.first_stage()) {
+    f("patches", {N, d.F}, a.patches);
+    f("t_freq", {B, kFrequencyDim}, a.tfreq);
+    f("t_hidden", {B, D}, a.t_hidden);
+    f("t_act", {B, D}, a.t_act);
+    f("t_emb", {B, D}, a.t_emb);
+    f("y_emb", {B, D}, a.y_emb);
+  }
+  f("c", {B, D}, a.c);
+  f("silu_c", {B, D}, a.silu_c);
+  a.blocks.resize(s.end_block - s.first_block);
+  for (int l = s.first_block; l < s.end_block; ++l) {
+    auto& k = a.blocks[l - s.first_block];
+    const std::string p = "blocks." + std::to_string(l) + ".";
+    f(p + "resid_in", {N, D}, k.resid_in);
+    f(p + "ada", {B, 6 * D}, k.ada);
+    f(p + "ln1", {N, D}, k.ln1);
+    f(p + "mean1", {N}, k.mean1);
+    f(p + "rstd1", {N}, k.rstd1);
+    f(p + "mod1", {N, D}, k.mod1);
+    f(p + "qkv", {N, 3 * d.Dl}, k.qkv);
+    if (s.cp > 1) f(p + "kv", {int64_t(B) * d.T, 3 * d.Dl}, k.kv);
+    f(p + "probs", {B, d.Hl, d.Tl, d.T}, k.probs);
+    f(p + "attn", {N, d.Dl}, k.attn);
+    f(p + "proj", {N, D}, k.proj);
+    f(p + "mid", {N, D}, k.mid);
+    f(p + "ln2", {N, D}, k.ln2);
+    f(p + "mean2", {N}, k.mean2);
+    f(p + "rstd2", {N}, k.rstd2);
+    f(p + "mod2", {N, D}, k.mod2);
+    f(p + "fc1", {N, d.Ml}, k.fc1);
+    f(p + "gelu", {N, d.Ml}, k.gelu);
+    f(p + "fc2", {N, D}, k.fc2);
+  }
+  f("resid_out", {N, D}, a.resid_out);
+  if (s.last_stage()) {
+    f("final.ada", {B, 2 * D}, a.ada_f);
+    f("final.ln", {N, D}, a.lnf);
+    f("final.mean", {N}, a.meanf);
+    f("final.rstd", {N}, a.rstdf);
+    f("final.mod", {N, D}, a.modf);
+    f("final.linear", {N, d.Fo}, a.final_out);
+    if (s.cp > 1) f("final.gathered", {int64_t(B) * d.T, d.Fo}, a.final_full);
+    f("output", {B, c.out_channels(), d.S, d.S}, a.out);
+  }
+}
+
+template <typename F>
+void DiT::VisitScratch(const DiTConfig& c, const DiTShard& s, int B, Scratch& a, F&& f) {
+  const Dims d(c, s, B);
+  const int64_t N = d.N, D = d.D;
+  if (s.first_stage()) f("patches_full", {int64_t(B) * d.T, d.F}, a.patches_full);
+  f("grad.resid", {N, D}, a.d_resid);
+  f("grad.a", {N, D}, a.d_a);
+  f("grad.b", {N, D}, a.d_b);
+  f("grad.qkv", {N, 3 * d.Dl}, a.d_qkv);
+  f("grad.h1", {N, d.Ml}, a.d_h1);
+  f("grad.h2", {N, d.Ml}, a.d_h2);
+  f("grad.ada", {B, 6 * D}, a.d_ada);
+  f("grad.silu_c", {B, D}, a.d_silu_c);
+  f("grad.c", {B, D}, a.d_c);
+  if (s.first_stage()) {
+    f("grad.t1", {B, D}, a.d_t1);
+    f("grad.t2", {B, D}, a.d_t2);
+  }
+  if (s.last_stage()) f("grad.final_linear", {N, d.Fo}, a.d_final_out);
+  if (s.cp > 1) {
+    f("grad.kv", {int64_t(B) * d.T, 3 * d.Dl}, a.d_kv);
+    if (s.last_stage()) f("grad.final_gathered", {int64_t(B) * d.T, d.Fo}, a.d_final_full);
+    // The rank-major buffer of the sequence exchanges (keys/values and the output).
+    f("sequence", {int64_t(B) * d.T * std::max(3 * d.Dl, s.last_stage() ? d.Fo : 0)}, a.sequence);
+  }
+}
+
+DiT::DiT(const DiTConfig& config) : DiT(config, DiTShard::Whole(config), DiTComms{}) {}
+
+DiT::DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms)
+    : config_(config), shard_(shard), comms_(comms) {
   Status valid = config_.Validate();
   DT_CHECK(valid.ok(), "{}", valid.message());
-  const int64_t D = config_.hidden_size, M = config_.mlp_hidden(), p = config_.patch_size;
-  x_w_ = table_.Add("x_embedder.proj.weight", {D, config_.in_channels, p, p});
-  x_b_ = table_.Add("x_embedder.proj.bias", {D});
-  t1_w_ = table_.Add("t_embedder.mlp.0.weight", {D, kFrequencyDim});
-  t1_b_ = table_.Add("t_embedder.mlp.0.bias", {D});
-  t2_w_ = table_.Add("t_embedder.mlp.2.weight", {D, D});
-  t2_b_ = table_.Add("t_embedder.mlp.2.bias", {D});
-  y_table_ = table_.Add("y_embedder.embedding_table.weight", {config_.label_rows(), D});
-  for (int l = 0; l < config_.depth; ++l) {
+  DT_CHECK((comms.tp ? comms.tp->size() : 1) == shard.tp, "tp group of {} for a shard of tp {}",
+           comms.tp ? comms.tp->size() : 1, shard.tp);
+  DT_CHECK((comms.cp ? comms.cp->size() : 1) == shard.cp, "cp group of {} for a shard of cp {}",
+           comms.cp ? comms.cp->size() : 1, shard.cp);
+  sharded_ = ShardParameters(config_, shard_);
+  global_table_ = ShardParameters(config_, DiTShard::Whole(config_)).table;
+  DT_CHECK(static_cast<int64_t>(global_table_.total()) == TrainableParameterCount(config_),
+           "parameter table and parameter count disagree");
+  if (shard_.first_stage()) {
+    x_w_ = Offset("x_embedder.proj.weight");
+    x_b_ = Offset("x_embedder.proj.bias");
+    t1_w_ = Offset("t_embedder.mlp.0.weight");
+    t1_b_ = Offset("t_embedder.mlp.0.bias");
+    t2_w_ = Offset("t_embedder.mlp.2.weight");
+    t2_b_ = Offset("t_embedder.mlp.2.bias");
+    y_table_ = Offset("y_embedder.embedding_table.weight");
+  }
+  for (int l = shard_.first_block; l < shard_.end_block; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     BlockOffsets o;
-    o.qkv_w = table_.Add(b + "attn.qkv.weight", {3 * D, D});
-    o.qkv_b = table_.Add(b + "attn.qkv.bias", {3 * D});
-    o.proj_w = table_.Add(b + "attn.proj.weight", {D, D});
-    o.proj_b = table_.Add(b + "attn.proj.bias", {D});
-    o.fc1_w = table_.Add(b + "mlp.fc1.weight", {M, D});
-    o.fc1_b = table_.Add(b + "mlp.fc1.bias", {M});
-    o.fc2_w = table_.Add(b + "mlp.fc2.weight", {D, M});
-    o.fc2_b = table_.Add(b + "mlp.fc2.bias", {D});
-    o.ada_w = table_.Add(b + "adaLN_modulation.1.weight", {6 * D, D});
-    o.ada_b = table_.Add(b + "adaLN_modulation.1.bias", {6 * D});
+    o.qkv_w = Offset(b + "attn.qkv.weight");
+    o.qkv_b = Offset(b + "attn.qkv.bias");
+    o.proj_w = Offset(b + "attn.proj.weight");
+    o.proj_b = Offset(b + "attn.proj.bias");
+    o.fc1_w = Offset(b + "mlp.fc1.weight");
+    o.fc1_b = Offset(b + "mlp.fc1.bias");
+    o.fc2_w = Offset(b + "mlp.fc2.weight");
+    o.fc2_b = Offset(b + "mlp.fc2.bias");
+    o.ada_w = Offset(b + "adaLN_modulation.1.weight");
+    o.ada_b = Offset(b + "adaLN_modulation.1.bias");
     blocks_.push_back(o);
   }
-  fada_w_ = table_.Add("final_layer.adaLN_modulation.1.weight", {2 * D, D});
-  fada_b_ = table_.Add("final_layer.adaLN_modulation.1.bias", {2 * D});
-  flin_w_ = table_.Add("final_layer.linear.weight", {p * p * config_.out_channels(), D});
-  flin_b_ = table_.Add("final_layer.linear.bias", {p * p * config_.out_channels()});
-  DT_CHECK(static_cast<int64_t>(table_.total()) == TrainableParameterCount(config_),
-           "parameter table and parameter count disagree");
+  if (shard_.last_stage()) {
+    fada_w_ = Offset("final_layer.adaLN_modulation.1.weight");
+    fada_b_ = Offset("final_layer.adaLN_modulation.1.bias");
+    flin_w_ = Offset("final_layer.linear.weight");
+    flin_b_ = Offset("final_layer.linear.bias");
+  }
+  params_ = Buffer<float>(num_params());
+  grads_ = Buffer<float>(num_params());
+  if (shard_.first_stage()) {
+    pos_embed_ = Buffer<float>(static_cast<size_t>(config_.tokens()) * config_.hidden_size);
+    cpu::SinCos2DPositionEmbedding(pos_embed_.data(), config_.grid(), config_.hidden_size);
+  }
+}
 
-  params_ = Buffer<float>(table_.total());
-  grads_ = Buffer<float>(table_.total());
-  pos_embed_ = Buffer<float>(static_cast<size_t>(config_.tokens()) * D);
-  cpu::SinCos2DPositionEmbedding(pos_embed_.data(), config_.grid(), config_.hidden_size);
+size_t DiT::Offset(const std::string& name) const {
+  const TensorSpec* t = sharded_.table.Find(name);
+  DT_CHECK(t != nullptr, "{} is not in this shard", name);
+  return t->offset;
+}
+
+void DiT::ScatterFromGlobal(const float* global, float* local) const {
+  for (const Fragment& f : sharded_.fragments)
+    std::memcpy(local + f.local, global + f.global, f.length * sizeof(float));
+}
+
+void DiT::GatherToGlobal(const float* local, float* global) const {
+  for (const Fragment& f : sharded_.fragments)
+    std::memcpy(global + f.global, local + f.local, f.length * sizeof(float));
+}
+
+// Initialisation draws every tensor of the whole model in order from one stream, so each
+// shard takes the very values one process would have.
+template <typename Fill>
+void DiT::InitializeGlobal(Fill&& fill) {
+  Buffer<float> whole(global_table_.total());
+  for (const TensorSpec& t : global_table_.tensors())
+    fill(t, whole.data() + t.offset);
+  ScatterFromGlobal(whole.data(), params_.data());
 }
 
 void DiT::InitializeReference(uint64_t seed) {
   Rng rng(seed, RngStream::kInit);
-  params_.Zero();  // every bias, adaLN and the final linear start at zero
-  for (const TensorSpec& t : table_.tensors()) {
-    if (t.shape.size() < 2) continue;
+  // Every bias, adaLN and the final linear start at zero (the buffer starts zeroed).
+  InitializeGlobal([&](const TensorSpec& t, float* w) {
+    if (t.shape.size() < 2) return;
     const int64_t fan_out = t.shape[0], fan_in = static_cast<int64_t>(t.numel) / fan_out;
-    float* w = params_.data() + t.offset;
     const bool zero_init = t.name.find("adaLN_modulation") != std::string::npos ||
                            t.name == "final_layer.linear.weight";
-    if (t.offset == y_table_ || t.offset == t1_w_ || t.offset == t2_w_) {
+    if (t.name == "y_embedder.embedding_table.weight" || t.name == "t_embedder.mlp.0.weight" ||
+        t.name == "t_embedder.mlp.2.weight") {
       Normal(w, t.numel, 0.02, rng);
     } else if (!zero_init) {
       XavierUniform(w, fan_out, fan_in, rng);
     }
-  }
+  });
 }
 
 void DiT::InitializeRandom(uint64_t seed) {
   Rng rng(seed, RngStream::kInit);
-  for (const TensorSpec& t : table_.tensors()) {
-    float* w = params_.data() + t.offset;
+  InitializeGlobal([&](const TensorSpec& t, float* w) {
     if (t.shape.size() >= 2) {
       XavierUniform(w, t.shape[0], static_cast<int64_t>(t.numel) / t.shape[0], rng);
     } else {
       Normal(w, t.numel, 0.1, rng);
     }
-  }
-}
-
-TensorTable DiT::ActivationLayout(const DiTConfig& c, int B) {
-  TensorTable layout;
-  Acts unused{};
-  VisitActivations(c, B, unused, [&](const std::string& name, std::vector<int64_t> shape, float*&) {
-    layout.Add(name, std::move(shape));
   });
-  return layout;
 }
 
-size_t DiT::ActivationBytes(const DiTConfig& c, int B) {
-  return ActivationLayout(c, B).total() * sizeof(float);
+size_t DiT::ActivationBytes(const DiTConfig& c, const DiTShard& s, int B, int slots) {
+  size_t slot = 0, scratch = 0;
+  Acts acts{};
+  Scratch sc{};
+  auto count = [](size_t& total) {
+    return [&total](const std::string&, const std::vector<int64_t>& shape, float*&) {
+      size_t n = 1;
+      for (int64_t d : shape)
+        n *= static_cast<size_t>(d);
+      total += n;
+    };
+  };
+  VisitActivations(c, s, B, acts, count(slot));
+  VisitScratch(c, s, B, sc, count(scratch));
+  return (slot * static_cast<size_t>(slots) + scratch) * sizeof(float);
 }
 
-void DiT::EnsureActivations(int B) {
-  if (B == batch_) return;
-  const TensorTable layout = ActivationLayout(config_, B);
-  act_buffer_ = Buffer<float>(layout.total());
-  float* base = act_buffer_.data();
-  VisitActivations(config_, B, acts_,
-                   [&](const std::string& name, const std::vector<int64_t>&, float*& member) {
-                     member = base + layout.Find(name)->offset;
-                   });
+void DiT::Reserve(int B, int slots) {
+  DT_CHECK(B > 0 && slots > 0, "micro-batch {} and slots {} must be positive", B, slots);
+  if (B == batch_ && slots == static_cast<int>(acts_.size())) return;
+  TensorTable slot_layout, scratch_layout;
+  Acts unused{};
+  Scratch unused_scratch{};
+  auto add = [](TensorTable& t) {
+    return [&t](const std::string& name, std::vector<int64_t> shape, float*&) {
+      t.Add(name, std::move(shape));
+    };
+  };
+  VisitActivations(config_, shard_, B, unused, add(slot_layout));
+  VisitScratch(config_, shard_, B, unused_scratch, add(scratch_layout));
+  act_buffer_ = Buffer<float>(slot_layout.total() * slots + scratch_layout.total());
+  acts_.assign(slots, Acts{});
+  y_.assign(slots, {});
+  auto bind = [](const TensorTable& t, float* base) {
+    return [&t, base](const std::string& name, const std::vector<int64_t>&, float*& member) {
+      member = base + t.Find(name)->offset;
+    };
+  };
+  for (int i = 0; i < slots; ++i) {
+    Acts& a = acts_[i];
+    VisitActivations(config_, shard_, B, a,
+                     bind(slot_layout, act_buffer_.data() + slot_layout.total() * i));
+    if (shard_.cp == 1) {  // one rank's sequence is the whole sequence
+      for (BlockActs& k : a.blocks)
+        k.kv = k.qkv;
+      a.final_full = a.final_out;
+    }
+  }
+  VisitScratch(config_, shard_, B, scratch_,
+               bind(scratch_layout, act_buffer_.data() + slot_layout.total() * slots));
+  if (shard_.cp == 1) {
+    scratch_.d_kv = scratch_.d_qkv;
+    scratch_.d_final_full = scratch_.d_final_out;
+  }
   batch_ = B;
 }
 
-const float* DiT::Forward(const float* x, const float* t, const int32_t* y, int B) {
-  DT_CHECK(B > 0, "micro-batch must be positive, got {}", B);
-  for (int b = 0; b < B; ++b) {
-    DT_CHECK(y[b] >= 0 && y[b] < config_.label_rows(), "label {} out of range [0, {})", y[b],
-             config_.label_rows());
-  }
-  EnsureActivations(B);
-  y_.assign(y, y + B);
-  Acts& a = acts_;
-  const DiTConfig& c = config_;
-  const int T = c.tokens(), D = c.hidden_size, H = c.num_heads, M = c.mlp_hidden();
-  const int N = B * T, S = c.input_size, p = c.patch_size;
-
-  // Patch embed (a Linear over flattened patches) plus the fixed position embedding.
-  float* x_tokens = a.blocks.empty() ? a.resid_out : a.blocks[0].resid_in;
-  cpu::Patchify(a.patches, x, B, c.in_channels, S, S, p);
-  cpu::LinearForward(x_tokens, a.patches, P(x_w_), P(x_b_), N, c.patch_features(), D);
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const float* pos = pos_embed_.data() + static_cast<size_t>(n % T) * D;
-    for (int d = 0; d < D; ++d)
-      x_tokens[static_cast<size_t>(n) * D + d] += pos[d];
-  }
-
-  // Conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c).
-  cpu::TimestepFrequencies(a.tfreq, t, B, kFrequencyDim);
-  cpu::LinearForward(a.t_hidden, a.tfreq, P(t1_w_), P(t1_b_), B, kFrequencyDim, D);
-  cpu::SiluForward(a.t_act, a.t_hidden, size_t(B) * D);
-  cpu::LinearForward(a.t_emb, a.t_act, P(t2_w_), P(t2_b_), B, D, D);
-  cpu::EmbeddingForward(a.y_emb, P(y_table_), y, B, D);
-  for (int i = 0; i < B * D; ++i)
-    a.c[i] = a.t_emb[i] + a.y_emb[i];
-  cpu::SiluForward(a.silu_c, a.c, size_t(B) * D);
-
-  for (int l = 0; l < c.depth; ++l) {
-    const BlockOffsets& o = blocks_[l];
-    BlockActs& k = a.blocks[l];
-    float* resid_out = l + 1 < c.depth ? a.blocks[l + 1].resid_in : a.resid_out;
-    // adaLN: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks of 6D.
-    cpu::LinearForward(k.ada, a.silu_c, P(o.ada_w), P(o.ada_b), B, D, 6 * D);
-    // x = x + gate_msa · attn(modulate(norm1(x), shift_msa, scale_msa))
-    cpu::LayerNormForward(k.ln1, k.mean1, k.rstd1, k.resid_in, N, D, kLayerNormEps);
-    cpu::ModulateForward(k.mod1, k.ln1, k.ada, k.ada + D, 6 * D, B, T, D);
-    cpu::LinearForward(k.qkv, k.mod1, P(o.qkv_w), P(o.qkv_b), N, D, 3 * D);
-    cpu::AttentionForward(k.attn, k.probs, k.qkv, B, T, D, H);
-    cpu::LinearForward(k.proj, k.attn, P(o.proj_w), P(o.proj_b), N, D, D);
-    cpu::GatedResidualForward(k.mid, k.resid_in, k.proj, k.ada + 2 * D, 6 * D, B, T, D);
-    // x = x + gate_mlp · mlp(modulate(norm2(x), shift_mlp, scale_mlp))
-    cpu::LayerNormForward(k.ln2, k.mean2, k.rstd2, k.mid, N, D, kLayerNormEps);
-    cpu::ModulateForward(k.mod2, k.ln2, k.ada + 3 * D, k.ada + 4 * D, 6 * D, B, T, D);
-    cpu::LinearForward(k.fc1, k.mod2, P(o.fc1_w), P(o.fc1_b), N, D, M);
-    cpu::GeluForward(k.gelu, k.fc1, size_t(N) * M);
-    cpu::LinearForward(k.fc2, k.gelu, P(o.fc2_w), P(o.fc2_b), N, M, D);
-    cpu::GatedResidualForward(resid_out, k.mid, k.fc2, k.ada + 5 * D, 6 * D, B, T, D);
-  }
-
-  // Final layer: modulate(norm(x), shift, scale) → Linear → unpatchify.
-  const int out_features = p * p * c.out_channels();
-  cpu::LinearForward(a.ada_f, a.silu_c, P(fada_w_), P(fada_b_), B, D, 2 * D);
-  cpu::LayerNormForward(a.lnf, a.meanf, a.rstdf, a.resid_out, N, D, kLayerNormEps);
-  cpu::ModulateForward(a.modf, a.lnf, a.ada_f, a.ada_f + D, 2 * D, B, T, D);
-  cpu::LinearForward(a.final_out, a.modf, P(flin_w_), P(flin_b_), N, D, out_features);
-  cpu::UnpatchifyForward(a.out, a.final_out, B, c.out_channels(), S, S, p);
-  return a.out;
+size_t DiT::boundary_elements() const {
+  const Dims d(config_, shard_, batch_);
+  return size_t(d.N) * d.D + size_t(d.B) * d.D;
 }
 
-void DiT::Backward(const float* dout, const GradientsReady& ready) {
+Status DiT::Forward(int slot, const float* x, const float* t, const int32_t* y, const float* input,
+                    float* output) {
+  DT_CHECK(slot >= 0 && slot < static_cast<int>(acts_.size()), "slot {} of {}", slot, acts_.size());
+  Acts& a = acts_[slot];
+  Scratch& s = scratch_;
+  const DiTConfig& c = config_;
+  const Dims d(c, shard_, batch_);
+  const int B = d.B, D = d.D, N = d.N, p = c.patch_size;
+  float* x_tokens = a.blocks.front().resid_in;
+
+  if (shard_.first_stage()) {
+    for (int b = 0; b < B; ++b) {
+      DT_CHECK(y[b] >= 0 && y[b] < c.label_rows(), "label {} out of range [0, {})", y[b],
+               c.label_rows());
+    }
+    y_[slot].assign(y, y + B);
+    // Patch embed (a Linear over flattened patches) plus the fixed position embedding, for
+    // this rank's tokens of the sequence.
+    cpu::Patchify(s.patches_full, x, B, c.in_channels, d.S, d.S, p);
+    KeepTokens(a.patches, s.patches_full, B, d.T, d.Tl, d.F, shard_.cp_rank);
+    cpu::LinearForward(x_tokens, a.patches, P(x_w_), P(x_b_), N, d.F, D);
+    const float* pos0 = pos_embed_.data() + size_t(shard_.cp_rank) * d.Tl * D;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      const float* pos = pos0 + static_cast<size_t>(n % d.Tl) * D;
+      for (int i = 0; i < D; ++i)
+        x_tokens[static_cast<size_t>(n) * D + i] += pos[i];
+    }
+    // Conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c).
+    cpu::TimestepFrequencies(a.tfreq, t, B, kFrequencyDim);
+    cpu::LinearForward(a.t_hidden, a.tfreq, P(t1_w_), P(t1_b_), B, kFrequencyDim, D);
+    cpu::SiluForward(a.t_act, a.t_hidden, size_t(B) * D);
+    cpu::LinearForward(a.t_emb, a.t_act, P(t2_w_), P(t2_b_), B, D, D);
+    cpu::EmbeddingForward(a.y_emb, P(y_table_), y, B, D);
+    for (int i = 0; i < B * D; ++i)
+      a.c[i] = a.t_emb[i] + a.y_emb[i];
+  } else {
+    // The previous stage's boundary: hidden tokens, then the conditioning.
+    std::memcpy(x_tokens, input, size_t(N) * D * sizeof(float));
+    std::memcpy(a.c, input + size_t(N) * D, size_t(B) * D * sizeof(float));
+  }
+  cpu::SiluForward(a.silu_c, a.c, size_t(B) * D);
+
+  for (size_t i = 0; i < a.blocks.size(); ++i) {
+    float* resid_out = i + 1 < a.blocks.size() ? a.blocks[i + 1].resid_in : a.resid_out;
+    DT_RETURN_IF_ERROR(BlockForward(static_cast<int>(i), a, resid_out));
+  }
+
+  if (!shard_.last_stage()) {
+    std::memcpy(output, a.resid_out, size_t(N) * D * sizeof(float));
+    std::memcpy(output + size_t(N) * D, a.c, size_t(B) * D * sizeof(float));
+    return Status::Ok();
+  }
+  // Final layer: modulate(norm(x), shift, scale) → Linear → (gather the sequence) →
+  // unpatchify.
+  cpu::LinearForward(a.ada_f, a.silu_c, P(fada_w_), P(fada_b_), B, D, 2 * D);
+  cpu::LayerNormForward(a.lnf, a.meanf, a.rstdf, a.resid_out, N, D, kLayerNormEps);
+  cpu::ModulateForward(a.modf, a.lnf, a.ada_f, a.ada_f + D, 2 * D, B, d.Tl, D);
+  cpu::LinearForward(a.final_out, a.modf, P(flin_w_), P(flin_b_), N, D, d.Fo);
+  DT_RETURN_IF_ERROR(GatherSequenceSplitGrad::Forward(comms_.cp, a.final_out, a.final_full,
+                                                      {B, d.Tl, d.Fo}, s.sequence)
+                         .WithContext("final layer"));
+  cpu::UnpatchifyForward(a.out, a.final_full, B, c.out_channels(), d.S, d.S, p);
+  return Status::Ok();
+}
+
+Status DiT::BlockForward(int i, Acts& a, float* resid_out) {
+  const BlockOffsets& o = blocks_[i];
+  BlockActs& k = a.blocks[i];
+  const Dims d(config_, shard_, batch_);
+  const int B = d.B, D = d.D, N = d.N, Tl = d.Tl;
+  const size_t ND = size_t(N) * D;
+  // adaLN: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks of 6D.
+  cpu::LinearForward(k.ada, a.silu_c, P(o.ada_w), P(o.ada_b), B, D, 6 * D);
+  // x = x + gate_msa · attn(modulate(norm1(x), shift_msa, scale_msa)); this rank's heads.
+  cpu::LayerNormForward(k.ln1, k.mean1, k.rstd1, k.resid_in, N, D, kLayerNormEps);
+  cpu::ModulateForward(k.mod1, k.ln1, k.ada, k.ada + D, 6 * D, B, Tl, D);
+  DT_RETURN_IF_ERROR(CopyToTensorParallel::Forward(comms_.tp, k.mod1, ND));
+  cpu::LinearForward(k.qkv, k.mod1, P(o.qkv_w), P(o.qkv_b), N, D, 3 * d.Dl);
+  DT_RETURN_IF_ERROR(
+      GatherSequence::Forward(comms_.cp, k.qkv, k.kv, {B, Tl, 3 * d.Dl}, scratch_.sequence)
+          .WithContext("attention keys and values"));
+  cpu::AttentionForward(k.attn, k.probs, k.qkv, k.kv, B, Tl, d.T, d.Dl, d.Hl);
+  cpu::LinearForward<float>(k.proj, k.attn, P(o.proj_w), nullptr, N, d.Dl, D);
+  DT_RETURN_IF_ERROR(
+      ReduceFromTensorParallel::Forward(comms_.tp, k.proj, ND).WithContext("attention output"));
+  AddBias(k.proj, P(o.proj_b), N, D);
+  cpu::GatedResidualForward(k.mid, k.resid_in, k.proj, k.ada + 2 * D, 6 * D, B, Tl, D);
+  // x = x + gate_mlp · mlp(modulate(norm2(x), shift_mlp, scale_mlp)); this rank's columns.
+  cpu::LayerNormForward(k.ln2, k.mean2, k.rstd2, k.mid, N, D, kLayerNormEps);
+  cpu::ModulateForward(k.mod2, k.ln2, k.ada + 3 * D, k.ada + 4 * D, 6 * D, B, Tl, D);
+  DT_RETURN_IF_ERROR(CopyToTensorParallel::Forward(comms_.tp, k.mod2, ND));
+  cpu::LinearForward(k.fc1, k.mod2, P(o.fc1_w), P(o.fc1_b), N, D, d.Ml);
+  cpu::GeluForward(k.gelu, k.fc1, size_t(N) * d.Ml);
+  cpu::LinearForward<float>(k.fc2, k.gelu, P(o.fc2_w), nullptr, N, d.Ml, D);
+  DT_RETURN_IF_ERROR(
+      ReduceFromTensorParallel::Forward(comms_.tp, k.fc2, ND).WithContext("MLP output"));
+  AddBias(k.fc2, P(o.fc2_b), N, D);
+  cpu::GatedResidualForward(resid_out, k.mid, k.fc2, k.ada + 5 * D, 6 * D, B, Tl, D);
+  return Status::Ok();
+}
+
+Status DiT::Backward(int slot, const float* output_grad, float* input_grad,
+                     const GradientsReady& ready) {
   auto report = [&](size_t from) {
     if (ready) ready(from);
   };
-  DT_CHECK(batch_ > 0, "Backward called before Forward");
-  Acts& a = acts_;
+  DT_CHECK(slot >= 0 && slot < static_cast<int>(acts_.size()), "Backward of slot {} of {}", slot,
+           acts_.size());
+  Acts& a = acts_[slot];
+  Scratch& s = scratch_;
   const DiTConfig& c = config_;
-  const int B = batch_, T = c.tokens(), D = c.hidden_size, H = c.num_heads, M = c.mlp_hidden();
-  const int N = B * T, S = c.input_size, p = c.patch_size;
-  const int out_features = p * p * c.out_channels();
+  const Dims d(c, shard_, batch_);
+  const int B = d.B, D = d.D, N = d.N, p = c.patch_size;
   const size_t ND = size_t(N) * D;
 
-  // Final layer, in reverse.
-  Zero(a.d_final_out, size_t(N) * out_features);
-  cpu::UnpatchifyBackward(a.d_final_out, dout, B, c.out_channels(), S, S, p);
-  Zero(a.d_a, ND);
-  cpu::LinearBackward(a.d_a, G(flin_w_), G(flin_b_), a.d_final_out, a.modf, P(flin_w_), N, D,
-                      out_features);
-  Zero(a.d_b, ND);
-  Zero(a.d_ada, size_t(B) * 2 * D);
-  cpu::ModulateBackward(a.d_b, a.d_ada, a.d_ada + D, a.d_a, a.lnf, a.ada_f + D, 2 * D, B, T, D);
-  Zero(a.d_silu_c, size_t(B) * D);
-  cpu::LinearBackward(a.d_silu_c, G(fada_w_), G(fada_b_), a.d_ada, a.silu_c, P(fada_w_), B, D,
-                      2 * D);
-  Zero(a.d_resid, ND);
-  cpu::LayerNormBackward(a.d_resid, a.d_b, a.resid_out, a.meanf, a.rstdf, N, D);
-  report(fada_w_);  // the final layer's parameters sit at the end of the arena
+  Zero(s.d_silu_c, size_t(B) * D);
+  if (shard_.last_stage()) {
+    // Final layer, in reverse. Every context-parallel rank holds the whole output gradient
+    // and keeps its own tokens.
+    Zero(s.d_final_full, size_t(B) * d.T * d.Fo);
+    cpu::UnpatchifyBackward(s.d_final_full, output_grad, B, c.out_channels(), d.S, d.S, p);
+    if (s.d_final_out != s.d_final_full) {
+      Zero(s.d_final_out, size_t(N) * d.Fo);
+      GatherSequenceSplitGrad::Backward(comms_.cp, s.d_final_full, s.d_final_out, {B, d.Tl, d.Fo});
+    }
+    Zero(s.d_a, ND);
+    cpu::LinearBackward(s.d_a, G(flin_w_), G(flin_b_), s.d_final_out, a.modf, P(flin_w_), N, D,
+                        d.Fo);
+    Zero(s.d_b, ND);
+    Zero(s.d_ada, size_t(B) * 2 * D);
+    cpu::ModulateBackward(s.d_b, s.d_ada, s.d_ada + D, s.d_a, a.lnf, a.ada_f + D, 2 * D, B, d.Tl,
+                          D);
+    cpu::LinearBackward(s.d_silu_c, G(fada_w_), G(fada_b_), s.d_ada, a.silu_c, P(fada_w_), B, D,
+                        2 * D);
+    Zero(s.d_resid, ND);
+    cpu::LayerNormBackward(s.d_resid, s.d_b, a.resid_out, a.meanf, a.rstdf, N, D);
+    report(fada_w_);  // the final layer's parameters sit at the end of the arena
+  } else {
+    std::memcpy(s.d_resid, output_grad, ND * sizeof(float));
+  }
 
   // Blocks, last to first. d_resid holds the residual-stream gradient throughout: the gated
   // residuals pass it through unchanged and the LayerNorms add their branch into it.
-  for (int l = c.depth - 1; l >= 0; --l) {
-    const BlockOffsets& o = blocks_[l];
-    BlockActs& k = a.blocks[l];
-    Zero(a.d_ada, size_t(B) * 6 * D);
-    // MLP branch.
-    Zero(a.d_a, ND);
-    cpu::GatedResidualBackward<float>(nullptr, a.d_a, a.d_ada + 5 * D, a.d_resid, k.fc2,
-                                      k.ada + 5 * D, 6 * D, B, T, D);
-    Zero(a.d_h1, size_t(N) * M);
-    cpu::LinearBackward(a.d_h1, G(o.fc2_w), G(o.fc2_b), a.d_a, k.gelu, P(o.fc2_w), N, M, D);
-    Zero(a.d_h2, size_t(N) * M);
-    cpu::GeluBackward(a.d_h2, a.d_h1, k.fc1, size_t(N) * M);
-    Zero(a.d_a, ND);
-    cpu::LinearBackward(a.d_a, G(o.fc1_w), G(o.fc1_b), a.d_h2, k.mod2, P(o.fc1_w), N, D, M);
-    Zero(a.d_b, ND);
-    cpu::ModulateBackward(a.d_b, a.d_ada + 3 * D, a.d_ada + 4 * D, a.d_a, k.ln2, k.ada + 4 * D,
-                          6 * D, B, T, D);
-    cpu::LayerNormBackward(a.d_resid, a.d_b, k.mid, k.mean2, k.rstd2, N, D);
-    // Attention branch.
-    Zero(a.d_a, ND);
-    cpu::GatedResidualBackward<float>(nullptr, a.d_a, a.d_ada + 2 * D, a.d_resid, k.proj,
-                                      k.ada + 2 * D, 6 * D, B, T, D);
-    Zero(a.d_b, ND);
-    cpu::LinearBackward(a.d_b, G(o.proj_w), G(o.proj_b), a.d_a, k.attn, P(o.proj_w), N, D, D);
-    Zero(a.d_qkv, 3 * ND);
-    cpu::AttentionBackward(a.d_qkv, a.d_b, k.qkv, k.probs, B, T, D, H);
-    Zero(a.d_a, ND);
-    cpu::LinearBackward(a.d_a, G(o.qkv_w), G(o.qkv_b), a.d_qkv, k.mod1, P(o.qkv_w), N, D, 3 * D);
-    Zero(a.d_b, ND);
-    cpu::ModulateBackward(a.d_b, a.d_ada, a.d_ada + D, a.d_a, k.ln1, k.ada + D, 6 * D, B, T, D);
-    cpu::LayerNormBackward(a.d_resid, a.d_b, k.resid_in, k.mean1, k.rstd1, N, D);
-    // adaLN of this block.
-    cpu::LinearBackward(a.d_silu_c, G(o.ada_w), G(o.ada_b), a.d_ada, a.silu_c, P(o.ada_w), B, D,
-                        6 * D);
-    report(o.qkv_w);  // the block's first tensor
+  for (int i = static_cast<int>(a.blocks.size()) - 1; i >= 0; --i) {
+    DT_RETURN_IF_ERROR(BlockBackward(i, a));
+    report(blocks_[i].qkv_w);  // the block's first tensor
   }
 
+  // Conditioning: the gradient of c from this stage's adaLNs, plus the later stages'.
+  Zero(s.d_c, size_t(B) * D);
+  cpu::SiluBackward(s.d_c, s.d_silu_c, a.c, size_t(B) * D);
+  if (!shard_.last_stage()) {
+    const float* later = output_grad + ND;
+    for (int i = 0; i < B * D; ++i)
+      s.d_c[i] += later[i];
+  }
+  if (!shard_.first_stage()) {
+    std::memcpy(input_grad, s.d_resid, ND * sizeof(float));
+    std::memcpy(input_grad + ND, s.d_c, size_t(B) * D * sizeof(float));
+    report(0);
+    return Status::Ok();
+  }
   // Patch embed (the position embedding is fixed; the input is data: no input gradient).
-  cpu::LinearBackward<float>(nullptr, G(x_w_), G(x_b_), a.d_resid, a.patches, P(x_w_), N,
-                             c.patch_features(), D);
-  // Conditioning: c = t_emb + y_emb.
-  Zero(a.d_c, size_t(B) * D);
-  cpu::SiluBackward(a.d_c, a.d_silu_c, a.c, size_t(B) * D);
-  cpu::EmbeddingBackward(G(y_table_), a.d_c, y_.data(), B, D);
-  Zero(a.d_t1, size_t(B) * D);
-  cpu::LinearBackward(a.d_t1, G(t2_w_), G(t2_b_), a.d_c, a.t_act, P(t2_w_), B, D, D);
-  Zero(a.d_t2, size_t(B) * D);
-  cpu::SiluBackward(a.d_t2, a.d_t1, a.t_hidden, size_t(B) * D);
-  cpu::LinearBackward<float>(nullptr, G(t1_w_), G(t1_b_), a.d_t2, a.tfreq, P(t1_w_), B,
+  cpu::LinearBackward<float>(nullptr, G(x_w_), G(x_b_), s.d_resid, a.patches, P(x_w_), N, d.F, D);
+  // c = t_emb + y_emb.
+  cpu::EmbeddingBackward(G(y_table_), s.d_c, y_[slot].data(), B, D);
+  Zero(s.d_t1, size_t(B) * D);
+  cpu::LinearBackward(s.d_t1, G(t2_w_), G(t2_b_), s.d_c, a.t_act, P(t2_w_), B, D, D);
+  Zero(s.d_t2, size_t(B) * D);
+  cpu::SiluBackward(s.d_t2, s.d_t1, a.t_hidden, size_t(B) * D);
+  cpu::LinearBackward<float>(nullptr, G(t1_w_), G(t1_b_), s.d_t2, a.tfreq, P(t1_w_), B,
                              kFrequencyDim, D);
   report(0);
+  return Status::Ok();
+}
+
+Status DiT::BlockBackward(int i, Acts& a) {
+  const BlockOffsets& o = blocks_[i];
+  BlockActs& k = a.blocks[i];
+  Scratch& s = scratch_;
+  const Dims d(config_, shard_, batch_);
+  const int B = d.B, D = d.D, N = d.N, Tl = d.Tl, Ml = d.Ml, Dl = d.Dl;
+  const size_t ND = size_t(N) * D;
+  Zero(s.d_ada, size_t(B) * 6 * D);
+  // MLP branch.
+  Zero(s.d_a, ND);
+  cpu::GatedResidualBackward<float>(nullptr, s.d_a, s.d_ada + 5 * D, s.d_resid, k.fc2,
+                                    k.ada + 5 * D, 6 * D, B, Tl, D);
+  DT_RETURN_IF_ERROR(ReduceFromTensorParallel::Backward(comms_.tp, s.d_a, ND));
+  Zero(s.d_h1, size_t(N) * Ml);
+  cpu::LinearBackward(s.d_h1, G(o.fc2_w), G(o.fc2_b), s.d_a, k.gelu, P(o.fc2_w), N, Ml, D);
+  Zero(s.d_h2, size_t(N) * Ml);
+  cpu::GeluBackward(s.d_h2, s.d_h1, k.fc1, size_t(N) * Ml);
+  Zero(s.d_a, ND);
+  cpu::LinearBackward(s.d_a, G(o.fc1_w), G(o.fc1_b), s.d_h2, k.mod2, P(o.fc1_w), N, D, Ml);
+  DT_RETURN_IF_ERROR(
+      CopyToTensorParallel::Backward(comms_.tp, s.d_a, ND).WithContext("MLP input gradient"));
+  Zero(s.d_b, ND);
+  cpu::ModulateBackward(s.d_b, s.d_ada + 3 * D, s.d_ada + 4 * D, s.d_a, k.ln2, k.ada + 4 * D, 6 * D,
+                        B, Tl, D);
+  cpu::LayerNormBackward(s.d_resid, s.d_b, k.mid, k.mean2, k.rstd2, N, D);
+  // Attention branch.
+  Zero(s.d_a, ND);
+  cpu::GatedResidualBackward<float>(nullptr, s.d_a, s.d_ada + 2 * D, s.d_resid, k.proj,
+                                    k.ada + 2 * D, 6 * D, B, Tl, D);
+  DT_RETURN_IF_ERROR(ReduceFromTensorParallel::Backward(comms_.tp, s.d_a, ND));
+  Zero(s.d_b, size_t(N) * Dl);
+  cpu::LinearBackward(s.d_b, G(o.proj_w), G(o.proj_b), s.d_a, k.attn, P(o.proj_w), N, Dl, D);
+  Zero(s.d_qkv, size_t(N) * 3 * Dl);
+  if (s.d_kv != s.d_qkv) Zero(s.d_kv, size_t(B) * d.T * 3 * Dl);
+  cpu::AttentionBackward(s.d_qkv, s.d_kv, s.d_b, k.qkv, k.kv, k.probs, B, Tl, d.T, Dl, d.Hl);
+  DT_RETURN_IF_ERROR(
+      GatherSequence::Backward(comms_.cp, s.d_kv, s.d_qkv, {B, Tl, 3 * Dl}, s.sequence)
+          .WithContext("attention key and value gradients"));
+  Zero(s.d_a, ND);
+  cpu::LinearBackward(s.d_a, G(o.qkv_w), G(o.qkv_b), s.d_qkv, k.mod1, P(o.qkv_w), N, D, 3 * Dl);
+  DT_RETURN_IF_ERROR(
+      CopyToTensorParallel::Backward(comms_.tp, s.d_a, ND).WithContext("attention input gradient"));
+  Zero(s.d_b, ND);
+  cpu::ModulateBackward(s.d_b, s.d_ada, s.d_ada + D, s.d_a, k.ln1, k.ada + D, 6 * D, B, Tl, D);
+  cpu::LayerNormBackward(s.d_resid, s.d_b, k.resid_in, k.mean1, k.rstd1, N, D);
+  // adaLN of this block.
+  cpu::LinearBackward(s.d_silu_c, G(o.ada_w), G(o.ada_b), s.d_ada, a.silu_c, P(o.ada_w), B, D,
+                      6 * D);
+  return Status::Ok();
+}
+
+const float* DiT::Forward(const float* x, const float* t, const int32_t* y, int B) {
+  Reserve(B, std::max<int>(1, static_cast<int>(acts_.size())));
+  Status s = Forward(0, x, t, y, nullptr, nullptr);
+  DT_CHECK(s.ok(), "{}", s.message());
+  return output(0);
+}
+
+void DiT::Backward(const float* dout, const GradientsReady& ready) {
+  DT_CHECK(batch_ > 0, "Backward called before Forward");
+  Status s = Backward(0, dout, nullptr, ready);
+  DT_CHECK(s.ok(), "{}", s.message());
 }
 
 }  // namespace difftrain

@@ -1,9 +1,22 @@
-// DiT (Peebles & Xie), exactly as facebookresearch/DiT's models.py, on the CPU in fp32.
+// DiT (Peebles & Xie), exactly as facebookresearch/DiT's models.py, on the CPU in fp32: the
+// whole model in one process, or one rank's shard of it under tensor, context and pipeline
+// parallelism (model/dit/shard.h). One process is the shard tp = cp = pp = 1 of the same code.
 //
-// Parameters live in one arena described by a table of the reference state-dict names;
-// gradients use the same layout in a second arena. Forward stores every activation that
-// backward needs in a third arena sized for the micro-batch; backward mirrors forward in
+// Parameters live in one arena described by a table of the reference state-dict names (local
+// shapes); gradients use the same layout in a second arena. Forward stores every activation
+// that backward needs in an activation slot; a pipeline stage keeps one slot per micro-batch
+// in flight, and one backward scratch area serves them all. Backward mirrors forward in
 // reverse and adds into the gradient arena (`+=`), so micro-batches accumulate.
+//
+// Communication (model/parallel/mappings.h), each op paired with its backward twin:
+//   tensor parallel, per block: mod1 and mod2 enter the column-parallel qkv and fc1 through
+//   CopyToTensorParallel (backward: all-reduce of their gradient); proj and fc2 leave
+//   through ReduceFromTensorParallel (forward: all-reduce, before their replicated bias).
+//   context parallel: keys and values through GatherSequence (backward: reduce-scatter);
+//   the final layer's tokens through GatherSequenceSplitGrad, so every rank holds the whole
+//   output and computes the loss over the whole sequence, as one process does.
+//   pipeline: a stage's boundary is its hidden tokens [B, T/cp, D] followed by the
+//   conditioning c [B, D]; the gradient of both comes back (the schedule moves them).
 #pragma once
 
 #include <cstdint>
@@ -11,24 +24,45 @@
 #include <vector>
 
 #include "model/dit/config.h"
+#include "model/dit/shard.h"
+#include "model/parallel/comm.h"
 #include "model/tensor/buffer.h"
 #include "model/tensor/tensor_table.h"
 
 namespace difftrain {
 
+// The communicators of a shard's tensor- and context-parallel groups; null for a group of one.
+struct DiTComms {
+  parallel::Comm* tp = nullptr;
+  parallel::Comm* cp = nullptr;
+};
+
 class DiT {
  public:
+  // The whole model, one process.
   explicit DiT(const DiTConfig& config);
+  // One rank's shard; the comms' sizes must match the shard's tp and cp.
+  DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms);
 
   const DiTConfig& config() const { return config_; }
-  // Trainable parameters (reference names and shapes); pos_embed is fixed and kept apart.
-  const TensorTable& parameter_table() const { return table_; }
+  const DiTShard& shard() const { return shard_; }
+  // This rank's trainable parameters (reference names, local shapes); pos_embed is fixed and
+  // kept apart.
+  const TensorTable& parameter_table() const { return sharded_.table; }
+  const ShardedParameters& sharded() const { return sharded_; }
+  // The whole model's table (the arena of one process), which fragments() map into.
+  const TensorTable& global_parameter_table() const { return global_table_; }
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
-  size_t num_params() const { return table_.total(); }
-  // The fixed 2-D sin-cos position embedding [T, D] (state-dict name `pos_embed`, [1, T, D]).
+  size_t num_params() const { return sharded_.table.total(); }
+  // The fixed 2-D sin-cos position embedding [T, D] (state-dict name `pos_embed`, [1, T, D]);
+  // held by the first stage only.
   const float* pos_embed() const { return pos_embed_.data(); }
+
+  // Copies this shard's elements out of a whole-model arena, and back into one.
+  void ScatterFromGlobal(const float* global, float* local) const;
+  void GatherToGlobal(const float* local, float* global) const;
 
   // The reference initialisation: Xavier-uniform Linears with zero bias, N(0, 0.02) label
   // table and timestep-MLP weights, zero adaLN and final linear.
@@ -37,55 +71,92 @@ class DiT {
   // gradient checks see signal on every path, including the zero-initialised ones.
   void InitializeRandom(uint64_t seed);
 
-  // x [B, C, H, W], t [B] (timesteps as floats), y [B] (labels; num_classes = null class).
-  // Returns the output [B, out_channels, H, W], valid until the next Forward.
-  const float* Forward(const float* x, const float* t, const int32_t* y, int B);
+  // Allocates `slots` activation slots for micro-batches of B (if not already so).
+  void Reserve(int B, int slots);
+  // Floats of a stage boundary: hidden tokens [B, T/cp, D], then c [B, D].
+  size_t boundary_elements() const;
+
+  // Forward of one micro-batch into `slot`. The first stage reads x [B, C, H, W], t [B]
+  // (timesteps as floats) and y [B] (labels; num_classes = null class); later stages read
+  // `input`, the previous stage's boundary. Every stage but the last writes its boundary
+  // to `output`; the last stage's result is output(slot) [B, out_channels, H, W].
+  Status Forward(int slot, const float* x, const float* t, const int32_t* y, const float* input,
+                 float* output);
+  const float* output(int slot) const { return acts_[slot].out; }
+
   // Called during Backward with an offset o: the gradients of the arena range [o, end) are
   // final. Backward finishes the final layer first and the embeddings last, so o only
   // decreases, and the last call has o = 0. Data parallelism starts reducing a gradient
   // bucket as soon as it is final, while backward goes on.
   using GradientsReady = std::function<void(size_t from)>;
 
-  // dout [B, out_channels, H, W]: the loss gradient of the last Forward's output.
+  // Backward of the micro-batch in `slot`. output_grad: on the last stage the loss gradient
+  // of output(slot); elsewhere the gradient of this stage's boundary. Every stage but the
+  // first writes the gradient of its input boundary to input_grad.
+  Status Backward(int slot, const float* output_grad, float* input_grad,
+                  const GradientsReady& ready = {});
+
+  // One process, one micro-batch: Forward into slot 0, returning the output.
+  const float* Forward(const float* x, const float* t, const int32_t* y, int B);
   void Backward(const float* dout, const GradientsReady& ready = {});
 
-  // Bytes of the activation (and activation-gradient) arena for micro-batch B.
-  static size_t ActivationBytes(const DiTConfig& config, int B);
+  // Bytes of the activation arena: `slots` slots for micro-batch B plus the backward scratch.
+  static size_t ActivationBytes(const DiTConfig& config, const DiTShard& shard, int B, int slots);
+  size_t activation_bytes() const { return act_buffer_.bytes(); }
+  size_t pos_embed_bytes() const { return pos_embed_.bytes(); }
 
  private:
   // Offsets of one block's parameters in the arena (the same in params_ and grads_).
   struct BlockOffsets {
     size_t ada_w, ada_b, qkv_w, qkv_b, proj_w, proj_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
-  // Pointers into the activation arena for one block.
+  // Pointers into one activation slot for one block.
   struct BlockActs {
-    float *resid_in, *ada, *ln1, *mean1, *rstd1, *mod1, *qkv, *probs, *attn, *proj, *mid;
+    float *resid_in, *ada, *ln1, *mean1, *rstd1, *mod1, *qkv, *kv, *probs, *attn, *proj, *mid;
     float *ln2, *mean2, *rstd2, *mod2, *fc1, *gelu, *fc2;
   };
+  // What forward keeps for backward, per micro-batch in flight.
   struct Acts {
     float *patches, *tfreq, *t_hidden, *t_act, *t_emb, *y_emb, *c, *silu_c;
-    std::vector<BlockActs> blocks;
-    float *resid_out, *ada_f, *lnf, *meanf, *rstdf, *modf, *final_out, *out;
-    // Backward scratch.
-    float *d_resid, *d_a, *d_b, *d_qkv, *d_h1, *d_h2, *d_ada, *d_silu_c, *d_c, *d_t1, *d_t2;
-    float* d_final_out;
+    std::vector<BlockActs> blocks;  // this stage's blocks
+    float *resid_out, *ada_f, *lnf, *meanf, *rstdf, *modf, *final_out, *final_full, *out;
   };
-  static TensorTable ActivationLayout(const DiTConfig& c, int B);
-  void EnsureActivations(int B);
+  // Forward and backward scratch, shared by the slots.
+  struct Scratch {
+    float *patches_full, *d_resid, *d_a, *d_b, *d_qkv, *d_kv, *d_h1, *d_h2, *d_ada, *d_silu_c, *d_c,
+        *d_t1, *d_t2, *d_final_out, *d_final_full, *sequence;
+  };
+  template <typename F>
+  static void VisitActivations(const DiTConfig& c, const DiTShard& s, int B, Acts& a, F&& f);
+  template <typename F>
+  static void VisitScratch(const DiTConfig& c, const DiTShard& s, int B, Scratch& a, F&& f);
+  // Fills a whole-model arena by `fill` and keeps this shard's part.
+  template <typename Fill>
+  void InitializeGlobal(Fill&& fill);
+  size_t Offset(const std::string& name) const;
+
+  Status BlockForward(int l, Acts& a, float* resid_out);
+  Status BlockBackward(int l, Acts& a);
 
   float* P(size_t offset) { return params_.data() + offset; }
   float* G(size_t offset) { return grads_.data() + offset; }
 
   DiTConfig config_;
-  TensorTable table_;
+  DiTShard shard_;
+  DiTComms comms_;
+  ShardedParameters sharded_;
+  TensorTable global_table_;
   Buffer<float> params_, grads_, pos_embed_;
-  size_t x_w_, x_b_, t1_w_, t1_b_, t2_w_, t2_b_, y_table_, fada_w_, fada_b_, flin_w_, flin_b_;
-  std::vector<BlockOffsets> blocks_;
+  size_t x_w_ = 0, x_b_ = 0, t1_w_ = 0, t1_b_ = 0, t2_w_ = 0, t2_b_ = 0, y_table_ = 0;
+  size_t fada_w_ = 0, fada_b_ = 0, flin_w_ = 0, flin_b_ = 0;
+  std::vector<BlockOffsets> blocks_;  // this stage's blocks
 
   int batch_ = 0;
   Buffer<float> act_buffer_;
-  Acts acts_{};
-  std::vector<int32_t> y_;  // labels of the last forward (the label table gradient needs them)
+  std::vector<Acts> acts_;
+  Scratch scratch_{};
+  // Labels of each slot's micro-batch (the label table gradient needs them).
+  std::vector<std::vector<int32_t>> y_;
 };
 
 }  // namespace difftrain

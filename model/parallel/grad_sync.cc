@@ -8,31 +8,45 @@
 
 namespace difftrain::parallel {
 
+std::vector<Range> GradientSync::BucketRanges(size_t n, size_t bucket_elements, size_t dp) {
+  // Full buckets are a multiple of dp long, so only the bucket at the start of the arena
+  // can need padding.
+  const size_t step = std::max(dp, bucket_elements / dp * dp);
+  std::vector<Range> ranges;
+  for (size_t end = n; end > 0;) {
+    const size_t begin = end > step ? end - step : 0;
+    ranges.push_back({begin, end});
+    end = begin;
+  }
+  return ranges;
+}
+
+std::vector<Range> GradientSync::OwnedRanges(size_t n, size_t bucket_elements, bool zero1, int size,
+                                             int rank) {
+  if (!zero1) return {{0, n}};
+  const size_t dp = static_cast<size_t>(size), r = static_cast<size_t>(rank);
+  const std::vector<Range> buckets = BucketRanges(n, bucket_elements, dp);
+  std::vector<Range> owned;
+  for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
+    const size_t piece = (it->size() + dp - 1) / dp;
+    const size_t begin = std::min(it->begin + r * piece, it->end);
+    const size_t end = std::min(begin + piece, it->end);
+    if (end > begin) owned.push_back({begin, end});
+  }
+  return owned;
+}
+
 GradientSync::GradientSync(Comm& comm, size_t n, size_t bucket_elements, bool zero1, bool overlap)
     : comm_(comm), n_(n), zero1_(zero1), overlap_(overlap) {
   DT_CHECK(n > 0 && bucket_elements > 0, "empty arena or bucket");
   const size_t dp = static_cast<size_t>(comm.size());
-  // Full buckets are a multiple of dp long, so only the bucket at the start of the arena
-  // can need padding.
-  const size_t step = std::max(dp, bucket_elements / dp * dp);
-  for (size_t end = n; end > 0;) {
-    const size_t begin = end > step ? end - step : 0;
+  for (const Range& r : BucketRanges(n, bucket_elements, dp)) {
     Bucket b;
-    b.range = {begin, end};
-    b.piece = (end - begin + dp - 1) / dp;
+    b.range = r;
+    b.piece = (r.size() + dp - 1) / dp;
     buckets_.push_back(std::move(b));
-    end = begin;
   }
-  if (!zero1) {
-    owned_ = {{0, n}};
-  } else {
-    const size_t r = static_cast<size_t>(comm.rank());
-    for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
-      const size_t begin = std::min(it->range.begin + r * it->piece, it->range.end);
-      const size_t end = std::min(begin + it->piece, it->range.end);
-      if (end > begin) owned_.push_back({begin, end});
-    }
-  }
+  owned_ = OwnedRanges(n, bucket_elements, zero1, comm.size(), comm.rank());
   for (const Range& o : owned_)
     owned_elements_ += o.size();
   for (const Bucket& b : buckets_) {

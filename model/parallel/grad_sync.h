@@ -44,6 +44,9 @@ class GradientSync {
   // The ranges of the arena whose parameters this rank updates: everything without
   // ZeRO-1, this rank's piece of every bucket with it. In increasing order.
   const std::vector<Range>& owned() const { return owned_; }
+  // The same for rank `rank` of a group of `size`, without a communicator (memory plans).
+  static std::vector<Range> OwnedRanges(size_t n, size_t bucket_elements, bool zero1, int size,
+                                        int rank);
   size_t owned_elements() const { return owned_elements_; }
   bool zero1() const { return zero1_; }
   Comm& comm() { return comm_; }
@@ -55,6 +58,8 @@ class GradientSync {
     bool started = false;
     std::unique_ptr<CommWork> work;
   };
+  // The buckets' ranges, from the end of the arena to its start.
+  static std::vector<Range> BucketRanges(size_t n, size_t bucket_elements, size_t size);
   void Start(Bucket& bucket);
   bool Padded(const Bucket& b) const { return b.piece * comm_.size() != b.range.size(); }
 

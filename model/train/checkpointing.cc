@@ -2,10 +2,10 @@
 
 namespace difftrain {
 
-Status WriteCheckpointShard(const Trainer& trainer, const io::CheckpointStore& store, int rank,
+Status WriteCheckpointShard(Trainer& trainer, const io::CheckpointStore& store, int rank,
                             int world) {
   io::SafetensorsWriter shard;
-  trainer.AddToCheckpoint(shard);
+  DT_RETURN_IF_ERROR(trainer.AddToCheckpoint(shard));
   return store.WriteShard(trainer.step(), rank, world, shard);
 }
 

@@ -1,8 +1,8 @@
 // Saving and restoring a Trainer through a checkpoint directory (model/io/checkpoint.h).
-// Every rank writes its shard; rank 0 commits once all have written (the caller provides
-// that barrier; one process needs none). Restoring reads shard 0 for the model and every
-// shard for the optimizer moments, so a checkpoint loads into a run with another
-// data-parallel size or ZeRO setting.
+// Every rank writes its shard (rank 0's holds the whole model, gathered from the others);
+// rank 0 commits once all have written (the caller provides that barrier; one process needs
+// none). Restoring reads shard 0 for the model and every shard for the optimizer moments,
+// so a checkpoint loads into a run with another parallel layout or ZeRO setting.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,8 @@
 
 namespace difftrain {
 
-// Writes this rank's shard of the trainer's current step.
-Status WriteCheckpointShard(const Trainer& trainer, const io::CheckpointStore& store, int rank,
+// Writes this rank's shard of the trainer's current step; every rank calls it (it gathers).
+Status WriteCheckpointShard(Trainer& trainer, const io::CheckpointStore& store, int rank,
                             int world);
 
 // Restores the newest complete checkpoint, if any; returns its step (nullopt: none, the

@@ -1,5 +1,7 @@
 #include "model/train/trainer.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -22,18 +24,59 @@ DataLoaderOptions LoaderOptions(const TrainConfig& config, int dp_rank, int dp_s
   return o;
 }
 
-nlohmann::json RangesJson(const std::vector<parallel::Range>& ranges) {
-  nlohmann::json j = nlohmann::json::array();
-  for (const parallel::Range& r : ranges)
-    j.push_back({r.begin, r.end});
-  return j;
+// This rank's shard of the model. The layout was validated by Create (or fails fast here).
+DiTShard ShardOf(const TrainConfig& config, const ParallelOptions& p) {
+  if (!p.topology) return DiTShard::Whole(config.model);
+  const Topology& t = *p.topology;
+  const ParallelCoordinates c = t.CoordinatesOf(p.rank);
+  Result<DiTShard> shard =
+      DiTShard::Create(config.model, t.tp(), c.tp, t.cp(), c.cp, t.pp(), c.pp, p.stage_blocks);
+  DT_CHECK(shard.ok(), "{}", shard.status().message());
+  return *shard;
+}
+
+// The ranges common to two increasing lists of disjoint ranges.
+std::vector<parallel::Range> Intersect(const std::vector<parallel::Range>& a,
+                                       const std::vector<parallel::Range>& b) {
+  std::vector<parallel::Range> out;
+  for (const parallel::Range& x : a) {
+    for (const parallel::Range& y : b) {
+      const size_t begin = std::max(x.begin, y.begin), end = std::min(x.end, y.end);
+      if (begin < end) out.push_back({begin, end});
+    }
+  }
+  return out;
 }
 
 }  // namespace
 
+MemoryBytes PlanMemory(const DiTConfig& c, const DiTShard& shard, int micro_batch,
+                       int micro_batches, bool zero1, int dp_cp, size_t bucket_elements) {
+  const size_t n = ShardParameters(c, shard).table.total();
+  size_t owned = 0;
+  for (const parallel::Range& r :
+       parallel::GradientSync::OwnedRanges(n, bucket_elements, zero1, dp_cp, 0))
+    owned += r.size();
+  const size_t pos_embed = shard.first_stage() ? size_t(c.tokens()) * c.hidden_size : 0;
+  MemoryBytes m;
+  m.parameters = (n + pos_embed) * sizeof(float);
+  m.gradients = n * sizeof(float);
+  m.optimizer = 2 * owned * sizeof(float);
+  m.ema = n * sizeof(float);
+  m.activations = DiT::ActivationBytes(
+      c, shard, micro_batch, parallel::InFlightMicroBatches(shard.pp, shard.stage, micro_batches));
+  return m;
+}
+
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
-                                                 const DataParallelOptions& dp) {
-  DT_RETURN_IF_ERROR(config.Validate(dp.comm ? dp.comm->size() : 1));
+                                                 const ParallelOptions& parallel) {
+  const int dp = parallel.topology ? parallel.topology->dp() : 1;
+  DT_RETURN_IF_ERROR(config.Validate(dp));
+  if (parallel.topology) {
+    const Topology& t = *parallel.topology;
+    DT_RETURN_IF_ERROR(
+        ValidateParallelLayout(config.model, t.tp(), t.cp(), t.pp(), parallel.stage_blocks));
+  }
   const DiTConfig& m = config.model;
   DatasetSpec spec;
   spec.kind = config.data.kind;
@@ -54,35 +97,61 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
         config.data.kind, d.channels(), d.height(), d.width(), d.num_classes(), m.in_channels,
         m.input_size, m.num_classes);
   }
-  return std::make_unique<Trainer>(config, std::move(opened).value(), dp);
+  return std::make_unique<Trainer>(config, std::move(opened).value(), parallel);
 }
 
 Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
-                 const DataParallelOptions& dp)
+                 const ParallelOptions& parallel)
     : config_(config),
-      dp_(dp),
+      parallel_(parallel),
+      coords_(parallel.topology ? parallel.topology->CoordinatesOf(parallel.rank)
+                                : ParallelCoordinates{}),
       data_(std::move(data)),
       loader_(*data_, LoaderOptions(config, dp_rank(), dp_size())),
-      model_(config.model),
+      model_(config.model, ShardOf(config, parallel), DiTComms{parallel.tp, parallel.cp}),
       diffusion_(config.diffusion),
       whole_{{0, model_.num_params()}},
       ema_(model_.num_params()) {
   Status valid = config.Validate(dp_size());
   DT_CHECK(valid.ok(), "{}", valid.message());
-  if (dp.comm != nullptr) {
-    sync_ = std::make_unique<parallel::GradientSync>(*dp.comm, model_.num_params(),
-                                                     dp.bucket_elements, dp.zero1, dp.overlap);
+  if (parallel.dp_cp != nullptr) {
+    sync_ = std::make_unique<parallel::GradientSync>(*parallel.dp_cp, model_.num_params(),
+                                                     parallel.bucket_elements, parallel.zero1,
+                                                     parallel.overlap);
   }
   for (const parallel::Range& r : owned())
     owned_elements_ += r.size();
   exp_avg_ = Buffer<float>(owned_elements_);
   exp_avg_sq_ = Buffer<float>(owned_elements_);
+  // Every owned range counts on tp rank 0; elsewhere only the tensors split over tp do.
+  std::vector<parallel::Range> counted;
+  const ShardedParameters& sharded = model_.sharded();
+  for (size_t i = 0; i < sharded.table.tensors().size(); ++i) {
+    const TensorSpec& t = sharded.table.tensors()[i];
+    if (coords_.tp == 0 || sharded.split[i]) counted.push_back({t.offset, t.offset + t.numel});
+  }
+  norm_ranges_ = Intersect(owned(), counted);
+  micro_batches_ = config.AccumulationSteps(dp_size());
+  slots_ = parallel::InFlightMicroBatches(model_.shard().pp, model_.shard().stage, micro_batches_);
+  batches_.resize(slots_);
+  douts_.resize(slots_);
+  model_.Reserve(config.micro_batch, slots_);
   model_.InitializeReference(config.seed);
   std::memcpy(ema_.data(), model_.params(), ema_.bytes());
 }
 
 const std::vector<parallel::Range>& Trainer::owned() const {
   return sync_ ? sync_->owned() : whole_;
+}
+
+MemoryBytes Trainer::memory() const {
+  MemoryBytes m;
+  m.parameters = model_.num_params() * sizeof(float) + model_.pos_embed_bytes();
+  m.gradients = model_.num_params() * sizeof(float);
+  m.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
+  m.ema = ema_.bytes();
+  m.activations = model_.activation_bytes();
+  return m;
 }
 
 Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
@@ -95,7 +164,10 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
   batch.t.resize(B);
   batch.t_float.resize(B);
   batch.y.resize(B);
+  const auto wait_start = std::chrono::steady_clock::now();
   DT_RETURN_IF_ERROR(loader_.Fill(first, B, batch.x0.data(), batch.y.data()));
+  data_wait_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   for (int b = 0; b < B; ++b) {
     Rng rng(config_.seed, RngStream::kNoise, static_cast<uint64_t>(first + b));
     batch.t[b] = static_cast<int64_t>(rng.Below(diffusion_.steps()));
@@ -109,79 +181,113 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
   return Status::Ok();
 }
 
-double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale,
-                                const DiT::GradientsReady& ready) {
+double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_scale,
+                     float* dout) const {
   const DiTConfig& m = config_.model;
   const int HW = m.input_size * m.input_size;
+  return config_.learn_sigma_loss
+             ? DiffusionLoss(diffusion_, output, batch.x0.data(), batch.x_t.data(),
+                             batch.noise.data(), batch.t.data(), batch.size, m.in_channels, HW,
+                             /*learn_sigma=*/true, grad_scale, dout)
+             : EpsilonMseLoss(output, batch.noise.data(), batch.size, m.in_channels,
+                              m.out_channels(), HW, grad_scale, dout);
+}
+
+double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {
+  DT_CHECK(!parallel_.topology, "ForwardBackward is for one process");
+  const DiTConfig& m = config_.model;
   last_output_ = model_.Forward(batch.x_t.data(), batch.t_float.data(), batch.y.data(), batch.size);
-  dout_.resize(static_cast<size_t>(batch.size) * m.out_channels() * HW);
-  const double loss =
-      config_.learn_sigma_loss
-          ? DiffusionLoss(diffusion_, last_output_, batch.x0.data(), batch.x_t.data(),
-                          batch.noise.data(), batch.t.data(), batch.size, m.in_channels, HW,
-                          /*learn_sigma=*/true, grad_scale, dout_.data())
-          : EpsilonMseLoss(last_output_, batch.noise.data(), batch.size, m.in_channels,
-                           m.out_channels(), HW, grad_scale, dout_.data());
-  model_.Backward(dout_.data(), ready);
+  douts_[0].resize(static_cast<size_t>(batch.size) * m.out_channels() * m.input_size *
+                   m.input_size);
+  const double loss = Loss(last_output_, batch, grad_scale, douts_[0].data());
+  model_.Backward(douts_[0].data());
   return loss;
 }
 
-Result<StepStats> Trainer::Step() {
-  const int accumulation = config_.AccumulationSteps(dp_size());
-  const int64_t rank_first = loader_.RankFirstSample(samples_seen_);
-  std::memset(model_.grads(), 0, model_.num_params() * sizeof(float));
-  double loss = 0;
-  for (int i = 0; i < accumulation; ++i) {
-    const int64_t first = rank_first + static_cast<int64_t>(i) * config_.micro_batch;
-    DT_RETURN_IF_ERROR(MakeMicroBatch(first, config_.micro_batch, batch_));
-    const bool last = i + 1 == accumulation;
-    DiT::GradientsReady ready;
-    if (last && sync_) {
-      // Only the last micro-batch's backward makes gradients final.
-      sync_->Begin(model_.grads());
-      ready = [this](size_t from) { sync_->OnGradientsReady(from); };
-    }
-    loss += ForwardBackward(batch_, 1.0f / accumulation, ready) / accumulation;
+Status Trainer::Forward(int micro, const float* input, float* output) {
+  const int slot = micro % slots_;
+  MicroBatch& batch = batches_[slot];
+  const DiTShard& shard = model_.shard();
+  // The first stage reads the inputs, the last the loss targets; the others need neither.
+  if (shard.first_stage() || shard.last_stage()) {
+    const int64_t first = step_first_ + static_cast<int64_t>(micro) * config_.micro_batch;
+    DT_RETURN_IF_ERROR(MakeMicroBatch(first, config_.micro_batch, batch));
   }
+  DT_RETURN_IF_ERROR(
+      model_.Forward(slot, batch.x_t.data(), batch.t_float.data(), batch.y.data(), input, output));
+  if (shard.last_stage()) {
+    const DiTConfig& m = config_.model;
+    last_output_ = model_.output(slot);
+    douts_[slot].resize(static_cast<size_t>(batch.size) * m.out_channels() * m.input_size *
+                        m.input_size);
+    step_loss_ += Loss(last_output_, batch, grad_scale_, douts_[slot].data()) / micro_batches_;
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Backward(int micro, const float* output_grad, float* input_grad) {
+  const int slot = micro % slots_;
+  DiT::GradientsReady ready;
+  if (micro + 1 == micro_batches_ && sync_) {
+    // Only the last micro-batch's backward makes gradients final.
+    sync_->Begin(model_.grads());
+    ready = [this](size_t from) { sync_->OnGradientsReady(from); };
+  }
+  const float* grad = model_.shard().last_stage() ? douts_[slot].data() : output_grad;
+  return model_.Backward(slot, grad, input_grad, ready);
+}
+
+Result<StepStats> Trainer::Step() {
+  step_first_ = loader_.RankFirstSample(samples_seen_);
+  // Each context-parallel rank's gradients are partial sums over its tokens; the dp-cp
+  // average divides by cp as well as dp.
+  grad_scale_ = static_cast<float>(model_.shard().cp) / static_cast<float>(micro_batches_);
+  step_loss_ = 0;
+  data_wait_seconds_ = 0;
+  std::memset(model_.grads(), 0, model_.num_params() * sizeof(float));
+  DT_RETURN_IF_ERROR(parallel::RunOneForwardOneBackward(parallel_.pp, micro_batches_, *this));
   // Read this rank's slice of the next global batch while the update runs.
-  loader_.Prefetch(loader_.RankFirstSample(samples_seen_ + config_.global_batch),
-                   config_.global_batch / dp_size());
-  return ApplyUpdate(loss, config_.global_batch, sync_ != nullptr);
+  if (model_.shard().first_stage() || model_.shard().last_stage()) {
+    loader_.Prefetch(loader_.RankFirstSample(samples_seen_ + config_.global_batch),
+                     config_.global_batch / dp_size());
+  }
+  Result<StepStats> stats = ApplyUpdate(step_loss_, config_.global_batch);
+  if (stats.ok()) stats->data_wait_seconds = data_wait_seconds_;
+  return stats;
 }
 
 StepStats Trainer::StepOn(const MicroBatch& batch) {
-  DT_CHECK(sync_ == nullptr, "StepOn is for one process");
+  DT_CHECK(!parallel_.topology, "StepOn is for one process");
   std::memset(model_.grads(), 0, model_.num_params() * sizeof(float));
   const double loss = ForwardBackward(batch, 1.0f);
-  return *ApplyUpdate(loss, batch.size, false);
+  return *ApplyUpdate(loss, batch.size);
 }
 
-Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples, bool synchronised) {
+Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
   StepStats stats;
   float* params = model_.params();
   const float* grads = model_.grads();
-  // Data parallel: average the gradients (and the loss, for reporting) over the group.
-  float reduced[2] = {static_cast<float>(loss), 0.0f};
-  if (synchronised) {
+  if (sync_) {
     Result<double> waited = sync_->Finish();
     if (!waited.ok()) return waited.status();
     stats.comm_wait_seconds = *waited;
   }
   double sum_squares = 0;
-  for (const parallel::Range& r : owned())
+  for (const parallel::Range& r : norm_ranges_)
     sum_squares += SumOfSquares(grads + r.begin, r.size());
-  reduced[1] = static_cast<float>(sum_squares);
-  if (synchronised) {
-    DT_RETURN_IF_ERROR(dp_.comm->AllReduce(reduced, 2, parallel::ReduceOp::kSum)
+  stats.loss = loss;
+  if (parallel_.world != nullptr) {
+    // One sum over the world: the loss of each replica once (its last stage, tp and cp rank
+    // 0), and each gradient element once (without ZeRO-1 the dp-cp ranks hold the same
+    // averaged gradient: dp-cp rank 0 counts it; with ZeRO-1 their pieces are disjoint).
+    const bool loss_here = model_.shard().last_stage() && coords_.tp == 0 && coords_.cp == 0;
+    const bool norm_here = (sync_ && sync_->zero1()) || (coords_.cp == 0 && coords_.dp == 0);
+    float reduced[2] = {loss_here ? static_cast<float>(loss) : 0.0f,
+                        norm_here ? static_cast<float>(sum_squares) : 0.0f};
+    DT_RETURN_IF_ERROR(parallel_.world->AllReduce(reduced, 2, parallel::ReduceOp::kSum)
                            .WithContext("reducing loss and gradient norm"));
-    reduced[0] /= static_cast<float>(dp_size());
-    // With ZeRO-1 the ranks' sums cover disjoint pieces and add up; without it every rank
-    // summed the whole (identical) averaged gradient.
-    if (!sync_->zero1()) reduced[1] /= static_cast<float>(dp_size());
-    stats.loss = reduced[0];
+    stats.loss = reduced[0] / static_cast<float>(dp_size());
     sum_squares = reduced[1];
-  } else {
-    stats.loss = loss;
   }
   stats.grad_norm = std::sqrt(sum_squares);
   stats.lr = LearningRate(config_.optimizer, step_);
@@ -201,25 +307,91 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples, bool synchr
   return stats;
 }
 
-void Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) const {
-  const DiTConfig& m = config_.model;
-  if (dp_rank() == 0) {
-    for (const TensorSpec& t : model_.parameter_table().tensors()) {
-      shard.AddF32(t.name, t.shape, model_.params() + t.offset);
-    }
-    shard.AddF32("pos_embed", {1, m.tokens(), m.hidden_size}, model_.pos_embed());
-    for (const TensorSpec& t : model_.parameter_table().tensors()) {
-      shard.AddF32("ema." + t.name, t.shape, ema_.data() + t.offset);
+Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) {
+  const size_t n = model_.global_parameter_table().total();
+  const float* mine[4] = {model_.params(), ema_.data(), moments, moments_sq};
+  for (int i = 0; i < 4; ++i) {
+    saved_[i] = Buffer<float>(n);
+    model_.GatherToGlobal(mine[i], saved_[i].data());
+  }
+  if (!parallel_.topology) return Status::Ok();
+  // Every other tp rank and stage of replica (cp 0, dp 0) sends its four arenas.
+  const Topology& t = *parallel_.topology;
+  for (int stage = 0; stage < t.pp(); ++stage) {
+    for (int tp = 0; tp < t.tp(); ++tp) {
+      const int peer = t.RankOf({tp, 0, 0, stage});
+      if (peer == parallel_.rank) continue;
+      Result<DiTShard> shard = DiTShard::Create(config_.model, t.tp(), tp, t.cp(), 0, t.pp(), stage,
+                                                parallel_.stage_blocks);
+      DT_CHECK(shard.ok(), "{}", shard.status().message());
+      const ShardedParameters theirs = ShardParameters(config_.model, *shard);
+      std::vector<float> local(theirs.table.total());
+      for (int i = 0; i < 4; ++i) {
+        DT_RETURN_IF_ERROR(parallel_.world->Recv(local.data(), local.size(), peer)
+                               .WithContext("gathering the checkpoint"));
+        // Replicated tensors are computed identically on every tp rank (model/dit/shard.h);
+        // tp rank 0's copy is already in place and this one must be the same, bit for bit.
+        for (size_t k = 0; k < theirs.table.tensors().size() && tp > 0; ++k) {
+          const TensorSpec& spec = theirs.table.tensors()[k];
+          if (theirs.split[k]) continue;
+          const float* ours =
+              saved_[i].data() + model_.global_parameter_table().Find(spec.name)->offset;
+          DT_CHECK(std::memcmp(ours, local.data() + spec.offset, spec.numel * sizeof(float)) == 0,
+                   "replicated tensor {} differs between tensor-parallel ranks 0 and {}", spec.name,
+                   tp);
+        }
+        for (const Fragment& f : theirs.fragments)
+          std::memcpy(saved_[i].data() + f.global, local.data() + f.local,
+                      f.length * sizeof(float));
+      }
     }
   }
-  // Without ZeRO-1 every rank holds the same full moments: rank 0 saves them once.
-  const bool sharded = sync_ != nullptr && sync_->zero1();
-  const std::vector<parallel::Range> none;
-  const std::vector<parallel::Range>& saved = sharded || dp_rank() == 0 ? owned() : none;
-  const int64_t moments = saved.empty() ? 0 : static_cast<int64_t>(owned_elements_);
-  if (moments > 0) {
-    shard.AddF32("optim.exp_avg", {moments}, exp_avg_.data());
-    shard.AddF32("optim.exp_avg_sq", {moments}, exp_avg_sq_.data());
+  return Status::Ok();
+}
+
+Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
+  const DiTConfig& m = config_.model;
+  const size_t n = model_.num_params();
+  // The whole moments of this rank's shard: with ZeRO-1 every dp-cp rank owns pieces of them.
+  const float* moments = exp_avg_.data();
+  const float* moments_sq = exp_avg_sq_.data();
+  Buffer<float> whole_m, whole_v;
+  if (sync_ && sync_->zero1()) {
+    whole_m = Buffer<float>(n);
+    whole_v = Buffer<float>(n);
+    size_t moment = 0;
+    for (const parallel::Range& r : owned()) {
+      std::memcpy(whole_m.data() + r.begin, exp_avg_.data() + moment, r.size() * sizeof(float));
+      std::memcpy(whole_v.data() + r.begin, exp_avg_sq_.data() + moment, r.size() * sizeof(float));
+      moment += r.size();
+    }
+    DT_RETURN_IF_ERROR(sync_->GatherParameters(whole_m.data()).WithContext("checkpoint moments"));
+    DT_RETURN_IF_ERROR(sync_->GatherParameters(whole_v.data()).WithContext("checkpoint moments"));
+    moments = whole_m.data();
+    moments_sq = whole_v.data();
+  }
+  const bool writer = parallel_.rank == 0;
+  if (writer) {
+    DT_RETURN_IF_ERROR(GatherCheckpoint(moments, moments_sq));
+  } else if (coords_.cp == 0 && coords_.dp == 0) {
+    const float* mine[4] = {model_.params(), ema_.data(), moments, moments_sq};
+    for (const float* arena : mine) {
+      DT_RETURN_IF_ERROR(
+          parallel_.world->Send(arena, n, 0).WithContext("sending the checkpoint to rank 0"));
+    }
+  }
+  nlohmann::json ranges = nlohmann::json::array();
+  if (writer) {
+    const TensorTable& global = model_.global_parameter_table();
+    for (const TensorSpec& t : global.tensors())
+      shard.AddF32(t.name, t.shape, saved_[0].data() + t.offset);
+    shard.AddF32("pos_embed", {1, m.tokens(), m.hidden_size}, model_.pos_embed());
+    for (const TensorSpec& t : global.tensors())
+      shard.AddF32("ema." + t.name, t.shape, saved_[1].data() + t.offset);
+    const int64_t total = static_cast<int64_t>(global.total());
+    shard.AddF32("optim.exp_avg", {total}, saved_[2].data());
+    shard.AddF32("optim.exp_avg_sq", {total}, saved_[3].data());
+    ranges.push_back({0, global.total()});
   }
   shard.SetMetadata("format", "difftrain-checkpoint-shard");
   shard.SetMetadata("version", "1");
@@ -230,7 +402,8 @@ void Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) const {
   shard.SetMetadata("train", config_.ToJson().dump());
   shard.SetMetadata("dp_rank", std::to_string(dp_rank()));
   shard.SetMetadata("dp_size", std::to_string(dp_size()));
-  shard.SetMetadata("optim.ranges", RangesJson(saved).dump());
+  shard.SetMetadata("optim.ranges", ranges.dump());
+  return Status::Ok();
 }
 
 Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
@@ -256,10 +429,15 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
     return Errorf("'{}': checkpoint was trained with seed {} but this run has seed {}",
                   shard.path(), seed, config_.seed);
   }
-  for (const TensorSpec& t : model_.parameter_table().tensors()) {
-    DT_RETURN_IF_ERROR(shard.CopyF32(t.name, t.shape, model_.params() + t.offset));
-    DT_RETURN_IF_ERROR(shard.CopyF32("ema." + t.name, t.shape, ema_.data() + t.offset));
+  // The checkpoint holds the whole model: this rank takes its shard of it.
+  const TensorTable& global = model_.global_parameter_table();
+  Buffer<float> params(global.total()), ema(global.total());
+  for (const TensorSpec& t : global.tensors()) {
+    DT_RETURN_IF_ERROR(shard.CopyF32(t.name, t.shape, params.data() + t.offset));
+    DT_RETURN_IF_ERROR(shard.CopyF32("ema." + t.name, t.shape, ema.data() + t.offset));
   }
+  model_.ScatterFromGlobal(params.data(), model_.params());
+  model_.ScatterFromGlobal(ema.data(), ema_.data());
   DT_ASSIGN_OR_RETURN(std::string step, field("step"));
   DT_ASSIGN_OR_RETURN(std::string seen, field("samples_seen"));
   try {
@@ -286,7 +464,7 @@ Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {
   for (const auto& r : ranges) {
     if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() ||
         !r[1].is_number_unsigned() || r[0].get<size_t>() > r[1].get<size_t>() ||
-        r[1].get<size_t>() > model_.num_params()) {
+        r[1].get<size_t>() > model_.global_parameter_table().total()) {
       return Errorf("'{}': malformed range {} in 'optim.ranges'", shard.path(), r.dump());
     }
     held += r[1].get<size_t>() - r[0].get<size_t>();
@@ -299,23 +477,36 @@ Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {
     return Errorf("'{}': optimizer moments do not match its {} elements of 'optim.ranges'",
                   shard.path(), held);
   }
-  // Copy every overlap of a saved range with an owned range.
+  // Copy every element that a saved range (of the whole-model arena) holds, that a fragment
+  // maps into this rank's arena, and that this rank owns.
+  std::vector<size_t> owned_offset;  // where each owned range starts in the moments
+  size_t next = 0;
+  for (const parallel::Range& o : owned()) {
+    owned_offset.push_back(next);
+    next += o.size();
+  }
   size_t copied = 0, saved_offset = 0;
   for (const auto& r : ranges) {
     const parallel::Range saved{r[0].get<size_t>(), r[1].get<size_t>()};
-    size_t owned_offset = 0;
-    for (const parallel::Range& o : owned()) {
-      const size_t begin = std::max(saved.begin, o.begin), end = std::min(saved.end, o.end);
-      if (begin < end) {
-        const size_t from = (saved_offset + begin - saved.begin) * sizeof(float);
-        const size_t to = owned_offset + begin - o.begin;
-        std::memcpy(exp_avg_.data() + to, static_cast<const char*>(m->data) + from,
+    for (const Fragment& f : model_.sharded().fragments) {
+      const size_t gb = std::max(saved.begin, f.global);
+      const size_t ge = std::min(saved.end, f.global + f.length);
+      if (gb >= ge) continue;
+      // Local [lb, le) holds saved elements from `from` on.
+      const size_t lb = f.local + (gb - f.global), le = f.local + (ge - f.global);
+      const size_t from = saved_offset + (gb - saved.begin);
+      for (size_t i = 0; i < owned().size(); ++i) {
+        const parallel::Range& o = owned()[i];
+        const size_t begin = std::max(lb, o.begin), end = std::min(le, o.end);
+        if (begin >= end) continue;
+        const size_t src = (from + begin - lb) * sizeof(float);
+        const size_t dst = owned_offset[i] + begin - o.begin;
+        std::memcpy(exp_avg_.data() + dst, static_cast<const char*>(m->data) + src,
                     (end - begin) * sizeof(float));
-        std::memcpy(exp_avg_sq_.data() + to, static_cast<const char*>(v->data) + from,
+        std::memcpy(exp_avg_sq_.data() + dst, static_cast<const char*>(v->data) + src,
                     (end - begin) * sizeof(float));
         copied += end - begin;
       }
-      owned_offset += o.size();
     }
     saved_offset += saved.size();
   }

@@ -1,24 +1,34 @@
 // One training process's model, optimizer and data position: the DiT training step, alone
-// or as one rank of a data-parallel group.
+// or as one rank of a tensor × context × data × pipeline parallel layout.
 //
 // Every random draw is addressed by the global index n of the training sample: sample n's
 // image comes from the data loader (a permutation per epoch, from the seed), and its
 // timestep, label dropout and noise from Rng(seed, kNoise, n). Step s consumes samples
 // [s·G, (s+1)·G) for global batch G; data-parallel rank r takes the r-th contiguous slice
 // of them. So the whole training state is the arenas plus (step, samples seen), resuming
-// continues bit for bit, and dp ranks compute what one process would.
+// continues bit for bit, and the ranks together compute what one process would.
+//
+// A step runs the micro-batches of this rank's share through the 1F1B pipeline schedule
+// (one stage: forward, backward, forward, …). Every tp, cp and pp rank of one data-parallel
+// replica builds the same micro-batches; the last stage computes the loss over the whole
+// sequence. Gradients are averaged over the dp-cp group (each cp rank's are partial sums
+// over its tokens, so its loss gradient is scaled by cp); tensor-parallel ranks compute
+// identical gradients for the replicated weights (model/dit/shard.h).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "common/topology.h"
 #include "model/data/dataset.h"
 #include "model/data/loader.h"
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/dit/dit.h"
 #include "model/io/safetensors.h"
 #include "model/parallel/grad_sync.h"
+#include "model/parallel/pipeline.h"
 #include "model/train/train_config.h"
 
 namespace difftrain {
@@ -32,52 +42,81 @@ struct MicroBatch {
   std::vector<int32_t> y;             // labels after dropout (num_classes = null class)
 };
 
+// Bytes of the arenas this rank allocates.
+struct MemoryBytes {
+  size_t parameters = 0;  // trainable parameters and the fixed position embedding
+  size_t gradients = 0;
+  size_t optimizer = 0;  // the AdamW moments this rank owns
+  size_t ema = 0;
+  size_t activations = 0;  // every activation slot and the backward scratch
+};
+
+// The arenas a rank with `shard` allocates: micro-batches of `micro_batch`, `micro_batches`
+// of them per step and replica (the pipeline keeps min(pp − stage, that) in flight), AdamW
+// moments sharded over a dp-cp group of `dp_cp` ranks with ZeRO-1 (rank 0's share, the
+// largest), gradient buckets of `bucket_elements`.
+MemoryBytes PlanMemory(const DiTConfig& config, const DiTShard& shard, int micro_batch,
+                       int micro_batches, bool zero1, int dp_cp, size_t bucket_elements);
+
 struct StepStats {
   int64_t step = 0;  // optimizer steps done after this one
   double loss = 0;   // mean over the global batch
   double grad_norm = 0;
   double lr = 0;
   double comm_wait_seconds = 0;  // waiting for gradient reduction after backward
+  double data_wait_seconds = 0;  // waiting for the data loader
 };
 
-// A rank's data-parallel group. Without a communicator the trainer is one process.
-struct DataParallelOptions {
-  parallel::Comm* comm = nullptr;
+// A rank's place in the parallel layout and its communicators; a null communicator is a
+// group of one. Without a topology the trainer is one process.
+struct ParallelOptions {
+  std::optional<Topology> topology;
+  int rank = 0;                     // global rank
+  parallel::Comm* tp = nullptr;     // tensor parallel: the weight shards of each block
+  parallel::Comm* cp = nullptr;     // context parallel: the token shards
+  parallel::Comm* pp = nullptr;     // pipeline: the stages
+  parallel::Comm* dp_cp = nullptr;  // gradient averaging and ZeRO-1 sharding
+  parallel::Comm* world = nullptr;  // loss, gradient norm and checkpoint gathering
+  std::vector<int> stage_blocks;    // blocks per pipeline stage (empty: balanced)
   bool zero1 = false;
   bool overlap = true;  // start a bucket's reduction as soon as its gradients are final
   size_t bucket_elements = size_t{1} << 20;
 };
 
-class Trainer {
+class Trainer : private parallel::PipelineStage {
  public:
-  // Opens the dataset of config.data and checks that its samples fit the model.
+  // Checks the layout against the model and opens the dataset of config.data, checking that
+  // its samples fit the model.
   static Result<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
-                                                 const DataParallelOptions& dp = {});
+                                                 const ParallelOptions& parallel = {});
   // Initialises the model as the reference does, from config.seed; `data` must fit the model.
   Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
-          const DataParallelOptions& dp = {});
+          const ParallelOptions& parallel = {});
 
   // Builds the micro-batch of global samples [first, first + B).
   Status MakeMicroBatch(int64_t first, int B, MicroBatch& batch);
-  // Forward, loss and backward of one micro-batch; gradients accumulate, scaled by
-  // grad_scale. Returns the (unscaled) loss.
-  double ForwardBackward(const MicroBatch& batch, float grad_scale,
-                         const DiT::GradientsReady& ready = {});
+  // One process: forward, loss and backward of one micro-batch; gradients accumulate,
+  // scaled by grad_scale. Returns the (unscaled) loss.
+  double ForwardBackward(const MicroBatch& batch, float grad_scale);
   // One optimizer step over this rank's share of the next global batch.
   Result<StepStats> Step();
   // One optimizer step on exactly this batch, in one process (no accumulation, no data
   // parallelism), e.g. to overfit it.
   StepStats StepOn(const MicroBatch& batch);
 
-  // This rank's checkpoint shard. Rank 0 writes the model (reference names, pos_embed
-  // included) and the EMA (`ema.` prefix); every rank writes the AdamW moments of the
-  // arena ranges it owns (`optim.exp_avg`, `optim.exp_avg_sq`, ranges in the metadata),
-  // so a checkpoint of one data-parallel size and ZeRO setting loads into any other.
-  // Pointers stay valid while the Trainer lives and does not step.
-  void AddToCheckpoint(io::SafetensorsWriter& shard) const;
-  // Restores model, EMA, counters and the data position from shard 0 of a checkpoint.
+  // This rank's checkpoint shard; every rank calls it (it gathers). Rank 0 writes the whole
+  // model (reference names, pos_embed included), the EMA (`ema.` prefix) and the AdamW
+  // moments of the whole arena (`optim.exp_avg`, `optim.exp_avg_sq`, their ranges of the
+  // whole-model arena in the metadata), assembled from the shards of every tp rank and
+  // pipeline stage (and every ZeRO-1 piece); the other ranks write metadata only. So a
+  // checkpoint of one layout loads into any other. Pointers stay valid while the Trainer
+  // lives and does not step.
+  Status AddToCheckpoint(io::SafetensorsWriter& shard);
+  // Restores this rank's shard of model and EMA, counters and the data position from
+  // shard 0 of a checkpoint.
   Status RestoreModel(const io::SafetensorsFile& shard0);
-  // Copies the moments of every owned range that `shard` holds; returns the elements copied.
+  // Copies the moments of every owned element that `shard` holds (ranges of the whole-model
+  // arena); returns the elements copied.
   Result<size_t> RestoreOptimizer(const io::SafetensorsFile& shard);
   // Elements of AdamW moments this rank holds (its owned ranges).
   size_t optimizer_elements() const { return owned_elements_; }
@@ -87,19 +126,29 @@ class Trainer {
   const float* ema() const { return ema_.data(); }
   const float* last_output() const { return last_output_; }
   const TrainConfig& config() const { return config_; }
-  int dp_rank() const { return dp_.comm ? dp_.comm->rank() : 0; }
-  int dp_size() const { return dp_.comm ? dp_.comm->size() : 1; }
+  int dp_rank() const { return coords_.dp; }
+  int dp_size() const { return parallel_.topology ? parallel_.topology->dp() : 1; }
+  MemoryBytes memory() const;
   int64_t step() const { return step_; }
   int64_t samples_seen() const { return samples_seen_; }
 
  private:
   // Clips, updates the owned parameters with AdamW, gathers them (ZeRO-1), updates the
   // EMA and advances the counters.
-  Result<StepStats> ApplyUpdate(double loss, int64_t samples, bool synchronised);
+  Result<StepStats> ApplyUpdate(double loss, int64_t samples);
   const std::vector<parallel::Range>& owned() const;
+  // The loss of `output` for `batch` and its gradient (scaled) into dout.
+  double Loss(const float* output, const MicroBatch& batch, float grad_scale, float* dout) const;
+  // The pipeline stage of a step: micro-batch i of this rank's share, in slot i % slots.
+  size_t boundary_elements() const override { return model_.boundary_elements(); }
+  Status Forward(int micro, const float* input, float* output) override;
+  Status Backward(int micro, const float* output_grad, float* input_grad) override;
+  // Rank 0: the whole-model arenas of the checkpoint, from every member of its replica.
+  Status GatherCheckpoint(const float* moments, const float* moments_sq);
 
   TrainConfig config_;
-  DataParallelOptions dp_;
+  ParallelOptions parallel_;
+  ParallelCoordinates coords_;
   std::unique_ptr<Dataset> data_;
   DataLoader loader_;
   DiT model_;
@@ -107,10 +156,21 @@ class Trainer {
   std::unique_ptr<parallel::GradientSync> sync_;
   std::vector<parallel::Range> whole_;  // [0, n): what one process owns
   size_t owned_elements_ = 0;
+  // Owned ranges this rank adds to the squared gradient norm: tensor-parallel replicas
+  // count once, on tp rank 0.
+  std::vector<parallel::Range> norm_ranges_;
   Buffer<float> ema_, exp_avg_, exp_avg_sq_;
-  std::vector<float> dout_;
+  Buffer<float> saved_[4];  // rank 0: parameters, EMA and moments of the whole model
+  int slots_ = 1;           // micro-batches in flight on this stage
+  std::vector<MicroBatch> batches_;
+  std::vector<std::vector<float>> douts_;
   const float* last_output_ = nullptr;
-  MicroBatch batch_;
+  // The step in progress: its first sample, micro-batches, loss gradient scale and loss.
+  int64_t step_first_ = 0;
+  int micro_batches_ = 1;
+  float grad_scale_ = 1;
+  double step_loss_ = 0;
+  double data_wait_seconds_ = 0;  // of the step in progress
   int64_t step_ = 0;
   int64_t samples_seen_ = 0;
 };

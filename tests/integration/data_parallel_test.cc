@@ -9,10 +9,8 @@
 #include <thread>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
-#include "model/io/checkpoint.h"
-#include "tests/testing/run_command.h"
+#include "tests/testing/parallel_training.h"
 
 namespace difftrain {
 namespace {
@@ -35,121 +33,21 @@ std::string Name(const Layout& l) {
          (l.zero1 ? "_zero1" : "");
 }
 
-class DataParallelTest : public ::testing::Test {
+class DataParallelTest : public testing::ParallelTrainingTest {
  protected:
-  void SetUp() override {
-    root_ = std::filesystem::temp_directory_path() /
-            ("data_parallel_test_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(root_);
-    std::filesystem::create_directories(root_);
-  }
-  void TearDown() override {
-    if (!HasFailure()) std::filesystem::remove_all(root_);
-  }
+  DataParallelTest()
+      : ParallelTrainingTest(
+            "{name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2, "
+            "num_heads: 4, num_classes: 10}",
+            kMicro) {}
 
-  // Writes the job of a run named `name` with global batch `global` and returns its path.
   std::filesystem::path WriteJob(const std::string& name, int global, bool zero1, int steps,
                                  double timeout_seconds = 60) {
-    const std::filesystem::path dir = root_ / name;
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir / "job.yaml")
-        << "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2, "
-           "num_heads: 4, num_classes: 10}\n"
-        << "batch: {micro: " << kMicro << ", global: " << global << "}\n"
-        << "optimizer: {lr: 0.001, grad_clip: 1.0, warmup_steps: 3}\n"
-        << "train: {steps: " << steps << ", log_every: 1, metrics_file: \""
-        << (dir / "metrics-{rank}.jsonl").string()
-        << "\"}\n"
-        // Small buckets: several of them, one padded for ZeRO-1.
-        << "parallel: {zero1: " << (zero1 ? "true" : "false")
-        << ", bucket_mb: 0.02, timeout_seconds: " << timeout_seconds << "}\n"
-        << "checkpoint: {dir: \"" << (dir / "ckpt").string() << "\", keep: 5}\n";
-    return dir / "job.yaml";
+    return ParallelTrainingTest::WriteJob(name, global, zero1, steps, "", timeout_seconds);
   }
-
-  // Runs `world` ranks of `job` (all but rank 0 in the background) and returns rank 0's
-  // output; the exit code is 0 only when every rank succeeded.
-  CommandResult RunRanks(const std::filesystem::path& job, int world,
-                         const std::string& extra = "") {
-    const std::string store = (job.parent_path() / ("store-" + std::to_string(runs_++))).string();
-    auto rank = [&](int r) {
-      return "OMP_NUM_THREADS=1 " + std::string(DIFFTRAIN_BINARY) + " train --config " +
-             ShellQuote(job.string()) + " --rank " + std::to_string(r) + " --world " +
-             std::to_string(world) + " --store " + ShellQuote(store) + " " + extra;
-    };
-    auto log = [&](int r) { return ShellQuote(store + "-rank" + std::to_string(r) + ".log"); };
-    std::string script = "rc=0; ";
-    for (int r = 1; r < world; ++r) {
-      script += rank(r) + " >" + log(r) + " 2>&1 & p" + std::to_string(r) + "=$!; ";
-    }
-    script += rank(0) + " || rc=1; ";
-    for (int r = 1; r < world; ++r)
-      script += "wait $p" + std::to_string(r) + " || rc=1; ";
-    // On failure, show what the other ranks said too.
-    for (int r = 1; r < world; ++r)
-      script += "[ $rc = 0 ] || tail -5 " + log(r) + "; ";
-    script += "exit $rc";
-    return RunCommand("sh -c " + ShellQuote(script));
-  }
-
-  // A single process (no communicator) training on the same global batch.
   std::filesystem::path Reference(int global) {
-    const std::string name = "reference_" + std::to_string(global);
-    const std::filesystem::path job = WriteJob(name, global, false, kSteps);
-    if (!std::filesystem::exists(job.parent_path() / "metrics-0.jsonl")) {
-      const CommandResult r = RunCommand("OMP_NUM_THREADS=1 " + std::string(DIFFTRAIN_BINARY) +
-                                         " train --config " + ShellQuote(job.string()));
-      EXPECT_EQ(r.exit_code, 0) << r.output;
-    }
-    return job.parent_path();
+    return ParallelTrainingTest::Reference(global, kSteps);
   }
-
-  static std::vector<double> Losses(const std::filesystem::path& dir) {
-    std::vector<double> losses;
-    std::ifstream in(dir / "metrics-0.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-    }
-    return losses;
-  }
-
-  // Relative L2 distance of the final model tensors (shard 0 of the newest checkpoint).
-  static double ParameterDistance(const std::filesystem::path& a, const std::filesystem::path& b) {
-    auto load = [](const std::filesystem::path& dir) {
-      io::CheckpointStore store((dir / "ckpt").string(), 5);
-      const int64_t step = store.LatestComplete()->value();
-      return std::move(store.ReadShard(step, 0, *store.World(step))).value();
-    };
-    const io::SafetensorsFile fa = load(a), fb = load(b);
-    double diff = 0, norm = 0;
-    for (const std::string& name : fb.Names()) {
-      if (name.rfind("optim.", 0) == 0) continue;
-      const io::TensorView* x = fa.Find(name);
-      const io::TensorView* y = fb.Find(name);
-      EXPECT_NE(x, nullptr) << name;
-      if (x == nullptr) return 1;
-      std::vector<float> u(x->bytes / 4), v(y->bytes / 4);
-      std::memcpy(u.data(), x->data, x->bytes);
-      std::memcpy(v.data(), y->data, y->bytes);
-      for (size_t i = 0; i < u.size(); ++i) {
-        diff += (double(u[i]) - v[i]) * (double(u[i]) - v[i]);
-        norm += double(v[i]) * v[i];
-      }
-    }
-    return std::sqrt(diff / norm);
-  }
-
-  static void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>& want,
-                               const std::string& what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << what << " step " << i + 1;
-    }
-  }
-
-  std::filesystem::path root_;
-  int runs_ = 0;
 };
 
 TEST_F(DataParallelTest, EveryLayoutEqualsOneProcess) {
