@@ -17,10 +17,11 @@ build: configure
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-# Trains the default job (a small DiT on Fashion-MNIST, a few minutes on a CPU), then draws
-# one row of samples per class from its EMA weights.
+# Trains the default job (a small DiT on Fashion-MNIST, a few minutes on a CPU) the way a
+# cluster does, with a controller and a worker daemon on this machine (`difftrain run`),
+# then draws one row of samples per class from its EMA weights.
 run: build
-	$(BUILD)/difftrain train --config jobs/default.yaml
+	$(BUILD)/difftrain run jobs/default.yaml
 	$(BUILD)/difftrain sample --checkpoint runs/default/checkpoints --classes 0,1,2,3,4,5,6,7,8,9 \
 	  --per-class 10 --sampler ddim --steps 50 --cfg 3 --out runs/default/samples.png
 	@echo "difftrain: checkpoints in runs/default/checkpoints, samples in runs/default/samples.png"

@@ -13,6 +13,8 @@ namespace difftrain::launch {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitJobFailed = 1;
 inline constexpr int kExitBadInput = 2;
+// EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 after writing a checkpoint; a rerun resumes.
+inline constexpr int kExitCheckpointed = 75;
 
 // Declares the subcommand's options on `app` and returns the function that runs it after
 // the command line has been parsed; that function returns the process exit code.

@@ -69,8 +69,9 @@ TEST_F(TrainCommandTest, BatchArithmeticIsShown) {
   job.replace(job.find("global: 8"), 9, "global: 10");
   const CommandResult r = Train(job);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("batch.global 10 is not a multiple of batch.micro"), std::string::npos)
+  EXPECT_NE(r.output.find("batch.global: expected a multiple of batch.micro"), std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("found 10"), std::string::npos) << r.output;
 }
 
 TEST_F(TrainCommandTest, MissingFileExitsTwo) {

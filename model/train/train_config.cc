@@ -37,6 +37,17 @@ Status ReadModel(YamlFields fields, DiTConfig& model) {
 
 }  // namespace
 
+Result<int> TrainConfig::DataParallelSize(int world) const {
+  const int model_parallel = parallel.tp * parallel.cp * parallel.pp;
+  const int dp = parallel.dp > 0 ? parallel.dp : world / model_parallel;
+  if (dp < 1 || world != model_parallel * dp) {
+    return Errorf("the world of {} ranks is not tp · cp · dp · pp = {} · {} · {} · {}{}", world,
+                  parallel.tp, parallel.cp, parallel.dp > 0 ? std::to_string(parallel.dp) : "dp",
+                  parallel.pp, parallel.dp > 0 ? "" : " for any dp");
+  }
+  return dp;
+}
+
 Status TrainConfig::Validate(int dp) const {
   DT_RETURN_IF_ERROR(model.Validate());
   DT_RETURN_IF_ERROR(diffusion.Validate());
@@ -58,12 +69,17 @@ Status TrainConfig::Validate(int dp) const {
   if (global_batch < 1) return Errorf("batch.global must be positive, got {}", global_batch);
   if (global_batch % (micro_batch * dp) != 0) {
     return Errorf(
-        "batch.global {} is not a multiple of batch.micro × data-parallel size = {} × {} = {} "
-        "(global = micro × dp × accumulation steps)",
-        global_batch, micro_batch, dp, micro_batch * dp);
+        "{}: batch.global: expected a multiple of batch.micro × data-parallel size = {} × {} = "
+        "{} (global = micro × dp × accumulation steps), found {}",
+        cluster.Where("batch.global"), micro_batch, dp, micro_batch * dp, global_batch);
   }
   if (steps < 1) return Errorf("train.steps must be positive, got {}", steps);
   if (log_every < 1) return Errorf("train.log_every must be positive, got {}", log_every);
+  for (auto [field, v] : {std::pair{"tp", parallel.tp}, {"cp", parallel.cp}, {"pp", parallel.pp}}) {
+    if (v < 1) return Errorf("parallel.{} must be positive, got {}", field, v);
+  }
+  if (parallel.dp < 0)
+    return Errorf("parallel.dp must be positive (or 0: derived), got {}", parallel.dp);
   if (!(parallel.bucket_mb > 0)) {
     return Errorf("parallel.bucket_mb must be positive, got {}", parallel.bucket_mb);
   }
@@ -94,7 +110,12 @@ nlohmann::json TrainConfig::ToJson() const {
             {"log_every", log_every},
             {"metrics_file", metrics_file}}},
           {"parallel",
-           {{"zero1", parallel.zero1},
+           {{"tp", parallel.tp},
+            {"cp", parallel.cp},
+            {"pp", parallel.pp},
+            {"dp", parallel.dp},
+            {"stage_blocks", parallel.stage_blocks},
+            {"zero1", parallel.zero1},
             {"overlap", parallel.overlap},
             {"bucket_mb", parallel.bucket_mb},
             {"timeout_seconds", parallel.timeout_seconds}}},
@@ -151,7 +172,12 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   DT_RETURN_IF_ERROR(train.Finish());
 
   YamlFields parallel = top.Section("parallel");
-  parallel.Bool("zero1", c.parallel.zero1)
+  parallel.Int("tp", c.parallel.tp)
+      .Int("cp", c.parallel.cp)
+      .Int("pp", c.parallel.pp)
+      .Int("dp", c.parallel.dp)
+      .IntList("stage_blocks", c.parallel.stage_blocks)
+      .Bool("zero1", c.parallel.zero1)
       .Bool("overlap", c.parallel.overlap)
       .Double("bucket_mb", c.parallel.bucket_mb)
       .Double("timeout_seconds", c.parallel.timeout_seconds);
@@ -163,9 +189,21 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
       .Int("keep", c.checkpoint.keep);
   DT_RETURN_IF_ERROR(ckpt.Finish());
 
+  // The fields that are checked against each other later (the batch arithmetic, the
+  // layout), located so that those errors point into the file as well.
+  for (auto [section, key] : {std::pair{"model", "num_heads"},
+                              {"model", "hidden_size"},
+                              {"batch", "micro"},
+                              {"batch", "global"},
+                              {"parallel", "tp"}}) {
+    YamlFields fields = top.Section(section);
+    if (fields.Has(key)) c.cluster.where[fmt::format("{}.{}", section, key)] = fields.Location(key);
+  }
+  DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
   Status valid = c.Validate();
-  if (!valid.ok()) return valid.WithContext(path);
+  // Errors located in the file already name it.
+  if (!valid.ok()) return valid.message().starts_with(path) ? valid : valid.WithContext(path);
   return c;
 }
 

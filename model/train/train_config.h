@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "common/cluster_config.h"
 #include "common/status.h"
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/dit/config.h"
@@ -30,10 +32,16 @@ struct CheckpointConfig {
 };
 
 struct ParallelConfig {
-  bool zero1 = false;            // shard AdamW moments over the data-parallel group
-  bool overlap = true;           // reduce gradient buckets while backward runs
-  double bucket_mb = 4;          // gradient bucket size in MiB
-  double timeout_seconds = 120;  // a collective or rendezvous that takes longer fails
+  // The layout: world = tp · cp · dp · pp ranks (docs/parallelism.md).
+  int tp = 1;                     // tensor parallel: heads and MLP columns split
+  int cp = 1;                     // context parallel: the token sequence split
+  int pp = 1;                     // pipeline parallel: blocks split into stages
+  int dp = 0;                     // data parallel; 0: the world divided by tp · cp · pp
+  std::vector<int> stage_blocks;  // blocks per pipeline stage; empty: balanced
+  bool zero1 = false;             // shard AdamW moments over the data-parallel group
+  bool overlap = true;            // reduce gradient buckets while backward runs
+  double bucket_mb = 4;           // gradient bucket size in MiB
+  double timeout_seconds = 120;   // a collective or rendezvous that takes longer fails
 };
 
 struct TrainConfig {
@@ -52,7 +60,11 @@ struct TrainConfig {
   std::string metrics_file;  // JSON lines of per-step metrics; "{rank}" becomes the rank
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
+  ClusterConfig cluster;  // nodes, restart policy, metrics, keys: read by the daemons
 
+  // The data-parallel size of a run on `world` ranks: parallel.dp, or derived when 0. Fails
+  // when the world is not tp · cp · dp · pp.
+  Result<int> DataParallelSize(int world) const;
   // Micro-batches per optimizer step on each of `dp` data-parallel ranks.
   int AccumulationSteps(int dp = 1) const { return global_batch / (micro_batch * dp); }
   // Every field and the batch arithmetic; the message shows the arithmetic when it fails.

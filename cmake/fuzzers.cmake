@@ -1,0 +1,74 @@
+# libFuzzer targets (*_fuzz.cc): the wire decoder and the job-spec parser. They need clang
+# with -fsanitize=fuzzer, which the GCC build cannot use, so each is compiled by clang++
+# directly from the few sources it needs, and `ctest` runs each for a few seconds. Without
+# a working clang the tests report themselves skipped with the reason.
+set(DIFFTRAIN_FUZZ_SECONDS 4 CACHE STRING "Seconds each fuzz target runs in ctest")
+find_program(DIFFTRAIN_FUZZ_CXX NAMES clang++ clang++-16 clang++-15 clang++-14)
+set(fuzz_skip_reason "")
+if(NOT DIFFTRAIN_FUZZ_CXX)
+  set(fuzz_skip_reason "no clang++ found")
+else()
+  file(WRITE ${CMAKE_BINARY_DIR}/fuzz/probe.cc
+    "#include <cstddef>\n#include <cstdint>\n"
+    "extern \"C\" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }\n")
+  execute_process(
+    COMMAND ${DIFFTRAIN_FUZZ_CXX} -fsanitize=fuzzer,address ${CMAKE_BINARY_DIR}/fuzz/probe.cc
+            -o ${CMAKE_BINARY_DIR}/fuzz/probe
+    RESULT_VARIABLE probe_result OUTPUT_QUIET ERROR_VARIABLE probe_error)
+  if(NOT probe_result EQUAL 0)
+    string(REGEX REPLACE "['\n\"]" " " probe_error "${probe_error}")
+    set(fuzz_skip_reason "${DIFFTRAIN_FUZZ_CXX} cannot link -fsanitize=fuzzer: ${probe_error}")
+  endif()
+endif()
+
+# Headers the fuzzed code may include (no depfile: one clang command builds each target).
+file(GLOB fuzz_headers CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/common/*.h
+  ${CMAKE_SOURCE_DIR}/model/train/*.h ${CMAKE_SOURCE_DIR}/model/dit/*.h
+  ${CMAKE_SOURCE_DIR}/model/diffusion/*.h ${CMAKE_SOURCE_DIR}/model/optim/*.h)
+
+# A fuzz target that fails to build (a new dependency of the parser, say) must not break
+# everybody's build: the failure is written down and its test reports itself skipped
+# with the compiler's message.
+function(difftrain_fuzz_target name libs)
+  set(sources ${ARGN})
+  set(out ${CMAKE_BINARY_DIR}/fuzz/${name})
+  set(run_test ${CMAKE_BINARY_DIR}/fuzz/run_${name}.sh)
+  if(fuzz_skip_reason STREQUAL "")
+    list(TRANSFORM sources PREPEND ${CMAKE_SOURCE_DIR}/)
+    list(JOIN sources " " source_list)
+    list(JOIN libs " " lib_list)
+    set(build_script ${CMAKE_BINARY_DIR}/fuzz/build_${name}.sh)
+    file(WRITE ${build_script} "#!/bin/sh
+rm -f ${out} ${out}.error
+${DIFFTRAIN_FUZZ_CXX} -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined \\
+  -fno-sanitize-recover=undefined -I${CMAKE_SOURCE_DIR} ${source_list} ${lib_list} \\
+  -o ${out} 2>${out}.error || echo 'warning: fuzz target ${name} did not build (its test will say why)'
+touch ${out}.stamp
+")
+    add_custom_command(
+      OUTPUT ${out}.stamp
+      COMMAND sh ${build_script}
+      DEPENDS ${sources} ${fuzz_headers}
+      COMMENT "Building fuzz target ${name} with ${DIFFTRAIN_FUZZ_CXX}")
+    add_custom_target(${name} ALL DEPENDS ${out}.stamp)
+    file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz/${name}-corpus)
+    file(WRITE ${run_test} "#!/bin/sh
+if [ ! -x ${out} ]; then
+  echo 'skipped: ${name} did not build with ${DIFFTRAIN_FUZZ_CXX}:'; head -20 ${out}.error
+  exit 77
+fi
+exec ${out} -max_total_time=${DIFFTRAIN_FUZZ_SECONDS} -timeout=10 -rss_limit_mb=2048 \
+  -print_final_stats=1 ${CMAKE_BINARY_DIR}/fuzz/${name}-corpus ${CMAKE_SOURCE_DIR}/tests/fuzz/${name}
+")
+    add_test(NAME ${name} COMMAND sh ${run_test})
+  else()
+    add_test(NAME ${name} COMMAND sh -c "echo 'skipped: ${fuzz_skip_reason}'; exit 77")
+  endif()
+  set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+endfunction()
+
+difftrain_fuzz_target(wire_fuzz "-lfmt" common/wire_fuzz.cc common/wire.cc)
+difftrain_fuzz_target(job_spec_fuzz "-lfmt;-lyaml-cpp"
+  controller/job_spec_fuzz.cc model/train/train_config.cc common/yaml_fields.cc
+  common/cluster_config.cc model/dit/config.cc model/diffusion/gaussian_diffusion.cc
+  model/optim/adamw.cc)

@@ -1,0 +1,43 @@
+// The cluster sections of the job file: how many nodes and devices the job runs on, when
+// the controller gives up on a node or restarts the job, where metrics are served and
+// which keys guard the control plane. Read together with the training sections
+// (model/train/train_config.h) from one YAML file; documented in docs/job-spec.md.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "common/status.h"
+#include "common/yaml_fields.h"
+
+namespace difftrain {
+
+struct RestartPolicy {
+  int max_restarts = 3;                     // restarts of the whole job before FAILED
+  double heartbeat_seconds = 1;             // between a worker daemon's heartbeats
+  int heartbeat_misses = 10;                // missed heartbeats before a daemon is lost
+  double rendezvous_timeout_seconds = 300;  // for daemons to register and ranks to meet
+};
+
+struct ClusterConfig {
+  int nodes = 1;             // worker daemons (one per node)
+  int devices_per_node = 1;  // ranks per node (GPUs, or CPU slots without a GPU)
+  RestartPolicy restart;
+  int metrics_port = 0;  // Prometheus /metrics of the controller (0: off; docs/metrics.md)
+  std::string keys_dir;  // CURVE keys of the job (`difftrain keys`); empty: ephemeral keys
+
+  int world_size() const { return nodes * devices_per_node; }
+
+  // "file:line:col" of each field read from the file, by dotted path ("cluster.nodes"),
+  // so that errors found later (the layout) still point into the file. A value set by a
+  // command-line flag is located at the flag ("--nodes").
+  std::map<std::string, std::string> where;
+  std::string Where(const std::string& field) const;
+};
+
+// Reads the sections cluster, restart, metrics and security of the top-level mapping
+// `top` into `config`, checking every value on its own (the layout is checked against the
+// parallel sizes by the controller's plan).
+Status ReadClusterConfig(YamlFields& top, ClusterConfig& config);
+
+}  // namespace difftrain

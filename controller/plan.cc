@@ -1,0 +1,156 @@
+#include "controller/plan.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/ranges.h>
+
+#include "model/dit/dit.h"
+#include "model/dit/shard.h"
+
+namespace difftrain::controller {
+namespace {}  // namespace
+
+Result<TrainConfig> LoadJob(const std::string& path, std::optional<int> nodes,
+                            std::optional<int> devices_per_node, std::string* yaml) {
+  DT_ASSIGN_OR_RETURN(TrainConfig config, TrainConfig::FromYamlFile(path));
+  ClusterConfig& c = config.cluster;
+  if (nodes) {
+    if (*nodes < 1) return Errorf("--nodes: expected >= 1, found {}", *nodes);
+    c.nodes = *nodes;
+    c.where["cluster.nodes"] = "--nodes";
+  }
+  if (devices_per_node) {
+    if (*devices_per_node < 1) {
+      return Errorf("--devices-per-node: expected >= 1, found {}", *devices_per_node);
+    }
+    c.devices_per_node = *devices_per_node;
+    c.where["cluster.devices_per_node"] = "--devices-per-node";
+  }
+  if (yaml != nullptr) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    *yaml = text.str();
+  }
+  return config;
+}
+
+Result<JobPlan> MakePlan(const TrainConfig& config) {
+  const ClusterConfig& c = config.cluster;
+  JobPlan p;
+  p.nodes = c.nodes;
+  p.devices_per_node = c.devices_per_node;
+  p.world = c.world_size();
+  const ParallelConfig& pc = config.parallel;
+  p.tp = pc.tp;
+  p.cp = pc.cp;
+  p.pp = pc.pp;
+  const int model_parallel = p.tp * p.cp * p.pp;
+  if (Result<int> dp = config.DataParallelSize(p.world); dp.ok()) {
+    p.dp = *dp;
+  } else {
+    return Errorf(
+        "{}: cluster.devices_per_node: expected nodes x devices_per_node = tp x cp x dp x pp "
+        "= {} x {} x {} x {}, found {} x {} = {} ranks",
+        c.Where("cluster.devices_per_node"), p.tp, p.cp, pc.dp > 0 ? std::to_string(pc.dp) : "dp",
+        p.pp, p.nodes, p.devices_per_node, p.world);
+  }
+  if (p.devices_per_node % p.tp != 0) {
+    return Errorf(
+        "{}: cluster.devices_per_node: expected a multiple of parallel.tp = {} (tensor-parallel "
+        "groups stay inside a node), found {}",
+        c.Where("cluster.devices_per_node"), p.tp, p.devices_per_node);
+  }
+  if (config.model.num_heads % p.tp != 0) {
+    return Errorf("{}: model.num_heads: expected a multiple of parallel.tp = {}, found {}",
+                  c.Where("model.num_heads"), p.tp, config.model.num_heads);
+  }
+  DT_RETURN_IF_ERROR(ValidateParallelLayout(config.model, p.tp, p.cp, p.pp, pc.stage_blocks)
+                         .WithContext("parallel"));
+  p.cp_inside_node = p.devices_per_node % (p.tp * p.cp) == 0;
+  if (Status s = config.Validate(p.dp); !s.ok()) {
+    return s.WithContext(fmt::format("with data-parallel size {} (world {} / tp·cp·pp {})", p.dp,
+                                     p.world, model_parallel));
+  }
+  p.accumulation = config.AccumulationSteps(p.dp);
+  for (int node = 0; node < p.nodes; ++node) {
+    std::vector<int> ranks(p.devices_per_node);
+    for (int j = 0; j < p.devices_per_node; ++j)
+      ranks[j] = node * p.devices_per_node + j;
+    p.node_ranks.push_back(std::move(ranks));
+  }
+  // fp32 parameters, gradients and EMA split over tp·pp; the two AdamW moments also over
+  // dp with ZeRO-1. Activations: one micro-batch on the first pipeline stage.
+  p.parameters = ParameterCount(config.model);
+  const double trainable = static_cast<double>(TrainableParameterCount(config.model));
+  const double moments = 2 * trainable / (config.parallel.zero1 ? p.dp : 1);
+  p.state_bytes_per_rank = static_cast<int64_t>(
+      4 * ((3 * trainable + (p.parameters - trainable) + moments) / (p.tp * p.pp)));
+  DT_ASSIGN_OR_RETURN(const DiTShard first,
+                      DiTShard::Create(config.model, p.tp, 0, p.cp, 0, p.pp, 0, pc.stage_blocks));
+  p.activation_bytes_per_rank =
+      static_cast<int64_t>(DiT::ActivationBytes(config.model, first, config.micro_batch, 1));
+  return p;
+}
+
+nlohmann::json JobPlan::ToJson(const Topology& topology) const {
+  nlohmann::json groups = nlohmann::json::object();
+  for (std::string_view token : kParallelGroupTokens) {
+    groups[std::string(token)] = *topology.GetRanks(token);
+  }
+  return {{"world", world},
+          {"nodes", nodes},
+          {"devices_per_node", devices_per_node},
+          {"tp", tp},
+          {"cp", cp},
+          {"dp", dp},
+          {"pp", pp},
+          {"accumulation_steps", accumulation},
+          {"placement", node_ranks},
+          {"groups", groups},
+          {"state_bytes_per_rank", state_bytes_per_rank},
+          {"activation_bytes_per_rank", activation_bytes_per_rank}};
+}
+
+std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
+  const Topology topology = *Topology::Create(p.tp, p.cp, p.dp, p.pp);
+  std::string out =
+      fmt::format("world {} = {} node(s) x {} device(s); tp {} cp {} dp {} pp {} (order {})\n",
+                  p.world, p.nodes, p.devices_per_node, p.tp, p.cp, p.dp, p.pp, topology.order());
+  out += fmt::format("batch: global {} = micro {} x data-parallel {} x accumulation {}\n",
+                     config.global_batch, config.micro_batch, p.dp, p.accumulation);
+  out += fmt::format("model: {} ({} parameters), {} steps\n", config.model.name, p.parameters,
+                     config.steps);
+  out += fmt::format(
+      "memory per rank (estimate): state {:.1f} MiB (parameters, gradients, EMA, AdamW{}) + "
+      "activations {:.1f} MiB (micro-batch {})\n",
+      p.state_bytes_per_rank / 1048576.0, config.parallel.zero1 ? " sharded by ZeRO-1" : "",
+      p.activation_bytes_per_rank / 1048576.0, config.micro_batch);
+  out += "placement:\n";
+  constexpr int kShownNodes = 16;
+  for (int node = 0; node < p.nodes && node < kShownNodes; ++node) {
+    out += fmt::format("  node {}: ranks {}\n", node, fmt::join(p.node_ranks[node], ","));
+  }
+  if (p.nodes > kShownNodes) out += fmt::format("  ... {} more nodes\n", p.nodes - kShownNodes);
+  if (!p.cp_inside_node) out += "  note: context-parallel groups span nodes\n";
+  out += "groups:\n";
+  constexpr size_t kShownGroups = 8;
+  for (std::string_view token : kParallelGroupTokens) {
+    const RankGroups groups = *topology.GetRanks(token);
+    std::string shown;
+    for (size_t g = 0; g < groups.size() && g < kShownGroups; ++g) {
+      shown += fmt::format("{}[{}]", g ? " " : "", fmt::join(groups[g], ","));
+    }
+    if (groups.size() > kShownGroups) shown += fmt::format(" ... ({} groups)", groups.size());
+    out += fmt::format("  {:<6} {}\n", token, shown);
+  }
+  out += fmt::format(
+      "restart: max_restarts {}, heartbeat every {} s, lost after {} misses, rendezvous timeout "
+      "{} s\n",
+      config.cluster.restart.max_restarts, config.cluster.restart.heartbeat_seconds,
+      config.cluster.restart.heartbeat_misses, config.cluster.restart.rendezvous_timeout_seconds);
+  return out;
+}
+
+}  // namespace difftrain::controller

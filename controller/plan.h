@@ -1,0 +1,48 @@
+// The plan of a job: the parallel sizes, the rank groups, which node runs which ranks,
+// the batch arithmetic and an estimate of memory per rank. The controller places ranks
+// by it and `difftrain validate` prints it, so both always agree.
+//
+// Placement: node i (nodes sorted by name) runs global ranks
+// [i·devices_per_node, (i+1)·devices_per_node), rank i·devices_per_node + j on its
+// device j. With the rank order tp-cp-dp-pp (tp fastest), a TP group is tp consecutive
+// ranks, so requiring devices_per_node % tp == 0 keeps every TP group inside a node, and
+// devices_per_node % (tp·cp) == 0 keeps every CP group inside one too.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/topology.h"
+#include "model/train/train_config.h"
+
+namespace difftrain::controller {
+
+struct JobPlan {
+  int nodes = 1, devices_per_node = 1, world = 1;
+  int tp = 1, cp = 1, dp = 1, pp = 1;
+  int accumulation = 1;
+  bool cp_inside_node = true;                // false: CP groups span nodes (allowed, slower)
+  std::vector<std::vector<int>> node_ranks;  // global ranks of node i, by local rank
+  int64_t parameters = 0;
+  int64_t state_bytes_per_rank = 0;       // parameters, gradients, AdamW moments, EMA
+  int64_t activation_bytes_per_rank = 0;  // one micro-batch
+
+  nlohmann::json ToJson(const Topology& topology) const;
+};
+
+// Reads the job file at `path` and applies the launcher's --nodes / --devices-per-node
+// (which know the allocation better than the file). `yaml` receives the file's text.
+Result<TrainConfig> LoadJob(const std::string& path, std::optional<int> nodes,
+                            std::optional<int> devices_per_node, std::string* yaml = nullptr);
+
+// Checks the layout of `config` (its cluster section, with any command-line overrides
+// already applied) and makes the plan. Errors name the field and its place in the file.
+Result<JobPlan> MakePlan(const TrainConfig& config);
+
+// The plan as `difftrain validate` prints it.
+std::string DescribePlan(const TrainConfig& config, const JobPlan& plan);
+
+}  // namespace difftrain::controller

@@ -1,0 +1,503 @@
+#include "worker/worker.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+#include "common/metrics.h"
+#include "common/rank_report.h"
+#include "common/wire.h"
+#include "controller/curve.h"
+#include "model/device.h"
+#include "worker/local_address.h"
+#include "worker/rank_metrics.h"
+
+extern char** environ;
+
+namespace difftrain::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using wire::Message;
+using wire::MessageType;
+
+// The rank's end of its progress pipe.
+constexpr int kProgressFd = 3;
+constexpr size_t kMaxProgressLine = 4096;
+
+struct RankProcess {
+  int rank = 0, local_rank = 0;
+  pid_t pid = -1;
+  int progress_fd = -1;  // read end
+  std::string partial;   // an incomplete line
+  nlohmann::json progress;
+};
+
+// Starts `binary train` for one rank: fork, then in the child only async-signal-safe
+// calls before exec (the daemon may have other threads). The rank dies with this thread
+// (PR_SET_PDEATHSIG), so a killed daemon leaves no ranks behind, and it runs in its own
+// process group, so a terminal's Ctrl-C reaches the daemon, which decides.
+Result<RankProcess> Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                          int rank, int local_rank) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Errorf("pipe: {}", std::strerror(errno));
+  std::vector<char*> argv, envp;
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const std::string& e : env)
+    envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return Errorf("fork: {}", std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::setpgid(0, 0);
+    if (fds[1] == kProgressFd) {
+      ::fcntl(kProgressFd, F_SETFD, 0);
+    } else if (::dup2(fds[1], kProgressFd) < 0) {
+      ::_exit(127);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  RankProcess p;
+  p.rank = rank;
+  p.local_rank = local_rank;
+  p.pid = pid;
+  p.progress_fd = fds[0];
+  return p;
+}
+
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& o)
+      : o_(o), context_(1), socket_(context_, zmq::socket_type::dealer) {}
+
+  ~Worker() {
+    KillRanks();
+    socket_.close();
+    context_.close();
+  }
+
+  Status Start(const controller::CurveKeys& keys) {
+    resources_ = DetectResources();
+    // The address the ranks advertise to their peers: given, or the interface towards the
+    // controller (on a multi-homed node, set DIFFTRAIN_ADDRESS to pick the network).
+    if (const char* given = std::getenv("DIFFTRAIN_ADDRESS"); given && *given) {
+      address_ = given;
+    } else {
+      DT_ASSIGN_OR_RETURN(address_, LocalAddressTowards(o_.controller));
+    }
+    devices_ =
+        o_.devices > 0 ? o_.devices : (resources_.gpus > 0 ? resources_.gpus : resources_.cores);
+    socket_.set(zmq::sockopt::linger, 1000);
+    // Nothing is queued for a connection that has not completed its handshake: a
+    // registration goes out only once the controller accepted our key.
+    socket_.set(zmq::sockopt::immediate, true);
+    controller::MakeCurveClient(socket_, keys);
+    if (o_.metrics_port != 0) {
+      metrics_ = std::make_unique<RankMetrics>();
+      metrics_->SetJob("", o_.node);
+      DT_ASSIGN_OR_RETURN(metrics_endpoint_,
+                          MetricsEndpoint::Start(o_.metrics_port, metrics_->registry()));
+      spdlog::info("worker {}: serving metrics on port {}", o_.node, o_.metrics_port);
+    }
+    try {
+      socket_.connect(o_.controller);
+    } catch (const zmq::error_t& e) {
+      return Errorf("connecting to the controller at {}: {}", o_.controller, e.what());
+    }
+    return Status::Ok();
+  }
+
+  int Run() {
+    const Clock::time_point start = Clock::now();
+    last_heard_ = start;
+    spdlog::info("worker {}: connecting to {} ({} devices: {} GPUs, {} cores)", o_.node,
+                 o_.controller, devices_, resources_.gpus, resources_.cores);
+    while (!exit_code_) {
+      try {
+        Step(start);
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) throw;  // a signal: the next pass looks at it
+      }
+    }
+    KillRanks();
+    return *exit_code_;
+  }
+
+ private:
+  // One pass of the loop: messages, the ranks' pipes and exits, then the timers.
+  void Step(Clock::time_point start) {
+    {
+      std::vector<zmq::pollitem_t> items = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
+      for (const RankProcess& r : ranks_)
+        if (r.progress_fd >= 0) items.push_back({nullptr, r.progress_fd, ZMQ_POLLIN, 0});
+      controller::PollIgnoringSignals(items.data(), items.size(),
+                                      milliseconds(ranks_.empty() ? 100 : 20));
+      for (int i = 0; i < 1000; ++i) {
+        zmq::message_t msg;
+        if (!socket_.recv(msg, zmq::recv_flags::dontwait)) break;
+        OnFrame(msg.to_string_view());
+      }
+      ReadProgress();
+      ReapRanks();
+      Tick(start);
+    }
+  }
+
+  void Send(const Message& m) {
+    const std::string frame = wire::Encode(m);
+    (void)socket_.send(zmq::buffer(frame), zmq::send_flags::dontwait);
+  }
+
+  void OnFrame(std::string_view frame) {
+    Result<Message> decoded = wire::Decode(frame);
+    if (!decoded.ok()) {
+      if (++dropped_ <= 10 || dropped_ % 1000 == 0) {
+        spdlog::warn("worker {}: dropped a message (#{}): {}", o_.node, dropped_,
+                     decoded.status().message());
+      }
+      return;
+    }
+    const Message& m = *decoded;
+    last_heard_ = Clock::now();
+    switch (m.type) {
+      case MessageType::kRegistered:
+        if (!registered_) {
+          spdlog::info("worker {}: registered with job {}", o_.node,
+                       m.header["job"].get<std::string>());
+        }
+        registered_ = true;
+        if (metrics_) metrics_->SetJob(m.header["job"].get<std::string>(), o_.node);
+        heartbeat_ = milliseconds(m.header["heartbeat_ms"].get<int64_t>());
+        timeout_ = milliseconds(m.header["timeout_ms"].get<int64_t>());
+        return;
+      case MessageType::kHeartbeatAck:
+        return;
+      case MessageType::kLaunch:
+        Launch(m);
+        return;
+      case MessageType::kStop:
+        Stop(m);
+        return;
+      case MessageType::kShutdown:
+        spdlog::info("worker {}: the job is over (exit code {})", o_.node,
+                     m.header["exit_code"].get<int>());
+        exit_code_ = m.header["exit_code"].get<int>();
+        return;
+      default:
+        ++dropped_;
+        spdlog::warn("worker {}: dropped an unexpected {} message", o_.node,
+                     wire::TypeName(m.type));
+    }
+  }
+
+  void Launch(const Message& m) {
+    KillRanks();
+    attempt_ = m.header["attempt"].get<int>();
+    stop_requested_ = false;
+    stop_reported_ = false;
+    const int world = m.header["world"].get<int>();
+    const std::string job = o_.work_dir + "/job.yaml";
+    {
+      std::ofstream out(job, std::ios::trunc);
+      out << m.payload;
+      if (!out) {
+        spdlog::error("worker {}: cannot write '{}'", o_.node, job);
+        for (const nlohmann::json& a : m.header["ranks"])
+          ReportExit(a["rank"].get<int>(), 1, 0);
+        return;
+      }
+    }
+    const int local_world = static_cast<int>(m.header["ranks"].size());
+    const int threads = std::max(1, resources_.cores / local_world);
+    for (const nlohmann::json& a : m.header["ranks"]) {
+      const int rank = a["rank"].get<int>();
+      const int local_rank = a["local_rank"].get<int>();
+      const int device = a["device"].get<int>();
+      const std::vector<std::string> args = {o_.binary, "train",     "--config",
+                                             job,       "--attempt", std::to_string(attempt_)};
+      std::vector<std::string> env;
+      const std::map<std::string, std::string> ours = {
+          {"RANK", std::to_string(rank)},
+          {"LOCAL_RANK", std::to_string(local_rank)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_WORLD_SIZE", std::to_string(local_world)},
+          {"STORE", o_.controller},
+          {"DIFFTRAIN_KEYS", o_.keys_dir},
+          {"DIFFTRAIN_NODE", o_.node},
+          {"DIFFTRAIN_ADDRESS", address_},
+          {"DIFFTRAIN_ATTEMPT", std::to_string(attempt_)},
+          {"DIFFTRAIN_DEVICE",
+           resources_.gpus > 0 ? "cuda:" + std::to_string(device) : std::string("cpu")},
+          {"DIFFTRAIN_PROGRESS_FD", std::to_string(kProgressFd)},
+          {"OMP_NUM_THREADS", std::to_string(threads)},
+      };
+      for (char** e = environ; *e != nullptr; ++e) {
+        const std::string var = *e;
+        if (!ours.contains(var.substr(0, var.find('=')))) env.push_back(var);
+      }
+      for (const auto& [k, v] : ours)
+        env.push_back(k + "=" + v);
+      Result<RankProcess> spawned = Spawn(args, env, rank, local_rank);
+      if (!spawned.ok()) {
+        spdlog::error("worker {}: starting rank {}: {}", o_.node, rank, spawned.status().message());
+        ReportExit(rank, 1, 0);
+        continue;
+      }
+      ranks_.push_back(std::move(*spawned));
+    }
+    spdlog::info("worker {}: attempt {}: started ranks {} ({} OpenMP threads each)", o_.node,
+                 attempt_, RankList(), threads);
+    if (metrics_) metrics_->SetRanksRunning(static_cast<int>(ranks_.size()));
+  }
+
+  std::string RankList() const {
+    std::string s;
+    for (const RankProcess& r : ranks_)
+      s += (s.empty() ? "" : ",") + std::to_string(r.rank);
+    return s;
+  }
+
+  void Stop(const Message& m) {
+    const std::string mode = m.header["mode"].get<std::string>();
+    if (m.header["attempt"].get<int>() != attempt_) return;
+    stop_requested_ = true;
+    stop_reported_ = false;
+    spdlog::info("worker {}: stop ({}) ranks {}", o_.node, mode, RankList());
+    for (const RankProcess& r : ranks_)
+      ::kill(r.pid, mode == "checkpoint" ? SIGUSR1 : SIGKILL);
+  }
+
+  void ReportExit(int rank, int code, int signal) {
+    Send({MessageType::kRankExit,
+          {{"attempt", attempt_}, {"rank", rank}, {"exit_code", code}, {"signal", signal}},
+          ""});
+  }
+
+  void ReadProgress() {
+    char buffer[4096];
+    for (RankProcess& r : ranks_) {
+      if (r.progress_fd < 0) continue;
+      while (true) {
+        const ssize_t n = ::read(r.progress_fd, buffer, sizeof buffer);
+        if (n <= 0) {
+          if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            ::close(r.progress_fd);
+            r.progress_fd = -1;
+          }
+          break;
+        }
+        r.partial.append(buffer, static_cast<size_t>(n));
+        for (size_t eol; (eol = r.partial.find('\n')) != std::string::npos;) {
+          nlohmann::json line =
+              nlohmann::json::parse(r.partial.substr(0, eol), nullptr, /*allow_exceptions=*/false);
+          r.partial.erase(0, eol + 1);
+          if (!line.is_object()) continue;
+          if (metrics_) {
+            RankReport report = RankReport::FromJson(line);
+            report.rank = r.rank;
+            metrics_->Record(report);
+          }
+          r.progress = std::move(line);
+        }
+        if (r.partial.size() > kMaxProgressLine) r.partial.clear();
+      }
+    }
+  }
+
+  void ReapRanks() {
+    for (auto it = ranks_.begin(); it != ranks_.end();) {
+      int status = 0;
+      if (::waitpid(it->pid, &status, WNOHANG) != it->pid) {
+        ++it;
+        continue;
+      }
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+      const int signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      spdlog::log(code == 0 && signal == 0 ? spdlog::level::info : spdlog::level::warn,
+                  "worker {}: rank {} (pid {}) {}", o_.node, it->rank, it->pid,
+                  signal ? fmt::format("killed by signal {}", signal)
+                         : fmt::format("exited with code {}", code));
+      if (it->progress_fd >= 0) ::close(it->progress_fd);
+      ReportExit(it->rank, code, signal);
+      if (metrics_) metrics_->RankExited(it->rank);
+      it = ranks_.erase(it);
+      if (metrics_) metrics_->SetRanksRunning(static_cast<int>(ranks_.size()));
+    }
+  }
+
+  void KillRanks() {
+    for (RankProcess& r : ranks_) {
+      ::kill(r.pid, SIGKILL);
+      ::waitpid(r.pid, nullptr, 0);
+      if (r.progress_fd >= 0) ::close(r.progress_fd);
+      if (metrics_) metrics_->RankExited(r.rank);
+    }
+    ranks_.clear();
+    if (metrics_) metrics_->SetRanksRunning(0);
+  }
+
+  static double Num(const nlohmann::json& j, const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+  }
+
+  void SendHeartbeat() {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const RankProcess& r : ranks_) {
+      if (!r.progress.is_object()) continue;
+      auto step = r.progress.find("step");
+      if (step == r.progress.end() || !step->is_number_integer()) continue;
+      ranks.push_back({{"rank", r.rank},
+                       {"pid", r.pid},
+                       {"step", std::max<int64_t>(-1, step->get<int64_t>())},
+                       {"loss", Num(r.progress, "loss")},
+                       {"step_seconds", Num(r.progress, "step_seconds")},
+                       {"samples_per_second", Num(r.progress, "samples_per_second")},
+                       {"compute_seconds", Num(r.progress, "compute_seconds")}});
+    }
+    Send({MessageType::kHeartbeat,
+          {{"node", o_.node}, {"attempt", attempt_}, {"ranks", ranks}},
+          ""});
+  }
+
+  void Tick(Clock::time_point start) {
+    const Clock::time_point now = Clock::now();
+    if (o_.stop_signal != nullptr && o_.stop_signal->load() != 0 && !signalled_) {
+      signalled_ = true;
+      spdlog::info("worker {}: signal {}: the ranks checkpoint and stop", o_.node,
+                   o_.stop_signal->load());
+      for (const RankProcess& r : ranks_)
+        ::kill(r.pid, SIGUSR1);
+    }
+    if (signalled_ && ranks_.empty()) {
+      exit_code_ = 75;
+      return;
+    }
+    if (stop_requested_ && ranks_.empty() && !stop_reported_) {
+      Send({MessageType::kStopped, {{"attempt", attempt_}}, ""});
+      stop_reported_ = true;
+    }
+    if (!registered_) {
+      if (now - last_register_ > std::chrono::seconds(1)) {
+        last_register_ = now;
+        Send({MessageType::kRegister,
+              {{"node", o_.node},
+               {"devices", devices_},
+               {"gpus", resources_.gpus},
+               {"cores", resources_.cores},
+               {"memory_bytes", resources_.memory_bytes},
+               {"pid", ::getpid()}},
+              ""});
+      }
+      if (now - start > std::chrono::duration<double>(o_.register_timeout_seconds)) {
+        spdlog::error("worker {}: no controller answered at {} within {} s", o_.node, o_.controller,
+                      o_.register_timeout_seconds);
+        exit_code_ = 1;
+      }
+      return;
+    }
+    if (now - last_heartbeat_ >= heartbeat_) {
+      last_heartbeat_ = now;
+      SendHeartbeat();
+    }
+    if (now - last_heard_ > timeout_) {
+      spdlog::error("worker {}: the controller has been silent for {:.1f} s; stopping ranks",
+                    o_.node, std::chrono::duration<double>(now - last_heard_).count());
+      exit_code_ = 1;
+    }
+  }
+
+  const WorkerOptions& o_;
+  zmq::context_t context_;
+  zmq::socket_t socket_;
+  NodeResources resources_;
+  std::string address_;  // this node's address for the ranks' collectives
+  int devices_ = 1;
+  bool registered_ = false;
+  milliseconds heartbeat_{1000}, timeout_{10000};
+  Clock::time_point last_heard_, last_register_, last_heartbeat_;
+  int attempt_ = -1;
+  bool stop_requested_ = false, stop_reported_ = false, signalled_ = false;
+  std::vector<RankProcess> ranks_;
+  int64_t dropped_ = 0;
+  std::optional<int> exit_code_;
+  std::unique_ptr<RankMetrics> metrics_;  // with metrics_port
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+};
+
+}  // namespace
+
+NodeResources DetectResources() {
+  NodeResources r;
+  r.gpus = static_cast<int>(QueryDeviceInventory().gpus.size());
+  cpu_set_t set;
+  r.cores = ::sched_getaffinity(0, sizeof set, &set) == 0
+                ? CPU_COUNT(&set)
+                : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  r.cores = std::max(1, r.cores);
+  r.memory_bytes = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  return r;
+}
+
+int RunWorker(const WorkerOptions& options) {
+  WorkerOptions o = options;
+  std::filesystem::path made_work_dir;
+  if (o.work_dir.empty()) {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base && *base ? base : "/tmp") + "/difftrain-worker-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      spdlog::error("worker: creating a work directory: {}", std::strerror(errno));
+      return 1;
+    }
+    o.work_dir = made_work_dir = pattern;
+  }
+  Result<controller::CurveKeys> keys = controller::ReadKeys(o.keys_dir);
+  if (!keys.ok()) {
+    spdlog::error("worker {}: {}", o.node, keys.status().message());
+    return 2;
+  }
+  int code = 1;
+  {
+    Worker worker(o);
+    if (Status s = worker.Start(*keys); !s.ok()) {
+      spdlog::error("worker {}: {}", o.node, s.message());
+      code = 2;
+    } else {
+      code = worker.Run();
+    }
+  }
+  std::error_code ignored;
+  if (!made_work_dir.empty()) std::filesystem::remove_all(made_work_dir, ignored);
+  return code;
+}
+
+}  // namespace difftrain::worker
