@@ -4,19 +4,24 @@
 // checkpoint of checkpoint.dir and writes checkpoints as configured.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
 #include "common/log.h"
+#include "common/topology.h"
 #include "launch/command.h"
+#include "launch/rank_reporter.h"
+#include "model/dit/shard.h"
 #include "model/parallel/gloo_comm.h"
 #include "model/parallel/store.h"
 #include "model/train/checkpointing.h"
+#include "worker/store_client.h"
 
 namespace difftrain::launch {
 namespace {
@@ -46,12 +51,13 @@ Result<T> FlagOrEnv(const std::optional<T>& flag, const char* env, T fallback) {
   }
 }
 
-// This process's place in the job and its data-parallel communicator.
+// This process's place in the job and its communicators.
 struct Placement {
   int rank = 0, world = 1;
-  // Behind a pointer: the communicator keeps a reference to the store, so it must not move.
-  std::unique_ptr<parallel::FileStore> store;
-  std::unique_ptr<parallel::Comm> dp;
+  // Behind a pointer: the communicators keep a reference to the store, so it must not move.
+  std::unique_ptr<parallel::Store> store;
+  std::vector<std::unique_ptr<parallel::Comm>> comms;
+  ParallelOptions parallel;
 };
 
 Result<Placement> Place(const TrainOptions& o, const TrainConfig& config) {
@@ -62,23 +68,55 @@ Result<Placement> Place(const TrainOptions& o, const TrainConfig& config) {
   if (p.world < 1 || p.rank < 0 || p.rank >= p.world) {
     return Errorf("--rank {} must be in [0, --world {})", p.rank, p.world);
   }
+  const ParallelConfig& pc = config.parallel;
+  DT_RETURN_IF_ERROR(ValidateParallelLayout(config.model, pc.tp, pc.cp, pc.pp, pc.stage_blocks));
+  DT_ASSIGN_OR_RETURN(const int dp, config.DataParallelSize(p.world));
+  p.parallel.stage_blocks = pc.stage_blocks;
+  p.parallel.zero1 = pc.zero1;
+  p.parallel.overlap = pc.overlap;
+  p.parallel.bucket_elements = static_cast<size_t>(pc.bucket_mb * (1 << 20) / sizeof(float));
   // One process without a store trains alone; with a store it forms a group of one, which
   // runs the same synchronisation code as a larger group.
   if (p.world == 1 && store_dir.empty()) return p;
   if (store_dir.empty()) return Status::Error("--world > 1 needs --store DIR (or STORE)");
-  DT_ASSIGN_OR_RETURN(parallel::FileStore store, parallel::FileStore::Open(store_dir));
-  p.store = std::make_unique<parallel::FileStore>(std::move(store));
-  std::vector<int> ranks(p.world);
-  for (int r = 0; r < p.world; ++r)
-    ranks[r] = r;
-  const auto timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_seconds * 1000));
+  DT_ASSIGN_OR_RETURN(Topology topology, Topology::Create(pc.tp, pc.cp, dp, pc.pp));
+  // A directory (FileStore), or the controller's store (tcp:// or ipc://) under a daemon.
+  const char* keys = std::getenv("DIFFTRAIN_KEYS");
+  DT_ASSIGN_OR_RETURN(p.store, worker::OpenStore(store_dir, keys ? keys : ""));
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(pc.timeout_seconds * 1000));
   // Communicators live under job/attempt/group, so a restarted attempt never meets the
-  // keys of the one before.
-  const std::string prefix =
-      fmt::format("train/attempt-{}/{}", o.attempt, parallel::GroupName("dp", ranks));
-  DT_ASSIGN_OR_RETURN(p.dp,
-                      parallel::CreateGlooComm(*p.store, prefix, p.rank, p.world, ranks, timeout));
+  // keys of the one before. Every rank joins its groups in the same token order.
+  // `name` labels the group in keys and messages ("world" reads better than tp-cp-dp-pp).
+  // The address peers reach this rank at: its worker daemon's (docs/jobs.md), else loopback.
+  const char* given_address = std::getenv("DIFFTRAIN_ADDRESS");
+  const std::string address = given_address && *given_address ? given_address : "127.0.0.1";
+  auto join = [&](std::string_view token, bool always,
+                  std::string_view name = {}) -> Result<parallel::Comm*> {
+    DT_ASSIGN_OR_RETURN(RankGroup group, topology.GroupOf(p.rank, token));
+    if (group.ranks.size() == 1 && !always) return nullptr;
+    const std::string prefix =
+        fmt::format("train/attempt-{}/{}", o.attempt,
+                    parallel::GroupName(name.empty() ? token : name, group.ranks));
+    DT_ASSIGN_OR_RETURN(std::unique_ptr<parallel::Comm> comm,
+                        parallel::CreateGlooComm(*p.store, prefix, group.rank_in_group,
+                                                 static_cast<int>(group.ranks.size()), group.ranks,
+                                                 timeout, address));
+    p.comms.push_back(std::move(comm));
+    return p.comms.back().get();
+  };
+  ParallelOptions& po = p.parallel;
+  DT_ASSIGN_OR_RETURN(po.tp, join("tp", false));
+  DT_ASSIGN_OR_RETURN(po.cp, join("cp", false));
+  DT_ASSIGN_OR_RETURN(po.pp, join("pp", false));
+  // Gradients average over the replicas and the context-parallel ranks of each.
+  DT_ASSIGN_OR_RETURN(po.dp_cp, join(pc.cp > 1 ? "dp-cp" : "dp", true));
+  if (po.dp_cp->size() == p.world) {
+    po.world = po.dp_cp;
+  } else {
+    DT_ASSIGN_OR_RETURN(po.world, join("tp-cp-dp-pp", true, "world"));
+  }
+  po.rank = p.rank;
+  po.topology = topology;
   return p;
 }
 
@@ -113,21 +151,48 @@ class Progress {
 };
 
 // Every rank writes its shard; once all have, rank 0 publishes the checkpoint.
-Status Checkpoint(const Trainer& trainer, const io::CheckpointStore& store, Placement& p) {
+Status Checkpoint(Trainer& trainer, const io::CheckpointStore& store, Placement& p) {
   DT_RETURN_IF_ERROR(WriteCheckpointShard(trainer, store, p.rank, p.world));
-  if (p.dp) DT_RETURN_IF_ERROR(p.dp->Barrier().WithContext("checkpoint barrier"));
+  parallel::Comm* world = p.parallel.world;
+  if (world) DT_RETURN_IF_ERROR(world->Barrier().WithContext("checkpoint barrier"));
   if (p.rank == 0) {
     DT_RETURN_IF_ERROR(store.Commit(trainer.step(), p.world));
     spdlog::info("checkpoint step {} written to {}", trainer.step(), store.StepDir(trainer.step()));
   }
-  if (p.dp) DT_RETURN_IF_ERROR(p.dp->Barrier().WithContext("checkpoint barrier"));
+  if (world) DT_RETURN_IF_ERROR(world->Barrier().WithContext("checkpoint barrier"));
   return Status::Ok();
 }
 
-std::string MetricsPath(std::string pattern, int rank) {
-  const size_t at = pattern.find("{rank}");
-  if (at != std::string::npos) pattern.replace(at, 6, std::to_string(rank));
-  return pattern;
+// Wraps every communicator of `p` so that the time its caller waits is added to `times`
+// (the rank's comm seconds by group and op).
+void TimeComms(Placement& p, parallel::CommTimes& times) {
+  std::map<parallel::Comm*, parallel::Comm*> timed;
+  for (std::unique_ptr<parallel::Comm>& comm : p.comms) {
+    parallel::Comm* inner = comm.get();
+    comm = parallel::TimeComm(std::move(comm), times);
+    timed[inner] = comm.get();
+  }
+  ParallelOptions& po = p.parallel;
+  for (parallel::Comm** c : {&po.tp, &po.cp, &po.pp, &po.dp_cp, &po.world}) {
+    if (*c != nullptr) *c = timed.at(*c);
+  }
+}
+
+// SIGTERM or SIGUSR1 (a worker daemon passing on a Slurm warning or a Kubernetes
+// termination): finish the step, write a checkpoint, exit kExitCheckpointed.
+std::atomic<int> g_stop_signal{0};
+void OnStopSignal(int signal) {
+  g_stop_signal.store(signal);
+}
+
+// Whether any rank was asked to stop: every rank must leave after the same step, so the
+// flag is summed over all ranks each step (one float; under a daemon or alone).
+Result<bool> AgreeToStop(Placement& p) {
+  float stop = g_stop_signal.load() != 0 ? 1.0f : 0.0f;
+  if (p.parallel.world) {
+    DT_RETURN_IF_ERROR(p.parallel.world->AllReduce(&stop, 1, parallel::ReduceOp::kSum));
+  }
+  return stop > 0;
 }
 
 int Fail(const std::string& message) {
@@ -139,21 +204,21 @@ int RunTrain(const TrainOptions& o) {
   if (Status s = SetupLogging(o.log_level); !s.ok()) return ReportBadInput("train", s.message());
   // A peer that dies must surface as an error of the collective, not as SIGPIPE here.
   std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGTERM, OnStopSignal);
+  std::signal(SIGUSR1, OnStopSignal);
   Result<TrainConfig> loaded = TrainConfig::FromYamlFile(o.config);
   if (!loaded.ok()) return ReportBadInput("train", loaded.status().message());
   TrainConfig config = *loaded;
   if (o.steps) config.steps = *o.steps;
+  // Before the communicators, which add to it until they are gone.
+  parallel::CommTimes comm_times;
   Result<Placement> placed = Place(o, config);
   if (!placed.ok()) return ReportBadInput("train", placed.status().message());
   Placement& p = *placed;
+  TimeComms(p, comm_times);
   if (p.rank != 0) spdlog::set_level(spdlog::level::warn);
 
-  DataParallelOptions dp;
-  dp.comm = p.dp.get();
-  dp.zero1 = config.parallel.zero1;
-  dp.overlap = config.parallel.overlap;
-  dp.bucket_elements = static_cast<size_t>(config.parallel.bucket_mb * (1 << 20) / sizeof(float));
-  Result<std::unique_ptr<Trainer>> created = Trainer::Create(config, dp);
+  Result<std::unique_ptr<Trainer>> created = Trainer::Create(config, p.parallel);
   if (!created.ok()) {
     return ReportBadInput("train", created.status().WithContext(o.config).message());
   }
@@ -167,19 +232,20 @@ int RunTrain(const TrainOptions& o) {
     if (!resumed.ok()) return Fail(resumed.status().message());
     if (*resumed) spdlog::info("resumed from step {} of {}", **resumed, store->dir());
   }
-  std::ofstream metrics;
-  if (!config.metrics_file.empty()) {
-    const std::string path = MetricsPath(config.metrics_file, p.rank);
-    metrics.open(path, std::ios::app);
-    if (!metrics) return Fail(fmt::format("cannot open metrics file '{}'", path));
-  }
+  Result<std::unique_ptr<RankReporter>> reporter =
+      RankReporter::Open(config, trainer, p.parallel, comm_times);
+  if (!reporter.ok()) return Fail(reporter.status().message());
+  const int dp = trainer.dp_size();
   spdlog::info(
-      "training {} ({} parameters, {:.2f} GFLOP per sample) for {} steps on {} rank(s), "
-      "global batch {} = micro {} x data-parallel {} x accumulation {}{}",
+      "training {} ({} parameters, {:.2f} GFLOP per sample) for {} steps on {} rank(s) "
+      "(tp {} cp {} dp {} pp {}), global batch {} = micro {} x data-parallel {} x "
+      "accumulation {}{}",
       m.name, ParameterCount(m), TrainingFlopsPerSample(m) / 1e9, config.steps, p.world,
-      config.global_batch, config.micro_batch, p.world, config.AccumulationSteps(p.world),
+      config.parallel.tp, config.parallel.cp, dp, config.parallel.pp, config.global_batch,
+      config.micro_batch, dp, config.AccumulationSteps(dp),
       config.parallel.zero1 ? ", ZeRO-1" : "");
 
+  (*reporter)->Started(trainer.step());
   Progress progress(config, trainer.step());
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -196,22 +262,20 @@ int RunTrain(const TrainOptions& o) {
     if (p.rank == 0) {
       progress.Report(last, seconds, std::chrono::duration<double>(Clock::now() - start).count());
     }
-    if (metrics.is_open()) {
-      metrics << nlohmann::json{{"step", last.step},
-                                {"rank", p.rank},
-                                {"loss", last.loss},
-                                {"grad_norm", last.grad_norm},
-                                {"lr", last.lr},
-                                {"step_seconds", seconds},
-                                {"comm_wait_seconds", last.comm_wait_seconds},
-                                {"samples_per_second", config.global_batch / seconds}}
-                     .dump()
-              << '\n'
-              << std::flush;
-    }
+    (*reporter)->Stepped(last, seconds);
+    Result<bool> stop = AgreeToStop(p);
+    if (!stop.ok()) return Fail(stop.status().WithContext("agreeing to stop").message());
     const bool periodic = config.checkpoint.every > 0 && last.step % config.checkpoint.every == 0;
-    if (store && (periodic || last.step == config.steps)) {
+    if (store && (periodic || last.step == config.steps || *stop)) {
+      const auto checkpoint_start = Clock::now();
       if (Status s = Checkpoint(trainer, *store, p); !s.ok()) return Fail(s.message());
+      (*reporter)->Checkpointed(
+          last.step, std::chrono::duration<double>(Clock::now() - checkpoint_start).count());
+    }
+    if (*stop && trainer.step() < config.steps) {
+      spdlog::info("stopped by signal {} after step {}{}", g_stop_signal.load(), trainer.step(),
+                   store ? ", checkpoint written" : " (no checkpoint.dir: nothing saved)");
+      return kExitCheckpointed;
     }
   }
   spdlog::info("done: {} steps, final loss {:.4f}{}", trainer.step(), last.loss,
@@ -224,7 +288,7 @@ int RunTrain(const TrainOptions& o) {
 DIFFTRAIN_COMMAND(
     kTrain, {"train",
              "Train in this process: alone, or as one rank of a "
-             "data-parallel group",
+             "parallel layout (parallel.tp/cp/dp/pp)",
              [](CLI::App& app) {
                auto o = std::make_shared<TrainOptions>();
                app.add_option("--config", o->config, "job YAML (docs/job-spec.md)")->required();

@@ -11,12 +11,17 @@ packages=(
   python3-torch python3-numpy dataset-fashion-mnist
   # The Helm chart's tests (tests/k8s): Helm's template engine and the Kubernetes API schema.
   golang-go golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-kubernetes
+  # The metrics tests (tests/metrics): a real Prometheus server and promtool.
+  prometheus
+  # The Slurm tests (tests/slurm): a real slurmctld and two slurmd on this machine.
+  slurm-wlm munge
 )
 # DIFFTRAIN_DEPS=build: only what compiling difftrain needs (the container image's build
 # stage), without the packages that only tests and tools use.
 if [[ "${DIFFTRAIN_DEPS:-all}" == build ]]; then
   test_only=" clang-format python3-torch python3-numpy dataset-fashion-mnist golang-go \
-golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-kubernetes "
+golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-kubernetes prometheus \
+slurm-wlm munge "
   for i in "${!packages[@]}"; do
     if [[ "$test_only" == *" ${packages[$i]} "* ]]; then unset 'packages[i]'; fi
   done

@@ -55,9 +55,9 @@ TEST_F(ChartTest, GpuJobMakesTheControllerAndIndexedWorkerJobsWithTheirServices)
   std::multiset<std::string> kinds;
   for (const YAML::Node& o : r.objects)
     kinds.insert(o["kind"].as<std::string>());
-  // No Secret, PVC (both exist already) or dashboard ConfigMap (the chart has no dashboard).
+  // No Secret or PVC (both exist already); the second ConfigMap is the Grafana dashboard's.
   EXPECT_EQ(kinds, (std::multiset<std::string>{"Job", "Job", "Service", "Service", "ConfigMap",
-                                               "ServiceMonitor"}))
+                                               "ConfigMap", "ServiceMonitor"}))
       << r.text;
   for (const char* kind : {"Job", "Service"}) {
     EXPECT_TRUE(r.Find(kind, "dit-difftrain-controller")) << kind;
@@ -65,6 +65,9 @@ TEST_F(ChartTest, GpuJobMakesTheControllerAndIndexedWorkerJobsWithTheirServices)
   EXPECT_TRUE(r.Find("Job", "dit-difftrain-worker"));
   EXPECT_TRUE(r.Find("Service", "dit-difftrain-workers"));
   EXPECT_TRUE(r.Find("ConfigMap", "dit-difftrain-job"));
+  const YAML::Node dashboards = r.Find("ConfigMap", "dit-difftrain-dashboards");
+  ASSERT_TRUE(dashboards) << r.text;
+  EXPECT_TRUE(dashboards["data"]["difftrain.json"]) << r.text;
 }
 
 TEST_F(ChartTest, ControllerPodRunsTheControllerWithTheJobSpecKeysAndCheckpoints) {
@@ -160,7 +163,8 @@ TEST_F(ChartTest, WorkersAreAnIndexedJobOnePodPerNodeWithStableNames) {
   const YAML::Node c = Container(job, "difftrain");
   EXPECT_EQ(Strings(c["args"]),
             (Args{"worker", "--controller", "tcp://dit-difftrain-controller:29400", "--node",
-                  "$(DIFFTRAIN_NODE)", "--keys", "/etc/difftrain/keys", "--devices", "8"}));
+                  "$(DIFFTRAIN_NODE)", "--keys", "/etc/difftrain/keys", "--metrics-port", "9400",
+                  "--devices", "8"}));
   // The node index is the completion index, declared before the variable that uses it
   // (Kubernetes expands $(VAR) only from variables defined earlier in the list).
   EXPECT_EQ(c["env"][0]["name"].as<std::string>(), "JOB_COMPLETION_INDEX");
@@ -229,6 +233,7 @@ TEST_F(ChartTest, ServicesSelectThePodsAndTheServiceMonitorScrapesBoth) {
   ASSERT_TRUE(monitor);
   EXPECT_EQ(monitor["metadata"]["labels"]["release"].as<std::string>(), "kube-prometheus-stack");
   EXPECT_EQ(monitor["spec"]["endpoints"][0]["port"].as<std::string>(), "metrics");
+  EXPECT_TRUE(monitor["spec"]["endpoints"][0]["honorLabels"].as<bool>());
   for (const YAML::Node& service : {controller, workers}) {
     for (const auto& kv : monitor["spec"]["selector"]["matchLabels"]) {
       EXPECT_EQ(service["metadata"]["labels"][kv.first.as<std::string>()].as<std::string>(),
@@ -348,7 +353,7 @@ TEST_F(ChartTest, MissingOrInconsistentValuesFailNamingTheValue) {
 }
 
 TEST_F(ChartTest, GrafanaDashboardConfigMapHoldsTheChartsDashboardFiles) {
-  // A copy of the chart with one dashboard, as issue 7 will add them.
+  // A copy of the chart with one more dashboard.
   const std::filesystem::path chart = std::filesystem::temp_directory_path() /
                                       ("chart_test_dashboards_" + std::to_string(::getpid()));
   std::filesystem::remove_all(chart);

@@ -1,0 +1,128 @@
+#include "launch/rank_reporter.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <spdlog/spdlog.h>
+
+namespace difftrain::launch {
+namespace {
+
+std::string MetricsPath(std::string pattern, int rank) {
+  const size_t at = pattern.find("{rank}");
+  if (at != std::string::npos) pattern.replace(at, 6, std::to_string(rank));
+  return pattern;
+}
+
+// The write end of the daemon's progress pipe, made non-blocking (a full pipe loses a line rather
+// than stalling training); -1 without a daemon.
+int OpenProgressPipe() {
+  const char* fd_text = std::getenv("DIFFTRAIN_PROGRESS_FD");
+  if (fd_text == nullptr || *fd_text == '\0') return -1;
+  const int fd = std::atoi(fd_text);
+  if (fd <= 2 || ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK) != 0) return -1;
+  return fd;
+}
+
+}  // namespace
+
+RankReporter::RankReporter(const TrainConfig& config, const Trainer& trainer,
+                           parallel::CommTimes& times)
+    : config_(config), trainer_(trainer), comm_times_(times) {}
+
+RankReporter::~RankReporter() = default;
+
+Result<std::unique_ptr<RankReporter>> RankReporter::Open(const TrainConfig& config,
+                                                         const Trainer& trainer,
+                                                         const ParallelOptions& parallel,
+                                                         parallel::CommTimes& comm_times) {
+  std::unique_ptr<RankReporter> r(new RankReporter(config, trainer, comm_times));
+  RankReport& place = r->place_;
+  place.rank = parallel.rank;
+  if (parallel.topology) {
+    const ParallelCoordinates c = parallel.topology->CoordinatesOf(parallel.rank);
+    place.tp = c.tp;
+    place.cp = c.cp;
+    place.dp = c.dp;
+    place.pp = c.pp;
+    r->world_ = parallel.topology->world_size();
+  }
+  // The model core computes on the CPU: its arenas are host memory, with no caching allocator that
+  // would reserve more than they take.
+  place.device = "cpu";
+  const MemoryBytes m = trainer.memory();
+  const size_t arenas = m.parameters + m.gradients + m.optimizer + m.ema + m.activations;
+  place.device_memory_allocated_bytes = place.device_memory_reserved_bytes =
+      static_cast<int64_t>(arenas);
+  place.memory_bytes = {{"parameters", m.parameters},
+                        {"gradients", m.gradients},
+                        {"optimizer", m.optimizer},
+                        {"ema", m.ema},
+                        {"activations", m.activations}};
+  if (!config.metrics_file.empty()) {
+    const std::string path = MetricsPath(config.metrics_file, parallel.rank);
+    r->file_.open(path, std::ios::app);
+    if (!r->file_) return Errorf("cannot open metrics file '{}'", path);
+  }
+  r->pipe_fd_ = OpenProgressPipe();
+  if (r->pipe_fd_ >= 0 || r->file_.is_open()) {
+    r->peak_ = MeasureSgemmPeak();
+    spdlog::info("MFU peak {:.1f} GFLOP/s: {}", r->peak_.flops_per_second / 1e9, r->peak_.source);
+  }
+  return r;
+}
+
+RankReport RankReporter::Base() const {
+  RankReport r = place_;
+  r.step = trainer_.step();
+  r.peak_flops_per_second = peak_.flops_per_second;
+  r.host_resident_bytes = ResidentBytes();
+  r.checkpoint_seconds = checkpoint_seconds_;
+  r.last_checkpoint_step = last_checkpoint_step_;
+  return r;
+}
+
+void RankReporter::ToPipe(const RankReport& report) {
+  if (pipe_fd_ < 0) return;
+  const std::string text = report.ToJson().dump() + "\n";
+  (void)!::write(pipe_fd_, text.data(), text.size());
+}
+
+void RankReporter::Started(int64_t step) {
+  if (step > 0) last_checkpoint_step_ = step;
+  RankReport r = Base();
+  r.event = "started";
+  ToPipe(r);
+}
+
+void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
+  RankReport r = Base();
+  r.step = stats.step;
+  r.loss = stats.loss;
+  r.grad_norm = stats.grad_norm;
+  r.lr = stats.lr;
+  r.step_seconds = step_seconds;
+  r.samples_per_second = config_.global_batch / step_seconds;
+  r.flops_per_second = r.samples_per_second * TrainingFlopsPerSample(config_.model) / world_;
+  r.mfu = peak_.flops_per_second > 0 ? r.flops_per_second / peak_.flops_per_second : 0;
+  r.data_wait_seconds = stats.data_wait_seconds;
+  r.comm_wait_seconds = stats.comm_wait_seconds;
+  r.comm_seconds = comm_times_.Take();
+  double blocked = 0;
+  for (const auto& [group, ops] : r.comm_seconds) {
+    for (const auto& [op, seconds] : ops)
+      blocked += seconds;
+  }
+  r.compute_seconds = std::max(0.0, step_seconds - blocked);
+  ToPipe(r);
+  if (file_.is_open()) file_ << r.ToJson().dump() << '\n' << std::flush;
+}
+
+void RankReporter::Checkpointed(int64_t step, double seconds) {
+  last_checkpoint_step_ = step;
+  checkpoint_seconds_ = seconds;
+}
+
+}  // namespace difftrain::launch

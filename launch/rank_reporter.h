@@ -1,0 +1,52 @@
+// A training rank's reports (common/rank_report.h): one line per step to the worker daemon that
+// started it (the pipe DIFFTRAIN_PROGRESS_FD; the daemon exports them to Prometheus) and to the
+// rank's metrics file (train.metrics_file, "{rank}" → the rank).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+
+#include "common/rank_report.h"
+#include "model/parallel/timed_comm.h"
+#include "model/train/peak_flops.h"
+#include "model/train/trainer.h"
+
+namespace difftrain::launch {
+
+class RankReporter {
+ public:
+  // `comm_times` is where the rank's communicators add their waiting time (TimeComm). Measures the
+  // CPU's sgemm peak (for MFU) when anyone reads the reports.
+  static Result<std::unique_ptr<RankReporter>> Open(const TrainConfig& config,
+                                                    const Trainer& trainer,
+                                                    const ParallelOptions& parallel,
+                                                    parallel::CommTimes& comm_times);
+  ~RankReporter();
+
+  // The communicators are up; training continues after `step` (resumed from a checkpoint of that
+  // step when it is not 0).
+  void Started(int64_t step);
+  // A step that took `step_seconds`.
+  void Stepped(const StepStats& stats, double step_seconds);
+  // A checkpoint of `step` was written in `seconds`.
+  void Checkpointed(int64_t step, double seconds);
+
+ private:
+  RankReporter(const TrainConfig& config, const Trainer& trainer, parallel::CommTimes& times);
+  RankReport Base() const;
+  void ToPipe(const RankReport& report);
+
+  const TrainConfig& config_;
+  const Trainer& trainer_;
+  parallel::CommTimes& comm_times_;
+  int world_ = 1;
+  RankReport place_;  // rank, coordinates, device, memory
+  PeakFlops peak_;
+  int pipe_fd_ = -1;
+  std::ofstream file_;
+  double checkpoint_seconds_ = 0;
+  int64_t last_checkpoint_step_ = -1;
+};
+
+}  // namespace difftrain::launch

@@ -1,0 +1,79 @@
+// A minimal HTTP/1.0 client for tests: GET from a server on loopback (a daemon's /metrics,
+// Prometheus' query API), and a free TCP port to start such a server on.
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <string>
+
+#include "common/status.h"
+
+namespace difftrain::testing {
+
+// A TCP port of 127.0.0.1 that was free a moment ago (the kernel's choice for port 0).
+inline int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// Percent-encodes `text` for a URL's query string.
+inline std::string UrlEncode(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof hex, "%%%02X", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+// The body of GET http://127.0.0.1:PORT/TARGET, or why there is none (no server, a
+// status other than 200).
+inline Result<std::string> HttpGet(int port, const std::string& target) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval timeout{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return Errorf("connecting to 127.0.0.1:{}: refused", port);
+  }
+  const std::string request = "GET " + target + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!::write(fd, request.data(), request.size());
+  std::string response;
+  char buffer[65536];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;)
+    response.append(buffer, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (body == std::string::npos) return Errorf("GET {} on port {}: no response", target, port);
+  const std::string status = response.substr(0, response.find("\r\n"));
+  if (status.find(" 200") == std::string::npos) {
+    return Errorf("GET {} on port {}: {}: {}", target, port, status, response.substr(body + 4));
+  }
+  return response.substr(body + 4);
+}
+
+}  // namespace difftrain::testing
