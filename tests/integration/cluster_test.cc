@@ -18,8 +18,8 @@
 
 #include "common/wire.h"
 #include "controller/curve.h"
-#include "model/io/checkpoint.h"
 #include "model/parallel/rank_processes.h"
+#include "tests/testing/checkpoint_tensors.h"
 #include "tests/testing/processes.h"
 #include "tests/testing/run_command.h"
 
@@ -111,25 +111,8 @@ class ClusterTest : public ::testing::Test {
     return false;
   }
 
-  // Every tensor of every shard of the newest checkpoint, bytes and all.
   static std::map<std::string, std::string> FinalState(const fs::path& job, int64_t* step) {
-    io::CheckpointStore store((job.parent_path() / "ckpt").string(), 10);
-    std::map<std::string, std::string> tensors;
-    Result<std::optional<int64_t>> latest = store.LatestComplete();
-    if (!latest.ok() || !*latest) return tensors;
-    *step = **latest;
-    const int world = *store.World(*step);
-    for (int r = 0; r < world; ++r) {
-      Result<io::SafetensorsFile> shard = store.ReadShard(*step, r, world);
-      EXPECT_TRUE(shard.ok()) << shard.status().message();
-      if (!shard.ok()) continue;
-      for (const std::string& name : shard->Names()) {
-        const io::TensorView* t = shard->Find(name);
-        tensors[std::to_string(r) + "/" + name] =
-            std::string(reinterpret_cast<const char*>(t->data), t->bytes);
-      }
-    }
-    return tensors;
+    return testing::NewestCheckpointTensors(job.parent_path() / "ckpt", step);
   }
 
   // An uninterrupted run of `job`'s twin, for the bit-for-bit comparison.
@@ -142,18 +125,6 @@ class ClusterTest : public ::testing::Test {
     EXPECT_EQ(step, kSteps);
     EXPECT_FALSE(state.empty());
     return state;
-  }
-
-  static void ExpectIdentical(const std::map<std::string, std::string>& got,
-                              const std::map<std::string, std::string>& want) {
-    ASSERT_EQ(got.size(), want.size());
-    int differing = 0;
-    for (const auto& [name, bytes] : want) {
-      auto it = got.find(name);
-      ASSERT_NE(it, got.end()) << name;
-      if (it->second != bytes && ++differing <= 5) ADD_FAILURE() << name << " differs";
-    }
-    EXPECT_EQ(differing, 0);
   }
 
   parallel::TempDir dir_;
@@ -189,7 +160,7 @@ TEST_F(ClusterTest, KilledRankRestartsFromCheckpointToTheSameParameters) {
   EXPECT_NE(log.find("final state SUCCEEDED, restarts 1"), std::string::npos) << log;
   EXPECT_NE(log.find("resumed from step"), std::string::npos) << log;
   int64_t step = 0;
-  ExpectIdentical(FinalState(job, &step), reference);
+  testing::ExpectIdenticalTensors(FinalState(job, &step), reference);
 }
 
 TEST_F(ClusterTest, KilledWorkerDaemonRestartsTheJobToTheSameParameters) {
@@ -220,7 +191,7 @@ TEST_F(ClusterTest, KilledWorkerDaemonRestartsTheJobToTheSameParameters) {
   EXPECT_NE(log.find("-> RESTARTING"), std::string::npos) << log;
   EXPECT_NE(log.find("final state SUCCEEDED, restarts 1"), std::string::npos) << log;
   int64_t step = 0;
-  ExpectIdentical(FinalState(job, &step), reference);
+  testing::ExpectIdenticalTensors(FinalState(job, &step), reference);
 }
 
 TEST_F(ClusterTest, FailsWithTheCauseWhenRestartsAreExhausted) {
@@ -261,7 +232,7 @@ TEST_F(ClusterTest, SigtermCheckpointsAndASecondRunResumesToTheSameParameters) {
   code = RunJob(job, &log);
   ASSERT_EQ(code, 0) << log;
   EXPECT_NE(log.find("resumed from step " + std::to_string(step)), std::string::npos) << log;
-  ExpectIdentical(FinalState(job, &step), reference);
+  testing::ExpectIdenticalTensors(FinalState(job, &step), reference);
 }
 
 // A client socket of the test with `keys`.

@@ -6,9 +6,6 @@
 //
 // The jobs are a tiny DiT on synthetic data, data parallel over the two nodes (dp=2, one
 // CPU rank per node), so the Slurm path is what the tests spend their time on.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +27,8 @@
 #include <gtest/gtest.h>
 
 #include "model/io/checkpoint.h"
+#include "tests/testing/checkpoint_tensors.h"
+#include "tests/testing/http.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -67,44 +66,6 @@ std::map<std::string, std::string> Fields(const std::string& line) {
     if (eq != std::string::npos) fields[word.substr(0, eq)] = word.substr(eq + 1);
   }
   return fields;
-}
-
-// A TCP port nobody listens on now (the kernel's choice for port 0).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
-// The body of http://127.0.0.1:PORT/metrics; nullopt when nothing answers.
-std::optional<std::string> FetchMetrics(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return std::nullopt;
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!::write(fd, request.data(), request.size());
-  std::string response;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;)
-    response.append(buffer, static_cast<size_t>(n));
-  ::close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? response : response.substr(body + 4);
 }
 
 // METRICS HOOK (issue 7): whether TwoNodeJobTrainsToCompletion scrapes the controller's
@@ -147,11 +108,11 @@ class SbatchTest : public ::testing::Test {
     // this cluster and these settings: sbatch passes the environment on to the job.
     ::setenv("SLURM_CONF", (root_ / "cluster/slurm.conf").c_str(), 1);
     ::setenv("DIFFTRAIN_BIN", DIFFTRAIN_BINARY, 1);
-    ::setenv("DIFFTRAIN_PORT", std::to_string(FreePort()).c_str(), 1);
-    controller_metrics_port_ = FreePort();
+    ::setenv("DIFFTRAIN_PORT", std::to_string(testing::FreePort()).c_str(), 1);
+    controller_metrics_port_ = testing::FreePort();
     ::setenv("DIFFTRAIN_METRICS_PORT", std::to_string(controller_metrics_port_).c_str(), 1);
     // The two emulated nodes share this machine: node i's daemon serves port + i.
-    worker_metrics_port_ = FreePort();
+    worker_metrics_port_ = testing::FreePort();
     ::setenv("DIFFTRAIN_WORKER_METRICS_PORT", std::to_string(worker_metrics_port_).c_str(), 1);
     ::setenv("DIFFTRAIN_WORKER_METRICS_PORT_PER_NODE", "1", 1);
     ::setenv("DIFFTRAIN_WORKER_GRACE", "15", 1);
@@ -263,26 +224,14 @@ class SbatchTest : public ::testing::Test {
     return id;
   }
 
-  // Every tensor of every shard of the newest complete checkpoint, bytes and all.
+  // Every tensor of both ranks' shards of the newest complete checkpoint.
   static std::map<std::string, std::string> FinalState(const fs::path& job, int64_t* step) {
-    io::CheckpointStore store((job.parent_path() / "ckpt").string(), 0);
-    std::map<std::string, std::string> tensors;
-    Result<std::optional<int64_t>> latest = store.LatestComplete();
-    EXPECT_TRUE(latest.ok()) << latest.status().message();
-    if (!latest.ok() || !*latest) return tensors;
-    *step = **latest;
-    const Result<int> world = store.World(*step);
-    EXPECT_TRUE(world.ok() && *world == 2)
-        << "checkpoint of step " << *step << " has " << (world.ok() ? *world : -1) << " shards";
-    for (int r = 0; world.ok() && r < *world; ++r) {
-      Result<io::SafetensorsFile> shard = store.ReadShard(*step, r, *world);
-      EXPECT_TRUE(shard.ok()) << shard.status().message();
-      if (!shard.ok()) continue;
-      for (const std::string& name : shard->Names()) {
-        const io::TensorView* t = shard->Find(name);
-        tensors[std::to_string(r) + "/" + name] =
-            std::string(reinterpret_cast<const char*>(t->data), t->bytes);
-      }
+    const fs::path dir = job.parent_path() / "ckpt";
+    std::map<std::string, std::string> tensors = testing::NewestCheckpointTensors(dir, step);
+    if (!tensors.empty()) {
+      const Result<int> world = io::CheckpointStore(dir.string(), 0).World(*step);
+      EXPECT_TRUE(world.ok() && *world == 2)
+          << "checkpoint of step " << *step << " has " << (world.ok() ? *world : -1) << " shards";
     }
     return tensors;
   }
@@ -298,18 +247,6 @@ class SbatchTest : public ::testing::Test {
     EXPECT_EQ(step, spec.steps);
     EXPECT_FALSE(state.empty());
     return state;
-  }
-
-  static void ExpectIdentical(const std::map<std::string, std::string>& got,
-                              const std::map<std::string, std::string>& want) {
-    ASSERT_EQ(got.size(), want.size());
-    int differing = 0;
-    for (const auto& [name, bytes] : want) {
-      auto it = got.find(name);
-      ASSERT_NE(it, got.end()) << name;
-      if (it->second != bytes && ++differing <= 5) ADD_FAILURE() << name << " differs";
-    }
-    EXPECT_EQ(differing, 0) << "tensors differ from the uninterrupted run";
   }
 
   // The batch script's own record of a run: "controller exit C, worker daemons exit W: …".
@@ -397,11 +334,11 @@ TEST_F(SbatchTest, TwoNodeJobTrainsToCompletion) {
     }
     // METRICS HOOK (issue 7): /metrics of the controller and of each daemon while it runs.
     if (ScrapeMetrics()) {
-      std::optional<std::string> body = FetchMetrics(controller_metrics_port_);
-      controller_metrics |= body && body->find("difftrain_job_iteration") != std::string::npos;
+      Result<std::string> body = testing::HttpGet(controller_metrics_port_, "/metrics");
+      controller_metrics |= body.ok() && body->find("difftrain_job_iteration") != std::string::npos;
       for (int node = 0; node < 2; ++node) {
-        body = FetchMetrics(worker_metrics_port_ + node);
-        if (body && body->find("difftrain_rank_iteration{") != std::string::npos) {
+        body = testing::HttpGet(worker_metrics_port_ + node, "/metrics");
+        if (body.ok() && body->find("difftrain_rank_iteration{") != std::string::npos) {
           worker_metrics.insert("n" + std::to_string(node + 1));
         }
       }
@@ -475,7 +412,7 @@ TEST_F(SbatchTest, WarnedJobCheckpointsAndItsResubmissionMatchesAnUninterruptedR
   EXPECT_THAT(output, HasSubstr("resumed from step " + std::to_string(step)));
   ExpectRecord(output, "0", 0, "SUCCEEDED");
   int64_t final_step = 0;
-  ExpectIdentical(FinalState(job, &final_step), reference);
+  testing::ExpectIdenticalTensors(FinalState(job, &final_step), reference);
   EXPECT_EQ(final_step, spec.steps);
 }
 
@@ -501,7 +438,7 @@ TEST_F(SbatchTest, RequeueableJobRequeuesItselfOnTheWarningAndResumes) {
   EXPECT_EQ(records[0].at("DerivedExitCode"), "75:0") << "the first run's steps exited 75";
   EXPECT_EQ(records[1].at("JobState"), "COMPLETED");
   int64_t step = 0;
-  ExpectIdentical(FinalState(job, &step), reference);
+  testing::ExpectIdenticalTensors(FinalState(job, &step), reference);
   EXPECT_EQ(step, spec.steps);
 }
 
