@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/check.h"
+#include "common/temp_dir.h"
 
 namespace difftrain::controller {
 namespace {
@@ -101,13 +102,9 @@ Result<CurveKeys> ReadKeys(const std::string& dir) {
 }
 
 Result<std::string> MakeEphemeralKeys() {
-  const char* base = std::getenv("TMPDIR");
-  std::string pattern = std::string(base && *base ? base : "/tmp") + "/difftrain-keys-XXXXXX";
-  if (::mkdtemp(pattern.data()) == nullptr) {
-    return Errorf("creating a keys directory under '{}': {}", pattern, std::strerror(errno));
-  }
-  DT_RETURN_IF_ERROR(WriteNewKeys(pattern));
-  return pattern;
+  DT_ASSIGN_OR_RETURN(std::string dir, MakeTempDir("difftrain-keys"));
+  DT_RETURN_IF_ERROR(WriteNewKeys(dir));
+  return dir;
 }
 
 void MakeCurveServer(zmq::socket_t& socket, const CurveKeys& keys) {

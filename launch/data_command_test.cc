@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/temp_dir.h"
 #include "model/data/dataset.h"
 #include "model/data/fashion_mnist.h"
 #include "model/data/latent_folder.h"
@@ -36,13 +37,6 @@ void ExpectSameSamples(const Dataset& a, const Dataset& b, int64_t count) {
 
 class DataCommandTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/data_command_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::unique_ptr<LatentFolderDataset> OpenOut() {
     Result<std::unique_ptr<LatentFolderDataset>> folder = LatentFolderDataset::Open(dir_ + "/out");
     EXPECT_TRUE(folder.ok()) << folder.status().message();
@@ -52,7 +46,8 @@ class DataCommandTest : public ::testing::Test {
   // The output folder as one shell word.
   std::string Out() const { return ShellQuote(dir_ + "/out"); }
 
-  std::string dir_;
+  TempDir temp_{"data_command_test"};
+  std::string dir_ = temp_.path();
 };
 
 TEST_F(DataCommandTest, PacksSyntheticSamples) {

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/temp_dir.h"
 #include "model/data/fashion_mnist.h"
 #include "model/eval/classifier.h"
 #include "model/io/safetensors.h"
@@ -35,22 +36,17 @@ constexpr int64_t kImageFloats = 32 * 32;
 class EvalCommandTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char pattern[] = "/tmp/eval_command_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = new std::string(pattern);
+    dir_ = new TempDir("eval_command_test");
     eval::Classifier<float> untrained{eval::ClassifierConfig{}};
     untrained.InitializeRandom(0);
     ASSERT_TRUE(eval::SaveClassifier(untrained, {}, Classifier()).ok());
   }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
+  static void TearDownTestSuite() { delete dir_; }
 
-  static std::string Classifier() { return *dir_ + "/untrained.safetensors"; }
+  static std::string Classifier() { return dir_->path() + "/untrained.safetensors"; }
   // Trained on the first call; every test runs in a process of its own under ctest.
   static std::string TrainedClassifier() {
-    const std::string path = *dir_ + "/trained.safetensors";
+    const std::string path = dir_->path() + "/trained.safetensors";
     if (fs::exists(path)) return path;
     const CommandResult trained =
         RunDifftrain("eval train-classifier --limit 5000 --epochs 1 --out " + ShellQuote(path));
@@ -58,7 +54,7 @@ class EvalCommandTest : public ::testing::Test {
     EXPECT_NE(trained.output.find("test accuracy"), std::string::npos) << trained.output;
     return path;
   }
-  static std::string Path(const std::string& name) { return *dir_ + "/" + name; }
+  static std::string Path(const std::string& name) { return dir_->path() + "/" + name; }
 
   // Writes a samples file as `difftrain sample --raw` does.
   static void WriteSamples(const std::string& path, const std::vector<float>& images,
@@ -82,10 +78,10 @@ class EvalCommandTest : public ::testing::Test {
     return nlohmann::json::parse(in, nullptr, false);
   }
 
-  static std::string* dir_;
+  static TempDir* dir_;
 };
 
-std::string* EvalCommandTest::dir_ = nullptr;
+TempDir* EvalCommandTest::dir_ = nullptr;
 
 TEST_F(EvalCommandTest, RealTestImagesScoreHighAccuracyAndAnFdNearTheFloor) {
   Result<std::unique_ptr<FashionMnistDataset>> test =

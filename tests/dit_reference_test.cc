@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "common/temp_dir.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain::testing {
@@ -36,22 +37,16 @@ void PrintTo(const DumpCase& c, std::ostream* os) {
 
 class DitReferenceTest : public ::testing::TestWithParam<DumpCase> {
  protected:
-  void SetUp() override {
-    std::string dir = (std::filesystem::temp_directory_path() / "dit_reference_XXXXXX").string();
-    ASSERT_NE(mkdtemp(dir.data()), nullptr);
-    dir_ = dir;
-  }
-
   void TearDown() override {
     // A failing case keeps its files for a closer look.
     if (HasFailure()) {
-      std::cout << "files kept in " << dir_ << "\n";
-    } else {
-      std::filesystem::remove_all(dir_);
+      std::cout << "files kept in " << temp_.path() << "\n";
+      temp_.Keep();
     }
   }
 
-  std::filesystem::path dir_;
+  TempDir temp_{"dit_reference"};
+  std::filesystem::path dir_ = temp_.path();
 };
 
 TEST_P(DitReferenceTest, DebugDumpMatchesReference) {

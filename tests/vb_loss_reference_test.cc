@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/temp_dir.h"
 #include "model/diffusion/vb_loss.h"
 #include "model/io/safetensors.h"
 #include "tests/testing/run_command.h"
@@ -40,21 +41,16 @@ void PrintTo(const LossCase& c, std::ostream* os) {
 
 class VbLossReferenceTest : public ::testing::TestWithParam<LossCase> {
  protected:
-  void SetUp() override {
-    std::string dir =
-        (std::filesystem::temp_directory_path() / "vb_loss_reference_XXXXXX").string();
-    ASSERT_NE(mkdtemp(dir.data()), nullptr);
-    dir_ = dir;
-  }
   void TearDown() override {
+    // A failing case keeps its files for a closer look.
     if (HasFailure()) {
-      std::cout << "files kept in " << dir_ << "\n";
-    } else {
-      std::filesystem::remove_all(dir_);
+      std::cout << "files kept in " << temp_.path() << "\n";
+      temp_.Keep();
     }
   }
 
-  std::filesystem::path dir_;
+  TempDir temp_{"vb_loss_reference"};
+  std::filesystem::path dir_ = temp_.path();
 };
 
 TEST_P(VbLossReferenceTest, MatchesReference) {

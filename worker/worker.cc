@@ -19,6 +19,7 @@
 
 #include "common/metrics.h"
 #include "common/rank_report.h"
+#include "common/temp_dir.h"
 #include "common/wire.h"
 #include "controller/curve.h"
 #include "model/device.h"
@@ -472,13 +473,12 @@ int RunWorker(const WorkerOptions& options) {
   WorkerOptions o = options;
   std::filesystem::path made_work_dir;
   if (o.work_dir.empty()) {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/difftrain-worker-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      spdlog::error("worker: creating a work directory: {}", std::strerror(errno));
+    Result<std::string> made = MakeTempDir("difftrain-worker");
+    if (!made.ok()) {
+      spdlog::error("worker: {}", made.status().message());
       return 1;
     }
-    o.work_dir = made_work_dir = pattern;
+    o.work_dir = made_work_dir = *made;
   }
   Result<controller::CurveKeys> keys = controller::ReadKeys(o.keys_dir);
   if (!keys.ok()) {

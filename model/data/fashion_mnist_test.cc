@@ -1,4 +1,5 @@
 #include "model/data/fashion_mnist.h"
+#include "common/temp_dir.h"
 
 #include <zlib.h>
 
@@ -99,13 +100,6 @@ TEST_F(FashionMnistRealTest, FirstTrainingImageMatchesAnIndependentReader) {
 // Crafted IDX files in a temporary directory.
 class FashionMnistFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/fashion_mnist_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string ImagesPath() const { return dir_ + "/train-images-idx3-ubyte.gz"; }
   std::string LabelsPath() const { return dir_ + "/train-labels-idx1-ubyte.gz"; }
 
@@ -159,7 +153,8 @@ class FashionMnistFileTest : public ::testing::Test {
     EXPECT_NE(message.find(reason), std::string::npos) << message;
   }
 
-  std::string dir_;
+  TempDir temp_{"fashion_mnist_test"};
+  std::string dir_ = temp_.path();
 };
 
 TEST_F(FashionMnistFileTest, ScalesAndPadsAValidFile) {

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/temp_dir.h"
 #include "model/data/fashion_mnist.h"
 #include "model/io/safetensors.h"
 
@@ -44,13 +45,6 @@ void ExpectSameSamples(const Dataset& a, const Dataset& b) {
 
 class LatentFolderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/latent_folder_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
 
   // 10 synthetic 4×8×8 latents in shards of 4, 4 and 2.
@@ -68,7 +62,8 @@ class LatentFolderTest : public ::testing::Test {
     EXPECT_NE(message.find(reason), std::string::npos) << message;
   }
 
-  std::string dir_;
+  TempDir temp_{"latent_folder_test"};
+  std::string dir_ = temp_.path();
   SyntheticDataset synthetic_{11, 4, 8, 1000};
   PrefixDataset source_{synthetic_, 10};
 };

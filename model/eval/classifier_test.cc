@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/temp_dir.h"
 #include "model/cpu/gradcheck.h"
 #include "model/io/safetensors.h"
 
@@ -130,13 +131,8 @@ TEST(SoftmaxCrossEntropyTest, LossOfUniformLogitsIsLogK) {
 
 class ClassifierFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/classifier_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string dir_;
+  TempDir temp_{"classifier_test"};
+  std::string dir_ = temp_.path();
 };
 
 TEST_F(ClassifierFileTest, RoundTripKeepsConfigWeightsAndTraining) {

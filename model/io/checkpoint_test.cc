@@ -1,4 +1,5 @@
 #include "model/io/checkpoint.h"
+#include "common/temp_dir.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -18,14 +19,6 @@ namespace fs = std::filesystem;
 
 class CheckpointStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/checkpoint_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    root_ = pattern;
-    dir_ = root_ + "/ckpt";
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   // Every rank's shard holds tensor "w" = value + rank.
   void WriteShards(const CheckpointStore& store, int64_t step, int world, float value) {
     for (int rank = 0; rank < world; ++rank) {
@@ -78,8 +71,8 @@ class CheckpointStoreTest : public ::testing::Test {
     file.put(static_cast<char>(c ^ 0x01));
   }
 
-  std::string root_;
-  std::string dir_;
+  TempDir root_{"checkpoint_test"};
+  std::string dir_ = root_.path() + "/ckpt";
 };
 
 TEST_F(CheckpointStoreTest, CommittedShardsAreTheLatestAndReadBack) {

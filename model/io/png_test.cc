@@ -1,4 +1,5 @@
 #include "model/io/png.h"
+#include "common/temp_dir.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -15,13 +16,6 @@ namespace fs = std::filesystem;
 
 class PngTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/png_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
 
   // Writes then reads back an image of every byte value pattern.
@@ -39,7 +33,8 @@ class PngTest : public ::testing::Test {
     EXPECT_EQ(image->pixels, pixels);
   }
 
-  std::string dir_;
+  TempDir temp_{"png_test"};
+  std::string dir_ = temp_.path();
 };
 
 TEST_F(PngTest, GreyRoundTrip) {

@@ -1,4 +1,5 @@
 #include "model/io/safetensors.h"
+#include "common/temp_dir.h"
 
 #include <zlib.h>
 
@@ -48,13 +49,6 @@ std::string FloatBytes(const std::vector<float>& values) {
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/safetensors_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
 
   // Writes a small valid file with two F32 tensors and returns its path.
@@ -78,7 +72,8 @@ class SafetensorsTest : public ::testing::Test {
     EXPECT_EQ(verify.status().message(), read.status().message());
   }
 
-  std::string dir_;
+  TempDir temp_{"safetensors_test"};
+  std::string dir_ = temp_.path();
   std::vector<float> a_ = {1, 2, 3, 4, 5, 6};
   std::vector<float> b_ = {-1, -2, -3, -4};
 };

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "common/temp_dir.h"
 #include "model/parallel/gloo_comm.h"
 #include "model/parallel/rank_processes.h"
 

@@ -23,28 +23,6 @@
 
 namespace difftrain::parallel {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at the end.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base ? base : "/tmp") + "/difftrain-XXXXXX";
-    DT_CHECK(::mkdtemp(pattern.data()) != nullptr, "mkdtemp {}", pattern);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // Forks one process per rank in `ranks` (of a group of `size`), each running
 // `body(rank)`. The forks happen before the test creates any thread, and the children
 // leave with _exit, never returning into the test framework. A child's Status comes

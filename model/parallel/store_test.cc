@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/temp_dir.h"
 #include "model/parallel/rank_processes.h"
 
 namespace difftrain::parallel {

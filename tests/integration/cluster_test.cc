@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <zmq.hpp>
 
+#include "common/temp_dir.h"
 #include "common/wire.h"
 #include "controller/curve.h"
 #include "model/parallel/rank_processes.h"
@@ -127,7 +128,7 @@ class ClusterTest : public ::testing::Test {
     return state;
   }
 
-  parallel::TempDir dir_;
+  TempDir dir_;
   std::string keys_, endpoint_;
 };
 

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/temp_dir.h"
 #include "controller/curve.h"
 #include "model/parallel/rank_processes.h"
 #include "tests/testing/http.h"
@@ -153,7 +154,7 @@ class PrometheusTest : public ::testing::Test {
     return logs;
   }
 
-  parallel::TempDir dir_holder_;
+  TempDir dir_holder_;
   fs::path dir_;
   std::string keys_;
   int controller_port_ = 0, worker_ports_[2] = {}, prometheus_port_ = 0;
