@@ -7,23 +7,18 @@ std::string ClusterConfig::Where(const std::string& field) const {
   return it == where.end() ? "job" : it->second;
 }
 
-namespace {
-
-// Reads each field of `fields` named in `keys` into where[], once the reads are done.
-void Locate(const YamlFields& fields, const std::string& section,
-            std::initializer_list<const char*> keys, ClusterConfig& config) {
+void ClusterConfig::Locate(const YamlFields& fields, const std::string& section,
+                           std::initializer_list<const char*> keys) {
   for (const char* key : keys) {
-    if (fields.Has(key)) config.where[section + "." + key] = fields.Location(key);
+    if (fields.Has(key)) where[section + "." + key] = fields.Location(key);
   }
 }
-
-}  // namespace
 
 Status ReadClusterConfig(YamlFields& top, ClusterConfig& c) {
   YamlFields cluster = top.Section("cluster");
   cluster.Int("nodes", c.nodes).Int("devices_per_node", c.devices_per_node);
   DT_RETURN_IF_ERROR(cluster.Finish());
-  Locate(cluster, "cluster", {"nodes", "devices_per_node"}, c);
+  c.Locate(cluster, "cluster", {"nodes", "devices_per_node"});
   if (c.nodes < 1) return cluster.ErrorAt("nodes", fmt::format("expected >= 1, found {}", c.nodes));
   if (c.devices_per_node < 1) {
     return cluster.ErrorAt("devices_per_node",
@@ -72,7 +67,7 @@ Status ReadClusterConfig(YamlFields& top, ClusterConfig& c) {
   YamlFields security = top.Section("security");
   security.String("keys", c.keys_dir);
   DT_RETURN_IF_ERROR(security.Finish());
-  Locate(security, "security", {"keys"}, c);
+  c.Locate(security, "security", {"keys"});
   return Status::Ok();
 }
 

@@ -4,6 +4,7 @@
 // (model/train/train_config.h) from one YAML file; documented in docs/job-spec.md.
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <string>
 
@@ -33,6 +34,9 @@ struct ClusterConfig {
   // command-line flag is located at the flag ("--nodes").
   std::map<std::string, std::string> where;
   std::string Where(const std::string& field) const;
+  // Records where[SECTION.KEY] for each of `keys` that `fields` (section `section`) has.
+  void Locate(const YamlFields& fields, const std::string& section,
+              std::initializer_list<const char*> keys);
 };
 
 // Reads the sections cluster, restart, metrics and security of the top-level mapping

@@ -191,14 +191,9 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
 
   // The fields that are checked against each other later (the batch arithmetic, the
   // layout), located so that those errors point into the file as well.
-  for (auto [section, key] : {std::pair{"model", "num_heads"},
-                              {"model", "hidden_size"},
-                              {"batch", "micro"},
-                              {"batch", "global"},
-                              {"parallel", "tp"}}) {
-    YamlFields fields = top.Section(section);
-    if (fields.Has(key)) c.cluster.where[fmt::format("{}.{}", section, key)] = fields.Location(key);
-  }
+  c.cluster.Locate(top.Section("model"), "model", {"num_heads", "hidden_size"});
+  c.cluster.Locate(batch, "batch", {"micro", "global"});
+  c.cluster.Locate(parallel, "parallel", {"tp"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
   Status valid = c.Validate();
