@@ -15,13 +15,15 @@ packages=(
   prometheus
   # The Slurm tests (tests/slurm): a real slurmctld and two slurmd on this machine.
   slurm-wlm munge
+  # The fuzz targets (cmake/fuzzers.cmake): clang with libFuzzer.
+  clang libclang-rt-14-dev
 )
 # DIFFTRAIN_DEPS=build: only what compiling difftrain needs (the container image's build
 # stage), without the packages that only tests and tools use.
 if [[ "${DIFFTRAIN_DEPS:-all}" == build ]]; then
   test_only=" clang-format python3-torch python3-numpy dataset-fashion-mnist golang-go \
 golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-kubernetes prometheus \
-slurm-wlm munge "
+slurm-wlm munge clang libclang-rt-14-dev "
   for i in "${!packages[@]}"; do
     if [[ "$test_only" == *" ${packages[$i]} "* ]]; then unset 'packages[i]'; fi
   done
