@@ -57,11 +57,17 @@ Status ReadClusterConfig(YamlFields& top, ClusterConfig& c) {
 
   YamlFields metrics = top.Section("metrics");
   metrics.Int("port", c.metrics_port);
+  metrics.Double("progress_log_seconds", c.progress_log_seconds);
   DT_RETURN_IF_ERROR(metrics.Finish());
   if (c.metrics_port < 0 || c.metrics_port > 65535) {
     return metrics.ErrorAt("port", fmt::format("expected a TCP port in [0, 65535] (0: off), "
                                                "found {}",
                                                c.metrics_port));
+  }
+  if (!(c.progress_log_seconds >= 0.1 && c.progress_log_seconds <= 86400)) {
+    return metrics.ErrorAt("progress_log_seconds",
+                           fmt::format("expected a number of seconds in [0.1, 86400], found {}",
+                                       c.progress_log_seconds));
   }
 
   YamlFields security = top.Section("security");

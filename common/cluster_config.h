@@ -25,6 +25,7 @@ struct ClusterConfig {
   int devices_per_node = 1;  // ranks per node (GPUs, or CPU slots without a GPU)
   RestartPolicy restart;
   int metrics_port = 0;  // Prometheus /metrics of the controller (0: off; docs/metrics.md)
+  double progress_log_seconds = 10;  // between the controller's progress lines while running
   std::string keys_dir;  // CURVE keys of the job (`difftrain keys`); empty: ephemeral keys
 
   int world_size() const { return nodes * devices_per_node; }

@@ -497,7 +497,9 @@ void Controller::Tick() {
       break;
     }
     case JobState::kRunning:
-      if (now - last_progress_log_ > std::chrono::seconds(10) && !ranks_.empty()) {
+      if (now - last_progress_log_ >
+              std::chrono::duration<double>(o_.config.cluster.progress_log_seconds) &&
+          !ranks_.empty()) {
         last_progress_log_ = now;
         int64_t step = ranks_[0].progress.step;
         for (const Rank& r : ranks_)

@@ -337,6 +337,9 @@ TEST_F(ClusterTest, InvalidJobSpecExitsTwoNamingTheField) {
        "job.yaml:1:39: cluster.devices_per_node: expected nodes x devices_per_node = tp x cp x dp "
        "x pp"},
       {"security: {keys: [a]}\n", "job.yaml:1:18: security.keys: expected a string, found a list"},
+      {"metrics: {progress_log_seconds: 0}\n",
+       "job.yaml:1:33: metrics.progress_log_seconds: expected a number of seconds in [0.1, 86400], "
+       "found 0"},
       {"model: {num_heads: 3}\ncluster: {devices_per_node: 2}\nparallel: {tp: 2}\n",
        "job.yaml:1:20: model.num_heads: expected a multiple of parallel.tp = 2, found 3"},
       {"batch: {micro: 2, global: 6}\ncluster: {devices_per_node: 2}\n",

@@ -145,7 +145,8 @@ class SbatchTest : public ::testing::Test {
         << "checkpoint: {dir: " << (dir / "ckpt").string() << ", every: " << spec.checkpoint_every
         << ", keep: 2}\n"
         << "restart: {heartbeat_seconds: 0.2, heartbeat_misses: 25, "
-           "rendezvous_timeout_seconds: 60}\n";
+           "rendezvous_timeout_seconds: 60}\n"
+        << "metrics: {progress_log_seconds: 1}\n";
     return dir / "dit.yaml";
   }
 
@@ -299,11 +300,11 @@ JobSpec WarnedSpec() {
 }
 
 TEST_F(SbatchTest, TwoNodeJobTrainsToCompletion) {
-  // The controller reports the ranks' progress every 10 s: the job must run for longer
-  // than that on this machine, whatever its speed.
+  // The controller reports the ranks' progress every second (metrics.progress_log_seconds):
+  // the job must run for several seconds on this machine, whatever its speed.
   JobSpec spec{.hidden = 32, .micro = 2, .steps = 0, .log_every = 200, .checkpoint_every = 0};
   const double step_seconds = StepSeconds(root_ / "calibrate", spec);
-  spec.steps = std::clamp(static_cast<int>(std::ceil(14.0 / step_seconds)), 1000, 50000);
+  spec.steps = std::clamp(static_cast<int>(std::ceil(8.0 / step_seconds)), 1000, 50000);
   spec.checkpoint_every = spec.steps / 2;
   const fs::path job = WriteJob("complete", spec);
   const std::string id = Submit(job);
