@@ -113,20 +113,12 @@ Result<Checkpoint> LoadCheckpoint(const std::string& path) {
 
   DT_ASSIGN_OR_RETURN(nlohmann::json train, json_field("train"));
   try {
-    const nlohmann::json& d = train.at("diffusion");
-    if (d.value("schedule", std::string("linear")) != "linear") {
-      return Errorf("'{}': unknown diffusion schedule '{}'", c.shard->path(),
-                    d.at("schedule").get<std::string>());
-    }
-    c.diffusion.steps = d.at("steps").get<int>();
-    c.diffusion.beta_start = d.at("beta_start").get<double>();
-    c.diffusion.beta_end = d.at("beta_end").get<double>();
+    Result<DiffusionConfig> diffusion = DiffusionConfig::FromJson(train.at("diffusion"));
+    if (!diffusion.ok()) return diffusion.status().WithContext(fmt::format("'{}'", c.shard->path()));
+    c.diffusion = *diffusion;
     c.data_kind = train.contains("data") ? train["data"].value("kind", std::string()) : "";
   } catch (const nlohmann::json::exception& e) {
     return Errorf("'{}': malformed training config in the metadata: {}", c.shard->path(), e.what());
-  }
-  if (Status s = c.diffusion.Validate(); !s.ok()) {
-    return s.WithContext(fmt::format("'{}'", c.shard->path()));
   }
   return c;
 }

@@ -1,5 +1,6 @@
-// Checks DiffusionLoss (the ε-MSE and, with learn_sigma, DiT's variational-bound term) against
-// the float64 PyTorch port of DiT's diffusion: the test writes one call's inputs, loss and
+// Checks DiffusionLoss (the ε-MSE, uniform or min-SNR weighted, and with learn_sigma DiT's
+// variational-bound term; linear and cosine schedules) against the float64 PyTorch port of
+// DiT's diffusion: the test writes one call's inputs, loss and
 // gradient to a safetensors file, and tests/reference/check_vb_loss.py recomputes them with
 // autograd (relative L2 error <= 1e-5 for the loss and for dout).
 #include <stdlib.h>
@@ -33,6 +34,8 @@ struct LossCase {
   float grad_scale;
   // Corrupts one gradient element before writing: the checker must then fail.
   bool corrupt;
+  const char* schedule = "linear";
+  const char* loss_weighting = "uniform";
 };
 
 void PrintTo(const LossCase& c, std::ostream* os) {
@@ -58,7 +61,9 @@ TEST_P(VbLossReferenceTest, MatchesReference) {
   constexpr int B = 8, C = 3, H = 4, W = 4, HW = H * W;
   const int out_channels = c.learn_sigma ? 2 * C : C;
   const size_t n = static_cast<size_t>(C) * HW;
-  const DiffusionConfig config;
+  DiffusionConfig config;
+  config.schedule = c.schedule;
+  config.loss_weighting = c.loss_weighting;
   const GaussianDiffusion diffusion(config);
 
   std::mt19937 rng(42);
@@ -81,9 +86,10 @@ TEST_P(VbLossReferenceTest, MatchesReference) {
   }
 
   std::vector<float> dout(output.size());
-  const float loss = static_cast<float>(DiffusionLoss(diffusion, output.data(), x0.data(),
-                                                      x_t.data(), noise.data(), t.data(), B, C, HW,
-                                                      c.learn_sigma, c.grad_scale, dout.data()));
+  const std::vector<double> weights = diffusion.LossWeights(t.data(), B);
+  const float loss = static_cast<float>(DiffusionLoss(
+      diffusion, output.data(), x0.data(), x_t.data(), noise.data(), t.data(), B, C, HW,
+      c.learn_sigma, c.grad_scale, dout.data(), weights.empty() ? nullptr : weights.data()));
   if (c.corrupt)
     dout[out_channels * HW - 1] += 1e-2f * std::abs(dout[out_channels * HW - 1]) + 1e-4f;
 
@@ -115,7 +121,13 @@ INSTANTIATE_TEST_SUITE_P(
                       LossCase{"LearnSigmaUntrained", true, false, 1.0f, false},
                       LossCase{"LearnSigmaGradScale", true, true, 0.25f, false},
                       LossCase{"EpsilonOnly", false, false, 1.0f, false},
-                      LossCase{"CorruptGradientIsCaught", true, true, 1.0f, true}),
+                      LossCase{"CorruptGradientIsCaught", true, true, 1.0f, true},
+                      LossCase{"CosineSchedule", true, true, 1.0f, false, "cosine"},
+                      LossCase{"MinSnrWeighted", false, true, 0.5f, false, "linear", "min_snr"},
+                      LossCase{"CosineMinSnrLearnSigma", true, true, 1.0f, false, "cosine",
+                               "min_snr"},
+                      LossCase{"CorruptWeightedGradientIsCaught", false, true, 1.0f, true, "cosine",
+                               "min_snr"}),
     [](const ::testing::TestParamInfo<LossCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "model/diffusion/gaussian_diffusion.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -7,18 +8,59 @@
 
 namespace difftrain {
 
+namespace {
+
+// Improved DDPM's ᾱ(t) for t in [0, 1] (offset s = 0.008), and its cap on β.
+double CosineAlphaBar(double t) {
+  const double angle = (t + 0.008) / 1.008 * M_PI / 2;
+  return std::cos(angle) * std::cos(angle);
+}
+constexpr double kCosineMaxBeta = 0.999;
+
+}  // namespace
+
 Status DiffusionConfig::Validate() const {
   if (steps < 1) return Errorf("diffusion.steps must be positive, got {}", steps);
-  if (!(beta_start > 0 && beta_start <= beta_end && beta_end < 1)) {
+  if (schedule != "linear" && schedule != "cosine") {
+    return Errorf("diffusion.schedule: expected linear or cosine, found '{}'", schedule);
+  }
+  if (schedule == "linear" && !(beta_start > 0 && beta_start <= beta_end && beta_end < 1)) {
     return Errorf("diffusion betas must satisfy 0 < beta_start <= beta_end < 1, got {} and {}",
                   beta_start, beta_end);
+  }
+  if (loss_weighting != "uniform" && loss_weighting != "min_snr") {
+    return Errorf("diffusion.loss_weighting: expected uniform or min_snr, found '{}'",
+                  loss_weighting);
+  }
+  if (!(min_snr_gamma > 0)) {
+    return Errorf("diffusion.min_snr_gamma: expected a positive number, found {}", min_snr_gamma);
   }
   return Status::Ok();
 }
 
 nlohmann::json DiffusionConfig::ToJson() const {
-  return {
-      {"schedule", "linear"}, {"steps", steps}, {"beta_start", beta_start}, {"beta_end", beta_end}};
+  return {{"schedule", schedule},
+          {"steps", steps},
+          {"beta_start", beta_start},
+          {"beta_end", beta_end},
+          {"loss_weighting", loss_weighting},
+          {"min_snr_gamma", min_snr_gamma}};
+}
+
+Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
+  DiffusionConfig c;
+  try {
+    c.schedule = json.value("schedule", c.schedule);
+    c.steps = json.at("steps").get<int>();
+    c.beta_start = json.at("beta_start").get<double>();
+    c.beta_end = json.at("beta_end").get<double>();
+    c.loss_weighting = json.value("loss_weighting", c.loss_weighting);
+    c.min_snr_gamma = json.value("min_snr_gamma", c.min_snr_gamma);
+  } catch (const nlohmann::json::exception& e) {
+    return Errorf("malformed diffusion config: {}", e.what());
+  }
+  DT_RETURN_IF_ERROR(c.Validate());
+  return c;
 }
 
 GaussianDiffusion::GaussianDiffusion(const DiffusionConfig& config) : config_(config) {
@@ -29,12 +71,33 @@ GaussianDiffusion::GaussianDiffusion(const DiffusionConfig& config) : config_(co
   alphas_cumprod_.resize(n);
   double cumprod = 1.0;
   for (int i = 0; i < n; ++i) {
-    // numpy.linspace(beta_start, beta_end, n): start + i·step, the last value exact.
-    betas_[i] = n == 1 ? config.beta_start
-                       : config.beta_start + (config.beta_end - config.beta_start) * i / (n - 1);
+    if (config.schedule == "cosine") {
+      betas_[i] = std::min(1.0 - CosineAlphaBar(static_cast<double>(i + 1) / n) /
+                                     CosineAlphaBar(static_cast<double>(i) / n),
+                           kCosineMaxBeta);
+    } else {
+      // numpy.linspace(beta_start, beta_end, n): start + i·step, the last value exact.
+      betas_[i] = n == 1 ? config.beta_start
+                         : config.beta_start + (config.beta_end - config.beta_start) * i / (n - 1);
+    }
     cumprod *= 1.0 - betas_[i];
     alphas_cumprod_[i] = cumprod;
   }
+}
+
+double GaussianDiffusion::LossWeight(int64_t t) const {
+  DT_CHECK(t >= 0 && t < config_.steps, "timestep {} out of range", t);
+  if (config_.loss_weighting == "uniform") return 1.0;
+  const double snr = alphas_cumprod_[t] / (1.0 - alphas_cumprod_[t]);
+  return std::min(snr, config_.min_snr_gamma) / snr;
+}
+
+std::vector<double> GaussianDiffusion::LossWeights(const int64_t* t, int B) const {
+  if (config_.loss_weighting == "uniform") return {};
+  std::vector<double> weights(B);
+  for (int b = 0; b < B; ++b)
+    weights[b] = LossWeight(t[b]);
+  return weights;
 }
 
 void GaussianDiffusion::QSample(float* x_t, const float* x0, const float* noise, const int64_t* t,
@@ -50,18 +113,22 @@ void GaussianDiffusion::QSample(float* x_t, const float* x0, const float* noise,
 }
 
 double EpsilonMseLoss(const float* output, const float* noise, int B, int C, int out_channels,
-                      int HW, float grad_scale, float* dout) {
+                      int HW, float grad_scale, float* dout, const double* weights) {
   const size_t count = static_cast<size_t>(B) * C * HW;
-  const float grad_coeff = static_cast<float>(2.0 / static_cast<double>(count)) * grad_scale;
   std::memset(dout, 0, static_cast<size_t>(B) * out_channels * HW * sizeof(float));
   double sum = 0;
   for (int b = 0; b < B; ++b) {
+    const double weight = weights != nullptr ? weights[b] : 1.0;
+    const float grad_coeff =
+        static_cast<float>(2.0 * weight / static_cast<double>(count)) * grad_scale;
+    double sample_sum = 0;
     for (size_t i = 0; i < static_cast<size_t>(C) * HW; ++i) {
       const size_t o = static_cast<size_t>(b) * out_channels * HW + i;
       const float diff = output[o] - noise[static_cast<size_t>(b) * C * HW + i];
-      sum += static_cast<double>(diff) * diff;
+      sample_sum += static_cast<double>(diff) * diff;
       dout[o] = grad_coeff * diff;
     }
+    sum += weight * sample_sum;
   }
   return sum / static_cast<double>(count);
 }

@@ -1,8 +1,10 @@
 // Gaussian diffusion as DiT trains it: a linear β schedule over 1000 steps (β from 1e-4 to
-// 0.02, in double precision), q_sample, and the ε-prediction MSE objective.
+// 0.02, in double precision) or Improved DDPM's cosine schedule, q_sample, and the
+// ε-prediction MSE objective, uniform over timesteps as in DiT or min-SNR weighted.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -13,11 +15,21 @@ namespace difftrain {
 
 struct DiffusionConfig {
   int steps = 1000;
+  // linear: β from beta_start to beta_end (DiT). cosine: ᾱ(t) = cos²((t/T + s)/(1 + s) · π/2)
+  // with s = 0.008 and β capped at 0.999 (Nichol & Dhariwal, DiT's "squaredcos_cap_v2").
+  std::string schedule = "linear";
   double beta_start = 1e-4;
   double beta_end = 0.02;
+  // uniform: every timestep's ε-MSE counts alike (DiT). min_snr: sample b's ε-MSE is weighted
+  // by min(SNR_t, γ) / SNR_t with SNR_t = ᾱ_t / (1 − ᾱ_t) (Hang et al., "Efficient Diffusion
+  // Training via Min-SNR Weighting Strategy", for ε-prediction).
+  std::string loss_weighting = "uniform";
+  double min_snr_gamma = 5;
 
   Status Validate() const;
   nlohmann::json ToJson() const;
+  // The inverse of ToJson (a checkpoint's metadata); fields it lacks keep their defaults.
+  static Result<DiffusionConfig> FromJson(const nlohmann::json& json);
 };
 
 class GaussianDiffusion {
@@ -27,6 +39,10 @@ class GaussianDiffusion {
   int steps() const { return config_.steps; }
   const std::vector<double>& betas() const { return betas_; }
   const std::vector<double>& alphas_cumprod() const { return alphas_cumprod_; }
+  // The weight of timestep t's ε-MSE under config.loss_weighting (1 when uniform).
+  double LossWeight(int64_t t) const;
+  // LossWeight of each of the B timesteps t; empty when the weighting is uniform.
+  std::vector<double> LossWeights(const int64_t* t, int B) const;
 
   // x_t = √ᾱ_t · x0 + √(1 − ᾱ_t) · noise for each of B samples of n values. The coefficients
   // are rounded to fp32 before the product, as DiT's _extract_into_tensor does.
@@ -39,10 +55,10 @@ class GaussianDiffusion {
 };
 
 // The ε-prediction loss: mean over every element of the first C channels of the output
-// ([B, out_channels, HW]) of (output − noise)²; the variance channels (learn_sigma) get no
-// gradient from it. Writes dout = grad_scale · ∂loss/∂output (zero in the variance channels)
-// and returns the loss.
+// ([B, out_channels, HW]) of w_b · (output − noise)², with w_b = weights[b] (1 when weights
+// is null); the variance channels (learn_sigma) get no gradient from it. Writes
+// dout = grad_scale · ∂loss/∂output (zero in the variance channels) and returns the loss.
 double EpsilonMseLoss(const float* output, const float* noise, int B, int C, int out_channels,
-                      int HW, float grad_scale, float* dout);
+                      int HW, float grad_scale, float* dout, const double* weights = nullptr);
 
 }  // namespace difftrain

@@ -117,9 +117,10 @@ StepCoefficients CoefficientsAt(const std::vector<double>& betas,
 
 double DiffusionLoss(const GaussianDiffusion& diffusion, const float* output, const float* x0,
                      const float* x_t, const float* noise, const int64_t* t, int B, int C, int HW,
-                     bool learn_sigma, float grad_scale, float* dout) {
+                     bool learn_sigma, float grad_scale, float* dout, const double* weights) {
   const int out_channels = learn_sigma ? 2 * C : C;
-  const double mse = EpsilonMseLoss(output, noise, B, C, out_channels, HW, grad_scale, dout);
+  const double mse =
+      EpsilonMseLoss(output, noise, B, C, out_channels, HW, grad_scale, dout, weights);
   if (!learn_sigma) return mse;
 
   const size_t n = static_cast<size_t>(C) * HW;

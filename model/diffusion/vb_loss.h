@@ -62,9 +62,11 @@ StepCoefficients CoefficientsAt(const std::vector<double>& betas,
 // (out_channels = 2C with learn_sigma, else C); x0, x_t and noise are [B, C, HW]; t [B].
 // Writes dout = grad_scale · ∂loss/∂output for every output channel and returns the loss.
 // learn_sigma = false is EpsilonMseLoss exactly; learn_sigma = true adds the mean vb term
-// above (its gradient lands in the v channels only).
+// above (its gradient lands in the v channels only). Per-sample `weights` (null: 1) scale
+// the ε-MSE term only (GaussianDiffusion::LossWeights); the vb term is never weighted.
 double DiffusionLoss(const GaussianDiffusion& diffusion, const float* output, const float* x0,
                      const float* x_t, const float* noise, const int64_t* t, int B, int C, int HW,
-                     bool learn_sigma, float grad_scale, float* dout);
+                     bool learn_sigma, float grad_scale, float* dout,
+                     const double* weights = nullptr);
 
 }  // namespace difftrain

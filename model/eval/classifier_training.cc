@@ -69,11 +69,9 @@ nlohmann::json ClassifierTrainOptions::ToJson() const {
 
 double ClassifierLearningRate(const ClassifierTrainOptions& options, int64_t step,
                               int64_t total_steps) {
-  const double warmup_steps = options.warmup_fraction * static_cast<double>(total_steps);
-  const double warmup =
-      warmup_steps > 0 ? std::min(1.0, static_cast<double>(step + 1) / warmup_steps) : 1.0;
-  const double progress = static_cast<double>(step) / static_cast<double>(total_steps);
-  return options.lr * warmup * 0.5 * (1.0 + std::cos(M_PI * progress));
+  return ScheduledLearningRate(options.lr,
+                               options.warmup_fraction * static_cast<double>(total_steps),
+                               /*cosine=*/true, step, total_steps);
 }
 
 Status TrainClassifier(Classifier<float>& net, const Dataset& train,

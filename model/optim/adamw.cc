@@ -13,6 +13,9 @@ Status OptimizerConfig::Validate() const {
   if (weight_decay < 0) return Errorf("optimizer.weight_decay must be >= 0, got {}", weight_decay);
   if (warmup_steps < 0) return Errorf("optimizer.warmup_steps must be >= 0, got {}", warmup_steps);
   if (grad_clip < 0) return Errorf("optimizer.grad_clip must be >= 0, got {}", grad_clip);
+  if (lr_schedule != "constant" && lr_schedule != "cosine") {
+    return Errorf("optimizer.lr_schedule: expected constant or cosine, found '{}'", lr_schedule);
+  }
   if (!(ema_decay >= 0 && ema_decay <= 1))
     return Errorf("optimizer.ema_decay must be in [0, 1], got {}", ema_decay);
   return Status::Ok();
@@ -25,13 +28,22 @@ nlohmann::json OptimizerConfig::ToJson() const {
           {"eps", eps},
           {"weight_decay", weight_decay},
           {"warmup_steps", warmup_steps},
+          {"lr_schedule", lr_schedule},
           {"grad_clip", grad_clip},
           {"ema_decay", ema_decay}};
 }
 
-double LearningRate(const OptimizerConfig& config, int64_t step) {
-  if (config.warmup_steps <= 0) return config.lr;
-  return config.lr * std::min(1.0, static_cast<double>(step + 1) / config.warmup_steps);
+double ScheduledLearningRate(double lr, double warmup_steps, bool cosine, int64_t step,
+                             int64_t total_steps) {
+  const double warmup =
+      warmup_steps > 0 ? std::min(1.0, static_cast<double>(step + 1) / warmup_steps) : 1.0;
+  const double progress = static_cast<double>(step) / static_cast<double>(total_steps);
+  return lr * warmup * (cosine ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0);
+}
+
+double LearningRate(const OptimizerConfig& config, int64_t step, int64_t total_steps) {
+  return ScheduledLearningRate(config.lr, static_cast<double>(config.warmup_steps),
+                               config.lr_schedule == "cosine", step, total_steps);
 }
 
 double SumOfSquares(const float* g, size_t n) {

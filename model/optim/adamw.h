@@ -1,10 +1,11 @@
-// AdamW (PyTorch's semantics), global-norm gradient clipping, a linear warm-up learning
-// rate, and the EMA of the weights. Each works on a flat range of the parameter arena, so
+// AdamW (PyTorch's semantics), global-norm gradient clipping, the learning-rate schedule
+// (linear warm-up, then constant or cosine decay), and the EMA of the weights. Each works on a flat range of the parameter arena, so
 // the full model and a ZeRO-1 shard are updated by the same code.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,8 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t warmup_steps = 0;  // linear warm-up from lr/warmup to lr
+  // constant: lr after the warm-up. cosine: lr · ½(1 + cos(π · step / steps)) over the run.
+  std::string lr_schedule = "constant";
   double grad_clip = 0.0;    // max global gradient norm; 0 disables clipping
   double ema_decay = 0.9999;
 
@@ -26,8 +29,13 @@ struct OptimizerConfig {
   nlohmann::json ToJson() const;
 };
 
-// Learning rate of optimizer step `step` (0-based): lr·min(1, (step + 1) / warmup_steps).
-double LearningRate(const OptimizerConfig& config, int64_t step);
+// Learning rate of optimizer step `step` (0-based) of a run of `total_steps`:
+// lr · min(1, (step + 1) / warmup_steps), times ½(1 + cos(π · step / total_steps)) when
+// `cosine`. A warm-up of 0 steps is none.
+double ScheduledLearningRate(double lr, double warmup_steps, bool cosine, int64_t step,
+                             int64_t total_steps);
+// ScheduledLearningRate under `config`.
+double LearningRate(const OptimizerConfig& config, int64_t step, int64_t total_steps);
 
 // Sum of squares of g[0..n) in double precision (the caller takes the square root after
 // adding the partial sums of every shard).

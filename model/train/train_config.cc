@@ -141,8 +141,11 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   c.learn_sigma_loss = c.model.learn_sigma;  // DiT trains the variance whenever it has one
   diffusion.Bool("learn_sigma_loss", c.learn_sigma_loss)
       .Int("steps", c.diffusion.steps)
+      .String("schedule", c.diffusion.schedule)
       .Double("beta_start", c.diffusion.beta_start)
-      .Double("beta_end", c.diffusion.beta_end);
+      .Double("beta_end", c.diffusion.beta_end)
+      .String("loss_weighting", c.diffusion.loss_weighting)
+      .Double("min_snr_gamma", c.diffusion.min_snr_gamma);
   DT_RETURN_IF_ERROR(diffusion.Finish());
 
   YamlFields opt = top.Section("optimizer");
@@ -152,6 +155,7 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
       .Double("eps", c.optimizer.eps)
       .Double("weight_decay", c.optimizer.weight_decay)
       .Int64("warmup_steps", c.optimizer.warmup_steps)
+      .String("lr_schedule", c.optimizer.lr_schedule)
       .Double("grad_clip", c.optimizer.grad_clip)
       .Double("ema_decay", c.optimizer.ema_decay);
   DT_RETURN_IF_ERROR(opt.Finish());

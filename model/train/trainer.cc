@@ -185,12 +185,14 @@ double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_sc
                      float* dout) const {
   const DiTConfig& m = config_.model;
   const int HW = m.input_size * m.input_size;
+  const std::vector<double> weights = diffusion_.LossWeights(batch.t.data(), batch.size);
+  const double* w = weights.empty() ? nullptr : weights.data();
   return config_.learn_sigma_loss
              ? DiffusionLoss(diffusion_, output, batch.x0.data(), batch.x_t.data(),
                              batch.noise.data(), batch.t.data(), batch.size, m.in_channels, HW,
-                             /*learn_sigma=*/true, grad_scale, dout)
+                             /*learn_sigma=*/true, grad_scale, dout, w)
              : EpsilonMseLoss(output, batch.noise.data(), batch.size, m.in_channels,
-                              m.out_channels(), HW, grad_scale, dout);
+                              m.out_channels(), HW, grad_scale, dout, w);
 }
 
 double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {
@@ -290,7 +292,7 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
     sum_squares = reduced[1];
   }
   stats.grad_norm = std::sqrt(sum_squares);
-  stats.lr = LearningRate(config_.optimizer, step_);
+  stats.lr = LearningRate(config_.optimizer, step_, config_.steps);
   const double clip = ClipScale(stats.grad_norm, config_.optimizer.grad_clip);
   size_t moment = 0;
   for (const parallel::Range& r : owned()) {

@@ -49,9 +49,13 @@ def parse_metadata(metadata):
                             f"{metadata.get('version')!r}, expected {FORMAT!r}/{VERSION!r}")
     config = _json_object(metadata, "config", {f.name for f in CONFIG_FIELDS}, optional={"name"})
     config.pop("name", None)  # descriptive only ("DiT-S/2" or "custom")
-    diffusion = _json_object(metadata, "diffusion", DIFFUSION_KEYS)
+    diffusion = _json_object(metadata, "diffusion", DIFFUSION_KEYS,
+                             optional={"loss_weighting", "min_snr_gamma"})
     if diffusion["schedule"] != "linear":
         raise MalformedDump(f"diffusion schedule {diffusion['schedule']!r}: only 'linear' is known")
+    if diffusion.get("loss_weighting", "uniform") != "uniform":
+        raise MalformedDump(f"loss weighting {diffusion['loss_weighting']!r}: only 'uniform' is known "
+                            "(check_vb_loss.py checks the weighted loss)")
     for field in CONFIG_FIELDS:
         value = config[field.name]
         allowed = (int, float) if field.type is float else field.type

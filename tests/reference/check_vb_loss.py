@@ -14,8 +14,9 @@ FILE is a safetensors file holding one call of the loss:
     loss    F32 [1]                       the loss difftrain computed
     dout    F32 [B, out_channels, H, W]   difftrain's grad_scale * d loss / d output
 
-and the metadata `format` = "difftrain-loss-check", `diffusion` (JSON: schedule, steps,
-beta_start, beta_end), `learn_sigma` ("true"/"false") and `grad_scale` (decimal).
+and the metadata `format` = "difftrain-loss-check", `diffusion` (JSON: schedule (linear or
+cosine), steps, beta_start, beta_end, loss_weighting (uniform or min_snr), min_snr_gamma),
+`learn_sigma` ("true"/"false") and `grad_scale` (decimal).
 
 The checker recomputes the loss with autograd from the file's inputs and compares loss and
 dout by relative L2 error ||a - b|| / ||b||. Exit status: 0 if both are within tol, 1 if
@@ -49,8 +50,10 @@ def parse(tensors, metadata):
         grad_scale = float(metadata["grad_scale"])
     except (KeyError, ValueError) as e:
         raise Malformed(f"bad or missing metadata: {e}") from None
-    if schedule.get("schedule") != "linear":
-        raise Malformed(f"diffusion schedule {schedule.get('schedule')!r}: only 'linear' is known")
+    if schedule.get("schedule") not in ("linear", "cosine"):
+        raise Malformed(f"diffusion schedule {schedule.get('schedule')!r}: expected linear or cosine")
+    if schedule.get("loss_weighting", "uniform") not in ("uniform", "min_snr"):
+        raise Malformed(f"loss weighting {schedule.get('loss_weighting')!r}: expected uniform or min_snr")
     missing = [n for n in ("output", "x0", "x_t", "noise", "t", "loss", "dout") if n not in tensors]
     if missing:
         raise Malformed(f"missing tensors {missing}")
@@ -65,8 +68,16 @@ def parse(tensors, metadata):
     t = tensors["t"]
     if t.min() < 0 or t.max() >= schedule["steps"]:
         raise Malformed(f"t {t.tolist()} outside [0, {schedule['steps']})")
-    betas = diffusion_torch.linear_betas(schedule["steps"], schedule["beta_start"], schedule["beta_end"])
-    return diffusion_torch.Diffusion(betas), learn_sigma, grad_scale
+    if schedule["schedule"] == "cosine":
+        betas = diffusion_torch.cosine_betas(schedule["steps"])
+    else:
+        betas = diffusion_torch.linear_betas(schedule["steps"], schedule["beta_start"], schedule["beta_end"])
+    diffusion = diffusion_torch.Diffusion(betas)
+    weights = None
+    if schedule.get("loss_weighting", "uniform") == "min_snr":
+        weights = diffusion_torch.min_snr_weights(diffusion, torch.from_numpy(t).long(),
+                                                  schedule["min_snr_gamma"])
+    return diffusion, weights, learn_sigma, grad_scale
 
 
 def relative_error(actual, expected):
@@ -80,15 +91,16 @@ def relative_error(actual, expected):
 
 def check(path, tol):
     tensors, metadata = safetensors_np.read(path)
-    diffusion, learn_sigma, grad_scale = parse(tensors, metadata)
+    diffusion, weights, learn_sigma, grad_scale = parse(tensors, metadata)
     as64 = lambda name: torch.from_numpy(tensors[name]).to(torch.float64)  # noqa: E731
     output = as64("output").requires_grad_(True)
     loss = diffusion_torch.training_loss(diffusion, output, as64("x0"), as64("x_t"), as64("noise"),
-                                         torch.from_numpy(tensors["t"]).long(), learn_sigma)
+                                         torch.from_numpy(tensors["t"]).long(), learn_sigma, weights)
     loss.backward()
     results = [("loss", relative_error(tensors["loss"], loss.detach().reshape(1))),
                ("dout", relative_error(tensors["dout"], grad_scale * output.grad))]
     print(f"{path}: batch {tensors['t'].shape[0]}, t {tensors['t'].tolist()}, learn_sigma {learn_sigma}, "
+          f"schedule {json.loads(metadata['diffusion'])['schedule']}, weighted {weights is not None}, "
           f"loss {tensors['loss'][0]:.6f} (reference {loss.item():.6f})")
     ok = True
     for name, err in results:

@@ -66,6 +66,20 @@ def linear_betas(steps=1000, beta_start=1e-4, beta_end=0.02):
     return np.linspace(beta_start, beta_end, steps, dtype=np.float64)
 
 
+def cosine_betas(steps=1000, max_beta=0.999):
+    """Improved DDPM's cosine schedule: beta_i = 1 - abar((i+1)/T) / abar(i/T), capped."""
+    abar = lambda s: math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2  # noqa: E731
+    return np.array([min(1 - abar((i + 1) / steps) / abar(i / steps), max_beta)
+                     for i in range(steps)], dtype=np.float64)
+
+
+def min_snr_weights(diffusion, t, gamma):
+    """Min-SNR-gamma weights of the eps-MSE: min(SNR_t, gamma) / SNR_t, SNR = abar/(1-abar)."""
+    abar = torch.from_numpy(diffusion.alphas_cumprod)[t]
+    snr = abar / (1 - abar)
+    return torch.clamp(snr, max=gamma) / snr
+
+
 def normal_kl(mean1, logvar1, mean2, logvar2):
     """KL(N(mean1, exp(logvar1)) || N(mean2, exp(logvar2))), element-wise, in nats."""
     return 0.5 * (-1.0 + logvar2 - logvar1 + torch.exp(logvar1 - logvar2)
@@ -107,12 +121,14 @@ def vb_terms_bpd(diffusion, eps, var_values, x0, x_t, t):
     return torch.where(t == 0, nll, kl)
 
 
-def training_loss(diffusion, output, x0, x_t, noise, t, learn_sigma):
-    """The batch's loss: mean over samples of MSE(eps, noise) (+ vb with learn_sigma, which
-    sees eps detached, so only the variance channels get its gradient)."""
+def training_loss(diffusion, output, x0, x_t, noise, t, learn_sigma, weights=None):
+    """The batch's loss: mean over samples of weights * MSE(eps, noise) (+ vb with learn_sigma,
+    which sees eps detached, so only the variance channels get its gradient)."""
     C = x_t.shape[1]
     eps = output[:, :C]
     loss = mean_flat((eps - noise) ** 2)
+    if weights is not None:
+        loss = loss * weights
     if learn_sigma:
         var_values = output[:, C:]
         loss = loss + vb_terms_bpd(diffusion, eps.detach(), var_values, x0, x_t, t)

@@ -1,0 +1,96 @@
+#include "model/diffusion/gaussian_diffusion.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+namespace difftrain {
+namespace {
+
+// Improved DDPM's ᾱ at the end of step i of T: f((i + 1)/T) / f(0), f(s) = cos²((s + .008)/1.008 · π/2).
+double CosineAlphaBarAfter(int i, int T) {
+  auto f = [](double s) { return std::pow(std::cos((s + 0.008) / 1.008 * M_PI / 2), 2); };
+  return f(static_cast<double>(i + 1) / T) / f(0);
+}
+
+TEST(GaussianDiffusionTest, CosineScheduleFollowsTheSquaredCosineUntilTheCap) {
+  DiffusionConfig config;
+  config.schedule = "cosine";
+  const GaussianDiffusion diffusion(config);
+  const auto& abar = diffusion.alphas_cumprod();
+  for (int i : {0, 1, 10, 250, 500, 900, 990}) {
+    EXPECT_NEAR(abar[i] / CosineAlphaBarAfter(i, 1000), 1.0, 1e-9) << "step " << i;
+  }
+  // The last β would be 1 (ᾱ reaches 0): it is capped at 0.999, so ᾱ stays positive.
+  EXPECT_DOUBLE_EQ(diffusion.betas().back(), 0.999);
+  EXPECT_GT(abar.back(), 0);
+  // Slower than the linear schedule at first, so more steps see a recognisable image.
+  const GaussianDiffusion linear{DiffusionConfig{}};
+  EXPECT_GT(abar[500], linear.alphas_cumprod()[500]);
+}
+
+TEST(GaussianDiffusionTest, MinSnrWeightsTheLowNoiseStepsDown) {
+  DiffusionConfig config;
+  EXPECT_TRUE(GaussianDiffusion(config).LossWeights(std::vector<int64_t>{0, 999}.data(), 2).empty());
+  config.loss_weighting = "min_snr";
+  config.min_snr_gamma = 5;
+  const GaussianDiffusion diffusion(config);
+  const auto& abar = diffusion.alphas_cumprod();
+  for (int64_t t : {0, 10, 100, 300, 999}) {
+    const double snr = abar[t] / (1 - abar[t]);
+    EXPECT_DOUBLE_EQ(diffusion.LossWeight(t), snr > 5 ? 5 / snr : 1.0) << "t " << t;
+  }
+  EXPECT_LT(diffusion.LossWeight(0), 1e-3);  // SNR_0 ≈ 1e4
+  EXPECT_EQ(diffusion.LossWeight(999), 1.0);
+  const std::vector<int64_t> t = {0, 999};
+  EXPECT_EQ(diffusion.LossWeights(t.data(), 2),
+            (std::vector<double>{diffusion.LossWeight(0), 1.0}));
+}
+
+TEST(GaussianDiffusionTest, WeightedMseScalesEachSamplesLossAndGradient) {
+  const std::vector<float> output = {1, 2, 3, 4}, noise = {0, 0, 0, 0};
+  const std::vector<double> weights = {0.5, 2};
+  std::vector<float> dout(4);
+  // B = 2 samples of one element each in one channel, with two output channels.
+  const double loss = EpsilonMseLoss(output.data(), noise.data(), 2, 1, 2, 1, 1.0f, dout.data(),
+                                     weights.data());
+  EXPECT_DOUBLE_EQ(loss, (0.5 * 1 + 2 * 9) / 2.0);
+  EXPECT_FLOAT_EQ(dout[0], 0.5f * 2 * 1 / 2);
+  EXPECT_FLOAT_EQ(dout[1], 0);  // the variance channel
+  EXPECT_FLOAT_EQ(dout[2], 2.0f * 2 * 3 / 2);
+  EXPECT_FLOAT_EQ(dout[3], 0);
+}
+
+TEST(DiffusionConfigTest, BadChoicesNameTheField) {
+  DiffusionConfig config;
+  config.schedule = "sigmoid";
+  EXPECT_EQ(config.Validate().message(),
+            "diffusion.schedule: expected linear or cosine, found 'sigmoid'");
+  config = {};
+  config.loss_weighting = "snr";
+  EXPECT_EQ(config.Validate().message(),
+            "diffusion.loss_weighting: expected uniform or min_snr, found 'snr'");
+  config = {};
+  config.min_snr_gamma = 0;
+  EXPECT_EQ(config.Validate().message(),
+            "diffusion.min_snr_gamma: expected a positive number, found 0");
+}
+
+TEST(DiffusionConfigTest, JsonRoundTrips) {
+  DiffusionConfig config;
+  config.schedule = "cosine";
+  config.loss_weighting = "min_snr";
+  config.min_snr_gamma = 3;
+  Result<DiffusionConfig> back = DiffusionConfig::FromJson(config.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), config.ToJson());
+  // A checkpoint from before the schedule was recorded reads as linear and uniform.
+  Result<DiffusionConfig> old =
+      DiffusionConfig::FromJson({{"steps", 1000}, {"beta_start", 1e-4}, {"beta_end", 0.02}});
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(old->schedule, "linear");
+  EXPECT_FALSE(DiffusionConfig::FromJson({{"steps", "many"}}).ok());
+}
+
+}  // namespace
+}  // namespace difftrain
