@@ -48,7 +48,7 @@ touch ${out}.stamp
     add_custom_command(
       OUTPUT ${out}.stamp
       COMMAND sh ${build_script}
-      DEPENDS ${sources} ${fuzz_headers}
+      DEPENDS ${sources} ${fuzz_headers} ${build_script}
       COMMENT "Building fuzz target ${name} with ${DIFFTRAIN_FUZZ_CXX}")
     add_custom_target(${name} ALL DEPENDS ${out}.stamp)
     file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz/${name}-corpus)
@@ -71,4 +71,5 @@ difftrain_fuzz_target(wire_fuzz "-lfmt" common/wire_fuzz.cc common/wire.cc)
 difftrain_fuzz_target(job_spec_fuzz "-lfmt;-lyaml-cpp"
   controller/job_spec_fuzz.cc model/train/train_config.cc common/yaml_fields.cc
   common/cluster_config.cc model/dit/config.cc model/diffusion/gaussian_diffusion.cc
-  model/optim/adamw.cc)
+  model/optim/adamw.cc model/train/planner.cc model/dit/shard.cc model/device.cc
+  model/tensor/tensor_table.cc)
