@@ -9,7 +9,6 @@
 #include "model/dit/shard.h"
 
 namespace difftrain::controller {
-namespace {}  // namespace
 
 Result<TrainConfig> LoadJob(const std::string& path, std::optional<int> nodes,
                             std::optional<int> devices_per_node, std::string* yaml) {
@@ -26,6 +25,13 @@ Result<TrainConfig> LoadJob(const std::string& path, std::optional<int> nodes,
     }
     c.devices_per_node = *devices_per_node;
     c.where["cluster.devices_per_node"] = "--devices-per-node";
+  }
+  if (config.parallel.automatic && (nodes || devices_per_node)) {
+    return Errorf(
+        "{}: parallel: auto chooses the layout for the file's cluster.nodes and "
+        "cluster.devices_per_node, which every rank reads; set them there instead of --nodes / "
+        "--devices-per-node",
+        path);
   }
   if (yaml != nullptr) {
     std::ifstream in(path);
@@ -89,8 +95,8 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
       4 * ((3 * trainable + (p.parameters - trainable) + moments) / (p.tp * p.pp)));
   DT_ASSIGN_OR_RETURN(const DiTShard first,
                       DiTShard::Create(config.model, p.tp, 0, p.cp, 0, p.pp, 0, pc.stage_blocks));
-  p.activation_bytes_per_rank =
-      static_cast<int64_t>(DiT::ActivationBytes(config.model, first, config.micro_batch, 1));
+  p.activation_bytes_per_rank = static_cast<int64_t>(
+      DiT::ActivationBytes(config.model, first, config.micro_batch, 1, config.recompute));
   return p;
 }
 
@@ -118,6 +124,11 @@ std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
   std::string out =
       fmt::format("world {} = {} node(s) x {} device(s); tp {} cp {} dp {} pp {} (order {})\n",
                   p.world, p.nodes, p.devices_per_node, p.tp, p.cp, p.dp, p.pp, topology.order());
+  if (config.parallel.automatic) {
+    out += fmt::format("parallel: auto chose tp {} cp {} pp {} dp {}{}{} (docs/bench.md)\n", p.tp,
+                       p.cp, p.pp, p.dp, config.parallel.zero1 ? ", ZeRO-1" : "",
+                       config.recompute ? ", activation recomputation" : "");
+  }
   out += fmt::format("batch: global {} = micro {} x data-parallel {} x accumulation {}\n",
                      config.global_batch, config.micro_batch, p.dp, p.accumulation);
   out += fmt::format("model: {} ({} parameters), {} steps\n", config.model.name, p.parameters,

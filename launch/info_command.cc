@@ -19,6 +19,7 @@ struct InfoOptions {
   int tp = 1, cp = 1, pp = 1, dp = 1;
   int micro_batches = 0;  // per step and replica; 0: pp (the pipeline full)
   bool zero1 = false;
+  bool recompute = false;
   double bucket_mb = ParallelConfig{}.bucket_mb;
   bool all = false;
   bool devices = false;
@@ -34,8 +35,9 @@ nlohmann::json DescribeRanks(const DiTConfig& c, const InfoOptions& o) {
   const int micro_batches = o.micro_batches > 0 ? o.micro_batches : o.pp;
   for (int stage = 0; stage < o.pp; ++stage) {
     const DiTShard shard = *DiTShard::Create(c, o.tp, 0, o.cp, 0, o.pp, stage);
-    const MemoryBytes m = PlanMemory(c, shard, o.micro_batch, micro_batches, o.zero1, o.dp * o.cp,
-                                     static_cast<size_t>(o.bucket_mb * (1 << 20) / sizeof(float)));
+    const MemoryBytes m =
+        PlanMemory(c, shard, o.micro_batch, micro_batches, o.zero1, o.dp * o.cp,
+                   static_cast<size_t>(o.bucket_mb * (1 << 20) / sizeof(float)), o.recompute);
     stages.push_back({{"stage", stage},
                       {"blocks", {shard.first_block, shard.end_block}},
                       {"parameters", m.parameters},
@@ -52,6 +54,7 @@ nlohmann::json DescribeRanks(const DiTConfig& c, const InfoOptions& o) {
           {"micro_batch", o.micro_batch},
           {"micro_batches", micro_batches},
           {"zero1", o.zero1},
+          {"recompute", o.recompute},
           {"stages", stages}};
 }
 
@@ -68,7 +71,8 @@ nlohmann::json Describe(const DiTConfig& c, const InfoOptions& o) {
           {"training_gflops_per_sample", TrainingFlopsPerSample(c) / 1e9},
           {"state_bytes",
            static_cast<int64_t>(trainable * kStateArenas * 4 + (params - trainable) * 4)},
-          {"activation_bytes", DiT::ActivationBytes(c, DiTShard::Whole(c), micro_batch, 1)},
+          {"activation_bytes",
+           DiT::ActivationBytes(c, DiTShard::Whole(c), micro_batch, 1, o.recompute)},
           {"micro_batch", micro_batch},
           {"per_rank", DescribeRanks(c, o)}};
 }
@@ -86,27 +90,27 @@ std::string WithThousands(int64_t n) {
 void PrintHuman(const nlohmann::json& d) {
   std::printf(
       "%-10s latents %2dx%-2d tokens %5d  params %13s (trainable %s)  forward %8.2f GMACs"
-      "  train %8.1f GFLOP/sample  state %.2f GiB  activations %.2f GiB (micro-batch %d)\n",
+      "  train %8.1f GFLOP/sample  state %.2f GiB  activations %.2f GiB (micro-batch %d%s)\n",
       d["model"].get<std::string>().c_str(), d["input_size"].get<int>(), d["input_size"].get<int>(),
       d["tokens"].get<int>(), WithThousands(d["parameters"].get<int64_t>()).c_str(),
       WithThousands(d["trainable_parameters"].get<int64_t>()).c_str(),
       d["forward_gmacs_per_sample"].get<double>(), d["training_gflops_per_sample"].get<double>(),
       d["state_bytes"].get<double>() / (1 << 30), d["activation_bytes"].get<double>() / (1 << 30),
-      d["micro_batch"].get<int>());
+      d["micro_batch"].get<int>(), d["per_rank"]["recompute"].get<bool>() ? ", recompute" : "");
   const nlohmann::json& r = d["per_rank"];
   if (r["tp"] == 1 && r["cp"] == 1 && r["pp"] == 1 && r["dp"] == 1) return;
   const double GiB = 1 << 30;
   for (const nlohmann::json& s : r["stages"]) {
     std::printf(
-        "  tp %d cp %d dp %d pp %d%s stage %d (blocks %d-%d), per rank: parameters %.2f GiB  "
+        "  tp %d cp %d dp %d pp %d%s%s stage %d (blocks %d-%d), per rank: parameters %.2f GiB  "
         "gradients %.2f GiB  optimizer %.2f GiB  EMA %.2f GiB  activations %.2f GiB  total "
         "%.2f GiB\n",
         r["tp"].get<int>(), r["cp"].get<int>(), r["dp"].get<int>(), r["pp"].get<int>(),
-        r["zero1"].get<bool>() ? " ZeRO-1" : "", s["stage"].get<int>(), s["blocks"][0].get<int>(),
-        s["blocks"][1].get<int>() - 1, s["parameters"].get<double>() / GiB,
-        s["gradients"].get<double>() / GiB, s["optimizer"].get<double>() / GiB,
-        s["ema"].get<double>() / GiB, s["activations"].get<double>() / GiB,
-        s["total"].get<double>() / GiB);
+        r["zero1"].get<bool>() ? " ZeRO-1" : "", r["recompute"].get<bool>() ? " recompute" : "",
+        s["stage"].get<int>(), s["blocks"][0].get<int>(), s["blocks"][1].get<int>() - 1,
+        s["parameters"].get<double>() / GiB, s["gradients"].get<double>() / GiB,
+        s["optimizer"].get<double>() / GiB, s["ema"].get<double>() / GiB,
+        s["activations"].get<double>() / GiB, s["total"].get<double>() / GiB);
   }
 }
 
@@ -173,6 +177,8 @@ DIFFTRAIN_COMMAND(
        app.add_option("--micro-batches", o->micro_batches,
                       "micro-batches per step and replica (default: pp)");
        app.add_flag("--zero1", o->zero1, "shard AdamW moments over the dp-cp group");
+       app.add_flag("--recompute", o->recompute,
+                    "activation recomputation: keep only each block's input");
        app.add_option("--bucket-mb", o->bucket_mb, "gradient bucket MiB")->capture_default_str();
        app.add_flag("--all", o->all, "every DiT-S/B/L/XL x 2/4/8 config");
        app.add_flag("--devices", o->devices, "list the CUDA devices");

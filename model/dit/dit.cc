@@ -76,11 +76,38 @@ struct Dims {
 
 }  // namespace
 
+template <typename F>
+void DiT::VisitBlock(const DiTConfig& c, const DiTShard& s, int B, const std::string& p,
+                     BlockActs& k, F&& f) {
+  const Dims d(c, s, B);
+  const int64_t N = d.N, D = d.D;
+  f(p + "ada", {B, 6 * D}, k.ada);
+  f(p + "ln1", {N, D}, k.ln1);
+  f(p + "mean1", {N}, k.mean1);
+  f(p + "rstd1", {N}, k.rstd1);
+  f(p + "mod1", {N, D}, k.mod1);
+  f(p + "qkv", {N, 3 * d.Dl}, k.qkv);
+  if (s.cp > 1) f(p + "kv", {int64_t(B) * d.T, 3 * d.Dl}, k.kv);
+  f(p + "probs", {B, d.Hl, d.Tl, d.T}, k.probs);
+  f(p + "attn", {N, d.Dl}, k.attn);
+  f(p + "proj", {N, D}, k.proj);
+  f(p + "mid", {N, D}, k.mid);
+  f(p + "ln2", {N, D}, k.ln2);
+  f(p + "mean2", {N}, k.mean2);
+  f(p + "rstd2", {N}, k.rstd2);
+  f(p + "mod2", {N, D}, k.mod2);
+  f(p + "fc1", {N, d.Ml}, k.fc1);
+  f(p + "gelu", {N, d.Ml}, k.gelu);
+  f(p + "fc2", {N, D}, k.fc2);
+}
+
 // Calls f(name, shape, member) for every activation of one slot, in arena order. Laying out
 // the arena and binding the pointers both walk this one list. Context parallelism adds the
-// gathered keys/values and output; with cp = 1 those are the local buffers themselves.
+// gathered keys/values and output; with cp = 1 those are the local buffers themselves. With
+// recomputation a slot keeps only each block's input.
 template <typename F>
-void DiT::VisitActivations(const DiTConfig& c, const DiTShard& s, int B, Acts& a, F&& f) {
+void DiT::VisitActivations(const DiTConfig& c, const DiTShard& s, int B, bool recompute, Acts& a,
+                           F&& f) {
   const Dims d(c, s, B);
   const int64_t N = d.N, D = d.D;
   if (s.first_stage()) {
@@ -98,24 +125,7 @@ void DiT::VisitActivations(const DiTConfig& c, const DiTShard& s, int B, Acts& a
     auto& k = a.blocks[l - s.first_block];
     const std::string p = "blocks." + std::to_string(l) + ".";
     f(p + "resid_in", {N, D}, k.resid_in);
-    f(p + "ada", {B, 6 * D}, k.ada);
-    f(p + "ln1", {N, D}, k.ln1);
-    f(p + "mean1", {N}, k.mean1);
-    f(p + "rstd1", {N}, k.rstd1);
-    f(p + "mod1", {N, D}, k.mod1);
-    f(p + "qkv", {N, 3 * d.Dl}, k.qkv);
-    if (s.cp > 1) f(p + "kv", {int64_t(B) * d.T, 3 * d.Dl}, k.kv);
-    f(p + "probs", {B, d.Hl, d.Tl, d.T}, k.probs);
-    f(p + "attn", {N, d.Dl}, k.attn);
-    f(p + "proj", {N, D}, k.proj);
-    f(p + "mid", {N, D}, k.mid);
-    f(p + "ln2", {N, D}, k.ln2);
-    f(p + "mean2", {N}, k.mean2);
-    f(p + "rstd2", {N}, k.rstd2);
-    f(p + "mod2", {N, D}, k.mod2);
-    f(p + "fc1", {N, d.Ml}, k.fc1);
-    f(p + "gelu", {N, d.Ml}, k.gelu);
-    f(p + "fc2", {N, D}, k.fc2);
+    if (!recompute) VisitBlock(c, s, B, p, k, f);
   }
   f("resid_out", {N, D}, a.resid_out);
   if (s.last_stage()) {
@@ -131,7 +141,8 @@ void DiT::VisitActivations(const DiTConfig& c, const DiTShard& s, int B, Acts& a
 }
 
 template <typename F>
-void DiT::VisitScratch(const DiTConfig& c, const DiTShard& s, int B, Scratch& a, F&& f) {
+void DiT::VisitScratch(const DiTConfig& c, const DiTShard& s, int B, bool recompute, Scratch& a,
+                       F&& f) {
   const Dims d(c, s, B);
   const int64_t N = d.N, D = d.D;
   if (s.first_stage()) f("patches_full", {int64_t(B) * d.T, d.F}, a.patches_full);
@@ -155,6 +166,7 @@ void DiT::VisitScratch(const DiTConfig& c, const DiTShard& s, int B, Scratch& a,
     // The rank-major buffer of the sequence exchanges (keys/values and the output).
     f("sequence", {int64_t(B) * d.T * std::max(3 * d.Dl, s.last_stage() ? d.Fo : 0)}, a.sequence);
   }
+  if (recompute) VisitBlock(c, s, B, "recompute.", a.block, f);
 }
 
 DiT::DiT(const DiTConfig& config) : DiT(config, DiTShard::Whole(config), DiTComms{}) {}
@@ -263,7 +275,8 @@ void DiT::InitializeRandom(uint64_t seed) {
   });
 }
 
-size_t DiT::ActivationBytes(const DiTConfig& c, const DiTShard& s, int B, int slots) {
+size_t DiT::ActivationBytes(const DiTConfig& c, const DiTShard& s, int B, int slots,
+                            bool recompute) {
   size_t slot = 0, scratch = 0;
   Acts acts{};
   Scratch sc{};
@@ -275,14 +288,14 @@ size_t DiT::ActivationBytes(const DiTConfig& c, const DiTShard& s, int B, int sl
       total += n;
     };
   };
-  VisitActivations(c, s, B, acts, count(slot));
-  VisitScratch(c, s, B, sc, count(scratch));
+  VisitActivations(c, s, B, recompute, acts, count(slot));
+  VisitScratch(c, s, B, recompute, sc, count(scratch));
   return (slot * static_cast<size_t>(slots) + scratch) * sizeof(float);
 }
 
-void DiT::Reserve(int B, int slots) {
+void DiT::Reserve(int B, int slots, bool recompute) {
   DT_CHECK(B > 0 && slots > 0, "micro-batch {} and slots {} must be positive", B, slots);
-  if (B == batch_ && slots == static_cast<int>(acts_.size())) return;
+  if (B == batch_ && slots == static_cast<int>(acts_.size()) && recompute == recompute_) return;
   TensorTable slot_layout, scratch_layout;
   Acts unused{};
   Scratch unused_scratch{};
@@ -291,8 +304,8 @@ void DiT::Reserve(int B, int slots) {
       t.Add(name, std::move(shape));
     };
   };
-  VisitActivations(config_, shard_, B, unused, add(slot_layout));
-  VisitScratch(config_, shard_, B, unused_scratch, add(scratch_layout));
+  VisitActivations(config_, shard_, B, recompute, unused, add(slot_layout));
+  VisitScratch(config_, shard_, B, recompute, unused_scratch, add(scratch_layout));
   act_buffer_ = Buffer<float>(slot_layout.total() * slots + scratch_layout.total());
   acts_.assign(slots, Acts{});
   y_.assign(slots, {});
@@ -301,23 +314,30 @@ void DiT::Reserve(int B, int slots) {
       member = base + t.Find(name)->offset;
     };
   };
-  for (int i = 0; i < slots; ++i) {
-    Acts& a = acts_[i];
-    VisitActivations(config_, shard_, B, a,
-                     bind(slot_layout, act_buffer_.data() + slot_layout.total() * i));
-    if (shard_.cp == 1) {  // one rank's sequence is the whole sequence
-      for (BlockActs& k : a.blocks)
-        k.kv = k.qkv;
-      a.final_full = a.final_out;
-    }
-  }
-  VisitScratch(config_, shard_, B, scratch_,
+  VisitScratch(config_, shard_, B, recompute, scratch_,
                bind(scratch_layout, act_buffer_.data() + slot_layout.total() * slots));
-  if (shard_.cp == 1) {
+  if (shard_.cp == 1) {  // one rank's sequence is the whole sequence
     scratch_.d_kv = scratch_.d_qkv;
     scratch_.d_final_full = scratch_.d_final_out;
+    scratch_.block.kv = scratch_.block.qkv;
+  }
+  for (int i = 0; i < slots; ++i) {
+    Acts& a = acts_[i];
+    VisitActivations(config_, shard_, B, recompute, a,
+                     bind(slot_layout, act_buffer_.data() + slot_layout.total() * i));
+    for (BlockActs& k : a.blocks) {
+      if (recompute) {  // the block's input is the slot's; the rest is the shared workspace
+        float* input = k.resid_in;
+        k = scratch_.block;
+        k.resid_in = input;
+      } else if (shard_.cp == 1) {
+        k.kv = k.qkv;
+      }
+    }
+    if (shard_.cp == 1) a.final_full = a.final_out;
   }
   batch_ = B;
+  recompute_ = recompute;
 }
 
 size_t DiT::boundary_elements() const {
@@ -368,10 +388,8 @@ Status DiT::Forward(int slot, const float* x, const float* t, const int32_t* y, 
   }
   cpu::SiluForward(a.silu_c, a.c, size_t(B) * D);
 
-  for (size_t i = 0; i < a.blocks.size(); ++i) {
-    float* resid_out = i + 1 < a.blocks.size() ? a.blocks[i + 1].resid_in : a.resid_out;
-    DT_RETURN_IF_ERROR(BlockForward(static_cast<int>(i), a, resid_out));
-  }
+  for (size_t i = 0; i < a.blocks.size(); ++i)
+    DT_RETURN_IF_ERROR(BlockForward(static_cast<int>(i), a));
 
   if (!shard_.last_stage()) {
     std::memcpy(output, a.resid_out, size_t(N) * D * sizeof(float));
@@ -391,9 +409,11 @@ Status DiT::Forward(int slot, const float* x, const float* t, const int32_t* y, 
   return Status::Ok();
 }
 
-Status DiT::BlockForward(int i, Acts& a, float* resid_out) {
+Status DiT::BlockForward(int i, Acts& a) {
   const BlockOffsets& o = blocks_[i];
   BlockActs& k = a.blocks[i];
+  float* resid_out =
+      i + 1 < static_cast<int>(a.blocks.size()) ? a.blocks[i + 1].resid_in : a.resid_out;
   const Dims d(config_, shard_, batch_);
   const int B = d.B, D = d.D, N = d.N, Tl = d.Tl;
   const size_t ND = size_t(N) * D;
@@ -469,7 +489,10 @@ Status DiT::Backward(int slot, const float* output_grad, float* input_grad,
 
   // Blocks, last to first. d_resid holds the residual-stream gradient throughout: the gated
   // residuals pass it through unchanged and the LayerNorms add their branch into it.
+  // With recomputation the workspace holds another block's activations: run this block's
+  // forward again first. Its output is rewritten with the value backward already consumed.
   for (int i = static_cast<int>(a.blocks.size()) - 1; i >= 0; --i) {
+    if (recompute_) DT_RETURN_IF_ERROR(BlockForward(i, a).WithContext("recomputing a block"));
     DT_RETURN_IF_ERROR(BlockBackward(i, a));
     report(blocks_[i].qkv_w);  // the block's first tensor
   }
@@ -554,7 +577,7 @@ Status DiT::BlockBackward(int i, Acts& a) {
 }
 
 const float* DiT::Forward(const float* x, const float* t, const int32_t* y, int B) {
-  Reserve(B, std::max<int>(1, static_cast<int>(acts_.size())));
+  Reserve(B, std::max<int>(1, static_cast<int>(acts_.size())), recompute_);
   Status s = Forward(0, x, t, y, nullptr, nullptr);
   DT_CHECK(s.ok(), "{}", s.message());
   return output(0);

@@ -8,6 +8,13 @@
 // in flight, and one backward scratch area serves them all. Backward mirrors forward in
 // reverse and adds into the gradient arena (`+=`), so micro-batches accumulate.
 //
+// Activation recomputation (Reserve's `recompute`): a slot keeps only each block's input;
+// every block's other activations live in one workspace of the scratch area, which forward
+// overwrites block after block and backward refills by running the block's forward again
+// just before the block's backward. Same code, same order of operations, so the gradients
+// are the same bits; each block's forward runs twice (model FLOP/s does not count the
+// second: docs/metrics.md).
+//
 // Communication (model/parallel/mappings.h), each op paired with its backward twin:
 //   tensor parallel, per block: mod1 and mod2 enter the column-parallel qkv and fc1 through
 //   CopyToTensorParallel (backward: all-reduce of their gradient); proj and fc2 leave
@@ -71,8 +78,9 @@ class DiT {
   // gradient checks see signal on every path, including the zero-initialised ones.
   void InitializeRandom(uint64_t seed);
 
-  // Allocates `slots` activation slots for micro-batches of B (if not already so).
-  void Reserve(int B, int slots);
+  // Allocates `slots` activation slots for micro-batches of B (if not already so); with
+  // `recompute`, a slot keeps only the blocks' inputs and backward recomputes the rest.
+  void Reserve(int B, int slots, bool recompute = false);
   // Floats of a stage boundary: hidden tokens [B, T/cp, D], then c [B, D].
   size_t boundary_elements() const;
 
@@ -100,8 +108,10 @@ class DiT {
   const float* Forward(const float* x, const float* t, const int32_t* y, int B);
   void Backward(const float* dout, const GradientsReady& ready = {});
 
-  // Bytes of the activation arena: `slots` slots for micro-batch B plus the backward scratch.
-  static size_t ActivationBytes(const DiTConfig& config, const DiTShard& shard, int B, int slots);
+  // Bytes of the activation arena: `slots` slots for micro-batch B plus the backward scratch
+  // (and, with `recompute`, the block workspace).
+  static size_t ActivationBytes(const DiTConfig& config, const DiTShard& shard, int B, int slots,
+                                bool recompute = false);
   size_t activation_bytes() const { return act_buffer_.bytes(); }
   size_t pos_embed_bytes() const { return pos_embed_.bytes(); }
 
@@ -121,21 +131,30 @@ class DiT {
     std::vector<BlockActs> blocks;  // this stage's blocks
     float *resid_out, *ada_f, *lnf, *meanf, *rstdf, *modf, *final_out, *final_full, *out;
   };
-  // Forward and backward scratch, shared by the slots.
+  // Forward and backward scratch, shared by the slots. With recomputation, `block` holds
+  // every activation of the block being computed except its input (resid_in is unused).
   struct Scratch {
     float *patches_full, *d_resid, *d_a, *d_b, *d_qkv, *d_kv, *d_h1, *d_h2, *d_ada, *d_silu_c, *d_c,
         *d_t1, *d_t2, *d_final_out, *d_final_full, *sequence;
+    BlockActs block;
   };
+  // Calls f for every activation of one block but its input, names prefixed by `prefix`.
   template <typename F>
-  static void VisitActivations(const DiTConfig& c, const DiTShard& s, int B, Acts& a, F&& f);
+  static void VisitBlock(const DiTConfig& c, const DiTShard& s, int B, const std::string& prefix,
+                         BlockActs& k, F&& f);
   template <typename F>
-  static void VisitScratch(const DiTConfig& c, const DiTShard& s, int B, Scratch& a, F&& f);
+  static void VisitActivations(const DiTConfig& c, const DiTShard& s, int B, bool recompute,
+                               Acts& a, F&& f);
+  template <typename F>
+  static void VisitScratch(const DiTConfig& c, const DiTShard& s, int B, bool recompute, Scratch& a,
+                           F&& f);
   // Fills a whole-model arena by `fill` and keeps this shard's part.
   template <typename Fill>
   void InitializeGlobal(Fill&& fill);
   size_t Offset(const std::string& name) const;
 
-  Status BlockForward(int l, Acts& a, float* resid_out);
+  // Block i's forward, writing its output to the next block's input (or resid_out).
+  Status BlockForward(int i, Acts& a);
   Status BlockBackward(int l, Acts& a);
 
   float* P(size_t offset) { return params_.data() + offset; }
@@ -152,6 +171,7 @@ class DiT {
   std::vector<BlockOffsets> blocks_;  // this stage's blocks
 
   int batch_ = 0;
+  bool recompute_ = false;
   Buffer<float> act_buffer_;
   std::vector<Acts> acts_;
   Scratch scratch_{};

@@ -1,6 +1,7 @@
 #include "model/train/train_config.h"
 
 #include "common/yaml_fields.h"
+#include "model/train/planner.h"
 
 namespace difftrain {
 namespace {
@@ -108,7 +109,8 @@ nlohmann::json TrainConfig::ToJson() const {
            {{"steps", steps},
             {"seed", seed},
             {"log_every", log_every},
-            {"metrics_file", metrics_file}}},
+            {"metrics_file", metrics_file},
+            {"recompute", recompute}}},
           {"parallel",
            {{"tp", parallel.tp},
             {"cp", parallel.cp},
@@ -118,7 +120,8 @@ nlohmann::json TrainConfig::ToJson() const {
             {"zero1", parallel.zero1},
             {"overlap", parallel.overlap},
             {"bucket_mb", parallel.bucket_mb},
-            {"timeout_seconds", parallel.timeout_seconds}}},
+            {"timeout_seconds", parallel.timeout_seconds},
+            {"auto", parallel.automatic}}},
           {"checkpoint",
            {{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep", checkpoint.keep}}}};
 }
@@ -171,11 +174,21 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   train.Int64("steps", c.steps)
       .Int64("seed", seed)
       .Int("log_every", c.log_every)
-      .String("metrics_file", c.metrics_file);
+      .String("metrics_file", c.metrics_file)
+      .Bool("recompute", c.recompute);
   c.seed = static_cast<uint64_t>(seed);
   DT_RETURN_IF_ERROR(train.Finish());
 
+  // `parallel: auto`: the planner chooses the layout once the cluster section is read.
   YamlFields parallel = top.Section("parallel");
+  c.parallel.automatic =
+      top.Has("parallel") && root["parallel"].IsScalar() && root["parallel"].Scalar() == "auto";
+  if (c.parallel.automatic) {
+    parallel = YamlFields(path, YAML::Node(), "parallel");
+  } else if (top.Has("parallel") && root["parallel"].IsScalar()) {
+    return top.ErrorAt("parallel", fmt::format("expected a mapping of fields or 'auto', found '{}'",
+                                               root["parallel"].Scalar()));
+  }
   parallel.Int("tp", c.parallel.tp)
       .Int("cp", c.parallel.cp)
       .Int("pp", c.parallel.pp)
@@ -200,6 +213,23 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   c.cluster.Locate(parallel, "parallel", {"tp"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
+  if (c.parallel.automatic) {
+    const std::optional<int> micro =
+        batch.Has("micro") ? std::optional<int>(c.micro_batch) : std::nullopt;
+    Result<PlannedLayout> chosen =
+        ChooseLayout(c.model, c.global_batch, micro, c.cluster.nodes, c.cluster.devices_per_node);
+    if (!chosen.ok()) {
+      return Errorf("{}: parallel: auto: {}", top.Location("parallel"), chosen.status().message());
+    }
+    const Layout& l = chosen->layout;
+    c.parallel.tp = l.tp;
+    c.parallel.cp = l.cp;
+    c.parallel.pp = l.pp;
+    c.parallel.dp = l.dp;
+    c.parallel.zero1 = l.zero1;
+    c.recompute = l.recompute;
+    c.micro_batch = l.micro_batch;
+  }
   Status valid = c.Validate();
   // Errors located in the file already name it.
   if (!valid.ok()) return valid.message().starts_with(path) ? valid : valid.WithContext(path);

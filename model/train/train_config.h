@@ -42,6 +42,9 @@ struct ParallelConfig {
   bool overlap = true;            // reduce gradient buckets while backward runs
   double bucket_mb = 4;           // gradient bucket size in MiB
   double timeout_seconds = 120;   // a collective or rendezvous that takes longer fails
+  // `parallel: auto`: tp, cp, pp, dp, zero1 (and train.recompute, and batch.micro when the
+  // file leaves it out) were chosen by the planner (model/train/planner.h).
+  bool automatic = false;
 };
 
 struct TrainConfig {
@@ -58,6 +61,7 @@ struct TrainConfig {
   uint64_t seed = 0;
   int log_every = 10;
   std::string metrics_file;  // JSON lines of per-step metrics; "{rank}" becomes the rank
+  bool recompute = false;    // keep only each block's input; recompute the rest in backward
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   ClusterConfig cluster;  // nodes, restart policy, metrics, keys: read by the daemons

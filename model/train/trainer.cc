@@ -51,7 +51,8 @@ std::vector<parallel::Range> Intersect(const std::vector<parallel::Range>& a,
 }  // namespace
 
 MemoryBytes PlanMemory(const DiTConfig& c, const DiTShard& shard, int micro_batch,
-                       int micro_batches, bool zero1, int dp_cp, size_t bucket_elements) {
+                       int micro_batches, bool zero1, int dp_cp, size_t bucket_elements,
+                       bool recompute) {
   const size_t n = ShardParameters(c, shard).table.total();
   size_t owned = 0;
   for (const parallel::Range& r :
@@ -64,7 +65,8 @@ MemoryBytes PlanMemory(const DiTConfig& c, const DiTShard& shard, int micro_batc
   m.optimizer = 2 * owned * sizeof(float);
   m.ema = n * sizeof(float);
   m.activations = DiT::ActivationBytes(
-      c, shard, micro_batch, parallel::InFlightMicroBatches(shard.pp, shard.stage, micro_batches));
+      c, shard, micro_batch, parallel::InFlightMicroBatches(shard.pp, shard.stage, micro_batches),
+      recompute);
   return m;
 }
 
@@ -135,7 +137,7 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   slots_ = parallel::InFlightMicroBatches(model_.shard().pp, model_.shard().stage, micro_batches_);
   batches_.resize(slots_);
   douts_.resize(slots_);
-  model_.Reserve(config.micro_batch, slots_);
+  model_.Reserve(config.micro_batch, slots_, config.recompute);
   model_.InitializeReference(config.seed);
   std::memcpy(ema_.data(), model_.params(), ema_.bytes());
 }

@@ -54,9 +54,10 @@ struct MemoryBytes {
 // The arenas a rank with `shard` allocates: micro-batches of `micro_batch`, `micro_batches`
 // of them per step and replica (the pipeline keeps min(pp − stage, that) in flight), AdamW
 // moments sharded over a dp-cp group of `dp_cp` ranks with ZeRO-1 (rank 0's share, the
-// largest), gradient buckets of `bucket_elements`.
+// largest), gradient buckets of `bucket_elements`, activations recomputed or not.
 MemoryBytes PlanMemory(const DiTConfig& config, const DiTShard& shard, int micro_batch,
-                       int micro_batches, bool zero1, int dp_cp, size_t bucket_elements);
+                       int micro_batches, bool zero1, int dp_cp, size_t bucket_elements,
+                       bool recompute);
 
 struct StepStats {
   int64_t step = 0;  // optimizer steps done after this one

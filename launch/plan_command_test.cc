@@ -1,0 +1,70 @@
+// Runs the built `difftrain plan` as a user does, and a job with `parallel: auto` through
+// `difftrain validate` and `difftrain run`.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/temp_dir.h"
+#include "tests/testing/run_command.h"
+
+namespace difftrain {
+namespace {
+
+using testing::CommandResult;
+using testing::RunDifftrain;
+using testing::ShellQuote;
+
+TEST(PlanCommandTest, ChoosesAFittingLayoutForDiTXLOnEightH100s) {
+  const CommandResult r = RunDifftrain(
+      "plan --model DiT-XL/2 --image-size 256 --device H100 --devices-per-node 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json plan = nlohmann::json::parse(r.output, nullptr, false);
+  ASSERT_FALSE(plan.is_discarded()) << r.output;
+  const double budget = 0.9 * 80.0 * (1 << 30);
+  for (const nlohmann::json& l : plan["layouts"]) {
+    EXPECT_EQ(l["tp"].get<int>() * l["cp"].get<int>() * l["pp"].get<int>() * l["dp"].get<int>(), 8);
+    EXPECT_LE(l["memory_bytes"]["total"].get<double>(), budget);
+  }
+  const CommandResult human =
+      RunDifftrain("plan --model DiT-XL/2 --image-size 256 --device H100 --devices-per-node 8");
+  EXPECT_NE(human.output.find("chosen: tp "), std::string::npos) << human.output;
+}
+
+TEST(PlanCommandTest, ImpossibleRequestsExitTwoNamingTheProblem) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--model DiT-XL/2 --device H100 --memory-gib 2",
+       "DiT-XL/2 does not fit: the smallest layout"},
+      {"--model DiT-XL/2 --device H100 --devices-per-node 8 --tp 3",
+       "tp 3: expected a divisor of the model's 16 heads"},
+      {"--model custom --patch 2 --hidden 64 --depth 2 --heads 5", "num_heads"},
+      {"--model DiT-S/2 --device TPU", "--device: unknown device 'TPU'"},
+      {"--model DiT-S/2 --tokens 300", "--tokens: expected a square number"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const CommandResult r = RunDifftrain("plan " + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+  }
+}
+
+TEST(PlanCommandTest, ParallelAutoChoosesALayoutThatTrains) {
+  TempDir dir("plan_command_test");
+  const std::string job = dir.path() + "/job.yaml";
+  std::ofstream(job) << "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, "
+                        "depth: 2, num_heads: 4, num_classes: 10}\n"
+                        "batch: {global: 8}\n"
+                        "train: {steps: 2, log_every: 1}\n"
+                        "parallel: auto\n"
+                        "cluster: {nodes: 1, devices_per_node: 2}\n";
+  const CommandResult validated = RunDifftrain("validate " + ShellQuote(job));
+  ASSERT_EQ(validated.exit_code, 0) << validated.output;
+  EXPECT_NE(validated.output.find("parallel: auto chose tp "), std::string::npos)
+      << validated.output;
+  const CommandResult ran = RunDifftrain("run " + ShellQuote(job));
+  EXPECT_EQ(ran.exit_code, 0) << ran.output;
+}
+
+}  // namespace
+}  // namespace difftrain

@@ -1,0 +1,446 @@
+#include "model/train/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "model/device.h"
+#include "model/dit/shard.h"
+
+namespace difftrain {
+namespace {
+
+constexpr double kGiB = 1 << 30;
+constexpr double kFloat = 4;        // bytes of every element: the arenas are fp32
+constexpr int kFrequencyDim = 256;  // timestep embedder input width
+
+// This machine's memory (MemTotal of /proc/meminfo), or 0 when unreadable.
+double HostMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key) {
+    if (key == "MemTotal:") {
+      in >> kib;
+      return kib * 1024;
+    }
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+// Whether a group of `size` ranks, `stride` apart in the rank order, lies inside one node
+// (node i holds ranks [i·G, (i+1)·G)).
+bool InsideNode(int stride, int size, int devices_per_node) {
+  return size == 1 || devices_per_node % (stride * size) == 0;
+}
+
+// Ring collectives: the bytes each member sends for a buffer of `bytes`.
+double AllReduceBytes(double bytes, int g) {
+  return 2.0 * (g - 1) / g * bytes;
+}
+double AllGatherBytes(double bytes, int g) {
+  return static_cast<double>(g - 1) / g * bytes;
+}
+
+// The dimensions the formulas below read, for one rank of `layout` and micro-batch B.
+struct Shape {
+  double B, T, Tl, N, D, Dl, Hl, M, Ml, F, Fo;
+  Shape(const DiTConfig& c, const Layout& l)
+      : B(l.micro_batch),
+        T(c.tokens()),
+        Tl(static_cast<double>(c.tokens()) / l.cp),
+        N(l.micro_batch * Tl),
+        D(c.hidden_size),
+        Dl(static_cast<double>(c.hidden_size) / l.tp),
+        Hl(static_cast<double>(c.num_heads) / l.tp),
+        M(c.mlp_hidden()),
+        Ml(static_cast<double>(c.mlp_hidden()) / l.tp),
+        F(c.patch_features()),
+        Fo(c.patch_size * c.patch_size * c.out_channels()) {}
+};
+
+// Trainable parameters of a rank of `stage`: per block the adaLN (6D² + 6D) and the
+// row-parallel biases (2D) replicated over tp, qkv (3D² + 3D), proj (D²), fc1 (DM + M) and
+// fc2 (MD) split over tp; the embedders on the first stage, the final layer on the last.
+double StageParameters(const DiTConfig& c, const Layout& l, int stage) {
+  const Shape s(c, l);
+  const double D = s.D, M = s.M;
+  const double block =
+      6 * D * D + 6 * D + 2 * D + (3 * D * D + 3 * D + D * D + 2 * D * M + M) / l.tp;
+  double n = StageBlocks(c.depth, l.pp, stage) * block;
+  if (stage == 0) n += s.F * D + D + kFrequencyDim * D + D + D * D + D + c.label_rows() * D;
+  if (stage == l.pp - 1) n += 2 * D * D + 2 * D + s.Fo * D + s.Fo;
+  return n;
+}
+
+// Elements of one block's activations but its input: adaLN output (6BD); LayerNorm, modulate,
+// proj, residual, LayerNorm, modulate and fc2 outputs (7 N·D); four LayerNorm statistics per
+// token (4N); q, k, v and the attention output of this rank's heads (4 N·D/tp); fc1 and GELU
+// (2 N·M/tp); the attention probabilities (B·H/tp·T/cp·T); with cp, the gathered k and v
+// (3 B·T·D/tp).
+double BlockActivations(const Shape& s, int cp) {
+  return 6 * s.B * s.D + 7 * s.N * s.D + 4 * s.N + 4 * s.N * s.Dl + 2 * s.N * s.Ml +
+         s.B * s.Hl * s.Tl * s.T + (cp > 1 ? 3 * s.B * s.T * s.Dl : 0);
+}
+
+// Activation elements of a rank of `stage` with `slots` micro-batches in flight.
+double StageActivations(const DiTConfig& c, const Layout& l, int stage, int slots) {
+  const Shape s(c, l);
+  const bool first = stage == 0, last = stage == l.pp - 1, split = l.cp > 1;
+  const double B = s.B, D = s.D, N = s.N, T = s.T;
+  const int blocks = StageBlocks(c.depth, l.pp, stage);
+  // Per micro-batch in flight: the conditioning c and SiLU(c); on the first stage the
+  // patches and the timestep and label embeddings; every block's input, and without
+  // recomputation the rest of the block; the last block's output; on the last stage the
+  // final layer (adaLN, LayerNorm and its statistics, modulate, linear, gathered tokens
+  // with cp, the output).
+  double slot = 2 * B * D;
+  if (first) slot += N * s.F + B * kFrequencyDim + 4 * B * D;
+  slot += blocks * (N * D + (l.recompute ? 0 : BlockActivations(s, l.cp)));
+  slot += N * D;
+  if (last)
+    slot += 2 * B * D + 2 * N * D + 2 * N + N * s.Fo + (split ? B * T * s.Fo : 0) + B * T * s.Fo;
+  // Shared by the slots: the backward scratch (three N·D residual and branch gradients, the
+  // q/k/v and MLP gradients, the adaLN and conditioning gradients), the whole patches on
+  // the first stage, the sequence exchange buffers with cp, and with recomputation one
+  // block's workspace.
+  double scratch = 3 * N * D + 3 * N * s.Dl + 2 * N * s.Ml + 6 * B * D + 2 * B * D;
+  if (first) scratch += B * T * s.F + 2 * B * D;
+  if (last) scratch += N * s.Fo;
+  if (split) {
+    scratch += 3 * B * T * s.Dl + (last ? B * T * s.Fo : 0) +
+               B * T * std::max(3 * s.Dl, last ? s.Fo : 0.0);
+  }
+  if (l.recompute) scratch += BlockActivations(s, l.cp);
+  return slot * slots + scratch;
+}
+
+// Forward multiply-accumulates per sample of one block on one rank: its matmuls and
+// attention split over tp and cp, its adaLN replicated.
+double BlockForwardMacs(const DiTConfig& c, const Layout& l) {
+  const Shape s(c, l);
+  const double D = s.D, T = s.T;
+  return (3 * D * D * T + 2 * T * T * D + D * D * T + 2 * s.M * D * T) / (l.tp * l.cp) + 6 * D * D;
+}
+
+// Forward multiply-accumulates per sample on one rank of `stage`: its blocks, the embedders
+// on the first stage (the patch embed split over cp), the final layer on the last.
+double StageForwardMacs(const DiTConfig& c, const Layout& l, int stage) {
+  const Shape s(c, l);
+  const double D = s.D, T = s.T;
+  double macs = StageBlocks(c.depth, l.pp, stage) * BlockForwardMacs(c, l);
+  if (stage == 0) macs += T * s.F * D / l.cp + kFrequencyDim * D + D * D;
+  if (stage == l.pp - 1) macs += 2 * D * D + T * D * s.Fo / l.cp;
+  return macs;
+}
+
+TimeEstimate PredictTime(const PlanRequest& r, const Layout& l, int micro_batches) {
+  const DiTConfig& c = r.model;
+  const DeviceSpec& d = r.device;
+  const Shape s(c, l);
+  const int G = r.devices_per_node;
+  auto bandwidth = [&](int stride, int size) {
+    return InsideNode(stride, size, G) ? d.intra_node_bytes_per_second
+                                       : d.inter_node_bytes_per_second;
+  };
+  // Training = forward + backward (2× forward); recomputation runs the blocks' forward again.
+  const double rows = s.N / l.tp;
+  const double efficiency = d.efficiency * rows / (rows + d.half_efficiency_rows);
+  double micro_seconds = 0;
+  int busiest = 0;
+  for (int stage = 0; stage < l.pp; ++stage) {
+    const double recomputed =
+        l.recompute ? StageBlocks(c.depth, l.pp, stage) * BlockForwardMacs(c, l) : 0;
+    const double flops = 2 * s.B * (3 * StageForwardMacs(c, l, stage) + recomputed);
+    const double seconds = flops / (d.peak_flops_per_second * efficiency);
+    if (seconds > micro_seconds) {
+      micro_seconds = seconds;
+      busiest = stage;
+    }
+  }
+  const double m = micro_batches;
+  const int blocks = StageBlocks(c.depth, l.pp, busiest);
+  TimeEstimate t;
+  t.compute = m * micro_seconds;
+  t.bubble = (l.pp - 1) * micro_seconds;
+  // TP: per block the proj and fc2 all-reduce in forward, their input gradients in
+  // backward, and the forward's again when recomputing.
+  const int tp_ops = 4 + (l.recompute ? 2 : 0);
+  if (l.tp > 1) {
+    t.tp = m * blocks * tp_ops *
+           (AllReduceBytes(kFloat * s.N * s.D, l.tp) / bandwidth(1, l.tp) + d.latency_seconds);
+  }
+  // CP: per block k and v (with q) gathered in forward, reduce-scattered in backward (and
+  // gathered again when recomputing); the final layer's output gathered once.
+  if (l.cp > 1) {
+    const int kv_ops = 2 + (l.recompute ? 1 : 0);
+    const double kv = AllGatherBytes(kFloat * s.B * s.T * 3 * s.Dl, l.cp);
+    const double out = AllGatherBytes(kFloat * s.B * s.T * s.Fo, l.cp);
+    t.cp = m * ((blocks * kv_ops * kv + out) / bandwidth(l.tp, l.cp) +
+                (blocks * kv_ops + 1) * d.latency_seconds);
+  }
+  // PP: each micro-batch's boundary (tokens and conditioning) forward, its gradient back.
+  if (l.pp > 1) {
+    t.pp = m * 2 *
+           (kFloat * (s.N * s.D + s.B * s.D) / bandwidth(l.tp * l.cp * l.dp, l.pp) +
+            d.latency_seconds);
+  }
+  // DP: the gradients averaged over the dp-cp group once per step (ZeRO-1's reduce-scatter
+  // and all-gather move the same bytes as the all-reduce).
+  const int group = l.dp * l.cp;
+  if (group > 1) {
+    t.dp = AllReduceBytes(kFloat * StageParameters(c, l, busiest), group) / bandwidth(l.tp, group) +
+           d.latency_seconds;
+  }
+  return t;
+}
+
+std::vector<int> Divisors(int n) {
+  std::vector<int> out;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) out.push_back(i);
+  }
+  return out;
+}
+
+// The candidates of one dimension: the fixed value, or every value from `all`.
+std::vector<int> Choices(const std::optional<int>& fixed, const std::vector<int>& all) {
+  return fixed ? std::vector<int>{*fixed} : all;
+}
+
+std::string GiB(double bytes) {
+  return fmt::format("{:.2f} GiB", bytes / kGiB);
+}
+
+// Checks the fixed sizes and the request's numbers before any enumeration; the message names
+// the flag and what it must be.
+Status CheckRequest(const PlanRequest& r) {
+  const DiTConfig& c = r.model;
+  DT_RETURN_IF_ERROR(c.Validate().WithContext("model"));
+  const int world = r.nodes * r.devices_per_node;
+  if (r.nodes < 1 || r.devices_per_node < 1) {
+    return Errorf("nodes and devices per node must be positive, got {} and {}", r.nodes,
+                  r.devices_per_node);
+  }
+  if (r.global_batch < 1) return Errorf("global batch must be positive, got {}", r.global_batch);
+  const DeviceSpec& d = r.device;
+  if (!(d.memory_bytes > 0) || !(d.peak_flops_per_second > 0) ||
+      !(d.intra_node_bytes_per_second > 0) || !(d.inter_node_bytes_per_second > 0)) {
+    return Errorf("device {}: memory, peak and bandwidths must be positive", d.name);
+  }
+  if (!(d.efficiency > 0 && d.efficiency <= 1) || !(d.half_efficiency_rows >= 0) ||
+      !(d.latency_seconds >= 0)) {
+    return Errorf(
+        "device {}: expected an efficiency in (0, 1] and a non-negative half-efficiency rows and "
+        "latency, found {}, {} and {}",
+        d.name, d.efficiency, d.half_efficiency_rows, d.latency_seconds);
+  }
+  if (r.tp) {
+    if (*r.tp < 1 || c.num_heads % *r.tp != 0 || r.devices_per_node % *r.tp != 0) {
+      return Errorf(
+          "tp {}: expected a divisor of the model's {} heads and of the {} devices per node "
+          "(tensor-parallel groups stay inside a node)",
+          *r.tp, c.num_heads, r.devices_per_node);
+    }
+  }
+  if (r.cp && (*r.cp < 1 || c.tokens() % *r.cp != 0)) {
+    return Errorf("cp {}: expected a divisor of the model's {} tokens", *r.cp, c.tokens());
+  }
+  if (r.pp && (*r.pp < 1 || *r.pp > c.depth)) {
+    return Errorf("pp {}: expected 1 to the model's depth {}", *r.pp, c.depth);
+  }
+  const int model_parallel = r.tp.value_or(1) * r.cp.value_or(1) * r.pp.value_or(1);
+  if (world % model_parallel != 0) {
+    return Errorf("tp x cp x pp = {} does not divide the {} devices ({} node(s) x {})",
+                  model_parallel, world, r.nodes, r.devices_per_node);
+  }
+  if (r.micro_batch && (*r.micro_batch < 1 || r.global_batch % *r.micro_batch != 0)) {
+    return Errorf("micro batch {}: expected a divisor of the global batch {}", *r.micro_batch,
+                  r.global_batch);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<DeviceSpec> DevicePreset(const std::string& name, int devices_per_node) {
+  // NVLink 4 moves 900 GB/s per GPU both ways together (450 GB/s each way; A100's NVLink 3
+  // 600); across nodes one 400 Gb/s NDR InfiniBand port per GPU (200 Gb/s HDR for A100).
+  // Efficiency 0.5 with half of it at 2,048 rows: the DiT seeds reach 25% (fast-DiT,
+  // A100) to 53% (Megatron, H20) of the peak. NCCL latency ~20 µs per operation.
+  DeviceSpec d;
+  d.name = name;
+  d.efficiency = 0.5;
+  d.half_efficiency_rows = 2048;
+  d.intra_node_bytes_per_second = 450e9;
+  d.inter_node_bytes_per_second = 50e9;
+  d.latency_seconds = 20e-6;
+  if (name == "H100") {
+    d.peak_flops_per_second = 989e12;
+    d.memory_bytes = 80 * kGiB;
+  } else if (name == "H200") {
+    d.peak_flops_per_second = 989e12;
+    d.memory_bytes = 141e9;
+  } else if (name == "H20") {
+    d.peak_flops_per_second = 148e12;
+    d.memory_bytes = 96 * kGiB;
+  } else if (name == "A100") {
+    d.peak_flops_per_second = 312e12;
+    d.memory_bytes = 80 * kGiB;
+    d.intra_node_bytes_per_second = 300e9;
+    d.inter_node_bytes_per_second = 25e9;
+  } else if (name == "cpu") {
+    // The ranks of a node share its memory; Gloo over loopback, 10 GbE between nodes. A
+    // DiT-S/4 step reached 69% of the sgemm peak with 2,048 rows and 81% with 4,096
+    // (docs/benchmarks.md): 0.95 · N / (N + 900) fits both within 6%.
+    d.memory_bytes = HostMemoryBytes() / std::max(1, devices_per_node);
+    d.efficiency = 0.95;
+    d.half_efficiency_rows = 900;
+    d.intra_node_bytes_per_second = 2e9;
+    d.inter_node_bytes_per_second = 1.25e9;
+    d.latency_seconds = 100e-6;
+  } else {
+    return Errorf("unknown device '{}' (expected one of H100, H200, H20, A100, cpu)", name);
+  }
+  return d;
+}
+
+std::vector<std::string> DevicePresetNames() {
+  return {"H100", "H200", "H20", "A100", "cpu"};
+}
+
+int StageBlocks(int depth, int pp, int stage) {
+  const int extra = depth % pp;
+  return depth / pp + (stage >= pp - extra ? 1 : 0);
+}
+
+MemoryEstimate PredictMemory(const DiTConfig& c, const Layout& l, int stage, int micro_batches) {
+  const double trainable = StageParameters(c, l, stage);
+  const double pos_embed = stage == 0 ? static_cast<double>(c.tokens()) * c.hidden_size : 0;
+  // ZeRO-1 gives each of the dp·cp ranks an equal share of the moments (rounded up).
+  const int shards = l.zero1 ? l.dp * l.cp : 1;
+  const int slots = std::min(l.pp - stage, micro_batches);
+  MemoryEstimate m;
+  m.parameters = kFloat * (trainable + pos_embed);
+  m.gradients = kFloat * trainable;
+  m.optimizer = kFloat * 2 * std::ceil(trainable / shards);
+  m.ema = kFloat * trainable;
+  m.activations = kFloat * StageActivations(c, l, stage, slots);
+  return m;
+}
+
+std::string DescribeLayout(const Layout& l) {
+  return fmt::format("tp {} cp {} pp {} dp {} micro {}{}{}", l.tp, l.cp, l.pp, l.dp, l.micro_batch,
+                     l.recompute ? " recompute" : "", l.zero1 ? " zero1" : "");
+}
+
+Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& r) {
+  DT_RETURN_IF_ERROR(CheckRequest(r));
+  const DiTConfig& c = r.model;
+  const int world = r.nodes * r.devices_per_node;
+  const double budget = r.usable_memory_fraction * r.device.memory_bytes;
+  std::vector<PlannedLayout> out;
+  std::vector<int> pps;
+  for (int pp = 1; pp <= std::min(c.depth, world); ++pp)
+    pps.push_back(pp);
+  for (int tp : Choices(r.tp, Divisors(std::gcd(c.num_heads, r.devices_per_node)))) {
+    for (int cp : Choices(r.cp, Divisors(c.tokens()))) {
+      for (int pp : Choices(r.pp, pps)) {
+        if (world % (tp * cp * pp) != 0) continue;
+        if (!ValidateParallelLayout(c, tp, cp, pp, {}).ok()) continue;
+        const int dp = world / (tp * cp * pp);
+        if (r.global_batch % dp != 0) continue;
+        for (int micro : Choices(r.micro_batch, Divisors(r.global_batch / dp))) {
+          if ((r.global_batch / dp) % micro != 0) continue;
+          for (bool recompute : {false, true}) {
+            if (r.recompute && *r.recompute != recompute) continue;
+            for (bool zero1 : {false, true}) {
+              if (zero1 && dp * cp == 1) continue;  // nothing to shard
+              PlannedLayout p;
+              p.layout = {tp, cp, pp, dp, micro, recompute, zero1};
+              p.accumulation = r.global_batch / (dp * micro);
+              for (int stage = 0; stage < pp; ++stage) {
+                const MemoryEstimate m = PredictMemory(c, p.layout, stage, p.accumulation);
+                if (stage == 0 || m.total() > p.memory.total()) {
+                  p.memory = m;
+                  p.worst_stage = stage;
+                }
+              }
+              p.time = PredictTime(r, p.layout, p.accumulation);
+              p.fits = p.memory.total() <= budget;
+              out.push_back(p);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (out.empty()) {
+    return Errorf(
+        "no layout of {} on {} device(s) splits the global batch {} (dp must divide it; "
+        "tp must divide {} heads and {} devices per node; cp the {} tokens)",
+        c.name, world, r.global_batch, c.num_heads, r.devices_per_node, c.tokens());
+  }
+  return out;
+}
+
+Result<std::vector<PlannedLayout>> PlanLayouts(const PlanRequest& r) {
+  DT_ASSIGN_OR_RETURN(std::vector<PlannedLayout> all, EnumerateLayouts(r));
+  std::vector<PlannedLayout> fitting;
+  const PlannedLayout* smallest = &all.front();
+  for (const PlannedLayout& p : all) {
+    if (p.fits) fitting.push_back(p);
+    if (p.memory.total() < smallest->memory.total()) smallest = &p;
+  }
+  if (fitting.empty()) {
+    const MemoryEstimate& m = smallest->memory;
+    return Errorf(
+        "{} does not fit: the smallest layout ({}) needs {} per rank (parameters {}, gradients "
+        "{}, optimizer {}, EMA {}, activations {}), but a rank may use {} ({:.0f}% of the {} "
+        "of a {} device)",
+        r.model.name, DescribeLayout(smallest->layout), GiB(m.total()), GiB(m.parameters),
+        GiB(m.gradients), GiB(m.optimizer), GiB(m.ema), GiB(m.activations),
+        GiB(r.usable_memory_fraction * r.device.memory_bytes), 100 * r.usable_memory_fraction,
+        GiB(r.device.memory_bytes), r.device.name);
+  }
+  std::sort(fitting.begin(), fitting.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
+    if (a.time.total() != b.time.total()) return a.time.total() < b.time.total();
+    return a.memory.total() < b.memory.total();
+  });
+  return fitting;
+}
+
+Result<PlannedLayout> ChooseLayout(const DiTConfig& model, int global_batch,
+                                   std::optional<int> micro_batch, int nodes,
+                                   int devices_per_node) {
+  PlanRequest r;
+  r.model = model;
+  r.global_batch = global_batch;
+  r.micro_batch = micro_batch;
+  r.nodes = nodes;
+  r.devices_per_node = devices_per_node;
+  std::string device = "cpu";
+  const DeviceInventory inventory = QueryDeviceInventory();
+  if (!inventory.gpus.empty()) {
+    // "H200" before "H20": the longer name first.
+    for (const char* name : {"H200", "H100", "H20", "A100"}) {
+      if (inventory.gpus.front().name.find(name) != std::string::npos) {
+        device = name;
+        break;
+      }
+    }
+  }
+  DT_ASSIGN_OR_RETURN(r.device, DevicePreset(device, devices_per_node));
+  if (!inventory.gpus.empty()) {
+    r.device.memory_bytes = static_cast<double>(inventory.gpus.front().memory_bytes);
+  }
+  if (device == "cpu") r.device.peak_flops_per_second = kNominalCpuPeakFlops;
+  DT_ASSIGN_OR_RETURN(std::vector<PlannedLayout> plans, PlanLayouts(r));
+  return plans.front();
+}
+
+}  // namespace difftrain

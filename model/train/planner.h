@@ -1,0 +1,124 @@
+// The layout planner behind `difftrain plan` and `parallel: auto` (docs/bench.md): predicts
+// each rank's memory and the step time of a DiT under a tensor × context × data × pipeline
+// layout, and picks the fastest layout that fits the device.
+//
+// The memory model is written from the model's dimensions alone, term by term, in the
+// manner of Megatron's activation formulas (bytes = 4 · elements: every arena is fp32). It
+// does not ask the model or the trainer what they allocate; planner_test.cc checks it
+// against a real Trainer's arenas and its process's resident memory.
+//
+// The time model: compute = training FLOPs of the busiest pipeline stage / (peak ·
+// efficiency at its GEMM size), times (micro-batches + pp − 1) for the 1F1B schedule (the
+// pp − 1 is the bubble); communication = bytes each rank moves in its TP, CP, PP and DP
+// groups (ring all-reduce 2(g−1)/g, all-gather and reduce-scatter (g−1)/g of the whole
+// buffer) over the intra-node bandwidth when the group lies inside a node, else the
+// inter-node bandwidth, plus a latency per operation; none of it assumed to overlap compute.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/dit/config.h"
+
+namespace difftrain {
+
+// What the planner knows of a device: its dense peak, its memory, and the bandwidth one
+// device has to its peers inside a node and across nodes.
+struct DeviceSpec {
+  std::string name;                  // "H100", "cpu"
+  double peak_flops_per_second = 0;  // dense (BF16 on GPUs, measured sgemm on a CPU)
+  double memory_bytes = 0;           // per device (per rank on a CPU)
+  // The fraction of the peak a training step reaches when each of a rank's GEMMs does the
+  // work of N full-width rows (the micro-batch's tokens on the rank, divided by tp, which
+  // narrows the GEMMs): efficiency · N / (N + half_efficiency_rows). Small micro-batches
+  // feed the matrix units poorly.
+  double efficiency = 0;
+  double half_efficiency_rows = 0;
+  double intra_node_bytes_per_second = 0;
+  double inter_node_bytes_per_second = 0;
+  double latency_seconds = 0;  // of every collective or send, whatever its size
+};
+
+// H100, H200, H20, A100 (the dense BF16 table of docs/metrics.md, their memory and NVLink /
+// InfiniBand bandwidth), or cpu: this machine's memory shared by `devices_per_node` ranks,
+// loopback and 10 GbE bandwidth, and a peak the caller fills in (0 here).
+Result<DeviceSpec> DevicePreset(const std::string& name, int devices_per_node);
+std::vector<std::string> DevicePresetNames();
+
+// One parallel layout of a job.
+struct Layout {
+  int tp = 1, cp = 1, pp = 1, dp = 1;
+  int micro_batch = 1;
+  bool recompute = false;  // activation recomputation (train.recompute)
+  bool zero1 = false;      // AdamW moments sharded over the dp-cp group
+};
+
+// Bytes one rank holds.
+struct MemoryEstimate {
+  double parameters = 0;  // trainable parameters and the fixed position embedding
+  double gradients = 0;
+  double optimizer = 0;  // two AdamW moments, this rank's share
+  double ema = 0;
+  double activations = 0;  // the micro-batches in flight, the backward scratch
+  double total() const { return parameters + gradients + optimizer + ema + activations; }
+};
+
+// Seconds of one optimizer step on the busiest rank.
+struct TimeEstimate {
+  double compute = 0;  // the micro-batches' forward and backward (and recomputation)
+  double bubble = 0;   // pipeline fill and drain
+  double tp = 0, cp = 0, pp = 0, dp = 0;  // communication of each group
+  double total() const { return compute + bubble + tp + cp + pp + dp; }
+};
+
+// Blocks of pipeline stage `stage` when `depth` blocks are balanced over `pp` stages.
+int StageBlocks(int depth, int pp, int stage);
+
+// A rank of pipeline stage `stage` with `micro_batches` micro-batches per step and replica.
+MemoryEstimate PredictMemory(const DiTConfig& model, const Layout& layout, int stage,
+                             int micro_batches);
+
+struct PlanRequest {
+  DiTConfig model;
+  int global_batch = 256;
+  int nodes = 1, devices_per_node = 1;
+  DeviceSpec device;
+  double usable_memory_fraction = 0.9;  // of device memory a plan may fill
+  // Fixed choices (unset: the planner chooses).
+  std::optional<int> tp, cp, pp, micro_batch;
+  std::optional<bool> recompute;
+};
+
+struct PlannedLayout {
+  Layout layout;
+  int accumulation = 1;   // micro-batches per step and replica
+  int worst_stage = 0;    // the stage whose ranks need the most memory
+  MemoryEstimate memory;  // of that stage's ranks
+  TimeEstimate time;
+  bool fits = false;
+};
+
+// Every valid layout of the request, fitting or not, in no particular order. Fails when the
+// request itself is impossible (a fixed size that cannot divide, a batch no layout splits).
+Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& request);
+
+// The layouts that fit, fastest first (ties: less memory). Fails, naming what is wrong and
+// what the closest layout would need, when none fits.
+Result<std::vector<PlannedLayout>> PlanLayouts(const PlanRequest& request);
+
+std::string DescribeLayout(const Layout& layout);
+
+// The CPU peak `parallel: auto` assumes. Every rank derives the layout from the job file on
+// its own, so the choice must not depend on a measurement that differs between them.
+inline constexpr double kNominalCpuPeakFlops = 100e9;
+
+// `parallel: auto`: the fastest layout that fits for a job of `model` and `global_batch`
+// (and `micro_batch` when the job fixes it) on `nodes` × `devices_per_node` devices of this
+// machine's kind: its GPU when it has one of the presets, else its CPU (memory shared by
+// the node's ranks, the nominal peak above).
+Result<PlannedLayout> ChooseLayout(const DiTConfig& model, int global_batch,
+                                   std::optional<int> micro_batch, int nodes, int devices_per_node);
+
+}  // namespace difftrain

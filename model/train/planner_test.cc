@@ -1,0 +1,308 @@
+// The planner's memory model against what a real Trainer allocates (its arenas, and the
+// resident memory its process gains), and the planner's choices against its own model.
+#include "model/train/planner.h"
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/temp_dir.h"
+#include "model/dit/shard.h"
+#include "model/parallel/gloo_comm.h"
+#include "model/train/trainer.h"
+
+namespace difftrain {
+namespace {
+
+constexpr double kTolerance = 0.10;  // the bound; the model is exact on most rows
+
+// A model small enough to build many times, with every dimension distinct.
+DiTConfig SmallModel() {
+  DiTConfig c;
+  c.name = "custom";
+  c.input_size = 16;
+  c.patch_size = 2;
+  c.hidden_size = 96;
+  c.depth = 4;
+  c.num_heads = 6;
+  c.num_classes = 100;
+  return c;
+}
+
+// Two in-process ranks' communicators of one group of two (threads: the rendezvous needs
+// both at once).
+std::vector<std::unique_ptr<parallel::Comm>> PairOfComms(const std::string& dir,
+                                                         const std::string& name) {
+  std::vector<std::unique_ptr<parallel::Comm>> comms(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      Result<parallel::FileStore> store = parallel::FileStore::Open(dir + "/store");
+      ASSERT_TRUE(store.ok());
+      Result<std::unique_ptr<parallel::Comm>> comm =
+          parallel::CreateGlooComm(*store, name, r, 2, {0, 1}, std::chrono::milliseconds(10000));
+      ASSERT_TRUE(comm.ok()) << comm.status().message();
+      comms[r] = std::move(*comm);
+    });
+  }
+  for (std::thread& t : ranks)
+    t.join();
+  return comms;
+}
+
+struct Case {
+  std::string name;
+  DiTConfig model;
+  Layout layout;
+  int stage = 0;
+  int micro_batches = 1;  // per step and replica
+};
+
+// Rank 0 of `layout` (the given pipeline stage), built for real with its communicators.
+MemoryBytes Allocated(const Case& k, const std::string& dir) {
+  const Layout& l = k.layout;
+  TrainConfig c;
+  c.model = k.model;
+  c.micro_batch = l.micro_batch;
+  c.global_batch = l.micro_batch * l.dp * k.micro_batches;
+  c.recompute = l.recompute;
+  ParallelOptions p;
+  p.topology = *Topology::Create(l.tp, l.cp, l.dp, l.pp);
+  p.rank = p.topology->RankOf({0, 0, 0, k.stage});
+  p.zero1 = l.zero1;
+  std::vector<std::unique_ptr<parallel::Comm>> tp, cp, dp;
+  if (l.tp == 2) tp = PairOfComms(dir, k.name + "/tp");
+  if (l.cp == 2) cp = PairOfComms(dir, k.name + "/cp");
+  if (l.dp == 2) dp = PairOfComms(dir, k.name + "/dp");
+  p.tp = tp.empty() ? nullptr : tp[0].get();
+  p.cp = cp.empty() ? nullptr : cp[0].get();
+  p.dp_cp = dp.empty() ? nullptr : dp[0].get();
+  Trainer trainer(c,
+                  std::make_unique<SyntheticDataset>(0, k.model.in_channels, k.model.input_size,
+                                                     k.model.num_classes),
+                  p);
+  return trainer.memory();
+}
+
+std::vector<Case> Cases() {
+  const DiTConfig small = SmallModel();
+  const DiTConfig s4 = *DiTConfigByName("DiT-S/4", 32);
+  return {
+      {"DiT-S/4", s4, {1, 1, 1, 1, 16, false, false}},
+      {"DiT-S/4 recompute", s4, {1, 1, 1, 1, 16, true, false}},
+      {"small", small, {1, 1, 1, 1, 8, false, false}},
+      {"small recompute", small, {1, 1, 1, 1, 8, true, false}},
+      {"small tp2", small, {2, 1, 1, 1, 8, false, false}},
+      {"small tp2 recompute", small, {2, 1, 1, 1, 8, true, false}},
+      {"small cp2", small, {1, 2, 1, 1, 8, false, false}},
+      {"small cp2 recompute", small, {1, 2, 1, 1, 8, true, false}},
+      {"small pp2 stage0", small, {1, 1, 2, 1, 8, false, false}, 0, 4},
+      {"small pp2 stage1 recompute", small, {1, 1, 2, 1, 8, true, false}, 1, 4},
+      {"small dp2", small, {1, 1, 1, 2, 8, false, false}},
+      {"small dp2 zero1", small, {1, 1, 1, 2, 8, false, true}},
+      {"small dp2 zero1 recompute", small, {1, 1, 1, 2, 8, true, true}},
+  };
+}
+
+void ExpectWithin(double predicted, double allocated, const std::string& what) {
+  EXPECT_NEAR(predicted, allocated, kTolerance * allocated)
+      << what << ": predicted " << predicted << " allocated " << allocated;
+}
+
+TEST(PlannerMemoryTest, PredictionMatchesTheArenasATrainerAllocates) {
+  TempDir dir("planner_test");
+  std::printf(
+      "| configuration | predicted MiB | allocated MiB | error | activations predicted / "
+      "allocated MiB |\n|---|---|---|---|---|\n");
+  for (const Case& k : Cases()) {
+    const MemoryEstimate predicted = PredictMemory(k.model, k.layout, k.stage, k.micro_batches);
+    const MemoryBytes m = Allocated(k, dir.path());
+    const double allocated =
+        static_cast<double>(m.parameters + m.gradients + m.optimizer + m.ema + m.activations);
+    ExpectWithin(predicted.parameters, m.parameters, k.name + " parameters");
+    ExpectWithin(predicted.gradients, m.gradients, k.name + " gradients");
+    ExpectWithin(predicted.optimizer, m.optimizer, k.name + " optimizer");
+    ExpectWithin(predicted.ema, m.ema, k.name + " EMA");
+    ExpectWithin(predicted.activations, m.activations, k.name + " activations");
+    ExpectWithin(predicted.total(), allocated, k.name + " total");
+    std::printf("| %s | %.2f | %.2f | %+.2f%% | %.2f / %.2f |\n", k.name.c_str(),
+                predicted.total() / (1 << 20), allocated / (1 << 20),
+                100 * (predicted.total() / allocated - 1), predicted.activations / (1 << 20),
+                m.activations / double(1 << 20));
+  }
+}
+
+// VmRSS of this process, in bytes.
+double ResidentBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  double kib = 0;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      in >> kib;
+      break;
+    }
+    in.ignore(1 << 10, '\n');
+  }
+  return kib * 1024;
+}
+
+// What the process really gains: a trainer built and stepped once (which touches every
+// arena: gradients zeroed, moments updated, activations written).
+TEST(PlannerMemoryTest, PredictionMatchesResidentMemoryGrowth) {
+  for (bool recompute : {false, true}) {
+    TrainConfig c;
+    c.model = *DiTConfigByName("DiT-S/4", 32);
+    c.micro_batch = c.global_batch = 16;
+    c.recompute = recompute;
+    {
+      // OpenBLAS and OpenMP set up their buffers and threads on first use: not the model's.
+      TrainConfig warm = c;
+      warm.model = SmallModel();
+      ASSERT_TRUE(Trainer(warm, std::make_unique<SyntheticDataset>(0, 4, 16, 100)).Step().ok());
+    }
+    const double before = ResidentBytes();
+    Trainer trainer(c, std::make_unique<SyntheticDataset>(0, 4, 32, 1000));
+    ASSERT_TRUE(trainer.Step().ok());
+    const double grown = ResidentBytes() - before;
+    const double predicted =
+        PredictMemory(c.model, {1, 1, 1, 1, 16, recompute, false}, 0, 1).total();
+    ExpectWithin(predicted, grown, recompute ? "RSS growth, recompute" : "RSS growth");
+    std::printf("DiT-S/4 micro 16%s: predicted %.1f MiB, resident memory grew %.1f MiB (%+.2f%%)\n",
+                recompute ? " recompute" : "", predicted / (1 << 20), grown / (1 << 20),
+                100 * (predicted / grown - 1));
+  }
+}
+
+// Every plan over a grid of requests: a layout of the world that the model accepts, that
+// splits the batch, and that fits by the planner's own memory model.
+TEST(PlannerTest, NeverProposesALayoutThatDoesNotFit) {
+  int planned = 0, refused = 0;
+  for (const char* name : {"DiT-S/2", "DiT-B/4", "DiT-XL/2"}) {
+    const DiTConfig model = *DiTConfigByName(name, 32);
+    for (const char* device : {"H100", "A100", "H20"}) {
+      for (double memory_gib : {4.0, 16.0, 80.0}) {
+        for (auto [nodes, per_node] : {std::pair{1, 1}, {1, 8}, {2, 4}, {4, 8}}) {
+          for (int global : {32, 256}) {
+            PlanRequest r;
+            r.model = model;
+            r.global_batch = global;
+            r.nodes = nodes;
+            r.devices_per_node = per_node;
+            r.device = *DevicePreset(device, per_node);
+            r.device.memory_bytes = memory_gib * (1 << 30);
+            Result<std::vector<PlannedLayout>> plans = PlanLayouts(r);
+            const double budget = r.usable_memory_fraction * r.device.memory_bytes;
+            if (!plans.ok()) {
+              ++refused;
+              // Refused only when no layout fits.
+              const Result<std::vector<PlannedLayout>> all = EnumerateLayouts(r);
+              ASSERT_TRUE(all.ok()) << all.status().message();
+              for (const PlannedLayout& p : *all)
+                EXPECT_GT(p.memory.total(), budget) << DescribeLayout(p.layout);
+              continue;
+            }
+            ++planned;
+            for (const PlannedLayout& p : *plans) {
+              const Layout& l = p.layout;
+              ASSERT_EQ(l.tp * l.cp * l.pp * l.dp, nodes * per_node);
+              ASSERT_TRUE(ValidateParallelLayout(model, l.tp, l.cp, l.pp, {}).ok());
+              ASSERT_EQ(per_node % l.tp, 0);
+              ASSERT_EQ(global % (l.micro_batch * l.dp), 0);
+              for (int stage = 0; stage < l.pp; ++stage) {
+                ASSERT_LE(PredictMemory(model, l, stage, p.accumulation).total(), budget)
+                    << name << " " << DescribeLayout(l) << " stage " << stage;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(planned, 0);
+  EXPECT_GT(refused, 0);
+}
+
+// The one layout a request fixes completely (recomputation and ZeRO-1 off).
+PlannedLayout Only(PlanRequest r, int tp, int cp, int pp, int micro) {
+  r.tp = tp;
+  r.cp = cp;
+  r.pp = pp;
+  r.micro_batch = micro;
+  r.recompute = false;
+  const Result<std::vector<PlannedLayout>> all = EnumerateLayouts(r);
+  if (!all.ok()) {
+    ADD_FAILURE() << all.status().message();
+    return {};
+  }
+  for (const PlannedLayout& p : *all) {
+    if (!p.layout.zero1) return p;
+  }
+  ADD_FAILURE() << "no layout without ZeRO-1";
+  return {};
+}
+
+TEST(PlannerTest, TimeModelChargesBubblesGroupsAndRecomputation) {
+  PlanRequest r;
+  r.model = *DiTConfigByName("DiT-B/2", 32);
+  r.global_batch = 64;
+  r.devices_per_node = 8;
+  r.device = *DevicePreset("H100", 8);
+  // pp 2: one more micro-batch's time for filling and draining the pipeline.
+  const PlannedLayout pipelined = Only(r, 1, 1, 2, 8);
+  EXPECT_NEAR(pipelined.time.bubble, pipelined.time.compute / pipelined.accumulation, 1e-12);
+  EXPECT_GT(pipelined.time.pp, 0);
+  EXPECT_EQ(Only(r, 1, 1, 1, 8).time.bubble, 0);
+  // The same dp 8 group is slower across two nodes than inside one.
+  PlanRequest two_nodes = r;
+  two_nodes.nodes = 2;
+  two_nodes.devices_per_node = 4;
+  EXPECT_GT(Only(two_nodes, 1, 1, 1, 8).time.dp, 5 * Only(r, 1, 1, 1, 8).time.dp);
+  // tp and cp pay their exchanges; one process pays none.
+  EXPECT_GT(Only(r, 2, 1, 1, 8).time.tp, 0);
+  EXPECT_GT(Only(r, 1, 2, 1, 8).time.cp, 0);
+  // Recomputation: one more forward of the blocks (not of the embedders and final layer),
+  // a little less than a third more compute.
+  PlanRequest recomputing = r;
+  recomputing.tp = recomputing.cp = recomputing.pp = 1;
+  recomputing.micro_batch = 8;
+  recomputing.recompute = true;
+  const Result<std::vector<PlannedLayout>> recomputed = EnumerateLayouts(recomputing);
+  ASSERT_TRUE(recomputed.ok());
+  const double ratio = recomputed->front().time.compute / Only(r, 1, 1, 1, 8).time.compute;
+  EXPECT_LT(ratio, 4.0 / 3.0);
+  EXPECT_GT(ratio, 4.0 / 3.0 - 0.02);
+}
+
+TEST(PlannerTest, ImpossibleRequestsSayWhatIsWrong) {
+  PlanRequest r;
+  r.model = *DiTConfigByName("DiT-XL/2", 32);
+  r.device = *DevicePreset("H100", 1);
+  r.device.memory_bytes = 2.0 * (1 << 30);
+  Result<std::vector<PlannedLayout>> none = PlanLayouts(r);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("DiT-XL/2 does not fit"), std::string::npos)
+      << none.status().message();
+
+  r.device.memory_bytes = 80.0 * (1 << 30);
+  r.devices_per_node = 8;
+  r.tp = 3;
+  Result<std::vector<PlannedLayout>> heads = PlanLayouts(r);
+  ASSERT_FALSE(heads.ok());
+  EXPECT_NE(heads.status().message().find("tp 3: expected a divisor of the model's 16 heads"),
+            std::string::npos)
+      << heads.status().message();
+
+  r.tp.reset();
+  r.global_batch = 7;
+  r.micro_batch = 2;
+  Result<std::vector<PlannedLayout>> batch = PlanLayouts(r);
+  ASSERT_FALSE(batch.ok());
+  EXPECT_NE(batch.status().message().find("micro batch 2"), std::string::npos)
+      << batch.status().message();
+}
+
+}  // namespace
+}  // namespace difftrain
