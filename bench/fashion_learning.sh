@@ -4,13 +4,13 @@
 # classifier-free guidance, and score them with the project's own classifier:
 # conditional accuracy and the Frechet distance of classifier features against the real
 # test set, beside the same distance for 1,000 real training images (the floor).
-#   bench/fashion_learning.sh [STEPS] [CFG]     (defaults: the job's steps, guidance 4)
+#   bench/fashion_learning.sh [STEPS] [CFG]     (defaults: the job's steps, guidance 2)
 # Writes the sample grid to docs/images/fashion-samples.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make build >/dev/null
 steps=${1:-}
-cfg=${2:-4}
+cfg=${2:-2}
 run=runs/fashion-mnist
 classifier=model/eval/fashion_mnist_classifier.safetensors
 [[ -f $classifier ]] || build/difftrain eval train-classifier --out "$classifier"
