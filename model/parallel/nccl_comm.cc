@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "common/check.h"
+#include "model/cuda/common.h"
 #include "model/parallel/roll_call.h"
 
 namespace difftrain::parallel {
@@ -22,14 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::duration_cast;
 using std::chrono::milliseconds;
-
-// A failing CUDA runtime call here is a broken invariant (a destroyed stream, a lost
-// device, a faulting kernel), not something a peer did: fail fast with file:line.
-#define DT_CUDA_CHECK(expr)                                                                       \
-  do {                                                                                            \
-    const cudaError_t dt_cuda_error_ = (expr);                                                    \
-    DT_CHECK(dt_cuda_error_ == cudaSuccess, "{}: {}", #expr, cudaGetErrorString(dt_cuda_error_)); \
-  } while (0)
 
 constexpr char kUniqueIdKey[] = "nccl/unique_id";
 

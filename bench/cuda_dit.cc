@@ -1,0 +1,168 @@
+// Throughput of difftrain's bf16 DiT training step on one GPU (model/cuda/dit.h): one
+// micro-batch size per run, so an out-of-memory ends only its own run (bench/cuda_dit.sh
+// runs the sweep beside PyTorch's).
+//
+//   bench_cuda_dit [--model DiT-XL/2] [--input-size 32] [--micro-batch 32] [--warmup 5]
+//                  [--steps 20] [--no-graph] [--peak-tflops 989]
+//
+// A step is what a training step does on the GPU: zero the gradients, forward, ε-MSE loss,
+// backward, global-norm clipping, AdamW on the fp32 master weights and the EMA. The
+// weights start from DiT's reference initialisation; the data is one random batch made on
+// the host and uploaded once (this measures the model, not a loader). Each step is timed
+// with CUDA events; the median after the warm-up is reported as one JSON line on stdout.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "model/cuda/device_query.h"
+#include "model/cuda/dit.h"
+#include "model/dit/dit.h"
+#include "model/tensor/rng.h"
+
+namespace difftrain {
+namespace {
+
+struct Options {
+  std::string model = "DiT-XL/2";
+  int input_size = 32;
+  int micro_batch = 32;
+  int warmup = 5;
+  int steps = 20;
+  bool no_graph = false;
+  double peak_tflops = 989;
+};
+
+double UsedDeviceBytes() {
+  size_t free = 0, total = 0;
+  DT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<double>(total - free);
+}
+
+// One random batch: x_t and ε standard normal, t uniform in [0, 1000), labels uniform.
+void UploadBatch(cuda::DiT& model, uint64_t seed) {
+  const DiTConfig& c = model.config();
+  const int B = model.micro_batch();
+  const size_t image = size_t(c.in_channels) * c.input_size * c.input_size;
+  Rng rng(seed, RngStream::kData);
+  std::vector<float> x(B * image), target(B * image), t(B);
+  std::vector<int32_t> y(B);
+  for (float& v : x)
+    v = static_cast<float>(rng.Normal());
+  for (float& v : target)
+    v = static_cast<float>(rng.Normal());
+  for (int b = 0; b < B; ++b) {
+    t[b] = static_cast<float>(rng.Below(1000));
+    y[b] = static_cast<int32_t>(rng.Below(c.num_classes));
+  }
+  DT_CUDA_CHECK(cudaMemcpy(model.input_x(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  DT_CUDA_CHECK(
+      cudaMemcpy(model.input_target(), target.data(), target.size() * 4, cudaMemcpyHostToDevice));
+  DT_CUDA_CHECK(cudaMemcpy(model.input_t(), t.data(), t.size() * 4, cudaMemcpyHostToDevice));
+  DT_CUDA_CHECK(cudaMemcpy(model.input_y(), y.data(), y.size() * 4, cudaMemcpyHostToDevice));
+}
+
+int Run(const Options& o) {
+  Result<DiTConfig> config = DiTConfigByName(o.model, o.input_size);
+  if (!config.ok()) {
+    std::fprintf(stderr, "bench_cuda_dit: %s\n", config.status().message().c_str());
+    return 2;
+  }
+  const DiTConfig& c = config.value();
+  std::string no_gpu;
+  const std::vector<cuda::DeviceProperties> devices = cuda::QueryDevices(&no_gpu);
+  if (devices.empty()) {
+    std::fprintf(stderr, "bench_cuda_dit: no usable GPU: %s\n", no_gpu.c_str());
+    return 1;
+  }
+  DT_CUDA_CHECK(cudaFree(nullptr));  // create the context before the baseline reading
+  const double baseline = UsedDeviceBytes();
+
+  cudaStream_t stream;
+  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<float> initial;
+  {
+    DiT reference(c);  // the CPU model only supplies the reference initialisation
+    reference.InitializeReference(/*seed=*/0);
+    initial.assign(reference.params(), reference.params() + reference.num_params());
+  }
+  cuda::DiT model(c, stream, !o.no_graph);
+  model.UploadParameters(initial.data());
+  initial = {};
+  model.Reserve(o.micro_batch);
+  UploadBatch(model, /*seed=*/1);
+
+  const cuda::AdamWArgs args{/*lr=*/1e-4f,
+                             0.9f,
+                             0.999f,
+                             1e-8f,
+                             /*weight_decay=*/0.0f,
+                             /*step=*/0,
+                             /*max_norm=*/1.0f};
+  cudaEvent_t start, stop;
+  DT_CUDA_CHECK(cudaEventCreate(&start));
+  DT_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    cuda::AdamWArgs step_args = args;
+    step_args.step = i + 1;
+    DT_CUDA_CHECK(cudaEventRecord(start, stream));
+    model.ZeroGradients();
+    model.ForwardBackward();
+    model.OptimizerStep(step_args, 0.9999f);
+    DT_CUDA_CHECK(cudaEventRecord(stop, stream));
+    DT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float elapsed = 0;
+    DT_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
+    if (i >= o.warmup) ms.push_back(elapsed);
+  }
+  float loss = 0;
+  DT_CUDA_CHECK(cudaMemcpy(&loss, model.loss(), sizeof(float), cudaMemcpyDeviceToHost));
+  std::sort(ms.begin(), ms.end());
+  const double median_ms = ms[ms.size() / 2];
+  const double samples_per_s = o.micro_batch / (median_ms / 1e3);
+  const double tflops = samples_per_s * TrainingFlopsPerSample(c) / 1e12;
+  nlohmann::json row = {{"impl", "difftrain"},
+                        {"model", o.model},
+                        {"mode", o.no_graph ? "eager" : "cuda-graph"},
+                        {"micro_batch", o.micro_batch},
+                        {"steps", o.steps},
+                        {"step_ms_median", median_ms},
+                        {"step_ms_min", ms.front()},
+                        {"step_ms_max", ms.back()},
+                        {"samples_per_s", samples_per_s},
+                        {"tflops", tflops},
+                        {"mfu", tflops / o.peak_tflops},
+                        {"peak_mem_gib", (UsedDeviceBytes() - baseline) / (1u << 30)},
+                        {"model_device_gib", double(model.device_bytes()) / (1u << 30)},
+                        {"loss", loss},
+                        {"gpu_name", devices.front().name}};
+  std::printf("%s\n", row.dump().c_str());
+  return std::isfinite(loss) ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace difftrain
+
+int main(int argc, char** argv) {
+  difftrain::Options o;
+  CLI::App app{"Times difftrain's bf16 DiT training step on one GPU"};
+  app.add_option("--model", o.model, "a named DiT")->capture_default_str();
+  app.add_option("--input-size", o.input_size, "latent height = width")->capture_default_str();
+  app.add_option("--micro-batch", o.micro_batch, "samples per step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--no-graph", o.no_graph, "launch every kernel instead of replaying a CUDA graph");
+  app.add_option("--peak-tflops", o.peak_tflops, "the GPU's dense bf16 peak, for MFU")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return difftrain::Run(o);
+}

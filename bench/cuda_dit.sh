@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# DiT training throughput on one GPU, difftrain beside PyTorch on the same GPU, in one go:
+#   1. builds bench_cuda_dit and the GPU tests (CUDA build in build-cuda/), unless --prebuilt;
+#   2. checks: every GPU test (each op and a whole DiT step against the CPU reference);
+#      a failure stops the run before anything is timed;
+#   3. times, for each micro-batch: difftrain's bf16 step (CUDA graph), then PyTorch's
+#      (tests/reference/dit_bench_torch.py: bf16 autocast, scaled_dot_product_attention),
+#      eager and torch.compile;
+#   4. prints a Markdown table with samples/s, TFLOP/s, MFU, peak memory and the ratio of
+#      difftrain to torch.compile, and keeps every row in runs/cuda-bench/results.jsonl.
+#
+#   bench/cuda_dit.sh [--model DiT-XL/2] [--micro-batches 32,64,128,256] [--steps 20]
+#                     [--peak-tflops 989] [--prebuilt DIR] [--no-torch]
+#
+# --prebuilt DIR: DIR holds bench_cuda_dit and the GPU test programs (cuda_*_test) already built,
+# for a GPU machine without the build's dependencies (then LD_LIBRARY_PATH must find the
+# shared libraries they link).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+model=DiT-XL/2
+micro_batches=32,64,128,256
+steps=20
+peak=989
+prebuilt=
+torch=1
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --model) model=$2; shift 2 ;;
+    --micro-batches) micro_batches=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --peak-tflops) peak=$2; shift 2 ;;
+    --prebuilt) prebuilt=$2; shift 2 ;;
+    --no-torch) torch=0; shift ;;
+    *) echo "bench/cuda_dit.sh: unknown argument '$1' (see the comment at the top)" >&2; exit 2 ;;
+  esac
+done
+
+out=runs/cuda-bench
+mkdir -p "$out"
+results=$out/results.jsonl
+: >"$results"
+
+if [[ -n $prebuilt ]]; then
+  bin=$prebuilt
+  tests=$(ls "$bin"/cuda_*_test)
+else
+  make deps
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFFTRAIN_CUDA=ON >/dev/null
+  gpu_tests=(cuda_activation_test cuda_attention_test cuda_dit_test cuda_embed_test
+             cuda_gemm_test cuda_loss_test cuda_modulate_test cuda_optimizer_test)
+  cmake --build build-cuda --target bench_cuda_dit "${gpu_tests[@]}"
+  bin=build-cuda
+  tests=$(printf "build-cuda/%s\n" "${gpu_tests[@]}")
+fi
+
+echo "== checks: the GPU tests"
+for t in $tests; do
+  log=$out/$(basename "$t").log
+  if ! "$t" --gtest_brief=1 >"$log" 2>&1; then
+    cat "$log"
+    echo "bench/cuda_dit.sh: $(basename "$t") failed: nothing is timed" >&2
+    exit 1
+  fi
+  if grep -q "SKIPPED" "$log"; then  # no usable GPU: nothing to time either
+    grep -m1 "GPU test skipped" "$log" >&2 || true
+    exit 1
+  fi
+  echo "$(basename "$t"): $(grep -o 'PASSED.*' "$log")"
+done
+
+echo "== timing $model, micro-batches $micro_batches, $steps steps each"
+IFS=, read -ra batches <<<"$micro_batches"
+for b in "${batches[@]}"; do
+  if ! "$bin/bench_cuda_dit" --model "$model" --micro-batch "$b" --steps "$steps" \
+      --peak-tflops "$peak" >>"$results" 2>"$out/difftrain-$b.err"; then
+    printf '{"impl": "difftrain", "model": "%s", "micro_batch": %d, "error": "%s"}\n' "$model" \
+      "$b" "$(tail -n 1 "$out/difftrain-$b.err" | tr -d '"\\')" >>"$results"
+  fi
+  if [[ $torch == 1 ]]; then
+    for mode in eager compile; do
+      python3 tests/reference/dit_bench_torch.py --model "$model" --micro-batches "$b" \
+        --steps "$steps" --mode "$mode" --peak-tflops "$peak" --json "$out/torch.json" \
+        >"$out/torch-$mode-$b.log" 2>&1 || true
+      python3 -c 'import json,sys; [print(json.dumps(dict(r, impl="torch"))) for r in json.load(open(sys.argv[1]))]' \
+        "$out/torch.json" >>"$results" 2>/dev/null || \
+        printf '{"impl": "torch", "mode": "%s", "micro_batch": %d, "error": "see %s"}\n' "$mode" "$b" \
+          "$out/torch-$mode-$b.log" >>"$results"
+      rm -f "$out/torch.json"
+    done
+  fi
+done
+
+python3 - "$results" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def find(impl, mode, b):
+    for r in rows:
+        if r.get("impl") == impl and r.get("micro_batch") == b and (mode is None or r.get("mode") == mode):
+            return r
+def cell(r, key, fmt):
+    if r is None: return "—"
+    if r.get("status") == "OOM" or "out of memory" in r.get("error", ""): return "OOM"
+    if r.get("error") or r.get(key) is None: return "error"
+    return fmt.format(r[key])
+print("| micro batch | difftrain samples/s | TFLOP/s | MFU | peak GiB | torch eager samples/s | torch.compile samples/s | TFLOP/s | MFU | peak GiB | difftrain / compile |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for b in sorted({r["micro_batch"] for r in rows}):
+    d, e, c = find("difftrain", None, b), find("torch", "eager", b), find("torch", "compile", b)
+    ratio = "—"
+    if d and c and d.get("samples_per_s") and c.get("samples_per_s"):
+        ratio = "{:.2f}×".format(d["samples_per_s"] / c["samples_per_s"])
+    print("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+        b, cell(d, "samples_per_s", "{:.1f}"), cell(d, "tflops", "{:.0f}"), cell(d, "mfu", "{:.1%}"),
+        cell(d, "peak_mem_gib", "{:.1f}"), cell(e, "samples_per_s", "{:.1f}"),
+        cell(c, "samples_per_s", "{:.1f}"), cell(c, "tflops", "{:.0f}"), cell(c, "mfu", "{:.1%}"),
+        cell(c, "peak_mem_gib", "{:.1f}"), ratio))
+EOF

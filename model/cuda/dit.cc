@@ -1,0 +1,397 @@
+#include "model/cuda/dit.h"
+
+#include <cmath>
+
+#include "model/cpu/embed.h"
+#include "model/cuda/activation.h"
+#include "model/cuda/embed.h"
+#include "model/cuda/loss.h"
+#include "model/cuda/modulate.h"
+#include "model/dit/shard.h"
+
+namespace difftrain::cuda {
+namespace {
+
+constexpr int kFrequencyDim = 256;  // the timestep embedder's input width
+constexpr size_t kAlignment = 256;  // bytes; every activation starts on this boundary
+
+// Hands out aligned pieces of an arena at `base`; with a null base it only counts, so the
+// same sequence of Take calls first sizes the arena and then binds it.
+class ArenaCursor {
+ public:
+  explicit ArenaCursor(unsigned char* base) : base_(base) {}
+  template <typename T>
+  void Take(T*& member, size_t n) {
+    offset_ = (offset_ + kAlignment - 1) / kAlignment * kAlignment;
+    member = base_ != nullptr ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
+    offset_ += n * sizeof(T);
+  }
+  size_t bytes() const { return offset_; }
+
+ private:
+  unsigned char* base_;
+  size_t offset_ = 0;
+};
+
+}  // namespace
+
+DiT::DiT(const DiTConfig& config, cudaStream_t stream, bool use_graph)
+    : config_(config),
+      stream_(stream),
+      use_graph_(use_graph),
+      table_(ShardParameters(config, DiTShard::Whole(config)).table),
+      gemm_(stream) {
+  const Status valid = config_.Validate();
+  DT_CHECK(valid.ok(), "{}", valid.message());
+  for (const TensorSpec& t : table_.tensors()) {
+    DT_CHECK(t.offset % 8 == 0,
+             "{} starts at element {}, not a multiple of 8: the CUDA backend needs 16-byte "
+             "aligned bf16 weights (hidden_size and the patch features should be multiples of 8)",
+             t.name, t.offset);
+  }
+  x_w_ = Offset("x_embedder.proj.weight");
+  x_b_ = Offset("x_embedder.proj.bias");
+  t1_w_ = Offset("t_embedder.mlp.0.weight");
+  t1_b_ = Offset("t_embedder.mlp.0.bias");
+  t2_w_ = Offset("t_embedder.mlp.2.weight");
+  t2_b_ = Offset("t_embedder.mlp.2.bias");
+  y_table_ = Offset("y_embedder.embedding_table.weight");
+  for (int l = 0; l < config_.depth; ++l) {
+    const std::string b = "blocks." + std::to_string(l) + ".";
+    blocks_.push_back(
+        {Offset(b + "adaLN_modulation.1.weight"), Offset(b + "adaLN_modulation.1.bias"),
+         Offset(b + "attn.qkv.weight"), Offset(b + "attn.qkv.bias"), Offset(b + "attn.proj.weight"),
+         Offset(b + "attn.proj.bias"), Offset(b + "mlp.fc1.weight"), Offset(b + "mlp.fc1.bias"),
+         Offset(b + "mlp.fc2.weight"), Offset(b + "mlp.fc2.bias")});
+  }
+  fada_w_ = Offset("final_layer.adaLN_modulation.1.weight");
+  fada_b_ = Offset("final_layer.adaLN_modulation.1.bias");
+  flin_w_ = Offset("final_layer.linear.weight");
+  flin_b_ = Offset("final_layer.linear.bias");
+
+  const size_t n = num_params();
+  master_ = DeviceBuffer<float>(n);
+  params_bf16_ = DeviceBuffer<bf16>(n);
+  grads_ = DeviceBuffer<float>(n);
+  exp_avg_ = DeviceBuffer<float>(n);
+  exp_avg_sq_ = DeviceBuffer<float>(n);
+  ema_ = DeviceBuffer<float>(n);
+  norm_squared_ = DeviceBuffer<double>(1);
+  norm_workspace_ = DeviceBuffer<float>(SumOfSquaresWorkspace(n));
+  std::vector<float> pos(size_t(config_.tokens()) * config_.hidden_size);
+  cpu::SinCos2DPositionEmbedding(pos.data(), config_.grid(), config_.hidden_size);
+  pos_embed_ = DeviceBuffer<float>(pos.size());
+  pos_embed_.Upload(pos);
+}
+
+DiT::~DiT() {
+  if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
+  if (graph_ != nullptr) cudaGraphDestroy(graph_);
+}
+
+size_t DiT::Offset(const std::string& name) const {
+  const TensorSpec* t = table_.Find(name);
+  DT_CHECK(t != nullptr, "{} is not in the parameter table", name);
+  return t->offset;
+}
+
+void DiT::UploadParameters(const float* host) {
+  const size_t n = num_params();
+  master_.Upload(host);
+  ema_.Upload(host);
+  CastToBf16(params_bf16_.data(), master_.data(), n, stream_);
+  DT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+  DT_CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
+  DT_CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::vector<float> DiT::DownloadParameters() const {
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return master_.Download();
+}
+std::vector<float> DiT::DownloadGradients() const {
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return grads_.Download();
+}
+std::vector<float> DiT::DownloadEma() const {
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return ema_.Download();
+}
+
+size_t DiT::device_bytes() const {
+  return master_.bytes() + params_bf16_.bytes() + grads_.bytes() + exp_avg_.bytes() +
+         exp_avg_sq_.bytes() + ema_.bytes() + pos_embed_.bytes() + acts_buffer_.bytes() +
+         norm_squared_.bytes() + norm_workspace_.bytes();
+}
+
+size_t DiT::BindActivations(unsigned char* base, int B) {
+  const DiTConfig& c = config_;
+  const size_t T = c.tokens(), D = c.hidden_size, N = B * T, M = c.mlp_hidden();
+  const size_t image = size_t(c.in_channels) * c.input_size * c.input_size;
+  const size_t out_image = size_t(c.out_channels()) * c.input_size * c.input_size;
+  const size_t Fo = size_t(c.patch_size) * c.patch_size * c.out_channels();
+  const size_t rows = size_t(B) * c.num_heads * T;  // attention's log-sum-exp
+  ArenaCursor a(base);
+  a.Take(in_x_, B * image);
+  a.Take(in_t_, B);
+  a.Take(in_y_, B);
+  a.Take(in_target_, B * image);
+  a.Take(patches_, N * c.patch_features());
+  a.Take(tfreq_, size_t(B) * kFrequencyDim);
+  a.Take(t_hidden_, B * D);
+  a.Take(t_act_, B * D);
+  a.Take(t_emb_, B * D);
+  a.Take(c_, B * D);
+  a.Take(silu_c_, B * D);
+  acts_.resize(c.depth);
+  for (BlockActs& k : acts_) {
+    a.Take(k.resid_in, N * D);
+    a.Take(k.ada, B * 6 * D);
+    a.Take(k.mean1, N);
+    a.Take(k.rstd1, N);
+    a.Take(k.mod1, N * D);
+    a.Take(k.qkv, N * 3 * D);
+    a.Take(k.attn, N * D);
+    a.Take(k.lse, rows);
+    a.Take(k.proj, N * D);
+    a.Take(k.mid, N * D);
+    a.Take(k.mean2, N);
+    a.Take(k.rstd2, N);
+    a.Take(k.mod2, N * D);
+    a.Take(k.fc1_pre, N * M);
+    a.Take(k.gelu, N * M);
+    a.Take(k.fc2, N * D);
+  }
+  a.Take(resid_out_, N * D);
+  a.Take(ada_f_, B * 2 * D);
+  a.Take(meanf_, N);
+  a.Take(rstdf_, N);
+  a.Take(modf_, N * D);
+  a.Take(final_out_, N * Fo);
+  a.Take(out_, B * out_image);
+  a.Take(loss_, 1);
+  // Backward scratch, shared by every block.
+  a.Take(d_out_, B * out_image);
+  a.Take(d_final_, N * Fo);
+  a.Take(d_final_bf16_, N * Fo);
+  a.Take(d_resid_, N * D);
+  a.Take(d_ada_, B * 6 * D);
+  a.Take(d_ada_bf16_, B * 6 * D);
+  a.Take(d_small_, B * D);
+  a.Take(d_silu_c_, B * D);
+  a.Take(d_c_, B * D);
+  a.Take(d_c_bf16_, B * D);
+  a.Take(d_t_, B * D);
+  a.Take(d_a_, N * D);
+  a.Take(d_b_, N * D);
+  a.Take(d_h_, N * M);
+  a.Take(d_qkv_, N * 3 * D);
+  a.Take(attn_workspace_, AttentionBackwardWorkspace(B, T, D, c.num_heads));
+  return a.bytes();
+}
+
+void DiT::Reserve(int B) {
+  DT_CHECK(B > 0, "micro-batch {} must be positive", B);
+  if (B == batch_) return;
+  if (graph_exec_ != nullptr) {  // the graph holds the old activation pointers
+    DT_CUDA_CHECK(cudaGraphExecDestroy(graph_exec_));
+    DT_CUDA_CHECK(cudaGraphDestroy(graph_));
+    graph_exec_ = nullptr;
+    graph_ = nullptr;
+  }
+  eager_calls_ = 0;
+  acts_buffer_ = DeviceBuffer<unsigned char>();
+  acts_buffer_ = DeviceBuffer<unsigned char>(BindActivations(nullptr, B));
+  BindActivations(acts_buffer_.data(), B);
+  batch_ = B;
+}
+
+void DiT::PoisonActivations() {
+  DT_CUDA_CHECK(cudaMemsetAsync(acts_buffer_.data(), 0xFF, acts_buffer_.bytes(), stream_));
+}
+
+void DiT::Forward() {
+  DT_CHECK(batch_ > 0, "Forward before Reserve");
+  const DiTConfig& c = config_;
+  const int B = batch_, T = c.tokens(), D = c.hidden_size, N = B * T, p = c.patch_size;
+  // Patch embed (one GEMM over the flattened patches, fp32 out with its bias) plus the
+  // fixed position embedding: the residual stream entering block 0.
+  float* x_tokens = acts_.front().resid_in;
+  Patchify(patches_, in_x_, B, c.in_channels, c.input_size, p, stream_);
+  gemm_.Forward(x_tokens, patches_, W(x_w_), W(x_b_), N, c.patch_features(), D, Epilogue::kBias);
+  AddPositionEmbedding(x_tokens, x_tokens, pos_embed_.data(), B, T, D, stream_);
+  // Conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c).
+  TimestepFrequencies(tfreq_, in_t_, B, kFrequencyDim, stream_);
+  gemm_.Forward(t_hidden_, tfreq_, W(t1_w_), W(t1_b_), B, kFrequencyDim, D, Epilogue::kBias);
+  SiluForward(t_act_, t_hidden_, size_t(B) * D, stream_);
+  gemm_.Forward(t_emb_, t_act_, W(t2_w_), W(t2_b_), B, D, D, Epilogue::kBias);
+  AddLabelEmbedding(c_, t_emb_, Master(y_table_), in_y_, B, D, stream_);
+  SiluForward(silu_c_, c_, size_t(B) * D, stream_);
+
+  for (int l = 0; l < c.depth; ++l)
+    BlockForward(l);
+
+  // Final layer: modulate(norm(x), shift, scale) → Linear → unpatchify.
+  gemm_.Forward(ada_f_, silu_c_, W(fada_w_), W(fada_b_), B, D, 2 * D, Epilogue::kBias);
+  LayerNormModulateForward(modf_, meanf_, rstdf_, resid_out_, ada_f_, 0, D, 2 * D, B, T, D,
+                           stream_);
+  const int Fo = p * p * c.out_channels();
+  gemm_.Forward(final_out_, modf_, W(flin_w_), W(flin_b_), N, D, Fo, Epilogue::kBias);
+  Unpatchify(out_, final_out_, B, c.out_channels(), c.input_size, p, stream_);
+}
+
+void DiT::BlockForward(int l) {
+  const BlockOffsets& o = blocks_[l];
+  BlockActs& k = acts_[l];
+  float* resid_out = l + 1 < config_.depth ? acts_[l + 1].resid_in : resid_out_;
+  const int B = batch_, T = config_.tokens(), D = config_.hidden_size, N = B * T;
+  const int M = config_.mlp_hidden(), S = 6 * D;
+  // adaLN: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks of 6D.
+  gemm_.Forward(k.ada, silu_c_, W(o.ada_w), W(o.ada_b), B, D, S, Epilogue::kBias);
+  // x = x + gate_msa · proj(attention(qkv(modulate(norm1(x), shift_msa, scale_msa)))).
+  LayerNormModulateForward(k.mod1, k.mean1, k.rstd1, k.resid_in, k.ada, 0, D, S, B, T, D, stream_);
+  gemm_.Forward(k.qkv, k.mod1, W(o.qkv_w), W(o.qkv_b), N, D, 3 * D, Epilogue::kBias);
+  AttentionForward(k.attn, k.lse, k.qkv, B, T, D, config_.num_heads, stream_);
+  gemm_.Forward(k.proj, k.attn, W(o.proj_w), W(o.proj_b), N, D, D, Epilogue::kBias);
+  GatedResidualForward(k.mid, k.resid_in, k.proj, k.ada, 2 * D, S, B, T, D, stream_);
+  // x = x + gate_mlp · fc2(gelu(fc1(modulate(norm2(x), shift_mlp, scale_mlp)))).
+  LayerNormModulateForward(k.mod2, k.mean2, k.rstd2, k.mid, k.ada, 3 * D, 4 * D, S, B, T, D,
+                           stream_);
+  gemm_.Forward(k.gelu, k.mod2, W(o.fc1_w), W(o.fc1_b), N, D, M, Epilogue::kBiasGelu, k.fc1_pre);
+  gemm_.Forward(k.fc2, k.gelu, W(o.fc2_w), W(o.fc2_b), N, M, D, Epilogue::kBias);
+  GatedResidualForward(resid_out, k.mid, k.fc2, k.ada, 5 * D, S, B, T, D, stream_);
+}
+
+void DiT::Loss() {
+  const DiTConfig& c = config_;
+  EpsilonMseLoss(loss_, d_out_, out_, in_target_, batch_, c.out_channels(), c.in_channels,
+                 c.input_size * c.input_size, stream_);
+}
+
+void DiT::Backward() {
+  const DiTConfig& c = config_;
+  const int B = batch_, T = c.tokens(), D = c.hidden_size, N = B * T, p = c.patch_size;
+  const int Fo = p * p * c.out_channels();
+  const size_t BD = size_t(B) * D;
+
+  // Final layer, in reverse.
+  DT_CUDA_CHECK(cudaMemsetAsync(d_silu_c_, 0, BD * sizeof(float), stream_));
+  UnpatchifyBackward(d_final_, d_out_, B, c.out_channels(), c.input_size, p, stream_);
+  CastToBf16(d_final_bf16_, d_final_, size_t(N) * Fo, stream_);
+  gemm_.BackwardWeight(G(flin_w_), d_final_bf16_, modf_, N, D, Fo);
+  BiasGradient(G(flin_b_), d_final_, N, Fo, stream_);
+  gemm_.BackwardInput(d_a_, d_final_bf16_, W(flin_w_), N, D, Fo);
+  DT_CUDA_CHECK(cudaMemsetAsync(d_resid_, 0, size_t(N) * D * sizeof(float), stream_));
+  DT_CUDA_CHECK(cudaMemsetAsync(d_ada_, 0, BD * 2 * sizeof(float), stream_));
+  LayerNormModulateBackward(d_resid_, d_ada_, d_a_, resid_out_, meanf_, rstdf_, ada_f_, 0, D, 2 * D,
+                            B, T, D, stream_);
+  CastToBf16(d_ada_bf16_, d_ada_, BD * 2, stream_);
+  gemm_.BackwardWeight(G(fada_w_), d_ada_bf16_, silu_c_, B, D, 2 * D);
+  BiasGradient(G(fada_b_), d_ada_, B, 2 * D, stream_);
+  gemm_.BackwardInput(d_small_, d_ada_bf16_, W(fada_w_), B, D, 2 * D);
+  CastToFloat(d_silu_c_, d_small_, BD, /*accumulate=*/true, stream_);
+
+  // Blocks, last to first; d_resid_ carries the residual stream's gradient throughout.
+  for (int l = c.depth - 1; l >= 0; --l)
+    BlockBackward(l);
+
+  // Conditioning: c = t_emb + y_emb, t_emb = mlp.2(silu(mlp.0(freq(t)))).
+  DT_CUDA_CHECK(cudaMemsetAsync(d_c_, 0, BD * sizeof(float), stream_));
+  SiluBackward(d_c_, d_silu_c_, c_, BD, stream_);
+  LabelEmbeddingBackward(G(y_table_), d_c_, in_y_, B, D, stream_);
+  CastToBf16(d_c_bf16_, d_c_, BD, stream_);
+  gemm_.BackwardWeight(G(t2_w_), d_c_bf16_, t_act_, B, D, D);
+  BiasGradient(G(t2_b_), d_c_, B, D, stream_);
+  gemm_.BackwardInput(d_small_, d_c_bf16_, W(t2_w_), B, D, D);
+  DT_CUDA_CHECK(cudaMemsetAsync(d_t_, 0, BD * sizeof(float), stream_));
+  CastToFloat(d_c_, d_small_, BD, /*accumulate=*/false, stream_);  // d_c_ is free: reuse it
+  SiluBackward(d_t_, d_c_, t_hidden_, BD, stream_);
+  CastToBf16(d_c_bf16_, d_t_, BD, stream_);
+  gemm_.BackwardWeight(G(t1_w_), d_c_bf16_, tfreq_, B, kFrequencyDim, D);
+  BiasGradient(G(t1_b_), d_t_, B, D, stream_);
+  // Patch embed: the position embedding is fixed and the input is data.
+  CastToBf16(d_a_, d_resid_, size_t(N) * D, stream_);
+  gemm_.BackwardWeight(G(x_w_), d_a_, patches_, N, c.patch_features(), D);
+  BiasGradient(G(x_b_), d_resid_, N, D, stream_);
+}
+
+void DiT::BlockBackward(int l) {
+  const BlockOffsets& o = blocks_[l];
+  BlockActs& k = acts_[l];
+  const int B = batch_, T = config_.tokens(), D = config_.hidden_size, N = B * T;
+  const int M = config_.mlp_hidden(), S = 6 * D;
+  DT_CUDA_CHECK(cudaMemsetAsync(d_ada_, 0, size_t(B) * S * sizeof(float), stream_));
+  // MLP branch: out = mid + gate_mlp · fc2; the stream's gradient passes through unchanged.
+  GatedResidualBackward(d_a_, d_ada_, d_resid_, k.fc2, k.ada, 5 * D, S, B, T, D, stream_);
+  gemm_.BackwardWeight(G(o.fc2_w), d_a_, k.gelu, N, M, D);
+  BiasGradient(G(o.fc2_b), d_a_, N, D, stream_);
+  // fc2's input gradient times gelu'(fc1's pre-activation), fused in the epilogue.
+  gemm_.BackwardInput(d_h_, d_a_, W(o.fc2_w), N, M, D, k.fc1_pre);
+  gemm_.BackwardWeight(G(o.fc1_w), d_h_, k.mod2, N, D, M);
+  BiasGradient(G(o.fc1_b), d_h_, N, M, stream_);
+  gemm_.BackwardInput(d_a_, d_h_, W(o.fc1_w), N, D, M);
+  LayerNormModulateBackward(d_resid_, d_ada_, d_a_, k.mid, k.mean2, k.rstd2, k.ada, 3 * D, 4 * D, S,
+                            B, T, D, stream_);
+  // Attention branch: mid = x + gate_msa · proj.
+  GatedResidualBackward(d_a_, d_ada_, d_resid_, k.proj, k.ada, 2 * D, S, B, T, D, stream_);
+  gemm_.BackwardWeight(G(o.proj_w), d_a_, k.attn, N, D, D);
+  BiasGradient(G(o.proj_b), d_a_, N, D, stream_);
+  gemm_.BackwardInput(d_b_, d_a_, W(o.proj_w), N, D, D);
+  AttentionBackward(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B, T, D, config_.num_heads,
+                    stream_);
+  gemm_.BackwardWeight(G(o.qkv_w), d_qkv_, k.mod1, N, D, 3 * D);
+  BiasGradient(G(o.qkv_b), d_qkv_, N, 3 * D, stream_);
+  gemm_.BackwardInput(d_a_, d_qkv_, W(o.qkv_w), N, D, 3 * D);
+  LayerNormModulateBackward(d_resid_, d_ada_, d_a_, k.resid_in, k.mean1, k.rstd1, k.ada, 0, D, S, B,
+                            T, D, stream_);
+  // This block's adaLN, whose input SiLU(c) every block shares.
+  CastToBf16(d_ada_bf16_, d_ada_, size_t(B) * S, stream_);
+  gemm_.BackwardWeight(G(o.ada_w), d_ada_bf16_, silu_c_, B, D, S);
+  BiasGradient(G(o.ada_b), d_ada_, B, S, stream_);
+  gemm_.BackwardInput(d_small_, d_ada_bf16_, W(o.ada_w), B, D, S);
+  CastToFloat(d_silu_c_, d_small_, size_t(B) * D, /*accumulate=*/true, stream_);
+}
+
+void DiT::ForwardBackward() {
+  DT_CHECK(batch_ > 0, "ForwardBackward before Reserve");
+  auto run = [this] {
+    Forward();
+    Loss();
+    Backward();
+  };
+  // The first call runs eagerly: cuBLASLt plans its GEMMs and kernels set their attributes,
+  // none of which may happen under capture. The second is captured, and replayed from then on.
+  if (!use_graph_ || eager_calls_ < 1) {
+    run();
+    ++eager_calls_;
+    return;
+  }
+  if (graph_exec_ == nullptr) {
+    DT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    run();
+    DT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+    DT_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+  }
+  DT_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+}
+
+void DiT::ZeroGradients() {
+  DT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+}
+
+void DiT::OptimizerStep(const AdamWArgs& args, float ema_decay) {
+  const size_t n = num_params();
+  SumOfSquares(norm_squared_.data(), grads_.data(), n, norm_workspace_.data(),
+               /*accumulate=*/false, stream_);
+  AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads_.data(),
+            norm_squared_.data(), n, args, stream_);
+  EmaUpdate(ema_.data(), master_.data(), n, ema_decay, stream_);
+}
+
+double DiT::last_grad_norm_squared() const {
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return norm_squared_.Download()[0];
+}
+
+}  // namespace difftrain::cuda

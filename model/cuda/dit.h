@@ -1,0 +1,146 @@
+// DiT's training step on one GPU in bf16 mixed precision: the GPU twin of difftrain::DiT
+// (model/dit/dit.h), which is its reference, for the whole model in one process.
+//
+// Precision, as PyTorch's bf16 autocast does it: the GEMMs and attention read bf16 (the
+// activations they consume, and a bf16 copy of the weights) and accumulate in fp32; the
+// residual stream, the conditioning, the adaLN vectors, LayerNorm statistics, gradients,
+// AdamW's state, the master weights and the EMA are fp32.
+//
+// Memory: parameters (fp32 master + bf16 copy), gradients, the two AdamW moments and the
+// EMA are one arena each, laid out by the whole model's parameter table (the reference
+// state-dict names), so a download is exactly the CPU model's arena. Activations and the
+// backward scratch are one allocation made by Reserve; nothing is allocated inside a step.
+// Everything runs on one stream; ForwardBackward is captured as a CUDA graph on its second
+// call and replayed after that (the optimizer step, whose learning rate changes every
+// step, runs outside the graph: four kernels).
+//
+// The loss is DiT's ε-MSE on the first in_channels output channels. With learn_sigma the
+// variational-bound term of the variance channels is not computed on the GPU yet: their
+// gradient is zero (docs/cuda.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/cuda/attention.h"
+#include "model/cuda/device_buffer.h"
+#include "model/cuda/gemm.h"
+#include "model/cuda/optimizer.h"
+#include "model/dit/config.h"
+#include "model/tensor/tensor_table.h"
+
+namespace difftrain::cuda {
+
+class DiT {
+ public:
+  // Every tensor of the parameter table must start at a multiple of 8 elements (16-byte
+  // aligned bf16 for cuBLASLt); every named DiT does. `use_graph`: capture ForwardBackward.
+  DiT(const DiTConfig& config, cudaStream_t stream, bool use_graph = true);
+  ~DiT();
+  DiT(const DiT&) = delete;
+  DiT& operator=(const DiT&) = delete;
+
+  const DiTConfig& config() const { return config_; }
+  const TensorTable& parameter_table() const { return table_; }
+  size_t num_params() const { return table_.total(); }
+
+  // Sets the master weights, their bf16 copy and the EMA from a host arena of the table's
+  // layout, and zeroes the gradients and AdamW's moments. Synchronous.
+  void UploadParameters(const float* host);
+  std::vector<float> DownloadParameters() const;
+  std::vector<float> DownloadGradients() const;
+  std::vector<float> DownloadEma() const;
+
+  // Allocates activations for micro-batches of B (once per B).
+  void Reserve(int B);
+  int micro_batch() const { return batch_; }
+  size_t activation_bytes() const { return acts_buffer_.bytes(); }
+  // Bytes of every device allocation this model holds (arenas, activations, workspaces).
+  size_t device_bytes() const;
+
+  // The input of a micro-batch, written by the caller (cudaMemcpyAsync on stream()) before
+  // ForwardBackward: x_t [B, C, H, W], timesteps t [B] as floats, labels y [B], and the
+  // noise ε [B, C, H, W] the loss compares the first C output channels with.
+  float* input_x() { return in_x_; }
+  float* input_t() { return in_t_; }
+  int32_t* input_y() { return in_y_; }
+  float* input_target() { return in_target_; }
+
+  // Forward of the micro-batch in the inputs; output() is [B, out_channels, H, W].
+  void Forward();
+  const float* output() const { return out_; }
+  // Forward, the loss (into loss(), a device scalar) and backward, adding into the
+  // gradients. Replays a CUDA graph from its third call when use_graph is set.
+  void ForwardBackward();
+  const float* loss() const { return loss_; }
+  void ZeroGradients();
+  // Global gradient norm, clipping, AdamW on the master weights (refreshing their bf16 copy)
+  // and the EMA. args.max_norm 0 disables clipping.
+  void OptimizerStep(const AdamWArgs& args, float ema_decay);
+  // The squared global gradient norm of the last OptimizerStep (synchronises).
+  double last_grad_norm_squared() const;
+
+  cudaStream_t stream() const { return stream_; }
+
+  // For tests: fills the activation arena with NaN, so that an element some kernel should
+  // have written and did not shows up in the outputs and gradients.
+  void PoisonActivations();
+
+ private:
+  struct BlockOffsets {
+    size_t ada_w, ada_b, qkv_w, qkv_b, proj_w, proj_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  };
+  struct BlockActs {
+    float *resid_in, *ada, *mean1, *rstd1, *mid, *mean2, *rstd2, *lse;
+    bf16 *mod1, *qkv, *attn, *proj, *mod2, *fc1_pre, *gelu, *fc2;
+  };
+  // Binds every activation pointer into an arena at `base` (null: only counts); returns the
+  // bytes the arena needs. One list serves both, so layout and binding cannot disagree.
+  size_t BindActivations(unsigned char* base, int B);
+  size_t Offset(const std::string& name) const;
+  void BlockForward(int l);
+  void BlockBackward(int l);
+  void Loss();
+  void Backward();
+
+  const float* Master(size_t offset) const { return master_.data() + offset; }
+  const bf16* W(size_t offset) const { return params_bf16_.data() + offset; }
+  float* G(size_t offset) { return grads_.data() + offset; }
+
+  DiTConfig config_;
+  cudaStream_t stream_;
+  bool use_graph_;
+  TensorTable table_;
+  DeviceBuffer<float> master_, grads_, exp_avg_, exp_avg_sq_, ema_, pos_embed_;
+  DeviceBuffer<bf16> params_bf16_;
+  size_t x_w_, x_b_, t1_w_, t1_b_, t2_w_, t2_b_, y_table_, fada_w_, fada_b_, flin_w_, flin_b_;
+  std::vector<BlockOffsets> blocks_;
+  Gemm gemm_;
+
+  int batch_ = 0;
+  DeviceBuffer<unsigned char> acts_buffer_;
+  // Inputs and what forward keeps.
+  float *in_x_ = nullptr, *in_t_ = nullptr, *in_target_ = nullptr;
+  int32_t* in_y_ = nullptr;
+  bf16 *patches_ = nullptr, *tfreq_ = nullptr, *t_act_ = nullptr, *silu_c_ = nullptr;
+  float *t_hidden_ = nullptr, *t_emb_ = nullptr, *c_ = nullptr;
+  std::vector<BlockActs> acts_;
+  float *resid_out_ = nullptr, *ada_f_ = nullptr, *meanf_ = nullptr, *rstdf_ = nullptr;
+  bf16* modf_ = nullptr;
+  float *final_out_ = nullptr, *out_ = nullptr, *loss_ = nullptr;
+  // Backward scratch.
+  float *d_out_ = nullptr, *d_final_ = nullptr, *d_resid_ = nullptr, *d_ada_ = nullptr;
+  float *d_silu_c_ = nullptr, *d_c_ = nullptr, *d_t_ = nullptr, *attn_workspace_ = nullptr;
+  bf16 *d_final_bf16_ = nullptr, *d_a_ = nullptr, *d_b_ = nullptr, *d_h_ = nullptr;
+  bf16 *d_qkv_ = nullptr, *d_ada_bf16_ = nullptr, *d_small_ = nullptr, *d_c_bf16_ = nullptr;
+  // The optimizer's global norm.
+  DeviceBuffer<double> norm_squared_;
+  DeviceBuffer<float> norm_workspace_;
+
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  int eager_calls_ = 0;
+};
+
+}  // namespace difftrain::cuda

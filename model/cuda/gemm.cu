@@ -1,0 +1,308 @@
+#include "model/cuda/gemm.h"
+
+#include <cstdint>
+
+// A failing cuBLASLt call is a broken invariant (bad shape, unsupported combination) or a lost
+// device: print file:line with cuBLASLt's reason and abort, like DT_CUDA_CHECK.
+#ifndef DT_CUBLAS_CHECK
+#define DT_CUBLAS_CHECK(expr)                                             \
+  do {                                                                    \
+    const cublasStatus_t dt_cublas_status_ = (expr);                      \
+    DT_CHECK(dt_cublas_status_ == CUBLAS_STATUS_SUCCESS, "{}: {}", #expr, \
+             cublasLtGetStatusString(dt_cublas_status_));                 \
+  } while (0)
+#endif
+
+namespace difftrain::cuda {
+namespace {
+
+// The GEMMs of a Linear layer (the first element of Gemm::Key).
+enum Kind : int { kForward = 0, kBackwardWeight = 1, kBackwardInput = 2 };
+// The type of D (the second element of Gemm::Key).
+enum OutType : int { kOutBf16 = 0, kOutFloat = 1 };
+
+// Every pointer and every leading dimension in bytes is a multiple of this. The heuristic is told
+// so (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES; the default assumes 256-byte pointers), so
+// that a plan chosen with one set of pointers stays valid for any other 16-byte aligned set:
+// the step's buffers are slices of arenas, not fresh cudaMallocs.
+constexpr uint32_t kAlignment = 16;
+// bf16 elements per kAlignment bytes: the leading dimensions (I and O) must be multiples of it.
+constexpr int kBf16PerAlignment = kAlignment / sizeof(bf16);
+
+bool Aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % kAlignment == 0;
+}
+
+// out[n, o] += bias[o] over a row-major [N, O] fp32 matrix: the bias of the fp32-output forward,
+// which cuBLASLt's epilogue cannot take in bf16 (see Gemm::Forward(float*, ...)).
+__global__ void AddBiasKernel(float* out, const bf16* __restrict__ bias, size_t n, int O) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] += __bfloat162float(bias[i % O]);
+}
+
+void CheckShape(int N, int I, int O) {
+  DT_CHECK(N > 0 && I > 0 && O > 0, "GEMM shape N={} I={} O={} must be positive", N, I, O);
+  // cuBLASLt's tensor-core kernels need 16-byte aligned rows (leading dimensions); every ld below
+  // is I or O (N is never one), and the GELU aux ld must be a multiple of 8 besides.
+  DT_CHECK(I % kBf16PerAlignment == 0 && O % kBf16PerAlignment == 0,
+           "GEMM shape N={} I={} O={}: I and O (the leading dimensions of the row-major "
+           "matrices) must be multiples of {} so that every row is {}-byte aligned",
+           N, I, O, kBf16PerAlignment, kAlignment);
+}
+
+}  // namespace
+
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace_bytes = 0;
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    // Teardown: statuses are ignored, as DeviceBuffer ignores cudaFree's.
+    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+Gemm::Gemm(cudaStream_t stream, size_t workspace_bytes)
+    : stream_(stream), workspace_(workspace_bytes) {
+  DT_CUBLAS_CHECK(cublasLtCreate(&handle_));
+}
+
+Gemm::~Gemm() {
+  plans_.clear();
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+// Builds the plan of a key: everything below is derived from (kind, out type, N, I, O,
+// cuBLASLt epilogue) alone, so a key always names the same descriptors and algorithm.
+//
+// Row-major ↔ column-major: a row-major [R, C] matrix with row stride C is, read by cuBLASLt, the
+// column-major [C, R] matrix (its transpose) with ld = C. cuBLASLt computes
+// D[m, n] = op(A)[m, k] · op(B)[k, n] (+ epilogue), all column-major. So each row-major product
+// is computed transposed: Xᵀ = (P·Q)ᵀ = Qᵀ·Pᵀ, where Qᵀ, Pᵀ are the row-major buffers as they are.
+Gemm::Plan& Gemm::PlanFor(const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+
+  const auto [kind, out_type, N, I, O, epilogue_int] = key;
+  const auto epilogue = static_cast<cublasLtEpilogue_t>(epilogue_int);
+  const cudaDataType_t d_type = out_type == kOutFloat ? CUDA_R_32F : CUDA_R_16BF;
+
+  // Column-major description: op(A) is m×k, op(B) is k×n, D is m×n; A is stored a_rows×a_cols.
+  cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  uint64_t m = 0, n = 0, a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  switch (kind) {
+    case kForward:
+      // out[N, O] = in[N, I] · w[O, I]ᵀ  ⇔  (column-major) outᵀ[O, N] = w[O, I] · inᵀ[I, N].
+      //   A = w buffer: column-major [I, O], ld I (= wᵀ), transa = T → op(A) = w, m = O, k = I.
+      //   B = in buffer: column-major [I, N], ld I (= inᵀ), transb = N → k = I, n = N.
+      //   C = D = out buffer: column-major [O, N], ld O (= outᵀ). Bias (length m = O) is added
+      //   down each column: bias[o] to every out[·, o]. Aux has D's shape: [O, N], ld O.
+      trans_a = CUBLAS_OP_T;
+      a_rows = I, a_cols = O, lda = I;
+      b_rows = I, b_cols = N, ldb = I;
+      m = O, n = N, ldd = O;
+      break;
+    case kBackwardWeight:
+      // dw[O, I] += dout[N, O]ᵀ · in[N, I]  ⇔  dwᵀ[I, O] += inᵀ[I, N] · dout[N, O].
+      //   A = in buffer: column-major [I, N], ld I (= inᵀ), transa = N → m = I, k = N.
+      //   B = dout buffer: column-major [O, N], ld O (= doutᵀ), transb = T → op(B) = dout[N, O],
+      //   k = N, n = O.
+      //   C = D = dw buffer (fp32): column-major [I, O], ld I (= dwᵀ), beta = 1.
+      trans_b = CUBLAS_OP_T;
+      a_rows = I, a_cols = N, lda = I;
+      b_rows = O, b_cols = N, ldb = O;
+      m = I, n = O, ldd = I;
+      break;
+    case kBackwardInput:
+      // din[N, I] = dout[N, O] · w[O, I]  ⇔  dinᵀ[I, N] = wᵀ[I, O] · doutᵀ[O, N].
+      //   A = w buffer: column-major [I, O], ld I (= wᵀ), transa = N → m = I, k = O.
+      //   B = dout buffer: column-major [O, N], ld O (= doutᵀ), transb = N → k = O, n = N.
+      //   C = D = din buffer: column-major [I, N], ld I (= dinᵀ), beta = 0. The DGELU aux
+      //   (gelu_pre, row-major [N, I]) has D's shape: column-major [I, N], ld I.
+      a_rows = I, a_cols = O, lda = I;
+      b_rows = O, b_cols = N, ldb = O;
+      m = I, n = N, ldd = I;
+      break;
+    default:
+      DT_CHECK(false, "unknown GEMM kind {}", kind);
+  }
+
+  auto plan = std::make_unique<Plan>();
+  DT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                                 sizeof(trans_a)));
+  DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                                 sizeof(trans_b)));
+  DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                 &epilogue, sizeof(epilogue)));
+  // The heuristic does not dereference the bias and aux pointers but reads their alignment from
+  // them: give it addresses aligned to exactly kAlignment (the weakest alignment a call may pass)
+  // so the chosen algorithm serves every call. The real pointers are set before each matmul.
+  const void* const kAlignedPlaceholder = reinterpret_cast<const void*>(uintptr_t{kAlignment});
+  const bool has_bias =
+      epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool has_aux =
+      epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
+  if (has_bias) {
+    // Bias elements have D's type (bf16 here; see Forward(float*, ...) for fp32 D).
+    const int32_t bias_type = CUDA_R_16BF;
+    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                   &bias_type, sizeof(bias_type)));
+    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &kAlignedPlaceholder,
+                                                   sizeof(kAlignedPlaceholder)));
+  }
+  if (has_aux) {
+    // The GELU input matrix: D's type (bf16, the default aux type) and D's shape; its ld must
+    // be a multiple of 8 and at least D's row count (ldd is, by CheckShape).
+    const int64_t aux_ld = ldd;
+    DT_CHECK(aux_ld % 8 == 0 && aux_ld >= static_cast<int64_t>(m),
+             "GELU aux ld {} must be a multiple of 8 and >= {}", aux_ld, m);
+    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                   &aux_ld, sizeof(aux_ld)));
+    DT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                       &kAlignedPlaceholder, sizeof(kAlignedPlaceholder)));
+  }
+
+  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, a_rows, a_cols, lda));
+  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, b_rows, b_cols, ldb));
+  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, d_type, m, n, ldd));
+  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, d_type, m, n, ldd));
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  DT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t max_workspace = workspace_.bytes();
+  DT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
+  for (const cublasLtMatmulPreferenceAttributes_t attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    DT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &kAlignment,
+                                                         sizeof(kAlignment)));
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle_, plan->desc, plan->a, plan->b, plan->c, plan->d, preference, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  DT_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
+           "cuBLASLt has no algorithm for GEMM kind {} (0 forward, 1 backward-weight, 2 "
+           "backward-input), {} output, N={} I={} O={}, epilogue {} (workspace {} bytes): {}",
+           kind, out_type == kOutFloat ? "fp32" : "bf16", N, I, O, epilogue_int, max_workspace,
+           status == CUBLAS_STATUS_SUCCESS ? "no result" : cublasLtGetStatusString(status));
+  plan->algo = result.algo;
+  plan->workspace_bytes = result.workspaceSize;
+
+  Plan& ref = *plan;
+  plans_.emplace(key, std::move(plan));
+  return ref;
+}
+
+namespace {
+
+// Sets the per-call epilogue pointers on a cached descriptor.
+void SetEpiloguePointers(cublasLtMatmulDesc_t desc, const void* bias, const void* aux) {
+  if (bias != nullptr) {
+    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof(bias)));
+  }
+  if (aux != nullptr) {
+    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                   &aux, sizeof(aux)));
+  }
+}
+
+}  // namespace
+
+void Gemm::Forward(bf16* out, const bf16* in, const bf16* w, const bf16* bias, int N, int I, int O,
+                   Epilogue epilogue, bf16* aux) {
+  CheckShape(N, I, O);
+  DT_CHECK(Aligned(out) && Aligned(in) && Aligned(w), "GEMM pointers must be {}-byte aligned",
+           kAlignment);
+  cublasLtEpilogue_t lt_epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (epilogue) {
+    case Epilogue::kNone:
+      DT_CHECK(bias == nullptr && aux == nullptr, "Epilogue::kNone takes no bias and no aux");
+      break;
+    case Epilogue::kBias:
+      DT_CHECK(bias != nullptr && aux == nullptr, "Epilogue::kBias takes a bias and no aux");
+      lt_epilogue = CUBLASLT_EPILOGUE_BIAS;
+      break;
+    case Epilogue::kBiasGelu:
+      DT_CHECK(bias != nullptr && aux != nullptr, "Epilogue::kBiasGelu takes a bias and an aux");
+      lt_epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      break;
+  }
+  DT_CHECK(Aligned(bias) && Aligned(aux), "bias and aux must be {}-byte aligned", kAlignment);
+  Plan& plan = PlanFor(Key{kForward, kOutBf16, N, I, O, static_cast<int>(lt_epilogue)});
+  SetEpiloguePointers(plan.desc, bias, aux);
+  const float alpha = 1.0f, beta = 0.0f;
+  DT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
+                                 plan.c, out, plan.d, &plan.algo, workspace_.data(),
+                                 plan.workspace_bytes, stream_));
+}
+
+// fp32 D with bf16 A/B: cuBLASLt's bias vector has D's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+// "the same type as the elements of output matrix (Dtype)", the exceptions being IMMA and fp8
+// kernels), i.e. fp32 here, and the bias we hold is bf16. So the GEMM runs without epilogue and
+// AddBiasKernel adds the bias on the same stream (these are the small adaLN / final-layer GEMMs).
+void Gemm::Forward(float* out, const bf16* in, const bf16* w, const bf16* bias, int N, int I, int O,
+                   Epilogue epilogue) {
+  CheckShape(N, I, O);
+  DT_CHECK(Aligned(out) && Aligned(in) && Aligned(w), "GEMM pointers must be {}-byte aligned",
+           kAlignment);
+  DT_CHECK(epilogue != Epilogue::kBiasGelu, "the fp32-output forward has no GELU epilogue");
+  DT_CHECK((epilogue == Epilogue::kBias) == (bias != nullptr),
+           "a bias is given exactly with Epilogue::kBias");
+  Plan& plan = PlanFor(Key{kForward, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT});
+  const float alpha = 1.0f, beta = 0.0f;
+  DT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
+                                 plan.c, out, plan.d, &plan.algo, workspace_.data(),
+                                 plan.workspace_bytes, stream_));
+  if (bias != nullptr) {
+    const size_t n = static_cast<size_t>(N) * O;
+    constexpr unsigned kThreads = 256;
+    AddBiasKernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(out, bias, n, O);
+    DT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void Gemm::BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, int I, int O) {
+  CheckShape(N, I, O);
+  DT_CHECK(Aligned(dw) && Aligned(dout) && Aligned(in), "GEMM pointers must be {}-byte aligned",
+           kAlignment);
+  Plan& plan = PlanFor(Key{kBackwardWeight, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT});
+  const float alpha = 1.0f, beta = 1.0f;  // dw += ...
+  DT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, in, plan.a, dout, plan.b, &beta, dw,
+                                 plan.c, dw, plan.d, &plan.algo, workspace_.data(),
+                                 plan.workspace_bytes, stream_));
+}
+
+void Gemm::BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int I, int O,
+                         const bf16* gelu_pre) {
+  CheckShape(N, I, O);
+  DT_CHECK(Aligned(din) && Aligned(dout) && Aligned(w) && Aligned(gelu_pre),
+           "GEMM pointers must be {}-byte aligned", kAlignment);
+  // DGELU: D = (dout · w) ⊙ gelu'(aux), aux being the GELU input GELU_AUX_BIAS wrote.
+  const cublasLtEpilogue_t lt_epilogue =
+      gelu_pre != nullptr ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
+  Plan& plan = PlanFor(Key{kBackwardInput, kOutBf16, N, I, O, static_cast<int>(lt_epilogue)});
+  SetEpiloguePointers(plan.desc, nullptr, gelu_pre);
+  const float alpha = 1.0f, beta = 0.0f;
+  DT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, dout, plan.b, &beta, din,
+                                 plan.c, din, plan.d, &plan.algo, workspace_.data(),
+                                 plan.workspace_bytes, stream_));
+}
+
+}  // namespace difftrain::cuda

@@ -1,0 +1,65 @@
+// The Linear layers' GEMMs through cuBLASLt: bf16 inputs, fp32 accumulation, PyTorch's
+// layout (weight [O, I] row-major, out = in · weightᵀ + bias), with the bias and GELU
+// (tanh) applied in the GEMM's epilogue where cuBLASLt fuses them.
+//
+// One Gemm per stream: it owns the cuBLASLt handle, a workspace, and the matmul plans
+// (descriptors and the chosen algorithm) of every shape it has seen, so that after the
+// first step no call allocates or queries a heuristic (a CUDA graph can capture it).
+#pragma once
+
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "model/cuda/common.h"
+#include "model/cuda/device_buffer.h"
+
+namespace difftrain::cuda {
+
+enum class Epilogue {
+  kNone,      // out = in · wᵀ
+  kBias,      // out = in · wᵀ + bias
+  kBiasGelu,  // pre = in · wᵀ + bias (written to `aux`), out = gelu_tanh(pre)
+};
+
+class Gemm {
+ public:
+  explicit Gemm(cudaStream_t stream, size_t workspace_bytes = size_t(32) << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // out[N, O] = epilogue(in[N, I] · w[O, I]ᵀ): bf16 out, or fp32 out (used where the result
+  // feeds fp32 state: the adaLN modulation vectors, the final layer's output). bias [O] is
+  // bf16; aux [N, O] (bf16) receives the pre-activation with kBiasGelu and is otherwise
+  // unused (null).
+  void Forward(bf16* out, const bf16* in, const bf16* w, const bf16* bias, int N, int I, int O,
+               Epilogue epilogue, bf16* aux = nullptr);
+  void Forward(float* out, const bf16* in, const bf16* w, const bf16* bias, int N, int I, int O,
+               Epilogue epilogue);
+
+  // dw[O, I] += dout[N, O]ᵀ · in[N, I] in fp32 (the gradient arena accumulates micro-batches).
+  void BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, int I, int O);
+
+  // din[N, I] = dout[N, O] · w[O, I]   (written, not added).
+  // With gelu_pre non-null (the aux of a kBiasGelu forward, [N, I]) the result is multiplied
+  // by gelu_tanh'(gelu_pre) in the epilogue: the gradient of fc1's pre-activation straight
+  // from fc2's output gradient.
+  void BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int I, int O,
+                     const bf16* gelu_pre = nullptr);
+
+ private:
+  struct Plan;
+  // (kind, out type, N, I, O, epilogue) → a plan made on first use.
+  using Key = std::tuple<int, int, int, int, int, int>;
+  Plan& PlanFor(const Key& key);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer<unsigned char> workspace_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace difftrain::cuda

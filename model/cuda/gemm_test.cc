@@ -1,0 +1,259 @@
+// The cuBLASLt Linear GEMMs against the CPU reference (model/cpu/linear, model/cpu/activation),
+// computed in double on exactly the bf16 values the GPU reads.
+//
+// Tolerances (relative L2 over the whole output):
+//   - bf16 outputs: ≤ 1e-2. Rounding a result to bf16 (8-bit significand) alone costs up to
+//     2⁻⁹ ≈ 2e-3 relatively per element (about 1e-3 in RMS); the rest is fp32 accumulation
+//     order and, for the epilogues, the GELU evaluated in fp32 on the GPU.
+//   - fp32 outputs of bf16 GEMMs: ≤ 1e-3. The inputs are identical bf16 values and a product of
+//     two bf16 values is exact in fp32 (8 + 8 significand bits ≤ 24), so only the order and the
+//     fp32 rounding of the accumulation differ from the double reference: at most about
+//     K·2⁻²⁴ ≈ 7e-5 relatively for K = 1152 in the worst case, ~√K·2⁻²⁴ typically. 1e-3 leaves
+//     an order of magnitude for tensor-core accumulation details, and still fails any wrong
+//     mapping (a transposed or misplaced operand gives an error of order 1).
+#include "model/cuda/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "model/cpu/activation.h"
+#include "model/cpu/linear.h"
+#include "model/cuda/testing.h"
+
+namespace difftrain::cuda {
+namespace {
+
+using testing::DownloadAsFloat;
+using testing::Poison;
+using testing::RandomVector;
+using testing::RelativeL2;
+using testing::RoundToBf16;
+using testing::UploadBf16;
+using testing::UploadFloat;
+
+constexpr double kBf16Tolerance = 1e-2;
+constexpr double kFloatTolerance = 1e-3;
+
+std::vector<double> ToDouble(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
+std::vector<float> ToFloat(const std::vector<double>& v) {
+  return {v.begin(), v.end()};
+}
+
+// Random bf16-exact values of the given scale.
+std::vector<float> RandomBf16(size_t n, uint64_t seed, double scale) {
+  return RoundToBf16(RandomVector(n, seed, scale));
+}
+
+// The operands of one Linear layer: in [N, I], w [O, I] (scaled so that outputs are O(1)),
+// bias [O], dout [N, O].
+struct Operands {
+  Operands(int N, int I, int O, uint64_t seed)
+      : in(RandomBf16(size_t(N) * I, seed, 1.0)),
+        w(RandomBf16(size_t(O) * I, seed + 1, 1.0 / std::sqrt(double(I)))),
+        bias(RandomBf16(size_t(O), seed + 2, 0.5)),
+        dout(RandomBf16(size_t(N) * O, seed + 3, 1.0)) {}
+  std::vector<float> in, w, bias, dout;
+};
+
+// out = in · wᵀ (+ bias), in double.
+std::vector<double> ReferenceForward(const Operands& x, int N, int I, int O, bool with_bias) {
+  const std::vector<double> in = ToDouble(x.in), w = ToDouble(x.w), bias = ToDouble(x.bias);
+  std::vector<double> out(size_t(N) * O);
+  cpu::LinearForward<double>(out.data(), in.data(), w.data(), with_bias ? bias.data() : nullptr, N,
+                             I, O);
+  return out;
+}
+
+class GemmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DT_SKIP_WITHOUT_GPU();
+    DT_CUDA_CHECK(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) DT_CUDA_CHECK(cudaStreamDestroy(stream_));
+  }
+  void Sync() { DT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // Forward with bf16 output; with kBiasGelu also checks the aux (pre-activation).
+  void CheckForwardBf16(int N, int I, int O, Epilogue epilogue, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " I=" << I << " O=" << O);
+    const Operands x(N, I, O, seed);
+    const std::vector<double> pre = ReferenceForward(x, N, I, O, epilogue != Epilogue::kNone);
+    std::vector<double> want = pre;
+    if (epilogue == Epilogue::kBiasGelu)
+      cpu::GeluForward<double>(want.data(), pre.data(), pre.size());
+
+    DeviceBuffer<bf16> in = UploadBf16(x.in), w = UploadBf16(x.w), bias = UploadBf16(x.bias);
+    DeviceBuffer<bf16> out(size_t(N) * O), aux(size_t(N) * O);
+    Poison(out);
+    Poison(aux);
+    Gemm gemm(stream_);
+    gemm.Forward(out.data(), in.data(), w.data(),
+                 epilogue == Epilogue::kNone ? nullptr : bias.data(), N, I, O, epilogue,
+                 epilogue == Epilogue::kBiasGelu ? aux.data() : nullptr);
+    Sync();
+    EXPECT_LE(RelativeL2(DownloadAsFloat(out), ToFloat(want)), kBf16Tolerance);
+    if (epilogue == Epilogue::kBiasGelu) {
+      EXPECT_LE(RelativeL2(DownloadAsFloat(aux), ToFloat(pre)), kBf16Tolerance);
+    }
+  }
+
+  void CheckForwardFloat(int N, int I, int O, Epilogue epilogue, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " I=" << I << " O=" << O);
+    const Operands x(N, I, O, seed);
+    const bool with_bias = epilogue == Epilogue::kBias;
+    const std::vector<double> want = ReferenceForward(x, N, I, O, with_bias);
+
+    DeviceBuffer<bf16> in = UploadBf16(x.in), w = UploadBf16(x.w), bias = UploadBf16(x.bias);
+    DeviceBuffer<float> out(size_t(N) * O);
+    Poison(out);
+    Gemm gemm(stream_);
+    gemm.Forward(out.data(), in.data(), w.data(), with_bias ? bias.data() : nullptr, N, I, O,
+                 epilogue);
+    Sync();
+    EXPECT_LE(RelativeL2(DownloadAsFloat(out), ToFloat(want)), kFloatTolerance);
+  }
+
+  // dw starts from known non-zero values and must come back as dw₀ + doutᵀ·in.
+  void CheckBackwardWeight(int N, int I, int O, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " I=" << I << " O=" << O);
+    const Operands x(N, I, O, seed);
+    const std::vector<float> dw0 = RandomVector(size_t(O) * I, seed + 10, 3.0);
+    std::vector<double> want = ToDouble(dw0);
+    const std::vector<double> dout = ToDouble(x.dout), in = ToDouble(x.in), w = ToDouble(x.w);
+    cpu::LinearBackward<double>(nullptr, want.data(), nullptr, dout.data(), in.data(), w.data(), N,
+                                I, O);
+
+    DeviceBuffer<bf16> d_dout = UploadBf16(x.dout), d_in = UploadBf16(x.in);
+    DeviceBuffer<float> dw = UploadFloat(dw0);
+    Gemm gemm(stream_);
+    gemm.BackwardWeight(dw.data(), d_dout.data(), d_in.data(), N, I, O);
+    Sync();
+    const std::vector<float> got = DownloadAsFloat(dw);
+    EXPECT_LE(RelativeL2(got, ToFloat(want)), kFloatTolerance);
+    // The increment alone, so that a kernel that dropped the product (or the += ) cannot hide
+    // behind a large dw₀.
+    std::vector<float> got_delta(got.size()), want_delta(got.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      got_delta[i] = got[i] - dw0[i];
+      want_delta[i] = static_cast<float>(want[i] - dw0[i]);
+    }
+    EXPECT_LE(RelativeL2(got_delta, want_delta), kFloatTolerance);
+  }
+
+  // din = dout · w, or (dout · w) ⊙ gelu'(pre) with a GELU pre-activation pre [N, I].
+  void CheckBackwardInput(int N, int I, int O, bool with_gelu, uint64_t seed) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " I=" << I << " O=" << O);
+    const Operands x(N, I, O, seed);
+    const std::vector<float> pre = RandomBf16(size_t(N) * I, seed + 20, 1.5);
+    const std::vector<double> dout = ToDouble(x.dout), w = ToDouble(x.w);
+    std::vector<double> dh(size_t(N) * I, 0.0);
+    cpu::LinearBackward<double>(dh.data(), nullptr, nullptr, dout.data(), nullptr, w.data(), N, I,
+                                O);
+    std::vector<double> want = dh;
+    if (with_gelu) {
+      const std::vector<double> pre_d = ToDouble(pre);
+      std::fill(want.begin(), want.end(), 0.0);
+      cpu::GeluBackward<double>(want.data(), dh.data(), pre_d.data(), want.size());
+    }
+
+    DeviceBuffer<bf16> d_dout = UploadBf16(x.dout), d_w = UploadBf16(x.w);
+    DeviceBuffer<bf16> d_pre = UploadBf16(pre), din(size_t(N) * I);
+    Poison(din);
+    Gemm gemm(stream_);
+    gemm.BackwardInput(din.data(), d_dout.data(), d_w.data(), N, I, O,
+                       with_gelu ? d_pre.data() : nullptr);
+    Sync();
+    EXPECT_LE(RelativeL2(DownloadAsFloat(din), ToFloat(want)), kBf16Tolerance);
+  }
+
+  cudaStream_t stream_ = nullptr;
+};
+
+// A small shape with an odd N (N is never a leading dimension; I and O are multiples of 8, which
+// Gemm requires of them).
+constexpr int kSmallN = 37, kSmallI = 24, kSmallO = 40;
+// DiT-XL/2 at batch 4 of 256 tokens.
+constexpr int kTokens = 4 * 256, kHidden = 1152, kQkv = 3 * 1152, kMlp = 4 * 1152;
+
+TEST_F(GemmTest, ForwardSmall) {
+  CheckForwardBf16(kSmallN, kSmallI, kSmallO, Epilogue::kNone, 100);
+  CheckForwardBf16(kSmallN, kSmallI, kSmallO, Epilogue::kBias, 110);
+  CheckForwardBf16(kSmallN, kSmallI, kSmallO, Epilogue::kBiasGelu, 120);
+}
+
+TEST_F(GemmTest, ForwardFloatSmall) {
+  CheckForwardFloat(kSmallN, kSmallI, kSmallO, Epilogue::kNone, 130);
+  CheckForwardFloat(kSmallN, kSmallI, kSmallO, Epilogue::kBias, 140);
+}
+
+TEST_F(GemmTest, BackwardSmall) {
+  CheckBackwardWeight(kSmallN, kSmallI, kSmallO, 150);
+  CheckBackwardInput(kSmallN, kSmallI, kSmallO, /*with_gelu=*/false, 160);
+  CheckBackwardInput(kSmallN, kSmallI, kSmallO, /*with_gelu=*/true, 170);
+}
+
+TEST_F(GemmTest, QkvForwardAndBackward) {
+  CheckForwardBf16(kTokens, kHidden, kQkv, Epilogue::kBias, 200);
+  CheckBackwardWeight(kTokens, kHidden, kQkv, 210);
+  CheckBackwardInput(kTokens, kHidden, kQkv, /*with_gelu=*/false, 220);
+}
+
+TEST_F(GemmTest, Fc1ForwardBiasGelu) {
+  CheckForwardBf16(kTokens, kHidden, kMlp, Epilogue::kBiasGelu, 300);
+}
+
+// fc2's input gradient straight to fc1's pre-activation: fc2 maps I = 4608 → O = 1152.
+TEST_F(GemmTest, Fc2BackwardInputThroughGelu) {
+  CheckBackwardInput(kTokens, kMlp, kHidden, /*with_gelu=*/true, 400);
+  CheckBackwardWeight(kTokens, kMlp, kHidden, 410);
+}
+
+// adaLN modulation: c [4, 1152] → 6 · 1152 fp32 vectors.
+TEST_F(GemmTest, AdaLnForwardFloat) {
+  CheckForwardFloat(4, kHidden, 6 * kHidden, Epilogue::kBias, 500);
+}
+
+// A cached plan serves later calls with other buffers: the bias and aux pointers are per call.
+TEST_F(GemmTest, CachedPlanTakesNewPointers) {
+  const int N = 64, I = 128, O = 96;
+  Gemm gemm(stream_);
+  for (uint64_t seed : {600, 610, 620}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    const Operands x(N, I, O, seed);
+    const std::vector<double> pre = ReferenceForward(x, N, I, O, /*with_bias=*/true);
+    std::vector<double> want(pre.size());
+    cpu::GeluForward<double>(want.data(), pre.data(), pre.size());
+    DeviceBuffer<bf16> in = UploadBf16(x.in), w = UploadBf16(x.w), bias = UploadBf16(x.bias);
+    DeviceBuffer<bf16> out(size_t(N) * O), aux(size_t(N) * O);
+    Poison(out);
+    Poison(aux);
+    gemm.Forward(out.data(), in.data(), w.data(), bias.data(), N, I, O, Epilogue::kBiasGelu,
+                 aux.data());
+    Sync();
+    EXPECT_LE(RelativeL2(DownloadAsFloat(out), ToFloat(want)), kBf16Tolerance);
+    EXPECT_LE(RelativeL2(DownloadAsFloat(aux), ToFloat(pre)), kBf16Tolerance);
+  }
+}
+
+// I = 20 is not a multiple of 8: the launcher refuses the shape by name.
+void ForwardWithMisalignedI() {
+  Gemm gemm(nullptr);
+  DeviceBuffer<bf16> in(4 * 20), w(8 * 20), out(4 * 8);
+  gemm.Forward(out.data(), in.data(), w.data(), nullptr, 4, 20, 8, Epilogue::kNone);
+}
+
+TEST(GemmDeathTest, MisalignedLeadingDimensionFails) {
+  DT_SKIP_WITHOUT_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(ForwardWithMisalignedI(), "multiples of 8");
+}
+
+}  // namespace
+}  // namespace difftrain::cuda

@@ -1,0 +1,159 @@
+// The optimizer step on the GPU (model/cuda/optimizer.h; model/optim/adamw.cc is the reference).
+//
+// SumOfSquares is a two-stage reduction in double precision: a fixed number of blocks (a
+// function of n only) each write one double partial into the workspace (as two 32-bit words,
+// so the float workspace needs no 8-byte alignment), then one block adds the partials in a
+// fixed order into *result. The result is deterministic for a given n.
+//
+// AdamWStep is one fused grid-stride pass; every thread derives the clip factor from the
+// squared norm on the device (a double load, a square root and a division: cheap), exactly as
+// ClipScale does. The step's other constants come from the host in double precision, rounded
+// to float, as AdamWUpdate computes them.
+#include "model/cuda/optimizer.h"
+
+#include <cmath>
+
+namespace difftrain::cuda {
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr unsigned kMaxPartials = 1024;  // stage-one blocks at most; also stage two's threads
+constexpr size_t kValuesPerThread = 8;   // stage-one work per thread before more blocks
+
+unsigned PartialsFor(size_t n) {
+  const size_t blocks = (n + kThreads * kValuesPerThread - 1) / (kThreads * kValuesPerThread);
+  return blocks < 1 ? 1u : blocks > kMaxPartials ? kMaxPartials : static_cast<unsigned>(blocks);
+}
+
+unsigned GridFor(size_t n) {
+  const unsigned blocks = BlocksFor(n, kThreads);
+  return blocks < 65536u ? blocks : 65536u;
+}
+
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); valid in thread 0.
+__device__ double BlockSum(double v) {
+  __shared__ double warp_sums[32];
+  for (int offset = 16; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  double total = 0;
+  if (threadIdx.x == 0) {
+    for (unsigned w = 0; w < blockDim.x / 32; ++w)
+      total += warp_sums[w];
+  }
+  return total;
+}
+
+__global__ void SumOfSquaresPartialKernel(unsigned* __restrict__ partials,
+                                          const float* __restrict__ g, size_t n) {
+  double sum = 0;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const double v = g[i];
+    sum += v * v;
+  }
+  const double total = BlockSum(sum);
+  if (threadIdx.x == 0) {
+    const unsigned long long bits = __double_as_longlong(total);
+    partials[2 * blockIdx.x] = static_cast<unsigned>(bits);
+    partials[2 * blockIdx.x + 1] = static_cast<unsigned>(bits >> 32);
+  }
+}
+
+// One block of kMaxPartials threads.
+__global__ void SumOfSquaresFinalKernel(double* __restrict__ result,
+                                        const unsigned* __restrict__ partials, unsigned count,
+                                        bool accumulate) {
+  double v = 0;
+  if (threadIdx.x < count) {
+    const unsigned long long bits =
+        static_cast<unsigned long long>(partials[2 * threadIdx.x]) |
+        (static_cast<unsigned long long>(partials[2 * threadIdx.x + 1]) << 32);
+    v = __longlong_as_double(static_cast<long long>(bits));
+  }
+  const double total = BlockSum(v);
+  if (threadIdx.x == 0) *result = accumulate ? *result + total : total;
+}
+
+struct AdamWConstants {
+  float b1, b2, eps, decay, step_size, bias2_sqrt;
+  double max_norm;
+};
+
+__global__ void AdamWKernel(float* __restrict__ master, bf16* __restrict__ params_bf16,
+                            float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
+                            const float* __restrict__ grads,
+                            const double* __restrict__ sum_of_squares, size_t n, AdamWConstants k) {
+  // ClipScale(sqrt(*sum_of_squares), max_norm).
+  float scale = 1.0f;
+  if (k.max_norm > 0) {
+    const double coef = k.max_norm / (sqrt(*sum_of_squares) + 1e-6);
+    scale = static_cast<float>(coef < 1.0 ? coef : 1.0);
+  }
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float g = grads[i] * scale;
+    float p = master[i] * k.decay;
+    const float m = k.b1 * exp_avg[i] + (1 - k.b1) * g;
+    const float v = k.b2 * exp_avg_sq[i] + (1 - k.b2) * g * g;
+    p -= k.step_size * m / (sqrtf(v) / k.bias2_sqrt + k.eps);
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    master[i] = p;
+    if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16(p);
+  }
+}
+
+__global__ void EmaKernel(float* __restrict__ ema, const float* __restrict__ params, size_t n,
+                          float decay, float keep) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    ema[i] = decay * ema[i] + keep * params[i];
+}
+
+}  // namespace
+
+size_t SumOfSquaresWorkspace(size_t n) {
+  return 2 * static_cast<size_t>(PartialsFor(n));
+}
+
+void SumOfSquares(double* result, const float* g, size_t n, float* workspace, bool accumulate,
+                  cudaStream_t stream) {
+  const unsigned partials = PartialsFor(n);
+  unsigned* words = reinterpret_cast<unsigned*>(workspace);
+  SumOfSquaresPartialKernel<<<partials, kThreads, 0, stream>>>(words, g, n);
+  DT_CUDA_CHECK_LAUNCH();
+  SumOfSquaresFinalKernel<<<1, kMaxPartials, 0, stream>>>(result, words, partials, accumulate);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+void AdamWStep(float* master, bf16* params_bf16, float* exp_avg, float* exp_avg_sq,
+               const float* grads, const double* sum_of_squares, size_t n, const AdamWArgs& args,
+               cudaStream_t stream) {
+  DT_CHECK(args.step >= 1, "AdamW step {} must be 1-based", args.step);
+  DT_CHECK(args.max_norm <= 0 || sum_of_squares != nullptr, "clipping needs the squared norm");
+  if (n == 0) return;
+  // As AdamWUpdate, from the same values in double precision.
+  const double lr = args.lr, beta1 = args.beta1, beta2 = args.beta2;
+  AdamWConstants k;
+  k.b1 = args.beta1;
+  k.b2 = args.beta2;
+  k.eps = args.eps;
+  k.decay = static_cast<float>(1.0 - lr * static_cast<double>(args.weight_decay));
+  k.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, args.step)));
+  k.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, args.step)));
+  k.max_norm = args.max_norm;
+  AdamWKernel<<<GridFor(n), kThreads, 0, stream>>>(master, params_bf16, exp_avg, exp_avg_sq, grads,
+                                                   sum_of_squares, n, k);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+void EmaUpdate(float* ema, const float* params, size_t n, float decay, cudaStream_t stream) {
+  if (n == 0) return;
+  const float keep = static_cast<float>(1.0 - static_cast<double>(decay));
+  EmaKernel<<<GridFor(n), kThreads, 0, stream>>>(ema, params, n, decay, keep);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace difftrain::cuda

@@ -1,0 +1,140 @@
+// The GPU optimizer step against model/optim/adamw.h: the squared norm (written and added,
+// at sizes around the block and partial counts), AdamW with clipping active, inactive and off,
+// with and without the bf16 copy, and the EMA.
+#include "model/cuda/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "model/cuda/testing.h"
+#include "model/optim/adamw.h"
+
+namespace difftrain::cuda {
+namespace {
+
+using testing::DownloadAsFloat;
+using testing::Poison;
+using testing::RandomVector;
+using testing::RelativeL2;
+using testing::RoundToBf16;
+using testing::UploadFloat;
+
+class SumOfSquaresTest : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(SumOfSquaresTest, MatchesCpu) {
+  DT_SKIP_WITHOUT_GPU();
+  const size_t n = GetParam(), m = n / 3 + 1;
+  const std::vector<float> a = RandomVector(n, 1, 0.01), b = RandomVector(m, 2, 3.0);
+  const double want_a = ::difftrain::SumOfSquares(a.data(), n),
+               want_b = ::difftrain::SumOfSquares(b.data(), m);
+
+  DeviceBuffer<float> d_a = UploadFloat(a), d_b = UploadFloat(b);
+  DeviceBuffer<float> ws_a(SumOfSquaresWorkspace(n)), ws_b(SumOfSquaresWorkspace(m));
+  DeviceBuffer<double> result(1), second(1);
+  DT_CUDA_CHECK(cudaMemset(result.data(), 0xFF, sizeof(double)));  // NaN: the first call writes
+  Poison(ws_a);
+  Poison(ws_b);
+  SumOfSquares(result.data(), d_a.data(), n, ws_a.data(), /*accumulate=*/false, nullptr);
+  SumOfSquares(second.data(), d_a.data(), n, ws_a.data(), /*accumulate=*/false, nullptr);
+  SumOfSquares(second.data(), d_b.data(), m, ws_b.data(), /*accumulate=*/true, nullptr);
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  const double got = result.Download()[0], got_sum = second.Download()[0];
+  EXPECT_NEAR(got, want_a, 1e-10 * want_a);  // both in double: only the order differs
+  EXPECT_NEAR(got_sum, want_a + want_b, 1e-10 * (want_a + want_b));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, SumOfSquaresTest,
+                         ::testing::Values(size_t{1}, size_t{255}, size_t{2049}, size_t{3000017},
+                                           size_t{40000001}));
+
+struct AdamWCase {
+  const char* name;
+  float max_norm;  // relative to the gradients' norm: 0.5 clips, 2 does not, 0 is off
+  bool with_bf16;
+};
+
+class AdamWTest : public ::testing::TestWithParam<AdamWCase> {};
+
+TEST_P(AdamWTest, MatchesCpu) {
+  DT_SKIP_WITHOUT_GPU();
+  const size_t n = 1000037;
+  const std::vector<float> master0 = RandomVector(n, 3), grads = RandomVector(n, 4, 0.1);
+  std::vector<float> m0 = RandomVector(n, 5, 0.01), v0 = RandomVector(n, 6, 0.001);
+  for (float& v : v0)
+    v = v * v;  // exp_avg_sq is non-negative
+
+  const double sum = ::difftrain::SumOfSquares(grads.data(), n), norm = std::sqrt(sum);
+  AdamWArgs args;
+  args.lr = 3e-3f;
+  args.beta1 = 0.9f;
+  args.beta2 = 0.95f;
+  args.eps = 1e-8f;
+  args.weight_decay = 0.1f;
+  args.step = 7;
+  args.max_norm = static_cast<float>(GetParam().max_norm * norm);
+  OptimizerConfig config;
+  config.beta1 = args.beta1;
+  config.beta2 = args.beta2;
+  config.eps = args.eps;
+  config.weight_decay = args.weight_decay;
+  const double scale = ::difftrain::ClipScale(norm, args.max_norm);
+  if (GetParam().max_norm == 0.5f) {
+    EXPECT_LT(scale, 0.6);  // the case clips for real
+  }
+
+  std::vector<float> master = master0, m = m0, v = v0;
+  ::difftrain::AdamWUpdate(master.data(), grads.data(), m.data(), v.data(), n, args.lr, scale,
+                           args.step, config);
+
+  DeviceBuffer<float> d_master = UploadFloat(master0), d_m = UploadFloat(m0);
+  DeviceBuffer<float> d_v = UploadFloat(v0), d_g = UploadFloat(grads);
+  DeviceBuffer<double> d_sum(1);
+  d_sum.Upload(&sum);
+  DeviceBuffer<bf16> d_bf16(n);
+  Poison(d_bf16);
+  AdamWStep(d_master.data(), GetParam().with_bf16 ? d_bf16.data() : nullptr, d_m.data(), d_v.data(),
+            d_g.data(), d_sum.data(), n, args, nullptr);
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+
+  // The updates alone (the parameters barely move, which would hide a wrong step).
+  const std::vector<float> got = DownloadAsFloat(d_master);
+  std::vector<float> got_delta(n), want_delta(n);
+  for (size_t i = 0; i < n; ++i) {
+    got_delta[i] = got[i] - master0[i];
+    want_delta[i] = master[i] - master0[i];
+  }
+  EXPECT_LE(RelativeL2(got, master), 1e-5);
+  EXPECT_LE(RelativeL2(got_delta, want_delta), 1e-4);
+  EXPECT_LE(RelativeL2(DownloadAsFloat(d_m), m), 1e-5);
+  EXPECT_LE(RelativeL2(DownloadAsFloat(d_v), v), 1e-5);
+  if (GetParam().with_bf16) {
+    EXPECT_EQ(DownloadAsFloat(d_bf16), RoundToBf16(got));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AdamWTest,
+                         ::testing::Values(AdamWCase{"Clipped", 0.5f, true},
+                                           AdamWCase{"NotClipped", 2.0f, true},
+                                           AdamWCase{"ClippingOff", 0.0f, false}),
+                         [](const ::testing::TestParamInfo<AdamWCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST(EmaTest, MatchesCpu) {
+  DT_SKIP_WITHOUT_GPU();
+  for (const size_t n : {size_t{3}, size_t{1000037}}) {
+    const std::vector<float> ema0 = RandomVector(n, 7), params = RandomVector(n, 8);
+    const float decay = 0.999f;
+    std::vector<float> want = ema0;
+    ::difftrain::EmaUpdate(want.data(), params.data(), n, static_cast<double>(decay));
+    DeviceBuffer<float> d_ema = UploadFloat(ema0), d_params = UploadFloat(params);
+    EmaUpdate(d_ema.data(), d_params.data(), n, decay, nullptr);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LE(RelativeL2(DownloadAsFloat(d_ema), want), 1e-6) << "n = " << n;
+  }
+}
+
+}  // namespace
+}  // namespace difftrain::cuda
