@@ -32,6 +32,7 @@ struct SampleOptions {
   std::string sampler = "ddpm";
   std::optional<double> eta;
   std::optional<double> cfg;
+  std::vector<int> cfg_interval;  // [from, to] in timesteps; empty: every step
   uint64_t seed = 0;
   int batch = 16;
   std::string out;
@@ -114,7 +115,8 @@ Result<Checkpoint> LoadCheckpoint(const std::string& path) {
   DT_ASSIGN_OR_RETURN(nlohmann::json train, json_field("train"));
   try {
     Result<DiffusionConfig> diffusion = DiffusionConfig::FromJson(train.at("diffusion"));
-    if (!diffusion.ok()) return diffusion.status().WithContext(fmt::format("'{}'", c.shard->path()));
+    if (!diffusion.ok())
+      return diffusion.status().WithContext(fmt::format("'{}'", c.shard->path()));
     c.diffusion = *diffusion;
     c.data_kind = train.contains("data") ? train["data"].value("kind", std::string()) : "";
   } catch (const nlohmann::json::exception& e) {
@@ -178,6 +180,14 @@ int RunSample(const SampleOptions& o) {
   options.steps = o.steps.value_or(std::min(kDefaultSteps, diffusion.steps()));
   options.eta = o.eta.value_or(0.0);
   options.cfg_scale = o.cfg.value_or(m.has_null_class() ? kDefaultGuidance : 1.0);
+  if (!o.cfg_interval.empty()) {
+    if (o.cfg_interval.size() != 2) {
+      return bad(fmt::format("--cfg-interval takes two timesteps FROM,TO, got {} values",
+                             o.cfg_interval.size()));
+    }
+    options.cfg_from = o.cfg_interval[0];
+    options.cfg_to = o.cfg_interval[1];
+  }
   // Pixel models are clipped to the data range at every step; latents (not bounded to
   // [−1, 1]) are not, as DiT's sample.py does for them.
   options.clip_denoised = o.clip_denoised.value_or(ckpt.data_kind != "latent_folder");
@@ -206,10 +216,13 @@ int RunSample(const SampleOptions& o) {
   const size_t n = static_cast<size_t>(m.in_channels) * m.input_size * m.input_size;
   std::vector<float> images(total * n);
   spdlog::info(
-      "sampling {} images of {} ({} weights of step {} in {}): {} {} steps{}, guidance {}, "
+      "sampling {} images of {} ({} weights of step {} in {}): {} {} steps{}, guidance {}{}, "
       "seed {}",
       total, m.name, o.weights, ckpt.step, ckpt.step_dir, o.sampler, options.steps,
       *kind == SamplerKind::kDdim ? fmt::format(" (eta {})", options.eta) : "", options.cfg_scale,
+      o.cfg_interval.empty()
+          ? ""
+          : fmt::format(" at timesteps {}..{}", options.cfg_from, options.cfg_to),
       o.seed);
   for (int first = 0; first < total; first += o.batch) {
     const int B = std::min(o.batch, total - first);
@@ -234,6 +247,7 @@ int RunSample(const SampleOptions& o) {
                                 {"steps", options.steps},
                                 {"eta", options.eta},
                                 {"cfg_scale", options.cfg_scale},
+                                {"cfg_interval", o.cfg_interval},
                                 {"clip_denoised", options.clip_denoised},
                                 {"seed", o.seed}};
     Status s = WriteRaw(o.raw, images, {labels.begin(), labels.end()}, m, how);
@@ -269,6 +283,10 @@ DIFFTRAIN_COMMAND(
        app.add_option("--cfg", o->cfg,
                       "classifier-free guidance scale; 1 = none (default 4, or 1 for a model "
                       "without a null class)");
+       app.add_option("--cfg-interval", o->cfg_interval,
+                      "guide only the steps whose timestep lies in FROM,TO (e.g. 0,600); "
+                      "default: every step")
+           ->delimiter(',');
        app.add_option("--seed", o->seed, "seed of the noise")->capture_default_str();
        app.add_option("--batch", o->batch, "samples per model call (twice that with guidance)")
            ->capture_default_str();

@@ -62,6 +62,10 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
         "(it was trained without label dropout); use scale 1",
         options.cfg_scale);
   }
+  if (options.cfg_from < 0 || options.cfg_from > options.cfg_to) {
+    return Errorf("the guidance interval [{}, {}] must be a non-empty range of timesteps from 0",
+                  options.cfg_from, options.cfg_to);
+  }
   return Sampler(diffusion, shape, options);
 }
 
@@ -103,20 +107,24 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   const size_t HW = static_cast<size_t>(shape_.height) * shape_.width;
   const size_t n = C * HW;
   const size_t out_n = (shape_.learn_sigma ? 2 : 1) * n;  // one sample's model output
-  const bool guided = options_.cfg_scale != 1;
-  const int batch = guided ? 2 * N : N;
+  const bool any_guidance = options_.cfg_scale != 1;
   const double g = options_.cfg_scale;
 
-  // With guidance the model sees [x; x] with labels [y; null].
-  std::vector<float> doubled(guided ? batch * n : 0), t(batch), out(batch * out_n);
+  // At a guided step the model sees [x; x] with labels [y; null].
+  const int max_batch = any_guidance ? 2 * N : N;
+  std::vector<float> doubled(any_guidance ? max_batch * n : 0), t(max_batch),
+      out(max_batch * out_n);
   std::vector<int32_t> labels(y, y + N);
-  if (guided) labels.resize(batch, shape_.null_class);
+  if (any_guidance) labels.resize(max_batch, shape_.null_class);
   std::vector<Rng> rngs;
   for (int b = 0; b < N; ++b)
     rngs.emplace_back(options_.seed, RngStream::kSample, StepNoiseCounter(first_index + b));
 
   for (int i = static_cast<int>(steps_.size()) - 1; i >= 0; --i) {
     const StepCoefficients& c = steps_[i];
+    const bool guided =
+        any_guidance && timesteps_[i] >= options_.cfg_from && timesteps_[i] <= options_.cfg_to;
+    const int batch = guided ? 2 * N : N;
     std::fill(t.begin(), t.end(), static_cast<float>(timesteps_[i]));
     if (guided) {
       std::copy(x, x + N * n, doubled.begin());

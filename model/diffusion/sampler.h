@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,14 @@ struct DenoiserShape {
 
 struct SamplerOptions {
   SamplerKind kind = SamplerKind::kDdpm;
-  int steps = 250;            // respaced steps N, 1 ≤ N ≤ T
-  double eta = 0.0;           // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
-  double cfg_scale = 1.0;     // guidance scale g; 1 runs the conditional model alone
+  int steps = 250;         // respaced steps N, 1 ≤ N ≤ T
+  double eta = 0.0;        // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
+  double cfg_scale = 1.0;  // guidance scale g; 1 runs the conditional model alone
+  // Guidance applies only at steps whose (original) timestep lies in [cfg_from, cfg_to];
+  // elsewhere the conditional model runs alone (Kynkäänniemi et al. 2024, "Applying
+  // guidance in a limited interval"). The default covers every step.
+  int cfg_from = 0;
+  int cfg_to = std::numeric_limits<int>::max();
   bool clip_denoised = true;  // clip every x0 prediction, and the final sample, to [−1, 1]
   uint64_t seed = 0;
 };
@@ -66,7 +72,7 @@ std::vector<int> SpaceTimesteps(int T, int N);
 class Sampler {
  public:
   // Errors (for the user to fix): steps outside [1, T], η outside [0, 1] or given to DDPM,
-  // a negative guidance scale, guidance without a null class.
+  // a negative guidance scale, guidance without a null class, an empty guidance interval.
   static Result<Sampler> Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                                 const SamplerOptions& options);
 
@@ -78,7 +84,7 @@ class Sampler {
   const SamplerOptions& options() const { return options_; }
 
   // Draws samples first_index, ..., first_index + N − 1 with labels y [N] into out
-  // [N, C, H, W]. The model is called with batches of N (2N with guidance).
+  // [N, C, H, W]. The model is called with batches of N (2N at guided steps).
   void Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
               float* out) const;
   // The same from a given x_T: x [N, C, H, W] holds x_T and is overwritten by the samples.

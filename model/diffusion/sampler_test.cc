@@ -247,6 +247,45 @@ TEST_F(SamplerTest, GuidanceCombinesConditionalAndUnconditional) {
   }
 }
 
+// Guidance limited to an interval of timesteps: steps inside it run the doubled batch and
+// combine as above, steps outside run the conditional model alone. An interval holding
+// every step is plain guidance; one holding none is no guidance.
+TEST_F(SamplerTest, GuidanceIntervalGuidesOnlyItsSteps) {
+  SamplerOptions options;
+  options.kind = SamplerKind::kDdim;
+  options.steps = 10;  // timesteps 0, 111, 222, …, 999
+  options.cfg_scale = 3.0;
+  const std::vector<int32_t> labels = {1, 4};
+  const std::vector<float> guided_everywhere = Draw(Make(options), Toy(), labels);
+
+  options.cfg_from = 0;
+  options.cfg_to = 999;
+  EXPECT_EQ(Draw(Make(options), Toy(), labels), guided_everywhere);
+
+  options.cfg_from = 300;
+  options.cfg_to = 700;
+  std::vector<int> guided_timesteps;
+  const Denoiser recorded = [&](const float* x, const float* t, const int32_t* y, int B,
+                                float* out) {
+    if (B == 4) {
+      guided_timesteps.push_back(static_cast<int>(t[0]));
+      EXPECT_EQ(std::vector<int32_t>(y, y + B), (std::vector<int32_t>{1, 4, 5, 5}));
+    } else {
+      EXPECT_EQ(B, 2);
+    }
+    ToyModel(x, t, y, B, out, true);
+  };
+  const std::vector<float> partly = Draw(Make(options), recorded, labels);
+  EXPECT_EQ(guided_timesteps, (std::vector<int>{666, 555, 444, 333}));
+  EXPECT_NE(partly, guided_everywhere);
+
+  options.cfg_from = 1000;
+  options.cfg_to = 2000;  // past every timestep
+  SamplerOptions unguided = options;
+  unguided.cfg_scale = 1.0;
+  EXPECT_EQ(Draw(Make(options), Toy(), labels), Draw(Make(unguided), Toy(), labels));
+}
+
 // v = −1 selects the posterior variance, which is what a model without learn_sigma samples
 // with: the two must agree bit for bit.
 TEST_F(SamplerTest, LearnedVarianceAtMinusOneIsTheFixedSmallVariance) {
@@ -289,6 +328,11 @@ TEST_F(SamplerTest, RejectsBadOptions) {
   unconditional.null_class = -1;
   EXPECT_NE(error(options, unconditional).find("no null class"), std::string::npos);
   EXPECT_EQ(error(options, shape), "ok");
+  options.cfg_from = 600;
+  options.cfg_to = 100;
+  EXPECT_NE(error(options, shape).find("guidance interval [600, 100]"), std::string::npos);
+  options.cfg_from = -1;
+  EXPECT_NE(error(options, shape).find("guidance interval [-1, 100]"), std::string::npos);
   EXPECT_FALSE(ParseSamplerKind("euler").ok());
 }
 
