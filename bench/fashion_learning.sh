@@ -11,7 +11,8 @@
 #
 #   bench/fashion_learning.sh [STEPS] [CFG] [CFG_INTERVAL]
 #       defaults: the job's steps, guidance 5 applied at timesteps 250..750 (docs/sampling.md)
-#   SEEDS="1 3 4 5" (default) chooses the draws; SKIP_TRAINING=1 scores the last run again.
+#   SEEDS="1 3 4 5" (default) chooses the draws; SKIP_TRAINING=1 scores the last run again
+#   (otherwise the run's checkpoints, runs/fashion-mnist/checkpoints, are deleted first).
 # Writes the sample grid to docs/images/fashion-samples.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,10 @@ classifier=model/eval/fashion_mnist_classifier.safetensors
 export OMP_WAIT_POLICY=passive
 
 start=$(date +%s)
-[[ -n ${SKIP_TRAINING:-} ]] || build/difftrain train --config jobs/fashion-mnist.yaml ${steps:+--steps "$steps"}
+if [[ -z ${SKIP_TRAINING:-} ]]; then
+  rm -rf "$run/checkpoints"  # a benchmark trains from scratch: never resume an earlier run
+  build/difftrain train --config jobs/fashion-mnist.yaml ${steps:+--steps "$steps"}
+fi
 trained=$(date +%s)
 sample=(build/difftrain sample --checkpoint "$run/checkpoints" --classes 0,1,2,3,4,5,6,7,8,9
         --sampler ddim --steps 50 --cfg "$cfg" --cfg-interval "$interval")
