@@ -1,6 +1,9 @@
 #include "model/cuda/gemm.h"
 
+#include <dlfcn.h>
+
 #include <cstdint>
+#include <string>
 
 // A failing cuBLASLt call is a broken invariant (bad shape, unsupported combination) or a lost
 // device: print file:line with cuBLASLt's reason and abort, like DT_CUDA_CHECK.
@@ -9,12 +12,54 @@
   do {                                                                    \
     const cublasStatus_t dt_cublas_status_ = (expr);                      \
     DT_CHECK(dt_cublas_status_ == CUBLAS_STATUS_SUCCESS, "{}: {}", #expr, \
-             cublasLtGetStatusString(dt_cublas_status_));                 \
+             Lt().cublasLtGetStatusString(dt_cublas_status_));            \
   } while (0)
 #endif
 
 namespace difftrain::cuda {
 namespace {
+
+// cuBLASLt is opened when the first Gemm is made instead of being linked: the library maps
+// close to a gigabyte of address space, which a process that trains on the CPU (a
+// memory-limited `difftrain bench` run among them) must not carry.
+// clang-format off
+#define DT_CUBLASLT_FUNCTIONS(X)          \
+  X(cublasLtCreate)                       \
+  X(cublasLtDestroy)                      \
+  X(cublasLtGetStatusString)              \
+  X(cublasLtMatmul)                       \
+  X(cublasLtMatmulAlgoGetHeuristic)       \
+  X(cublasLtMatmulDescCreate)             \
+  X(cublasLtMatmulDescDestroy)            \
+  X(cublasLtMatmulDescSetAttribute)       \
+  X(cublasLtMatmulPreferenceCreate)       \
+  X(cublasLtMatmulPreferenceDestroy)      \
+  X(cublasLtMatmulPreferenceSetAttribute) \
+  X(cublasLtMatrixLayoutCreate)           \
+  X(cublasLtMatrixLayoutDestroy)
+// clang-format on
+
+struct CublasLt {
+#define DT_CUBLASLT_POINTER(name) decltype(&::name) name = nullptr;
+  DT_CUBLASLT_FUNCTIONS(DT_CUBLASLT_POINTER)
+#undef DT_CUBLASLT_POINTER
+};
+
+const CublasLt& Lt() {
+  static const CublasLt api = [] {
+    const std::string library = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    DT_CHECK(handle != nullptr, "cannot load {}: {}", library, dlerror());
+    CublasLt loaded;
+#define DT_CUBLASLT_LOAD(name)                                             \
+  loaded.name = reinterpret_cast<decltype(&::name)>(dlsym(handle, #name)); \
+  DT_CHECK(loaded.name != nullptr, "{} has no {}", library, #name);
+    DT_CUBLASLT_FUNCTIONS(DT_CUBLASLT_LOAD)
+#undef DT_CUBLASLT_LOAD
+    return loaded;
+  }();
+  return api;
+}
 
 // The GEMMs of a Linear layer (the first element of Gemm::Key).
 enum Kind : int { kForward = 0, kBackwardWeight = 1, kBackwardInput = 2 };
@@ -63,22 +108,22 @@ struct Gemm::Plan {
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
     // Teardown: statuses are ignored, as DeviceBuffer ignores cudaFree's.
-    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
-    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
-    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
-    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
-    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+    if (d != nullptr) Lt().cublasLtMatrixLayoutDestroy(d);
+    if (c != nullptr) Lt().cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) Lt().cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) Lt().cublasLtMatrixLayoutDestroy(a);
+    if (desc != nullptr) Lt().cublasLtMatmulDescDestroy(desc);
   }
 };
 
 Gemm::Gemm(cudaStream_t stream, size_t workspace_bytes)
     : stream_(stream), workspace_(workspace_bytes) {
-  DT_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  DT_CUBLAS_CHECK(Lt().cublasLtCreate(&handle_));
 }
 
 Gemm::~Gemm() {
   plans_.clear();
-  if (handle_ != nullptr) cublasLtDestroy(handle_);
+  if (handle_ != nullptr) Lt().cublasLtDestroy(handle_);
 }
 
 // Builds the plan of a key: everything below is derived from (kind, out type, N, I, O,
@@ -138,13 +183,13 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
   }
 
   auto plan = std::make_unique<Plan>();
-  DT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                                 sizeof(trans_a)));
-  DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                                 sizeof(trans_b)));
-  DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                 &epilogue, sizeof(epilogue)));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                      &trans_a, sizeof(trans_a)));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                      &trans_b, sizeof(trans_b)));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                      &epilogue, sizeof(epilogue)));
   // The heuristic does not dereference the bias and aux pointers but reads their alignment from
   // them: give it addresses aligned to exactly kAlignment (the weakest alignment a call may pass)
   // so the chosen algorithm serves every call. The real pointers are set before each matmul.
@@ -156,11 +201,11 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
   if (has_bias) {
     // Bias elements have D's type (bf16 here; see Forward(float*, ...) for fp32 D).
     const int32_t bias_type = CUDA_R_16BF;
-    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                   &bias_type, sizeof(bias_type)));
-    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                   &kAlignedPlaceholder,
-                                                   sizeof(kAlignedPlaceholder)));
+    DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    DT_CUBLAS_CHECK(
+        Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                            &kAlignedPlaceholder, sizeof(kAlignedPlaceholder)));
   }
   if (has_aux) {
     // The GELU input matrix: D's type (bf16, the default aux type) and D's shape; its ld must
@@ -168,39 +213,39 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
     const int64_t aux_ld = ldd;
     DT_CHECK(aux_ld % 8 == 0 && aux_ld >= static_cast<int64_t>(m),
              "GELU aux ld {} must be a multiple of 8 and >= {}", aux_ld, m);
-    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                                                   &aux_ld, sizeof(aux_ld)));
+    DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     DT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                       &kAlignedPlaceholder, sizeof(kAlignedPlaceholder)));
+        Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                            &kAlignedPlaceholder, sizeof(kAlignedPlaceholder)));
   }
 
-  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, a_rows, a_cols, lda));
-  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, b_rows, b_cols, ldb));
-  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, d_type, m, n, ldd));
-  DT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, d_type, m, n, ldd));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, a_rows, a_cols, lda));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, b_rows, b_cols, ldb));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->c, d_type, m, n, ldd));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->d, d_type, m, n, ldd));
 
   cublasLtMatmulPreference_t preference = nullptr;
-  DT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmulPreferenceCreate(&preference));
   const size_t max_workspace = workspace_.bytes();
-  DT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
   for (const cublasLtMatmulPreferenceAttributes_t attribute :
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    DT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &kAlignment,
-                                                         sizeof(kAlignment)));
+    DT_CUBLAS_CHECK(Lt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &kAlignment,
+                                                              sizeof(kAlignment)));
   }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+  const cublasStatus_t status = Lt().cublasLtMatmulAlgoGetHeuristic(
       handle_, plan->desc, plan->a, plan->b, plan->c, plan->d, preference, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(preference);
+  Lt().cublasLtMatmulPreferenceDestroy(preference);
   DT_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
            "cuBLASLt has no algorithm for GEMM kind {} (0 forward, 1 backward-weight, 2 "
            "backward-input), {} output, N={} I={} O={}, epilogue {} (workspace {} bytes): {}",
            kind, out_type == kOutFloat ? "fp32" : "bf16", N, I, O, epilogue_int, max_workspace,
-           status == CUBLAS_STATUS_SUCCESS ? "no result" : cublasLtGetStatusString(status));
+           status == CUBLAS_STATUS_SUCCESS ? "no result" : Lt().cublasLtGetStatusString(status));
   plan->algo = result.algo;
   plan->workspace_bytes = result.workspaceSize;
 
@@ -214,12 +259,12 @@ namespace {
 // Sets the per-call epilogue pointers on a cached descriptor.
 void SetEpiloguePointers(cublasLtMatmulDesc_t desc, const void* bias, const void* aux) {
   if (bias != nullptr) {
-    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                   sizeof(bias)));
+    DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                        &bias, sizeof(bias)));
   }
   if (aux != nullptr) {
-    DT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                   &aux, sizeof(aux)));
+    DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   }
 }
 
@@ -248,9 +293,9 @@ void Gemm::Forward(bf16* out, const bf16* in, const bf16* w, const bf16* bias, i
   Plan& plan = PlanFor(Key{kForward, kOutBf16, N, I, O, static_cast<int>(lt_epilogue)});
   SetEpiloguePointers(plan.desc, bias, aux);
   const float alpha = 1.0f, beta = 0.0f;
-  DT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
-                                 plan.c, out, plan.d, &plan.algo, workspace_.data(),
-                                 plan.workspace_bytes, stream_));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
+                                      plan.c, out, plan.d, &plan.algo, workspace_.data(),
+                                      plan.workspace_bytes, stream_));
 }
 
 // fp32 D with bf16 A/B: cuBLASLt's bias vector has D's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
@@ -267,9 +312,9 @@ void Gemm::Forward(float* out, const bf16* in, const bf16* w, const bf16* bias, 
            "a bias is given exactly with Epilogue::kBias");
   Plan& plan = PlanFor(Key{kForward, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT});
   const float alpha = 1.0f, beta = 0.0f;
-  DT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
-                                 plan.c, out, plan.d, &plan.algo, workspace_.data(),
-                                 plan.workspace_bytes, stream_));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
+                                      plan.c, out, plan.d, &plan.algo, workspace_.data(),
+                                      plan.workspace_bytes, stream_));
   if (bias != nullptr) {
     const size_t n = static_cast<size_t>(N) * O;
     constexpr unsigned kThreads = 256;
@@ -284,9 +329,9 @@ void Gemm::BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, in
            kAlignment);
   Plan& plan = PlanFor(Key{kBackwardWeight, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT});
   const float alpha = 1.0f, beta = 1.0f;  // dw += ...
-  DT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, in, plan.a, dout, plan.b, &beta, dw,
-                                 plan.c, dw, plan.d, &plan.algo, workspace_.data(),
-                                 plan.workspace_bytes, stream_));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, in, plan.a, dout, plan.b, &beta,
+                                      dw, plan.c, dw, plan.d, &plan.algo, workspace_.data(),
+                                      plan.workspace_bytes, stream_));
 }
 
 void Gemm::BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int I, int O,
@@ -300,9 +345,9 @@ void Gemm::BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int 
   Plan& plan = PlanFor(Key{kBackwardInput, kOutBf16, N, I, O, static_cast<int>(lt_epilogue)});
   SetEpiloguePointers(plan.desc, nullptr, gelu_pre);
   const float alpha = 1.0f, beta = 0.0f;
-  DT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, dout, plan.b, &beta, din,
-                                 plan.c, din, plan.d, &plan.algo, workspace_.data(),
-                                 plan.workspace_bytes, stream_));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, dout, plan.b, &beta,
+                                      din, plan.c, din, plan.d, &plan.algo, workspace_.data(),
+                                      plan.workspace_bytes, stream_));
 }
 
 }  // namespace difftrain::cuda
