@@ -1,6 +1,7 @@
 #include "model/cuda/dit.h"
 
 #include <cmath>
+#include <utility>
 
 #include "model/cpu/embed.h"
 #include "model/cuda/activation.h"
@@ -35,20 +36,15 @@ class ArenaCursor {
 
 }  // namespace
 
-DiT::DiT(const DiTConfig& config, cudaStream_t stream, bool use_graph)
+DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
     : config_(config),
       stream_(stream),
-      use_graph_(use_graph),
+      options_(options),
       table_(ShardParameters(config, DiTShard::Whole(config)).table),
       gemm_(stream) {
-  const Status valid = config_.Validate();
-  DT_CHECK(valid.ok(), "{}", valid.message());
-  for (const TensorSpec& t : table_.tensors()) {
-    DT_CHECK(t.offset % 8 == 0,
-             "{} starts at element {}, not a multiple of 8: the CUDA backend needs 16-byte "
-             "aligned bf16 weights (hidden_size and the patch features should be multiples of 8)",
-             t.name, t.offset);
-  }
+  const Status supported = Supports(config_);
+  DT_CHECK(supported.ok(), "{}", supported.message());
+  DT_CHECK(!options_.vb_loss || config_.learn_sigma, "the vb loss needs a learn_sigma model");
   x_w_ = Offset("x_embedder.proj.weight");
   x_b_ = Offset("x_embedder.proj.bias");
   t1_w_ = Offset("t_embedder.mlp.0.weight");
@@ -84,6 +80,39 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, bool use_graph)
   pos_embed_.Upload(pos);
 }
 
+Status DiT::Supports(const DiTConfig& c) {
+  DT_RETURN_IF_ERROR(c.Validate());
+  const int p2 = c.patch_size * c.patch_size;
+  const std::pair<const char*, int> sizes[] = {
+      {"hidden_size", c.hidden_size},
+      {"the MLP width", c.mlp_hidden()},
+      {"in_channels × patch_size²", c.patch_features()},
+      {"out_channels × patch_size²", p2 * c.out_channels()}};
+  for (const auto& [what, size] : sizes) {
+    if (size % 8 != 0) {
+      return Errorf(
+          "the CUDA backend needs {} to be a multiple of 8 (16-byte aligned bf16 GEMMs), "
+          "found {}",
+          what, size);
+    }
+  }
+  const int head_dim = c.hidden_size / c.num_heads;
+  if (head_dim % 8 != 0 || head_dim > 128) {
+    return Errorf(
+        "the CUDA backend's attention takes head dimensions that are multiples of 8 up "
+        "to 128, found hidden_size / num_heads = {}",
+        head_dim);
+  }
+  const ShardedParameters whole = ShardParameters(c, DiTShard::Whole(c));
+  for (const TensorSpec& t : whole.table.tensors()) {
+    if (t.offset % 8 != 0) {
+      return Errorf("the CUDA backend needs every weight 16-byte aligned: {} starts at element {}",
+                    t.name, t.offset);
+    }
+  }
+  return Status::Ok();
+}
+
 DiT::~DiT() {
   if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
   if (graph_ != nullptr) cudaGraphDestroy(graph_);
@@ -95,14 +124,32 @@ size_t DiT::Offset(const std::string& name) const {
   return t->offset;
 }
 
-void DiT::UploadParameters(const float* host) {
-  const size_t n = num_params();
-  master_.Upload(host);
-  ema_.Upload(host);
-  CastToBf16(params_bf16_.data(), master_.data(), n, stream_);
+void DiT::UploadState(const float* params, const float* ema, const float* exp_avg,
+                      const float* exp_avg_sq) {
+  const std::pair<DeviceBuffer<float>*, const float*> arenas[] = {
+      {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
+  for (const auto& [device, host] : arenas) {
+    if (host != nullptr) {
+      DT_CUDA_CHECK(
+          cudaMemcpyAsync(device->data(), host, device->bytes(), cudaMemcpyHostToDevice, stream_));
+    } else {
+      DT_CUDA_CHECK(cudaMemsetAsync(device->data(), 0, device->bytes(), stream_));
+    }
+  }
+  CastToBf16(params_bf16_.data(), master_.data(), num_params(), stream_);
   DT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
-  DT_CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
-  DT_CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void DiT::DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const {
+  const std::pair<const DeviceBuffer<float>*, float*> arenas[] = {
+      {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
+  for (const auto& [device, host] : arenas) {
+    if (host != nullptr) {
+      DT_CUDA_CHECK(
+          cudaMemcpyAsync(host, device->data(), device->bytes(), cudaMemcpyDeviceToHost, stream_));
+    }
+  }
   DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -113,10 +160,6 @@ std::vector<float> DiT::DownloadParameters() const {
 std::vector<float> DiT::DownloadGradients() const {
   DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return grads_.Download();
-}
-std::vector<float> DiT::DownloadEma() const {
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return ema_.Download();
 }
 
 size_t DiT::device_bytes() const {
@@ -137,6 +180,9 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   a.Take(in_t_, B);
   a.Take(in_y_, B);
   a.Take(in_target_, B * image);
+  a.Take(in_x0_, B * image);
+  a.Take(in_samples_, B);
+  a.Take(loss_workspace_, DiffusionLossWorkspace(B));
   a.Take(patches_, N * c.patch_features());
   a.Take(tfreq_, size_t(B) * kFrequencyDim);
   a.Take(t_hidden_, B * D);
@@ -194,17 +240,24 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
 void DiT::Reserve(int B) {
   DT_CHECK(B > 0, "micro-batch {} must be positive", B);
   if (B == batch_) return;
-  if (graph_exec_ != nullptr) {  // the graph holds the old activation pointers
-    DT_CUDA_CHECK(cudaGraphExecDestroy(graph_exec_));
-    DT_CUDA_CHECK(cudaGraphDestroy(graph_));
-    graph_exec_ = nullptr;
-    graph_ = nullptr;
-  }
+  DropGraph();  // it holds the old activation pointers
   eager_calls_ = 0;
   acts_buffer_ = DeviceBuffer<unsigned char>();
   acts_buffer_ = DeviceBuffer<unsigned char>(BindActivations(nullptr, B));
   BindActivations(acts_buffer_.data(), B);
   batch_ = B;
+  const std::vector<SampleLoss> unweighted(B);
+  DT_CUDA_CHECK(cudaMemcpyAsync(in_samples_, unweighted.data(), B * sizeof(SampleLoss),
+                                cudaMemcpyHostToDevice, stream_));
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void DiT::DropGraph() {
+  if (graph_exec_ == nullptr) return;
+  DT_CUDA_CHECK(cudaGraphExecDestroy(graph_exec_));
+  DT_CUDA_CHECK(cudaGraphDestroy(graph_));
+  graph_exec_ = nullptr;
+  graph_ = nullptr;
 }
 
 void DiT::PoisonActivations() {
@@ -265,8 +318,9 @@ void DiT::BlockForward(int l) {
 
 void DiT::Loss() {
   const DiTConfig& c = config_;
-  EpsilonMseLoss(loss_, d_out_, out_, in_target_, batch_, c.out_channels(), c.in_channels,
-                 c.input_size * c.input_size, stream_);
+  DiffusionLoss(loss_, d_out_, out_, in_target_, in_x0_, in_x_, in_samples_, batch_,
+                c.out_channels(), c.in_channels, c.input_size * c.input_size, options_.vb_loss,
+                grad_scale_, loss_workspace_, stream_);
 }
 
 void DiT::Backward() {
@@ -353,8 +407,12 @@ void DiT::BlockBackward(int l) {
   CastToFloat(d_silu_c_, d_small_, size_t(B) * D, /*accumulate=*/true, stream_);
 }
 
-void DiT::ForwardBackward() {
+void DiT::ForwardBackward(float grad_scale) {
   DT_CHECK(batch_ > 0, "ForwardBackward before Reserve");
+  if (grad_scale != grad_scale_) {
+    DropGraph();
+    grad_scale_ = grad_scale;
+  }
   auto run = [this] {
     Forward();
     Loss();
@@ -362,7 +420,7 @@ void DiT::ForwardBackward() {
   };
   // The first call runs eagerly: cuBLASLt plans its GEMMs and kernels set their attributes,
   // none of which may happen under capture. The second is captured, and replayed from then on.
-  if (!use_graph_ || eager_calls_ < 1) {
+  if (!options_.use_graph || eager_calls_ < 1) {
     run();
     ++eager_calls_;
     return;
@@ -387,6 +445,13 @@ void DiT::OptimizerStep(const AdamWArgs& args, float ema_decay) {
   AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads_.data(),
             norm_squared_.data(), n, args, stream_);
   EmaUpdate(ema_.data(), master_.data(), n, ema_decay, stream_);
+}
+
+float DiT::last_loss() const {
+  float loss = 0;
+  DT_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return loss;
 }
 
 double DiT::last_grad_norm_squared() const {

@@ -14,18 +14,20 @@
 // call and replayed after that (the optimizer step, whose learning rate changes every
 // step, runs outside the graph: four kernels).
 //
-// The loss is DiT's ε-MSE on the first in_channels output channels. With learn_sigma the
-// variational-bound term of the variance channels is not computed on the GPU yet: their
-// gradient is zero (docs/cuda.md).
+// The loss is the trainer's (model/diffusion/vb_loss.h): DiT's ε-MSE on the first
+// in_channels output channels, weighted per sample, plus with Options::vb_loss the
+// variational-bound term that trains the variance channels (otherwise their gradient is 0).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "model/cuda/attention.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/gemm.h"
+#include "model/cuda/loss.h"
 #include "model/cuda/optimizer.h"
 #include "model/dit/config.h"
 #include "model/tensor/tensor_table.h"
@@ -34,9 +36,16 @@ namespace difftrain::cuda {
 
 class DiT {
  public:
-  // Every tensor of the parameter table must start at a multiple of 8 elements (16-byte
-  // aligned bf16 for cuBLASLt); every named DiT does. `use_graph`: capture ForwardBackward.
-  DiT(const DiTConfig& config, cudaStream_t stream, bool use_graph = true);
+  struct Options {
+    bool vb_loss = false;   // add the variational-bound term (learn_sigma models)
+    bool use_graph = true;  // capture ForwardBackward as a CUDA graph
+  };
+  // Whether the kernels take this model: every tensor of the parameter table must start at
+  // a multiple of 8 elements and every GEMM's sizes must be multiples of 8 (16-byte aligned
+  // bf16 for cuBLASLt), and the head dimension a multiple of 8 up to 128. Every named DiT is.
+  static Status Supports(const DiTConfig& config);
+  // Fails fast on a config that Supports refuses.
+  DiT(const DiTConfig& config, cudaStream_t stream, Options options);
   ~DiT();
   DiT(const DiT&) = delete;
   DiT& operator=(const DiT&) = delete;
@@ -45,12 +54,18 @@ class DiT {
   const TensorTable& parameter_table() const { return table_; }
   size_t num_params() const { return table_.total(); }
 
-  // Sets the master weights, their bf16 copy and the EMA from a host arena of the table's
-  // layout, and zeroes the gradients and AdamW's moments. Synchronous.
-  void UploadParameters(const float* host);
+  // Sets the master weights (and their bf16 copy), the EMA and AdamW's moments from host
+  // arenas of the table's layout (null moments: zeros), and zeroes the gradients.
+  // Synchronous.
+  void UploadState(const float* params, const float* ema, const float* exp_avg,
+                   const float* exp_avg_sq);
+  // Copies whichever of the four arenas is not null to the host. Synchronous.
+  void DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const;
   std::vector<float> DownloadParameters() const;
   std::vector<float> DownloadGradients() const;
-  std::vector<float> DownloadEma() const;
+  // The gradient arena on the device, e.g. for a data-parallel all-reduce between
+  // ForwardBackward and OptimizerStep.
+  float* gradients() { return grads_.data(); }
 
   // Allocates activations for micro-batches of B (once per B).
   void Reserve(int B);
@@ -60,20 +75,28 @@ class DiT {
   size_t device_bytes() const;
 
   // The input of a micro-batch, written by the caller (cudaMemcpyAsync on stream()) before
-  // ForwardBackward: x_t [B, C, H, W], timesteps t [B] as floats, labels y [B], and the
-  // noise ε [B, C, H, W] the loss compares the first C output channels with.
+  // ForwardBackward: x_t [B, C, H, W], timesteps t [B] as floats, labels y [B], the noise ε
+  // [B, C, H, W] the loss compares the first C output channels with, and each sample's loss
+  // terms [B] (SampleLosses; Reserve sets weight 1 and the coefficients of t = 0). The vb
+  // term also reads x0 [B, C, H, W].
   float* input_x() { return in_x_; }
   float* input_t() { return in_t_; }
   int32_t* input_y() { return in_y_; }
   float* input_target() { return in_target_; }
+  float* input_x0() { return in_x0_; }
+  SampleLoss* input_samples() { return in_samples_; }
 
   // Forward of the micro-batch in the inputs; output() is [B, out_channels, H, W].
   void Forward();
   const float* output() const { return out_; }
-  // Forward, the loss (into loss(), a device scalar) and backward, adding into the
-  // gradients. Replays a CUDA graph from its third call when use_graph is set.
-  void ForwardBackward();
+  // Forward, the loss (into loss(), a device scalar) and backward, adding grad_scale times
+  // the loss's gradients into the gradients. With use_graph, the first call runs eagerly,
+  // the next is captured as a CUDA graph and later calls replay it (a new grad_scale
+  // captures again).
+  void ForwardBackward(float grad_scale = 1.0f);
   const float* loss() const { return loss_; }
+  // The loss of the last ForwardBackward (synchronises).
+  float last_loss() const;
   void ZeroGradients();
   // Global gradient norm, clipping, AdamW on the master weights (refreshing their bf16 copy)
   // and the EMA. args.max_norm 0 disables clipping.
@@ -103,6 +126,7 @@ class DiT {
   void BlockBackward(int l);
   void Loss();
   void Backward();
+  void DropGraph();
 
   const float* Master(size_t offset) const { return master_.data() + offset; }
   const bf16* W(size_t offset) const { return params_bf16_.data() + offset; }
@@ -110,7 +134,7 @@ class DiT {
 
   DiTConfig config_;
   cudaStream_t stream_;
-  bool use_graph_;
+  Options options_;
   TensorTable table_;
   DeviceBuffer<float> master_, grads_, exp_avg_, exp_avg_sq_, ema_, pos_embed_;
   DeviceBuffer<bf16> params_bf16_;
@@ -121,8 +145,10 @@ class DiT {
   int batch_ = 0;
   DeviceBuffer<unsigned char> acts_buffer_;
   // Inputs and what forward keeps.
-  float *in_x_ = nullptr, *in_t_ = nullptr, *in_target_ = nullptr;
+  float *in_x_ = nullptr, *in_t_ = nullptr, *in_target_ = nullptr, *in_x0_ = nullptr;
   int32_t* in_y_ = nullptr;
+  SampleLoss* in_samples_ = nullptr;
+  double* loss_workspace_ = nullptr;
   bf16 *patches_ = nullptr, *tfreq_ = nullptr, *t_act_ = nullptr, *silu_c_ = nullptr;
   float *t_hidden_ = nullptr, *t_emb_ = nullptr, *c_ = nullptr;
   std::vector<BlockActs> acts_;
@@ -141,6 +167,7 @@ class DiT {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
   int eager_calls_ = 0;
+  float grad_scale_ = 1.0f;  // the loss's, as the graph holds it
 };
 
 }  // namespace difftrain::cuda

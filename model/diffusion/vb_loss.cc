@@ -7,82 +7,19 @@
 namespace difftrain {
 namespace {
 
-constexpr double kLn2 = 0.69314718055994530942;
-// DiT clamps every probability of the decoder likelihood below at 1e-12 before its log.
-constexpr double kMinProbability = 1e-12;
-
-struct Cdf {
-  double value, derivative;
-};
-
-// DiT's approx_standard_normal_cdf, 0.5 · (1 + tanh(√(2/π) · (x + 0.044715 x³))), and its
-// derivative in x.
-Cdf ApproxStandardNormalCdf(double x) {
-  constexpr double kSqrt2OverPi = 0.79788456080286535588;
-  const double th = std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x));
-  return {0.5 * (1 + th), 0.5 * (1 - th * th) * kSqrt2OverPi * (1 + 3 * 0.044715 * x * x)};
-}
-
-struct Nll {
-  double value, d_log_scale;
-};
-
-// −log of the probability DiT's discretized_gaussian_log_likelihood gives x (data in [−1, 1]
-// quantised to 256 levels: bins of width 2/255, the outermost open beyond ±0.999) under
-// N(mean, exp(log_scale)²), and its derivative in log_scale. Where the probability is clamped
-// at 1e-12 the derivative is 0, as torch's clamp makes it.
-Nll DiscretizedGaussianNll(double x, double mean, double log_scale) {
-  const double centered = x - mean;
-  const double inv_stdv = std::exp(-log_scale);
-  const double plus_in = inv_stdv * (centered + 1.0 / 255.0);
-  const double min_in = inv_stdv * (centered - 1.0 / 255.0);
-  const Cdf plus = ApproxStandardNormalCdf(plus_in);
-  const Cdf minus = ApproxStandardNormalCdf(min_in);
-  // The bin's probability p and ∂p/∂log_scale; ∂plus_in/∂log_scale = −plus_in, likewise min_in.
-  double p, dp;
-  if (x < -0.999) {
-    p = plus.value;
-    dp = -plus.derivative * plus_in;
-  } else if (x > 0.999) {
-    p = 1.0 - minus.value;
-    dp = minus.derivative * min_in;
-  } else {
-    p = plus.value - minus.value;
-    dp = -plus.derivative * plus_in + minus.derivative * min_in;
-  }
-  if (p < kMinProbability) return {-std::log(kMinProbability), 0.0};
-  return {-std::log(p), -dp / p};
-}
-
 // The vb term of one sample of n elements (bits, the mean over its elements): the KL of the
 // model's reverse step from the true posterior, or at t = 0 the decoder NLL. The ε prediction
 // enters only through the model's mean, detached. Writes grad_coeff · ∂(n · vb)/∂v to dv.
 double SampleVb(const StepCoefficients& c, bool decoder, const float* eps, const float* v,
                 const float* x0, const float* x_t, size_t n, double grad_coeff, float* dv) {
-  const double true_log_variance = c.posterior_log_variance_clipped;
-  const double d_log_variance_dv = 0.5 * (c.log_beta - c.posterior_log_variance_clipped);
+  const double d_log_variance_dv = c.DLogVarianceDv();
   double sum = 0;
   for (size_t i = 0; i < n; ++i) {
-    const double model_mean = c.PosteriorMean(c.PredictX0(x_t[i], eps[i]), x_t[i]);
-    const double log_variance = c.LearnedLogVariance(v[i]);
-    double term, d_log_variance;
-    if (decoder) {
-      const Nll nll = DiscretizedGaussianNll(x0[i], model_mean, 0.5 * log_variance);
-      term = nll.value;
-      d_log_variance = 0.5 * nll.d_log_scale;
-    } else {
-      // normal_kl(true_mean, true_log_variance, model_mean, log_variance).
-      const double true_mean = c.PosteriorMean(x0[i], x_t[i]);
-      const double diff = true_mean - model_mean;
-      const double ratio = std::exp(true_log_variance - log_variance);
-      const double scaled_sq = diff * diff * std::exp(-log_variance);
-      term = 0.5 * (-1.0 + log_variance - true_log_variance + ratio + scaled_sq);
-      d_log_variance = 0.5 * (1.0 - ratio - scaled_sq);
-    }
-    sum += term;
-    dv[i] = static_cast<float>(grad_coeff * d_log_variance * d_log_variance_dv);
+    const vb::Term term = vb::Element(c, decoder, eps[i], v[i], x0[i], x_t[i]);
+    sum += term.value;
+    dv[i] = static_cast<float>(grad_coeff * term.d_log_variance * d_log_variance_dv);
   }
-  return sum / (static_cast<double>(n) * kLn2);
+  return sum / (static_cast<double>(n) * vb::kLn2);
 }
 
 }  // namespace
@@ -124,7 +61,7 @@ double DiffusionLoss(const GaussianDiffusion& diffusion, const float* output, co
   if (!learn_sigma) return mse;
 
   const size_t n = static_cast<size_t>(C) * HW;
-  const double grad_coeff = grad_scale / (static_cast<double>(B) * n * kLn2);
+  const double grad_coeff = grad_scale / (static_cast<double>(B) * n * vb::kLn2);
   // Per-sample terms summed in order afterwards, so the loss does not depend on the threads.
   std::vector<double> vb(B);
 #pragma omp parallel for schedule(static)

@@ -24,34 +24,9 @@
 #include <vector>
 
 #include "model/diffusion/gaussian_diffusion.h"
+#include "model/diffusion/vb_math.h"
 
 namespace difftrain {
-
-// DiT's GaussianDiffusion arrays at one timestep t of a β schedule (the base schedule, or a
-// respaced one: see sampler.h), in double.
-struct StepCoefficients {
-  double beta = 0, log_beta = 0;
-  double alpha_cumprod = 0, alpha_cumprod_prev = 0;  // ᾱ_t and ᾱ_{t−1} (1 at t = 0)
-  // x0 = sqrt_recip_alphas_cumprod · x_t − sqrt_recipm1_alphas_cumprod · ε.
-  double sqrt_recip_alphas_cumprod = 0, sqrt_recipm1_alphas_cumprod = 0;
-  // Posterior q(x_{t−1} | x_t, x0): mean coef1 · x0 + coef2 · x_t, variance β̃_t.
-  double posterior_mean_coef1 = 0, posterior_mean_coef2 = 0;
-  double posterior_variance = 0;
-  // log β̃_t, with β̃_0 (which is 0) replaced by β̃_1; log β_0 for a 1-step schedule.
-  double posterior_log_variance_clipped = 0;
-
-  double PredictX0(double x_t, double eps) const {
-    return sqrt_recip_alphas_cumprod * x_t - sqrt_recipm1_alphas_cumprod * eps;
-  }
-  double PosteriorMean(double x0, double x_t) const {
-    return posterior_mean_coef1 * x0 + posterior_mean_coef2 * x_t;
-  }
-  // The model's log-variance for the variance output v (LEARNED_RANGE).
-  double LearnedLogVariance(double v) const {
-    const double frac = (v + 1) / 2;
-    return frac * log_beta + (1 - frac) * posterior_log_variance_clipped;
-  }
-};
 
 // The coefficients at timestep t (0 ≤ t < betas.size()) of the schedule `betas` with
 // cumulative products `alphas_cumprod`.

@@ -1,0 +1,19 @@
+#include "model/cuda/loss.h"
+
+#include "model/diffusion/vb_loss.h"
+
+namespace difftrain::cuda {
+
+std::vector<SampleLoss> SampleLosses(const GaussianDiffusion& diffusion, const int64_t* t, int B) {
+  std::vector<SampleLoss> samples(B);
+  for (int b = 0; b < B; ++b) {
+    DT_CHECK(t[b] >= 0 && t[b] < diffusion.steps(), "timestep {} out of range", t[b]);
+    samples[b].coefficients =
+        CoefficientsAt(diffusion.betas(), diffusion.alphas_cumprod(), static_cast<int>(t[b]));
+    samples[b].weight = diffusion.LossWeight(t[b]);
+    samples[b].decoder = t[b] == 0 ? 1 : 0;
+  }
+  return samples;
+}
+
+}  // namespace difftrain::cuda
