@@ -5,21 +5,14 @@
 #include <gtest/gtest.h>
 
 #include "model/train/trainer.h"
+#include "tests/testing/tiny_training.h"
 
 namespace difftrain {
 namespace {
 
 TrainConfig Config(bool recompute) {
-  TrainConfig c;
-  c.model.name = "custom";
-  c.model.input_size = 8;
-  c.model.patch_size = 2;
-  c.model.hidden_size = 48;
-  c.model.depth = 3;
-  c.model.num_heads = 4;
-  c.model.num_classes = 10;
-  c.micro_batch = 4;
-  c.global_batch = 8;  // two micro-batches: gradients accumulate over both
+  // Two micro-batches a step: gradients accumulate over both.
+  TrainConfig c = testing::TinyTrainConfig(/*hidden_size=*/48, /*depth=*/3);
   c.learn_sigma_loss = true;
   c.seed = 11;
   c.recompute = recompute;
@@ -27,9 +20,7 @@ TrainConfig Config(bool recompute) {
 }
 
 std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& c) {
-  return std::make_unique<Trainer>(
-      c, std::make_unique<SyntheticDataset>(c.seed, c.model.in_channels, c.model.input_size,
-                                            c.model.num_classes));
+  return std::make_unique<Trainer>(c, testing::SyntheticData(c));
 }
 
 // The gradients of the first step, then the parameters after three.

@@ -5,33 +5,20 @@
 #include <gtest/gtest.h>
 
 #include "model/train/checkpointing.h"
+#include "tests/testing/tiny_training.h"
 
 namespace difftrain {
 namespace {
 
 TrainConfig TinyConfig() {
-  TrainConfig c;
-  c.model.name = "custom";
-  c.model.input_size = 8;
-  c.model.patch_size = 2;
-  c.model.in_channels = 4;
-  c.model.hidden_size = 32;
-  c.model.depth = 2;
-  c.model.num_heads = 4;
-  c.model.num_classes = 10;
-  c.micro_batch = 4;
-  c.global_batch = 8;
+  TrainConfig c = testing::TinyTrainConfig(/*hidden_size=*/32);
   c.optimizer.lr = 1e-3;
-  c.optimizer.grad_clip = 1.0;
-  c.optimizer.ema_decay = 0.99;
   c.seed = 7;
   return c;
 }
 
 std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& c) {
-  return std::make_unique<Trainer>(
-      c, std::make_unique<SyntheticDataset>(c.seed, c.model.in_channels, c.model.input_size,
-                                            c.model.num_classes));
+  return std::make_unique<Trainer>(c, testing::SyntheticData(c));
 }
 
 std::vector<float> Params(const Trainer& t) {
