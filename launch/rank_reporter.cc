@@ -7,6 +7,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "model/train/gpu_step.h"
+
 namespace difftrain::launch {
 namespace {
 
@@ -49,9 +51,10 @@ Result<std::unique_ptr<RankReporter>> RankReporter::Open(const TrainConfig& conf
     place.pp = c.pp;
     r->world_ = parallel.topology->world_size();
   }
-  // The model core computes on the CPU: its arenas are host memory, with no caching allocator that
-  // would reserve more than they take.
-  place.device = "cpu";
+  // The model's arenas are all it allocates (host memory, or device memory on a GPU), with no
+  // caching allocator that would reserve more than they take.
+  const GpuStep* gpu = trainer.gpu();
+  place.device = gpu ? fmt::format("cuda:{}", gpu->device()) : "cpu";
   const MemoryBytes m = trainer.memory();
   const size_t arenas = m.parameters + m.gradients + m.optimizer + m.ema + m.activations;
   place.device_memory_allocated_bytes = place.device_memory_reserved_bytes =
@@ -67,8 +70,12 @@ Result<std::unique_ptr<RankReporter>> RankReporter::Open(const TrainConfig& conf
     if (!r->file_) return Errorf("cannot open metrics file '{}'", path);
   }
   r->pipe_fd_ = OpenProgressPipe();
-  if (r->pipe_fd_ >= 0 || r->file_.is_open()) {
+  if (gpu) {
+    r->peak_ = {GpuPeakFlops(gpu->device_name()), "table: " + gpu->device_name()};
+  } else if (r->pipe_fd_ >= 0 || r->file_.is_open()) {
     r->peak_ = MeasureSgemmPeak();
+  }
+  if (r->peak_.flops_per_second > 0) {
     spdlog::info("MFU peak {:.1f} GFLOP/s: {}", r->peak_.flops_per_second / 1e9, r->peak_.source);
   }
   return r;

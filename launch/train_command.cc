@@ -21,6 +21,7 @@
 #include "model/parallel/gloo_comm.h"
 #include "model/parallel/store.h"
 #include "model/train/checkpointing.h"
+#include "model/train/gpu_step.h"
 #include "worker/store_client.h"
 
 namespace difftrain::launch {
@@ -51,6 +52,25 @@ Result<T> FlagOrEnv(const std::optional<T>& flag, const char* env, T fallback) {
   }
 }
 
+// The GPU a rank with train.device cuda computes on: its worker daemon's (DIFFTRAIN_DEVICE
+// cuda:J), else GPU 0.
+Result<int> GpuIndex() {
+  const char* device = std::getenv("DIFFTRAIN_DEVICE");
+  if (device == nullptr || *device == '\0') return 0;
+  const std::string value = device;
+  int index = -1;
+  if (value.starts_with("cuda:")) {
+    char* end = nullptr;
+    const long parsed = std::strtol(value.c_str() + 5, &end, 10);
+    if (*end == '\0' && end != value.c_str() + 5) index = static_cast<int>(parsed);
+  }
+  if (value == "cpu") {
+    return Errorf("train.device is cuda, but this rank's node has no GPU (DIFFTRAIN_DEVICE=cpu)");
+  }
+  if (index < 0) return Errorf("DIFFTRAIN_DEVICE='{}': expected cuda:J or cpu", value);
+  return index;
+}
+
 // This process's place in the job and its communicators.
 struct Placement {
   int rank = 0, world = 1;
@@ -60,7 +80,9 @@ struct Placement {
   ParallelOptions parallel;
 };
 
-Result<Placement> Place(const TrainOptions& o, const TrainConfig& config) {
+// With a GPU, the data-parallel group is an NCCL communicator on it and every other group
+// (which carries host buffers) is Gloo.
+Result<Placement> Place(const TrainOptions& o, const TrainConfig& config, GpuStep* gpu) {
   Placement p;
   DT_ASSIGN_OR_RETURN(p.rank, FlagOrEnv(o.rank, "RANK", 0));
   DT_ASSIGN_OR_RETURN(p.world, FlagOrEnv(o.world, "WORLD_SIZE", 1));
@@ -90,17 +112,19 @@ Result<Placement> Place(const TrainOptions& o, const TrainConfig& config) {
   // The address peers reach this rank at: its worker daemon's (docs/jobs.md), else loopback.
   const char* given_address = std::getenv("DIFFTRAIN_ADDRESS");
   const std::string address = given_address && *given_address ? given_address : "127.0.0.1";
-  auto join = [&](std::string_view token, bool always,
-                  std::string_view name = {}) -> Result<parallel::Comm*> {
+  auto join = [&](std::string_view token, bool always, std::string_view name = {},
+                  bool on_gpu = false) -> Result<parallel::Comm*> {
     DT_ASSIGN_OR_RETURN(RankGroup group, topology.GroupOf(p.rank, token));
     if (group.ranks.size() == 1 && !always) return nullptr;
     const std::string prefix =
         fmt::format("train/attempt-{}/{}", o.attempt,
                     parallel::GroupName(name.empty() ? token : name, group.ranks));
-    DT_ASSIGN_OR_RETURN(std::unique_ptr<parallel::Comm> comm,
-                        parallel::CreateGlooComm(*p.store, prefix, group.rank_in_group,
-                                                 static_cast<int>(group.ranks.size()), group.ranks,
-                                                 timeout, address));
+    const int size = static_cast<int>(group.ranks.size());
+    DT_ASSIGN_OR_RETURN(
+        std::unique_ptr<parallel::Comm> comm,
+        on_gpu ? gpu->JoinGroup(*p.store, prefix, group.rank_in_group, size, group.ranks, timeout)
+               : parallel::CreateGlooComm(*p.store, prefix, group.rank_in_group, size, group.ranks,
+                                          timeout, address));
     p.comms.push_back(std::move(comm));
     return p.comms.back().get();
   };
@@ -109,8 +133,8 @@ Result<Placement> Place(const TrainOptions& o, const TrainConfig& config) {
   DT_ASSIGN_OR_RETURN(po.cp, join("cp", false));
   DT_ASSIGN_OR_RETURN(po.pp, join("pp", false));
   // Gradients average over the replicas and the context-parallel ranks of each.
-  DT_ASSIGN_OR_RETURN(po.dp_cp, join(pc.cp > 1 ? "dp-cp" : "dp", true));
-  if (po.dp_cp->size() == p.world) {
+  DT_ASSIGN_OR_RETURN(po.dp_cp, join(pc.cp > 1 ? "dp-cp" : "dp", true, {}, gpu != nullptr));
+  if (po.dp_cp->size() == p.world && gpu == nullptr) {
     po.world = po.dp_cp;
   } else {
     DT_ASSIGN_OR_RETURN(po.world, join("tp-cp-dp-pp", true, "world"));
@@ -212,13 +236,22 @@ int RunTrain(const TrainOptions& o) {
   if (o.steps) config.steps = *o.steps;
   // Before the communicators, which add to it until they are gone.
   parallel::CommTimes comm_times;
-  Result<Placement> placed = Place(o, config);
+  std::unique_ptr<GpuStep> gpu;
+  if (config.device == "cuda") {
+    Result<int> index = GpuIndex();
+    if (!index.ok()) return ReportBadInput("train", index.status().message());
+    Result<std::unique_ptr<GpuStep>> made = GpuStep::Create(config, *index);
+    if (!made.ok()) return ReportBadInput("train", made.status().WithContext(o.config).message());
+    gpu = std::move(made).value();
+    spdlog::info("computing on GPU {} ({})", gpu->device(), gpu->device_name());
+  }
+  Result<Placement> placed = Place(o, config, gpu.get());
   if (!placed.ok()) return ReportBadInput("train", placed.status().message());
   Placement& p = *placed;
   TimeComms(p, comm_times);
   if (p.rank != 0) spdlog::set_level(spdlog::level::warn);
 
-  Result<std::unique_ptr<Trainer>> created = Trainer::Create(config, p.parallel);
+  Result<std::unique_ptr<Trainer>> created = Trainer::Create(config, p.parallel, std::move(gpu));
   if (!created.ok()) {
     return ReportBadInput("train", created.status().WithContext(o.config).message());
   }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/device.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -93,6 +94,61 @@ TEST_F(TrainCommandTest, TrainsWritesCheckpointAndResumes) {
   EXPECT_NE(r.output.find("resumed from step 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 5/5"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("step 1/5"), std::string::npos) << r.output;
+}
+
+// The job with `train.device: <device>` and `extra` appended to its train section.
+std::string WithDevice(const std::string& device, const std::string& extra = "") {
+  std::string job = kTinyJob;
+  job.replace(job.find("  log_every: 1\n"), 15, "  log_every: 1\n  device: " + device + "\n");
+  return job + extra;
+}
+
+TEST_F(TrainCommandTest, UnknownDeviceIsNamedWhereItIs) {
+  const CommandResult r = Train(WithDevice("tpu"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("job.yaml:15:11: train.device: expected cpu or cuda, found 'tpu'"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(TrainCommandTest, CudaDeviceRefusesLayoutsBeyondDataParallel) {
+  const CommandResult r = Train(WithDevice("cuda", "parallel:\n  tp: 2\n"), "--world 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.device cuda trains data-parallel layouts only; parallel.tp > 1 "
+                          "runs on the CPU"),
+            std::string::npos)
+      << r.output;
+}
+
+// On a GPU the job trains there; without one (CI) it stops before any work and says why.
+TEST_F(TrainCommandTest, CudaDeviceTrainsOnAGpuOrSaysWhyNot) {
+  const CommandResult r = Train(WithDevice("cuda"));
+  const DeviceInventory inventory = QueryDeviceInventory();
+  if (inventory.gpus.empty()) {
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(inventory.cuda_built ? "train.device cuda: no usable GPU"
+                                                 : "train.device cuda: this difftrain was built "
+                                                   "without the CUDA backend"),
+              std::string::npos)
+        << r.output;
+  } else {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("computing on GPU 0"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("step 3/3"), std::string::npos) << r.output;
+  }
+}
+
+// A worker daemon on a node without GPUs gives its ranks DIFFTRAIN_DEVICE=cpu.
+TEST_F(TrainCommandTest, CudaDeviceOnANodeWithoutGpusIsRefused) {
+  const std::filesystem::path job = dir_ / "job.yaml";
+  std::ofstream(job) << WithDevice("cuda");
+  const CommandResult r =
+      testing::RunCommand("DIFFTRAIN_DEVICE=cpu " + std::string(DIFFTRAIN_BINARY) +
+                          " train --config " + ShellQuote(job.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.device is cuda, but this rank's node has no GPU"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace

@@ -90,6 +90,24 @@ Status TrainConfig::Validate(int dp) const {
   if (checkpoint.every < 0)
     return Errorf("checkpoint.every must be >= 0, got {}", checkpoint.every);
   if (checkpoint.keep < 1) return Errorf("checkpoint.keep must be >= 1, got {}", checkpoint.keep);
+  if (device != "cpu" && device != "cuda") {
+    return Errorf("{}: train.device: expected cpu or cuda, found '{}'",
+                  cluster.Where("train.device"), device);
+  }
+  if (device == "cuda") {
+    // What the GPU step does not do yet (docs/cuda.md).
+    const std::pair<const char*, bool> unsupported[] = {{"parallel.tp > 1", parallel.tp > 1},
+                                                        {"parallel.cp > 1", parallel.cp > 1},
+                                                        {"parallel.pp > 1", parallel.pp > 1},
+                                                        {"parallel.zero1", parallel.zero1},
+                                                        {"train.recompute", recompute}};
+    for (const auto& [what, set] : unsupported) {
+      if (set) {
+        return Errorf("{}: train.device cuda trains data-parallel layouts only; {} runs on the CPU",
+                      cluster.Where("train.device"), what);
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -110,7 +128,8 @@ nlohmann::json TrainConfig::ToJson() const {
             {"seed", seed},
             {"log_every", log_every},
             {"metrics_file", metrics_file},
-            {"recompute", recompute}}},
+            {"recompute", recompute},
+            {"device", device}}},
           {"parallel",
            {{"tp", parallel.tp},
             {"cp", parallel.cp},
@@ -175,7 +194,8 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
       .Int64("seed", seed)
       .Int("log_every", c.log_every)
       .String("metrics_file", c.metrics_file)
-      .Bool("recompute", c.recompute);
+      .Bool("recompute", c.recompute)
+      .String("device", c.device);
   c.seed = static_cast<uint64_t>(seed);
   DT_RETURN_IF_ERROR(train.Finish());
 
@@ -211,6 +231,7 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   c.cluster.Locate(top.Section("model"), "model", {"num_heads", "hidden_size"});
   c.cluster.Locate(batch, "batch", {"micro", "global"});
   c.cluster.Locate(parallel, "parallel", {"tp"});
+  c.cluster.Locate(train, "train", {"device"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
   if (c.parallel.automatic) {

@@ -62,6 +62,9 @@ struct TrainConfig {
   int log_every = 10;
   std::string metrics_file;  // JSON lines of per-step metrics; "{rank}" becomes the rank
   bool recompute = false;    // keep only each block's input; recompute the rest in backward
+  // cpu: the model core on the CPU. cuda: the bf16 GPU step (model/cuda/dit.h) on this rank's
+  // GPU, gradients averaged over NCCL; data-parallel layouts only (docs/cuda.md).
+  std::string device = "cpu";
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   ClusterConfig cluster;  // nodes, restart policy, metrics, keys: read by the daemons

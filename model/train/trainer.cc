@@ -9,6 +9,7 @@
 #include "model/diffusion/vb_loss.h"
 #include "model/optim/adamw.h"
 #include "model/tensor/rng.h"
+#include "model/train/gpu_step.h"
 
 namespace difftrain {
 namespace {
@@ -71,7 +72,8 @@ MemoryBytes PlanMemory(const DiTConfig& c, const DiTShard& shard, int micro_batc
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
-                                                 const ParallelOptions& parallel) {
+                                                 const ParallelOptions& parallel,
+                                                 std::unique_ptr<GpuStep> gpu) {
   const int dp = parallel.topology ? parallel.topology->dp() : 1;
   DT_RETURN_IF_ERROR(config.Validate(dp));
   if (parallel.topology) {
@@ -99,11 +101,14 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
         config.data.kind, d.channels(), d.height(), d.width(), d.num_classes(), m.in_channels,
         m.input_size, m.num_classes);
   }
-  return std::make_unique<Trainer>(config, std::move(opened).value(), parallel);
+  if (config.device == "cuda" && gpu == nullptr) {
+    DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
+  }
+  return std::make_unique<Trainer>(config, std::move(opened).value(), parallel, std::move(gpu));
 }
 
 Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
-                 const ParallelOptions& parallel)
+                 const ParallelOptions& parallel, std::unique_ptr<GpuStep> gpu)
     : config_(config),
       parallel_(parallel),
       coords_(parallel.topology ? parallel.topology->CoordinatesOf(parallel.rank)
@@ -113,10 +118,14 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
       model_(config.model, ShardOf(config, parallel), DiTComms{parallel.tp, parallel.cp}),
       diffusion_(config.diffusion),
       whole_{{0, model_.num_params()}},
-      ema_(model_.num_params()) {
+      ema_(model_.num_params()),
+      gpu_(std::move(gpu)) {
   Status valid = config.Validate(dp_size());
   DT_CHECK(valid.ok(), "{}", valid.message());
-  if (parallel.dp_cp != nullptr) {
+  DT_CHECK((config.device == "cuda") == (gpu_ != nullptr), "train.device {} with{} a GpuStep",
+           config.device, gpu_ ? "" : "out");
+  // On the GPU the gradients are averaged on the device (StepOnGpu), not by GradientSync.
+  if (parallel.dp_cp != nullptr && !gpu_) {
     sync_ = std::make_unique<parallel::GradientSync>(*parallel.dp_cp, model_.num_params(),
                                                      parallel.bucket_elements, parallel.zero1,
                                                      parallel.overlap);
@@ -137,16 +146,21 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   slots_ = parallel::InFlightMicroBatches(model_.shard().pp, model_.shard().stage, micro_batches_);
   batches_.resize(slots_);
   douts_.resize(slots_);
-  model_.Reserve(config.micro_batch, slots_, config.recompute);
+  // On the GPU the host model keeps only the checkpoint's copy of the parameters.
+  if (!gpu_) model_.Reserve(config.micro_batch, slots_, config.recompute);
   model_.InitializeReference(config.seed);
   std::memcpy(ema_.data(), model_.params(), ema_.bytes());
+  if (gpu_) gpu_->UploadState(model_.params(), ema_.data(), nullptr, nullptr);
 }
+
+Trainer::~Trainer() = default;
 
 const std::vector<parallel::Range>& Trainer::owned() const {
   return sync_ ? sync_->owned() : whole_;
 }
 
 MemoryBytes Trainer::memory() const {
+  if (gpu_) return gpu_->memory();
   MemoryBytes m;
   m.parameters = model_.num_params() * sizeof(float) + model_.pos_embed_bytes();
   m.gradients = model_.num_params() * sizeof(float);
@@ -198,7 +212,7 @@ double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_sc
 }
 
 double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {
-  DT_CHECK(!parallel_.topology, "ForwardBackward is for one process");
+  DT_CHECK(!parallel_.topology && !gpu_, "ForwardBackward is for one process on the CPU");
   const DiTConfig& m = config_.model;
   last_output_ = model_.Forward(batch.x_t.data(), batch.t_float.data(), batch.y.data(), batch.size);
   douts_[0].resize(static_cast<size_t>(batch.size) * m.out_channels() * m.input_size *
@@ -242,6 +256,7 @@ Status Trainer::Backward(int micro, const float* output_grad, float* input_grad)
 }
 
 Result<StepStats> Trainer::Step() {
+  if (gpu_) return StepOnGpu();
   step_first_ = loader_.RankFirstSample(samples_seen_);
   // Each context-parallel rank's gradients are partial sums over its tokens; the dp-cp
   // average divides by cp as well as dp.
@@ -260,8 +275,51 @@ Result<StepStats> Trainer::Step() {
   return stats;
 }
 
+Result<StepStats> Trainer::StepOnGpu() {
+  if (gpu_stale_) {
+    gpu_->UploadState(model_.params(), ema_.data(), exp_avg_.data(), exp_avg_sq_.data());
+    gpu_stale_ = false;
+  }
+  step_first_ = loader_.RankFirstSample(samples_seen_);
+  data_wait_seconds_ = 0;
+  gpu_->ZeroGradients();
+  double loss = 0;
+  MicroBatch& batch = batches_[0];
+  for (int micro = 0; micro < micro_batches_; ++micro) {
+    const int64_t first = step_first_ + static_cast<int64_t>(micro) * config_.micro_batch;
+    DT_RETURN_IF_ERROR(MakeMicroBatch(first, config_.micro_batch, batch));
+    loss +=
+        gpu_->ForwardBackward(batch, 1.0f / static_cast<float>(micro_batches_)) / micro_batches_;
+  }
+  loader_.Prefetch(loader_.RankFirstSample(samples_seen_ + config_.global_batch),
+                   config_.global_batch / dp_size());
+  StepStats stats;
+  stats.data_wait_seconds = data_wait_seconds_;
+  if (parallel_.dp_cp != nullptr) {
+    const auto start = std::chrono::steady_clock::now();
+    DT_RETURN_IF_ERROR(
+        parallel_.dp_cp->AllReduce(gpu_->gradients(), model_.num_params(), parallel::ReduceOp::kAvg)
+            .WithContext("averaging gradients"));
+    stats.comm_wait_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  stats.loss = loss;
+  if (parallel_.world != nullptr) {  // host buffers: the world group is Gloo
+    float sum = static_cast<float>(loss);
+    DT_RETURN_IF_ERROR(parallel_.world->AllReduce(&sum, 1, parallel::ReduceOp::kSum)
+                           .WithContext("reducing the loss"));
+    stats.loss = sum / static_cast<float>(dp_size());
+  }
+  stats.lr = LearningRate(config_.optimizer, step_, config_.steps);
+  stats.grad_norm = gpu_->OptimizerStep(stats.lr, step_ + 1);
+  ++step_;
+  samples_seen_ += config_.global_batch;
+  stats.step = step_;
+  return stats;
+}
+
 StepStats Trainer::StepOn(const MicroBatch& batch) {
-  DT_CHECK(!parallel_.topology, "StepOn is for one process");
+  DT_CHECK(!parallel_.topology && !gpu_, "StepOn is for one process on the CPU");
   std::memset(model_.grads(), 0, model_.num_params() * sizeof(float));
   const double loss = ForwardBackward(batch, 1.0f);
   return *ApplyUpdate(loss, batch.size);
@@ -356,6 +414,11 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
 Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
   const DiTConfig& m = config_.model;
   const size_t n = model_.num_params();
+  // Rank 0 writes the whole model: the only rank of a data-parallel layout that needs the
+  // device's arenas on the host.
+  if (gpu_ && parallel_.rank == 0 && !gpu_stale_) {
+    gpu_->DownloadState(model_.params(), ema_.data(), exp_avg_.data(), exp_avg_sq_.data());
+  }
   // The whole moments of this rank's shard: with ZeRO-1 every dp-cp rank owns pieces of them.
   const float* moments = exp_avg_.data();
   const float* moments_sq = exp_avg_sq_.data();
@@ -442,6 +505,7 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
   }
   model_.ScatterFromGlobal(params.data(), model_.params());
   model_.ScatterFromGlobal(ema.data(), ema_.data());
+  gpu_stale_ = gpu_ != nullptr;
   DT_ASSIGN_OR_RETURN(std::string step, field("step"));
   DT_ASSIGN_OR_RETURN(std::string seen, field("samples_seen"));
   try {
@@ -514,6 +578,7 @@ Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {
     }
     saved_offset += saved.size();
   }
+  gpu_stale_ = gpu_ != nullptr;
   return copied;
 }
 

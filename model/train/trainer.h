@@ -29,6 +29,7 @@
 #include "model/io/safetensors.h"
 #include "model/parallel/grad_sync.h"
 #include "model/parallel/pipeline.h"
+#include "model/train/gpu_step.h"
 #include "model/train/train_config.h"
 
 namespace difftrain {
@@ -84,25 +85,33 @@ struct ParallelOptions {
   size_t bucket_elements = size_t{1} << 20;
 };
 
+// With train.device cuda the model computes on a GPU (`gpu`, model/train/gpu_step.h): the
+// micro-batches are made here as on the CPU, the gradients are averaged over dp_cp (an NCCL
+// communicator the GpuStep joined), and the host arenas are the checkpoint's copy of the
+// device's, refreshed when a checkpoint is written and uploaded after a restore. Only the
+// data-parallel layout runs there (TrainConfig::Validate).
 class Trainer : private parallel::PipelineStage {
  public:
   // Checks the layout against the model and opens the dataset of config.data, checking that
-  // its samples fit the model.
+  // its samples fit the model. With train.device cuda and no `gpu`, takes GPU 0.
   static Result<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
-                                                 const ParallelOptions& parallel = {});
-  // Initialises the model as the reference does, from config.seed; `data` must fit the model.
+                                                 const ParallelOptions& parallel = {},
+                                                 std::unique_ptr<GpuStep> gpu = nullptr);
+  // Initialises the model as the reference does, from config.seed; `data` must fit the model;
+  // `gpu` is given exactly when config.device is cuda.
   Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
-          const ParallelOptions& parallel = {});
+          const ParallelOptions& parallel = {}, std::unique_ptr<GpuStep> gpu = nullptr);
+  ~Trainer() override;
 
   // Builds the micro-batch of global samples [first, first + B).
   Status MakeMicroBatch(int64_t first, int B, MicroBatch& batch);
-  // One process: forward, loss and backward of one micro-batch; gradients accumulate,
-  // scaled by grad_scale. Returns the (unscaled) loss.
+  // One process on the CPU: forward, loss and backward of one micro-batch; gradients
+  // accumulate, scaled by grad_scale. Returns the (unscaled) loss.
   double ForwardBackward(const MicroBatch& batch, float grad_scale);
   // One optimizer step over this rank's share of the next global batch.
   Result<StepStats> Step();
-  // One optimizer step on exactly this batch, in one process (no accumulation, no data
-  // parallelism), e.g. to overfit it.
+  // One optimizer step on exactly this batch, in one process on the CPU (no accumulation, no
+  // data parallelism), e.g. to overfit it.
   StepStats StepOn(const MicroBatch& batch);
 
   // This rank's checkpoint shard; every rank calls it (it gathers). Rank 0 writes the whole
@@ -122,6 +131,8 @@ class Trainer : private parallel::PipelineStage {
   // Elements of AdamW moments this rank holds (its owned ranges).
   size_t optimizer_elements() const { return owned_elements_; }
 
+  // The GPU the model computes on; null on the CPU.
+  const GpuStep* gpu() const { return gpu_.get(); }
   DiT& model() { return model_; }
   const DiT& model() const { return model_; }
   const float* ema() const { return ema_.data(); }
@@ -137,6 +148,9 @@ class Trainer : private parallel::PipelineStage {
   // Clips, updates the owned parameters with AdamW, gathers them (ZeRO-1), updates the
   // EMA and advances the counters.
   Result<StepStats> ApplyUpdate(double loss, int64_t samples);
+  // Step on the GPU: the micro-batches one after the other, the gradient all-reduce, the
+  // update.
+  Result<StepStats> StepOnGpu();
   const std::vector<parallel::Range>& owned() const;
   // The loss of `output` for `batch` and its gradient (scaled) into dout.
   double Loss(const float* output, const MicroBatch& batch, float grad_scale, float* dout) const;
@@ -174,6 +188,8 @@ class Trainer : private parallel::PipelineStage {
   double data_wait_seconds_ = 0;  // of the step in progress
   int64_t step_ = 0;
   int64_t samples_seen_ = 0;
+  std::unique_ptr<GpuStep> gpu_;
+  bool gpu_stale_ = false;  // the host arenas were restored and are newer than the GPU's
 };
 
 }  // namespace difftrain

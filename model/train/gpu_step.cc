@@ -1,0 +1,143 @@
+#include "model/train/gpu_step.h"
+
+#include <cmath>
+
+#include "model/train/trainer.h"
+
+#ifdef DIFFTRAIN_HAVE_CUDA
+#include "model/cuda/device_query.h"
+#include "model/cuda/dit.h"
+#include "model/cuda/loss.h"
+#include "model/parallel/nccl_comm.h"
+#endif
+
+namespace difftrain {
+
+#ifdef DIFFTRAIN_HAVE_CUDA
+namespace {
+
+// Destroys the stream after everything declared after it in the owner, which used it.
+struct OwnedStream {
+  cudaStream_t stream;
+  ~OwnedStream() { cudaStreamDestroy(stream); }
+};
+
+class CudaStep final : public GpuStep {
+ public:
+  CudaStep(const TrainConfig& config, const cuda::DeviceProperties& device, cudaStream_t stream)
+      : config_(config),
+        device_(device),
+        stream_{stream},
+        diffusion_(config.diffusion),
+        model_(config.model, stream, {.vb_loss = config.learn_sigma_loss, .use_graph = true}) {
+    model_.Reserve(config.micro_batch);
+  }
+  ~CudaStep() override { cudaStreamSynchronize(stream_.stream); }
+
+  int device() const override { return device_.index; }
+  const std::string& device_name() const override { return device_.name; }
+
+  Result<std::unique_ptr<parallel::Comm>> JoinGroup(parallel::Store& store,
+                                                    const std::string& prefix, int rank, int size,
+                                                    std::vector<int> global_ranks,
+                                                    std::chrono::milliseconds timeout) override {
+    DT_CUDA_CHECK(cudaSetDevice(device_.index));
+    return parallel::CreateNcclComm(store, prefix, rank, size, std::move(global_ranks), timeout,
+                                    stream_.stream);
+  }
+
+  void UploadState(const float* params, const float* ema, const float* exp_avg,
+                   const float* exp_avg_sq) override {
+    model_.UploadState(params, ema, exp_avg, exp_avg_sq);
+  }
+  void DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) override {
+    model_.DownloadState(params, ema, exp_avg, exp_avg_sq);
+  }
+
+  void ZeroGradients() override { model_.ZeroGradients(); }
+
+  double ForwardBackward(const MicroBatch& batch, float grad_scale) override {
+    DT_CHECK(batch.size == model_.micro_batch(), "micro-batch of {} for a step reserved for {}",
+             batch.size, model_.micro_batch());
+    const std::vector<cuda::SampleLoss> samples =
+        cuda::SampleLosses(diffusion_, batch.t.data(), batch.size);
+    auto copy = [this](void* to, const auto& from) {
+      DT_CUDA_CHECK(cudaMemcpyAsync(to, from.data(), from.size() * sizeof(from[0]),
+                                    cudaMemcpyHostToDevice, stream_.stream));
+    };
+    copy(model_.input_x(), batch.x_t);
+    copy(model_.input_t(), batch.t_float);
+    copy(model_.input_y(), batch.y);
+    copy(model_.input_target(), batch.noise);
+    copy(model_.input_samples(), samples);
+    if (config_.learn_sigma_loss) copy(model_.input_x0(), batch.x0);
+    model_.ForwardBackward(grad_scale);
+    return model_.last_loss();  // also keeps the pageable sources alive until copied
+  }
+
+  float* gradients() override { return model_.gradients(); }
+
+  double OptimizerStep(double lr, int64_t step) override {
+    const OptimizerConfig& o = config_.optimizer;
+    const cuda::AdamWArgs args{static_cast<float>(lr),
+                               static_cast<float>(o.beta1),
+                               static_cast<float>(o.beta2),
+                               static_cast<float>(o.eps),
+                               static_cast<float>(o.weight_decay),
+                               step,
+                               static_cast<float>(o.grad_clip)};
+    model_.OptimizerStep(args, static_cast<float>(o.ema_decay));
+    return std::sqrt(model_.last_grad_norm_squared());
+  }
+
+  MemoryBytes memory() const override {
+    const size_t n = model_.num_params();
+    const DiTConfig& c = config_.model;
+    MemoryBytes m;
+    m.parameters = n * (sizeof(float) + sizeof(cuda::bf16)) +
+                   size_t(c.tokens()) * c.hidden_size * sizeof(float);  // + pos_embed
+    m.gradients = n * sizeof(float);
+    m.optimizer = 2 * n * sizeof(float);
+    m.ema = n * sizeof(float);
+    m.activations = model_.activation_bytes();
+    return m;
+  }
+
+ private:
+  TrainConfig config_;
+  cuda::DeviceProperties device_;
+  OwnedStream stream_;  // before model_, which uses it
+  GaussianDiffusion diffusion_;
+  cuda::DiT model_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<GpuStep>> GpuStep::Create(const TrainConfig& config, int device) {
+  std::string why;
+  const std::vector<cuda::DeviceProperties> devices = cuda::QueryDevices(&why);
+  if (devices.empty()) return Errorf("train.device cuda: no usable GPU: {}", why);
+  if (device < 0 || device >= static_cast<int>(devices.size())) {
+    return Errorf("train.device cuda: GPU {} asked for, but this machine has {} (0..{})", device,
+                  devices.size(), devices.size() - 1);
+  }
+  if (Status s = cuda::DiT::Supports(config.model); !s.ok()) {
+    return s.WithContext("train.device cuda");
+  }
+  DT_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream = nullptr;
+  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<GpuStep>(new CudaStep(config, devices[device], stream));
+}
+
+#else
+
+Result<std::unique_ptr<GpuStep>> GpuStep::Create(const TrainConfig&, int) {
+  return Status::Error(
+      "train.device cuda: this difftrain was built without the CUDA backend (no nvcc when it was "
+      "built; see docs/cuda.md)");
+}
+
+#endif  // DIFFTRAIN_HAVE_CUDA
+
+}  // namespace difftrain
