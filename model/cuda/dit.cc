@@ -438,13 +438,14 @@ void DiT::ZeroGradients() {
   DT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
 }
 
-void DiT::OptimizerStep(const AdamWArgs& args, float ema_decay) {
+void DiT::OptimizerStep(double lr, int64_t step, const OptimizerConfig& config) {
+  DT_CHECK(step >= 1, "AdamW step {} must be 1-based", step);
   const size_t n = num_params();
   SumOfSquares(norm_squared_.data(), grads_.data(), n, norm_workspace_.data(),
                /*accumulate=*/false, stream_);
   AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads_.data(),
-            norm_squared_.data(), n, args, stream_);
-  EmaUpdate(ema_.data(), master_.data(), n, ema_decay, stream_);
+            norm_squared_.data(), n, AdamWScalarsAt(lr, step, config), config.grad_clip, stream_);
+  EmaUpdate(ema_.data(), master_.data(), n, config.ema_decay, stream_);
 }
 
 float DiT::last_loss() const {

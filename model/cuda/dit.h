@@ -30,6 +30,7 @@
 #include "model/cuda/loss.h"
 #include "model/cuda/optimizer.h"
 #include "model/dit/config.h"
+#include "model/optim/adamw.h"
 #include "model/tensor/tensor_table.h"
 
 namespace difftrain::cuda {
@@ -98,9 +99,10 @@ class DiT {
   // The loss of the last ForwardBackward (synchronises).
   float last_loss() const;
   void ZeroGradients();
-  // Global gradient norm, clipping, AdamW on the master weights (refreshing their bf16 copy)
-  // and the EMA. args.max_norm 0 disables clipping.
-  void OptimizerStep(const AdamWArgs& args, float ema_decay);
+  // Global gradient norm, clipping (config.grad_clip), AdamW on the master weights at
+  // learning rate lr as optimizer step `step` (1-based; refreshing their bf16 copy) and the
+  // EMA (config.ema_decay): the CPU's update, on the device.
+  void OptimizerStep(double lr, int64_t step, const OptimizerConfig& config);
   // The squared global gradient norm of the last OptimizerStep (synchronises).
   double last_grad_norm_squared() const;
 

@@ -188,7 +188,11 @@ TEST(CudaDiTTest, OptimizerStepsFitOneBatch) {
     // The PyTorch reference model (tests/reference/dit_torch.py, fp32 AdamW, the same
     // sizes and lr) goes from 1.02 to 0.12 in 10 steps and to 0.0016 in 50 on this problem.
     constexpr int kSteps = 50;
-    constexpr float kLr = 5e-3f, kFraction = 0.05f;
+    constexpr float kFraction = 0.05f;
+    OptimizerConfig adamw;
+    adamw.lr = 5e-3;
+    adamw.grad_clip = 1.0;
+    adamw.ema_decay = 0.99;
     float first = 0, last = 0;
     for (int step = 1; step <= kSteps; ++step) {
       gpu.ZeroGradients();
@@ -196,7 +200,7 @@ TEST(CudaDiTTest, OptimizerStepsFitOneBatch) {
       const float loss = gpu.last_loss();
       if (step == 1) first = loss;
       last = loss;
-      gpu.OptimizerStep({kLr, 0.9f, 0.999f, 1e-8f, 0.0f, step, 1.0f}, 0.99f);
+      gpu.OptimizerStep(adamw.lr, step, adamw);
       EXPECT_TRUE(std::isfinite(gpu.last_grad_norm_squared())) << "step " << step;
     }
     EXPECT_NEAR(first, 1.0f, 0.3f);

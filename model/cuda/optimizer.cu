@@ -7,11 +7,8 @@
 //
 // AdamWStep is one fused grid-stride pass; every thread derives the clip factor from the
 // squared norm on the device (a double load, a square root and a division: cheap), exactly as
-// ClipScale does. The step's other constants come from the host in double precision, rounded
-// to float, as AdamWUpdate computes them.
+// ClipScale does. The step's other numbers are AdamWScalarsAt's, the CPU update's own.
 #include "model/cuda/optimizer.h"
-
-#include <cmath>
 
 namespace difftrain::cuda {
 namespace {
@@ -76,27 +73,23 @@ __global__ void SumOfSquaresFinalKernel(double* __restrict__ result,
   if (threadIdx.x == 0) *result = accumulate ? *result + total : total;
 }
 
-struct AdamWConstants {
-  float b1, b2, eps, decay, step_size, bias2_sqrt;
-  double max_norm;
-};
-
 __global__ void AdamWKernel(float* __restrict__ master, bf16* __restrict__ params_bf16,
                             float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
                             const float* __restrict__ grads,
-                            const double* __restrict__ sum_of_squares, size_t n, AdamWConstants k) {
+                            const double* __restrict__ sum_of_squares, size_t n, AdamWScalars k,
+                            double max_norm) {
   // ClipScale(sqrt(*sum_of_squares), max_norm).
   float scale = 1.0f;
-  if (k.max_norm > 0) {
-    const double coef = k.max_norm / (sqrt(*sum_of_squares) + 1e-6);
+  if (max_norm > 0) {
+    const double coef = max_norm / (sqrt(*sum_of_squares) + 1e-6);
     scale = static_cast<float>(coef < 1.0 ? coef : 1.0);
   }
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float g = grads[i] * scale;
     float p = master[i] * k.decay;
-    const float m = k.b1 * exp_avg[i] + (1 - k.b1) * g;
-    const float v = k.b2 * exp_avg_sq[i] + (1 - k.b2) * g * g;
+    const float m = k.beta1 * exp_avg[i] + (1 - k.beta1) * g;
+    const float v = k.beta2 * exp_avg_sq[i] + (1 - k.beta2) * g * g;
     p -= k.step_size * m / (sqrtf(v) / k.bias2_sqrt + k.eps);
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
@@ -129,30 +122,19 @@ void SumOfSquares(double* result, const float* g, size_t n, float* workspace, bo
 }
 
 void AdamWStep(float* master, bf16* params_bf16, float* exp_avg, float* exp_avg_sq,
-               const float* grads, const double* sum_of_squares, size_t n, const AdamWArgs& args,
-               cudaStream_t stream) {
-  DT_CHECK(args.step >= 1, "AdamW step {} must be 1-based", args.step);
-  DT_CHECK(args.max_norm <= 0 || sum_of_squares != nullptr, "clipping needs the squared norm");
+               const float* grads, const double* sum_of_squares, size_t n,
+               const AdamWScalars& scalars, double max_norm, cudaStream_t stream) {
+  DT_CHECK(max_norm <= 0 || sum_of_squares != nullptr, "clipping needs the squared norm");
   if (n == 0) return;
-  // As AdamWUpdate, from the same values in double precision.
-  const double lr = args.lr, beta1 = args.beta1, beta2 = args.beta2;
-  AdamWConstants k;
-  k.b1 = args.beta1;
-  k.b2 = args.beta2;
-  k.eps = args.eps;
-  k.decay = static_cast<float>(1.0 - lr * static_cast<double>(args.weight_decay));
-  k.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, args.step)));
-  k.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, args.step)));
-  k.max_norm = args.max_norm;
   AdamWKernel<<<GridFor(n), kThreads, 0, stream>>>(master, params_bf16, exp_avg, exp_avg_sq, grads,
-                                                   sum_of_squares, n, k);
+                                                   sum_of_squares, n, scalars, max_norm);
   DT_CUDA_CHECK_LAUNCH();
 }
 
-void EmaUpdate(float* ema, const float* params, size_t n, float decay, cudaStream_t stream) {
+void EmaUpdate(float* ema, const float* params, size_t n, double decay, cudaStream_t stream) {
   if (n == 0) return;
-  const float keep = static_cast<float>(1.0 - static_cast<double>(decay));
-  EmaKernel<<<GridFor(n), kThreads, 0, stream>>>(ema, params, n, decay, keep);
+  EmaKernel<<<GridFor(n), kThreads, 0, stream>>>(ema, params, n, static_cast<float>(decay),
+                                                 static_cast<float>(1.0 - decay));
   DT_CUDA_CHECK_LAUNCH();
 }
 

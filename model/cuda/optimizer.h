@@ -3,13 +3,14 @@
 // refreshed in the same pass, and the EMA. Everything the step needs from the gradients
 // (the norm, hence the clip factor) stays on the device, so the step has no host round trip
 // and a CUDA graph can capture it; only the learning rate and the step count come from the
-// host, as kernel arguments.
+// host, as kernel arguments (the step's AdamWScalars, the same numbers the CPU update uses).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "model/cuda/common.h"
+#include "model/optim/adamw_scalars.h"
 
 namespace difftrain::cuda {
 
@@ -21,21 +22,16 @@ size_t SumOfSquaresWorkspace(size_t n);
 void SumOfSquares(double* result, const float* g, size_t n, float* workspace, bool accumulate,
                   cudaStream_t stream);
 
-struct AdamWArgs {
-  float lr;
-  float beta1, beta2, eps, weight_decay;
-  int64_t step;    // 1-based, for bias correction
-  float max_norm;  // clipping: gradients scale by min(1, max_norm / (norm + 1e-6)); 0: off
-};
-
-// One AdamW step on n parameters (PyTorch's semantics, as the CPU's AdamWUpdate): reads the
-// gradients, the squared global norm (*sum_of_squares, on the device), and updates master,
-// exp_avg and exp_avg_sq in place; writes params_bf16 = bf16(master). params_bf16 may be null.
+// One AdamW step on n parameters (PyTorch's semantics, as the CPU's AdamWUpdate) with the
+// step's scalars (AdamWScalarsAt): reads the gradients and the squared global norm
+// (*sum_of_squares, on the device), scales the gradients by min(1, max_norm / (norm + 1e-6))
+// when max_norm > 0, and updates master, exp_avg and exp_avg_sq in place; writes
+// params_bf16 = bf16(master). params_bf16 may be null.
 void AdamWStep(float* master, bf16* params_bf16, float* exp_avg, float* exp_avg_sq,
-               const float* grads, const double* sum_of_squares, size_t n, const AdamWArgs& args,
-               cudaStream_t stream);
+               const float* grads, const double* sum_of_squares, size_t n,
+               const AdamWScalars& scalars, double max_norm, cudaStream_t stream);
 
-// ema = decay · ema + (1 − decay) · params
-void EmaUpdate(float* ema, const float* params, size_t n, float decay, cudaStream_t stream);
+// ema = decay · ema + (1 − decay) · params, as the CPU's EmaUpdate.
+void EmaUpdate(float* ema, const float* params, size_t n, double decay, cudaStream_t stream);
 
 }  // namespace difftrain::cuda

@@ -66,27 +66,20 @@ TEST_P(AdamWTest, MatchesCpu) {
     v = v * v;  // exp_avg_sq is non-negative
 
   const double sum = ::difftrain::SumOfSquares(grads.data(), n), norm = std::sqrt(sum);
-  AdamWArgs args;
-  args.lr = 3e-3f;
-  args.beta1 = 0.9f;
-  args.beta2 = 0.95f;
-  args.eps = 1e-8f;
-  args.weight_decay = 0.1f;
-  args.step = 7;
-  args.max_norm = static_cast<float>(GetParam().max_norm * norm);
   OptimizerConfig config;
-  config.beta1 = args.beta1;
-  config.beta2 = args.beta2;
-  config.eps = args.eps;
-  config.weight_decay = args.weight_decay;
-  const double scale = ::difftrain::ClipScale(norm, args.max_norm);
+  config.lr = 3e-3;
+  config.beta2 = 0.95;
+  config.weight_decay = 0.1;
+  config.grad_clip = GetParam().max_norm * norm;
+  constexpr int64_t kStep = 7;
+  const double scale = ::difftrain::ClipScale(norm, config.grad_clip);
   if (GetParam().max_norm == 0.5f) {
     EXPECT_LT(scale, 0.6);  // the case clips for real
   }
 
   std::vector<float> master = master0, m = m0, v = v0;
-  ::difftrain::AdamWUpdate(master.data(), grads.data(), m.data(), v.data(), n, args.lr, scale,
-                           args.step, config);
+  ::difftrain::AdamWUpdate(master.data(), grads.data(), m.data(), v.data(), n, config.lr, scale,
+                           kStep, config);
 
   DeviceBuffer<float> d_master = UploadFloat(master0), d_m = UploadFloat(m0);
   DeviceBuffer<float> d_v = UploadFloat(v0), d_g = UploadFloat(grads);
@@ -95,7 +88,8 @@ TEST_P(AdamWTest, MatchesCpu) {
   DeviceBuffer<bf16> d_bf16(n);
   Poison(d_bf16);
   AdamWStep(d_master.data(), GetParam().with_bf16 ? d_bf16.data() : nullptr, d_m.data(), d_v.data(),
-            d_g.data(), d_sum.data(), n, args, nullptr);
+            d_g.data(), d_sum.data(), n, AdamWScalarsAt(config.lr, kStep, config), config.grad_clip,
+            nullptr);
   DT_CUDA_CHECK(cudaDeviceSynchronize());
 
   // The updates alone (the parameters barely move, which would hide a wrong step).
@@ -126,9 +120,9 @@ TEST(EmaTest, MatchesCpu) {
   DT_SKIP_WITHOUT_GPU();
   for (const size_t n : {size_t{3}, size_t{1000037}}) {
     const std::vector<float> ema0 = RandomVector(n, 7), params = RandomVector(n, 8);
-    const float decay = 0.999f;
+    const double decay = 0.999;
     std::vector<float> want = ema0;
-    ::difftrain::EmaUpdate(want.data(), params.data(), n, static_cast<double>(decay));
+    ::difftrain::EmaUpdate(want.data(), params.data(), n, decay);
     DeviceBuffer<float> d_ema = UploadFloat(ema0), d_params = UploadFloat(params);
     EmaUpdate(d_ema.data(), d_params.data(), n, decay, nullptr);
     DT_CUDA_CHECK(cudaDeviceSynchronize());

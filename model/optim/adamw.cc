@@ -60,20 +60,26 @@ double ClipScale(double norm, double max_norm) {
   return coef < 1.0 ? coef : 1.0;
 }
 
+AdamWScalars AdamWScalarsAt(double lr, int64_t step, const OptimizerConfig& config) {
+  return {.beta1 = static_cast<float>(config.beta1),
+          .beta2 = static_cast<float>(config.beta2),
+          .eps = static_cast<float>(config.eps),
+          .decay = static_cast<float>(1.0 - lr * config.weight_decay),
+          .step_size = static_cast<float>(lr / (1.0 - std::pow(config.beta1, step))),
+          .bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config.beta2, step)))};
+}
+
 void AdamWUpdate(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, size_t n,
                  double lr, double grad_scale, int64_t step, const OptimizerConfig& config) {
-  const float b1 = static_cast<float>(config.beta1), b2 = static_cast<float>(config.beta2);
-  const float decay = static_cast<float>(1.0 - lr * config.weight_decay);
-  const float step_size = static_cast<float>(lr / (1.0 - std::pow(config.beta1, step)));
-  const float bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config.beta2, step)));
-  const float eps = static_cast<float>(config.eps), scale = static_cast<float>(grad_scale);
+  const AdamWScalars k = AdamWScalarsAt(lr, step, config);
+  const float scale = static_cast<float>(grad_scale);
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     const float g = grads[i] * scale;
-    params[i] *= decay;
-    exp_avg[i] = b1 * exp_avg[i] + (1 - b1) * g;
-    exp_avg_sq[i] = b2 * exp_avg_sq[i] + (1 - b2) * g * g;
-    params[i] -= step_size * exp_avg[i] / (std::sqrt(exp_avg_sq[i]) / bias2_sqrt + eps);
+    params[i] *= k.decay;
+    exp_avg[i] = k.beta1 * exp_avg[i] + (1 - k.beta1) * g;
+    exp_avg_sq[i] = k.beta2 * exp_avg_sq[i] + (1 - k.beta2) * g * g;
+    params[i] -= k.step_size * exp_avg[i] / (std::sqrt(exp_avg_sq[i]) / k.bias2_sqrt + k.eps);
   }
 }
 

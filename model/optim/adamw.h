@@ -1,6 +1,6 @@
 // AdamW (PyTorch's semantics), global-norm gradient clipping, the learning-rate schedule
-// (linear warm-up, then constant or cosine decay), and the EMA of the weights. Each works on a flat range of the parameter arena, so
-// the full model and a ZeRO-1 shard are updated by the same code.
+// (linear warm-up, then constant or cosine decay), and the EMA of the weights. Each works on a flat
+// range of the parameter arena, so the full model and a ZeRO-1 shard are updated by the same code.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "model/optim/adamw_scalars.h"
 
 namespace difftrain {
 
@@ -22,7 +23,7 @@ struct OptimizerConfig {
   int64_t warmup_steps = 0;  // linear warm-up from lr/warmup to lr
   // constant: lr after the warm-up. cosine: lr · ½(1 + cos(π · step / steps)) over the run.
   std::string lr_schedule = "constant";
-  double grad_clip = 0.0;    // max global gradient norm; 0 disables clipping
+  double grad_clip = 0.0;  // max global gradient norm; 0 disables clipping
   double ema_decay = 0.9999;
 
   Status Validate() const;
@@ -44,6 +45,9 @@ double SumOfSquares(const float* g, size_t n);
 // The factor that scales gradients of global norm `norm` down to `max_norm` (1 when not
 // clipping), as torch.nn.utils.clip_grad_norm_ computes it.
 double ClipScale(double norm, double max_norm);
+
+// The scalars of AdamW step `step` (1-based, for bias correction) at learning rate lr.
+AdamWScalars AdamWScalarsAt(double lr, int64_t step, const OptimizerConfig& config);
 
 // One AdamW step on n parameters; `step` is the 1-based step count used by bias correction.
 // The gradient is multiplied by grad_scale first (clipping).

@@ -78,15 +78,7 @@ class CudaStep final : public GpuStep {
   float* gradients() override { return model_.gradients(); }
 
   double OptimizerStep(double lr, int64_t step) override {
-    const OptimizerConfig& o = config_.optimizer;
-    const cuda::AdamWArgs args{static_cast<float>(lr),
-                               static_cast<float>(o.beta1),
-                               static_cast<float>(o.beta2),
-                               static_cast<float>(o.eps),
-                               static_cast<float>(o.weight_decay),
-                               step,
-                               static_cast<float>(o.grad_clip)};
-    model_.OptimizerStep(args, static_cast<float>(o.ema_decay));
+    model_.OptimizerStep(lr, step, config_.optimizer);
     return std::sqrt(model_.last_grad_norm_squared());
   }
 
