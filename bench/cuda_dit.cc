@@ -95,9 +95,12 @@ int Run(const Options& o) {
   }
   // The ε-MSE alone, as the PyTorch side computes it.
   cuda::DiT model(c, stream, {.vb_loss = false, .use_graph = !o.no_graph});
+  if (Status s = model.Reserve(o.micro_batch); !s.ok()) {
+    std::fprintf(stderr, "bench_cuda_dit: %s\n", s.message().c_str());
+    return 2;
+  }
   model.UploadState(initial.data(), initial.data(), nullptr, nullptr);
   initial = {};
-  model.Reserve(o.micro_batch);
   UploadBatch(model, /*seed=*/1);
 
   OptimizerConfig adamw;  // DiT's: lr 1e-4, no weight decay; plus clipping at 1

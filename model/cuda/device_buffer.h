@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "common/status.h"
 #include "model/cuda/common.h"
 
 namespace difftrain::cuda {
@@ -16,6 +18,26 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t n) : size_(n) {
     if (n > 0) DT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+  }
+  // n elements, or the runtime's reason (out of memory, mostly) as an error instead of
+  // stopping the process.
+  static Result<DeviceBuffer> TryAllocate(size_t n) {
+    DeviceBuffer buffer;
+    if (n == 0) return buffer;
+    const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&buffer.data_), n * sizeof(T));
+    if (e != cudaSuccess) {
+      constexpr double kGiB = 1 << 30;
+      std::string room;
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+        room = fmt::format(" ({:.2f} GiB free of {:.2f})", free_bytes / kGiB, total_bytes / kGiB);
+      }
+      (void)cudaGetLastError();  // these failures are not sticky: clear them for the next call
+      return Errorf("allocating {:.2f} GiB on the GPU{}: {}", n * sizeof(T) / kGiB, room,
+                    cudaGetErrorString(e));
+    }
+    buffer.size_ = n;
+    return buffer;
   }
   DeviceBuffer(DeviceBuffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}

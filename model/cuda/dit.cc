@@ -65,15 +65,7 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   flin_w_ = Offset("final_layer.linear.weight");
   flin_b_ = Offset("final_layer.linear.bias");
 
-  const size_t n = num_params();
-  master_ = DeviceBuffer<float>(n);
-  params_bf16_ = DeviceBuffer<bf16>(n);
-  grads_ = DeviceBuffer<float>(n);
-  exp_avg_ = DeviceBuffer<float>(n);
-  exp_avg_sq_ = DeviceBuffer<float>(n);
-  ema_ = DeviceBuffer<float>(n);
   norm_squared_ = DeviceBuffer<double>(1);
-  norm_workspace_ = DeviceBuffer<float>(SumOfSquaresWorkspace(n));
   std::vector<float> pos(size_t(config_.tokens()) * config_.hidden_size);
   cpu::SinCos2DPositionEmbedding(pos.data(), config_.grid(), config_.hidden_size);
   pos_embed_ = DeviceBuffer<float>(pos.size());
@@ -126,6 +118,7 @@ size_t DiT::Offset(const std::string& name) const {
 
 void DiT::UploadState(const float* params, const float* ema, const float* exp_avg,
                       const float* exp_avg_sq) {
+  DT_CHECK(batch_ > 0, "UploadState before a successful Reserve");
   const std::pair<DeviceBuffer<float>*, const float*> arenas[] = {
       {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
   for (const auto& [device, host] : arenas) {
@@ -142,6 +135,7 @@ void DiT::UploadState(const float* params, const float* ema, const float* exp_av
 }
 
 void DiT::DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const {
+  DT_CHECK(batch_ > 0, "DownloadState before a successful Reserve");
   const std::pair<const DeviceBuffer<float>*, float*> arenas[] = {
       {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
   for (const auto& [device, host] : arenas) {
@@ -237,19 +231,48 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   return a.bytes();
 }
 
-void DiT::Reserve(int B) {
+Status DiT::AllocateState() {
+  const size_t n = num_params();
+  DeviceBuffer<float>* const fp32[] = {&master_, &grads_, &exp_avg_, &exp_avg_sq_, &ema_};
+  for (DeviceBuffer<float>* arena : fp32) {
+    DT_ASSIGN_OR_RETURN(*arena, DeviceBuffer<float>::TryAllocate(n));
+  }
+  DT_ASSIGN_OR_RETURN(params_bf16_, DeviceBuffer<bf16>::TryAllocate(n));
+  DT_ASSIGN_OR_RETURN(norm_workspace_, DeviceBuffer<float>::TryAllocate(SumOfSquaresWorkspace(n)));
+  for (DeviceBuffer<float>* arena : fp32) {
+    DT_CUDA_CHECK(cudaMemsetAsync(arena->data(), 0, arena->bytes(), stream_));
+  }
+  DT_CUDA_CHECK(cudaMemsetAsync(params_bf16_.data(), 0, params_bf16_.bytes(), stream_));
+  return Status::Ok();
+}
+
+Status DiT::Reserve(int B) {
   DT_CHECK(B > 0, "micro-batch {} must be positive", B);
-  if (B == batch_) return;
+  if (B == batch_) return Status::Ok();
+  if (params_bf16_.data() == nullptr) {
+    if (Status s = AllocateState(); !s.ok()) {
+      const double gib = num_params() * (5 * sizeof(float) + sizeof(bf16)) / double(1 << 30);
+      return s.WithContext(
+          fmt::format("the parameters, gradients, AdamW moments and EMA ({:.2f} GiB in all)", gib));
+    }
+  }
   DropGraph();  // it holds the old activation pointers
   eager_calls_ = 0;
+  batch_ = 0;
   acts_buffer_ = DeviceBuffer<unsigned char>();
-  acts_buffer_ = DeviceBuffer<unsigned char>(BindActivations(nullptr, B));
+  Result<DeviceBuffer<unsigned char>> acts =
+      DeviceBuffer<unsigned char>::TryAllocate(BindActivations(nullptr, B));
+  if (!acts.ok()) {
+    return acts.status().WithContext(fmt::format("the activations of a micro-batch of {}", B));
+  }
+  acts_buffer_ = std::move(acts).value();
   BindActivations(acts_buffer_.data(), B);
   batch_ = B;
   const std::vector<SampleLoss> unweighted(B);
   DT_CUDA_CHECK(cudaMemcpyAsync(in_samples_, unweighted.data(), B * sizeof(SampleLoss),
                                 cudaMemcpyHostToDevice, stream_));
   DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return Status::Ok();
 }
 
 void DiT::DropGraph() {
@@ -440,6 +463,7 @@ void DiT::ZeroGradients() {
 
 void DiT::OptimizerStep(double lr, int64_t step, const OptimizerConfig& config) {
   DT_CHECK(step >= 1, "AdamW step {} must be 1-based", step);
+  DT_CHECK(batch_ > 0, "OptimizerStep before a successful Reserve");
   const size_t n = num_params();
   SumOfSquares(norm_squared_.data(), grads_.data(), n, norm_workspace_.data(),
                /*accumulate=*/false, stream_);

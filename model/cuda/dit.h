@@ -9,7 +9,8 @@
 // Memory: parameters (fp32 master + bf16 copy), gradients, the two AdamW moments and the
 // EMA are one arena each, laid out by the whole model's parameter table (the reference
 // state-dict names), so a download is exactly the CPU model's arena. Activations and the
-// backward scratch are one allocation made by Reserve; nothing is allocated inside a step.
+// backward scratch are one more allocation. Reserve makes them all (a GPU without room is an
+// error, not a crash); nothing is allocated inside a step.
 // Everything runs on one stream; ForwardBackward is captured as a CUDA graph on its second
 // call and replayed after that (the optimizer step, whose learning rate changes every
 // step, runs outside the graph: four kernels).
@@ -55,6 +56,16 @@ class DiT {
   const TensorTable& parameter_table() const { return table_; }
   size_t num_params() const { return table_.total(); }
 
+  // Allocates what a step on micro-batches of B needs: on the first call the whole-model
+  // arenas (zero until UploadState), then the activations for B (again when B changes). On a
+  // GPU without room it returns the error with the bytes asked for; the model then has no
+  // activations until a Reserve succeeds. Everything below needs a successful Reserve.
+  Status Reserve(int B);
+  int micro_batch() const { return batch_; }
+  size_t activation_bytes() const { return acts_buffer_.bytes(); }
+  // Bytes of every device allocation this model holds (arenas, activations, workspaces).
+  size_t device_bytes() const;
+
   // Sets the master weights (and their bf16 copy), the EMA and AdamW's moments from host
   // arenas of the table's layout (null moments: zeros), and zeroes the gradients.
   // Synchronous.
@@ -67,13 +78,6 @@ class DiT {
   // The gradient arena on the device, e.g. for a data-parallel all-reduce between
   // ForwardBackward and OptimizerStep.
   float* gradients() { return grads_.data(); }
-
-  // Allocates activations for micro-batches of B (once per B).
-  void Reserve(int B);
-  int micro_batch() const { return batch_; }
-  size_t activation_bytes() const { return acts_buffer_.bytes(); }
-  // Bytes of every device allocation this model holds (arenas, activations, workspaces).
-  size_t device_bytes() const;
 
   // The input of a micro-batch, written by the caller (cudaMemcpyAsync on stream()) before
   // ForwardBackward: x_t [B, C, H, W], timesteps t [B] as floats, labels y [B], the noise ε
@@ -123,6 +127,7 @@ class DiT {
   // Binds every activation pointer into an arena at `base` (null: only counts); returns the
   // bytes the arena needs. One list serves both, so layout and binding cannot disagree.
   size_t BindActivations(unsigned char* base, int B);
+  Status AllocateState();
   size_t Offset(const std::string& name) const;
   void BlockForward(int l);
   void BlockBackward(int l);

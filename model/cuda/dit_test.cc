@@ -88,8 +88,9 @@ void ExpectStepMatchesCpu(const DiTConfig& c, int B) {
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
     DiT gpu(c, stream, {.use_graph = false});
+    const Status reserved = gpu.Reserve(B);
+    ASSERT_TRUE(reserved.ok()) << reserved.message();
     gpu.UploadState(weights.data(), weights.data(), nullptr, nullptr);
-    gpu.Reserve(B);
     gpu.PoisonActivations();
     Upload(gpu, batch);
     gpu.ZeroGradients();
@@ -151,8 +152,9 @@ TEST(CudaDiTTest, GraphReplayMatchesEagerLaunches) {
     DiT eager(c, stream, {.use_graph = false}), graphed(c, stream, {.use_graph = true});
     std::vector<float> want;
     for (DiT* model : {&eager, &graphed}) {
+      const Status reserved = model->Reserve(4);
+      ASSERT_TRUE(reserved.ok()) << reserved.message();
       model->UploadState(weights.data(), weights.data(), nullptr, nullptr);
-      model->Reserve(4);
       Upload(*model, batch);
     }
     eager.ZeroGradients();
@@ -182,8 +184,9 @@ TEST(CudaDiTTest, OptimizerStepsFitOneBatch) {
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
     DiT gpu(c, stream, {});
+    const Status reserved = gpu.Reserve(8);
+    ASSERT_TRUE(reserved.ok()) << reserved.message();
     gpu.UploadState(cpu.params(), cpu.params(), nullptr, nullptr);
-    gpu.Reserve(8);
     Upload(gpu, batch);
     // The PyTorch reference model (tests/reference/dit_torch.py, fp32 AdamW, the same
     // sizes and lr) goes from 1.02 to 0.12 in 10 steps and to 0.0016 in 50 on this problem.

@@ -4,9 +4,11 @@
 // one GPU and, where there are two, of two against one GPU accumulating the same batch.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "model/cuda/testing.h"
@@ -19,6 +21,8 @@
 
 namespace difftrain {
 namespace {
+
+using ::testing::HasSubstr;
 
 TrainConfig TinyConfig() {
   TrainConfig c = testing::TinyTrainConfig(/*hidden_size=*/64);  // head dim 16
@@ -153,6 +157,26 @@ std::vector<StepStats> RunDataParallelRank(const TrainConfig& c, const std::stri
     stats.push_back(*s);
   }
   return stats;
+}
+
+// A micro-batch the GPU cannot hold stops with the reason before any step, and leaves the
+// GPU usable.
+TEST_F(GpuTrainerTest, MicroBatchBeyondTheGpuIsAnError) {
+  DT_SKIP_WITHOUT_GPU();
+  TrainConfig c;
+  c.model = DiTConfigByName("DiT-XL/2").value();
+  c.micro_batch = c.global_batch = 8192;  // terabytes of activations
+  c.device = "cuda";
+  Result<std::unique_ptr<GpuStep>> gpu = GpuStep::Create(c, 0);
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_THAT(gpu.status().message(), HasSubstr("DiT-XL/2 at batch.micro 8192"));
+  EXPECT_THAT(gpu.status().message(), HasSubstr("the activations of a micro-batch of 8192"));
+  EXPECT_THAT(gpu.status().message(), HasSubstr("Lower batch.micro"));
+
+  std::unique_ptr<Trainer> tiny = GpuTrainer(TinyConfig());
+  Result<StepStats> step = tiny->Step();
+  ASSERT_TRUE(step.ok()) << step.status().message();
+  EXPECT_TRUE(std::isfinite(step->loss));
 }
 
 // The group of one that `difftrain train --world 1 --store DIR` forms: an NCCL all-reduce of

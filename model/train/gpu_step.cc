@@ -29,10 +29,19 @@ class CudaStep final : public GpuStep {
         device_(device),
         stream_{stream},
         diffusion_(config.diffusion),
-        model_(config.model, stream, {.vb_loss = config.learn_sigma_loss, .use_graph = true}) {
-    model_.Reserve(config.micro_batch);
-  }
+        model_(config.model, stream, {.vb_loss = config.learn_sigma_loss, .use_graph = true}) {}
   ~CudaStep() override { cudaStreamSynchronize(stream_.stream); }
+
+  // The device memory of the whole step; the error names what did not fit.
+  Status Reserve() {
+    if (Status s = model_.Reserve(config_.micro_batch); !s.ok()) {
+      return Errorf(
+          "train.device cuda: GPU {} ({}) has no room for {} at batch.micro {}: {}. Lower "
+          "batch.micro (`difftrain plan` predicts each layout's memory)",
+          device_.index, device_.name, config_.model.name, config_.micro_batch, s.message());
+    }
+    return Status::Ok();
+  }
 
   int device() const override { return device_.index; }
   const std::string& device_name() const override { return device_.name; }
@@ -119,7 +128,9 @@ Result<std::unique_ptr<GpuStep>> GpuStep::Create(const TrainConfig& config, int 
   DT_CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t stream = nullptr;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return std::unique_ptr<GpuStep>(new CudaStep(config, devices[device], stream));
+  auto step = std::make_unique<CudaStep>(config, devices[device], stream);
+  DT_RETURN_IF_ERROR(step->Reserve());
+  return std::unique_ptr<GpuStep>(std::move(step));
 }
 
 #else

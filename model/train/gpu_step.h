@@ -26,7 +26,8 @@ struct MemoryBytes;
 class GpuStep {
  public:
   // Makes GPU `device` current, creates the step's stream and the model's device arenas
-  // (parameters zero until UploadState) and activations for config.micro_batch.
+  // (parameters zero until UploadState) and activations for config.micro_batch; a GPU
+  // without room for them is an error that says so.
   static Result<std::unique_ptr<GpuStep>> Create(const TrainConfig& config, int device);
   virtual ~GpuStep() = default;
 
