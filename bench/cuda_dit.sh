@@ -47,8 +47,9 @@ if [[ -n $prebuilt ]]; then
 else
   make deps
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFFTRAIN_CUDA=ON >/dev/null
-  gpu_tests=(cuda_activation_test cuda_attention_test cuda_dit_test cuda_embed_test
-             cuda_gemm_test cuda_loss_test cuda_modulate_test cuda_optimizer_test)
+  # Every GPU test program: model/cuda/X_test.cc builds as cuda_X_test.
+  gpu_tests=()
+  for src in model/cuda/*_test.cc; do gpu_tests+=("cuda_$(basename "$src" .cc)"); done
   cmake --build build-cuda --target bench_cuda_dit "${gpu_tests[@]}"
   bin=build-cuda
   tests=$(printf "build-cuda/%s\n" "${gpu_tests[@]}")
