@@ -16,6 +16,7 @@
 
 #include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -509,6 +510,17 @@ void AttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int 
       return LaunchForward<80>(out, lse, qkv, B, T, D, H, stream);
     default:
       return LaunchForward<128>(out, lse, qkv, B, T, D, H, stream);
+  }
+}
+
+size_t AttentionSharedBytes(int hd) {
+  switch (PaddedHeadDim(hd)) {
+    case 64:
+      return std::max(ForwardSmemBytes<64>(), BackwardSmemBytes<64>());
+    case 80:
+      return std::max(ForwardSmemBytes<80>(), BackwardSmemBytes<80>());
+    default:
+      return std::max(ForwardSmemBytes<128>(), BackwardSmemBytes<128>());
   }
 }
 

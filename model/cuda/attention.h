@@ -17,6 +17,10 @@ namespace difftrain::cuda {
 void AttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
                       cudaStream_t stream);
 
+// Shared memory per block the attention kernels need at head dimension hd (backward takes
+// the most): 96.5 KiB up to hd 80, 120.5 KiB beyond, more than sm_86/sm_89 GPUs allow.
+size_t AttentionSharedBytes(int hd);
+
 // Floats of the workspace AttentionBackward takes: delta = rowsum(dout ∘ out) [B, H, T], then
 // the fp32 dq accumulator [B, T, D]. Nothing in it needs initialising.
 size_t AttentionBackwardWorkspace(int B, int T, int D, int H);

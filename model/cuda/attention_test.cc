@@ -119,5 +119,17 @@ TEST(AttentionTest, SmallHeadDimAndSequence) {
   CheckAttention(1, 3, 32, 2);  // hd 16, padded to 64; one partial tile
 }
 
+// The tiles' shared memory is a property of the kernels, not of a GPU: every named DiT's head
+// dimension (64 for S, B, L and XL's 72 alike) must fit the 99 KiB a kernel may take on
+// sm_86/sm_89 GPUs, and the largest (128) the 163 KiB of an A100.
+TEST(AttentionTest, SharedMemoryFitsTheGpusItTargets) {
+  constexpr size_t kSm89 = 99 * 1024, kA100 = 163 * 1024;
+  for (const int hd : {8, 64, 72, 80}) {
+    EXPECT_LE(AttentionSharedBytes(hd), kSm89) << "head dim " << hd;
+  }
+  EXPECT_GT(AttentionSharedBytes(128), kSm89);  // what GpuStep::Create refuses on such GPUs
+  EXPECT_LE(AttentionSharedBytes(128), kA100);
+}
+
 }  // namespace
 }  // namespace difftrain::cuda

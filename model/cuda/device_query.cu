@@ -19,8 +19,8 @@ std::vector<DeviceProperties> QueryDevices(std::string* error) {
       if (error != nullptr) *error = cudaGetErrorString(status);
       continue;
     }
-    devices.push_back(
-        {i, prop.name, prop.totalGlobalMem, prop.major, prop.minor, prop.multiProcessorCount});
+    devices.push_back({i, prop.name, prop.totalGlobalMem, prop.major, prop.minor,
+                       prop.multiProcessorCount, prop.sharedMemPerBlockOptin});
   }
   return devices;
 }

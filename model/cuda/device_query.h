@@ -13,6 +13,7 @@ struct DeviceProperties {
   int compute_major = 0;
   int compute_minor = 0;
   int multiprocessors = 0;
+  size_t shared_memory_per_block = 0;  // what a kernel may opt in to
 };
 
 // The visible CUDA devices. A machine without a driver or GPU has none: that is an empty

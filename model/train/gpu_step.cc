@@ -5,6 +5,7 @@
 #include "model/train/trainer.h"
 
 #ifdef DIFFTRAIN_HAVE_CUDA
+#include "model/cuda/attention.h"
 #include "model/cuda/device_query.h"
 #include "model/cuda/dit.h"
 #include "model/cuda/loss.h"
@@ -125,10 +126,20 @@ Result<std::unique_ptr<GpuStep>> GpuStep::Create(const TrainConfig& config, int 
   if (Status s = cuda::DiT::Supports(config.model); !s.ok()) {
     return s.WithContext("train.device cuda");
   }
+  const cuda::DeviceProperties& gpu = devices[device];
+  const int head_dim = config.model.hidden_size / config.model.num_heads;
+  if (const size_t need = cuda::AttentionSharedBytes(head_dim);
+      need > gpu.shared_memory_per_block) {
+    return Errorf(
+        "train.device cuda: GPU {} ({}) lets a kernel use {:.1f} KiB of shared memory, the "
+        "attention of head dimension {} needs {:.1f} KiB (A100, H100 and H20 have room; "
+        "head dimensions up to 80 fit in 99 KiB)",
+        device, gpu.name, gpu.shared_memory_per_block / 1024.0, head_dim, need / 1024.0);
+  }
   DT_CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t stream = nullptr;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto step = std::make_unique<CudaStep>(config, devices[device], stream);
+  auto step = std::make_unique<CudaStep>(config, gpu, stream);
   DT_RETURN_IF_ERROR(step->Reserve());
   return std::unique_ptr<GpuStep>(std::move(step));
 }
