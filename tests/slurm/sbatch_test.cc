@@ -454,10 +454,11 @@ class SbatchScriptTest : public ::testing::Test {
     fs::create_directories(root_ / "bin");
     fs::create_directories(root_ / "jobs");
     std::ofstream(root_ / "jobs/dit.yaml") << "model: {name: DiT-XL/2}\n";
-    // srun: one line per call, each argument after a '|'; the controller step exits with
+    // srun: one line per call, each argument after a '|', appended in one write (the
+    // controller and worker steps run at once); the controller step exits with
     // $FAKE_CONTROLLER_EXIT, the worker step with $FAKE_WORKERS_EXIT; the keys step sends the
     // batch script the warning signal when $FAKE_WARN_DURING_KEYS is set.
-    Script("srun", R"(printf '|%s' "$@" '' >>"$LOG/srun"; echo >>"$LOG/srun"
+    Script("srun", R"(line=$(printf '|%s' "$@" ''); echo "$line" >>"$LOG/srun"
 case " $* " in
   *" keys "*) [[ -z $FAKE_WARN_DURING_KEYS ]] || kill -USR1 "$PPID" ;;
   *" controller "*) exit "${FAKE_CONTROLLER_EXIT:-0}" ;;
