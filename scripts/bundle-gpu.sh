@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Packs what a GPU machine without this project's build dependencies needs to run the GPU
+# checks and the benchmark: the GPU test programs, bench_cuda_dit and difftrain from a CUDA
+# build, and the shared libraries they link that a CUDA image lacks (ZeroMQ, yaml-cpp, Gloo,
+# OpenBLAS, ...). CUDA's own libraries (runtime, cuBLASLt, NCCL) are left to the machine.
+#
+#   scripts/bundle-gpu.sh [BUILD_DIR [OUT_DIR]]      (defaults: build, .gpu)
+#
+# Then, on the GPU machine, from a checkout holding OUT_DIR:
+#   export LD_LIBRARY_PATH=$PWD/.gpu/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
+#   bench/cuda_dit.sh --prebuilt .gpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+out=${2:-.gpu}
+
+programs=("$build"/cuda_*_test "$build/bench/bench_cuda_dit" "$build/difftrain")
+for p in "${programs[@]}"; do
+  [[ -x $p ]] || { echo "bundle-gpu: $p is missing: build with CUDA first (make build)" >&2; exit 2; }
+done
+rm -rf "$out" && mkdir -p "$out/lib"
+cp "${programs[@]}" "$out/"
+strip "$out"/*test "$out/bench_cuda_dit" "$out/difftrain"
+# Every library the programs resolve here, less the C runtime and CUDA's.
+for p in "${programs[@]}"; do ldd "$p" | awk '$3 ~ /^\// {print $3}'; done | sort -u |
+  grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart|libnccl' |
+  while read -r lib; do cp -L "$lib" "$out/lib/"; done
+du -sh "$out"
