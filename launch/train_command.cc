@@ -58,14 +58,14 @@ Result<int> GpuIndex() {
   const char* device = std::getenv("DIFFTRAIN_DEVICE");
   if (device == nullptr || *device == '\0') return 0;
   const std::string value = device;
+  if (value == "cpu") {
+    return Errorf("train.device is cuda, but this rank's node has no GPU (DIFFTRAIN_DEVICE=cpu)");
+  }
   int index = -1;
   if (value.starts_with("cuda:")) {
     char* end = nullptr;
     const long parsed = std::strtol(value.c_str() + 5, &end, 10);
     if (*end == '\0' && end != value.c_str() + 5) index = static_cast<int>(parsed);
-  }
-  if (value == "cpu") {
-    return Errorf("train.device is cuda, but this rank's node has no GPU (DIFFTRAIN_DEVICE=cpu)");
   }
   if (index < 0) return Errorf("DIFFTRAIN_DEVICE='{}': expected cuda:J or cpu", value);
   return index;
