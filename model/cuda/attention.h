@@ -18,7 +18,8 @@ void AttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int 
                       cudaStream_t stream);
 
 // Shared memory per block the attention kernels need at head dimension hd (backward takes
-// the most): 96.5 KiB up to hd 80, 120.5 KiB beyond, more than sm_86/sm_89 GPUs allow.
+// the most): 88.5 KiB up to hd 64, 96.5 KiB to 80, 120.5 KiB beyond, which is more than
+// sm_86/sm_89 GPUs allow.
 size_t AttentionSharedBytes(int hd);
 
 // Floats of the workspace AttentionBackward takes: delta = rowsum(dout ∘ out) [B, H, T], then
