@@ -1,0 +1,83 @@
+// Pins what a small job trains to, bit for bit, across changes of the code around the model
+// (the model-family seam, the job spec, the rank runtime): the checksum of every tensor of
+// its final checkpoint was recorded with the code before those changes (commit f09f8eb), and
+// a checkpoint that code wrote (tests/data/pinned/checkpoint, step 3) must still load and
+// resume to the same final tensors.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "common/temp_dir.h"
+#include "tests/testing/checkpoint_tensors.h"
+#include "tests/testing/run_command.h"
+
+namespace difftrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// FNV-1a over every tensor's name and bytes, in name order.
+uint64_t Checksum(const std::map<std::string, std::string>& tensors) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  };
+  for (const auto& [name, bytes] : tensors) {
+    mix(name);
+    mix(bytes);
+  }
+  return h;
+}
+
+// Recorded before the refactor: `difftrain train` of tests/data/pinned/job.yaml.
+constexpr uint64_t kPinnedChecksum = 0x2b45f479773c226full;
+constexpr int64_t kPinnedStep = 6;
+
+class PinnedTrainingTest : public ::testing::Test {
+ protected:
+  // The pinned job, checkpointing into `dir`.
+  std::string WriteJob(const std::string& dir) {
+    std::ifstream in(std::string(DIFFTRAIN_SOURCE_DIR) + "/tests/data/pinned/job.yaml");
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string yaml = text.str();
+    const std::string section = "checkpoint:\n";
+    yaml.replace(yaml.find(section), section.size(), section + "  dir: " + dir + "\n");
+    const std::string path = tmp_.path() + "/job.yaml";
+    std::ofstream(path) << yaml;
+    return path;
+  }
+
+  uint64_t Train(const std::string& dir) {
+    const std::string job = WriteJob(dir);
+    const testing::CommandResult r =
+        testing::RunCommand("OMP_NUM_THREADS=2 " + std::string(DIFFTRAIN_BINARY) +
+                            " train --config " + testing::ShellQuote(job));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    int64_t step = -1;
+    const auto tensors = testing::NewestCheckpointTensors(dir, &step);
+    EXPECT_EQ(step, kPinnedStep);
+    EXPECT_FALSE(tensors.empty());
+    return Checksum(tensors);
+  }
+
+  TempDir tmp_{"pinned"};
+};
+
+TEST_F(PinnedTrainingTest, TrainsToTheRecordedCheckpoint) {
+  const uint64_t got = Train(tmp_.path() + "/checkpoints");
+  EXPECT_EQ(got, kPinnedChecksum) << "checksum 0x" << std::hex << got;
+}
+
+TEST_F(PinnedTrainingTest, ResumesACheckpointWrittenBeforeTheRefactor) {
+  const std::string dir = tmp_.path() + "/checkpoints";
+  fs::copy(std::string(DIFFTRAIN_SOURCE_DIR) + "/tests/data/pinned/checkpoint", dir,
+           fs::copy_options::recursive);
+  const uint64_t got = Train(dir);
+  EXPECT_EQ(got, kPinnedChecksum) << "checksum 0x" << std::hex << got;
+}
+
+}  // namespace
+}  // namespace difftrain
