@@ -25,8 +25,8 @@
 #include <zmq.hpp>
 
 #include "common/check.h"
+#include "common/curve.h"
 #include "common/wire.h"
-#include "controller/curve.h"
 
 extern char** environ;
 
@@ -60,8 +60,7 @@ struct FakeNode {
 
 class Cluster {
  public:
-  Cluster(const controller::CurveKeys& keys, const std::string& endpoint, int nodes,
-          pid_t controller)
+  Cluster(const CurveKeys& keys, const std::string& endpoint, int nodes, pid_t controller)
       : context_(4), controller_(controller) {
     context_.set(zmq::ctxopt::max_sockets, nodes + 64);
     for (int n = 0; n < nodes; ++n) {
@@ -70,7 +69,7 @@ class Cluster {
       node.socket->set(zmq::sockopt::linger, 0);
       node.socket->set(zmq::sockopt::sndhwm, 100000);
       node.socket->set(zmq::sockopt::rcvhwm, 100000);
-      controller::MakeCurveClient(*node.socket, keys);
+      MakeCurveClient(*node.socket, keys);
       node.socket->connect(endpoint);
       nodes_.push_back(std::move(node));
     }
@@ -88,7 +87,7 @@ class Cluster {
     std::vector<zmq::pollitem_t> items;
     for (FakeNode& n : nodes_)
       items.push_back({n.socket->handle(), 0, ZMQ_POLLIN, 0});
-    if (controller::PollIgnoringSignals(items.data(), items.size(), timeout) == 0) return;
+    if (PollIgnoringSignals(items.data(), items.size(), timeout) == 0) return;
     for (size_t i = 0; i < nodes_.size(); ++i) {
       if (!(items[i].revents & ZMQ_POLLIN)) continue;
       zmq::message_t msg;
@@ -117,8 +116,8 @@ Figures RunOnce(const std::string& binary, int nodes, int ranks_per_node, int se
       std::filesystem::temp_directory_path() / ("bench-control-plane-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  DT_CHECK(controller::WriteNewKeys((dir / "keys").string()).ok(), "keys");
-  const controller::CurveKeys keys = *controller::ReadKeys((dir / "keys").string());
+  DT_CHECK(WriteNewKeys((dir / "keys").string()).ok(), "keys");
+  const CurveKeys keys = *ReadKeys((dir / "keys").string());
   std::ofstream(dir / "job.yaml")
       << "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2, "
          "num_heads: 4}\n"
@@ -167,6 +166,8 @@ Figures RunOnce(const std::string& binary, int nodes, int ranks_per_node, int se
                       {"gpus", 0},
                       {"cores", ranks_per_node},
                       {"memory_bytes", int64_t{1} << 36},
+                      {"gpu_name", ""},
+                      {"gpu_memory_bytes", 0},
                       {"pid", n}},
                      ""});
   }

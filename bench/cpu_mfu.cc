@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include "model/cpu/gemm.h"
+#include "model/dit/family.h"
 #include "model/tensor/buffer.h"
 #include "model/train/trainer.h"
 
@@ -77,7 +78,7 @@ int Main(int argc, char** argv) {
   std::printf("sgemm 2048^3: %.1f GFLOP/s (median of %d)\n", peak, repeats);
 
   TrainConfig config;
-  config.model = *dit;
+  config.model = DiTSpec(*dit);
   config.micro_batch = config.global_batch = batch;
   Trainer trainer(config, std::make_unique<SyntheticDataset>(0, dit->in_channels, input_size,
                                                              dit->num_classes));

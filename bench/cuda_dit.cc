@@ -1,4 +1,4 @@
-// Throughput of difftrain's bf16 DiT training step on one GPU (model/cuda/dit.h): one
+// Throughput of difftrain's bf16 DiT training step on one GPU (model/dit/cuda/dit.h): one
 // micro-batch size per run, so an out-of-memory ends only its own run (bench/cuda_dit.sh
 // runs the sweep beside PyTorch's).
 //
@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/cuda/device_query.h"
-#include "model/cuda/dit.h"
+#include "model/dit/cuda/dit.h"
 #include "model/dit/dit.h"
 #include "model/tensor/rng.h"
 

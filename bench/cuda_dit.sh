@@ -47,9 +47,12 @@ if [[ -n $prebuilt ]]; then
 else
   make deps
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFFTRAIN_CUDA=ON >/dev/null
-  # Every GPU test program: model/cuda/X_test.cc builds as cuda_X_test.
+  # Every GPU test program: model/cuda/X_test.cc and model/<family>/cuda/X_test.cc build as
+  # cuda_X_test.
   gpu_tests=()
-  for src in model/cuda/*_test.cc; do gpu_tests+=("cuda_$(basename "$src" .cc)"); done
+  for src in model/cuda/*_test.cc model/*/cuda/*_test.cc; do
+    gpu_tests+=("cuda_$(basename "$src" .cc)")
+  done
   cmake --build build-cuda --target bench_cuda_dit "${gpu_tests[@]}"
   bin=build-cuda
   tests=$(printf "build-cuda/%s\n" "${gpu_tests[@]}")

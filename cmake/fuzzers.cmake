@@ -23,7 +23,9 @@ endif()
 
 # Headers the fuzzed code may include (no depfile: one clang command builds each target).
 file(GLOB fuzz_headers CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/common/*.h
+  ${CMAKE_SOURCE_DIR}/job/*.h ${CMAKE_SOURCE_DIR}/model/family/*.h
   ${CMAKE_SOURCE_DIR}/model/train/*.h ${CMAKE_SOURCE_DIR}/model/dit/*.h
+  ${CMAKE_SOURCE_DIR}/model/cpu/*.h ${CMAKE_SOURCE_DIR}/model/parallel/*.h
   ${CMAKE_SOURCE_DIR}/model/diffusion/*.h ${CMAKE_SOURCE_DIR}/model/optim/*.h)
 
 # A fuzz target that fails to build (a new dependency of the parser, say) must not break
@@ -68,8 +70,14 @@ exec ${out} -max_total_time=${DIFFTRAIN_FUZZ_SECONDS} -timeout=10 -rss_limit_mb=
 endfunction()
 
 difftrain_fuzz_target(wire_fuzz "-lfmt" common/wire_fuzz.cc common/wire.cc)
-difftrain_fuzz_target(job_spec_fuzz "-lfmt;-lyaml-cpp"
-  controller/job_spec_fuzz.cc model/train/train_config.cc common/yaml_fields.cc
-  common/cluster_config.cc model/dit/config.cc model/diffusion/gaussian_diffusion.cc
-  model/optim/adamw.cc model/train/planner.cc model/dit/shard.cc model/device.cc
-  model/tensor/tensor_table.cc)
+# The job spec reads the model section through the model families, whose registry links
+# each family's model (for DiT: its CPU kernels, and OpenBLAS).
+difftrain_fuzz_target(job_spec_fuzz
+  "-lfmt;-lyaml-cpp;-fopenmp;-isystem;${OPENBLAS_INCLUDE_DIR};${OPENBLAS_LIBRARY}"
+  controller/job_spec_fuzz.cc job/job_spec.cc common/yaml_fields.cc
+  common/cluster_config.cc model/family/registry.cc model/family/model.cc
+  model/dit/family.cc model/dit/config.cc model/dit/dit.cc model/dit/params.cc
+  model/dit/shard.cc model/cpu/activation.cc model/cpu/attention.cc model/cpu/embed.cc
+  model/cpu/layernorm.cc model/cpu/linear.cc model/cpu/modulate.cc
+  model/parallel/mappings.cc model/diffusion/gaussian_diffusion.cc model/optim/adamw.cc
+  model/train/planner.cc model/train/gpu_step.cc model/device.cc model/tensor/tensor_table.cc)

@@ -1,7 +1,7 @@
 // The cluster sections of the job file: how many nodes and devices the job runs on, when
 // the controller gives up on a node or restarts the job, where metrics are served and
 // which keys guard the control plane. Read together with the training sections
-// (model/train/train_config.h) from one YAML file; documented in docs/job-spec.md.
+// (job/job_spec.h) from one YAML file; documented in docs/job-spec.md.
 #pragma once
 
 #include <initializer_list>

@@ -41,9 +41,14 @@ const std::vector<Field> kRankAssignment = {
 // them, so the two ends cannot drift apart.
 const std::vector<Field>* SchemaOf(MessageType type) {
   static const std::vector<Field> kRegister = {
-      {"node", Field::kString, 1, kMaxNameBytes},  {"devices", Field::kInt, 1, kMaxRanksPerNode},
-      {"gpus", Field::kInt, 0, kMaxRanksPerNode},  {"cores", Field::kInt, 1, 1 << 20},
-      {"memory_bytes", Field::kInt, 0, kMaxInt64}, {"pid", Field::kInt, 0, kMaxInt},
+      {"node", Field::kString, 1, kMaxNameBytes},
+      {"devices", Field::kInt, 1, kMaxRanksPerNode},
+      {"gpus", Field::kInt, 0, kMaxRanksPerNode},
+      {"cores", Field::kInt, 1, 1 << 20},
+      {"memory_bytes", Field::kInt, 0, kMaxInt64},
+      {"pid", Field::kInt, 0, kMaxInt},
+      {"gpu_name", Field::kString, 0, kMaxNameBytes},
+      {"gpu_memory_bytes", Field::kInt, 0, kMaxInt64},
   };
   static const std::vector<Field> kHeartbeat = {
       {"node", Field::kString, 1, kMaxNameBytes},

@@ -60,14 +60,20 @@ Controller::~Controller() {
 
 Result<std::unique_ptr<Controller>> Controller::Create(ControllerOptions options) {
   DT_ASSIGN_OR_RETURN(JobPlan plan, MakePlan(options.config));
+  // The ranks receive the job as resolved here (layout chosen, cluster size applied).
+  std::string as_written = options.job_yaml;
+  DT_ASSIGN_OR_RETURN(options.job_yaml, ResolvedJobYaml(as_written, options.config));
   std::unique_ptr<Controller> c(new Controller(std::move(options)));
   c->plan_ = std::move(plan);
+  c->job_yaml_as_written_ = std::move(as_written);
+  c->planned_for_ = LocalPlanDevice();
   DT_RETURN_IF_ERROR(c->Bind());
   if (const int port = c->o_.config.cluster.metrics_port; port != 0) {
     const JobPlan& p = c->plan_;
     DT_ASSIGN_OR_RETURN(const Topology topology, Topology::Create(p.tp, p.cp, p.dp, p.pp));
-    c->metrics_ = std::make_unique<JobMetrics>(c->o_.job_name, topology,
-                                               TrainingFlopsPerSample(c->o_.config.model));
+    c->metrics_ = std::make_unique<JobMetrics>(
+        c->o_.job_name, topology,
+        FamilyOf(c->o_.config.model).Cost(c->o_.config.model).training_flops_per_sample());
     DT_ASSIGN_OR_RETURN(c->metrics_endpoint_,
                         MetricsEndpoint::Start(port, c->metrics_->registry()));
   }
@@ -230,6 +236,8 @@ void Controller::OnRegister(const std::string& peer, const Message& m) {
   node.gpus = m.header["gpus"].get<int>();
   node.cores = m.header["cores"].get<int>();
   node.memory_bytes = m.header["memory_bytes"].get<int64_t>();
+  node.gpu_name = m.header["gpu_name"].get<std::string>();
+  node.gpu_memory_bytes = m.header["gpu_memory_bytes"].get<int64_t>();
   node.last_seen = Clock::now();
   if (fresh) {
     node.slot = -1;
@@ -355,6 +363,14 @@ void Controller::Launch() {
     ++restarts_;
   }
   std::vector<Node*> live = LiveNodesByName();
+  if (!restart && o_.config.parallel.automatic) {
+    std::vector<Node*> placed(live.begin(),
+                              live.begin() + std::min<size_t>(live.size(), plan_.nodes));
+    if (Status s = ResolveForWorkers(placed); !s.ok()) {
+      Finish(JobState::kFailed, s.WithContext("the worker daemons' devices").message());
+      return;
+    }
+  }
   ranks_.assign(plan_.world, Rank{});
   std::vector<std::string> placed;
   for (size_t i = 0; i < live.size(); ++i) {
@@ -380,6 +396,41 @@ void Controller::Launch() {
                   restart ? fmt::format(" (restart {} of at most {}: {})", restarts_,
                                         o_.config.cluster.restart.max_restarts, pending_cause_)
                           : ""));
+}
+
+Status Controller::ResolveForWorkers(const std::vector<Node*>& placed) {
+  // Every placed node must hold the layout: plan for the smallest GPU (or host memory).
+  PlanDevice device;
+  const bool gpus = std::all_of(placed.begin(), placed.end(), [](Node* n) { return n->gpus > 0; });
+  for (Node* n : placed) {
+    const double memory =
+        gpus ? static_cast<double>(n->gpu_memory_bytes) : static_cast<double>(n->memory_bytes);
+    if (device.memory_bytes == 0 || memory < device.memory_bytes) {
+      device = {gpus ? n->gpu_name : std::string(), memory};
+    }
+  }
+  if (device == planned_for_) return Status::Ok();
+  TrainConfig config = o_.config;
+  DT_RETURN_IF_ERROR(ResolveJob(config, device));
+  DT_ASSIGN_OR_RETURN(JobPlan plan, MakePlan(config));
+  DT_ASSIGN_OR_RETURN(std::string yaml, ResolvedJobYaml(job_yaml_as_written_, config));
+  const ParallelConfig& was = o_.config.parallel;
+  const ParallelConfig& now = config.parallel;
+  spdlog::info(
+      "controller: parallel: auto for the worker daemons' {} (planned for {}): tp {} cp {} pp "
+      "{} dp {}{}, micro-batch {}{}",
+      DescribePlanDevice(device), DescribePlanDevice(planned_for_), now.tp, now.cp, now.pp, now.dp,
+      now.zero1 ? ", ZeRO-1" : "", config.micro_batch, config.recompute ? ", recompute" : "");
+  if (now.tp != was.tp || now.cp != was.cp || now.pp != was.pp || now.dp != was.dp ||
+      now.zero1 != was.zero1 || config.micro_batch != o_.config.micro_batch ||
+      config.recompute != o_.config.recompute) {
+    spdlog::warn("controller: the layout differs from `difftrain validate` on this machine");
+  }
+  o_.config = std::move(config);
+  plan_ = std::move(plan);
+  o_.job_yaml = std::move(yaml);
+  planned_for_ = device;
+  return Status::Ok();
 }
 
 void Controller::Fail(const std::string& cause) {

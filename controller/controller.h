@@ -25,10 +25,10 @@
 
 #include <zmq.hpp>
 
-#include "controller/curve.h"
+#include "common/curve.h"
 #include "controller/plan.h"
 #include "controller/store_server.h"
-#include "model/train/train_config.h"
+#include "job/job_spec.h"
 
 namespace difftrain {
 class MetricsEndpoint;
@@ -56,7 +56,7 @@ inline constexpr int kExitCheckpointed = 75;  // EX_TEMPFAIL: requeue to resume
 
 struct ControllerOptions {
   TrainConfig config;    // with the command line's --nodes/--devices-per-node applied
-  std::string job_yaml;  // the job file as written: shipped to every rank
+  std::string job_yaml;  // the job file as written; every rank receives it resolved
   std::string job_name = "job";
   std::string bind = "tcp://0.0.0.0:29400";
   CurveKeys keys;
@@ -110,6 +110,8 @@ class Controller {
     std::string peer;  // ROUTER routing id of its connection
     int devices = 0, gpus = 0, cores = 0;
     int64_t memory_bytes = 0;
+    std::string gpu_name;  // the first GPU's
+    int64_t gpu_memory_bytes = 0;
     Clock::time_point last_seen;
     Clock::time_point last_ack;  // the last heartbeat-ack sent to it
     int slot = -1;               // its place in the plan in this attempt; -1: spare
@@ -139,6 +141,10 @@ class Controller {
 
   void Transition(JobState next, const std::string& why);
   void Launch();
+  // `parallel: auto` planned for this machine's device; once the daemons have registered, the
+  // layout is chosen again for theirs (the smallest among the placed nodes) and replaces the
+  // first choice where it differs. An error when the model fits nowhere on them.
+  Status ResolveForWorkers(const std::vector<Node*>& placed);
   void Fail(const std::string& cause);  // restart if allowed, else FAILED
   void StopRanks(const char* mode);
   void Finish(JobState final_state, const std::string& why);
@@ -150,6 +156,8 @@ class Controller {
 
   ControllerOptions o_;
   JobPlan plan_;
+  std::string job_yaml_as_written_;  // the job file before resolution
+  PlanDevice planned_for_;           // the device the layout was chosen for
   zmq::context_t context_;
   std::unique_ptr<ZapHandler> zap_;
   zmq::socket_t router_;

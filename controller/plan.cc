@@ -1,46 +1,10 @@
 #include "controller/plan.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <fmt/ranges.h>
 
-#include "model/dit/dit.h"
-#include "model/dit/shard.h"
+#include "model/family/family.h"
 
 namespace difftrain::controller {
-
-Result<TrainConfig> LoadJob(const std::string& path, std::optional<int> nodes,
-                            std::optional<int> devices_per_node, std::string* yaml) {
-  DT_ASSIGN_OR_RETURN(TrainConfig config, TrainConfig::FromYamlFile(path));
-  ClusterConfig& c = config.cluster;
-  if (nodes) {
-    if (*nodes < 1) return Errorf("--nodes: expected >= 1, found {}", *nodes);
-    c.nodes = *nodes;
-    c.where["cluster.nodes"] = "--nodes";
-  }
-  if (devices_per_node) {
-    if (*devices_per_node < 1) {
-      return Errorf("--devices-per-node: expected >= 1, found {}", *devices_per_node);
-    }
-    c.devices_per_node = *devices_per_node;
-    c.where["cluster.devices_per_node"] = "--devices-per-node";
-  }
-  if (config.parallel.automatic && (nodes || devices_per_node)) {
-    return Errorf(
-        "{}: parallel: auto chooses the layout for the file's cluster.nodes and "
-        "cluster.devices_per_node, which every rank reads; set them there instead of --nodes / "
-        "--devices-per-node",
-        path);
-  }
-  if (yaml != nullptr) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    *yaml = text.str();
-  }
-  return config;
-}
 
 Result<JobPlan> MakePlan(const TrainConfig& config) {
   const ClusterConfig& c = config.cluster;
@@ -68,12 +32,18 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
         "groups stay inside a node), found {}",
         c.Where("cluster.devices_per_node"), p.tp, p.devices_per_node);
   }
-  if (config.model.num_heads % p.tp != 0) {
-    return Errorf("{}: model.num_heads: expected a multiple of parallel.tp = {}, found {}",
-                  c.Where("model.num_heads"), p.tp, config.model.num_heads);
+  const ModelFamily& family = FamilyOf(config.model);
+  const LayoutShape layout{p.tp, p.cp, p.pp, pc.stage_blocks};
+  if (Status s = family.ValidateLayout(config.model, layout); !s.ok()) {
+    // A message about a model field ("model.num_heads: …") points at it in the file.
+    const std::string& m = s.message();
+    const size_t colon = m.find(':');
+    if (m.starts_with("model.") && colon != std::string::npos &&
+        c.where.contains(m.substr(0, colon))) {
+      return Errorf("{}: {}", c.Where(m.substr(0, colon)), m);
+    }
+    return s.WithContext("parallel");
   }
-  DT_RETURN_IF_ERROR(ValidateParallelLayout(config.model, p.tp, p.cp, p.pp, pc.stage_blocks)
-                         .WithContext("parallel"));
   p.cp_inside_node = p.devices_per_node % (p.tp * p.cp) == 0;
   if (Status s = config.Validate(p.dp); !s.ok()) {
     return s.WithContext(fmt::format("with data-parallel size {} (world {} / tp·cp·pp {})", p.dp,
@@ -88,15 +58,14 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
   }
   // fp32 parameters, gradients and EMA split over tp·pp; the two AdamW moments also over
   // dp with ZeRO-1. Activations: one micro-batch on the first pipeline stage.
-  p.parameters = ParameterCount(config.model);
-  const double trainable = static_cast<double>(TrainableParameterCount(config.model));
+  const ModelCost cost = family.Cost(config.model);
+  p.parameters = cost.parameters;
+  const double trainable = static_cast<double>(cost.trainable);
   const double moments = 2 * trainable / (config.parallel.zero1 ? p.dp : 1);
   p.state_bytes_per_rank = static_cast<int64_t>(
       4 * ((3 * trainable + (p.parameters - trainable) + moments) / (p.tp * p.pp)));
-  DT_ASSIGN_OR_RETURN(const DiTShard first,
-                      DiTShard::Create(config.model, p.tp, 0, p.cp, 0, p.pp, 0, pc.stage_blocks));
-  p.activation_bytes_per_rank = static_cast<int64_t>(
-      DiT::ActivationBytes(config.model, first, config.micro_batch, 1, config.recompute));
+  p.activation_bytes_per_rank = static_cast<int64_t>(family.ActivationBytes(
+      config.model, layout, /*stage=*/0, config.micro_batch, 1, config.recompute));
   return p;
 }
 
@@ -131,7 +100,7 @@ std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
   }
   out += fmt::format("batch: global {} = micro {} x data-parallel {} x accumulation {}\n",
                      config.global_batch, config.micro_batch, p.dp, p.accumulation);
-  out += fmt::format("model: {} ({} parameters), {} steps\n", config.model.name, p.parameters,
+  out += fmt::format("model: {} ({} parameters), {} steps\n", config.model.name(), p.parameters,
                      config.steps);
   out += fmt::format(
       "memory per rank (estimate): state {:.1f} MiB (parameters, gradients, EMA, AdamW{}) + "

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/topology.h"
-#include "model/train/train_config.h"
+#include "job/job_spec.h"
 
 namespace difftrain::controller {
 
@@ -32,11 +32,6 @@ struct JobPlan {
 
   nlohmann::json ToJson(const Topology& topology) const;
 };
-
-// Reads the job file at `path` and applies the launcher's --nodes / --devices-per-node
-// (which know the allocation better than the file). `yaml` receives the file's text.
-Result<TrainConfig> LoadJob(const std::string& path, std::optional<int> nodes,
-                            std::optional<int> devices_per_node, std::string* yaml = nullptr);
 
 // Checks the layout of `config` (its cluster section, with any command-line overrides
 // already applied) and makes the plan. Errors name the field and its place in the file.

@@ -1,42 +1,11 @@
-#include "model/train/train_config.h"
+#include "job/job_spec.h"
+
+#include <fstream>
+#include <sstream>
 
 #include "common/yaml_fields.h"
-#include "model/train/planner.h"
 
 namespace difftrain {
-namespace {
-
-// The model section: a named config (`name: DiT-S/4`) with optional overrides, or
-// `name: custom` with every shape field given.
-Status ReadModel(YamlFields fields, DiTConfig& model) {
-  std::string name = "DiT-S/2";
-  int input_size = 32;
-  fields.String("name", name).Int("input_size", input_size);
-  if (name != "custom") {
-    Result<DiTConfig> named = DiTConfigByName(name, input_size);
-    if (!named.ok()) return fields.ErrorAt("name", named.status().message());
-    model = *named;
-  } else {
-    for (const char* required : {"patch_size", "hidden_size", "depth", "num_heads"}) {
-      if (!fields.Has(required)) return fields.ErrorAt(required, "required when name is custom");
-    }
-    model.name = "custom";
-    model.input_size = input_size;
-  }
-  fields.Int("patch_size", model.patch_size)
-      .Int("in_channels", model.in_channels)
-      .Int("hidden_size", model.hidden_size)
-      .Int("depth", model.depth)
-      .Int("num_heads", model.num_heads)
-      .Double("mlp_ratio", model.mlp_ratio)
-      .Int("num_classes", model.num_classes)
-      .Double("class_dropout_prob", model.class_dropout_prob)
-      .Bool("learn_sigma", model.learn_sigma);
-  DT_RETURN_IF_ERROR(fields.Finish());
-  return model.Validate();
-}
-
-}  // namespace
 
 Result<int> TrainConfig::DataParallelSize(int world) const {
   const int model_parallel = parallel.tp * parallel.cp * parallel.pp;
@@ -50,7 +19,7 @@ Result<int> TrainConfig::DataParallelSize(int world) const {
 }
 
 Status TrainConfig::Validate(int dp) const {
-  DT_RETURN_IF_ERROR(model.Validate());
+  DT_RETURN_IF_ERROR(ModelSpecFromJson(model.family, model.config).status());
   DT_RETURN_IF_ERROR(diffusion.Validate());
   DT_RETURN_IF_ERROR(optimizer.Validate());
   if (data.kind != "synthetic" && data.kind != "fashion_mnist" && data.kind != "latent_folder") {
@@ -62,7 +31,7 @@ Status TrainConfig::Validate(int dp) const {
   if (data.kind == "latent_folder" && data.path.empty()) {
     return Status::Error("data.path: required for data.kind latent_folder");
   }
-  if (learn_sigma_loss && !model.learn_sigma) {
+  if (learn_sigma_loss && !FamilyOf(model).Samples(model).learn_sigma()) {
     return Status::Error(
         "diffusion.learn_sigma_loss needs model.learn_sigma: true (the variance channels)");
   }
@@ -112,7 +81,8 @@ Status TrainConfig::Validate(int dp) const {
 }
 
 nlohmann::json TrainConfig::ToJson() const {
-  return {{"model", model.ToJson()},
+  return {{"family", model.family},
+          {"model", model.config},
           {"data",
            {{"kind", data.kind},
             {"path", data.path},
@@ -149,7 +119,7 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   DT_ASSIGN_OR_RETURN(YAML::Node root, YamlFields::LoadFile(path));
   YamlFields top(path, root, "");
   TrainConfig c;
-  DT_RETURN_IF_ERROR(ReadModel(top.Section("model"), c.model));
+  DT_ASSIGN_OR_RETURN(c.model, ModelSpecFromYaml(top.Section("model")));
 
   YamlFields data = top.Section("data");
   data.String("kind", c.data.kind)
@@ -160,7 +130,8 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   DT_RETURN_IF_ERROR(data.Finish());
 
   YamlFields diffusion = top.Section("diffusion");
-  c.learn_sigma_loss = c.model.learn_sigma;  // DiT trains the variance whenever it has one
+  // DiT trains the variance whenever it has one.
+  c.learn_sigma_loss = FamilyOf(c.model).Samples(c.model).learn_sigma();
   diffusion.Bool("learn_sigma_loss", c.learn_sigma_loss)
       .Int("steps", c.diffusion.steps)
       .String("schedule", c.diffusion.schedule)
@@ -204,6 +175,7 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   c.parallel.automatic =
       top.Has("parallel") && root["parallel"].IsScalar() && root["parallel"].Scalar() == "auto";
   if (c.parallel.automatic) {
+    c.cluster.where["parallel"] = top.Location("parallel");
     parallel = YamlFields(path, YAML::Node(), "parallel");
   } else if (top.Has("parallel") && root["parallel"].IsScalar()) {
     return top.ErrorAt("parallel", fmt::format("expected a mapping of fields or 'auto', found '{}'",
@@ -234,27 +206,95 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   c.cluster.Locate(train, "train", {"device"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
-  if (c.parallel.automatic) {
-    const std::optional<int> micro =
-        batch.Has("micro") ? std::optional<int>(c.micro_batch) : std::nullopt;
-    Result<PlannedLayout> chosen =
-        ChooseLayout(c.model, c.global_batch, micro, c.cluster.nodes, c.cluster.devices_per_node);
-    if (!chosen.ok()) {
-      return Errorf("{}: parallel: auto: {}", top.Location("parallel"), chosen.status().message());
-    }
-    const Layout& l = chosen->layout;
-    c.parallel.tp = l.tp;
-    c.parallel.cp = l.cp;
-    c.parallel.pp = l.pp;
-    c.parallel.dp = l.dp;
-    c.parallel.zero1 = l.zero1;
-    c.recompute = l.recompute;
-    c.micro_batch = l.micro_batch;
-  }
+  c.micro_batch_given = batch.Has("micro");
+  // A `parallel: auto` job is checked once its layout is chosen (ResolveJob).
+  if (c.parallel.automatic) return c;
   Status valid = c.Validate();
   // Errors located in the file already name it.
   if (!valid.ok()) return valid.message().starts_with(path) ? valid : valid.WithContext(path);
   return c;
+}
+
+Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& overrides,
+                            std::string* yaml) {
+  DT_ASSIGN_OR_RETURN(TrainConfig config, TrainConfig::FromYamlFile(path));
+  ClusterConfig& c = config.cluster;
+  if (overrides.nodes) {
+    if (*overrides.nodes < 1) return Errorf("--nodes: expected >= 1, found {}", *overrides.nodes);
+    c.nodes = *overrides.nodes;
+    c.where["cluster.nodes"] = "--nodes";
+  }
+  if (overrides.devices_per_node) {
+    if (*overrides.devices_per_node < 1) {
+      return Errorf("--devices-per-node: expected >= 1, found {}", *overrides.devices_per_node);
+    }
+    c.devices_per_node = *overrides.devices_per_node;
+    c.where["cluster.devices_per_node"] = "--devices-per-node";
+  }
+  DT_RETURN_IF_ERROR(ResolveJob(config));
+  if (yaml != nullptr) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    *yaml = text.str();
+  }
+  return config;
+}
+
+Status ResolveJob(TrainConfig& c, const PlanDevice& device) {
+  if (!c.parallel.automatic) return Status::Ok();
+  const std::optional<int> micro =
+      c.micro_batch_given ? std::optional<int>(c.micro_batch) : std::nullopt;
+  Result<PlannedLayout> chosen = ChooseLayout(c.model, c.global_batch, micro, c.cluster.nodes,
+                                              c.cluster.devices_per_node, device);
+  if (!chosen.ok()) {
+    return Errorf("{}: parallel: auto for {} node(s) x {} device(s) ({}): {}",
+                  c.cluster.Where("parallel"), c.cluster.nodes, c.cluster.devices_per_node,
+                  DescribePlanDevice(device), chosen.status().message());
+  }
+  const Layout& l = chosen->layout;
+  c.parallel.tp = l.tp;
+  c.parallel.cp = l.cp;
+  c.parallel.pp = l.pp;
+  c.parallel.dp = l.dp;
+  c.parallel.zero1 = l.zero1;
+  c.recompute = l.recompute;
+  c.micro_batch = l.micro_batch;
+  return c.Validate(l.dp);
+}
+
+Result<std::string> ResolvedJobYaml(const std::string& original_yaml, const TrainConfig& c) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(original_yaml);
+  } catch (const YAML::Exception& e) {
+    return Errorf("the job file is not YAML: {}", e.what());
+  }
+  if (!root.IsMap()) return Status::Error("the job file is not a mapping of sections");
+  // Each section is rebuilt as a mapping with the resolved values over the user's own.
+  auto section = [&root](const char* name) {
+    if (!root[name] || !root[name].IsMap()) root[name] = YAML::Node(YAML::NodeType::Map);
+    return root[name];
+  };
+  YAML::Node cluster = section("cluster");
+  cluster["nodes"] = c.cluster.nodes;
+  cluster["devices_per_node"] = c.cluster.devices_per_node;
+  YAML::Node parallel = section("parallel");
+  parallel["tp"] = c.parallel.tp;
+  parallel["cp"] = c.parallel.cp;
+  parallel["pp"] = c.parallel.pp;
+  parallel["dp"] = c.parallel.dp;
+  parallel["zero1"] = c.parallel.zero1;
+  section("batch")["micro"] = c.micro_batch;
+  section("train")["recompute"] = c.recompute;
+  YAML::Emitter out;
+  out << root;
+  if (!out.good()) return Errorf("writing the resolved job: {}", out.GetLastError());
+  std::string text = c.parallel.automatic
+                         ? fmt::format("# parallel: auto, resolved by the controller: {}\n",
+                                       "tp, cp, pp, dp, zero1, batch.micro and train.recompute")
+                         : std::string();
+  return text + out.c_str() + "\n";
 }
 
 }  // namespace difftrain

@@ -1,9 +1,15 @@
-// What one training run needs: model, data, diffusion, optimizer, batch arithmetic, run
-// length and checkpointing. Read from the YAML job file (docs/job-spec.md); every error
-// names the field, the expected and the found value, with line and column.
+// The job: what one training run needs (model, data, diffusion, optimizer, batch arithmetic,
+// run length, checkpointing) and where it runs (the cluster sections). Read from the YAML job
+// file (docs/job-spec.md); every error names the field, the expected and the found value,
+// with line and column.
+//
+// A job is parsed and resolved once, where it is launched: `parallel: auto` is turned into a
+// layout for the cluster (ResolveJob), and the ranks receive the resolved job as a job file
+// of their own (ResolvedJobYaml), whose layout is explicit, so no rank chooses one.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,8 +18,9 @@
 #include "common/cluster_config.h"
 #include "common/status.h"
 #include "model/diffusion/gaussian_diffusion.h"
-#include "model/dit/config.h"
+#include "model/family/family.h"
 #include "model/optim/adamw.h"
+#include "model/train/planner.h"
 
 namespace difftrain {
 
@@ -43,12 +50,12 @@ struct ParallelConfig {
   double bucket_mb = 4;           // gradient bucket size in MiB
   double timeout_seconds = 120;   // a collective or rendezvous that takes longer fails
   // `parallel: auto`: tp, cp, pp, dp, zero1 (and train.recompute, and batch.micro when the
-  // file leaves it out) were chosen by the planner (model/train/planner.h).
+  // file leaves it out) are chosen by the planner (model/train/planner.h) in ResolveJob.
   bool automatic = false;
 };
 
 struct TrainConfig {
-  DiTConfig model;
+  ModelSpec model;  // the model section, through its family (model/family/family.h)
   DataConfig data;
   DiffusionConfig diffusion;
   // DiT's objective for learn_sigma models: ε-MSE plus the variational bound that trains
@@ -56,13 +63,14 @@ struct TrainConfig {
   bool learn_sigma_loss = false;
   OptimizerConfig optimizer;
   int micro_batch = 8;
-  int global_batch = 8;  // = micro_batch × data-parallel size × accumulation steps
+  int global_batch = 8;           // = micro_batch × data-parallel size × accumulation steps
+  bool micro_batch_given = true;  // batch.micro was in the file (`parallel: auto` keeps it)
   int64_t steps = 100;
   uint64_t seed = 0;
   int log_every = 10;
   std::string metrics_file;  // JSON lines of per-step metrics; "{rank}" becomes the rank
   bool recompute = false;    // keep only each block's input; recompute the rest in backward
-  // cpu: the model core on the CPU. cuda: the bf16 GPU step (model/cuda/dit.h) on this rank's
+  // cpu: the model core on the CPU. cuda: the bf16 GPU step (model/dit/cuda/dit.h) on this rank's
   // GPU, gradients averaged over NCCL; data-parallel layouts only (docs/cuda.md).
   std::string device = "cpu";
   ParallelConfig parallel;
@@ -78,7 +86,29 @@ struct TrainConfig {
   Status Validate(int dp = 1) const;
   nlohmann::json ToJson() const;
 
+  // Reads and checks a job file. A `parallel: auto` job comes back unresolved (automatic set,
+  // the layout not chosen): see ResolveJob.
   static Result<TrainConfig> FromYamlFile(const std::string& path);
 };
+
+// The launcher's view of the cluster, which knows the allocation better than the file:
+// `difftrain validate/controller/run --nodes N --devices-per-node D`.
+struct ClusterOverrides {
+  std::optional<int> nodes, devices_per_node;
+};
+
+// Reads the job file at `path`, applies the launcher's overrides and resolves `parallel: auto`
+// for that cluster; `yaml` receives the file's text. What `validate` prints and what the
+// controller ships are both made from this.
+Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& overrides = {},
+                            std::string* yaml = nullptr);
+
+// `parallel: auto`: the planner's layout for config.cluster of `device` (every other job
+// passes unchanged). Errors name the place of `parallel` in the file.
+Status ResolveJob(TrainConfig& config, const PlanDevice& device = LocalPlanDevice());
+
+// The job file a rank receives: `original_yaml` with the resolved cluster size, layout,
+// micro-batch and recomputation written in, every other field as the user wrote it.
+Result<std::string> ResolvedJobYaml(const std::string& original_yaml, const TrainConfig& config);
 
 }  // namespace difftrain

@@ -71,14 +71,10 @@ Result<Layout> ParseLayout(const std::string& text) {
   return l;
 }
 
-// The model section of a job file: every shape field, so named and custom models alike.
-std::string ModelYaml(const DiTConfig& c) {
-  return fmt::format(
-      "model: {{name: \"{}\", input_size: {}, patch_size: {}, in_channels: {}, hidden_size: {}, "
-      "depth: {}, num_heads: {}, mlp_ratio: {}, num_classes: {}, class_dropout_prob: {}, "
-      "learn_sigma: {}}}\n",
-      c.name, c.input_size, c.patch_size, c.in_channels, c.hidden_size, c.depth, c.num_heads,
-      c.mlp_ratio, c.num_classes, c.class_dropout_prob, c.learn_sigma);
+// The model section of a job file: the family's config, every field explicit (JSON is YAML),
+// so named and custom models alike.
+std::string ModelYaml(const ModelSpec& model) {
+  return "model: " + model.config.dump() + "\n";
 }
 
 // One configuration of the sweep: its directory, job file and the command that runs it.
@@ -89,7 +85,7 @@ struct Run {
   std::vector<std::string> argv;
 };
 
-Run MakeRun(const BenchOptions& o, const DiTConfig& model, const Layout& layout, int index) {
+Run MakeRun(const BenchOptions& o, const ModelSpec& model, const Layout& layout, int index) {
   Run r;
   r.layout = layout;
   const int world = layout.tp * layout.cp * layout.pp * layout.dp;
@@ -97,7 +93,8 @@ Run MakeRun(const BenchOptions& o, const DiTConfig& model, const Layout& layout,
   const fs::path job = r.dir / "job.yaml";
   BenchConfig& c = r.config;
   c.device = o.device;
-  c.model = fmt::format("{} {}x{}", model.name, model.input_size, model.input_size);
+  const SampleSchema x = FamilyOf(model).Samples(model);
+  c.model = fmt::format("{} {}x{}", model.name(), x.height, x.width);
   c.precision = "fp32";
   c.data = o.data;
   c.layout = fmt::format("tp {} cp {} pp {} dp {}{}{}", layout.tp, layout.cp, layout.pp, layout.dp,
@@ -106,7 +103,7 @@ Run MakeRun(const BenchOptions& o, const DiTConfig& model, const Layout& layout,
   c.nodes = 1;
   c.micro_batch = layout.micro_batch;
   c.global_batch = layout.micro_batch * layout.dp;
-  c.flops_per_sample = TrainingFlopsPerSample(model);
+  c.flops_per_sample = FamilyOf(model).Cost(model).training_flops_per_sample();
   r.argv = world == 1
                ? std::vector<std::string>{SelfBinary(), "train",       "--config",
                                           job.string(), "--log-level", "warn"}
@@ -120,7 +117,7 @@ Run MakeRun(const BenchOptions& o, const DiTConfig& model, const Layout& layout,
   return r;
 }
 
-Status WriteJob(const BenchOptions& o, const DiTConfig& model, const Run& r) {
+Status WriteJob(const BenchOptions& o, const ModelSpec& model, const Run& r) {
   std::error_code error;
   fs::remove_all(r.dir, error);
   fs::create_directories(r.dir, error);
@@ -296,7 +293,7 @@ int RunBench(const BenchOptions& o) {
                                                "has not run on a GPU yet)",
                                                o.device));
   }
-  Result<DiTConfig> model = o.model.Build();
+  Result<ModelSpec> model = o.model.Build();
   if (!model.ok()) return ReportBadInput("bench", model.status().message());
   if (o.warmup < 0 || o.steps < 1) {
     return ReportBadInput("bench", fmt::format("--warmup must be >= 0 and --steps >= 1, found {} "

@@ -7,14 +7,9 @@
 
 #include <CLI/CLI.hpp>
 
-namespace difftrain::launch {
+#include "common/exit_codes.h"
 
-// Exit codes of every subcommand (docs/cli.md).
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitJobFailed = 1;
-inline constexpr int kExitBadInput = 2;
-// EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 after writing a checkpoint; a rerun resumes.
-inline constexpr int kExitCheckpointed = 75;
+namespace difftrain::launch {
 
 // Declares the subcommand's options on `app` and returns the function that runs it after
 // the command line has been parsed; that function returns the process exit code.
@@ -27,9 +22,6 @@ struct CommandSpec {
 };
 
 bool RegisterCommand(CommandSpec spec);
-
-// Prints "difftrain <command>: <message>" on stderr and returns kExitBadInput.
-int ReportBadInput(const std::string& command, const std::string& message);
 
 }  // namespace difftrain::launch
 

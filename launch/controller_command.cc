@@ -22,7 +22,7 @@ int RunController(const ControllerFlags& f) {
     return ReportBadInput("controller", s.message());
   }
   controller::ControllerOptions o;
-  Result<TrainConfig> config = controller::LoadJob(f.job, f.nodes, f.devices_per_node, &o.job_yaml);
+  Result<TrainConfig> config = LoadJob(f.job, {f.nodes, f.devices_per_node}, &o.job_yaml);
   if (!config.ok()) return ReportBadInput("controller", config.status().message());
   o.config = std::move(*config);
   if (f.metrics_port) o.config.cluster.metrics_port = *f.metrics_port;
@@ -36,7 +36,7 @@ int RunController(const ControllerFlags& f) {
                           "no keys: pass --keys DIR, set DIFFTRAIN_KEYS or security.keys "
                           "(`difftrain keys --out DIR` makes them)");
   }
-  Result<controller::CurveKeys> keys = controller::ReadKeys(keys_dir);
+  Result<CurveKeys> keys = ReadKeys(keys_dir);
   if (!keys.ok()) return ReportBadInput("controller", keys.status().message());
   o.keys = *keys;
   o.bind = f.bind;

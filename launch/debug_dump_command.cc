@@ -18,8 +18,14 @@ struct DebugDumpOptions {
   std::string out;
 };
 
+// [B, C, H, W] for images, [B, F, C, H, W] for videos.
+std::vector<int64_t> BatchShape(int64_t B, const SampleSchema& x, int channels) {
+  if (x.frames == 1) return {B, channels, x.height, x.width};
+  return {B, x.frames, channels, x.height, x.width};
+}
+
 int RunDebugDump(const DebugDumpOptions& o) {
-  Result<DiTConfig> model = o.model.Build();
+  Result<ModelSpec> model = o.model.Build();
   if (!model.ok()) return ReportBadInput("debug-dump", model.status().message());
   if (o.batch < 1) return ReportBadInput("debug-dump", "--batch must be positive");
 
@@ -27,8 +33,9 @@ int RunDebugDump(const DebugDumpOptions& o) {
   config.model = *model;
   config.seed = o.seed;
   config.micro_batch = config.global_batch = o.batch;
-  Trainer trainer(config, std::make_unique<SyntheticDataset>(
-                              o.seed, model->in_channels, model->input_size, model->num_classes));
+  const SampleSchema x = FamilyOf(*model).Samples(*model);
+  Trainer trainer(config,
+                  std::make_unique<SyntheticDataset>(o.seed, x.channels, x.height, x.num_classes));
   if (o.random_weights) trainer.model().InitializeRandom(o.seed);
 
   MicroBatch batch;
@@ -37,28 +44,29 @@ int RunDebugDump(const DebugDumpOptions& o) {
   std::memset(trainer.model().grads(), 0, trainer.model().num_params() * sizeof(float));
   const float loss = static_cast<float>(trainer.ForwardBackward(batch, 1.0f));
 
-  const DiTConfig& m = *model;
-  const int64_t B = o.batch, S = m.input_size;
+  const int64_t B = o.batch;
   io::SafetensorsWriter file;
-  const DiT& dit = trainer.model();
-  for (const TensorSpec& t : dit.parameter_table().tensors()) {
-    file.AddF32(t.name, t.shape, dit.params() + t.offset);
+  const Model& m = trainer.model();
+  for (const TensorSpec& t : m.parameter_table().tensors()) {
+    file.AddF32(t.name, t.shape, m.params() + t.offset);
   }
-  file.AddF32("pos_embed", {1, m.tokens(), m.hidden_size}, dit.pos_embed());
-  file.AddF32("input.x0", {B, m.in_channels, S, S}, batch.x0.data());
-  file.AddF32("input.noise", {B, m.in_channels, S, S}, batch.noise.data());
+  for (const FixedTensor& f : m.fixed_tensors())
+    file.AddF32(f.name, f.shape, f.data);
+  file.AddF32("input.x0", BatchShape(B, x, x.channels), batch.x0.data());
+  file.AddF32("input.noise", BatchShape(B, x, x.channels), batch.noise.data());
   file.Add("input.t", io::DType::kI64, {B}, batch.t.data());
   std::vector<int64_t> labels(batch.y.begin(), batch.y.end());
   file.Add("input.y", io::DType::kI64, {B}, labels.data());
-  file.AddF32("input.x_t", {B, m.in_channels, S, S}, batch.x_t.data());
-  file.AddF32("output", {B, m.out_channels(), S, S}, trainer.last_output());
+  file.AddF32("input.x_t", BatchShape(B, x, x.channels), batch.x_t.data());
+  file.AddF32("output", BatchShape(B, x, x.out_channels), trainer.last_output());
   file.AddF32("loss", {1}, &loss);
-  for (const TensorSpec& t : dit.parameter_table().tensors()) {
+  for (const TensorSpec& t : m.parameter_table().tensors()) {
     file.AddF32("grad." + t.name, t.shape, trainer.model().grads() + t.offset);
   }
   file.SetMetadata("format", "difftrain-debug-dump");
   file.SetMetadata("version", "1");
-  file.SetMetadata("config", m.ToJson().dump());
+  file.SetMetadata("family", model->family);
+  file.SetMetadata("config", model->config.dump());
   file.SetMetadata("diffusion", config.diffusion.ToJson().dump());
   file.SetMetadata("seed", std::to_string(o.seed));
   Status written = file.WriteAtomic(o.out);
@@ -66,7 +74,7 @@ int RunDebugDump(const DebugDumpOptions& o) {
     std::fprintf(stderr, "difftrain debug-dump: %s\n", written.message().c_str());
     return kExitJobFailed;
   }
-  spdlog::info("wrote {} (loss {:.6f}, {} parameters)", o.out, loss, dit.num_params());
+  spdlog::info("wrote {} (loss {:.6f}, {} parameters)", o.out, loss, m.num_params());
   return kExitOk;
 }
 

@@ -1,13 +1,11 @@
-// `difftrain info`: parameters, FLOPs and memory of a model, and with --tp/--cp/--pp/--dp
-// the bytes per rank of each pipeline stage; with --all the whole DiT-S/B/L/XL × 2/4/8
-// table; with --devices the GPUs this build can see.
+// `difftrain info`: parameters, FLOPs and memory of a model of any family, and with
+// --tp/--cp/--pp/--dp the bytes per rank of each pipeline stage; with --all every named
+// config of the model's family; with --devices the GPUs this build can see.
 #include <cstdio>
 
 #include "launch/command.h"
 #include "launch/model_options.h"
 #include "model/device.h"
-#include "model/dit/dit.h"
-#include "model/dit/shard.h"
 #include "model/train/trainer.h"
 
 namespace difftrain::launch {
@@ -30,16 +28,19 @@ struct InfoOptions {
 constexpr int kStateArenas = 5;
 
 // Bytes per rank of each pipeline stage (every tp and cp rank of a stage holds the same).
-nlohmann::json DescribeRanks(const DiTConfig& c, const InfoOptions& o) {
+Result<nlohmann::json> DescribeRanks(const ModelSpec& spec, const InfoOptions& o) {
+  const ModelFamily& family = FamilyOf(spec);
+  const LayoutShape layout{o.tp, o.cp, o.pp, {}};
   nlohmann::json stages = nlohmann::json::array();
   const int micro_batches = o.micro_batches > 0 ? o.micro_batches : o.pp;
   for (int stage = 0; stage < o.pp; ++stage) {
-    const DiTShard shard = *DiTShard::Create(c, o.tp, 0, o.cp, 0, o.pp, stage);
-    const MemoryBytes m =
-        PlanMemory(c, shard, o.micro_batch, micro_batches, o.zero1, o.dp * o.cp,
-                   static_cast<size_t>(o.bucket_mb * (1 << 20) / sizeof(float)), o.recompute);
+    DT_ASSIGN_OR_RETURN(const ModelPartition part, family.Partition(spec, layout, 0, 0, stage));
+    DT_ASSIGN_OR_RETURN(
+        const MemoryBytes m,
+        PlanMemory(spec, layout, stage, o.micro_batch, micro_batches, o.zero1, o.dp * o.cp,
+                   static_cast<size_t>(o.bucket_mb * (1 << 20) / sizeof(float)), o.recompute));
     stages.push_back({{"stage", stage},
-                      {"blocks", {shard.first_block, shard.end_block}},
+                      {"blocks", {part.first_block, part.end_block}},
                       {"parameters", m.parameters},
                       {"gradients", m.gradients},
                       {"optimizer", m.optimizer},
@@ -47,34 +48,39 @@ nlohmann::json DescribeRanks(const DiTConfig& c, const InfoOptions& o) {
                       {"activations", m.activations},
                       {"total", m.parameters + m.gradients + m.optimizer + m.ema + m.activations}});
   }
-  return {{"tp", o.tp},
-          {"cp", o.cp},
-          {"dp", o.dp},
-          {"pp", o.pp},
-          {"micro_batch", o.micro_batch},
-          {"micro_batches", micro_batches},
-          {"zero1", o.zero1},
-          {"recompute", o.recompute},
-          {"stages", stages}};
+  return nlohmann::json{{"tp", o.tp},
+                        {"cp", o.cp},
+                        {"dp", o.dp},
+                        {"pp", o.pp},
+                        {"micro_batch", o.micro_batch},
+                        {"micro_batches", micro_batches},
+                        {"zero1", o.zero1},
+                        {"recompute", o.recompute},
+                        {"stages", stages}};
 }
 
-nlohmann::json Describe(const DiTConfig& c, const InfoOptions& o) {
-  const int micro_batch = o.micro_batch;
-  const double params = static_cast<double>(ParameterCount(c));
-  const double trainable = static_cast<double>(TrainableParameterCount(c));
-  return {{"model", c.name},
-          {"input_size", c.input_size},
-          {"tokens", c.tokens()},
-          {"parameters", ParameterCount(c)},
-          {"trainable_parameters", TrainableParameterCount(c)},
-          {"forward_gmacs_per_sample", ForwardMacsPerSample(c) / 1e9},
-          {"training_gflops_per_sample", TrainingFlopsPerSample(c) / 1e9},
-          {"state_bytes",
-           static_cast<int64_t>(trainable * kStateArenas * 4 + (params - trainable) * 4)},
-          {"activation_bytes",
-           DiT::ActivationBytes(c, DiTShard::Whole(c), micro_batch, 1, o.recompute)},
-          {"micro_batch", micro_batch},
-          {"per_rank", DescribeRanks(c, o)}};
+Result<nlohmann::json> Describe(const ModelSpec& spec, const InfoOptions& o) {
+  const ModelFamily& family = FamilyOf(spec);
+  const ModelCost cost = family.Cost(spec);
+  const SampleSchema x = family.Samples(spec);
+  const double params = static_cast<double>(cost.parameters);
+  const double trainable = static_cast<double>(cost.trainable);
+  DT_ASSIGN_OR_RETURN(nlohmann::json per_rank, DescribeRanks(spec, o));
+  return nlohmann::json{{"model", spec.name()},
+                        {"family", spec.family},
+                        {"config", spec.config},
+                        {"sample", {x.frames, x.channels, x.height, x.width}},
+                        {"parameters", cost.parameters},
+                        {"trainable_parameters", cost.trainable},
+                        {"fixed_parameters", cost.parameters - cost.trainable},
+                        {"forward_gmacs_per_sample", cost.forward_macs_per_sample / 1e9},
+                        {"training_gflops_per_sample", cost.training_flops_per_sample() / 1e9},
+                        {"state_bytes", static_cast<int64_t>(trainable * kStateArenas * 4 +
+                                                             (params - trainable) * 4)},
+                        {"activation_bytes", family.ActivationBytes(spec, {}, /*stage=*/0,
+                                                                    o.micro_batch, 1, o.recompute)},
+                        {"micro_batch", o.micro_batch},
+                        {"per_rank", per_rank}};
 }
 
 // 675129632 → "675,129,632"
@@ -88,12 +94,17 @@ std::string WithThousands(int64_t n) {
 }
 
 void PrintHuman(const nlohmann::json& d) {
+  const nlohmann::json& x = d["sample"];
+  const std::string sample =
+      (x[0] == 1 ? "" : std::to_string(x[0].get<int>()) + "x") + std::to_string(x[1].get<int>()) +
+      "x" + std::to_string(x[2].get<int>()) + "x" + std::to_string(x[3].get<int>());
   std::printf(
-      "%-10s latents %2dx%-2d tokens %5d  params %13s (trainable %s)  forward %8.2f GMACs"
+      "%-10s sample %-10s params %13s (trainable %s, fixed %s)  forward %8.2f GMACs"
       "  train %8.1f GFLOP/sample  state %.2f GiB  activations %.2f GiB (micro-batch %d%s)\n",
-      d["model"].get<std::string>().c_str(), d["input_size"].get<int>(), d["input_size"].get<int>(),
-      d["tokens"].get<int>(), WithThousands(d["parameters"].get<int64_t>()).c_str(),
+      d["model"].get<std::string>().c_str(), sample.c_str(),
+      WithThousands(d["parameters"].get<int64_t>()).c_str(),
       WithThousands(d["trainable_parameters"].get<int64_t>()).c_str(),
+      WithThousands(d["fixed_parameters"].get<int64_t>()).c_str(),
       d["forward_gmacs_per_sample"].get<double>(), d["training_gflops_per_sample"].get<double>(),
       d["state_bytes"].get<double>() / (1 << 30), d["activation_bytes"].get<double>() / (1 << 30),
       d["micro_batch"].get<int>(), d["per_rank"]["recompute"].get<bool>() ? ", recompute" : "");
@@ -134,27 +145,26 @@ int RunInfo(const InfoOptions& o) {
                     .c_str());
     return kExitOk;
   }
-  std::vector<DiTConfig> configs;
+  Result<std::vector<ModelSpec>> specs = Status::Error("no model");
   if (o.all) {
-    Result<DiTConfig> base = o.model.Build();  // for the input size
-    if (!base.ok()) return ReportBadInput("info", base.status().message());
-    for (const std::string& name : DiTConfigNames())
-      configs.push_back(*DiTConfigByName(name, base->input_size));
+    specs = o.model.BuildAllNamed();
+  } else if (Result<ModelSpec> one = o.model.Build(); one.ok()) {
+    specs = std::vector<ModelSpec>{*one};
   } else {
-    Result<DiTConfig> c = o.model.Build();
-    if (!c.ok()) return ReportBadInput("info", c.status().message());
-    configs.push_back(*c);
+    specs = one.status();
   }
+  if (!specs.ok()) return ReportBadInput("info", specs.status().message());
   nlohmann::json all = nlohmann::json::array();
-  for (const DiTConfig& c : configs) {
-    if (Status s = ValidateParallelLayout(c, o.tp, o.cp, o.pp, {}); !s.ok()) {
+  for (const ModelSpec& spec : *specs) {
+    if (Status s = FamilyOf(spec).ValidateLayout(spec, {o.tp, o.cp, o.pp, {}}); !s.ok()) {
       return ReportBadInput("info", s.message());
     }
-    nlohmann::json d = Describe(c, o);
+    Result<nlohmann::json> d = Describe(spec, o);
+    if (!d.ok()) return ReportBadInput("info", d.status().message());
     if (o.json) {
-      all.push_back(d);
+      all.push_back(*d);
     } else {
-      PrintHuman(d);
+      PrintHuman(*d);
     }
   }
   if (o.json) std::printf("%s\n", (o.all ? all : all[0]).dump(2).c_str());
@@ -180,7 +190,7 @@ DIFFTRAIN_COMMAND(
        app.add_flag("--recompute", o->recompute,
                     "activation recomputation: keep only each block's input");
        app.add_option("--bucket-mb", o->bucket_mb, "gradient bucket MiB")->capture_default_str();
-       app.add_flag("--all", o->all, "every DiT-S/B/L/XL x 2/4/8 config");
+       app.add_flag("--all", o->all, "every named config of the model's family");
        app.add_flag("--devices", o->devices, "list the CUDA devices");
        app.add_flag("--json", o->json, "print JSON");
        return [o] { return RunInfo(*o); };

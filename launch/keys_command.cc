@@ -1,7 +1,7 @@
-// `difftrain keys --out DIR`: the CURVE keys of a job (controller/curve.h).
+// `difftrain keys --out DIR`: the CURVE keys of a job (common/curve.h).
 #include <cstdio>
 
-#include "controller/curve.h"
+#include "common/curve.h"
 #include "launch/command.h"
 
 namespace difftrain::launch {
@@ -13,7 +13,7 @@ DIFFTRAIN_COMMAND(
        auto out = std::make_shared<std::string>();
        app.add_option("--out", *out, "directory (created 0700; files 0600)")->required();
        return [out] {
-         if (Status s = controller::WriteNewKeys(*out); !s.ok()) {
+         if (Status s = WriteNewKeys(*out); !s.ok()) {
            return ReportBadInput("keys", s.message());
          }
          std::printf(

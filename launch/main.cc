@@ -19,15 +19,12 @@ bool RegisterCommand(CommandSpec spec) {
   return true;
 }
 
-int ReportBadInput(const std::string& command, const std::string& message) {
-  std::fprintf(stderr, "difftrain %s: %s\n", command.c_str(), message.c_str());
-  return kExitBadInput;
-}
-
 }  // namespace difftrain::launch
 
 int main(int argc, char** argv) {
   using namespace difftrain::launch;
+  using difftrain::kExitBadInput;
+  using difftrain::kExitOk;
   CLI::App app{"difftrain: train diffusion models on CPUs and GPU clusters"};
   app.require_subcommand(1);
   std::map<CLI::App*, std::function<int()>> runners;

@@ -3,57 +3,79 @@
 namespace difftrain::launch {
 
 void ModelOptions::AddTo(CLI::App& app) {
-  app.add_option("--model", model_, "DiT-S|B|L|XL/2|4|8, or 'custom' with every shape flag")
+  app.add_option("--model", model_,
+                 "a named config (DiT-S|B|L|XL/2|4|8 …), or a family's custom name ('custom' for "
+                 "DiT) with the shape flags")
       ->capture_default_str();
+  app.add_option("--config", config_, "take the model section of this job file (any family)");
   app.add_option("--image-size", image_size_, "image side in pixels (latents are 8x smaller)");
   app.add_option("--input-size", input_size_, "latent side (default 32: 256 px images)");
-  app.add_option("--patch", patch_, "patch size");
-  app.add_option("--in-channels", in_channels_, "input channels (4 for SD-VAE latents)");
-  app.add_option("--hidden", hidden_, "hidden size D");
-  app.add_option("--depth", depth_, "number of DiT blocks");
-  app.add_option("--heads", heads_, "attention heads");
-  app.add_option("--mlp-ratio", mlp_ratio_, "MLP hidden size / D");
-  app.add_option("--num-classes", num_classes_, "class labels");
-  app.add_option("--class-dropout", class_dropout_, "label dropout probability (CFG)");
-  app.add_option("--learn-sigma", learn_sigma_, "predict the variance too (2x output channels)");
+  app.add_option("--patch", patch_, "patch_size");
+  app.add_option("--in-channels", in_channels_, "in_channels (4 for SD-VAE latents)");
+  app.add_option("--hidden", hidden_, "hidden_size D");
+  app.add_option("--depth", depth_, "depth (blocks)");
+  app.add_option("--heads", heads_, "num_heads (attention heads)");
+  app.add_option("--mlp-ratio", mlp_ratio_, "mlp_ratio (MLP hidden size / D)");
+  app.add_option("--num-classes", num_classes_, "num_classes (class labels)");
+  app.add_option("--class-dropout", class_dropout_, "class_dropout_prob (label dropout, CFG)");
+  app.add_option("--learn-sigma", learn_sigma_, "learn_sigma (predict the variance too)");
 }
 
-Result<DiTConfig> ModelOptions::Build() const {
+Result<ModelRequest> ModelOptions::Request() const {
   if (image_size_ && input_size_)
     return Status::Error("give --image-size or --input-size, not both");
-  int input_size = input_size_.value_or(32);
+  ModelRequest r;
+  r.name = model_;
+  r.input_size = input_size_;
   if (image_size_) {
     if (*image_size_ <= 0 || *image_size_ % kVaeDownsample != 0) {
       return Errorf("--image-size must be a positive multiple of {}, got {}", kVaeDownsample,
                     *image_size_);
     }
-    input_size = *image_size_ / kVaeDownsample;
+    r.input_size = *image_size_ / kVaeDownsample;
   }
-  DiTConfig c;
-  if (model_ == "custom") {
-    if (!patch_ || !hidden_ || !depth_ || !heads_) {
-      return Status::Error("--model custom needs --patch, --hidden, --depth and --heads");
-    }
-    c.input_size = input_size;
-  } else {
-    Result<DiTConfig> named = DiTConfigByName(model_, input_size);
-    if (!named.ok()) return named.status().WithContext("--model");
-    c = *named;
+  // Each flag overrides the config field it is named after.
+  auto set = [&r](const char* field, const auto& flag) {
+    if (flag) r.overrides[field] = *flag;
+  };
+  set("patch_size", patch_);
+  set("in_channels", in_channels_);
+  set("hidden_size", hidden_);
+  set("depth", depth_);
+  set("num_heads", heads_);
+  set("mlp_ratio", mlp_ratio_);
+  set("num_classes", num_classes_);
+  set("class_dropout_prob", class_dropout_);
+  set("learn_sigma", learn_sigma_);
+  return r;
+}
+
+Result<ModelSpec> ModelOptions::Build() const {
+  if (!config_.empty()) {
+    DT_ASSIGN_OR_RETURN(YAML::Node root, YamlFields::LoadFile(config_));
+    YamlFields top(config_, root, "");
+    if (!top.Has("model")) return Errorf("{}: the job has no model section", config_);
+    return ModelSpecFromYaml(top.Section("model"));
   }
-  const bool overridden = patch_ || in_channels_ || hidden_ || depth_ || heads_ || mlp_ratio_ ||
-                          num_classes_ || class_dropout_ || learn_sigma_;
-  if (overridden) c.name = "custom";
-  c.patch_size = patch_.value_or(c.patch_size);
-  c.in_channels = in_channels_.value_or(c.in_channels);
-  c.hidden_size = hidden_.value_or(c.hidden_size);
-  c.depth = depth_.value_or(c.depth);
-  c.num_heads = heads_.value_or(c.num_heads);
-  c.mlp_ratio = mlp_ratio_.value_or(c.mlp_ratio);
-  c.num_classes = num_classes_.value_or(c.num_classes);
-  c.class_dropout_prob = class_dropout_.value_or(c.class_dropout_prob);
-  c.learn_sigma = learn_sigma_.value_or(c.learn_sigma);
-  DT_RETURN_IF_ERROR(c.Validate());
-  return c;
+  DT_ASSIGN_OR_RETURN(const ModelRequest r, Request());
+  Result<ModelSpec> spec = ModelSpecFromRequest(r);
+  if (!spec.ok()) return spec.status().WithContext("--model");
+  return spec;
+}
+
+Result<std::vector<ModelSpec>> ModelOptions::BuildAllNamed() const {
+  DT_ASSIGN_OR_RETURN(const ModelSpec chosen, Build());
+  const ModelFamily& family = FamilyOf(chosen);
+  DT_ASSIGN_OR_RETURN(const ModelRequest base, Request());
+  std::vector<ModelSpec> all;
+  for (const std::string& name : family.ConfigNames()) {
+    ModelRequest r;
+    r.name = name;
+    r.input_size = base.input_size;
+    DT_ASSIGN_OR_RETURN(ModelSpec spec, family.FromRequest(r));
+    all.push_back(std::move(spec));
+  }
+  return all;
 }
 
 }  // namespace difftrain::launch

@@ -1,6 +1,7 @@
-// The model-choosing flags shared by subcommands (info, debug-dump, bench): a named config
-// (--model DiT-XL/2) at an image or latent size, with any shape field overridable for
-// small test models (--depth 2 --hidden 64 ...).
+// The model-choosing flags shared by subcommands (info, debug-dump, bench, plan): a named
+// config of any family (--model DiT-XL/2) at an image or latent size, config fields
+// overridden by name for small test models (--depth 2 --hidden 64 …), or the model section
+// of a job file (--config JOB.yaml) for a custom shape of any family.
 #pragma once
 
 #include <optional>
@@ -8,19 +9,24 @@
 
 #include <CLI/CLI.hpp>
 
-#include "model/dit/config.h"
+#include "model/family/family.h"
 
 namespace difftrain::launch {
 
 class ModelOptions {
  public:
-  // Adds --model, --image-size, --input-size and the shape overrides to `app`.
+  // Adds --model, --config, --image-size, --input-size and the field overrides to `app`.
   void AddTo(CLI::App& app);
-  // The config the flags describe, validated.
-  Result<DiTConfig> Build() const;
+  // The model the flags describe, checked by its family.
+  Result<ModelSpec> Build() const;
+  // The named configs of the family of the chosen model (`info --all`).
+  Result<std::vector<ModelSpec>> BuildAllNamed() const;
 
  private:
+  Result<ModelRequest> Request() const;
+
   std::string model_ = "DiT-S/2";
+  std::string config_;
   std::optional<int> image_size_, input_size_, patch_, in_channels_, hidden_, depth_, heads_,
       num_classes_;
   std::optional<double> mlp_ratio_, class_dropout_;

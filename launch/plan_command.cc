@@ -1,5 +1,5 @@
 // `difftrain plan`: the parallel layout (tp, cp, pp, dp, micro-batch, recomputation,
-// ZeRO-1) a DiT should train with on a number of nodes of a device, from the planner's
+// ZeRO-1) a model should train with on a number of nodes of a device, from the planner's
 // memory and step-time model (model/train/planner.h); prints the best candidates and what
 // their time and memory are made of (docs/bench.md).
 #include <cmath>
@@ -29,18 +29,24 @@ struct PlanOptions {
 
 constexpr double kGiB = 1 << 30;
 
-// The model of the flags; --tokens sets the latent side to √tokens patches.
-Result<DiTConfig> BuildModel(const PlanOptions& o) {
-  DT_ASSIGN_OR_RETURN(DiTConfig c, o.model.Build());
-  if (!o.tokens) return c;
+// The model of the flags; --tokens sets the latent side to √tokens patches (of a model
+// with a patch_size).
+Result<ModelSpec> BuildModel(const PlanOptions& o) {
+  DT_ASSIGN_OR_RETURN(ModelSpec spec, o.model.Build());
+  if (!o.tokens) return spec;
   const int grid = static_cast<int>(std::lround(std::sqrt(static_cast<double>(*o.tokens))));
   if (*o.tokens < 1 || grid * grid != *o.tokens) {
     return Errorf("--tokens: expected a square number of patches (a grid side squared), got {}",
                   *o.tokens);
   }
-  c.input_size = grid * c.patch_size;
-  DT_RETURN_IF_ERROR(c.Validate().WithContext("--tokens"));
-  return c;
+  if (!spec.config.contains("patch_size") || !spec.config["patch_size"].is_number_integer()) {
+    return Errorf("--tokens: a {} model has no patch_size; give --input-size", spec.family);
+  }
+  nlohmann::json config = spec.config;
+  config["input_size"] = grid * config["patch_size"].get<int>();
+  Result<ModelSpec> resized = FamilyOf(spec).FromJson(config);
+  if (!resized.ok()) return resized.status().WithContext("--tokens");
+  return resized;
 }
 
 Result<PlanRequest> BuildRequest(const PlanOptions& o) {
@@ -124,16 +130,16 @@ std::string Why(const PlannedLayout& p) {
 
 void PrintHuman(const PlanRequest& r, const std::vector<PlannedLayout>& plans, size_t considered,
                 int top) {
-  const DiTConfig& c = r.model;
+  const SampleSchema x = FamilyOf(r.model).Samples(r.model);
   const DeviceSpec& d = r.device;
   std::printf(
-      "%s, %dx%d latents (%d tokens), global batch %d on %d node(s) x %d %s "
+      "%s, %dx%d latents, global batch %d on %d node(s) x %d %s "
       "(%.1f TFLOP/s peak at %.0f%% x R/(R+%.0f) for GEMMs of R rows, %.2f GiB, %.0f%% usable; "
       "%.1f GB/s in a node, %.1f GB/s between nodes)\n",
-      c.name.c_str(), c.input_size, c.input_size, c.tokens(), r.global_batch, r.nodes,
-      r.devices_per_node, d.name.c_str(), d.peak_flops_per_second / 1e12, 100 * d.efficiency,
-      d.half_efficiency_rows, d.memory_bytes / kGiB, 100 * r.usable_memory_fraction,
-      d.intra_node_bytes_per_second / 1e9, d.inter_node_bytes_per_second / 1e9);
+      r.model.name().c_str(), x.height, x.width, r.global_batch, r.nodes, r.devices_per_node,
+      d.name.c_str(), d.peak_flops_per_second / 1e12, 100 * d.efficiency, d.half_efficiency_rows,
+      d.memory_bytes / kGiB, 100 * r.usable_memory_fraction, d.intra_node_bytes_per_second / 1e9,
+      d.inter_node_bytes_per_second / 1e9);
   std::printf("%zu layouts considered, %zu fit; the fastest predicted:\n\n", considered,
               plans.size());
   std::printf(
@@ -169,7 +175,8 @@ int RunPlan(const PlanOptions& o) {
       shown.push_back(ToJson((*plans)[i]));
     const DeviceSpec& d = request->device;
     std::printf("%s\n",
-                nlohmann::json{{"model", request->model.ToJson()},
+                nlohmann::json{{"model", request->model.config},
+                               {"family", request->model.family},
                                {"global_batch", request->global_batch},
                                {"nodes", request->nodes},
                                {"devices_per_node", request->devices_per_node},

@@ -66,5 +66,24 @@ TEST(PlanCommandTest, ParallelAutoChoosesALayoutThatTrains) {
   EXPECT_EQ(ran.exit_code, 0) << ran.output;
 }
 
+// Issue 18's defect: the launchers (sbatch, the Helm chart) always pass the allocation, which
+// `parallel: auto` refused ("set them there instead of --nodes").
+TEST(PlanCommandTest, ParallelAutoPlansForTheLaunchersNodes) {
+  TempDir dir("plan_command_test");
+  const std::string job = dir.path() + "/job.yaml";
+  std::ofstream(job) << "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, "
+                        "depth: 2, num_heads: 4, num_classes: 10}\n"
+                        "batch: {global: 8}\n"
+                        "parallel: auto\n"
+                        "cluster: {nodes: 2, devices_per_node: 1}\n";
+  const CommandResult validated =
+      RunDifftrain("validate --nodes 2 --devices-per-node 2 " + ShellQuote(job));
+  ASSERT_EQ(validated.exit_code, 0) << validated.output;
+  EXPECT_NE(validated.output.find("world 4 = 2 node(s) x 2 device(s)"), std::string::npos)
+      << validated.output;
+  EXPECT_NE(validated.output.find("parallel: auto chose tp "), std::string::npos)
+      << validated.output;
+}
+
 }  // namespace
 }  // namespace difftrain

@@ -23,14 +23,14 @@ struct RunFlags {
 int RunJob(const RunFlags& f) {
   if (Status s = SetupLogging(f.log_level); !s.ok()) return ReportBadInput("run", s.message());
   controller::ControllerOptions o;
-  Result<TrainConfig> config = controller::LoadJob(f.job, std::nullopt, std::nullopt, &o.job_yaml);
+  Result<TrainConfig> config = LoadJob(f.job, {}, &o.job_yaml);
   if (!config.ok()) return ReportBadInput("run", config.status().message());
   o.config = std::move(*config);
   // The job's keys when it names them, else keys of this run only.
   std::string keys_dir = o.config.cluster.keys_dir;
   std::filesystem::path ephemeral;
   if (keys_dir.empty()) {
-    Result<std::string> made = controller::MakeEphemeralKeys();
+    Result<std::string> made = MakeEphemeralKeys();
     if (!made.ok()) return ReportBadInput("run", made.status().message());
     keys_dir = *made;
     ephemeral = keys_dir;
@@ -39,7 +39,7 @@ int RunJob(const RunFlags& f) {
     std::error_code ignored;
     if (!ephemeral.empty()) std::filesystem::remove_all(ephemeral, ignored);
   };
-  Result<controller::CurveKeys> keys = controller::ReadKeys(keys_dir);
+  Result<CurveKeys> keys = ReadKeys(keys_dir);
   if (!keys.ok()) {
     cleanup();
     return ReportBadInput("run", keys.status().message());

@@ -11,13 +11,15 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "common/check.h"
 #include "common/log.h"
 #include "launch/command.h"
 #include "model/diffusion/sampler.h"
-#include "model/dit/dit.h"
+#include "model/family/family.h"
 #include "model/io/checkpoint.h"
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
+#include "model/train/trainer.h"
 
 namespace difftrain::launch {
 namespace {
@@ -54,7 +56,7 @@ struct Checkpoint {
   std::string step_dir;
   int64_t step = 0;
   std::optional<io::SafetensorsFile> shard;
-  DiTConfig model;
+  ModelSpec model;
   DiffusionConfig diffusion;
   std::string data_kind;  // the dataset it was trained on ("" if the shard does not say)
 };
@@ -107,10 +109,7 @@ Result<Checkpoint> LoadCheckpoint(const std::string& path) {
       return Errorf("'{}': metadata '{}' is not a JSON object", c.shard->path(), key);
     return value;
   };
-  DT_ASSIGN_OR_RETURN(nlohmann::json config, json_field("config"));
-  Result<DiTConfig> model = DiTConfig::FromJson(config);
-  if (!model.ok()) return model.status().WithContext(fmt::format("'{}'", c.shard->path()));
-  c.model = *model;
+  DT_ASSIGN_OR_RETURN(c.model, CheckpointModel(*c.shard));
 
   DT_ASSIGN_OR_RETURN(nlohmann::json train, json_field("train"));
   try {
@@ -125,24 +124,18 @@ Result<Checkpoint> LoadCheckpoint(const std::string& path) {
   return c;
 }
 
-// Copies the EMA (`ema.<name>`) or the trained (`<name>`) weights into the model.
-Status LoadWeights(const Checkpoint& c, bool ema, DiT& model) {
-  for (const TensorSpec& t : model.parameter_table().tensors()) {
-    DT_RETURN_IF_ERROR(
-        c.shard->CopyF32((ema ? "ema." : "") + t.name, t.shape, model.params() + t.offset));
-  }
-  return Status::Ok();
-}
-
 Status WriteRaw(const std::string& path, const std::vector<float>& images,
-                const std::vector<int64_t>& labels, const DiTConfig& m, const nlohmann::json& how) {
+                const std::vector<int64_t>& labels, const ModelSpec& model,
+                const nlohmann::json& how) {
+  const SampleSchema m = FamilyOf(model).Samples(model);
   io::SafetensorsWriter file;
   const int64_t N = static_cast<int64_t>(labels.size());
-  file.AddF32("images", {N, m.in_channels, m.input_size, m.input_size}, images.data());
+  file.AddF32("images", {N, m.channels, m.height, m.width}, images.data());
   file.Add("labels", io::DType::kI64, {N}, labels.data());
   file.SetMetadata("format", "difftrain-samples");
   file.SetMetadata("version", "1");
-  file.SetMetadata("config", m.ToJson().dump());
+  file.SetMetadata("family", model.family);
+  file.SetMetadata("config", model.config.dump());
   file.SetMetadata("sampling", how.dump());
   return file.WriteAtomic(path);
 }
@@ -160,18 +153,20 @@ int RunSample(const SampleOptions& o) {
   Result<Checkpoint> loaded = LoadCheckpoint(o.checkpoint);
   if (!loaded.ok()) return bad("--checkpoint: " + loaded.status().message());
   const Checkpoint& ckpt = *loaded;
-  const DiTConfig& m = ckpt.model;
+  const ModelFamily& family = FamilyOf(ckpt.model);
+  const SampleSchema m = family.Samples(ckpt.model);
+  const bool has_null_class = m.num_classes > 0 && m.label_dropout > 0;
   for (int label : o.classes) {
     if (label < 0 || label >= m.num_classes) {
       return bad(
           fmt::format("--classes: class {} is outside the model's [0, {})", label, m.num_classes));
     }
   }
-  if (!o.out.empty() && m.in_channels != 1 && m.in_channels != 3) {
+  if (!o.out.empty() && m.channels != 1 && m.channels != 3) {
     return bad(fmt::format(
         "--out: a PNG needs 1 or 3 channels and this model makes {} (latents: write them with "
         "--raw and decode them first)",
-        m.in_channels));
+        m.channels));
   }
 
   const GaussianDiffusion diffusion(ckpt.diffusion);
@@ -179,7 +174,7 @@ int RunSample(const SampleOptions& o) {
   options.kind = *kind;
   options.steps = o.steps.value_or(std::min(kDefaultSteps, diffusion.steps()));
   options.eta = o.eta.value_or(0.0);
-  options.cfg_scale = o.cfg.value_or(m.has_null_class() ? kDefaultGuidance : 1.0);
+  options.cfg_scale = o.cfg.value_or(has_null_class ? kDefaultGuidance : 1.0);
   if (!o.cfg_interval.empty()) {
     if (o.cfg_interval.size() != 2) {
       return bad(fmt::format("--cfg-interval takes two timesteps FROM,TO, got {} values",
@@ -192,20 +187,26 @@ int RunSample(const SampleOptions& o) {
   // [−1, 1]) are not, as DiT's sample.py does for them.
   options.clip_denoised = o.clip_denoised.value_or(ckpt.data_kind != "latent_folder");
   options.seed = o.seed;
-  DenoiserShape shape{m.in_channels, m.input_size, m.input_size, m.learn_sigma,
-                      m.has_null_class() ? m.num_classes : -1};
+  DenoiserShape shape{m.channels, m.height, m.width, m.learn_sigma(),
+                      has_null_class ? m.num_classes : -1};
   Result<Sampler> sampler = Sampler::Create(diffusion, shape, options);
   if (!sampler.ok()) return bad(sampler.status().message());
 
-  DiT model(m);
-  if (Status s = LoadWeights(ckpt, o.weights == "ema", model); !s.ok()) {
+  Result<std::unique_ptr<Model>> created = family.Create(ckpt.model);
+  if (!created.ok()) return bad("--checkpoint: " + created.status().message());
+  Model& model = **created;
+  if (Status s = ReadModelArena(*ckpt.shard, model.global_parameter_table(), o.weights == "ema",
+                                model.params());
+      !s.ok()) {
     return bad("--checkpoint: " + s.message());
   }
-  const size_t out_floats = static_cast<size_t>(m.out_channels()) * m.input_size * m.input_size;
+  const size_t out_floats = m.output_elements();
   const Denoiser denoiser = [&model, out_floats](const float* x_t, const float* t, const int32_t* y,
                                                  int B, float* out) {
-    const float* result = model.Forward(x_t, t, y, B);
-    std::memcpy(out, result, B * out_floats * sizeof(float));
+    model.Reserve(B, 1);
+    const Status s = model.Forward(0, ModelInputs{x_t, t, y, nullptr}, nullptr, nullptr);
+    DT_CHECK(s.ok(), "{}", s.message());
+    std::memcpy(out, model.output(0), B * out_floats * sizeof(float));
   };
 
   // Sample k (row-major in the grid) is column k % per_class of the row of class k / per_class.
@@ -213,12 +214,12 @@ int RunSample(const SampleOptions& o) {
   std::vector<int32_t> labels(total);
   for (int k = 0; k < total; ++k)
     labels[k] = o.classes[k / o.per_class];
-  const size_t n = static_cast<size_t>(m.in_channels) * m.input_size * m.input_size;
+  const size_t n = m.elements();
   std::vector<float> images(total * n);
   spdlog::info(
       "sampling {} images of {} ({} weights of step {} in {}): {} {} steps{}, guidance {}{}, "
       "seed {}",
-      total, m.name, o.weights, ckpt.step, ckpt.step_dir, o.sampler, options.steps,
+      total, ckpt.model.name(), o.weights, ckpt.step, ckpt.step_dir, o.sampler, options.steps,
       *kind == SamplerKind::kDdim ? fmt::format(" (eta {})", options.eta) : "", options.cfg_scale,
       o.cfg_interval.empty()
           ? ""
@@ -231,8 +232,8 @@ int RunSample(const SampleOptions& o) {
   }
 
   if (!o.out.empty()) {
-    Status s = io::WriteImageGrid(o.out, images.data(), total, m.in_channels, m.input_size,
-                                  m.input_size, o.per_class, kGridPadding);
+    Status s = io::WriteImageGrid(o.out, images.data(), total, m.channels, m.height, m.width,
+                                  o.per_class, kGridPadding);
     if (!s.ok()) {
       spdlog::error("{}", s.message());
       return kExitJobFailed;
@@ -250,7 +251,7 @@ int RunSample(const SampleOptions& o) {
                                 {"cfg_interval", o.cfg_interval},
                                 {"clip_denoised", options.clip_denoised},
                                 {"seed", o.seed}};
-    Status s = WriteRaw(o.raw, images, {labels.begin(), labels.end()}, m, how);
+    Status s = WriteRaw(o.raw, images, {labels.begin(), labels.end()}, ckpt.model, how);
     if (!s.ok()) {
       spdlog::error("{}", s.message());
       return kExitJobFailed;

@@ -1,319 +1,23 @@
 // `difftrain train --config JOB.yaml`: training without daemons. One process, or one rank
-// of a data-parallel group started by hand or by a test (--rank/--world/--store, or the
-// RANK/WORLD_SIZE/STORE environment variables). Resumes from the newest complete
-// checkpoint of checkpoint.dir and writes checkpoints as configured.
-#include <unistd.h>
-
-#include <atomic>
-#include <chrono>
-#include <csignal>
-#include <cstdio>
-#include <cstdlib>
-#include <map>
-
-#include <spdlog/spdlog.h>
-
+// of a parallel layout started by hand, by a test or by a worker daemon (--rank/--world/--store,
+// or the RANK/WORLD_SIZE/STORE environment variables). Resumes from the newest complete
+// checkpoint of checkpoint.dir and writes checkpoints as configured. The rank runtime is
+// worker/rank_runtime.h.
 #include "common/log.h"
-#include "common/topology.h"
 #include "launch/command.h"
-#include "launch/rank_reporter.h"
-#include "model/dit/shard.h"
-#include "model/parallel/gloo_comm.h"
-#include "model/parallel/store.h"
-#include "model/train/checkpointing.h"
-#include "model/train/gpu_step.h"
-#include "worker/store_client.h"
+#include "worker/rank_runtime.h"
 
 namespace difftrain::launch {
 namespace {
 
-struct TrainOptions {
-  std::string config;
-  std::optional<int64_t> steps;
+struct TrainFlags {
+  worker::RankOptions rank;
   std::string log_level = "info";
-  std::optional<int> rank, world;
-  std::optional<std::string> store;
-  int attempt = 0;
 };
 
-// A flag, else the environment variable, else the default.
-template <typename T>
-Result<T> FlagOrEnv(const std::optional<T>& flag, const char* env, T fallback) {
-  if (flag) return *flag;
-  const char* value = std::getenv(env);
-  if (value == nullptr || *value == '\0') return fallback;
-  if constexpr (std::is_same_v<T, std::string>) {
-    return std::string(value);
-  } else {
-    char* end = nullptr;
-    const long parsed = std::strtol(value, &end, 10);
-    if (*end != '\0') return Errorf("environment variable {}='{}' is not an integer", env, value);
-    return static_cast<T>(parsed);
-  }
-}
-
-// The GPU a rank with train.device cuda computes on: its worker daemon's (DIFFTRAIN_DEVICE
-// cuda:J), else GPU 0.
-Result<int> GpuIndex() {
-  const char* device = std::getenv("DIFFTRAIN_DEVICE");
-  if (device == nullptr || *device == '\0') return 0;
-  const std::string value = device;
-  if (value == "cpu") {
-    return Errorf("train.device is cuda, but this rank's node has no GPU (DIFFTRAIN_DEVICE=cpu)");
-  }
-  int index = -1;
-  if (value.starts_with("cuda:")) {
-    char* end = nullptr;
-    const long parsed = std::strtol(value.c_str() + 5, &end, 10);
-    if (*end == '\0' && end != value.c_str() + 5) index = static_cast<int>(parsed);
-  }
-  if (index < 0) return Errorf("DIFFTRAIN_DEVICE='{}': expected cuda:J or cpu", value);
-  return index;
-}
-
-// This process's place in the job and its communicators.
-struct Placement {
-  int rank = 0, world = 1;
-  // Behind a pointer: the communicators keep a reference to the store, so it must not move.
-  std::unique_ptr<parallel::Store> store;
-  std::vector<std::unique_ptr<parallel::Comm>> comms;
-  ParallelOptions parallel;
-};
-
-// With a GPU, the data-parallel group is an NCCL communicator on it and every other group
-// (which carries host buffers) is Gloo.
-Result<Placement> Place(const TrainOptions& o, const TrainConfig& config, GpuStep* gpu) {
-  Placement p;
-  DT_ASSIGN_OR_RETURN(p.rank, FlagOrEnv(o.rank, "RANK", 0));
-  DT_ASSIGN_OR_RETURN(p.world, FlagOrEnv(o.world, "WORLD_SIZE", 1));
-  DT_ASSIGN_OR_RETURN(std::string store_dir, FlagOrEnv(o.store, "STORE", std::string()));
-  if (p.world < 1 || p.rank < 0 || p.rank >= p.world) {
-    return Errorf("--rank {} must be in [0, --world {})", p.rank, p.world);
-  }
-  const ParallelConfig& pc = config.parallel;
-  DT_RETURN_IF_ERROR(ValidateParallelLayout(config.model, pc.tp, pc.cp, pc.pp, pc.stage_blocks));
-  DT_ASSIGN_OR_RETURN(const int dp, config.DataParallelSize(p.world));
-  p.parallel.stage_blocks = pc.stage_blocks;
-  p.parallel.zero1 = pc.zero1;
-  p.parallel.overlap = pc.overlap;
-  p.parallel.bucket_elements = static_cast<size_t>(pc.bucket_mb * (1 << 20) / sizeof(float));
-  // One process without a store trains alone; with a store it forms a group of one, which
-  // runs the same synchronisation code as a larger group.
-  if (p.world == 1 && store_dir.empty()) return p;
-  if (store_dir.empty()) return Status::Error("--world > 1 needs --store DIR (or STORE)");
-  DT_ASSIGN_OR_RETURN(Topology topology, Topology::Create(pc.tp, pc.cp, dp, pc.pp));
-  // A directory (FileStore), or the controller's store (tcp:// or ipc://) under a daemon.
-  const char* keys = std::getenv("DIFFTRAIN_KEYS");
-  DT_ASSIGN_OR_RETURN(p.store, worker::OpenStore(store_dir, keys ? keys : ""));
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(pc.timeout_seconds * 1000));
-  // Communicators live under job/attempt/group, so a restarted attempt never meets the
-  // keys of the one before. Every rank joins its groups in the same token order.
-  // `name` labels the group in keys and messages ("world" reads better than tp-cp-dp-pp).
-  // The address peers reach this rank at: its worker daemon's (docs/jobs.md), else loopback.
-  const char* given_address = std::getenv("DIFFTRAIN_ADDRESS");
-  const std::string address = given_address && *given_address ? given_address : "127.0.0.1";
-  auto join = [&](std::string_view token, bool always, std::string_view name = {},
-                  bool on_gpu = false) -> Result<parallel::Comm*> {
-    DT_ASSIGN_OR_RETURN(RankGroup group, topology.GroupOf(p.rank, token));
-    if (group.ranks.size() == 1 && !always) return nullptr;
-    const std::string prefix =
-        fmt::format("train/attempt-{}/{}", o.attempt,
-                    parallel::GroupName(name.empty() ? token : name, group.ranks));
-    const int size = static_cast<int>(group.ranks.size());
-    DT_ASSIGN_OR_RETURN(
-        std::unique_ptr<parallel::Comm> comm,
-        on_gpu ? gpu->JoinGroup(*p.store, prefix, group.rank_in_group, size, group.ranks, timeout)
-               : parallel::CreateGlooComm(*p.store, prefix, group.rank_in_group, size, group.ranks,
-                                          timeout, address));
-    p.comms.push_back(std::move(comm));
-    return p.comms.back().get();
-  };
-  ParallelOptions& po = p.parallel;
-  DT_ASSIGN_OR_RETURN(po.tp, join("tp", false));
-  DT_ASSIGN_OR_RETURN(po.cp, join("cp", false));
-  DT_ASSIGN_OR_RETURN(po.pp, join("pp", false));
-  // Gradients average over the replicas and the context-parallel ranks of each.
-  DT_ASSIGN_OR_RETURN(po.dp_cp, join(pc.cp > 1 ? "dp-cp" : "dp", true, {}, gpu != nullptr));
-  if (po.dp_cp->size() == p.world && gpu == nullptr) {
-    po.world = po.dp_cp;
-  } else {
-    DT_ASSIGN_OR_RETURN(po.world, join("tp-cp-dp-pp", true, "world"));
-  }
-  po.rank = p.rank;
-  po.topology = topology;
-  return p;
-}
-
-// Progress of the run on rank 0: one line rewritten in place on a terminal, or a log line
-// every log_every steps when the output is a file or pipe.
-class Progress {
- public:
-  Progress(const TrainConfig& config, int64_t first_step)
-      : config_(config), first_step_(first_step), tty_(isatty(STDERR_FILENO) == 1) {}
-
-  void Report(const StepStats& s, double step_seconds, double elapsed_seconds) {
-    const double samples_per_s = config_.global_batch / step_seconds;
-    const double tflops = samples_per_s * TrainingFlopsPerSample(config_.model) / 1e12;
-    const double eta = elapsed_seconds / (s.step - first_step_) * (config_.steps - s.step);
-    const std::string line = fmt::format(
-        "step {}/{}  loss {:.4f}  grad-norm {:.3f}  lr {:.2e}  {:.1f} samples/s  {:.3f} TFLOP/s  "
-        "ETA {:.0f}s",
-        s.step, config_.steps, s.loss, s.grad_norm, s.lr, samples_per_s, tflops, eta);
-    if (tty_) {
-      std::fprintf(stderr, "\r\033[K%s", line.c_str());
-      if (s.step == config_.steps) std::fputc('\n', stderr);
-      std::fflush(stderr);
-    } else if (s.step % config_.log_every == 0 || s.step == config_.steps) {
-      spdlog::info("{}", line);
-    }
-  }
-
- private:
-  const TrainConfig& config_;
-  int64_t first_step_;
-  bool tty_;
-};
-
-// Every rank writes its shard; once all have, rank 0 publishes the checkpoint.
-Status Checkpoint(Trainer& trainer, const io::CheckpointStore& store, Placement& p) {
-  DT_RETURN_IF_ERROR(WriteCheckpointShard(trainer, store, p.rank, p.world));
-  parallel::Comm* world = p.parallel.world;
-  if (world) DT_RETURN_IF_ERROR(world->Barrier().WithContext("checkpoint barrier"));
-  if (p.rank == 0) {
-    DT_RETURN_IF_ERROR(store.Commit(trainer.step(), p.world));
-    spdlog::info("checkpoint step {} written to {}", trainer.step(), store.StepDir(trainer.step()));
-  }
-  if (world) DT_RETURN_IF_ERROR(world->Barrier().WithContext("checkpoint barrier"));
-  return Status::Ok();
-}
-
-// Wraps every communicator of `p` so that the time its caller waits is added to `times`
-// (the rank's comm seconds by group and op).
-void TimeComms(Placement& p, parallel::CommTimes& times) {
-  std::map<parallel::Comm*, parallel::Comm*> timed;
-  for (std::unique_ptr<parallel::Comm>& comm : p.comms) {
-    parallel::Comm* inner = comm.get();
-    comm = parallel::TimeComm(std::move(comm), times);
-    timed[inner] = comm.get();
-  }
-  ParallelOptions& po = p.parallel;
-  for (parallel::Comm** c : {&po.tp, &po.cp, &po.pp, &po.dp_cp, &po.world}) {
-    if (*c != nullptr) *c = timed.at(*c);
-  }
-}
-
-// SIGTERM or SIGUSR1 (a worker daemon passing on a Slurm warning or a Kubernetes
-// termination): finish the step, write a checkpoint, exit kExitCheckpointed.
-std::atomic<int> g_stop_signal{0};
-void OnStopSignal(int signal) {
-  g_stop_signal.store(signal);
-}
-
-// Whether any rank was asked to stop: every rank must leave after the same step, so the
-// flag is summed over all ranks each step (one float; under a daemon or alone).
-Result<bool> AgreeToStop(Placement& p) {
-  float stop = g_stop_signal.load() != 0 ? 1.0f : 0.0f;
-  if (p.parallel.world) {
-    DT_RETURN_IF_ERROR(p.parallel.world->AllReduce(&stop, 1, parallel::ReduceOp::kSum));
-  }
-  return stop > 0;
-}
-
-int Fail(const std::string& message) {
-  spdlog::error("{}", message);
-  return kExitJobFailed;
-}
-
-int RunTrain(const TrainOptions& o) {
-  if (Status s = SetupLogging(o.log_level); !s.ok()) return ReportBadInput("train", s.message());
-  // A peer that dies must surface as an error of the collective, not as SIGPIPE here.
-  std::signal(SIGPIPE, SIG_IGN);
-  std::signal(SIGTERM, OnStopSignal);
-  std::signal(SIGUSR1, OnStopSignal);
-  Result<TrainConfig> loaded = TrainConfig::FromYamlFile(o.config);
-  if (!loaded.ok()) return ReportBadInput("train", loaded.status().message());
-  TrainConfig config = *loaded;
-  if (o.steps) config.steps = *o.steps;
-  // Before the communicators, which add to it until they are gone.
-  parallel::CommTimes comm_times;
-  std::unique_ptr<GpuStep> gpu;
-  if (config.device == "cuda") {
-    Result<int> index = GpuIndex();
-    if (!index.ok()) return ReportBadInput("train", index.status().message());
-    Result<std::unique_ptr<GpuStep>> made = GpuStep::Create(config, *index);
-    if (!made.ok()) return ReportBadInput("train", made.status().WithContext(o.config).message());
-    gpu = std::move(made).value();
-    spdlog::info("computing on GPU {} ({})", gpu->device(), gpu->device_name());
-  }
-  Result<Placement> placed = Place(o, config, gpu.get());
-  if (!placed.ok()) return ReportBadInput("train", placed.status().message());
-  Placement& p = *placed;
-  TimeComms(p, comm_times);
-  if (p.rank != 0) spdlog::set_level(spdlog::level::warn);
-
-  Result<std::unique_ptr<Trainer>> created = Trainer::Create(config, p.parallel, std::move(gpu));
-  if (!created.ok()) {
-    return ReportBadInput("train", created.status().WithContext(o.config).message());
-  }
-  Trainer& trainer = **created;
-  const DiTConfig& m = config.model;
-
-  std::optional<io::CheckpointStore> store;
-  if (!config.checkpoint.dir.empty()) {
-    store.emplace(config.checkpoint.dir, config.checkpoint.keep);
-    Result<std::optional<int64_t>> resumed = RestoreLatestCheckpoint(trainer, *store);
-    if (!resumed.ok()) return Fail(resumed.status().message());
-    if (*resumed) spdlog::info("resumed from step {} of {}", **resumed, store->dir());
-  }
-  Result<std::unique_ptr<RankReporter>> reporter =
-      RankReporter::Open(config, trainer, p.parallel, comm_times);
-  if (!reporter.ok()) return Fail(reporter.status().message());
-  const int dp = trainer.dp_size();
-  spdlog::info(
-      "training {} ({} parameters, {:.2f} GFLOP per sample) for {} steps on {} rank(s) "
-      "(tp {} cp {} dp {} pp {}), global batch {} = micro {} x data-parallel {} x "
-      "accumulation {}{}",
-      m.name, ParameterCount(m), TrainingFlopsPerSample(m) / 1e9, config.steps, p.world,
-      config.parallel.tp, config.parallel.cp, dp, config.parallel.pp, config.global_batch,
-      config.micro_batch, dp, config.AccumulationSteps(dp),
-      config.parallel.zero1 ? ", ZeRO-1" : "");
-
-  (*reporter)->Started(trainer.step());
-  Progress progress(config, trainer.step());
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  StepStats last;
-  while (trainer.step() < config.steps) {
-    const auto t0 = Clock::now();
-    Result<StepStats> stats = trainer.Step();
-    if (!stats.ok()) {
-      return Fail(
-          fmt::format("rank {} step {}: {}", p.rank, trainer.step() + 1, stats.status().message()));
-    }
-    last = *stats;
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (p.rank == 0) {
-      progress.Report(last, seconds, std::chrono::duration<double>(Clock::now() - start).count());
-    }
-    (*reporter)->Stepped(last, seconds);
-    Result<bool> stop = AgreeToStop(p);
-    if (!stop.ok()) return Fail(stop.status().WithContext("agreeing to stop").message());
-    const bool periodic = config.checkpoint.every > 0 && last.step % config.checkpoint.every == 0;
-    if (store && (periodic || last.step == config.steps || *stop)) {
-      const auto checkpoint_start = Clock::now();
-      if (Status s = Checkpoint(trainer, *store, p); !s.ok()) return Fail(s.message());
-      (*reporter)->Checkpointed(
-          last.step, std::chrono::duration<double>(Clock::now() - checkpoint_start).count());
-    }
-    if (*stop && trainer.step() < config.steps) {
-      spdlog::info("stopped by signal {} after step {}{}", g_stop_signal.load(), trainer.step(),
-                   store ? ", checkpoint written" : " (no checkpoint.dir: nothing saved)");
-      return kExitCheckpointed;
-    }
-  }
-  spdlog::info("done: {} steps, final loss {:.4f}{}", trainer.step(), last.loss,
-               store ? ", checkpoints in " + store->dir() : "");
-  return kExitOk;
+int RunTrain(const TrainFlags& f) {
+  if (Status s = SetupLogging(f.log_level); !s.ok()) return ReportBadInput("train", s.message());
+  return worker::RunRank(f.rank);
 }
 
 }  // namespace
@@ -323,20 +27,21 @@ DIFFTRAIN_COMMAND(
              "Train in this process: alone, or as one rank of a "
              "parallel layout (parallel.tp/cp/dp/pp)",
              [](CLI::App& app) {
-               auto o = std::make_shared<TrainOptions>();
-               app.add_option("--config", o->config, "job YAML (docs/job-spec.md)")->required();
-               app.add_option("--steps", o->steps, "override train.steps");
-               app.add_option("--rank", o->rank, "this rank (or RANK)");
-               app.add_option("--world", o->world, "number of ranks (or WORLD_SIZE)");
-               app.add_option("--store", o->store,
+               auto f = std::make_shared<TrainFlags>();
+               worker::RankOptions& o = f->rank;
+               app.add_option("--config", o.config, "job YAML (docs/job-spec.md)")->required();
+               app.add_option("--steps", o.steps, "override train.steps");
+               app.add_option("--rank", o.rank, "this rank (or RANK)");
+               app.add_option("--world", o.world, "number of ranks (or WORLD_SIZE)");
+               app.add_option("--store", o.store,
                               "rendezvous directory shared by the ranks (or STORE)");
-               app.add_option("--attempt", o->attempt,
+               app.add_option("--attempt", o.attempt,
                               "restart attempt: communicators of each attempt are "
                               "separate")
                    ->capture_default_str();
-               app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")
+               app.add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off")
                    ->capture_default_str();
-               return [o] { return RunTrain(*o); };
+               return [f] { return RunTrain(*f); };
              }});
 
 }  // namespace difftrain::launch

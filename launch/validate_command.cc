@@ -15,7 +15,7 @@ struct ValidateOptions {
 };
 
 int RunValidate(const ValidateOptions& o) {
-  Result<TrainConfig> config = controller::LoadJob(o.job, o.nodes, o.devices_per_node);
+  Result<TrainConfig> config = LoadJob(o.job, {o.nodes, o.devices_per_node});
   if (!config.ok()) return ReportBadInput("validate", config.status().message());
   Result<controller::JobPlan> plan = controller::MakePlan(*config);
   if (!plan.ok()) return ReportBadInput("validate", plan.status().message());

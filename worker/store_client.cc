@@ -6,8 +6,8 @@
 
 #include <zmq.hpp>
 
+#include "common/curve.h"
 #include "common/wire.h"
-#include "controller/curve.h"
 
 namespace difftrain::worker {
 namespace {
@@ -25,7 +25,7 @@ constexpr milliseconds kReplyGrace(30'000);
 // none is idle), so a blocking get never holds up a set from another thread.
 class ZmqStore final : public parallel::Store {
  public:
-  ZmqStore(std::string address, controller::CurveKeys keys)
+  ZmqStore(std::string address, CurveKeys keys)
       : context_(1), address_(std::move(address)), keys_(std::move(keys)) {}
 
   ~ZmqStore() override {
@@ -92,7 +92,7 @@ class ZmqStore final : public parallel::Store {
     }
     auto s = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
     s->set(zmq::sockopt::linger, 0);
-    controller::MakeCurveClient(*s, keys_);
+    MakeCurveClient(*s, keys_);
     s->connect(address_);
     return s;
   }
@@ -118,7 +118,7 @@ class ZmqStore final : public parallel::Store {
         return Errorf("the controller's store at {} did not answer a {} within {} ms", address_,
                       wire::TypeName(type), (timeout + kReplyGrace).count());
       }
-      if (controller::PollIgnoringSignals(&item, 1, milliseconds(left)) == 0) continue;
+      if (PollIgnoringSignals(&item, 1, milliseconds(left)) == 0) continue;
       zmq::message_t msg;
       if (!s->recv(msg, zmq::recv_flags::dontwait)) continue;
       Result<Message> reply = wire::Decode(msg.to_string_view());
@@ -133,7 +133,7 @@ class ZmqStore final : public parallel::Store {
 
   zmq::context_t context_;
   const std::string address_;
-  const controller::CurveKeys keys_;
+  const CurveKeys keys_;
   std::atomic<int64_t> next_id_{1};
   std::mutex mu_;
   std::vector<std::unique_ptr<zmq::socket_t>> idle_;
@@ -147,7 +147,7 @@ Result<std::unique_ptr<parallel::Store>> OpenStore(const std::string& address,
     if (keys_dir.empty()) {
       return Errorf("the store {} needs the job's keys (DIFFTRAIN_KEYS)", address);
     }
-    DT_ASSIGN_OR_RETURN(controller::CurveKeys keys, controller::ReadKeys(keys_dir));
+    DT_ASSIGN_OR_RETURN(CurveKeys keys, ReadKeys(keys_dir));
     return std::unique_ptr<parallel::Store>(std::make_unique<ZmqStore>(address, std::move(keys)));
   }
   DT_ASSIGN_OR_RETURN(parallel::FileStore store, parallel::FileStore::Open(address));

@@ -17,11 +17,11 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "common/curve.h"
 #include "common/metrics.h"
 #include "common/rank_report.h"
 #include "common/temp_dir.h"
 #include "common/wire.h"
-#include "controller/curve.h"
 #include "model/device.h"
 #include "worker/local_address.h"
 #include "worker/rank_metrics.h"
@@ -106,7 +106,7 @@ class Worker {
     context_.close();
   }
 
-  Status Start(const controller::CurveKeys& keys) {
+  Status Start(const CurveKeys& keys) {
     resources_ = DetectResources();
     // The address the ranks advertise to their peers: given, or the interface towards the
     // controller (on a multi-homed node, set DIFFTRAIN_ADDRESS to pick the network).
@@ -121,7 +121,7 @@ class Worker {
     // Nothing is queued for a connection that has not completed its handshake: a
     // registration goes out only once the controller accepted our key.
     socket_.set(zmq::sockopt::immediate, true);
-    controller::MakeCurveClient(socket_, keys);
+    MakeCurveClient(socket_, keys);
     if (o_.metrics_port != 0) {
       metrics_ = std::make_unique<RankMetrics>();
       metrics_->SetJob("", o_.node);
@@ -160,8 +160,7 @@ class Worker {
       std::vector<zmq::pollitem_t> items = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
       for (const RankProcess& r : ranks_)
         if (r.progress_fd >= 0) items.push_back({nullptr, r.progress_fd, ZMQ_POLLIN, 0});
-      controller::PollIgnoringSignals(items.data(), items.size(),
-                                      milliseconds(ranks_.empty() ? 100 : 20));
+      PollIgnoringSignals(items.data(), items.size(), milliseconds(ranks_.empty() ? 100 : 20));
       for (int i = 0; i < 1000; ++i) {
         zmq::message_t msg;
         if (!socket_.recv(msg, zmq::recv_flags::dontwait)) break;
@@ -416,6 +415,8 @@ class Worker {
                {"gpus", resources_.gpus},
                {"cores", resources_.cores},
                {"memory_bytes", resources_.memory_bytes},
+               {"gpu_name", resources_.gpu_name},
+               {"gpu_memory_bytes", resources_.gpu_memory_bytes},
                {"pid", ::getpid()}},
               ""});
       }
@@ -459,7 +460,12 @@ class Worker {
 
 NodeResources DetectResources() {
   NodeResources r;
-  r.gpus = static_cast<int>(QueryDeviceInventory().gpus.size());
+  const DeviceInventory inventory = QueryDeviceInventory();
+  r.gpus = static_cast<int>(inventory.gpus.size());
+  if (!inventory.gpus.empty()) {
+    r.gpu_name = inventory.gpus.front().name;
+    r.gpu_memory_bytes = static_cast<int64_t>(inventory.gpus.front().memory_bytes);
+  }
   cpu_set_t set;
   r.cores = ::sched_getaffinity(0, sizeof set, &set) == 0
                 ? CPU_COUNT(&set)
@@ -480,7 +486,7 @@ int RunWorker(const WorkerOptions& options) {
     }
     o.work_dir = made_work_dir = *made;
   }
-  Result<controller::CurveKeys> keys = controller::ReadKeys(o.keys_dir);
+  Result<CurveKeys> keys = ReadKeys(o.keys_dir);
   if (!keys.ok()) {
     spdlog::error("worker {}: {}", o.node, keys.status().message());
     return 2;

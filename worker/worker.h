@@ -38,6 +38,8 @@ int RunWorker(const WorkerOptions& options);
 // The devices of this machine: CUDA devices, else CPU cores.
 struct NodeResources {
   int gpus = 0;
+  std::string gpu_name;          // the first GPU's, as the driver reports it
+  int64_t gpu_memory_bytes = 0;  // of the first GPU
   int cores = 1;
   int64_t memory_bytes = 0;
 };

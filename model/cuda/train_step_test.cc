@@ -164,7 +164,7 @@ std::vector<StepStats> RunDataParallelRank(const TrainConfig& c, const std::stri
 TEST_F(GpuTrainerTest, MicroBatchBeyondTheGpuIsAnError) {
   DT_SKIP_WITHOUT_GPU();
   TrainConfig c;
-  c.model = DiTConfigByName("DiT-XL/2").value();
+  c.model = DiTSpec(DiTConfigByName("DiT-XL/2").value());
   c.micro_batch = c.global_batch = 8192;  // terabytes of activations
   c.device = "cuda";
   Result<std::unique_ptr<GpuStep>> gpu = GpuStep::Create(c, 0);

@@ -183,36 +183,7 @@ DiT::DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms)
   global_table_ = ShardParameters(config_, DiTShard::Whole(config_)).table;
   DT_CHECK(static_cast<int64_t>(global_table_.total()) == TrainableParameterCount(config_),
            "parameter table and parameter count disagree");
-  if (shard_.first_stage()) {
-    x_w_ = Offset("x_embedder.proj.weight");
-    x_b_ = Offset("x_embedder.proj.bias");
-    t1_w_ = Offset("t_embedder.mlp.0.weight");
-    t1_b_ = Offset("t_embedder.mlp.0.bias");
-    t2_w_ = Offset("t_embedder.mlp.2.weight");
-    t2_b_ = Offset("t_embedder.mlp.2.bias");
-    y_table_ = Offset("y_embedder.embedding_table.weight");
-  }
-  for (int l = shard_.first_block; l < shard_.end_block; ++l) {
-    const std::string b = "blocks." + std::to_string(l) + ".";
-    BlockOffsets o;
-    o.qkv_w = Offset(b + "attn.qkv.weight");
-    o.qkv_b = Offset(b + "attn.qkv.bias");
-    o.proj_w = Offset(b + "attn.proj.weight");
-    o.proj_b = Offset(b + "attn.proj.bias");
-    o.fc1_w = Offset(b + "mlp.fc1.weight");
-    o.fc1_b = Offset(b + "mlp.fc1.bias");
-    o.fc2_w = Offset(b + "mlp.fc2.weight");
-    o.fc2_b = Offset(b + "mlp.fc2.bias");
-    o.ada_w = Offset(b + "adaLN_modulation.1.weight");
-    o.ada_b = Offset(b + "adaLN_modulation.1.bias");
-    blocks_.push_back(o);
-  }
-  if (shard_.last_stage()) {
-    fada_w_ = Offset("final_layer.adaLN_modulation.1.weight");
-    fada_b_ = Offset("final_layer.adaLN_modulation.1.bias");
-    flin_w_ = Offset("final_layer.linear.weight");
-    flin_b_ = Offset("final_layer.linear.bias");
-  }
+  p_ = DiTParams::Bind(sharded_.table, shard_);
   params_ = Buffer<float>(num_params());
   grads_ = Buffer<float>(num_params());
   if (shard_.first_stage()) {
@@ -221,20 +192,9 @@ DiT::DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms)
   }
 }
 
-size_t DiT::Offset(const std::string& name) const {
-  const TensorSpec* t = sharded_.table.Find(name);
-  DT_CHECK(t != nullptr, "{} is not in this shard", name);
-  return t->offset;
-}
-
-void DiT::ScatterFromGlobal(const float* global, float* local) const {
-  for (const Fragment& f : sharded_.fragments)
-    std::memcpy(local + f.local, global + f.global, f.length * sizeof(float));
-}
-
-void DiT::GatherToGlobal(const float* local, float* global) const {
-  for (const Fragment& f : sharded_.fragments)
-    std::memcpy(global + f.global, local + f.local, f.length * sizeof(float));
+std::vector<FixedTensor> DiT::fixed_tensors() const {
+  if (!shard_.first_stage()) return {};
+  return {{"pos_embed", {1, config_.tokens(), config_.hidden_size}, pos_embed_.data()}};
 }
 
 // Initialisation draws every tensor of the whole model in order from one stream, so each
@@ -365,7 +325,7 @@ Status DiT::Forward(int slot, const float* x, const float* t, const int32_t* y, 
     // this rank's tokens of the sequence.
     cpu::Patchify(s.patches_full, x, B, c.in_channels, d.S, d.S, p);
     KeepTokens(a.patches, s.patches_full, B, d.T, d.Tl, d.F, shard_.cp_rank);
-    cpu::LinearForward(x_tokens, a.patches, P(x_w_), P(x_b_), N, d.F, D);
+    cpu::LinearForward(x_tokens, a.patches, P(p_.x_w), P(p_.x_b), N, d.F, D);
     const float* pos0 = pos_embed_.data() + size_t(shard_.cp_rank) * d.Tl * D;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {
@@ -375,10 +335,10 @@ Status DiT::Forward(int slot, const float* x, const float* t, const int32_t* y, 
     }
     // Conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c).
     cpu::TimestepFrequencies(a.tfreq, t, B, kFrequencyDim);
-    cpu::LinearForward(a.t_hidden, a.tfreq, P(t1_w_), P(t1_b_), B, kFrequencyDim, D);
+    cpu::LinearForward(a.t_hidden, a.tfreq, P(p_.t1_w), P(p_.t1_b), B, kFrequencyDim, D);
     cpu::SiluForward(a.t_act, a.t_hidden, size_t(B) * D);
-    cpu::LinearForward(a.t_emb, a.t_act, P(t2_w_), P(t2_b_), B, D, D);
-    cpu::EmbeddingForward(a.y_emb, P(y_table_), y, B, D);
+    cpu::LinearForward(a.t_emb, a.t_act, P(p_.t2_w), P(p_.t2_b), B, D, D);
+    cpu::EmbeddingForward(a.y_emb, P(p_.y_table), y, B, D);
     for (int i = 0; i < B * D; ++i)
       a.c[i] = a.t_emb[i] + a.y_emb[i];
   } else {
@@ -398,10 +358,10 @@ Status DiT::Forward(int slot, const float* x, const float* t, const int32_t* y, 
   }
   // Final layer: modulate(norm(x), shift, scale) → Linear → (gather the sequence) →
   // unpatchify.
-  cpu::LinearForward(a.ada_f, a.silu_c, P(fada_w_), P(fada_b_), B, D, 2 * D);
+  cpu::LinearForward(a.ada_f, a.silu_c, P(p_.fada_w), P(p_.fada_b), B, D, 2 * D);
   cpu::LayerNormForward(a.lnf, a.meanf, a.rstdf, a.resid_out, N, D, kLayerNormEps);
   cpu::ModulateForward(a.modf, a.lnf, a.ada_f, a.ada_f + D, 2 * D, B, d.Tl, D);
-  cpu::LinearForward(a.final_out, a.modf, P(flin_w_), P(flin_b_), N, D, d.Fo);
+  cpu::LinearForward(a.final_out, a.modf, P(p_.flin_w), P(p_.flin_b), N, D, d.Fo);
   DT_RETURN_IF_ERROR(GatherSequenceSplitGrad::Forward(comms_.cp, a.final_out, a.final_full,
                                                       {B, d.Tl, d.Fo}, s.sequence)
                          .WithContext("final layer"));
@@ -410,7 +370,7 @@ Status DiT::Forward(int slot, const float* x, const float* t, const int32_t* y, 
 }
 
 Status DiT::BlockForward(int i, Acts& a) {
-  const BlockOffsets& o = blocks_[i];
+  const DiTBlockParams& o = p_.blocks[i];
   BlockActs& k = a.blocks[i];
   float* resid_out =
       i + 1 < static_cast<int>(a.blocks.size()) ? a.blocks[i + 1].resid_in : a.resid_out;
@@ -472,17 +432,17 @@ Status DiT::Backward(int slot, const float* output_grad, float* input_grad,
       GatherSequenceSplitGrad::Backward(comms_.cp, s.d_final_full, s.d_final_out, {B, d.Tl, d.Fo});
     }
     Zero(s.d_a, ND);
-    cpu::LinearBackward(s.d_a, G(flin_w_), G(flin_b_), s.d_final_out, a.modf, P(flin_w_), N, D,
-                        d.Fo);
+    cpu::LinearBackward(s.d_a, G(p_.flin_w), G(p_.flin_b), s.d_final_out, a.modf, P(p_.flin_w), N,
+                        D, d.Fo);
     Zero(s.d_b, ND);
     Zero(s.d_ada, size_t(B) * 2 * D);
     cpu::ModulateBackward(s.d_b, s.d_ada, s.d_ada + D, s.d_a, a.lnf, a.ada_f + D, 2 * D, B, d.Tl,
                           D);
-    cpu::LinearBackward(s.d_silu_c, G(fada_w_), G(fada_b_), s.d_ada, a.silu_c, P(fada_w_), B, D,
-                        2 * D);
+    cpu::LinearBackward(s.d_silu_c, G(p_.fada_w), G(p_.fada_b), s.d_ada, a.silu_c, P(p_.fada_w), B,
+                        D, 2 * D);
     Zero(s.d_resid, ND);
     cpu::LayerNormBackward(s.d_resid, s.d_b, a.resid_out, a.meanf, a.rstdf, N, D);
-    report(fada_w_);  // the final layer's parameters sit at the end of the arena
+    report(p_.fada_w);  // the final layer's parameters sit at the end of the arena
   } else {
     std::memcpy(s.d_resid, output_grad, ND * sizeof(float));
   }
@@ -494,7 +454,7 @@ Status DiT::Backward(int slot, const float* output_grad, float* input_grad,
   for (int i = static_cast<int>(a.blocks.size()) - 1; i >= 0; --i) {
     if (recompute_) DT_RETURN_IF_ERROR(BlockForward(i, a).WithContext("recomputing a block"));
     DT_RETURN_IF_ERROR(BlockBackward(i, a));
-    report(blocks_[i].qkv_w);  // the block's first tensor
+    report(p_.blocks[i].qkv_w);  // the block's first tensor
   }
 
   // Conditioning: the gradient of c from this stage's adaLNs, plus the later stages'.
@@ -512,21 +472,22 @@ Status DiT::Backward(int slot, const float* output_grad, float* input_grad,
     return Status::Ok();
   }
   // Patch embed (the position embedding is fixed; the input is data: no input gradient).
-  cpu::LinearBackward<float>(nullptr, G(x_w_), G(x_b_), s.d_resid, a.patches, P(x_w_), N, d.F, D);
+  cpu::LinearBackward<float>(nullptr, G(p_.x_w), G(p_.x_b), s.d_resid, a.patches, P(p_.x_w), N, d.F,
+                             D);
   // c = t_emb + y_emb.
-  cpu::EmbeddingBackward(G(y_table_), s.d_c, y_[slot].data(), B, D);
+  cpu::EmbeddingBackward(G(p_.y_table), s.d_c, y_[slot].data(), B, D);
   Zero(s.d_t1, size_t(B) * D);
-  cpu::LinearBackward(s.d_t1, G(t2_w_), G(t2_b_), s.d_c, a.t_act, P(t2_w_), B, D, D);
+  cpu::LinearBackward(s.d_t1, G(p_.t2_w), G(p_.t2_b), s.d_c, a.t_act, P(p_.t2_w), B, D, D);
   Zero(s.d_t2, size_t(B) * D);
   cpu::SiluBackward(s.d_t2, s.d_t1, a.t_hidden, size_t(B) * D);
-  cpu::LinearBackward<float>(nullptr, G(t1_w_), G(t1_b_), s.d_t2, a.tfreq, P(t1_w_), B,
+  cpu::LinearBackward<float>(nullptr, G(p_.t1_w), G(p_.t1_b), s.d_t2, a.tfreq, P(p_.t1_w), B,
                              kFrequencyDim, D);
   report(0);
   return Status::Ok();
 }
 
 Status DiT::BlockBackward(int i, Acts& a) {
-  const BlockOffsets& o = blocks_[i];
+  const DiTBlockParams& o = p_.blocks[i];
   BlockActs& k = a.blocks[i];
   Scratch& s = scratch_;
   const Dims d(config_, shard_, batch_);

@@ -31,20 +31,18 @@
 #include <vector>
 
 #include "model/dit/config.h"
+#include "model/dit/params.h"
 #include "model/dit/shard.h"
+#include "model/family/model.h"
 #include "model/parallel/comm.h"
 #include "model/tensor/buffer.h"
 #include "model/tensor/tensor_table.h"
 
 namespace difftrain {
 
-// The communicators of a shard's tensor- and context-parallel groups; null for a group of one.
-struct DiTComms {
-  parallel::Comm* tp = nullptr;
-  parallel::Comm* cp = nullptr;
-};
+using DiTComms = ModelComms;
 
-class DiT {
+class DiT : public Model {
  public:
   // The whole model, one process.
   explicit DiT(const DiTConfig& config);
@@ -53,36 +51,32 @@ class DiT {
 
   const DiTConfig& config() const { return config_; }
   const DiTShard& shard() const { return shard_; }
+  const ModelShard& placement() const override { return shard_; }
   // This rank's trainable parameters (reference names, local shapes); pos_embed is fixed and
   // kept apart.
-  const TensorTable& parameter_table() const { return sharded_.table; }
-  const ShardedParameters& sharded() const { return sharded_; }
+  const ShardedParameters& sharded() const override { return sharded_; }
   // The whole model's table (the arena of one process), which fragments() map into.
-  const TensorTable& global_parameter_table() const { return global_table_; }
-  float* params() { return params_.data(); }
-  const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  size_t num_params() const { return sharded_.table.total(); }
+  const TensorTable& global_parameter_table() const override { return global_table_; }
+  using Model::params;
+  float* params() override { return params_.data(); }
+  float* grads() override { return grads_.data(); }
   // The fixed 2-D sin-cos position embedding [T, D] (state-dict name `pos_embed`, [1, T, D]);
   // held by the first stage only.
   const float* pos_embed() const { return pos_embed_.data(); }
-
-  // Copies this shard's elements out of a whole-model arena, and back into one.
-  void ScatterFromGlobal(const float* global, float* local) const;
-  void GatherToGlobal(const float* local, float* global) const;
+  std::vector<FixedTensor> fixed_tensors() const override;
 
   // The reference initialisation: Xavier-uniform Linears with zero bias, N(0, 0.02) label
   // table and timestep-MLP weights, zero adaLN and final linear.
-  void InitializeReference(uint64_t seed);
+  void InitializeReference(uint64_t seed) override;
   // Every parameter random and non-zero (Xavier-uniform weights, N(0, 0.1) biases), so
   // gradient checks see signal on every path, including the zero-initialised ones.
-  void InitializeRandom(uint64_t seed);
+  void InitializeRandom(uint64_t seed) override;
 
   // Allocates `slots` activation slots for micro-batches of B (if not already so); with
   // `recompute`, a slot keeps only the blocks' inputs and backward recomputes the rest.
-  void Reserve(int B, int slots, bool recompute = false);
+  void Reserve(int B, int slots, bool recompute = false) override;
   // Floats of a stage boundary: hidden tokens [B, T/cp, D], then c [B, D].
-  size_t boundary_elements() const;
+  size_t boundary_elements() const override;
 
   // Forward of one micro-batch into `slot`. The first stage reads x [B, C, H, W], t [B]
   // (timesteps as floats) and y [B] (labels; num_classes = null class); later stages read
@@ -90,19 +84,21 @@ class DiT {
   // to `output`; the last stage's result is output(slot) [B, out_channels, H, W].
   Status Forward(int slot, const float* x, const float* t, const int32_t* y, const float* input,
                  float* output);
-  const float* output(int slot) const { return acts_[slot].out; }
+  // The same, reading x_t, t and y of `inputs`.
+  Status Forward(int slot, const ModelInputs& inputs, const float* input, float* output) override {
+    return Forward(slot, inputs.x_t, inputs.t, inputs.y, input, output);
+  }
+  const float* output(int slot) const override { return acts_[slot].out; }
 
-  // Called during Backward with an offset o: the gradients of the arena range [o, end) are
-  // final. Backward finishes the final layer first and the embeddings last, so o only
+  // `ready` is called during Backward with an offset o: the gradients of the arena range
+  // [o, end) are final. Backward finishes the final layer first and the embeddings last, so o only
   // decreases, and the last call has o = 0. Data parallelism starts reducing a gradient
   // bucket as soon as it is final, while backward goes on.
-  using GradientsReady = std::function<void(size_t from)>;
-
   // Backward of the micro-batch in `slot`. output_grad: on the last stage the loss gradient
   // of output(slot); elsewhere the gradient of this stage's boundary. Every stage but the
   // first writes the gradient of its input boundary to input_grad.
   Status Backward(int slot, const float* output_grad, float* input_grad,
-                  const GradientsReady& ready = {});
+                  const GradientsReady& ready = {}) override;
 
   // One process, one micro-batch: Forward into slot 0, returning the output.
   const float* Forward(const float* x, const float* t, const int32_t* y, int B);
@@ -112,14 +108,10 @@ class DiT {
   // (and, with `recompute`, the block workspace).
   static size_t ActivationBytes(const DiTConfig& config, const DiTShard& shard, int B, int slots,
                                 bool recompute = false);
-  size_t activation_bytes() const { return act_buffer_.bytes(); }
+  size_t activation_bytes() const override { return act_buffer_.bytes(); }
   size_t pos_embed_bytes() const { return pos_embed_.bytes(); }
 
  private:
-  // Offsets of one block's parameters in the arena (the same in params_ and grads_).
-  struct BlockOffsets {
-    size_t ada_w, ada_b, qkv_w, qkv_b, proj_w, proj_b, fc1_w, fc1_b, fc2_w, fc2_b;
-  };
   // Pointers into one activation slot for one block.
   struct BlockActs {
     float *resid_in, *ada, *ln1, *mean1, *rstd1, *mod1, *qkv, *kv, *probs, *attn, *proj, *mid;
@@ -151,7 +143,6 @@ class DiT {
   // Fills a whole-model arena by `fill` and keeps this shard's part.
   template <typename Fill>
   void InitializeGlobal(Fill&& fill);
-  size_t Offset(const std::string& name) const;
 
   // Block i's forward, writing its output to the next block's input (or resid_out).
   Status BlockForward(int i, Acts& a);
@@ -166,9 +157,7 @@ class DiT {
   ShardedParameters sharded_;
   TensorTable global_table_;
   Buffer<float> params_, grads_, pos_embed_;
-  size_t x_w_ = 0, x_b_ = 0, t1_w_ = 0, t1_b_ = 0, t2_w_ = 0, t2_b_ = 0, y_table_ = 0;
-  size_t fada_w_ = 0, fada_b_ = 0, flin_w_ = 0, flin_b_ = 0;
-  std::vector<BlockOffsets> blocks_;  // this stage's blocks
+  DiTParams p_;  // offsets of this shard's parameters (the same in params_ and grads_)
 
   int batch_ = 0;
   bool recompute_ = false;

@@ -23,18 +23,13 @@
 
 #include "common/status.h"
 #include "model/dit/config.h"
+#include "model/family/model.h"
 #include "model/tensor/tensor_table.h"
 
 namespace difftrain {
 
-struct DiTShard {
-  int tp = 1, tp_rank = 0;
-  int cp = 1, cp_rank = 0;
-  int pp = 1, stage = 0;
+struct DiTShard : ModelShard {
   int first_block = 0, end_block = 0;
-
-  bool first_stage() const { return stage == 0; }
-  bool last_stage() const { return stage + 1 == pp; }
 
   // The whole model in one process.
   static DiTShard Whole(const DiTConfig& c);
@@ -48,18 +43,6 @@ struct DiTShard {
 // Checks a layout for a model; the message names the sizes and what must divide.
 Status ValidateParallelLayout(const DiTConfig& c, int tp, int cp, int pp,
                               const std::vector<int>& stage_blocks);
-
-// Local elements [local, local + length) hold global elements [global, global + length).
-struct Fragment {
-  size_t local = 0, global = 0, length = 0;
-};
-
-struct ShardedParameters {
-  TensorTable table;                // this rank's tensors: reference names, local shapes
-  std::vector<Fragment> fragments;  // in local order, covering the local arena
-  // Local tensors split across the tensor-parallel group (not replicated there).
-  std::vector<bool> split;
-};
 
 // The local parameter table of `shard`; with DiTShard::Whole, the reference table.
 ShardedParameters ShardParameters(const DiTConfig& c, const DiTShard& shard);

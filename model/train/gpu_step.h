@@ -1,8 +1,8 @@
-// The GPU side of a Trainer with train.device cuda: the bf16 training step of model/cuda/dit.h
-// on this rank's GPU, fed with the trainer's micro-batches (made on the host, as on the CPU:
-// the same samples, timesteps, labels and noise). Declared without CUDA headers so that the
-// trainer compiles in every build; Create says why not where CUDA was not built or the GPU
-// cannot take the model.
+// The GPU side of a Trainer with train.device cuda: the model family's bf16 training step
+// (DiT's: model/dit/cuda/gpu_step.h) on this rank's GPU, fed with the trainer's micro-batches
+// (made on the host, as on the CPU: the same samples, timesteps, labels and noise). Declared
+// without CUDA headers so that the trainer compiles in every build; Create says why not where CUDA
+// was not built or the GPU cannot take the model.
 #pragma once
 
 #include <chrono>
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "job/job_spec.h"
 #include "model/parallel/comm.h"
 #include "model/parallel/store.h"
-#include "model/train/train_config.h"
 
 struct CUstream_st;  // what cudaStream_t points to
 
@@ -25,9 +25,9 @@ struct MemoryBytes;
 
 class GpuStep {
  public:
-  // Makes GPU `device` current, creates the step's stream and the model's device arenas
-  // (parameters zero until UploadState) and activations for config.micro_batch; a GPU
-  // without room for them is an error that says so.
+  // The family's step (ModelFamily::CreateGpuStep): makes GPU `device` current, creates the
+  // step's stream and the model's device arenas (parameters zero until UploadState) and
+  // activations for config.micro_batch; a GPU without room for them is an error that says so.
   static Result<std::unique_ptr<GpuStep>> Create(const TrainConfig& config, int device);
   virtual ~GpuStep() = default;
 

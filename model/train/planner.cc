@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "model/device.h"
+#include "model/dit/family.h"
 #include "model/dit/shard.h"
 
 namespace difftrain {
@@ -139,7 +140,7 @@ double StageForwardMacs(const DiTConfig& c, const Layout& l, int stage) {
 }
 
 TimeEstimate PredictTime(const PlanRequest& r, const Layout& l, int micro_batches) {
-  const DiTConfig& c = r.model;
+  const DiTConfig c = DiTConfigOf(r.model);
   const DeviceSpec& d = r.device;
   const Shape s(c, l);
   const int G = r.devices_per_node;
@@ -219,7 +220,11 @@ std::string GiB(double bytes) {
 // Checks the fixed sizes and the request's numbers before any enumeration; the message names
 // the flag and what it must be.
 Status CheckRequest(const PlanRequest& r) {
-  const DiTConfig& c = r.model;
+  if (r.model.family != "dit") {
+    return Errorf("the planner's cost model covers the dit family, not {} (give parallel sizes)",
+                  r.model.family);
+  }
+  const DiTConfig c = DiTConfigOf(r.model);
   DT_RETURN_IF_ERROR(c.Validate().WithContext("model"));
   const int world = r.nodes * r.devices_per_node;
   if (r.nodes < 1 || r.devices_per_node < 1) {
@@ -340,7 +345,7 @@ std::string DescribeLayout(const Layout& l) {
 
 Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& r) {
   DT_RETURN_IF_ERROR(CheckRequest(r));
-  const DiTConfig& c = r.model;
+  const DiTConfig c = DiTConfigOf(r.model);
   const int world = r.nodes * r.devices_per_node;
   const double budget = r.usable_memory_fraction * r.device.memory_bytes;
   std::vector<PlannedLayout> out;
@@ -402,7 +407,7 @@ Result<std::vector<PlannedLayout>> PlanLayouts(const PlanRequest& r) {
         "{} does not fit: the smallest layout ({}) needs {} per rank (parameters {}, gradients "
         "{}, optimizer {}, EMA {}, activations {}), but a rank may use {} ({:.0f}% of the {} "
         "of a {} device)",
-        r.model.name, DescribeLayout(smallest->layout), GiB(m.total()), GiB(m.parameters),
+        r.model.name(), DescribeLayout(smallest->layout), GiB(m.total()), GiB(m.parameters),
         GiB(m.gradients), GiB(m.optimizer), GiB(m.ema), GiB(m.activations),
         GiB(r.usable_memory_fraction * r.device.memory_bytes), 100 * r.usable_memory_fraction,
         GiB(r.device.memory_bytes), r.device.name);
@@ -414,31 +419,42 @@ Result<std::vector<PlannedLayout>> PlanLayouts(const PlanRequest& r) {
   return fitting;
 }
 
-Result<PlannedLayout> ChooseLayout(const DiTConfig& model, int global_batch,
-                                   std::optional<int> micro_batch, int nodes,
-                                   int devices_per_node) {
+PlanDevice LocalPlanDevice() {
+  const DeviceInventory inventory = QueryDeviceInventory();
+  if (inventory.gpus.empty()) return {"", HostMemoryBytes()};
+  return {inventory.gpus.front().name, static_cast<double>(inventory.gpus.front().memory_bytes)};
+}
+
+std::string DescribePlanDevice(const PlanDevice& d) {
+  return fmt::format("{} with {:.1f} GiB", d.gpu.empty() ? "cpu" : d.gpu, d.memory_bytes / kGiB);
+}
+
+Result<PlannedLayout> ChooseLayout(const ModelSpec& model, int global_batch,
+                                   std::optional<int> micro_batch, int nodes, int devices_per_node,
+                                   const PlanDevice& device) {
   PlanRequest r;
   r.model = model;
   r.global_batch = global_batch;
   r.micro_batch = micro_batch;
   r.nodes = nodes;
   r.devices_per_node = devices_per_node;
-  std::string device = "cpu";
-  const DeviceInventory inventory = QueryDeviceInventory();
-  if (!inventory.gpus.empty()) {
-    // "H200" before "H20": the longer name first.
-    for (const char* name : {"H200", "H100", "H20", "A100"}) {
-      if (inventory.gpus.front().name.find(name) != std::string::npos) {
-        device = name;
-        break;
-      }
+  std::string preset = "cpu";
+  // "H200" before "H20": the longer name first.
+  for (const char* name : {"H200", "H100", "H20", "A100"}) {
+    if (!device.gpu.empty() && device.gpu.find(name) != std::string::npos) {
+      preset = name;
+      break;
     }
   }
-  DT_ASSIGN_OR_RETURN(r.device, DevicePreset(device, devices_per_node));
-  if (!inventory.gpus.empty()) {
-    r.device.memory_bytes = static_cast<double>(inventory.gpus.front().memory_bytes);
+  DT_ASSIGN_OR_RETURN(r.device, DevicePreset(preset, devices_per_node));
+  if (device.gpu.empty()) {
+    r.device.peak_flops_per_second = kNominalCpuPeakFlops;
+    if (device.memory_bytes > 0) {
+      r.device.memory_bytes = device.memory_bytes / std::max(1, devices_per_node);
+    }
+  } else if (device.memory_bytes > 0) {
+    r.device.memory_bytes = device.memory_bytes;
   }
-  if (device == "cpu") r.device.peak_flops_per_second = kNominalCpuPeakFlops;
   DT_ASSIGN_OR_RETURN(std::vector<PlannedLayout> plans, PlanLayouts(r));
   return plans.front();
 }

@@ -21,6 +21,7 @@
 
 #include "common/status.h"
 #include "model/dit/config.h"
+#include "model/family/family.h"
 
 namespace difftrain {
 
@@ -81,7 +82,7 @@ MemoryEstimate PredictMemory(const DiTConfig& model, const Layout& layout, int s
                              int micro_batches);
 
 struct PlanRequest {
-  DiTConfig model;
+  ModelSpec model;  // the planner's cost model covers the dit family
   int global_batch = 256;
   int nodes = 1, devices_per_node = 1;
   DeviceSpec device;
@@ -110,15 +111,26 @@ Result<std::vector<PlannedLayout>> PlanLayouts(const PlanRequest& request);
 
 std::string DescribeLayout(const Layout& layout);
 
-// The CPU peak `parallel: auto` assumes. Every rank derives the layout from the job file on
-// its own, so the choice must not depend on a measurement that differs between them.
+// The CPU peak `parallel: auto` assumes: the layout must not depend on a measurement that
+// differs between the machines that resolve the same job (the controller, `validate`).
 inline constexpr double kNominalCpuPeakFlops = 100e9;
 
+// The device a job's ranks compute on, as `parallel: auto` plans for it: a GPU (its name picks
+// the preset: H200, H100, H20, A100) with its memory, or the CPU (the node's memory shared by
+// its ranks, the nominal peak above).
+struct PlanDevice {
+  std::string gpu;          // the GPU's name as the driver reports it; empty: the CPU
+  double memory_bytes = 0;  // of one GPU, or of the node's host memory
+  bool operator==(const PlanDevice&) const = default;
+};
+// This machine's device: its first GPU if it has one, else its CPU.
+PlanDevice LocalPlanDevice();
+std::string DescribePlanDevice(const PlanDevice& device);
+
 // `parallel: auto`: the fastest layout that fits for a job of `model` and `global_batch`
-// (and `micro_batch` when the job fixes it) on `nodes` × `devices_per_node` devices of this
-// machine's kind: its GPU when it has one of the presets, else its CPU (memory shared by
-// the node's ranks, the nominal peak above).
-Result<PlannedLayout> ChooseLayout(const DiTConfig& model, int global_batch,
-                                   std::optional<int> micro_batch, int nodes, int devices_per_node);
+// (and `micro_batch` when the job fixes it) on `nodes` × `devices_per_node` of `device`.
+Result<PlannedLayout> ChooseLayout(const ModelSpec& model, int global_batch,
+                                   std::optional<int> micro_batch, int nodes, int devices_per_node,
+                                   const PlanDevice& device);
 
 }  // namespace difftrain

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/temp_dir.h"
+#include "model/dit/family.h"
 #include "model/dit/shard.h"
 #include "model/parallel/gloo_comm.h"
 #include "model/train/trainer.h"
@@ -64,7 +65,7 @@ struct Case {
 MemoryBytes Allocated(const Case& k, const std::string& dir) {
   const Layout& l = k.layout;
   TrainConfig c;
-  c.model = k.model;
+  c.model = DiTSpec(k.model);
   c.micro_batch = l.micro_batch;
   c.global_batch = l.micro_batch * l.dp * k.micro_batches;
   c.recompute = l.recompute;
@@ -154,13 +155,13 @@ double ResidentBytes() {
 TEST(PlannerMemoryTest, PredictionMatchesResidentMemoryGrowth) {
   for (bool recompute : {false, true}) {
     TrainConfig c;
-    c.model = *DiTConfigByName("DiT-S/4", 32);
+    c.model = DiTSpec(*DiTConfigByName("DiT-S/4", 32));
     c.micro_batch = c.global_batch = 16;
     c.recompute = recompute;
     {
       // OpenBLAS and OpenMP set up their buffers and threads on first use: not the model's.
       TrainConfig warm = c;
-      warm.model = SmallModel();
+      warm.model = DiTSpec(SmallModel());
       ASSERT_TRUE(Trainer(warm, std::make_unique<SyntheticDataset>(0, 4, 16, 100)).Step().ok());
     }
     const double before = ResidentBytes();
@@ -168,7 +169,7 @@ TEST(PlannerMemoryTest, PredictionMatchesResidentMemoryGrowth) {
     ASSERT_TRUE(trainer.Step().ok());
     const double grown = ResidentBytes() - before;
     const double predicted =
-        PredictMemory(c.model, {1, 1, 1, 1, 16, recompute, false}, 0, 1).total();
+        PredictMemory(DiTConfigOf(c.model), {1, 1, 1, 1, 16, recompute, false}, 0, 1).total();
     ExpectWithin(predicted, grown, recompute ? "RSS growth, recompute" : "RSS growth");
     std::printf("DiT-S/4 micro 16%s: predicted %.1f MiB, resident memory grew %.1f MiB (%+.2f%%)\n",
                 recompute ? " recompute" : "", predicted / (1 << 20), grown / (1 << 20),
@@ -187,7 +188,7 @@ TEST(PlannerTest, NeverProposesALayoutThatDoesNotFit) {
         for (auto [nodes, per_node] : {std::pair{1, 1}, {1, 8}, {2, 4}, {4, 8}}) {
           for (int global : {32, 256}) {
             PlanRequest r;
-            r.model = model;
+            r.model = DiTSpec(model);
             r.global_batch = global;
             r.nodes = nodes;
             r.devices_per_node = per_node;
@@ -246,7 +247,7 @@ PlannedLayout Only(PlanRequest r, int tp, int cp, int pp, int micro) {
 
 TEST(PlannerTest, TimeModelChargesBubblesGroupsAndRecomputation) {
   PlanRequest r;
-  r.model = *DiTConfigByName("DiT-B/2", 32);
+  r.model = DiTSpec(*DiTConfigByName("DiT-B/2", 32));
   r.global_batch = 64;
   r.devices_per_node = 8;
   r.device = *DevicePreset("H100", 8);
@@ -278,7 +279,7 @@ TEST(PlannerTest, TimeModelChargesBubblesGroupsAndRecomputation) {
 
 TEST(PlannerTest, ImpossibleRequestsSayWhatIsWrong) {
   PlanRequest r;
-  r.model = *DiTConfigByName("DiT-XL/2", 32);
+  r.model = DiTSpec(*DiTConfigByName("DiT-XL/2", 32));
   r.device = *DevicePreset("H100", 1);
   r.device.memory_bytes = 2.0 * (1 << 30);
   Result<std::vector<PlannedLayout>> none = PlanLayouts(r);

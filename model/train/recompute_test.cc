@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/dit/dit.h"
 #include "model/train/trainer.h"
 #include "tests/testing/tiny_training.h"
 
@@ -36,7 +37,7 @@ Trajectory Train(bool recompute) {
   Result<StepStats> first = trainer->Step();
   EXPECT_TRUE(first.ok()) << first.status().message();
   t.loss = first->loss;
-  DiT& m = trainer->model();
+  Model& m = trainer->model();
   t.gradients.assign(m.grads(), m.grads() + m.num_params());
   for (int i = 0; i < 2; ++i)
     EXPECT_TRUE(trainer->Step().ok());
@@ -59,17 +60,18 @@ TEST(RecomputeTest, GradientsAndParametersAreBitIdentical) {
 
 TEST(RecomputeTest, ActivationArenaKeepsOnlyBlockInputs) {
   const TrainConfig c = Config(false);
-  const DiTShard whole = DiTShard::Whole(c.model);
-  const size_t stored = DiT::ActivationBytes(c.model, whole, c.micro_batch, 1, false);
-  const size_t recomputed = DiT::ActivationBytes(c.model, whole, c.micro_batch, 1, true);
+  const DiTConfig model = DiTConfigOf(c.model);
+  const DiTShard whole = DiTShard::Whole(model);
+  const size_t stored = DiT::ActivationBytes(model, whole, c.micro_batch, 1, false);
+  const size_t recomputed = DiT::ActivationBytes(model, whole, c.micro_batch, 1, true);
   EXPECT_LT(recomputed, stored);
   // Per slot, every block but the workspace keeps only its input; with more blocks the
   // saving grows.
-  TrainConfig deep = c;
-  deep.model.depth = 12;
-  const DiTShard deep_whole = DiTShard::Whole(deep.model);
-  EXPECT_LT(2 * DiT::ActivationBytes(deep.model, deep_whole, c.micro_batch, 1, true),
-            DiT::ActivationBytes(deep.model, deep_whole, c.micro_batch, 1, false));
+  DiTConfig deep = model;
+  deep.depth = 12;
+  const DiTShard deep_whole = DiTShard::Whole(deep);
+  EXPECT_LT(2 * DiT::ActivationBytes(deep, deep_whole, c.micro_batch, 1, true),
+            DiT::ActivationBytes(deep, deep_whole, c.micro_batch, 1, false));
   EXPECT_EQ(MakeTrainer(Config(true))->memory().activations, recomputed);
 }
 

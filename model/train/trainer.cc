@@ -25,15 +25,21 @@ DataLoaderOptions LoaderOptions(const TrainConfig& config, int dp_rank, int dp_s
   return o;
 }
 
-// This rank's shard of the model. The layout was validated by Create (or fails fast here).
-DiTShard ShardOf(const TrainConfig& config, const ParallelOptions& p) {
-  if (!p.topology) return DiTShard::Whole(config.model);
+LayoutShape LayoutOf(const ParallelOptions& p) {
+  if (!p.topology) return {};
   const Topology& t = *p.topology;
-  const ParallelCoordinates c = t.CoordinatesOf(p.rank);
-  Result<DiTShard> shard =
-      DiTShard::Create(config.model, t.tp(), c.tp, t.cp(), c.cp, t.pp(), c.pp, p.stage_blocks);
-  DT_CHECK(shard.ok(), "{}", shard.status().message());
-  return *shard;
+  return {t.tp(), t.cp(), t.pp(), p.stage_blocks};
+}
+
+// This rank's shard of the model. The layout was validated by Create (or fails fast here).
+std::unique_ptr<Model> CreateModel(const TrainConfig& config, const ParallelOptions& p) {
+  const ParallelCoordinates c =
+      p.topology ? p.topology->CoordinatesOf(p.rank) : ParallelCoordinates{};
+  Result<std::unique_ptr<Model>> model =
+      FamilyOf(config.model)
+          .Create(config.model, LayoutOf(p), c.tp, c.cp, c.pp, ModelComms{p.tp, p.cp});
+  DT_CHECK(model.ok(), "{}", model.status().message());
+  return std::move(model).value();
 }
 
 // The ranges common to two increasing lists of disjoint ranges.
@@ -51,24 +57,46 @@ std::vector<parallel::Range> Intersect(const std::vector<parallel::Range>& a,
 
 }  // namespace
 
-MemoryBytes PlanMemory(const DiTConfig& c, const DiTShard& shard, int micro_batch,
-                       int micro_batches, bool zero1, int dp_cp, size_t bucket_elements,
-                       bool recompute) {
-  const size_t n = ShardParameters(c, shard).table.total();
+Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout, int stage,
+                               int micro_batch, int micro_batches, bool zero1, int dp_cp,
+                               size_t bucket_elements, bool recompute) {
+  const ModelFamily& family = FamilyOf(model);
+  DT_ASSIGN_OR_RETURN(const ModelPartition part, family.Partition(model, layout, 0, 0, stage));
+  const size_t n = part.parameters.table.total();
   size_t owned = 0;
   for (const parallel::Range& r :
        parallel::GradientSync::OwnedRanges(n, bucket_elements, zero1, dp_cp, 0))
     owned += r.size();
-  const size_t pos_embed = shard.first_stage() ? size_t(c.tokens()) * c.hidden_size : 0;
   MemoryBytes m;
-  m.parameters = (n + pos_embed) * sizeof(float);
+  m.parameters = (n + part.fixed_elements) * sizeof(float);
   m.gradients = n * sizeof(float);
   m.optimizer = 2 * owned * sizeof(float);
   m.ema = n * sizeof(float);
-  m.activations = DiT::ActivationBytes(
-      c, shard, micro_batch, parallel::InFlightMicroBatches(shard.pp, shard.stage, micro_batches),
-      recompute);
+  m.activations = family.ActivationBytes(
+      model, layout, stage, micro_batch,
+      parallel::InFlightMicroBatches(layout.pp, stage, micro_batches), recompute);
   return m;
+}
+
+Result<ModelSpec> CheckpointModel(const io::SafetensorsFile& shard0) {
+  const auto& meta = shard0.metadata();
+  auto config = meta.find("config");
+  if (config == meta.end()) return Errorf("'{}': metadata has no 'config'", shard0.path());
+  const nlohmann::json json = nlohmann::json::parse(config->second, nullptr, false);
+  if (json.is_discarded()) return Errorf("'{}': metadata 'config' is not JSON", shard0.path());
+  auto family = meta.find("family");
+  Result<ModelSpec> spec =
+      ModelSpecFromJson(family == meta.end() ? std::string("dit") : family->second, json);
+  if (!spec.ok()) return spec.status().WithContext(fmt::format("'{}'", shard0.path()));
+  return spec;
+}
+
+Status ReadModelArena(const io::SafetensorsFile& shard0, const TensorTable& global, bool ema,
+                      float* out) {
+  for (const TensorSpec& t : global.tensors()) {
+    DT_RETURN_IF_ERROR(shard0.CopyF32(ema ? "ema." + t.name : t.name, t.shape, out + t.offset));
+  }
+  return Status::Ok();
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
@@ -76,30 +104,29 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                  std::unique_ptr<GpuStep> gpu) {
   const int dp = parallel.topology ? parallel.topology->dp() : 1;
   DT_RETURN_IF_ERROR(config.Validate(dp));
+  const ModelFamily& family = FamilyOf(config.model);
   if (parallel.topology) {
-    const Topology& t = *parallel.topology;
-    DT_RETURN_IF_ERROR(
-        ValidateParallelLayout(config.model, t.tp(), t.cp(), t.pp(), parallel.stage_blocks));
+    DT_RETURN_IF_ERROR(family.ValidateLayout(config.model, LayoutOf(parallel)));
   }
-  const DiTConfig& m = config.model;
+  const SampleSchema m = family.Samples(config.model);
   DatasetSpec spec;
   spec.kind = config.data.kind;
   spec.path = config.data.path;
   spec.split = config.data.split;
   spec.seed = config.seed;
-  spec.channels = m.in_channels;
-  spec.image_size = m.input_size;
+  spec.channels = m.channels;
+  spec.image_size = m.height;
   spec.num_classes = m.num_classes;
   Result<std::unique_ptr<Dataset>> opened = OpenDataset(spec);
   if (!opened.ok()) return opened.status().WithContext("data");
   const Dataset& d = **opened;
-  if (d.channels() != m.in_channels || d.height() != m.input_size || d.width() != m.input_size ||
+  if (d.channels() != m.channels || d.height() != m.height || d.width() != m.width ||
       d.num_classes() != m.num_classes) {
     return Errorf(
         "data: {} samples are {}x{}x{} with {} classes, but the model takes "
-        "in_channels {}, input_size {} and num_classes {}",
-        config.data.kind, d.channels(), d.height(), d.width(), d.num_classes(), m.in_channels,
-        m.input_size, m.num_classes);
+        "{}x{}x{} samples with {} classes",
+        config.data.kind, d.channels(), d.height(), d.width(), d.num_classes(), m.channels,
+        m.height, m.width, m.num_classes);
   }
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
@@ -115,10 +142,11 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
                                 : ParallelCoordinates{}),
       data_(std::move(data)),
       loader_(*data_, LoaderOptions(config, dp_rank(), dp_size())),
-      model_(config.model, ShardOf(config, parallel), DiTComms{parallel.tp, parallel.cp}),
+      schema_(FamilyOf(config.model).Samples(config.model)),
+      model_(CreateModel(config, parallel)),
       diffusion_(config.diffusion),
-      whole_{{0, model_.num_params()}},
-      ema_(model_.num_params()),
+      whole_{{0, model_->num_params()}},
+      ema_(model_->num_params()),
       gpu_(std::move(gpu)) {
   Status valid = config.Validate(dp_size());
   DT_CHECK(valid.ok(), "{}", valid.message());
@@ -126,7 +154,7 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
            config.device, gpu_ ? "" : "out");
   // On the GPU the gradients are averaged on the device (StepOnGpu), not by GradientSync.
   if (parallel.dp_cp != nullptr && !gpu_) {
-    sync_ = std::make_unique<parallel::GradientSync>(*parallel.dp_cp, model_.num_params(),
+    sync_ = std::make_unique<parallel::GradientSync>(*parallel.dp_cp, model_->num_params(),
                                                      parallel.bucket_elements, parallel.zero1,
                                                      parallel.overlap);
   }
@@ -136,21 +164,22 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   exp_avg_sq_ = Buffer<float>(owned_elements_);
   // Every owned range counts on tp rank 0; elsewhere only the tensors split over tp do.
   std::vector<parallel::Range> counted;
-  const ShardedParameters& sharded = model_.sharded();
+  const ShardedParameters& sharded = model_->sharded();
   for (size_t i = 0; i < sharded.table.tensors().size(); ++i) {
     const TensorSpec& t = sharded.table.tensors()[i];
     if (coords_.tp == 0 || sharded.split[i]) counted.push_back({t.offset, t.offset + t.numel});
   }
   norm_ranges_ = Intersect(owned(), counted);
   micro_batches_ = config.AccumulationSteps(dp_size());
-  slots_ = parallel::InFlightMicroBatches(model_.shard().pp, model_.shard().stage, micro_batches_);
+  slots_ = parallel::InFlightMicroBatches(model_->placement().pp, model_->placement().stage,
+                                          micro_batches_);
   batches_.resize(slots_);
   douts_.resize(slots_);
   // On the GPU the host model keeps only the checkpoint's copy of the parameters.
-  if (!gpu_) model_.Reserve(config.micro_batch, slots_, config.recompute);
-  model_.InitializeReference(config.seed);
-  std::memcpy(ema_.data(), model_.params(), ema_.bytes());
-  if (gpu_) gpu_->UploadState(model_.params(), ema_.data(), nullptr, nullptr);
+  if (!gpu_) model_->Reserve(config.micro_batch, slots_, config.recompute);
+  model_->InitializeReference(config.seed);
+  std::memcpy(ema_.data(), model_->params(), ema_.bytes());
+  if (gpu_) gpu_->UploadState(model_->params(), ema_.data(), nullptr, nullptr);
 }
 
 Trainer::~Trainer() = default;
@@ -162,17 +191,16 @@ const std::vector<parallel::Range>& Trainer::owned() const {
 MemoryBytes Trainer::memory() const {
   if (gpu_) return gpu_->memory();
   MemoryBytes m;
-  m.parameters = model_.num_params() * sizeof(float) + model_.pos_embed_bytes();
-  m.gradients = model_.num_params() * sizeof(float);
+  m.parameters = model_->num_params() * sizeof(float) + model_->fixed_bytes();
+  m.gradients = model_->num_params() * sizeof(float);
   m.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
   m.ema = ema_.bytes();
-  m.activations = model_.activation_bytes();
+  m.activations = model_->activation_bytes();
   return m;
 }
 
 Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
-  const DiTConfig& m = config_.model;
-  const size_t n = static_cast<size_t>(m.in_channels) * m.input_size * m.input_size;
+  const size_t n = schema_.elements();
   batch.size = B;
   batch.x0.resize(B * n);
   batch.noise.resize(B * n);
@@ -189,7 +217,7 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
     batch.t[b] = static_cast<int64_t>(rng.Below(diffusion_.steps()));
     batch.t_float[b] = static_cast<float>(batch.t[b]);
     // Classifier-free guidance training: the label becomes the null class with probability p.
-    if (rng.Uniform() < m.class_dropout_prob) batch.y[b] = m.num_classes;
+    if (rng.Uniform() < schema_.label_dropout) batch.y[b] = schema_.num_classes;
     for (size_t i = 0; i < n; ++i)
       batch.noise[b * n + i] = static_cast<float>(rng.Normal());
   }
@@ -199,45 +227,44 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
 
 double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_scale,
                      float* dout) const {
-  const DiTConfig& m = config_.model;
-  const int HW = m.input_size * m.input_size;
+  const SampleSchema& m = schema_;
+  const int HW = m.frames * m.height * m.width;
   const std::vector<double> weights = diffusion_.LossWeights(batch.t.data(), batch.size);
   const double* w = weights.empty() ? nullptr : weights.data();
   return config_.learn_sigma_loss
              ? DiffusionLoss(diffusion_, output, batch.x0.data(), batch.x_t.data(),
-                             batch.noise.data(), batch.t.data(), batch.size, m.in_channels, HW,
+                             batch.noise.data(), batch.t.data(), batch.size, m.channels, HW,
                              /*learn_sigma=*/true, grad_scale, dout, w)
-             : EpsilonMseLoss(output, batch.noise.data(), batch.size, m.in_channels,
-                              m.out_channels(), HW, grad_scale, dout, w);
+             : EpsilonMseLoss(output, batch.noise.data(), batch.size, m.channels, m.out_channels,
+                              HW, grad_scale, dout, w);
 }
 
 double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {
   DT_CHECK(!parallel_.topology && !gpu_, "ForwardBackward is for one process on the CPU");
-  const DiTConfig& m = config_.model;
-  last_output_ = model_.Forward(batch.x_t.data(), batch.t_float.data(), batch.y.data(), batch.size);
-  douts_[0].resize(static_cast<size_t>(batch.size) * m.out_channels() * m.input_size *
-                   m.input_size);
+  model_->Reserve(batch.size, slots_, config_.recompute);
+  Status forward = model_->Forward(0, batch.inputs(), nullptr, nullptr);
+  DT_CHECK(forward.ok(), "{}", forward.message());
+  last_output_ = model_->output(0);
+  douts_[0].resize(batch.size * schema_.output_elements());
   const double loss = Loss(last_output_, batch, grad_scale, douts_[0].data());
-  model_.Backward(douts_[0].data());
+  Status backward = model_->Backward(0, douts_[0].data(), nullptr);
+  DT_CHECK(backward.ok(), "{}", backward.message());
   return loss;
 }
 
 Status Trainer::Forward(int micro, const float* input, float* output) {
   const int slot = micro % slots_;
   MicroBatch& batch = batches_[slot];
-  const DiTShard& shard = model_.shard();
+  const ModelShard& shard = model_->placement();
   // The first stage reads the inputs, the last the loss targets; the others need neither.
   if (shard.first_stage() || shard.last_stage()) {
     const int64_t first = step_first_ + static_cast<int64_t>(micro) * config_.micro_batch;
     DT_RETURN_IF_ERROR(MakeMicroBatch(first, config_.micro_batch, batch));
   }
-  DT_RETURN_IF_ERROR(
-      model_.Forward(slot, batch.x_t.data(), batch.t_float.data(), batch.y.data(), input, output));
+  DT_RETURN_IF_ERROR(model_->Forward(slot, batch.inputs(), input, output));
   if (shard.last_stage()) {
-    const DiTConfig& m = config_.model;
-    last_output_ = model_.output(slot);
-    douts_[slot].resize(static_cast<size_t>(batch.size) * m.out_channels() * m.input_size *
-                        m.input_size);
+    last_output_ = model_->output(slot);
+    douts_[slot].resize(batch.size * schema_.output_elements());
     step_loss_ += Loss(last_output_, batch, grad_scale_, douts_[slot].data()) / micro_batches_;
   }
   return Status::Ok();
@@ -245,14 +272,14 @@ Status Trainer::Forward(int micro, const float* input, float* output) {
 
 Status Trainer::Backward(int micro, const float* output_grad, float* input_grad) {
   const int slot = micro % slots_;
-  DiT::GradientsReady ready;
+  Model::GradientsReady ready;
   if (micro + 1 == micro_batches_ && sync_) {
     // Only the last micro-batch's backward makes gradients final.
-    sync_->Begin(model_.grads());
+    sync_->Begin(model_->grads());
     ready = [this](size_t from) { sync_->OnGradientsReady(from); };
   }
-  const float* grad = model_.shard().last_stage() ? douts_[slot].data() : output_grad;
-  return model_.Backward(slot, grad, input_grad, ready);
+  const float* grad = model_->placement().last_stage() ? douts_[slot].data() : output_grad;
+  return model_->Backward(slot, grad, input_grad, ready);
 }
 
 Result<StepStats> Trainer::Step() {
@@ -260,13 +287,13 @@ Result<StepStats> Trainer::Step() {
   step_first_ = loader_.RankFirstSample(samples_seen_);
   // Each context-parallel rank's gradients are partial sums over its tokens; the dp-cp
   // average divides by cp as well as dp.
-  grad_scale_ = static_cast<float>(model_.shard().cp) / static_cast<float>(micro_batches_);
+  grad_scale_ = static_cast<float>(model_->placement().cp) / static_cast<float>(micro_batches_);
   step_loss_ = 0;
   data_wait_seconds_ = 0;
-  std::memset(model_.grads(), 0, model_.num_params() * sizeof(float));
+  std::memset(model_->grads(), 0, model_->num_params() * sizeof(float));
   DT_RETURN_IF_ERROR(parallel::RunOneForwardOneBackward(parallel_.pp, micro_batches_, *this));
   // Read this rank's slice of the next global batch while the update runs.
-  if (model_.shard().first_stage() || model_.shard().last_stage()) {
+  if (model_->placement().first_stage() || model_->placement().last_stage()) {
     loader_.Prefetch(loader_.RankFirstSample(samples_seen_ + config_.global_batch),
                      config_.global_batch / dp_size());
   }
@@ -277,7 +304,7 @@ Result<StepStats> Trainer::Step() {
 
 Result<StepStats> Trainer::StepOnGpu() {
   if (gpu_stale_) {
-    gpu_->UploadState(model_.params(), ema_.data(), exp_avg_.data(), exp_avg_sq_.data());
+    gpu_->UploadState(model_->params(), ema_.data(), exp_avg_.data(), exp_avg_sq_.data());
     gpu_stale_ = false;
   }
   step_first_ = loader_.RankFirstSample(samples_seen_);
@@ -298,7 +325,8 @@ Result<StepStats> Trainer::StepOnGpu() {
   if (parallel_.dp_cp != nullptr) {
     const auto start = std::chrono::steady_clock::now();
     DT_RETURN_IF_ERROR(
-        parallel_.dp_cp->AllReduce(gpu_->gradients(), model_.num_params(), parallel::ReduceOp::kAvg)
+        parallel_.dp_cp
+            ->AllReduce(gpu_->gradients(), model_->num_params(), parallel::ReduceOp::kAvg)
             .WithContext("averaging gradients"));
     stats.comm_wait_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -320,15 +348,15 @@ Result<StepStats> Trainer::StepOnGpu() {
 
 StepStats Trainer::StepOn(const MicroBatch& batch) {
   DT_CHECK(!parallel_.topology && !gpu_, "StepOn is for one process on the CPU");
-  std::memset(model_.grads(), 0, model_.num_params() * sizeof(float));
+  std::memset(model_->grads(), 0, model_->num_params() * sizeof(float));
   const double loss = ForwardBackward(batch, 1.0f);
   return *ApplyUpdate(loss, batch.size);
 }
 
 Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
   StepStats stats;
-  float* params = model_.params();
-  const float* grads = model_.grads();
+  float* params = model_->params();
+  const float* grads = model_->grads();
   if (sync_) {
     Result<double> waited = sync_->Finish();
     if (!waited.ok()) return waited.status();
@@ -342,7 +370,7 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
     // One sum over the world: the loss of each replica once (its last stage, tp and cp rank
     // 0), and each gradient element once (without ZeRO-1 the dp-cp ranks hold the same
     // averaged gradient: dp-cp rank 0 counts it; with ZeRO-1 their pieces are disjoint).
-    const bool loss_here = model_.shard().last_stage() && coords_.tp == 0 && coords_.cp == 0;
+    const bool loss_here = model_->placement().last_stage() && coords_.tp == 0 && coords_.cp == 0;
     const bool norm_here = (sync_ && sync_->zero1()) || (coords_.cp == 0 && coords_.dp == 0);
     float reduced[2] = {loss_here ? static_cast<float>(loss) : 0.0f,
                         norm_here ? static_cast<float>(sum_squares) : 0.0f};
@@ -362,7 +390,7 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
     moment += r.size();
   }
   if (sync_) DT_RETURN_IF_ERROR(sync_->GatherParameters(params));
-  EmaUpdate(ema_.data(), params, model_.num_params(), config_.optimizer.ema_decay);
+  EmaUpdate(ema_.data(), params, model_->num_params(), config_.optimizer.ema_decay);
   ++step_;
   samples_seen_ += samples;
   stats.step = step_;
@@ -370,11 +398,11 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
 }
 
 Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) {
-  const size_t n = model_.global_parameter_table().total();
-  const float* mine[4] = {model_.params(), ema_.data(), moments, moments_sq};
+  const size_t n = model_->global_parameter_table().total();
+  const float* mine[4] = {model_->params(), ema_.data(), moments, moments_sq};
   for (int i = 0; i < 4; ++i) {
     saved_[i] = Buffer<float>(n);
-    model_.GatherToGlobal(mine[i], saved_[i].data());
+    model_->GatherToGlobal(mine[i], saved_[i].data());
   }
   if (!parallel_.topology) return Status::Ok();
   // Every other tp rank and stage of replica (cp 0, dp 0) sends its four arenas.
@@ -383,10 +411,10 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
     for (int tp = 0; tp < t.tp(); ++tp) {
       const int peer = t.RankOf({tp, 0, 0, stage});
       if (peer == parallel_.rank) continue;
-      Result<DiTShard> shard = DiTShard::Create(config_.model, t.tp(), tp, t.cp(), 0, t.pp(), stage,
-                                                parallel_.stage_blocks);
-      DT_CHECK(shard.ok(), "{}", shard.status().message());
-      const ShardedParameters theirs = ShardParameters(config_.model, *shard);
+      Result<ModelPartition> part =
+          FamilyOf(config_.model).Partition(config_.model, LayoutOf(parallel_), tp, 0, stage);
+      DT_CHECK(part.ok(), "{}", part.status().message());
+      const ShardedParameters& theirs = part->parameters;
       std::vector<float> local(theirs.table.total());
       for (int i = 0; i < 4; ++i) {
         DT_RETURN_IF_ERROR(parallel_.world->Recv(local.data(), local.size(), peer)
@@ -397,7 +425,7 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
           const TensorSpec& spec = theirs.table.tensors()[k];
           if (theirs.split[k]) continue;
           const float* ours =
-              saved_[i].data() + model_.global_parameter_table().Find(spec.name)->offset;
+              saved_[i].data() + model_->global_parameter_table().Find(spec.name)->offset;
           DT_CHECK(std::memcmp(ours, local.data() + spec.offset, spec.numel * sizeof(float)) == 0,
                    "replicated tensor {} differs between tensor-parallel ranks 0 and {}", spec.name,
                    tp);
@@ -412,12 +440,11 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
 }
 
 Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
-  const DiTConfig& m = config_.model;
-  const size_t n = model_.num_params();
+  const size_t n = model_->num_params();
   // Rank 0 writes the whole model: the only rank of a data-parallel layout that needs the
   // device's arenas on the host.
   if (gpu_ && parallel_.rank == 0 && !gpu_stale_) {
-    gpu_->DownloadState(model_.params(), ema_.data(), exp_avg_.data(), exp_avg_sq_.data());
+    gpu_->DownloadState(model_->params(), ema_.data(), exp_avg_.data(), exp_avg_sq_.data());
   }
   // The whole moments of this rank's shard: with ZeRO-1 every dp-cp rank owns pieces of them.
   const float* moments = exp_avg_.data();
@@ -441,7 +468,7 @@ Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
   if (writer) {
     DT_RETURN_IF_ERROR(GatherCheckpoint(moments, moments_sq));
   } else if (coords_.cp == 0 && coords_.dp == 0) {
-    const float* mine[4] = {model_.params(), ema_.data(), moments, moments_sq};
+    const float* mine[4] = {model_->params(), ema_.data(), moments, moments_sq};
     for (const float* arena : mine) {
       DT_RETURN_IF_ERROR(
           parallel_.world->Send(arena, n, 0).WithContext("sending the checkpoint to rank 0"));
@@ -449,10 +476,11 @@ Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
   }
   nlohmann::json ranges = nlohmann::json::array();
   if (writer) {
-    const TensorTable& global = model_.global_parameter_table();
+    const TensorTable& global = model_->global_parameter_table();
     for (const TensorSpec& t : global.tensors())
       shard.AddF32(t.name, t.shape, saved_[0].data() + t.offset);
-    shard.AddF32("pos_embed", {1, m.tokens(), m.hidden_size}, model_.pos_embed());
+    for (const FixedTensor& f : model_->fixed_tensors())
+      shard.AddF32(f.name, f.shape, f.data);
     for (const TensorSpec& t : global.tensors())
       shard.AddF32("ema." + t.name, t.shape, saved_[1].data() + t.offset);
     const int64_t total = static_cast<int64_t>(global.total());
@@ -465,7 +493,8 @@ Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
   shard.SetMetadata("step", std::to_string(step_));
   shard.SetMetadata("samples_seen", std::to_string(samples_seen_));
   shard.SetMetadata("seed", std::to_string(config_.seed));
-  shard.SetMetadata("config", m.ToJson().dump());
+  shard.SetMetadata("family", config_.model.family);
+  shard.SetMetadata("config", config_.model.config.dump());
   shard.SetMetadata("train", config_.ToJson().dump());
   shard.SetMetadata("dp_rank", std::to_string(dp_rank()));
   shard.SetMetadata("dp_size", std::to_string(dp_size()));
@@ -484,12 +513,11 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
   if (format != "difftrain-checkpoint-shard") {
     return Errorf("'{}': not a difftrain checkpoint shard (format '{}')", shard.path(), format);
   }
-  DT_ASSIGN_OR_RETURN(std::string config_text, field("config"));
-  nlohmann::json saved = nlohmann::json::parse(config_text, nullptr, false);
-  const nlohmann::json ours = config_.model.ToJson();
-  if (saved != ours) {
-    return Errorf("'{}': checkpoint is of model {} but this run trains {}", shard.path(),
-                  saved.dump(), ours.dump());
+  DT_ASSIGN_OR_RETURN(const ModelSpec saved, CheckpointModel(shard));
+  if (saved != config_.model) {
+    return Errorf("'{}': checkpoint is of model {} {} but this run trains {} {}", shard.path(),
+                  saved.family, saved.config.dump(), config_.model.family,
+                  config_.model.config.dump());
   }
   DT_ASSIGN_OR_RETURN(std::string seed, field("seed"));
   if (seed != std::to_string(config_.seed)) {
@@ -497,14 +525,12 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
                   shard.path(), seed, config_.seed);
   }
   // The checkpoint holds the whole model: this rank takes its shard of it.
-  const TensorTable& global = model_.global_parameter_table();
+  const TensorTable& global = model_->global_parameter_table();
   Buffer<float> params(global.total()), ema(global.total());
-  for (const TensorSpec& t : global.tensors()) {
-    DT_RETURN_IF_ERROR(shard.CopyF32(t.name, t.shape, params.data() + t.offset));
-    DT_RETURN_IF_ERROR(shard.CopyF32("ema." + t.name, t.shape, ema.data() + t.offset));
-  }
-  model_.ScatterFromGlobal(params.data(), model_.params());
-  model_.ScatterFromGlobal(ema.data(), ema_.data());
+  DT_RETURN_IF_ERROR(ReadModelArena(shard, global, /*ema=*/false, params.data()));
+  DT_RETURN_IF_ERROR(ReadModelArena(shard, global, /*ema=*/true, ema.data()));
+  model_->ScatterFromGlobal(params.data(), model_->params());
+  model_->ScatterFromGlobal(ema.data(), ema_.data());
   gpu_stale_ = gpu_ != nullptr;
   DT_ASSIGN_OR_RETURN(std::string step, field("step"));
   DT_ASSIGN_OR_RETURN(std::string seen, field("samples_seen"));
@@ -532,7 +558,7 @@ Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {
   for (const auto& r : ranges) {
     if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() ||
         !r[1].is_number_unsigned() || r[0].get<size_t>() > r[1].get<size_t>() ||
-        r[1].get<size_t>() > model_.global_parameter_table().total()) {
+        r[1].get<size_t>() > model_->global_parameter_table().total()) {
       return Errorf("'{}': malformed range {} in 'optim.ranges'", shard.path(), r.dump());
     }
     held += r[1].get<size_t>() - r[0].get<size_t>();
@@ -556,7 +582,7 @@ Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {
   size_t copied = 0, saved_offset = 0;
   for (const auto& r : ranges) {
     const parallel::Range saved{r[0].get<size_t>(), r[1].get<size_t>()};
-    for (const Fragment& f : model_.sharded().fragments) {
+    for (const Fragment& f : model_->sharded().fragments) {
       const size_t gb = std::max(saved.begin, f.global);
       const size_t ge = std::min(saved.end, f.global + f.length);
       if (gb >= ge) continue;

@@ -1,5 +1,6 @@
-// One training process's model, optimizer and data position: the DiT training step, alone
-// or as one rank of a tensor × context × data × pipeline parallel layout.
+// One training process's model, optimizer and data position: the diffusion training step of
+// a model of any family (model/family/family.h), alone or as one rank of a tensor × context ×
+// data × pipeline parallel layout.
 //
 // Every random draw is addressed by the global index n of the training sample: sample n's
 // image comes from the data loader (a permutation per epoch, from the seed), and its
@@ -22,25 +23,28 @@
 #include <vector>
 
 #include "common/topology.h"
+#include "job/job_spec.h"
 #include "model/data/dataset.h"
 #include "model/data/loader.h"
 #include "model/diffusion/gaussian_diffusion.h"
-#include "model/dit/dit.h"
+#include "model/family/family.h"
 #include "model/io/safetensors.h"
 #include "model/parallel/grad_sync.h"
 #include "model/parallel/pipeline.h"
+#include "model/tensor/buffer.h"
 #include "model/train/gpu_step.h"
-#include "model/train/train_config.h"
 
 namespace difftrain {
 
 // The inputs of a micro-batch as the model sees them.
 struct MicroBatch {
   int size = 0;
-  std::vector<float> x0, noise, x_t;  // [B, C, H, W]
+  std::vector<float> x0, noise, x_t;  // [B, ...the family's sample shape]
   std::vector<int64_t> t;             // timesteps
   std::vector<float> t_float;         // the same, as the model's input
   std::vector<int32_t> y;             // labels after dropout (num_classes = null class)
+
+  ModelInputs inputs() const { return {x_t.data(), t_float.data(), y.data(), nullptr}; }
 };
 
 // Bytes of the arenas this rank allocates.
@@ -52,13 +56,22 @@ struct MemoryBytes {
   size_t activations = 0;  // every activation slot and the backward scratch
 };
 
-// The arenas a rank with `shard` allocates: micro-batches of `micro_batch`, `micro_batches`
-// of them per step and replica (the pipeline keeps min(pp − stage, that) in flight), AdamW
-// moments sharded over a dp-cp group of `dp_cp` ranks with ZeRO-1 (rank 0's share, the
-// largest), gradient buckets of `bucket_elements`, activations recomputed or not.
-MemoryBytes PlanMemory(const DiTConfig& config, const DiTShard& shard, int micro_batch,
-                       int micro_batches, bool zero1, int dp_cp, size_t bucket_elements,
-                       bool recompute);
+// The arenas a rank of pipeline stage `stage` (tp and cp rank 0) of `layout` allocates:
+// micro-batches of `micro_batch`, `micro_batches` of them per step and replica (the pipeline
+// keeps min(pp − stage, that) in flight), AdamW moments sharded over a dp-cp group of `dp_cp`
+// ranks with ZeRO-1 (rank 0's share, the largest), gradient buckets of `bucket_elements`,
+// activations recomputed or not.
+Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout, int stage,
+                               int micro_batch, int micro_batches, bool zero1, int dp_cp,
+                               size_t bucket_elements, bool recompute);
+
+// The model a checkpoint's shard 0 (or a debug dump) holds: its family (metadata "family";
+// checkpoints written before model families existed hold a DiT) and its config.
+Result<ModelSpec> CheckpointModel(const io::SafetensorsFile& shard0);
+// The whole model's parameters (`ema`: the EMA, `ema.`-prefixed) from shard 0 into an arena
+// laid out by `global` (the reference names).
+Status ReadModelArena(const io::SafetensorsFile& shard0, const TensorTable& global, bool ema,
+                      float* out);
 
 struct StepStats {
   int64_t step = 0;  // optimizer steps done after this one
@@ -133,8 +146,9 @@ class Trainer : private parallel::PipelineStage {
 
   // The GPU the model computes on; null on the CPU.
   const GpuStep* gpu() const { return gpu_.get(); }
-  DiT& model() { return model_; }
-  const DiT& model() const { return model_; }
+  Model& model() { return *model_; }
+  const Model& model() const { return *model_; }
+  const SampleSchema& schema() const { return schema_; }
   const float* ema() const { return ema_.data(); }
   const float* last_output() const { return last_output_; }
   const TrainConfig& config() const { return config_; }
@@ -155,7 +169,7 @@ class Trainer : private parallel::PipelineStage {
   // The loss of `output` for `batch` and its gradient (scaled) into dout.
   double Loss(const float* output, const MicroBatch& batch, float grad_scale, float* dout) const;
   // The pipeline stage of a step: micro-batch i of this rank's share, in slot i % slots.
-  size_t boundary_elements() const override { return model_.boundary_elements(); }
+  size_t boundary_elements() const override { return model_->boundary_elements(); }
   Status Forward(int micro, const float* input, float* output) override;
   Status Backward(int micro, const float* output_grad, float* input_grad) override;
   // Rank 0: the whole-model arenas of the checkpoint, from every member of its replica.
@@ -166,7 +180,8 @@ class Trainer : private parallel::PipelineStage {
   ParallelCoordinates coords_;
   std::unique_ptr<Dataset> data_;
   DataLoader loader_;
-  DiT model_;
+  SampleSchema schema_;
+  std::unique_ptr<Model> model_;
   GaussianDiffusion diffusion_;
   std::unique_ptr<parallel::GradientSync> sync_;
   std::vector<parallel::Range> whole_;  // [0, n): what one process owns

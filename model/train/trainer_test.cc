@@ -48,7 +48,8 @@ class TrainerTest : public ::testing::Test {
 
 TEST_F(TrainerTest, OverfitsAFixedBatchTenfold) {
   TrainConfig c = TinyConfig();
-  c.model.class_dropout_prob = 0;  // the batch must stay exactly fixed
+  testing::EditDiT(c.model,
+                   [](DiTConfig& m) { m.class_dropout_prob = 0; });  // the batch stays fixed
   auto trainer = MakeTrainer(c);
   MicroBatch batch;
   ASSERT_TRUE(trainer->MakeMicroBatch(0, 8, batch).ok());
@@ -71,7 +72,8 @@ double VarianceWeightGradient(bool learn_sigma_loss) {
   std::memset(trainer->model().grads(), 0, trainer->model().num_params() * sizeof(float));
   trainer->ForwardBackward(batch, 1.0f);
   const TensorSpec* w = trainer->model().parameter_table().Find("final_layer.linear.weight");
-  const int C = c.model.in_channels, out = c.model.out_channels(), D = c.model.hidden_size;
+  const DiTConfig m = DiTConfigOf(c.model);
+  const int C = m.in_channels, out = m.out_channels(), D = m.hidden_size;
   double sum = 0;
   for (int f = 0; f < static_cast<int>(w->shape[0]); ++f) {
     if (f % out < C) continue;
@@ -133,7 +135,7 @@ TEST_F(TrainerTest, RestoringAnotherModelNamesTheDifference) {
   ASSERT_TRUE(WriteCheckpointShard(*trainer, store, 0, 1).ok());
   ASSERT_TRUE(store.Commit(1, 1).ok());
 
-  c.model.hidden_size = 64;
+  testing::EditDiT(c.model, [](DiTConfig& m) { m.hidden_size = 64; });
   auto other = MakeTrainer(c);
   Result<std::optional<int64_t>> restored = RestoreLatestCheckpoint(*other, store);
   ASSERT_FALSE(restored.ok());

@@ -16,9 +16,9 @@
 #include <gtest/gtest.h>
 #include <zmq.hpp>
 
+#include "common/curve.h"
 #include "common/temp_dir.h"
 #include "common/wire.h"
-#include "controller/curve.h"
 #include "model/parallel/rank_processes.h"
 #include "tests/testing/checkpoint_tensors.h"
 #include "tests/testing/processes.h"
@@ -41,7 +41,7 @@ class ClusterTest : public ::testing::Test {
 
   void SetUp() override {
     keys_ = (fs::path(dir_.path()) / "keys").string();
-    ASSERT_TRUE(controller::WriteNewKeys(keys_).ok());
+    ASSERT_TRUE(WriteNewKeys(keys_).ok());
     endpoint_ = "ipc://" + dir_.path() + "/controller.sock";
     // The daemons' work directories (and what a killed one leaves) go with the test's.
     ::setenv("TMPDIR", dir_.path().c_str(), 1);
@@ -237,11 +237,11 @@ TEST_F(ClusterTest, SigtermCheckpointsAndASecondRunResumesToTheSameParameters) {
 }
 
 // A client socket of the test with `keys`.
-std::unique_ptr<zmq::socket_t> Connect(zmq::context_t& context, const controller::CurveKeys& keys,
+std::unique_ptr<zmq::socket_t> Connect(zmq::context_t& context, const CurveKeys& keys,
                                        const std::string& endpoint) {
   auto s = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
   s->set(zmq::sockopt::linger, 0);
-  controller::MakeCurveClient(*s, keys);
+  MakeCurveClient(*s, keys);
   s->connect(endpoint);
   return s;
 }
@@ -253,6 +253,8 @@ std::string RegisterFrame(const std::string& node) {
                         {"gpus", 0},
                         {"cores", 2},
                         {"memory_bytes", 1 << 30},
+                        {"gpu_name", ""},
+                        {"gpu_memory_bytes", 0},
                         {"pid", 1}},
                        ""});
 }
@@ -271,14 +273,14 @@ std::optional<wire::Message> Receive(zmq::socket_t& s, std::chrono::milliseconds
 TEST_F(ClusterTest, WrongKeyGetsNothingAndBadMessagesAreDroppedAndCounted) {
   const fs::path job = WriteJob("bad-input");
   std::unique_ptr<Process> controller = StartController(job);
-  Result<controller::CurveKeys> keys = controller::ReadKeys(keys_);
+  Result<CurveKeys> keys = ReadKeys(keys_);
   ASSERT_TRUE(keys.ok());
   zmq::context_t context;
 
   // A client with keys of another job: no answer, ever.
   const std::string other = dir_.path() + "/other-keys";
-  ASSERT_TRUE(controller::WriteNewKeys(other).ok());
-  controller::CurveKeys wrong = *controller::ReadKeys(other);
+  ASSERT_TRUE(WriteNewKeys(other).ok());
+  CurveKeys wrong = *ReadKeys(other);
   wrong.controller_public = keys->controller_public;  // it knows the server, not the client key
   auto intruder = Connect(context, wrong, endpoint_);
   intruder->send(zmq::buffer(RegisterFrame("intruder")), zmq::send_flags::dontwait);

@@ -138,7 +138,7 @@ TEST_F(ModelParallelTest, LayoutsThatDoNotDivideFailBeforeAnyWork) {
     std::string layout, message;
   };
   for (const Case& c :
-       {Case{"tp: 3", "num_heads 4 is not divisible by tp 3"},
+       {Case{"tp: 3", "model.num_heads: expected a multiple of parallel.tp = 3, found 4"},
         Case{"cp: 3", "sequence of 16 tokens (4x4 patches) is not divisible by cp 3"},
         Case{"pp: 5", "model.depth 4 is smaller than pp 5"}}) {
     const std::filesystem::path job = WriteJob("bad", kMicro, false, 1, c.layout);

@@ -17,8 +17,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/curve.h"
 #include "common/temp_dir.h"
-#include "controller/curve.h"
 #include "model/parallel/rank_processes.h"
 #include "tests/testing/http.h"
 #include "tests/testing/processes.h"
@@ -63,7 +63,7 @@ class PrometheusTest : public ::testing::Test {
     }
     dir_ = dir_holder_.path();
     keys_ = (dir_ / "keys").string();
-    ASSERT_TRUE(controller::WriteNewKeys(keys_).ok());
+    ASSERT_TRUE(WriteNewKeys(keys_).ok());
     std::set<int> ports;
     while (ports.size() < 4)
       ports.insert(testing::FreePort());

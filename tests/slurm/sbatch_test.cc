@@ -85,6 +85,7 @@ struct JobSpec {
   int steps = 1000;
   int log_every = 50;
   int checkpoint_every = 500;
+  bool parallel_auto = false;  // `parallel: auto`: the controller chooses the layout
 };
 
 class SbatchTest : public ::testing::Test {
@@ -141,7 +142,7 @@ class SbatchTest : public ::testing::Test {
         << "batch: {micro: " << spec.micro << ", global: " << 2 * spec.micro << "}\n"
         << "optimizer: {lr: 0.001}\n"
         << "train: {steps: " << spec.steps << ", log_every: " << spec.log_every << "}\n"
-        << "parallel: {timeout_seconds: 60}\n"
+        << (spec.parallel_auto ? "parallel: auto\n" : "parallel: {timeout_seconds: 60}\n")
         << "checkpoint: {dir: " << (dir / "ckpt").string() << ", every: " << spec.checkpoint_every
         << ", keep: 2}\n"
         << "restart: {heartbeat_seconds: 0.2, heartbeat_misses: 25, "
@@ -293,6 +294,40 @@ class SbatchTest : public ::testing::Test {
   bool cluster_started_ = false;
   int controller_metrics_port_ = 0, worker_metrics_port_ = 0;
 };
+
+// `parallel: auto` under sbatch: the batch script passes the allocation to the controller
+// (--nodes 2 --devices-per-node 1), which chooses the layout for it, as `difftrain validate`
+// does with the same flags, and ships it to the ranks (issue 18: every rank used to re-plan
+// from the file, and the controller refused the flags).
+TEST_F(SbatchTest, ParallelAutoJobTrainsWithTheLayoutValidateChooses) {
+  JobSpec spec{.hidden = 32,
+               .micro = 2,
+               .steps = 40,
+               .log_every = 10,
+               .checkpoint_every = 20,
+               .parallel_auto = true};
+  const fs::path job = WriteJob("auto", spec);
+  const CommandResult validated =
+      testing::RunDifftrain("validate --nodes 2 --devices-per-node 1 " + ShellQuote(job.string()));
+  ASSERT_EQ(validated.exit_code, 0) << validated.output;
+  std::smatch chosen;
+  ASSERT_TRUE(std::regex_search(validated.output, chosen,
+                                std::regex("parallel: auto chose tp ([0-9]+) cp ([0-9]+) pp "
+                                           "([0-9]+) dp ([0-9]+)")))
+      << validated.output;
+  const std::string layout = "(tp " + chosen[1].str() + " cp " + chosen[2].str() + " dp " +
+                             chosen[4].str() + " pp " + chosen[3].str() + ")";
+
+  const std::string id = Submit(job);
+  const auto end = WaitForEnd(id);
+  const std::string output = Output(id);
+  EXPECT_EQ(end.at("JobState"), "COMPLETED") << output;
+  EXPECT_EQ(end.at("ExitCode"), "0:0") << output;
+  EXPECT_THAT(output, HasSubstr(layout)) << "the ranks trained another layout than validate's";
+  int64_t step = 0;
+  EXPECT_FALSE(FinalState(job, &step).empty());
+  EXPECT_EQ(step, spec.steps);
+}
 
 // The jobs of the warning tests: long enough for the warning to arrive well before the end.
 JobSpec WarnedSpec() {

@@ -5,20 +5,27 @@
 
 #include <memory>
 
+#include "model/dit/family.h"
 #include "model/train/trainer.h"
 
 namespace difftrain::testing {
 
+inline DiTConfig TinyDiT(int hidden_size, int depth = 2) {
+  DiTConfig m;
+  m.name = "custom";
+  m.input_size = 8;
+  m.patch_size = 2;
+  m.in_channels = 4;
+  m.hidden_size = hidden_size;
+  m.depth = depth;
+  m.num_heads = 4;
+  m.num_classes = 10;
+  return m;
+}
+
 inline TrainConfig TinyTrainConfig(int hidden_size, int depth = 2) {
   TrainConfig c;
-  c.model.name = "custom";
-  c.model.input_size = 8;
-  c.model.patch_size = 2;
-  c.model.in_channels = 4;
-  c.model.hidden_size = hidden_size;
-  c.model.depth = depth;
-  c.model.num_heads = 4;
-  c.model.num_classes = 10;
+  c.model = DiTSpec(TinyDiT(hidden_size, depth));
   c.micro_batch = 4;
   c.global_batch = 8;
   c.optimizer.grad_clip = 1.0;
@@ -26,9 +33,17 @@ inline TrainConfig TinyTrainConfig(int hidden_size, int depth = 2) {
   return c;
 }
 
+// Changes fields of a DiT spec: EditDiT(c.model, [](DiTConfig& m) { m.depth = 12; }).
+template <typename Edit>
+void EditDiT(ModelSpec& spec, Edit&& edit) {
+  DiTConfig m = DiTConfigOf(spec);
+  edit(m);
+  spec = DiTSpec(m);
+}
+
 inline std::unique_ptr<Dataset> SyntheticData(const TrainConfig& c) {
-  return std::make_unique<SyntheticDataset>(c.seed, c.model.in_channels, c.model.input_size,
-                                            c.model.num_classes);
+  const SampleSchema x = FamilyOf(c.model).Samples(c.model);
+  return std::make_unique<SyntheticDataset>(c.seed, x.channels, x.height, x.num_classes);
 }
 
 }  // namespace difftrain::testing

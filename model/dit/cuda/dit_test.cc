@@ -1,7 +1,7 @@
 // The GPU DiT step against the CPU model (model/dit/dit.h) on the same weights and batch:
 // output, loss and every parameter's gradient; the CUDA graph against eager launches; and a
 // few optimizer steps that must fit one batch.
-#include "model/cuda/dit.h"
+#include "model/dit/cuda/dit.h"
 
 #include <gtest/gtest.h>
 

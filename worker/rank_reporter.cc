@@ -1,4 +1,4 @@
-#include "launch/rank_reporter.h"
+#include "worker/rank_reporter.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 
 #include "model/train/gpu_step.h"
 
-namespace difftrain::launch {
+namespace difftrain::worker {
 namespace {
 
 std::string MetricsPath(std::string pattern, int rank) {
@@ -112,7 +112,9 @@ void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
   r.lr = stats.lr;
   r.step_seconds = step_seconds;
   r.samples_per_second = config_.global_batch / step_seconds;
-  r.flops_per_second = r.samples_per_second * TrainingFlopsPerSample(config_.model) / world_;
+  r.flops_per_second = r.samples_per_second *
+                       FamilyOf(config_.model).Cost(config_.model).training_flops_per_sample() /
+                       world_;
   r.mfu = peak_.flops_per_second > 0 ? r.flops_per_second / peak_.flops_per_second : 0;
   r.data_wait_seconds = stats.data_wait_seconds;
   r.comm_wait_seconds = stats.comm_wait_seconds;
@@ -132,4 +134,4 @@ void RankReporter::Checkpointed(int64_t step, double seconds) {
   checkpoint_seconds_ = seconds;
 }
 
-}  // namespace difftrain::launch
+}  // namespace difftrain::worker

@@ -1,4 +1,4 @@
-#include "model/cuda/dit.h"
+#include "model/dit/cuda/dit.h"
 
 #include <cmath>
 #include <utility>
@@ -45,25 +45,7 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   const Status supported = Supports(config_);
   DT_CHECK(supported.ok(), "{}", supported.message());
   DT_CHECK(!options_.vb_loss || config_.learn_sigma, "the vb loss needs a learn_sigma model");
-  x_w_ = Offset("x_embedder.proj.weight");
-  x_b_ = Offset("x_embedder.proj.bias");
-  t1_w_ = Offset("t_embedder.mlp.0.weight");
-  t1_b_ = Offset("t_embedder.mlp.0.bias");
-  t2_w_ = Offset("t_embedder.mlp.2.weight");
-  t2_b_ = Offset("t_embedder.mlp.2.bias");
-  y_table_ = Offset("y_embedder.embedding_table.weight");
-  for (int l = 0; l < config_.depth; ++l) {
-    const std::string b = "blocks." + std::to_string(l) + ".";
-    blocks_.push_back(
-        {Offset(b + "adaLN_modulation.1.weight"), Offset(b + "adaLN_modulation.1.bias"),
-         Offset(b + "attn.qkv.weight"), Offset(b + "attn.qkv.bias"), Offset(b + "attn.proj.weight"),
-         Offset(b + "attn.proj.bias"), Offset(b + "mlp.fc1.weight"), Offset(b + "mlp.fc1.bias"),
-         Offset(b + "mlp.fc2.weight"), Offset(b + "mlp.fc2.bias")});
-  }
-  fada_w_ = Offset("final_layer.adaLN_modulation.1.weight");
-  fada_b_ = Offset("final_layer.adaLN_modulation.1.bias");
-  flin_w_ = Offset("final_layer.linear.weight");
-  flin_b_ = Offset("final_layer.linear.bias");
+  p_ = DiTParams::Bind(table_, DiTShard::Whole(config_));
 
   norm_squared_ = DeviceBuffer<double>(1);
   std::vector<float> pos(size_t(config_.tokens()) * config_.hidden_size);
@@ -108,12 +90,6 @@ Status DiT::Supports(const DiTConfig& c) {
 DiT::~DiT() {
   if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
   if (graph_ != nullptr) cudaGraphDestroy(graph_);
-}
-
-size_t DiT::Offset(const std::string& name) const {
-  const TensorSpec* t = table_.Find(name);
-  DT_CHECK(t != nullptr, "{} is not in the parameter table", name);
-  return t->offset;
 }
 
 void DiT::UploadState(const float* params, const float* ema, const float* exp_avg,
@@ -295,30 +271,31 @@ void DiT::Forward() {
   // fixed position embedding: the residual stream entering block 0.
   float* x_tokens = acts_.front().resid_in;
   Patchify(patches_, in_x_, B, c.in_channels, c.input_size, p, stream_);
-  gemm_.Forward(x_tokens, patches_, W(x_w_), W(x_b_), N, c.patch_features(), D, Epilogue::kBias);
+  gemm_.Forward(x_tokens, patches_, W(p_.x_w), W(p_.x_b), N, c.patch_features(), D,
+                Epilogue::kBias);
   AddPositionEmbedding(x_tokens, x_tokens, pos_embed_.data(), B, T, D, stream_);
   // Conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c).
   TimestepFrequencies(tfreq_, in_t_, B, kFrequencyDim, stream_);
-  gemm_.Forward(t_hidden_, tfreq_, W(t1_w_), W(t1_b_), B, kFrequencyDim, D, Epilogue::kBias);
+  gemm_.Forward(t_hidden_, tfreq_, W(p_.t1_w), W(p_.t1_b), B, kFrequencyDim, D, Epilogue::kBias);
   SiluForward(t_act_, t_hidden_, size_t(B) * D, stream_);
-  gemm_.Forward(t_emb_, t_act_, W(t2_w_), W(t2_b_), B, D, D, Epilogue::kBias);
-  AddLabelEmbedding(c_, t_emb_, Master(y_table_), in_y_, B, D, stream_);
+  gemm_.Forward(t_emb_, t_act_, W(p_.t2_w), W(p_.t2_b), B, D, D, Epilogue::kBias);
+  AddLabelEmbedding(c_, t_emb_, Master(p_.y_table), in_y_, B, D, stream_);
   SiluForward(silu_c_, c_, size_t(B) * D, stream_);
 
   for (int l = 0; l < c.depth; ++l)
     BlockForward(l);
 
   // Final layer: modulate(norm(x), shift, scale) → Linear → unpatchify.
-  gemm_.Forward(ada_f_, silu_c_, W(fada_w_), W(fada_b_), B, D, 2 * D, Epilogue::kBias);
+  gemm_.Forward(ada_f_, silu_c_, W(p_.fada_w), W(p_.fada_b), B, D, 2 * D, Epilogue::kBias);
   LayerNormModulateForward(modf_, meanf_, rstdf_, resid_out_, ada_f_, 0, D, 2 * D, B, T, D,
                            stream_);
   const int Fo = p * p * c.out_channels();
-  gemm_.Forward(final_out_, modf_, W(flin_w_), W(flin_b_), N, D, Fo, Epilogue::kBias);
+  gemm_.Forward(final_out_, modf_, W(p_.flin_w), W(p_.flin_b), N, D, Fo, Epilogue::kBias);
   Unpatchify(out_, final_out_, B, c.out_channels(), c.input_size, p, stream_);
 }
 
 void DiT::BlockForward(int l) {
-  const BlockOffsets& o = blocks_[l];
+  const DiTBlockParams& o = p_.blocks[l];
   BlockActs& k = acts_[l];
   float* resid_out = l + 1 < config_.depth ? acts_[l + 1].resid_in : resid_out_;
   const int B = batch_, T = config_.tokens(), D = config_.hidden_size, N = B * T;
@@ -356,17 +333,17 @@ void DiT::Backward() {
   DT_CUDA_CHECK(cudaMemsetAsync(d_silu_c_, 0, BD * sizeof(float), stream_));
   UnpatchifyBackward(d_final_, d_out_, B, c.out_channels(), c.input_size, p, stream_);
   CastToBf16(d_final_bf16_, d_final_, size_t(N) * Fo, stream_);
-  gemm_.BackwardWeight(G(flin_w_), d_final_bf16_, modf_, N, D, Fo);
-  BiasGradient(G(flin_b_), d_final_, N, Fo, stream_);
-  gemm_.BackwardInput(d_a_, d_final_bf16_, W(flin_w_), N, D, Fo);
+  gemm_.BackwardWeight(G(p_.flin_w), d_final_bf16_, modf_, N, D, Fo);
+  BiasGradient(G(p_.flin_b), d_final_, N, Fo, stream_);
+  gemm_.BackwardInput(d_a_, d_final_bf16_, W(p_.flin_w), N, D, Fo);
   DT_CUDA_CHECK(cudaMemsetAsync(d_resid_, 0, size_t(N) * D * sizeof(float), stream_));
   DT_CUDA_CHECK(cudaMemsetAsync(d_ada_, 0, BD * 2 * sizeof(float), stream_));
   LayerNormModulateBackward(d_resid_, d_ada_, d_a_, resid_out_, meanf_, rstdf_, ada_f_, 0, D, 2 * D,
                             B, T, D, stream_);
   CastToBf16(d_ada_bf16_, d_ada_, BD * 2, stream_);
-  gemm_.BackwardWeight(G(fada_w_), d_ada_bf16_, silu_c_, B, D, 2 * D);
-  BiasGradient(G(fada_b_), d_ada_, B, 2 * D, stream_);
-  gemm_.BackwardInput(d_small_, d_ada_bf16_, W(fada_w_), B, D, 2 * D);
+  gemm_.BackwardWeight(G(p_.fada_w), d_ada_bf16_, silu_c_, B, D, 2 * D);
+  BiasGradient(G(p_.fada_b), d_ada_, B, 2 * D, stream_);
+  gemm_.BackwardInput(d_small_, d_ada_bf16_, W(p_.fada_w), B, D, 2 * D);
   CastToFloat(d_silu_c_, d_small_, BD, /*accumulate=*/true, stream_);
 
   // Blocks, last to first; d_resid_ carries the residual stream's gradient throughout.
@@ -376,25 +353,25 @@ void DiT::Backward() {
   // Conditioning: c = t_emb + y_emb, t_emb = mlp.2(silu(mlp.0(freq(t)))).
   DT_CUDA_CHECK(cudaMemsetAsync(d_c_, 0, BD * sizeof(float), stream_));
   SiluBackward(d_c_, d_silu_c_, c_, BD, stream_);
-  LabelEmbeddingBackward(G(y_table_), d_c_, in_y_, B, D, stream_);
+  LabelEmbeddingBackward(G(p_.y_table), d_c_, in_y_, B, D, stream_);
   CastToBf16(d_c_bf16_, d_c_, BD, stream_);
-  gemm_.BackwardWeight(G(t2_w_), d_c_bf16_, t_act_, B, D, D);
-  BiasGradient(G(t2_b_), d_c_, B, D, stream_);
-  gemm_.BackwardInput(d_small_, d_c_bf16_, W(t2_w_), B, D, D);
+  gemm_.BackwardWeight(G(p_.t2_w), d_c_bf16_, t_act_, B, D, D);
+  BiasGradient(G(p_.t2_b), d_c_, B, D, stream_);
+  gemm_.BackwardInput(d_small_, d_c_bf16_, W(p_.t2_w), B, D, D);
   DT_CUDA_CHECK(cudaMemsetAsync(d_t_, 0, BD * sizeof(float), stream_));
   CastToFloat(d_c_, d_small_, BD, /*accumulate=*/false, stream_);  // d_c_ is free: reuse it
   SiluBackward(d_t_, d_c_, t_hidden_, BD, stream_);
   CastToBf16(d_c_bf16_, d_t_, BD, stream_);
-  gemm_.BackwardWeight(G(t1_w_), d_c_bf16_, tfreq_, B, kFrequencyDim, D);
-  BiasGradient(G(t1_b_), d_t_, B, D, stream_);
+  gemm_.BackwardWeight(G(p_.t1_w), d_c_bf16_, tfreq_, B, kFrequencyDim, D);
+  BiasGradient(G(p_.t1_b), d_t_, B, D, stream_);
   // Patch embed: the position embedding is fixed and the input is data.
   CastToBf16(d_a_, d_resid_, size_t(N) * D, stream_);
-  gemm_.BackwardWeight(G(x_w_), d_a_, patches_, N, c.patch_features(), D);
-  BiasGradient(G(x_b_), d_resid_, N, D, stream_);
+  gemm_.BackwardWeight(G(p_.x_w), d_a_, patches_, N, c.patch_features(), D);
+  BiasGradient(G(p_.x_b), d_resid_, N, D, stream_);
 }
 
 void DiT::BlockBackward(int l) {
-  const BlockOffsets& o = blocks_[l];
+  const DiTBlockParams& o = p_.blocks[l];
   BlockActs& k = acts_[l];
   const int B = batch_, T = config_.tokens(), D = config_.hidden_size, N = B * T;
   const int M = config_.mlp_hidden(), S = 6 * D;

@@ -15,7 +15,7 @@
 
 #include "common/status.h"
 
-namespace difftrain::controller {
+namespace difftrain {
 
 struct CurveKeys {
   std::string controller_public, controller_secret;  // Z85, 40 characters each
@@ -63,4 +63,4 @@ class ZapHandler {
   int64_t refused_ = 0;
 };
 
-}  // namespace difftrain::controller
+}  // namespace difftrain

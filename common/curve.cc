@@ -1,4 +1,4 @@
-#include "controller/curve.h"
+#include "common/curve.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,7 +17,7 @@
 #include "common/check.h"
 #include "common/temp_dir.h"
 
-namespace difftrain::controller {
+namespace difftrain {
 namespace {
 
 constexpr const char* kControllerFile = "controller.key";
@@ -158,4 +158,4 @@ void ZapHandler::HandleRequest() {
   socket_.send(zmq::message_t(), zmq::send_flags::none);
 }
 
-}  // namespace difftrain::controller
+}  // namespace difftrain

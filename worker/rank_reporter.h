@@ -12,7 +12,7 @@
 #include "model/train/peak_flops.h"
 #include "model/train/trainer.h"
 
-namespace difftrain::launch {
+namespace difftrain::worker {
 
 class RankReporter {
  public:
@@ -49,4 +49,4 @@ class RankReporter {
   int64_t last_checkpoint_step_ = -1;
 };
 
-}  // namespace difftrain::launch
+}  // namespace difftrain::worker

@@ -31,6 +31,7 @@
 #include "model/cuda/loss.h"
 #include "model/cuda/optimizer.h"
 #include "model/dit/config.h"
+#include "model/dit/params.h"
 #include "model/optim/adamw.h"
 #include "model/tensor/tensor_table.h"
 
@@ -117,9 +118,6 @@ class DiT {
   void PoisonActivations();
 
  private:
-  struct BlockOffsets {
-    size_t ada_w, ada_b, qkv_w, qkv_b, proj_w, proj_b, fc1_w, fc1_b, fc2_w, fc2_b;
-  };
   struct BlockActs {
     float *resid_in, *ada, *mean1, *rstd1, *mid, *mean2, *rstd2, *lse;
     bf16 *mod1, *qkv, *attn, *proj, *mod2, *fc1_pre, *gelu, *fc2;
@@ -128,7 +126,6 @@ class DiT {
   // bytes the arena needs. One list serves both, so layout and binding cannot disagree.
   size_t BindActivations(unsigned char* base, int B);
   Status AllocateState();
-  size_t Offset(const std::string& name) const;
   void BlockForward(int l);
   void BlockBackward(int l);
   void Loss();
@@ -145,8 +142,7 @@ class DiT {
   TensorTable table_;
   DeviceBuffer<float> master_, grads_, exp_avg_, exp_avg_sq_, ema_, pos_embed_;
   DeviceBuffer<bf16> params_bf16_;
-  size_t x_w_, x_b_, t1_w_, t1_b_, t2_w_, t2_b_, y_table_, fada_w_, fada_b_, flin_w_, flin_b_;
-  std::vector<BlockOffsets> blocks_;
+  DiTParams p_;  // offsets of the parameters in every arena (the CPU model's binding)
   Gemm gemm_;
 
   int batch_ = 0;

@@ -1,0 +1,109 @@
+// The job is parsed and resolved once, where it is launched: `parallel: auto` is chosen for
+// the cluster the launcher gives (flags over the file), and the job a rank receives parses to
+// the same job with that layout written in, so no rank chooses one.
+#include "job/job_spec.h"
+
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "common/temp_dir.h"
+#include "model/dit/family.h"
+
+namespace difftrain {
+namespace {
+
+class JobSpecTest : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& yaml, const std::string& name = "job.yaml") {
+    const std::string path = tmp_.path() + "/" + name;
+    std::ofstream(path) << yaml;
+    return path;
+  }
+
+  TempDir tmp_{"job_spec"};
+};
+
+constexpr const char* kAutoJob =
+    "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2,\n"
+    "        num_heads: 4, num_classes: 10}\n"
+    "batch: {global: 8}\n"
+    "parallel: auto\n"
+    "cluster: {nodes: 1, devices_per_node: 1}\n";
+
+TEST_F(JobSpecTest, ParsingLeavesParallelAutoForTheLauncher) {
+  Result<TrainConfig> c = TrainConfig::FromYamlFile(Write(kAutoJob));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_TRUE(c->parallel.automatic);
+  EXPECT_FALSE(c->micro_batch_given);
+  EXPECT_EQ(c->model.family, "dit");
+}
+
+// The defect of issue 18: the launchers pass --nodes, which `parallel: auto` refused.
+TEST_F(JobSpecTest, ParallelAutoChoosesForTheLaunchersCluster) {
+  const std::string path = Write(kAutoJob);
+  Result<TrainConfig> one = LoadJob(path);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ(one->parallel.tp * one->parallel.cp * one->parallel.pp * one->parallel.dp, 1);
+  Result<TrainConfig> two = LoadJob(path, {.nodes = 2, .devices_per_node = 1});
+  ASSERT_TRUE(two.ok()) << two.status().message();
+  EXPECT_EQ(two->cluster.nodes, 2);
+  EXPECT_EQ(two->parallel.tp * two->parallel.cp * two->parallel.pp * two->parallel.dp, 2);
+  EXPECT_TRUE(two->Validate(two->parallel.dp).ok());
+}
+
+TEST_F(JobSpecTest, RanksReceiveTheResolvedLayout) {
+  const std::string path = Write(kAutoJob);
+  std::string yaml;
+  Result<TrainConfig> resolved = LoadJob(path, {.nodes = 2, .devices_per_node = 2}, &yaml);
+  ASSERT_TRUE(resolved.ok()) << resolved.status().message();
+  Result<std::string> shipped = ResolvedJobYaml(yaml, *resolved);
+  ASSERT_TRUE(shipped.ok()) << shipped.status().message();
+  Result<TrainConfig> rank = TrainConfig::FromYamlFile(Write(*shipped, "rank.yaml"));
+  ASSERT_TRUE(rank.ok()) << rank.status().message() << "\n" << *shipped;
+  EXPECT_FALSE(rank->parallel.automatic) << "a rank would choose a layout of its own";
+  EXPECT_EQ(rank->parallel.tp, resolved->parallel.tp);
+  EXPECT_EQ(rank->parallel.cp, resolved->parallel.cp);
+  EXPECT_EQ(rank->parallel.pp, resolved->parallel.pp);
+  EXPECT_EQ(rank->parallel.dp, resolved->parallel.dp);
+  EXPECT_EQ(rank->parallel.zero1, resolved->parallel.zero1);
+  EXPECT_EQ(rank->recompute, resolved->recompute);
+  EXPECT_EQ(rank->micro_batch, resolved->micro_batch);
+  EXPECT_EQ(rank->cluster.nodes, 2);
+  EXPECT_EQ(rank->cluster.devices_per_node, 2);
+  EXPECT_EQ(rank->model, resolved->model);
+  // Everything else is the job as written.
+  nlohmann::json a = rank->ToJson(), b = resolved->ToJson();
+  a["parallel"].erase("auto");
+  b["parallel"].erase("auto");
+  EXPECT_EQ(a, b);
+}
+
+TEST_F(JobSpecTest, AnExplicitJobIsShippedAsWritten) {
+  const std::string path = Write(
+      "model: {name: DiT-S/8, input_size: 16, num_classes: 10}\n"
+      "batch: {micro: 2, global: 8}\n"
+      "parallel: {tp: 2, bucket_mb: 1.5, timeout_seconds: 9}\n"
+      "cluster: {nodes: 2, devices_per_node: 2}\n"
+      "checkpoint: {dir: /tmp/x, every: 3}\n");
+  std::string yaml;
+  Result<TrainConfig> job = LoadJob(path, {}, &yaml);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  Result<std::string> shipped = ResolvedJobYaml(yaml, *job);
+  ASSERT_TRUE(shipped.ok());
+  Result<TrainConfig> rank = TrainConfig::FromYamlFile(Write(*shipped, "rank.yaml"));
+  ASSERT_TRUE(rank.ok()) << rank.status().message();
+  EXPECT_EQ(rank->ToJson(), job->ToJson());
+}
+
+TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
+  Result<TrainConfig> c = TrainConfig::FromYamlFile(Write("model: {name: DiT-M/3}\n"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("job.yaml:1:15: model.name: unknown model 'DiT-M/3'"),
+            std::string::npos)
+      << c.status().message();
+  EXPECT_NE(c.status().message().find("DiT-XL/2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace difftrain
