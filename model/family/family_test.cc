@@ -69,14 +69,14 @@ TEST(ModelFamilyTest, CostIsTheFamilysCount) {
 TEST(ModelFamilyTest, ALayoutTheModelCannotSplitNamesTheAxis) {
   const ModelSpec spec = Named("DiT-S/4", {{"num_heads", 6}, {"depth", 2}});
   const ModelFamily& f = FamilyOf(spec);
-  Status heads = f.ValidateLayout(spec, {.tp = 4});
+  Status heads = f.ValidateLayout(spec, {4, 1, 1, {}});
   ASSERT_FALSE(heads.ok());
   EXPECT_NE(heads.message().find("model.num_heads: expected a multiple of parallel.tp = 4"),
             std::string::npos)
       << heads.message();
-  Status stages = f.ValidateLayout(spec, {.pp = 3});
+  Status stages = f.ValidateLayout(spec, {1, 1, 3, {}});
   EXPECT_FALSE(stages.ok());
-  EXPECT_TRUE(f.ValidateLayout(spec, {.tp = 2, .cp = 2, .pp = 2}).ok());
+  EXPECT_TRUE(f.ValidateLayout(spec, {2, 2, 2, {}}).ok());
 }
 
 // The fragments of every rank of a layout cover the whole model's arena: split tensors once
@@ -84,7 +84,7 @@ TEST(ModelFamilyTest, ALayoutTheModelCannotSplitNamesTheAxis) {
 TEST(ModelFamilyTest, PartitionsCoverTheWholeModel) {
   const ModelSpec spec = Named("DiT-S/4", {{"depth", 4}, {"num_classes", 10}});
   const ModelFamily& f = FamilyOf(spec);
-  const LayoutShape layout{.tp = 2, .cp = 1, .pp = 2};
+  const LayoutShape layout{2, 1, 2, {}};
   Result<ModelPartition> whole = f.Partition(spec, {}, 0, 0, 0);
   ASSERT_TRUE(whole.ok());
   const size_t n = whole->parameters.table.total();
