@@ -378,7 +378,7 @@ TEST_F(ChartTest, GrafanaDashboardConfigMapHoldsTheChartsDashboardFiles) {
 
 // The oldest Kubernetes the chart claims (Chart.yaml's kubeVersion, ">=X.Y.Z-0"), as X.Y.Z.
 std::string OldestKubernetes() {
-  const std::string claim = YAML::LoadFile(kChartDir / "Chart.yaml")["kubeVersion"].as<std::string>();
+  const std::string claim = YAML::LoadFile((kChartDir / "Chart.yaml").string())["kubeVersion"].as<std::string>();
   std::smatch m;
   if (!std::regex_match(claim, m, std::regex(R"(>=\s*v?(\d+\.\d+\.\d+)(-0)?)"))) return "";
   return m[1];
