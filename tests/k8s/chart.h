@@ -102,13 +102,12 @@ inline Rendered RenderChart(const std::vector<std::string>& args,
     return rendered;
   }
   // stderr is kept apart: Helm warns there on success (e.g. about a values file's nulls).
-  const std::filesystem::path errors =
-      std::filesystem::temp_directory_path() /
-      ("difftrain-helm-stderr-" + std::to_string(::getpid()));
-  const testing::CommandResult result = testing::RunCommand(
-      HelmCommand() + " template " + testing::ShellQuote(release) + " " +
-      testing::ShellQuote(chart.string()) + HelmArgs(args) + " 2>" +
-      testing::ShellQuote(errors.string()));
+  const std::filesystem::path errors = std::filesystem::temp_directory_path() /
+                                       ("difftrain-helm-stderr-" + std::to_string(::getpid()));
+  const testing::CommandResult result =
+      testing::RunCommand(HelmCommand() + " template " + testing::ShellQuote(release) + " " +
+                          testing::ShellQuote(chart.string()) + HelmArgs(args) + " 2>" +
+                          testing::ShellQuote(errors.string()));
   rendered.exit_code = result.exit_code;
   rendered.text = result.output;
   if (result.exit_code == 0) {

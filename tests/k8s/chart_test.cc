@@ -378,7 +378,8 @@ TEST_F(ChartTest, GrafanaDashboardConfigMapHoldsTheChartsDashboardFiles) {
 
 // The oldest Kubernetes the chart claims (Chart.yaml's kubeVersion, ">=X.Y.Z-0"), as X.Y.Z.
 std::string OldestKubernetes() {
-  const std::string claim = YAML::LoadFile((kChartDir / "Chart.yaml").string())["kubeVersion"].as<std::string>();
+  const std::string claim =
+      YAML::LoadFile((kChartDir / "Chart.yaml").string())["kubeVersion"].as<std::string>();
   std::smatch m;
   if (!std::regex_match(claim, m, std::regex(R"(>=\s*v?(\d+\.\d+\.\d+)(-0)?)"))) return "";
   return m[1];
@@ -428,10 +429,10 @@ TEST_P(ValuesFileTest, EveryObjectMatchesTheKubernetesApiSchema) {
       std::string lower = kind;
       for (char& c : lower)
         c = static_cast<char>(std::tolower(c));
-      EXPECT_THAT(result.output,
-                  HasSubstr("passed for resource " + lower + "/" +
-                            o["metadata"]["name"].as<std::string>() + " against version " +
-                            version.substr(0, version.rfind('.'))))
+      EXPECT_THAT(
+          result.output,
+          HasSubstr("passed for resource " + lower + "/" + o["metadata"]["name"].as<std::string>() +
+                    " against version " + version.substr(0, version.rfind('.'))))
           << kind << " for Kubernetes " << version << ":\n"
           << result.output;
       ++checked;

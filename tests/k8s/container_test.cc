@@ -273,8 +273,8 @@ TEST_F(ContainerImageTest, CpuImageBuildsAndTrainsAsItsUser) {
       << "checkpoint: {dir: /job/ckpt, every: 3, keep: 5}\n"
       << "cluster: {nodes: 1, devices_per_node: 2}\n";
   ASSERT_EQ(::chown(dir.c_str(), 1000, 1000), 0) << std::strerror(errno);
-  const testing::CommandResult run = Run("-v " + ShellQuote(dir.string() + ":/job"),
-                                         "difftrain run /job/tiny.yaml");
+  const testing::CommandResult run =
+      Run("-v " + ShellQuote(dir.string() + ":/job"), "difftrain run /job/tiny.yaml");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("final state SUCCEEDED"));
   std::vector<std::string> written;

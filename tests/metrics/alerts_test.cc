@@ -55,8 +55,8 @@ TEST_F(AlertsTest, RulesPassPromtoolCheckAndTheirUnitTests) {
   std::ofstream(Dir() / "difftrain.rules.yaml") << rules;
   fs::copy_file(kSourceDir / "tests/metrics/alerts.test.yaml", Dir() / "alerts.test.yaml");
 
-  const testing::CommandResult check = RunCommand(
-      "promtool check rules " + ShellQuote((Dir() / "difftrain.rules.yaml").string()));
+  const testing::CommandResult check =
+      RunCommand("promtool check rules " + ShellQuote((Dir() / "difftrain.rules.yaml").string()));
   EXPECT_EQ(check.exit_code, 0) << check.output << rules;
   EXPECT_THAT(check.output, HasSubstr("SUCCESS: 5 rules found"));
 
@@ -69,8 +69,7 @@ TEST_F(AlertsTest, RulesPassPromtoolCheckAndTheirUnitTests) {
 
 // The unit tests can fail: a rule that fires a little later than the story expects.
 TEST_F(AlertsTest, UnitTestsFailWhenARuleChanges) {
-  std::ofstream(Dir() / "difftrain.rules.yaml")
-      << RulesFile({"alerts.straggler.for=30m"});
+  std::ofstream(Dir() / "difftrain.rules.yaml") << RulesFile({"alerts.straggler.for=30m"});
   fs::copy_file(kSourceDir / "tests/metrics/alerts.test.yaml", Dir() / "alerts.test.yaml");
   const testing::CommandResult test =
       RunCommand("cd " + ShellQuote(Dir().string()) + " && promtool test rules alerts.test.yaml");
@@ -85,16 +84,17 @@ TEST_F(AlertsTest, PrometheusRuleHoldsTheRulesOfTheRulesFile) {
   ASSERT_TRUE(rule) << "gpu.yaml enables the PrometheusRule\n" << r.text;
   EXPECT_EQ(rule["apiVersion"].as<std::string>(), "monitoring.coreos.com/v1");
   EXPECT_EQ(rule["metadata"]["labels"]["release"].as<std::string>(), "kube-prometheus-stack");
-  const YAML::Node file = YAML::Load(
-      r.Find("ConfigMap", "dit-difftrain-alerts")["data"]["difftrain.rules.yaml"].as<std::string>());
+  const YAML::Node file =
+      YAML::Load(r.Find("ConfigMap", "dit-difftrain-alerts")["data"]["difftrain.rules.yaml"]
+                     .as<std::string>());
   EXPECT_EQ(YAML::Dump(rule["spec"]), YAML::Dump(file));
   EXPECT_EQ(rule["spec"]["groups"][0]["rules"].size(), 5u);
 }
 
 TEST_F(AlertsTest, ThresholdsComeFromTheValuesAndRulesSelectTheReleasesJob) {
-  const std::string rules = RulesFile(
-      {"alerts.checkpointMaxAge=30m", "alerts.straggler.ratio=2", "alerts.memory.deviceBytes=1000"});
-  EXPECT_THAT(rules, HasSubstr("{job=\"dit\"})\n    > 1800\n"));
+  const std::string rules = RulesFile({"alerts.checkpointMaxAge=30m", "alerts.straggler.ratio=2",
+                                       "alerts.memory.deviceBytes=1000"});
+  EXPECT_THAT(rules, HasSubstr("{job=\"dit\"})\n          > 1800\n"));
   EXPECT_THAT(rules, HasSubstr("difftrain_job_straggler_ratio{job=\"dit\"} > 2\n"));
   EXPECT_THAT(rules, HasSubstr("> 0.95 * 1000\n"));
 

@@ -40,7 +40,9 @@ const fs::path kDashboard =
 constexpr char kJob[] = "dashboard";  // the job file's stem: the metrics' job label
 constexpr int kScrapeSeconds = 1;
 
-json LoadDashboard() { return json::parse(std::ifstream(kDashboard)); }
+json LoadDashboard() {
+  return json::parse(std::ifstream(kDashboard));
+}
 
 // Every panel, the panels of collapsed rows included; rows themselves too.
 void CollectPanels(const json& panels, std::vector<json>& out) {
@@ -65,8 +67,9 @@ std::string VariableQuery(const json& variable) {
 int IntervalSeconds(int range_seconds, int max_data_points = 1000) {
   const double raw = static_cast<double>(range_seconds) / max_data_points;
   static const std::pair<double, int> kSteps[] = {
-      {1.5, 1}, {3.5, 2}, {7.5, 5}, {12.5, 10}, {17.5, 15}, {25, 20}, {45, 30}, {90, 60},
-      {210, 120}, {450, 300}, {750, 600}, {1050, 900}, {1500, 1200}, {2700, 1800}, {5400, 3600}};
+      {1.5, 1},   {3.5, 2},    {7.5, 5},     {12.5, 10},   {17.5, 15},
+      {25, 20},   {45, 30},    {90, 60},     {210, 120},   {450, 300},
+      {750, 600}, {1050, 900}, {1500, 1200}, {2700, 1800}, {5400, 3600}};
   int interval = 7200;
   for (const auto& [below, seconds] : kSteps) {
     if (raw < below) {
@@ -177,7 +180,9 @@ TEST(DashboardTest, EveryPanelAndQueryUsesTheDatasourceVariable) {
     }
   }
   for (const json& v : dashboard["templating"]["list"]) {
-    if (v["type"] == "query") EXPECT_EQ(v["datasource"], expected) << v["name"];
+    if (v["type"] == "query") {
+      EXPECT_EQ(v["datasource"], expected) << v["name"];
+    }
   }
   EXPECT_GE(queries, 20);
 }
@@ -191,7 +196,8 @@ TEST(DashboardTest, PanelIdsAreUniqueAndPanelsTileTheGrid) {
   std::vector<Box> boxes;
   for (const json& panel : Panels(LoadDashboard())) {
     ASSERT_TRUE(panel["id"].is_number_integer()) << panel["title"];
-    EXPECT_TRUE(ids.insert(panel["id"].get<int>()).second) << "panel id " << panel["id"] << " twice";
+    EXPECT_TRUE(ids.insert(panel["id"].get<int>()).second)
+        << "panel id " << panel["id"] << " twice";
     const json& g = panel["gridPos"];
     const Box b{g["x"].get<int>(), g["y"].get<int>(), g["w"].get<int>(), g["h"].get<int>(),
                 panel["title"].get<std::string>()};
@@ -199,7 +205,8 @@ TEST(DashboardTest, PanelIdsAreUniqueAndPanelsTileTheGrid) {
     EXPECT_GT(b.h, 0) << b.title;
     EXPECT_LE(b.x + b.w, 24) << b.title << " is wider than the grid's 24 columns";
     for (const Box& o : boxes) {
-      const bool apart = b.x + b.w <= o.x || o.x + o.w <= b.x || b.y + b.h <= o.y || o.y + o.h <= b.y;
+      const bool apart =
+          b.x + b.w <= o.x || o.x + o.w <= b.x || b.y + b.h <= o.y || o.y + o.h <= b.y;
       EXPECT_TRUE(apart) << b.title << " overlaps " << o.title;
     }
     boxes.push_back(b);
@@ -209,7 +216,7 @@ TEST(DashboardTest, PanelIdsAreUniqueAndPanelsTileTheGrid) {
 // Units are Grafana's unit ids; a panel without one shows raw numbers with SI prefixes, which
 // reads wrong for bytes, seconds and ratios.
 TEST(DashboardTest, EveryPanelHasAUnitGrafanaKnows) {
-  const std::set<std::string> kUnits = {"none", "short", "s",     "ms",    "bytes",
+  const std::set<std::string> kUnits = {"none",  "short",       "s",       "ms",           "bytes",
                                         "flops", "percentunit", "percent", "dateTimeAsIso"};
   for (const json& panel : Panels(LoadDashboard())) {
     if (panel["type"] == "row") continue;
@@ -255,8 +262,8 @@ TEST(DashboardTest, QueriesPassPromtoolCheckRules) {
   out << "groups:\n  - name: dashboard\n    rules:\n";
   int n = 0;
   for (const Query& q : Queries(LoadDashboard())) {
-    out << "      - record: difftrain_dashboard:query_" << n++ << "\n        expr: "
-        << json(q.expr).dump() << "\n";
+    out << "      - record: difftrain_dashboard:query_" << n++
+        << "\n        expr: " << json(q.expr).dump() << "\n";
   }
   out.close();
   const testing::CommandResult check =
@@ -268,9 +275,9 @@ TEST(DashboardTest, QueriesPassPromtoolCheckRules) {
   std::ofstream(rules) << "groups:\n  - name: dashboard\n    rules:\n"
                        << "      - record: difftrain_dashboard:bad\n"
                        << "        expr: rate(difftrain_rank_data_wait_seconds_total[$__nope])\n";
-  EXPECT_NE(testing::RunCommand("promtool check rules " + testing::ShellQuote(rules.string()))
-                .exit_code,
-            0);
+  EXPECT_NE(
+      testing::RunCommand("promtool check rules " + testing::ShellQuote(rules.string())).exit_code,
+      0);
 }
 
 // Polls `ready` every 250 ms until it holds or `limit` passes.
@@ -290,8 +297,8 @@ int ThreeFreePorts() {
     const int port = testing::FreePort();
     bool free = port > 0 && port + 2 < 65536;
     for (int i = 1; free && i <= 2; ++i) {
-      free = testing::HttpGet(port + i, "/").status().message().find("refused") !=
-             std::string::npos;
+      free =
+          testing::HttpGet(port + i, "/").status().message().find("refused") != std::string::npos;
     }
     if (free) return port;
   }
@@ -346,8 +353,9 @@ class DashboardLiveTest : public ::testing::Test {
                           << "  - job_name: difftrain\n"
                           << "    honor_labels: true\n"
                           << "    static_configs:\n"
-                          << "      - targets: ['127.0.0.1:" << metrics_port_ << "', '127.0.0.1:"
-                          << metrics_port_ + 1 << "', '127.0.0.1:" << metrics_port_ + 2 << "']\n";
+                          << "      - targets: ['127.0.0.1:" << metrics_port_
+                          << "', '127.0.0.1:" << metrics_port_ + 1
+                          << "', '127.0.0.1:" << metrics_port_ + 2 << "']\n";
     prometheus_ = std::make_unique<testing::Process>(
         std::vector<std::string>{
             "/usr/bin/prometheus", "--config.file=" + config.string(),
@@ -433,12 +441,13 @@ TEST_F(DashboardLiveTest, EveryPanelQueryReturnsDataFromARealJob) {
   EXPECT_GE(answered, 20);
 
   // Every metric the chart's alerting rules use is one the job exports.
-  const k8s::Rendered rules = k8s::RenderChart(
-      {"-f", "cpu.yaml", "--set", "alerts.configMap.enabled=true", "--show-only",
-       "templates/prometheus-rules.yaml"});
+  const k8s::Rendered rules =
+      k8s::RenderChart({"-f", "cpu.yaml", "--set", "alerts.configMap.enabled=true", "--show-only",
+                        "templates/prometheus-rules.yaml"});
   ASSERT_EQ(rules.exit_code, 0) << rules.text;
   const std::string text =
-      rules.Find("ConfigMap", "dit-difftrain-alerts")["data"]["difftrain.rules.yaml"].as<std::string>();
+      rules.Find("ConfigMap", "dit-difftrain-alerts")["data"]["difftrain.rules.yaml"]
+          .as<std::string>();
   std::set<std::string> metrics;
   const std::regex metric(R"(difftrain_\w+)");
   for (auto it = std::sregex_iterator(text.begin(), text.end(), metric);
