@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the CPU image (container/Dockerfile, VARIANT=cpu) as TAG on a machine with no
-# container daemon and no registry: Debian's podman/buildah in a private vfs store
+# container daemon and no registry: Debian's podman/buildah in a private store
 # (container/podman.sh), on a debian:bookworm-slim made from Debian's archive by mmdebstrap.
 # Everything slow is kept in the cache directory (DIFFTRAIN_CACHE, default
 # ~/.cache/difftrain) for the next run:
 #   container/base-bookworm.tar   the mmdebstrap base, imported as debian:bookworm-slim
-#   container/storage             images and build layers: the build stage's package layer
+#   container/<driver>/           images and build layers: the build stage's package layer
 #                                 is reused while scripts/install-deps.sh is unchanged, the
 #                                 compile layer while the source tree is unchanged
 #   ccache                        the compiler cache of the image's build stage: after a
