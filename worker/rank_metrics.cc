@@ -141,7 +141,8 @@ void RankMetrics::Record(const RankReport& r) {
   s.checkpoint_seconds->Set(r.checkpoint_seconds);
   s.last_checkpoint_step->Set(static_cast<double>(r.last_checkpoint_step));
   // Since when the rank's progress is in no checkpoint: what the checkpoint-age alert measures
-  // (k8s/difftrain/alerts). Before the first checkpoint, since the rank first reported.
+  // (k8s/difftrain/templates/prometheus-rules.yaml). Before the first checkpoint, since the
+  // rank first reported.
   if (r.last_checkpoint_step != s.timed_checkpoint_step) {
     s.timed_checkpoint_step = r.last_checkpoint_step;
     s.last_checkpoint_time->SetToCurrentTime();
