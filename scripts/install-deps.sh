@@ -17,13 +17,20 @@ packages=(
   slurm-wlm munge
   # The fuzz targets (cmake/fuzzers.cmake): clang with libFuzzer.
   clang libclang-rt-14-dev
+  # The container image (container/): ccache for its build stage's compiles; podman, buildah,
+  # runc and mmdebstrap to build its Debian base and the image, and run it, without a daemon
+  # or a registry (container/build-image.sh).
+  ccache podman buildah runc mmdebstrap
+  # The chart tests' tools from PyPI, Helm and kubernetes-validate (tests/k8s/tools.sh).
+  python3-venv python3-pip unzip
 )
 # DIFFTRAIN_DEPS=build: only what compiling difftrain needs (the container image's build
 # stage), without the packages that only tests and tools use.
 if [[ "${DIFFTRAIN_DEPS:-all}" == build ]]; then
   test_only=" clang-format python3-torch python3-numpy dataset-fashion-mnist golang-go \
 golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-kubernetes prometheus \
-slurm-wlm munge clang libclang-rt-14-dev "
+slurm-wlm munge clang libclang-rt-14-dev podman buildah runc mmdebstrap python3-venv \
+python3-pip unzip "
   for i in "${!packages[@]}"; do
     if [[ "$test_only" == *" ${packages[$i]} "* ]]; then unset 'packages[i]'; fi
   done

@@ -25,7 +25,8 @@ struct RankMetrics::Series {
   Labels labels;
   prometheus::Gauge *up, *iteration, *loss, *grad_norm, *lr, *samples_per_second, *flops,
       *peak_flops, *mfu, *memory_allocated, *memory_reserved, *host_resident, *checkpoint_seconds,
-      *last_checkpoint_step;
+      *last_checkpoint_step, *last_checkpoint_time;
+  int64_t timed_checkpoint_step = INT64_MIN;  // the checkpoint last_checkpoint_time is of
   prometheus::Histogram* step_seconds;
   prometheus::Counter* data_wait;
   std::map<std::pair<std::string, std::string>, prometheus::Counter*> comm;  // (group, op)
@@ -78,6 +79,10 @@ RankMetrics::RankMetrics()
       last_checkpoint_step_(Register(BuildGauge(), *registry_,
                                      "difftrain_rank_last_checkpoint_step",
                                      "Step of the last checkpoint written or resumed from")),
+      last_checkpoint_time_(Register(BuildGauge(), *registry_,
+                                     "difftrain_rank_last_checkpoint_timestamp_seconds",
+                                     "Unix time of the last checkpoint written or resumed from "
+                                     "(before any, of the rank's first report)")),
       ranks_running_(Register(BuildGauge(), *registry_, "difftrain_worker_ranks_running",
                               "Rank processes this worker daemon runs")) {}
 
@@ -118,6 +123,7 @@ RankMetrics::Series& RankMetrics::SeriesOf(const RankReport& r) {
   s->data_wait = &data_wait_.Add(labels);
   s->checkpoint_seconds = &checkpoint_seconds_.Add(labels);
   s->last_checkpoint_step = &last_checkpoint_step_.Add(labels);
+  s->last_checkpoint_time = &last_checkpoint_time_.Add(labels);
   return *s;
 }
 
@@ -134,6 +140,13 @@ void RankMetrics::Record(const RankReport& r) {
   s.host_resident->Set(static_cast<double>(r.host_resident_bytes));
   s.checkpoint_seconds->Set(r.checkpoint_seconds);
   s.last_checkpoint_step->Set(static_cast<double>(r.last_checkpoint_step));
+  // Since when the rank's progress is in no checkpoint: what the checkpoint-age alert measures
+  // (k8s/difftrain/templates/prometheus-rules.yaml). Before the first checkpoint, since the
+  // rank first reported.
+  if (r.last_checkpoint_step != s.timed_checkpoint_step) {
+    s.timed_checkpoint_step = r.last_checkpoint_step;
+    s.last_checkpoint_time->SetToCurrentTime();
+  }
   if (!r.event.empty()) return;  // "started": no step yet
   s.loss->Set(r.loss);
   s.grad_norm->Set(r.grad_norm);

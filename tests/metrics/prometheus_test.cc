@@ -3,14 +3,12 @@
 // `promtool check metrics` lints the controller's and the workers' endpoints; a real
 // Prometheus server (Debian's, on loopback, with a private configuration, storage and
 // port) scrapes them every second. Its query API must return every rank's loss and FLOP/s,
-// every query of the Grafana dashboard (k8s/difftrain/dashboards/difftrain.json, its
-// variables substituted) must return data, and the restart counter must move after a rank
-// is killed with SIGKILL.
+// and the restart counter must move after a rank is killed with SIGKILL. (The dashboard's
+// queries against a real scrape: tests/metrics/dashboard_test.cc.)
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <regex>
 #include <set>
 #include <thread>
 
@@ -161,28 +159,7 @@ class PrometheusTest : public ::testing::Test {
   std::unique_ptr<Process> controller_, workers_[2], prometheus_;
 };
 
-// Grafana's variables and interval in an expression, as the dashboard shows the job.
-std::string Substitute(std::string expr) {
-  static const std::pair<std::regex, std::string> kVariables[] = {
-      {std::regex(R"(\$\{?job\}?)"), kJob},
-      {std::regex(R"(\$\{?node\}?)"), ".*"},
-      {std::regex(R"(\$\{?rank\}?)"), ".*"},
-      {std::regex(R"(\$\{?__rate_interval\}?)"), "10s"},
-  };
-  for (const auto& [pattern, value] : kVariables)
-    expr = std::regex_replace(expr, pattern, value);
-  return expr;
-}
-
-// Every panel of the dashboard, rows' panels included.
-void CollectPanels(const nlohmann::json& panels, std::vector<nlohmann::json>& out) {
-  for (const nlohmann::json& p : panels) {
-    out.push_back(p);
-    if (p.contains("panels")) CollectPanels(p["panels"], out);
-  }
-}
-
-TEST_F(PrometheusTest, ScrapesAJobAndAnswersEveryDashboardQuery) {
+TEST_F(PrometheusTest, ScrapesAJobAndCountsARestart) {
   StartJob();
   // Every rank has reported a step to its daemon, and the controller knows the straggler.
   for (int n = 0; n < 2; ++n) {
@@ -230,39 +207,11 @@ TEST_F(PrometheusTest, ScrapesAJobAndAnswersEveryDashboardQuery) {
     EXPECT_EQ(ranks, (std::set<std::string>{"0", "1", "2", "3"})) << metric;
   }
 
-  // Every variable and every panel query of the dashboard returns data.
-  const nlohmann::json dashboard = nlohmann::json::parse(
-      std::ifstream(fs::path(DIFFTRAIN_SOURCE_DIR) / "k8s/difftrain/dashboards/difftrain.json"));
-  for (const nlohmann::json& variable : dashboard["templating"]["list"]) {
-    if (variable["type"] != "query") continue;
-    const std::string definition = variable["query"].is_object()
-                                       ? variable["query"]["query"].get<std::string>()
-                                       : variable["query"].get<std::string>();
-    std::smatch m;
-    const std::string substituted = Substitute(definition);
-    ASSERT_TRUE(std::regex_match(substituted, m, std::regex(R"(label_values\((.+),\s*(\w+)\))")))
-        << definition;
-    EXPECT_TRUE(WaitFor(
-        [&] { return !Query("group by (" + m[2].str() + ") (" + m[1].str() + ")").empty(); }, 10s))
-        << variable["name"] << ": " << definition;
-  }
-  std::vector<nlohmann::json> panels;
-  CollectPanels(dashboard["panels"], panels);
-  int queries = 0;
-  for (const nlohmann::json& panel : panels) {
-    for (const nlohmann::json& target : panel.value("targets", nlohmann::json::array())) {
-      const std::string expr = Substitute(target["expr"].get<std::string>());
-      ++queries;
-      EXPECT_TRUE(WaitFor([&] { return !Query(expr).empty(); }, 10s))
-          << "panel '" << panel["title"].get<std::string>() << "': " << expr;
-    }
-  }
-  EXPECT_GE(queries, 10);
-
   // kill -9 of a rank: the controller restarts every rank, and the counter shows it.
   const std::string restarts = std::string("difftrain_job_restarts_total{job=\"") + kJob + "\"}";
+  // The controller's target may be scraped after the workers' (whose series are above).
+  ASSERT_TRUE(WaitFor([&] { return Query(restarts).size() == 1; }, 30s)) << Logs();
   const nlohmann::json before = Query(restarts);
-  ASSERT_EQ(before.size(), 1u) << Logs();
   EXPECT_EQ(before[0]["value"][1], "0");
   const std::vector<pid_t> ranks = testing::ChildrenOf(workers_[1]->pid(), "train");
   ASSERT_EQ(ranks.size(), 2u) << Logs();

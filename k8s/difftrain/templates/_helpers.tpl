@@ -98,7 +98,9 @@ securityContext:
 {{/* Restarts belong to the controller (docs/kubernetes.md, "Restarts"): Kubernetes
      replaces a pod only when it was disrupted or checkpointed on request (exit 75), and
      never counts those; a daemon that exits 1 (job failed) or 2 (bad input) fails the
-     Job at once; any other failure counts against backoffLimit. */}}
+     Job at once; any other failure counts against backoffLimit. The exit-code rules carry
+     an empty onPodConditions: Kubernetes 1.26's API (the oldest the chart supports) requires
+     the field in every rule; later versions accept it. */}}
 {{- define "difftrain.podFailurePolicy" -}}
 podFailurePolicy:
   rules:
@@ -111,11 +113,13 @@ podFailurePolicy:
         containerName: difftrain
         operator: In
         values: [75]
+      onPodConditions: []
     - action: FailJob
       onExitCodes:
         containerName: difftrain
         operator: In
         values: [1, 2]
+      onPodConditions: []
 {{- end -}}
 
 {{/* Environment of every difftrain container. */}}
