@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   using difftrain::kExitBadInput;
   using difftrain::kExitOk;
   CLI::App app{"difftrain: train diffusion models on CPUs and GPU clusters"};
+  app.set_version_flag("--version", "difftrain " DIFFTRAIN_VERSION);
   app.require_subcommand(1);
   std::map<CLI::App*, std::function<int()>> runners;
   for (const CommandSpec& spec : Registry()) {

@@ -9,8 +9,6 @@ packages=(
   libgloo-dev libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev libpng-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy dataset-fashion-mnist
-  # The Helm chart's tests (tests/k8s): Helm's template engine and the Kubernetes API schema.
-  golang-go golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-kubernetes
   # The metrics tests (tests/metrics): a real Prometheus server and promtool.
   prometheus
   # The Slurm tests (tests/slurm): a real slurmctld and two slurmd on this machine.
@@ -27,8 +25,7 @@ packages=(
 # DIFFTRAIN_DEPS=build: only what compiling difftrain needs (the container image's build
 # stage), without the packages that only tests and tools use.
 if [[ "${DIFFTRAIN_DEPS:-all}" == build ]]; then
-  test_only=" clang-format python3-torch python3-numpy dataset-fashion-mnist golang-go \
-golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-kubernetes prometheus \
+  test_only=" clang-format python3-torch python3-numpy dataset-fashion-mnist prometheus \
 slurm-wlm munge clang libclang-rt-14-dev podman buildah runc mmdebstrap python3-venv \
 python3-pip unzip "
   for i in "${!packages[@]}"; do

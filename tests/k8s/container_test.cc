@@ -251,6 +251,9 @@ TEST_F(ContainerImageTest, CpuImageBuildsAndTrainsAsItsUser) {
   EXPECT_LT(size_mb, 600) << build.output;
   EXPECT_EQ(Inspect("{{.Config.User}}"), "1000");
 
+  const testing::CommandResult version = Run("", "difftrain --version");
+  EXPECT_EQ(version.exit_code, 0) << version.output;
+  EXPECT_EQ(version.output, "difftrain 0.1.0\n");
   const testing::CommandResult help = Run("", "difftrain --help");
   EXPECT_EQ(help.exit_code, 0) << help.output;
   EXPECT_THAT(help.output, HasSubstr("Run a job on this machine"));
