@@ -1,0 +1,179 @@
+// A network partition, for real: the controller and each worker daemon run in a network
+// namespace of their own (`ip netns`), joined by veth pairs to a bridge in a fourth one,
+// each with its own address (10.224.0.0/24, which exists only inside these namespaces).
+// Cutting a node's link mid-run must make its daemon kill its own ranks, the job restart
+// once the node is back, and the job end bit for bit where an uninterrupted run ends.
+// Without the rights to make namespaces (not root, no iproute2) the test skips, saying why.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+#include <filesystem>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/temp_dir.h"
+#include "controller/curve.h"
+#include "tests/testing/cluster_job.h"
+
+namespace difftrain {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using testing::ChildrenOf;
+using testing::ClusterJob;
+using testing::ClusterJobSpec;
+using testing::Process;
+
+constexpr const char* kIp = "/usr/sbin/ip";
+
+// Namespaces made by this test process, removed when it ends.
+class Network {
+ public:
+  explicit Network(fs::path log) : log_(std::move(log)), prefix_("dt" + std::to_string(::getpid())) {}
+  ~Network() {
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it)
+      (void)Ip({"netns", "del", *it});
+  }
+
+  std::string Name(const std::string& host) const { return prefix_ + host; }
+
+  // `ip ARGS`, without a shell; whether it exited 0.
+  bool Ip(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv = {kIp};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Process ip(argv, log_);
+    return ip.Wait(std::chrono::seconds(20)) == 0;
+  }
+
+  // A namespace with loopback up.
+  bool AddNamespace(const std::string& host) {
+    if (!Ip({"netns", "add", Name(host)})) return false;
+    made_.push_back(Name(host));
+    return Ip({"-n", Name(host), "link", "set", "lo", "up"});
+  }
+
+  // The hub: a namespace holding a bridge.
+  bool AddHub() {
+    return AddNamespace("hub") &&
+           Ip({"-n", Name("hub"), "link", "add", "br0", "type", "bridge"}) &&
+           Ip({"-n", Name("hub"), "link", "set", "br0", "up"});
+  }
+
+  // `host` joins the hub through a veth pair with address `cidr` on its side.
+  bool Attach(const std::string& host, const std::string& cidr) {
+    const std::string outer = "h" + host, inner = "e" + host;
+    return AddNamespace(host) &&
+           Ip({"-n", Name("hub"), "link", "add", outer, "type", "veth", "peer", "name", inner,
+               "netns", Name(host)}) &&
+           Ip({"-n", Name("hub"), "link", "set", outer, "master", "br0"}) &&
+           Ip({"-n", Name("hub"), "link", "set", outer, "up"}) &&
+           Ip({"-n", Name(host), "addr", "add", cidr, "dev", inner}) &&
+           Ip({"-n", Name(host), "link", "set", inner, "up"});
+  }
+
+  // Cuts (or restores) `host`'s link at the hub: its packets go nowhere, no error is seen.
+  bool SetLink(const std::string& host, bool up) const {
+    return Ip({"-n", Name("hub"), "link", "set", "h" + host, up ? "up" : "down"});
+  }
+
+  std::vector<std::string> Exec(const std::string& host) const {
+    return {kIp, "netns", "exec", Name(host)};
+  }
+
+ private:
+  fs::path log_;
+  std::string prefix_;
+  std::vector<std::string> made_;
+};
+
+class PartitionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0 || !fs::exists(kIp)) {
+      GTEST_SKIP() << "network namespaces need root and " << kIp;
+    }
+    keys_ = (fs::path(dir_.path()) / "keys").string();
+    ASSERT_TRUE(controller::WriteNewKeys(keys_).ok());
+    ::setenv("TMPDIR", dir_.path().c_str(), 1);
+    network_ = std::make_unique<Network>(fs::path(dir_.path()) / "ip.log");
+    if (!network_->AddHub() || !network_->Attach("c", "10.224.0.1/24") ||
+        !network_->Attach("n0", "10.224.0.10/24") || !network_->Attach("n1", "10.224.0.11/24")) {
+      GTEST_SKIP() << "cannot make network namespaces here: "
+                   << testing::ReadWholeFile(fs::path(dir_.path()) / "ip.log");
+    }
+  }
+
+  // A job whose controller listens on 10.224.0.1 inside namespace c; `name` names it.
+  std::unique_ptr<ClusterJob> MakeJob(const std::string& name, const ClusterJobSpec& spec) {
+    return std::make_unique<ClusterJob>(fs::path(dir_.path()) / name, spec,
+                                        "tcp://10.224.0.1:29400", keys_);
+  }
+
+  void TearDown() override {
+    if (tmpdir_) {
+      ::setenv("TMPDIR", tmpdir_->c_str(), 1);
+    } else {
+      ::unsetenv("TMPDIR");
+    }
+  }
+
+  // TMPDIR as it was (the next test's directory is made under it).
+  std::optional<std::string> tmpdir_ =
+      std::getenv("TMPDIR") ? std::optional<std::string>(std::getenv("TMPDIR")) : std::nullopt;
+  TempDir dir_;
+  std::string keys_;
+  std::unique_ptr<Network> network_;
+};
+
+TEST_F(PartitionTest, CutNodeKillsItsRanksAndTheJobRestartsWhenItIsBackToTheSameParameters) {
+  ClusterJobSpec spec;
+  spec.steps = 160;
+  // Reference first, on the same network (the numbers do not depend on it).
+  std::map<std::string, std::string> reference;
+  {
+    std::unique_ptr<ClusterJob> job = MakeJob("reference", spec);
+    std::unique_ptr<Process> controller = job->StartController(network_->Exec("c"));
+    std::unique_ptr<Process> w0 = job->StartWorker("n0", network_->Exec("n0"));
+    std::unique_ptr<Process> w1 = job->StartWorker("n1", network_->Exec("n1"));
+    ASSERT_EQ(controller->Wait(), 0) << job->Logs();
+    int64_t step = 0;
+    reference = job->NewestCheckpoint(&step);
+    ASSERT_EQ(step, spec.steps);
+  }
+  std::unique_ptr<ClusterJob> job = MakeJob("partition", spec);
+  std::unique_ptr<Process> controller = job->StartController(network_->Exec("c"));
+  std::unique_ptr<Process> w0 = job->StartWorker("n0", network_->Exec("n0"));
+  std::unique_ptr<Process> w1 = job->StartWorker("n1", network_->Exec("n1"));
+  ASSERT_TRUE(job->WaitForSteps(10)) << job->Logs();
+  const std::vector<pid_t> cut_ranks = ChildrenOf(w1->pid(), "train");
+  ASSERT_EQ(cut_ranks.size(), 2u);
+  ASSERT_TRUE(network_->SetLink("n1", false));
+  // The controller loses n1 (2 s of silence) and stops the other ranks; n1's daemon hears
+  // nothing for as long, kills its own ranks and exits 1 ...
+  EXPECT_EQ(w1->Wait(30s), 1) << job->Logs();
+  for (pid_t r : cut_ranks) {
+    for (int i = 0; i < 200 && ::kill(r, 0) == 0; ++i)
+      std::this_thread::sleep_for(10ms);
+    EXPECT_NE(::kill(r, 0), 0) << "rank " << r << " outlived its partitioned daemon";
+  }
+  EXPECT_TRUE(job->WaitForLog("node n1 lost")) << job->Logs();
+  // ... its supervisor starts it again, still cut off; the job waits for it ...
+  w1 = job->StartWorker("n1", network_->Exec("n1"));
+  std::this_thread::sleep_for(2s);
+  // ... and goes on once the link is back.
+  ASSERT_TRUE(network_->SetLink("n1", true));
+  ASSERT_EQ(controller->Wait(), 0) << job->Logs();
+  const std::string log = job->Logs();
+  EXPECT_NE(log.find("the controller has been silent"), std::string::npos) << log;
+  EXPECT_NE(log.find("final state SUCCEEDED, restarts 1"), std::string::npos) << log;
+  int64_t step = 0;
+  testing::ExpectIdenticalTensors(job->NewestCheckpoint(&step), reference);
+}
+
+}  // namespace
+}  // namespace difftrain
