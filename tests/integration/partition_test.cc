@@ -175,5 +175,61 @@ TEST_F(PartitionTest, CutNodeKillsItsRanksAndTheJobRestartsWhenItIsBackToTheSame
   testing::ExpectIdenticalTensors(job->NewestCheckpoint(&step), reference);
 }
 
+// The wall-clock time of the first (or last) log line holding `text`: spdlog's prefix
+// "[2026-11-24 23:59:01.123]", which sorts as text; empty when there is none.
+std::string TimeOfLine(const std::string& log, const std::string& text, bool last = false) {
+  const size_t at = last ? log.rfind(text) : log.find(text);
+  if (at == std::string::npos) return "";
+  const size_t newline = log.rfind('\n', at);
+  const size_t line = newline == std::string::npos ? 0 : newline + 1;
+  if (log.compare(line, 1, "[") != 0) return "";
+  return log.substr(line + 1, 23);
+}
+
+// A one-node job with a spare daemon: cutting the node's link makes the job restart on the
+// spare, without waiting for the node. The cut node's ranks train on (alone, they need no
+// peer) until their daemon notices the silence, so the controller holds the new attempt
+// until then: the old attempt commits no checkpoint after the new one started.
+TEST_F(PartitionTest, CutNodeIsReplacedByASpareAndItsRanksCommitNothingAfterTheNewAttempt) {
+  ClusterJobSpec spec;
+  spec.nodes = 1;
+  spec.steps = 400;
+  spec.parallel = "{timeout_seconds: 6}";
+  spec.global = 2;
+  std::map<std::string, std::string> reference;
+  {
+    std::unique_ptr<ClusterJob> job = MakeJob("reference", spec);
+    std::unique_ptr<Process> controller = job->StartController(network_->Exec("c"));
+    std::unique_ptr<Process> w0 = job->StartWorker("n0", network_->Exec("n0"));
+    ASSERT_EQ(controller->Wait(), 0) << job->Logs();
+    int64_t step = 0;
+    reference = job->NewestCheckpoint(&step);
+    ASSERT_EQ(step, spec.steps);
+  }
+  std::unique_ptr<ClusterJob> job = MakeJob("spare", spec);
+  std::unique_ptr<Process> controller = job->StartController(network_->Exec("c"));
+  std::unique_ptr<Process> w0 = job->StartWorker("n0", network_->Exec("n0"));
+  ASSERT_TRUE(job->WaitForLog("-> RENDEZVOUS")) << job->Logs();
+  std::unique_ptr<Process> spare = job->StartWorker("n1", network_->Exec("n1"));
+  ASSERT_TRUE(job->WaitForSteps(8)) << job->Logs();
+  ASSERT_TRUE(network_->SetLink("n0", false));
+  EXPECT_EQ(w0->Wait(30s), 1) << job->Logs();
+  ASSERT_EQ(controller->Wait(), 0) << job->Logs();
+  ASSERT_TRUE(network_->SetLink("n0", true));
+  const std::string controller_log = testing::ReadWholeFile(job->dir() / "controller.log");
+  const std::string n0_log = testing::ReadWholeFile(job->dir() / "worker-n0.log");
+  EXPECT_NE(controller_log.find("ranks launched on n1"), std::string::npos) << controller_log;
+  EXPECT_NE(controller_log.find("no new attempt for"), std::string::npos) << controller_log;
+  const std::string launched = TimeOfLine(controller_log, "ranks launched on n1");
+  const std::string committed = TimeOfLine(n0_log, "written to", /*last=*/true);
+  ASSERT_FALSE(launched.empty());
+  ASSERT_FALSE(committed.empty()) << n0_log;
+  EXPECT_LT(committed, launched) << "the cut node's ranks committed a checkpoint after the new "
+                                    "attempt started\n"
+                                 << controller_log << n0_log;
+  int64_t step = 0;
+  testing::ExpectIdenticalTensors(job->NewestCheckpoint(&step), reference);
+}
+
 }  // namespace
 }  // namespace difftrain
