@@ -18,6 +18,7 @@
 #include "common/temp_dir.h"
 #include "controller/curve.h"
 #include "tests/testing/cluster_job.h"
+#include "tests/testing/network.h"
 
 namespace difftrain {
 namespace {
@@ -27,82 +28,18 @@ namespace fs = std::filesystem;
 using testing::ChildrenOf;
 using testing::ClusterJob;
 using testing::ClusterJobSpec;
+using testing::Network;
 using testing::Process;
-
-constexpr const char* kIp = "/usr/sbin/ip";
-
-// Namespaces made by this test process, removed when it ends.
-class Network {
- public:
-  explicit Network(fs::path log) : log_(std::move(log)), prefix_("dt" + std::to_string(::getpid())) {}
-  ~Network() {
-    for (auto it = made_.rbegin(); it != made_.rend(); ++it)
-      (void)Ip({"netns", "del", *it});
-  }
-
-  std::string Name(const std::string& host) const { return prefix_ + host; }
-
-  // `ip ARGS`, without a shell; whether it exited 0.
-  bool Ip(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv = {kIp};
-    argv.insert(argv.end(), args.begin(), args.end());
-    Process ip(argv, log_);
-    return ip.Wait(std::chrono::seconds(20)) == 0;
-  }
-
-  // A namespace with loopback up.
-  bool AddNamespace(const std::string& host) {
-    if (!Ip({"netns", "add", Name(host)})) return false;
-    made_.push_back(Name(host));
-    return Ip({"-n", Name(host), "link", "set", "lo", "up"});
-  }
-
-  // The hub: a namespace holding a bridge.
-  bool AddHub() {
-    return AddNamespace("hub") &&
-           Ip({"-n", Name("hub"), "link", "add", "br0", "type", "bridge"}) &&
-           Ip({"-n", Name("hub"), "link", "set", "br0", "up"});
-  }
-
-  // `host` joins the hub through a veth pair with address `cidr` on its side.
-  bool Attach(const std::string& host, const std::string& cidr) {
-    const std::string outer = "h" + host, inner = "e" + host;
-    return AddNamespace(host) &&
-           Ip({"-n", Name("hub"), "link", "add", outer, "type", "veth", "peer", "name", inner,
-               "netns", Name(host)}) &&
-           Ip({"-n", Name("hub"), "link", "set", outer, "master", "br0"}) &&
-           Ip({"-n", Name("hub"), "link", "set", outer, "up"}) &&
-           Ip({"-n", Name(host), "addr", "add", cidr, "dev", inner}) &&
-           Ip({"-n", Name(host), "link", "set", inner, "up"});
-  }
-
-  // Cuts (or restores) `host`'s link at the hub: its packets go nowhere, no error is seen.
-  bool SetLink(const std::string& host, bool up) const {
-    return Ip({"-n", Name("hub"), "link", "set", "h" + host, up ? "up" : "down"});
-  }
-
-  std::vector<std::string> Exec(const std::string& host) const {
-    return {kIp, "netns", "exec", Name(host)};
-  }
-
- private:
-  fs::path log_;
-  std::string prefix_;
-  std::vector<std::string> made_;
-};
 
 class PartitionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0 || !fs::exists(kIp)) {
-      GTEST_SKIP() << "network namespaces need root and " << kIp;
-    }
+    if (const std::string why = Network::Unavailable(); !why.empty()) GTEST_SKIP() << why;
     keys_ = (fs::path(dir_.path()) / "keys").string();
     ASSERT_TRUE(controller::WriteNewKeys(keys_).ok());
     ::setenv("TMPDIR", dir_.path().c_str(), 1);
     network_ = std::make_unique<Network>(fs::path(dir_.path()) / "ip.log");
-    if (!network_->AddHub() || !network_->Attach("c", "10.224.0.1/24") ||
-        !network_->Attach("n0", "10.224.0.10/24") || !network_->Attach("n1", "10.224.0.11/24")) {
+    if (!network_->MakeStar({"c", "n0", "n1"})) {
       GTEST_SKIP() << "cannot make network namespaces here: "
                    << testing::ReadWholeFile(fs::path(dir_.path()) / "ip.log");
     }
@@ -111,7 +48,7 @@ class PartitionTest : public ::testing::Test {
   // A job whose controller listens on 10.224.0.1 inside namespace c; `name` names it.
   std::unique_ptr<ClusterJob> MakeJob(const std::string& name, const ClusterJobSpec& spec) {
     return std::make_unique<ClusterJob>(fs::path(dir_.path()) / name, spec,
-                                        "tcp://10.224.0.1:29400", keys_);
+                                        network_->Endpoint(), keys_);
   }
 
   void TearDown() override {
