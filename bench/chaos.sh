@@ -4,7 +4,7 @@
 # of a rank, a daemon or the controller, SIGTERM to the controller, SIGSTOP of a rank, a byte
 # of the newest checkpoint flipped, a node's link cut when network namespaces can be made).
 # Prints one line per trial, then the fault mix and the time until the job ran again after
-# each kind of fault. Runs under `nice` (it is long); a failed trial keeps its directory.
+# each kind of fault. Runs under `nice` (it is long); a failed trial prints its logs.
 # Usage: bench/chaos.sh [BUILD=build] [TRIALS=200] [SEED=random]
 set -euo pipefail
 build=${1:-build}

@@ -1,5 +1,6 @@
-# libFuzzer targets (*_fuzz.cc): the wire decoder and the job-spec parser. They need clang
-# with -fsanitize=fuzzer, which the GCC build cannot use, so each is compiled by clang++
+# libFuzzer targets (*_fuzz.cc): the wire decoder, the job-spec parser and the checkpoint
+# shard reader. They need clang with -fsanitize=fuzzer, which the GCC build cannot use, so
+# each is compiled by clang++
 # directly from the few sources it needs, and `ctest` runs each for a few seconds. Without
 # a working clang the tests report themselves skipped with the reason.
 set(DIFFTRAIN_FUZZ_SECONDS 4 CACHE STRING "Seconds each fuzz target runs in ctest")
@@ -84,4 +85,7 @@ difftrain_fuzz_target(job_spec_fuzz "-lfmt;-lyaml-cpp"
   controller/job_spec_fuzz.cc model/train/train_config.cc common/yaml_fields.cc
   common/cluster_config.cc model/dit/config.cc model/diffusion/gaussian_diffusion.cc
   model/optim/adamw.cc model/train/planner.cc model/dit/shard.cc model/device.cc
+  model/tensor/tensor_table.cc)
+difftrain_fuzz_target(checkpoint_fuzz "-lfmt;-lz"
+  tests/fuzz/checkpoint_fuzz.cc model/io/safetensors.cc model/io/posix_file.cc
   model/tensor/tensor_table.cc)
