@@ -3,6 +3,9 @@
 // live on. Every wait of the controller ends by one of these or by the rendezvous timeout
 // (docs/jobs.md, "Deadlines").
 #include <algorithm>
+#include <future>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include <fmt/ranges.h>
@@ -128,11 +131,20 @@ std::string Controller::NewestCheckpoint() const {
   const std::string& dir = o_.config.checkpoint.dir;
   if (dir.empty()) return "the start (no checkpoint.dir)";
   // The controller's machine may not see the checkpoint directory (it need not share the
-  // ranks' storage): then it can only name the directory.
-  io::CheckpointStore store(dir, 0);
-  Result<std::optional<int64_t>> latest = store.LatestComplete();
-  if (!latest.ok() || !*latest) return fmt::format("the newest complete checkpoint in {}", dir);
-  return fmt::format("the newest complete checkpoint, step {} in {}", **latest, dir);
+  // ranks' storage), and reading it verifies every shard, which may be slow or, on a hung
+  // file system, never end: it is looked at on a thread of its own for a few seconds only.
+  auto found = std::make_shared<std::promise<std::optional<int64_t>>>();
+  std::future<std::optional<int64_t>> step = found->get_future();
+  std::thread([found, dir] {
+    Result<std::optional<int64_t>> latest = io::CheckpointStore(dir, 0).LatestComplete();
+    found->set_value(latest.ok() ? *latest : std::nullopt);
+  }).detach();
+  if (step.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    return fmt::format("the newest complete checkpoint in {} (not read within 5 s)", dir);
+  }
+  const std::optional<int64_t> latest = step.get();
+  if (!latest) return fmt::format("the newest complete checkpoint in {}", dir);
+  return fmt::format("the newest complete checkpoint, step {} in {}", *latest, dir);
 }
 
 }  // namespace difftrain::controller

@@ -123,6 +123,27 @@ TEST_F(FaultTest, StoppedRankDuringACheckpointStopIsKilledAfterTheGraceAndTheJob
   testing::ExpectIdenticalTensors(job->NewestCheckpoint(&step), reference);
 }
 
+// A daemon that stops answering (here: stopped with SIGSTOP) while the ranks checkpoint
+// cannot report its ranks' exits. The job used to end FAILED (exit 1); the stop goes on
+// without it, and the job ends 75 so that a requeue resumes it.
+TEST_F(FaultTest, DaemonLostDuringACheckpointStopStillEnds75) {
+  ClusterJobSpec spec;
+  spec.steps = 400;
+  std::unique_ptr<ClusterJob> job = MakeJob("lost-daemon", spec);
+  std::unique_ptr<Process> controller = job->StartController();
+  std::unique_ptr<Process> workers[2] = {job->StartWorker("n0"), job->StartWorker("n1")};
+  ASSERT_TRUE(job->WaitForSteps(6)) << job->Logs();
+  workers[1]->Signal(SIGSTOP);
+  controller->Signal(SIGTERM);
+  const int code = controller->Wait(60s);
+  workers[1]->Signal(SIGCONT);
+  for (auto& w : workers)
+    w->Wait(30s);
+  const std::string log = job->Logs();
+  ASSERT_EQ(code, 75) << log;
+  EXPECT_NE(log.find("node n1 lost while the ranks checkpointed"), std::string::npos) << log;
+}
+
 // A one-rank job has no collective to time out: a rank stopped with SIGSTOP (stuck in I/O
 // or in a driver) hangs the job unless the progress watchdog sees its step stand still.
 TEST_F(FaultTest, WatchdogRestartsAOneRankJobWhoseRankStopsMoving) {
