@@ -11,5 +11,9 @@ build=${1:-build}
 trials=${2:-200}
 seed=${3:-$RANDOM$RANDOM}
 cmake --build "$build" --target difftrain chaos_test >/dev/null
-DIFFTRAIN_CHAOS_TRIALS=$trials DIFFTRAIN_CHAOS_SEED=$seed OMP_WAIT_POLICY=passive \
-  nice -n 19 "$build/chaos_test" 2>&1 | grep -v '^\[20'
+# The daemons run a copy: a rebuild during the run must not replace the binary under it.
+copy=$(mktemp -d)
+trap 'rm -rf "$copy"' EXIT
+cp "$build/difftrain" "$build/chaos_test" "$copy/"
+DIFFTRAIN_TEST_BINARY=$copy/difftrain DIFFTRAIN_CHAOS_TRIALS=$trials DIFFTRAIN_CHAOS_SEED=$seed \
+  OMP_WAIT_POLICY=passive nice -n 19 "$copy/chaos_test"

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -63,13 +64,20 @@ class ClusterJob {
   }
 
   std::filesystem::path job() const { return dir_ / "job.yaml"; }
+
+  // The `difftrain` the daemons run: DIFFTRAIN_TEST_BINARY when set (a long bench runs a copy,
+  // so that rebuilding meanwhile changes nothing under it), else the one built with the test.
+  static std::string Binary() {
+    const char* given = std::getenv("DIFFTRAIN_TEST_BINARY");
+    return given && *given ? given : DIFFTRAIN_BINARY;
+  }
   const std::filesystem::path& dir() const { return dir_; }
 
   // `wrap` goes in front of the command (e.g. {"ip", "netns", "exec", "NS"}).
   std::unique_ptr<Process> StartController(const std::vector<std::string>& wrap = {},
                                            const std::vector<std::string>& more = {}) {
     std::vector<std::string> argv = wrap;
-    for (const std::string& a : {std::string(DIFFTRAIN_BINARY), std::string("controller"),
+    for (const std::string& a : {Binary(), std::string("controller"),
                                  job().string(), std::string("--bind"), endpoint_,
                                  std::string("--keys"), keys_})
       argv.push_back(a);
@@ -81,7 +89,7 @@ class ClusterJob {
                                        const std::string& connect = "") {
     std::vector<std::string> argv = wrap;
     for (const std::string& a :
-         {std::string(DIFFTRAIN_BINARY), std::string("worker"), std::string("--controller"),
+         {Binary(), std::string("worker"), std::string("--controller"),
           connect.empty() ? endpoint_ : connect, std::string("--node"), node,
           std::string("--keys"), keys_, std::string("--devices"),
           std::to_string(spec_.devices_per_node)})

@@ -39,9 +39,28 @@ class Network {
     return "";
   }
 
+  // Removes namespaces this class made in test processes that are gone (killed by a
+  // timeout, say): "dt<pid><host>" under /run/netns with no process <pid>.
+  void RemoveStale() const {
+    std::error_code error;
+    for (const auto& e : std::filesystem::directory_iterator("/run/netns", error)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("dt", 0) != 0) continue;
+      const size_t digits = name.find_first_not_of("0123456789", 2);
+      if (digits == 2 || digits == std::string::npos) continue;
+      const std::string host = name.substr(digits);
+      const bool ours = host == "hub" || host == "c" ||
+                        (host[0] == 'n' && host.size() > 1 &&
+                         host.find_first_not_of("0123456789", 1) == std::string::npos);
+      if (!ours || std::filesystem::exists("/proc/" + name.substr(2, digits - 2))) continue;
+      (void)Ip({"netns", "del", name});
+    }
+  }
+
   // A bridge in the hub and `hosts` around it: the first at 10.224.0.1 (the controller),
   // the others at 10.224.0.10, .11 ...
   bool MakeStar(const std::vector<std::string>& hosts) {
+    RemoveStale();
     if (!AddHub()) return false;
     for (size_t i = 0; i < hosts.size(); ++i) {
       const std::string address = i == 0 ? "10.224.0.1/24" : fmt::format("10.224.0.{}/24", 9 + i);
