@@ -58,9 +58,9 @@ Status ReadClusterConfig(YamlFields& top, ClusterConfig& c) {
   }
 
   if (!(r.stop_grace_seconds >= 0 && r.stop_grace_seconds <= 86400)) {
-    return restart.ErrorAt("stop_grace_seconds",
-                           fmt::format("expected a number of seconds in [0, 86400], found {}",
-                                       r.stop_grace_seconds));
+    return restart.ErrorAt(
+        "stop_grace_seconds",
+        fmt::format("expected a number of seconds in [0, 86400], found {}", r.stop_grace_seconds));
   }
   if (!(r.hang_seconds >= 0 && r.hang_seconds <= 86400)) {
     return restart.ErrorAt("hang_seconds", fmt::format("expected a number of seconds in [0, 86400] "

@@ -101,7 +101,8 @@ void Controller::PublishMetrics(bool force) {
   s.hangs_by_rank = hangs_by_rank_;
   if (state_ == JobState::kRunning) {
     for (const Rank& r : ranks_) {
-      if (!r.exited) s.progress_age_seconds = std::max(s.progress_age_seconds, Seconds(now - r.moved_at));
+      if (!r.exited)
+        s.progress_age_seconds = std::max(s.progress_age_seconds, Seconds(now - r.moved_at));
     }
   }
   metrics_->Publish(s);
@@ -437,9 +438,10 @@ void Controller::Tick() {
   if (o_.stop_signal != nullptr && o_.stop_signal->load() != 0 && !checkpoint_requested_) {
     checkpoint_requested_ = true;
     stop_since_ = now;
-    spdlog::info("controller: signal {}: the ranks checkpoint and stop (within "
-                 "restart.stop_grace_seconds = {} s)",
-                 o_.stop_signal->load(), cluster.restart.stop_grace_seconds);
+    spdlog::info(
+        "controller: signal {}: the ranks checkpoint and stop (within "
+        "restart.stop_grace_seconds = {} s)",
+        o_.stop_signal->load(), cluster.restart.stop_grace_seconds);
     if (state_ == JobState::kPending) {
       Finish(JobState::kCheckpointed, "stopped by a signal before the job started");
       return;

@@ -114,8 +114,8 @@ class Controller {
     Clock::time_point last_seen;
     Clock::time_point last_ack;   // the last heartbeat-ack sent to it
     Clock::time_point last_sent;  // the last message of any kind sent to it
-    int slot = -1;               // its place in the plan in this attempt; -1: spare
-    bool stopped = false;        // reported that every rank of this attempt has exited
+    int slot = -1;                // its place in the plan in this attempt; -1: spare
+    bool stopped = false;         // reported that every rank of this attempt has exited
   };
   struct Rank {
     std::string node;

@@ -121,9 +121,10 @@ void Controller::FenceLostNode(const Node& node) {
   if (dead_by > fence_until_) fence_until_ = dead_by;
   const double wait = Seconds(fence_until_ - Clock::now());
   if (wait > 0) {
-    spdlog::info("controller: no new attempt for {:.1f} s: the ranks of node {} may live until "
-                 "their daemon notices the silence",
-                 wait, node.name);
+    spdlog::info(
+        "controller: no new attempt for {:.1f} s: the ranks of node {} may live until "
+        "their daemon notices the silence",
+        wait, node.name);
   }
 }
 

@@ -55,8 +55,8 @@ struct RankProcess {
   int rank = 0, local_rank = 0;
   pid_t pid = -1;
   std::optional<Clock::time_point> killed_at;  // when it was sent SIGKILL
-  int progress_fd = -1;  // read end
-  std::string partial;   // an incomplete line
+  int progress_fd = -1;                        // read end
+  std::string partial;                         // an incomplete line
   nlohmann::json progress;
 };
 
@@ -207,9 +207,10 @@ class Worker {
       uint16_t id = 0;
       if (event.size() >= sizeof id) std::memcpy(&id, event.data(), sizeof id);
       if (id != ZMQ_EVENT_HANDSHAKE_SUCCEEDED || ++handshakes_ == 1) continue;
-      spdlog::warn("worker {}: a new connection to the controller at {} (it restarted, or lost "
-                   "ours): killing ranks {}, registering again",
-                   o_.node, o_.controller, RankList());
+      spdlog::warn(
+          "worker {}: a new connection to the controller at {} (it restarted, or lost "
+          "ours): killing ranks {}, registering again",
+          o_.node, o_.controller, RankList());
       // Ranks of an attempt the controller may no longer know must not train on.
       KillRanks();
       registered_ = false;
@@ -428,9 +429,10 @@ class Worker {
       }
       if (stuck) {
         // SIGKILL is delivered; it dies when its I/O returns, and runs none of its code.
-        spdlog::error("worker {}: rank {} (pid {}) not gone {:.0f} s after SIGKILL (stuck in the "
-                      "kernel?); reporting it killed",
-                      o_.node, it->rank, it->pid, SecondsOf(now - *it->killed_at));
+        spdlog::error(
+            "worker {}: rank {} (pid {}) not gone {:.0f} s after SIGKILL (stuck in the "
+            "kernel?); reporting it killed",
+            o_.node, it->rank, it->pid, SecondsOf(now - *it->killed_at));
         lingering_.push_back(it->pid);
         status = SIGKILL;  // as if killed: WIFSIGNALED, WTERMSIG 9
       }
@@ -469,8 +471,8 @@ class Worker {
       if (!lingering_.empty()) std::this_thread::sleep_for(milliseconds(5));
     }
     for (pid_t pid : lingering_) {
-      spdlog::error("worker {}: pid {} not gone {} s after SIGKILL (stuck in the kernel?)",
-                    o_.node, pid, kReapSeconds.count());
+      spdlog::error("worker {}: pid {} not gone {} s after SIGKILL (stuck in the kernel?)", o_.node,
+                    pid, kReapSeconds.count());
     }
   }
 
@@ -565,7 +567,7 @@ class Worker {
   int attempt_ = -1;
   bool stop_requested_ = false, stop_reported_ = false, signalled_ = false;
   double stop_grace_ = RestartPolicy{}.stop_grace_seconds;  // the job's, once launched
-  std::optional<Clock::time_point> stop_deadline_;  // a checkpoint-stop's: then SIGKILL
+  std::optional<Clock::time_point> stop_deadline_;          // a checkpoint-stop's: then SIGKILL
   std::vector<RankProcess> ranks_;
   std::vector<pid_t> lingering_;  // killed, not yet reaped
   int64_t dropped_ = 0;

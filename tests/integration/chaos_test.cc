@@ -48,8 +48,8 @@ enum class Fault {
   kCorruptCheckpoint,
   kCutLink
 };
-constexpr Fault kFaults[] = {Fault::kKillRank,       Fault::kKillDaemon,       Fault::kKillController,
-                             Fault::kTermController, Fault::kStopRank,         Fault::kCorruptCheckpoint,
+constexpr Fault kFaults[] = {Fault::kKillRank,       Fault::kKillDaemon, Fault::kKillController,
+                             Fault::kTermController, Fault::kStopRank,   Fault::kCorruptCheckpoint,
                              Fault::kCutLink};
 
 const char* FaultName(Fault f) {
@@ -196,7 +196,8 @@ class ChaosTest : public ::testing::Test {
       case Fault::kStopRank: {
         const std::vector<pid_t> ranks = ChildrenOf(workers[node]->pid(), "train");
         if (ranks.empty()) return false;
-        const pid_t rank = ranks[std::uniform_int_distribution<size_t>(0, ranks.size() - 1)(random)];
+        const pid_t rank =
+            ranks[std::uniform_int_distribution<size_t>(0, ranks.size() - 1)(random)];
         return ::kill(rank, f == Fault::kKillRank ? SIGKILL : SIGSTOP) == 0;
       }
       case Fault::kKillDaemon:
@@ -234,7 +235,8 @@ class ChaosTest : public ::testing::Test {
       if (e.path().extension() == ".safetensors") shards.push_back(e.path());
     }
     if (shards.empty()) return false;
-    const fs::path shard = shards[std::uniform_int_distribution<size_t>(0, shards.size() - 1)(random)];
+    const fs::path shard =
+        shards[std::uniform_int_distribution<size_t>(0, shards.size() - 1)(random)];
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
     const auto size = static_cast<int64_t>(fs::file_size(shard, error));
     if (!f || error || size < 1) return false;
@@ -283,7 +285,8 @@ TEST_F(ChaosTest, RandomFaultsEndBitIdenticalToAnUninterruptedRun) {
     std::vector<Injected> faults;
     running_at_.clear();
     const auto start = Clock::now();
-    const int code = Supervise(*job, random, std::uniform_int_distribution<int>(1, 3)(random), &faults);
+    const int code =
+        Supervise(*job, random, std::uniform_int_distribution<int>(1, 3)(random), &faults);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     int64_t step = 0;
     const auto final_state = job->NewestCheckpoint(&step);
@@ -292,14 +295,16 @@ TEST_F(ChaosTest, RandomFaultsEndBitIdenticalToAnUninterruptedRun) {
     for (const Injected& i : faults) {
       what += fmt::format("{}{} at {:.1f} s", what.empty() ? "" : ", ", FaultName(i.fault),
                           i.at_seconds);
-      if (i.recovered_seconds) what += fmt::format(" (running again after {:.1f} s)", *i.recovered_seconds);
+      if (i.recovered_seconds)
+        what += fmt::format(" (running again after {:.1f} s)", *i.recovered_seconds);
       ++injected[FaultName(i.fault)];
       if (i.recovered_seconds) recovery[FaultName(i.fault)].push_back(*i.recovered_seconds);
     }
     std::printf("chaos trial %d: %s; exit %d, %s, %.1f s\n", t, what.c_str(), code,
                 identical ? "bit-identical" : "DIFFERS", seconds);
     std::fflush(stdout);
-    EXPECT_EQ(code, 0) << "trial " << t << " (seed " << seed << "): " << what << "\n" << job->Logs();
+    EXPECT_EQ(code, 0) << "trial " << t << " (seed " << seed << "): " << what << "\n"
+                       << job->Logs();
     if (code == 0) testing::ExpectIdenticalTensors(final_state, reference);
     if (identical) {
       ++passed;

@@ -6,8 +6,8 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <optional>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>

@@ -9,8 +9,8 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <optional>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -47,8 +47,8 @@ class PartitionTest : public ::testing::Test {
 
   // A job whose controller listens on 10.224.0.1 inside namespace c; `name` names it.
   std::unique_ptr<ClusterJob> MakeJob(const std::string& name, const ClusterJobSpec& spec) {
-    return std::make_unique<ClusterJob>(fs::path(dir_.path()) / name, spec,
-                                        network_->Endpoint(), keys_);
+    return std::make_unique<ClusterJob>(fs::path(dir_.path()) / name, spec, network_->Endpoint(),
+                                        keys_);
   }
 
   void TearDown() override {

@@ -44,23 +44,23 @@ class ClusterJob {
              std::string keys)
       : dir_(std::move(dir)), spec_(spec), endpoint_(std::move(endpoint)), keys_(std::move(keys)) {
     std::filesystem::create_directories(dir_);
-    std::ofstream(job())
-        << "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: " << spec.hidden
-        << ", depth: 2, num_heads: 4, num_classes: 10}\n"
-        << "batch: {micro: " << spec.micro << ", global: " << spec.global << "}\n"
-        << "optimizer: {lr: 0.001, grad_clip: 1.0, warmup_steps: 3}\n"
-        << "train: {steps: " << spec.steps << ", log_every: 1, metrics_file: \""
-        << (dir_ / "metrics-{rank}.jsonl").string() << "\"}\n"
-        << "parallel: " << spec.parallel << "\n"
-        << "checkpoint: {dir: \"" << (dir_ / "ckpt").string() << "\", every: 4, keep: 10}\n"
-        << "cluster: {nodes: " << spec.nodes << ", devices_per_node: " << spec.devices_per_node
-        << "}\n"
-        << "restart: {max_restarts: " << spec.max_restarts
-        << ", heartbeat_seconds: " << spec.heartbeat_seconds
-        << ", heartbeat_misses: " << spec.heartbeat_misses
-        << ", rendezvous_timeout_seconds: 60" << (spec.restart.empty() ? "" : ", ")
-        << spec.restart << "}\n"
-        << spec.extra;
+    std::ofstream(job()) << "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: "
+                         << spec.hidden << ", depth: 2, num_heads: 4, num_classes: 10}\n"
+                         << "batch: {micro: " << spec.micro << ", global: " << spec.global << "}\n"
+                         << "optimizer: {lr: 0.001, grad_clip: 1.0, warmup_steps: 3}\n"
+                         << "train: {steps: " << spec.steps << ", log_every: 1, metrics_file: \""
+                         << (dir_ / "metrics-{rank}.jsonl").string() << "\"}\n"
+                         << "parallel: " << spec.parallel << "\n"
+                         << "checkpoint: {dir: \"" << (dir_ / "ckpt").string()
+                         << "\", every: 4, keep: 10}\n"
+                         << "cluster: {nodes: " << spec.nodes
+                         << ", devices_per_node: " << spec.devices_per_node << "}\n"
+                         << "restart: {max_restarts: " << spec.max_restarts
+                         << ", heartbeat_seconds: " << spec.heartbeat_seconds
+                         << ", heartbeat_misses: " << spec.heartbeat_misses
+                         << ", rendezvous_timeout_seconds: 60" << (spec.restart.empty() ? "" : ", ")
+                         << spec.restart << "}\n"
+                         << spec.extra;
   }
 
   std::filesystem::path job() const { return dir_ / "job.yaml"; }
@@ -77,9 +77,8 @@ class ClusterJob {
   std::unique_ptr<Process> StartController(const std::vector<std::string>& wrap = {},
                                            const std::vector<std::string>& more = {}) {
     std::vector<std::string> argv = wrap;
-    for (const std::string& a : {Binary(), std::string("controller"),
-                                 job().string(), std::string("--bind"), endpoint_,
-                                 std::string("--keys"), keys_})
+    for (const std::string& a : {Binary(), std::string("controller"), job().string(),
+                                 std::string("--bind"), endpoint_, std::string("--keys"), keys_})
       argv.push_back(a);
     argv.insert(argv.end(), more.begin(), more.end());
     return std::make_unique<Process>(argv, dir_ / "controller.log");
@@ -90,9 +89,8 @@ class ClusterJob {
     std::vector<std::string> argv = wrap;
     for (const std::string& a :
          {Binary(), std::string("worker"), std::string("--controller"),
-          connect.empty() ? endpoint_ : connect, std::string("--node"), node,
-          std::string("--keys"), keys_, std::string("--devices"),
-          std::to_string(spec_.devices_per_node)})
+          connect.empty() ? endpoint_ : connect, std::string("--node"), node, std::string("--keys"),
+          keys_, std::string("--devices"), std::to_string(spec_.devices_per_node)})
       argv.push_back(a);
     return std::make_unique<Process>(argv, dir_ / ("worker-" + node + ".log"));
   }

@@ -71,7 +71,6 @@ class Network {
   // Where a controller in the first host of the star listens.
   static std::string Endpoint() { return "tcp://10.224.0.1:29400"; }
 
-
   std::string Name(const std::string& host) const { return prefix_ + host; }
 
   // `ip ARGS`, without a shell; whether it exited 0.
@@ -91,8 +90,7 @@ class Network {
 
   // The hub: a namespace holding a bridge.
   bool AddHub() {
-    return AddNamespace("hub") &&
-           Ip({"-n", Name("hub"), "link", "add", "br0", "type", "bridge"}) &&
+    return AddNamespace("hub") && Ip({"-n", Name("hub"), "link", "add", "br0", "type", "bridge"}) &&
            Ip({"-n", Name("hub"), "link", "set", "br0", "up"});
   }
 
