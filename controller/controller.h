@@ -38,6 +38,11 @@ namespace difftrain::controller {
 
 class JobMetrics;
 
+// The progress watchdog's limit in seconds: restart.hang_seconds when set, else
+// RestartPolicy::kHangFactor x the median of `step_seconds` (the ranks' last step times; zeros
+// are ignored), at least RestartPolicy::kHangFloorSeconds.
+double HangLimitSeconds(const RestartPolicy& policy, std::vector<double> step_seconds);
+
 enum class JobState {
   kPending,
   kRendezvous,
@@ -154,7 +159,6 @@ class Controller {
   void CheckStopDeadline(Clock::time_point now);
   // The progress watchdog: restarts the job when a running rank's step stops moving.
   void CheckProgress(Clock::time_point now);
-  double HangLimitSeconds() const;
   // A placed node was lost: its ranks live until its daemon notices the silence.
   void FenceLostNode(const Node& node);
   std::string NewestCheckpoint() const;

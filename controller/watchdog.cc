@@ -61,13 +61,9 @@ void Controller::CheckStopDeadline(Clock::time_point now) {
                      limit, r.stop_grace_seconds, fmt::join(missing, ",")));
 }
 
-double Controller::HangLimitSeconds() const {
-  const RestartPolicy& r = o_.config.cluster.restart;
-  if (r.hang_seconds > 0) return r.hang_seconds;
-  std::vector<double> step_seconds;
-  for (const Rank& rank : ranks_) {
-    if (rank.progress.step_seconds > 0) step_seconds.push_back(rank.progress.step_seconds);
-  }
+double HangLimitSeconds(const RestartPolicy& policy, std::vector<double> step_seconds) {
+  if (policy.hang_seconds > 0) return policy.hang_seconds;
+  std::erase_if(step_seconds, [](double s) { return !(s > 0); });
   if (step_seconds.empty()) return RestartPolicy::kHangFloorSeconds;
   std::nth_element(step_seconds.begin(), step_seconds.begin() + step_seconds.size() / 2,
                    step_seconds.end());
@@ -77,7 +73,10 @@ double Controller::HangLimitSeconds() const {
 
 void Controller::CheckProgress(Clock::time_point now) {
   if (checkpoint_requested_) return;  // a stop has its own deadline
-  const double limit = HangLimitSeconds();
+  std::vector<double> step_seconds;
+  for (const Rank& r : ranks_)
+    step_seconds.push_back(r.progress.step_seconds);
+  const double limit = HangLimitSeconds(o_.config.cluster.restart, std::move(step_seconds));
   const double allowance = o_.config.cluster.restart.stop_grace_seconds;
   const CheckpointConfig& checkpoint = o_.config.checkpoint;
   std::vector<int> hung;
