@@ -341,9 +341,20 @@ class Worker {
 
   void Stop(const Message& m) {
     const std::string mode = m.header["mode"].get<std::string>();
-    if (m.header["attempt"].get<int>() != attempt_) return;
+    const int attempt = m.header["attempt"].get<int>();
+    if (attempt < attempt_) return;  // an attempt this daemon has moved past
     stop_requested_ = true;
     stop_reported_ = false;
+    if (attempt > attempt_) {
+      // Its launch never reached us (sent while our connection was down): nothing of that
+      // attempt runs here, and whatever does is older. The controller waits for our
+      // "stopped" of that attempt, which must come.
+      spdlog::warn("worker {}: stop of attempt {}, whose launch never arrived: killing ranks {}",
+                   o_.node, attempt, RankList());
+      KillLeft(fmt::format("attempt {} is over", attempt_), spdlog::level::warn);
+      attempt_ = attempt;
+      return;
+    }
     spdlog::info("worker {}: stop ({}) ranks {}", o_.node, mode, RankList());
     if (mode == "checkpoint") {
       AskRanksToStop();
