@@ -1,5 +1,6 @@
-# libFuzzer targets (*_fuzz.cc): the wire decoder and the job-spec parser. They need clang
-# with -fsanitize=fuzzer, which the GCC build cannot use, so each is compiled by clang++
+# libFuzzer targets (*_fuzz.cc): the wire decoder, the job-spec parser and the checkpoint
+# shard reader. They need clang with -fsanitize=fuzzer, which the GCC build cannot use, so
+# each is compiled by clang++
 # directly from the few sources it needs, and `ctest` runs each for a few seconds. Without
 # a working clang the tests report themselves skipped with the reason.
 set(DIFFTRAIN_FUZZ_SECONDS 4 CACHE STRING "Seconds each fuzz target runs in ctest")
@@ -28,6 +29,18 @@ file(GLOB fuzz_headers CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/common/*.h
   ${CMAKE_SOURCE_DIR}/model/cpu/*.h ${CMAKE_SOURCE_DIR}/model/parallel/*.h
   ${CMAKE_SOURCE_DIR}/model/diffusion/*.h ${CMAKE_SOURCE_DIR}/model/optim/*.h)
 
+# `make build` configures on every call: a script rewritten with the same text would still
+# get a new mtime and re-link the targets that depend on it. Only a change is written.
+function(difftrain_write_if_changed path content)
+  if(EXISTS ${path})
+    file(READ ${path} old)
+    if(old STREQUAL content)
+      return()
+    endif()
+  endif()
+  file(WRITE ${path} "${content}")
+endfunction()
+
 # A fuzz target that fails to build (a new dependency of the parser, say) must not break
 # everybody's build: the failure is written down and its test reports itself skipped
 # with the compiler's message.
@@ -40,7 +53,7 @@ function(difftrain_fuzz_target name libs)
     list(JOIN sources " " source_list)
     list(JOIN libs " " lib_list)
     set(build_script ${CMAKE_BINARY_DIR}/fuzz/build_${name}.sh)
-    file(WRITE ${build_script} "#!/bin/sh
+    difftrain_write_if_changed(${build_script} "#!/bin/sh
 rm -f ${out} ${out}.error
 ${DIFFTRAIN_FUZZ_CXX} -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined \\
   -fno-sanitize-recover=undefined -I${CMAKE_SOURCE_DIR} ${source_list} ${lib_list} \\
@@ -54,7 +67,7 @@ touch ${out}.stamp
       COMMENT "Building fuzz target ${name} with ${DIFFTRAIN_FUZZ_CXX}")
     add_custom_target(${name} ALL DEPENDS ${out}.stamp)
     file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz/${name}-corpus)
-    file(WRITE ${run_test} "#!/bin/sh
+    difftrain_write_if_changed(${run_test} "#!/bin/sh
 if [ ! -x ${out} ]; then
   echo 'skipped: ${name} did not build with ${DIFFTRAIN_FUZZ_CXX}:'; head -20 ${out}.error
   exit 77
@@ -81,3 +94,6 @@ difftrain_fuzz_target(job_spec_fuzz
   model/cpu/layernorm.cc model/cpu/linear.cc model/cpu/modulate.cc
   model/parallel/mappings.cc model/diffusion/gaussian_diffusion.cc model/optim/adamw.cc
   model/train/planner.cc model/train/gpu_step.cc model/device.cc model/tensor/tensor_table.cc)
+difftrain_fuzz_target(checkpoint_fuzz "-lfmt;-lz"
+  tests/fuzz/checkpoint_fuzz.cc model/io/safetensors.cc model/io/posix_file.cc
+  model/tensor/tensor_table.cc)

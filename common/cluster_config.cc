@@ -35,7 +35,9 @@ Status ReadClusterConfig(YamlFields& top, ClusterConfig& c) {
   restart.Int("max_restarts", r.max_restarts)
       .Double("heartbeat_seconds", r.heartbeat_seconds)
       .Int("heartbeat_misses", r.heartbeat_misses)
-      .Double("rendezvous_timeout_seconds", r.rendezvous_timeout_seconds);
+      .Double("rendezvous_timeout_seconds", r.rendezvous_timeout_seconds)
+      .Double("stop_grace_seconds", r.stop_grace_seconds)
+      .Double("hang_seconds", r.hang_seconds);
   DT_RETURN_IF_ERROR(restart.Finish());
   if (r.max_restarts < 0) {
     return restart.ErrorAt("max_restarts", fmt::format("expected >= 0, found {}", r.max_restarts));
@@ -53,6 +55,17 @@ Status ReadClusterConfig(YamlFields& top, ClusterConfig& c) {
     return restart.ErrorAt("rendezvous_timeout_seconds",
                            fmt::format("expected a number of seconds in (0, 86400], found {}",
                                        r.rendezvous_timeout_seconds));
+  }
+
+  if (!(r.stop_grace_seconds >= 0 && r.stop_grace_seconds <= 86400)) {
+    return restart.ErrorAt(
+        "stop_grace_seconds",
+        fmt::format("expected a number of seconds in [0, 86400], found {}", r.stop_grace_seconds));
+  }
+  if (!(r.hang_seconds >= 0 && r.hang_seconds <= 86400)) {
+    return restart.ErrorAt("hang_seconds", fmt::format("expected a number of seconds in [0, 86400] "
+                                                       "(0: automatic), found {}",
+                                                       r.hang_seconds));
   }
 
   YamlFields metrics = top.Section("metrics");

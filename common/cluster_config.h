@@ -18,6 +18,15 @@ struct RestartPolicy {
   double heartbeat_seconds = 1;             // between a worker daemon's heartbeats
   int heartbeat_misses = 10;                // missed heartbeats before a daemon is lost
   double rendezvous_timeout_seconds = 300;  // for daemons to register and ranks to meet
+  // After a checkpoint-stop (a signal) the ranks get this long to finish the step, write a
+  // checkpoint and exit; then their daemon kills what is left with SIGKILL. Also the extra
+  // time the progress watchdog allows a step that writes a checkpoint or is an attempt's first.
+  double stop_grace_seconds = 60;
+  // A rank whose step does not move for this long is hung and the job restarts (the progress
+  // watchdog). 0: automatic, kHangFactor x the median step time, at least kHangFloorSeconds.
+  double hang_seconds = 0;
+  static constexpr double kHangFactor = 10;
+  static constexpr double kHangFloorSeconds = 60;
 };
 
 struct ClusterConfig {

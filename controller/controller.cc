@@ -104,6 +104,13 @@ void Controller::PublishMetrics(bool force) {
   s.store_requests = counters_.store_requests;
   s.refused_connections = zap_->refused();
   s.dropped_by_reason = counters_.dropped_by_reason;
+  s.hangs_by_rank = hangs_by_rank_;
+  if (state_ == JobState::kRunning) {
+    for (const Rank& r : ranks_) {
+      if (!r.exited)
+        s.progress_age_seconds = std::max(s.progress_age_seconds, Seconds(now - r.moved_at));
+    }
+  }
   metrics_->Publish(s);
 }
 
@@ -130,9 +137,11 @@ void Controller::Transition(JobState next, const std::string& why) {
                Seconds(now - state_since_), why);
   state_ = next;
   state_since_ = now;
+  PublishMetrics(/*force=*/true);
 }
 
 void Controller::Send(const std::string& peer, const Message& m) {
+  if (Node* node = NodeOfPeer(peer)) node->last_sent = Clock::now();
   const std::string frame = wire::Encode(m);
   // Non-blocking: a peer that is gone or not reading loses the message, never the loop.
   if (router_.send(zmq::buffer(peer), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
@@ -279,7 +288,12 @@ void Controller::OnHeartbeat(Node& node, const Message& m) {
   for (const nlohmann::json& r : m.header["ranks"]) {
     const int rank = r["rank"].get<int>();
     if (rank >= static_cast<int>(ranks_.size()) || ranks_[rank].node != node.name) continue;
-    RankProgress& p = ranks_[rank].progress;
+    Rank& moving = ranks_[rank];
+    RankProgress& p = moving.progress;
+    if (const int64_t step = r["step"].get<int64_t>(); step != p.step) {
+      moving.moved_at = node.last_seen;
+      ++moving.moves;
+    }
     p.step = r["step"].get<int64_t>();
     p.loss = r["loss"].get<double>();
     p.step_seconds = r["step_seconds"].get<double>();
@@ -289,6 +303,11 @@ void Controller::OnHeartbeat(Node& node, const Message& m) {
   if (state_ == JobState::kRendezvous &&
       std::all_of(ranks_.begin(), ranks_.end(),
                   [](const Rank& r) { return r.progress.step >= 0 || r.exited; })) {
+    // The watchdog counts from here, and allows the first step its slow start.
+    for (Rank& r : ranks_) {
+      r.moved_at = node.last_seen;
+      r.moves = 0;
+    }
     Transition(JobState::kRunning,
                fmt::format("all {} ranks have met (attempt {})", ranks_.size(), attempt_));
   }
@@ -315,18 +334,10 @@ void Controller::OnRankExit(Node& node, const Message& m) {
       // A rank was told to stop by someone else (its daemon got SIGTERM): the others
       // stop at the same step anyway, since the ranks agree on stopping every step.
       checkpoint_requested_ = true;
+      stop_since_ = Clock::now();
       StopRanks("checkpoint");
     }
-    if (!AllRanksExited()) return;
-    const bool all_clean = std::all_of(ranks_.begin(), ranks_.end(), [](const Rank& x) {
-      return x.signal == 0 && x.exit_code == 0;
-    });
-    if (all_clean) {
-      Finish(JobState::kSucceeded,
-             fmt::format("every rank finished (attempt {}, {} restarts)", attempt_, restarts_));
-    } else {
-      Finish(JobState::kCheckpointed, "the ranks checkpointed and stopped on request");
-    }
+    FinishStopIfDone("the ranks checkpointed and stopped on request");
     return;
   }
   Fail(fmt::format("rank {} on node {} {}", rank, node.name, how));
@@ -453,6 +464,9 @@ void Controller::Finish(JobState final_state, const std::string& why) {
   for (auto& [name, node] : nodes_) {
     Send(node.peer, {MessageType::kShutdown, {{"exit_code", exit_code_}}, ""});
   }
+  if (final_state == JobState::kCheckpointed) {
+    spdlog::info("controller: run the job again to resume from {}", NewestCheckpoint());
+  }
   std::string drops;
   for (const auto& [reason, n] : counters_.dropped_by_reason)
     drops += fmt::format(", {} {}", reason, n);
@@ -474,7 +488,11 @@ void Controller::Tick() {
 
   if (o_.stop_signal != nullptr && o_.stop_signal->load() != 0 && !checkpoint_requested_) {
     checkpoint_requested_ = true;
-    spdlog::info("controller: signal {}: the ranks checkpoint and stop", o_.stop_signal->load());
+    stop_since_ = now;
+    spdlog::info(
+        "controller: signal {}: the ranks checkpoint and stop (within "
+        "restart.stop_grace_seconds = {} s)",
+        o_.stop_signal->load(), cluster.restart.stop_grace_seconds);
     if (state_ == JobState::kPending) {
       Finish(JobState::kCheckpointed, "stopped by a signal before the job started");
       return;
@@ -499,14 +517,27 @@ void Controller::Tick() {
     const bool placed = it->second.slot >= 0;
     const std::string name = it->first;
     spdlog::warn("controller: node {} lost: no message for {:.1f} s", name, silent);
+    if (placed) FenceLostNode(it->second);
     it = EraseNode(it);
-    if (placed) {
-      if (checkpoint_requested_) {
-        Finish(JobState::kFailed, fmt::format("node {} lost while checkpointing", name));
-        return;
+    if (!placed) continue;
+    if (checkpoint_requested_) {
+      // Its ranks cannot report any more (their daemon kills them when it notices the
+      // silence): the stop goes on without them, and the newest complete checkpoint stands.
+      for (Rank& r : ranks_) {
+        if (r.node == name && !r.exited) {
+          r.exited = true;
+          r.exit_code = -1;
+        }
       }
-      Fail(fmt::format("node {} lost (no heartbeat for {:.1f} s)", name, silent));
+      FinishStopIfDone(fmt::format("node {} lost while the ranks checkpointed", name));
+      if (done_) return;
+      continue;
     }
+    Fail(fmt::format("node {} lost (no heartbeat for {:.1f} s)", name, silent));
+  }
+  if (checkpoint_requested_) {
+    CheckStopDeadline(now);
+    if (done_) return;
   }
 
   switch (state_) {
@@ -538,7 +569,7 @@ void Controller::Tick() {
           std::all_of(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.second.stopped; });
       if (stopped && checkpoint_requested_) {
         Finish(JobState::kCheckpointed, "stopped by a signal while restarting");
-      } else if (stopped && static_cast<int>(nodes_.size()) >= plan_.nodes) {
+      } else if (stopped && static_cast<int>(nodes_.size()) >= plan_.nodes && now >= fence_until_) {
         Launch();
       } else if (since > timeout) {
         Finish(JobState::kFailed,
@@ -548,6 +579,8 @@ void Controller::Tick() {
       break;
     }
     case JobState::kRunning:
+      CheckProgress(now);
+      if (state_ != JobState::kRunning) break;
       if (now - last_progress_log_ >
               std::chrono::duration<double>(o_.config.cluster.progress_log_seconds) &&
           !ranks_.empty()) {

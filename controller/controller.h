@@ -38,6 +38,11 @@ namespace difftrain::controller {
 
 class JobMetrics;
 
+// The progress watchdog's limit in seconds: restart.hang_seconds when set, else
+// RestartPolicy::kHangFactor x the median of `step_seconds` (the ranks' last step times; zeros
+// are ignored), at least RestartPolicy::kHangFloorSeconds.
+double HangLimitSeconds(const RestartPolicy& policy, std::vector<double> step_seconds);
+
 enum class JobState {
   kPending,
   kRendezvous,
@@ -72,6 +77,7 @@ struct ControllerCounters {
   int64_t refused_connections = 0;  // wrong CURVE key
   int64_t heartbeats = 0;
   int64_t store_requests = 0;
+  int64_t hangs = 0;  // ranks the progress watchdog found hung
 };
 
 // The latest progress of one rank (from its worker's heartbeats).
@@ -113,15 +119,20 @@ class Controller {
     std::string gpu_name;  // the first GPU's
     int64_t gpu_memory_bytes = 0;
     Clock::time_point last_seen;
-    Clock::time_point last_ack;  // the last heartbeat-ack sent to it
-    int slot = -1;               // its place in the plan in this attempt; -1: spare
-    bool stopped = false;        // reported that every rank of this attempt has exited
+    Clock::time_point last_ack;   // the last heartbeat-ack sent to it
+    Clock::time_point last_sent;  // the last message of any kind sent to it
+    int slot = -1;                // its place in the plan in this attempt; -1: spare
+    bool stopped = false;         // reported that every rank of this attempt has exited
   };
   struct Rank {
     std::string node;
     bool exited = false;
     int exit_code = 0, signal = 0;
     RankProgress progress;
+    // The progress watchdog: when the step last moved, and how often it moved since the
+    // attempt started running.
+    Clock::time_point moved_at;
+    int64_t moves = 0;
   };
 
   explicit Controller(ControllerOptions options);
@@ -148,6 +159,15 @@ class Controller {
   void Fail(const std::string& cause);  // restart if allowed, else FAILED
   void StopRanks(const char* mode);
   void Finish(JobState final_state, const std::string& why);
+  // A checkpoint-stop ends when every rank has exited or been given up on: CHECKPOINTED.
+  void FinishStopIfDone(const std::string& why);
+  // Deadlines of a checkpoint-stop (controller/deadlines.cc).
+  void CheckStopDeadline(Clock::time_point now);
+  // The progress watchdog: restarts the job when a running rank's step stops moving.
+  void CheckProgress(Clock::time_point now);
+  // A placed node was lost: its ranks live until its daemon notices the silence.
+  void FenceLostNode(const Node& node);
+  std::string NewestCheckpoint() const;
   bool AllRanksExited() const;
   std::vector<Node*> LiveNodesByName();
   void Send(const std::string& peer, const wire::Message& m);
@@ -170,6 +190,10 @@ class Controller {
   int attempt_ = 0;
   int restarts_ = 0;
   bool checkpoint_requested_ = false;
+  Clock::time_point stop_since_;  // when the checkpoint-stop was asked for
+  // No attempt starts before this: the ranks of a lost node may train (and commit
+  // checkpoints) until their daemon has noticed the controller's silence and killed them.
+  Clock::time_point fence_until_;
   bool done_ = false;
   int exit_code_ = kExitFailed;
   std::map<std::string, Node> nodes_;                          // by name
@@ -182,6 +206,7 @@ class Controller {
   std::unique_ptr<JobMetrics> metrics_;  // with a metrics port
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   Clock::time_point last_metrics_;
+  std::map<std::pair<int, std::string>, int64_t> hangs_by_rank_;  // (rank, node) -> hangs
 };
 
 }  // namespace difftrain::controller

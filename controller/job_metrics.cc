@@ -125,7 +125,18 @@ JobMetrics::JobMetrics(std::string job, const Topology& topology, double flops_p
       dropped_(BuildCounter()
                    .Name("difftrain_controller_dropped_messages_total")
                    .Help("Messages dropped, by reason (docs/protocol.md)")
-                   .Register(*registry_)) {}
+                   .Register(*registry_)),
+      hangs_(BuildCounter()
+                 .Name("difftrain_job_rank_hangs_total")
+                 .Help("Ranks the progress watchdog found hung (no step for "
+                       "restart.hang_seconds), each followed by a restart")
+                 .Register(*registry_)),
+      progress_age_(BuildGauge()
+                        .Name("difftrain_job_progress_age_seconds")
+                        .Help("Seconds since the slowest running rank's step last moved "
+                              "(0 unless the job is RUNNING)")
+                        .Register(*registry_)
+                        .Add({{"job", job_}})) {}
 
 void JobMetrics::Publish(const JobSnapshot& s) {
   prometheus::Gauge*& current = state_gauges_[s.state];
@@ -142,6 +153,12 @@ void JobMetrics::Publish(const JobSnapshot& s) {
   AdvanceCounter(refused_, static_cast<double>(s.refused_connections));
   for (const auto& [reason, n] : s.dropped_by_reason)
     AdvanceCounter(dropped_.Add({{"job", job_}, {"reason", reason}}), static_cast<double>(n));
+  for (const auto& [where, n] : s.hangs_by_rank) {
+    AdvanceCounter(
+        hangs_.Add({{"job", job_}, {"rank", std::to_string(where.first)}, {"node", where.second}}),
+        static_cast<double>(n));
+  }
+  progress_age_.Set(s.progress_age_seconds);
 
   // A lost daemon's series goes with it.
   for (auto it = heartbeat_gauges_.begin(); it != heartbeat_gauges_.end();) {

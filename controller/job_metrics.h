@@ -34,6 +34,10 @@ struct JobSnapshot {
   // The control plane's counts (ControllerCounters).
   int64_t messages = 0, heartbeats = 0, store_requests = 0, refused_connections = 0;
   std::map<std::string, int64_t> dropped_by_reason;
+  // The progress watchdog: hangs found so far by (rank, node), and the seconds since the
+  // slowest running rank's step last moved (0 unless RUNNING).
+  std::map<std::pair<int, std::string>, int64_t> hangs_by_rank;
+  double progress_age_seconds = 0;
 };
 
 // The straggler among `ranks`: the rank with the longest busy time of its last step (compute
@@ -75,6 +79,8 @@ class JobMetrics {
   prometheus::Counter& store_requests_;
   prometheus::Counter& refused_;
   prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Family<prometheus::Counter>& hangs_;
+  prometheus::Gauge& progress_age_;
   std::map<std::string, prometheus::Gauge*> state_gauges_;      // by state name
   std::map<std::string, prometheus::Gauge*> heartbeat_gauges_;  // by node
   prometheus::Gauge* straggler_gauge_ = nullptr;

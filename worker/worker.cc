@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -22,6 +24,7 @@
 #include "common/rank_report.h"
 #include "common/temp_dir.h"
 #include "common/wire.h"
+#include "job/job_spec.h"
 #include "model/device.h"
 #include "worker/local_address.h"
 #include "worker/rank_metrics.h"
@@ -39,12 +42,21 @@ using wire::MessageType;
 // The rank's end of its progress pipe.
 constexpr int kProgressFd = 3;
 constexpr size_t kMaxProgressLine = 4096;
+// How long a rank killed with SIGKILL may take to be reaped before the daemon reports it
+// gone anyway (a process in uninterruptible I/O dies only when the I/O returns; it runs no
+// more of its own code).
+constexpr std::chrono::seconds kReapSeconds(10);
+
+double SecondsOf(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 struct RankProcess {
   int rank = 0, local_rank = 0;
   pid_t pid = -1;
-  int progress_fd = -1;  // read end
-  std::string partial;   // an incomplete line
+  std::optional<Clock::time_point> killed_at;  // when it was sent SIGKILL
+  int progress_fd = -1;                        // read end
+  std::string partial;                         // an incomplete line
   nlohmann::json progress;
 };
 
@@ -98,10 +110,14 @@ Result<RankProcess> Spawn(const std::vector<std::string>& args, const std::vecto
 class Worker {
  public:
   explicit Worker(const WorkerOptions& o)
-      : o_(o), context_(1), socket_(context_, zmq::socket_type::dealer) {}
+      : o_(o),
+        context_(1),
+        socket_(context_, zmq::socket_type::dealer),
+        monitor_(context_, zmq::socket_type::pair) {}
 
   ~Worker() {
     KillRanks();
+    monitor_.close();
     socket_.close();
     context_.close();
   }
@@ -122,6 +138,13 @@ class Worker {
     // registration goes out only once the controller accepted our key.
     socket_.set(zmq::sockopt::immediate, true);
     MakeCurveClient(socket_, keys);
+    // A new handshake after the first is a new connection: a restarted controller (or one
+    // that dropped ours), which knows nothing of this daemon.
+    const std::string monitor = fmt::format("inproc://worker-monitor-{}", fmt::ptr(this));
+    if (zmq_socket_monitor(socket_.handle(), monitor.c_str(), ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
+      return Errorf("monitoring the controller connection: {}", zmq_strerror(zmq_errno()));
+    }
+    monitor_.connect(monitor);
     if (o_.metrics_port != 0) {
       metrics_ = std::make_unique<RankMetrics>();
       metrics_->SetJob("", o_.node);
@@ -157,7 +180,8 @@ class Worker {
   // One pass of the loop: messages, the ranks' pipes and exits, then the timers.
   void Step(Clock::time_point start) {
     {
-      std::vector<zmq::pollitem_t> items = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
+      std::vector<zmq::pollitem_t> items = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
+                                            {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
       for (const RankProcess& r : ranks_)
         if (r.progress_fd >= 0) items.push_back({nullptr, r.progress_fd, ZMQ_POLLIN, 0});
       PollIgnoringSignals(items.data(), items.size(), milliseconds(ranks_.empty() ? 100 : 20));
@@ -166,9 +190,32 @@ class Worker {
         if (!socket_.recv(msg, zmq::recv_flags::dontwait)) break;
         OnFrame(msg.to_string_view());
       }
+      ReadMonitor();
       ReadProgress();
       ReapRanks();
       Tick(start);
+    }
+  }
+
+  // Events of the controller connection: two frames each (event and value; address).
+  void ReadMonitor() {
+    while (true) {
+      zmq::message_t event, address;
+      if (!monitor_.recv(event, zmq::recv_flags::dontwait)) return;
+      if (event.more()) (void)monitor_.recv(address, zmq::recv_flags::dontwait);
+      uint16_t id = 0;
+      if (event.size() >= sizeof id) std::memcpy(&id, event.data(), sizeof id);
+      if (id != ZMQ_EVENT_HANDSHAKE_SUCCEEDED || ++handshakes_ == 1) continue;
+      spdlog::warn(
+          "worker {}: a new connection to the controller at {} (it restarted, or lost "
+          "ours): killing ranks {}, registering again",
+          o_.node, o_.controller, RankList());
+      // Ranks of an attempt the controller may no longer know must not train on.
+      KillRanks();
+      registered_ = false;
+      stop_requested_ = false;
+      register_since_ = Clock::now();
+      last_register_ = {};
     }
   }
 
@@ -236,6 +283,11 @@ class Worker {
         return;
       }
     }
+    // The job's stop grace (the ranks read the same file, so it parses; if not, they fail
+    // and the default stands).
+    if (Result<TrainConfig> config = TrainConfig::FromYamlFile(job); config.ok()) {
+      stop_grace_ = config->cluster.restart.stop_grace_seconds;
+    }
     const int local_world = static_cast<int>(m.header["ranks"].size());
     const int threads = std::max(1, resources_.cores / local_world);
     for (const nlohmann::json& a : m.header["ranks"]) {
@@ -288,12 +340,50 @@ class Worker {
 
   void Stop(const Message& m) {
     const std::string mode = m.header["mode"].get<std::string>();
-    if (m.header["attempt"].get<int>() != attempt_) return;
+    const int attempt = m.header["attempt"].get<int>();
+    if (attempt < attempt_) return;  // an attempt this daemon has moved past
     stop_requested_ = true;
     stop_reported_ = false;
+    if (attempt > attempt_) {
+      // Its launch never reached us (sent while our connection was down): nothing of that
+      // attempt runs here, and whatever does is older. The controller waits for our
+      // "stopped" of that attempt, which must come.
+      spdlog::warn("worker {}: stop of attempt {}, whose launch never arrived: killing ranks {}",
+                   o_.node, attempt, RankList());
+      KillLeft(fmt::format("attempt {} is over", attempt_), spdlog::level::warn);
+      attempt_ = attempt;
+      return;
+    }
     spdlog::info("worker {}: stop ({}) ranks {}", o_.node, mode, RankList());
+    if (mode == "checkpoint") {
+      AskRanksToStop();
+    } else {
+      KillLeft("the job restarts", spdlog::level::info);
+    }
+  }
+
+  // SIGUSR1: the ranks finish the step, checkpoint and exit 75, within the job's
+  // restart.stop_grace_seconds; Tick kills what is left after that.
+  void AskRanksToStop() {
     for (const RankProcess& r : ranks_)
-      ::kill(r.pid, mode == "checkpoint" ? SIGUSR1 : SIGKILL);
+      ::kill(r.pid, SIGUSR1);
+    if (!stop_deadline_) {
+      stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(stop_grace_));
+    }
+  }
+
+  // SIGKILL to every rank not yet killed; ReapRanks reports their exits.
+  void KillLeft(const std::string& why, spdlog::level::level_enum level) {
+    const Clock::time_point now = Clock::now();
+    for (RankProcess& r : ranks_) {
+      if (r.killed_at) continue;
+      spdlog::log(level, "worker {}: rank {} (pid {}) killed with SIGKILL: {}", o_.node, r.rank,
+                  r.pid, why);
+      ::kill(r.pid, SIGKILL);
+      r.killed_at = now;
+    }
+    stop_deadline_.reset();
   }
 
   void ReportExit(int rank, int code, int signal) {
@@ -334,11 +424,27 @@ class Worker {
   }
 
   void ReapRanks() {
+    const Clock::time_point now = Clock::now();
+    for (pid_t& pid : lingering_) {
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) pid = -1;
+    }
+    std::erase(lingering_, -1);
     for (auto it = ranks_.begin(); it != ranks_.end();) {
       int status = 0;
-      if (::waitpid(it->pid, &status, WNOHANG) != it->pid) {
+      const bool reaped = ::waitpid(it->pid, &status, WNOHANG) == it->pid;
+      const bool stuck = !reaped && it->killed_at && now - *it->killed_at > kReapSeconds;
+      if (!reaped && !stuck) {
         ++it;
         continue;
+      }
+      if (stuck) {
+        // SIGKILL is delivered; it dies when its I/O returns, and runs none of its code.
+        spdlog::error(
+            "worker {}: rank {} (pid {}) not gone {:.0f} s after SIGKILL (stuck in the "
+            "kernel?); reporting it killed",
+            o_.node, it->rank, it->pid, SecondsOf(now - *it->killed_at));
+        lingering_.push_back(it->pid);
+        status = SIGKILL;  // as if killed: WIFSIGNALED, WTERMSIG 9
       }
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
       const int signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
@@ -354,15 +460,30 @@ class Worker {
     }
   }
 
+  // SIGKILL to every rank, then reaps them for at most kReapSeconds (the end of a job, a
+  // new attempt, a lost controller). Exits are not reported: the controller has moved on.
   void KillRanks() {
     for (RankProcess& r : ranks_) {
       ::kill(r.pid, SIGKILL);
-      ::waitpid(r.pid, nullptr, 0);
       if (r.progress_fd >= 0) ::close(r.progress_fd);
       if (metrics_) metrics_->RankExited(r.rank);
+      lingering_.push_back(r.pid);
     }
     ranks_.clear();
+    stop_deadline_.reset();
     if (metrics_) metrics_->SetRanksRunning(0);
+    const Clock::time_point deadline = Clock::now() + kReapSeconds;
+    while (!lingering_.empty() && Clock::now() < deadline) {
+      for (pid_t& pid : lingering_) {
+        if (::waitpid(pid, nullptr, WNOHANG) == pid) pid = -1;
+      }
+      std::erase(lingering_, -1);
+      if (!lingering_.empty()) std::this_thread::sleep_for(milliseconds(5));
+    }
+    for (pid_t pid : lingering_) {
+      spdlog::error("worker {}: pid {} not gone {} s after SIGKILL (stuck in the kernel?)", o_.node,
+                    pid, kReapSeconds.count());
+    }
   }
 
   static double Num(const nlohmann::json& j, const char* key) {
@@ -395,8 +516,12 @@ class Worker {
       signalled_ = true;
       spdlog::info("worker {}: signal {}: the ranks checkpoint and stop", o_.node,
                    o_.stop_signal->load());
-      for (const RankProcess& r : ranks_)
-        ::kill(r.pid, SIGUSR1);
+      AskRanksToStop();
+    }
+    if (stop_deadline_ && now >= *stop_deadline_) {
+      KillLeft(fmt::format("still running restart.stop_grace_seconds = {} s after the stop",
+                           stop_grace_),
+               spdlog::level::warn);
     }
     if (signalled_ && ranks_.empty()) {
       exit_code_ = 75;
@@ -420,7 +545,8 @@ class Worker {
                {"pid", ::getpid()}},
               ""});
       }
-      if (now - start > std::chrono::duration<double>(o_.register_timeout_seconds)) {
+      if (now - std::max(start, register_since_) >
+          std::chrono::duration<double>(o_.register_timeout_seconds)) {
         spdlog::error("worker {}: no controller answered at {} within {} s", o_.node, o_.controller,
                       o_.register_timeout_seconds);
         exit_code_ = 1;
@@ -441,6 +567,9 @@ class Worker {
   const WorkerOptions& o_;
   zmq::context_t context_;
   zmq::socket_t socket_;
+  zmq::socket_t monitor_;  // events of socket_'s connection
+  int handshakes_ = 0;
+  Clock::time_point register_since_;  // when it last started registering
   NodeResources resources_;
   std::string address_;  // this node's address for the ranks' collectives
   int devices_ = 1;
@@ -449,7 +578,10 @@ class Worker {
   Clock::time_point last_heard_, last_register_, last_heartbeat_;
   int attempt_ = -1;
   bool stop_requested_ = false, stop_reported_ = false, signalled_ = false;
+  double stop_grace_ = RestartPolicy{}.stop_grace_seconds;  // the job's, once launched
+  std::optional<Clock::time_point> stop_deadline_;          // a checkpoint-stop's: then SIGKILL
   std::vector<RankProcess> ranks_;
+  std::vector<pid_t> lingering_;  // killed, not yet reaped
   int64_t dropped_ = 0;
   std::optional<int> exit_code_;
   std::unique_ptr<RankMetrics> metrics_;  // with metrics_port

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -70,6 +71,15 @@ class Process {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  // The exit code (-1: killed by a signal) once it has ended; nothing while it runs.
+  std::optional<int> TryWait() {
+    if (pid_ <= 0) return std::nullopt;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
     pid_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
