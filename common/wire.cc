@@ -70,6 +70,7 @@ const std::vector<Field>* SchemaOf(MessageType type) {
   };
   static const std::vector<Field> kLaunch = {
       {"attempt", Field::kInt, 0, kMaxInt},
+      {"incarnation", Field::kString, 1, 64},
       {"world", Field::kInt, 1, kMaxInt},
       {"ranks", Field::kObjects, 1, kMaxRanksPerNode, &kRankAssignment},
   };

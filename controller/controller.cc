@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "common/attempt_fence.h"
 #include "common/metrics.h"
 #include "controller/job_metrics.h"
 
@@ -50,7 +52,10 @@ double Seconds(StoreServer::Clock::duration d) {
 }  // namespace
 
 Controller::Controller(ControllerOptions options)
-    : o_(std::move(options)), context_(1), router_(context_, zmq::socket_type::router) {}
+    : o_(std::move(options)), context_(1), router_(context_, zmq::socket_type::router) {
+  std::random_device random;
+  incarnation_ = fmt::format("{:08x}{:08x}", random(), random());
+}
 
 Controller::~Controller() {
   router_.close();
@@ -383,6 +388,9 @@ void Controller::Launch() {
     }
   }
   ranks_.assign(plan_.world, Rank{});
+  // The fence: from now on only this attempt's rank 0 commits checkpoints (it reads the key
+  // before each commit; worker/rank_runtime.h).
+  store_.Publish(std::string(kCurrentAttemptKey), CurrentAttempt(incarnation_, attempt_), outbox_);
   std::vector<std::string> placed;
   for (size_t i = 0; i < live.size(); ++i) {
     Node& node = *live[i];
@@ -396,7 +404,10 @@ void Controller::Launch() {
       ranks_[ranks[j]].node = node.name;
     }
     Send(node.peer, {MessageType::kLaunch,
-                     {{"attempt", attempt_}, {"world", plan_.world}, {"ranks", assignments}},
+                     {{"attempt", attempt_},
+                      {"incarnation", incarnation_},
+                      {"world", plan_.world},
+                      {"ranks", assignments}},
                      o_.job_yaml});
     placed.push_back(node.name);
   }

@@ -189,6 +189,9 @@ class Controller {
   Clock::time_point state_since_;
   int attempt_ = 0;
   int restarts_ = 0;
+  // This controller process among the ones that run the job over time (a random id): with the
+  // attempt it names the ranks that may commit a checkpoint (kCurrentAttemptKey).
+  std::string incarnation_;
   bool checkpoint_requested_ = false;
   Clock::time_point stop_since_;  // when the checkpoint-stop was asked for
   // No attempt starts before this: the ranks of a lost node may train (and commit

@@ -28,10 +28,18 @@ void StoreServer::Set(const std::string& key, std::string value, std::vector<Out
   waiters_.erase(first, last);
 }
 
+void StoreServer::Publish(const std::string& key, std::string value, std::vector<Outgoing>& out) {
+  Set(key, std::move(value), out);
+}
+
 void StoreServer::Handle(const std::string& peer, const Message& request, Clock::time_point now,
                          std::vector<Outgoing>& out) {
   const int64_t id = request.header["id"].get<int64_t>();
   const std::string& key = request.header["key"].get_ref<const std::string&>();
+  if (request.type != MessageType::kStoreGet && key.starts_with(kControllerPrefix)) {
+    out.push_back({peer, Reply(id, false, fmt::format("'{}' is the controller's key", key))});
+    return;
+  }
   switch (request.type) {
     case MessageType::kStoreSet: {
       auto it = values_.find(key);

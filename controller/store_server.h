@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -35,6 +36,11 @@ class StoreServer {
   // (a get of a missing key) when the key is set or the get times out.
   void Handle(const std::string& peer, const wire::Message& request, Clock::time_point now,
               std::vector<Outgoing>& out);
+  // Sets a key only the controller writes (under kControllerPrefix): ranks read it, and a
+  // rank's set or add of such a key is refused.
+  void Publish(const std::string& key, std::string value, std::vector<Outgoing>& out);
+  static constexpr std::string_view kControllerPrefix = "controller/";
+
   // Answers the gets whose timeout has passed.
   void Expire(Clock::time_point now, std::vector<Outgoing>& out);
 

@@ -77,6 +77,24 @@ TEST_F(StoreServerTest, AddCountsFromZeroAndRefusesAValueThatIsNoCounter) {
   EXPECT_EQ(out[0].message.header["error"], "the key holds no counter");
 }
 
+// The attempt fence's key is the controller's: ranks read it, and cannot overwrite it.
+TEST_F(StoreServerTest, RanksReadTheControllersKeysButCannotWriteThem) {
+  std::vector<Outgoing> published;
+  store_.Publish("controller/attempt", "c0ffee:2", published);
+  EXPECT_TRUE(published.empty());
+  for (const Message& m : {Set(1, "controller/attempt", "c0ffee:9"),
+                           Add(2, "controller/attempt", 1)}) {
+    const std::vector<Outgoing> out = Handle("rank", m);
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].message.header["ok"], false);
+    EXPECT_NE(out[0].message.header["error"].get<std::string>().find("the controller's key"),
+              std::string::npos);
+  }
+  const std::vector<Outgoing> got = Handle("rank", Get(3, "controller/attempt", 0));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message.payload, "c0ffee:2");
+}
+
 TEST(StoreServerLimitTest, RefusesToGrowPastItsLimit) {
   StoreServer store(100);
   auto ok = [&](const Message& m) {

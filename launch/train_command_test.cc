@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "common/attempt_fence.h"
 #include "model/device.h"
+#include "model/parallel/store.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -40,6 +42,12 @@ class TrainCommandTest : public ::testing::Test {
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string WriteJob(const std::string& text) {
+    const std::filesystem::path job = dir_ / "job.yaml";
+    std::ofstream(job) << text;
+    return job.string();
+  }
 
   // Writes `text` as the job file and runs `difftrain train` on it.
   CommandResult Train(const std::string& text, const std::string& extra = "") {
@@ -101,6 +109,34 @@ std::string WithDevice(const std::string& device, const std::string& extra = "")
   std::string job = kTinyJob;
   job.replace(job.find("  log_every: 1\n"), 15, "  log_every: 1\n  device: " + device + "\n");
   return job + extra;
+}
+
+// The attempt fence (common/attempt_fence.h): a rank of an attempt that is no longer the
+// current one (the store says so) writes its shard but never commits the checkpoint.
+TEST_F(TrainCommandTest, ARankOfAnOldAttemptCommitsNoCheckpoint) {
+  const std::string store = (dir_ / "store").string();
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string job = std::string(kTinyJob) + "checkpoint:\n  dir: " + ckpt + "\n";
+  // What the controller publishes when it launches attempt 1: attempt 0 is history.
+  Result<parallel::FileStore> files = parallel::FileStore::Open(store);
+  ASSERT_TRUE(files.ok());
+  const std::string current = CurrentAttempt("c0ffee", 1);
+  ASSERT_TRUE(files->Set(std::string(kCurrentAttemptKey), {current.begin(), current.end()}).ok());
+  const std::string env = "DIFFTRAIN_INCARNATION=c0ffee ";
+  const CommandResult old = testing::RunCommand(
+      env + DIFFTRAIN_BINARY + " train --config " + ShellQuote(WriteJob(job)) +
+      " --rank 0 --world 1 --attempt 0 --store " + ShellQuote(store));
+  EXPECT_EQ(old.exit_code, 1) << old.output;
+  EXPECT_NE(old.output.find("not committing step 3: attempt 0 (controller c0ffee) is no longer "
+                            "the job's current attempt (c0ffee:1)"),
+            std::string::npos)
+      << old.output;
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/step-00000003/manifest.json"));
+  const CommandResult now = testing::RunCommand(
+      env + DIFFTRAIN_BINARY + " train --config " + ShellQuote(WriteJob(job)) +
+      " --rank 0 --world 1 --attempt 1 --store " + ShellQuote(store));
+  EXPECT_EQ(now.exit_code, 0) << now.output;
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/step-00000003/manifest.json"));
 }
 
 TEST_F(TrainCommandTest, UnknownDeviceIsNamedWhereItIs) {

@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/attempt_fence.h"
 #include "common/exit_codes.h"
 #include "common/topology.h"
 #include "job/job_spec.h"
@@ -168,12 +169,35 @@ class Progress {
   bool tty_;
 };
 
-// Every rank writes its shard; once all have, rank 0 publishes the checkpoint.
-Status Checkpoint(Trainer& trainer, const io::CheckpointStore& store, Placement& p) {
+// The attempt fence (common/attempt_fence.h): under a controller (which names itself in
+// DIFFTRAIN_INCARNATION), a checkpoint is committed only while this rank's attempt is the one
+// the controller launched last. A store that cannot answer fails the commit too.
+Status CheckAttemptIsCurrent(Placement& p, int attempt) {
+  const char* incarnation = std::getenv("DIFFTRAIN_INCARNATION");
+  if (incarnation == nullptr || *incarnation == '\0' || p.store == nullptr) return Status::Ok();
+  const std::string ours = CurrentAttempt(incarnation, attempt);
+  Result<std::vector<char>> current =
+      p.store->Get(std::string(kCurrentAttemptKey), std::chrono::seconds(10));
+  if (!current.ok()) return current.status().WithContext("reading the job's current attempt");
+  const std::string theirs(current->begin(), current->end());
+  if (theirs != ours) {
+    return Errorf(
+        "attempt {} (controller {}) is no longer the job's current attempt ({}): a newer one "
+        "owns the checkpoints",
+        attempt, incarnation, theirs);
+  }
+  return Status::Ok();
+}
+
+// Every rank writes its shard; once all have, rank 0 publishes the checkpoint, if its attempt
+// is still the current one.
+Status Checkpoint(Trainer& trainer, const io::CheckpointStore& store, Placement& p, int attempt) {
   DT_RETURN_IF_ERROR(WriteCheckpointShard(trainer, store, p.rank, p.world));
   parallel::Comm* world = p.parallel.world;
   if (world) DT_RETURN_IF_ERROR(world->Barrier().WithContext("checkpoint barrier"));
   if (p.rank == 0) {
+    DT_RETURN_IF_ERROR(CheckAttemptIsCurrent(p, attempt)
+                           .WithContext(fmt::format("not committing step {}", trainer.step())));
     DT_RETURN_IF_ERROR(store.Commit(trainer.step(), p.world));
     spdlog::info("checkpoint step {} written to {}", trainer.step(), store.StepDir(trainer.step()));
   }
@@ -299,7 +323,7 @@ int RunRank(const RankOptions& o) {
     const bool periodic = config.checkpoint.every > 0 && last.step % config.checkpoint.every == 0;
     if (store && (periodic || last.step == config.steps || *stop)) {
       const auto checkpoint_start = Clock::now();
-      if (Status s = Checkpoint(trainer, *store, p); !s.ok()) return Fail(s.message());
+      if (Status s = Checkpoint(trainer, *store, p, o.attempt); !s.ok()) return Fail(s.message());
       (*reporter)->Checkpointed(
           last.step, std::chrono::duration<double>(Clock::now() - checkpoint_start).count());
     }

@@ -269,6 +269,7 @@ class Worker {
   void Launch(const Message& m) {
     KillRanks();
     attempt_ = m.header["attempt"].get<int>();
+    incarnation_ = m.header["incarnation"].get<std::string>();
     stop_requested_ = false;
     stop_reported_ = false;
     const int world = m.header["world"].get<int>();
@@ -307,6 +308,7 @@ class Worker {
           {"DIFFTRAIN_NODE", o_.node},
           {"DIFFTRAIN_ADDRESS", address_},
           {"DIFFTRAIN_ATTEMPT", std::to_string(attempt_)},
+          {"DIFFTRAIN_INCARNATION", incarnation_},
           {"DIFFTRAIN_DEVICE",
            resources_.gpus > 0 ? "cuda:" + std::to_string(device) : std::string("cpu")},
           {"DIFFTRAIN_PROGRESS_FD", std::to_string(kProgressFd)},
@@ -577,6 +579,7 @@ class Worker {
   milliseconds heartbeat_{1000}, timeout_{10000};
   Clock::time_point last_heard_, last_register_, last_heartbeat_;
   int attempt_ = -1;
+  std::string incarnation_;  // of the controller that launched this attempt
   bool stop_requested_ = false, stop_reported_ = false, signalled_ = false;
   double stop_grace_ = RestartPolicy{}.stop_grace_seconds;  // the job's, once launched
   std::optional<Clock::time_point> stop_deadline_;          // a checkpoint-stop's: then SIGKILL
