@@ -32,7 +32,10 @@ int OpenProgressPipe() {
 
 RankReporter::RankReporter(const TrainConfig& config, const Trainer& trainer,
                            parallel::CommTimes& times)
-    : config_(config), trainer_(trainer), comm_times_(times) {}
+    : config_(config),
+      trainer_(trainer),
+      comm_times_(times),
+      flops_per_sample_(FamilyOf(config.model).Cost(config.model).training_flops_per_sample()) {}
 
 RankReporter::~RankReporter() = default;
 
@@ -112,9 +115,7 @@ void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
   r.lr = stats.lr;
   r.step_seconds = step_seconds;
   r.samples_per_second = config_.global_batch / step_seconds;
-  r.flops_per_second = r.samples_per_second *
-                       FamilyOf(config_.model).Cost(config_.model).training_flops_per_sample() /
-                       world_;
+  r.flops_per_second = r.samples_per_second * flops_per_sample_ / world_;
   r.mfu = peak_.flops_per_second > 0 ? r.flops_per_second / peak_.flops_per_second : 0;
   r.data_wait_seconds = stats.data_wait_seconds;
   r.comm_wait_seconds = stats.comm_wait_seconds;

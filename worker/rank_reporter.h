@@ -40,6 +40,7 @@ class RankReporter {
   const TrainConfig& config_;
   const Trainer& trainer_;
   parallel::CommTimes& comm_times_;
+  double flops_per_sample_;  // training FLOPs, from the model's family
   int world_ = 1;
   RankReport place_;  // rank, coordinates, device, memory
   PeakFlops peak_;

@@ -21,8 +21,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "common/temp_dir.h"
 #include "common/curve.h"
+#include "common/temp_dir.h"
 #include "model/io/checkpoint.h"
 #include "tests/testing/cluster_job.h"
 #include "tests/testing/network.h"
@@ -100,14 +100,6 @@ class ChaosTest : public ::testing::Test {
     spec_.restart = "stop_grace_seconds: 3, hang_seconds: 3";
     spec_.max_restarts = 1000;
   }
-  void TearDown() override {
-    if (tmpdir_) {
-      ::setenv("TMPDIR", tmpdir_->c_str(), 1);
-    } else {
-      ::unsetenv("TMPDIR");
-    }
-  }
-
   std::unique_ptr<ClusterJob> MakeJob(const std::string& name) {
     const std::string endpoint =
         network_ ? Network::Endpoint() : "ipc://" + dir_.path() + "/" + name + ".sock";
@@ -249,8 +241,7 @@ class ChaosTest : public ::testing::Test {
     return static_cast<bool>(f);
   }
 
-  std::optional<std::string> tmpdir_ =
-      std::getenv("TMPDIR") ? std::optional<std::string>(std::getenv("TMPDIR")) : std::nullopt;
+  testing::RestoredEnv tmpdir_{"TMPDIR"};  // before dir_, which TMPDIR points into
   TempDir dir_;
   std::string keys_;
   std::unique_ptr<Network> network_;

@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/temp_dir.h"
 #include "common/curve.h"
+#include "common/temp_dir.h"
 #include "tests/testing/cluster_job.h"
 #include "tests/testing/http.h"
 
@@ -57,17 +57,7 @@ class FaultTest : public ::testing::Test {
     return state;
   }
 
-  void TearDown() override {
-    if (tmpdir_) {
-      ::setenv("TMPDIR", tmpdir_->c_str(), 1);
-    } else {
-      ::unsetenv("TMPDIR");
-    }
-  }
-
-  // TMPDIR as it was (the next test's directory is made under it).
-  std::optional<std::string> tmpdir_ =
-      std::getenv("TMPDIR") ? std::optional<std::string>(std::getenv("TMPDIR")) : std::nullopt;
+  testing::RestoredEnv tmpdir_{"TMPDIR"};  // before dir_, which TMPDIR points into
   TempDir dir_;
   std::string keys_;
 };

@@ -15,8 +15,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/temp_dir.h"
 #include "common/curve.h"
+#include "common/temp_dir.h"
 #include "tests/testing/cluster_job.h"
 #include "tests/testing/network.h"
 
@@ -51,17 +51,7 @@ class PartitionTest : public ::testing::Test {
                                         keys_);
   }
 
-  void TearDown() override {
-    if (tmpdir_) {
-      ::setenv("TMPDIR", tmpdir_->c_str(), 1);
-    } else {
-      ::unsetenv("TMPDIR");
-    }
-  }
-
-  // TMPDIR as it was (the next test's directory is made under it).
-  std::optional<std::string> tmpdir_ =
-      std::getenv("TMPDIR") ? std::optional<std::string>(std::getenv("TMPDIR")) : std::nullopt;
+  testing::RestoredEnv tmpdir_{"TMPDIR"};  // before dir_, which TMPDIR points into
   TempDir dir_;
   std::string keys_;
   std::unique_ptr<Network> network_;

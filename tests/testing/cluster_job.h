@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,28 @@ struct ClusterJobSpec {
   double heartbeat_seconds = 0.2;
   int heartbeat_misses = 10;
   std::string extra;  // more top-level YAML
+};
+
+// Puts an environment variable back as it was when this object was made (the fixtures point
+// TMPDIR into their own directory; the next test's directory is made under the old one).
+class RestoredEnv {
+ public:
+  explicit RestoredEnv(const char* name) : name_(name) {
+    if (const char* v = std::getenv(name)) value_ = v;
+  }
+  ~RestoredEnv() {
+    if (value_) {
+      ::setenv(name_, value_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  RestoredEnv(const RestoredEnv&) = delete;
+  RestoredEnv& operator=(const RestoredEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> value_;
 };
 
 class ClusterJob {
