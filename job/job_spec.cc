@@ -22,10 +22,11 @@ Status TrainConfig::Validate(int dp) const {
   DT_RETURN_IF_ERROR(ModelSpecFromJson(model.family, model.config).status());
   DT_RETURN_IF_ERROR(diffusion.Validate());
   DT_RETURN_IF_ERROR(optimizer.Validate());
-  if (data.kind != "synthetic" && data.kind != "fashion_mnist" && data.kind != "latent_folder") {
+  if (data.kind != "synthetic" && data.kind != "fashion_mnist" &&
+      data.kind != "moving_fashion_mnist" && data.kind != "latent_folder") {
     return Errorf(
-        "data.kind: unknown dataset '{}' (expected synthetic, fashion_mnist or "
-        "latent_folder)",
+        "data.kind: unknown dataset '{}' (expected synthetic, fashion_mnist, "
+        "moving_fashion_mnist or latent_folder)",
         data.kind);
   }
   if (data.kind == "latent_folder" && data.path.empty()) {

@@ -39,7 +39,8 @@ int RunPack(const PackOptions& o) {
     std::fprintf(stderr, "difftrain data pack: %s\n", written.message().c_str());
     return kExitJobFailed;
   }
-  spdlog::info("wrote {} samples of {}×{}×{} ({} classes) to {}", count, samples.channels(),
+  spdlog::info("wrote {} samples of {}{}×{}×{} ({} classes) to {}", count,
+               samples.frames() > 1 ? fmt::format("{}×", samples.frames()) : "", samples.channels(),
                samples.height(), samples.width(), samples.num_classes(), o.out);
   return kExitOk;
 }
@@ -61,7 +62,8 @@ std::function<int()> SetupData(CLI::App& app) {
   auto pack_options = std::make_shared<PackOptions>();
   PackOptions& o = *pack_options;
   CLI::App* pack = app.add_subcommand("pack", "write a dataset as a latent folder");
-  pack->add_option("--dataset", o.dataset.kind, "synthetic, fashion_mnist or latent_folder")
+  pack->add_option("--dataset", o.dataset.kind,
+                   "synthetic, fashion_mnist, moving_fashion_mnist or latent_folder")
       ->capture_default_str();
   pack->add_option("--path", o.dataset.path,
                    "fashion_mnist: directory of the IDX files (default Debian's); "
@@ -74,7 +76,11 @@ std::function<int()> SetupData(CLI::App& app) {
       ->capture_default_str();
   pack->add_option("--seed", o.dataset.seed, "synthetic: seed")->capture_default_str();
   pack->add_option("--channels", o.dataset.channels, "synthetic: channels")->capture_default_str();
-  pack->add_option("--image-size", o.dataset.image_size, "synthetic: height and width")
+  pack->add_option("--image-size", o.dataset.image_size,
+                   "synthetic, moving_fashion_mnist: height and width")
+      ->capture_default_str();
+  pack->add_option("--frames", o.dataset.frames,
+                   "synthetic, moving_fashion_mnist: frames per video (1: images)")
       ->capture_default_str();
   pack->add_option("--num-classes", o.dataset.num_classes, "synthetic: classes")
       ->capture_default_str();

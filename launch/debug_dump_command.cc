@@ -20,7 +20,7 @@ struct DebugDumpOptions {
 
 // [B, C, H, W] for images, [B, F, C, H, W] for videos.
 std::vector<int64_t> BatchShape(int64_t B, const SampleSchema& x, int channels) {
-  if (x.frames == 1) return {B, channels, x.height, x.width};
+  if (!x.video) return {B, channels, x.height, x.width};
   return {B, x.frames, channels, x.height, x.width};
 }
 
@@ -34,8 +34,8 @@ int RunDebugDump(const DebugDumpOptions& o) {
   config.seed = o.seed;
   config.micro_batch = config.global_batch = o.batch;
   const SampleSchema x = FamilyOf(*model).Samples(*model);
-  Trainer trainer(config,
-                  std::make_unique<SyntheticDataset>(o.seed, x.channels, x.height, x.num_classes));
+  Trainer trainer(config, std::make_unique<SyntheticDataset>(o.seed, x.channels, x.height,
+                                                             x.num_classes, x.frames));
   if (o.random_weights) trainer.model().InitializeRandom(o.seed);
 
   MicroBatch batch;

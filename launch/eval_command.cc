@@ -1,6 +1,8 @@
 // `difftrain eval`: the quality of generated Fashion-MNIST samples (docs/eval.md).
 //   eval --classifier C --samples S   conditional accuracy and Fréchet distance of S
 //   eval train-classifier --out C     trains the classifier those metrics use
+//   eval video --classifier C --samples S   a video model's moving garments: per-frame
+//                                     accuracy, path residual, agreement, beside real videos
 #include <omp.h>
 
 #include <chrono>
@@ -16,6 +18,7 @@
 #include "model/eval/classifier.h"
 #include "model/eval/classifier_training.h"
 #include "model/eval/sample_metrics.h"
+#include "model/eval/video_metrics.h"
 
 namespace difftrain::launch {
 namespace {
@@ -30,6 +33,18 @@ Result<std::unique_ptr<Dataset>> OpenFashionMnist(const std::string& dir,
   spec.path = dir;
   spec.split = split;
   return OpenDataset(spec);
+}
+
+// Writes a report's JSON; exit 0, or 1 when it cannot be written.
+int WriteJson(const char* command, const std::string& path, const nlohmann::json& json) {
+  std::ofstream out(path, std::ios::trunc);
+  out << json.dump(2) << "\n";
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "difftrain %s: cannot write '%s'\n", command, path.c_str());
+    return kExitJobFailed;
+  }
+  return kExitOk;
 }
 
 // The classifier must read the dataset's images as they are.
@@ -172,13 +187,64 @@ int RunEval(const EvalOptions& o) {
     json["classifier_file"] = o.classifier;
     json["real_split"] = o.real_split;
     json["floor_seed"] = o.seed;
-    std::ofstream out(o.json, std::ios::trunc);
-    out << json.dump(2) << "\n";
-    out.close();
-    if (!out) {
-      std::fprintf(stderr, "difftrain eval: cannot write '%s'\n", o.json.c_str());
-      return kExitJobFailed;
-    }
+    return WriteJson("eval", o.json, json);
+  }
+  return kExitOk;
+}
+
+// --- eval video ---
+
+struct VideoEvalOptions {
+  std::string classifier, samples, json, data_dir;
+  std::string real_split = "test";
+  int garment = 14;
+};
+
+int RunVideoEval(const VideoEvalOptions& o) {
+  constexpr const char* kCommand = "eval video";
+  if (o.classifier.empty() || o.samples.empty())
+    return ReportBadInput(kCommand, "give --classifier and --samples");
+  Result<eval::LoadedClassifier> loaded = eval::LoadClassifier(o.classifier);
+  if (!loaded.ok()) return ReportBadInput(kCommand, loaded.status().message());
+  Classifier<float>& net = *loaded->classifier;
+  Result<eval::Videos> samples = eval::ReadVideoSampleFile(o.samples);
+  if (!samples.ok()) return ReportBadInput(kCommand, samples.status().message());
+  if (o.garment < 1 || o.garment > samples->size)
+    return ReportBadInput(kCommand, "--garment must be between 1 and the canvas side");
+  // The floor: as many real videos of the same shape, processed the same way.
+  DatasetSpec spec;
+  spec.kind = "moving_fashion_mnist";
+  spec.path = o.data_dir;
+  spec.split = o.real_split;
+  spec.frames = samples->frames;
+  spec.image_size = samples->size;
+  Result<std::unique_ptr<Dataset>> real_data = OpenDataset(spec);
+  if (!real_data.ok()) return ReportBadInput(kCommand, real_data.status().message());
+  Result<eval::Videos> real = eval::ReadVideos(**real_data, samples->count);
+  if (!real.ok()) return ReportBadInput(kCommand, real.status().message());
+
+  const eval::VideoReport generated = eval::EvaluateVideos(net, *samples, o.garment);
+  const eval::VideoReport floor = eval::EvaluateVideos(net, *real, o.garment);
+  const double accuracy_ratio = generated.frame_accuracy / floor.frame_accuracy;
+  const double residual_ratio = generated.track_residual / floor.track_residual;
+  std::printf("%-16s %10s %10s %s\n", "", "generated", "real", "target");
+  std::printf("%-16s %10.3f %10.3f ratio %.2f (>= 0.7 of real: %s)\n", "frame accuracy",
+              generated.frame_accuracy, floor.frame_accuracy, accuracy_ratio,
+              accuracy_ratio >= 0.7 ? "met" : "not met");
+  std::printf("%-16s %10.3f %10.3f ratio %.2f (<= 2x real: %s)\n", "track residual px",
+              generated.track_residual, floor.track_residual, residual_ratio,
+              residual_ratio <= 2 ? "met" : "not met");
+  std::printf("%-16s %10.3f %10.3f (>= 0.8: %s)\n", "agreement", generated.agreement,
+              floor.agreement, generated.agreement >= 0.8 ? "met" : "not met");
+  std::printf("%-16s %10.3f %10.3f\n", "missing frames", generated.missing_frames,
+              floor.missing_frames);
+  if (!o.json.empty()) {
+    nlohmann::json json = {{"generated", generated.ToJson()},
+                           {"real", floor.ToJson()},
+                           {"samples_file", o.samples},
+                           {"classifier_file", o.classifier},
+                           {"real_split", o.real_split}};
+    return WriteJson("eval video", o.json, json);
   }
   return kExitOk;
 }
@@ -222,7 +288,26 @@ std::function<int()> SetupEval(CLI::App& app) {
   train->add_option("--data-dir", t.data_dir,
                     "directory of the Fashion-MNIST IDX files (default Debian's)");
 
-  return [eval_options, train_options, train] {
+  auto video_options = std::make_shared<VideoEvalOptions>();
+  VideoEvalOptions& v = *video_options;
+  CLI::App* video = app.add_subcommand(
+      "video", "measure a video model's moving garments beside real moving_fashion_mnist videos");
+  video->add_option("--classifier", v.classifier, "classifier file (eval train-classifier --out)")
+      ->required();
+  video
+      ->add_option("--samples", v.samples,
+                   "samples file: images F32 [N,F,1,S,S] in [-1,1], labels I64 [N]")
+      ->required();
+  video->add_option("--real-split", v.real_split, "the real split whose videos are the floor")
+      ->capture_default_str();
+  video->add_option("--garment", v.garment, "the garment's side on the canvas")
+      ->capture_default_str();
+  video->add_option("--json", v.json, "also write the metrics as JSON to this file");
+  video->add_option("--data-dir", v.data_dir,
+                    "directory of the Fashion-MNIST IDX files (default Debian's)");
+
+  return [eval_options, train_options, train, video_options, video] {
+    if (video->parsed()) return RunVideoEval(*video_options);
     return train->parsed() ? RunTrainClassifier(*train_options) : RunEval(*eval_options);
   };
 }

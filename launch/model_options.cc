@@ -16,7 +16,8 @@ void ModelOptions::AddTo(CLI::App& app) {
   app.add_option("--depth", depth_, "depth (blocks)");
   app.add_option("--heads", heads_, "num_heads (attention heads)");
   app.add_option("--mlp-ratio", mlp_ratio_, "mlp_ratio (MLP hidden size / D)");
-  app.add_option("--num-classes", num_classes_, "num_classes (class labels)");
+  app.add_option("--num-classes", num_classes_, "num_classes (class labels; Latte: 0 = none)");
+  app.add_option("--frames", frames_, "num_frames (frames per video; Latte)");
   app.add_option("--class-dropout", class_dropout_, "class_dropout_prob (label dropout, CFG)");
   app.add_option("--learn-sigma", learn_sigma_, "learn_sigma (predict the variance too)");
 }
@@ -45,6 +46,7 @@ Result<ModelRequest> ModelOptions::Request() const {
   set("num_heads", heads_);
   set("mlp_ratio", mlp_ratio_);
   set("num_classes", num_classes_);
+  set("num_frames", frames_);
   set("class_dropout_prob", class_dropout_);
   set("learn_sigma", learn_sigma_);
   return r;

@@ -28,7 +28,7 @@ class ModelOptions {
   std::string model_ = "DiT-S/2";
   std::string config_;
   std::optional<int> image_size_, input_size_, patch_, in_channels_, hidden_, depth_, heads_,
-      num_classes_;
+      num_classes_, frames_;
   std::optional<double> mlp_ratio_, class_dropout_;
   std::optional<bool> learn_sigma_;
 };

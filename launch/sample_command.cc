@@ -1,5 +1,6 @@
 // `difftrain sample`: class-conditional samples from a checkpoint's model, written as a PNG
-// grid (one row per class) and optionally as raw floats (docs/sampling.md).
+// grid (one row per class; a video model's: one row of frames per video, and an animated
+// GIF of the grid) and optionally as raw floats (docs/sampling.md).
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "model/diffusion/sampler.h"
 #include "model/family/family.h"
 #include "model/io/checkpoint.h"
+#include "model/io/gif.h"
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
 #include "model/train/trainer.h"
@@ -38,6 +40,8 @@ struct SampleOptions {
   uint64_t seed = 0;
   int batch = 16;
   std::string out;
+  std::string gif;
+  int gif_delay_cs = 12;
   std::string raw;
   std::string weights = "ema";
   std::optional<bool> clip_denoised;
@@ -130,7 +134,11 @@ Status WriteRaw(const std::string& path, const std::vector<float>& images,
   const SampleSchema m = FamilyOf(model).Samples(model);
   io::SafetensorsWriter file;
   const int64_t N = static_cast<int64_t>(labels.size());
-  file.AddF32("images", {N, m.channels, m.height, m.width}, images.data());
+  if (m.video) {
+    file.AddF32("images", {N, m.frames, m.channels, m.height, m.width}, images.data());
+  } else {
+    file.AddF32("images", {N, m.channels, m.height, m.width}, images.data());
+  }
   file.Add("labels", io::DType::kI64, {N}, labels.data());
   file.SetMetadata("format", "difftrain-samples");
   file.SetMetadata("version", "1");
@@ -140,10 +148,42 @@ Status WriteRaw(const std::string& path, const std::vector<float>& images,
   return file.WriteAtomic(path);
 }
 
+// A video model's samples: `filmstrip`, a PNG of one row of frames per video, and `gif`, an
+// animated GIF whose frame f is the grid (`columns` videos a row) of every video's frame f.
+Status WriteVideos(const std::string& filmstrip, const std::string& gif, int delay_cs,
+                   const std::vector<float>& videos, int N, int columns, const SampleSchema& m) {
+  const size_t frame = size_t(m.channels) * m.height * m.width;
+  if (!filmstrip.empty()) {
+    DT_RETURN_IF_ERROR(io::WriteImageGrid(filmstrip, videos.data(), N * m.frames, m.channels,
+                                          m.height, m.width, m.frames, kGridPadding));
+    spdlog::info("wrote {}", filmstrip);
+  }
+  if (gif.empty()) return Status::Ok();
+  std::vector<io::PngImage> grids;
+  std::vector<float> frames(N * frame);
+  for (int f = 0; f < m.frames; ++f) {
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(videos.data() + (size_t(n) * m.frames + f) * frame, frame,
+                  frames.data() + n * frame);
+    }
+    DT_ASSIGN_OR_RETURN(io::PngImage grid, io::MakeImageGrid(frames.data(), N, m.channels, m.height,
+                                                             m.width, columns, kGridPadding));
+    grids.push_back(std::move(grid));
+  }
+  std::vector<const uint8_t*> pixels;
+  for (const io::PngImage& g : grids)
+    pixels.push_back(g.pixels.data());
+  DT_RETURN_IF_ERROR(
+      io::WriteGif(gif, pixels, grids[0].width, grids[0].height, m.channels, delay_cs));
+  spdlog::info("wrote {}", gif);
+  return Status::Ok();
+}
+
 int RunSample(const SampleOptions& o) {
   auto bad = [](const std::string& message) { return ReportBadInput("sample", message); };
   if (Status s = SetupLogging(o.log_level); !s.ok()) return bad(s.message());
-  if (o.out.empty() && o.raw.empty()) return bad("give --out (a PNG grid), --raw, or both");
+  if (o.out.empty() && o.raw.empty() && o.gif.empty())
+    return bad("give --out (a PNG grid), --gif (a video model's), --raw, or several");
   if (o.per_class < 1) return bad(fmt::format("--per-class must be positive, got {}", o.per_class));
   if (o.batch < 1) return bad(fmt::format("--batch must be positive, got {}", o.batch));
   Result<SamplerKind> kind = ParseSamplerKind(o.sampler);
@@ -156,13 +196,23 @@ int RunSample(const SampleOptions& o) {
   const ModelFamily& family = FamilyOf(ckpt.model);
   const SampleSchema m = family.Samples(ckpt.model);
   const bool has_null_class = m.num_classes > 0 && m.label_dropout > 0;
+  if (!o.gif.empty() && !m.video) return bad("--gif is for video models (Latte)");
+  if (o.gif_delay_cs < 1) return bad("--gif-delay must be positive");
+  // An unconditional model draws one row of --per-class samples, label 0.
+  std::vector<int> classes = o.classes;
+  if (m.num_classes == 0) {
+    if (!classes.empty()) return bad("--classes: this model has no classes");
+    classes = {0};
+  } else if (classes.empty()) {
+    return bad("--classes is required for a class-conditional model");
+  }
   for (int label : o.classes) {
     if (label < 0 || label >= m.num_classes) {
       return bad(
           fmt::format("--classes: class {} is outside the model's [0, {})", label, m.num_classes));
     }
   }
-  if (!o.out.empty() && m.channels != 1 && m.channels != 3) {
+  if ((!o.out.empty() || !o.gif.empty()) && m.channels != 1 && m.channels != 3) {
     return bad(fmt::format(
         "--out: a PNG needs 1 or 3 channels and this model makes {} (latents: write them with "
         "--raw and decode them first)",
@@ -187,8 +237,9 @@ int RunSample(const SampleOptions& o) {
   // [−1, 1]) are not, as DiT's sample.py does for them.
   options.clip_denoised = o.clip_denoised.value_or(ckpt.data_kind != "latent_folder");
   options.seed = o.seed;
-  DenoiserShape shape{m.channels, m.height, m.width, m.learn_sigma(),
-                      has_null_class ? m.num_classes : -1};
+  DenoiserShape shape{
+      m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? m.num_classes : -1,
+      m.frames};
   Result<Sampler> sampler = Sampler::Create(diffusion, shape, options);
   if (!sampler.ok()) return bad(sampler.status().message());
 
@@ -210,10 +261,10 @@ int RunSample(const SampleOptions& o) {
   };
 
   // Sample k (row-major in the grid) is column k % per_class of the row of class k / per_class.
-  const int total = static_cast<int>(o.classes.size()) * o.per_class;
+  const int total = static_cast<int>(classes.size()) * o.per_class;
   std::vector<int32_t> labels(total);
   for (int k = 0; k < total; ++k)
-    labels[k] = o.classes[k / o.per_class];
+    labels[k] = classes[k / o.per_class];
   const size_t n = m.elements();
   std::vector<float> images(total * n);
   spdlog::info(
@@ -231,7 +282,13 @@ int RunSample(const SampleOptions& o) {
     spdlog::info("sampled {}/{}", first + B, total);
   }
 
-  if (!o.out.empty()) {
+  if (m.video) {
+    Status s = WriteVideos(o.out, o.gif, o.gif_delay_cs, images, total, o.per_class, m);
+    if (!s.ok()) {
+      spdlog::error("{}", s.message());
+      return kExitJobFailed;
+    }
+  } else if (!o.out.empty()) {
     Status s = io::WriteImageGrid(o.out, images.data(), total, m.channels, m.height, m.width,
                                   o.per_class, kGridPadding);
     if (!s.ok()) {
@@ -271,8 +328,9 @@ DIFFTRAIN_COMMAND(
        app.add_option("--checkpoint", o->checkpoint,
                       "checkpoint directory (its newest complete step) or one step directory")
            ->required();
-       app.add_option("--classes", o->classes, "class labels, one grid row each: 0,1,2")
-           ->required()
+       app.add_option("--classes", o->classes,
+                      "class labels, one grid row each: 0,1,2 (required unless the model has "
+                      "no classes)")
            ->delimiter(',');
        app.add_option("--per-class", o->per_class, "samples per class (grid columns)")
            ->capture_default_str();
@@ -291,9 +349,17 @@ DIFFTRAIN_COMMAND(
        app.add_option("--seed", o->seed, "seed of the noise")->capture_default_str();
        app.add_option("--batch", o->batch, "samples per model call (twice that with guidance)")
            ->capture_default_str();
-       app.add_option("--out", o->out, "PNG grid: one row per class");
+       app.add_option("--out", o->out,
+                      "PNG grid: one row per class (a video model: a filmstrip, one row of frames "
+                      "per video)");
+       app.add_option("--gif", o->gif,
+                      "a video model's animated GIF: frame f shows the grid of every video's "
+                      "frame f, one row per class");
+       app.add_option("--gif-delay", o->gif_delay_cs, "GIF frame duration, 1/100 s")
+           ->capture_default_str();
        app.add_option("--raw", o->raw,
-                      "safetensors file of the samples: images F32 [N, C, H, W], labels I64 [N]");
+                      "safetensors file of the samples: images F32 [N, C, H, W] ([N, F, C, H, "
+                      "W] for videos), labels I64 [N]");
        app.add_option("--weights", o->weights, "ema or model")
            ->check(CLI::IsMember({"ema", "model"}))
            ->capture_default_str();

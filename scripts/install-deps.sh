@@ -9,6 +9,8 @@ packages=(
   libgloo-dev libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev libpng-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy dataset-fashion-mnist
+  # An independent GIF decoder for the tests of difftrain's GIF writer (model/io/gif.h).
+  python3-pil
   # The metrics tests (tests/metrics): a real Prometheus server and promtool.
   prometheus
   # The Slurm tests (tests/slurm): a real slurmctld and two slurmd on this machine.
@@ -25,7 +27,7 @@ packages=(
 # DIFFTRAIN_DEPS=build: only what compiling difftrain needs (the container image's build
 # stage), without the packages that only tests and tools use.
 if [[ "${DIFFTRAIN_DEPS:-all}" == build ]]; then
-  test_only=" clang-format python3-torch python3-numpy dataset-fashion-mnist prometheus \
+  test_only=" clang-format python3-torch python3-numpy python3-pil dataset-fashion-mnist prometheus \
 slurm-wlm munge clang libclang-rt-14-dev podman buildah runc mmdebstrap python3-venv \
 python3-pip unzip "
   for i in "${!packages[@]}"; do

@@ -76,24 +76,35 @@ void UnpatchifyBackward(T* dtokens, const T* dimg, int B, int C, int H, int W, i
   }
 }
 
+namespace {
+
+// [sin(pos·ω_k)…, cos(pos·ω_k)…] for k < half, ω_k = 10000^(−k/half), into row[0, 2·half).
+void SinCosRow(float* row, double pos, int half) {
+  for (int k = 0; k < half; ++k) {
+    const double omega = 1.0 / std::pow(10000.0, static_cast<double>(k) / half);
+    row[k] = static_cast<float>(std::sin(pos * omega));
+    row[half + k] = static_cast<float>(std::cos(pos * omega));
+  }
+}
+
+}  // namespace
+
 void SinCos2DPositionEmbedding(float* out, int grid, int D) {
   DT_CHECK(D % 4 == 0, "sin-cos position embedding needs D divisible by 4, got {}", D);
-  const int quarter = D / 4;
   for (int i = 0; i < grid; ++i) {
     for (int j = 0; j < grid; ++j) {
       float* row = out + (static_cast<size_t>(i) * grid + j) * D;
       // First half encodes the column (MAE's meshgrid puts w first), second half the row.
-      const double coords[2] = {static_cast<double>(j), static_cast<double>(i)};
-      for (int half = 0; half < 2; ++half) {
-        for (int k = 0; k < quarter; ++k) {
-          const double omega = 1.0 / std::pow(10000.0, static_cast<double>(k) / quarter);
-          row[half * 2 * quarter + k] = static_cast<float>(std::sin(coords[half] * omega));
-          row[half * 2 * quarter + quarter + k] =
-              static_cast<float>(std::cos(coords[half] * omega));
-        }
-      }
+      SinCosRow(row, j, D / 4);
+      SinCosRow(row + D / 2, i, D / 4);
     }
   }
+}
+
+void SinCos1DEmbedding(float* out, int length, int D) {
+  DT_CHECK(D % 2 == 0, "1-D sin-cos embedding needs an even D, got {}", D);
+  for (int f = 0; f < length; ++f)
+    SinCosRow(out + static_cast<size_t>(f) * D, f, D / 2);
 }
 
 template <typename T>

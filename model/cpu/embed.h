@@ -24,6 +24,9 @@ void UnpatchifyBackward(T* dtokens, const T* dimg, int B, int C, int H, int W, i
 // the column j, the last D/2 the row i; each half is [sin(pos·ω_k)…, cos(pos·ω_k)…] with
 // ω_k = 10000^(−k/(D/4)). Computed in double precision.
 void SinCos2DPositionEmbedding(float* out, int grid, int D);
+// Latte's fixed temporal embedding [length, D]: row f is [sin(f·ω_k)…, cos(f·ω_k)…] with
+// ω_k = 10000^(−k/(D/2)). Computed in double precision.
+void SinCos1DEmbedding(float* out, int length, int D);
 
 // DiT's timestep frequencies [B, dim] (dim = 256 in DiT): [cos(t·f_k)…, sin(t·f_k)…] with
 // f_k = exp(−ln(10⁴)·k/(dim/2)).

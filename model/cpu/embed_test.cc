@@ -166,6 +166,25 @@ TEST(SinCos2DPositionEmbedding, MatchesMaeFormula) {
   EXPECT_FLOAT_EQ(at(0, 0, 1), 0.0f);
 }
 
+// Latte's temporal embedding: row f is [sin(f·ω_k) for k < D/2, cos(f·ω_k) for k < D/2],
+// ω_k = 10000^(−k/(D/2)) ([sin, cos] order, unlike the timestep's [cos, sin]).
+TEST(SinCos1DEmbedding, MatchesLatteFormula) {
+  constexpr int kFrames = 6, kDim = 10, kHalf = kDim / 2;
+  std::vector<float> table(static_cast<size_t>(kFrames) * kDim);
+  SinCos1DEmbedding(table.data(), kFrames, kDim);
+  for (int f = 0; f < kFrames; ++f) {
+    for (int k = 0; k < kHalf; ++k) {
+      const double omega = std::pow(10000.0, -static_cast<double>(k) / kHalf);
+      EXPECT_NEAR(table[f * kDim + k], std::sin(f * omega), 1e-7);
+      EXPECT_NEAR(table[f * kDim + kHalf + k], std::cos(f * omega), 1e-7);
+    }
+  }
+  // Frame 0 is [0…, 1…]; frame 3's feature 0 is sin(3).
+  EXPECT_FLOAT_EQ(table[0], 0.0f);
+  EXPECT_FLOAT_EQ(table[kHalf], 1.0f);
+  EXPECT_FLOAT_EQ(table[3 * kDim], std::sin(3.0f));
+}
+
 // DiT: [cos(t·f_k) for k < half, sin(t·f_k) for k < half], f_k = exp(−ln(10⁴)·k/half). The
 // float instantiation computes in double and rounds once, so every value is within half a
 // float ulp of 1 of the exact one, even at t = 999 where a float computation would be off by

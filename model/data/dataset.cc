@@ -3,14 +3,15 @@
 #include "common/check.h"
 #include "model/data/fashion_mnist.h"
 #include "model/data/latent_folder.h"
+#include "model/data/moving_fashion_mnist.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {
 
 Status SyntheticDataset::Get(int64_t index, float* image, int32_t* label) const {
   Rng rng(seed_, RngStream::kData, static_cast<uint64_t>(index));
-  *label = static_cast<int32_t>(rng.Below(num_classes_));
-  const size_t n = static_cast<size_t>(channels_) * size_ * size_;
+  *label = num_classes_ > 0 ? static_cast<int32_t>(rng.Below(num_classes_)) : 0;
+  const size_t n = static_cast<size_t>(frames_) * channels_ * size_ * size_;
   for (size_t i = 0; i < n; ++i)
     image[i] = static_cast<float>(rng.Normal());
   return Status::Ok();
@@ -24,17 +25,25 @@ PrefixDataset::PrefixDataset(const Dataset& source, int64_t count)
 
 Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec) {
   if (spec.kind == "synthetic") {
-    if (spec.channels < 1 || spec.image_size < 1 || spec.num_classes < 1) {
+    if (spec.channels < 1 || spec.image_size < 1 || spec.num_classes < 0 || spec.frames < 1) {
       return Errorf(
-          "synthetic dataset needs positive channels, image size and classes, got {}, {}, {}",
-          spec.channels, spec.image_size, spec.num_classes);
+          "synthetic dataset needs positive channels, image size and frames, and classes >= 0, "
+          "got {}, {}, {} and {}",
+          spec.channels, spec.image_size, spec.frames, spec.num_classes);
     }
     return std::unique_ptr<Dataset>(std::make_unique<SyntheticDataset>(
-        spec.seed, spec.channels, spec.image_size, spec.num_classes));
+        spec.seed, spec.channels, spec.image_size, spec.num_classes, spec.frames));
   }
   if (spec.kind == "fashion_mnist") {
     const std::string dir = spec.path.empty() ? std::string(kFashionMnistDefaultDir) : spec.path;
     DT_ASSIGN_OR_RETURN(auto dataset, FashionMnistDataset::Load(dir, spec.split));
+    return std::unique_ptr<Dataset>(std::move(dataset));
+  }
+  if (spec.kind == "moving_fashion_mnist") {
+    const std::string dir = spec.path.empty() ? std::string(kFashionMnistDefaultDir) : spec.path;
+    DT_ASSIGN_OR_RETURN(auto garments, FashionMnistDataset::Load(dir, spec.split));
+    DT_ASSIGN_OR_RETURN(auto dataset, MovingFashionMnistDataset::Create(
+                                          std::move(garments), spec.frames, spec.image_size));
     return std::unique_ptr<Dataset>(std::move(dataset));
   }
   if (spec.kind == "latent_folder") {
@@ -42,8 +51,10 @@ Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec) {
     DT_ASSIGN_OR_RETURN(auto dataset, LatentFolderDataset::Open(spec.path));
     return std::unique_ptr<Dataset>(std::move(dataset));
   }
-  return Errorf("unknown dataset '{}' (expected synthetic, fashion_mnist or latent_folder)",
-                spec.kind);
+  return Errorf(
+      "unknown dataset '{}' (expected synthetic, fashion_mnist, moving_fashion_mnist or "
+      "latent_folder)",
+      spec.kind);
 }
 
 }  // namespace difftrain

@@ -1,5 +1,5 @@
-// A dataset of class-labelled images (or latents) C×H×W, addressed by index, and the
-// ones difftrain knows by name (docs/data.md).
+// A dataset of class-labelled images (or latents) C×H×W, or videos of F such frames,
+// addressed by index, and the ones difftrain knows by name (docs/data.md).
 #pragma once
 
 #include <cstdint>
@@ -21,32 +21,35 @@ class Dataset {
   virtual int channels() const = 0;
   virtual int height() const = 0;
   virtual int width() const = 0;
-  virtual int num_classes() const = 0;
-  // Writes sample `index` (0 ≤ index < size()) as C·H·W floats and its label. Must be safe
+  virtual int num_classes() const = 0;  // 0: unlabelled (every label 0)
+  // Frames of a video sample [F, C, H, W]; 1 for an image.
+  virtual int frames() const { return 1; }
+  // Writes sample `index` (0 ≤ index < size()) as F·C·H·W floats and its label. Must be safe
   // to call from several threads at once: the loader's prefetch thread calls it while the
   // training thread may fill another range.
   virtual Status Get(int64_t index, float* image, int32_t* label) const = 0;
 
   bool unbounded() const { return size() == kUnboundedSize; }
-  int64_t sample_floats() const { return int64_t{channels()} * height() * width(); }
+  int64_t sample_floats() const { return int64_t{frames()} * channels() * height() * width(); }
 };
 
 // N(0, 1) values and uniform labels, a pure function of (seed, index): the seeds' benchmark
-// input. Unbounded: size() is the largest index.
+// input, images or videos of `frames` frames. Unbounded: size() is the largest index.
 class SyntheticDataset : public Dataset {
  public:
-  SyntheticDataset(uint64_t seed, int channels, int size, int num_classes)
-      : seed_(seed), channels_(channels), size_(size), num_classes_(num_classes) {}
+  SyntheticDataset(uint64_t seed, int channels, int size, int num_classes, int frames = 1)
+      : seed_(seed), channels_(channels), size_(size), num_classes_(num_classes), frames_(frames) {}
   int64_t size() const override { return kUnboundedSize; }
   int channels() const override { return channels_; }
   int height() const override { return size_; }
   int width() const override { return size_; }
   int num_classes() const override { return num_classes_; }
+  int frames() const override { return frames_; }
   Status Get(int64_t index, float* image, int32_t* label) const override;
 
  private:
   uint64_t seed_;
-  int channels_, size_, num_classes_;
+  int channels_, size_, num_classes_, frames_;
 };
 
 // The first `count` samples of another dataset (which must outlive this view): how an
@@ -59,6 +62,7 @@ class PrefixDataset : public Dataset {
   int height() const override { return source_.height(); }
   int width() const override { return source_.width(); }
   int num_classes() const override { return source_.num_classes(); }
+  int frames() const override { return source_.frames(); }
   Status Get(int64_t index, float* image, int32_t* label) const override {
     return source_.Get(index, image, label);
   }
@@ -70,15 +74,19 @@ class PrefixDataset : public Dataset {
 
 // A dataset chosen by name, as a command line or job spec names it.
 struct DatasetSpec {
-  std::string kind = "synthetic";  // "synthetic", "fashion_mnist" or "latent_folder"
-  // fashion_mnist: the directory of the IDX files ("" = Debian's); latent_folder: required.
+  // "synthetic", "fashion_mnist", "moving_fashion_mnist" or "latent_folder"
+  std::string kind = "synthetic";
+  // (moving_)fashion_mnist: the directory of the IDX files ("" = Debian's); latent_folder:
+  // required.
   std::string path;
   std::string split = "train";  // fashion_mnist: "train" or "test"
-  // synthetic only; the other kinds take their shape from their files.
+  // synthetic; moving_fashion_mnist takes the frames and the image (canvas) size;
+  // the other kinds take their shape from their files.
   uint64_t seed = 0;
   int channels = 4;
   int image_size = 32;
   int num_classes = 1000;
+  int frames = 1;  // videos: frames per sample
 };
 
 Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec);

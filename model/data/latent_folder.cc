@@ -138,6 +138,11 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
     if (value > INT32_MAX) return IndexError(index_path, fmt::format("'{}' is too large", key));
     *field = static_cast<int>(value);
   }
+  if (index.contains("frames")) {  // a folder of videos
+    DT_ASSIGN_OR_RETURN(int64_t frames, PositiveField(index, "frames", index_path));
+    if (frames > INT32_MAX) return IndexError(index_path, "'frames' is too large");
+    data->frames_ = static_cast<int>(frames);
+  }
   DT_ASSIGN_OR_RETURN(int64_t total, PositiveField(index, "total", index_path));
   auto shards = index.find("shards");
   if (shards == index.end() || !shards->is_array() || shards->empty()) {
@@ -190,10 +195,12 @@ Status LatentFolderDataset::OpenShard(Shard& shard) {
   }
 
   const uint64_t data_start = 8 + header_bytes;
+  const std::vector<int64_t> shape =
+      frames_ > 1 ? std::vector<int64_t>{shard.count, frames_, channels_, height_, width_}
+                  : std::vector<int64_t>{shard.count, channels_, height_, width_};
   DT_ASSIGN_OR_RETURN(
       shard.latents_offset,
-      TensorOffset(path, header, kLatentsTensor, io::DType::kF32,
-                   {shard.count, channels_, height_, width_}, data_start, file_bytes));
+      TensorOffset(path, header, kLatentsTensor, io::DType::kF32, shape, data_start, file_bytes));
   DT_ASSIGN_OR_RETURN(uint64_t labels_offset,
                       TensorOffset(path, header, kLabelsTensor, io::DType::kI64, {shard.count},
                                    data_start, file_bytes));
@@ -263,8 +270,14 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
     }
     const std::string file = fmt::format("shard-{:05d}.safetensors", shards.size());
     io::SafetensorsWriter writer;
-    writer.AddF32(kLatentsTensor, {count, source.channels(), source.height(), source.width()},
-                  latents.data());
+    if (source.frames() > 1) {
+      writer.AddF32(kLatentsTensor,
+                    {count, source.frames(), source.channels(), source.height(), source.width()},
+                    latents.data());
+    } else {
+      writer.AddF32(kLatentsTensor, {count, source.channels(), source.height(), source.width()},
+                    latents.data());
+    }
     writer.Add(kLabelsTensor, io::DType::kI64, {count}, labels.data());
     writer.SetMetadata("format", std::string(kLatentFolderFormat));
     writer.SetMetadata("first_sample", std::to_string(first));
@@ -278,6 +291,7 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
   index["channels"] = source.channels();
   index["height"] = source.height();
   index["width"] = source.width();
+  if (source.frames() > 1) index["frames"] = source.frames();
   index["num_classes"] = source.num_classes();
   index["shards"] = std::move(shards);
   index["total"] = total;

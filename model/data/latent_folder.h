@@ -3,10 +3,12 @@
 //
 //   DIR/index.json               {"format": "difftrain-latents", "version": 1,
 //                                 "channels": C, "height": H, "width": W, "num_classes": K,
+//                                 ["frames": F,]
 //                                 "shards": [{"file": "shard-00000.safetensors", "count": n0},
 //                                            ...],
 //                                 "total": n0 + n1 + ...}
 //   DIR/shard-00000.safetensors  "latents" F32 [n0, C, H, W], "labels" I64 [n0]
+//                                (a folder of videos, "frames" F > 1: [n0, F, C, H, W])
 //   ...
 //
 // Samples are numbered across shards in index order. Latents are stored as the model
@@ -47,6 +49,7 @@ class LatentFolderDataset : public Dataset {
   int height() const override { return height_; }
   int width() const override { return width_; }
   int num_classes() const override { return num_classes_; }
+  int frames() const override { return frames_; }
   Status Get(int64_t index, float* image, int32_t* label) const override;
 
   // Reads every shard whole and checks it as SafetensorsFile::Verify does: the header, the
@@ -65,7 +68,7 @@ class LatentFolderDataset : public Dataset {
   LatentFolderDataset() = default;
   Status OpenShard(Shard& shard);
 
-  int channels_ = 0, height_ = 0, width_ = 0, num_classes_ = 0;
+  int channels_ = 0, height_ = 0, width_ = 0, num_classes_ = 0, frames_ = 1;
   std::vector<Shard> shards_;
   std::vector<int32_t> labels_;  // all of them, read at Open
 };

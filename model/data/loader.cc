@@ -72,7 +72,7 @@ Status DataLoader::Read(Range range, float* images, int32_t* labels) const {
       return got.WithContext(fmt::format("reading sample {} (dataset index {})", sample, index));
     }
     if (!IsFlipped(sample)) continue;
-    for (int row = 0; row < C * H; ++row)
+    for (int row = 0; row < dataset_.frames() * C * H; ++row)
       std::reverse(image + int64_t{row} * W, image + int64_t{row + 1} * W);
   }
   return Status::Ok();

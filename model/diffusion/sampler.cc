@@ -92,7 +92,8 @@ Sampler::Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
 
 void Sampler::Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                      float* out) const {
-  const size_t n = static_cast<size_t>(shape_.channels) * shape_.height * shape_.width;
+  const size_t n =
+      static_cast<size_t>(shape_.frames) * shape_.channels * shape_.height * shape_.width;
   for (int b = 0; b < N; ++b) {
     Rng rng(options_.seed, RngStream::kSample, InitialNoiseCounter(first_index + b));
     for (size_t j = 0; j < n; ++j)
@@ -105,8 +106,9 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
                       float* x) const {
   const int C = shape_.channels;
   const size_t HW = static_cast<size_t>(shape_.height) * shape_.width;
-  const size_t n = C * HW;
-  const size_t out_n = (shape_.learn_sigma ? 2 : 1) * n;  // one sample's model output
+  const size_t frame = C * HW, n = shape_.frames * frame;
+  // One frame's model output: ε, then (learn_sigma) v; a sample's frames one after another.
+  const size_t out_frame = (shape_.learn_sigma ? 2 : 1) * frame, out_n = shape_.frames * out_frame;
   const bool any_guidance = options_.cfg_scale != 1;
   const double g = options_.cfg_scale;
 
@@ -144,8 +146,9 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
       const float* uncond = out.data() + (N + b) * out_n;
       Rng& rng = rngs[b];
       for (size_t j = 0; j < n; ++j) {
-        const double eps = guided ? uncond[j] + g * (static_cast<double>(cond[j]) - uncond[j])
-                                  : static_cast<double>(cond[j]);
+        const size_t e = (j / frame) * out_frame + j % frame;  // ε of element j
+        const double eps = guided ? uncond[e] + g * (static_cast<double>(cond[e]) - uncond[e])
+                                  : static_cast<double>(cond[e]);
         double x0 = c.PredictX0(xb[j], eps);
         if (options_.clip_denoised) x0 = std::clamp(x0, -1.0, 1.0);
         double next;
@@ -154,7 +157,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
           // variance (none into x_0).
           next = c.PosteriorMean(x0, xb[j]);
           if (i > 0) {
-            const double log_variance = shape_.learn_sigma ? c.LearnedLogVariance(cond[n + j])
+            const double log_variance = shape_.learn_sigma ? c.LearnedLogVariance(cond[e + frame])
                                                            : c.posterior_log_variance_clipped;
             next += std::exp(0.5 * log_variance) * rng.Normal();
           }

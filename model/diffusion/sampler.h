@@ -29,9 +29,10 @@
 
 namespace difftrain {
 
-// The model as the samplers call it: x_t [B, C, H, W], timesteps t [B] (the original
-// timesteps of the diffusion, as floats), labels y [B]; writes out [B, out_channels, H, W]:
-// ε in the first C channels and, with learn_sigma, the variance interpolation v in the last C.
+// The model as the samplers call it: x_t [B, C, H, W] (a video model's [B, F, C, H, W]),
+// timesteps t [B] (the original timesteps of the diffusion, as floats), labels y [B]; writes
+// out [B, out_channels, H, W] ([B, F, out_channels, H, W]): ε in the first C channels (of
+// each frame) and, with learn_sigma, the variance interpolation v in the last C.
 using Denoiser =
     std::function<void(const float* x_t, const float* t, const int32_t* y, int B, float* out)>;
 
@@ -49,6 +50,7 @@ struct DenoiserShape {
   bool learn_sigma = true;
   // The label of the unconditional model (DiT: num_classes); −1 when there is none.
   int null_class = -1;
+  int frames = 1;  // frames of a video sample; 1 for an image
 };
 
 struct SamplerOptions {

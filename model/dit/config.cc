@@ -29,10 +29,19 @@ Status DiTConfig::Validate() const {
                           {"in_channels", in_channels},
                           {"hidden_size", hidden_size},
                           {"depth", depth},
-                          {"num_heads", num_heads},
-                          {"num_classes", num_classes}}) {
+                          {"num_heads", num_heads}}) {
     DT_RETURN_IF_ERROR(positive(field, v));
   }
+  // DiT is class-conditional; Latte may be unconditional.
+  if (num_classes < (video ? 0 : 1))
+    return Errorf("model.num_classes must be {}, got {}", video ? "0 or more" : "positive",
+                  num_classes);
+  if (video && num_frames < 1)
+    return Errorf("model.num_frames must be positive, got {}", num_frames);
+  if (video && depth % 2 != 0)
+    return Errorf(
+        "model.depth {} must be even: Latte's blocks come in pairs (spatial, then temporal)",
+        depth);
   if (input_size % patch_size != 0)
     return Errorf("model.input_size {} is not divisible by model.patch_size {}", input_size,
                   patch_size);
@@ -50,17 +59,19 @@ Status DiTConfig::Validate() const {
 }
 
 nlohmann::json DiTConfig::ToJson() const {
-  return {{"name", name},
-          {"input_size", input_size},
-          {"patch_size", patch_size},
-          {"in_channels", in_channels},
-          {"hidden_size", hidden_size},
-          {"depth", depth},
-          {"num_heads", num_heads},
-          {"mlp_ratio", mlp_ratio},
-          {"num_classes", num_classes},
-          {"class_dropout_prob", class_dropout_prob},
-          {"learn_sigma", learn_sigma}};
+  nlohmann::json j = {{"name", name},
+                      {"input_size", input_size},
+                      {"patch_size", patch_size},
+                      {"in_channels", in_channels},
+                      {"hidden_size", hidden_size},
+                      {"depth", depth},
+                      {"num_heads", num_heads},
+                      {"mlp_ratio", mlp_ratio},
+                      {"num_classes", num_classes},
+                      {"class_dropout_prob", class_dropout_prob},
+                      {"learn_sigma", learn_sigma}};
+  if (video) j["num_frames"] = num_frames;
+  return j;
 }
 
 Result<DiTConfig> DiTConfig::FromJson(const nlohmann::json& j) {
@@ -77,6 +88,10 @@ Result<DiTConfig> DiTConfig::FromJson(const nlohmann::json& j) {
     c.num_classes = j.at("num_classes").get<int>();
     c.class_dropout_prob = j.at("class_dropout_prob").get<double>();
     c.learn_sigma = j.at("learn_sigma").get<bool>();
+    if (j.contains("num_frames")) {
+      c.video = true;
+      c.num_frames = j.at("num_frames").get<int>();
+    }
   } catch (const nlohmann::json::exception& e) {
     return Errorf("malformed DiT config: {}", e.what());
   }
@@ -84,20 +99,19 @@ Result<DiTConfig> DiTConfig::FromJson(const nlohmann::json& j) {
   return c;
 }
 
-Result<DiTConfig> DiTConfigByName(const std::string& name, int input_size) {
-  // "DiT-<size>/<patch>"
+Result<DiTConfig> SizedConfigByName(const std::string& prefix, const std::string& name,
+                                    int input_size) {
+  // "<prefix>-<size>/<patch>"
   const size_t slash = name.find('/');
-  if (name.rfind("DiT-", 0) != 0 || slash == std::string::npos) {
-    return Errorf(
-        "unknown model '{}' (expected one of DiT-S/B/L/XL with patch 2, 4 or 8, e.g. "
-        "DiT-XL/2)",
-        name);
-  }
-  const std::string size = name.substr(4, slash - 4), patch = name.substr(slash + 1);
+  const std::string expected =
+      fmt::format("{0}-S/B/L/XL with patch 2, 4 or 8, e.g. {0}-XL/2", prefix);
+  if (name.rfind(prefix + "-", 0) != 0 || slash == std::string::npos)
+    return Errorf("unknown model '{}' (expected one of {})", name, expected);
+  const std::string size = name.substr(prefix.size() + 1, slash - prefix.size() - 1);
+  const std::string patch = name.substr(slash + 1);
   auto it = Sizes().find(size);
-  if (it == Sizes().end() || (patch != "2" && patch != "4" && patch != "8")) {
-    return Errorf("unknown model '{}' (expected one of DiT-S/B/L/XL with patch 2, 4 or 8)", name);
-  }
+  if (it == Sizes().end() || (patch != "2" && patch != "4" && patch != "8"))
+    return Errorf("unknown model '{}' (expected one of {})", name, expected);
   DiTConfig c;
   c.name = name;
   c.input_size = input_size;
@@ -105,17 +119,26 @@ Result<DiTConfig> DiTConfigByName(const std::string& name, int input_size) {
   c.depth = it->second.depth;
   c.hidden_size = it->second.hidden;
   c.num_heads = it->second.heads;
+  return c;
+}
+
+std::vector<std::string> SizedConfigNames(const std::string& prefix) {
+  std::vector<std::string> names;
+  for (const char* size : {"S", "B", "L", "XL"}) {
+    for (const char* patch : {"2", "4", "8"})
+      names.push_back(fmt::format("{}-{}/{}", prefix, size, patch));
+  }
+  return names;
+}
+
+Result<DiTConfig> DiTConfigByName(const std::string& name, int input_size) {
+  DT_ASSIGN_OR_RETURN(DiTConfig c, SizedConfigByName("DiT", name, input_size));
   DT_RETURN_IF_ERROR(c.Validate());
   return c;
 }
 
 std::vector<std::string> DiTConfigNames() {
-  std::vector<std::string> names;
-  for (const char* size : {"S", "B", "L", "XL"}) {
-    for (const char* patch : {"2", "4", "8"})
-      names.push_back(fmt::format("DiT-{}/{}", size, patch));
-  }
-  return names;
+  return SizedConfigNames("DiT");
 }
 
 int64_t TrainableParameterCount(const DiTConfig& c) {
@@ -130,15 +153,19 @@ int64_t TrainableParameterCount(const DiTConfig& c) {
 }
 
 int64_t ParameterCount(const DiTConfig& c) {
-  return TrainableParameterCount(c) + int64_t(c.tokens()) * c.hidden_size;
+  const int64_t temp_embed = c.video ? int64_t(c.num_frames) * c.hidden_size : 0;
+  return TrainableParameterCount(c) + int64_t(c.tokens()) * c.hidden_size + temp_embed;
 }
 
 double ForwardMacsPerSample(const DiTConfig& c) {
-  const double D = c.hidden_size, T = c.tokens(), M = c.mlp_hidden();
-  const double block = 6 * D * D + 3 * D * D * T + 2 * T * T * D + D * D * T + 2 * M * D * T;
+  const double D = c.hidden_size, F = c.frames(), T = F * c.tokens(), M = c.mlp_hidden();
+  const double linear = 6 * D * D + 3 * D * D * T + D * D * T + 2 * M * D * T;
+  double attention = 0;
+  for (int i = 0; i < c.depth; ++i)  // a spatial block attends within each frame
+    attention += c.temporal_block(i) ? 2 * F * T * D : 2 * T * c.tokens() * D;
   const double embed = T * c.patch_features() * D + 256 * D + D * D;
   const double final = 2 * D * D + T * D * c.patch_size * c.patch_size * c.out_channels();
-  return embed + c.depth * block + final;
+  return embed + c.depth * linear + attention + final;
 }
 
 double TrainingFlopsPerSample(const DiTConfig& c) {

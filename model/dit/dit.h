@@ -112,6 +112,9 @@ class DiT : public Model {
   size_t pos_embed_bytes() const { return pos_embed_.bytes(); }
 
  private:
+  // Which activations a block keeps: a spatial or a temporal block's (model/dit/config.h),
+  // or room for either (the recomputation workspace of a video model).
+  enum class BlockKind { kSpatial, kTemporal, kWorkspace };
   // Pointers into one activation slot for one block.
   struct BlockActs {
     float *resid_in, *ada, *ln1, *mean1, *rstd1, *mod1, *qkv, *kv, *probs, *attn, *proj, *mid;
@@ -128,12 +131,13 @@ class DiT : public Model {
   struct Scratch {
     float *patches_full, *d_resid, *d_a, *d_b, *d_qkv, *d_kv, *d_h1, *d_h2, *d_ada, *d_silu_c, *d_c,
         *d_t1, *d_t2, *d_final_out, *d_final_full, *sequence;
+    float *t_attn, *t_dqkv;  // a temporal block's attention (output and qkv gradient)
     BlockActs block;
   };
   // Calls f for every activation of one block but its input, names prefixed by `prefix`.
   template <typename F>
   static void VisitBlock(const DiTConfig& c, const DiTShard& s, int B, const std::string& prefix,
-                         BlockActs& k, F&& f);
+                         BlockKind kind, BlockActs& k, F&& f);
   template <typename F>
   static void VisitActivations(const DiTConfig& c, const DiTShard& s, int B, bool recompute,
                                Acts& a, F&& f);
@@ -157,7 +161,8 @@ class DiT : public Model {
   ShardedParameters sharded_;
   TensorTable global_table_;
   Buffer<float> params_, grads_, pos_embed_;
-  DiTParams p_;  // offsets of this shard's parameters (the same in params_ and grads_)
+  Buffer<float> temp_embed_;  // Latte's [num_frames, D]; first stage
+  DiTParams p_;               // offsets of this shard's parameters (the same in params_ and grads_)
 
   int batch_ = 0;
   bool recompute_ = false;

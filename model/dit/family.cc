@@ -1,5 +1,7 @@
 #include "model/dit/family.h"
 
+#include <algorithm>
+
 #include "common/check.h"
 #include "model/dit/dit.h"
 #include "model/dit/shard.h"
@@ -11,10 +13,9 @@
 namespace difftrain {
 namespace {
 
-constexpr const char* kCustom = "custom";
-
 // The shape fields a job's model section and the command line's overrides may set.
 Status ApplyFields(YamlFields& fields, DiTConfig& c) {
+  if (c.video) fields.Int("num_frames", c.num_frames);
   fields.Int("patch_size", c.patch_size)
       .Int("in_channels", c.in_channels)
       .Int("hidden_size", c.hidden_size)
@@ -27,31 +28,48 @@ Status ApplyFields(YamlFields& fields, DiTConfig& c) {
   return fields.Finish();
 }
 
-class DiTFamilyImpl final : public ModelFamily {
+constexpr const char* kRequiredCustom[] = {"patch_size", "hidden_size", "depth", "num_heads"};
+// The fields that change a named config's shape, so that it is no longer the named one.
+constexpr const char* kShapeFields[] = {"patch_size", "hidden_size", "depth", "num_heads",
+                                        "mlp_ratio"};
+
+#ifndef DIFFTRAIN_HAVE_CUDA
+Result<std::unique_ptr<GpuStep>> NoGpuStep(const TrainConfig&, int) {
+  return Status::Error(
+      "train.device cuda: this difftrain was built without the CUDA backend (no nvcc when it "
+      "was built; see docs/cuda.md)");
+}
+#endif
+
+class TransformerFamily final : public ModelFamily {
  public:
-  std::string_view name() const override { return "dit"; }
+  explicit TransformerFamily(TransformerFamilyKind kind) : k_(std::move(kind)) {}
 
-  std::vector<std::string> ConfigNames() const override { return DiTConfigNames(); }
-  std::string_view custom_name() const override { return kCustom; }
+  std::string_view name() const override { return k_.name; }
 
-  // A named config (`name: DiT-S/4`) with optional overrides, or `name: custom` with every
+  std::vector<std::string> ConfigNames() const override { return SizedConfigNames(k_.prefix); }
+  std::string_view custom_name() const override { return k_.custom_name; }
+
+  // A named config (`name: DiT-S/4`) with optional overrides, or the custom name with every
   // shape field given.
   Result<ModelSpec> FromYaml(YamlFields& fields) const override {
-    std::string name = "DiT-S/2";
+    std::string name = k_.default_name;
     int input_size = 32;
     fields.String("name", name).Int("input_size", input_size);
     DiTConfig c;
-    if (name != kCustom) {
-      Result<DiTConfig> named = DiTConfigByName(name, input_size);
+    if (name != k_.custom_name) {
+      Result<DiTConfig> named = SizedConfigByName(k_.prefix, name, input_size);
       if (!named.ok()) return fields.ErrorAt("name", named.status().message());
       c = *named;
     } else {
-      for (const char* required : {"patch_size", "hidden_size", "depth", "num_heads"}) {
-        if (!fields.Has(required)) return fields.ErrorAt(required, "required when name is custom");
+      for (const char* required : kRequiredCustom) {
+        if (!fields.Has(required))
+          return fields.ErrorAt(required, fmt::format("required when name is {}", name));
       }
-      c.name = kCustom;
+      c.name = k_.custom_name;
       c.input_size = input_size;
     }
+    Init(c);
     DT_RETURN_IF_ERROR(ApplyFields(fields, c));
     DT_RETURN_IF_ERROR(c.Validate());
     return DiTSpec(c);
@@ -60,18 +78,27 @@ class DiTFamilyImpl final : public ModelFamily {
   Result<ModelSpec> FromRequest(const ModelRequest& r) const override {
     const int input_size = r.input_size.value_or(32);
     DiTConfig c;
-    if (r.name == kCustom) {
-      for (const char* required : {"patch_size", "hidden_size", "depth", "num_heads"}) {
+    if (r.name == k_.custom_name) {
+      for (const char* required : kRequiredCustom) {
         if (!r.overrides.contains(required)) {
-          return Errorf("model custom needs {} (and patch_size, hidden_size, depth, num_heads)",
-                        required);
+          return Errorf("model {} needs {} (and patch_size, hidden_size, depth, num_heads)",
+                        k_.custom_name, required);
         }
       }
       c.input_size = input_size;
+      c.name = k_.custom_name;
     } else {
-      DT_ASSIGN_OR_RETURN(c, DiTConfigByName(r.name, input_size));
+      DT_ASSIGN_OR_RETURN(c, SizedConfigByName(k_.prefix, r.name, input_size));
     }
-    if (!r.overrides.empty()) c.name = kCustom;
+    // DiT calls any overridden config custom; a video model keeps its name while its
+    // frames, classes or σ change, which leave the named shape as it is.
+    for (const auto& [field, value] : r.overrides.items()) {
+      const bool shape =
+          std::find_if(std::begin(kShapeFields), std::end(kShapeFields),
+                       [&](const char* f) { return field == f; }) != std::end(kShapeFields);
+      if (!k_.video || shape) c.name = k_.custom_name;
+    }
+    Init(c);
     // The overrides read as a model section, so that unknown fields are refused by name.
     YAML::Node node = YAML::Load(r.overrides.dump());
     YamlFields fields("the command line", node, "model");
@@ -82,7 +109,9 @@ class DiTFamilyImpl final : public ModelFamily {
 
   Result<ModelSpec> FromJson(const nlohmann::json& config) const override {
     DT_ASSIGN_OR_RETURN(DiTConfig c, DiTConfig::FromJson(config));
-    DT_RETURN_IF_ERROR(c.Validate());
+    if (c.video != k_.video) {
+      return Errorf("a {} config {} num_frames", k_.name, k_.video ? "needs" : "has no");
+    }
     return DiTSpec(c);
   }
 
@@ -94,11 +123,13 @@ class DiTFamilyImpl final : public ModelFamily {
   SampleSchema Samples(const ModelSpec& spec) const override {
     const DiTConfig c = DiTConfigOf(spec);
     SampleSchema s;
+    s.frames = c.frames();
+    s.video = c.video;
     s.channels = c.in_channels;
     s.height = s.width = c.input_size;
     s.out_channels = c.out_channels();
     s.num_classes = c.num_classes;
-    s.label_dropout = c.class_dropout_prob;
+    s.label_dropout = c.has_labels() ? c.class_dropout_prob : 0;
     return s;
   }
 
@@ -121,7 +152,8 @@ class DiTFamilyImpl final : public ModelFamily {
     p.first_block = shard.first_block;
     p.end_block = shard.end_block;
     p.parameters = ShardParameters(c, shard);
-    p.fixed_elements = shard.first_stage() ? size_t(c.tokens()) * c.hidden_size : 0;
+    p.fixed_elements =
+        shard.first_stage() ? size_t(c.tokens() + (c.video ? c.num_frames : 0)) * c.hidden_size : 0;
     return p;
   }
 
@@ -144,31 +176,44 @@ class DiTFamilyImpl final : public ModelFamily {
 
   Result<std::unique_ptr<GpuStep>> CreateGpuStep(const TrainConfig& config,
                                                  int device) const override {
-#ifdef DIFFTRAIN_HAVE_CUDA
-    return CreateDiTGpuStep(config, device);
-#else
-    (void)config;
-    (void)device;
-    return Status::Error(
-        "train.device cuda: this difftrain was built without the CUDA backend (no nvcc when it "
-        "was built; see docs/cuda.md)");
-#endif
+    if (k_.gpu_step == nullptr) return ModelFamily::CreateGpuStep(config, device);
+    return k_.gpu_step(config, device);
   }
+
+ private:
+  // A fresh config of this family: a video model's frames (16, Latte's default) and kind.
+  void Init(DiTConfig& c) const {
+    c.video = k_.video;
+    if (k_.video && c.num_frames == 1) c.num_frames = 16;
+  }
+
+  TransformerFamilyKind k_;
 };
 
 }  // namespace
 
+std::unique_ptr<ModelFamily> MakeTransformerFamily(TransformerFamilyKind kind) {
+  return std::make_unique<TransformerFamily>(std::move(kind));
+}
+
 const ModelFamily& DiTFamily() {
-  static const DiTFamilyImpl family;
-  return family;
+#ifdef DIFFTRAIN_HAVE_CUDA
+  auto* gpu_step = &CreateDiTGpuStep;
+#else
+  auto* gpu_step = &NoGpuStep;
+#endif
+  static const std::unique_ptr<ModelFamily> family =
+      MakeTransformerFamily({"dit", "DiT", "custom", "DiT-S/2", false, gpu_step});
+  return *family;
 }
 
 ModelSpec DiTSpec(const DiTConfig& config) {
-  return {"dit", config.ToJson()};
+  return {config.video ? "latte" : "dit", config.ToJson()};
 }
 
 DiTConfig DiTConfigOf(const ModelSpec& spec) {
-  DT_CHECK(spec.family == "dit", "a {} model where a DiT was expected", spec.family);
+  DT_CHECK(spec.family == "dit" || spec.family == "latte",
+           "a {} model where a DiT or Latte was expected", spec.family);
   Result<DiTConfig> c = DiTConfig::FromJson(spec.config);
   DT_CHECK(c.ok(), "{}", c.status().message());
   return *c;

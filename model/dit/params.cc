@@ -20,7 +20,8 @@ DiTParams DiTParams::Bind(const TensorTable& table, const DiTShard& shard) {
     p.t1_b = offset("t_embedder.mlp.0.bias");
     p.t2_w = offset("t_embedder.mlp.2.weight");
     p.t2_b = offset("t_embedder.mlp.2.bias");
-    p.y_table = offset("y_embedder.embedding_table.weight");
+    if (table.Find("y_embedder.embedding_table.weight") != nullptr)  // Latte may have none
+      p.y_table = offset("y_embedder.embedding_table.weight");
   }
   for (int l = shard.first_block; l < shard.end_block; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";

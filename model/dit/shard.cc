@@ -95,9 +95,9 @@ Status ValidateParallelLayout(const DiTConfig& c, int tp, int cp, int pp,
   }
   if (c.tokens() % cp != 0) {
     return Errorf(
-        "context parallelism: the sequence of {} tokens ({}x{} patches) is not divisible by cp "
+        "context parallelism: the sequence of {} tokens ({}x{} patches{}) is not divisible by cp "
         "{}",
-        c.tokens(), c.grid(), c.grid(), cp);
+        c.tokens(), c.grid(), c.grid(), c.video ? " per frame" : "", cp);
   }
   if (stage_blocks.empty()) {
     if (c.depth < pp) {
@@ -165,7 +165,7 @@ ShardedParameters ShardParameters(const DiTConfig& c, const DiTShard& s) {
   replicated(first, "t_embedder.mlp.0.bias", {D});
   replicated(first, "t_embedder.mlp.2.weight", {D, D});
   replicated(first, "t_embedder.mlp.2.bias", {D});
-  replicated(first, "y_embedder.embedding_table.weight", {c.label_rows(), D});
+  if (c.has_labels()) replicated(first, "y_embedder.embedding_table.weight", {c.label_rows(), D});
   for (int l = 0; l < c.depth; ++l) {
     const std::string n = "blocks." + std::to_string(l) + ".";
     const bool here = l >= s.first_block && l < s.end_block;

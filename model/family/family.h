@@ -47,6 +47,7 @@ struct ModelCost {
 // class-conditional, a text embedding when it is text-conditional.
 struct SampleSchema {
   int frames = 1;
+  bool video = false;  // samples are videos [frames, C, H, W], even of one frame
   int channels = 4, height = 32, width = 32;
   int out_channels = 4;      // of the model's output, per frame (2 × channels: learned σ)
   int num_classes = 0;       // labels in [0, num_classes); 0: no labels

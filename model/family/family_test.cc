@@ -1,6 +1,7 @@
 // The model-family seam: names pick families, a spec survives every way it travels (job file,
 // checkpoint JSON, the command line), and a family's partitions, costs and layouts are what
-// its model allocates and refuses. DiT is the family under test; a new family adds its cases.
+// its model allocates and refuses. DiT and Latte are the families under test; a new family
+// adds its cases.
 #include "model/family/family.h"
 
 #include <algorithm>
@@ -116,6 +117,96 @@ TEST(ModelFamilyTest, AModelAllocatesWhatItsFamilyPredicts) {
   EXPECT_EQ((*model)->num_params(), p->parameters.table.total());
   EXPECT_EQ((*model)->fixed_bytes(), p->fixed_elements * sizeof(float));
   EXPECT_EQ((*model)->fixed_tensors().at(0).name, "pos_embed");
+}
+
+// Latte: the configs the paper and the seed name (MODELS.md), counted without the fixed
+// embeddings; a class-conditional model adds its label table.
+TEST(LatteFamilyTest, NamedConfigsHaveTheReferenceParameterCounts) {
+  Result<const ModelFamily*> latte = FamilyForConfigName("Latte-XL/2");
+  ASSERT_TRUE(latte.ok());
+  EXPECT_EQ((*latte)->name(), "latte");
+  EXPECT_TRUE((*latte)->Knows("latte"));
+  const struct {
+    const char* name;
+    int64_t trainable;
+  } sizes[] = {{"Latte-S/2", 32480672},
+               {"Latte-B/2", 129547040},
+               {"Latte-L/2", 456815648},
+               {"Latte-XL/2", 673681568}};
+  for (const auto& [name, trainable] : sizes) {
+    Result<ModelSpec> spec = ModelSpecFromRequest({name, 32, {{"num_classes", 0}}});
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    EXPECT_EQ(spec->name(), name) << "frames and classes keep the named shape";
+    const ModelCost cost = FamilyOf(*spec).Cost(*spec);
+    EXPECT_EQ(cost.trainable, trainable) << name;
+    // pos_embed [1, 256, D] and temp_embed [1, 16, D].
+    const int64_t D = spec->config["hidden_size"].get<int64_t>();
+    EXPECT_EQ(cost.parameters - cost.trainable, (256 + 16) * D) << name;
+  }
+  Result<ModelSpec> classes = ModelSpecFromRequest({"Latte-XL/2", 32, {{"num_classes", 101}}});
+  ASSERT_TRUE(classes.ok());
+  EXPECT_EQ(FamilyOf(*classes).Cost(*classes).trainable, 673681568 + 102 * 1152);
+}
+
+TEST(LatteFamilyTest, SpecTravelsAndKeepsItsFrames) {
+  const ModelSpec spec = Named("Latte-S/4", {{"num_frames", 8}, {"num_classes", 0}});
+  EXPECT_EQ(spec.family, "latte");
+  EXPECT_EQ(spec.config["num_frames"], 8);
+  const SampleSchema x = FamilyOf(spec).Samples(spec);
+  EXPECT_EQ(x.frames, 8);
+  EXPECT_TRUE(x.video);
+  EXPECT_EQ(x.num_classes, 0);
+  EXPECT_EQ(x.label_dropout, 0);
+  Result<ModelSpec> from_json = ModelSpecFromJson("latte", spec.config);
+  ASSERT_TRUE(from_json.ok()) << from_json.status().message();
+  EXPECT_EQ(*from_json, spec);
+  YAML::Node section = YAML::Load(spec.config.dump());
+  Result<ModelSpec> from_yaml = ModelSpecFromYaml(YamlFields("job.yaml", section, "model"));
+  ASSERT_TRUE(from_yaml.ok()) << from_yaml.status().message();
+  EXPECT_EQ(*from_yaml, spec);
+  // A Latte config is not a DiT's, and the other way round.
+  EXPECT_FALSE(ModelSpecFromJson("dit", spec.config).ok());
+  EXPECT_FALSE(ModelSpecFromJson("latte", Named("DiT-S/4").config).ok());
+}
+
+TEST(LatteFamilyTest, BadShapesAreRefusedByField) {
+  auto error = [](const std::string& yaml) {
+    YAML::Node section = YAML::Load(yaml);
+    Result<ModelSpec> spec = ModelSpecFromYaml(YamlFields("job.yaml", section, "model"));
+    EXPECT_FALSE(spec.ok()) << yaml;
+    return spec.ok() ? std::string() : spec.status().message();
+  };
+  EXPECT_NE(error("{name: latte, patch_size: 2, hidden_size: 32, depth: 3, num_heads: 4}")
+                .find("model.depth 3 must be even"),
+            std::string::npos);
+  EXPECT_NE(error("{name: Latte-S/2, num_frames: 0}").find("model.num_frames must be positive"),
+            std::string::npos);
+  EXPECT_NE(error("{name: latte, patch_size: 2, depth: 2, num_heads: 4}").find("hidden_size"),
+            std::string::npos);
+  EXPECT_NE(error("{name: Latte-S/2, frames: 8}").find("frames"), std::string::npos);
+  EXPECT_NE(error("{name: Latte-Q/2}").find("unknown model 'Latte-Q/2'"), std::string::npos);
+}
+
+// Context parallelism splits each frame's tokens; a temporal block gathers nothing.
+TEST(LatteFamilyTest, AModelAllocatesWhatItsFamilyPredicts) {
+  const ModelSpec spec = Named("Latte-S/4", {{"depth", 4}, {"num_frames", 3}});
+  const ModelFamily& f = FamilyOf(spec);
+  for (bool recompute : {false, true}) {
+    Result<std::unique_ptr<Model>> model = f.Create(spec);
+    ASSERT_TRUE(model.ok());
+    (*model)->Reserve(2, 2, recompute);
+    EXPECT_EQ((*model)->activation_bytes(), f.ActivationBytes(spec, {}, 0, 2, 2, recompute));
+    Result<ModelPartition> p = f.Partition(spec, {}, 0, 0, 0);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ((*model)->fixed_bytes(), p->fixed_elements * sizeof(float));
+    const std::vector<FixedTensor> fixed = (*model)->fixed_tensors();
+    ASSERT_EQ(fixed.size(), 2u);
+    EXPECT_EQ(fixed[1].name, "temp_embed");
+    EXPECT_EQ(fixed[1].shape, (std::vector<int64_t>{1, 3, 384}));
+  }
+  Status cp = f.ValidateLayout(spec, {1, 3, 1, {}});
+  ASSERT_FALSE(cp.ok());
+  EXPECT_NE(cp.message().find("2x2 patches per frame"), std::string::npos) << cp.message();
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "model/dit/family.h"
 #include "model/family/family.h"
+#include "model/latte/family.h"
 #include "model/train/gpu_step.h"
 
 namespace difftrain {
@@ -15,6 +16,7 @@ namespace difftrain {
 const std::vector<const ModelFamily*>& ModelFamilies() {
   static const std::vector<const ModelFamily*> families = {
       &DiTFamily(),
+      &LatteFamily(),
   };
   return families;
 }

@@ -58,31 +58,39 @@ Status WritePng(const std::string& path, const uint8_t* pixels, int width, int h
   return file.Commit();
 }
 
-Status WriteImageGrid(const std::string& path, const float* images, int N, int C, int H, int W,
-                      int columns, int padding) {
+Result<PngImage> MakeImageGrid(const float* images, int N, int C, int H, int W, int columns,
+                               int padding) {
   if (N < 1 || H < 1 || W < 1 || columns < 1 || padding < 0) {
-    return PngError(path, fmt::format("cannot lay out {} images of {}×{} in {} columns with "
-                                      "padding {}",
-                                      N, H, W, columns, padding));
+    return Errorf("cannot lay out {} images of {}×{} in {} columns with padding {}", N, H, W,
+                  columns, padding);
   }
   const int cols = std::min(columns, N);
   const int rows = (N + cols - 1) / cols;
-  const int grid_w = cols * (W + padding) + padding;
-  const int grid_h = rows * (H + padding) + padding;
-  std::vector<uint8_t> grid(static_cast<size_t>(grid_w) * grid_h * C, 0);
+  PngImage grid;
+  grid.width = cols * (W + padding) + padding;
+  grid.height = rows * (H + padding) + padding;
+  grid.channels = C;
+  grid.pixels.assign(static_cast<size_t>(grid.width) * grid.height * C, 0);
   for (int n = 0; n < N; ++n) {
     const int x0 = padding + (n % cols) * (W + padding);
     const int y0 = padding + (n / cols) * (H + padding);
     for (int c = 0; c < C; ++c) {
       const float* plane = images + (static_cast<size_t>(n) * C + c) * H * W;
       for (int y = 0; y < H; ++y) {
-        uint8_t* out = grid.data() + (static_cast<size_t>(y0 + y) * grid_w + x0) * C + c;
+        uint8_t* out = grid.pixels.data() + (static_cast<size_t>(y0 + y) * grid.width + x0) * C + c;
         for (int x = 0; x < W; ++x)
           out[static_cast<size_t>(x) * C] = ToByte(plane[y * W + x]);
       }
     }
   }
-  return WritePng(path, grid.data(), grid_w, grid_h, C);
+  return grid;
+}
+
+Status WriteImageGrid(const std::string& path, const float* images, int N, int C, int H, int W,
+                      int columns, int padding) {
+  Result<PngImage> grid = MakeImageGrid(images, N, C, H, W, columns, padding);
+  if (!grid.ok()) return PngError(path, grid.status().message());
+  return WritePng(path, grid->pixels.data(), grid->width, grid->height, C);
 }
 
 Result<PngImage> ReadPng(const std::string& path) {

@@ -17,6 +17,17 @@ namespace difftrain::io {
 Status WritePng(const std::string& path, const uint8_t* pixels, int width, int height,
                 int channels);
 
+struct PngImage {
+  int width = 0;
+  int height = 0;
+  int channels = 0;             // 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA: as the file has them
+  std::vector<uint8_t> pixels;  // height × width × channels, 16-bit files reduced to 8
+};
+
+// The grid WriteImageGrid writes, as 8-bit pixels (also a frame of an animated GIF).
+Result<PngImage> MakeImageGrid(const float* images, int N, int C, int H, int W, int columns,
+                               int padding);
+
 // Writes N images [N, C, H, W] (C 1 or 3) with values in [−1, 1] as one PNG grid of
 // `columns` images a row (fewer when N is smaller), `padding` black pixels between images and
 // around the grid (torchvision's make_grid layout). A value v becomes the byte
@@ -25,12 +36,6 @@ Status WritePng(const std::string& path, const uint8_t* pixels, int width, int h
 Status WriteImageGrid(const std::string& path, const float* images, int N, int C, int H, int W,
                       int columns, int padding);
 
-struct PngImage {
-  int width = 0;
-  int height = 0;
-  int channels = 0;             // 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA: as the file has them
-  std::vector<uint8_t> pixels;  // height × width × channels, 16-bit files reduced to 8
-};
 // Reads a PNG file; an error names the file and says what is wrong with it.
 Result<PngImage> ReadPng(const std::string& path);
 

@@ -47,14 +47,17 @@ double AllGatherBytes(double bytes, int g) {
   return static_cast<double>(g - 1) / g * bytes;
 }
 
-// The dimensions the formulas below read, for one rank of `layout` and micro-batch B.
+// The dimensions the formulas below read, for one rank of `layout` and micro-batch B (of
+// videos of Fr frames for Latte, BF frames in all; T tokens per frame, Tl of them here).
 struct Shape {
-  double B, T, Tl, N, D, Dl, Hl, M, Ml, F, Fo;
+  double B, Fr, BF, T, Tl, N, D, Dl, Hl, M, Ml, F, Fo;
   Shape(const DiTConfig& c, const Layout& l)
       : B(l.micro_batch),
+        Fr(c.frames()),
+        BF(l.micro_batch * Fr),
         T(c.tokens()),
         Tl(static_cast<double>(c.tokens()) / l.cp),
-        N(l.micro_batch * Tl),
+        N(BF * Tl),
         D(c.hidden_size),
         Dl(static_cast<double>(c.hidden_size) / l.tp),
         Hl(static_cast<double>(c.num_heads) / l.tp),
@@ -78,62 +81,104 @@ double StageParameters(const DiTConfig& c, const Layout& l, int stage) {
   return n;
 }
 
+// Which blocks a formula counts: spatial (every DiT block, Latte's even ones), temporal
+// (Latte's odd ones), or room for either (Latte's recomputation workspace).
+enum class Blocks { kSpatial, kTemporal, kEither };
+
 // Elements of one block's activations but its input: adaLN output (6BD); LayerNorm, modulate,
 // proj, residual, LayerNorm, modulate and fc2 outputs (7 N·D); four LayerNorm statistics per
 // token (4N); q, k, v and the attention output of this rank's heads (4 N·D/tp); fc1 and GELU
-// (2 N·M/tp); the attention probabilities (B·H/tp·T/cp·T); with cp, the gathered k and v
-// (3 B·T·D/tp).
-double BlockActivations(const Shape& s, int cp) {
-  return 6 * s.B * s.D + 7 * s.N * s.D + 4 * s.N + 4 * s.N * s.Dl + 2 * s.N * s.Ml +
-         s.B * s.Hl * s.Tl * s.T + (cp > 1 ? 3 * s.B * s.T * s.Dl : 0);
+// (2 N·M/tp); the attention probabilities (spatial: BF·H/tp·T/cp·T; temporal:
+// B·T/cp·H/tp·Fr²); with cp, a spatial block's gathered k and v (3 BF·T·D/tp); a temporal
+// block's token-major copy of q, k and v (3 N·D/tp).
+double BlockActivations(const Shape& s, int cp, Blocks kind) {
+  const double spatial_probs = s.BF * s.Hl * s.Tl * s.T;
+  const double temporal_probs = s.B * s.Tl * s.Hl * s.Fr * s.Fr;
+  const double spatial_kv = cp > 1 ? 3 * s.BF * s.T * s.Dl : 0, temporal_kv = 3 * s.N * s.Dl;
+  const double probs = kind == Blocks::kSpatial    ? spatial_probs
+                       : kind == Blocks::kTemporal ? temporal_probs
+                                                   : std::max(spatial_probs, temporal_probs);
+  const double kv = kind == Blocks::kSpatial    ? spatial_kv
+                    : kind == Blocks::kTemporal ? temporal_kv
+                                                : std::max(spatial_kv, temporal_kv);
+  return 6 * s.B * s.D + 7 * s.N * s.D + 4 * s.N + 4 * s.N * s.Dl + 2 * s.N * s.Ml + probs + kv;
+}
+
+// The first block of `stage` when the blocks are balanced (StageBlocks).
+int StageFirstBlock(int depth, int pp, int stage) {
+  int first = 0;
+  for (int i = 0; i < stage; ++i)
+    first += StageBlocks(depth, pp, i);
+  return first;
+}
+
+// How many of a stage's blocks are temporal (Latte's odd blocks).
+int StageTemporalBlocks(const DiTConfig& c, const Layout& l, int stage) {
+  const int first = StageFirstBlock(c.depth, l.pp, stage);
+  int n = 0;
+  for (int i = first; i < first + StageBlocks(c.depth, l.pp, stage); ++i)
+    n += c.temporal_block(i) ? 1 : 0;
+  return n;
 }
 
 // Activation elements of a rank of `stage` with `slots` micro-batches in flight.
 double StageActivations(const DiTConfig& c, const Layout& l, int stage, int slots) {
   const Shape s(c, l);
   const bool first = stage == 0, last = stage == l.pp - 1, split = l.cp > 1;
-  const double B = s.B, D = s.D, N = s.N, T = s.T;
+  const double B = s.B, BF = s.BF, D = s.D, N = s.N, T = s.T;
   const int blocks = StageBlocks(c.depth, l.pp, stage);
+  const int temporal = StageTemporalBlocks(c, l, stage);
   // Per micro-batch in flight: the conditioning c and SiLU(c); on the first stage the
   // patches and the timestep and label embeddings; every block's input, and without
   // recomputation the rest of the block; the last block's output; on the last stage the
   // final layer (adaLN, LayerNorm and its statistics, modulate, linear, gathered tokens
   // with cp, the output).
   double slot = 2 * B * D;
-  if (first) slot += N * s.F + B * kFrequencyDim + 4 * B * D;
-  slot += blocks * (N * D + (l.recompute ? 0 : BlockActivations(s, l.cp)));
+  if (first) slot += N * s.F + B * kFrequencyDim + (c.has_labels() ? 4 : 3) * B * D;
+  slot += blocks * N * D;
+  if (!l.recompute) {
+    slot += (blocks - temporal) * BlockActivations(s, l.cp, Blocks::kSpatial) +
+            temporal * BlockActivations(s, l.cp, Blocks::kTemporal);
+  }
   slot += N * D;
   if (last)
-    slot += 2 * B * D + 2 * N * D + 2 * N + N * s.Fo + (split ? B * T * s.Fo : 0) + B * T * s.Fo;
+    slot += 2 * B * D + 2 * N * D + 2 * N + N * s.Fo + (split ? BF * T * s.Fo : 0) + BF * T * s.Fo;
   // Shared by the slots: the backward scratch (three N·D residual and branch gradients, the
   // q/k/v and MLP gradients, the adaLN and conditioning gradients), the whole patches on
   // the first stage, the sequence exchange buffers with cp, and with recomputation one
   // block's workspace.
   double scratch = 3 * N * D + 3 * N * s.Dl + 2 * N * s.Ml + 6 * B * D + 2 * B * D;
-  if (first) scratch += B * T * s.F + 2 * B * D;
+  if (first) scratch += BF * T * s.F + 2 * B * D;
   if (last) scratch += N * s.Fo;
   if (split) {
-    scratch += 3 * B * T * s.Dl + (last ? B * T * s.Fo : 0) +
-               B * T * std::max(3 * s.Dl, last ? s.Fo : 0.0);
+    scratch += 3 * BF * T * s.Dl + (last ? BF * T * s.Fo : 0) +
+               BF * T * std::max(3 * s.Dl, last ? s.Fo : 0.0);
   }
-  if (l.recompute) scratch += BlockActivations(s, l.cp);
+  if (c.video) scratch += 4 * N * s.Dl;  // a temporal block's attention output and qkv gradient
+  if (l.recompute)
+    scratch += BlockActivations(s, l.cp, c.video ? Blocks::kEither : Blocks::kSpatial);
   return slot * slots + scratch;
 }
 
-// Forward multiply-accumulates per sample of one block on one rank: its matmuls and
-// attention split over tp and cp, its adaLN replicated.
-double BlockForwardMacs(const DiTConfig& c, const Layout& l) {
+// Forward multiply-accumulates per sample of one rank's blocks of `stage`: their matmuls
+// and attention split over tp and cp (over every frame's tokens; a spatial block attends
+// within a frame, a temporal one across the Fr frames), their adaLN replicated.
+double StageBlockMacs(const DiTConfig& c, const Layout& l, int stage) {
   const Shape s(c, l);
-  const double D = s.D, T = s.T;
-  return (3 * D * D * T + 2 * T * T * D + D * D * T + 2 * s.M * D * T) / (l.tp * l.cp) + 6 * D * D;
+  const double D = s.D, T = s.Fr * s.T;
+  const int temporal = StageTemporalBlocks(c, l, stage);
+  const int spatial = StageBlocks(c.depth, l.pp, stage) - temporal;
+  const double linear = (3 * D * D * T + D * D * T + 2 * s.M * D * T) / (l.tp * l.cp) + 6 * D * D;
+  return spatial * (linear + 2 * T * s.T * D / (l.tp * l.cp)) +
+         temporal * (linear + 2 * T * s.Fr * D / (l.tp * l.cp));
 }
 
 // Forward multiply-accumulates per sample on one rank of `stage`: its blocks, the embedders
 // on the first stage (the patch embed split over cp), the final layer on the last.
 double StageForwardMacs(const DiTConfig& c, const Layout& l, int stage) {
   const Shape s(c, l);
-  const double D = s.D, T = s.T;
-  double macs = StageBlocks(c.depth, l.pp, stage) * BlockForwardMacs(c, l);
+  const double D = s.D, T = s.Fr * s.T;
+  double macs = StageBlockMacs(c, l, stage);
   if (stage == 0) macs += T * s.F * D / l.cp + kFrequencyDim * D + D * D;
   if (stage == l.pp - 1) macs += 2 * D * D + T * D * s.Fo / l.cp;
   return macs;
@@ -154,8 +199,7 @@ TimeEstimate PredictTime(const PlanRequest& r, const Layout& l, int micro_batche
   double micro_seconds = 0;
   int busiest = 0;
   for (int stage = 0; stage < l.pp; ++stage) {
-    const double recomputed =
-        l.recompute ? StageBlocks(c.depth, l.pp, stage) * BlockForwardMacs(c, l) : 0;
+    const double recomputed = l.recompute ? StageBlockMacs(c, l, stage) : 0;
     const double flops = 2 * s.B * (3 * StageForwardMacs(c, l, stage) + recomputed);
     const double seconds = flops / (d.peak_flops_per_second * efficiency);
     if (seconds > micro_seconds) {
@@ -177,12 +221,14 @@ TimeEstimate PredictTime(const PlanRequest& r, const Layout& l, int micro_batche
   }
   // CP: per block k and v (with q) gathered in forward, reduce-scattered in backward (and
   // gathered again when recomputing); the final layer's output gathered once.
+  // Latte's temporal blocks exchange nothing: every rank holds every frame of its tokens.
   if (l.cp > 1) {
     const int kv_ops = 2 + (l.recompute ? 1 : 0);
-    const double kv = AllGatherBytes(kFloat * s.B * s.T * 3 * s.Dl, l.cp);
-    const double out = AllGatherBytes(kFloat * s.B * s.T * s.Fo, l.cp);
-    t.cp = m * ((blocks * kv_ops * kv + out) / bandwidth(l.tp, l.cp) +
-                (blocks * kv_ops + 1) * d.latency_seconds);
+    const int spatial = blocks - StageTemporalBlocks(c, l, busiest);
+    const double kv = AllGatherBytes(kFloat * s.BF * s.T * 3 * s.Dl, l.cp);
+    const double out = AllGatherBytes(kFloat * s.BF * s.T * s.Fo, l.cp);
+    t.cp = m * ((spatial * kv_ops * kv + out) / bandwidth(l.tp, l.cp) +
+                (spatial * kv_ops + 1) * d.latency_seconds);
   }
   // PP: each micro-batch's boundary (tokens and conditioning) forward, its gradient back.
   if (l.pp > 1) {
@@ -220,9 +266,11 @@ std::string GiB(double bytes) {
 // Checks the fixed sizes and the request's numbers before any enumeration; the message names
 // the flag and what it must be.
 Status CheckRequest(const PlanRequest& r) {
-  if (r.model.family != "dit") {
-    return Errorf("the planner's cost model covers the dit family, not {} (give parallel sizes)",
-                  r.model.family);
+  if (r.model.family != "dit" && r.model.family != "latte") {
+    return Errorf(
+        "the planner's cost model covers the dit and latte families, not {} (give parallel "
+        "sizes)",
+        r.model.family);
   }
   const DiTConfig c = DiTConfigOf(r.model);
   DT_RETURN_IF_ERROR(c.Validate().WithContext("model"));
@@ -325,7 +373,10 @@ int StageBlocks(int depth, int pp, int stage) {
 
 MemoryEstimate PredictMemory(const DiTConfig& c, const Layout& l, int stage, int micro_batches) {
   const double trainable = StageParameters(c, l, stage);
-  const double pos_embed = stage == 0 ? static_cast<double>(c.tokens()) * c.hidden_size : 0;
+  // The fixed embeddings: pos_embed, and Latte's temp_embed.
+  const double pos_embed =
+      stage == 0 ? static_cast<double>(c.tokens() + (c.video ? c.num_frames : 0)) * c.hidden_size
+                 : 0;
   // ZeRO-1 gives each of the dp·cp ranks an equal share of the moments (rounded up).
   const int shards = l.zero1 ? l.dp * l.cp : 1;
   const int slots = std::min(l.pp - stage, micro_batches);

@@ -82,15 +82,31 @@ MemoryBytes Allocated(const Case& k, const std::string& dir) {
   p.dp_cp = dp.empty() ? nullptr : dp[0].get();
   Trainer trainer(c,
                   std::make_unique<SyntheticDataset>(0, k.model.in_channels, k.model.input_size,
-                                                     k.model.num_classes),
+                                                     k.model.num_classes, k.model.frames()),
                   p);
   return trainer.memory();
+}
+
+// A Latte of `small`'s shape over 6 frames, unconditional: spatial and temporal blocks.
+DiTConfig SmallLatte() {
+  DiTConfig c = SmallModel();
+  c.name = "latte";
+  c.video = true;
+  c.num_frames = 6;
+  c.num_classes = 0;
+  return c;
 }
 
 std::vector<Case> Cases() {
   const DiTConfig small = SmallModel();
   const DiTConfig s4 = *DiTConfigByName("DiT-S/4", 32);
+  const DiTConfig latte = SmallLatte();
   return {
+      {"latte", latte, {1, 1, 1, 1, 4, false, false}},
+      {"latte recompute", latte, {1, 1, 1, 1, 4, true, false}},
+      {"latte tp2 cp2", latte, {2, 2, 1, 1, 4, false, false}},
+      {"latte cp2 recompute", latte, {1, 2, 1, 1, 4, true, false}},
+      {"latte pp2 stage1", latte, {1, 1, 2, 1, 4, false, false}, 1, 4},
       {"DiT-S/4", s4, {1, 1, 1, 1, 16, false, false}},
       {"DiT-S/4 recompute", s4, {1, 1, 1, 1, 16, true, false}},
       {"small", small, {1, 1, 1, 1, 8, false, false}},

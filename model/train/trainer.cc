@@ -117,16 +117,18 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   spec.channels = m.channels;
   spec.image_size = m.height;
   spec.num_classes = m.num_classes;
+  spec.frames = m.frames;
   Result<std::unique_ptr<Dataset>> opened = OpenDataset(spec);
   if (!opened.ok()) return opened.status().WithContext("data");
   const Dataset& d = **opened;
-  if (d.channels() != m.channels || d.height() != m.height || d.width() != m.width ||
-      d.num_classes() != m.num_classes) {
+  // An unconditional model (no classes) trains on any labels: it never reads them.
+  if (d.frames() != m.frames || d.channels() != m.channels || d.height() != m.height ||
+      d.width() != m.width || (m.num_classes > 0 && d.num_classes() != m.num_classes)) {
     return Errorf(
-        "data: {} samples are {}x{}x{} with {} classes, but the model takes "
-        "{}x{}x{} samples with {} classes",
-        config.data.kind, d.channels(), d.height(), d.width(), d.num_classes(), m.channels,
-        m.height, m.width, m.num_classes);
+        "data: {} samples are {}x{}x{}x{} (frames x channels x height x width) with {} classes, "
+        "but the model takes {}x{}x{}x{} samples with {} classes",
+        config.data.kind, d.frames(), d.channels(), d.height(), d.width(), d.num_classes(),
+        m.frames, m.channels, m.height, m.width, m.num_classes);
   }
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
@@ -228,15 +230,24 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
 double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_scale,
                      float* dout) const {
   const SampleSchema& m = schema_;
-  const int HW = m.frames * m.height * m.width;
-  const std::vector<double> weights = diffusion_.LossWeights(batch.t.data(), batch.size);
+  // A video's frames are [C, H, W] images with the video's timestep (its output splits ε and
+  // σ per frame); every sample has F·C·H·W elements, so the mean over the frames of all
+  // samples is the mean over the samples.
+  const int HW = m.height * m.width, n = batch.size * m.frames;
+  std::vector<int64_t> t(batch.t);
+  if (m.frames > 1) {
+    t.resize(n);
+    for (int i = 0; i < n; ++i)
+      t[i] = batch.t[i / m.frames];
+  }
+  const std::vector<double> weights = diffusion_.LossWeights(t.data(), n);
   const double* w = weights.empty() ? nullptr : weights.data();
   return config_.learn_sigma_loss
              ? DiffusionLoss(diffusion_, output, batch.x0.data(), batch.x_t.data(),
-                             batch.noise.data(), batch.t.data(), batch.size, m.channels, HW,
+                             batch.noise.data(), t.data(), n, m.channels, HW,
                              /*learn_sigma=*/true, grad_scale, dout, w)
-             : EpsilonMseLoss(output, batch.noise.data(), batch.size, m.channels, m.out_channels,
-                              HW, grad_scale, dout, w);
+             : EpsilonMseLoss(output, batch.noise.data(), n, m.channels, m.out_channels, HW,
+                              grad_scale, dout, w);
 }
 
 double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {

@@ -1,9 +1,9 @@
 // Tensor, context and pipeline parallelism (with data parallelism and ZeRO-1) are the same
-// computation as one process: every layout with tp·cp·dp·pp ≤ 8 drawn from tp ∈ {1,2,4},
-// cp ∈ {1,2}, dp ∈ {1,2}, pp ∈ {1,2,4}, ZeRO-1 on and off, trains 5 steps of a tiny DiT
-// with the same loss at every step and the same final parameters as one process (1e-5);
-// checkpoints move between layouts; the memory plan of `difftrain info` is what the ranks
-// allocate.
+// computation as one process, for each family that admits them (a tiny DiT and a tiny Latte
+// of 4 frames): every layout with tp·cp·dp·pp ≤ 8 drawn from tp ∈ {1,2,4}, cp ∈ {1,2},
+// dp ∈ {1,2}, pp ∈ {1,2,4}, ZeRO-1 on and off, trains 5 steps with the same loss at every
+// step and the same final parameters as one process (1e-5); checkpoints move between
+// layouts; the memory plan of `difftrain info` is what the ranks allocate.
 #include <filesystem>
 #include <string>
 
@@ -36,15 +36,39 @@ struct Layout {
   }
 };
 
-// tokens 16 (cp 2: 8 each), heads 4 and MLP 128 (tp 4: 1 head each), depth 4 (pp 4: 1 block
-// each stage).
-class ModelParallelTest : public testing::ParallelTrainingTest {
+// A family's tiny model: its job section, the same model as `info` flags, and what a
+// context-parallel size that does not divide its sequence is told.
+struct FamilyCase {
+  const char* name;
+  const char* model;
+  const char* info_flags;
+  const char* cp_message;
+};
+
+void PrintTo(const FamilyCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+// tokens 16 per image or frame (cp 2: 8 each), heads 4 and MLP 128 (tp 4: 1 head each),
+// depth 4 (pp 4: 1 block each stage; Latte: a spatial or a temporal block).
+const FamilyCase kFamilies[] = {
+    {"dit",
+     "{name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 4, num_heads: 4, "
+     "num_classes: 10}",
+     "--model custom --input-size 8 --patch 2 --hidden 32 --depth 4 --heads 4 --num-classes 10",
+     "sequence of 16 tokens (4x4 patches) is not divisible by cp 3"},
+    {"latte",
+     "{name: latte, input_size: 8, patch_size: 2, hidden_size: 32, depth: 4, num_heads: 4, "
+     "num_classes: 10, num_frames: 4}",
+     "--model latte --input-size 8 --patch 2 --hidden 32 --depth 4 --heads 4 --num-classes 10 "
+     "--frames 4",
+     "sequence of 16 tokens (4x4 patches per frame) is not divisible by cp 3"},
+};
+
+class ModelParallelTest : public testing::ParallelTrainingTest,
+                          public ::testing::WithParamInterface<FamilyCase> {
  protected:
-  ModelParallelTest()
-      : ParallelTrainingTest(
-            "{name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 4, "
-            "num_heads: 4, num_classes: 10}",
-            kMicro) {}
+  ModelParallelTest() : ParallelTrainingTest(GetParam().model, kMicro) {}
 
   void ExpectSameAsOneProcess(const Layout& l, bool zero1) {
     const std::string name = l.name() + (zero1 ? "_zero1" : "");
@@ -59,7 +83,7 @@ class ModelParallelTest : public testing::ParallelTrainingTest {
 
 // Every layout of the grid but the single process (22 of them, including
 // tp=2,cp=2,dp=2; tp=2,dp=2,pp=2; pp=4), each with ZeRO-1 off and on.
-TEST_F(ModelParallelTest, EveryLayoutEqualsOneProcess) {
+TEST_P(ModelParallelTest, EveryLayoutEqualsOneProcess) {
   int layouts = 0;
   for (int pp : {1, 2, 4}) {
     for (int dp : {1, 2}) {
@@ -78,12 +102,12 @@ TEST_F(ModelParallelTest, EveryLayoutEqualsOneProcess) {
 }
 
 // Fewer micro-batches than stages: the warm-up is bounded by the micro-batches.
-TEST_F(ModelParallelTest, PipelineWithFewerMicroBatchesThanStages) {
+TEST_P(ModelParallelTest, PipelineWithFewerMicroBatchesThanStages) {
   for (const Layout& l : {Layout{1, 1, 2, 4, 2}, Layout{2, 1, 1, 2, 1}, Layout{1, 2, 1, 4, 3}})
     ExpectSameAsOneProcess(l, true);
 }
 
-TEST_F(ModelParallelTest, CheckpointOfOneLayoutResumesInAnother) {
+TEST_P(ModelParallelTest, CheckpointOfOneLayoutResumesInAnother) {
   // Two steps at tp=2, pp=2, dp=2 with ZeRO-1, one as a single process, two at tp=2, cp=2,
   // pp=2: the same losses and parameters as five uninterrupted steps of one process.
   const Layout a{2, 1, 2, 2}, c{2, 2, 1, 2};
@@ -106,16 +130,15 @@ TEST_F(ModelParallelTest, CheckpointOfOneLayoutResumesInAnother) {
   EXPECT_LE(ParameterDistance(job.parent_path(), reference), 1e-5);
 }
 
-TEST_F(ModelParallelTest, InfoMemoryPlanIsWhatRanksAllocate) {
+TEST_P(ModelParallelTest, InfoMemoryPlanIsWhatRanksAllocate) {
   const Layout l{2, 2, 1, 2};
   const std::filesystem::path job = WriteJob("memory", l.global(), true, 1, l.yaml());
   const CommandResult r = RunRanks(job, l.world());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const CommandResult info = testing::RunDifftrain(fmt::format(
-      "info --model custom --input-size 8 --patch 2 --hidden 32 --depth 4 --heads 4 "
-      "--num-classes 10 --tp {} --cp {} --dp {} --pp {} --micro-batch {} --micro-batches {} "
-      "--zero1 --bucket-mb 0.02 --json",
-      l.tp, l.cp, l.dp, l.pp, kMicro, l.accumulation()));
+  const CommandResult info = testing::RunDifftrain(
+      fmt::format("info {} --tp {} --cp {} --dp {} --pp {} --micro-batch {} --micro-batches {} "
+                  "--zero1 --bucket-mb 0.02 --json",
+                  GetParam().info_flags, l.tp, l.cp, l.dp, l.pp, kMicro, l.accumulation()));
   ASSERT_EQ(info.exit_code, 0) << info.output;
   const nlohmann::json plan = nlohmann::json::parse(info.output)["per_rank"]["stages"];
   for (int rank = 0; rank < l.world(); ++rank) {
@@ -133,13 +156,13 @@ TEST_F(ModelParallelTest, InfoMemoryPlanIsWhatRanksAllocate) {
   }
 }
 
-TEST_F(ModelParallelTest, LayoutsThatDoNotDivideFailBeforeAnyWork) {
+TEST_P(ModelParallelTest, LayoutsThatDoNotDivideFailBeforeAnyWork) {
   struct Case {
     std::string layout, message;
   };
   for (const Case& c :
        {Case{"tp: 3", "model.num_heads: expected a multiple of parallel.tp = 3, found 4"},
-        Case{"cp: 3", "sequence of 16 tokens (4x4 patches) is not divisible by cp 3"},
+        Case{"cp: 3", GetParam().cp_message},
         Case{"pp: 5", "model.depth 4 is smaller than pp 5"}}) {
     const std::filesystem::path job = WriteJob("bad", kMicro, false, 1, c.layout);
     const CommandResult r = testing::RunDifftrain("train --config " + ShellQuote(job.string()));
@@ -147,6 +170,11 @@ TEST_F(ModelParallelTest, LayoutsThatDoNotDivideFailBeforeAnyWork) {
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelParallelTest, ::testing::ValuesIn(kFamilies),
+                         [](const ::testing::TestParamInfo<FamilyCase>& info) {
+                           return std::string(info.param.name);
+                         });
 
 }  // namespace
 }  // namespace difftrain

@@ -14,16 +14,25 @@ namespace {
 constexpr int kMicro = 2;
 constexpr int kSteps = 3;
 
-class RecomputeParallelTest : public testing::ParallelTrainingTest {
+// A DiT and a Latte of 4 frames (whose recomputation workspace serves spatial and temporal
+// blocks alike).
+class RecomputeParallelTest : public testing::ParallelTrainingTest,
+                              public ::testing::WithParamInterface<const char*> {
  protected:
-  RecomputeParallelTest()
-      : ParallelTrainingTest(
-            "{name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 4, "
-            "num_heads: 4, num_classes: 10}",
-            kMicro) {}
+  RecomputeParallelTest() : ParallelTrainingTest(GetParam(), kMicro) {}
 };
 
-TEST_F(RecomputeParallelTest, TensorContextPipelineWithRecomputeEqualsOneProcess) {
+INSTANTIATE_TEST_SUITE_P(
+    Families, RecomputeParallelTest,
+    ::testing::Values("{name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 4, "
+                      "num_heads: 4, num_classes: 10}",
+                      "{name: latte, input_size: 8, patch_size: 2, hidden_size: 32, depth: 4, "
+                      "num_heads: 4, num_classes: 10, num_frames: 4}"),
+    [](const ::testing::TestParamInfo<const char*>& info) {
+      return std::string(info.index == 0 ? "dit" : "latte");
+    });
+
+TEST_P(RecomputeParallelTest, TensorContextPipelineWithRecomputeEqualsOneProcess) {
   // tp 2, cp 2, pp 2 with three micro-batches per step (warm-up, 1F1B and cool-down).
   const int global = kMicro * 3;
   const std::filesystem::path job =

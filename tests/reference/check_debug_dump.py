@@ -1,12 +1,13 @@
 #!/usr/bin/python3
-"""Checks a `difftrain debug-dump` file against the float64 PyTorch reference DiT.
+"""Checks a `difftrain debug-dump` file against the float64 PyTorch reference DiT or Latte.
 
     /usr/bin/python3 tests/reference/check_debug_dump.py FILE [--tol 1e-5]
 
 The dump holds one training step: the parameters, the inputs (x0, noise, t, y, x_t), the
 model output, the epsilon-MSE loss and every parameter's gradient. The checker rebuilds the
-model in float64 from the dump's config and parameters, recomputes x_t with its own beta
-schedule, runs forward and backward on the dump's x_t, t and y, and compares each tensor.
+model of the dump's family (metadata "family": dit, the default, or latte) in float64 from
+the dump's config and parameters, recomputes x_t with its own beta schedule, runs forward
+and backward on the dump's x_t, t and y, and compares each tensor.
 
 Error measure: ||a - b|| / ||b|| (L2 norms, b the float64 reference). Where ||b|| is
 exactly 0, a relative error means nothing, and the absolute ||a - b|| is used instead,
@@ -30,12 +31,26 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dit_torch  # noqa: E402
+import latte_torch  # noqa: E402
 import safetensors_np  # noqa: E402
 
 FORMAT = "difftrain-debug-dump"
 VERSION = "1"
-CONFIG_FIELDS = dataclasses.fields(dit_torch.DiTConfig)
 DIFFUSION_KEYS = {"schedule", "steps", "beta_start", "beta_end"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    config: type
+    model: type
+    loss: object
+    video: bool
+
+
+FAMILIES = {
+    "dit": Family(dit_torch.DiTConfig, dit_torch.DiT, dit_torch.epsilon_mse_loss, False),
+    "latte": Family(latte_torch.LatteConfig, latte_torch.Latte, latte_torch.epsilon_mse_loss, True),
+}
 
 
 class MalformedDump(Exception):
@@ -43,11 +58,15 @@ class MalformedDump(Exception):
 
 
 def parse_metadata(metadata):
-    """Returns (DiTConfig, diffusion dict) from the header metadata."""
+    """Returns (Family, its config, diffusion dict) from the header metadata."""
     if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
         raise MalformedDump(f"metadata format/version is {metadata.get('format')!r}/"
                             f"{metadata.get('version')!r}, expected {FORMAT!r}/{VERSION!r}")
-    config = _json_object(metadata, "config", {f.name for f in CONFIG_FIELDS}, optional={"name"})
+    family = FAMILIES.get(metadata.get("family", "dit"))
+    if family is None:
+        raise MalformedDump(f"metadata family {metadata.get('family')!r}: known are {sorted(FAMILIES)}")
+    config_fields = dataclasses.fields(family.config)
+    config = _json_object(metadata, "config", {f.name for f in config_fields}, optional={"name"})
     config.pop("name", None)  # descriptive only ("DiT-S/2" or "custom")
     diffusion = _json_object(metadata, "diffusion", DIFFUSION_KEYS,
                              optional={"loss_weighting", "min_snr_gamma"})
@@ -56,17 +75,19 @@ def parse_metadata(metadata):
     if diffusion.get("loss_weighting", "uniform") != "uniform":
         raise MalformedDump(f"loss weighting {diffusion['loss_weighting']!r}: only 'uniform' is known "
                             "(check_vb_loss.py checks the weighted loss)")
-    for field in CONFIG_FIELDS:
+    for field in config_fields:
         value = config[field.name]
         allowed = (int, float) if field.type is float else field.type
         # bool is an int in Python; neither may stand for the other here.
         if isinstance(value, bool) != (field.type is bool) or not isinstance(value, allowed):
             raise MalformedDump(f"config {field.name}={value!r} is not a {field.type.__name__}")
-    cfg = dit_torch.DiTConfig(**config)
+    cfg = family.config(**config)
     if cfg.input_size % cfg.patch_size or cfg.hidden_size % cfg.num_heads or cfg.hidden_size % 4:
         raise MalformedDump(f"inconsistent config {config}: input_size must be a multiple of "
                             "patch_size, hidden_size of num_heads and of 4 (2-D sin-cos)")
-    return cfg, diffusion
+    if family.video and (cfg.depth % 2 or cfg.num_frames < 1):
+        raise MalformedDump(f"inconsistent config {config}: Latte needs an even depth and frames")
+    return family, cfg, diffusion
 
 
 def _json_object(metadata, key, keys, optional=frozenset()):
@@ -82,17 +103,18 @@ def _json_object(metadata, key, keys, optional=frozenset()):
     return value
 
 
-def expected_shapes(model, batch):
+def expected_shapes(model, batch, video):
     """name -> (shape, kind) for every tensor a dump of this model must hold; kind is
-    "float" or "int"."""
+    "float" or "int". A video's samples are [F, C, H, W]."""
     cfg = model.cfg
-    image = (batch, cfg.in_channels, cfg.input_size, cfg.input_size)
+    frames = (cfg.num_frames,) if video else ()
+    image = (batch, *frames, cfg.in_channels, cfg.input_size, cfg.input_size)
     shapes = {name: (tuple(p.shape), "float") for name, p in model.named_parameters()}
     shapes.update({
         "input.x0": (image, "float"), "input.noise": (image, "float"),
         "input.t": ((batch,), "int"), "input.y": ((batch,), "int"),
         "input.x_t": (image, "float"),
-        "output": ((batch, cfg.out_channels, cfg.input_size, cfg.input_size), "float"),
+        "output": ((batch, *frames, cfg.out_channels, cfg.input_size, cfg.input_size), "float"),
         "loss": ((1,), "float"),
     })
     shapes.update({f"grad.{name}": (tuple(p.shape), "float")
@@ -125,13 +147,13 @@ def error(actual, expected):
     return (diff / norm, "rel") if norm > 0 else (diff, "abs")
 
 
-def reference_step(model, tensors):
+def reference_step(family, model, tensors):
     """Runs forward and backward on the dump's inputs; returns name -> float64 tensor for
     output, loss and every grad.*."""
     as64 = lambda name: torch.from_numpy(tensors[name]).to(torch.float64)  # noqa: E731
     output = model(as64("input.x_t"), torch.from_numpy(tensors["input.t"]).long(),
                    torch.from_numpy(tensors["input.y"]).long())
-    loss = dit_torch.epsilon_mse_loss(output, as64("input.noise"))
+    loss = family.loss(output, as64("input.noise"))
     loss.backward()
     result = {"output": output.detach(), "loss": loss.detach().reshape(1)}
     result.update({f"grad.{name}": p.grad for name, p in model.named_parameters() if p.requires_grad})
@@ -142,17 +164,17 @@ def check(path, tol):
     """Prints one line per tensor and a summary; returns True iff every error <= tol.
     Raises MalformedDump or safetensors_np.SafetensorsError for a bad file."""
     tensors, metadata = safetensors_np.read(path)
-    cfg, diffusion = parse_metadata(metadata)
+    family, cfg, diffusion = parse_metadata(metadata)
     if "input.t" not in tensors:
         raise MalformedDump("missing tensor 'input.t'")
     batch = tensors["input.t"].shape[0]
 
-    model = dit_torch.DiT(cfg, dtype=torch.float64)
-    validate_tensors(tensors, expected_shapes(model, batch))
+    model = family.model(cfg, dtype=torch.float64)
+    validate_tensors(tensors, expected_shapes(model, batch, family.video))
     t, y = tensors["input.t"], tensors["input.y"]
     if t.min() < 0 or t.max() >= diffusion["steps"]:
         raise MalformedDump(f"input.t {t.tolist()} outside [0, {diffusion['steps']})")
-    num_rows = model.y_embedder.embedding_table.num_embeddings
+    num_rows = model.y_embedder.embedding_table.num_embeddings if cfg.num_classes > 0 else 1
     if y.min() < 0 or y.max() >= num_rows:
         raise MalformedDump(f"input.y {y.tolist()} outside [0, {num_rows})")
     model.load_state_dict({name: torch.from_numpy(tensors[name]) for name in model.state_dict()})
@@ -164,7 +186,11 @@ def check(path, tol):
     grid_size = cfg.input_size // cfg.patch_size
     pos_embed = dit_torch.get_2d_sincos_pos_embed(cfg.hidden_size, grid_size)[None]
     comparisons = [("input.x_t", tensors["input.x_t"], x_t), ("pos_embed", tensors["pos_embed"], pos_embed)]
-    comparisons += [(name, tensors[name], value) for name, value in reference_step(model, tensors).items()]
+    if family.video:
+        temp_embed = latte_torch.get_1d_sincos_temp_embed(cfg.hidden_size, cfg.num_frames)[None]
+        comparisons.append(("temp_embed", tensors["temp_embed"], temp_embed))
+    comparisons += [(name, tensors[name], value)
+                    for name, value in reference_step(family, model, tensors).items()]
 
     print(f"{path}: seed {metadata.get('seed', '?')}, batch {batch}, config {metadata['config']}")
     width = max(len(name) for name, _, _ in comparisons)
