@@ -12,6 +12,7 @@
 #include "model/data/dataset.h"
 #include "model/data/fashion_mnist.h"
 #include "model/data/latent_folder.h"
+#include "model/data/moving_fashion_mnist.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -46,6 +47,13 @@ class DataCommandTest : public ::testing::Test {
   // The output folder as one shell word.
   std::string Out() const { return ShellQuote(dir_ + "/out"); }
 
+  // `data pack ARGS --out DIR`, which must succeed, and the folder it wrote.
+  std::unique_ptr<LatentFolderDataset> Pack(const std::string& args) {
+    const CommandResult result = RunDifftrain("data pack " + args + " --out " + Out());
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return result.exit_code == 0 ? OpenOut() : nullptr;
+  }
+
   TempDir temp_{"data_command_test"};
   std::string dir_ = temp_.path();
 };
@@ -61,6 +69,31 @@ TEST_F(DataCommandTest, PacksSyntheticSamples) {
   EXPECT_EQ(folder->size(), 10);
   EXPECT_EQ(folder->num_shards(), 3);
   ExpectSameSamples(*folder, SyntheticDataset(5, 4, 8, 100), 10);
+}
+
+// A folder of videos: index.json says its frames, shards hold [n, F, C, H, W], and the
+// samples read back are the moving garments (and synthetic videos) that were packed.
+TEST_F(DataCommandTest, PacksVideos) {
+  std::unique_ptr<LatentFolderDataset> folder = Pack(
+      "--dataset moving_fashion_mnist --split test --frames 6 --image-size 28 --limit 7 "
+      "--per-shard 3");
+  ASSERT_NE(folder, nullptr);
+  EXPECT_EQ(folder->frames(), 6);
+  EXPECT_EQ(folder->size(), 7);
+  EXPECT_EQ(folder->sample_floats(), 6 * 28 * 28);
+  auto garments = FashionMnistDataset::Load(std::string(kFashionMnistDefaultDir), "test");
+  ASSERT_TRUE(garments.ok());
+  auto moving = MovingFashionMnistDataset::Create(std::move(*garments), 6, 28);
+  ASSERT_TRUE(moving.ok());
+  ExpectSameSamples(*folder, **moving, 7);
+  EXPECT_EQ(RunDifftrain("data verify " + Out()).exit_code, 0);
+
+  folder = Pack(
+      "--dataset synthetic --seed 2 --channels 4 --image-size 8 --frames 3 --num-classes 5 "
+      "--limit 4");
+  ASSERT_NE(folder, nullptr);
+  EXPECT_EQ(folder->frames(), 3);
+  ExpectSameSamples(*folder, SyntheticDataset(2, 4, 8, 5, 3), 4);
 }
 
 TEST_F(DataCommandTest, PacksFashionMnistAndVerifies) {

@@ -4,8 +4,8 @@ namespace difftrain::launch {
 
 void ModelOptions::AddTo(CLI::App& app) {
   app.add_option("--model", model_,
-                 "a named config (DiT-S|B|L|XL/2|4|8 …), or a family's custom name ('custom' for "
-                 "DiT) with the shape flags")
+                 "a named config (DiT-S|B|L|XL/2|4|8, Latte-S|B|L|XL/2|4|8 …), or a family's "
+                 "custom name ('custom' for DiT, 'latte' for Latte) with the shape flags")
       ->capture_default_str();
   app.add_option("--config", config_, "take the model section of this job file (any family)");
   app.add_option("--image-size", image_size_, "image side in pixels (latents are 8x smaller)");

@@ -146,11 +146,95 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + " --classes 0 --eta 0.5" + out, "--eta is for"},
            {"--checkpoint " + Ckpt() + " --classes 0", "give --out"},
            {"--checkpoint " + Ckpt() + " --classes 0 --weights best" + out, "--weights"},
+           {"--checkpoint " + Ckpt() + out, "--classes is required"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --gif " + ShellQuote(File("x.gif")),
+            "--gif is for video models"},
        }) {
     const CommandResult r = RunDifftrain("sample " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
   }
+}
+
+// An unconditional Latte of 3 frames: one row of videos, a filmstrip of one row of frames per
+// video, an animated GIF whose frame f is every video's frame f (decoded by Pillow and
+// compared with the raw samples), and raw videos [N, F, C, H, W].
+constexpr const char* kTinyLatteJob = R"(model:
+  name: latte
+  input_size: 8
+  patch_size: 2
+  in_channels: 1
+  hidden_size: 32
+  depth: 2
+  num_heads: 4
+  num_classes: 0
+  num_frames: 3
+batch:
+  micro: 2
+  global: 2
+train:
+  steps: 2
+  log_every: 1
+)";
+
+// Checks that every GIF frame f is the grid (one row of the 4 videos, padding 2) of the raw
+// videos' frame f, each value v as the byte round((clamp(v, -1, 1) + 1) * 127.5).
+constexpr const char* kCompareGif = R"(
+import sys
+import numpy as np
+from PIL import Image, ImageSequence
+sys.path.insert(0, sys.argv[3])
+import safetensors_np
+videos = safetensors_np.read(sys.argv[2])[0]["images"]  # [N, F, 1, H, W]
+N, F, _, H, W = videos.shape
+gif = Image.open(sys.argv[1])
+frames = [np.array(f.convert("L")) for f in ImageSequence.Iterator(gif)]
+assert len(frames) == F and gif.size == (N * (W + 2) + 2, H + 4), (len(frames), gif.size)
+for f, frame in enumerate(frames):
+    for n in range(N):
+        x0, y0 = 2 + n * (W + 2), 2
+        want = np.floor((np.clip(videos[n, f, 0], -1, 1) + 1) * 127.5 + 0.5)
+        got = frame[y0:y0 + H, x0:x0 + W]
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1, (f, n)
+print(f"{F} frames of {N} videos match")
+)";
+
+TEST(VideoSampleCommandTest, WritesFilmstripGifAndRawVideos) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("video_sample_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "job.yaml") << kTinyLatteJob << "checkpoint:\n  dir: "
+                                  << (dir / "ckpt").string() << "\n";
+  CommandResult r = RunDifftrain("train --config " + ShellQuote((dir / "job.yaml").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string ckpt = ShellQuote((dir / "ckpt").string());
+  r = RunDifftrain("sample --checkpoint " + ckpt + " --classes 0 --out x.png");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--classes: this model has no classes"), std::string::npos) << r.output;
+
+  const std::string strip = (dir / "strip.png").string(), gif = (dir / "videos.gif").string(),
+                    raw = (dir / "raw.safetensors").string();
+  r = RunDifftrain("sample --checkpoint " + ckpt + " --per-class 4 --steps 3 --sampler ddim --out " +
+                   ShellQuote(strip) + " --gif " + ShellQuote(gif) + " --raw " + ShellQuote(raw));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<io::PngImage> png = io::ReadPng(strip);
+  ASSERT_TRUE(png.ok()) << png.status().message();
+  EXPECT_EQ(png->width, 3 * 10 + 2);  // the 3 frames of a video in a row
+  EXPECT_EQ(png->height, 4 * 10 + 2);  // one row per video
+  Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(raw);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_EQ(file->Find("images")->shape, (std::vector<int64_t>{4, 3, 1, 8, 8}));
+
+  std::ofstream(dir / "compare.py") << kCompareGif;
+  r = testing::RunCommand("/usr/bin/python3 " + ShellQuote((dir / "compare.py").string()) + " " +
+                          ShellQuote(gif) + " " + ShellQuote(raw) + " " +
+                          ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference"));
+  if (r.output.find("No module named 'PIL'") != std::string::npos) {
+    GTEST_SKIP() << "Pillow (python3-pil) is not installed: scripts/install-deps.sh installs it";
+  }
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
