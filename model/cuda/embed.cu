@@ -72,6 +72,18 @@ __global__ void AddPositionEmbeddingKernel(float* resid, const float* emb,
   }
 }
 
+// Element i of out [B, Y, X, w] is in[b, x, y, :] at feature i % w.
+__global__ void SwapAxesKernel(bf16* __restrict__ out, const bf16* __restrict__ in, int X, int Y,
+                               int w, size_t n) {
+  DT_GRID_STRIDE(i, n) {
+    const int f = static_cast<int>(i % w);
+    const size_t row = i / w;
+    const int x = static_cast<int>(row % X), y = static_cast<int>((row / X) % Y);
+    const size_t b = row / (static_cast<size_t>(X) * Y);
+    out[i] = in[((b * X + x) * Y + y) * w + f];
+  }
+}
+
 // In double precision like the CPU, rounded to float, then to bf16.
 __global__ void TimestepFrequenciesKernel(bf16* __restrict__ out, const float* __restrict__ t,
                                           int half, size_t n) {
@@ -138,6 +150,13 @@ void AddPositionEmbedding(float* resid, const float* emb, const float* pos, int 
   DT_CHECK(B > 0 && T > 0 && D > 0, "bad shape B={} T={} D={}", B, T, D);
   const size_t per_sample = static_cast<size_t>(T) * D, n = per_sample * B;
   AddPositionEmbeddingKernel<<<GridFor(n), kThreads, 0, stream>>>(resid, emb, pos, per_sample, n);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+void SwapAxes(bf16* out, const bf16* in, int B, int X, int Y, int w, cudaStream_t stream) {
+  DT_CHECK(B > 0 && X > 0 && Y > 0 && w > 0, "bad shape [{}, {}, {}, {}]", B, X, Y, w);
+  const size_t n = static_cast<size_t>(B) * X * Y * w;
+  SwapAxesKernel<<<GridFor(n), kThreads, 0, stream>>>(out, in, X, Y, w, n);
   DT_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,6 +23,11 @@ void UnpatchifyBackward(float* dtokens, const float* dout, int B, int C, int S, 
 void AddPositionEmbedding(float* resid, const float* emb, const float* pos, int B, int T, int D,
                           cudaStream_t stream);
 
+// out [B, Y, X, w] = in [B, X, Y, w] with the middle axes swapped (bf16): a video's tokens
+// from frame-major [F, T] to token-major [T, F] for Latte's temporal attention, and back
+// with X and Y swapped (model/dit/dit.cc's SwapAxes is the reference).
+void SwapAxes(bf16* out, const bf16* in, int B, int X, int Y, int w, cudaStream_t stream);
+
 // DiT's sinusoidal timestep features [B, dim] (cos half first, max period 10000), bf16.
 void TimestepFrequencies(bf16* out, const float* t, int B, int dim, cudaStream_t stream);
 

@@ -18,6 +18,7 @@ using testing::Poison;
 using testing::RandomVector;
 using testing::RelativeL2;
 using testing::RoundToBf16;
+using testing::UploadBf16;
 using testing::UploadFloat;
 
 struct Shape {
@@ -139,6 +140,28 @@ TEST_P(TimestepTest, Frequencies) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dims, TimestepTest, ::testing::Values(6, 256));
+
+// Latte's frame-major ↔ token-major reorder: [B, X, Y, w] → [B, Y, X, w], against a plain
+// loop, and back again to the input (bf16 values move, never round).
+TEST(SwapAxesTest, MatchesLoopAndInvertsItself) {
+  DT_SKIP_WITHOUT_GPU();
+  const int B = 2, X = 16, Y = 7, w = 3 * 72;  // Latte's 16 frames, a head dim of 72
+  const std::vector<float> in = RoundToBf16(RandomVector(size_t(B) * X * Y * w, 9));
+  std::vector<float> want(in.size());
+  for (int b = 0; b < B; ++b)
+    for (int x = 0; x < X; ++x)
+      for (int y = 0; y < Y; ++y)
+        for (int f = 0; f < w; ++f)
+          want[((size_t(b) * Y + y) * X + x) * w + f] = in[((size_t(b) * X + x) * Y + y) * w + f];
+  DeviceBuffer<bf16> d_in = UploadBf16(in), d_out(in.size()), d_back(in.size());
+  Poison(d_out);
+  Poison(d_back);
+  SwapAxes(d_out.data(), d_in.data(), B, X, Y, w, nullptr);
+  SwapAxes(d_back.data(), d_out.data(), B, Y, X, w, nullptr);
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(DownloadAsFloat(d_out), want);
+  EXPECT_EQ(DownloadAsFloat(d_back), in);
+}
 
 }  // namespace
 }  // namespace difftrain::cuda

@@ -33,13 +33,6 @@ constexpr const char* kRequiredCustom[] = {"patch_size", "hidden_size", "depth",
 constexpr const char* kShapeFields[] = {"patch_size", "hidden_size", "depth", "num_heads",
                                         "mlp_ratio"};
 
-#ifndef DIFFTRAIN_HAVE_CUDA
-Result<std::unique_ptr<GpuStep>> NoGpuStep(const TrainConfig&, int) {
-  return Status::Error(
-      "train.device cuda: this difftrain was built without the CUDA backend (no nvcc when it "
-      "was built; see docs/cuda.md)");
-}
-#endif
 
 class TransformerFamily final : public ModelFamily {
  public:
@@ -176,8 +169,15 @@ class TransformerFamily final : public ModelFamily {
 
   Result<std::unique_ptr<GpuStep>> CreateGpuStep(const TrainConfig& config,
                                                  int device) const override {
-    if (k_.gpu_step == nullptr) return ModelFamily::CreateGpuStep(config, device);
-    return k_.gpu_step(config, device);
+#ifdef DIFFTRAIN_HAVE_CUDA
+    return CreateDiTGpuStep(config, device);
+#else
+    (void)config;
+    (void)device;
+    return Status::Error(
+        "train.device cuda: this difftrain was built without the CUDA backend (no nvcc when it "
+        "was built; see docs/cuda.md)");
+#endif
   }
 
  private:
@@ -197,13 +197,8 @@ std::unique_ptr<ModelFamily> MakeTransformerFamily(TransformerFamilyKind kind) {
 }
 
 const ModelFamily& DiTFamily() {
-#ifdef DIFFTRAIN_HAVE_CUDA
-  auto* gpu_step = &CreateDiTGpuStep;
-#else
-  auto* gpu_step = &NoGpuStep;
-#endif
   static const std::unique_ptr<ModelFamily> family =
-      MakeTransformerFamily({"dit", "DiT", "custom", "DiT-S/2", false, gpu_step});
+      MakeTransformerFamily({"dit", "DiT", "custom", "DiT-S/2", /*video=*/false});
   return *family;
 }
 

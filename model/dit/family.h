@@ -21,9 +21,8 @@ struct TransformerFamilyKind {
   std::string custom_name;   // of a config with every shape field given ("custom")
   std::string default_name;  // when a job's model section names none
   bool video = false;        // Latte: num_frames, alternating spatial and temporal blocks
-  // The family's GPU step (train.device cuda); null: the family has none.
-  Result<std::unique_ptr<GpuStep>> (*gpu_step)(const TrainConfig&, int device) = nullptr;
 };
+// Both train on a GPU (train.device cuda) through the bf16 cuda::DiT of model/dit/cuda.
 // A family of that kind; the caller keeps it for the program's life.
 std::unique_ptr<ModelFamily> MakeTransformerFamily(TransformerFamilyKind kind);
 

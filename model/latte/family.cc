@@ -5,9 +5,8 @@
 namespace difftrain {
 
 const ModelFamily& LatteFamily() {
-  // No GPU step yet: train.device cuda refuses a Latte job by name.
   static const std::unique_ptr<ModelFamily> family =
-      MakeTransformerFamily({"latte", "Latte", "latte", "Latte-S/2", /*video=*/true, nullptr});
+      MakeTransformerFamily({"latte", "Latte", "latte", "Latte-S/2", /*video=*/true});
   return *family;
 }
 

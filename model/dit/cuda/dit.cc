@@ -1,5 +1,6 @@
 #include "model/dit/cuda/dit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -48,10 +49,23 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   p_ = DiTParams::Bind(table_, DiTShard::Whole(config_));
 
   norm_squared_ = DeviceBuffer<double>(1);
-  std::vector<float> pos(size_t(config_.tokens()) * config_.hidden_size);
+  const size_t T = config_.tokens(), D = config_.hidden_size;
+  std::vector<float> pos(T * D);
   cpu::SinCos2DPositionEmbedding(pos.data(), config_.grid(), config_.hidden_size);
   pos_embed_ = DeviceBuffer<float>(pos.size());
   pos_embed_.Upload(pos);
+  if (config_.video) {
+    // Latte's temporal embedding, frame f's row repeated for each of its T tokens, so that
+    // adding it is AddPositionEmbedding over a video's F·T tokens.
+    const int F = config_.num_frames;
+    std::vector<float> temp(size_t(F) * D), full(size_t(F) * T * D);
+    cpu::SinCos1DEmbedding(temp.data(), F, config_.hidden_size);
+    for (int f = 0; f < F; ++f)
+      for (size_t t = 0; t < T; ++t)
+        std::copy_n(temp.data() + f * D, D, full.data() + (f * T + t) * D);
+    temp_embed_ = DeviceBuffer<float>(full.size());
+    temp_embed_.Upload(full);
+  }
 }
 
 Status DiT::Supports(const DiTConfig& c) {
@@ -134,25 +148,28 @@ std::vector<float> DiT::DownloadGradients() const {
 
 size_t DiT::device_bytes() const {
   return master_.bytes() + params_bf16_.bytes() + grads_.bytes() + exp_avg_.bytes() +
-         exp_avg_sq_.bytes() + ema_.bytes() + pos_embed_.bytes() + acts_buffer_.bytes() +
-         norm_squared_.bytes() + norm_workspace_.bytes();
+         exp_avg_sq_.bytes() + ema_.bytes() + pos_embed_.bytes() + temp_embed_.bytes() +
+         acts_buffer_.bytes() + norm_squared_.bytes() + norm_workspace_.bytes();
 }
 
 size_t DiT::BindActivations(unsigned char* base, int B) {
   const DiTConfig& c = config_;
-  const size_t T = c.tokens(), D = c.hidden_size, N = B * T, M = c.mlp_hidden();
-  const size_t image = size_t(c.in_channels) * c.input_size * c.input_size;
-  const size_t out_image = size_t(c.out_channels()) * c.input_size * c.input_size;
+  // A sample is BF/B frames (1 for an image) of T tokens each.
+  const int Fr = c.frames(), BF = B * Fr;
+  const size_t T = c.tokens(), D = c.hidden_size, N = BF * T, M = c.mlp_hidden();
+  const size_t image = size_t(Fr) * c.in_channels * c.input_size * c.input_size;
+  const size_t out_image = size_t(Fr) * c.out_channels() * c.input_size * c.input_size;
   const size_t Fo = size_t(c.patch_size) * c.patch_size * c.out_channels();
-  const size_t rows = size_t(B) * c.num_heads * T;  // attention's log-sum-exp
+  // Attention's log-sum-exp: a row per head and token, spatial and temporal blocks alike.
+  const size_t rows = N * c.num_heads;
   ArenaCursor a(base);
   a.Take(in_x_, B * image);
   a.Take(in_t_, B);
   a.Take(in_y_, B);
   a.Take(in_target_, B * image);
   a.Take(in_x0_, B * image);
-  a.Take(in_samples_, B);
-  a.Take(loss_workspace_, DiffusionLossWorkspace(B));
+  a.Take(in_samples_, BF);  // the loss's samples are frames
+  a.Take(loss_workspace_, DiffusionLossWorkspace(BF));
   a.Take(patches_, N * c.patch_features());
   a.Take(tfreq_, size_t(B) * kFrequencyDim);
   a.Take(t_hidden_, B * D);
@@ -161,7 +178,8 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   a.Take(c_, B * D);
   a.Take(silu_c_, B * D);
   acts_.resize(c.depth);
-  for (BlockActs& k : acts_) {
+  for (int l = 0; l < c.depth; ++l) {
+    BlockActs& k = acts_[l];
     a.Take(k.resid_in, N * D);
     a.Take(k.ada, B * 6 * D);
     a.Take(k.mean1, N);
@@ -178,6 +196,12 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
     a.Take(k.fc1_pre, N * M);
     a.Take(k.gelu, N * M);
     a.Take(k.fc2, N * D);
+    // A temporal block's attention runs token-major: its qkv and output in that order.
+    k.qkv_t = k.attn_t = nullptr;
+    if (c.temporal_block(l)) {
+      a.Take(k.qkv_t, N * 3 * D);
+      a.Take(k.attn_t, N * D);
+    }
   }
   a.Take(resid_out_, N * D);
   a.Take(ada_f_, B * 2 * D);
@@ -203,7 +227,13 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   a.Take(d_b_, N * D);
   a.Take(d_h_, N * M);
   a.Take(d_qkv_, N * 3 * D);
-  a.Take(attn_workspace_, AttentionBackwardWorkspace(B, T, D, c.num_heads));
+  size_t workspace = AttentionBackwardWorkspace(BF, T, D, c.num_heads);
+  if (c.video) {
+    a.Take(d_attn_t_, N * D);
+    a.Take(d_qkv_t_, N * 3 * D);
+    workspace = std::max(workspace, AttentionBackwardWorkspace(B * T, Fr, D, c.num_heads));
+  }
+  a.Take(attn_workspace_, workspace);
   return a.bytes();
 }
 
@@ -244,9 +274,10 @@ Status DiT::Reserve(int B) {
   acts_buffer_ = std::move(acts).value();
   BindActivations(acts_buffer_.data(), B);
   batch_ = B;
-  const std::vector<SampleLoss> unweighted(B);
-  DT_CUDA_CHECK(cudaMemcpyAsync(in_samples_, unweighted.data(), B * sizeof(SampleLoss),
-                                cudaMemcpyHostToDevice, stream_));
+  const std::vector<SampleLoss> unweighted(size_t(B) * config_.frames());
+  DT_CUDA_CHECK(cudaMemcpyAsync(in_samples_, unweighted.data(),
+                                unweighted.size() * sizeof(SampleLoss), cudaMemcpyHostToDevice,
+                                stream_));
   DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return Status::Ok();
 }
@@ -266,20 +297,27 @@ void DiT::PoisonActivations() {
 void DiT::Forward() {
   DT_CHECK(batch_ > 0, "Forward before Reserve");
   const DiTConfig& c = config_;
-  const int B = batch_, T = c.tokens(), D = c.hidden_size, N = B * T, p = c.patch_size;
-  // Patch embed (one GEMM over the flattened patches, fp32 out with its bias) plus the
-  // fixed position embedding: the residual stream entering block 0.
+  const int B = batch_, BF = B * c.frames(), T = c.tokens(), D = c.hidden_size, N = BF * T;
+  const int p = c.patch_size;
+  // Patch embed (one GEMM over the flattened patches of every frame, fp32 out with its bias)
+  // plus the fixed position embedding: the residual stream entering block 0.
   float* x_tokens = acts_.front().resid_in;
-  Patchify(patches_, in_x_, B, c.in_channels, c.input_size, p, stream_);
+  Patchify(patches_, in_x_, BF, c.in_channels, c.input_size, p, stream_);
   gemm_.Forward(x_tokens, patches_, W(p_.x_w), W(p_.x_b), N, c.patch_features(), D,
                 Epilogue::kBias);
-  AddPositionEmbedding(x_tokens, x_tokens, pos_embed_.data(), B, T, D, stream_);
-  // Conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads SiLU(c).
+  AddPositionEmbedding(x_tokens, x_tokens, pos_embed_.data(), BF, T, D, stream_);
+  // Conditioning c = t_embedder(t) (+ y_embedder(y)), one per sample; every adaLN reads
+  // SiLU(c).
   TimestepFrequencies(tfreq_, in_t_, B, kFrequencyDim, stream_);
   gemm_.Forward(t_hidden_, tfreq_, W(p_.t1_w), W(p_.t1_b), B, kFrequencyDim, D, Epilogue::kBias);
   SiluForward(t_act_, t_hidden_, size_t(B) * D, stream_);
   gemm_.Forward(t_emb_, t_act_, W(p_.t2_w), W(p_.t2_b), B, D, D, Epilogue::kBias);
-  AddLabelEmbedding(c_, t_emb_, Master(p_.y_table), in_y_, B, D, stream_);
+  if (c.has_labels()) {
+    AddLabelEmbedding(c_, t_emb_, Master(p_.y_table), in_y_, B, D, stream_);
+  } else {
+    DT_CUDA_CHECK(cudaMemcpyAsync(c_, t_emb_, size_t(B) * D * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, stream_));
+  }
   SiluForward(silu_c_, c_, size_t(B) * D, stream_);
 
   for (int l = 0; l < c.depth; ++l)
@@ -287,51 +325,64 @@ void DiT::Forward() {
 
   // Final layer: modulate(norm(x), shift, scale) → Linear → unpatchify.
   gemm_.Forward(ada_f_, silu_c_, W(p_.fada_w), W(p_.fada_b), B, D, 2 * D, Epilogue::kBias);
-  LayerNormModulateForward(modf_, meanf_, rstdf_, resid_out_, ada_f_, 0, D, 2 * D, B, T, D,
+  LayerNormModulateForward(modf_, meanf_, rstdf_, resid_out_, ada_f_, 0, D, 2 * D, B, N / B, D,
                            stream_);
   const int Fo = p * p * c.out_channels();
   gemm_.Forward(final_out_, modf_, W(p_.flin_w), W(p_.flin_b), N, D, Fo, Epilogue::kBias);
-  Unpatchify(out_, final_out_, B, c.out_channels(), c.input_size, p, stream_);
+  Unpatchify(out_, final_out_, BF, c.out_channels(), c.input_size, p, stream_);
 }
 
 void DiT::BlockForward(int l) {
   const DiTBlockParams& o = p_.blocks[l];
   BlockActs& k = acts_[l];
   float* resid_out = l + 1 < config_.depth ? acts_[l + 1].resid_in : resid_out_;
-  const int B = batch_, T = config_.tokens(), D = config_.hidden_size, N = B * T;
-  const int M = config_.mlp_hidden(), S = 6 * D;
+  const int B = batch_, Fr = config_.frames(), T = config_.tokens(), D = config_.hidden_size;
+  const int Ts = Fr * T, N = B * Ts;  // a sample's tokens, every frame's
+  const int M = config_.mlp_hidden(), S = 6 * D, H = config_.num_heads;
   // adaLN: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks of 6D.
   gemm_.Forward(k.ada, silu_c_, W(o.ada_w), W(o.ada_b), B, D, S, Epilogue::kBias);
   // x = x + gate_msa · proj(attention(qkv(modulate(norm1(x), shift_msa, scale_msa)))).
-  LayerNormModulateForward(k.mod1, k.mean1, k.rstd1, k.resid_in, k.ada, 0, D, S, B, T, D, stream_);
+  LayerNormModulateForward(k.mod1, k.mean1, k.rstd1, k.resid_in, k.ada, 0, D, S, B, Ts, D,
+                           stream_);
   gemm_.Forward(k.qkv, k.mod1, W(o.qkv_w), W(o.qkv_b), N, D, 3 * D, Epilogue::kBias);
-  AttentionForward(k.attn, k.lse, k.qkv, B, T, D, config_.num_heads, stream_);
+  if (config_.temporal_block(l)) {
+    // Across frames: B·T sequences of Fr frames, token-major.
+    SwapAxes(k.qkv_t, k.qkv, B, Fr, T, 3 * D, stream_);
+    AttentionForward(k.attn_t, k.lse, k.qkv_t, B * T, Fr, D, H, stream_);
+    SwapAxes(k.attn, k.attn_t, B, T, Fr, D, stream_);
+  } else {
+    AttentionForward(k.attn, k.lse, k.qkv, B * Fr, T, D, H, stream_);  // within each frame
+  }
   gemm_.Forward(k.proj, k.attn, W(o.proj_w), W(o.proj_b), N, D, D, Epilogue::kBias);
-  GatedResidualForward(k.mid, k.resid_in, k.proj, k.ada, 2 * D, S, B, T, D, stream_);
+  GatedResidualForward(k.mid, k.resid_in, k.proj, k.ada, 2 * D, S, B, Ts, D, stream_);
   // x = x + gate_mlp · fc2(gelu(fc1(modulate(norm2(x), shift_mlp, scale_mlp)))).
-  LayerNormModulateForward(k.mod2, k.mean2, k.rstd2, k.mid, k.ada, 3 * D, 4 * D, S, B, T, D,
+  LayerNormModulateForward(k.mod2, k.mean2, k.rstd2, k.mid, k.ada, 3 * D, 4 * D, S, B, Ts, D,
                            stream_);
   gemm_.Forward(k.gelu, k.mod2, W(o.fc1_w), W(o.fc1_b), N, D, M, Epilogue::kBiasGelu, k.fc1_pre);
   gemm_.Forward(k.fc2, k.gelu, W(o.fc2_w), W(o.fc2_b), N, M, D, Epilogue::kBias);
-  GatedResidualForward(resid_out, k.mid, k.fc2, k.ada, 5 * D, S, B, T, D, stream_);
+  GatedResidualForward(resid_out, k.mid, k.fc2, k.ada, 5 * D, S, B, Ts, D, stream_);
+  // Latte: the temporal embedding, once, into the first temporal block's input.
+  if (config_.video && l == 0)
+    AddPositionEmbedding(resid_out, resid_out, temp_embed_.data(), B, Ts, D, stream_);
 }
 
 void DiT::Loss() {
   const DiTConfig& c = config_;
-  DiffusionLoss(loss_, d_out_, out_, in_target_, in_x0_, in_x_, in_samples_, batch_,
-                c.out_channels(), c.in_channels, c.input_size * c.input_size, options_.vb_loss,
-                grad_scale_, loss_workspace_, stream_);
+  // A video's frames are the loss's samples ([B, F, C, H, W] is [B·F, C, H, W]).
+  DiffusionLoss(loss_, d_out_, out_, in_target_, in_x0_, in_x_, in_samples_,
+                batch_ * c.frames(), c.out_channels(), c.in_channels, c.input_size * c.input_size,
+                options_.vb_loss, grad_scale_, loss_workspace_, stream_);
 }
 
 void DiT::Backward() {
   const DiTConfig& c = config_;
-  const int B = batch_, T = c.tokens(), D = c.hidden_size, N = B * T, p = c.patch_size;
-  const int Fo = p * p * c.out_channels();
+  const int B = batch_, BF = B * c.frames(), D = c.hidden_size, N = BF * c.tokens();
+  const int p = c.patch_size, Fo = p * p * c.out_channels();
   const size_t BD = size_t(B) * D;
 
   // Final layer, in reverse.
   DT_CUDA_CHECK(cudaMemsetAsync(d_silu_c_, 0, BD * sizeof(float), stream_));
-  UnpatchifyBackward(d_final_, d_out_, B, c.out_channels(), c.input_size, p, stream_);
+  UnpatchifyBackward(d_final_, d_out_, BF, c.out_channels(), c.input_size, p, stream_);
   CastToBf16(d_final_bf16_, d_final_, size_t(N) * Fo, stream_);
   gemm_.BackwardWeight(G(p_.flin_w), d_final_bf16_, modf_, N, D, Fo);
   BiasGradient(G(p_.flin_b), d_final_, N, Fo, stream_);
@@ -339,7 +390,7 @@ void DiT::Backward() {
   DT_CUDA_CHECK(cudaMemsetAsync(d_resid_, 0, size_t(N) * D * sizeof(float), stream_));
   DT_CUDA_CHECK(cudaMemsetAsync(d_ada_, 0, BD * 2 * sizeof(float), stream_));
   LayerNormModulateBackward(d_resid_, d_ada_, d_a_, resid_out_, meanf_, rstdf_, ada_f_, 0, D, 2 * D,
-                            B, T, D, stream_);
+                            B, N / B, D, stream_);
   CastToBf16(d_ada_bf16_, d_ada_, BD * 2, stream_);
   gemm_.BackwardWeight(G(p_.fada_w), d_ada_bf16_, silu_c_, B, D, 2 * D);
   BiasGradient(G(p_.fada_b), d_ada_, B, 2 * D, stream_);
@@ -353,7 +404,7 @@ void DiT::Backward() {
   // Conditioning: c = t_emb + y_emb, t_emb = mlp.2(silu(mlp.0(freq(t)))).
   DT_CUDA_CHECK(cudaMemsetAsync(d_c_, 0, BD * sizeof(float), stream_));
   SiluBackward(d_c_, d_silu_c_, c_, BD, stream_);
-  LabelEmbeddingBackward(G(p_.y_table), d_c_, in_y_, B, D, stream_);
+  if (c.has_labels()) LabelEmbeddingBackward(G(p_.y_table), d_c_, in_y_, B, D, stream_);
   CastToBf16(d_c_bf16_, d_c_, BD, stream_);
   gemm_.BackwardWeight(G(p_.t2_w), d_c_bf16_, t_act_, B, D, D);
   BiasGradient(G(p_.t2_b), d_c_, B, D, stream_);
@@ -373,11 +424,11 @@ void DiT::Backward() {
 void DiT::BlockBackward(int l) {
   const DiTBlockParams& o = p_.blocks[l];
   BlockActs& k = acts_[l];
-  const int B = batch_, T = config_.tokens(), D = config_.hidden_size, N = B * T;
-  const int M = config_.mlp_hidden(), S = 6 * D;
+  const int B = batch_, Fr = config_.frames(), T = config_.tokens(), D = config_.hidden_size;
+  const int Ts = Fr * T, N = B * Ts, M = config_.mlp_hidden(), S = 6 * D, H = config_.num_heads;
   DT_CUDA_CHECK(cudaMemsetAsync(d_ada_, 0, size_t(B) * S * sizeof(float), stream_));
   // MLP branch: out = mid + gate_mlp · fc2; the stream's gradient passes through unchanged.
-  GatedResidualBackward(d_a_, d_ada_, d_resid_, k.fc2, k.ada, 5 * D, S, B, T, D, stream_);
+  GatedResidualBackward(d_a_, d_ada_, d_resid_, k.fc2, k.ada, 5 * D, S, B, Ts, D, stream_);
   gemm_.BackwardWeight(G(o.fc2_w), d_a_, k.gelu, N, M, D);
   BiasGradient(G(o.fc2_b), d_a_, N, D, stream_);
   // fc2's input gradient times gelu'(fc1's pre-activation), fused in the epilogue.
@@ -386,19 +437,26 @@ void DiT::BlockBackward(int l) {
   BiasGradient(G(o.fc1_b), d_h_, N, M, stream_);
   gemm_.BackwardInput(d_a_, d_h_, W(o.fc1_w), N, D, M);
   LayerNormModulateBackward(d_resid_, d_ada_, d_a_, k.mid, k.mean2, k.rstd2, k.ada, 3 * D, 4 * D, S,
-                            B, T, D, stream_);
+                            B, Ts, D, stream_);
   // Attention branch: mid = x + gate_msa · proj.
-  GatedResidualBackward(d_a_, d_ada_, d_resid_, k.proj, k.ada, 2 * D, S, B, T, D, stream_);
+  GatedResidualBackward(d_a_, d_ada_, d_resid_, k.proj, k.ada, 2 * D, S, B, Ts, D, stream_);
   gemm_.BackwardWeight(G(o.proj_w), d_a_, k.attn, N, D, D);
   BiasGradient(G(o.proj_b), d_a_, N, D, stream_);
   gemm_.BackwardInput(d_b_, d_a_, W(o.proj_w), N, D, D);
-  AttentionBackward(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B, T, D, config_.num_heads,
-                    stream_);
+  if (config_.temporal_block(l)) {
+    SwapAxes(d_attn_t_, d_b_, B, Fr, T, D, stream_);
+    AttentionBackward(d_qkv_t_, d_attn_t_, k.qkv_t, k.attn_t, k.lse, attn_workspace_, B * T, Fr, D,
+                      H, stream_);
+    SwapAxes(d_qkv_, d_qkv_t_, B, T, Fr, 3 * D, stream_);
+  } else {
+    AttentionBackward(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B * Fr, T, D, H,
+                      stream_);
+  }
   gemm_.BackwardWeight(G(o.qkv_w), d_qkv_, k.mod1, N, D, 3 * D);
   BiasGradient(G(o.qkv_b), d_qkv_, N, 3 * D, stream_);
   gemm_.BackwardInput(d_a_, d_qkv_, W(o.qkv_w), N, D, 3 * D);
   LayerNormModulateBackward(d_resid_, d_ada_, d_a_, k.resid_in, k.mean1, k.rstd1, k.ada, 0, D, S, B,
-                            T, D, stream_);
+                            Ts, D, stream_);
   // This block's adaLN, whose input SiLU(c) every block shares.
   CastToBf16(d_ada_bf16_, d_ada_, size_t(B) * S, stream_);
   gemm_.BackwardWeight(G(o.ada_w), d_ada_bf16_, silu_c_, B, D, S);

@@ -1,5 +1,7 @@
 // DiT's training step on one GPU in bf16 mixed precision: the GPU twin of difftrain::DiT
-// (model/dit/dit.h), which is its reference, for the whole model in one process.
+// (model/dit/dit.h), which is its reference, for the whole model in one process — DiT, or
+// Latte (DiTConfig::video): samples of F frames, odd blocks attending across frames through
+// a token-major copy of their qkv (SwapAxes), the temporal embedding after block 0.
 //
 // Precision, as PyTorch's bf16 autocast does it: the GEMMs and attention read bf16 (the
 // activations they consume, and a bf16 copy of the weights) and accumulate in fp32; the
@@ -84,7 +86,8 @@ class DiT {
   // ForwardBackward: x_t [B, C, H, W], timesteps t [B] as floats, labels y [B], the noise ε
   // [B, C, H, W] the loss compares the first C output channels with, and each sample's loss
   // terms [B] (SampleLosses; Reserve sets weight 1 and the coefficients of t = 0). The vb
-  // term also reads x0 [B, C, H, W].
+  // term also reads x0 [B, C, H, W]. A video model's samples are [B, F, C, H, W] and its loss
+  // terms are per frame, [B·F] (each frame with its video's timestep).
   float* input_x() { return in_x_; }
   float* input_t() { return in_t_; }
   int32_t* input_y() { return in_y_; }
@@ -121,6 +124,7 @@ class DiT {
   struct BlockActs {
     float *resid_in, *ada, *mean1, *rstd1, *mid, *mean2, *rstd2, *lse;
     bf16 *mod1, *qkv, *attn, *proj, *mod2, *fc1_pre, *gelu, *fc2;
+    bf16 *qkv_t, *attn_t;  // a temporal block's qkv and attention, token-major; else null
   };
   // Binds every activation pointer into an arena at `base` (null: only counts); returns the
   // bytes the arena needs. One list serves both, so layout and binding cannot disagree.
@@ -141,6 +145,7 @@ class DiT {
   Options options_;
   TensorTable table_;
   DeviceBuffer<float> master_, grads_, exp_avg_, exp_avg_sq_, ema_, pos_embed_;
+  DeviceBuffer<float> temp_embed_;  // Latte's, frame f's row for each of its tokens [F, T, D]
   DeviceBuffer<bf16> params_bf16_;
   DiTParams p_;  // offsets of the parameters in every arena (the CPU model's binding)
   Gemm gemm_;
@@ -163,6 +168,7 @@ class DiT {
   float *d_silu_c_ = nullptr, *d_c_ = nullptr, *d_t_ = nullptr, *attn_workspace_ = nullptr;
   bf16 *d_final_bf16_ = nullptr, *d_a_ = nullptr, *d_b_ = nullptr, *d_h_ = nullptr;
   bf16 *d_qkv_ = nullptr, *d_ada_bf16_ = nullptr, *d_small_ = nullptr, *d_c_bf16_ = nullptr;
+  bf16 *d_attn_t_ = nullptr, *d_qkv_t_ = nullptr;  // a temporal block's, token-major
   // The optimizer's global norm.
   DeviceBuffer<double> norm_squared_;
   DeviceBuffer<float> norm_workspace_;

@@ -1,6 +1,6 @@
 // The GPU DiT step against the CPU model (model/dit/dit.h) on the same weights and batch:
-// output, loss and every parameter's gradient; the CUDA graph against eager launches; and a
-// few optimizer steps that must fit one batch.
+// output, loss and every parameter's gradient (DiT, and Latte's videos); the CUDA graph
+// against eager launches; and a few optimizer steps that must fit one batch.
 #include "model/dit/cuda/dit.h"
 
 #include <gtest/gtest.h>
@@ -21,13 +21,14 @@ struct Batch {
 };
 
 Batch RandomBatch(const DiTConfig& c, int B, uint64_t seed) {
-  const size_t image = size_t(c.in_channels) * c.input_size * c.input_size;
+  const size_t image = size_t(c.frames()) * c.in_channels * c.input_size * c.input_size;
   Batch batch{testing::RandomVector(B * image, seed), std::vector<float>(B),
               testing::RandomVector(B * image, seed + 1), std::vector<int32_t>(B)};
   Rng rng(seed, RngStream::kNoise);
   for (int b = 0; b < B; ++b) {
     batch.t[b] = static_cast<float>(rng.Below(1000));
-    batch.y[b] = static_cast<int32_t>(rng.Below(c.label_rows()));  // the null class too
+    // The null class too; 0 for a model without labels.
+    batch.y[b] = c.has_labels() ? static_cast<int32_t>(rng.Below(c.label_rows())) : 0;
   }
   return batch;
 }
@@ -54,7 +55,8 @@ std::vector<float> RandomBf16Weights(difftrain::DiT& cpu) {
   return w;
 }
 
-// The CPU loss of DiT's ε-MSE on the first C channels and its output gradient.
+// The CPU loss of DiT's ε-MSE on the first C channels (of every frame: B counts frames) and
+// its output gradient.
 float CpuLoss(const DiTConfig& c, int B, const float* out, const std::vector<float>& target,
               std::vector<float>& dout) {
   const size_t hw = size_t(c.input_size) * c.input_size;
@@ -77,10 +79,11 @@ void ExpectStepMatchesCpu(const DiTConfig& c, int B) {
   const std::vector<float> weights = RandomBf16Weights(cpu);
   const Batch batch = RandomBatch(c, B, /*seed=*/11);
   const float* cpu_out = cpu.Forward(batch.x.data(), batch.t.data(), batch.y.data(), B);
-  const size_t out_size = size_t(B) * c.out_channels() * c.input_size * c.input_size;
+  const size_t out_size =
+      size_t(B) * c.frames() * c.out_channels() * c.input_size * c.input_size;
   const std::vector<float> want_out(cpu_out, cpu_out + out_size);
   std::vector<float> dout;
-  const float want_loss = CpuLoss(c, B, cpu_out, batch.target, dout);
+  const float want_loss = CpuLoss(c, B * c.frames(), cpu_out, batch.target, dout);
   std::memset(cpu.grads(), 0, cpu.num_params() * sizeof(float));
   cpu.Backward(dout.data());
 
@@ -129,6 +132,22 @@ DiTConfig Tiny() {
 TEST(CudaDiTTest, TinyStepMatchesTheCpuModel) {
   DT_SKIP_WITHOUT_GPU();
   ExpectStepMatchesCpu(Tiny(), /*B=*/3);
+}
+
+// Latte: a video of 4 frames (spatial and temporal blocks, the temporal embedding), with
+// classes and without; and Latte-S/4 over 8 frames of 32×32 latents (64 tokens a frame).
+TEST(CudaDiTTest, LatteStepsMatchTheCpuModel) {
+  DT_SKIP_WITHOUT_GPU();
+  DiTConfig c = Tiny();
+  c.video = true;
+  c.num_frames = 4;
+  ExpectStepMatchesCpu(c, /*B=*/3);
+  c.num_classes = 0;
+  ExpectStepMatchesCpu(c, /*B=*/2);
+  DiTConfig s4 = SizedConfigByName("Latte", "Latte-S/4", 32).value();
+  s4.video = true;
+  s4.num_frames = 8;
+  ExpectStepMatchesCpu(s4, /*B=*/2);
 }
 
 // DiT-S/2 on 32×32 latents: 256 tokens, head dim 64, learned sigma (its variance channels

@@ -1,5 +1,6 @@
-// The DiT family's GPU step (train.device cuda): the Trainer's micro-batches through the bf16
-// cuda::DiT (model/dit/cuda/dit.h) on one GPU, its gradients averaged over an NCCL group.
+// The DiT and Latte families' GPU step (train.device cuda): the Trainer's micro-batches
+// through the bf16 cuda::DiT (model/dit/cuda/dit.h) on one GPU, its gradients averaged over
+// an NCCL group.
 #include "model/dit/cuda/gpu_step.h"
 
 #include <cmath>
@@ -70,8 +71,13 @@ class CudaStep final : public GpuStep {
   double ForwardBackward(const MicroBatch& batch, float grad_scale) override {
     DT_CHECK(batch.size == model_.micro_batch(), "micro-batch of {} for a step reserved for {}",
              batch.size, model_.micro_batch());
+    // The loss's samples are a video's frames, each with its video's timestep.
+    const int frames = dit_.frames();
+    std::vector<int64_t> t(size_t(batch.size) * frames);
+    for (size_t i = 0; i < t.size(); ++i)
+      t[i] = batch.t[i / frames];
     const std::vector<cuda::SampleLoss> samples =
-        cuda::SampleLosses(diffusion_, batch.t.data(), batch.size);
+        cuda::SampleLosses(diffusion_, t.data(), static_cast<int>(t.size()));
     auto copy = [this](void* to, const auto& from) {
       DT_CUDA_CHECK(cudaMemcpyAsync(to, from.data(), from.size() * sizeof(from[0]),
                                     cudaMemcpyHostToDevice, stream_.stream));
@@ -97,8 +103,10 @@ class CudaStep final : public GpuStep {
     const size_t n = model_.num_params();
     const DiTConfig& c = dit_;
     MemoryBytes m;
+    // + pos_embed, and Latte's temporal embedding (repeated over a frame's tokens)
     m.parameters = n * (sizeof(float) + sizeof(cuda::bf16)) +
-                   size_t(c.tokens()) * c.hidden_size * sizeof(float);  // + pos_embed
+                   size_t(c.tokens()) * c.hidden_size * sizeof(float) *
+                       (1 + (c.video ? c.num_frames : 0));
     m.gradients = n * sizeof(float);
     m.optimizer = 2 * n * sizeof(float);
     m.ema = n * sizeof(float);
