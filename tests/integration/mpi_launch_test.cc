@@ -160,6 +160,17 @@ TEST_F(MpiLaunchTest, ARankThatDiesEndsTheJob) {
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
 }
 
+// Rank 0 reads and resolves the job; a bad one is reported once, and every rank exits 2.
+TEST_F(MpiLaunchTest, ABadJobIsReportedOnceByRankZero) {
+  const fs::path job = WriteJob("bad", 3, false, 1, "dp: 2");
+  const CommandResult r = RunCommand(Mpirun(job, 2));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const std::string message = "batch.global: expected a multiple of batch.micro";
+  const size_t first = r.output.find(message);
+  ASSERT_NE(first, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(message, first + 1), std::string::npos) << r.output;
+}
+
 TEST_F(MpiLaunchTest, TheMpiBackendNeedsAnMpiLaunch) {
   const fs::path job = WriteJob("no_mpirun", kMicro, false, 1, "backend: mpi");
   const CommandResult r =

@@ -50,16 +50,10 @@ class MpiWork final : public CommWork {
 
 class MpiComm final : public Comm {
  public:
-  MpiComm(MPI_Comm comm, Store& store, const std::string& prefix, int rank, int size,
+  MpiComm(Store& store, const std::string& prefix, int rank, int size,
           std::vector<int> global_ranks, milliseconds timeout)
-      : comm_(comm),
-        store_(store, prefix),
-        name_(prefix.substr(prefix.rfind('/') + 1)),
-        rank_(rank),
-        size_(size),
-        global_ranks_(std::move(global_ranks)),
-        timeout_(timeout),
-        roll_call_(store_, name_, rank, global_ranks_, timeout) {}
+      : m_(store, prefix, rank, size, std::move(global_ranks), timeout),
+        roll_call_(m_.store, m_.name, rank, m_.global_ranks, timeout) {}
 
   ~MpiComm() override {
     // A communicator with an op that never completed is left to the process's end: freeing
@@ -70,9 +64,9 @@ class MpiComm final : public Comm {
   RollCall& roll_call() { return roll_call_; }
   void set_comm(MPI_Comm comm) { comm_ = comm; }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  const std::string& name() const override { return name_; }
+  int rank() const override { return m_.rank; }
+  int size() const override { return m_.size; }
+  const std::string& name() const override { return m_.name; }
 
   std::unique_ptr<CommWork> AllReduceAsync(float* data, size_t n, ReduceOp op) override {
     if (n == 0) return Done();
@@ -85,7 +79,7 @@ class MpiComm final : public Comm {
                                                ReduceOp op) override {
     if (n_per_rank == 0) return Done();
     CheckReduceScatterBuffers(in, out, n_per_rank);
-    const size_t total = n_per_rank * static_cast<size_t>(size_);
+    const size_t total = n_per_rank * static_cast<size_t>(m_.size);
     return Start("reduce_scatter", n_per_rank, Averaging(out, n_per_rank, op), [&](PendingOp& p) {
       // MPI allows no overlap of input and output but MPI_IN_PLACE, whose layout differs.
       const float* source = in;
@@ -102,7 +96,7 @@ class MpiComm final : public Comm {
                                            size_t n_per_rank) override {
     if (n_per_rank == 0) return Done();
     CheckAllGatherBuffers(in, out, n_per_rank);
-    const bool in_place = in == out + static_cast<size_t>(rank_) * n_per_rank;
+    const bool in_place = in == out + static_cast<size_t>(m_.rank) * n_per_rank;
     return Start("all_gather", n_per_rank, nullptr, [&](PendingOp& p) {
       const int count = Count(n_per_rank);
       return MPI_Iallgather(in_place ? MPI_IN_PLACE : in, count, MPI_FLOAT, out, count, MPI_FLOAT,
@@ -118,28 +112,13 @@ class MpiComm final : public Comm {
     });
   }
 
-  // MPI matches the sends and receives of a pair of ranks in the order they were posted,
-  // which is Comm's rule.
   std::unique_ptr<CommWork> SendAsync(const float* data, size_t n, int dst) override {
-    CheckPeer(dst);
-    if (n == 0) return Done();
-    return Start(
-        fmt::format("send to rank {}", global_ranks_[dst]), n, nullptr,
-        [&](PendingOp& p) {
-          return MPI_Isend(data, Count(n), MPI_FLOAT, dst, 0, comm_, &p.request);
-        },
-        /*collective=*/false);
+    // MPI never writes a send buffer; MPI_Isend just takes a void*.
+    return PointToPoint(/*send=*/true, const_cast<float*>(data), n, dst);
   }
 
   std::unique_ptr<CommWork> RecvAsync(float* data, size_t n, int src) override {
-    CheckPeer(src);
-    if (n == 0) return Done();
-    return Start(
-        fmt::format("recv from rank {}", global_ranks_[src]), n, nullptr,
-        [&](PendingOp& p) {
-          return MPI_Irecv(data, Count(n), MPI_FLOAT, src, 0, comm_, &p.request);
-        },
-        /*collective=*/false);
+    return PointToPoint(/*send=*/false, data, n, src);
   }
 
   std::unique_ptr<CommWork> BarrierAsync() override {
@@ -160,23 +139,39 @@ class MpiComm final : public Comm {
     Status status = Errorf(
         "{}: {} failed on rank {} after {} ms (timeout {} ms); {}; cause: MPI did not "
         "complete it in time",
-        name_, op.what, global_ranks_[rank_], elapsed.count(), timeout_.count(), missing);
+        m_.name, op.what, m_.global_ranks[m_.rank], elapsed.count(), m_.timeout.count(), missing);
     Fail(status);
     return status;
   }
 
-  milliseconds timeout() const { return timeout_; }
+  milliseconds timeout() const { return m_.timeout; }
 
  private:
   static std::unique_ptr<CommWork> Done() { return std::make_unique<MpiWork>(Status::Ok()); }
 
   std::function<void()> Averaging(float* data, size_t n, ReduceOp op) const {
     if (op != ReduceOp::kAvg) return nullptr;
-    const float scale = 1.0f / static_cast<float>(size_);
+    const float scale = 1.0f / static_cast<float>(m_.size);
     return [data, n, scale] {
       for (size_t i = 0; i < n; ++i)
         data[i] *= scale;
     };
+  }
+
+  // MPI matches the sends and receives of a pair of ranks in the order they were posted,
+  // which is Comm's rule.
+  std::unique_ptr<CommWork> PointToPoint(bool send, float* data, size_t n, int peer) {
+    CheckPeer(peer);
+    if (n == 0) return Done();
+    const std::string op =
+        fmt::format("{} rank {}", send ? "send to" : "recv from", m_.global_ranks[peer]);
+    return Start(
+        op, n, nullptr,
+        [&](PendingOp& p) {
+          return send ? MPI_Isend(data, Count(n), MPI_FLOAT, peer, 0, comm_, &p.request)
+                      : MPI_Irecv(data, Count(n), MPI_FLOAT, peer, 0, comm_, &p.request);
+        },
+        /*collective=*/false);
   }
 
   // Starts an op with `post` (an MPI_I… call that fills the pending op's request) unless the
@@ -186,7 +181,7 @@ class MpiComm final : public Comm {
                                   bool collective = true) {
     if (std::optional<Status> failed = failure()) {
       return std::make_unique<MpiWork>(Errorf("{}: {} not run: the communicator failed earlier: {}",
-                                              name_, op, failed->message()));
+                                              m_.name, op, failed->message()));
     }
     auto pending = std::make_unique<PendingOp>();
     pending->seq = collective ? ++collective_seq_ : 0;
@@ -208,15 +203,10 @@ class MpiComm final : public Comm {
     if (!failure_) failure_ = status;
   }
 
-  MPI_Comm comm_;
-  PrefixStore store_;
-  const std::string name_;
-  const int rank_;
-  const int size_;
-  const std::vector<int> global_ranks_;
-  const milliseconds timeout_;
+  GroupMembership m_;
   RollCall roll_call_;
-  int64_t collective_seq_ = 0;  // ops are issued from one thread at a time
+  MPI_Comm comm_ = MPI_COMM_NULL;  // set once the members have met
+  int64_t collective_seq_ = 0;     // ops are issued from one thread at a time
   mutable std::mutex mu_;
   std::optional<Status> failure_;
 };
@@ -236,8 +226,8 @@ Result<std::unique_ptr<Comm>> CreateMpiComm(MPI_Comm world, Store& store, const 
                                             milliseconds timeout) {
   CheckMembership(rank, size, global_ranks, timeout);
   const std::vector<int> members = global_ranks;
-  auto comm = std::make_unique<MpiComm>(MPI_COMM_NULL, store, prefix, rank, size,
-                                        std::move(global_ranks), timeout);
+  auto comm =
+      std::make_unique<MpiComm>(store, prefix, rank, size, std::move(global_ranks), timeout);
   // MPI_Comm_create_group has no deadline: it starts only once every member is known to be
   // here.
   DT_RETURN_IF_ERROR(comm->roll_call().Arrive());
