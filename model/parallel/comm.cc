@@ -50,13 +50,4 @@ void CheckMembership(int rank, int size, const std::vector<int>& global_ranks,
   DT_CHECK(timeout > std::chrono::milliseconds(0), "timeout must be positive");
 }
 
-GroupMembership::GroupMembership(Store& base, const std::string& prefix, int rank, int size,
-                                 std::vector<int> global_ranks, std::chrono::milliseconds timeout)
-    : store(base, prefix),
-      name(prefix.substr(prefix.rfind('/') + 1)),
-      rank(rank),
-      size(size),
-      global_ranks(std::move(global_ranks)),
-      timeout(timeout) {}
-
 }  // namespace difftrain::parallel

@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/parallel/store.h"
 
 namespace difftrain::parallel {
 
@@ -97,21 +96,6 @@ class Comm {
 // For the backends' Create functions: fail fast on a membership that cannot be.
 void CheckMembership(int rank, int size, const std::vector<int>& global_ranks,
                      std::chrono::milliseconds timeout);
-
-// What a backend knows of its group: its view of the store (every key under the group's
-// prefix), its name (the prefix's last component, see GroupName), this rank, the size, the
-// members' global ranks (for messages) and the timeout of the rendezvous and of every op.
-struct GroupMembership {
-  GroupMembership(Store& base, const std::string& prefix, int rank, int size,
-                  std::vector<int> global_ranks, std::chrono::milliseconds timeout);
-
-  PrefixStore store;
-  const std::string name;
-  const int rank;
-  const int size;
-  const std::vector<int> global_ranks;
-  const std::chrono::milliseconds timeout;
-};
 
 // The name of a group: its token and its global ranks, "dp[0,2]". Long arithmetic
 // progressions are shortened to their first two and last member, "dp[0,8,..,1016]",

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "model/parallel/group_membership.h"
 #include "model/parallel/mpi/mpi_request.h"
 #include "model/parallel/roll_call.h"
 
