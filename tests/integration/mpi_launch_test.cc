@@ -160,6 +160,24 @@ TEST_F(MpiLaunchTest, ARankThatDiesEndsTheJob) {
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
 }
 
+// `parallel: auto` is chosen once, by rank 0, for the nodes and ranks per node MPI reports
+// (1 × 2 here; the file's cluster section says 1 × 1, which could not run on 2 ranks).
+TEST_F(MpiLaunchTest, ParallelAutoIsChosenForTheMpiWorld) {
+  const fs::path dir = root_ / "auto";
+  fs::create_directories(dir);
+  std::ofstream(dir / "job.yaml")
+      << "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2, "
+         "num_heads: 4, num_classes: 10}\n"
+      << "batch: {micro: 2, global: 4}\n"
+      << "train: {steps: 2, log_every: 1}\n"
+      << "parallel: auto\n"
+      << "cluster: {nodes: 1, devices_per_node: 1}\n";
+  const CommandResult r = RunCommand(Mpirun(dir / "job.yaml", 2));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("on 2 rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 2 steps"), std::string::npos) << r.output;
+}
+
 // Rank 0 reads and resolves the job; a bad one is reported once, and every rank exits 2.
 TEST_F(MpiLaunchTest, ABadJobIsReportedOnceByRankZero) {
   const fs::path job = WriteJob("bad", 3, false, 1, "dp: 2");
