@@ -57,6 +57,10 @@ Status TrainConfig::Validate(int dp) const {
   if (!(parallel.timeout_seconds > 0)) {
     return Errorf("parallel.timeout_seconds must be positive, got {}", parallel.timeout_seconds);
   }
+  if (parallel.backend != "gloo" && parallel.backend != "mpi") {
+    return Errorf("{}: parallel.backend: expected gloo or mpi, found '{}'",
+                  cluster.Where("parallel.backend"), parallel.backend);
+  }
   if (checkpoint.every < 0)
     return Errorf("checkpoint.every must be >= 0, got {}", checkpoint.every);
   if (checkpoint.keep < 1) return Errorf("checkpoint.keep must be >= 1, got {}", checkpoint.keep);
@@ -111,13 +115,16 @@ nlohmann::json TrainConfig::ToJson() const {
             {"overlap", parallel.overlap},
             {"bucket_mb", parallel.bucket_mb},
             {"timeout_seconds", parallel.timeout_seconds},
+            {"backend", parallel.backend},
             {"auto", parallel.automatic}}},
           {"checkpoint",
            {{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep", checkpoint.keep}}}};
 }
 
-Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
-  DT_ASSIGN_OR_RETURN(YAML::Node root, YamlFields::LoadFile(path));
+namespace {
+
+// A job from its parsed YAML; `path` names it in messages.
+Result<TrainConfig> ParseJob(const YAML::Node& root, const std::string& path) {
   YamlFields top(path, root, "");
   TrainConfig c;
   DT_ASSIGN_OR_RETURN(c.model, ModelSpecFromYaml(top.Section("model")));
@@ -190,7 +197,8 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
       .Bool("zero1", c.parallel.zero1)
       .Bool("overlap", c.parallel.overlap)
       .Double("bucket_mb", c.parallel.bucket_mb)
-      .Double("timeout_seconds", c.parallel.timeout_seconds);
+      .Double("timeout_seconds", c.parallel.timeout_seconds)
+      .String("backend", c.parallel.backend);
   DT_RETURN_IF_ERROR(parallel.Finish());
 
   YamlFields ckpt = top.Section("checkpoint");
@@ -203,7 +211,7 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   // layout), located so that those errors point into the file as well.
   c.cluster.Locate(top.Section("model"), "model", {"num_heads", "hidden_size"});
   c.cluster.Locate(batch, "batch", {"micro", "global"});
-  c.cluster.Locate(parallel, "parallel", {"tp"});
+  c.cluster.Locate(parallel, "parallel", {"tp", "backend"});
   c.cluster.Locate(train, "train", {"device"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
@@ -214,6 +222,23 @@ Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
   // Errors located in the file already name it.
   if (!valid.ok()) return valid.message().starts_with(path) ? valid : valid.WithContext(path);
   return c;
+}
+
+}  // namespace
+
+Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(YAML::Node root, YamlFields::LoadFile(path));
+  return ParseJob(root, path);
+}
+
+Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std::string& name) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return Errorf("{}:{}:{}: invalid YAML: {}", name, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  return ParseJob(root, name);
 }
 
 Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& overrides,

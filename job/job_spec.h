@@ -49,6 +49,9 @@ struct ParallelConfig {
   bool overlap = true;            // reduce gradient buckets while backward runs
   double bucket_mb = 4;           // gradient bucket size in MiB
   double timeout_seconds = 120;   // a collective or rendezvous that takes longer fails
+  // The CPU communicators: gloo (TCP, every launch) or mpi (only when mpirun or
+  // srun --mpi=pmix started the ranks; docs/jobs.md). A GPU job's data-parallel group is NCCL.
+  std::string backend = "gloo";
   // `parallel: auto`: tp, cp, pp, dp, zero1 (and train.recompute, and batch.micro when the
   // file leaves it out) are chosen by the planner (model/train/planner.h) in ResolveJob.
   bool automatic = false;
@@ -89,6 +92,9 @@ struct TrainConfig {
   // Reads and checks a job file. A `parallel: auto` job comes back unresolved (automatic set,
   // the layout not chosen): see ResolveJob.
   static Result<TrainConfig> FromYamlFile(const std::string& path);
+  // The same from the text of a job file (a resolved job received over MPI); `name` stands
+  // for the file in messages.
+  static Result<TrainConfig> FromYamlText(const std::string& text, const std::string& name);
 };
 
 // The launcher's view of the cluster, which knows the allocation better than the file:

@@ -96,6 +96,37 @@ TEST_F(JobSpecTest, AnExplicitJobIsShippedAsWritten) {
   EXPECT_EQ(rank->ToJson(), job->ToJson());
 }
 
+// Under mpirun rank 0 sends the resolved job as text: it parses to the same job as the file
+// the controller would have shipped, backend included.
+TEST_F(JobSpecTest, AResolvedJobReceivedAsTextIsTheSameJob) {
+  const std::string path = Write(
+      "model: {name: DiT-S/8, input_size: 16, num_classes: 10}\n"
+      "batch: {micro: 2, global: 8}\n"
+      "parallel: {tp: 2, backend: mpi}\n");
+  std::string yaml;
+  Result<TrainConfig> job = LoadJob(path, {.nodes = 2, .devices_per_node = 2}, &yaml);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_EQ(job->parallel.backend, "mpi");
+  Result<std::string> shipped = ResolvedJobYaml(yaml, *job);
+  ASSERT_TRUE(shipped.ok());
+  Result<TrainConfig> rank = TrainConfig::FromYamlText(*shipped, path);
+  ASSERT_TRUE(rank.ok()) << rank.status().message();
+  EXPECT_EQ(rank->ToJson(), job->ToJson());
+  Result<TrainConfig> broken = TrainConfig::FromYamlText("model: [", "sent.yaml");
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.status().message().find("sent.yaml:1:"), std::string::npos)
+      << broken.status().message();
+}
+
+TEST_F(JobSpecTest, TheBackendIsGlooOrMpi) {
+  Result<TrainConfig> c = TrainConfig::FromYamlFile(
+      Write("model: {name: DiT-S/8, input_size: 16}\nparallel: {backend: nccl}\n"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("parallel.backend: expected gloo or mpi, found 'nccl'"),
+            std::string::npos)
+      << c.status().message();
+}
+
 TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
   Result<TrainConfig> c = TrainConfig::FromYamlFile(Write("model: {name: DiT-M/3}\n"));
   ASSERT_FALSE(c.ok());

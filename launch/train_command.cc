@@ -1,10 +1,12 @@
 // `difftrain train --config JOB.yaml`: training without daemons. One process, or one rank
 // of a parallel layout started by hand, by a test or by a worker daemon (--rank/--world/--store,
-// or the RANK/WORLD_SIZE/STORE environment variables). Resumes from the newest complete
-// checkpoint of checkpoint.dir and writes checkpoints as configured. The rank runtime is
-// worker/rank_runtime.h.
+// or the RANK/WORLD_SIZE/STORE environment variables), or by mpirun / srun --mpi=pmix
+// (worker/mpi_launch.h). Resumes from the newest complete checkpoint of checkpoint.dir and
+// writes checkpoints as configured. The rank runtime is worker/rank_runtime.h.
 #include "common/log.h"
 #include "launch/command.h"
+#include "model/parallel/mpi_world.h"
+#include "worker/mpi_launch.h"
 #include "worker/rank_runtime.h"
 
 namespace difftrain::launch {
@@ -17,6 +19,7 @@ struct TrainFlags {
 
 int RunTrain(const TrainFlags& f) {
   if (Status s = SetupLogging(f.log_level); !s.ok()) return ReportBadInput("train", s.message());
+  if (worker::IsMpiLaunch(f.rank)) return worker::RunMpiRank(f.rank);
   return worker::RunRank(f.rank);
 }
 
@@ -24,8 +27,12 @@ int RunTrain(const TrainFlags& f) {
 
 DIFFTRAIN_COMMAND(
     kTrain, {"train",
-             "Train in this process: alone, or as one rank of a "
-             "parallel layout (parallel.tp/cp/dp/pp)",
+             parallel::MpiBuilt()
+                 ? "Train in this process: alone, or as one rank of a parallel layout "
+                   "(parallel.tp/cp/dp/pp), also under mpirun or srun --mpi=pmix"
+                 : "Train in this process: alone, or as one rank of a parallel layout "
+                   "(parallel.tp/cp/dp/pp); the mpirun / srun --mpi=pmix mode is not built "
+                   "(no Open MPI at build time)",
              [](CLI::App& app) {
                auto f = std::make_shared<TrainFlags>();
                worker::RankOptions& o = f->rank;
@@ -39,6 +46,9 @@ DIFFTRAIN_COMMAND(
                               "restart attempt: communicators of each attempt are "
                               "separate")
                    ->capture_default_str();
+               app.add_option("--metrics-port", o.metrics_port,
+                              "without a worker daemon (mpirun, srun): serve this rank's "
+                              "Prometheus metrics at this port + its local rank");
                app.add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off")
                    ->capture_default_str();
                return [f] { return RunTrain(*f); };

@@ -8,6 +8,9 @@ packages=(
   libzmq3-dev cppzmq-dev libyaml-cpp-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
   libgloo-dev libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev libpng-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # The MPI launch mode and communicator (optional in the build): Open MPI, whose mpirun the
+  # tests use, and PMIx for Slurm's `srun --mpi=pmix` (slurm-wlm-basic-plugins' mpi_pmix).
+  libopenmpi-dev openmpi-bin libpmix2
   python3-torch python3-numpy dataset-fashion-mnist
   # An independent GIF decoder for the tests of difftrain's GIF writer (model/io/gif.h).
   python3-pil

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "model/train/gpu_step.h"
+#include "worker/rank_metrics.h"
 
 namespace difftrain::worker {
 namespace {
@@ -42,8 +43,10 @@ RankReporter::~RankReporter() = default;
 Result<std::unique_ptr<RankReporter>> RankReporter::Open(const TrainConfig& config,
                                                          const Trainer& trainer,
                                                          const ParallelOptions& parallel,
-                                                         parallel::CommTimes& comm_times) {
+                                                         parallel::CommTimes& comm_times,
+                                                         RankMetrics* metrics) {
   std::unique_ptr<RankReporter> r(new RankReporter(config, trainer, comm_times));
+  r->metrics_ = metrics;
   RankReport& place = r->place_;
   place.rank = parallel.rank;
   if (parallel.topology) {
@@ -75,7 +78,7 @@ Result<std::unique_ptr<RankReporter>> RankReporter::Open(const TrainConfig& conf
   r->pipe_fd_ = OpenProgressPipe();
   if (gpu) {
     r->peak_ = {GpuPeakFlops(gpu->device_name()), "table: " + gpu->device_name()};
-  } else if (r->pipe_fd_ >= 0 || r->file_.is_open()) {
+  } else if (r->pipe_fd_ >= 0 || r->file_.is_open() || metrics != nullptr) {
     r->peak_ = MeasureSgemmPeak();
   }
   if (r->peak_.flops_per_second > 0) {
@@ -94,7 +97,8 @@ RankReport RankReporter::Base() const {
   return r;
 }
 
-void RankReporter::ToPipe(const RankReport& report) {
+void RankReporter::Publish(const RankReport& report) {
+  if (metrics_ != nullptr) metrics_->Record(report);
   if (pipe_fd_ < 0) return;
   const std::string text = report.ToJson().dump() + "\n";
   (void)!::write(pipe_fd_, text.data(), text.size());
@@ -104,7 +108,7 @@ void RankReporter::Started(int64_t step) {
   if (step > 0) last_checkpoint_step_ = step;
   RankReport r = Base();
   r.event = "started";
-  ToPipe(r);
+  Publish(r);
 }
 
 void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
@@ -126,7 +130,7 @@ void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
       blocked += seconds;
   }
   r.compute_seconds = std::max(0.0, step_seconds - blocked);
-  ToPipe(r);
+  Publish(r);
   if (file_.is_open()) file_ << r.ToJson().dump() << '\n' << std::flush;
 }
 

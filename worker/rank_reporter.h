@@ -1,6 +1,7 @@
 // A training rank's reports (common/rank_report.h): one line per step to the worker daemon that
-// started it (the pipe DIFFTRAIN_PROGRESS_FD; the daemon exports them to Prometheus) and to the
-// rank's metrics file (train.metrics_file, "{rank}" → the rank).
+// started it (the pipe DIFFTRAIN_PROGRESS_FD; the daemon exports them to Prometheus), to the
+// rank's metrics file (train.metrics_file, "{rank}" → the rank) and, in the MPI launch, which
+// has no daemon, to the rank's own Prometheus metrics.
 #pragma once
 
 #include <cstdint>
@@ -14,14 +15,18 @@
 
 namespace difftrain::worker {
 
+class RankMetrics;
+
 class RankReporter {
  public:
-  // `comm_times` is where the rank's communicators add their waiting time (TimeComm). Measures the
-  // CPU's sgemm peak (for MFU) when anyone reads the reports.
+  // `comm_times` is where the rank's communicators add their waiting time (TimeComm). `metrics`
+  // (optional, must outlive the reporter) records every report too. Measures the CPU's sgemm
+  // peak (for MFU) when anyone reads the reports.
   static Result<std::unique_ptr<RankReporter>> Open(const TrainConfig& config,
                                                     const Trainer& trainer,
                                                     const ParallelOptions& parallel,
-                                                    parallel::CommTimes& comm_times);
+                                                    parallel::CommTimes& comm_times,
+                                                    RankMetrics* metrics = nullptr);
   ~RankReporter();
 
   // The communicators are up; training continues after `step` (resumed from a checkpoint of that
@@ -35,7 +40,8 @@ class RankReporter {
  private:
   RankReporter(const TrainConfig& config, const Trainer& trainer, parallel::CommTimes& times);
   RankReport Base() const;
-  void ToPipe(const RankReport& report);
+  // To the daemon's pipe and to `metrics_`.
+  void Publish(const RankReport& report);
 
   const TrainConfig& config_;
   const Trainer& trainer_;
@@ -45,6 +51,7 @@ class RankReporter {
   RankReport place_;  // rank, coordinates, device, memory
   PeakFlops peak_;
   int pipe_fd_ = -1;
+  RankMetrics* metrics_ = nullptr;
   std::ofstream file_;
   double checkpoint_seconds_ = 0;
   int64_t last_checkpoint_step_ = -1;

@@ -7,19 +7,23 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include <spdlog/spdlog.h>
 
 #include "common/attempt_fence.h"
 #include "common/exit_codes.h"
+#include "common/metrics.h"
 #include "common/topology.h"
 #include "job/job_spec.h"
 #include "model/parallel/gloo_comm.h"
+#include "model/parallel/mpi_world.h"
 #include "model/parallel/store.h"
 #include "model/parallel/timed_comm.h"
 #include "model/train/checkpointing.h"
 #include "model/train/gpu_step.h"
+#include "worker/rank_metrics.h"
 #include "worker/rank_reporter.h"
 #include "worker/store_client.h"
 
@@ -43,10 +47,10 @@ Result<T> FlagOrEnv(const std::optional<T>& flag, const char* env, T fallback) {
 }
 
 // The GPU a rank with train.device cuda computes on: its worker daemon's (DIFFTRAIN_DEVICE
-// cuda:J), else GPU 0.
-Result<int> GpuIndex() {
+// cuda:J), else `fallback` (GPU 0, or the local rank under MPI).
+Result<int> GpuIndex(int fallback) {
   const char* device = std::getenv("DIFFTRAIN_DEVICE");
-  if (device == nullptr || *device == '\0') return 0;
+  if (device == nullptr || *device == '\0') return fallback;
   const std::string value = device;
   if (value == "cpu") {
     return Errorf("train.device is cuda, but this rank's node has no GPU (DIFFTRAIN_DEVICE=cpu)");
@@ -74,9 +78,15 @@ struct Placement {
 // (which carries host buffers) is Gloo.
 Result<Placement> Place(const RankOptions& o, const TrainConfig& config, GpuStep* gpu) {
   Placement p;
-  DT_ASSIGN_OR_RETURN(p.rank, FlagOrEnv(o.rank, "RANK", 0));
-  DT_ASSIGN_OR_RETURN(p.world, FlagOrEnv(o.world, "WORLD_SIZE", 1));
-  DT_ASSIGN_OR_RETURN(std::string store_dir, FlagOrEnv(o.store, "STORE", std::string()));
+  std::string store_dir;
+  if (o.mpi != nullptr) {
+    p.rank = o.mpi->rank();
+    p.world = o.mpi->size();
+  } else {
+    DT_ASSIGN_OR_RETURN(p.rank, FlagOrEnv(o.rank, "RANK", 0));
+    DT_ASSIGN_OR_RETURN(p.world, FlagOrEnv(o.world, "WORLD_SIZE", 1));
+    DT_ASSIGN_OR_RETURN(store_dir, FlagOrEnv(o.store, "STORE", std::string()));
+  }
   if (p.world < 1 || p.rank < 0 || p.rank >= p.world) {
     return Errorf("--rank {} must be in [0, --world {})", p.rank, p.world);
   }
@@ -90,12 +100,24 @@ Result<Placement> Place(const RankOptions& o, const TrainConfig& config, GpuStep
   p.parallel.bucket_elements = static_cast<size_t>(pc.bucket_mb * (1 << 20) / sizeof(float));
   // One process without a store trains alone; with a store it forms a group of one, which
   // runs the same synchronisation code as a larger group.
-  if (p.world == 1 && store_dir.empty()) return p;
-  if (store_dir.empty()) return Status::Error("--world > 1 needs --store DIR (or STORE)");
+  if (pc.backend == "mpi" && o.mpi == nullptr) {
+    return Status::Error(
+        "parallel.backend mpi needs ranks started by mpirun or srun --mpi=pmix; under "
+        "`difftrain run`, the daemons or --store, use parallel.backend gloo");
+  }
+  if (p.world == 1 && store_dir.empty() && o.mpi == nullptr) return p;
+  if (store_dir.empty() && o.mpi == nullptr) {
+    return Status::Error("--world > 1 needs --store DIR (or STORE)");
+  }
   DT_ASSIGN_OR_RETURN(Topology topology, Topology::Create(pc.tp, pc.cp, dp, pc.pp));
-  // A directory (FileStore), or the controller's store (tcp:// or ipc://) under a daemon.
-  const char* keys = std::getenv("DIFFTRAIN_KEYS");
-  DT_ASSIGN_OR_RETURN(p.store, OpenStore(store_dir, keys ? keys : ""));
+  if (o.mpi != nullptr) {
+    // The store rank 0 serves over MPI (worker/mpi_launch.h).
+    p.store = std::make_unique<parallel::PrefixStore>(o.mpi->store(), "mpi");
+  } else {
+    // A directory (FileStore), or the controller's store (tcp:// or ipc://) under a daemon.
+    const char* keys = std::getenv("DIFFTRAIN_KEYS");
+    DT_ASSIGN_OR_RETURN(p.store, OpenStore(store_dir, keys ? keys : ""));
+  }
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(pc.timeout_seconds * 1000));
   // Communicators live under job/attempt/group, so a restarted attempt never meets the
   // keys of the one before. Every rank joins its groups in the same token order.
@@ -111,11 +133,13 @@ Result<Placement> Place(const RankOptions& o, const TrainConfig& config, GpuStep
         fmt::format("train/attempt-{}/{}", o.attempt,
                     parallel::GroupName(name.empty() ? token : name, group.ranks));
     const int size = static_cast<int>(group.ranks.size());
+    const int r = group.rank_in_group;
     DT_ASSIGN_OR_RETURN(
         std::unique_ptr<parallel::Comm> comm,
-        on_gpu ? gpu->JoinGroup(*p.store, prefix, group.rank_in_group, size, group.ranks, timeout)
-               : parallel::CreateGlooComm(*p.store, prefix, group.rank_in_group, size, group.ranks,
-                                          timeout, address));
+        on_gpu ? gpu->JoinGroup(*p.store, prefix, r, size, group.ranks, timeout)
+        : pc.backend == "mpi"
+            ? o.mpi->CreateComm(prefix, r, size, group.ranks, timeout)
+            : parallel::CreateGlooComm(*p.store, prefix, r, size, group.ranks, timeout, address));
     p.comms.push_back(std::move(comm));
     return p.comms.back().get();
   };
@@ -237,6 +261,28 @@ Result<bool> AgreeToStop(Placement& p) {
   return stop > 0;
 }
 
+// A rank's own Prometheus metrics, when it has no worker daemon to serve them.
+struct ServedMetrics {
+  std::unique_ptr<RankMetrics> metrics;
+  std::unique_ptr<MetricsEndpoint> endpoint;
+};
+
+Result<ServedMetrics> ServeMetrics(const RankOptions& o) {
+  ServedMetrics served;
+  if (o.metrics_port <= 0) return served;
+  const int port = o.metrics_port + (o.mpi ? o.mpi->local_rank() : 0);
+  served.metrics = std::make_unique<RankMetrics>();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  served.metrics->SetJob(std::filesystem::path(o.config).stem().string(), host);
+  Result<std::unique_ptr<MetricsEndpoint>> endpoint =
+      MetricsEndpoint::Start(port, served.metrics->registry());
+  if (!endpoint.ok()) return endpoint.status().WithContext("serving this rank's metrics");
+  served.endpoint = std::move(endpoint).value();
+  spdlog::info("serving this rank's metrics at http://{}:{}/metrics", host, port);
+  return served;
+}
+
 int Fail(const std::string& message) {
   spdlog::error("{}", message);
   return kExitJobFailed;
@@ -249,7 +295,9 @@ int RunRank(const RankOptions& o) {
   std::signal(SIGPIPE, SIG_IGN);
   std::signal(SIGTERM, OnStopSignal);
   std::signal(SIGUSR1, OnStopSignal);
-  Result<TrainConfig> loaded = TrainConfig::FromYamlFile(o.config);
+  Result<TrainConfig> loaded = o.config_text.empty()
+                                   ? TrainConfig::FromYamlFile(o.config)
+                                   : TrainConfig::FromYamlText(o.config_text, o.config);
   if (!loaded.ok()) return ReportBadInput("train", loaded.status().message());
   TrainConfig config = *loaded;
   if (o.steps) config.steps = *o.steps;
@@ -260,7 +308,7 @@ int RunRank(const RankOptions& o) {
   parallel::CommTimes comm_times;
   std::unique_ptr<GpuStep> gpu;
   if (config.device == "cuda") {
-    Result<int> index = GpuIndex();
+    Result<int> index = GpuIndex(o.mpi ? o.mpi->local_rank() : 0);
     if (!index.ok()) return ReportBadInput("train", index.status().message());
     Result<std::unique_ptr<GpuStep>> made = GpuStep::Create(config, *index);
     if (!made.ok()) return ReportBadInput("train", made.status().WithContext(o.config).message());
@@ -287,8 +335,10 @@ int RunRank(const RankOptions& o) {
     if (!resumed.ok()) return Fail(resumed.status().message());
     if (*resumed) spdlog::info("resumed from step {} of {}", **resumed, store->dir());
   }
+  Result<ServedMetrics> served = ServeMetrics(o);
+  if (!served.ok()) return ReportBadInput("train", served.status().message());
   Result<std::unique_ptr<RankReporter>> reporter =
-      RankReporter::Open(config, trainer, p.parallel, comm_times);
+      RankReporter::Open(config, trainer, p.parallel, comm_times, served->metrics.get());
   if (!reporter.ok()) return Fail(reporter.status().message());
   const int dp = trainer.dp_size();
   spdlog::info(

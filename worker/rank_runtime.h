@@ -8,6 +8,10 @@
 #include <optional>
 #include <string>
 
+namespace difftrain::parallel {
+class MpiWorld;
+}
+
 namespace difftrain::worker {
 
 struct RankOptions {
@@ -16,6 +20,13 @@ struct RankOptions {
   std::optional<int> rank, world;
   std::optional<std::string> store;  // rendezvous: a directory, or the controller's address
   int attempt = 0;                   // restart attempt: each attempt's communicators are apart
+  // Started by mpirun or srun --mpi=pmix (worker/mpi_launch.h): the rank, the world, the GPU
+  // (the local rank), the store and `parallel.backend: mpi` come from MPI.
+  parallel::MpiWorld* mpi = nullptr;
+  std::string config_text;  // the resolved job itself (from rank 0 under MPI); else read `config`
+  // Without a worker daemon (the MPI launch): serve this rank's Prometheus metrics at
+  // http://HOST:(metrics_port + local rank)/metrics; 0: off.
+  int metrics_port = 0;
 };
 
 // Trains this rank to the end of the job, or until a signal stops it after a checkpoint.

@@ -86,7 +86,7 @@ start() {
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
   chmod 0700 "$dir"
-  mkdir -p "$dir"/{state,spool,log,munge}
+  mkdir -p "$dir"/{state,spool,log,munge} "$dir"/tmp/{n1,n2}
   chmod 0700 "$dir/munge"
   # Whatever started is stopped again if the start fails half-way.
   trap 'stop "$dir" >/dev/null 2>&1' EXIT
@@ -117,6 +117,7 @@ SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
+TmpFS=$dir/tmp/%n
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd-%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log

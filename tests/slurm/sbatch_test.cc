@@ -415,6 +415,58 @@ TEST_F(SbatchTest, TwoNodeJobTrainsToCompletion) {
   EXPECT_EQ(step, spec.steps);
 }
 
+// DIFFTRAIN_LAUNCH=mpi: the batch script runs one `srun --mpi=pmix` step of one task per rank
+// instead of the daemons; the ranks resolve the job on rank 0 and train without a controller.
+class SbatchMpiTest : public SbatchTest {
+ protected:
+  void SetUp() override {
+    SbatchTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    const CommandResult help = testing::RunDifftrain("train --help");
+    if (help.output.find("mode is not built") != std::string::npos) {
+      GTEST_SKIP() << "difftrain was built without MPI: " << help.output;
+    }
+    const CommandResult plugins = RunCommand("srun --mpi=list");
+    if (plugins.output.find("pmix") == std::string::npos) {
+      GTEST_SKIP() << "Slurm's mpi_pmix plugin is not available (slurm-wlm-basic-plugins and "
+                      "libpmix2): "
+                   << plugins.output;
+    }
+    ::setenv("DIFFTRAIN_LAUNCH", "mpi", 1);
+  }
+
+  // Runs `spec` as one MPI step of two ranks over `nodes` node(s); returns the job's output.
+  std::string TrainToCompletion(const std::string& name, int nodes) {
+    const JobSpec spec{
+        .hidden = 32, .micro = 2, .steps = 40, .log_every = 10, .checkpoint_every = 20};
+    const fs::path job = WriteJob(name, spec);
+    ::setenv("DIFFTRAIN_CPU_RANKS_PER_NODE", std::to_string(2 / nodes).c_str(), 1);
+    const std::string id = Submit(job, "--nodes=" + std::to_string(nodes));
+    const auto end = WaitForEnd(id);
+    const std::string output = Output(id);
+    EXPECT_EQ(end.at("JobState"), "COMPLETED") << output;
+    EXPECT_THAT(output, HasSubstr("launched by srun --mpi=pmix, without the controller"));
+    EXPECT_THAT(output, HasSubstr("ranks (srun --mpi=pmix) exit 0: SUCCEEDED; exit 0"));
+    EXPECT_THAT(output, HasSubstr("(tp 1 cp 1 dp 2 pp 1)"));
+    EXPECT_FALSE(fs::exists(KeysDir(job))) << "the MPI launch makes no keys";
+    int64_t step = 0;
+    EXPECT_FALSE(FinalState(job, &step).empty()) << output;
+    EXPECT_EQ(step, spec.steps);
+    return output;
+  }
+};
+
+TEST_F(SbatchMpiTest, TwoTasksOnOneNodeTrainToCompletion) {
+  TrainToCompletion("mpi_one_node", 1);
+}
+
+// Across the two emulated nodes: each slurmd would make the same PMIx client directory
+// /tmp/spmix_appdir_<uid>_<job>.<step> ("File exists"); cluster.sh gives each node its own
+// TmpFS ($dir/tmp/%n), under which Slurm's PMIx plugin makes it.
+TEST_F(SbatchMpiTest, OneTaskOnEachOfTwoNodesTrainsToCompletion) {
+  TrainToCompletion("mpi_two_nodes", 2);
+}
+
 TEST_F(SbatchTest, WarnedJobCheckpointsAndItsResubmissionMatchesAnUninterruptedRun) {
   const JobSpec spec = WarnedSpec();
   const auto reference = Reference(spec);
@@ -491,13 +543,15 @@ class SbatchScriptTest : public ::testing::Test {
     std::ofstream(root_ / "jobs/dit.yaml") << "model: {name: DiT-XL/2}\n";
     // srun: one line per call, each argument after a '|', appended in one write (the
     // controller and worker steps run at once); the controller step exits with
-    // $FAKE_CONTROLLER_EXIT, the worker step with $FAKE_WORKERS_EXIT; the keys step sends the
+    // $FAKE_CONTROLLER_EXIT, the worker step with $FAKE_WORKERS_EXIT, the MPI launch's ranks
+    // with $FAKE_RANKS_EXIT; the keys step sends the
     // batch script the warning signal when $FAKE_WARN_DURING_KEYS is set.
     Script("srun", R"(line=$(printf '|%s' "$@" ''); echo "$line" >>"$LOG/srun"
 case " $* " in
   *" keys "*) [[ -z $FAKE_WARN_DURING_KEYS ]] || kill -USR1 "$PPID" ;;
   *" controller "*) exit "${FAKE_CONTROLLER_EXIT:-0}" ;;
   *" worker "*) exit "${FAKE_WORKERS_EXIT:-0}" ;;
+  *" train "*) exit "${FAKE_RANKS_EXIT:-0}" ;;
 esac)");
     Script("scontrol", R"(echo "$*" >>"$LOG/scontrol"
 case "$1 $2" in
@@ -579,6 +633,27 @@ TEST_F(SbatchScriptTest, ContainerOptionsGpusAndTheControllerAddressReachEverySt
                         keys + "|--devices|8|"));
   EXPECT_THAT(output_, HasSubstr("controller exit 0, worker daemons exit 0: SUCCEEDED; exit 0"));
   EXPECT_FALSE(fs::exists(keys)) << "the keys outlived the job";
+}
+
+// DIFFTRAIN_LAUNCH=mpi: no keys, no daemons, one srun --mpi=pmix step of one task per GPU,
+// whose exit code is the job's.
+TEST_F(SbatchScriptTest, MpiLaunchIsOnePmixStepOfTheRanks) {
+  ASSERT_EQ(RunBatch("DIFFTRAIN_LAUNCH=mpi FAKE_RANKS_EXIT=75 DIFFTRAIN_REQUEUE=0", ""), 75)
+      << output_;
+  const std::vector<std::string> calls = SrunCalls();
+  ASSERT_EQ(calls.size(), 1u) << output_;
+  EXPECT_THAT(calls[0], HasSubstr("|--overlap|--kill-on-bad-exit=0|--mpi=pmix|--nodes=2|"
+                                  "--ntasks=16|--ntasks-per-node=8|--cpus-per-task=8|/bin/sh|-c|"
+                                  "exec \"$0\" train \"$@\" --metrics-port "
+                                  "$((9401 + 0 * 8 * SLURM_NODEID))|difftrain|--config|"));
+  EXPECT_THAT(calls[0], HasSubstr("/jobs/dit.yaml|"));
+  EXPECT_THAT(output_, HasSubstr("launched by srun --mpi=pmix, without the controller"));
+  EXPECT_THAT(output_,
+              HasSubstr("ranks (srun --mpi=pmix) exit 75: CHECKPOINTED, not finished; exit 75"));
+  EXPECT_FALSE(fs::exists(root_ / ".difftrain/slurm-keys")) << "the MPI launch makes no keys";
+
+  EXPECT_EQ(RunBatch("DIFFTRAIN_LAUNCH=ssh", ""), 2) << output_;
+  EXPECT_THAT(output_, HasSubstr("DIFFTRAIN_LAUNCH='ssh': expected daemons or mpi"));
 }
 
 TEST_F(SbatchScriptTest, CheckpointedJobRequeuesItselfOnlyWhenRequeueable) {
