@@ -85,10 +85,11 @@ class TransformerFamily final : public ModelFamily {
     }
     // DiT calls any overridden config custom; a video model keeps its name while its
     // frames, classes or σ change, which leave the named shape as it is.
-    for (const auto& [field, value] : r.overrides.items()) {
+    for (const auto& item : r.overrides.items()) {
+      const std::string field = item.key();
       const bool shape =
           std::find_if(std::begin(kShapeFields), std::end(kShapeFields),
-                       [&](const char* f) { return field == f; }) != std::end(kShapeFields);
+                       [&field](const char* f) { return field == f; }) != std::end(kShapeFields);
       if (!k_.video || shape) c.name = k_.custom_name;
     }
     Init(c);
