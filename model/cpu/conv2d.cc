@@ -100,11 +100,12 @@ void Conv2dBackward(T* din, T* dweight, T* dbias, const T* dout, const T* in, co
       Gemm(false, true, s.Co, KK, HWo, T(1), dy, HWo, pointwise ? x : col, HWo, T(1), dweight, KK);
     }
     if (dbias != nullptr) {
+      // In double, as ChannelAffineBackward's sums (model/cpu/affine.cc).
       for (int o = 0; o < s.Co; ++o) {
-        T sum = 0;
+        double sum = 0;
         for (int k = 0; k < HWo; ++k)
           sum += dy[static_cast<size_t>(o) * HWo + k];
-        dbias[o] += sum;
+        dbias[o] += static_cast<T>(sum);
       }
     }
     if (din != nullptr) {

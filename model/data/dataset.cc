@@ -24,9 +24,11 @@ PrefixDataset::PrefixDataset(const Dataset& source, int64_t count)
 
 Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec) {
   if (spec.kind == "synthetic") {
-    if (spec.channels < 1 || spec.image_size < 1 || spec.num_classes < 1) {
+    // No classes: unlabelled samples (label 0), for text-conditional models.
+    if (spec.channels < 1 || spec.image_size < 1 || spec.num_classes < 0) {
       return Errorf(
-          "synthetic dataset needs positive channels, image size and classes, got {}, {}, {}",
+          "synthetic dataset needs positive channels and image size and classes >= 0, got {}, "
+          "{}, {}",
           spec.channels, spec.image_size, spec.num_classes);
     }
     return std::unique_ptr<Dataset>(std::make_unique<SyntheticDataset>(

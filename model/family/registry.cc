@@ -9,12 +9,14 @@
 #include "model/dit/family.h"
 #include "model/family/family.h"
 #include "model/train/gpu_step.h"
+#include "model/unet/family.h"
 
 namespace difftrain {
 
 const std::vector<const ModelFamily*>& ModelFamilies() {
   static const std::vector<const ModelFamily*> families = {
       &DiTFamily(),
+      &UNetFamily(),
   };
   return families;
 }
