@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "model/data/dataset.h"
+#include "model/train/trainer.h"
 #include "model/unet/plan.h"
 #include "model/unet/unet.h"
 
@@ -152,6 +154,26 @@ TEST(UNetModel, GradientsAccumulateAndReadyOffsetsDecrease) {
     nonzero += once[i] != 0;
   }
   EXPECT_EQ(nonzero, once.size());  // every parameter is on a path to the output
+}
+
+// `difftrain info`'s memory model (PlanMemory, through the family) is what a training rank
+// of a tiny UNet allocates, arena by arena.
+TEST(UNetModel, PlannedMemoryIsWhatATrainerAllocates) {
+  TrainConfig config;
+  config.model = UNetSpec(Tiny());
+  config.micro_batch = config.global_batch = 3;
+  const SampleSchema x = UNetFamily().Samples(config.model);
+  Trainer trainer(config, std::make_unique<SyntheticDataset>(1, x.channels, x.height, 0));
+  Result<MemoryBytes> planned =
+      PlanMemory(config.model, {}, 0, 3, 1, false, 1, size_t{1} << 20, false);
+  ASSERT_TRUE(planned.ok()) << planned.status().message();
+  const MemoryBytes real = trainer.memory();
+  EXPECT_EQ(planned->parameters, real.parameters);
+  EXPECT_EQ(planned->gradients, real.gradients);
+  EXPECT_EQ(planned->optimizer, real.optimizer);
+  EXPECT_EQ(planned->ema, real.ema);
+  EXPECT_EQ(planned->activations, real.activations);
+  EXPECT_GT(real.activations, 0u);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The UNet trains data-parallel, with ZeRO-1 and gradient accumulation, as the same
 // computation as one process: real `difftrain train` ranks of a tiny text-conditioned UNet
 // over Gloo on loopback, compared step by step and parameter by parameter with a single
-// process on the same global batch; and a model-parallel layout is refused naming its axis.
+// process on the same global batch; a model-parallel layout is refused naming its axis; and
+// its checkpoint loads where sampling refuses it.
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -58,6 +59,17 @@ TEST_F(UNetDataParallelTest, TensorParallelIsRefusedNamingTheAxis) {
                                               testing::ShellQuote(job.string()) + " 2>&1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("parallel.tp"), std::string::npos) << r.output;
+}
+
+// A UNet checkpoint is written and read back by `sample`, which refuses it for now, saying why.
+TEST_F(UNetDataParallelTest, SamplingATextModelIsRefusedSayingWhy) {
+  const std::filesystem::path reference = Reference(kMicro, 2);
+  const CommandResult r = testing::RunCommand(
+      std::string(DIFFTRAIN_BINARY) + " sample --checkpoint " +
+      testing::ShellQuote((reference / "ckpt").string()) + " --classes 0 --raw " +
+      testing::ShellQuote((reference / "samples.safetensors").string()) + " 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("text-conditional"), std::string::npos) << r.output;
 }
 
 }  // namespace
