@@ -27,7 +27,8 @@ file(GLOB fuzz_headers CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/common/*.h
   ${CMAKE_SOURCE_DIR}/job/*.h ${CMAKE_SOURCE_DIR}/model/family/*.h
   ${CMAKE_SOURCE_DIR}/model/train/*.h ${CMAKE_SOURCE_DIR}/model/dit/*.h
   ${CMAKE_SOURCE_DIR}/model/cpu/*.h ${CMAKE_SOURCE_DIR}/model/parallel/*.h
-  ${CMAKE_SOURCE_DIR}/model/diffusion/*.h ${CMAKE_SOURCE_DIR}/model/optim/*.h)
+  ${CMAKE_SOURCE_DIR}/model/diffusion/*.h ${CMAKE_SOURCE_DIR}/model/optim/*.h
+  ${CMAKE_SOURCE_DIR}/model/unet/*.h)
 
 # `make build` configures on every call: a script rewritten with the same text would still
 # get a new mtime and re-link the targets that depend on it. Only a change is written.
@@ -93,7 +94,10 @@ difftrain_fuzz_target(job_spec_fuzz
   model/dit/shard.cc model/cpu/activation.cc model/cpu/attention.cc model/cpu/embed.cc
   model/cpu/layernorm.cc model/cpu/linear.cc model/cpu/modulate.cc
   model/parallel/mappings.cc model/diffusion/gaussian_diffusion.cc model/optim/adamw.cc
-  model/train/planner.cc model/train/gpu_step.cc model/device.cc model/tensor/tensor_table.cc)
+  model/train/planner.cc model/train/gpu_step.cc model/device.cc model/tensor/tensor_table.cc
+  model/unet/family.cc model/unet/config.cc model/unet/plan.cc model/unet/unet.cc
+  model/unet/layers.cc model/unet/resnet.cc model/unet/transformer.cc model/cpu/conv2d.cc
+  model/cpu/groupnorm.cc model/cpu/affine.cc model/cpu/upsample.cc)
 difftrain_fuzz_target(checkpoint_fuzz "-lfmt;-lz"
   tests/fuzz/checkpoint_fuzz.cc model/io/safetensors.cc model/io/posix_file.cc
   model/tensor/tensor_table.cc)

@@ -21,6 +21,14 @@ std::string YamlFields::FieldPath(const std::string& key) const {
   return path_.empty() ? key : path_ + "." + key;
 }
 
+const YAML::Node& YamlFields::TakeAll() {
+  if (node_.IsMap()) {
+    for (const auto& kv : node_)
+      read_.insert(kv.first.as<std::string>());
+  }
+  return node_;
+}
+
 bool YamlFields::Has(const std::string& key) const {
   return node_ && node_.IsMap() && node_[key];
 }

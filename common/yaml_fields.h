@@ -31,6 +31,9 @@ class YamlFields {
   // A nested mapping; absent gives a null node that reads as "all defaults".
   YamlFields Section(const std::string& key);
   bool Has(const std::string& key) const;
+  // The whole mapping, every key counted as read: for a section whose keys its reader checks
+  // its own way (a UNet's diffusers config, model/unet/family.cc).
+  const YAML::Node& TakeAll();
 
   // The first error of this reader, or an error naming every key nobody read.
   Status Finish() const;

@@ -36,6 +36,13 @@ Status TrainConfig::Validate(int dp) const {
     return Status::Error(
         "diffusion.learn_sigma_loss needs model.learn_sigma: true (the variance channels)");
   }
+  if (learn_sigma_loss && diffusion.prediction != "epsilon") {
+    return Status::Error("diffusion.learn_sigma_loss is for epsilon-prediction");
+  }
+  if (recompute && !FamilyOf(model).recomputes()) {
+    return Errorf("train.recompute: the {} family does not implement activation recomputation",
+                  model.family);
+  }
   if (micro_batch < 1) return Errorf("batch.micro must be positive, got {}", micro_batch);
   if (global_batch < 1) return Errorf("batch.global must be positive, got {}", global_batch);
   if (global_batch % (micro_batch * dp) != 0) {
@@ -146,7 +153,8 @@ Result<TrainConfig> ParseJob(const YAML::Node& root, const std::string& path) {
       .Double("beta_start", c.diffusion.beta_start)
       .Double("beta_end", c.diffusion.beta_end)
       .String("loss_weighting", c.diffusion.loss_weighting)
-      .Double("min_snr_gamma", c.diffusion.min_snr_gamma);
+      .Double("min_snr_gamma", c.diffusion.min_snr_gamma)
+      .String("prediction", c.diffusion.prediction);
   DT_RETURN_IF_ERROR(diffusion.Finish());
 
   YamlFields opt = top.Section("optimizer");

@@ -15,6 +15,7 @@ struct DebugDumpOptions {
   uint64_t seed = 0;
   int batch = 4;
   bool random_weights = false;
+  DiffusionConfig diffusion;
   std::string out;
 };
 
@@ -33,6 +34,10 @@ int RunDebugDump(const DebugDumpOptions& o) {
   config.model = *model;
   config.seed = o.seed;
   config.micro_batch = config.global_batch = o.batch;
+  config.diffusion = o.diffusion;
+  if (Status valid = o.diffusion.Validate(); !valid.ok()) {
+    return ReportBadInput("debug-dump", valid.message());
+  }
   const SampleSchema x = FamilyOf(*model).Samples(*model);
   Trainer trainer(config, std::make_unique<SyntheticDataset>(o.seed, x.channels, x.height,
                                                              x.num_classes, x.frames));
@@ -56,7 +61,10 @@ int RunDebugDump(const DebugDumpOptions& o) {
   file.AddF32("input.noise", BatchShape(B, x, x.channels), batch.noise.data());
   file.Add("input.t", io::DType::kI64, {B}, batch.t.data());
   std::vector<int64_t> labels(batch.y.begin(), batch.y.end());
-  file.Add("input.y", io::DType::kI64, {B}, labels.data());
+  if (x.num_classes > 0) file.Add("input.y", io::DType::kI64, {B}, labels.data());
+  if (x.context_length > 0) {
+    file.AddF32("input.context", {B, x.context_length, x.context_dim}, batch.context.data());
+  }
   file.AddF32("input.x_t", BatchShape(B, x, x.channels), batch.x_t.data());
   file.AddF32("output", BatchShape(B, x, x.out_channels), trainer.last_output());
   file.AddF32("loss", {1}, &loss);
@@ -92,6 +100,14 @@ DIFFTRAIN_COMMAND(kDebugDump,
                      app.add_flag("--random-weights", o->random_weights,
                                   "draw every parameter at random (also the "
                                   "zero-initialised ones)");
+                     app.add_option("--schedule", o->diffusion.schedule,
+                                    "beta schedule: linear, scaled_linear or cosine")
+                         ->capture_default_str();
+                     app.add_option("--beta-start", o->diffusion.beta_start)->capture_default_str();
+                     app.add_option("--beta-end", o->diffusion.beta_end)->capture_default_str();
+                     app.add_option("--prediction", o->diffusion.prediction,
+                                    "what the model predicts: epsilon or v")
+                         ->capture_default_str();
                      app.add_option("--out", o->out, "output .safetensors file")->required();
                      return [o] { return RunDebugDump(*o); };
                    }});

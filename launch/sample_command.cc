@@ -195,6 +195,12 @@ int RunSample(const SampleOptions& o) {
   const Checkpoint& ckpt = *loaded;
   const ModelFamily& family = FamilyOf(ckpt.model);
   const SampleSchema m = family.Samples(ckpt.model);
+  if (m.context_length > 0) {
+    return bad(fmt::format(
+        "--checkpoint: a {} model is text-conditional, and sampling from prompts is not "
+        "implemented yet (docs/unet.md)",
+        ckpt.model.family));
+  }
   const bool has_null_class = m.num_classes > 0 && m.label_dropout > 0;
   if (!o.gif.empty() && !m.video) return bad("--gif is for video models (Latte)");
   if (o.gif_delay_cs < 1) return bad("--gif-delay must be positive");

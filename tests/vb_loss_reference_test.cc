@@ -117,17 +117,16 @@ TEST_P(VbLossReferenceTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, VbLossReferenceTest,
-    ::testing::Values(LossCase{"LearnSigmaNearNoise", true, true, 1.0f, false},
-                      LossCase{"LearnSigmaUntrained", true, false, 1.0f, false},
-                      LossCase{"LearnSigmaGradScale", true, true, 0.25f, false},
-                      LossCase{"EpsilonOnly", false, false, 1.0f, false},
-                      LossCase{"CorruptGradientIsCaught", true, true, 1.0f, true},
-                      LossCase{"CosineSchedule", true, true, 1.0f, false, "cosine"},
-                      LossCase{"MinSnrWeighted", false, true, 0.5f, false, "linear", "min_snr"},
-                      LossCase{"CosineMinSnrLearnSigma", true, true, 1.0f, false, "cosine",
-                               "min_snr"},
-                      LossCase{"CorruptWeightedGradientIsCaught", false, true, 1.0f, true, "cosine",
-                               "min_snr"}),
+    ::testing::Values(
+        LossCase{"LearnSigmaNearNoise", true, true, 1.0f, false},
+        LossCase{"LearnSigmaUntrained", true, false, 1.0f, false},
+        LossCase{"LearnSigmaGradScale", true, true, 0.25f, false},
+        LossCase{"EpsilonOnly", false, false, 1.0f, false},
+        LossCase{"CorruptGradientIsCaught", true, true, 1.0f, true},
+        LossCase{"CosineSchedule", true, true, 1.0f, false, "cosine"},
+        LossCase{"MinSnrWeighted", false, true, 0.5f, false, "linear", "min_snr"},
+        LossCase{"CosineMinSnrLearnSigma", true, true, 1.0f, false, "cosine", "min_snr"},
+        LossCase{"CorruptWeightedGradientIsCaught", false, true, 1.0f, true, "cosine", "min_snr"}),
     [](const ::testing::TestParamInfo<LossCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -51,6 +51,36 @@ void SiluBackward(T* din, const T* dout, const T* in, size_t n) {
   }
 }
 
+template <typename T>
+void GegluForward(T* out, const T* in, size_t N, size_t F) {
+#pragma omp parallel for schedule(static)
+  for (size_t n = 0; n < N; ++n) {
+    const T* x = in + n * 2 * F;
+    const T* gate = x + F;
+    for (size_t f = 0; f < F; ++f)
+      out[n * F + f] = x[f] * T(0.5) * gate[f] * (T(1) + std::erf(gate[f] * T(M_SQRT1_2)));
+  }
+}
+
+template <typename T>
+void GegluBackward(T* din, const T* dout, const T* in, size_t N, size_t F) {
+  // GELU'(g) = Φ(g) + g · φ(g), φ the standard normal density.
+  const T inv_sqrt_2pi = T(0.5 * M_2_SQRTPI * M_SQRT1_2);
+#pragma omp parallel for schedule(static)
+  for (size_t n = 0; n < N; ++n) {
+    const T* x = in + n * 2 * F;
+    const T* gate = x + F;
+    T* dx = din + n * 2 * F;
+    T* dgate = dx + F;
+    for (size_t f = 0; f < F; ++f) {
+      const T g = gate[f], dy = dout[n * F + f];
+      const T cdf = T(0.5) * (T(1) + std::erf(g * T(M_SQRT1_2)));
+      dx[f] += dy * g * cdf;
+      dgate[f] += dy * x[f] * (cdf + g * inv_sqrt_2pi * std::exp(T(-0.5) * g * g));
+    }
+  }
+}
+
 template void GeluForward<float>(float*, const float*, size_t);
 template void GeluForward<double>(double*, const double*, size_t);
 template void GeluBackward<float>(float*, const float*, const float*, size_t);
@@ -59,5 +89,9 @@ template void SiluForward<float>(float*, const float*, size_t);
 template void SiluForward<double>(double*, const double*, size_t);
 template void SiluBackward<float>(float*, const float*, const float*, size_t);
 template void SiluBackward<double>(double*, const double*, const double*, size_t);
+template void GegluForward<float>(float*, const float*, size_t, size_t);
+template void GegluForward<double>(double*, const double*, size_t, size_t);
+template void GegluBackward<float>(float*, const float*, const float*, size_t, size_t);
+template void GegluBackward<double>(double*, const double*, const double*, size_t, size_t);
 
 }  // namespace difftrain::cpu

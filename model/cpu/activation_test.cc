@@ -121,5 +121,34 @@ TEST_P(ActivationTest, FloatMatchesDouble) {
 INSTANTIATE_TEST_SUITE_P(Cpu, ActivationTest, ::testing::Values(kGelu, kSilu),
                          ::testing::PrintToStringParamName());
 
+// GEGLU over rows (x, gate) of 2F: out = x · GELU_erf(gate), both halves' gradients, the +=
+// contract, float against double.
+TEST(Geglu, ForwardGradientAccumulationAndFloat) {
+  constexpr size_t N = 3, F = 7;
+  std::mt19937 rng(404);
+  Vector in = gradcheck::Random(N * 2 * F, rng, -4.0, 4.0), dout = gradcheck::Random(N * F, rng);
+  Vector out(N * F), expected(N * F), din(N * 2 * F);
+  GegluForward(out.data(), in.data(), N, F);
+  for (size_t n = 0; n < N; ++n)
+    for (size_t f = 0; f < F; ++f) {
+      const double g = in[n * 2 * F + F + f];
+      expected[n * F + f] = in[n * 2 * F + f] * 0.5 * g * std::erfc(-g / std::sqrt(2.0));
+    }
+  EXPECT_TRUE(gradcheck::Near(out, expected, 1e-14));
+  GegluBackward(din.data(), dout.data(), in.data(), N, F);
+  EXPECT_TRUE(gradcheck::GradientMatches(
+      in, din, dout, [&](Vector& o) { GegluForward(o.data(), in.data(), N, F); }));
+  EXPECT_TRUE(gradcheck::Accumulates(
+      {{"din", &din}}, [&] { GegluBackward(din.data(), dout.data(), in.data(), N, F); }));
+  const auto in_f = gradcheck::Convert<float>(in), dout_f = gradcheck::Convert<float>(dout);
+  std::vector<float> out_f(N * F), din_f(N * 2 * F);
+  Vector din_d(N * 2 * F);
+  GegluForward(out_f.data(), in_f.data(), N, F);
+  GegluBackward(din_f.data(), dout_f.data(), in_f.data(), N, F);
+  GegluBackward(din_d.data(), dout.data(), in.data(), N, F);
+  EXPECT_TRUE(gradcheck::Near(out_f, out, 1e-5));
+  EXPECT_TRUE(gradcheck::Near(din_f, din_d, 1e-5));
+}
+
 }  // namespace
 }  // namespace difftrain::cpu

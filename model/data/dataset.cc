@@ -25,6 +25,7 @@ PrefixDataset::PrefixDataset(const Dataset& source, int64_t count)
 
 Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec) {
   if (spec.kind == "synthetic") {
+    // No classes: unlabelled samples (label 0), for text-conditional and unconditional models.
     if (spec.channels < 1 || spec.image_size < 1 || spec.num_classes < 0 || spec.frames < 1) {
       return Errorf(
           "synthetic dataset needs positive channels, image size and frames, and classes >= 0, "

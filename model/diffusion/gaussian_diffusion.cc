@@ -21,16 +21,26 @@ constexpr double kCosineMaxBeta = 0.999;
 
 Status DiffusionConfig::Validate() const {
   if (steps < 1) return Errorf("diffusion.steps must be positive, got {}", steps);
-  if (schedule != "linear" && schedule != "cosine") {
-    return Errorf("diffusion.schedule: expected linear or cosine, found '{}'", schedule);
+  if (schedule != "linear" && schedule != "cosine" && schedule != "scaled_linear") {
+    return Errorf("diffusion.schedule: expected linear, scaled_linear or cosine, found '{}'",
+                  schedule);
   }
-  if (schedule == "linear" && !(beta_start > 0 && beta_start <= beta_end && beta_end < 1)) {
+  if (schedule != "cosine" && !(beta_start > 0 && beta_start <= beta_end && beta_end < 1)) {
     return Errorf("diffusion betas must satisfy 0 < beta_start <= beta_end < 1, got {} and {}",
                   beta_start, beta_end);
   }
   if (loss_weighting != "uniform" && loss_weighting != "min_snr") {
     return Errorf("diffusion.loss_weighting: expected uniform or min_snr, found '{}'",
                   loss_weighting);
+  }
+  if (prediction != "epsilon" && prediction != "v") {
+    return Errorf("diffusion.prediction: expected epsilon or v, found '{}'", prediction);
+  }
+  if (prediction == "v" && loss_weighting != "uniform") {
+    return Errorf(
+        "diffusion.loss_weighting {} is for epsilon-prediction; v-prediction trains "
+        "with uniform weights",
+        loss_weighting);
   }
   if (!(min_snr_gamma > 0)) {
     return Errorf("diffusion.min_snr_gamma: expected a positive number, found {}", min_snr_gamma);
@@ -44,7 +54,8 @@ nlohmann::json DiffusionConfig::ToJson() const {
           {"beta_start", beta_start},
           {"beta_end", beta_end},
           {"loss_weighting", loss_weighting},
-          {"min_snr_gamma", min_snr_gamma}};
+          {"min_snr_gamma", min_snr_gamma},
+          {"prediction", prediction}};
 }
 
 Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
@@ -56,6 +67,7 @@ Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
     c.beta_end = json.at("beta_end").get<double>();
     c.loss_weighting = json.value("loss_weighting", c.loss_weighting);
     c.min_snr_gamma = json.value("min_snr_gamma", c.min_snr_gamma);
+    c.prediction = json.value("prediction", c.prediction);
   } catch (const nlohmann::json::exception& e) {
     return Errorf("malformed diffusion config: {}", e.what());
   }
@@ -75,6 +87,11 @@ GaussianDiffusion::GaussianDiffusion(const DiffusionConfig& config) : config_(co
       betas_[i] = std::min(1.0 - CosineAlphaBar(static_cast<double>(i + 1) / n) /
                                      CosineAlphaBar(static_cast<double>(i) / n),
                            kCosineMaxBeta);
+    } else if (config.schedule == "scaled_linear") {
+      // numpy.linspace(√beta_start, √beta_end, n)², as diffusers' "scaled_linear".
+      const double lo = std::sqrt(config.beta_start), hi = std::sqrt(config.beta_end);
+      const double root = n == 1 ? lo : lo + (hi - lo) * i / (n - 1);
+      betas_[i] = root * root;
     } else {
       // numpy.linspace(beta_start, beta_end, n): start + i·step, the last value exact.
       betas_[i] = n == 1 ? config.beta_start
@@ -100,16 +117,30 @@ std::vector<double> GaussianDiffusion::LossWeights(const int64_t* t, int B) cons
   return weights;
 }
 
-void GaussianDiffusion::QSample(float* x_t, const float* x0, const float* noise, const int64_t* t,
-                                int B, size_t n) const {
+void GaussianDiffusion::Mix(float* out, const float* first, const float* second, const int64_t* t,
+                            int B, size_t n, float sign) const {
   for (int b = 0; b < B; ++b) {
     DT_CHECK(t[b] >= 0 && t[b] < config_.steps, "timestep {} out of range", t[b]);
     const float a = static_cast<float>(std::sqrt(alphas_cumprod_[t[b]]));
-    const float s = static_cast<float>(std::sqrt(1.0 - alphas_cumprod_[t[b]]));
+    const float s = sign * static_cast<float>(std::sqrt(1.0 - alphas_cumprod_[t[b]]));
     const size_t base = static_cast<size_t>(b) * n;
     for (size_t i = 0; i < n; ++i)
-      x_t[base + i] = a * x0[base + i] + s * noise[base + i];
+      out[base + i] = a * first[base + i] + s * second[base + i];
   }
+}
+
+void GaussianDiffusion::QSample(float* x_t, const float* x0, const float* noise, const int64_t* t,
+                                int B, size_t n) const {
+  Mix(x_t, x0, noise, t, B, n, 1.0f);
+}
+
+void GaussianDiffusion::Target(float* target, const float* x0, const float* noise, const int64_t* t,
+                               int B, size_t n) const {
+  if (predicts_noise()) {
+    std::memcpy(target, noise, static_cast<size_t>(B) * n * sizeof(float));
+    return;
+  }
+  Mix(target, noise, x0, t, B, n, -1.0f);
 }
 
 double EpsilonMseLoss(const float* output, const float* noise, int B, int C, int out_channels,

@@ -1,6 +1,7 @@
 // Gaussian diffusion as DiT trains it: a linear β schedule over 1000 steps (β from 1e-4 to
-// 0.02, in double precision) or Improved DDPM's cosine schedule, q_sample, and the
-// ε-prediction MSE objective, uniform over timesteps as in DiT or min-SNR weighted.
+// 0.02, in double precision), Improved DDPM's cosine schedule or Stable Diffusion's scaled
+// linear one, q_sample, and the MSE objective of ε-prediction (uniform over timesteps as in
+// DiT, or min-SNR weighted) or of v-prediction (SD 2's 768 px UNet).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@ struct DiffusionConfig {
   int steps = 1000;
   // linear: β from beta_start to beta_end (DiT). cosine: ᾱ(t) = cos²((t/T + s)/(1 + s) · π/2)
   // with s = 0.008 and β capped at 0.999 (Nichol & Dhariwal, DiT's "squaredcos_cap_v2").
+  // scaled_linear: √β linear from √beta_start to √beta_end (Stable Diffusion: 0.00085, 0.012).
   std::string schedule = "linear";
   double beta_start = 1e-4;
   double beta_end = 0.02;
@@ -25,6 +27,9 @@ struct DiffusionConfig {
   // Training via Min-SNR Weighting Strategy", for ε-prediction).
   std::string loss_weighting = "uniform";
   double min_snr_gamma = 5;
+  // What the model predicts: epsilon (the noise), or v = √ᾱ_t · ε − √(1 − ᾱ_t) · x0
+  // (Salimans & Ho, "Progressive Distillation"), with the same MSE.
+  std::string prediction = "epsilon";
 
   Status Validate() const;
   nlohmann::json ToJson() const;
@@ -48,8 +53,17 @@ class GaussianDiffusion {
   // are rounded to fp32 before the product, as DiT's _extract_into_tensor does.
   void QSample(float* x_t, const float* x0, const float* noise, const int64_t* t, int B,
                size_t n) const;
+  // The regression target of each of B samples of n values: the noise for ε-prediction, v for
+  // v-prediction (coefficients rounded to fp32, as QSample's).
+  void Target(float* target, const float* x0, const float* noise, const int64_t* t, int B,
+              size_t n) const;
+  bool predicts_noise() const { return config_.prediction == "epsilon"; }
 
  private:
+  // out = √ᾱ_t · first + sign · √(1 − ᾱ_t) · second per sample, the coefficients rounded to fp32.
+  void Mix(float* out, const float* first, const float* second, const int64_t* t, int B, size_t n,
+           float sign) const;
+
   DiffusionConfig config_;
   std::vector<double> betas_, alphas_cumprod_;
 };

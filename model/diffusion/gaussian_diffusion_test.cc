@@ -1,13 +1,15 @@
 #include "model/diffusion/gaussian_diffusion.h"
 
 #include <cmath>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 namespace difftrain {
 namespace {
 
-// Improved DDPM's ᾱ at the end of step i of T: f((i + 1)/T) / f(0), f(s) = cos²((s + .008)/1.008 · π/2).
+// Improved DDPM's ᾱ at the end of step i of T: f((i + 1)/T) / f(0), f(s) = cos²((s + .008)/1.008 ·
+// π/2).
 double CosineAlphaBarAfter(int i, int T) {
   auto f = [](double s) { return std::pow(std::cos((s + 0.008) / 1.008 * M_PI / 2), 2); };
   return f(static_cast<double>(i + 1) / T) / f(0);
@@ -29,9 +31,44 @@ TEST(GaussianDiffusionTest, CosineScheduleFollowsTheSquaredCosineUntilTheCap) {
   EXPECT_GT(abar[500], linear.alphas_cumprod()[500]);
 }
 
+// Stable Diffusion's schedule: β = linspace(√0.00085, √0.012, 1000)², endpoints exact.
+TEST(GaussianDiffusionTest, ScaledLinearScheduleIsLinearInTheSquareRoot) {
+  DiffusionConfig config;
+  config.schedule = "scaled_linear";
+  config.beta_start = 0.00085;
+  config.beta_end = 0.012;
+  const GaussianDiffusion diffusion(config);
+  const auto& betas = diffusion.betas();
+  EXPECT_NEAR(betas.front(), 0.00085, 1e-15);
+  EXPECT_NEAR(betas.back(), 0.012, 1e-15);
+  const double step = (std::sqrt(0.012) - std::sqrt(0.00085)) / 999;
+  for (int i : {1, 500, 998})
+    EXPECT_NEAR(std::sqrt(betas[i]), std::sqrt(0.00085) + i * step, 1e-15) << "step " << i;
+}
+
+// v = √ᾱ·ε − √(1 − ᾱ)·x0 for v-prediction; the noise itself for ε-prediction.
+TEST(GaussianDiffusionTest, TargetIsNoiseOrV) {
+  DiffusionConfig config;
+  const std::vector<float> x0 = {1.0f, -2.0f, 0.5f, 3.0f}, noise = {0.25f, 1.0f, -1.0f, 2.0f};
+  const std::vector<int64_t> t = {0, 700};
+  std::vector<float> target(4);
+  GaussianDiffusion(config).Target(target.data(), x0.data(), noise.data(), t.data(), 2, 2);
+  EXPECT_EQ(target, noise);
+  config.prediction = "v";
+  const GaussianDiffusion v(config);
+  v.Target(target.data(), x0.data(), noise.data(), t.data(), 2, 2);
+  for (int i = 0; i < 4; ++i) {
+    const double abar = v.alphas_cumprod()[t[i / 2]];
+    EXPECT_NEAR(target[i], std::sqrt(abar) * noise[i] - std::sqrt(1 - abar) * x0[i], 1e-6);
+  }
+  config.loss_weighting = "min_snr";
+  EXPECT_FALSE(config.Validate().ok());  // min-SNR weights are ε-prediction's
+}
+
 TEST(GaussianDiffusionTest, MinSnrWeightsTheLowNoiseStepsDown) {
   DiffusionConfig config;
-  EXPECT_TRUE(GaussianDiffusion(config).LossWeights(std::vector<int64_t>{0, 999}.data(), 2).empty());
+  EXPECT_TRUE(
+      GaussianDiffusion(config).LossWeights(std::vector<int64_t>{0, 999}.data(), 2).empty());
   config.loss_weighting = "min_snr";
   config.min_snr_gamma = 5;
   const GaussianDiffusion diffusion(config);
@@ -52,8 +89,8 @@ TEST(GaussianDiffusionTest, WeightedMseScalesEachSamplesLossAndGradient) {
   const std::vector<double> weights = {0.5, 2};
   std::vector<float> dout(4);
   // B = 2 samples of one element each in one channel, with two output channels.
-  const double loss = EpsilonMseLoss(output.data(), noise.data(), 2, 1, 2, 1, 1.0f, dout.data(),
-                                     weights.data());
+  const double loss =
+      EpsilonMseLoss(output.data(), noise.data(), 2, 1, 2, 1, 1.0f, dout.data(), weights.data());
   EXPECT_DOUBLE_EQ(loss, (0.5 * 1 + 2 * 9) / 2.0);
   EXPECT_FLOAT_EQ(dout[0], 0.5f * 2 * 1 / 2);
   EXPECT_FLOAT_EQ(dout[1], 0);  // the variance channel
@@ -65,7 +102,7 @@ TEST(DiffusionConfigTest, BadChoicesNameTheField) {
   DiffusionConfig config;
   config.schedule = "sigmoid";
   EXPECT_EQ(config.Validate().message(),
-            "diffusion.schedule: expected linear or cosine, found 'sigmoid'");
+            "diffusion.schedule: expected linear, scaled_linear or cosine, found 'sigmoid'");
   config = {};
   config.loss_weighting = "snr";
   EXPECT_EQ(config.Validate().message(),

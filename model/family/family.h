@@ -54,6 +54,8 @@ struct SampleSchema {
   double label_dropout = 0;  // probability that a label becomes the null class (num_classes)
   int context_length = 0;    // text embedding [context_length, context_dim]; 0: none
   int context_dim = 0;
+  // Probability that a sample's text embedding becomes the unconditional one (all zeros).
+  double context_dropout = 0;
 
   bool learn_sigma() const { return out_channels == 2 * channels; }
   size_t elements() const { return size_t(frames) * channels * height * width; }
@@ -104,6 +106,8 @@ class ModelFamily {
   virtual Status ValidateLayout(const ModelSpec& spec, const LayoutShape& layout) const = 0;
   virtual Result<ModelPartition> Partition(const ModelSpec& spec, const LayoutShape& layout,
                                            int tp_rank, int cp_rank, int stage) const = 0;
+  // Whether Model::Reserve implements `recompute` (TrainConfig refuses it otherwise).
+  virtual bool recomputes() const { return true; }
   // Bytes of a rank's activation arena: `slots` micro-batches of B in flight.
   virtual size_t ActivationBytes(const ModelSpec& spec, const LayoutShape& layout, int stage, int B,
                                  int slots, bool recompute) const = 0;

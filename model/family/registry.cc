@@ -10,6 +10,7 @@
 #include "model/family/family.h"
 #include "model/latte/family.h"
 #include "model/train/gpu_step.h"
+#include "model/unet/family.h"
 
 namespace difftrain {
 
@@ -17,6 +18,7 @@ const std::vector<const ModelFamily*>& ModelFamilies() {
   static const std::vector<const ModelFamily*> families = {
       &DiTFamily(),
       &LatteFamily(),
+      &UNetFamily(),
   };
   return families;
 }

@@ -17,6 +17,7 @@ enum class RngStream : uint64_t {
   kData = 2,    // synthetic data, shuffling
   kNoise = 3,   // diffusion noise, timesteps and label dropout per training sample
   kSample = 4,  // sampling (generation)
+  kText = 5,    // synthetic text embeddings (text-conditional families)
 };
 
 // xoshiro256** seeded through splitmix64 from (seed, stream, counter).

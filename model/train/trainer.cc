@@ -210,6 +210,8 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
   batch.t.resize(B);
   batch.t_float.resize(B);
   batch.y.resize(B);
+  const size_t text = size_t(schema_.context_length) * schema_.context_dim;
+  batch.context.resize(B * text);
   const auto wait_start = std::chrono::steady_clock::now();
   DT_RETURN_IF_ERROR(loader_.Fill(first, B, batch.x0.data(), batch.y.data()));
   data_wait_seconds_ +=
@@ -220,11 +222,28 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
     batch.t_float[b] = static_cast<float>(batch.t[b]);
     // Classifier-free guidance training: the label becomes the null class with probability p.
     if (rng.Uniform() < schema_.label_dropout) batch.y[b] = schema_.num_classes;
+    if (text > 0) {
+      // A synthetic text embedding (N(0, 1), as NeMo's precached mode feeds), or with
+      // probability context_dropout the unconditional one: zeros.
+      float* context = batch.context.data() + b * text;
+      const bool dropped = rng.Uniform() < schema_.context_dropout;
+      Rng text_rng(config_.seed, RngStream::kText, static_cast<uint64_t>(first + b));
+      for (size_t i = 0; i < text; ++i)
+        context[i] = dropped ? 0.0f : static_cast<float>(text_rng.Normal());
+    }
     for (size_t i = 0; i < n; ++i)
       batch.noise[b * n + i] = static_cast<float>(rng.Normal());
   }
   diffusion_.QSample(batch.x_t.data(), batch.x0.data(), batch.noise.data(), batch.t.data(), B, n);
   return Status::Ok();
+}
+
+const float* Trainer::Target(const MicroBatch& batch) const {
+  if (diffusion_.predicts_noise()) return batch.noise.data();
+  target_.resize(batch.noise.size());
+  diffusion_.Target(target_.data(), batch.x0.data(), batch.noise.data(), batch.t.data(), batch.size,
+                    schema_.elements());
+  return target_.data();
 }
 
 double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_scale,
@@ -246,7 +265,7 @@ double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_sc
              ? DiffusionLoss(diffusion_, output, batch.x0.data(), batch.x_t.data(),
                              batch.noise.data(), t.data(), n, m.channels, HW,
                              /*learn_sigma=*/true, grad_scale, dout, w)
-             : EpsilonMseLoss(output, batch.noise.data(), n, m.channels, m.out_channels, HW,
+             : EpsilonMseLoss(output, Target(batch), n, m.channels, m.out_channels, HW,
                               grad_scale, dout, w);
 }
 

@@ -4,7 +4,8 @@
 //
 // Every random draw is addressed by the global index n of the training sample: sample n's
 // image comes from the data loader (a permutation per epoch, from the seed), and its
-// timestep, label dropout and noise from Rng(seed, kNoise, n). Step s consumes samples
+// timestep, label dropout, text dropout and noise from Rng(seed, kNoise, n); a text-conditional
+// model's synthetic text embedding from Rng(seed, kText, n). Step s consumes samples
 // [s·G, (s+1)·G) for global batch G; data-parallel rank r takes the r-th contiguous slice
 // of them. So the whole training state is the arenas plus (step, samples seen), resuming
 // continues bit for bit, and the ranks together compute what one process would.
@@ -43,8 +44,11 @@ struct MicroBatch {
   std::vector<int64_t> t;             // timesteps
   std::vector<float> t_float;         // the same, as the model's input
   std::vector<int32_t> y;             // labels after dropout (num_classes = null class)
+  std::vector<float> context;         // text embeddings [B, L, D] after dropout; text models
 
-  ModelInputs inputs() const { return {x_t.data(), t_float.data(), y.data(), nullptr}; }
+  ModelInputs inputs() const {
+    return {x_t.data(), t_float.data(), y.data(), context.empty() ? nullptr : context.data()};
+  }
 };
 
 // Bytes of the arenas this rank allocates.
@@ -166,6 +170,8 @@ class Trainer : private parallel::PipelineStage {
   // update.
   Result<StepStats> StepOnGpu();
   const std::vector<parallel::Range>& owned() const;
+  // The regression target of `batch`: its noise, or v (diffusion.prediction).
+  const float* Target(const MicroBatch& batch) const;
   // The loss of `output` for `batch` and its gradient (scaled) into dout.
   double Loss(const float* output, const MicroBatch& batch, float grad_scale, float* dout) const;
   // The pipeline stage of a step: micro-batch i of this rank's share, in slot i % slots.
@@ -194,6 +200,7 @@ class Trainer : private parallel::PipelineStage {
   int slots_ = 1;           // micro-batches in flight on this stage
   std::vector<MicroBatch> batches_;
   std::vector<std::vector<float>> douts_;
+  mutable std::vector<float> target_;  // Target()'s v
   const float* last_output_ = nullptr;
   // The step in progress: its first sample, micro-batches, loss gradient scale and loss.
   int64_t step_first_ = 0;

@@ -69,9 +69,11 @@ def parse_metadata(metadata):
     config = _json_object(metadata, "config", {f.name for f in config_fields}, optional={"name"})
     config.pop("name", None)  # descriptive only ("DiT-S/2" or "custom")
     diffusion = _json_object(metadata, "diffusion", DIFFUSION_KEYS,
-                             optional={"loss_weighting", "min_snr_gamma"})
+                             optional={"loss_weighting", "min_snr_gamma", "prediction"})
     if diffusion["schedule"] != "linear":
         raise MalformedDump(f"diffusion schedule {diffusion['schedule']!r}: only 'linear' is known")
+    if diffusion.get("prediction", "epsilon") != "epsilon":
+        raise MalformedDump(f"prediction {diffusion['prediction']!r}: only 'epsilon' is known")
     if diffusion.get("loss_weighting", "uniform") != "uniform":
         raise MalformedDump(f"loss weighting {diffusion['loss_weighting']!r}: only 'uniform' is known "
                             "(check_vb_loss.py checks the weighted loss)")

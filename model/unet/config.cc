@@ -1,0 +1,268 @@
+#include "model/unet/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "model/unet/plan.h"
+
+namespace difftrain {
+namespace {
+
+using nlohmann::json;
+
+// diffusers' UNet2DConditionModel keys difftrain reads only at the value it implements: a
+// config at another value is refused by name. (Keys starting with "_", such as _class_name
+// and _diffusers_version, are diffusers' bookkeeping and are ignored, as diffusers does.)
+const std::map<std::string, json>& FixedKeys() {
+  static const std::map<std::string, json> keys = {
+      {"act_fn", "silu"},
+      {"center_input_sample", false},
+      {"flip_sin_to_cos", true},
+      {"freq_shift", 0},
+      {"downsample_padding", 1},
+      {"mid_block_scale_factor", 1},
+      {"mid_block_type", "UNetMidBlock2DCrossAttn"},
+      {"norm_eps", 1e-5},
+      {"dropout", 0},
+      {"dual_cross_attention", false},
+      {"only_cross_attention", false},
+      {"resnet_time_scale_shift", "default"},
+      {"time_embedding_type", "positional"},
+      {"conv_in_kernel", 3},
+      {"conv_out_kernel", 3},
+      {"transformer_layers_per_block", 1},
+      {"num_attention_heads", nullptr},
+      {"num_class_embeds", nullptr},
+      {"class_embed_type", nullptr},
+      {"addition_embed_type", nullptr},
+      {"encoder_hid_dim", nullptr},
+      {"time_cond_proj_dim", nullptr},
+      {"projection_class_embeddings_input_dim", nullptr},
+      {"class_embeddings_concat", false},
+      {"cross_attention_norm", nullptr},
+      {"attention_type", "default"},
+      {"reverse_transformer_layers_per_block", nullptr},
+  };
+  return keys;
+}
+
+bool SameValue(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
+  return a == b;
+}
+
+UNetConfig SD15() {
+  UNetConfig c;
+  c.name = "SD1.5";
+  return c;
+}
+
+UNetConfig SD2Base() {
+  UNetConfig c;
+  c.name = "SD2-base";
+  c.attention_head_dim = {5, 10, 20, 20};
+  c.cross_attention_dim = 1024;
+  c.use_linear_projection = true;
+  return c;
+}
+
+// SD 2's 768 px UNet, trained with v-prediction (diffusion.prediction: v, docs/unet.md).
+UNetConfig SD2V() {
+  UNetConfig c = SD2Base();
+  c.name = "SD2-v";
+  c.sample_size = 96;
+  c.upcast_attention = true;
+  return c;
+}
+
+}  // namespace
+
+Status UNetConfig::Validate() const {
+  for (auto [field, v] : {std::pair{"sample_size", sample_size},
+                          {"in_channels", in_channels},
+                          {"out_channels", out_channels},
+                          {"layers_per_block", layers_per_block},
+                          {"cross_attention_dim", cross_attention_dim},
+                          {"norm_num_groups", norm_num_groups},
+                          {"text_length", text_length}}) {
+    if (v <= 0) return Errorf("model.{} must be positive, got {}", field, v);
+  }
+  if (block_out_channels.empty()) return Status::Error("model.block_out_channels is empty");
+  if (down_block_types.size() != block_out_channels.size() ||
+      up_block_types.size() != block_out_channels.size()) {
+    return Errorf(
+        "model: down_block_types ({}) and up_block_types ({}) must have one entry per "
+        "block_out_channels entry ({})",
+        down_block_types.size(), up_block_types.size(), block_out_channels.size());
+  }
+  if (attention_head_dim.size() != 1 && attention_head_dim.size() != block_out_channels.size()) {
+    return Errorf("model.attention_head_dim: expected one number or one per block ({}), found {}",
+                  block_out_channels.size(), attention_head_dim.size());
+  }
+  for (int i = 0; i < levels(); ++i) {
+    const int C = block_out_channels[i];
+    if (C <= 0 || C % norm_num_groups != 0) {
+      return Errorf(
+          "model.block_out_channels[{}] = {}: expected a positive multiple of "
+          "norm_num_groups = {}",
+          i, C, norm_num_groups);
+    }
+    if (heads(i) <= 0 || C % heads(i) != 0) {
+      return Errorf("model.attention_head_dim: {} heads do not divide the {} channels of block {}",
+                    heads(i), C, i);
+    }
+    if (down_block_types[i] != kCrossAttnDown && down_block_types[i] != kDown) {
+      return Errorf("model.down_block_types[{}]: '{}' is not supported (only {} and {})", i,
+                    down_block_types[i], kCrossAttnDown, kDown);
+    }
+    if (up_block_types[i] != kCrossAttnUp && up_block_types[i] != kUp) {
+      return Errorf("model.up_block_types[{}]: '{}' is not supported (only {} and {})", i,
+                    up_block_types[i], kCrossAttnUp, kUp);
+    }
+  }
+  if (heads(levels() - 1) <= 0 || block_out_channels.back() % heads(levels() - 1) != 0)
+    return Errorf("model.attention_head_dim: the mid block's heads must divide its channels");
+  if (sample_size % (1 << (levels() - 1)) != 0) {
+    return Errorf(
+        "model.sample_size {} must be divisible by 2^{} (one halving per down block "
+        "but the last)",
+        sample_size, levels() - 1);
+  }
+  if (text_dropout < 0 || text_dropout >= 1)
+    return Errorf("model.text_dropout must be in [0, 1), got {}", text_dropout);
+  return Status::Ok();
+}
+
+nlohmann::json UNetConfig::ToJson() const {
+  json j = {{"name", name},
+            {"sample_size", sample_size},
+            {"in_channels", in_channels},
+            {"out_channels", out_channels},
+            {"block_out_channels", block_out_channels},
+            {"down_block_types", down_block_types},
+            {"up_block_types", up_block_types},
+            {"layers_per_block", layers_per_block},
+            {"cross_attention_dim", cross_attention_dim},
+            {"norm_num_groups", norm_num_groups},
+            {"use_linear_projection", use_linear_projection},
+            {"upcast_attention", upcast_attention},
+            {"text_length", text_length},
+            {"text_dropout", text_dropout}};
+  if (attention_head_dim.size() == 1) {
+    j["attention_head_dim"] = attention_head_dim[0];
+  } else {
+    j["attention_head_dim"] = attention_head_dim;
+  }
+  return j;
+}
+
+Result<UNetConfig> UNetConfig::FromJson(const json& j) {
+  if (!j.is_object()) return Status::Error("model: the UNet config is not an object");
+  UNetConfig c;
+  try {
+    for (const auto& [key, value] : j.items()) {
+      if (key.starts_with("_")) continue;
+      if (key == "name")
+        c.name = value.get<std::string>();
+      else if (key == "sample_size")
+        c.sample_size = value.get<int>();
+      else if (key == "in_channels")
+        c.in_channels = value.get<int>();
+      else if (key == "out_channels")
+        c.out_channels = value.get<int>();
+      else if (key == "block_out_channels")
+        c.block_out_channels = value.get<std::vector<int>>();
+      else if (key == "down_block_types")
+        c.down_block_types = value.get<std::vector<std::string>>();
+      else if (key == "up_block_types")
+        c.up_block_types = value.get<std::vector<std::string>>();
+      else if (key == "layers_per_block")
+        c.layers_per_block = value.get<int>();
+      else if (key == "attention_head_dim")
+        c.attention_head_dim =
+            value.is_array() ? value.get<std::vector<int>>() : std::vector<int>{value.get<int>()};
+      else if (key == "cross_attention_dim")
+        c.cross_attention_dim = value.get<int>();
+      else if (key == "norm_num_groups")
+        c.norm_num_groups = value.get<int>();
+      else if (key == "use_linear_projection")
+        c.use_linear_projection = value.get<bool>();
+      else if (key == "upcast_attention")
+        c.upcast_attention = value.get<bool>();
+      else if (key == "text_length")
+        c.text_length = value.get<int>();
+      else if (key == "text_dropout")
+        c.text_dropout = value.get<double>();
+      else {
+        auto fixed = FixedKeys().find(key);
+        if (fixed == FixedKeys().end())
+          return Errorf("model.{}: not a UNet2DConditionModel key difftrain supports", key);
+        if (!SameValue(value, fixed->second)) {
+          return Errorf("model.{}: only {} is supported, found {}", key, fixed->second.dump(),
+                        value.dump());
+        }
+      }
+    }
+  } catch (const json::exception& e) {
+    return Errorf("model: malformed UNet config: {}", e.what());
+  }
+  return c;
+}
+
+Result<UNetConfig> UNetConfigByName(const std::string& name) {
+  for (const UNetConfig& c : {SD15(), SD2Base(), SD2V()}) {
+    if (c.name == name) return c;
+  }
+  return Errorf("unknown UNet config '{}' (known: {})", name, fmt::join(UNetConfigNames(), ", "));
+}
+
+std::vector<std::string> UNetConfigNames() {
+  return {"SD1.5", "SD2-base", "SD2-v"};
+}
+
+int64_t ParameterCount(const UNetConfig& c) {
+  return static_cast<int64_t>(UNetPlan(c).table.total());
+}
+
+UNetMacs ForwardMacs(const UNetConfig& c) {
+  const UNetPlan plan(c);
+  UNetMacs m;
+  const double E = c.time_embed_dim(), L = c.text_length, D = c.cross_attention_dim;
+  m.linear += c.block_out_channels[0] * E + E * E;
+  auto conv = [&](double Ci, double Co, double K, const UNetValue& out) {
+    m.conv += Ci * Co * K * K * out.H * out.W;
+  };
+  for (const UNetNode& n : plan.nodes) {
+    const UNetValue& in = plan.in(n);
+    const UNetValue& out = plan.out(n);
+    const double Ci = plan.in_channels(n), C = out.C, T = double(out.H) * out.W;
+    switch (n.kind) {
+      case UNetNodeKind::kConv:
+      case UNetNodeKind::kUpsampleConv:
+        conv(Ci, C, 3, out);
+        break;
+      case UNetNodeKind::kResnet:
+        conv(Ci, C, 3, out);
+        conv(C, C, 3, out);
+        if (Ci != C) conv(Ci, C, 1, out);
+        m.linear += E * C;
+        break;
+      case UNetNodeKind::kTransformer:
+        // proj_in, q/k/v/out of self-attention, q/out of cross-attention, proj_out: 8 C²
+        // per token; GEGLU 12 C²; the text's keys and values 2 C·D per text token.
+        m.linear += 20 * C * C * T + 2 * C * D * L;
+        m.attention += 2 * T * T * C + 2 * T * L * C;
+        break;
+      case UNetNodeKind::kOutput:
+        conv(in.C, C, 3, out);
+        break;
+    }
+  }
+  return m;
+}
+
+}  // namespace difftrain

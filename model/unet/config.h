@@ -1,0 +1,73 @@
+// Stable Diffusion UNet hyper-parameters under diffusers' UNet2DConditionModel config keys:
+// the named configs SD1.5, SD2-base and SD2-v (SD 2's 768 px v-prediction UNet) and custom
+// shapes, with parameter and multiply-accumulate accounting (../shared facts: MODELS.md).
+//
+// The config JSON (checkpoints, debug dumps) holds diffusers' keys, so that
+// UNet2DConditionModel(**config) builds the same model, plus difftrain's own: `name`, and the
+// text conditioning the model trains on (`text_length` tokens per caption, `text_dropout`, the
+// probability that a caption's embedding becomes the unconditional one, all zeros).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace difftrain {
+
+inline constexpr const char* kCrossAttnDown = "CrossAttnDownBlock2D";
+inline constexpr const char* kDown = "DownBlock2D";
+inline constexpr const char* kCrossAttnUp = "CrossAttnUpBlock2D";
+inline constexpr const char* kUp = "UpBlock2D";
+
+struct UNetConfig {
+  std::string name = "unet";
+  int sample_size = 64;  // latent height = width
+  int in_channels = 4;
+  int out_channels = 4;
+  std::vector<int> block_out_channels = {320, 640, 1280, 1280};
+  std::vector<std::string> down_block_types = {kCrossAttnDown, kCrossAttnDown, kCrossAttnDown,
+                                               kDown};
+  std::vector<std::string> up_block_types = {kUp, kCrossAttnUp, kCrossAttnUp, kCrossAttnUp};
+  int layers_per_block = 2;
+  // diffusers' attention_head_dim is the number of heads (per down block when a list).
+  std::vector<int> attention_head_dim = {8};
+  int cross_attention_dim = 768;
+  int norm_num_groups = 32;
+  bool use_linear_projection = false;
+  bool upcast_attention = false;  // fp16 only: no effect in fp32
+  int text_length = 77;
+  double text_dropout = 0.1;
+
+  int levels() const { return static_cast<int>(block_out_channels.size()); }
+  int time_embed_dim() const { return 4 * block_out_channels[0]; }
+  // Heads of the transformers of down block i (and of the up block that mirrors it).
+  int heads(int level) const {
+    return attention_head_dim.size() == 1 ? attention_head_dim[0] : attention_head_dim[level];
+  }
+
+  Status Validate() const;
+  nlohmann::json ToJson() const;
+  // Refuses a key difftrain does not know by name, and a known one at a value it does not
+  // implement (act_fn: gelu …).
+  static Result<UNetConfig> FromJson(const nlohmann::json& j);
+};
+
+Result<UNetConfig> UNetConfigByName(const std::string& name);
+std::vector<std::string> UNetConfigNames();
+
+int64_t ParameterCount(const UNetConfig& c);
+
+// Forward multiply-accumulates per sample, split as MODELS.md counts them: convolutions,
+// linear layers (proj_in/out as 1×1 convolutions count as linear, as do the time embedding
+// and the text keys and values), and attention (QKᵀ and PV).
+struct UNetMacs {
+  double conv = 0, linear = 0, attention = 0;
+  double total() const { return conv + linear + attention; }
+};
+UNetMacs ForwardMacs(const UNetConfig& c);
+
+}  // namespace difftrain

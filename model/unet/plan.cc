@@ -1,0 +1,152 @@
+#include "model/unet/plan.h"
+
+#include "common/check.h"
+
+namespace difftrain {
+namespace {
+
+// Appends the nodes and their parameters in forward order.
+class PlanBuilder {
+ public:
+  PlanBuilder(const UNetConfig& c, UNetPlan& p) : c_(c), p_(p) {}
+
+  void Build() {
+    const int C0 = c_.block_out_channels[0], S = c_.sample_size;
+    AddLinear("time_embedding.linear_1.", C0, c_.time_embed_dim());
+    AddLinear("time_embedding.linear_2.", c_.time_embed_dim(), c_.time_embed_dim());
+    int h = NewValue(c_.in_channels, S);
+    h = Conv("conv_in.", h, C0, 1);
+    skips_.push_back(h);
+    for (int i = 0; i < c_.levels(); ++i) {
+      const std::string block = "down_blocks." + std::to_string(i) + ".";
+      const bool attention = c_.down_block_types[i] == kCrossAttnDown;
+      for (int j = 0; j < c_.layers_per_block; ++j) {
+        h = Resnet(block + "resnets." + std::to_string(j) + ".", {h}, c_.block_out_channels[i]);
+        if (attention) h = Transformer(block + "attentions." + std::to_string(j) + ".", h, i);
+        skips_.push_back(h);
+      }
+      if (i + 1 < c_.levels()) {
+        h = Conv(block + "downsamplers.0.conv.", h, c_.block_out_channels[i], 2);
+        skips_.push_back(h);
+      }
+    }
+    const int top = c_.block_out_channels.back();
+    h = Resnet("mid_block.resnets.0.", {h}, top);
+    h = Transformer("mid_block.attentions.0.", h, c_.levels() - 1);
+    h = Resnet("mid_block.resnets.1.", {h}, top);
+    for (int u = 0; u < c_.levels(); ++u) {
+      const int level = c_.levels() - 1 - u;  // the down level this up block mirrors
+      const std::string block = "up_blocks." + std::to_string(u) + ".";
+      const bool attention = c_.up_block_types[u] == kCrossAttnUp;
+      for (int j = 0; j <= c_.layers_per_block; ++j) {
+        const int skip = skips_.back();
+        skips_.pop_back();
+        h = Resnet(block + "resnets." + std::to_string(j) + ".", {h, skip},
+                   c_.block_out_channels[level]);
+        if (attention) h = Transformer(block + "attentions." + std::to_string(j) + ".", h, level);
+      }
+      if (level > 0) h = UpsampleConv(block + "upsamplers.0.conv.", h);
+    }
+    DT_CHECK(skips_.empty(), "{} skips left over", skips_.size());
+    Node({UNetNodeKind::kOutput, "", {h}, NewValue(c_.out_channels, p_.values[h].H)});
+    AddNorm("conv_norm_out.", C0);
+    AddConv("conv_out.", C0, c_.out_channels, 3);
+  }
+
+ private:
+  int NewValue(int C, int size) {
+    p_.values.push_back({C, size, size});
+    return static_cast<int>(p_.values.size()) - 1;
+  }
+  void Add(const std::string& name, std::vector<int64_t> shape) { p_.table.Add(name, shape); }
+  void AddLinear(const std::string& prefix, int in, int out, bool bias = true) {
+    Add(prefix + "weight", {out, in});
+    if (bias) Add(prefix + "bias", {out});
+  }
+  void AddConv(const std::string& prefix, int in, int out, int K) {
+    Add(prefix + "weight", {out, in, K, K});
+    Add(prefix + "bias", {out});
+  }
+  void AddNorm(const std::string& prefix, int C) {
+    Add(prefix + "weight", {C});
+    Add(prefix + "bias", {C});
+  }
+  int Node(UNetNode n) {
+    p_.nodes.push_back(std::move(n));
+    return p_.nodes.back().output;
+  }
+
+  int Conv(const std::string& prefix, int in, int C, int stride) {
+    const UNetValue& v = p_.values[in];
+    AddConv(prefix, v.C, C, 3);
+    return Node({UNetNodeKind::kConv, prefix, {in}, NewValue(C, (v.H - 1) / stride + 1), stride});
+  }
+
+  int UpsampleConv(const std::string& prefix, int in) {
+    const UNetValue& v = p_.values[in];
+    AddConv(prefix, v.C, v.C, 3);
+    return Node({UNetNodeKind::kUpsampleConv, prefix, {in}, NewValue(v.C, 2 * v.H)});
+  }
+
+  int Resnet(const std::string& prefix, std::vector<int> inputs, int C) {
+    int Cin = 0;
+    for (int i : inputs)
+      Cin += p_.values[i].C;
+    AddNorm(prefix + "norm1.", Cin);
+    AddConv(prefix + "conv1.", Cin, C, 3);
+    AddLinear(prefix + "time_emb_proj.", c_.time_embed_dim(), C);
+    AddNorm(prefix + "norm2.", C);
+    AddConv(prefix + "conv2.", C, C, 3);
+    if (Cin != C) AddConv(prefix + "conv_shortcut.", Cin, C, 1);
+    const int size = p_.values[inputs[0]].H;
+    return Node({UNetNodeKind::kResnet, prefix, std::move(inputs), NewValue(C, size)});
+  }
+
+  int Transformer(const std::string& prefix, int in, int level) {
+    const UNetValue v = p_.values[in];
+    const int C = v.C, D = c_.cross_attention_dim;
+    const std::vector<int64_t> projection =
+        c_.use_linear_projection ? std::vector<int64_t>{C, C} : std::vector<int64_t>{C, C, 1, 1};
+    AddNorm(prefix + "norm.", C);
+    Add(prefix + "proj_in.weight", projection);
+    Add(prefix + "proj_in.bias", {C});
+    const std::string b = prefix + "transformer_blocks.0.";
+    // to_q, to_k and to_v back to back: the self-attention's are one [3C, C] matrix, the
+    // cross-attention's to_k and to_v one [2C, D] matrix (model/unet/unet.h).
+    for (const char* attn : {"attn1.", "attn2."}) {
+      const int kv_in = attn[4] == '1' ? C : D;
+      AddNorm(b + (attn[4] == '1' ? "norm1." : "norm2."), C);
+      AddLinear(b + attn + "to_q.", C, C, false);
+      AddLinear(b + attn + "to_k.", kv_in, C, false);
+      AddLinear(b + attn + "to_v.", kv_in, C, false);
+      AddLinear(b + attn + "to_out.0.", C, C);
+    }
+    AddNorm(b + "norm3.", C);
+    AddLinear(b + "ff.net.0.proj.", C, 8 * C);
+    AddLinear(b + "ff.net.2.", 4 * C, C);
+    Add(prefix + "proj_out.weight", projection);
+    Add(prefix + "proj_out.bias", {C});
+    UNetNode n{UNetNodeKind::kTransformer, prefix, {in}, NewValue(C, v.H)};
+    n.heads = c_.heads(level);
+    return Node(std::move(n));
+  }
+
+  const UNetConfig& c_;
+  UNetPlan& p_;
+  std::vector<int> skips_;
+};
+
+}  // namespace
+
+UNetPlan::UNetPlan(const UNetConfig& c) {
+  PlanBuilder(c, *this).Build();
+}
+
+int UNetPlan::in_channels(const UNetNode& n) const {
+  int C = 0;
+  for (int i : n.inputs)
+    C += values[i].C;
+  return C;
+}
+
+}  // namespace difftrain

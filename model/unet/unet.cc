@@ -1,0 +1,202 @@
+#include "model/unet/unet.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "common/check.h"
+#include "model/cpu/activation.h"
+#include "model/cpu/embed.h"
+#include "model/cpu/linear.h"
+#include "model/tensor/rng.h"
+#include "model/unet/layers.h"
+
+namespace difftrain {
+
+// Where a micro-batch's tensors sit: per slot the values and the layers' activations; after
+// the slots, the backward area (the values' gradients and the layers' shared scratch).
+struct UNet::Layout {
+  std::vector<size_t> value_offsets, grad_offsets;  // in a slot; in the backward area
+  size_t tfreq = 0, t1 = 0, t1_silu = 0, temb = 0, temb_silu = 0;  // in a slot
+  size_t dtemb_silu = 0, dtemb = 0, dt1_silu = 0, dt1 = 0;         // in the backward area
+  size_t slot = 0, backward = 0;                                   // floats
+};
+
+namespace {
+
+// Builds the layers for micro-batch B and the layout they share; `layers` may be null to
+// count only.
+std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& plan, int B,
+                                         std::vector<std::unique_ptr<UNetLayer>>* layers);
+
+}  // namespace
+
+UNet::UNet(const UNetConfig& config)
+    : config_(config), plan_(config), params_(plan_.table.total()), grads_(plan_.table.total()) {
+  sharded_.table = plan_.table;
+  sharded_.fragments = {{0, 0, plan_.table.total()}};
+  sharded_.split.assign(plan_.table.tensors().size(), false);
+}
+
+UNet::~UNet() = default;
+
+void UNet::InitializeReference(uint64_t seed) {
+  Rng rng(seed, RngStream::kInit);
+  double bound = 0;  // of the layer whose weight came last: its bias shares it
+  for (const TensorSpec& t : plan_.table.tensors()) {
+    float* w = params_.data() + t.offset;
+    const bool norm = t.shape.size() == 1 && t.name.find("norm") != std::string::npos;
+    if (norm) {
+      const bool weight = t.name.ends_with(".weight");
+      std::fill(w, w + t.numel, weight ? 1.0f : 0.0f);
+      continue;
+    }
+    if (t.shape.size() > 1) bound = 1 / std::sqrt(static_cast<double>(t.numel / t.shape[0]));
+    for (size_t i = 0; i < t.numel; ++i)
+      w[i] = static_cast<float>((2 * rng.Uniform() - 1) * bound);
+  }
+}
+
+void UNet::InitializeRandom(uint64_t seed) {
+  InitializeReference(seed);
+  Rng rng(seed, RngStream::kInit);
+  for (const TensorSpec& t : plan_.table.tensors()) {
+    if (t.shape.size() != 1 || t.name.find("norm") == std::string::npos) continue;
+    float* w = params_.data() + t.offset;
+    for (size_t i = 0; i < t.numel; ++i)
+      w[i] += static_cast<float>(0.2 * rng.Normal());
+  }
+}
+
+size_t UNet::ActivationBytes(const UNetConfig& c, int B, int slots) {
+  const UNetPlan plan(c);
+  const std::unique_ptr<Layout> l = PlanLayout(c, plan, B, nullptr);
+  return (l->slot * slots + l->backward) * sizeof(float);
+}
+
+void UNet::Reserve(int B, int slots, bool recompute) {
+  DT_CHECK(!recompute, "activation recomputation is not implemented for the UNet");
+  if (B == batch_ && slots == slots_) return;
+  layers_.clear();
+  layout_ = PlanLayout(config_, plan_, B, &layers_);
+  acts_ = Buffer<float>(layout_->slot * slots + layout_->backward);
+  contexts_.assign(slots, nullptr);
+  batch_ = B;
+  slots_ = slots;
+}
+
+const float* UNet::output(int slot) const {
+  return acts_.data() + slot * layout_->slot + layout_->value_offsets.back();
+}
+
+Status UNet::Forward(int slot, const ModelInputs& inputs, const float*, float*) {
+  DT_CHECK(slot < slots_, "slot {} of {}", slot, slots_);
+  DT_CHECK(inputs.context != nullptr, "the UNet needs inputs.context (text embeddings)");
+  const Layout& l = *layout_;
+  float* acts = acts_.data() + slot * l.slot;
+  const int B = batch_, C0 = config_.block_out_channels[0], E = config_.time_embed_dim();
+  const UNetValue& x = plan_.values[0];
+  std::memcpy(acts + l.value_offsets[0], inputs.x_t, sizeof(float) * B * x.C * x.H * x.W);
+  // The time embedding: [cos, sin] features, Linear, SiLU, Linear; every resnet takes its SiLU.
+  const float* P = params_.data();
+  const auto offset = [&](const char* name) { return plan_.table.Find(name)->offset; };
+  cpu::TimestepFrequencies(acts + l.tfreq, inputs.t, B, C0);
+  cpu::LinearForward(acts + l.t1, acts + l.tfreq, P + offset("time_embedding.linear_1.weight"),
+                     P + offset("time_embedding.linear_1.bias"), B, C0, E);
+  cpu::SiluForward(acts + l.t1_silu, acts + l.t1, size_t(B) * E);
+  cpu::LinearForward(acts + l.temb, acts + l.t1_silu, P + offset("time_embedding.linear_2.weight"),
+                     P + offset("time_embedding.linear_2.bias"), B, E, E);
+  cpu::SiluForward(acts + l.temb_silu, acts + l.temb, size_t(B) * E);
+
+  UNetRun r;
+  r.B = B;
+  r.P = params_.data();
+  r.G = grads_.data();
+  r.acts = acts;
+  r.scratch = acts_.data() + slots_ * l.slot;
+  r.value_offsets = &l.value_offsets;
+  r.grad_offsets = &l.grad_offsets;
+  r.context = contexts_[slot] = inputs.context;
+  r.temb_silu = acts + l.temb_silu;
+  for (const std::unique_ptr<UNetLayer>& layer : layers_)
+    layer->Forward(r);
+  return Status::Ok();
+}
+
+Status UNet::Backward(int slot, const float* output_grad, float*, const GradientsReady& ready) {
+  const Layout& l = *layout_;
+  float* acts = acts_.data() + slot * l.slot;
+  float* back = acts_.data() + slots_ * l.slot;
+  const int B = batch_, C0 = config_.block_out_channels[0], E = config_.time_embed_dim();
+  // Every value's gradient and the time embedding's start at zero; the output's is given.
+  std::memset(back, 0, l.backward * sizeof(float));
+  const UNetValue& y = plan_.values.back();
+  std::memcpy(back + l.grad_offsets.back(), output_grad, sizeof(float) * B * y.C * y.H * y.W);
+
+  UNetRun r;
+  r.B = B;
+  r.P = params_.data();
+  r.G = grads_.data();
+  r.acts = acts;
+  r.scratch = back;
+  r.value_offsets = &l.value_offsets;
+  r.grad_offsets = &l.grad_offsets;
+  r.context = contexts_[slot];
+  r.temb_silu = acts + l.temb_silu;
+  r.dtemb_silu = back + l.dtemb_silu;
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    (*it)->Backward(r);
+    if (ready) ready((*it)->first_param);
+  }
+  const float* P = params_.data();
+  float* G = grads_.data();
+  const auto offset = [&](const char* name) { return plan_.table.Find(name)->offset; };
+  cpu::SiluBackward(back + l.dtemb, back + l.dtemb_silu, acts + l.temb, size_t(B) * E);
+  cpu::LinearBackward(back + l.dt1_silu, G + offset("time_embedding.linear_2.weight"),
+                      G + offset("time_embedding.linear_2.bias"), back + l.dtemb, acts + l.t1_silu,
+                      P + offset("time_embedding.linear_2.weight"), B, E, E);
+  cpu::SiluBackward(back + l.dt1, back + l.dt1_silu, acts + l.t1, size_t(B) * E);
+  cpu::LinearBackward<float>(nullptr, G + offset("time_embedding.linear_1.weight"),
+                             G + offset("time_embedding.linear_1.bias"), back + l.dt1,
+                             acts + l.tfreq, P + offset("time_embedding.linear_1.weight"), B, C0,
+                             E);
+  if (ready) ready(0);
+  return Status::Ok();
+}
+
+namespace {
+
+std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& plan, int B,
+                                         std::vector<std::unique_ptr<UNetLayer>>* layers) {
+  auto l = std::make_unique<UNet::Layout>();
+  Space slot, back;
+  const size_t E = size_t(B) * c.time_embed_dim();
+  for (const UNetValue& v : plan.values) {
+    const size_t n = size_t(B) * v.C * v.H * v.W;
+    l->value_offsets.push_back(slot.Take(n));
+    l->grad_offsets.push_back(l->value_offsets.size() == 1 ? 0 : back.Take(n));
+  }
+  l->tfreq = slot.Take(size_t(B) * c.block_out_channels[0]);
+  l->t1 = slot.Take(E);
+  l->t1_silu = slot.Take(E);
+  l->temb = slot.Take(E);
+  l->temb_silu = slot.Take(E);
+  l->dtemb_silu = back.Take(E);
+  l->dtemb = back.Take(E);
+  l->dt1_silu = back.Take(E);
+  l->dt1 = back.Take(E);
+  // Every layer's temporaries start where the gradients end: they share the rest.
+  size_t scratch = 0;
+  for (const UNetNode& node : plan.nodes) {
+    Space layer_scratch{back.used};
+    std::unique_ptr<UNetLayer> layer = MakeUNetLayer(c, plan, node, B, slot, layer_scratch);
+    scratch = std::max(scratch, layer_scratch.used - back.used);
+    if (layers != nullptr) layers->push_back(std::move(layer));
+  }
+  l->slot = slot.used;
+  l->backward = back.used + scratch;
+  return l;
+}
+
+}  // namespace
+
+}  // namespace difftrain

@@ -1,0 +1,180 @@
+// The UNet family: SD configs' parameter counts and state-dict names and shapes (MODELS.md),
+// the forward MACs at 512 px, diffusers config keys in and out, refusals by name, and the
+// model's contracts (gradients accumulate, the ready offsets only decrease).
+#include "model/unet/family.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/data/dataset.h"
+#include "model/train/trainer.h"
+#include "model/unet/plan.h"
+#include "model/unet/unet.h"
+
+namespace difftrain {
+namespace {
+
+UNetConfig Named(const std::string& name) {
+  Result<UNetConfig> c = UNetConfigByName(name);
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return *c;
+}
+
+std::vector<int64_t> Shape(const UNetPlan& plan, const std::string& name) {
+  const TensorSpec* t = plan.table.Find(name);
+  return t ? t->shape : std::vector<int64_t>{};
+}
+
+TEST(UNetFamily, StableDiffusionParameterCountsAndNames) {
+  const UNetPlan sd1(Named("SD1.5"));
+  EXPECT_EQ(sd1.table.total(), 859'520'964u);
+  EXPECT_EQ(sd1.table.tensors().size(), 686u);
+  EXPECT_EQ(UNetPlan(Named("SD2-base")).table.total(), 865'910'724u);
+  EXPECT_EQ(UNetPlan(Named("SD2-v")).table.total(), 865'910'724u);
+  using S = std::vector<int64_t>;
+  EXPECT_EQ(Shape(sd1, "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k.weight"),
+            (S{320, 768}));
+  EXPECT_EQ(Shape(sd1, "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.0.proj.weight"),
+            (S{2560, 320}));
+  EXPECT_EQ(Shape(sd1, "down_blocks.0.attentions.0.proj_in.weight"), (S{320, 320, 1, 1}));
+  EXPECT_EQ(Shape(sd1, "up_blocks.0.resnets.0.conv1.weight"), (S{1280, 2560, 3, 3}));
+  EXPECT_EQ(Shape(sd1, "up_blocks.3.resnets.0.conv_shortcut.weight"), (S{320, 960, 1, 1}));
+  EXPECT_EQ(Shape(sd1, "up_blocks.0.upsamplers.0.conv.weight"), (S{1280, 1280, 3, 3}));
+  EXPECT_EQ(Shape(sd1, "down_blocks.2.downsamplers.0.conv.weight"), (S{1280, 1280, 3, 3}));
+  EXPECT_EQ(Shape(sd1, "mid_block.attentions.0.transformer_blocks.0.attn1.to_out.0.bias"),
+            (S{1280}));
+  EXPECT_EQ(Shape(sd1, "time_embedding.linear_1.weight"), (S{1280, 320}));
+  EXPECT_TRUE(Shape(sd1, "down_blocks.3.downsamplers.0.conv.weight").empty());
+  const UNetPlan sd2(Named("SD2-base"));
+  EXPECT_EQ(Shape(sd2, "down_blocks.1.attentions.0.proj_out.weight"), (S{640, 640}));
+  EXPECT_EQ(Shape(sd2, "up_blocks.1.attentions.2.transformer_blocks.0.attn2.to_v.weight"),
+            (S{1280, 1024}));
+}
+
+// MODELS.md's count at 512 px and 77 tokens: conv 209.2, linear 129.4, attention 63.0 G.
+TEST(UNetFamily, ForwardMacsAt512Pixels) {
+  const UNetMacs m = ForwardMacs(Named("SD1.5"));
+  EXPECT_NEAR(m.conv / 1e9, 209.2, 0.05);
+  EXPECT_NEAR(m.linear / 1e9, 129.4, 0.05);
+  EXPECT_NEAR(m.attention / 1e9, 63.0, 0.05);
+  EXPECT_NEAR(ForwardMacs(Named("SD2-base")).total() / 1e9, 402.1, 0.05);
+}
+
+TEST(UNetFamily, DiffusersKeysInAndOut) {
+  nlohmann::json j = Named("SD2-base").ToJson();
+  j["_class_name"] = "UNet2DConditionModel";
+  j["act_fn"] = "silu";
+  j["norm_eps"] = 1e-05;
+  Result<ModelSpec> spec = UNetFamily().FromJson(j);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->config["attention_head_dim"], (nlohmann::json{5, 10, 20, 20}));
+  EXPECT_EQ(spec->config["use_linear_projection"], true);
+  EXPECT_EQ(UNetConfigOf(*spec).heads(2), 20);
+
+  j["act_fn"] = "gelu";
+  Result<ModelSpec> other = UNetFamily().FromJson(j);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("model.act_fn: only \"silu\""), std::string::npos)
+      << other.status().message();
+  j["act_fn"] = "silu";
+  j["addition_time_embed_dim"] = 256;
+  Result<ModelSpec> unknown = UNetFamily().FromJson(j);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("model.addition_time_embed_dim"), std::string::npos);
+}
+
+TEST(UNetFamily, RefusesModelParallelAxesByName) {
+  const ModelSpec spec = UNetSpec(Named("SD1.5"));
+  EXPECT_TRUE(UNetFamily().ValidateLayout(spec, {}).ok());
+  for (const char* axis : {"tp", "cp", "pp"}) {
+    LayoutShape layout;
+    (axis[0] == 't' ? layout.tp : axis[0] == 'c' ? layout.cp : layout.pp) = 2;
+    const Status s = UNetFamily().ValidateLayout(spec, layout);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(std::string("parallel.") + axis), std::string::npos) << s.message();
+  }
+}
+
+TEST(UNetFamily, RequestsOverrideSampleSizeAndCheckShapes) {
+  ModelRequest r;
+  r.name = "SD1.5";
+  r.input_size = 16;
+  Result<ModelSpec> spec = ModelSpecFromRequest(r);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->family, "unet");
+  EXPECT_EQ(spec->config["sample_size"], 16);
+  r.input_size = 12;  // not divisible by 2^3
+  EXPECT_FALSE(ModelSpecFromRequest(r).ok());
+}
+
+UNetConfig Tiny() {
+  UNetConfig c;
+  c.block_out_channels = {4, 8};
+  c.down_block_types = {kCrossAttnDown, kDown};
+  c.up_block_types = {kUp, kCrossAttnUp};
+  c.layers_per_block = 1;
+  c.attention_head_dim = {2};
+  c.cross_attention_dim = 6;
+  c.norm_num_groups = 2;
+  c.sample_size = 8;
+  c.text_length = 3;
+  return c;
+}
+
+// Backward adds into the gradients (two passes give twice one, up to rounding), and reports
+// gradient ranges final from offsets that only decrease, ending at 0.
+TEST(UNetModel, GradientsAccumulateAndReadyOffsetsDecrease) {
+  UNet model(Tiny());
+  model.InitializeRandom(3);
+  const int B = 2;
+  model.Reserve(B, 1);
+  std::vector<float> x(B * 4 * 64), t = {10, 500}, context(B * 3 * 6), dout(B * 4 * 64);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.3f * i), dout[i] = std::cos(0.7f * i);
+  for (size_t i = 0; i < context.size(); ++i)
+    context[i] = std::cos(1.3f * i);
+  const ModelInputs in{x.data(), t.data(), nullptr, context.data()};
+  std::vector<size_t> offsets;
+  ASSERT_TRUE(model.Forward(0, in, nullptr, nullptr).ok());
+  ASSERT_TRUE(
+      model.Backward(0, dout.data(), nullptr, [&](size_t o) { offsets.push_back(o); }).ok());
+  ASSERT_FALSE(offsets.empty());
+  EXPECT_EQ(offsets.back(), 0u);
+  EXPECT_TRUE(std::is_sorted(offsets.rbegin(), offsets.rend()));
+  const std::vector<float> once(model.grads(), model.grads() + model.num_params());
+  ASSERT_TRUE(model.Forward(0, in, nullptr, nullptr).ok());
+  ASSERT_TRUE(model.Backward(0, dout.data(), nullptr).ok());
+  size_t nonzero = 0;
+  for (size_t i = 0; i < once.size(); ++i) {
+    // Equal up to rounding: the second pass adds into what the first left.
+    EXPECT_NEAR(model.grads()[i], 2 * once[i], 1e-5 * std::abs(once[i]) + 1e-9) << "element " << i;
+    nonzero += once[i] != 0;
+  }
+  EXPECT_EQ(nonzero, once.size());  // every parameter is on a path to the output
+}
+
+// `difftrain info`'s memory model (PlanMemory, through the family) is what a training rank
+// of a tiny UNet allocates, arena by arena.
+TEST(UNetModel, PlannedMemoryIsWhatATrainerAllocates) {
+  TrainConfig config;
+  config.model = UNetSpec(Tiny());
+  config.micro_batch = config.global_batch = 3;
+  const SampleSchema x = UNetFamily().Samples(config.model);
+  Trainer trainer(config, std::make_unique<SyntheticDataset>(1, x.channels, x.height, 0));
+  Result<MemoryBytes> planned =
+      PlanMemory(config.model, {}, 0, 3, 1, false, 1, size_t{1} << 20, false);
+  ASSERT_TRUE(planned.ok()) << planned.status().message();
+  const MemoryBytes real = trainer.memory();
+  EXPECT_EQ(planned->parameters, real.parameters);
+  EXPECT_EQ(planned->gradients, real.gradients);
+  EXPECT_EQ(planned->optimizer, real.optimizer);
+  EXPECT_EQ(planned->ema, real.ema);
+  EXPECT_EQ(planned->activations, real.activations);
+  EXPECT_GT(real.activations, 0u);
+}
+
+}  // namespace
+}  // namespace difftrain

@@ -1,0 +1,157 @@
+#!/usr/bin/python3
+"""Checks a `difftrain debug-dump` of a UNet against diffusers' UNet2DConditionModel.
+
+    PYTHON tests/reference/check_unet_dump.py FILE [--tol 1e-5]
+
+PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2 on
+Debian's torch). The dump holds one training step: the parameters under diffusers' names,
+the inputs (x0, noise, t, the text embedding after dropout, x_t), the output, the MSE loss
+and every parameter's gradient; its "config" metadata holds UNet2DConditionModel's keys plus
+difftrain's own (name, text_length, text_dropout). The checker builds
+UNet2DConditionModel(**config) in float64, loads the parameters with
+load_state_dict(strict=True), recomputes x_t from the diffusion metadata, runs forward and
+backward on the dump's x_t, t and text, and compares each tensor.
+
+Error measure: ||a - b|| / ||b|| (L2 norms, b the float64 reference). Where the reference
+gradient vanishes mathematically (below 1e-9 of the largest), the absolute error relative to
+the largest gradient norm is used. The summary also gives the error of all gradients
+together. The dump is fp32: on ill-conditioned tiny models (GroupNorms of one channel per
+group) small bias and norm gradients lose up to a few 1e-5 to fp32 rounding, in diffusers'
+own float32 run as in difftrain's; the tests use shapes where fp32 stays within 1e-5.
+Exit status: 0 if every tensor passes, 1 if any does not, 2 if the file is malformed.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+import diffusers.models.embeddings
+from diffusers import UNet2DConditionModel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_np  # noqa: E402
+
+DIFFTRAIN_KEYS = ("name", "text_length", "text_dropout")
+
+
+class MalformedDump(Exception):
+    pass
+
+
+def timestep_embedding_float64(timesteps, embedding_dim, flip_sin_to_cos=False, downscale_freq_shift=1,
+                               scale=1, max_period=10000):
+    """diffusers' get_timestep_embedding in float64. diffusers computes the sinusoidal
+    features in float32 even in a float64 model (timesteps.float()), which at t near 1000
+    leaves phase errors of about 3e-5; the reference must be exact, so the same formula runs
+    here in float64, with the order ([cos, sin] by flip_sin_to_cos) and shift the model's
+    config gives."""
+    half = embedding_dim // 2
+    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float64) / (half - downscale_freq_shift)
+    emb = scale * timesteps[:, None].to(torch.float64) * torch.exp(exponent)[None, :]
+    emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=-1)
+    if flip_sin_to_cos:
+        emb = torch.cat([emb[:, half:], emb[:, :half]], dim=-1)
+    return emb
+
+
+diffusers.models.embeddings.get_timestep_embedding = timestep_embedding_float64
+
+
+def betas(diffusion):
+    steps, lo, hi = diffusion["steps"], diffusion["beta_start"], diffusion["beta_end"]
+    if diffusion["schedule"] == "linear":
+        return np.linspace(lo, hi, steps, dtype=np.float64)
+    if diffusion["schedule"] == "scaled_linear":
+        return np.linspace(lo ** 0.5, hi ** 0.5, steps, dtype=np.float64) ** 2
+    raise MalformedDump(f"schedule {diffusion['schedule']!r}: only linear and scaled_linear")
+
+
+def error(actual, expected, scale=0.0):
+    """(error, kind): relative L2 error; where the reference is below 1e-9 of `scale` (a
+    gradient that vanishes mathematically, such as the bias before a GroupNorm whose groups
+    hold one channel each, which only rounding makes non-zero) the absolute error relative to
+    `scale` ("vanishing")."""
+    actual = torch.as_tensor(actual, dtype=torch.float64)
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    if actual.shape != expected.shape:
+        return math.inf, "shape"
+    if not torch.isfinite(actual).all():
+        return math.inf, "rel"
+    diff = torch.linalg.vector_norm(actual - expected).item()
+    norm = torch.linalg.vector_norm(expected).item()
+    if norm <= 1e-9 * scale:
+        return diff / scale, "vanishing"
+    return (diff / norm, "rel") if norm > 0 else (diff, "abs")
+
+
+def check(path, tol):
+    tensors, metadata = safetensors_np.read(path)
+    if metadata.get("format") != "difftrain-debug-dump" or metadata.get("family") != "unet":
+        raise MalformedDump("not a debug dump of a unet")
+    config = json.loads(metadata["config"])
+    for key in DIFFTRAIN_KEYS:
+        config.pop(key, None)
+    diffusion = json.loads(metadata["diffusion"])
+    prediction = diffusion.get("prediction", "epsilon")
+    t = torch.from_numpy(tensors["input.t"]).long()
+    abar = torch.from_numpy(np.cumprod(1 - betas(diffusion)))[t].reshape(-1, 1, 1, 1)
+    reference = reference_step(config, tensors, t, abar, prediction)
+    x0, noise = (torch.from_numpy(tensors[n]).to(torch.float64) for n in ("input.x0", "input.noise"))
+    reference["input.x_t"] = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
+
+    print(f"{path}: batch {t.shape[0]}, {prediction}-prediction, config {metadata['config']}")
+    # The scale of the gradients, for those that vanish: the largest gradient norm.
+    scale = max(torch.linalg.vector_norm(v).item() for n, v in reference.items() if n.startswith("grad."))
+    failures, worst = [], ("", -1.0)
+    for name, expected in reference.items():
+        if name not in tensors:
+            raise MalformedDump(f"missing tensor {name}")
+        err, kind = error(tensors[name], expected, scale if name.startswith("grad.") else 0.0)
+        if not err <= tol:
+            failures.append(name)
+            print(f"{name}  {kind} {err:.3e}  FAIL")
+        if err > worst[1]:
+            worst = (name, err)
+    grads = [n for n in reference if n.startswith("grad.")]
+    flat = lambda d: torch.cat([torch.as_tensor(d[n], dtype=torch.float64).flatten() for n in grads])  # noqa: E731
+    all_err, _ = error(flat(tensors), flat(reference))
+    verdict = "all OK" if not failures else f"{len(failures)} FAILED"
+    print(f"summary: {len(reference)} tensors, tol {tol:g}: {verdict}; worst {worst[0]} ({worst[1]:.3e}); all gradients together {all_err:.3e}")
+    return not failures
+
+
+def reference_step(config, tensors, t, abar, prediction, dtype=torch.float64):
+    """Output, loss and every gradient of diffusers' UNet on the dump's inputs, in `dtype`."""
+    model = UNet2DConditionModel(**config).to(dtype)
+    # Copies: tensors of the dump's dtype would alias its read-only buffers.
+    tensor = lambda name: torch.tensor(tensors[name], dtype=dtype)  # noqa: E731
+    state = {name: tensor(name) for name in model.state_dict() if name in tensors}
+    model.load_state_dict(state, strict=True)
+    output = model(tensor("input.x_t"), t, encoder_hidden_states=tensor("input.context")).sample
+    x0, noise, a = tensor("input.x0"), tensor("input.noise"), abar.to(dtype)
+    target = noise if prediction == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
+    loss = ((output - target) ** 2).mean()
+    loss.backward()
+    result = {"output": output.detach().double(), "loss": loss.detach().double().reshape(1)}
+    result.update({f"grad.{name}": p.grad.double() for name, p in model.named_parameters()})
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("file")
+    parser.add_argument("--tol", type=float, default=1e-5)
+    args = parser.parse_args(argv)
+    try:
+        return 0 if check(args.file, args.tol) else 1
+    except (MalformedDump, safetensors_np.SafetensorsError, OSError, KeyError) as e:
+        print(f"error: cannot check {args.file}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
