@@ -1,6 +1,7 @@
 #include "common/yaml_fields.h"
 
 #include <fstream>
+#include <sstream>
 
 namespace difftrain {
 
@@ -126,11 +127,23 @@ Status YamlFields::Finish() const {
   return Status::Ok();
 }
 
-Result<YAML::Node> YamlFields::LoadFile(const std::string& file) {
+Result<std::string> YamlFields::ReadFile(const std::string& file) {
   std::ifstream in(file);
   if (!in) return Errorf("cannot open '{}'", file);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Errorf("cannot read '{}'", file);
+  return text.str();
+}
+
+Result<YAML::Node> YamlFields::LoadFile(const std::string& file) {
+  DT_ASSIGN_OR_RETURN(std::string text, ReadFile(file));
+  return LoadText(text, file);
+}
+
+Result<YAML::Node> YamlFields::LoadText(const std::string& text, const std::string& file) {
   try {
-    return YAML::Load(in);
+    return YAML::Load(text);
   } catch (const YAML::Exception& e) {
     return Errorf("{}:{}:{}: invalid YAML: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg);
   }

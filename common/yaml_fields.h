@@ -43,7 +43,11 @@ class YamlFields {
   // "file:line:col" of `key` (of this mapping when the key is absent).
   std::string Location(const std::string& key) const;
 
+  // The YAML document in `file`, or in `text` (whose errors name `file` as its source).
   static Result<YAML::Node> LoadFile(const std::string& file);
+  static Result<YAML::Node> LoadText(const std::string& text, const std::string& file);
+  // The whole text of `file`.
+  static Result<std::string> ReadFile(const std::string& file);
 
  private:
   template <typename T>

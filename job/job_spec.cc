@@ -1,8 +1,5 @@
 #include "job/job_spec.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "common/yaml_fields.h"
 
 namespace difftrain {
@@ -45,11 +42,11 @@ Status TrainConfig::Validate(int dp) const {
   }
   if (micro_batch < 1) return Errorf("batch.micro must be positive, got {}", micro_batch);
   if (global_batch < 1) return Errorf("batch.global must be positive, got {}", global_batch);
-  if (global_batch % (micro_batch * dp) != 0) {
+  if (global_batch % (int64_t{micro_batch} * dp) != 0) {
     return Errorf(
         "{}: batch.global: expected a multiple of batch.micro × data-parallel size = {} × {} = "
         "{} (global = micro × dp × accumulation steps), found {}",
-        cluster.Where("batch.global"), micro_batch, dp, micro_batch * dp, global_batch);
+        cluster.Where("batch.global"), micro_batch, dp, int64_t{micro_batch} * dp, global_batch);
   }
   if (steps < 1) return Errorf("train.steps must be positive, got {}", steps);
   if (log_every < 1) return Errorf("train.log_every must be positive, got {}", log_every);
@@ -128,11 +125,14 @@ nlohmann::json TrainConfig::ToJson() const {
            {{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep", checkpoint.keep}}}};
 }
 
-namespace {
+Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(std::string text, YamlFields::ReadFile(path));
+  return FromYamlText(text, path);
+}
 
-// A job from its parsed YAML; `path` names it in messages.
-Result<TrainConfig> ParseJob(const YAML::Node& root, const std::string& path) {
-  YamlFields top(path, root, "");
+Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std::string& source) {
+  DT_ASSIGN_OR_RETURN(YAML::Node root, YamlFields::LoadText(text, source));
+  YamlFields top(source, root, "");
   TrainConfig c;
   DT_ASSIGN_OR_RETURN(c.model, ModelSpecFromYaml(top.Section("model")));
 
@@ -192,7 +192,7 @@ Result<TrainConfig> ParseJob(const YAML::Node& root, const std::string& path) {
       top.Has("parallel") && root["parallel"].IsScalar() && root["parallel"].Scalar() == "auto";
   if (c.parallel.automatic) {
     c.cluster.where["parallel"] = top.Location("parallel");
-    parallel = YamlFields(path, YAML::Node(), "parallel");
+    parallel = YamlFields(source, YAML::Node(), "parallel");
   } else if (top.Has("parallel") && root["parallel"].IsScalar()) {
     return top.ErrorAt("parallel", fmt::format("expected a mapping of fields or 'auto', found '{}'",
                                                root["parallel"].Scalar()));
@@ -228,30 +228,15 @@ Result<TrainConfig> ParseJob(const YAML::Node& root, const std::string& path) {
   if (c.parallel.automatic) return c;
   Status valid = c.Validate();
   // Errors located in the file already name it.
-  if (!valid.ok()) return valid.message().starts_with(path) ? valid : valid.WithContext(path);
+  if (!valid.ok()) return valid.message().starts_with(source) ? valid : valid.WithContext(source);
   return c;
-}
-
-}  // namespace
-
-Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
-  DT_ASSIGN_OR_RETURN(YAML::Node root, YamlFields::LoadFile(path));
-  return ParseJob(root, path);
-}
-
-Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std::string& name) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return Errorf("{}:{}:{}: invalid YAML: {}", name, e.mark.line + 1, e.mark.column + 1, e.msg);
-  }
-  return ParseJob(root, name);
 }
 
 Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& overrides,
                             std::string* yaml) {
-  DT_ASSIGN_OR_RETURN(TrainConfig config, TrainConfig::FromYamlFile(path));
+  // One read: the text checked is the text handed on.
+  DT_ASSIGN_OR_RETURN(std::string text, YamlFields::ReadFile(path));
+  DT_ASSIGN_OR_RETURN(TrainConfig config, TrainConfig::FromYamlText(text, path));
   ClusterConfig& c = config.cluster;
   if (overrides.nodes) {
     if (*overrides.nodes < 1) return Errorf("--nodes: expected >= 1, found {}", *overrides.nodes);
@@ -266,12 +251,7 @@ Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& ove
     c.where["cluster.devices_per_node"] = "--devices-per-node";
   }
   DT_RETURN_IF_ERROR(ResolveJob(config));
-  if (yaml != nullptr) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    *yaml = text.str();
-  }
+  if (yaml != nullptr) *yaml = std::move(text);
   return config;
 }
 

@@ -92,9 +92,10 @@ struct TrainConfig {
   // Reads and checks a job file. A `parallel: auto` job comes back unresolved (automatic set,
   // the layout not chosen): see ResolveJob.
   static Result<TrainConfig> FromYamlFile(const std::string& path);
-  // The same from the text of a job file (a resolved job received over MPI); `name` stands
-  // for the file in messages.
-  static Result<TrainConfig> FromYamlText(const std::string& text, const std::string& name);
+  // The same for the text of a job file (a resolved job received over MPI, a fuzzer's
+  // input); errors name `source` (a path, or what the text came from) with the line and
+  // column, as FromYamlFile's name the file.
+  static Result<TrainConfig> FromYamlText(const std::string& text, const std::string& source);
 };
 
 // The launcher's view of the cluster, which knows the allocation better than the file:

@@ -3,6 +3,7 @@
 // the same job with that layout written in, so no rank chooses one.
 #include "job/job_spec.h"
 
+#include <chrono>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -134,6 +135,49 @@ TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
             std::string::npos)
       << c.status().message();
   EXPECT_NE(c.status().message().find("DiT-XL/2"), std::string::npos);
+}
+
+// The fuzzer's entry point: the text of a job file parses as the file does, and its errors name
+// the source given with the line and column.
+TEST_F(JobSpecTest, TextParsesAsTheFileAndErrorsNameTheSource) {
+  Result<TrainConfig> file = TrainConfig::FromYamlFile(Write(kAutoJob));
+  Result<TrainConfig> text = TrainConfig::FromYamlText(kAutoJob, "inline.yaml");
+  ASSERT_TRUE(file.ok() && text.ok()) << text.status().message();
+  EXPECT_EQ(text->ToJson(), file->ToJson());
+  Result<TrainConfig> bad =
+      TrainConfig::FromYamlText("model: {name: DiT-S/2}\nbatch: {micro: x}\n", "inline.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(bad.status().message().starts_with("inline.yaml:2:16: batch.micro"))
+      << bad.status().message();
+  Result<TrainConfig> invalid = TrainConfig::FromYamlText("model: [\n", "inline.yaml");
+  ASSERT_FALSE(invalid.ok());
+  EXPECT_TRUE(invalid.status().message().starts_with("inline.yaml:2:1: invalid YAML"))
+      << invalid.status().message();
+  Result<TrainConfig> missing = TrainConfig::FromYamlFile(tmp_.path() + "/none.yaml");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("cannot open"), std::string::npos);
+}
+
+// The fuzzer's finds, kept as its seeds in tests/fuzz/job_spec_fuzz: each is refused or
+// resolved at once, as a launcher resolves it.
+TEST_F(JobSpecTest, TheFuzzersFindsAreRefusedOrResolvedAtOnce) {
+  const std::string seeds = std::string(DIFFTRAIN_SOURCE_DIR) + "/tests/fuzz/job_spec_fuzz/";
+  // An MLP width of 1e300 x 4 and 50,000² tokens overflowed an int.
+  for (const auto& [seed, expected] :
+       {std::pair{"mlp_ratio_overflow.yaml", "the MLP width hidden_size x mlp_ratio = 4e+300"},
+        {"tokens_overflow.yaml", "the tokens (input_size / patch_size)^2 = 2500000000"}}) {
+    Result<TrainConfig> c = TrainConfig::FromYamlFile(seeds + seed);
+    ASSERT_FALSE(c.ok()) << seed;
+    EXPECT_NE(c.status().message().find(expected), std::string::npos) << c.status().message();
+  }
+  // A global batch of 2e9 took the planner 40 s (every number up to it tried as a micro-batch).
+  Result<TrainConfig> huge = TrainConfig::FromYamlFile(seeds + "planner_huge_batch.yaml");
+  ASSERT_TRUE(huge.ok()) << huge.status().message();
+  const auto start = std::chrono::steady_clock::now();
+  const Status resolved = ResolveJob(*huge, PlanDevice{"", 64.0 * (1 << 30)});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
+  ASSERT_TRUE(resolved.ok()) << resolved.message();
+  EXPECT_EQ(huge->global_batch % huge->micro_batch, 0);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "model/dit/config.h"
 
+#include <limits>
 #include <map>
 
 namespace difftrain {
@@ -42,6 +43,19 @@ Status DiTConfig::Validate() const {
     return Errorf(
         "model.depth {} must be even: Latte's blocks come in pairs (spatial, then temporal)",
         depth);
+  // The sizes derived from the fields are ints: a shape that would overflow one is refused
+  // here rather than wrapped (or, for the MLP width, converted out of range) downstream.
+  constexpr double kMaxInt = std::numeric_limits<int>::max();
+  const double grid = input_size / patch_size;
+  for (auto [what, v] : {std::pair{"the tokens (input_size / patch_size)^2 x frames",
+                                   grid * grid * (video ? num_frames : 1)},
+                         {"the MLP width hidden_size x mlp_ratio", hidden_size * mlp_ratio},
+                         {"the patch features in_channels x patch_size^2",
+                          double(in_channels) * patch_size * patch_size},
+                         {"the output channels 2 x in_channels", 2.0 * in_channels},
+                         {"the label rows num_classes + 1", num_classes + 1.0}}) {
+    if (!(v <= kMaxInt)) return Errorf("model: {} = {} exceeds {}", what, v, kMaxInt);
+  }
   if (input_size % patch_size != 0)
     return Errorf("model.input_size {} is not divisible by model.patch_size {}", input_size,
                   patch_size);

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <map>
 
+#include <limits>
+
 #include <gtest/gtest.h>
 
 namespace difftrain {
@@ -42,6 +44,33 @@ TEST(DiTConfigTest, RejectsBadNamesAndShapes) {
   c = *DiTConfigByName("DiT-S/2");
   c.input_size = 31;
   EXPECT_NE(c.Validate().message().find("patch_size"), std::string::npos);
+}
+
+// Found by the job-spec fuzzer: the derived sizes are ints, and a shape whose tokens or MLP
+// width overflow one was accepted (and overflowed when the planner or the model used it).
+TEST(DiTConfigTest, RejectsShapesWhoseDerivedSizesOverflowAnInt) {
+  DiTConfig c = *DiTConfigByName("DiT-S/2");
+  c.input_size = 50000;
+  c.patch_size = 1;
+  EXPECT_NE(c.Validate().message().find("tokens (input_size / patch_size)^2 = 2500000000"),
+            std::string::npos)
+      << c.Validate().message();
+  for (double ratio :
+       {1e300, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    c = *DiTConfigByName("DiT-S/2");
+    c.mlp_ratio = ratio;
+    EXPECT_NE(c.Validate().message().find("MLP width"), std::string::npos) << ratio;
+  }
+  c = *DiTConfigByName("DiT-S/2");
+  c.in_channels = 1 << 30;
+  EXPECT_FALSE(c.Validate().ok());
+  c = *DiTConfigByName("DiT-S/2");
+  c.num_classes = std::numeric_limits<int>::max();
+  EXPECT_FALSE(c.Validate().ok());
+  c = *DiTConfigByName("DiT-S/2");
+  c.input_size = 46340;  // 46,340² tokens still fit
+  c.patch_size = 1;
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate().message();
 }
 
 TEST(DiTConfigTest, NullClassRowOnlyWithLabelDropout) {

@@ -184,8 +184,8 @@ double StageForwardMacs(const DiTConfig& c, const Layout& l, int stage) {
   return macs;
 }
 
-TimeEstimate PredictTime(const PlanRequest& r, const Layout& l, int micro_batches) {
-  const DiTConfig c = DiTConfigOf(r.model);
+TimeEstimate PredictTime(const PlanRequest& r, const DiTConfig& c, const Layout& l,
+                         int micro_batches) {
   const DeviceSpec& d = r.device;
   const Shape s(c, l);
   const int G = r.devices_per_node;
@@ -246,12 +246,17 @@ TimeEstimate PredictTime(const PlanRequest& r, const Layout& l, int micro_batche
   return t;
 }
 
+// The divisors of n, ascending: those up to √n and their cofactors (n reaches 2^31 − 1, the
+// tokens or the global batch of a job file).
 std::vector<int> Divisors(int n) {
-  std::vector<int> out;
-  for (int i = 1; i <= n; ++i) {
-    if (n % i == 0) out.push_back(i);
+  std::vector<int> small, large;
+  for (int i = 1; int64_t{i} * i <= n; ++i) {
+    if (n % i != 0) continue;
+    small.push_back(i);
+    if (i != n / i) large.push_back(n / i);
   }
-  return out;
+  small.insert(small.end(), large.rbegin(), large.rend());
+  return small;
 }
 
 // The candidates of one dimension: the fixed value, or every value from `all`.
@@ -400,9 +405,11 @@ Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& r) {
   const int world = r.nodes * r.devices_per_node;
   const double budget = r.usable_memory_fraction * r.device.memory_bytes;
   std::vector<PlannedLayout> out;
+  // pp divides the world (as tp · cp · pp must) and is at most the depth.
   std::vector<int> pps;
-  for (int pp = 1; pp <= std::min(c.depth, world); ++pp)
-    pps.push_back(pp);
+  for (int pp : Divisors(world)) {
+    if (pp <= c.depth) pps.push_back(pp);
+  }
   for (int tp : Choices(r.tp, Divisors(std::gcd(c.num_heads, r.devices_per_node)))) {
     for (int cp : Choices(r.cp, Divisors(c.tokens()))) {
       for (int pp : Choices(r.pp, pps)) {
@@ -426,7 +433,7 @@ Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& r) {
                   p.worst_stage = stage;
                 }
               }
-              p.time = PredictTime(r, p.layout, p.accumulation);
+              p.time = PredictTime(r, c, p.layout, p.accumulation);
               p.fits = p.memory.total() <= budget;
               out.push_back(p);
             }

@@ -2,8 +2,10 @@
 // resident memory its process gains), and the planner's choices against its own model.
 #include "model/train/planner.h"
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -319,6 +321,35 @@ TEST(PlannerTest, ImpossibleRequestsSayWhatIsWrong) {
   ASSERT_FALSE(batch.ok());
   EXPECT_NE(batch.status().message().find("micro batch 2"), std::string::npos)
       << batch.status().message();
+}
+
+// Found by the job-spec fuzzer: `batch: {global: 2000000000}` with `parallel: auto` took the
+// planner 40 s (it tried every number up to the batch as a micro-batch size). The layouts are
+// the divisors', as before, in a moment.
+TEST(PlannerTest, AHugeGlobalBatchIsPlannedAtOnce) {
+  PlanRequest r;
+  r.model = DiTSpec(*DiTConfigByName("DiT-S/8", 16));
+  r.device = *DevicePreset("H100", 8);
+  r.nodes = 2;
+  r.devices_per_node = 8;
+  r.global_batch = 2147483646;  // 2 · 3² · 7 · 11 · 31 · 151 · 331: 192 divisors
+  const auto start = std::chrono::steady_clock::now();
+  Result<std::vector<PlannedLayout>> all = EnumerateLayouts(r);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  EXPECT_LT(seconds, 2.0);
+  // Every layout's micro-batch divides the replica's batch, and with dp 2 (tp 2 cp 4, among
+  // others) each of the 96 divisors of 1,073,741,823 appears.
+  std::set<int> micro_dp2;
+  for (const PlannedLayout& p : *all) {
+    EXPECT_EQ(r.global_batch % (p.layout.dp * p.layout.micro_batch), 0) << DescribeLayout(p.layout);
+    EXPECT_EQ(p.layout.tp * p.layout.cp * p.layout.pp * p.layout.dp, 16);
+    if (p.layout.dp == 2) micro_dp2.insert(p.layout.micro_batch);
+  }
+  EXPECT_EQ(micro_dp2.size(), 96u);
+  EXPECT_TRUE(micro_dp2.contains(1) && micro_dp2.contains(1073741823) &&
+              micro_dp2.contains(3 * 331));
 }
 
 }  // namespace
