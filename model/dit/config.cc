@@ -47,8 +47,9 @@ Status DiTConfig::Validate() const {
   // here rather than wrapped (or, for the MLP width, converted out of range) downstream.
   constexpr double kMaxInt = std::numeric_limits<int>::max();
   const double grid = input_size / patch_size;
-  for (auto [what, v] : {std::pair{"the tokens (input_size / patch_size)^2 x frames",
-                                   grid * grid * (video ? num_frames : 1)},
+  for (auto [what, v] : {std::pair{"the tokens (input_size / patch_size)^2", grid * grid},
+                         {"a video's tokens (input_size / patch_size)^2 x num_frames",
+                          grid * grid * (video ? num_frames : 1)},
                          {"the MLP width hidden_size x mlp_ratio", hidden_size * mlp_ratio},
                          {"the patch features in_channels x patch_size^2",
                           double(in_channels) * patch_size * patch_size},
