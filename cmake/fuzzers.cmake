@@ -28,7 +28,7 @@ file(GLOB fuzz_headers CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/common/*.h
   ${CMAKE_SOURCE_DIR}/model/train/*.h ${CMAKE_SOURCE_DIR}/model/dit/*.h
   ${CMAKE_SOURCE_DIR}/model/cpu/*.h ${CMAKE_SOURCE_DIR}/model/parallel/*.h
   ${CMAKE_SOURCE_DIR}/model/diffusion/*.h ${CMAKE_SOURCE_DIR}/model/optim/*.h
-  ${CMAKE_SOURCE_DIR}/model/unet/*.h)
+  ${CMAKE_SOURCE_DIR}/model/unet/*.h ${CMAKE_SOURCE_DIR}/model/latte/*.h)
 
 # `make build` configures on every call: a script rewritten with the same text would still
 # get a new mtime and re-link the targets that depend on it. Only a change is written.
@@ -90,7 +90,7 @@ difftrain_fuzz_target(job_spec_fuzz
   "-lfmt;-lyaml-cpp;-fopenmp;-isystem;${OPENBLAS_INCLUDE_DIR};${OPENBLAS_LIBRARY}"
   controller/job_spec_fuzz.cc job/job_spec.cc common/yaml_fields.cc
   common/cluster_config.cc model/family/registry.cc model/family/model.cc
-  model/dit/family.cc model/dit/config.cc model/dit/dit.cc model/dit/params.cc
+  model/dit/family.cc model/dit/config.cc model/dit/dit.cc model/dit/params.cc model/latte/family.cc
   model/dit/shard.cc model/cpu/activation.cc model/cpu/attention.cc model/cpu/embed.cc
   model/cpu/layernorm.cc model/cpu/linear.cc model/cpu/modulate.cc
   model/parallel/mappings.cc model/diffusion/gaussian_diffusion.cc model/optim/adamw.cc
