@@ -158,9 +158,9 @@ TEST_F(JobSpecTest, TextParsesAsTheFileAndErrorsNameTheSource) {
   EXPECT_NE(missing.status().message().find("cannot open"), std::string::npos);
 }
 
-// The fuzzer's finds, kept as its seeds in tests/fuzz/job_spec_fuzz: each is refused or
-// resolved at once, as a launcher resolves it.
-TEST_F(JobSpecTest, TheFuzzersFindsAreRefusedOrResolvedAtOnce) {
+// Inputs that crashed or hung the job-spec fuzz target, kept as its seeds in
+// tests/fuzz/job_spec_fuzz: each is refused or resolved at once, as a launcher resolves it.
+TEST_F(JobSpecTest, InputsThatBrokeTheFuzzTargetAreRefusedOrResolvedAtOnce) {
   const std::string seeds = std::string(DIFFTRAIN_SOURCE_DIR) + "/tests/fuzz/job_spec_fuzz/";
   // An MLP width of 1e300 x 4 and 50,000² tokens overflowed an int.
   for (const auto& [seed, expected] :

@@ -46,8 +46,8 @@ TEST(DiTConfigTest, RejectsBadNamesAndShapes) {
   EXPECT_NE(c.Validate().message().find("patch_size"), std::string::npos);
 }
 
-// Found by the job-spec fuzzer: the derived sizes are ints, and a shape whose tokens or MLP
-// width overflow one was accepted (and overflowed when the planner or the model used it).
+// Inputs that broke the job-spec fuzz target: the derived sizes are ints, and a shape whose
+// tokens or MLP width overflow one was accepted (and overflowed where it was used).
 TEST(DiTConfigTest, RejectsShapesWhoseDerivedSizesOverflowAnInt) {
   DiTConfig c = *DiTConfigByName("DiT-S/2");
   c.input_size = 50000;

@@ -323,9 +323,9 @@ TEST(PlannerTest, ImpossibleRequestsSayWhatIsWrong) {
       << batch.status().message();
 }
 
-// Found by the job-spec fuzzer: `batch: {global: 2000000000}` with `parallel: auto` took the
-// planner 40 s (it tried every number up to the batch as a micro-batch size). The layouts are
-// the divisors', as before, in a moment.
+// An input that hung the job-spec fuzz target: `batch: {global: 2000000000}` with `parallel: auto`
+// took the planner 40 s (it tried every number up to the batch as a micro-batch size). The layouts
+// are the divisors', as before, in a moment.
 TEST(PlannerTest, AHugeGlobalBatchIsPlannedAtOnce) {
   PlanRequest r;
   r.model = DiTSpec(*DiTConfigByName("DiT-S/8", 16));
