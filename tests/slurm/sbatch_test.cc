@@ -99,9 +99,12 @@ class SbatchTest : public ::testing::Test {
     root_ = fs::temp_directory_path() / ("difftrain_slurm_" + std::to_string(::getpid()));
     fs::remove_all(root_);
     fs::create_directories(root_);
-    const CommandResult started = RunCommand(
-        "flock " + std::string(kPortLock) + " " + ShellQuote(kCluster.string()) + " start " +
-        ShellQuote((root_ / "cluster").string()) + " --owner " + std::to_string(::getpid()));
+    // -o: the daemons the script starts must not inherit the lock (a munged left behind by a
+    // killed test would hold it for ever); -w: no wait without a deadline.
+    const CommandResult started = RunCommand("flock -o -w 300 " + std::string(kPortLock) + " " +
+                                             ShellQuote(kCluster.string()) + " start " +
+                                             ShellQuote((root_ / "cluster").string()) +
+                                             " --owner " + std::to_string(::getpid()));
     if (started.exit_code == 77) GTEST_SKIP() << started.output;
     ASSERT_EQ(started.exit_code, 0) << started.output;
     cluster_started_ = true;
