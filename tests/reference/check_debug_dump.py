@@ -114,11 +114,13 @@ def expected_shapes(model, batch, video):
     shapes = {name: (tuple(p.shape), "float") for name, p in model.named_parameters()}
     shapes.update({
         "input.x0": (image, "float"), "input.noise": (image, "float"),
-        "input.t": ((batch,), "int"), "input.y": ((batch,), "int"),
+        "input.t": ((batch,), "int"),
         "input.x_t": (image, "float"),
         "output": ((batch, *frames, cfg.out_channels, cfg.input_size, cfg.input_size), "float"),
         "loss": ((1,), "float"),
     })
+    if cfg.num_classes > 0:  # an unconditional model's dump has no labels
+        shapes["input.y"] = ((batch,), "int")
     shapes.update({f"grad.{name}": (tuple(p.shape), "float")
                    for name, p in model.named_parameters() if p.requires_grad})
     return shapes
@@ -149,12 +151,19 @@ def error(actual, expected):
     return (diff / norm, "rel") if norm > 0 else (diff, "abs")
 
 
+def labels(tensors):
+    """The dump's labels; zeros (never read) for an unconditional model, whose dump has none."""
+    if "input.y" in tensors:
+        return tensors["input.y"]
+    return np.zeros(tensors["input.t"].shape, dtype=np.int64)
+
+
 def reference_step(family, model, tensors):
     """Runs forward and backward on the dump's inputs; returns name -> float64 tensor for
     output, loss and every grad.*."""
     as64 = lambda name: torch.from_numpy(tensors[name]).to(torch.float64)  # noqa: E731
     output = model(as64("input.x_t"), torch.from_numpy(tensors["input.t"]).long(),
-                   torch.from_numpy(tensors["input.y"]).long())
+                   torch.from_numpy(labels(tensors)).long())
     loss = family.loss(output, as64("input.noise"))
     loss.backward()
     result = {"output": output.detach(), "loss": loss.detach().reshape(1)}
@@ -173,7 +182,7 @@ def check(path, tol):
 
     model = family.model(cfg, dtype=torch.float64)
     validate_tensors(tensors, expected_shapes(model, batch, family.video))
-    t, y = tensors["input.t"], tensors["input.y"]
+    t, y = tensors["input.t"], labels(tensors)
     if t.min() < 0 or t.max() >= diffusion["steps"]:
         raise MalformedDump(f"input.t {t.tolist()} outside [0, {diffusion['steps']})")
     num_rows = model.y_embedder.embedding_table.num_embeddings if cfg.num_classes > 0 else 1
