@@ -4,9 +4,11 @@
 //
 // Common tiling. A block has 4 warps (128 threads) and works on one (b, h) pair and one
 // 64-row tile of the sequence; each warp owns 16 of those rows. The head dim hd is zero-padded
-// in shared memory to HDP ∈ {64, 80, 128} (a multiple of 16, one template instantiation each),
-// and rows past T are zero-filled, so the tensor-core tiles never see garbage; the softmax
-// masks the key columns past T explicitly.
+// in shared memory to HDP ∈ {64, 80, 128, 160} (a multiple of 16, one template instantiation
+// each), and rows past the query length Tq or the key length Tk are zero-filled, so the
+// tensor-core tiles never see garbage; the softmax masks the key columns past Tk explicitly.
+// q, k and v are separate row-major matrices with their own row strides (self-attention's
+// packed qkv is three views of one buffer, cross-attention's q and kv two buffers).
 //
 // Accumulator fragments keep their element→(row, col) mapping opaque. To scale an accumulator
 // row by a per-row factor (the online softmax's rescale, the final 1/l) a warp writes the factors
@@ -106,8 +108,18 @@ __device__ void StoreFragBf16(const FragC& frag, float* scratch, bf16* g, size_t
   }
 }
 
+// What every kernel reads: q [B, Tq, ·] (row stride q_stride), k and v [B, Tk, ·] (row stride
+// kv_stride), head h at columns h·hd … h·hd+hd−1 of each.
+struct Operands {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  size_t q_stride, kv_stride;
+  int Tq, Tk, D, H;
+};
+
 // ---------------------------------------------------------------------------------------------
-// Forward. Grid (ceil(T/64), H, B). The block loads its 64 queries once and loops over 64-key
+// Forward. Grid (ceil(Tq/64), H, B). The block loads its 64 queries once and loops over 64-key
 // tiles; warp w owns queries q0+16w … q0+16w+15 and keeps their O (16 × HDP, fp32) in HDP/16
 // accumulator fragments. Per key tile: S = Q·Kᵀ (16×64) → scratch; the online softmax in fp32
 // (lane pair 2r, 2r+1 owns row r, 32 columns each) → P (bf16); O = O·α + P·V.
@@ -126,8 +138,8 @@ constexpr int ForwardSmemBytes() {
 
 template <int HDP>
 __global__ void __launch_bounds__(kThreads)
-    AttentionForwardKernel(bf16* __restrict__ out, float* __restrict__ lse,
-                           const bf16* __restrict__ qkv, int T, int D, int H, float scale_log2) {
+    AttentionForwardKernel(bf16* __restrict__ out, float* __restrict__ lse, Operands a,
+                           float scale_log2) {
   constexpr int kLd = TileLd<HDP>();
   constexpr int kN = HDP / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -139,17 +151,17 @@ __global__ void __launch_bounds__(kThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = lane >> 1, half = lane & 1;  // softmax: row of the warp, half of the columns
+  const int D = a.D, H = a.H, Tq = a.Tq, Tk = a.Tk;
   const int hd = D / H, h = blockIdx.y, b = blockIdx.z;
   const int q0 = blockIdx.x * kTile;
-  const size_t stride = 3 * static_cast<size_t>(D);
-  const bf16* q_g = qkv + static_cast<size_t>(b) * T * stride + h * hd;
-  const bf16* k_g = q_g + D;
-  const bf16* v_g = q_g + 2 * D;
+  const bf16* q_g = a.q + static_cast<size_t>(b) * Tq * a.q_stride + h * hd;
+  const bf16* k_g = a.k + static_cast<size_t>(b) * Tk * a.kv_stride + h * hd;
+  const bf16* v_g = a.v + static_cast<size_t>(b) * Tk * a.kv_stride + h * hd;
   float* s_w = s_all + warp * 16 * kSLd;
   bf16* p_w = p_all + warp * 16 * kPLd;
   const bf16* q_w = q_s + warp * 16 * kLd;
 
-  LoadTile<HDP>(q_s, q_g + q0 * stride, stride, min(kTile, T - q0), hd);
+  LoadTile<HDP>(q_s, q_g + q0 * a.q_stride, a.q_stride, min(kTile, Tq - q0), hd);
 
   FragC o[kN];
 #pragma unroll
@@ -157,10 +169,10 @@ __global__ void __launch_bounds__(kThreads)
     wmma::fill_fragment(o[j], 0.0f);
   float m = -INFINITY, l = 0.0f;  // running max (log2 units) and sum of the lane's row
 
-  for (int kv0 = 0; kv0 < T; kv0 += kTile) {
+  for (int kv0 = 0; kv0 < Tk; kv0 += kTile) {
     __syncthreads();  // every warp is done with the previous k and v tiles
-    LoadTile<HDP>(k_s, k_g + kv0 * stride, stride, min(kTile, T - kv0), hd);
-    LoadTile<HDP>(v_s, v_g + kv0 * stride, stride, min(kTile, T - kv0), hd);
+    LoadTile<HDP>(k_s, k_g + kv0 * a.kv_stride, a.kv_stride, min(kTile, Tk - kv0), hd);
+    LoadTile<HDP>(v_s, v_g + kv0 * a.kv_stride, a.kv_stride, min(kTile, Tk - kv0), hd);
     __syncthreads();
 
     // S = Q_w·Kᵀ: Kᵀ (dim × key) is k_s read column-major.
@@ -186,19 +198,19 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncwarp();
 
-    // Online softmax on row `row`, columns half·32 … half·32+31; keys past T score −∞.
+    // Online softmax on row `row`, columns half·32 … half·32+31; keys past Tk score −∞.
     float* s_row = s_w + row * kSLd + half * 32;
     bf16* p_row = p_w + row * kPLd + half * 32;
     const int key0 = kv0 + half * 32;
     float mx = -INFINITY;
 #pragma unroll
     for (int c = 0; c < 32; ++c) {
-      const float x = key0 + c < T ? s_row[c] * scale_log2 : -INFINITY;
+      const float x = key0 + c < Tk ? s_row[c] * scale_log2 : -INFINITY;
       s_row[c] = x;
       mx = fmaxf(mx, x);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    // Key kv0 < T is in every tile, so m_new is finite; on the first tile m = −∞ gives α = 0.
+    // Key kv0 < Tk is in every tile, so m_new is finite; on the first tile m = −∞ gives α = 0.
     const float m_new = fmaxf(m, mx);
     const float alpha = exp2f(m - m_new);
     float sum = 0.0f;
@@ -229,16 +241,16 @@ __global__ void __launch_bounds__(kThreads)
 
   ScaleRows(o, 1.0f / l, s_w);
   const int q = q0 + warp * 16 + row;
-  if (half == 0 && q < T) lse[(static_cast<size_t>(b) * H + h) * T + q] = (m + log2f(l)) * kLn2;
-  bf16* out_g = out + static_cast<size_t>(b) * T * D + h * hd;
+  if (half == 0 && q < Tq) lse[(static_cast<size_t>(b) * H + h) * Tq + q] = (m + log2f(l)) * kLn2;
+  bf16* out_g = out + static_cast<size_t>(b) * Tq * D + h * hd;
 #pragma unroll
   for (int j = 0; j < kN; ++j)
-    StoreFragBf16(o[j], s_w, out_g, D, q0 + warp * 16, j * 16, T, hd);
+    StoreFragBf16(o[j], s_w, out_g, D, q0 + warp * 16, j * 16, Tq, hd);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Backward, step 1: delta[b, h, t] = Σ_d dout·out over the head (fp32), and zeroes the fp32 dq
-// accumulator [B, T, D]. One warp per (b, t, h), in that order so that warps read contiguously.
+// accumulator [B, Tq, D]. One warp per (b, t, h), in that order so that warps read contiguously.
 __global__ void __launch_bounds__(kThreads)
     AttentionDeltaKernel(float* __restrict__ delta, float* __restrict__ dq,
                          const bf16* __restrict__ dout, const bf16* __restrict__ out, int B, int T,
@@ -261,7 +273,7 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) delta[(b * H + h) * T + t] = sum;
 }
 
-// Backward, step 2. Grid (ceil(T/64), H, B): a block owns 64 keys; warp w owns keys
+// Backward, step 2. Grid (ceil(Tk/64), H, B): a block owns 64 keys; warp w owns keys
 // k0+16w … k0+16w+15 and keeps their dK and dV (16 × HDP each, fp32) in accumulator fragments.
 // It loops over 64-query tiles:
 //   Sᵀ  = K_w·Qᵀ, dPᵀ = V_w·dOᵀ                     (16 × 64 each, fp32 scratch)
@@ -270,7 +282,7 @@ __global__ void __launch_bounds__(kThreads)
 //   then, with every warp's dSᵀ in shared memory, warp w computes dQ for queries
 //   q0+16w … q0+16w+15: dS·K over the block's 64 keys, and atomically adds scale·dQ into the
 //   fp32 accumulator.
-// At the end dK is scaled by `scale`, and dK, dV go to dqkv as bf16.
+// At the end dK is scaled by `scale`, and dK, dV go to dk, dv (row stride kv_stride) as bf16.
 //
 // Dynamic shared memory, in order:
 //   k, v    [64][HDP+8] bf16   the block's keys and values (zero past T and past hd)
@@ -285,10 +297,10 @@ constexpr int BackwardSmemBytes() {
 
 template <int HDP>
 __global__ void __launch_bounds__(kThreads)
-    AttentionBackwardKernel(bf16* __restrict__ dqkv, float* __restrict__ dq,
-                            const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                            const float* __restrict__ lse, const float* __restrict__ delta, int T,
-                            int D, int H, float scale) {
+    AttentionBackwardKernel(bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq,
+                            const bf16* __restrict__ dout, Operands a,
+                            const float* __restrict__ lse, const float* __restrict__ delta,
+                            float scale) {
   constexpr int kLd = TileLd<HDP>();
   constexpr int kN = HDP / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -305,36 +317,36 @@ __global__ void __launch_bounds__(kThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = lane >> 1, half = lane & 1;  // elementwise pass: key row, half of the queries
+  const int D = a.D, H = a.H, Tq = a.Tq, Tk = a.Tk;
   const int hd = D / H, h = blockIdx.y, b = blockIdx.z;
   const int k0 = blockIdx.x * kTile;
-  const size_t stride = 3 * static_cast<size_t>(D);
-  const size_t qkv_off = static_cast<size_t>(b) * T * stride + h * hd;
-  const bf16* q_g = qkv + qkv_off;
-  const bf16* do_g = dout + static_cast<size_t>(b) * T * D + h * hd;
-  const float* lse_g = lse + (static_cast<size_t>(b) * H + h) * T;
-  const float* delta_g = delta + (static_cast<size_t>(b) * H + h) * T;
-  float* dq_g = dq + static_cast<size_t>(b) * T * D + h * hd;
+  const size_t kv_off = static_cast<size_t>(b) * Tk * a.kv_stride + h * hd;
+  const bf16* q_g = a.q + static_cast<size_t>(b) * Tq * a.q_stride + h * hd;
+  const bf16* do_g = dout + static_cast<size_t>(b) * Tq * D + h * hd;
+  const float* lse_g = lse + (static_cast<size_t>(b) * H + h) * Tq;
+  const float* delta_g = delta + (static_cast<size_t>(b) * H + h) * Tq;
+  float* dq_g = dq + static_cast<size_t>(b) * Tq * D + h * hd;
   float* s_w = s_all + warp * 16 * kSLd;
   float* dp_w = dp_all + warp * 16 * kSLd;
   const float scale_log2 = scale * kLog2e;
 
-  LoadTile<HDP>(k_s, q_g + D + k0 * stride, stride, min(kTile, T - k0), hd);
-  LoadTile<HDP>(v_s, q_g + 2 * D + k0 * stride, stride, min(kTile, T - k0), hd);
+  LoadTile<HDP>(k_s, a.k + kv_off + k0 * a.kv_stride, a.kv_stride, min(kTile, Tk - k0), hd);
+  LoadTile<HDP>(v_s, a.v + kv_off + k0 * a.kv_stride, a.kv_stride, min(kTile, Tk - k0), hd);
 
-  FragC dk[kN], dv[kN];
+  FragC dk_acc[kN], dv_acc[kN];
 #pragma unroll
   for (int j = 0; j < kN; ++j) {
-    wmma::fill_fragment(dk[j], 0.0f);
-    wmma::fill_fragment(dv[j], 0.0f);
+    wmma::fill_fragment(dk_acc[j], 0.0f);
+    wmma::fill_fragment(dv_acc[j], 0.0f);
   }
   const bf16* k_w = k_s + warp * 16 * kLd;
   const bf16* v_w = v_s + warp * 16 * kLd;
   const int key = k0 + warp * 16 + row;  // the key of the lane's row in the elementwise pass
 
-  for (int q0 = 0; q0 < T; q0 += kTile) {
+  for (int q0 = 0; q0 < Tq; q0 += kTile) {
     __syncthreads();  // every warp is done with the previous q, do, pt, dst, lse2, delta
-    const int rows = min(kTile, T - q0);
-    LoadTile<HDP>(q_s, q_g + q0 * stride, stride, rows, hd);
+    const int rows = min(kTile, Tq - q0);
+    LoadTile<HDP>(q_s, q_g + q0 * a.q_stride, a.q_stride, rows, hd);
     LoadTile<HDP>(do_s, do_g + q0 * static_cast<size_t>(D), D, rows, hd);
     if (threadIdx.x < kTile) {
       const bool valid = static_cast<int>(threadIdx.x) < rows;
@@ -366,7 +378,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
 
     // Elementwise: the lane's key row, queries half·32 … half·32+31 of the tile. P is forced
-    // to 0 past T on either side (those rows of Q, K, V, dO are zero but lse would not be).
+    // to 0 past Tk and Tq (those rows of Q, K, V, dO are zero but lse would not be).
     {
       const float* s_row = s_w + row * kSLd + half * 32;
       const float* dp_row = dp_w + row * kSLd + half * 32;
@@ -375,7 +387,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 8
       for (int c = 0; c < 32; ++c) {
         const int qi = half * 32 + c;
-        const float p = key < T && qi < rows ? exp2f(s_row[c] * scale_log2 - lse2_s[qi]) : 0.0f;
+        const float p = key < Tk && qi < rows ? exp2f(s_row[c] * scale_log2 - lse2_s[qi]) : 0.0f;
         pt_row[c] = __float2bfloat16(p);
         dst_row[c] = __float2bfloat16(p * (dp_row[c] - delta_s[qi]));
       }
@@ -394,9 +406,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kN; ++j) {
         FragB bm;
         wmma::load_matrix_sync(bm, do_s + kk * 16 * kLd + j * 16, kLd);
-        wmma::mma_sync(dv[j], ap, bm, dv[j]);
+        wmma::mma_sync(dv_acc[j], ap, bm, dv_acc[j]);
         wmma::load_matrix_sync(bm, q_s + kk * 16 * kLd + j * 16, kLd);
-        wmma::mma_sync(dk[j], ads, bm, dk[j]);
+        wmma::mma_sync(dk_acc[j], ads, bm, dk_acc[j]);
       }
     }
     __syncthreads();  // every warp's dSᵀ rows are in dst_s
@@ -418,7 +430,7 @@ __global__ void __launch_bounds__(kThreads)
       wmma::store_matrix_sync(s_w, acc, kSLd, wmma::mem_row_major);
       __syncwarp();
       const int qr = q0 + warp * 16 + row, c0 = j * 16 + half * 8;
-      if (qr < T && c0 < hd) {
+      if (qr < Tq && c0 < hd) {
         float* dst = dq_g + static_cast<size_t>(qr) * D + c0;
 #pragma unroll
         for (int c = 0; c < 8; ++c)
@@ -427,41 +439,49 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  bf16* dk_g = dqkv + qkv_off + D;
-  bf16* dv_g = dqkv + qkv_off + 2 * D;
+  bf16* dk_g = dk + kv_off;
+  bf16* dv_g = dv + kv_off;
 #pragma unroll
   for (int j = 0; j < kN; ++j) {
 #pragma unroll
-    for (int i = 0; i < dk[j].num_elements; ++i)
-      dk[j].x[i] *= scale;
-    StoreFragBf16(dk[j], s_w, dk_g, stride, k0 + warp * 16, j * 16, T, hd);
-    StoreFragBf16(dv[j], s_w, dv_g, stride, k0 + warp * 16, j * 16, T, hd);
+    for (int i = 0; i < dk_acc[j].num_elements; ++i)
+      dk_acc[j].x[i] *= scale;
+    StoreFragBf16(dk_acc[j], s_w, dk_g, a.kv_stride, k0 + warp * 16, j * 16, Tk, hd);
+    StoreFragBf16(dv_acc[j], s_w, dv_g, a.kv_stride, k0 + warp * 16, j * 16, Tk, hd);
   }
 }
 
-// Backward, step 3: the fp32 dq accumulator [B, T, D] → the Q part of dqkv (bf16).
-__global__ void AttentionDqKernel(bf16* __restrict__ dqkv, const float* __restrict__ dq, size_t n,
-                                  int D) {
+// Backward, step 3: the fp32 dq accumulator [B, Tq, D] → dq_out (bf16, row stride q_stride).
+__global__ void AttentionDqKernel(bf16* __restrict__ dq_out, const float* __restrict__ dq, size_t n,
+                                  int D, size_t q_stride) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const size_t bt = i / D, c = i % D;
-  dqkv[bt * 3 * D + c] = __float2bfloat16(dq[i]);
+  dq_out[bt * q_stride + c] = __float2bfloat16(dq[i]);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Launchers.
 
-void CheckShape(const void* qkv, int B, int T, int D, int H) {
-  DT_CHECK(B > 0 && T > 0 && D > 0 && H > 0, "attention shape B={} T={} D={} H={}", B, T, D, H);
-  DT_CHECK(D % H == 0, "hidden size {} is not divisible by {} heads", D, H);
-  const int hd = D / H;
-  DT_CHECK(hd % 8 == 0 && hd <= 128, "head dim {} must be a multiple of 8 up to 128", hd);
-  DT_CHECK(reinterpret_cast<uintptr_t>(qkv) % 16 == 0, "qkv is not 16-byte aligned");
+void CheckShape(const Operands& a, int B) {
+  DT_CHECK(B > 0 && a.Tq > 0 && a.Tk > 0 && a.D > 0 && a.H > 0,
+           "attention shape B={} Tq={} Tk={} D={} H={}", B, a.Tq, a.Tk, a.D, a.H);
+  DT_CHECK(a.D % a.H == 0, "hidden size {} is not divisible by {} heads", a.D, a.H);
+  const int hd = a.D / a.H;
+  DT_CHECK(hd % 8 == 0 && hd <= kMaxAttentionHeadDim,
+           "head dim {} must be a multiple of 8 up to {}", hd, kMaxAttentionHeadDim);
+  for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
+                        static_cast<const void*>(a.v)}) {
+    DT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "q, k and v must be 16-byte aligned");
+  }
+  DT_CHECK(a.q_stride % 8 == 0 && a.kv_stride % 8 == 0,
+           "row strides {} (q) and {} (k, v) must be multiples of 8 elements", a.q_stride,
+           a.kv_stride);
 }
 
 // The padded head dim a head dim runs with.
 int PaddedHeadDim(int hd) {
-  return hd <= 64 ? 64 : hd <= 80 ? 80 : 128;
+  return hd <= 64 ? 64 : hd <= 80 ? 80 : hd <= 128 ? 128 : 160;
 }
 
 // Raises a kernel's dynamic shared memory limit past the default 48 KiB, once per kernel.
@@ -472,45 +492,53 @@ void AllowSmem(Kernel kernel, int bytes) {
 }
 
 template <int HDP>
-void LaunchForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
-                   cudaStream_t stream) {
+void LaunchForward(bf16* out, float* lse, const Operands& a, int B, cudaStream_t stream) {
   constexpr int kSmem = ForwardSmemBytes<HDP>();
   static const bool configured = (AllowSmem(AttentionForwardKernel<HDP>, kSmem), true);
   (void)configured;
-  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D / H));
-  const dim3 grid((T + kTile - 1) / kTile, H, B);
-  AttentionForwardKernel<HDP>
-      <<<grid, kThreads, kSmem, stream>>>(out, lse, qkv, T, D, H, scale_log2);
+  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(a.D / a.H));
+  const dim3 grid((a.Tq + kTile - 1) / kTile, a.H, B);
+  AttentionForwardKernel<HDP><<<grid, kThreads, kSmem, stream>>>(out, lse, a, scale_log2);
   DT_CUDA_CHECK_LAUNCH();
 }
 
 template <int HDP>
-void LaunchBackward(bf16* dqkv, float* dq, const bf16* dout, const bf16* qkv, const float* lse,
-                    const float* delta, int B, int T, int D, int H, cudaStream_t stream) {
+void LaunchBackward(bf16* dk, bf16* dv, float* dq, const bf16* dout, const Operands& a,
+                    const float* lse, const float* delta, int B, cudaStream_t stream) {
   constexpr int kSmem = BackwardSmemBytes<HDP>();
   static const bool configured = (AllowSmem(AttentionBackwardKernel<HDP>, kSmem), true);
   (void)configured;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D / H));
-  const dim3 grid((T + kTile - 1) / kTile, H, B);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(a.D / a.H));
+  const dim3 grid((a.Tk + kTile - 1) / kTile, a.H, B);
   AttentionBackwardKernel<HDP>
-      <<<grid, kThreads, kSmem, stream>>>(dqkv, dq, dout, qkv, lse, delta, T, D, H, scale);
+      <<<grid, kThreads, kSmem, stream>>>(dk, dv, dq, dout, a, lse, delta, scale);
   DT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void AttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
+void AttentionForward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                      size_t q_stride, size_t kv_stride, int B, int Tq, int Tk, int D, int H,
                       cudaStream_t stream) {
-  CheckShape(qkv, B, T, D, H);
+  const Operands a{q, k, v, q_stride, kv_stride, Tq, Tk, D, H};
+  CheckShape(a, B);
   DT_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "out is not 16-byte aligned");
   switch (PaddedHeadDim(D / H)) {
     case 64:
-      return LaunchForward<64>(out, lse, qkv, B, T, D, H, stream);
+      return LaunchForward<64>(out, lse, a, B, stream);
     case 80:
-      return LaunchForward<80>(out, lse, qkv, B, T, D, H, stream);
+      return LaunchForward<80>(out, lse, a, B, stream);
+    case 128:
+      return LaunchForward<128>(out, lse, a, B, stream);
     default:
-      return LaunchForward<128>(out, lse, qkv, B, T, D, H, stream);
+      return LaunchForward<160>(out, lse, a, B, stream);
   }
+}
+
+void AttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
+                      cudaStream_t stream) {
+  AttentionForward(out, lse, qkv, qkv + D, qkv + 2 * D, 3 * size_t(D), 3 * size_t(D), B, T, T, D, H,
+                   stream);
 }
 
 size_t AttentionSharedBytes(int hd) {
@@ -519,43 +547,60 @@ size_t AttentionSharedBytes(int hd) {
       return std::max(ForwardSmemBytes<64>(), BackwardSmemBytes<64>());
     case 80:
       return std::max(ForwardSmemBytes<80>(), BackwardSmemBytes<80>());
-    default:
+    case 128:
       return std::max(ForwardSmemBytes<128>(), BackwardSmemBytes<128>());
+    default:
+      return std::max(ForwardSmemBytes<160>(), BackwardSmemBytes<160>());
   }
 }
 
-// delta [B, H, T], then the dq accumulator [B, T, D].
-size_t AttentionBackwardWorkspace(int B, int T, int D, int H) {
-  return static_cast<size_t>(B) * H * T + static_cast<size_t>(B) * T * D;
+// delta [B, H, Tq], then the dq accumulator [B, Tq, D].
+size_t AttentionBackwardWorkspace(int B, int Tq, int D, int H) {
+  return static_cast<size_t>(B) * H * Tq + static_cast<size_t>(B) * Tq * D;
+}
+
+void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+                       const bf16* v, size_t q_stride, size_t kv_stride, const bf16* out,
+                       const float* lse, float* workspace, int B, int Tq, int Tk, int D, int H,
+                       cudaStream_t stream) {
+  const Operands a{q, k, v, q_stride, kv_stride, Tq, Tk, D, H};
+  CheckShape(a, B);
+  for (const void* p : {static_cast<const void*>(dq), static_cast<const void*>(dk),
+                        static_cast<const void*>(dv), static_cast<const void*>(dout)}) {
+    DT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+             "dq, dk, dv and dout must be 16-byte aligned");
+  }
+  float* delta = workspace;
+  float* dq_acc = workspace + static_cast<size_t>(B) * H * Tq;
+  const size_t rows = static_cast<size_t>(B) * Tq * H;
+  AttentionDeltaKernel<<<BlocksFor(rows, kWarps), kThreads, 0, stream>>>(delta, dq_acc, dout, out,
+                                                                         B, Tq, D, H);
+  DT_CUDA_CHECK_LAUNCH();
+  switch (PaddedHeadDim(D / H)) {
+    case 64:
+      LaunchBackward<64>(dk, dv, dq_acc, dout, a, lse, delta, B, stream);
+      break;
+    case 80:
+      LaunchBackward<80>(dk, dv, dq_acc, dout, a, lse, delta, B, stream);
+      break;
+    case 128:
+      LaunchBackward<128>(dk, dv, dq_acc, dout, a, lse, delta, B, stream);
+      break;
+    default:
+      LaunchBackward<160>(dk, dv, dq_acc, dout, a, lse, delta, B, stream);
+      break;
+  }
+  const size_t n = static_cast<size_t>(B) * Tq * D;
+  AttentionDqKernel<<<BlocksFor(n, 256), 256, 0, stream>>>(dq, dq_acc, n, D, q_stride);
+  DT_CUDA_CHECK_LAUNCH();
 }
 
 void AttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                        const float* lse, float* workspace, int B, int T, int D, int H,
                        cudaStream_t stream) {
-  CheckShape(qkv, B, T, D, H);
-  DT_CHECK(
-      reinterpret_cast<uintptr_t>(dqkv) % 16 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0,
-      "dqkv and dout must be 16-byte aligned");
-  float* delta = workspace;
-  float* dq = workspace + static_cast<size_t>(B) * H * T;
-  const size_t rows = static_cast<size_t>(B) * T * H;
-  AttentionDeltaKernel<<<BlocksFor(rows, kWarps), kThreads, 0, stream>>>(delta, dq, dout, out, B, T,
-                                                                         D, H);
-  DT_CUDA_CHECK_LAUNCH();
-  switch (PaddedHeadDim(D / H)) {
-    case 64:
-      LaunchBackward<64>(dqkv, dq, dout, qkv, lse, delta, B, T, D, H, stream);
-      break;
-    case 80:
-      LaunchBackward<80>(dqkv, dq, dout, qkv, lse, delta, B, T, D, H, stream);
-      break;
-    default:
-      LaunchBackward<128>(dqkv, dq, dout, qkv, lse, delta, B, T, D, H, stream);
-      break;
-  }
-  const size_t n = static_cast<size_t>(B) * T * D;
-  AttentionDqKernel<<<BlocksFor(n, 256), 256, 0, stream>>>(dqkv, dq, n, D);
-  DT_CUDA_CHECK_LAUNCH();
+  const size_t stride = 3 * size_t(D);
+  AttentionBackward(dqkv, dqkv + D, dqkv + 2 * D, dout, qkv, qkv + D, qkv + 2 * D, stride, stride,
+                    out, lse, workspace, B, T, T, D, H, stream);
 }
 
 }  // namespace difftrain::cuda

@@ -1,8 +1,9 @@
 // Fused attention on the GPU against the CPU reference (model/cpu/attention.h) in float, on the
 // exact bf16-rounded inputs the GPU reads: out, lse (computed here from the reference scores),
 // and the q, k and v parts of dqkv, each on its own. Every output starts poisoned (NaN), so an
-// element the kernels never write fails. Shapes cover head dims 64, 72 and 128, and a T that is
-// not a multiple of the 64-row tiles.
+// element the kernels never write fails. Shapes cover head dims 64, 72, 128 and 160, a T that is
+// not a multiple of the 64-row tiles, and cross-attention (the UNet's attn2: q from the image
+// tokens, k and v from a 77-token text, Tq ≠ Tk).
 #include "model/cuda/attention.h"
 
 #include <gtest/gtest.h>
@@ -114,6 +115,64 @@ TEST(AttentionTest, HeadDim128) {
   CheckAttention(1, 130, 256, 2);  // also a partial tile
 }
 
+TEST(AttentionTest, HeadDim160) {
+  DT_SKIP_WITHOUT_GPU();
+  CheckAttention(1, 70, 320, 2);  // SD 1.5's deepest levels: 1280 channels over 8 heads
+}
+
+// Cross-attention: q [B, Tq, D] alone, k and v side by side in [B, Tk, 2·D] (the UNet's fused
+// to_k/to_v output), against the CPU's strided attention.
+void CheckCrossAttention(int B, int Tq, int Tk, int D, int H) {
+  SCOPED_TRACE(::testing::Message()
+               << "B=" << B << " Tq=" << Tq << " Tk=" << Tk << " D=" << D << " H=" << H);
+  const size_t n_q = size_t(B) * Tq * D, n_kv = size_t(B) * Tk * 2 * D;
+  const std::vector<float> q = testing::RoundToBf16(testing::RandomVector(n_q, 21, 1.5));
+  const std::vector<float> kv = testing::RoundToBf16(testing::RandomVector(n_kv, 22, 1.5));
+  const std::vector<float> dout = testing::RoundToBf16(testing::RandomVector(n_q, 23));
+
+  std::vector<float> out_ref(n_q), probs(size_t(B) * H * Tq * Tk), dq_ref(n_q, 0.0f),
+      dkv_ref(n_kv, 0.0f);
+  cpu::AttentionForward(out_ref.data(), probs.data(), q.data(), D, kv.data(), kv.data() + D, 2 * D,
+                        B, Tq, Tk, D, H);
+  cpu::AttentionBackward(dq_ref.data(), dkv_ref.data(), dkv_ref.data() + D, dout.data(), q.data(),
+                         D, kv.data(), kv.data() + D, 2 * D, probs.data(), B, Tq, Tk, D, H);
+
+  DeviceBuffer<bf16> q_d = testing::UploadBf16(q), kv_d = testing::UploadBf16(kv);
+  DeviceBuffer<bf16> dout_d = testing::UploadBf16(dout);
+  DeviceBuffer<bf16> out_d(n_q), dq_d(n_q), dkv_d(n_kv);
+  DeviceBuffer<float> lse_d(size_t(B) * H * Tq), workspace(AttentionBackwardWorkspace(B, Tq, D, H));
+  testing::Poison(out_d);
+  testing::Poison(lse_d);
+  testing::Poison(dq_d);
+  testing::Poison(dkv_d);
+  testing::Poison(workspace);
+  AttentionForward(out_d.data(), lse_d.data(), q_d.data(), kv_d.data(), kv_d.data() + D, D, 2 * D,
+                   B, Tq, Tk, D, H, nullptr);
+  AttentionBackward(dq_d.data(), dkv_d.data(), dkv_d.data() + D, dout_d.data(), q_d.data(),
+                    kv_d.data(), kv_d.data() + D, D, 2 * D, out_d.data(), lse_d.data(),
+                    workspace.data(), B, Tq, Tk, D, H, nullptr);
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LE(testing::RelativeL2(testing::DownloadAsFloat(out_d), out_ref), 1e-2);
+  EXPECT_LE(testing::RelativeL2(testing::DownloadAsFloat(dq_d), dq_ref), 1e-2);
+  const std::vector<float> dkv = testing::DownloadAsFloat(dkv_d);
+  for (int p = 0; p < 2; ++p) {
+    SCOPED_TRACE(p == 0 ? "dk" : "dv");
+    std::vector<float> got(size_t(B) * Tk * D), want(got.size());
+    for (size_t r = 0; r < size_t(B) * Tk; ++r) {
+      std::copy_n(dkv.begin() + r * 2 * D + p * D, D, got.begin() + r * D);
+      std::copy_n(dkv_ref.begin() + r * 2 * D + p * D, D, want.begin() + r * D);
+    }
+    EXPECT_LE(testing::RelativeL2(got, want), 1e-2);
+  }
+}
+
+TEST(AttentionTest, CrossAttentionToText) {
+  DT_SKIP_WITHOUT_GPU();
+  CheckCrossAttention(2, 100, 77, 128, 2);  // hd 64; both lengths partial tiles
+  CheckCrossAttention(1, 64, 7, 40, 5);     // hd 8, fewer keys than one tile
+  CheckCrossAttention(1, 16, 77, 320, 2);   // hd 160, more keys than queries
+}
+
 TEST(AttentionTest, SmallHeadDimAndSequence) {
   DT_SKIP_WITHOUT_GPU();
   CheckAttention(1, 3, 32, 2);  // hd 16, padded to 64; one partial tile
@@ -121,7 +180,7 @@ TEST(AttentionTest, SmallHeadDimAndSequence) {
 
 // The tiles' shared memory is a property of the kernels, not of a GPU: every named DiT's head
 // dimension (64 for S, B, L and XL's 72 alike) must fit the 99 KiB a kernel may take on
-// sm_86/sm_89 GPUs, and the largest (128) the 163 KiB of an A100.
+// sm_86/sm_89 GPUs, and the largest (128, and SD 1.5's 160) the 163 KiB of an A100.
 TEST(AttentionTest, SharedMemoryFitsTheGpusItTargets) {
   constexpr size_t kSm89 = 99 * 1024, kA100 = 163 * 1024;
   for (const int hd : {8, 64, 72, 80}) {
@@ -129,6 +188,7 @@ TEST(AttentionTest, SharedMemoryFitsTheGpusItTargets) {
   }
   EXPECT_GT(AttentionSharedBytes(128), kSm89);  // what GpuStep::Create refuses on such GPUs
   EXPECT_LE(AttentionSharedBytes(128), kA100);
+  EXPECT_LE(AttentionSharedBytes(160), kA100);
 }
 
 }  // namespace

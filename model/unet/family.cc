@@ -3,7 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/check.h"
+#include "model/train/gpu_step.h"
 #include "model/unet/unet.h"
+#ifdef DIFFTRAIN_HAVE_CUDA
+#include "model/unet/cuda/gpu_step.h"
+#endif
 
 namespace difftrain {
 namespace {
@@ -141,6 +145,20 @@ class UNetFamilyImpl final : public ModelFamily {
                                         const ModelComms&) const override {
     DT_RETURN_IF_ERROR(ValidateLayout(spec, l));
     return std::unique_ptr<Model>(std::make_unique<UNet>(UNetConfigOf(spec)));
+  }
+
+  // The bf16 step of model/unet/cuda (docs/cuda.md), where the CUDA backend was built.
+  Result<std::unique_ptr<GpuStep>> CreateGpuStep(const TrainConfig& config,
+                                                 int device) const override {
+#ifdef DIFFTRAIN_HAVE_CUDA
+    return CreateUNetGpuStep(config, device);
+#else
+    (void)config;
+    (void)device;
+    return Status::Error(
+        "train.device cuda: this difftrain was built without the CUDA backend (no nvcc when it "
+        "was built; see docs/cuda.md)");
+#endif
   }
 };
 

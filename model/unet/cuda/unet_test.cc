@@ -1,0 +1,300 @@
+// The UNet's GPU step (model/unet/cuda/unet.h) against the CPU model and Trainer: one step of a
+// small UNet on the same (bf16-rounded) weights and batch — output, loss and every parameter's
+// gradient — the CUDA graph against eager launches, and the Trainer on the GPU following the
+// CPU Trainer for several AdamW steps under ε- and v-prediction. Which UNets the kernels take
+// (every Stable Diffusion config) and the refusals are checked everywhere; the rest needs a GPU
+// and reports itself skipped without one.
+#include "model/unet/cuda/unet.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "model/cuda/testing.h"
+#include "model/data/dataset.h"
+#include "model/tensor/rng.h"
+#include "model/train/checkpointing.h"
+#include "model/train/gpu_step.h"
+#include "model/train/trainer.h"
+#include "model/unet/family.h"
+#include "model/unet/unet.h"
+
+namespace difftrain::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RelativeL2;
+
+// Two levels, both attention kinds, a channel change (1×1 shortcut), a downsampler, an
+// upsampler, 2 and 4 channels per group, head dims 8 and 16, a 5-token text.
+UNetConfig Small() {
+  UNetConfig c;
+  c.name = "unet";
+  c.block_out_channels = {16, 32};
+  c.down_block_types = {kCrossAttnDown, kCrossAttnDown};
+  c.up_block_types = {kCrossAttnUp, kCrossAttnUp};
+  c.layers_per_block = 1;
+  c.attention_head_dim = {2};
+  c.cross_attention_dim = 24;
+  c.norm_num_groups = 8;
+  c.sample_size = 8;
+  c.text_length = 5;
+  c.text_dropout = 0.25;
+  return c;
+}
+
+UNetConfig Named(const std::string& name) {
+  Result<UNetConfig> c = UNetConfigByName(name);
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return *c;
+}
+
+TEST(UNetGpuSupport, TakesEveryStableDiffusionConfig) {
+  for (const char* name : {"SD1.5", "SD2-base", "SD2-v"}) {
+    const Status s = UNet::Supports(Named(name));
+    EXPECT_TRUE(s.ok()) << name << ": " << s.message();
+  }
+  EXPECT_TRUE(UNet::Supports(Small()).ok());
+}
+
+TEST(UNetGpuSupport, RefusesWhatTheKernelsDoNotTakeByName) {
+  UNetConfig c = Small();
+  c.block_out_channels = {12, 32};
+  c.norm_num_groups = 4;
+  EXPECT_THAT(UNet::Supports(c).message(), HasSubstr("block_out_channels[0]"));
+  c = Small();
+  c.attention_head_dim = {4};  // head dim 4 at the first level
+  EXPECT_THAT(UNet::Supports(c).message(), HasSubstr("head dimensions"));
+  c = Small();
+  c.block_out_channels = {16, 352};  // one head of 352
+  c.attention_head_dim = {2, 1};
+  EXPECT_THAT(UNet::Supports(c).message(), HasSubstr("up to 160"));
+  c = Small();
+  c.cross_attention_dim = 20;
+  EXPECT_THAT(UNet::Supports(c).message(), HasSubstr("cross_attention_dim"));
+  c = Small();
+  c.out_channels = 8;
+  EXPECT_THAT(UNet::Supports(c).message(), HasSubstr("out_channels"));
+}
+
+// Without a GPU, asking for the UNet's step is an error that says why, not a crash.
+TEST(UNetGpuSupport, CreateWithoutAGpuSaysWhy) {
+  if (testing::NoGpuReason().empty()) GTEST_SKIP() << "this machine has a GPU";
+  TrainConfig config;
+  config.model = UNetSpec(Small());
+  config.device = "cuda";
+  Result<std::unique_ptr<GpuStep>> step = GpuStep::Create(config, 0);
+  ASSERT_FALSE(step.ok());
+  EXPECT_THAT(step.status().message(), HasSubstr("no usable GPU"));
+}
+
+struct Batch {
+  std::vector<float> x, t, context, target;
+};
+
+// Inputs rounded to bf16 where the GPU reads them as bf16 (x_t through conv_in's columns, the
+// text through attn2's k and v), so the CPU sees what the GPU sees.
+Batch RandomBatch(const UNetConfig& c, int B, uint64_t seed) {
+  const size_t image = size_t(c.in_channels) * c.sample_size * c.sample_size;
+  Batch batch{testing::RoundToBf16(testing::RandomVector(B * image, seed)), std::vector<float>(B),
+              testing::RoundToBf16(testing::RandomVector(
+                  size_t(B) * c.text_length * c.cross_attention_dim, seed + 1)),
+              testing::RandomVector(B * image, seed + 2)};
+  Rng rng(seed, RngStream::kNoise);
+  for (int b = 0; b < B; ++b)
+    batch.t[b] = static_cast<float>(rng.Below(1000));
+  return batch;
+}
+
+void Upload(UNet& model, const Batch& batch) {
+  auto copy = [&](void* to, const std::vector<float>& from) {
+    DT_CUDA_CHECK(cudaMemcpyAsync(to, from.data(), from.size() * sizeof(float),
+                                  cudaMemcpyHostToDevice, model.stream()));
+  };
+  copy(model.input_x(), batch.x);
+  copy(model.input_t(), batch.t);
+  copy(model.input_context(), batch.context);
+  copy(model.input_target(), batch.target);
+  DT_CUDA_CHECK(cudaStreamSynchronize(model.stream()));
+}
+
+// The CPU step: output, ε-MSE loss, and every gradient, on bf16-rounded random weights.
+struct CpuStep {
+  std::vector<float> weights, out, grads;
+  float loss = 0;
+};
+
+CpuStep RunCpu(const UNetConfig& c, int B, const Batch& batch) {
+  difftrain::UNet cpu(c);
+  cpu.InitializeRandom(/*seed=*/5);
+  CpuStep r;
+  r.weights =
+      testing::RoundToBf16(std::vector<float>(cpu.params(), cpu.params() + cpu.num_params()));
+  std::memcpy(cpu.params(), r.weights.data(), r.weights.size() * sizeof(float));
+  cpu.Reserve(B, 1);
+  const ModelInputs in{batch.x.data(), batch.t.data(), nullptr, batch.context.data()};
+  EXPECT_TRUE(cpu.Forward(0, in, nullptr, nullptr).ok());
+  r.out.assign(cpu.output(0), cpu.output(0) + batch.target.size());
+  std::vector<float> dout(r.out.size());
+  double sum = 0;
+  for (size_t i = 0; i < r.out.size(); ++i) {
+    const double e = double(r.out[i]) - batch.target[i];
+    sum += e * e;
+    dout[i] = static_cast<float>(2 * e / r.out.size());
+  }
+  r.loss = static_cast<float>(sum / r.out.size());
+  std::memset(cpu.grads(), 0, cpu.num_params() * sizeof(float));
+  EXPECT_TRUE(cpu.Backward(0, dout.data(), nullptr).ok());
+  r.grads.assign(cpu.grads(), cpu.grads() + cpu.num_params());
+  return r;
+}
+
+class UNetGpuStepTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = testing::NoGpuReason();
+    if (!why.empty()) GTEST_SKIP() << "GPU test skipped: " << why;
+    DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) DT_CUDA_CHECK(cudaStreamDestroy(stream_));
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+// One step against the CPU model: output and loss within bf16's error, the whole gradient
+// within 1e-2 and each tensor's within 3e-2 (a GroupNorm's input gradient is a difference of
+// nearly equal terms, which bf16 activations round more coarsely than DiT's LayerNorms).
+TEST_F(UNetGpuStepTest, StepMatchesTheCpuModel) {
+  for (const bool linear_projection : {false, true}) {
+    SCOPED_TRACE(linear_projection ? "linear proj_in/out" : "1×1-conv proj_in/out");
+    UNetConfig c = Small();
+    c.use_linear_projection = linear_projection;
+    const int B = 2;
+    const Batch batch = RandomBatch(c, B, /*seed=*/11);
+    const CpuStep want = RunCpu(c, B, batch);
+    UNet gpu(c, stream_, {.use_graph = false});
+    const Status reserved = gpu.Reserve(B);
+    ASSERT_TRUE(reserved.ok()) << reserved.message();
+    gpu.UploadState(want.weights.data(), want.weights.data(), nullptr, nullptr);
+    gpu.PoisonActivations();
+    Upload(gpu, batch);
+    const std::vector<SampleLoss> unweighted(B);
+    DT_CUDA_CHECK(cudaMemcpy(gpu.input_samples(), unweighted.data(), B * sizeof(SampleLoss),
+                             cudaMemcpyHostToDevice));
+    gpu.ZeroGradients();
+    gpu.ForwardBackward();
+    DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<float> out(want.out.size());
+    DT_CUDA_CHECK(
+        cudaMemcpy(out.data(), gpu.output(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    EXPECT_LE(RelativeL2(out, want.out), 1e-2);
+    EXPECT_NEAR(gpu.last_loss(), want.loss, 1e-2 * want.loss);
+    const std::vector<float> grads = gpu.DownloadGradients();
+    EXPECT_LE(RelativeL2(grads, want.grads), 1e-2);
+    for (const TensorSpec& t : gpu.parameter_table().tensors()) {
+      const std::vector<float> got(grads.begin() + t.offset, grads.begin() + t.offset + t.numel);
+      const std::vector<float> w(want.grads.begin() + t.offset,
+                                 want.grads.begin() + t.offset + t.numel);
+      EXPECT_LE(RelativeL2(got, w), 3e-2) << t.name;
+    }
+  }
+}
+
+// The captured graph replays what eager launches compute (the second call captures, the third
+// replays), on new inputs written into the same device buffers.
+TEST_F(UNetGpuStepTest, GraphReplaysTheEagerStep) {
+  const UNetConfig c = Small();
+  const int B = 2;
+  const CpuStep cpu = RunCpu(c, B, RandomBatch(c, B, 11));  // only its weights are used
+  UNet eager(c, stream_, {.use_graph = false}), graphed(c, stream_, {.use_graph = true});
+  for (UNet* m : {&eager, &graphed}) {
+    ASSERT_TRUE(m->Reserve(B).ok());
+    m->UploadState(cpu.weights.data(), nullptr, nullptr, nullptr);
+  }
+  for (int call = 0; call < 3; ++call) {
+    const Batch batch = RandomBatch(c, B, 20 + call);
+    for (UNet* m : {&eager, &graphed}) {
+      Upload(*m, batch);
+      m->ZeroGradients();
+      m->ForwardBackward(0.5f);
+    }
+    EXPECT_EQ(graphed.last_loss(), eager.last_loss()) << "call " << call;
+    EXPECT_LE(RelativeL2(graphed.DownloadGradients(), eager.DownloadGradients()), 1e-3)
+        << "call " << call;  // the attention backward's atomics may add in another order
+  }
+}
+
+double Relative(double got, double want) {
+  return std::abs(got - want) / std::max(std::abs(want), 1e-30);
+}
+
+// The Trainer with train.device cuda follows the CPU Trainer from the same weights: loss and
+// gradient norm step by step, then the parameters (text dropout, accumulation over two
+// micro-batches, clipping and the EMA included).
+class UNetGpuTrainerTest : public UNetGpuStepTest {
+ protected:
+  void Follow(const std::string& prediction) {
+    TrainConfig c;
+    c.model = UNetSpec(Small());
+    c.micro_batch = 2;
+    c.global_batch = 4;
+    c.optimizer.lr = 1e-3;
+    c.optimizer.grad_clip = 1.0;
+    c.optimizer.ema_decay = 0.99;
+    c.diffusion.schedule = "scaled_linear";
+    c.diffusion.beta_start = 0.00085;
+    c.diffusion.beta_end = 0.012;
+    c.diffusion.prediction = prediction;
+    c.seed = 7;
+    const SampleSchema x = UNetFamily().Samples(c.model);
+    auto data = [&] { return std::make_unique<SyntheticDataset>(c.seed, x.channels, x.height, 0); };
+    Trainer cpu(c, data());
+    cpu.model().InitializeRandom(/*seed=*/3);
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("unet_gpu_trainer_" + std::to_string(::getpid()) + prediction);
+    std::filesystem::remove_all(dir);
+    const io::CheckpointStore store(dir.string(), /*keep=*/1);
+    ASSERT_TRUE(WriteCheckpointShard(cpu, store, 0, 1).ok());
+    ASSERT_TRUE(store.Commit(cpu.step(), 1).ok());
+
+    TrainConfig g = c;
+    g.device = "cuda";
+    Result<std::unique_ptr<GpuStep>> step = GpuStep::Create(g, 0);
+    ASSERT_TRUE(step.ok()) << step.status().message();
+    Trainer gpu(g, data(), {}, std::move(step).value());
+    Result<std::optional<int64_t>> restored = RestoreLatestCheckpoint(gpu, store);
+    ASSERT_TRUE(restored.ok()) << restored.status().message();
+    for (int s = 1; s <= 5; ++s) {
+      Result<StepStats> want = cpu.Step();
+      Result<StepStats> got = gpu.Step();
+      ASSERT_TRUE(want.ok() && got.ok());
+      EXPECT_LE(Relative(got->loss, want->loss), 2e-2) << "step " << s;
+      EXPECT_LE(Relative(got->grad_norm, want->grad_norm), 5e-2) << "step " << s;
+    }
+    const io::CheckpointStore end((dir / "end").string(), /*keep=*/1);
+    ASSERT_TRUE(WriteCheckpointShard(gpu, end, 0, 1).ok());  // downloads the device's state
+    const std::vector<float> want(cpu.model().params(),
+                                  cpu.model().params() + cpu.model().num_params());
+    const std::vector<float> got(gpu.model().params(),
+                                 gpu.model().params() + gpu.model().num_params());
+    EXPECT_LE(RelativeL2(got, want), 1e-2);
+    std::filesystem::remove_all(dir);
+  }
+};
+
+TEST_F(UNetGpuTrainerTest, FollowsTheCpuTrainerUnderEpsilonPrediction) {
+  Follow("epsilon");
+}
+
+TEST_F(UNetGpuTrainerTest, FollowsTheCpuTrainerUnderVPrediction) {
+  Follow("v");
+}
+
+}  // namespace
+}  // namespace difftrain::cuda
