@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -80,6 +81,19 @@ TEST(UNetGpuSupport, RefusesWhatTheKernelsDoNotTakeByName) {
   c = Small();
   c.out_channels = 8;
   EXPECT_THAT(UNet::Supports(c).message(), HasSubstr("out_channels"));
+}
+
+// The activation arena (sized without a GPU) grows linearly with the micro-batch, up to the
+// 256-byte alignment of its pieces; SD 1.5's at 512 px is printed for docs/cuda.md.
+TEST(UNetGpuSupport, ActivationArenaGrowsWithTheMicroBatch) {
+  const UNetConfig c = Small();
+  const double one = UNet::ActivationBytes(c, 1), two = UNet::ActivationBytes(c, 2);
+  const double four = UNet::ActivationBytes(c, 4);
+  EXPECT_GT(two, one);
+  EXPECT_NEAR(four - two, 2 * (two - one), 0.01 * (four - two));
+  const UNetConfig sd = Named("SD1.5");
+  std::cout << "SD1.5 at 64x64 latents: activation arena " << UNet::ActivationBytes(sd, 1) / 1e9
+            << " GB at micro-batch 1, " << UNet::ActivationBytes(sd, 8) / 1e9 << " GB at 8\n";
 }
 
 // Without a GPU, asking for the UNet's step is an error that says why, not a crash.
