@@ -9,7 +9,6 @@
 #include "model/cuda/activation.h"
 #include "model/cuda/attention.h"
 #include "model/cuda/embed.h"
-#include "model/cuda/optimizer.h"
 #include "model/unet/cuda/layers.h"
 
 namespace difftrain::cuda {
@@ -132,47 +131,28 @@ Status UNet::Supports(const UNetConfig& c) {
 }
 
 UNet::UNet(const UNetConfig& config, cudaStream_t stream, Options options)
-    : config_(config), plan_(config), stream_(stream), options_(options), gemm_(stream) {
+    : config_(config),
+      plan_(config),
+      stream_(stream),
+      state_(plan_.table.total(), stream),
+      gemm_(stream),
+      graph_(stream, options.use_graph) {
   const Status supported = Supports(config_);
   DT_CHECK(supported.ok(), "{}", supported.message());
-  norm_squared_ = DeviceBuffer<double>(1);
 }
 
-UNet::~UNet() {
-  if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
-  if (graph_ != nullptr) cudaGraphDestroy(graph_);
-}
+UNet::~UNet() = default;
 
 size_t UNet::ActivationBytes(const UNetConfig& config, int B) {
   const UNetPlan plan(config);
   return PlanLayout(config, plan, B, nullptr)->bytes;
 }
 
-Status UNet::AllocateState() {
-  const size_t n = num_params();
-  DeviceBuffer<float>* const fp32[] = {&master_, &grads_, &exp_avg_, &exp_avg_sq_, &ema_};
-  for (DeviceBuffer<float>* arena : fp32) {
-    DT_ASSIGN_OR_RETURN(*arena, DeviceBuffer<float>::TryAllocate(n));
-    DT_CUDA_CHECK(cudaMemsetAsync(arena->data(), 0, arena->bytes(), stream_));
-  }
-  DT_ASSIGN_OR_RETURN(params_bf16_, DeviceBuffer<bf16>::TryAllocate(n));
-  DT_CUDA_CHECK(cudaMemsetAsync(params_bf16_.data(), 0, params_bf16_.bytes(), stream_));
-  DT_ASSIGN_OR_RETURN(norm_workspace_, DeviceBuffer<float>::TryAllocate(SumOfSquaresWorkspace(n)));
-  return Status::Ok();
-}
-
 Status UNet::Reserve(int B) {
   DT_CHECK(B > 0, "micro-batch {} must be positive", B);
   if (B == batch_) return Status::Ok();
-  if (params_bf16_.data() == nullptr) {
-    if (Status s = AllocateState(); !s.ok()) {
-      const double gib = num_params() * (5 * sizeof(float) + sizeof(bf16)) / double(1 << 30);
-      return s.WithContext(
-          fmt::format("the parameters, gradients, AdamW moments and EMA ({:.2f} GiB in all)", gib));
-    }
-  }
-  DropGraph();  // it holds the old activation pointers
-  eager_calls_ = 0;
+  if (!state_.allocated()) DT_RETURN_IF_ERROR(state_.Allocate());
+  graph_.Reset();  // it holds the old activation pointers
   batch_ = 0;
   layers_.clear();
   acts_buffer_ = DeviceBuffer<unsigned char>();
@@ -207,57 +187,8 @@ Status UNet::Reserve(int B) {
   return Status::Ok();
 }
 
-void UNet::UploadState(const float* params, const float* ema, const float* exp_avg,
-                       const float* exp_avg_sq) {
-  DT_CHECK(batch_ > 0, "UploadState before a successful Reserve");
-  const std::pair<DeviceBuffer<float>*, const float*> arenas[] = {
-      {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
-  for (const auto& [device, host] : arenas) {
-    if (host != nullptr) {
-      DT_CUDA_CHECK(
-          cudaMemcpyAsync(device->data(), host, device->bytes(), cudaMemcpyHostToDevice, stream_));
-    } else {
-      DT_CUDA_CHECK(cudaMemsetAsync(device->data(), 0, device->bytes(), stream_));
-    }
-  }
-  CastToBf16(params_bf16_.data(), master_.data(), num_params(), stream_);
-  DT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-}
-
-void UNet::DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const {
-  DT_CHECK(batch_ > 0, "DownloadState before a successful Reserve");
-  const std::pair<const DeviceBuffer<float>*, float*> arenas[] = {
-      {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
-  for (const auto& [device, host] : arenas) {
-    if (host != nullptr) {
-      DT_CUDA_CHECK(
-          cudaMemcpyAsync(host, device->data(), device->bytes(), cudaMemcpyDeviceToHost, stream_));
-    }
-  }
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-}
-
-std::vector<float> UNet::DownloadParameters() const {
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return master_.Download();
-}
-
-std::vector<float> UNet::DownloadGradients() const {
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return grads_.Download();
-}
-
 void UNet::PoisonActivations() {
   DT_CUDA_CHECK(cudaMemsetAsync(acts_buffer_.data(), 0xFF, acts_buffer_.bytes(), stream_));
-}
-
-void UNet::DropGraph() {
-  if (graph_exec_ == nullptr) return;
-  DT_CUDA_CHECK(cudaGraphExecDestroy(graph_exec_));
-  DT_CUDA_CHECK(cudaGraphDestroy(graph_));
-  graph_exec_ = nullptr;
-  graph_ = nullptr;
 }
 
 namespace {
@@ -291,7 +222,7 @@ void UNet::Forward() {
   const size_t text = size_t(B) * c.text_length * c.cross_attention_dim;
   CastToBf16(reinterpret_cast<bf16*>(at(l.context)), in_context_, text, stream_);
   // The time embedding: [cos, sin] features, Linear, SiLU, Linear; every resnet takes its SiLU.
-  const bf16* W = params_bf16_.data();
+  const bf16* W = state_.weights();
   const size_t l1w = Offset(plan_, "time_embedding.linear_1.weight");
   const size_t l1b = Offset(plan_, "time_embedding.linear_1.bias");
   const size_t l2w = Offset(plan_, "time_embedding.linear_2.weight");
@@ -306,8 +237,8 @@ void UNet::Forward() {
   gemm_.Forward(temb, t1_silu, W + l2w, W + l2b, B, E, E, Epilogue::kBias);
   SiluForward(reinterpret_cast<bf16*>(at(l.temb_silu)), temb, size_t(B) * E, stream_);
 
-  unet::Run r =
-      MakeRun(B, master_.data(), W, grads_.data(), base, values_, value_grads_, gemm_, stream_);
+  unet::Run r = MakeRun(B, state_.master(), W, state_.gradients(), base, values_, value_grads_,
+                        gemm_, stream_);
   r.context = reinterpret_cast<const bf16*>(at(l.context));
   r.temb_silu = reinterpret_cast<const bf16*>(at(l.temb_silu));
   r.scratch = at(l.scratch);
@@ -331,9 +262,9 @@ void UNet::Backward() {
   unsigned char* base = acts_buffer_.data();
   auto f32 = [base](size_t offset) { return reinterpret_cast<float*>(base + offset); };
   auto b16 = [base](size_t offset) { return reinterpret_cast<bf16*>(base + offset); };
-  const bf16* W = params_bf16_.data();
-  unet::Run r =
-      MakeRun(B, master_.data(), W, grads_.data(), base, values_, value_grads_, gemm_, stream_);
+  const bf16* W = state_.weights();
+  unet::Run r = MakeRun(B, state_.master(), W, state_.gradients(), base, values_, value_grads_,
+                        gemm_, stream_);
   r.context = b16(l.context);
   r.temb_silu = b16(l.temb_silu);
   r.dtemb_silu = f32(l.dtemb_silu);
@@ -345,7 +276,7 @@ void UNet::Backward() {
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it)
     (*it)->Backward(r);
   // The time embedding, in reverse: SiLU, linear_2, SiLU, linear_1 (its input is fixed).
-  float* G = grads_.data();
+  float* G = state_.gradients();
   const size_t l1w = Offset(plan_, "time_embedding.linear_1.weight");
   const size_t l1b = Offset(plan_, "time_embedding.linear_1.bias");
   const size_t l2w = Offset(plan_, "time_embedding.linear_2.weight");
@@ -364,48 +295,18 @@ void UNet::Backward() {
 
 void UNet::ForwardBackward(float grad_scale) {
   DT_CHECK(batch_ > 0, "ForwardBackward before Reserve");
-  if (grad_scale != grad_scale_) {
-    DropGraph();
-    grad_scale_ = grad_scale;
-  }
-  auto run = [this] {
-    Forward();
-    // Every value's gradient and the time embedding's start at zero (backward adds); the
-    // output's is the loss's.
-    DT_CUDA_CHECK(cudaMemsetAsync(acts_buffer_.data() + layout_->grads_begin, 0,
-                                  layout_->grads_end - layout_->grads_begin, stream_));
-    Loss();
-    Backward();
-  };
-  // The first call runs eagerly (cuBLASLt plans its GEMMs, kernels set their attributes); the
-  // second is captured and replayed from then on.
-  if (!options_.use_graph || eager_calls_ < 1) {
-    run();
-    ++eager_calls_;
-    return;
-  }
-  if (graph_exec_ == nullptr) {
-    DT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    run();
-    DT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
-    DT_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
-  }
-  DT_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
-}
-
-void UNet::ZeroGradients() {
-  DT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
-}
-
-void UNet::OptimizerStep(double lr, int64_t step, const OptimizerConfig& config) {
-  DT_CHECK(step >= 1, "AdamW step {} must be 1-based", step);
-  DT_CHECK(batch_ > 0, "OptimizerStep before a successful Reserve");
-  const size_t n = num_params();
-  SumOfSquares(norm_squared_.data(), grads_.data(), n, norm_workspace_.data(),
-               /*accumulate=*/false, stream_);
-  AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads_.data(),
-            norm_squared_.data(), n, AdamWScalarsAt(lr, step, config), config.grad_clip, stream_);
-  EmaUpdate(ema_.data(), master_.data(), n, config.ema_decay, stream_);
+  grad_scale_ = grad_scale;
+  graph_.Run(
+      [this] {
+        Forward();
+        // Every value's gradient and the time embedding's start at zero (backward adds); the
+        // output's is the loss's.
+        DT_CUDA_CHECK(cudaMemsetAsync(acts_buffer_.data() + layout_->grads_begin, 0,
+                                      layout_->grads_end - layout_->grads_begin, stream_));
+        Loss();
+        Backward();
+      },
+      grad_scale);
 }
 
 float UNet::last_loss() const {
@@ -413,11 +314,6 @@ float UNet::last_loss() const {
   DT_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_, sizeof(float), cudaMemcpyDeviceToHost, stream_));
   DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return loss;
-}
-
-double UNet::last_grad_norm_squared() const {
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return norm_squared_.Download()[0];
 }
 
 }  // namespace difftrain::cuda

@@ -10,9 +10,9 @@
 // stream, the norms' statistics, biases added after a GEMM, gradients, AdamW's state, the
 // master weights and the EMA are fp32.
 //
-// Memory: as cuda::DiT (model/dit/cuda/dit.h): parameters (fp32 master + bf16 copy), gradients,
-// the two AdamW moments and the EMA are one arena each in the parameter table's layout (the
-// diffusers state-dict names), so a download is the CPU model's arena; the activations, the
+// Memory: parameters (fp32 master + bf16 copy), gradients, the two AdamW moments and the EMA
+// are one arena each in the parameter table's layout (the diffusers state-dict names;
+// model/cuda/train_state.h), so a download is the CPU model's arena; the activations, the
 // values' gradients, the layers' shared scratch and the workspaces are one more allocation,
 // made by Reserve. ForwardBackward is captured as a CUDA graph on its second call.
 #pragma once
@@ -25,6 +25,7 @@
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/loss.h"
+#include "model/cuda/train_state.h"
 #include "model/optim/adamw.h"
 #include "model/tensor/tensor_table.h"
 #include "model/unet/config.h"
@@ -65,13 +66,17 @@ class UNet {
   // Bytes of the activations (and scratch, workspaces) a micro-batch of B needs.
   static size_t ActivationBytes(const UNetConfig& config, int B);
 
-  // As cuda::DiT's: host arenas of the table's layout (null moments: zeros); synchronous.
+  // Host arenas of the table's layout (null moments: zeros); synchronous (TrainState).
   void UploadState(const float* params, const float* ema, const float* exp_avg,
-                   const float* exp_avg_sq);
-  void DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const;
-  std::vector<float> DownloadParameters() const;
-  std::vector<float> DownloadGradients() const;
-  float* gradients() { return grads_.data(); }
+                   const float* exp_avg_sq) {
+    state_.Upload(params, ema, exp_avg, exp_avg_sq);
+  }
+  void DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const {
+    state_.Download(params, ema, exp_avg, exp_avg_sq);
+  }
+  std::vector<float> DownloadParameters() const { return state_.DownloadParameters(); }
+  std::vector<float> DownloadGradients() const { return state_.DownloadGradients(); }
+  float* gradients() { return state_.gradients(); }
 
   // The micro-batch's inputs, written by the caller on stream() before ForwardBackward: x_t
   // [B, in_channels, S, S], t [B] as floats, the text embeddings [B, L, D_text] (after text
@@ -90,10 +95,12 @@ class UNet {
   // captured on the second call and replayed after (a new grad_scale captures again).
   void ForwardBackward(float grad_scale = 1.0f);
   float last_loss() const;  // synchronises
-  void ZeroGradients();
-  // Clipping, AdamW and the EMA on the device, as cuda::DiT::OptimizerStep.
-  void OptimizerStep(double lr, int64_t step, const OptimizerConfig& config);
-  double last_grad_norm_squared() const;  // synchronises
+  void ZeroGradients() { state_.ZeroGradients(); }
+  // Clipping, AdamW and the EMA on the device (TrainState::OptimizerStep).
+  void OptimizerStep(double lr, int64_t step, const OptimizerConfig& config) {
+    state_.OptimizerStep(lr, step, config);
+  }
+  double last_grad_norm_squared() const { return state_.last_grad_norm_squared(); }
 
   cudaStream_t stream() const { return stream_; }
   // For tests: fills the activation arena with NaN bytes.
@@ -103,17 +110,13 @@ class UNet {
   struct Layout;
 
  private:
-  Status AllocateState();
   void Loss();
   void Backward();
-  void DropGraph();
 
   UNetConfig config_;
   UNetPlan plan_;
   cudaStream_t stream_;
-  Options options_;
-  DeviceBuffer<float> master_, grads_, exp_avg_, exp_avg_sq_, ema_;
-  DeviceBuffer<bf16> params_bf16_;
+  TrainState state_;
   Gemm gemm_;
 
   int batch_ = 0;
@@ -125,12 +128,8 @@ class UNet {
   SampleLoss* in_samples_ = nullptr;
   double* loss_workspace_ = nullptr;
 
-  DeviceBuffer<double> norm_squared_;
-  DeviceBuffer<float> norm_workspace_;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t graph_exec_ = nullptr;
-  int eager_calls_ = 0;
-  float grad_scale_ = 1.0f;
+  StepGraph graph_;
+  float grad_scale_ = 1.0f;  // the loss's, as the graph holds it
 };
 
 }  // namespace difftrain::cuda

@@ -1,0 +1,136 @@
+#include "model/cuda/train_state.h"
+
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "model/cuda/activation.h"
+#include "model/cuda/optimizer.h"
+
+namespace difftrain::cuda {
+
+TrainState::TrainState(size_t num_params, cudaStream_t stream)
+    : n_(num_params), stream_(stream), norm_squared_(1) {}
+
+Status TrainState::Allocate() {
+  DeviceBuffer<float>* const fp32[] = {&master_, &grads_, &exp_avg_, &exp_avg_sq_, &ema_};
+  Status s = [&]() -> Status {
+    for (DeviceBuffer<float>* arena : fp32) {
+      DT_ASSIGN_OR_RETURN(*arena, DeviceBuffer<float>::TryAllocate(n_));
+    }
+    DT_ASSIGN_OR_RETURN(params_bf16_, DeviceBuffer<bf16>::TryAllocate(n_));
+    DT_ASSIGN_OR_RETURN(norm_workspace_,
+                        DeviceBuffer<float>::TryAllocate(SumOfSquaresWorkspace(n_)));
+    return Status::Ok();
+  }();
+  if (!s.ok()) {
+    params_bf16_ = DeviceBuffer<bf16>();
+    const double gib = n_ * (5 * sizeof(float) + sizeof(bf16)) / double(1 << 30);
+    return s.WithContext(
+        fmt::format("the parameters, gradients, AdamW moments and EMA ({:.2f} GiB in all)", gib));
+  }
+  for (DeviceBuffer<float>* arena : fp32)
+    DT_CUDA_CHECK(cudaMemsetAsync(arena->data(), 0, arena->bytes(), stream_));
+  DT_CUDA_CHECK(cudaMemsetAsync(params_bf16_.data(), 0, params_bf16_.bytes(), stream_));
+  return Status::Ok();
+}
+
+size_t TrainState::bytes() const {
+  return master_.bytes() + grads_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes() + ema_.bytes() +
+         norm_workspace_.bytes() + params_bf16_.bytes() + norm_squared_.bytes();
+}
+
+void TrainState::Upload(const float* params, const float* ema, const float* exp_avg,
+                        const float* exp_avg_sq) {
+  DT_CHECK(allocated(), "TrainState::Upload before Allocate");
+  const std::pair<DeviceBuffer<float>*, const float*> arenas[] = {
+      {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
+  for (const auto& [device, host] : arenas) {
+    if (host != nullptr) {
+      DT_CUDA_CHECK(
+          cudaMemcpyAsync(device->data(), host, device->bytes(), cudaMemcpyHostToDevice, stream_));
+    } else {
+      DT_CUDA_CHECK(cudaMemsetAsync(device->data(), 0, device->bytes(), stream_));
+    }
+  }
+  CastToBf16(params_bf16_.data(), master_.data(), n_, stream_);
+  ZeroGradients();
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void TrainState::Download(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const {
+  DT_CHECK(allocated(), "TrainState::Download before Allocate");
+  const std::pair<const DeviceBuffer<float>*, float*> arenas[] = {
+      {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
+  for (const auto& [device, host] : arenas) {
+    if (host != nullptr) {
+      DT_CUDA_CHECK(
+          cudaMemcpyAsync(host, device->data(), device->bytes(), cudaMemcpyDeviceToHost, stream_));
+    }
+  }
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::vector<float> TrainState::DownloadParameters() const {
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return master_.Download();
+}
+
+std::vector<float> TrainState::DownloadGradients() const {
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return grads_.Download();
+}
+
+void TrainState::ZeroGradients() {
+  DT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+}
+
+void TrainState::OptimizerStep(double lr, int64_t step, const OptimizerConfig& config) {
+  DT_CHECK(step >= 1, "AdamW step {} must be 1-based", step);
+  DT_CHECK(allocated(), "OptimizerStep before Allocate");
+  SumOfSquares(norm_squared_.data(), grads_.data(), n_, norm_workspace_.data(),
+               /*accumulate=*/false, stream_);
+  AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads_.data(),
+            norm_squared_.data(), n_, AdamWScalarsAt(lr, step, config), config.grad_clip, stream_);
+  EmaUpdate(ema_.data(), master_.data(), n_, config.ema_decay, stream_);
+}
+
+double TrainState::last_grad_norm_squared() const {
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return norm_squared_.Download()[0];
+}
+
+StepGraph::~StepGraph() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+  if (graph_ != nullptr) cudaGraphDestroy(graph_);
+}
+
+void StepGraph::Reset() {
+  eager_calls_ = 0;
+  if (exec_ == nullptr) return;
+  DT_CUDA_CHECK(cudaGraphExecDestroy(exec_));
+  DT_CUDA_CHECK(cudaGraphDestroy(graph_));
+  exec_ = nullptr;
+  graph_ = nullptr;
+}
+
+void StepGraph::Run(const std::function<void()>& step, float key) {
+  if (key != key_) {
+    Reset();
+    key_ = key;
+  }
+  if (!use_graph_ || eager_calls_ < 1) {
+    step();
+    ++eager_calls_;
+    return;
+  }
+  if (exec_ == nullptr) {
+    DT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    step();
+    DT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+    DT_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  DT_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+}
+
+}  // namespace difftrain::cuda

@@ -1,0 +1,85 @@
+// What a whole model trained on one GPU keeps besides its activations, and how its step runs:
+//   - TrainState: the fp32 master weights, their bf16 copy (what the GEMMs read), the gradients,
+//     AdamW's two moments and the EMA, one device arena each in the model's parameter table
+//     layout (so a download is the CPU model's arena), and the optimizer step on them (global
+//     norm, clipping, AdamW, EMA: model/cuda/optimizer.h);
+//   - StepGraph: a forward-and-backward that runs eagerly once (cuBLASLt plans its GEMMs,
+//     kernels set their attributes: neither may happen under capture), is captured as a CUDA
+//     graph on its second call and replayed after that.
+// The UNet's GPU model (model/unet/cuda/unet.h) is built on them; model/dit/cuda/dit.h keeps
+// its own copy of the same logic.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "common/status.h"
+#include "model/cuda/common.h"
+#include "model/cuda/device_buffer.h"
+#include "model/optim/adamw.h"
+
+namespace difftrain::cuda {
+
+class TrainState {
+ public:
+  TrainState(size_t num_params, cudaStream_t stream);
+
+  size_t num_params() const { return n_; }
+  bool allocated() const { return params_bf16_.data() != nullptr; }
+  // Allocates every arena (zeroed); a GPU without room is an error naming the bytes in all.
+  Status Allocate();
+  size_t bytes() const;
+
+  // Sets the master weights (and their bf16 copy), the EMA and AdamW's moments from host arenas
+  // (null moments: zeros) and zeroes the gradients; copies whichever destination is not null
+  // back. Both synchronous.
+  void Upload(const float* params, const float* ema, const float* exp_avg, const float* exp_avg_sq);
+  void Download(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const;
+  std::vector<float> DownloadParameters() const;
+  std::vector<float> DownloadGradients() const;
+
+  const float* master() const { return master_.data(); }
+  const bf16* weights() const { return params_bf16_.data(); }
+  float* gradients() { return grads_.data(); }
+
+  void ZeroGradients();
+  // Global gradient norm, clipping (config.grad_clip), AdamW at lr as step `step` (1-based),
+  // refreshing the bf16 copy, and the EMA (config.ema_decay): the CPU's update, on the device.
+  void OptimizerStep(double lr, int64_t step, const OptimizerConfig& config);
+  // The squared global gradient norm of the last OptimizerStep (synchronises).
+  double last_grad_norm_squared() const;
+
+ private:
+  size_t n_;
+  cudaStream_t stream_;
+  DeviceBuffer<float> master_, grads_, exp_avg_, exp_avg_sq_, ema_, norm_workspace_;
+  DeviceBuffer<bf16> params_bf16_;
+  DeviceBuffer<double> norm_squared_;
+};
+
+class StepGraph {
+ public:
+  StepGraph(cudaStream_t stream, bool use_graph) : stream_(stream), use_graph_(use_graph) {}
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  // Forgets the captured graph and starts again with an eager call (the step's buffers moved).
+  void Reset();
+  // Runs `step` on the stream: eagerly on the first call after Reset (and always without
+  // use_graph), captured on the second, replayed after that. A different `key` (the step's
+  // loss scale, which the graph holds) resets first.
+  void Run(const std::function<void()>& step, float key);
+
+ private:
+  cudaStream_t stream_;
+  bool use_graph_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  int eager_calls_ = 0;
+  float key_ = 1.0f;
+};
+
+}  // namespace difftrain::cuda
