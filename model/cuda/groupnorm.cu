@@ -151,6 +151,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The LayerNorm case (HW = 1): a thread per (b, c), whose plane is one value.
+template <typename Dout>
+__global__ void __launch_bounds__(kThreads)
+    LayerNormParamPartialsKernel(float* __restrict__ dw_partial, float* __restrict__ db_partial,
+                                 const Dout* __restrict__ dout, const float* __restrict__ x,
+                                 const float* __restrict__ mean_in,
+                                 const float* __restrict__ rstd_in,
+                                 const float* __restrict__ weight, const float* __restrict__ bias,
+                                 int B, int C, int G, bool silu) {
+  const size_t bc = size_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (bc >= size_t(B) * C) return;
+  const int c = static_cast<int>(bc % C);
+  const size_t j = bc / C * G + c / (C / G);
+  const float xhat = (x[bc] - mean_in[j]) * rstd_in[j];
+  const float dy = GradY(dout, bc, xhat, weight[c], bias[c], silu);
+  dw_partial[bc] = dy * xhat;
+  db_partial[bc] = dy;
+}
+
 void CheckShape(const cpu::GroupNormShape& s) {
   DT_CHECK(s.B > 0 && s.C > 0 && s.HW > 0 && s.G > 0 && s.C % s.G == 0,
            "GroupNorm shape B={} C={} HW={} G={}: C must be a multiple of G", s.B, s.C, s.HW, s.G);
@@ -184,8 +203,13 @@ void GroupNormBackward(float* din, float* dweight, float* dbias, const Dout* dou
   const size_t rows = size_t(s.B) * s.C;
   float* dw_partial = workspace;
   float* db_partial = workspace + rows;
-  GroupNormParamPartialsKernel<Dout><<<BlocksFor(rows, kThreads / 32), kThreads, 0, stream>>>(
-      dw_partial, db_partial, dout, x, mean, rstd, weight, bias, s.B, s.C, s.HW, s.G, silu);
+  if (s.HW == 1) {
+    LayerNormParamPartialsKernel<Dout><<<BlocksFor(rows, kThreads), kThreads, 0, stream>>>(
+        dw_partial, db_partial, dout, x, mean, rstd, weight, bias, s.B, s.C, s.G, silu);
+  } else {
+    GroupNormParamPartialsKernel<Dout><<<BlocksFor(rows, kThreads / 32), kThreads, 0, stream>>>(
+        dw_partial, db_partial, dout, x, mean, rstd, weight, bias, s.B, s.C, s.HW, s.G, silu);
+  }
   DT_CUDA_CHECK_LAUNCH();
   BiasGradient(dweight, dw_partial, s.B, s.C, stream);
   BiasGradient(dbias, db_partial, s.B, s.C, stream);
