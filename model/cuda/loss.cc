@@ -16,4 +16,11 @@ std::vector<SampleLoss> SampleLosses(const GaussianDiffusion& diffusion, const i
   return samples;
 }
 
+float ReadLoss(const float* loss, cudaStream_t stream) {
+  float value = 0;
+  DT_CUDA_CHECK(cudaMemcpyAsync(&value, loss, sizeof(float), cudaMemcpyDeviceToHost, stream));
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return value;
+}
+
 }  // namespace difftrain::cuda

@@ -41,4 +41,8 @@ void DiffusionLoss(float* loss, float* dout, const float* out, const float* nois
                    const float* x_t, const SampleLoss* samples, int B, int out_channels, int C,
                    int HW, bool vb_term, float grad_scale, double* workspace, cudaStream_t stream);
 
+// The loss DiffusionLoss wrote at `loss` (a device scalar), once the stream's work is done
+// (synchronises; loss.cc).
+float ReadLoss(const float* loss, cudaStream_t stream);
+
 }  // namespace difftrain::cuda

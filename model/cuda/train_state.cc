@@ -107,6 +107,10 @@ StepGraph::~StepGraph() {
 
 void StepGraph::Reset() {
   eager_calls_ = 0;
+  DropGraph();
+}
+
+void StepGraph::DropGraph() {
   if (exec_ == nullptr) return;
   DT_CUDA_CHECK(cudaGraphExecDestroy(exec_));
   DT_CUDA_CHECK(cudaGraphDestroy(graph_));
@@ -116,7 +120,7 @@ void StepGraph::Reset() {
 
 void StepGraph::Run(const std::function<void()>& step, float key) {
   if (key != key_) {
-    Reset();
+    DropGraph();
     key_ = key;
   }
   if (!use_graph_ || eager_calls_ < 1) {

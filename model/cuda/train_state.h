@@ -6,8 +6,8 @@
 //   - StepGraph: a forward-and-backward that runs eagerly once (cuBLASLt plans its GEMMs,
 //     kernels set their attributes: neither may happen under capture), is captured as a CUDA
 //     graph on its second call and replayed after that.
-// The UNet's GPU model (model/unet/cuda/unet.h) is built on them; model/dit/cuda/dit.h keeps
-// its own copy of the same logic.
+// Both GPU models, cuda::DiT (model/dit/cuda/dit.h) and cuda::UNet (model/unet/cuda/unet.h),
+// are built on them.
 #pragma once
 
 #include <cstddef>
@@ -70,10 +70,13 @@ class StepGraph {
   void Reset();
   // Runs `step` on the stream: eagerly on the first call after Reset (and always without
   // use_graph), captured on the second, replayed after that. A different `key` (the step's
-  // loss scale, which the graph holds) resets first.
+  // loss scale, which the graph holds) drops the captured graph, so that this call captures
+  // again; it needs no new eager call, as the buffers and the GEMMs' plans are the same.
   void Run(const std::function<void()>& step, float key);
 
  private:
+  void DropGraph();
+
   cudaStream_t stream_;
   bool use_graph_;
   cudaGraph_t graph_ = nullptr;

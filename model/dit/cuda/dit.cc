@@ -42,13 +42,14 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
       stream_(stream),
       options_(options),
       table_(ShardParameters(config, DiTShard::Whole(config)).table),
-      gemm_(stream) {
+      gemm_(stream),
+      state_(table_.total(), stream),
+      graph_(stream, options.use_graph) {
   const Status supported = Supports(config_);
   DT_CHECK(supported.ok(), "{}", supported.message());
   DT_CHECK(!options_.vb_loss || config_.learn_sigma, "the vb loss needs a learn_sigma model");
   p_ = DiTParams::Bind(table_, DiTShard::Whole(config_));
 
-  norm_squared_ = DeviceBuffer<double>(1);
   const size_t T = config_.tokens(), D = config_.hidden_size;
   std::vector<float> pos(T * D);
   cpu::SinCos2DPositionEmbedding(pos.data(), config_.grid(), config_.hidden_size);
@@ -101,55 +102,19 @@ Status DiT::Supports(const DiTConfig& c) {
   return Status::Ok();
 }
 
-DiT::~DiT() {
-  if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
-  if (graph_ != nullptr) cudaGraphDestroy(graph_);
-}
-
 void DiT::UploadState(const float* params, const float* ema, const float* exp_avg,
                       const float* exp_avg_sq) {
   DT_CHECK(batch_ > 0, "UploadState before a successful Reserve");
-  const std::pair<DeviceBuffer<float>*, const float*> arenas[] = {
-      {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
-  for (const auto& [device, host] : arenas) {
-    if (host != nullptr) {
-      DT_CUDA_CHECK(
-          cudaMemcpyAsync(device->data(), host, device->bytes(), cudaMemcpyHostToDevice, stream_));
-    } else {
-      DT_CUDA_CHECK(cudaMemsetAsync(device->data(), 0, device->bytes(), stream_));
-    }
-  }
-  CastToBf16(params_bf16_.data(), master_.data(), num_params(), stream_);
-  DT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  state_.Upload(params, ema, exp_avg, exp_avg_sq);
 }
 
 void DiT::DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const {
   DT_CHECK(batch_ > 0, "DownloadState before a successful Reserve");
-  const std::pair<const DeviceBuffer<float>*, float*> arenas[] = {
-      {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
-  for (const auto& [device, host] : arenas) {
-    if (host != nullptr) {
-      DT_CUDA_CHECK(
-          cudaMemcpyAsync(host, device->data(), device->bytes(), cudaMemcpyDeviceToHost, stream_));
-    }
-  }
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-}
-
-std::vector<float> DiT::DownloadParameters() const {
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return master_.Download();
-}
-std::vector<float> DiT::DownloadGradients() const {
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return grads_.Download();
+  state_.Download(params, ema, exp_avg, exp_avg_sq);
 }
 
 size_t DiT::device_bytes() const {
-  return master_.bytes() + params_bf16_.bytes() + grads_.bytes() + exp_avg_.bytes() +
-         exp_avg_sq_.bytes() + ema_.bytes() + pos_embed_.bytes() + temp_embed_.bytes() +
-         acts_buffer_.bytes() + norm_squared_.bytes() + norm_workspace_.bytes();
+  return state_.bytes() + pos_embed_.bytes() + temp_embed_.bytes() + acts_buffer_.bytes();
 }
 
 size_t DiT::BindActivations(unsigned char* base, int B) {
@@ -237,33 +202,11 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   return a.bytes();
 }
 
-Status DiT::AllocateState() {
-  const size_t n = num_params();
-  DeviceBuffer<float>* const fp32[] = {&master_, &grads_, &exp_avg_, &exp_avg_sq_, &ema_};
-  for (DeviceBuffer<float>* arena : fp32) {
-    DT_ASSIGN_OR_RETURN(*arena, DeviceBuffer<float>::TryAllocate(n));
-  }
-  DT_ASSIGN_OR_RETURN(params_bf16_, DeviceBuffer<bf16>::TryAllocate(n));
-  DT_ASSIGN_OR_RETURN(norm_workspace_, DeviceBuffer<float>::TryAllocate(SumOfSquaresWorkspace(n)));
-  for (DeviceBuffer<float>* arena : fp32) {
-    DT_CUDA_CHECK(cudaMemsetAsync(arena->data(), 0, arena->bytes(), stream_));
-  }
-  DT_CUDA_CHECK(cudaMemsetAsync(params_bf16_.data(), 0, params_bf16_.bytes(), stream_));
-  return Status::Ok();
-}
-
 Status DiT::Reserve(int B) {
   DT_CHECK(B > 0, "micro-batch {} must be positive", B);
   if (B == batch_) return Status::Ok();
-  if (params_bf16_.data() == nullptr) {
-    if (Status s = AllocateState(); !s.ok()) {
-      const double gib = num_params() * (5 * sizeof(float) + sizeof(bf16)) / double(1 << 30);
-      return s.WithContext(
-          fmt::format("the parameters, gradients, AdamW moments and EMA ({:.2f} GiB in all)", gib));
-    }
-  }
-  DropGraph();  // it holds the old activation pointers
-  eager_calls_ = 0;
+  if (!state_.allocated()) DT_RETURN_IF_ERROR(state_.Allocate());
+  graph_.Reset();  // it holds the old activation pointers
   batch_ = 0;
   acts_buffer_ = DeviceBuffer<unsigned char>();
   Result<DeviceBuffer<unsigned char>> acts =
@@ -280,14 +223,6 @@ Status DiT::Reserve(int B) {
                                 stream_));
   DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return Status::Ok();
-}
-
-void DiT::DropGraph() {
-  if (graph_exec_ == nullptr) return;
-  DT_CUDA_CHECK(cudaGraphExecDestroy(graph_exec_));
-  DT_CUDA_CHECK(cudaGraphDestroy(graph_));
-  graph_exec_ = nullptr;
-  graph_ = nullptr;
 }
 
 void DiT::PoisonActivations() {
@@ -342,8 +277,7 @@ void DiT::BlockForward(int l) {
   // adaLN: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks of 6D.
   gemm_.Forward(k.ada, silu_c_, W(o.ada_w), W(o.ada_b), B, D, S, Epilogue::kBias);
   // x = x + gate_msa · proj(attention(qkv(modulate(norm1(x), shift_msa, scale_msa)))).
-  LayerNormModulateForward(k.mod1, k.mean1, k.rstd1, k.resid_in, k.ada, 0, D, S, B, Ts, D,
-                           stream_);
+  LayerNormModulateForward(k.mod1, k.mean1, k.rstd1, k.resid_in, k.ada, 0, D, S, B, Ts, D, stream_);
   gemm_.Forward(k.qkv, k.mod1, W(o.qkv_w), W(o.qkv_b), N, D, 3 * D, Epilogue::kBias);
   if (config_.temporal_block(l)) {
     // Across frames: B·T sequences of Fr frames, token-major.
@@ -369,9 +303,9 @@ void DiT::BlockForward(int l) {
 void DiT::Loss() {
   const DiTConfig& c = config_;
   // A video's frames are the loss's samples ([B, F, C, H, W] is [B·F, C, H, W]).
-  DiffusionLoss(loss_, d_out_, out_, in_target_, in_x0_, in_x_, in_samples_,
-                batch_ * c.frames(), c.out_channels(), c.in_channels, c.input_size * c.input_size,
-                options_.vb_loss, grad_scale_, loss_workspace_, stream_);
+  DiffusionLoss(loss_, d_out_, out_, in_target_, in_x0_, in_x_, in_samples_, batch_ * c.frames(),
+                c.out_channels(), c.in_channels, c.input_size * c.input_size, options_.vb_loss,
+                grad_scale_, loss_workspace_, stream_);
 }
 
 void DiT::Backward() {
@@ -467,56 +401,24 @@ void DiT::BlockBackward(int l) {
 
 void DiT::ForwardBackward(float grad_scale) {
   DT_CHECK(batch_ > 0, "ForwardBackward before Reserve");
-  if (grad_scale != grad_scale_) {
-    DropGraph();
-    grad_scale_ = grad_scale;
-  }
-  auto run = [this] {
-    Forward();
-    Loss();
-    Backward();
-  };
-  // The first call runs eagerly: cuBLASLt plans its GEMMs and kernels set their attributes,
-  // none of which may happen under capture. The second is captured, and replayed from then on.
-  if (!options_.use_graph || eager_calls_ < 1) {
-    run();
-    ++eager_calls_;
-    return;
-  }
-  if (graph_exec_ == nullptr) {
-    DT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    run();
-    DT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
-    DT_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
-  }
-  DT_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
-}
-
-void DiT::ZeroGradients() {
-  DT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, grads_.bytes(), stream_));
+  grad_scale_ = grad_scale;  // Loss reads it; a new value makes graph_ capture again
+  graph_.Run(
+      [this] {
+        Forward();
+        Loss();
+        Backward();
+      },
+      grad_scale);
 }
 
 void DiT::OptimizerStep(double lr, int64_t step, const OptimizerConfig& config) {
   DT_CHECK(step >= 1, "AdamW step {} must be 1-based", step);
   DT_CHECK(batch_ > 0, "OptimizerStep before a successful Reserve");
-  const size_t n = num_params();
-  SumOfSquares(norm_squared_.data(), grads_.data(), n, norm_workspace_.data(),
-               /*accumulate=*/false, stream_);
-  AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads_.data(),
-            norm_squared_.data(), n, AdamWScalarsAt(lr, step, config), config.grad_clip, stream_);
-  EmaUpdate(ema_.data(), master_.data(), n, config.ema_decay, stream_);
+  state_.OptimizerStep(lr, step, config);
 }
 
 float DiT::last_loss() const {
-  float loss = 0;
-  DT_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_, sizeof(float), cudaMemcpyDeviceToHost, stream_));
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return loss;
-}
-
-double DiT::last_grad_norm_squared() const {
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return norm_squared_.Download()[0];
+  return ReadLoss(loss_, stream_);
 }
 
 }  // namespace difftrain::cuda

@@ -10,12 +10,12 @@
 //
 // Memory: parameters (fp32 master + bf16 copy), gradients, the two AdamW moments and the
 // EMA are one arena each, laid out by the whole model's parameter table (the reference
-// state-dict names), so a download is exactly the CPU model's arena. Activations and the
-// backward scratch are one more allocation. Reserve makes them all (a GPU without room is an
-// error, not a crash); nothing is allocated inside a step.
+// state-dict names; model/cuda/train_state.h), so a download is exactly the CPU model's arena.
+// Activations and the backward scratch are one more allocation. Reserve makes them all (a GPU
+// without room is an error, not a crash); nothing is allocated inside a step.
 // Everything runs on one stream; ForwardBackward is captured as a CUDA graph on its second
-// call and replayed after that (the optimizer step, whose learning rate changes every
-// step, runs outside the graph: four kernels).
+// call and replayed after that (StepGraph; the optimizer step, whose learning rate changes
+// every step, runs outside the graph: four kernels).
 //
 // The loss is the trainer's (model/diffusion/vb_loss.h): DiT's ε-MSE on the first
 // in_channels output channels, weighted per sample, plus with Options::vb_loss the
@@ -32,6 +32,7 @@
 #include "model/cuda/gemm.h"
 #include "model/cuda/loss.h"
 #include "model/cuda/optimizer.h"
+#include "model/cuda/train_state.h"
 #include "model/dit/config.h"
 #include "model/dit/params.h"
 #include "model/optim/adamw.h"
@@ -51,7 +52,7 @@ class DiT {
   static Status Supports(const DiTConfig& config);
   // Fails fast on a config that Supports refuses.
   DiT(const DiTConfig& config, cudaStream_t stream, Options options);
-  ~DiT();
+  ~DiT() = default;
   DiT(const DiT&) = delete;
   DiT& operator=(const DiT&) = delete;
 
@@ -76,11 +77,11 @@ class DiT {
                    const float* exp_avg_sq);
   // Copies whichever of the four arenas is not null to the host. Synchronous.
   void DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const;
-  std::vector<float> DownloadParameters() const;
-  std::vector<float> DownloadGradients() const;
+  std::vector<float> DownloadParameters() const { return state_.DownloadParameters(); }
+  std::vector<float> DownloadGradients() const { return state_.DownloadGradients(); }
   // The gradient arena on the device, e.g. for a data-parallel all-reduce between
   // ForwardBackward and OptimizerStep.
-  float* gradients() { return grads_.data(); }
+  float* gradients() { return state_.gradients(); }
 
   // The input of a micro-batch, written by the caller (cudaMemcpyAsync on stream()) before
   // ForwardBackward: x_t [B, C, H, W], timesteps t [B] as floats, labels y [B], the noise ε
@@ -106,13 +107,13 @@ class DiT {
   const float* loss() const { return loss_; }
   // The loss of the last ForwardBackward (synchronises).
   float last_loss() const;
-  void ZeroGradients();
+  void ZeroGradients() { state_.ZeroGradients(); }
   // Global gradient norm, clipping (config.grad_clip), AdamW on the master weights at
   // learning rate lr as optimizer step `step` (1-based; refreshing their bf16 copy) and the
-  // EMA (config.ema_decay): the CPU's update, on the device.
+  // EMA (config.ema_decay): the CPU's update, on the device (TrainState::OptimizerStep).
   void OptimizerStep(double lr, int64_t step, const OptimizerConfig& config);
   // The squared global gradient norm of the last OptimizerStep (synchronises).
-  double last_grad_norm_squared() const;
+  double last_grad_norm_squared() const { return state_.last_grad_norm_squared(); }
 
   cudaStream_t stream() const { return stream_; }
 
@@ -129,26 +130,24 @@ class DiT {
   // Binds every activation pointer into an arena at `base` (null: only counts); returns the
   // bytes the arena needs. One list serves both, so layout and binding cannot disagree.
   size_t BindActivations(unsigned char* base, int B);
-  Status AllocateState();
   void BlockForward(int l);
   void BlockBackward(int l);
   void Loss();
   void Backward();
-  void DropGraph();
 
-  const float* Master(size_t offset) const { return master_.data() + offset; }
-  const bf16* W(size_t offset) const { return params_bf16_.data() + offset; }
-  float* G(size_t offset) { return grads_.data() + offset; }
+  const float* Master(size_t offset) const { return state_.master() + offset; }
+  const bf16* W(size_t offset) const { return state_.weights() + offset; }
+  float* G(size_t offset) { return state_.gradients() + offset; }
 
   DiTConfig config_;
   cudaStream_t stream_;
   Options options_;
   TensorTable table_;
-  DeviceBuffer<float> master_, grads_, exp_avg_, exp_avg_sq_, ema_, pos_embed_;
-  DeviceBuffer<float> temp_embed_;  // Latte's, frame f's row for each of its tokens [F, T, D]
-  DeviceBuffer<bf16> params_bf16_;
   DiTParams p_;  // offsets of the parameters in every arena (the CPU model's binding)
   Gemm gemm_;
+  TrainState state_;  // after gemm_: its one-double norm buffer is allocated here, as before
+  DeviceBuffer<float> pos_embed_;
+  DeviceBuffer<float> temp_embed_;  // Latte's, frame f's row for each of its tokens [F, T, D]
 
   int batch_ = 0;
   DeviceBuffer<unsigned char> acts_buffer_;
@@ -169,13 +168,8 @@ class DiT {
   bf16 *d_final_bf16_ = nullptr, *d_a_ = nullptr, *d_b_ = nullptr, *d_h_ = nullptr;
   bf16 *d_qkv_ = nullptr, *d_ada_bf16_ = nullptr, *d_small_ = nullptr, *d_c_bf16_ = nullptr;
   bf16 *d_attn_t_ = nullptr, *d_qkv_t_ = nullptr;  // a temporal block's, token-major
-  // The optimizer's global norm.
-  DeviceBuffer<double> norm_squared_;
-  DeviceBuffer<float> norm_workspace_;
 
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t graph_exec_ = nullptr;
-  int eager_calls_ = 0;
+  StepGraph graph_;
   float grad_scale_ = 1.0f;  // the loss's, as the graph holds it
 };
 

@@ -310,10 +310,7 @@ void UNet::ForwardBackward(float grad_scale) {
 }
 
 float UNet::last_loss() const {
-  float loss = 0;
-  DT_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_, sizeof(float), cudaMemcpyDeviceToHost, stream_));
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return loss;
+  return ReadLoss(loss_, stream_);
 }
 
 }  // namespace difftrain::cuda
