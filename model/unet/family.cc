@@ -134,11 +134,9 @@ class UNetFamilyImpl final : public ModelFamily {
     return p;
   }
 
-  bool recomputes() const override { return false; }
-
   size_t ActivationBytes(const ModelSpec& spec, const LayoutShape&, int, int B, int slots,
-                         bool) const override {
-    return UNet::ActivationBytes(UNetConfigOf(spec), B, slots);
+                         bool recompute) const override {
+    return UNet::ActivationBytes(UNetConfigOf(spec), B, slots, recompute);
   }
 
   Result<std::unique_ptr<Model>> Create(const ModelSpec& spec, const LayoutShape& l, int, int, int,

@@ -40,7 +40,7 @@ class ConvLayer final : public UNetLayer {
       cpu::Upsample2xForward(r.A(up_), in, r.B * in_.C, in_.H, in_.W);
       in = r.A(up_);
     }
-    conv_.Forward(r, r.value(node_.output), in);
+    if (!r.recomputing) conv_.Forward(r, r.value(node_.output), in);
   }
   void Backward(const UNetRun& r) override {
     const float* dout = r.grad(node_.output);
@@ -81,7 +81,7 @@ class OutputLayer final : public UNetLayer {
   void Forward(const UNetRun& r) override {
     norm_.Forward(r, r.value(node_.inputs[0]));
     cpu::SiluForward(r.A(silu_), r.A(norm_.out), norm_.size());
-    conv_.Forward(r, r.value(node_.output), r.A(silu_));
+    if (!r.recomputing) conv_.Forward(r, r.value(node_.output), r.A(silu_));
   }
   void Backward(const UNetRun& r) override {
     Zero(r.S(ds_), norm_.size());

@@ -1,7 +1,8 @@
 // The UNet's layers on the CPU (model/unet/unet.h): one class per node kind of the plan
 // (model/unet/plan.h), each with forward and backward side by side. A layer is built for one
 // micro-batch size: it takes the offsets of what it keeps for backward from the slot's space
-// and of its temporaries from the scratch space, which all layers share.
+// (with activation recomputation, from a workspace that all layers share and whose contents
+// backward makes again) and of its temporaries from the scratch space, which all layers share.
 #pragma once
 
 #include <cstddef>
@@ -28,23 +29,28 @@ struct UNetRun {
   int B = 0;
   float* P = nullptr;                                  // parameters
   float* G = nullptr;                                  // their gradients (`+=`)
-  float* acts = nullptr;                               // the micro-batch's slot
+  float* acts = nullptr;                               // the micro-batch's slot (its values)
+  float* work = nullptr;                               // the layers' activations
   float* scratch = nullptr;                            // the layers' temporaries
   const std::vector<size_t>* value_offsets = nullptr;  // in acts
   const std::vector<size_t>* grad_offsets = nullptr;   // in scratch (value 0 has none)
   const float* context = nullptr;                      // [B, L, D_text]
   const float* temb_silu = nullptr;                    // SiLU(time embedding) [B, E]
   float* dtemb_silu = nullptr;                         // its gradient (`+=`)
+  // Forward again inside backward (activation recomputation): only what the layer's backward
+  // reads, not its output value, which is already there.
+  bool recomputing = false;
 
   float* value(int id) const { return acts + (*value_offsets)[id]; }
   float* grad(int id) const { return id == 0 ? nullptr : scratch + (*grad_offsets)[id]; }
-  float* A(size_t offset) const { return acts + offset; }
+  float* A(size_t offset) const { return work + offset; }
   float* S(size_t offset) const { return scratch + offset; }
 };
 
 class UNetLayer {
  public:
   virtual ~UNetLayer() = default;
+  // With r.recomputing, stops once what Backward reads is made.
   virtual void Forward(const UNetRun& r) = 0;
   // Adds into the gradients of the layer's inputs and parameters.
   virtual void Backward(const UNetRun& r) = 0;
@@ -52,8 +58,9 @@ class UNetLayer {
   size_t first_param = 0;
 };
 
-// The layer of `node` for micro-batches of B, its activations taken from `acts` and its
-// temporaries from `scratch` (which starts at the layers' shared scratch).
+// The layer of `node` for micro-batches of B, its activations taken from `acts` (the slot's
+// space, or with recomputation the workspace's) and its temporaries from `scratch` (which
+// starts at the layers' shared scratch).
 std::unique_ptr<UNetLayer> MakeUNetLayer(const UNetConfig& c, const UNetPlan& plan,
                                          const UNetNode& node, int B, Space& acts, Space& scratch);
 

@@ -66,6 +66,7 @@ class ResnetLayer final : public UNetLayer {
         h[size_t(bc) * HW_ + i] += tp[bc];
     norm2_.Forward(r, h);
     cpu::SiluForward(r.A(silu2_), r.A(norm2_.out), out_size);
+    if (r.recomputing) return;
     float* out = r.value(node_.output);
     conv2_.Forward(r, out, r.A(silu2_));
     if (shortcut_) {

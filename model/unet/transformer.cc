@@ -103,6 +103,7 @@ class TransformerLayer final : public UNetLayer {
     cpu::GegluForward(r.A(ff_mid_), r.A(ff_in_), size_t(N_), size_t(4 * C_));
     ff2_.Forward(r, r.A(h3_), r.A(ff_mid_), N_);
     Add(r.A(h3_), r.A(h2_), NC);
+    if (r.recomputing) return;
     // Back to [B, C, H, W], plus the input.
     float* out = r.value(node_.output);
     proj_out_.Forward(r, r.S(d_tok_), r.A(h3_), N_);  // d_tok_ is free until backward

@@ -12,13 +12,14 @@
 
 namespace difftrain {
 
-// Where a micro-batch's tensors sit: per slot the values and the layers' activations; after
-// the slots, the backward area (the values' gradients and the layers' shared scratch).
+// Where a micro-batch's tensors sit: per slot the values and the layers' activations (with
+// recomputation only the values); after the slots, the backward area (the values' gradients
+// and the layers' shared scratch), then with recomputation the layers' shared workspace.
 struct UNet::Layout {
   std::vector<size_t> value_offsets, grad_offsets;  // in a slot; in the backward area
   size_t tfreq = 0, t1 = 0, t1_silu = 0, temb = 0, temb_silu = 0;  // in a slot
   size_t dtemb_silu = 0, dtemb = 0, dt1_silu = 0, dt1 = 0;         // in the backward area
-  size_t slot = 0, backward = 0;                                   // floats
+  size_t slot = 0, backward = 0, workspace = 0;                    // floats
 };
 
 namespace {
@@ -26,6 +27,7 @@ namespace {
 // Builds the layers for micro-batch B and the layout they share; `layers` may be null to
 // count only.
 std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& plan, int B,
+                                         bool recompute,
                                          std::vector<std::unique_ptr<UNetLayer>>* layers);
 
 }  // namespace
@@ -67,32 +69,50 @@ void UNet::InitializeRandom(uint64_t seed) {
   }
 }
 
-size_t UNet::ActivationBytes(const UNetConfig& c, int B, int slots) {
+size_t UNet::ActivationBytes(const UNetConfig& c, int B, int slots, bool recompute) {
   const UNetPlan plan(c);
-  const std::unique_ptr<Layout> l = PlanLayout(c, plan, B, nullptr);
-  return (l->slot * slots + l->backward) * sizeof(float);
+  const std::unique_ptr<Layout> l = PlanLayout(c, plan, B, recompute, nullptr);
+  return (l->slot * slots + l->backward + l->workspace) * sizeof(float);
 }
 
 void UNet::Reserve(int B, int slots, bool recompute) {
-  DT_CHECK(!recompute, "activation recomputation is not implemented for the UNet");
-  if (B == batch_ && slots == slots_) return;
+  if (B == batch_ && slots == slots_ && recompute == recompute_) return;
   layers_.clear();
-  layout_ = PlanLayout(config_, plan_, B, &layers_);
-  acts_ = Buffer<float>(layout_->slot * slots + layout_->backward);
+  layout_ = PlanLayout(config_, plan_, B, recompute, &layers_);
+  acts_ = Buffer<float>(layout_->slot * slots + layout_->backward + layout_->workspace);
   contexts_.assign(slots, nullptr);
   batch_ = B;
   slots_ = slots;
+  recompute_ = recompute;
 }
 
 const float* UNet::output(int slot) const {
   return acts_.data() + slot * layout_->slot + layout_->value_offsets.back();
 }
 
+UNetRun UNet::Run(int slot) {
+  const Layout& l = *layout_;
+  UNetRun r;
+  r.B = batch_;
+  r.P = params_.data();
+  r.G = grads_.data();
+  r.acts = acts_.data() + slot * l.slot;
+  r.scratch = acts_.data() + slots_ * l.slot;
+  r.work = recompute_ ? r.scratch + l.backward : r.acts;
+  r.value_offsets = &l.value_offsets;
+  r.grad_offsets = &l.grad_offsets;
+  r.context = contexts_[slot];
+  r.temb_silu = r.acts + l.temb_silu;
+  return r;
+}
+
 Status UNet::Forward(int slot, const ModelInputs& inputs, const float*, float*) {
   DT_CHECK(slot < slots_, "slot {} of {}", slot, slots_);
   DT_CHECK(inputs.context != nullptr, "the UNet needs inputs.context (text embeddings)");
   const Layout& l = *layout_;
-  float* acts = acts_.data() + slot * l.slot;
+  contexts_[slot] = inputs.context;
+  const UNetRun r = Run(slot);
+  float* acts = r.acts;
   const int B = batch_, C0 = config_.block_out_channels[0], E = config_.time_embed_dim();
   const UNetValue& x = plan_.values[0];
   std::memcpy(acts + l.value_offsets[0], inputs.x_t, sizeof(float) * B * x.C * x.H * x.W);
@@ -106,17 +126,6 @@ Status UNet::Forward(int slot, const ModelInputs& inputs, const float*, float*) 
   cpu::LinearForward(acts + l.temb, acts + l.t1_silu, P + offset("time_embedding.linear_2.weight"),
                      P + offset("time_embedding.linear_2.bias"), B, E, E);
   cpu::SiluForward(acts + l.temb_silu, acts + l.temb, size_t(B) * E);
-
-  UNetRun r;
-  r.B = B;
-  r.P = params_.data();
-  r.G = grads_.data();
-  r.acts = acts;
-  r.scratch = acts_.data() + slots_ * l.slot;
-  r.value_offsets = &l.value_offsets;
-  r.grad_offsets = &l.grad_offsets;
-  r.context = contexts_[slot] = inputs.context;
-  r.temb_silu = acts + l.temb_silu;
   for (const std::unique_ptr<UNetLayer>& layer : layers_)
     layer->Forward(r);
   return Status::Ok();
@@ -124,26 +133,21 @@ Status UNet::Forward(int slot, const ModelInputs& inputs, const float*, float*) 
 
 Status UNet::Backward(int slot, const float* output_grad, float*, const GradientsReady& ready) {
   const Layout& l = *layout_;
-  float* acts = acts_.data() + slot * l.slot;
-  float* back = acts_.data() + slots_ * l.slot;
+  UNetRun r = Run(slot);
+  const float* acts = r.acts;
+  float* back = r.scratch;
   const int B = batch_, C0 = config_.block_out_channels[0], E = config_.time_embed_dim();
   // Every value's gradient and the time embedding's start at zero; the output's is given.
   std::memset(back, 0, l.backward * sizeof(float));
   const UNetValue& y = plan_.values.back();
   std::memcpy(back + l.grad_offsets.back(), output_grad, sizeof(float) * B * y.C * y.H * y.W);
-
-  UNetRun r;
-  r.B = B;
-  r.P = params_.data();
-  r.G = grads_.data();
-  r.acts = acts;
-  r.scratch = back;
-  r.value_offsets = &l.value_offsets;
-  r.grad_offsets = &l.grad_offsets;
-  r.context = contexts_[slot];
-  r.temb_silu = acts + l.temb_silu;
   r.dtemb_silu = back + l.dtemb_silu;
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    if (recompute_) {
+      r.recomputing = true;
+      (*it)->Forward(r);
+      r.recomputing = false;
+    }
     (*it)->Backward(r);
     if (ready) ready((*it)->first_param);
   }
@@ -166,6 +170,7 @@ Status UNet::Backward(int slot, const float* output_grad, float*, const Gradient
 namespace {
 
 std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& plan, int B,
+                                         bool recompute,
                                          std::vector<std::unique_ptr<UNetLayer>>* layers) {
   auto l = std::make_unique<UNet::Layout>();
   Space slot, back;
@@ -184,12 +189,15 @@ std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& pl
   l->dtemb = back.Take(E);
   l->dt1_silu = back.Take(E);
   l->dt1 = back.Take(E);
-  // Every layer's temporaries start where the gradients end: they share the rest.
+  // Every layer's temporaries start where the gradients end: they share the rest. With
+  // recomputation its activations likewise share the workspace.
   size_t scratch = 0;
   for (const UNetNode& node : plan.nodes) {
-    Space layer_scratch{back.used};
-    std::unique_ptr<UNetLayer> layer = MakeUNetLayer(c, plan, node, B, slot, layer_scratch);
+    Space layer_scratch{back.used}, layer_work;
+    std::unique_ptr<UNetLayer> layer =
+        MakeUNetLayer(c, plan, node, B, recompute ? layer_work : slot, layer_scratch);
     scratch = std::max(scratch, layer_scratch.used - back.used);
+    l->workspace = std::max(l->workspace, layer_work.used);
     if (layers != nullptr) layers->push_back(std::move(layer));
   }
   l->slot = slot.used;

@@ -11,6 +11,12 @@
 // the gradients from a layer's first parameter to the end are final once that layer's
 // backward is done (the time embedding's, which every resnet feeds, last).
 //
+// Activation recomputation (`recompute`): a slot keeps only the values that pass between layers
+// (every resnet's, transformer's and up-/downsampler's input and output) and the time
+// embedding; each layer's own activations go to one workspace that all layers share, and
+// backward runs the layer's forward again into it (up to what its backward reads) just before
+// the layer's backward. The recomputed activations are the same bits as the stored ones.
+//
 // Text conditioning: cross-attention keys and values come from inputs.context [B, L, D_text];
 // the text is data, so it gets no gradient. The self-attention's to_q, to_k and to_v sit back
 // to back in the parameter table and act as one [3C, C] projection; the cross-attention's
@@ -28,6 +34,7 @@
 namespace difftrain {
 
 class UNetLayer;
+struct UNetRun;
 
 class UNet : public Model {
  public:
@@ -49,12 +56,11 @@ class UNet : public Model {
   // Every parameter random and non-zero (norm weights around 1).
   void InitializeRandom(uint64_t seed) override;
 
-  // `recompute` is not implemented for the UNet and must be false (TrainConfig refuses it).
   void Reserve(int B, int slots, bool recompute = false) override;
   size_t activation_bytes() const override { return acts_.bytes(); }
   size_t boundary_elements() const override { return 0; }
-  // Bytes Reserve(B, slots) allocates.
-  static size_t ActivationBytes(const UNetConfig& config, int B, int slots);
+  // Bytes Reserve(B, slots, recompute) allocates.
+  static size_t ActivationBytes(const UNetConfig& config, int B, int slots, bool recompute);
 
   // Reads x_t [B, in_channels, S, S], t [B] and context [B, text_length, cross_attention_dim];
   // the output is [B, out_channels, S, S].
@@ -67,18 +73,23 @@ class UNet : public Model {
   struct Layout;
 
  private:
+  // Where slot `slot`'s forward and backward read and write.
+  UNetRun Run(int slot);
+
   UNetConfig config_;
   UNetPlan plan_;
   ModelShard shard_;
   ShardedParameters sharded_;
   Buffer<float> params_, grads_;
   int batch_ = 0, slots_ = 0;
+  bool recompute_ = false;
   std::unique_ptr<Layout> layout_;
   std::vector<std::unique_ptr<UNetLayer>> layers_;
   // Each slot's text embedding, which backward reads again (the caller keeps its inputs until
   // the micro-batch's backward).
   std::vector<const float*> contexts_;
-  Buffer<float> acts_;  // slots × the slot size, then the backward scratch
+  // slots × the slot size, then the backward scratch, then (recomputing) the workspace
+  Buffer<float> acts_;
 };
 
 }  // namespace difftrain

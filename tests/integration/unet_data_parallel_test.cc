@@ -1,10 +1,11 @@
-// The UNet trains data-parallel, with ZeRO-1 and gradient accumulation, as the same
-// computation as one process: real `difftrain train` ranks of a tiny text-conditioned UNet
-// over Gloo on loopback, compared step by step and parameter by parameter with a single
-// process on the same global batch; a model-parallel layout is refused naming its axis; and
-// its checkpoint loads where sampling refuses it.
+// The UNet trains data-parallel, with ZeRO-1, gradient accumulation and activation
+// recomputation, as the same computation as one process: real `difftrain train` ranks of a
+// tiny text-conditioned UNet over Gloo on loopback, compared step by step and parameter by
+// parameter with a single process on the same global batch; a model-parallel layout is
+// refused naming its axis; and its checkpoint loads where sampling refuses it.
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -34,16 +35,26 @@ class UNetDataParallelTest : public testing::ParallelTrainingTest {
             kMicro) {}
 };
 
-TEST_F(UNetDataParallelTest, DataParallelZero1AndAccumulationEqualOneProcess) {
+// Recomputation too: one process and dp 2 with `train.recompute` against one process without.
+TEST_F(UNetDataParallelTest, DataParallelZero1AccumulationAndRecomputeEqualOneProcess) {
   struct Layout {
     const char* name;
     int dp, accumulation;
-    bool zero1;
+    bool zero1, recompute = false;
   };
   for (const Layout& l : {Layout{"dp2", 2, 1, false}, Layout{"dp2_zero1", 2, 1, true},
-                          Layout{"dp2_acc2_zero1", 2, 2, true}, Layout{"dp1_acc2", 1, 2, false}}) {
+                          Layout{"dp2_acc2_zero1", 2, 2, true}, Layout{"dp1_acc2", 1, 2, false},
+                          Layout{"dp1_acc2_recompute", 1, 2, false, true},
+                          Layout{"dp2_recompute", 2, 1, true, true}}) {
     const int global = kMicro * l.dp * l.accumulation;
     const std::filesystem::path job = WriteJob(l.name, global, l.zero1, kSteps);
+    if (l.recompute) {
+      std::stringstream text;
+      text << std::ifstream(job).rdbuf();
+      std::string yaml = text.str();
+      yaml.replace(yaml.find("train: {"), 8, "train: {recompute: true, ");
+      std::ofstream(job) << yaml;
+    }
     const CommandResult r = RunRanks(job, l.dp);
     ASSERT_EQ(r.exit_code, 0) << l.name << "\n" << r.output;
     const std::filesystem::path reference = Reference(global, kSteps);

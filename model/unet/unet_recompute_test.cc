@@ -1,0 +1,124 @@
+// Activation recomputation of the UNet (train.recompute): each layer keeps only its input and
+// output values, and backward makes its activations again in a shared workspace. What is
+// computed does not change (the gradients are the same bits); what is stored shrinks, and the
+// family's memory model is the arena a Trainer allocates.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/data/dataset.h"
+#include "model/train/trainer.h"
+#include "model/unet/family.h"
+#include "model/unet/unet.h"
+
+namespace difftrain {
+namespace {
+
+// Two levels, a plain and a cross-attention block each way (up resnets concatenate skips, an
+// upsampler), two heads, 1×1-conv projections; `linear` for linear projections.
+UNetConfig Small(bool linear = false) {
+  UNetConfig c;
+  c.block_out_channels = {4, 8};
+  c.down_block_types = {kCrossAttnDown, kDown};
+  c.up_block_types = {kUp, kCrossAttnUp};
+  c.layers_per_block = 1;
+  c.attention_head_dim = {2};
+  c.cross_attention_dim = 6;
+  c.norm_num_groups = 2;
+  c.use_linear_projection = linear;
+  c.sample_size = 8;
+  c.text_length = 3;
+  return c;
+}
+
+// The gradients of one forward and backward of B = 2 on fixed inputs, two micro-batches in
+// flight (slot 1 then slot 0, so that a slot's backward follows another slot's forward).
+std::vector<float> Gradients(const UNetConfig& c, bool recompute) {
+  UNet model(c);
+  model.InitializeRandom(5);
+  const int B = 2, S = c.sample_size;
+  model.Reserve(B, 2, recompute);
+  std::vector<float> x(B * 4 * S * S), t = {7, 880}, context(B * c.text_length * 6),
+                                       dout(B * 4 * S * S);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.37f * i), dout[i] = std::cos(0.71f * i);
+  for (size_t i = 0; i < context.size(); ++i)
+    context[i] = std::cos(1.3f * i);
+  const ModelInputs in{x.data(), t.data(), nullptr, context.data()};
+  std::vector<float> x2(x.rbegin(), x.rend());
+  const ModelInputs in2{x2.data(), t.data(), nullptr, context.data()};
+  EXPECT_TRUE(model.Forward(0, in, nullptr, nullptr).ok());
+  EXPECT_TRUE(model.Forward(1, in2, nullptr, nullptr).ok());
+  EXPECT_TRUE(model.Backward(1, dout.data(), nullptr).ok());
+  EXPECT_TRUE(model.Backward(0, dout.data(), nullptr).ok());
+  return {model.grads(), model.grads() + model.num_params()};
+}
+
+TEST(UNetRecompute, GradientsAreTheSameBits) {
+  for (bool linear : {false, true}) {
+    const std::vector<float> stored = Gradients(Small(linear), false);
+    const std::vector<float> recomputed = Gradients(Small(linear), true);
+    ASSERT_EQ(stored.size(), recomputed.size());
+    EXPECT_EQ(std::memcmp(stored.data(), recomputed.data(), stored.size() * sizeof(float)), 0)
+        << (linear ? "linear projections" : "1x1-conv projections");
+  }
+}
+
+struct Trained {
+  std::vector<double> losses;
+  std::vector<float> parameters;
+  MemoryBytes memory;
+};
+
+// Three optimizer steps of two micro-batches each (accumulation).
+Trained Train(bool recompute) {
+  TrainConfig config;
+  config.model = UNetSpec(Small());
+  config.micro_batch = 2;
+  config.global_batch = 4;
+  config.recompute = recompute;
+  const SampleSchema x = UNetFamily().Samples(config.model);
+  Trainer trainer(config, std::make_unique<SyntheticDataset>(1, x.channels, x.height, 0));
+  Trained r;
+  for (int i = 0; i < 3; ++i) {
+    Result<StepStats> s = trainer.Step();
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    r.losses.push_back(s.ok() ? s->loss : 0);
+  }
+  Model& m = trainer.model();
+  r.parameters.assign(m.params(), m.params() + m.num_params());
+  r.memory = trainer.memory();
+  return r;
+}
+
+TEST(UNetRecompute, TrainingEqualsTrainingWithoutAndTheArenaIsThePlannedOne) {
+  const Trained stored = Train(false), recomputed = Train(true);
+  EXPECT_EQ(stored.losses, recomputed.losses);
+  ASSERT_EQ(stored.parameters.size(), recomputed.parameters.size());
+  EXPECT_EQ(std::memcmp(stored.parameters.data(), recomputed.parameters.data(),
+                        stored.parameters.size() * sizeof(float)),
+            0);
+  const ModelSpec spec = UNetSpec(Small());
+  Result<MemoryBytes> planned = PlanMemory(spec, {}, 0, 2, 2, false, 1, size_t{1} << 20, true);
+  ASSERT_TRUE(planned.ok()) << planned.status().message();
+  EXPECT_EQ(planned->activations, recomputed.memory.activations);
+  EXPECT_EQ(UNetFamily().ActivationBytes(spec, {}, 0, 2, 1, true), recomputed.memory.activations);
+  EXPECT_LT(recomputed.memory.activations, stored.memory.activations);
+}
+
+// At 512 px, SD 1.5 keeps a small part of its activations per sample: the values between
+// layers, and one workspace (the largest layer's activations, the first level's attention).
+TEST(UNetRecompute, StableDiffusionKeepsFarLessPerSample) {
+  const UNetConfig sd = *UNetConfigByName("SD1.5");
+  const double stored = static_cast<double>(UNet::ActivationBytes(sd, 2, 1, false)) -
+                        static_cast<double>(UNet::ActivationBytes(sd, 1, 1, false));
+  const double recomputed = static_cast<double>(UNet::ActivationBytes(sd, 2, 1, true)) -
+                            static_cast<double>(UNet::ActivationBytes(sd, 1, 1, true));
+  EXPECT_LT(recomputed, stored / 3) << "per sample: " << stored / (1 << 20) << " MiB stored, "
+                                    << recomputed / (1 << 20) << " MiB recomputed";
+}
+
+}  // namespace
+}  // namespace difftrain
