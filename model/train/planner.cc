@@ -10,12 +10,20 @@
 #include "model/device.h"
 #include "model/dit/family.h"
 #include "model/dit/shard.h"
+#include "model/train/planner_internal.h"
 
 namespace difftrain {
 namespace {
 
+using planner::AllGatherBytes;
+using planner::AllReduceBytes;
+using planner::Choices;
+using planner::Divisors;
+using planner::Efficiency;
+using planner::InsideNode;
+using planner::kFloat;
+
 constexpr double kGiB = 1 << 30;
-constexpr double kFloat = 4;        // bytes of every element: the arenas are fp32
 constexpr int kFrequencyDim = 256;  // timestep embedder input width
 
 // This machine's memory (MemTotal of /proc/meminfo), or 0 when unreadable.
@@ -31,20 +39,6 @@ double HostMemoryBytes() {
     in.ignore(1 << 10, '\n');
   }
   return 0;
-}
-
-// Whether a group of `size` ranks, `stride` apart in the rank order, lies inside one node
-// (node i holds ranks [i·G, (i+1)·G)).
-bool InsideNode(int stride, int size, int devices_per_node) {
-  return size == 1 || devices_per_node % (stride * size) == 0;
-}
-
-// Ring collectives: the bytes each member sends for a buffer of `bytes`.
-double AllReduceBytes(double bytes, int g) {
-  return 2.0 * (g - 1) / g * bytes;
-}
-double AllGatherBytes(double bytes, int g) {
-  return static_cast<double>(g - 1) / g * bytes;
 }
 
 // The dimensions the formulas below read, for one rank of `layout` and micro-batch B (of
@@ -194,8 +188,7 @@ TimeEstimate PredictTime(const PlanRequest& r, const DiTConfig& c, const Layout&
                                        : d.inter_node_bytes_per_second;
   };
   // Training = forward + backward (2× forward); recomputation runs the blocks' forward again.
-  const double rows = s.N / l.tp;
-  const double efficiency = d.efficiency * rows / (rows + d.half_efficiency_rows);
+  const double efficiency = Efficiency(d, s.N / l.tp);
   double micro_seconds = 0;
   int busiest = 0;
   for (int stage = 0; stage < l.pp; ++stage) {
@@ -246,24 +239,6 @@ TimeEstimate PredictTime(const PlanRequest& r, const DiTConfig& c, const Layout&
   return t;
 }
 
-// The divisors of n, ascending: those up to √n and their cofactors (n reaches 2^31 − 1, the
-// tokens or the global batch of a job file).
-std::vector<int> Divisors(int n) {
-  std::vector<int> small, large;
-  for (int i = 1; int64_t{i} * i <= n; ++i) {
-    if (n % i != 0) continue;
-    small.push_back(i);
-    if (i != n / i) large.push_back(n / i);
-  }
-  small.insert(small.end(), large.rbegin(), large.rend());
-  return small;
-}
-
-// The candidates of one dimension: the fixed value, or every value from `all`.
-std::vector<int> Choices(const std::optional<int>& fixed, const std::vector<int>& all) {
-  return fixed ? std::vector<int>{*fixed} : all;
-}
-
 std::string GiB(double bytes) {
   return fmt::format("{:.2f} GiB", bytes / kGiB);
 }
@@ -273,30 +248,14 @@ std::string GiB(double bytes) {
 Status CheckRequest(const PlanRequest& r) {
   if (r.model.family != "dit" && r.model.family != "latte") {
     return Errorf(
-        "the planner's cost model covers the dit and latte families, not {} (give parallel "
-        "sizes)",
+        "the planner's cost model covers the dit, latte and unet families, not {} (give "
+        "parallel sizes)",
         r.model.family);
   }
   const DiTConfig c = DiTConfigOf(r.model);
   DT_RETURN_IF_ERROR(c.Validate().WithContext("model"));
+  DT_RETURN_IF_ERROR(planner::CheckCommonRequest(r));
   const int world = r.nodes * r.devices_per_node;
-  if (r.nodes < 1 || r.devices_per_node < 1) {
-    return Errorf("nodes and devices per node must be positive, got {} and {}", r.nodes,
-                  r.devices_per_node);
-  }
-  if (r.global_batch < 1) return Errorf("global batch must be positive, got {}", r.global_batch);
-  const DeviceSpec& d = r.device;
-  if (!(d.memory_bytes > 0) || !(d.peak_flops_per_second > 0) ||
-      !(d.intra_node_bytes_per_second > 0) || !(d.inter_node_bytes_per_second > 0)) {
-    return Errorf("device {}: memory, peak and bandwidths must be positive", d.name);
-  }
-  if (!(d.efficiency > 0 && d.efficiency <= 1) || !(d.half_efficiency_rows >= 0) ||
-      !(d.latency_seconds >= 0)) {
-    return Errorf(
-        "device {}: expected an efficiency in (0, 1] and a non-negative half-efficiency rows and "
-        "latency, found {}, {} and {}",
-        d.name, d.efficiency, d.half_efficiency_rows, d.latency_seconds);
-  }
   if (r.tp) {
     if (*r.tp < 1 || c.num_heads % *r.tp != 0 || r.devices_per_node % *r.tp != 0) {
       return Errorf(
@@ -316,14 +275,35 @@ Status CheckRequest(const PlanRequest& r) {
     return Errorf("tp x cp x pp = {} does not divide the {} devices ({} node(s) x {})",
                   model_parallel, world, r.nodes, r.devices_per_node);
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status planner::CheckCommonRequest(const PlanRequest& r) {
+  if (r.nodes < 1 || r.devices_per_node < 1) {
+    return Errorf("nodes and devices per node must be positive, got {} and {}", r.nodes,
+                  r.devices_per_node);
+  }
+  if (r.global_batch < 1) return Errorf("global batch must be positive, got {}", r.global_batch);
+  const DeviceSpec& d = r.device;
+  if (!(d.memory_bytes > 0) || !(d.peak_flops_per_second > 0) ||
+      !(d.intra_node_bytes_per_second > 0) || !(d.inter_node_bytes_per_second > 0)) {
+    return Errorf("device {}: memory, peak and bandwidths must be positive", d.name);
+  }
+  if (!(d.efficiency > 0 && d.efficiency <= 1) || !(d.half_efficiency_rows >= 0) ||
+      !(d.latency_seconds >= 0)) {
+    return Errorf(
+        "device {}: expected an efficiency in (0, 1] and a non-negative half-efficiency rows and "
+        "latency, found {}, {} and {}",
+        d.name, d.efficiency, d.half_efficiency_rows, d.latency_seconds);
+  }
   if (r.micro_batch && (*r.micro_batch < 1 || r.global_batch % *r.micro_batch != 0)) {
     return Errorf("micro batch {}: expected a divisor of the global batch {}", *r.micro_batch,
                   r.global_batch);
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 Result<DeviceSpec> DevicePreset(const std::string& name, int devices_per_node) {
   // NVLink 4 moves 900 GB/s per GPU both ways together (450 GB/s each way; A100's NVLink 3
@@ -399,7 +379,14 @@ std::string DescribeLayout(const Layout& l) {
                      l.recompute ? " recompute" : "", l.zero1 ? " zero1" : "");
 }
 
+MemoryEstimate PredictMemory(const ModelSpec& model, const Layout& layout, int stage,
+                             int micro_batches) {
+  if (model.family == "unet") return planner::PredictUNetMemory(model, layout);
+  return PredictMemory(DiTConfigOf(model), layout, stage, micro_batches);
+}
+
 Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& r) {
+  if (r.model.family == "unet") return planner::EnumerateUNetLayouts(r);
   DT_RETURN_IF_ERROR(CheckRequest(r));
   const DiTConfig c = DiTConfigOf(r.model);
   const int world = r.nodes * r.devices_per_node;

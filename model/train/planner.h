@@ -13,6 +13,12 @@
 // groups (ring all-reduce 2(g−1)/g, all-gather and reduce-scatter (g−1)/g of the whole
 // buffer) over the intra-node bandwidth when the group lies inside a node, else the
 // inter-node bandwidth, plus a latency per operation; none of it assumed to overlap compute.
+//
+// The Stable Diffusion UNet (model/train/planner_unet.cc) trains data-parallel only: its
+// layouts are dp = the world, with micro-batch, ZeRO-1 and recomputation as choices. Its
+// memory is the family's model (the arenas UNet::Reserve allocates, exact by construction);
+// its compute is priced layer by layer, each layer's conv, linear and attention MACs at the
+// efficiency of its own GEMM rows (the micro-batch's pixels at that layer's resolution).
 #pragma once
 
 #include <optional>
@@ -80,9 +86,13 @@ int StageBlocks(int depth, int pp, int stage);
 // A rank of pipeline stage `stage` with `micro_batches` micro-batches per step and replica.
 MemoryEstimate PredictMemory(const DiTConfig& model, const Layout& layout, int stage,
                              int micro_batches);
+// The same for a model of any family the planner covers: dit, latte, and unet (whose memory
+// is its family's model: the arenas Model::Reserve allocates, model/unet/unet.h).
+MemoryEstimate PredictMemory(const ModelSpec& model, const Layout& layout, int stage,
+                             int micro_batches);
 
 struct PlanRequest {
-  ModelSpec model;  // the planner's cost model covers the dit family
+  ModelSpec model;  // the planner's cost model covers the dit, latte and unet families
   int global_batch = 256;
   int nodes = 1, devices_per_node = 1;
   DeviceSpec device;

@@ -2,6 +2,8 @@
 // resident memory its process gains), and the planner's choices against its own model.
 #include "model/train/planner.h"
 
+#include <malloc.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include "model/dit/shard.h"
 #include "model/parallel/gloo_comm.h"
 #include "model/train/trainer.h"
+#include "model/unet/family.h"
 
 namespace difftrain {
 namespace {
@@ -57,7 +60,7 @@ std::vector<std::unique_ptr<parallel::Comm>> PairOfComms(const std::string& dir,
 
 struct Case {
   std::string name;
-  DiTConfig model;
+  ModelSpec model;
   Layout layout;
   int stage = 0;
   int micro_batches = 1;  // per step and replica
@@ -67,7 +70,7 @@ struct Case {
 MemoryBytes Allocated(const Case& k, const std::string& dir) {
   const Layout& l = k.layout;
   TrainConfig c;
-  c.model = DiTSpec(k.model);
+  c.model = k.model;
   c.micro_batch = l.micro_batch;
   c.global_batch = l.micro_batch * l.dp * k.micro_batches;
   c.recompute = l.recompute;
@@ -82,10 +85,9 @@ MemoryBytes Allocated(const Case& k, const std::string& dir) {
   p.tp = tp.empty() ? nullptr : tp[0].get();
   p.cp = cp.empty() ? nullptr : cp[0].get();
   p.dp_cp = dp.empty() ? nullptr : dp[0].get();
-  Trainer trainer(c,
-                  std::make_unique<SyntheticDataset>(0, k.model.in_channels, k.model.input_size,
-                                                     k.model.num_classes, k.model.frames()),
-                  p);
+  const SampleSchema x = FamilyOf(k.model).Samples(k.model);
+  Trainer trainer(
+      c, std::make_unique<SyntheticDataset>(0, x.channels, x.height, x.num_classes, x.frames), p);
   return trainer.memory();
 }
 
@@ -99,11 +101,31 @@ DiTConfig SmallLatte() {
   return c;
 }
 
+// A UNet of SD's shape at a fraction of its width: four levels, attention in the first three,
+// two layers per block; `sd2` with SD 2's linear projections and a head count per level.
+ModelSpec SmallStableDiffusion(bool sd2 = false) {
+  UNetConfig c;
+  c.block_out_channels = {16, 32, 32, 64};
+  c.attention_head_dim = sd2 ? std::vector<int>{1, 2, 2, 4} : std::vector<int>{2};
+  c.use_linear_projection = sd2;
+  c.cross_attention_dim = 32;
+  c.norm_num_groups = 8;
+  c.sample_size = 16;
+  c.text_length = 8;
+  return UNetSpec(c);
+}
+
 std::vector<Case> Cases() {
-  const DiTConfig small = SmallModel();
-  const DiTConfig s4 = *DiTConfigByName("DiT-S/4", 32);
-  const DiTConfig latte = SmallLatte();
+  const ModelSpec small = DiTSpec(SmallModel());
+  const ModelSpec s4 = DiTSpec(*DiTConfigByName("DiT-S/4", 32));
+  const ModelSpec latte = DiTSpec(SmallLatte());
+  const ModelSpec sd = SmallStableDiffusion(), sd2 = SmallStableDiffusion(true);
   return {
+      {"unet", sd, {1, 1, 1, 1, 4, false, false}},
+      {"unet recompute", sd, {1, 1, 1, 1, 4, true, false}},
+      {"unet sd2 recompute", sd2, {1, 1, 1, 1, 4, true, false}},
+      {"unet dp2", sd, {1, 1, 1, 2, 2, false, false}},
+      {"unet dp2 zero1 recompute", sd2, {1, 1, 1, 2, 2, true, true}},
       {"latte", latte, {1, 1, 1, 1, 4, false, false}},
       {"latte recompute", latte, {1, 1, 1, 1, 4, true, false}},
       {"latte tp2 cp2", latte, {2, 2, 1, 1, 4, false, false}},
@@ -171,27 +193,51 @@ double ResidentBytes() {
 // What the process really gains: a trainer built and stepped once (which touches every
 // arena: gradients zeroed, moments updated, activations written).
 TEST(PlannerMemoryTest, PredictionMatchesResidentMemoryGrowth) {
-  for (bool recompute : {false, true}) {
-    TrainConfig c;
-    c.model = DiTSpec(*DiTConfigByName("DiT-S/4", 32));
-    c.micro_batch = c.global_batch = 16;
-    c.recompute = recompute;
-    {
-      // OpenBLAS and OpenMP set up their buffers and threads on first use: not the model's.
-      TrainConfig warm = c;
-      warm.model = DiTSpec(SmallModel());
-      ASSERT_TRUE(Trainer(warm, std::make_unique<SyntheticDataset>(0, 4, 16, 100)).Step().ok());
+  // Every allocation of a MiB or more is its own mapping, returned when freed: without this,
+  // glibc raises its threshold after the first large free, and a later trainer's arenas of
+  // under 32 MiB (the UNet's) reuse resident heap pages that an earlier one freed.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  UNetConfig unet;  // SD's shape at a tenth of its width (5.5 M parameters)
+  unet.block_out_channels = {32, 64, 64, 128};
+  unet.attention_head_dim = {2};
+  unet.cross_attention_dim = 32;
+  unet.norm_num_groups = 8;
+  unet.sample_size = 16;
+  unet.text_length = 8;
+  const struct {
+    const char* name;
+    ModelSpec model;
+    int micro;
+  } runs[] = {{"DiT-S/4", DiTSpec(*DiTConfigByName("DiT-S/4", 32)), 16},
+              {"SD-shaped UNet", UNetSpec(unet), 8}};
+  for (const auto& run : runs) {
+    for (bool recompute : {false, true}) {
+      TrainConfig c;
+      c.model = run.model;
+      c.micro_batch = c.global_batch = run.micro;
+      c.recompute = recompute;
+      auto data = [](const ModelSpec& m) {
+        const SampleSchema x = FamilyOf(m).Samples(m);
+        return std::make_unique<SyntheticDataset>(0, x.channels, x.height, x.num_classes);
+      };
+      {
+        // OpenBLAS and OpenMP set up their buffers and threads on first use: not the model's.
+        TrainConfig warm = c;
+        if (c.model.family == "dit") warm.model = DiTSpec(SmallModel());
+        warm.micro_batch = warm.global_batch = 1;
+        ASSERT_TRUE(Trainer(warm, data(warm.model)).Step().ok());
+      }
+      const double before = ResidentBytes();
+      Trainer trainer(c, data(c.model));
+      ASSERT_TRUE(trainer.Step().ok());
+      const double grown = ResidentBytes() - before;
+      const double predicted =
+          PredictMemory(c.model, {1, 1, 1, 1, run.micro, recompute, false}, 0, 1).total();
+      ExpectWithin(predicted, grown, std::string(run.name) + (recompute ? " recompute" : ""));
+      std::printf("%s micro %d%s: predicted %.1f MiB, resident memory grew %.1f MiB (%+.2f%%)\n",
+                  run.name, run.micro, recompute ? " recompute" : "", predicted / (1 << 20),
+                  grown / (1 << 20), 100 * (predicted / grown - 1));
     }
-    const double before = ResidentBytes();
-    Trainer trainer(c, std::make_unique<SyntheticDataset>(0, 4, 32, 1000));
-    ASSERT_TRUE(trainer.Step().ok());
-    const double grown = ResidentBytes() - before;
-    const double predicted =
-        PredictMemory(DiTConfigOf(c.model), {1, 1, 1, 1, 16, recompute, false}, 0, 1).total();
-    ExpectWithin(predicted, grown, recompute ? "RSS growth, recompute" : "RSS growth");
-    std::printf("DiT-S/4 micro 16%s: predicted %.1f MiB, resident memory grew %.1f MiB (%+.2f%%)\n",
-                recompute ? " recompute" : "", predicted / (1 << 20), grown / (1 << 20),
-                100 * (predicted / grown - 1));
   }
 }
 
@@ -242,6 +288,117 @@ TEST(PlannerTest, NeverProposesALayoutThatDoesNotFit) {
   }
   EXPECT_GT(planned, 0);
   EXPECT_GT(refused, 0);
+}
+
+// The UNet: every layout is dp = the world (tp, cp, pp 1), each plan fits, a request is refused
+// only when none fits, and a fixed model-parallel axis is refused by name.
+TEST(PlannerTest, UNetPlansAreDataParallelAndRefuseNothingValid) {
+  int planned = 0, refused = 0;
+  for (const char* name : {"SD1.5", "SD2-base"}) {
+    for (int size : {64, 32}) {
+      UNetConfig model = *UNetConfigByName(name);
+      model.sample_size = size;
+      for (const char* device : {"H100", "A100", "H20"}) {
+        for (double memory_gib : {16.0, 40.0, 80.0}) {
+          for (auto [nodes, per_node] : {std::pair{1, 1}, {1, 8}, {2, 4}}) {
+            for (int global : {32, 256}) {
+              PlanRequest r;
+              r.model = UNetSpec(model);
+              r.global_batch = global;
+              r.nodes = nodes;
+              r.devices_per_node = per_node;
+              r.device = *DevicePreset(device, per_node);
+              r.device.memory_bytes = memory_gib * (1 << 30);
+              const double budget = r.usable_memory_fraction * r.device.memory_bytes;
+              const Result<std::vector<PlannedLayout>> all = EnumerateLayouts(r);
+              ASSERT_TRUE(all.ok()) << all.status().message();
+              Result<std::vector<PlannedLayout>> plans = PlanLayouts(r);
+              if (!plans.ok()) {
+                ++refused;
+                for (const PlannedLayout& p : *all)
+                  EXPECT_GT(p.memory.total(), budget) << DescribeLayout(p.layout);
+                continue;
+              }
+              ++planned;
+              for (const PlannedLayout& p : *plans) {
+                const Layout& l = p.layout;
+                ASSERT_EQ(l.tp * l.cp * l.pp, 1) << DescribeLayout(l);
+                ASSERT_EQ(l.dp, nodes * per_node);
+                ASSERT_EQ(global % (l.micro_batch * l.dp), 0);
+                ASSERT_LE(PredictMemory(r.model, l, 0, p.accumulation).total(), budget);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(planned, 0);
+  EXPECT_GT(refused, 0);  // SD's 16 GiB of fp32 state on a 16 GiB device
+
+  PlanRequest r;
+  r.model = UNetSpec(*UNetConfigByName("SD1.5"));
+  r.device = *DevicePreset("H100", 8);
+  r.devices_per_node = 8;
+  r.pp = 2;
+  const Result<std::vector<PlannedLayout>> pipelined = PlanLayouts(r);
+  ASSERT_FALSE(pipelined.ok());
+  EXPECT_NE(pipelined.status().message().find("pp 2: the unet family trains data-parallel only"),
+            std::string::npos)
+      << pipelined.status().message();
+}
+
+// `parallel: auto` for a UNet: dp over every device, on GPUs and on the CPU.
+TEST(PlannerTest, AutoChoosesDataParallelForTheUNet) {
+  const ModelSpec sd = UNetSpec(*UNetConfigByName("SD1.5"));
+  Result<PlannedLayout> h100 =
+      ChooseLayout(sd, 256, std::nullopt, 2, 8, {"NVIDIA H100 80GB HBM3", 80.0 * (1 << 30)});
+  ASSERT_TRUE(h100.ok()) << h100.status().message();
+  EXPECT_EQ(h100->layout.dp, 16);
+  EXPECT_EQ(h100->layout.tp * h100->layout.cp * h100->layout.pp, 1);
+  Result<PlannedLayout> cpu =
+      ChooseLayout(SmallStableDiffusion(), 8, std::nullopt, 1, 2, {"", 16.0 * (1 << 30)});
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  EXPECT_EQ(cpu->layout.dp, 2);
+  EXPECT_EQ(cpu->layout.tp * cpu->layout.cp * cpu->layout.pp, 1);
+}
+
+// The UNet's time: recomputation adds a little less than a third of the compute (not the
+// kept convolutions and projections); larger micro-batches feed the low-resolution levels
+// better; ZeRO-1 cuts the moments by dp.
+TEST(PlannerTest, UNetTimeAndMemoryRespondToTheChoices) {
+  PlanRequest r;
+  r.model = UNetSpec(*UNetConfigByName("SD1.5"));
+  r.global_batch = 256;
+  r.devices_per_node = 8;
+  r.device = *DevicePreset("H100", 8);
+  auto only = [&](int micro, bool recompute, bool zero1) {
+    PlanRequest fixed = r;
+    fixed.micro_batch = micro;
+    fixed.recompute = recompute;
+    const Result<std::vector<PlannedLayout>> all = EnumerateLayouts(fixed);
+    EXPECT_TRUE(all.ok()) << all.status().message();
+    if (!all.ok()) return PlannedLayout{};
+    for (const PlannedLayout& p : *all) {
+      if (p.layout.zero1 == zero1) return p;
+    }
+    ADD_FAILURE() << "no layout";
+    return PlannedLayout{};
+  };
+  const PlannedLayout base = only(4, false, false);
+  const double ratio = only(4, true, false).time.compute / base.time.compute;
+  EXPECT_GT(ratio, 1.2);
+  EXPECT_LT(ratio, 4.0 / 3.0);
+  EXPECT_LT(only(8, false, false).time.compute, base.time.compute);
+  EXPECT_GT(base.time.dp, 0);
+  EXPECT_NEAR(only(4, false, true).memory.optimizer, base.memory.optimizer / 8, 64);
+  EXPECT_LT(only(4, true, false).memory.activations, base.memory.activations / 3);
+  // The activation model read at micro-batches 1 and 2 is the arena of any micro-batch.
+  for (int micro : {8, 16}) {
+    EXPECT_EQ(
+        only(micro, false, false).memory.activations,
+        static_cast<double>(FamilyOf(r.model).ActivationBytes(r.model, {}, 0, micro, 1, false)));
+  }
 }
 
 // The one layout a request fixes completely (recomputation and ZeRO-1 off).

@@ -230,37 +230,14 @@ int64_t ParameterCount(const UNetConfig& c) {
 
 UNetMacs ForwardMacs(const UNetConfig& c) {
   const UNetPlan plan(c);
+  const double E = c.time_embed_dim();
   UNetMacs m;
-  const double E = c.time_embed_dim(), L = c.text_length, D = c.cross_attention_dim;
-  m.linear += c.block_out_channels[0] * E + E * E;
-  auto conv = [&](double Ci, double Co, double K, const UNetValue& out) {
-    m.conv += Ci * Co * K * K * out.H * out.W;
-  };
+  m.linear += c.block_out_channels[0] * E + E * E;  // the time embedding
   for (const UNetNode& n : plan.nodes) {
-    const UNetValue& in = plan.in(n);
-    const UNetValue& out = plan.out(n);
-    const double Ci = plan.in_channels(n), C = out.C, T = double(out.H) * out.W;
-    switch (n.kind) {
-      case UNetNodeKind::kConv:
-      case UNetNodeKind::kUpsampleConv:
-        conv(Ci, C, 3, out);
-        break;
-      case UNetNodeKind::kResnet:
-        conv(Ci, C, 3, out);
-        conv(C, C, 3, out);
-        if (Ci != C) conv(Ci, C, 1, out);
-        m.linear += E * C;
-        break;
-      case UNetNodeKind::kTransformer:
-        // proj_in, q/k/v/out of self-attention, q/out of cross-attention, proj_out: 8 C²
-        // per token; GEGLU 12 C²; the text's keys and values 2 C·D per text token.
-        m.linear += 20 * C * C * T + 2 * C * D * L;
-        m.attention += 2 * T * T * C + 2 * T * L * C;
-        break;
-      case UNetNodeKind::kOutput:
-        conv(in.C, C, 3, out);
-        break;
-    }
+    const UNetMacs node = NodeMacs(c, plan, n).forward;
+    m.conv += node.conv;
+    m.linear += node.linear;
+    m.attention += node.attention;
   }
   return m;
 }

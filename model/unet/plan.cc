@@ -142,6 +142,34 @@ UNetPlan::UNetPlan(const UNetConfig& c) {
   PlanBuilder(c, *this).Build();
 }
 
+UNetNodeMacs NodeMacs(const UNetConfig& c, const UNetPlan& plan, const UNetNode& n) {
+  const double E = c.time_embed_dim(), L = c.text_length, D = c.cross_attention_dim;
+  const UNetValue& out = plan.out(n);
+  const double Ci = plan.in_channels(n), C = out.C, T = double(out.H) * out.W;
+  UNetNodeMacs m;
+  UNetMacs& f = m.forward;
+  switch (n.kind) {
+    case UNetNodeKind::kConv:
+    case UNetNodeKind::kUpsampleConv:
+    case UNetNodeKind::kOutput:
+      f.conv = Ci * C * 9 * T;
+      break;
+    case UNetNodeKind::kResnet:
+      f.conv = (Ci * C * 9 + C * C * 9 + (Ci != C ? Ci * C : 0)) * T;
+      f.linear = E * C;
+      m.recomputed = Ci * C * 9 * T + E * C;  // conv1 and the time projection
+      break;
+    case UNetNodeKind::kTransformer:
+      // proj_in, q/k/v/out of self-attention, q/out of cross-attention, proj_out: 8 C² per
+      // token; GEGLU 12 C²; the text's keys and values 2 C·D per text token.
+      f.linear = 20 * C * C * T + 2 * C * D * L;
+      f.attention = 2 * T * T * C + 2 * T * L * C;
+      m.recomputed = f.total() - C * C * T;  // all but proj_out
+      break;
+  }
+  return m;
+}
+
 int UNetPlan::in_channels(const UNetNode& n) const {
   int C = 0;
   for (int i : n.inputs)

@@ -51,4 +51,13 @@ struct UNetPlan {
   int in_channels(const UNetNode& n) const;
 };
 
+// Forward multiply-accumulates per sample of one node (as ForwardMacs counts them, which adds
+// the time embedding), and those of them that activation recomputation runs again: all but the
+// last convolution or projection, whose output is kept (model/unet/unet.h).
+struct UNetNodeMacs {
+  UNetMacs forward;
+  double recomputed = 0;
+};
+UNetNodeMacs NodeMacs(const UNetConfig& c, const UNetPlan& plan, const UNetNode& n);
+
 }  // namespace difftrain
