@@ -83,8 +83,9 @@ Result<PlanRequest> BuildRequest(const PlanOptions& o) {
   return r;
 }
 
-nlohmann::json ToJson(const PlannedLayout& p) {
+nlohmann::json ToJson(const PlanRequest& r, const PlannedLayout& p) {
   const Layout& l = p.layout;
+  const double samples_per_second = r.global_batch / p.time.total();
   const MemoryEstimate& m = p.memory;
   const TimeEstimate& t = p.time;
   return {{"tp", l.tp},
@@ -110,7 +111,9 @@ nlohmann::json ToJson(const PlannedLayout& p) {
             {"cp", t.cp},
             {"pp", t.pp},
             {"dp", t.dp},
-            {"total", t.total()}}}};
+            {"total", t.total()}}},
+          {"samples_per_second", samples_per_second},
+          {"samples_per_second_per_device", samples_per_second / (r.nodes * r.devices_per_node)}};
 }
 
 // What dominates a candidate's predicted step, for the "why" column.
@@ -172,7 +175,7 @@ int RunPlan(const PlanOptions& o) {
   if (o.json) {
     nlohmann::json shown = nlohmann::json::array();
     for (size_t i = 0; i < plans->size() && i < static_cast<size_t>(o.top); ++i)
-      shown.push_back(ToJson((*plans)[i]));
+      shown.push_back(ToJson(*request, (*plans)[i]));
     const DeviceSpec& d = request->device;
     std::printf("%s\n",
                 nlohmann::json{{"model", request->model.config},

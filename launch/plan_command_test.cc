@@ -32,6 +32,29 @@ TEST(PlanCommandTest, ChoosesAFittingLayoutForDiTXLOnEightH100s) {
   EXPECT_NE(human.output.find("chosen: tp "), std::string::npos) << human.output;
 }
 
+// The UNet trains data-parallel: every candidate is dp 8, and a fixed tp is refused by name.
+TEST(PlanCommandTest, PlansStableDiffusionDataParallel) {
+  const CommandResult r =
+      RunDifftrain("plan --model SD1.5 --device H100 --devices-per-node 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json plan = nlohmann::json::parse(r.output, nullptr, false);
+  ASSERT_FALSE(plan.is_discarded()) << r.output;
+  ASSERT_FALSE(plan["layouts"].empty()) << r.output;
+  for (const nlohmann::json& l : plan["layouts"]) {
+    EXPECT_EQ(l["tp"].get<int>() * l["cp"].get<int>() * l["pp"].get<int>(), 1) << l.dump();
+    EXPECT_EQ(l["dp"], 8) << l.dump();
+    EXPECT_LE(l["memory_bytes"]["total"].get<double>(), 0.9 * 80.0 * (1 << 30));
+    EXPECT_NEAR(l["samples_per_second_per_device"].get<double>() * 8,
+                l["samples_per_second"].get<double>(),
+                1e-6 * l["samples_per_second"].get<double>());
+  }
+  const CommandResult tp =
+      RunDifftrain("plan --model SD1.5 --device H100 --devices-per-node 8 --tp 2");
+  EXPECT_EQ(tp.exit_code, 2) << tp.output;
+  EXPECT_NE(tp.output.find("tp 2: the unet family trains data-parallel only"), std::string::npos)
+      << tp.output;
+}
+
 TEST(PlanCommandTest, ImpossibleRequestsExitTwoNamingTheProblem) {
   const std::pair<std::string, std::string> cases[] = {
       {"--model DiT-XL/2 --device H100 --memory-gib 2",
@@ -61,6 +84,27 @@ TEST(PlanCommandTest, ParallelAutoChoosesALayoutThatTrains) {
   const CommandResult validated = RunDifftrain("validate " + ShellQuote(job));
   ASSERT_EQ(validated.exit_code, 0) << validated.output;
   EXPECT_NE(validated.output.find("parallel: auto chose tp "), std::string::npos)
+      << validated.output;
+  const CommandResult ran = RunDifftrain("run " + ShellQuote(job));
+  EXPECT_EQ(ran.exit_code, 0) << ran.output;
+}
+
+// A UNet job with `parallel: auto` on two CPU ranks: dp 2, and it trains.
+TEST(PlanCommandTest, ParallelAutoTrainsAUNetDataParallel) {
+  TempDir dir("plan_command_test");
+  const std::string job = dir.path() + "/job.yaml";
+  std::ofstream(job) << "model: {name: unet, block_out_channels: [4, 8], layers_per_block: 1, "
+                        "attention_head_dim: 2, cross_attention_dim: 8, norm_num_groups: 2, "
+                        "down_block_types: [CrossAttnDownBlock2D, DownBlock2D], "
+                        "up_block_types: [UpBlock2D, CrossAttnUpBlock2D], sample_size: 8, "
+                        "text_length: 5}\n"
+                        "batch: {global: 4}\n"
+                        "train: {steps: 2, log_every: 1}\n"
+                        "parallel: auto\n"
+                        "cluster: {nodes: 1, devices_per_node: 2}\n";
+  const CommandResult validated = RunDifftrain("validate " + ShellQuote(job));
+  ASSERT_EQ(validated.exit_code, 0) << validated.output;
+  EXPECT_NE(validated.output.find("parallel: auto chose tp 1 cp 1 pp 1 dp 2"), std::string::npos)
       << validated.output;
   const CommandResult ran = RunDifftrain("run " + ShellQuote(job));
   EXPECT_EQ(ran.exit_code, 0) << ran.output;
