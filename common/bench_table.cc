@@ -15,10 +15,22 @@ double Median(std::vector<double> v) {
 
 // The columns of every format, in order, as text.
 const std::vector<std::string>& Header() {
-  static const std::vector<std::string> header = {
-      "device",      "model", "precision",         "data",         "layout",
-      "devices",     "nodes", "micro batch",       "global batch", "samples/GPU/s",
-      "TFLOP/s/GPU", "MFU",   "peak memory (GiB)", "outcome",      "command"};
+  static const std::vector<std::string> header = {"device",
+                                                  "model",
+                                                  "precision",
+                                                  "data",
+                                                  "layout",
+                                                  "devices",
+                                                  "nodes",
+                                                  "micro batch",
+                                                  "global batch",
+                                                  "samples/GPU/s",
+                                                  "TFLOP/s/GPU",
+                                                  "MFU",
+                                                  "peak memory (GiB)",
+                                                  "planned memory (GiB)",
+                                                  "outcome",
+                                                  "command"};
   return header;
 }
 
@@ -40,6 +52,8 @@ std::vector<std::string> Cells(const BenchRow& r) {
           figure(fmt::format("{:.4f}", f.tflops_per_device)),
           figure(fmt::format("{:.1f}%", 100 * f.mfu)),
           figure(fmt::format("{:.2f}", f.peak_memory_bytes / (1 << 30))),
+          c.planned_memory_bytes > 0 ? fmt::format("{:.2f}", c.planned_memory_bytes / (1 << 30))
+                                     : std::string("-"),
           r.outcome,
           c.command};
 }
@@ -128,6 +142,8 @@ nlohmann::json BenchJson(const std::vector<BenchRow>& rows) {
                           {"micro_batch", c.micro_batch},
                           {"global_batch", c.global_batch},
                           {"flops_per_sample", c.flops_per_sample},
+                          {"planned_memory_bytes", c.planned_memory_bytes},
+                          {"memory_budget_bytes", c.memory_budget_bytes},
                           {"outcome", r.outcome},
                           {"command", c.command}};
     if (r.outcome == "ok") {

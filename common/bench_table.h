@@ -22,7 +22,10 @@ struct BenchConfig {
   int devices = 1, nodes = 1;
   int micro_batch = 1, global_batch = 1;
   double flops_per_sample = 0;  // training FLOPs (6 × forward MACs)
-  std::string command;          // reproduces the row
+  // The arenas a rank allocates (parameters, gradients, optimizer, EMA, activations) by the
+  // trainer's memory model, and the budget they were held against; 0 when unknown.
+  double planned_memory_bytes = 0, memory_budget_bytes = 0;
+  std::string command;  // reproduces the row
 };
 
 // The figures of a configuration that ran: medians over the measured steps.
@@ -37,7 +40,8 @@ struct BenchFigures {
 
 struct BenchRow {
   BenchConfig config;
-  std::string outcome;   // "ok", "OOM", "error: <reason>"
+  std::string
+      outcome;  // "ok", "OOM" (planned over the budget, or an allocation failed), "error: <reason>"
   BenchFigures figures;  // when ok
 };
 

@@ -62,10 +62,11 @@ TEST(BenchTableTest, FormatsCarryEveryRowAndOutcome) {
   const std::string md = BenchMarkdown(rows);
   EXPECT_NE(
       md.find("| cpu | DiT-S/4 32x32 | fp32 | synthetic | tp 1 cp 1 pp 1 dp 2 | 2 | 1 | 4 | 8 "
-              "| 2.67 | 2.6667 | 26.7% | 3.00 | ok | difftrain run job.yaml |"),
+              "| 2.67 | 2.6667 | 26.7% | 3.00 | - | ok | difftrain run job.yaml |"),
       std::string::npos)
       << md;
-  EXPECT_NE(md.find("| - | - | - | - | error: a, \"quoted\" \\| piped reason |"), std::string::npos)
+  EXPECT_NE(md.find("| - | - | - | - | - | error: a, \"quoted\" \\| piped reason |"),
+            std::string::npos)
       << md;
   const std::string csv = BenchCsv(rows);
   EXPECT_NE(csv.find(",\"error: a, \"\"quoted\"\" | piped reason\","), std::string::npos) << csv;

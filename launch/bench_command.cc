@@ -2,7 +2,10 @@
 // configuration is a generated job file run in a process of its own (`difftrain train` for
 // one rank, `difftrain run` for several on this machine), optionally under a memory limit,
 // so that one that runs out of memory or fails is recorded as "OOM" or "error: <reason>"
-// and the sweep goes on. The figures come from the ranks' metrics files (docs/bench.md).
+// and the sweep goes on. A configuration whose ranks' arenas, by the trainer's memory model,
+// exceed the memory budget (the limit, else the memory this machine has available) is an OOM
+// row without being run, as NeMo's tables mark the micro-batches that do not fit. The figures
+// come from the ranks' metrics files (docs/bench.md).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -21,6 +24,7 @@
 #include "launch/daemon_options.h"
 #include "launch/model_options.h"
 #include "model/train/planner.h"
+#include "model/train/trainer.h"
 
 namespace difftrain::launch {
 namespace {
@@ -85,6 +89,52 @@ struct Run {
   std::vector<std::string> argv;
 };
 
+// MemAvailable of /proc/meminfo in bytes, or 0 when unreadable.
+double AvailableMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key) {
+    if (key == "MemAvailable:") {
+      in >> kib;
+      return kib * 1024;
+    }
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+// The bytes of the arenas of the fullest rank of `layout` (its pipeline stages' rank 0), by
+// the trainer's own memory model; 0 when the layout is invalid (the run says why).
+double PlannedMemoryBytes(const BenchOptions& o, const ModelSpec& model, const Layout& l) {
+  double most = 0;
+  for (int stage = 0; stage < l.pp; ++stage) {
+    Result<MemoryBytes> m = PlanMemory(
+        model, {l.tp, l.cp, l.pp, {}}, stage, l.micro_batch, 1, o.zero1, l.dp * l.cp,
+        static_cast<size_t>(ParallelConfig().bucket_mb * (1 << 20) / sizeof(float)), o.recompute);
+    if (!m.ok()) return 0;
+    most = std::max(most, static_cast<double>(m->parameters + m->gradients + m->optimizer + m->ema +
+                                              m->activations));
+  }
+  return most;
+}
+
+// The model's name in the table: a named config at another latent size keeps its name
+// ("SD1.5 8x8" for --model SD1.5 --input-size 8), any other change is the spec's ("custom").
+std::string ModelLabel(const BenchOptions& o, const ModelSpec& model) {
+  const SampleSchema x = FamilyOf(model).Samples(model);
+  std::string name = model.name();
+  const std::string requested = o.model.requested_name();
+  if (!requested.empty() && requested != name) {
+    ModelRequest named;
+    named.name = requested;
+    named.input_size = x.height;
+    Result<ModelSpec> resized = FamilyOf(model).FromRequest(named);
+    if (resized.ok() && *resized == model) name = requested;
+  }
+  return fmt::format("{} {}x{}", name, x.height, x.width);
+}
+
 Run MakeRun(const BenchOptions& o, const ModelSpec& model, const Layout& layout, int index) {
   Run r;
   r.layout = layout;
@@ -93,8 +143,7 @@ Run MakeRun(const BenchOptions& o, const ModelSpec& model, const Layout& layout,
   const fs::path job = r.dir / "job.yaml";
   BenchConfig& c = r.config;
   c.device = o.device;
-  const SampleSchema x = FamilyOf(model).Samples(model);
-  c.model = fmt::format("{} {}x{}", model.name(), x.height, x.width);
+  c.model = ModelLabel(o, model);
   c.precision = "fp32";
   c.data = o.data;
   c.layout = fmt::format("tp {} cp {} pp {} dp {}{}{}", layout.tp, layout.cp, layout.pp, layout.dp,
@@ -104,6 +153,10 @@ Run MakeRun(const BenchOptions& o, const ModelSpec& model, const Layout& layout,
   c.micro_batch = layout.micro_batch;
   c.global_batch = layout.micro_batch * layout.dp;
   c.flops_per_sample = FamilyOf(model).Cost(model).training_flops_per_sample();
+  c.planned_memory_bytes = PlannedMemoryBytes(o, model, layout);
+  // Every rank runs on this machine: each gets the limit, or its share of what is available.
+  c.memory_budget_bytes =
+      o.memory_limit_gib ? *o.memory_limit_gib * (1 << 30) : AvailableMemoryBytes() / world;
   r.argv = world == 1
                ? std::vector<std::string>{SelfBinary(), "train",       "--config",
                                           job.string(), "--log-level", "warn"}
@@ -321,6 +374,16 @@ int RunBench(const BenchOptions& o) {
     progress.Started(static_cast<int>(i), fmt::format("{} micro {} {}", r.config.model,
                                                       r.config.micro_batch, r.config.layout));
     if (Status s = WriteJob(o, *model, r); !s.ok()) return ReportBadInput("bench", s.message());
+    if (r.config.memory_budget_bytes > 0 &&
+        r.config.planned_memory_bytes > r.config.memory_budget_bytes) {
+      BenchRow row{r.config, "OOM", {}};
+      std::fprintf(stderr, "bench: planned %.2f GiB per rank > budget %.2f GiB: not run\n",
+                   r.config.planned_memory_bytes / (1 << 30),
+                   r.config.memory_budget_bytes / (1 << 30));
+      progress.Finished(row);
+      rows.push_back(std::move(row));
+      continue;
+    }
     Result<pid_t> pid = Start(r.argv, r.dir / "log.txt", o.memory_limit_gib);
     if (!pid.ok()) return ReportBadInput("bench", pid.status().message());
     const Clock::time_point deadline =

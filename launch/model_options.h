@@ -19,6 +19,8 @@ class ModelOptions {
   void AddTo(CLI::App& app);
   // The model the flags describe, checked by its family.
   Result<ModelSpec> Build() const;
+  // The --model name as given ("SD1.5"), or empty with --config.
+  std::string requested_name() const { return config_.empty() ? model_ : std::string(); }
   // The named configs of the family of the chosen model (`info --all`).
   Result<std::vector<ModelSpec>> BuildAllNamed() const;
 
