@@ -89,21 +89,6 @@ struct Run {
   std::vector<std::string> argv;
 };
 
-// MemAvailable of /proc/meminfo in bytes, or 0 when unreadable.
-double AvailableMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key) {
-    if (key == "MemAvailable:") {
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
-
 // The bytes of the arenas of the fullest rank of `layout` (its pipeline stages' rank 0), by
 // the trainer's own memory model; 0 when the layout is invalid (the run says why).
 double PlannedMemoryBytes(const BenchOptions& o, const ModelSpec& model, const Layout& l) {
@@ -156,7 +141,7 @@ Run MakeRun(const BenchOptions& o, const ModelSpec& model, const Layout& layout,
   c.planned_memory_bytes = PlannedMemoryBytes(o, model, layout);
   // Every rank runs on this machine: each gets the limit, or its share of what is available.
   c.memory_budget_bytes =
-      o.memory_limit_gib ? *o.memory_limit_gib * (1 << 30) : AvailableMemoryBytes() / world;
+      o.memory_limit_gib ? *o.memory_limit_gib * (1 << 30) : MemInfoBytes("MemAvailable") / world;
   r.argv = world == 1
                ? std::vector<std::string>{SelfBinary(), "train",       "--config",
                                           job.string(), "--log-level", "warn"}

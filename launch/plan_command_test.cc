@@ -72,42 +72,39 @@ TEST(PlanCommandTest, ImpossibleRequestsExitTwoNamingTheProblem) {
   }
 }
 
-TEST(PlanCommandTest, ParallelAutoChoosesALayoutThatTrains) {
+// A two-step job of `model` (a job's model section) with `parallel: auto` on two CPU ranks:
+// `validate` says what the planner chose (`chose` begins it), and the job trains.
+void ExpectAutoLayoutTrains(const std::string& model, int global, const std::string& chose) {
   TempDir dir("plan_command_test");
   const std::string job = dir.path() + "/job.yaml";
-  std::ofstream(job) << "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, "
-                        "depth: 2, num_heads: 4, num_classes: 10}\n"
-                        "batch: {global: 8}\n"
-                        "train: {steps: 2, log_every: 1}\n"
+  std::ofstream(job) << "model: " << model << "\n"
+                     << "batch: {global: " << global << "}\n"
+                     << "train: {steps: 2, log_every: 1}\n"
                         "parallel: auto\n"
                         "cluster: {nodes: 1, devices_per_node: 2}\n";
   const CommandResult validated = RunDifftrain("validate " + ShellQuote(job));
   ASSERT_EQ(validated.exit_code, 0) << validated.output;
-  EXPECT_NE(validated.output.find("parallel: auto chose tp "), std::string::npos)
+  EXPECT_NE(validated.output.find("parallel: auto chose " + chose), std::string::npos)
       << validated.output;
   const CommandResult ran = RunDifftrain("run " + ShellQuote(job));
   EXPECT_EQ(ran.exit_code, 0) << ran.output;
 }
 
-// A UNet job with `parallel: auto` on two CPU ranks: dp 2, and it trains.
+TEST(PlanCommandTest, ParallelAutoChoosesALayoutThatTrains) {
+  ExpectAutoLayoutTrains(
+      "{name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2, num_heads: 4, "
+      "num_classes: 10}",
+      8, "tp ");
+}
+
+// A UNet trains data-parallel: dp 2.
 TEST(PlanCommandTest, ParallelAutoTrainsAUNetDataParallel) {
-  TempDir dir("plan_command_test");
-  const std::string job = dir.path() + "/job.yaml";
-  std::ofstream(job) << "model: {name: unet, block_out_channels: [4, 8], layers_per_block: 1, "
-                        "attention_head_dim: 2, cross_attention_dim: 8, norm_num_groups: 2, "
-                        "down_block_types: [CrossAttnDownBlock2D, DownBlock2D], "
-                        "up_block_types: [UpBlock2D, CrossAttnUpBlock2D], sample_size: 8, "
-                        "text_length: 5}\n"
-                        "batch: {global: 4}\n"
-                        "train: {steps: 2, log_every: 1}\n"
-                        "parallel: auto\n"
-                        "cluster: {nodes: 1, devices_per_node: 2}\n";
-  const CommandResult validated = RunDifftrain("validate " + ShellQuote(job));
-  ASSERT_EQ(validated.exit_code, 0) << validated.output;
-  EXPECT_NE(validated.output.find("parallel: auto chose tp 1 cp 1 pp 1 dp 2"), std::string::npos)
-      << validated.output;
-  const CommandResult ran = RunDifftrain("run " + ShellQuote(job));
-  EXPECT_EQ(ran.exit_code, 0) << ran.output;
+  ExpectAutoLayoutTrains(
+      "{name: unet, block_out_channels: [4, 8], layers_per_block: 1, attention_head_dim: 2, "
+      "cross_attention_dim: 8, norm_num_groups: 2, down_block_types: [CrossAttnDownBlock2D, "
+      "DownBlock2D], up_block_types: [UpBlock2D, CrossAttnUpBlock2D], sample_size: 8, "
+      "text_length: 5}",
+      4, "tp 1 cp 1 pp 1 dp 2");
 }
 
 // Issue 18's defect: the launchers (sbatch, the Helm chart) always pass the allocation, which

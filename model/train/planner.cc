@@ -26,19 +26,9 @@ using planner::kFloat;
 constexpr double kGiB = 1 << 30;
 constexpr int kFrequencyDim = 256;  // timestep embedder input width
 
-// This machine's memory (MemTotal of /proc/meminfo), or 0 when unreadable.
+// This machine's memory.
 double HostMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key) {
-    if (key == "MemTotal:") {
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
+  return MemInfoBytes("MemTotal");
 }
 
 // The dimensions the formulas below read, for one rank of `layout` and micro-batch B (of
@@ -279,6 +269,20 @@ Status CheckRequest(const PlanRequest& r) {
 }
 
 }  // namespace
+
+double MemInfoBytes(const std::string& field) {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key) {
+    if (key == field + ":") {
+      in >> kib;
+      return kib * 1024;
+    }
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
 
 Status planner::CheckCommonRequest(const PlanRequest& r) {
   if (r.nodes < 1 || r.devices_per_node < 1) {

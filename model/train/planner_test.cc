@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -241,100 +242,92 @@ TEST(PlannerMemoryTest, PredictionMatchesResidentMemoryGrowth) {
   }
 }
 
-// Every plan over a grid of requests: a layout of the world that the model accepts, that
-// splits the batch, and that fits by the planner's own memory model.
-TEST(PlannerTest, NeverProposesALayoutThatDoesNotFit) {
+// Plans `model` for every device, memory, cluster and global batch of a grid: a request is
+// refused only when no layout fits, and every plan of the others goes to `check` (which sees
+// the request and the memory budget). Counts the requests planned and refused.
+struct GridCounts {
   int planned = 0, refused = 0;
-  for (const char* name : {"DiT-S/2", "DiT-B/4", "DiT-XL/2"}) {
-    const DiTConfig model = *DiTConfigByName(name, 32);
-    for (const char* device : {"H100", "A100", "H20"}) {
-      for (double memory_gib : {4.0, 16.0, 80.0}) {
-        for (auto [nodes, per_node] : {std::pair{1, 1}, {1, 8}, {2, 4}, {4, 8}}) {
-          for (int global : {32, 256}) {
-            PlanRequest r;
-            r.model = DiTSpec(model);
-            r.global_batch = global;
-            r.nodes = nodes;
-            r.devices_per_node = per_node;
-            r.device = *DevicePreset(device, per_node);
-            r.device.memory_bytes = memory_gib * (1 << 30);
-            Result<std::vector<PlannedLayout>> plans = PlanLayouts(r);
-            const double budget = r.usable_memory_fraction * r.device.memory_bytes;
-            if (!plans.ok()) {
-              ++refused;
-              // Refused only when no layout fits.
-              const Result<std::vector<PlannedLayout>> all = EnumerateLayouts(r);
-              ASSERT_TRUE(all.ok()) << all.status().message();
-              for (const PlannedLayout& p : *all)
-                EXPECT_GT(p.memory.total(), budget) << DescribeLayout(p.layout);
-              continue;
-            }
-            ++planned;
-            for (const PlannedLayout& p : *plans) {
-              const Layout& l = p.layout;
-              ASSERT_EQ(l.tp * l.cp * l.pp * l.dp, nodes * per_node);
-              ASSERT_TRUE(ValidateParallelLayout(model, l.tp, l.cp, l.pp, {}).ok());
-              ASSERT_EQ(per_node % l.tp, 0);
-              ASSERT_EQ(global % (l.micro_batch * l.dp), 0);
-              for (int stage = 0; stage < l.pp; ++stage) {
-                ASSERT_LE(PredictMemory(model, l, stage, p.accumulation).total(), budget)
-                    << name << " " << DescribeLayout(l) << " stage " << stage;
-              }
-            }
+};
+void PlanGrid(const ModelSpec& model, std::initializer_list<double> memories_gib,
+              std::initializer_list<std::pair<int, int>> clusters,
+              const std::function<void(const PlanRequest&, const PlannedLayout&, double)>& check,
+              GridCounts& counts) {
+  for (const char* device : {"H100", "A100", "H20"}) {
+    for (double memory_gib : memories_gib) {
+      for (auto [nodes, per_node] : clusters) {
+        for (int global : {32, 256}) {
+          PlanRequest r;
+          r.model = model;
+          r.global_batch = global;
+          r.nodes = nodes;
+          r.devices_per_node = per_node;
+          r.device = *DevicePreset(device, per_node);
+          r.device.memory_bytes = memory_gib * (1 << 30);
+          const double budget = r.usable_memory_fraction * r.device.memory_bytes;
+          Result<std::vector<PlannedLayout>> plans = PlanLayouts(r);
+          if (!plans.ok()) {
+            ++counts.refused;
+            const Result<std::vector<PlannedLayout>> all = EnumerateLayouts(r);
+            ASSERT_TRUE(all.ok()) << all.status().message();
+            for (const PlannedLayout& p : *all)
+              EXPECT_GT(p.memory.total(), budget) << DescribeLayout(p.layout);
+            continue;
+          }
+          ++counts.planned;
+          for (const PlannedLayout& p : *plans) {
+            const Layout& l = p.layout;
+            ASSERT_EQ(l.tp * l.cp * l.pp * l.dp, nodes * per_node);
+            ASSERT_EQ(global % (l.micro_batch * l.dp), 0);
+            check(r, p, budget);
           }
         }
       }
     }
   }
-  EXPECT_GT(planned, 0);
-  EXPECT_GT(refused, 0);
+}
+
+// Every plan over a grid of requests: a layout of the world that the model accepts, that
+// splits the batch, and that fits by the planner's own memory model.
+TEST(PlannerTest, NeverProposesALayoutThatDoesNotFit) {
+  GridCounts counts;
+  for (const char* name : {"DiT-S/2", "DiT-B/4", "DiT-XL/2"}) {
+    const DiTConfig model = *DiTConfigByName(name, 32);
+    PlanGrid(
+        DiTSpec(model), {4.0, 16.0, 80.0}, {{1, 1}, {1, 8}, {2, 4}, {4, 8}},
+        [&](const PlanRequest& r, const PlannedLayout& p, double budget) {
+          const Layout& l = p.layout;
+          ASSERT_TRUE(ValidateParallelLayout(model, l.tp, l.cp, l.pp, {}).ok());
+          ASSERT_EQ(r.devices_per_node % l.tp, 0);
+          for (int stage = 0; stage < l.pp; ++stage) {
+            ASSERT_LE(PredictMemory(model, l, stage, p.accumulation).total(), budget)
+                << name << " " << DescribeLayout(l) << " stage " << stage;
+          }
+        },
+        counts);
+  }
+  EXPECT_GT(counts.planned, 0);
+  EXPECT_GT(counts.refused, 0);
 }
 
 // The UNet: every layout is dp = the world (tp, cp, pp 1), each plan fits, a request is refused
 // only when none fits, and a fixed model-parallel axis is refused by name.
 TEST(PlannerTest, UNetPlansAreDataParallelAndRefuseNothingValid) {
-  int planned = 0, refused = 0;
+  GridCounts counts;
   for (const char* name : {"SD1.5", "SD2-base"}) {
     for (int size : {64, 32}) {
       UNetConfig model = *UNetConfigByName(name);
       model.sample_size = size;
-      for (const char* device : {"H100", "A100", "H20"}) {
-        for (double memory_gib : {16.0, 40.0, 80.0}) {
-          for (auto [nodes, per_node] : {std::pair{1, 1}, {1, 8}, {2, 4}}) {
-            for (int global : {32, 256}) {
-              PlanRequest r;
-              r.model = UNetSpec(model);
-              r.global_batch = global;
-              r.nodes = nodes;
-              r.devices_per_node = per_node;
-              r.device = *DevicePreset(device, per_node);
-              r.device.memory_bytes = memory_gib * (1 << 30);
-              const double budget = r.usable_memory_fraction * r.device.memory_bytes;
-              const Result<std::vector<PlannedLayout>> all = EnumerateLayouts(r);
-              ASSERT_TRUE(all.ok()) << all.status().message();
-              Result<std::vector<PlannedLayout>> plans = PlanLayouts(r);
-              if (!plans.ok()) {
-                ++refused;
-                for (const PlannedLayout& p : *all)
-                  EXPECT_GT(p.memory.total(), budget) << DescribeLayout(p.layout);
-                continue;
-              }
-              ++planned;
-              for (const PlannedLayout& p : *plans) {
-                const Layout& l = p.layout;
-                ASSERT_EQ(l.tp * l.cp * l.pp, 1) << DescribeLayout(l);
-                ASSERT_EQ(l.dp, nodes * per_node);
-                ASSERT_EQ(global % (l.micro_batch * l.dp), 0);
-                ASSERT_LE(PredictMemory(r.model, l, 0, p.accumulation).total(), budget);
-              }
-            }
-          }
-        }
-      }
+      PlanGrid(
+          UNetSpec(model), {16.0, 40.0, 80.0}, {{1, 1}, {1, 8}, {2, 4}},
+          [](const PlanRequest& r, const PlannedLayout& p, double budget) {
+            ASSERT_EQ(p.layout.dp, r.nodes * r.devices_per_node) << DescribeLayout(p.layout);
+            ASSERT_LE(PredictMemory(r.model, p.layout, 0, p.accumulation).total(), budget);
+          },
+          counts);
     }
   }
-  EXPECT_GT(planned, 0);
-  EXPECT_GT(refused, 0);  // SD's 16 GiB of fp32 state on a 16 GiB device
+  EXPECT_GT(counts.planned, 0);
+  EXPECT_GT(counts.refused, 0);  // SD's 16 GiB of fp32 state on a 16 GiB device
 
   PlanRequest r;
   r.model = UNetSpec(*UNetConfigByName("SD1.5"));
