@@ -17,7 +17,8 @@ struct PlanOptions {
   ModelOptions model;
   std::optional<int> tokens;
   std::string device = "cpu";
-  std::optional<double> memory_gib, peak_tflops, efficiency, half_rows, intra_gbs, inter_gbs;
+  std::optional<double> memory_gib, memory_tbps, peak_tflops, efficiency, half_rows, intra_gbs,
+      inter_gbs;
   int nodes = 1, devices_per_node = 1;
   int global_batch = 256;
   double usable_fraction = 0.9;
@@ -75,6 +76,7 @@ Result<PlanRequest> BuildRequest(const PlanOptions& o) {
     r.device.peak_flops_per_second = MeasureSgemmPeak().flops_per_second;
   }
   if (o.memory_gib) r.device.memory_bytes = *o.memory_gib * kGiB;
+  if (o.memory_tbps) r.device.memory_bytes_per_second = *o.memory_tbps * 1e12;
   if (o.peak_tflops) r.device.peak_flops_per_second = *o.peak_tflops * 1e12;
   if (o.efficiency) r.device.efficiency = *o.efficiency;
   if (o.half_rows) r.device.half_efficiency_rows = *o.half_rows;
@@ -187,6 +189,7 @@ int RunPlan(const PlanOptions& o) {
                                 {{"name", d.name},
                                  {"peak_flops_per_second", d.peak_flops_per_second},
                                  {"memory_bytes", d.memory_bytes},
+                                 {"memory_bytes_per_second", d.memory_bytes_per_second},
                                  {"efficiency", d.efficiency},
                                  {"half_efficiency_rows", d.half_efficiency_rows},
                                  {"latency_seconds", d.latency_seconds},
@@ -215,6 +218,8 @@ DIFFTRAIN_COMMAND(
        app.add_option("--tokens", o->tokens, "tokens per sample (instead of the size)");
        app.add_option("--device", o->device, "H100|H200|H20|A100|cpu")->capture_default_str();
        app.add_option("--memory-gib", o->memory_gib, "device memory (default: the preset's)");
+       app.add_option("--memory-tbps", o->memory_tbps,
+                      "memory bandwidth in TB/s (default: the preset's; cpu: not modelled)");
        app.add_option("--peak-tflops", o->peak_tflops,
                       "dense peak (default: the preset's; cpu: measured sgemm)");
        app.add_option("--efficiency", o->efficiency,

@@ -48,6 +48,16 @@ TEST(PlanCommandTest, PlansStableDiffusionDataParallel) {
                 l["samples_per_second"].get<double>(),
                 1e-6 * l["samples_per_second"].get<double>());
   }
+  EXPECT_EQ(plan["device"]["memory_bytes_per_second"], 3.35e12);
+  // --memory-tbps sets the bandwidth the UNet's memory-bound kernels are priced at.
+  const CommandResult slow =
+      RunDifftrain("plan --model SD1.5 --device H100 --devices-per-node 8 --memory-tbps 1 --json");
+  ASSERT_EQ(slow.exit_code, 0) << slow.output;
+  const nlohmann::json slower = nlohmann::json::parse(slow.output, nullptr, false);
+  ASSERT_FALSE(slower.is_discarded()) << slow.output;
+  EXPECT_EQ(slower["device"]["memory_bytes_per_second"], 1e12);
+  EXPECT_LT(slower["layouts"][0]["samples_per_second"].get<double>(),
+            plan["layouts"][0]["samples_per_second"].get<double>());
   const CommandResult tp =
       RunDifftrain("plan --model SD1.5 --device H100 --devices-per-node 8 --tp 2");
   EXPECT_EQ(tp.exit_code, 2) << tp.output;
@@ -64,6 +74,7 @@ TEST(PlanCommandTest, ImpossibleRequestsExitTwoNamingTheProblem) {
       {"--model custom --patch 2 --hidden 64 --depth 2 --heads 5", "num_heads"},
       {"--model DiT-S/2 --device TPU", "--device: unknown device 'TPU'"},
       {"--model DiT-S/2 --tokens 300", "--tokens: expected a square number"},
+      {"--model SD1.5 --device H100 --memory-tbps -1", "memory bandwidth must be non-negative"},
   };
   for (const auto& [flags, message] : cases) {
     const CommandResult r = RunDifftrain("plan " + flags);

@@ -295,6 +295,10 @@ Status planner::CheckCommonRequest(const PlanRequest& r) {
       !(d.intra_node_bytes_per_second > 0) || !(d.inter_node_bytes_per_second > 0)) {
     return Errorf("device {}: memory, peak and bandwidths must be positive", d.name);
   }
+  if (!(d.memory_bytes_per_second >= 0)) {
+    return Errorf("device {}: memory bandwidth must be non-negative (0: not modelled), found {}",
+                  d.name, d.memory_bytes_per_second);
+  }
   if (!(d.efficiency > 0 && d.efficiency <= 1) || !(d.half_efficiency_rows >= 0) ||
       !(d.latency_seconds >= 0)) {
     return Errorf(
@@ -313,7 +317,8 @@ Result<DeviceSpec> DevicePreset(const std::string& name, int devices_per_node) {
   // NVLink 4 moves 900 GB/s per GPU both ways together (450 GB/s each way; A100's NVLink 3
   // 600); across nodes one 400 Gb/s NDR InfiniBand port per GPU (200 Gb/s HDR for A100).
   // Efficiency 0.5 with half of it at 2,048 rows: the DiT seeds reach 25% (fast-DiT,
-  // A100) to 53% (Megatron, H20) of the peak. NCCL latency ~20 µs per operation.
+  // A100) to 53% (Megatron, H20) of the peak. NCCL latency ~20 µs per operation. HBM
+  // bandwidth: the SXM parts' data sheets (H100 3.35 TB/s, H200 4.8, H20 4.0, A100-80G 2.0).
   DeviceSpec d;
   d.name = name;
   d.efficiency = 0.5;
@@ -322,15 +327,19 @@ Result<DeviceSpec> DevicePreset(const std::string& name, int devices_per_node) {
   d.inter_node_bytes_per_second = 50e9;
   d.latency_seconds = 20e-6;
   if (name == "H100") {
+    d.memory_bytes_per_second = 3.35e12;
     d.peak_flops_per_second = 989e12;
     d.memory_bytes = 80 * kGiB;
   } else if (name == "H200") {
+    d.memory_bytes_per_second = 4.8e12;
     d.peak_flops_per_second = 989e12;
     d.memory_bytes = 141e9;
   } else if (name == "H20") {
+    d.memory_bytes_per_second = 4.0e12;
     d.peak_flops_per_second = 148e12;
     d.memory_bytes = 96 * kGiB;
   } else if (name == "A100") {
+    d.memory_bytes_per_second = 2.0e12;
     d.peak_flops_per_second = 312e12;
     d.memory_bytes = 80 * kGiB;
     d.intra_node_bytes_per_second = 300e9;

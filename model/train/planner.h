@@ -46,11 +46,14 @@ struct DeviceSpec {
   double intra_node_bytes_per_second = 0;
   double inter_node_bytes_per_second = 0;
   double latency_seconds = 0;  // of every collective or send, whatever its size
+  // Device memory (HBM) bandwidth, read and written together; the UNet's memory-bound kernels
+  // are priced at it (model/train/planner_unet.cc). 0: not modelled (the cpu preset).
+  double memory_bytes_per_second = 0;
 };
 
-// H100, H200, H20, A100 (the dense BF16 table of docs/metrics.md, their memory and NVLink /
-// InfiniBand bandwidth), or cpu: this machine's memory shared by `devices_per_node` ranks,
-// loopback and 10 GbE bandwidth, and a peak the caller fills in (0 here).
+// H100, H200, H20, A100 (the dense BF16 table of docs/metrics.md, their memory, HBM and
+// NVLink / InfiniBand bandwidth), or cpu: this machine's memory shared by `devices_per_node`
+// ranks, loopback and 10 GbE bandwidth, and a peak the caller fills in (0 here).
 Result<DeviceSpec> DevicePreset(const std::string& name, int devices_per_node);
 std::vector<std::string> DevicePresetNames();
 

@@ -11,7 +11,9 @@
 // rows are the micro-batch's pixels at the layer's resolution (B·H·W: a convolution as an
 // implicit GEMM, the transformer's projections and attention per token), so that the 8×8
 // level of SD at 512 px feeds the device 64× fewer rows than the 64×64 one; training FLOPs
-// 6 × the forward MACs, and with recomputation 2 × the MACs the layers run again. The
+// 6 × the forward MACs, and with recomputation 2 × the MACs the layers run again. Plus each
+// layer's memory-bound kernels (norms, SiLU, adds, concatenations, upsampling, casts, im2col:
+// NodeBytes) at the device's memory bandwidth, their forward again with recomputation. The
 // gradients' all-reduce over dp once per step, not overlapped.
 #include <algorithm>
 #include <cmath>
@@ -49,7 +51,12 @@ MemoryEstimate Memory(double parameters, const Layout& l, const ActivationModel&
   return m;
 }
 
-// Seconds of one micro-batch of B's forward and backward (and recomputation) on one device.
+// Seconds of one micro-batch of B's forward and backward (and recomputation) on one device:
+// per node, its GEMM time plus the time of its memory-bound kernels' bytes at the device's
+// memory bandwidth. A sum, not a max: the GPU step runs its kernels one after another on one
+// stream, so a GEMM and the norm or add beside it do not overlap (a max would be right for
+// a kernel that fused them). The sum also fits NeMo's figures better on all three devices
+// (docs/benchmarks.md).
 double MicroBatchSeconds(const DeviceSpec& d, const UNetConfig& c, const UNetPlan& plan, int B,
                          bool recompute) {
   const double E = c.time_embed_dim();
@@ -60,7 +67,13 @@ double MicroBatchSeconds(const DeviceSpec& d, const UNetConfig& c, const UNetPla
     const UNetNodeMacs m = NodeMacs(c, plan, n);
     const double rows = double(B) * plan.out(n).H * plan.out(n).W;
     const double flops = 2.0 * B * (3 * m.forward.total() + (recompute ? m.recomputed : 0));
-    seconds += flops / (d.peak_flops_per_second * Efficiency(d, rows));
+    const double gemm = flops / (d.peak_flops_per_second * Efficiency(d, rows));
+    double memory = 0;
+    if (d.memory_bytes_per_second > 0) {
+      const UNetNodeBytes bytes = NodeBytes(plan, n);
+      memory = B * (bytes.total() + (recompute ? bytes.forward : 0)) / d.memory_bytes_per_second;
+    }
+    seconds += gemm + memory;
   }
   return seconds;
 }

@@ -170,6 +170,76 @@ UNetNodeMacs NodeMacs(const UNetConfig& c, const UNetPlan& plan, const UNetNode&
   return m;
 }
 
+namespace {
+
+constexpr double kF32 = 4, kBf16 = 2;
+
+// A GroupNorm (with its SiLU) of n fp32 elements into fp32: forward reads x twice (statistics,
+// then normalise) and writes; backward reads x and the output gradient twice and writes dx.
+UNetNodeBytes GroupNorm(double n) {
+  return {3 * kF32 * n, 5 * kF32 * n};
+}
+
+// An elementwise op over n fp32 elements reading two and writing one (AddInto, a concatenation
+// or its backward, AddToPlanes), in the forward or the backward.
+double Elementwise(double n) {
+  return 3 * kF32 * n;
+}
+
+// A convolution of x input elements into y outputs through p = patch × output pixels bf16
+// columns (model/cuda/conv2d.h): forward im2col (read x, write p) and the tokens to planes
+// (read, write y; read y too when it accumulates); backward the bias sum, the tokens' bf16
+// copy, im2col again, col2im (read p, read and write din) and the zeroing of din by its caller.
+UNetNodeBytes Conv(double x, double p, double y, bool accumulate = false) {
+  return {kF32 * x + kBf16 * p + kF32 * (accumulate ? 3 : 2) * y,
+          kF32 * y + (kF32 + kBf16) * y + kF32 * x + kBf16 * p + kBf16 * p + 3 * kF32 * x};
+}
+
+UNetNodeBytes operator+(UNetNodeBytes a, UNetNodeBytes b) {
+  return {a.forward + b.forward, a.backward + b.backward};
+}
+
+}  // namespace
+
+UNetNodeBytes NodeBytes(const UNetPlan& plan, const UNetNode& n) {
+  const UNetValue& in = plan.in(n);
+  const UNetValue& out = plan.out(n);
+  const double T = double(out.H) * out.W, X = plan.in_channels(n) * T, Y = out.C * T;
+  switch (n.kind) {
+    case UNetNodeKind::kConv: {
+      const double Xin = double(in.C) * in.H * in.W;
+      return Conv(Xin, 9.0 * in.C * T, Y);
+    }
+    case UNetNodeKind::kUpsampleConv: {
+      // Nearest ×2 into a map 4× the input (x = in.C · in.H · in.W); backward zeroes its
+      // gradient and sums each 2×2 back.
+      const double x = double(in.C) * in.H * in.W, up = 4 * x;
+      return UNetNodeBytes{kF32 * (x + up), kF32 * up + kF32 * (up + x)} + Conv(up, 9 * up, Y);
+    }
+    case UNetNodeKind::kOutput:
+      return GroupNorm(X) + UNetNodeBytes{0, kF32 * X} + Conv(X, 9 * X, Y);
+    case UNetNodeKind::kResnet: {
+      UNetNodeBytes b = GroupNorm(X) + Conv(X, 9 * X, Y) + GroupNorm(Y) + Conv(Y, 9 * Y, Y);
+      b.forward += kF32 * 2 * Y;                    // the time embedding added over the planes
+      b.backward += kF32 * Y + kF32 * (2 * Y + X);  // its plane sums; dact2, dh, dact1 zeroed
+      if (n.inputs.size() == 2) b = b + UNetNodeBytes{Elementwise(X), kF32 * X + Elementwise(X)};
+      if (X != Y) return b + Conv(X, X, Y, /*accumulate=*/true);  // the 1×1 shortcut
+      return b + UNetNodeBytes{Elementwise(Y), Elementwise(Y)};   // the identity's add
+    }
+    case UNetNodeKind::kTransformer: {
+      // Per element of the [T, C] tokens (model/unet/cuda/transformer.cc). Forward: the
+      // GroupNorm (12), to tokens (6), three LayerNorms into bf16 (6 each), three residual
+      // adds (12 each), GEGLU's gate (reads 8C, writes 4C bf16 per token: 24), h3 to bf16
+      // (6), the input copied to the output (8) and proj_out's tokens added back (12).
+      // Backward: dx += dout (12), to tokens (6), to fp32 (6), GEGLU (40), three LayerNorms
+      // (14 each), three casts to bf16 (6 each), the zeroed and gathered GroupNorm gradient
+      // (14) and the GroupNorm into dx (24).
+      return {122 * Y, 162 * Y};
+    }
+  }
+  return {};
+}
+
 int UNetPlan::in_channels(const UNetNode& n) const {
   int C = 0;
   for (int i : n.inputs)

@@ -60,4 +60,16 @@ struct UNetNodeMacs {
 };
 UNetNodeMacs NodeMacs(const UNetConfig& c, const UNetPlan& plan, const UNetNode& n);
 
+// Bytes per sample that one node's memory-bound kernels read and write in the GPU step
+// (model/unet/cuda): GroupNorms, LayerNorms, SiLU, residual adds, concatenations, upsampling,
+// GEGLU's gate, casts, layout transposes and the convolutions' im2col and col2im, in the
+// precision the step keeps them (fp32 values, bf16 columns and GEMM inputs). Not counted: what
+// the GEMMs and the fused attention read and write (their MACs price them; attention's
+// probabilities are never materialised). `forward` is also what recomputation runs again.
+struct UNetNodeBytes {
+  double forward = 0, backward = 0;
+  double total() const { return forward + backward; }
+};
+UNetNodeBytes NodeBytes(const UNetPlan& plan, const UNetNode& n);
+
 }  // namespace difftrain
