@@ -43,19 +43,5 @@ done
 "${sample[@]}" --per-class 10 --seed 2 --out docs/images/fashion-samples.png
 sampled=$(date +%s)
 
-python3 - "$run" $seeds <<'EOF'
-import json, statistics, sys
-run, seeds = sys.argv[1], sys.argv[2:]
-rows = [json.load(open(f"{run}/eval-{s}.json")) for s in seeds]
-print("| seed | conditional accuracy | FD | floor FD | FD / floor |")
-print("|---|---|---|---|---|")
-for s, r in zip(seeds, rows):
-    print(f"| {s} | {r['conditional_accuracy']:.3f} | {r['fd']:.1f} | {r['floor_fd']:.1f} | "
-          f"{r['fd'] / r['floor_fd']:.2f} |")
-acc, fd, floor = (statistics.mean(r[k] for r in rows)
-                  for k in ("conditional_accuracy", "fd", "floor_fd"))
-print(f"| mean | {acc:.3f} | {fd:.1f} | {floor:.1f} | {fd / floor:.2f} |")
-print(f"targets: accuracy >= 0.80 ({'met' if acc >= 0.8 else 'not met'}), "
-      f"FD <= 3 x floor = {3 * floor:.1f} ({'met' if fd <= 3 * floor else 'not met'})")
-EOF
+bench/learning_table.py "$run" $seeds
 echo "train $((trained - start)) s, sample $((sampled - trained)) s on $(nproc) cores"

@@ -1,6 +1,9 @@
 // `difftrain data`: dataset tools (docs/data.md).
-//   data pack   writes a dataset as a latent folder (index.json + safetensors shards)
-//   data verify checks a latent folder: index, shard headers and every shard's checksum
+//   data pack     writes a dataset as a latent folder (index.json + safetensors shards), with
+//                 a caption of its class for every sample when given a text table
+//   data verify   checks a latent folder: index, shard headers and every shard's checksum
+//   data captions writes Fashion-MNIST's captions as a text table without embeddings (JSON)
+//   data embed    embeds captions with the fixed token table into a text table
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -9,9 +12,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <nlohmann/json.hpp>
 #include "launch/command.h"
+
+#include "model/data/captions.h"
 #include "model/data/dataset.h"
 #include "model/data/latent_folder.h"
+#include "model/data/text_table.h"
+#include "model/io/posix_file.h"
 
 namespace difftrain::launch {
 namespace {
@@ -20,7 +28,15 @@ struct PackOptions {
   DatasetSpec dataset;
   std::string out;
   int64_t per_shard = 8192;
-  int64_t limit = 0;  // 0: every sample
+  int64_t limit = 0;       // 0: every sample
+  std::string text_table;  // a caption of its class for every sample, from this table
+};
+
+struct EmbedOptions {
+  std::string captions;  // JSON written by `data captions`
+  std::string out;
+  int length = 16;
+  int dim = 64;
 };
 
 int RunPack(const PackOptions& o) {
@@ -32,6 +48,16 @@ int RunPack(const PackOptions& o) {
     return ReportBadInput("data pack",
                           fmt::format("dataset '{}' has no end: give --limit", o.dataset.kind));
   }
+  if (!o.text_table.empty()) {
+    Result<TextTable> texts = ReadTextTable(o.text_table);
+    if (!texts.ok())
+      return ReportBadInput("data pack", "--text-table: " + texts.status().message());
+    auto captioned = CaptionedDataset::Create(std::move(source).value(), std::move(texts).value());
+    if (!captioned.ok()) {
+      return ReportBadInput("data pack", "--text-table: " + captioned.status().message());
+    }
+    source = std::unique_ptr<Dataset>(std::move(captioned).value());
+  }
   const int64_t count = o.limit > 0 ? std::min(o.limit, (*source)->size()) : (*source)->size();
   const PrefixDataset samples(**source, count);
   Status written = WriteLatentFolder(samples, o.out, o.per_shard);
@@ -39,9 +65,14 @@ int RunPack(const PackOptions& o) {
     std::fprintf(stderr, "difftrain data pack: %s\n", written.message().c_str());
     return kExitJobFailed;
   }
-  spdlog::info("wrote {} samples of {}{}×{}×{} ({} classes) to {}", count,
-               samples.frames() > 1 ? fmt::format("{}×", samples.frames()) : "", samples.channels(),
-               samples.height(), samples.width(), samples.num_classes(), o.out);
+  const TextTable* texts = samples.texts();
+  spdlog::info(
+      "wrote {} samples of {}{}×{}×{} ({} classes){} to {}", count,
+      samples.frames() > 1 ? fmt::format("{}×", samples.frames()) : "", samples.channels(),
+      samples.height(), samples.width(), samples.num_classes(),
+      texts ? fmt::format(" with {} captions of {}×{}", texts->size(), texts->length, texts->dim)
+            : "",
+      o.out);
   return kExitOk;
 }
 
@@ -50,10 +81,60 @@ int RunVerify(const std::string& dir) {
   if (!folder.ok()) return ReportBadInput("data verify", folder.status().message());
   Status verified = (*folder)->VerifyChecksums();
   if (!verified.ok()) return ReportBadInput("data verify", verified.message());
-  std::printf("%s: %lld samples of %d×%d×%d, %d classes, %lld shards, checksums good\n",
-              dir.c_str(), static_cast<long long>((*folder)->size()), (*folder)->channels(),
-              (*folder)->height(), (*folder)->width(), (*folder)->num_classes(),
-              static_cast<long long>((*folder)->num_shards()));
+  const TextTable* texts = (*folder)->texts();
+  std::printf(
+      "%s: %lld samples of %d×%d×%d, %d classes, %lld shards%s, checksums good\n", dir.c_str(),
+      static_cast<long long>((*folder)->size()), (*folder)->channels(), (*folder)->height(),
+      (*folder)->width(), (*folder)->num_classes(), static_cast<long long>((*folder)->num_shards()),
+      texts ? fmt::format(", {} texts of {}×{}", texts->size(), texts->length, texts->dim).c_str()
+            : "");
+  return kExitOk;
+}
+
+// The captions as JSON: {"captions": [...], "labels": [...], "held_out": [...]}, what the
+// text encoders (data embed, scripts/text_encoder.py) read.
+int RunCaptions(const std::string& out) {
+  const TextTable captions = FashionMnistCaptions();
+  const std::string text = nlohmann::ordered_json{{"captions", captions.captions},
+                                                  {"labels", captions.labels},
+                                                  {"held_out", captions.held_out}}
+                               .dump(2) +
+                           "\n";
+  Result<io::AtomicFileWriter> file = io::AtomicFileWriter::Open(out);
+  Status written = file.ok() ? file->Append(text.data(), text.size()) : file.status();
+  if (written.ok()) written = file->Commit();
+  if (!written.ok()) return ReportBadInput("data captions", written.message());
+  spdlog::info("wrote {} captions to {}", captions.size(), out);
+  return kExitOk;
+}
+
+// Reads the captions JSON of `data captions` (or one written by hand: "captions" is required).
+Result<TextTable> ReadCaptions(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(std::string text, io::ReadWholeFile(path));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  TextTable t;
+  try {
+    if (!j.is_object() || !j.contains("captions")) throw std::runtime_error("no 'captions' list");
+    t.captions = j.at("captions").get<std::vector<std::string>>();
+    if (j.contains("labels")) t.labels = j.at("labels").get<std::vector<int>>();
+    if (j.contains("held_out")) t.held_out = j.at("held_out").get<std::vector<bool>>();
+  } catch (const std::exception& e) {
+    return Errorf("captions '{}': {}", path, e.what());
+  }
+  return t;
+}
+
+int RunEmbed(const EmbedOptions& o) {
+  Result<TextTable> captions = ReadCaptions(o.captions);
+  if (!captions.ok()) return ReportBadInput("data embed", captions.status().message());
+  Result<TextTable> table = EmbedWithTokenTable(captions->captions, o.length, o.dim);
+  if (!table.ok()) return ReportBadInput("data embed", table.status().message());
+  table->labels = captions->labels;
+  table->held_out = captions->held_out;
+  Status written = WriteTextTable(*table, o.out);
+  if (!written.ok()) return ReportBadInput("data embed", written.message());
+  spdlog::info("wrote {} texts of {}×{} ({}) to {}", table->size(), o.length, o.dim, table->encoder,
+               o.out);
   return kExitOk;
 }
 
@@ -84,21 +165,45 @@ std::function<int()> SetupData(CLI::App& app) {
       ->capture_default_str();
   pack->add_option("--num-classes", o.dataset.num_classes, "synthetic: classes")
       ->capture_default_str();
+  pack->add_option("--text-table", o.text_table,
+                   "pair every sample with a training caption of its class from this text table "
+                   "(data captions + data embed or scripts/text_encoder.py)");
   pack->footer(
       "Example: difftrain data pack --dataset fashion_mnist --split train --out fmnist-train");
+
+  auto captions_out = std::make_shared<std::string>();
+  CLI::App* captions =
+      app.add_subcommand("captions", "write Fashion-MNIST's captions (JSON) for a text encoder");
+  captions->add_option("--out", *captions_out, "the JSON file to write")->required();
+
+  auto embed_options = std::make_shared<EmbedOptions>();
+  CLI::App* embed = app.add_subcommand(
+      "embed", "embed captions with the fixed token table into a text table (docs/data.md)");
+  embed->add_option("--captions", embed_options->captions, "captions JSON (data captions)")
+      ->required();
+  embed->add_option("--out", embed_options->out, "the text table to write (.safetensors)")
+      ->required();
+  embed->add_option("--length", embed_options->length, "tokens per text (L)")
+      ->capture_default_str();
+  embed->add_option("--dim", embed_options->dim, "features per token (D, even)")
+      ->capture_default_str();
 
   auto verify_dir = std::make_shared<std::string>();
   CLI::App* verify =
       app.add_subcommand("verify", "check a latent folder's index, shards and checksums");
   verify->add_option("DIR", *verify_dir, "the latent folder")->required();
 
-  return [pack_options, verify_dir, pack] {
-    return pack->parsed() ? RunPack(*pack_options) : RunVerify(*verify_dir);
+  return [=] {
+    if (pack->parsed()) return RunPack(*pack_options);
+    if (captions->parsed()) return RunCaptions(*captions_out);
+    if (embed->parsed()) return RunEmbed(*embed_options);
+    return RunVerify(*verify_dir);
   };
 }
 
 DIFFTRAIN_COMMAND(kDataCommand,
-                  {"data", "dataset tools: pack a latent folder, verify one", SetupData});
+                  {"data", "dataset tools: pack a latent folder, verify one, make captions",
+                   SetupData});
 
 }  // namespace
 }  // namespace difftrain::launch

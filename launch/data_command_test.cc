@@ -151,5 +151,31 @@ TEST_F(DataCommandTest, UnknownDatasetOrMissingFilesAreBadInput) {
       << result.output;
 }
 
+TEST_F(DataCommandTest, TextTableThatCannotCaptionIsBadInput) {
+  CommandResult result = RunDifftrain(
+      "data pack --dataset fashion_mnist --split test --limit 8 "
+      "--text-table " +
+      ShellQuote(dir_ + "/missing.safetensors") + " --out " + Out());
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find(dir_ + "/missing.safetensors"), std::string::npos) << result.output;
+
+  // Captions without labels name no class to pair an image with.
+  std::ofstream(dir_ + "/captions.json") << R"({"captions": ["a photo", "a picture"]})";
+  result = RunDifftrain("data embed --captions " + ShellQuote(dir_ + "/captions.json") +
+                        " --length 3 --dim 4 --out " + ShellQuote(dir_ + "/t.safetensors"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  result = RunDifftrain("data pack --dataset fashion_mnist --split test --limit 8 --text-table " +
+                        ShellQuote(dir_ + "/t.safetensors") + " --out " + Out());
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--text-table: the text table has no labels"), std::string::npos)
+      << result.output;
+
+  std::ofstream(dir_ + "/bad.json") << R"({"texts": []})";
+  result = RunDifftrain("data embed --captions " + ShellQuote(dir_ + "/bad.json") + " --out " +
+                        ShellQuote(dir_ + "/t.safetensors"));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("no 'captions' list"), std::string::npos) << result.output;
+}
+
 }  // namespace
 }  // namespace difftrain

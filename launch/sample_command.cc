@@ -1,6 +1,7 @@
-// `difftrain sample`: class-conditional samples from a checkpoint's model, written as a PNG
-// grid (one row per class; a video model's: one row of frames per video, and an animated
-// GIF of the grid) and optionally as raw floats (docs/sampling.md).
+// `difftrain sample`: class-conditional samples from a checkpoint's model, or a text model's
+// from prompts, written as a PNG grid (one row per class or prompt; a video model's: one row
+// of frames per video, and an animated GIF of the grid) and optionally as raw floats
+// (docs/sampling.md).
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,8 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "launch/command.h"
+#include "model/data/latent_folder.h"
+#include "model/data/text_table.h"
 #include "model/diffusion/sampler.h"
 #include "model/family/family.h"
 #include "model/io/checkpoint.h"
@@ -31,6 +34,9 @@ namespace fs = std::filesystem;
 struct SampleOptions {
   std::string checkpoint;
   std::vector<int> classes;
+  std::vector<std::string> prompts;
+  std::vector<int64_t> caption_ids;
+  std::string text_table;  // "": the text table of the checkpoint's training data
   int per_class = 8;
   std::optional<int> steps;
   std::string sampler = "ddpm";
@@ -63,6 +69,14 @@ struct Checkpoint {
   ModelSpec model;
   DiffusionConfig diffusion;
   std::string data_kind;  // the dataset it was trained on ("" if the shard does not say)
+  std::string data_path;
+};
+
+// A text model's grid rows: the texts sampled from (rows of `table`).
+struct Prompts {
+  TextTable table;
+  std::string table_path;
+  std::vector<int64_t> ids;  // one per row
 };
 
 // `path` is a checkpoint directory (its newest complete step is used) or one step directory
@@ -122,10 +136,61 @@ Result<Checkpoint> LoadCheckpoint(const std::string& path) {
       return diffusion.status().WithContext(fmt::format("'{}'", c.shard->path()));
     c.diffusion = *diffusion;
     c.data_kind = train.contains("data") ? train["data"].value("kind", std::string()) : "";
+    c.data_path = train.contains("data") ? train["data"].value("path", std::string()) : "";
   } catch (const nlohmann::json::exception& e) {
     return Errorf("'{}': malformed training config in the metadata: {}", c.shard->path(), e.what());
   }
   return c;
+}
+
+// The rows a text model samples: each --prompt (found in the text table by its exact text) and
+// each --captions id. The table is --text-table, or the one in the folder the checkpoint was
+// trained from.
+Result<Prompts> ResolvePrompts(const SampleOptions& o, const Checkpoint& ckpt,
+                               const SampleSchema& m) {
+  if (!o.classes.empty()) {
+    return Status::Error("--classes: a text-conditional model samples from --prompt or --captions");
+  }
+  if (o.prompts.empty() && o.caption_ids.empty()) {
+    return Status::Error(
+        "a text-conditional model needs --prompt TEXT (repeatable) or --captions "
+        "IDS");
+  }
+  Prompts p;
+  p.table_path = o.text_table;
+  if (p.table_path.empty()) {
+    if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty()) {
+      return Status::Error(
+          "--text-table: the checkpoint was not trained on a latent folder with "
+          "texts; give the text table to take the prompts' embeddings from");
+    }
+    p.table_path = ckpt.data_path + "/text.safetensors";
+  }
+  Result<TextTable> table = ReadTextTable(p.table_path);
+  if (!table.ok()) return table.status().WithContext("--text-table");
+  p.table = std::move(table).value();
+  if (p.table.length != m.context_length || p.table.dim != m.context_dim) {
+    return Errorf("--text-table: '{}' holds texts of {}x{}, the model takes {}x{}", p.table_path,
+                  p.table.length, p.table.dim, m.context_length, m.context_dim);
+  }
+  for (const std::string& prompt : o.prompts) {
+    std::optional<int64_t> id = p.table.Find(prompt);
+    if (!id) {
+      return Errorf(
+          "--prompt: '{}' is not in the text table '{}' ({} texts): prompts are "
+          "embedded ahead of time; add it to the captions and embed them again "
+          "(docs/sampling.md)",
+          prompt, p.table_path, p.table.size());
+    }
+    p.ids.push_back(*id);
+  }
+  for (int64_t id : o.caption_ids) {
+    if (id < 0 || id >= p.table.size()) {
+      return Errorf("--captions: {} is outside the text table's [0, {})", id, p.table.size());
+    }
+    p.ids.push_back(id);
+  }
+  return p;
 }
 
 Status WriteRaw(const std::string& path, const std::vector<float>& images,
@@ -195,18 +260,27 @@ int RunSample(const SampleOptions& o) {
   const Checkpoint& ckpt = *loaded;
   const ModelFamily& family = FamilyOf(ckpt.model);
   const SampleSchema m = family.Samples(ckpt.model);
-  if (m.context_length > 0) {
-    return bad(fmt::format(
-        "--checkpoint: a {} model is text-conditional, and sampling from prompts is not "
-        "implemented yet (docs/unet.md)",
-        ckpt.model.family));
+  const bool text_model = m.context_length > 0;
+  std::optional<Prompts> prompts;
+  if (text_model) {
+    Result<Prompts> resolved = ResolvePrompts(o, ckpt, m);
+    if (!resolved.ok()) return bad(resolved.status().message());
+    prompts = std::move(resolved).value();
+  } else if (!o.prompts.empty() || !o.caption_ids.empty() || !o.text_table.empty()) {
+    return bad("--prompt, --captions and --text-table are for text-conditional models");
   }
-  const bool has_null_class = m.num_classes > 0 && m.label_dropout > 0;
+  // A text model's "classes" are its prompts, and its null class the unconditional text.
+  const int num_rows = text_model ? static_cast<int>(prompts->ids.size()) : m.num_classes;
+  const bool has_null_class =
+      text_model ? m.context_dropout > 0 : m.num_classes > 0 && m.label_dropout > 0;
   if (!o.gif.empty() && !m.video) return bad("--gif is for video models (Latte)");
   if (o.gif_delay_cs < 1) return bad("--gif-delay must be positive");
   // An unconditional model draws one row of --per-class samples, label 0.
   std::vector<int> classes = o.classes;
-  if (m.num_classes == 0) {
+  if (text_model) {
+    for (int r = 0; r < num_rows; ++r)
+      classes.push_back(r);
+  } else if (m.num_classes == 0) {
     if (!classes.empty()) return bad("--classes: this model has no classes");
     classes = {0};
   } else if (classes.empty()) {
@@ -244,8 +318,7 @@ int RunSample(const SampleOptions& o) {
   options.clip_denoised = o.clip_denoised.value_or(ckpt.data_kind != "latent_folder");
   options.seed = o.seed;
   DenoiserShape shape{
-      m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? m.num_classes : -1,
-      m.frames};
+      m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? num_rows : -1, m.frames};
   Result<Sampler> sampler = Sampler::Create(diffusion, shape, options);
   if (!sampler.ok()) return bad(sampler.status().message());
 
@@ -258,13 +331,27 @@ int RunSample(const SampleOptions& o) {
     return bad("--checkpoint: " + s.message());
   }
   const size_t out_floats = m.output_elements();
-  const Denoiser denoiser = [&model, out_floats](const float* x_t, const float* t, const int32_t* y,
-                                                 int B, float* out) {
+  auto forward = [&model, out_floats](const float* x_t, const float* t, const int32_t* y,
+                                      const float* context, int B, float* out) {
     model.Reserve(B, 1);
-    const Status s = model.Forward(0, ModelInputs{x_t, t, y, nullptr}, nullptr, nullptr);
+    const Status s = model.Forward(0, ModelInputs{x_t, t, y, context}, nullptr, nullptr);
     DT_CHECK(s.ok(), "{}", s.message());
     std::memcpy(out, model.output(0), B * out_floats * sizeof(float));
   };
+  Denoiser denoiser = [&forward](const float* x_t, const float* t, const int32_t* y, int B,
+                                 float* out) { forward(x_t, t, y, nullptr, B, out); };
+  if (text_model) {
+    std::vector<float> embeddings;
+    for (int64_t id : prompts->ids) {
+      const float* e = prompts->table.embedding(id);
+      embeddings.insert(embeddings.end(), e, e + prompts->table.text_floats());
+    }
+    const std::vector<int32_t> no_labels(2 * o.batch, 0);
+    denoiser = PromptDenoiser(
+        [&forward, &no_labels](const float* x_t, const float* t, const float* context, int B,
+                               float* out) { forward(x_t, t, no_labels.data(), context, B, out); },
+        std::move(embeddings), m.context_length, m.context_dim);
+  }
 
   // Sample k (row-major in the grid) is column k % per_class of the row of class k / per_class.
   const int total = static_cast<int>(classes.size()) * o.per_class;
@@ -314,7 +401,22 @@ int RunSample(const SampleOptions& o) {
                                 {"cfg_interval", o.cfg_interval},
                                 {"clip_denoised", options.clip_denoised},
                                 {"seed", o.seed}};
-    Status s = WriteRaw(o.raw, images, {labels.begin(), labels.end()}, ckpt.model, how);
+    nlohmann::json described = how;
+    std::vector<int64_t> raw_labels(labels.begin(), labels.end());
+    if (text_model) {
+      // The label of a sample is the class its text names (the table's labels), so that
+      // `difftrain eval` scores a prompt's samples against its class; the row without labels.
+      std::vector<std::string> texts;
+      for (int64_t id : prompts->ids)
+        texts.push_back(prompts->table.captions[id]);
+      described["prompts"] = texts;
+      described["text_ids"] = prompts->ids;
+      described["text_table"] = prompts->table_path;
+      for (int64_t& label : raw_labels) {
+        if (!prompts->table.labels.empty()) label = prompts->table.labels[prompts->ids[label]];
+      }
+    }
+    Status s = WriteRaw(o.raw, images, raw_labels, ckpt.model, described);
     if (!s.ok()) {
       spdlog::error("{}", s.message());
       return kExitJobFailed;
@@ -338,7 +440,16 @@ DIFFTRAIN_COMMAND(
                       "class labels, one grid row each: 0,1,2 (required unless the model has "
                       "no classes)")
            ->delimiter(',');
-       app.add_option("--per-class", o->per_class, "samples per class (grid columns)")
+       app.add_option("--prompt", o->prompts,
+                      "a text model's prompt, one grid row each (repeat it); found in the text "
+                      "table by its exact text")
+           ->allow_extra_args(false);
+       app.add_option("--captions", o->caption_ids, "a text model's rows as text table ids: 0,6,12")
+           ->delimiter(',');
+       app.add_option("--text-table", o->text_table,
+                      "the text embeddings of the prompts (default: text.safetensors of the "
+                      "latent folder the checkpoint was trained on)");
+       app.add_option("--per-class", o->per_class, "samples per class or prompt (grid columns)")
            ->capture_default_str();
        app.add_option("--steps", o->steps,
                       "sampling steps, respaced from the diffusion's (default 250, or all if "

@@ -1,5 +1,6 @@
-// A dataset of class-labelled images (or latents) C×H×W, or videos of F such frames,
-// addressed by index, and the ones difftrain knows by name (docs/data.md).
+// A dataset of class-labelled images (or latents) C×H×W, or videos of F such frames, each
+// optionally with a text embedding, addressed by index, and the ones difftrain knows by name
+// (docs/data.md).
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "model/data/text_table.h"
 
 namespace difftrain {
 
@@ -28,6 +30,10 @@ class Dataset {
   // to call from several threads at once: the loader's prefetch thread calls it while the
   // training thread may fill another range.
   virtual Status Get(int64_t index, float* image, int32_t* label) const = 0;
+  // Text-conditional data (image–caption pairs): sample `index`'s text embedding is row
+  // TextId(index) of texts(). nullptr: the samples carry no text.
+  virtual const TextTable* texts() const { return nullptr; }
+  virtual int64_t TextId(int64_t /*index*/) const { return 0; }
 
   bool unbounded() const { return size() == kUnboundedSize; }
   int64_t sample_floats() const { return int64_t{frames()} * channels() * height() * width(); }
@@ -66,6 +72,8 @@ class PrefixDataset : public Dataset {
   Status Get(int64_t index, float* image, int32_t* label) const override {
     return source_.Get(index, image, label);
   }
+  const TextTable* texts() const override { return source_.texts(); }
+  int64_t TextId(int64_t index) const override { return source_.TextId(index); }
 
  private:
   const Dataset& source_;

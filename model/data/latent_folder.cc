@@ -26,6 +26,8 @@ using Json = nlohmann::json;
 
 constexpr char kLatentsTensor[] = "latents";
 constexpr char kLabelsTensor[] = "labels";
+constexpr char kTextIdsTensor[] = "text_ids";
+constexpr char kTextFile[] = "text.safetensors";
 // A shard header is a few hundred bytes; a larger length means a corrupt file.
 constexpr uint64_t kMaxShardHeaderBytes = 1 << 20;
 
@@ -143,6 +145,7 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
     if (frames > INT32_MAX) return IndexError(index_path, "'frames' is too large");
     data->frames_ = static_cast<int>(frames);
   }
+  if (index.contains("text")) DT_RETURN_IF_ERROR(data->OpenTexts(dir, index["text"], index_path));
   DT_ASSIGN_OR_RETURN(int64_t total, PositiveField(index, "total", index_path));
   auto shards = index.find("shards");
   if (shards == index.end() || !shards->is_array() || shards->empty()) {
@@ -167,6 +170,28 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
   for (Shard& shard : data->shards_)
     DT_RETURN_IF_ERROR(data->OpenShard(shard));
   return data;
+}
+
+// Reads the text table the index's "text" entry names and checks it against the entry.
+Status LatentFolderDataset::OpenTexts(const std::string& dir, const Json& entry,
+                                      const std::string& index_path) {
+  const Json file = entry.is_object() ? entry.value("file", Json()) : Json();
+  if (!file.is_string() || !IsPlainFileName(file.get<std::string>())) {
+    return IndexError(index_path, fmt::format("text: 'file' must be a file name in the folder, "
+                                              "got {}",
+                                              file.dump()));
+  }
+  DT_ASSIGN_OR_RETURN(int64_t length, PositiveField(entry, "length", index_path));
+  DT_ASSIGN_OR_RETURN(int64_t dim, PositiveField(entry, "dim", index_path));
+  DT_ASSIGN_OR_RETURN(int64_t count, PositiveField(entry, "count", index_path));
+  DT_ASSIGN_OR_RETURN(texts_, ReadTextTable(dir + "/" + file.get<std::string>()));
+  if (texts_.length != length || texts_.dim != dim || texts_.size() != count) {
+    return IndexError(index_path, fmt::format("text: the index says {} texts of {}x{}, '{}' holds "
+                                              "{} of {}x{}",
+                                              count, length, dim, file.get<std::string>(),
+                                              texts_.size(), texts_.length, texts_.dim));
+  }
+  return Status::Ok();
 }
 
 // Opens the shard, checks its header against the index and appends its labels. Labels grow
@@ -214,6 +239,20 @@ Status LatentFolderDataset::OpenShard(Shard& shard) {
     }
     labels_.push_back(static_cast<int32_t>(labels[i]));
   }
+  if (texts_.size() == 0) return Status::Ok();
+  DT_ASSIGN_OR_RETURN(uint64_t ids_offset,
+                      TensorOffset(path, header, kTextIdsTensor, io::DType::kI64, {shard.count},
+                                   data_start, file_bytes));
+  DT_RETURN_IF_ERROR(
+      ReadAt(shard.fd, path, labels.data(), labels.size() * sizeof(int64_t), ids_offset));
+  for (int64_t i = 0; i < shard.count; ++i) {
+    if (labels[i] < 0 || labels[i] >= texts_.size()) {
+      return ShardError(path, fmt::format("text id {} of sample {} is outside the text table's "
+                                          "[0, {})",
+                                          labels[i], i, texts_.size()));
+    }
+    text_ids_.push_back(labels[i]);
+  }
   return Status::Ok();
 }
 
@@ -257,16 +296,19 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
   const int64_t floats = source.sample_floats();
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   std::vector<float> latents;
-  std::vector<int64_t> labels;
+  std::vector<int64_t> labels, text_ids;
+  const TextTable* texts = source.texts();
   for (int64_t first = 0; first < total; first += samples_per_shard) {
     const int64_t count = std::min(samples_per_shard, total - first);
     latents.resize(static_cast<size_t>(count * floats));
     labels.resize(static_cast<size_t>(count));
+    text_ids.resize(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) {
       int32_t label = 0;
       Status got = source.Get(first + i, latents.data() + i * floats, &label);
       if (!got.ok()) return got.WithContext(fmt::format("reading sample {} to pack", first + i));
       labels[i] = label;
+      if (texts != nullptr) text_ids[i] = source.TextId(first + i);
     }
     const std::string file = fmt::format("shard-{:05d}.safetensors", shards.size());
     io::SafetensorsWriter writer;
@@ -279,11 +321,14 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
                     latents.data());
     }
     writer.Add(kLabelsTensor, io::DType::kI64, {count}, labels.data());
+    if (texts != nullptr) writer.Add(kTextIdsTensor, io::DType::kI64, {count}, text_ids.data());
     writer.SetMetadata("format", std::string(kLatentFolderFormat));
     writer.SetMetadata("first_sample", std::to_string(first));
     DT_RETURN_IF_ERROR(writer.WriteAtomic(dir + "/" + file));
     shards.push_back({{"file", file}, {"count", count}});
   }
+
+  if (texts != nullptr) DT_RETURN_IF_ERROR(WriteTextTable(*texts, dir + "/" + kTextFile));
 
   nlohmann::ordered_json index;
   index["format"] = kLatentFolderFormat;
@@ -293,6 +338,12 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
   index["width"] = source.width();
   if (source.frames() > 1) index["frames"] = source.frames();
   index["num_classes"] = source.num_classes();
+  if (texts != nullptr) {
+    index["text"] = {{"file", kTextFile},
+                     {"length", texts->length},
+                     {"dim", texts->dim},
+                     {"count", texts->size()}};
+  }
   index["shards"] = std::move(shards);
   index["total"] = total;
   const std::string text = index.dump(2) + "\n";

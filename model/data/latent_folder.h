@@ -28,6 +28,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/data/dataset.h"
 
 namespace difftrain {
@@ -51,6 +53,8 @@ class LatentFolderDataset : public Dataset {
   int num_classes() const override { return num_classes_; }
   int frames() const override { return frames_; }
   Status Get(int64_t index, float* image, int32_t* label) const override;
+  const TextTable* texts() const override { return texts_.size() > 0 ? &texts_ : nullptr; }
+  int64_t TextId(int64_t index) const override { return text_ids_[index]; }
 
   // Reads every shard whole and checks it as SafetensorsFile::Verify does: the header, the
   // layout and the CRC-32 of the data. Open does not, to start quickly on large folders.
@@ -67,17 +71,21 @@ class LatentFolderDataset : public Dataset {
   };
   LatentFolderDataset() = default;
   Status OpenShard(Shard& shard);
+  Status OpenTexts(const std::string& dir, const nlohmann::json& entry,
+                   const std::string& index_path);
 
   int channels_ = 0, height_ = 0, width_ = 0, num_classes_ = 0, frames_ = 1;
   std::vector<Shard> shards_;
-  std::vector<int32_t> labels_;  // all of them, read at Open
+  std::vector<int32_t> labels_;    // all of them, read at Open
+  TextTable texts_;                // empty: a folder without text
+  std::vector<int64_t> text_ids_;  // one per sample with texts, read at Open
 };
 
 // Writes every sample of `source` (which must be bounded) to `dir` as a latent folder of
-// shards of `samples_per_shard` samples (the last one may hold fewer), creating `dir` if
-// needed. Each shard and then index.json are written atomically; index.json is removed
-// first, so a pack that fails midway leaves a folder that does not open rather than an index
-// over a mix of old and new shards.
+// shards of `samples_per_shard` samples (the last one may hold fewer), with its text table and
+// text ids when it has texts, creating `dir` if needed. Each shard and then index.json are written
+// atomically; index.json is removed first, so a pack that fails midway leaves a folder that does
+// not open rather than an index over a mix of old and new shards.
 Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t samples_per_shard);
 
 }  // namespace difftrain

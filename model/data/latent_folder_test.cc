@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/temp_dir.h"
+#include "model/data/captions.h"
 #include "model/data/fashion_mnist.h"
+#include "model/data/loader.h"
 #include "model/io/safetensors.h"
 
 namespace difftrain {
@@ -241,6 +243,116 @@ TEST_F(LatentFolderTest, CorruptDataFailsTheChecksumOnly) {
   Status verified = (*data)->VerifyChecksums();
   ASSERT_FALSE(verified.ok());
   EXPECT_NE(verified.message().find(path), std::string::npos) << verified.message();
+}
+
+// A folder of latent + text pairs: 10 latents, each with a caption of its class.
+class TextFolderTest : public LatentFolderTest {
+ protected:
+  void PackWithTexts() {
+    Pack();
+    Result<std::unique_ptr<LatentFolderDataset>> images = LatentFolderDataset::Open(dir_);
+    ASSERT_TRUE(images.ok()) << images.status().message();
+    // 1000 classes, one caption each: "photo N" names class N.
+    TextTable captions;
+    for (int c = 0; c < 1000; ++c) {
+      captions.captions.push_back(fmt::format("photo {}", c));
+      captions.labels.push_back(c);
+    }
+    Result<TextTable> texts = EmbedWithTokenTable(captions.captions, 3, 4);
+    ASSERT_TRUE(texts.ok());
+    texts->labels = captions.labels;
+    Result<std::unique_ptr<CaptionedDataset>> captioned =
+        CaptionedDataset::Create(std::move(images).value(), *texts);
+    ASSERT_TRUE(captioned.ok()) << captioned.status().message();
+    ASSERT_TRUE(WriteLatentFolder(**captioned, Path("texts"), 4).ok());
+    texts_ = std::move(texts).value();
+  }
+
+  TextTable texts_;
+};
+
+TEST_F(TextFolderTest, RoundTripOfLatentsAndTexts) {
+  PackWithTexts();
+  Result<std::unique_ptr<LatentFolderDataset>> data = LatentFolderDataset::Open(Path("texts"));
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  ExpectSameSamples(**data, source_);
+  const TextTable* texts = (*data)->texts();
+  ASSERT_NE(texts, nullptr);
+  EXPECT_EQ(texts->captions, texts_.captions);
+  EXPECT_EQ(texts->embeddings, texts_.embeddings);
+  const Json index = Json::parse(ReadText(Path("texts/index.json")));
+  EXPECT_EQ(index["text"], Json::parse(R"({"file": "text.safetensors", "length": 3, "dim": 4,
+                                           "count": 1000})"));
+  std::vector<float> x(source_.sample_floats());
+  for (int64_t i = 0; i < 10; ++i) {
+    int32_t label = -1;
+    ASSERT_TRUE(source_.Get(i, x.data(), &label).ok());
+    EXPECT_EQ((*data)->TextId(i), label) << "sample " << i;
+  }
+  // The loader hands out each sample's embedding beside its latents.
+  DataLoader loader(**data, {.seed = 5, .batch_size = 3, .prefetch = true});
+  std::vector<float> latents(3 * x.size()), embeddings(3 * 12);
+  std::vector<int32_t> labels(3);
+  loader.Prefetch(4, 3);
+  for (int pass = 0; pass < 2; ++pass) {  // prefetched, then read in place
+    ASSERT_TRUE(loader.Fill(4, 3, latents.data(), labels.data(), embeddings.data()).ok());
+    for (int b = 0; b < 3; ++b) {
+      const float* want = texts->embedding(labels[b]);
+      EXPECT_EQ(std::vector<float>(embeddings.begin() + 12 * b, embeddings.begin() + 12 * (b + 1)),
+                std::vector<float>(want, want + 12));
+    }
+  }
+  // A folder without texts has none.
+  Result<std::unique_ptr<LatentFolderDataset>> plain = LatentFolderDataset::Open(dir_);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->texts(), nullptr);
+}
+
+TEST_F(TextFolderTest, TextEntryThatDisagreesWithTheTable) {
+  PackWithTexts();
+  dir_ = Path("texts");
+  Json index = Index();
+  index["text"]["count"] = 999;
+  SetIndex(index);
+  ExpectError(Path("index.json"), "the index says 999 texts of 3x4");
+  index["text"]["count"] = 1000;
+  index["text"]["file"] = "../text.safetensors";
+  SetIndex(index);
+  ExpectError(Path("index.json"), "text: 'file' must be a file name in the folder");
+  index["text"]["file"] = "missing.safetensors";
+  SetIndex(index);
+  ExpectError(Path("missing.safetensors"), "");
+  index["text"].erase("dim");
+  SetIndex(index);
+  ExpectError(Path("index.json"), "'dim' must be a positive integer");
+}
+
+TEST_F(TextFolderTest, TextIdOutsideTheTable) {
+  PackWithTexts();
+  // The same folder over a table of 2 texts: ids of 2 and more are outside it.
+  const TextTable two = [this] {
+    TextTable t = texts_;
+    t.captions.resize(2);
+    t.labels.resize(2);
+    t.embeddings.resize(2 * t.text_floats());
+    return t;
+  }();
+  ASSERT_TRUE(WriteTextTable(two, Path("texts/text.safetensors")).ok());
+  dir_ = Path("texts");
+  Json index = Index();
+  index["text"]["count"] = 2;
+  SetIndex(index);
+  ExpectError(Path("shard-00000.safetensors"), "is outside the text table's [0, 2)");
+}
+
+TEST_F(TextFolderTest, ShardWithoutTextIds) {
+  PackWithTexts();
+  // A folder without texts with the text entry added: its shards have no text_ids.
+  Json index = Index();
+  index["text"] = Json::parse(ReadText(Path("texts/index.json")))["text"];
+  fs::copy_file(Path("texts/text.safetensors"), Path("text.safetensors"));
+  SetIndex(index);
+  ExpectError(Path("shard-00000.safetensors"), "has no tensor 'text_ids'");
 }
 
 }  // namespace

@@ -60,7 +60,8 @@ bool DataLoader::IsFlipped(int64_t sample) const {
   return rng.Uniform() < 0.5;
 }
 
-Status DataLoader::Read(Range range, float* images, int32_t* labels) const {
+Status DataLoader::Read(Range range, float* images, int32_t* labels, float* texts) const {
+  const TextTable* table = texts != nullptr ? dataset_.texts() : nullptr;
   const int64_t floats = dataset_.sample_floats();
   const int C = dataset_.channels(), H = dataset_.height(), W = dataset_.width();
   for (int b = 0; b < range.count; ++b) {
@@ -71,6 +72,10 @@ Status DataLoader::Read(Range range, float* images, int32_t* labels) const {
     if (!got.ok()) {
       return got.WithContext(fmt::format("reading sample {} (dataset index {})", sample, index));
     }
+    if (table != nullptr) {
+      std::copy_n(table->embedding(dataset_.TextId(index)), table->text_floats(),
+                  texts + b * table->text_floats());
+    }
     if (!IsFlipped(sample)) continue;
     for (int row = 0; row < dataset_.frames() * C * H; ++row)
       std::reverse(image + int64_t{row} * W, image + int64_t{row + 1} * W);
@@ -78,7 +83,8 @@ Status DataLoader::Read(Range range, float* images, int32_t* labels) const {
   return Status::Ok();
 }
 
-Status DataLoader::Fill(int64_t first_sample, int count, float* images, int32_t* labels) {
+Status DataLoader::Fill(int64_t first_sample, int count, float* images, int32_t* labels,
+                        float* texts) {
   DT_CHECK(first_sample >= 0 && count >= 0, "range of {} samples from {}", count, first_sample);
   const Range range{first_sample, count};
   {
@@ -88,12 +94,13 @@ Status DataLoader::Fill(int64_t first_sample, int count, float* images, int32_t*
     if (ready_range_ == range) {
       std::copy(ready_.images.begin(), ready_.images.end(), images);
       std::copy(ready_.labels.begin(), ready_.labels.end(), labels);
+      if (texts != nullptr) std::copy(ready_.texts.begin(), ready_.texts.end(), texts);
       ready_range_.reset();
       return ready_status_;
     }
     if (queued_ == range) queued_.reset();
   }
-  return Read(range, images, labels);
+  return Read(range, images, labels, texts);
 }
 
 void DataLoader::Prefetch(int64_t first_sample, int count) {
@@ -128,7 +135,10 @@ void DataLoader::PrefetchLoop() {
 
     work.images.resize(static_cast<size_t>(range.count * floats));
     work.labels.resize(static_cast<size_t>(range.count));
-    Status status = Read(range, work.images.data(), work.labels.data());
+    const TextTable* table = dataset_.texts();
+    work.texts.resize(table != nullptr ? range.count * table->text_floats() : 0);
+    Status status = Read(range, work.images.data(), work.labels.data(),
+                         table != nullptr ? work.texts.data() : nullptr);
 
     lock.lock();
     running_.reset();

@@ -60,9 +60,12 @@ class DataLoader {
   bool IsFlipped(int64_t sample) const;
 
   // Writes global samples [first_sample, first_sample + count) to `images` ([count, C, H, W])
-  // and `labels`, taking the prefetched result when it is that range (waiting for it if it is
-  // still being read) and reading synchronously otherwise. The result is the same either way.
-  Status Fill(int64_t first_sample, int count, float* images, int32_t* labels);
+  // and `labels`, and, when `texts` is given and the dataset has texts, their text embeddings
+  // to `texts` ([count, L, D]), taking the prefetched result when it is that range (waiting for it
+  // if it is still being read) and reading synchronously otherwise. The result is the same either
+  // way.
+  Status Fill(int64_t first_sample, int count, float* images, int32_t* labels,
+              float* texts = nullptr);
   // Starts reading the range in the background (a no-op without prefetch). Only the latest
   // request is kept: one made while another waits replaces it.
   void Prefetch(int64_t first_sample, int count);
@@ -80,10 +83,11 @@ class DataLoader {
   struct Batch {
     std::vector<float> images;
     std::vector<int32_t> labels;
+    std::vector<float> texts;  // [count, L, D] when the dataset has texts
   };
 
   // Reads a range; safe to call from the training and the prefetch thread at once.
-  Status Read(Range range, float* images, int32_t* labels) const;
+  Status Read(Range range, float* images, int32_t* labels, float* texts) const;
   // perm_e, computed once and kept for the two most recent epochs asked for.
   std::shared_ptr<const std::vector<int64_t>> Permutation(int64_t epoch) const;
   void PrefetchLoop();

@@ -69,6 +69,22 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   return Sampler(diffusion, shape, options);
 }
 
+Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim) {
+  const size_t text = size_t(length) * dim;
+  DT_CHECK(text > 0 && !prompts.empty() && prompts.size() % text == 0,
+           "{} prompt floats for texts of {}x{}", prompts.size(), length, dim);
+  const auto P = static_cast<int32_t>(prompts.size() / text);
+  return [model = std::move(model), prompts = std::move(prompts), text, P](
+             const float* x_t, const float* t, const int32_t* y, int B, float* out) {
+    std::vector<float> context(B * text, 0.0f);
+    for (int b = 0; b < B; ++b) {
+      DT_CHECK(y[b] >= 0 && y[b] <= P, "prompt {} of {} (the null class is {})", y[b], P, P);
+      if (y[b] < P) std::copy_n(prompts.data() + y[b] * text, text, context.data() + b * text);
+    }
+    model(x_t, t, context.data(), B, out);
+  };
+}
+
 Sampler::Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                  const SamplerOptions& options)
     : shape_(shape),

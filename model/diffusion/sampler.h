@@ -36,6 +36,18 @@ namespace difftrain {
 using Denoiser =
     std::function<void(const float* x_t, const float* t, const int32_t* y, int B, float* out)>;
 
+// A text-conditional model as the samplers call it: as Denoiser, with text embeddings
+// context [B, L, D] in place of labels.
+using TextDenoiser =
+    std::function<void(const float* x_t, const float* t, const float* context, int B, float* out)>;
+
+// Sampling from prompts: a text model as a Denoiser whose label k < P (the number of
+// prompts) stands for prompt k's embedding, prompts[k] ([L, D] floats each), and whose label
+// P, the null class to give DenoiserShape, for the unconditional embedding: all zeros, the
+// embedding that training's text dropout feeds (docs/unet.md). So guidance with text is the
+// samplers' guidance with labels: ε = ε(x, ∅) + g · (ε(x, prompt) − ε(x, ∅)).
+Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim);
+
 enum class SamplerKind { kDdpm, kDdim };
 // "ddpm" or "ddim".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);

@@ -130,6 +130,16 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
         config.data.kind, d.frames(), d.channels(), d.height(), d.width(), d.num_classes(),
         m.frames, m.channels, m.height, m.width, m.num_classes);
   }
+  // Text-conditional data train a text-conditional model on their own text embeddings;
+  // without texts the model gets synthetic ones (NeMo's precached benchmark mode).
+  if (const TextTable* texts = d.texts();
+      texts != nullptr && m.context_length > 0 &&
+      (texts->length != m.context_length || texts->dim != m.context_dim)) {
+    return Errorf(
+        "data: {} texts are embedded as {}x{} (tokens x features), but the model takes text "
+        "embeddings of {}x{} (text_length x cross_attention_dim)",
+        config.data.kind, texts->length, texts->dim, m.context_length, m.context_dim);
+  }
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
   }
@@ -213,7 +223,9 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
   const size_t text = size_t(schema_.context_length) * schema_.context_dim;
   batch.context.resize(B * text);
   const auto wait_start = std::chrono::steady_clock::now();
-  DT_RETURN_IF_ERROR(loader_.Fill(first, B, batch.x0.data(), batch.y.data()));
+  const bool data_texts = text > 0 && data_->texts() != nullptr;
+  DT_RETURN_IF_ERROR(loader_.Fill(first, B, batch.x0.data(), batch.y.data(),
+                                  data_texts ? batch.context.data() : nullptr));
   data_wait_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   for (int b = 0; b < B; ++b) {
@@ -223,13 +235,17 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
     // Classifier-free guidance training: the label becomes the null class with probability p.
     if (rng.Uniform() < schema_.label_dropout) batch.y[b] = schema_.num_classes;
     if (text > 0) {
-      // A synthetic text embedding (N(0, 1), as NeMo's precached mode feeds), or with
-      // probability context_dropout the unconditional one: zeros.
+      // The data's text embedding, or a synthetic one (N(0, 1), as NeMo's precached mode
+      // feeds), or with probability context_dropout the unconditional one: zeros.
       float* context = batch.context.data() + b * text;
       const bool dropped = rng.Uniform() < schema_.context_dropout;
-      Rng text_rng(config_.seed, RngStream::kText, static_cast<uint64_t>(first + b));
-      for (size_t i = 0; i < text; ++i)
-        context[i] = dropped ? 0.0f : static_cast<float>(text_rng.Normal());
+      if (dropped) {
+        std::fill(context, context + text, 0.0f);
+      } else if (!data_texts) {
+        Rng text_rng(config_.seed, RngStream::kText, static_cast<uint64_t>(first + b));
+        for (size_t i = 0; i < text; ++i)
+          context[i] = static_cast<float>(text_rng.Normal());
+      }
     }
     for (size_t i = 0; i < n; ++i)
       batch.noise[b * n + i] = static_cast<float>(rng.Normal());
@@ -265,8 +281,8 @@ double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_sc
              ? DiffusionLoss(diffusion_, output, batch.x0.data(), batch.x_t.data(),
                              batch.noise.data(), t.data(), n, m.channels, HW,
                              /*learn_sigma=*/true, grad_scale, dout, w)
-             : EpsilonMseLoss(output, Target(batch), n, m.channels, m.out_channels, HW,
-                              grad_scale, dout, w);
+             : EpsilonMseLoss(output, Target(batch), n, m.channels, m.out_channels, HW, grad_scale,
+                              dout, w);
 }
 
 double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {

@@ -5,7 +5,8 @@
 // Every random draw is addressed by the global index n of the training sample: sample n's
 // image comes from the data loader (a permutation per epoch, from the seed), and its
 // timestep, label dropout, text dropout and noise from Rng(seed, kNoise, n); a text-conditional
-// model's synthetic text embedding from Rng(seed, kText, n). Step s consumes samples
+// model's text embedding from the data (after dropout), or where the data carry no texts a
+// synthetic one from Rng(seed, kText, n). Step s consumes samples
 // [s·G, (s+1)·G) for global batch G; data-parallel rank r takes the r-th contiguous slice
 // of them. So the whole training state is the arenas plus (step, samples seen), resuming
 // continues bit for bit, and the ranks together compute what one process would.

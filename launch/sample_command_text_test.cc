@@ -1,0 +1,200 @@
+// Text-conditional data and sampling end to end, as a user runs them: Fashion-MNIST's captions
+// (`data captions`), embedded by the token table (`data embed`), packed with the images as
+// latent + text pairs (`data pack --text-table`), a tiny text-conditioned UNet trained on the
+// folder (`train`), and samples drawn from prompts with guidance (`sample --prompt`).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/io/png.h"
+#include "model/io/safetensors.h"
+#include "tests/testing/run_command.h"
+
+namespace difftrain {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::RunDifftrain;
+using testing::ShellQuote;
+
+// A two-level UNet on 1×32×32 with cross-attention on texts of 4 tokens of 8 features.
+constexpr const char* kTinyTextUNet = R"(model:
+  name: unet
+  block_out_channels: [4, 8]
+  layers_per_block: 1
+  attention_head_dim: 2
+  cross_attention_dim: 8
+  norm_num_groups: 4
+  down_block_types: [CrossAttnDownBlock2D, DownBlock2D]
+  up_block_types: [UpBlock2D, CrossAttnUpBlock2D]
+  sample_size: 32
+  in_channels: 1
+  out_channels: 1
+  text_length: 4
+  text_dropout: 0.2
+batch:
+  micro: 2
+  global: 2
+train:
+  steps: 2
+  log_every: 1
+)";
+
+class TextSampleTest : public ::testing::Test {
+ protected:
+  // One packed folder and checkpoint for the suite.
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        ("sample_command_text_test_" + std::to_string(::getpid())));
+    fs::remove_all(*dir_);
+    fs::create_directories(*dir_);
+    setup_ = new std::string(Prepare());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+    delete setup_;
+  }
+  void SetUp() override { ASSERT_EQ(*setup_, ""); }
+
+  static std::string File(const std::string& name) { return (*dir_ / name).string(); }
+  static std::string Q(const std::string& name) { return ShellQuote(File(name)); }
+
+  // The steps of the pipeline; "" when each succeeded, else what failed.
+  static std::string Prepare() {
+    for (const std::string& step : {
+             "data captions --out " + Q("captions.json"),
+             "data embed --captions " + Q("captions.json") + " --length 4 --dim 8 --out " +
+                 Q("texts.safetensors"),
+             "data pack --dataset fashion_mnist --split test --limit 64 --per-shard 40 "
+             "--text-table " +
+                 Q("texts.safetensors") + " --out " + Q("data"),
+         }) {
+      const CommandResult r = RunDifftrain(step);
+      if (r.exit_code != 0) return step + "\n" + r.output;
+    }
+    std::ofstream(File("job.yaml"))
+        << kTinyTextUNet << "data:\n  kind: latent_folder\n  path: " << File("data")
+        << "\ncheckpoint:\n  dir: " << File("ckpt") << "\n";
+    const CommandResult r = RunDifftrain("train --config " + Q("job.yaml"));
+    return r.exit_code == 0 ? "" : r.output;
+  }
+
+  // `sample ARGS --raw FILE` from the checkpoint; the samples and their labels.
+  static io::SafetensorsFile Sample(const std::string& args, const std::string& raw) {
+    const CommandResult r =
+        RunDifftrain("sample --checkpoint " + Q("ckpt") +
+                     " --sampler ddim --steps 3 --per-class 2 --raw " + Q(raw) + " " + args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+    Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(File(raw));
+    EXPECT_TRUE(file.ok()) << file.status().message();
+    return std::move(file).value();
+  }
+  static std::vector<float> Images(const io::SafetensorsFile& file) {
+    std::vector<float> x(4 * 32 * 32);
+    EXPECT_TRUE(file.CopyF32("images", {4, 1, 32, 32}, x.data()).ok());
+    return x;
+  }
+
+  static fs::path* dir_;
+  static std::string* setup_;
+};
+
+fs::path* TextSampleTest::dir_ = nullptr;
+std::string* TextSampleTest::setup_ = nullptr;
+
+TEST_F(TextSampleTest, PackedFolderVerifies) {
+  const CommandResult r = RunDifftrain("data verify " + Q("data"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("64 samples of 1×32×32, 10 classes, 2 shards, 60 texts of 4×8"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(TextSampleTest, SamplesFromPromptsIntoGridAndRawFile) {
+  const CommandResult r = RunDifftrain(
+      "sample --checkpoint " + Q("ckpt") +
+      " --prompt 'a photo of a sneaker' --prompt 'an image of a bag' --per-class 2 --sampler ddim "
+      "--steps 3 --cfg 3 --clip-denoised true --out " +
+      Q("grid.png") + " --raw " + Q("raw.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<io::PngImage> png = io::ReadPng(File("grid.png"));
+  ASSERT_TRUE(png.ok()) << png.status().message();
+  EXPECT_EQ(png->width, 2 * 34 + 2);   // two samples a row
+  EXPECT_EQ(png->height, 2 * 34 + 2);  // one row per prompt
+  Result<io::SafetensorsFile> raw = io::SafetensorsFile::Read(File("raw.safetensors"));
+  ASSERT_TRUE(raw.ok()) << raw.status().message();
+  std::vector<int64_t> labels(4);
+  const io::TensorView* view = raw->Find("labels");
+  ASSERT_NE(view, nullptr);
+  std::memcpy(labels.data(), view->data, 4 * sizeof(int64_t));
+  // A sample's label is the class its prompt names: sneaker 7, bag 8.
+  EXPECT_EQ(labels, (std::vector<int64_t>{7, 7, 8, 8}));
+  const nlohmann::json how = nlohmann::json::parse(raw->metadata().at("sampling"));
+  EXPECT_EQ(how["prompts"], nlohmann::json({"a photo of a sneaker", "an image of a bag"}));
+  EXPECT_EQ(how["text_ids"], nlohmann::json({42, 50}));
+  EXPECT_EQ(how["cfg_scale"], 3.0);
+}
+
+TEST_F(TextSampleTest, CaptionIdsAreThePromptsAndGuidanceChangesTheSamples) {
+  const std::vector<float> by_prompt =
+      Images(Sample("--cfg 3 --prompt 'a photo of a sneaker' --prompt 'a photo of a bag'",
+                    "prompts.safetensors"));
+  const std::vector<float> by_id = Images(Sample("--cfg 3 --captions 42,48", "ids.safetensors"));
+  EXPECT_EQ(by_prompt, by_id);
+  // The held-out paraphrases are in the table: a model is sampled from them by prompt too.
+  const std::vector<float> unguided =
+      Images(Sample("--cfg 1 --captions 42,48", "cfg1.safetensors"));
+  EXPECT_NE(unguided, by_id);
+  const std::vector<float> paraphrase =
+      Images(Sample("--cfg 3 --prompt 'a grayscale snapshot showing a sneaker' --captions 48",
+                    "para.safetensors"));
+  EXPECT_NE(paraphrase, by_id);
+}
+
+TEST_F(TextSampleTest, BadInputExitsTwo) {
+  ASSERT_EQ(RunDifftrain("data embed --captions " + Q("captions.json") +
+                         " --length 4 --dim 16 --out " + Q("wide.safetensors"))
+                .exit_code,
+            0);
+  struct Case {
+    std::string args, message;
+  };
+  const std::string ckpt = "--checkpoint " + Q("ckpt") + " --out " + Q("bad.png");
+  for (const Case& c : std::vector<Case>{
+           {ckpt + " --prompt 'a photo of a boat'", "'a photo of a boat' is not in the text table"},
+           {ckpt + " --classes 1", "a text-conditional model samples from --prompt or --captions"},
+           {ckpt, "needs --prompt TEXT"},
+           {ckpt + " --captions 60", "60 is outside the text table's [0, 60)"},
+           {ckpt + " --captions 1 --text-table " + Q("wide.safetensors"),
+            "holds texts of 4x16, the model takes 4x8"},
+           {ckpt + " --captions 1 --text-table " + Q("missing.safetensors"),
+            File("missing.safetensors")},
+       }) {
+    const CommandResult r = RunDifftrain("sample " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+// Training refuses texts of another shape than the model's cross-attention takes.
+TEST_F(TextSampleTest, TrainingRefusesTextsOfAnotherShape) {
+  std::string job = kTinyTextUNet;
+  job.replace(job.find("cross_attention_dim: 8"), 22, "cross_attention_dim: 16");
+  std::ofstream(File("wide.yaml"))
+      << job << "data:\n  kind: latent_folder\n  path: " << File("data") << "\n";
+  const CommandResult r = RunDifftrain("train --config " + Q("wide.yaml"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("texts are embedded as 4x8 (tokens x features), but the model takes "
+                          "text embeddings of 4x16"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace difftrain
