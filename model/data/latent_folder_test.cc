@@ -15,6 +15,7 @@
 #include "model/data/fashion_mnist.h"
 #include "model/data/loader.h"
 #include "model/io/safetensors.h"
+#include "model/train/trainer.h"
 
 namespace difftrain {
 namespace {
@@ -306,6 +307,52 @@ TEST_F(TextFolderTest, RoundTripOfLatentsAndTexts) {
   Result<std::unique_ptr<LatentFolderDataset>> plain = LatentFolderDataset::Open(dir_);
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ((*plain)->texts(), nullptr);
+}
+
+// Training a text-conditioned UNet on the folder feeds each sample its own text (its label's
+// caption here), or with text dropout the unconditional zeros: never a synthetic one.
+TEST_F(TextFolderTest, TrainingFeedsEachSampleItsText) {
+  PackWithTexts();
+  Result<TrainConfig> config = TrainConfig::FromYamlText(R"(model:
+  name: unet
+  block_out_channels: [4, 8]
+  attention_head_dim: 2
+  cross_attention_dim: 4
+  norm_num_groups: 4
+  down_block_types: [CrossAttnDownBlock2D, DownBlock2D]
+  up_block_types: [UpBlock2D, CrossAttnUpBlock2D]
+  sample_size: 8
+  in_channels: 4
+  out_channels: 4
+  text_length: 3
+  text_dropout: 0.3
+data:
+  kind: latent_folder
+  path: )" + Path("texts") + R"(
+batch:
+  micro: 10
+  global: 10
+)",
+                                                         "text folder job");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  Result<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+  MicroBatch batch;
+  ASSERT_TRUE((*trainer)->MakeMicroBatch(0, 10, batch).ok());
+  int texts = 0, dropped = 0;
+  for (int b = 0; b < 10; ++b) {
+    const std::vector<float> got(batch.context.begin() + 12 * b,
+                                 batch.context.begin() + 12 * (b + 1));
+    const float* want = texts_.embedding(batch.y[b]);
+    if (got == std::vector<float>(12, 0.0f)) {
+      ++dropped;
+    } else {
+      EXPECT_EQ(got, std::vector<float>(want, want + 12)) << "sample " << b;
+      ++texts;
+    }
+  }
+  EXPECT_GT(texts, 0);
+  EXPECT_GT(dropped, 0);
 }
 
 TEST_F(TextFolderTest, TextEntryThatDisagreesWithTheTable) {
