@@ -8,7 +8,7 @@
 #   (c) the frames of a video agree on the garment's class: agreement >= 0.8.
 #
 #   bench/latte_learning.sh [STEPS] [CFG]
-#       defaults: the job's steps, guidance 4 (DDIM, 25 steps)
+#       defaults: the job's steps, guidance 14 (DDIM, 25 steps)
 #   SEED (default 1) chooses the draw; SKIP_TRAINING=1 scores the last run again.
 # Writes docs/images/latte-samples.gif (one row of two videos per class) and
 # docs/images/latte-filmstrip.png (the same 20 videos, one row of frames each).
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 make build >/dev/null
 steps=${1:-}
-cfg=${2:-4}
+cfg=${2:-14}
 seed=${SEED:-1}
 run=runs/latte-moving-fashion
 classifier=model/eval/fashion_mnist_classifier.safetensors
