@@ -1,7 +1,12 @@
-// CPU MFU of a DiT training step: the achieved FLOP rate of full training steps (forward,
+// CPU MFU of a training step: the achieved FLOP rate of full training steps (forward,
 // backward, AdamW, EMA) divided by the FLOP rate OpenBLAS sgemm reaches on this machine.
 //
 //   bench_cpu_mfu [--model DiT-S/4] [--input-size 32] [--batch 64] [--steps 5] [--repeats 5]
+//   bench_cpu_mfu --config JOB.yaml [--batch B] ...
+//
+// --config takes the model, diffusion and optimizer sections of a job (any family: Latte, the
+// UNet) and its batch.micro unless --batch is given; the samples are synthetic (the job's data
+// section is not read), so the figure is the model's compute alone.
 //
 // Prints one line per measurement and a summary with medians (see bench/cpu_mfu.sh).
 #include <algorithm>
@@ -15,6 +20,7 @@
 
 #include "model/cpu/gemm.h"
 #include "model/dit/family.h"
+#include "model/family/family.h"
 #include "model/tensor/buffer.h"
 #include "model/train/trainer.h"
 
@@ -48,13 +54,33 @@ double SgemmGflops(int n, int repeats) {
   return Median(rates);
 }
 
+// The job to time: the --config file's, else a DiT of --model at --input-size.
+Result<TrainConfig> BenchConfig(const std::string& config_path, const std::string& model,
+                                int input_size, int batch) {
+  TrainConfig config;
+  if (!config_path.empty()) {
+    DT_ASSIGN_OR_RETURN(config, TrainConfig::FromYamlFile(config_path));
+  } else {
+    DT_ASSIGN_OR_RETURN(DiTConfig dit, DiTConfigByName(model, input_size));
+    config.model = DiTSpec(dit);
+  }
+  if (batch > 0 || config_path.empty()) config.micro_batch = batch > 0 ? batch : 64;
+  config.global_batch = config.micro_batch;
+  config.data = DataConfig{};
+  config.data.kind = "synthetic";
+  config.device = "cpu";
+  return config;
+}
+
 int Main(int argc, char** argv) {
-  std::string model = "DiT-S/4";
-  int input_size = 32, batch = 64, steps = 5, repeats = 5;
+  std::string model = "DiT-S/4", config_path;
+  int input_size = 32, batch = 0, steps = 5, repeats = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model")
       model = value;
+    else if (flag == "--config")
+      config_path = value;
     else if (flag == "--input-size")
       input_size = std::stoi(value);
     else if (flag == "--batch")
@@ -68,25 +94,29 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  Result<DiTConfig> dit = DiTConfigByName(model, input_size);
-  if (!dit.ok()) {
-    std::fprintf(stderr, "%s\n", dit.status().message().c_str());
+  Result<TrainConfig> config = BenchConfig(config_path, model, input_size, batch);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().message().c_str());
     return 2;
   }
+  batch = config->micro_batch;
   std::printf("threads %d\n", omp_get_max_threads());
   const double peak = SgemmGflops(2048, repeats);
   std::printf("sgemm 2048^3: %.1f GFLOP/s (median of %d)\n", peak, repeats);
 
-  TrainConfig config;
-  config.model = DiTSpec(*dit);
-  config.micro_batch = config.global_batch = batch;
-  Trainer trainer(config, std::make_unique<SyntheticDataset>(0, dit->in_channels, input_size,
-                                                             dit->num_classes));
+  Result<std::unique_ptr<Trainer>> made = Trainer::Create(*config);
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().message().c_str());
+    return 2;
+  }
+  Trainer& trainer = **made;
   // Time steps on one prepared batch: the model's compute alone, not data generation.
   MicroBatch mb;
   if (Status s = trainer.MakeMicroBatch(0, batch, mb); !s.ok()) return 1;
   trainer.StepOn(mb);  // warm-up: allocates the activation arena
-  const double flops_per_step = TrainingFlopsPerSample(*dit) * batch;
+  const ModelSpec& spec = config->model;
+  const double flops_per_step = FamilyOf(spec).Cost(spec).training_flops_per_sample() * batch;
+  const SampleSchema schema = FamilyOf(spec).Samples(spec);
   std::vector<double> step_seconds;
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = Clock::now();
@@ -99,8 +129,8 @@ int Main(int argc, char** argv) {
   const double median = Median(step_seconds);
   const double gflops = flops_per_step / median / 1e9;
   std::printf("%s %dx%d batch %d: %.2f samples/s, %.1f GFLOP/s, sgemm %.1f GFLOP/s, MFU %.1f%%\n",
-              model.c_str(), input_size, input_size, batch, batch / median, gflops, peak,
-              100 * gflops / peak);
+              spec.name().c_str(), schema.height, schema.width, batch, batch / median, gflops,
+              peak, 100 * gflops / peak);
   return 0;
 }
 

@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "model/cpu/gemm.h"
+#include "model/cpu/vec_math.h"
 
 namespace difftrain::cpu {
 namespace {
@@ -15,11 +16,13 @@ void SoftmaxRows(T* x, int rows, int cols) {
   for (int r = 0; r < rows; ++r) {
     T* row = x + static_cast<size_t>(r) * cols;
     T max = row[0];
+#pragma omp simd reduction(max : max)
     for (int c = 1; c < cols; ++c)
       max = row[c] > max ? row[c] : max;
     T sum = 0;
+#pragma omp simd reduction(+ : sum)
     for (int c = 0; c < cols; ++c) {
-      row[c] = std::exp(row[c] - max);
+      row[c] = VecExp(row[c] - max);
       sum += row[c];
     }
     const T inv = T(1) / sum;

@@ -4,8 +4,8 @@
 //   kj − P]
 // with Ho = (H + 2P − K) / S + 1 (likewise Wo), reading zero outside the input.
 //
-// Each sample is one GEMM on OpenBLAS: weight [Co, C·K·K] times the im2col matrix
-// [C·K·K, Ho·Wo] (the input itself for a 1×1 kernel of stride 1 without padding).
+// A group of samples is one GEMM on OpenBLAS: weight [Co, C·K·K] times the im2col matrix
+// [C·K·K, n·Ho·Wo] of the group's n samples side by side (model/cpu/conv2d.cc says how many).
 // Backward adds into every gradient it is given (din, dweight, dbias: `+=`); a null pointer
 // skips that gradient.
 #pragma once

@@ -113,5 +113,33 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Conv2dTest,
                            return std::string(info.param.name);
                          });
 
+// A batch whose im2col matrices do not fit one GEMM's scratch runs in groups of samples
+// (two, then one, here); the result must be that of each sample alone (the weight gradient
+// within float rounding of its 64k-term sums).
+TEST(Conv2dGroupsTest, BatchInGroupsEqualsOneSampleAtATime) {
+  const Conv2dShape s{3, 16, 146, 146, 2, 3, 1, 1};
+  const Conv2dShape one{1, s.C, s.H, s.W, s.Co, s.K, s.S, s.P};
+  const size_t in_sample = size_t(s.C) * s.H * s.W, out_sample = size_t(s.Co) * s.Ho() * s.Wo();
+  std::mt19937 rng(5);
+  const auto in = gradcheck::Convert<float>(gradcheck::Random(s.B * in_sample, rng));
+  const auto w = gradcheck::Convert<float>(gradcheck::Random(size_t(s.Co) * s.C * 9, rng));
+  const auto b = gradcheck::Convert<float>(gradcheck::Random(s.Co, rng));
+  const auto dout = gradcheck::Convert<float>(gradcheck::Random(s.B * out_sample, rng));
+  std::vector<float> out(s.B * out_sample), din(s.B * in_sample), dw(w.size()), db(s.Co);
+  Conv2dForward(out.data(), in.data(), w.data(), b.data(), s);
+  Conv2dBackward(din.data(), dw.data(), db.data(), dout.data(), in.data(), w.data(), s);
+  std::vector<float> out1(out.size()), din1(din.size()), dw1(w.size()), db1(s.Co);
+  for (int i = 0; i < s.B; ++i) {
+    Conv2dForward(out1.data() + i * out_sample, in.data() + i * in_sample, w.data(), b.data(),
+                  one);
+    Conv2dBackward(din1.data() + i * in_sample, dw1.data(), db1.data(),
+                   dout.data() + i * out_sample, in.data() + i * in_sample, w.data(), one);
+  }
+  EXPECT_TRUE(gradcheck::Near(out, gradcheck::Convert<double>(out1), 1e-6));
+  EXPECT_TRUE(gradcheck::Near(din, gradcheck::Convert<double>(din1), 1e-6));
+  EXPECT_TRUE(gradcheck::Near(dw, gradcheck::Convert<double>(dw1), 1e-5));
+  EXPECT_TRUE(gradcheck::Near(db, gradcheck::Convert<double>(db1), 1e-6));
+}
+
 }  // namespace
 }  // namespace difftrain::cpu

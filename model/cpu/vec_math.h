@@ -15,7 +15,9 @@ namespace difftrain::cpu {
 
 inline float VecExp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  // k = round(x / ln2) by the 1.5·2^23 trick: adding it leaves no fraction bits, so the sum
+  // is rounded to an integer. std::floor would not vectorise without -fno-trapping-math.
+  const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   // ln2 split in two so that k·ln2 is subtracted without rounding error.
   const float r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-06f;
   const float p =

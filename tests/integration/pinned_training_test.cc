@@ -2,7 +2,8 @@
 // (the model-family seam, the job spec, the rank runtime): the checksum of every tensor of
 // its final checkpoint was recorded with the code before those changes (commit f09f8eb), and
 // a checkpoint that code wrote (tests/data/pinned/checkpoint, step 3) must still load and
-// resume to the same final tensors.
+// resume to recorded final tensors. A change of the model's arithmetic (a kernel's rounding)
+// changes both checksums; such a change re-records them and says so below.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -31,8 +32,16 @@ uint64_t Checksum(const std::map<std::string, std::string>& tensors) {
   return h;
 }
 
-// Recorded before the refactor: `difftrain train` of tests/data/pinned/job.yaml.
-constexpr uint64_t kPinnedChecksum = 0x2b45f479773c226full;
+// `difftrain train` of tests/data/pinned/job.yaml. Recorded before the refactor as
+// 0x2b45f479773c226f, which every commit up to the vectorised attention softmax reproduced;
+// that softmax (model/cpu/attention.cc: the polynomial exp of vec_math.h, and the row sums in
+// SIMD order) is the only change of DiT's arithmetic since, and with the softmax of before
+// the old checksum is reproduced. Re-recorded then.
+constexpr uint64_t kPinnedChecksum = 0x658dc27eff7ad2f8ull;
+// The checkpoint of tests/data/pinned/checkpoint (step 3, written by the code before the
+// refactor, so by the softmax of before) resumed to step 6: until the softmax changed, the
+// same as kPinnedChecksum; since, its first three steps carry the old arithmetic.
+constexpr uint64_t kResumedChecksum = 0x72d93221ccc71ec6ull;
 constexpr int64_t kPinnedStep = 6;
 
 class PinnedTrainingTest : public ::testing::Test {
@@ -76,7 +85,7 @@ TEST_F(PinnedTrainingTest, ResumesACheckpointWrittenBeforeTheRefactor) {
   fs::copy(std::string(DIFFTRAIN_SOURCE_DIR) + "/tests/data/pinned/checkpoint", dir,
            fs::copy_options::recursive);
   const uint64_t got = Train(dir);
-  EXPECT_EQ(got, kPinnedChecksum) << "checksum 0x" << std::hex << got;
+  EXPECT_EQ(got, kResumedChecksum) << "checksum 0x" << std::hex << got;
 }
 
 }  // namespace
