@@ -20,7 +20,10 @@ cfg=${2:-14}
 seed=${SEED:-1}
 run=runs/latte-moving-fashion
 classifier=model/eval/fashion_mnist_classifier.safetensors
-export OMP_WAIT_POLICY=passive
+# One program at a time, alone on the machine: OpenMP's default wait policy (threads spin
+# briefly at a barrier, then sleep). OMP_WAIT_POLICY=passive, right when ranks or tests share
+# the cores, costs these small models a sixth to a third of their speed (docs/benchmarks.md).
+unset OMP_WAIT_POLICY
 
 start=$(date +%s)
 if [[ -z ${SKIP_TRAINING:-} ]]; then

@@ -29,7 +29,10 @@ paraphrases=${PARAPHRASES:-100}
 run=runs/unet-fashion
 classifier=model/eval/fashion_mnist_classifier.safetensors
 [[ -f $classifier ]] || build/difftrain eval train-classifier --out "$classifier"
-export OMP_WAIT_POLICY=passive
+# One program at a time, alone on the machine: OpenMP's default wait policy (threads spin
+# briefly at a barrier, then sleep). OMP_WAIT_POLICY=passive, right when ranks or tests share
+# the cores, costs these small models a sixth to a third of their speed (docs/benchmarks.md).
+unset OMP_WAIT_POLICY
 mkdir -p "$run"
 
 # The data: captions, their embeddings [16, 384], the packed folder (kept between runs).

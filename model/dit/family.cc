@@ -175,9 +175,7 @@ class TransformerFamily final : public ModelFamily {
 #else
     (void)config;
     (void)device;
-    return Status::Error(
-        "train.device cuda: this difftrain was built without the CUDA backend (no nvcc when it "
-        "was built; see docs/cuda.md)");
+    return NoCudaBackend();
 #endif
   }
 

@@ -129,19 +129,45 @@ double BouncingPathResidual(const std::vector<double>& track, int travel) {
   return std::sqrt(best[0] / track.size());
 }
 
-nlohmann::json VideoReport::ToJson() const {
+nlohmann::json VideoMeasures::ToJson() const {
   return {{"videos", videos},
-          {"frames", frames},
           {"frame_accuracy", frame_accuracy},
           {"agreement", agreement},
           {"track_residual", track_residual},
           {"missing_frames", missing_frames}};
 }
 
+nlohmann::json VideoReport::ToJson() const {
+  nlohmann::json json = VideoMeasures::ToJson();
+  json["frames"] = frames;
+  json["per_label"] = nlohmann::json::array();
+  for (const VideoMeasures& m : per_label)
+    json["per_label"].push_back(m.ToJson());
+  return json;
+}
+
+namespace {
+
+// Running sums of the measures over a set of videos.
+struct MeasureSums {
+  int64_t videos = 0, frames = 0, correct = 0, missing = 0, tracked = 0;
+  double agreement = 0, residual_sq = 0;
+
+  VideoMeasures Measures() const {
+    VideoMeasures m;
+    m.videos = videos;
+    if (videos == 0) return m;
+    m.frame_accuracy = static_cast<double>(correct) / frames;
+    m.agreement = agreement / videos;
+    m.track_residual = tracked > 0 ? std::sqrt(residual_sq / tracked) : INFINITY;
+    m.missing_frames = static_cast<double>(missing) / frames;
+    return m;
+  }
+};
+
+}  // namespace
+
 VideoReport EvaluateVideos(Classifier<float>& net, const Videos& v, int garment) {
-  VideoReport report;
-  report.videos = v.count;
-  report.frames = v.frames;
   const size_t frame_floats = size_t(v.size) * v.size;
   const int64_t n = v.count * v.frames;
   std::vector<float> crops(n * kClassifierSide * kClassifierSide);
@@ -152,37 +178,52 @@ VideoReport EvaluateVideos(Classifier<float>& net, const Videos& v, int garment)
               crops.begin() + i * kClassifierSide * kClassifierSide);
   }
   const Classification out = Classify(net, crops.data(), n);
-  int64_t correct = 0, missing = 0, tracked = 0;
-  double agreement = 0, residual_sq = 0;
+  MeasureSums all;
+  std::vector<MeasureSums> by_label;
   for (int64_t video = 0; video < v.count; ++video) {
+    const int32_t label = v.labels[video];
+    if (label >= 0 && label >= static_cast<int32_t>(by_label.size())) by_label.resize(label + 1);
+    MeasureSums scratch;
+    MeasureSums& mine = label >= 0 ? by_label[label] : scratch;
     std::map<int32_t, int> votes;
     std::vector<double> xs, ys;
+    int correct = 0, missing = 0;
     for (int f = 0; f < v.frames; ++f) {
       const int64_t i = video * v.frames + f;
       if (!found[i].found) {
         ++missing;
         continue;
       }
-      correct += out.predictions[i] == v.labels[video];
+      correct += out.predictions[i] == label;
       ++votes[out.predictions[i]];
       xs.push_back(found[i].x);
       ys.push_back(found[i].y);
     }
     int most = 0;
-    for (const auto& [label, count] : votes)
+    for (const auto& [predicted, count] : votes)
       most = std::max(most, count);
-    agreement += static_cast<double>(most) / v.frames;
-    if (static_cast<int>(xs.size()) == v.frames) {
+    double residual_sq = 0;
+    const bool tracked = static_cast<int>(xs.size()) == v.frames;
+    if (tracked) {
       const double rx = BouncingPathResidual(xs, v.size - garment);
       const double ry = BouncingPathResidual(ys, v.size - garment);
-      residual_sq += (rx * rx + ry * ry) / 2;
-      ++tracked;
+      residual_sq = (rx * rx + ry * ry) / 2;
+    }
+    for (MeasureSums* sums : {&all, &mine}) {
+      ++sums->videos;
+      sums->frames += v.frames;
+      sums->correct += correct;
+      sums->missing += missing;
+      sums->agreement += static_cast<double>(most) / v.frames;
+      sums->tracked += tracked;
+      sums->residual_sq += residual_sq;
     }
   }
-  report.frame_accuracy = static_cast<double>(correct) / n;
-  report.agreement = agreement / v.count;
-  report.track_residual = tracked > 0 ? std::sqrt(residual_sq / tracked) : INFINITY;
-  report.missing_frames = static_cast<double>(missing) / n;
+  VideoReport report;
+  static_cast<VideoMeasures&>(report) = all.Measures();
+  report.frames = v.frames;
+  for (const MeasureSums& sums : by_label)
+    report.per_label.push_back(sums.Measures());
   return report;
 }
 

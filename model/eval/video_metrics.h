@@ -48,13 +48,21 @@ GarmentCrop CropGarment(const float* frame, int size, int garment);
 // free offset lo, start q and velocity v.
 double BouncingPathResidual(const std::vector<double>& track, int travel);
 
-struct VideoReport {
+// The measures of a set of videos (all of them, or those of one label).
+struct VideoMeasures {
   int64_t videos = 0;
-  int frames = 0;
   double frame_accuracy = 0;  // over every frame with a garment found (missing frames count wrong)
   double agreement = 0;       // mean over videos
   double track_residual = 0;  // RMS over videos whose garment is found in every frame
   double missing_frames = 0;  // fraction of frames without a garment
+  nlohmann::json ToJson() const;
+};
+
+struct VideoReport : VideoMeasures {
+  int frames = 0;
+  // The same measures for the videos of each label (index: the label), to see which classes
+  // pull the totals down; the track residual's RMS weighs a class by its videos.
+  std::vector<VideoMeasures> per_label;
   nlohmann::json ToJson() const;
 };
 // `garment` is the garment's side on the canvas (14 for moving_fashion_mnist).

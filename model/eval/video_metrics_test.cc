@@ -61,6 +61,18 @@ TEST(EvaluateVideosTest, RealVideosAreTheFloor) {
   EXPECT_GT(r.frame_accuracy, 0.6);
   EXPECT_LT(r.track_residual, 0.6);
   EXPECT_GT(r.agreement, 0.85);
+  // Per label: the videos of each of the 10 classes, whose measures make up the totals.
+  ASSERT_EQ(r.per_label.size(), 10u);
+  int64_t videos = 0;
+  double correct = 0, residual_sq = 0;
+  for (const VideoMeasures& m : r.per_label) {
+    videos += m.videos;
+    correct += m.frame_accuracy * m.videos;
+    residual_sq += m.track_residual * m.track_residual * m.videos;
+  }
+  EXPECT_EQ(videos, 300);
+  EXPECT_NEAR(correct / videos, r.frame_accuracy, 1e-12);
+  EXPECT_NEAR(std::sqrt(residual_sq / videos), r.track_residual, 1e-12);
 }
 
 // Frames shuffled in time break the path; frames of other videos break agreement and

@@ -23,6 +23,9 @@ namespace difftrain {
 struct MicroBatch;
 struct MemoryBytes;
 
+// The error of a family's CreateGpuStep in a build without the CUDA backend.
+Status NoCudaBackend();
+
 class GpuStep {
  public:
   // The family's step (ModelFamily::CreateGpuStep): makes GPU `device` current, creates the

@@ -153,9 +153,7 @@ class UNetFamilyImpl final : public ModelFamily {
 #else
     (void)config;
     (void)device;
-    return Status::Error(
-        "train.device cuda: this difftrain was built without the CUDA backend (no nvcc when it "
-        "was built; see docs/cuda.md)");
+    return NoCudaBackend();
 #endif
   }
 };

@@ -13,6 +13,7 @@
 #include "model/train/trainer.h"
 #include "model/unet/plan.h"
 #include "model/unet/unet.h"
+#include "model/unet/unet_testing.h"
 
 namespace difftrain {
 namespace {
@@ -110,24 +111,10 @@ TEST(UNetFamily, RequestsOverrideSampleSizeAndCheckShapes) {
   EXPECT_FALSE(ModelSpecFromRequest(r).ok());
 }
 
-UNetConfig Tiny() {
-  UNetConfig c;
-  c.block_out_channels = {4, 8};
-  c.down_block_types = {kCrossAttnDown, kDown};
-  c.up_block_types = {kUp, kCrossAttnUp};
-  c.layers_per_block = 1;
-  c.attention_head_dim = {2};
-  c.cross_attention_dim = 6;
-  c.norm_num_groups = 2;
-  c.sample_size = 8;
-  c.text_length = 3;
-  return c;
-}
-
 // Backward adds into the gradients (two passes give twice one, up to rounding), and reports
 // gradient ranges final from offsets that only decrease, ending at 0.
 TEST(UNetModel, GradientsAccumulateAndReadyOffsetsDecrease) {
-  UNet model(Tiny());
+  UNet model(testing::TinyUNetConfig());
   model.InitializeRandom(3);
   const int B = 2;
   model.Reserve(B, 1);
@@ -160,7 +147,7 @@ TEST(UNetModel, GradientsAccumulateAndReadyOffsetsDecrease) {
 // of a tiny UNet allocates, arena by arena.
 TEST(UNetModel, PlannedMemoryIsWhatATrainerAllocates) {
   TrainConfig config;
-  config.model = UNetSpec(Tiny());
+  config.model = UNetSpec(testing::TinyUNetConfig());
   config.micro_batch = config.global_batch = 3;
   const SampleSchema x = UNetFamily().Samples(config.model);
   Trainer trainer(config, std::make_unique<SyntheticDataset>(1, x.channels, x.height, 0));

@@ -12,26 +12,10 @@
 #include "model/train/trainer.h"
 #include "model/unet/family.h"
 #include "model/unet/unet.h"
+#include "model/unet/unet_testing.h"
 
 namespace difftrain {
 namespace {
-
-// Two levels, a plain and a cross-attention block each way (up resnets concatenate skips, an
-// upsampler), two heads, 1×1-conv projections; `linear` for linear projections.
-UNetConfig Small(bool linear = false) {
-  UNetConfig c;
-  c.block_out_channels = {4, 8};
-  c.down_block_types = {kCrossAttnDown, kDown};
-  c.up_block_types = {kUp, kCrossAttnUp};
-  c.layers_per_block = 1;
-  c.attention_head_dim = {2};
-  c.cross_attention_dim = 6;
-  c.norm_num_groups = 2;
-  c.use_linear_projection = linear;
-  c.sample_size = 8;
-  c.text_length = 3;
-  return c;
-}
 
 // The gradients of one forward and backward of B = 2 on fixed inputs, two micro-batches in
 // flight (slot 1 then slot 0, so that a slot's backward follows another slot's forward).
@@ -58,8 +42,8 @@ std::vector<float> Gradients(const UNetConfig& c, bool recompute) {
 
 TEST(UNetRecompute, GradientsAreTheSameBits) {
   for (bool linear : {false, true}) {
-    const std::vector<float> stored = Gradients(Small(linear), false);
-    const std::vector<float> recomputed = Gradients(Small(linear), true);
+    const std::vector<float> stored = Gradients(testing::TinyUNetConfig(linear), false);
+    const std::vector<float> recomputed = Gradients(testing::TinyUNetConfig(linear), true);
     ASSERT_EQ(stored.size(), recomputed.size());
     EXPECT_EQ(std::memcmp(stored.data(), recomputed.data(), stored.size() * sizeof(float)), 0)
         << (linear ? "linear projections" : "1x1-conv projections");
@@ -75,7 +59,7 @@ struct Trained {
 // Three optimizer steps of two micro-batches each (accumulation).
 Trained Train(bool recompute) {
   TrainConfig config;
-  config.model = UNetSpec(Small());
+  config.model = UNetSpec(testing::TinyUNetConfig());
   config.micro_batch = 2;
   config.global_batch = 4;
   config.recompute = recompute;
@@ -100,7 +84,7 @@ TEST(UNetRecompute, TrainingEqualsTrainingWithoutAndTheArenaIsThePlannedOne) {
   EXPECT_EQ(std::memcmp(stored.parameters.data(), recomputed.parameters.data(),
                         stored.parameters.size() * sizeof(float)),
             0);
-  const ModelSpec spec = UNetSpec(Small());
+  const ModelSpec spec = UNetSpec(testing::TinyUNetConfig());
   Result<MemoryBytes> planned = PlanMemory(spec, {}, 0, 2, 2, false, 1, size_t{1} << 20, true);
   ASSERT_TRUE(planned.ok()) << planned.status().message();
   EXPECT_EQ(planned->activations, recomputed.memory.activations);
