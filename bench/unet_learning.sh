@@ -10,9 +10,9 @@
 # showing a sneaker"): their conditional accuracy.
 #
 #   bench/unet_learning.sh [STEPS] [CFG] [CFG_INTERVAL]
-#       defaults: the job's steps, guidance 7 at every step (0,999; docs/benchmarks.md says
+#       defaults: the job's steps, guidance 5 at timesteps 250..750 (docs/benchmarks.md says
 #       why)
-#   SEEDS="1 3" (default) chooses the draws; DDIM_STEPS (default 20); PARAPHRASES (default
+#   SEEDS="1 3 4 5" (default) chooses the draws; DDIM_STEPS (default 20); PARAPHRASES (default
 #   100) samples per class from the paraphrases; SKIP_TRAINING=1 scores the last run again
 #   (otherwise the run's checkpoints are deleted first); ENCODER=token uses the token table
 #   even where MiniLM can be had; SKIP_BUILD=1 uses build/difftrain as it is.
@@ -21,9 +21,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -n ${SKIP_BUILD:-} ]] || make build >/dev/null
 steps=${1:-}
-cfg=${2:-7}
-interval=${3:-0,999}
-seeds=${SEEDS:-1 3}
+cfg=${2:-5}
+interval=${3:-250,750}
+seeds=${SEEDS:-1 3 4 5}
 ddim_steps=${DDIM_STEPS:-20}
 paraphrases=${PARAPHRASES:-100}
 run=runs/unet-fashion

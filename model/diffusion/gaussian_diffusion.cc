@@ -36,12 +36,6 @@ Status DiffusionConfig::Validate() const {
   if (prediction != "epsilon" && prediction != "v") {
     return Errorf("diffusion.prediction: expected epsilon or v, found '{}'", prediction);
   }
-  if (prediction == "v" && loss_weighting != "uniform") {
-    return Errorf(
-        "diffusion.loss_weighting {} is for epsilon-prediction; v-prediction trains "
-        "with uniform weights",
-        loss_weighting);
-  }
   if (!(min_snr_gamma > 0)) {
     return Errorf("diffusion.min_snr_gamma: expected a positive number, found {}", min_snr_gamma);
   }
@@ -105,8 +99,10 @@ GaussianDiffusion::GaussianDiffusion(const DiffusionConfig& config) : config_(co
 double GaussianDiffusion::LossWeight(int64_t t) const {
   DT_CHECK(t >= 0 && t < config_.steps, "timestep {} out of range", t);
   if (config_.loss_weighting == "uniform") return 1.0;
+  // Both weight the x0-MSE by min(SNR, γ): the ε-MSE is SNR times the x0-MSE, the v-MSE
+  // (SNR + 1) times it.
   const double snr = alphas_cumprod_[t] / (1.0 - alphas_cumprod_[t]);
-  return std::min(snr, config_.min_snr_gamma) / snr;
+  return std::min(snr, config_.min_snr_gamma) / (predicts_noise() ? snr : snr + 1);
 }
 
 std::vector<double> GaussianDiffusion::LossWeights(const int64_t* t, int B) const {

@@ -22,9 +22,10 @@ struct DiffusionConfig {
   std::string schedule = "linear";
   double beta_start = 1e-4;
   double beta_end = 0.02;
-  // uniform: every timestep's ε-MSE counts alike (DiT). min_snr: sample b's ε-MSE is weighted
-  // by min(SNR_t, γ) / SNR_t with SNR_t = ᾱ_t / (1 − ᾱ_t) (Hang et al., "Efficient Diffusion
-  // Training via Min-SNR Weighting Strategy", for ε-prediction).
+  // uniform: every timestep's MSE counts alike (DiT). min_snr: sample b's ε-MSE is weighted
+  // by min(SNR_t, γ) / SNR_t with SNR_t = ᾱ_t / (1 − ᾱ_t), its v-MSE by min(SNR_t, γ) /
+  // (SNR_t + 1): both weigh the x0 error by min(SNR_t, γ) (Hang et al., "Efficient Diffusion
+  // Training via Min-SNR Weighting Strategy").
   std::string loss_weighting = "uniform";
   double min_snr_gamma = 5;
   // What the model predicts: epsilon (the noise), or v = √ᾱ_t · ε − √(1 − ᾱ_t) · x0

@@ -61,8 +61,6 @@ TEST(GaussianDiffusionTest, TargetIsNoiseOrV) {
     const double abar = v.alphas_cumprod()[t[i / 2]];
     EXPECT_NEAR(target[i], std::sqrt(abar) * noise[i] - std::sqrt(1 - abar) * x0[i], 1e-6);
   }
-  config.loss_weighting = "min_snr";
-  EXPECT_FALSE(config.Validate().ok());  // min-SNR weights are ε-prediction's
 }
 
 TEST(GaussianDiffusionTest, MinSnrWeightsTheLowNoiseStepsDown) {
@@ -82,6 +80,25 @@ TEST(GaussianDiffusionTest, MinSnrWeightsTheLowNoiseStepsDown) {
   const std::vector<int64_t> t = {0, 999};
   EXPECT_EQ(diffusion.LossWeights(t.data(), 2),
             (std::vector<double>{diffusion.LossWeight(0), 1.0}));
+}
+
+// Under v-prediction the v-MSE is (SNR + 1) times the x0-MSE, so min-SNR's weight is
+// min(SNR, γ) / (SNR + 1): the same weight of the x0 error as ε-prediction's.
+TEST(GaussianDiffusionTest, MinSnrUnderVPredictionWeighsTheX0ErrorAlike) {
+  DiffusionConfig config;
+  config.loss_weighting = "min_snr";
+  config.min_snr_gamma = 5;
+  const GaussianDiffusion eps(config);
+  config.prediction = "v";
+  ASSERT_TRUE(config.Validate().ok());
+  const GaussianDiffusion v(config);
+  const auto& abar = v.alphas_cumprod();
+  for (int64_t t : {0, 10, 100, 300, 999}) {
+    const double snr = abar[t] / (1 - abar[t]);
+    EXPECT_NEAR(v.LossWeight(t), std::min(snr, 5.0) / (snr + 1), 1e-15) << "t " << t;
+    // x0-MSE weights: ε's weight × SNR, v's weight × (SNR + 1).
+    EXPECT_NEAR(v.LossWeight(t) * (snr + 1), eps.LossWeight(t) * snr, 1e-9 * snr) << "t " << t;
+  }
 }
 
 TEST(GaussianDiffusionTest, WeightedMseScalesEachSamplesLossAndGradient) {

@@ -89,6 +89,7 @@ Sampler::Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                  const SamplerOptions& options)
     : shape_(shape),
       options_(options),
+      v_prediction_(!diffusion.predicts_noise()),
       timesteps_(SpaceTimesteps(diffusion.steps(), options.steps)) {
   // The respaced process (respace.py's SpacedDiffusion): its steps are the kept ᾱ's, and its
   // ᾱ's are recomputed from its β's as a cumulative product, as DiT does.
@@ -163,8 +164,13 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
       Rng& rng = rngs[b];
       for (size_t j = 0; j < n; ++j) {
         const size_t e = (j / frame) * out_frame + j % frame;  // ε of element j
-        const double eps = guided ? uncond[e] + g * (static_cast<double>(cond[e]) - uncond[e])
-                                  : static_cast<double>(cond[e]);
+        // Guidance is linear, so it combines v's as it combines ε's.
+        const double guided_out = guided
+                                      ? uncond[e] + g * (static_cast<double>(cond[e]) - uncond[e])
+                                      : static_cast<double>(cond[e]);
+        const double eps = v_prediction_ ? std::sqrt(abar) * guided_out +
+                                               std::sqrt(1 - abar) * static_cast<double>(xb[j])
+                                         : guided_out;
         double x0 = c.PredictX0(xb[j], eps);
         if (options_.clip_denoised) x0 = std::clamp(x0, -1.0, 1.0);
         double next;

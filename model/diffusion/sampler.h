@@ -98,7 +98,8 @@ class Sampler {
   const SamplerOptions& options() const { return options_; }
 
   // Draws samples first_index, ..., first_index + N − 1 with labels y [N] into out
-  // [N, C, H, W]. The model is called with batches of N (2N at guided steps).
+  // [N, C, H, W]. The model is called with batches of N (2N at guided steps). A model of
+  // v-prediction has its (guided) output turned into ε = √ᾱ_t·v + √(1 − ᾱ_t)·x_t at each step.
   void Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
               float* out) const;
   // The same from a given x_T: x [N, C, H, W] holds x_T and is overwritten by the samples.
@@ -110,6 +111,8 @@ class Sampler {
 
   DenoiserShape shape_;
   SamplerOptions options_;
+  // The model predicts v = √ᾱ·ε − √(1 − ᾱ)·x0 (diffusion.prediction v), not ε.
+  bool v_prediction_ = false;
   std::vector<int> timesteps_;
   std::vector<double> betas_;
   std::vector<StepCoefficients> steps_;  // the respaced process's coefficients, per step
