@@ -157,7 +157,9 @@ TEST_F(ClusterTest, KilledRankRestartsFromCheckpointToTheSameParameters) {
   });
   ASSERT_EQ(code, 0) << log;
   EXPECT_NE(log.find("killed by signal 9"), std::string::npos) << log;
-  EXPECT_NE(log.find("RUNNING -> RESTARTING"), std::string::npos) << log;
+  // From RUNNING, or from RENDEZVOUS where the ranks reached step 6 before a heartbeat told
+  // the controller that they had all met (a fast machine does that in under 0.4 s).
+  EXPECT_NE(log.find("-> RESTARTING"), std::string::npos) << log;
   EXPECT_NE(log.find("final state SUCCEEDED, restarts 1"), std::string::npos) << log;
   EXPECT_NE(log.find("resumed from step"), std::string::npos) << log;
   int64_t step = 0;
