@@ -154,8 +154,14 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Double("beta_end", c.diffusion.beta_end)
       .String("loss_weighting", c.diffusion.loss_weighting)
       .Double("min_snr_gamma", c.diffusion.min_snr_gamma)
-      .String("prediction", c.diffusion.prediction);
+      .String("prediction", c.diffusion.prediction)
+      .Double("frame_noise_correlation", c.diffusion.frame_noise_correlation);
   DT_RETURN_IF_ERROR(diffusion.Finish());
+  if (c.diffusion.frame_noise_correlation != 0 && !FamilyOf(c.model).Samples(c.model).video) {
+    return Errorf("diffusion.frame_noise_correlation: the {} model's samples are images, not "
+                  "videos: there are no frames to correlate",
+                  c.model.name());
+  }
 
   YamlFields opt = top.Section("optimizer");
   opt.Double("lr", c.optimizer.lr)

@@ -137,6 +137,27 @@ TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
   EXPECT_NE(c.status().message().find("DiT-XL/2"), std::string::npos);
 }
 
+// Frame-correlated noise is a video prior: a video model takes it (and ships it to its ranks),
+// an image model's job is refused, naming the key.
+TEST_F(JobSpecTest, FrameNoiseCorrelationIsForVideoModels) {
+  Result<TrainConfig> video = TrainConfig::FromYamlFile(Write(
+      "model: {name: latte, input_size: 8, in_channels: 1, num_frames: 4, patch_size: 4,\n"
+      "        hidden_size: 32, depth: 2, num_heads: 2, num_classes: 10}\n"
+      "diffusion: {frame_noise_correlation: 0.5}\n"));
+  ASSERT_TRUE(video.ok()) << video.status().message();
+  EXPECT_EQ(video->diffusion.frame_noise_correlation, 0.5);
+  Result<DiffusionConfig> shipped = DiffusionConfig::FromJson(video->diffusion.ToJson());
+  ASSERT_TRUE(shipped.ok());
+  EXPECT_EQ(shipped->frame_noise_correlation, 0.5);
+
+  Result<TrainConfig> image = TrainConfig::FromYamlFile(
+      Write(std::string(kAutoJob) + "diffusion: {frame_noise_correlation: 0.5}\n"));
+  ASSERT_FALSE(image.ok());
+  EXPECT_NE(image.status().message().find("diffusion.frame_noise_correlation"), std::string::npos)
+      << image.status().message();
+  EXPECT_NE(image.status().message().find("not videos"), std::string::npos);
+}
+
 // The fuzzer's entry point: the text of a job file parses as the file does, and its errors name
 // the source given with the line and column.
 TEST_F(JobSpecTest, TextParsesAsTheFileAndErrorsNameTheSource) {

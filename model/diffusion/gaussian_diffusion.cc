@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "model/tensor/rng.h"
 
 namespace difftrain {
 
@@ -36,6 +37,10 @@ Status DiffusionConfig::Validate() const {
   if (prediction != "epsilon" && prediction != "v") {
     return Errorf("diffusion.prediction: expected epsilon or v, found '{}'", prediction);
   }
+  if (!(frame_noise_correlation >= 0 && frame_noise_correlation < 1)) {
+    return Errorf("diffusion.frame_noise_correlation: expected a number in [0, 1), found {}",
+                  frame_noise_correlation);
+  }
   if (!(min_snr_gamma > 0)) {
     return Errorf("diffusion.min_snr_gamma: expected a positive number, found {}", min_snr_gamma);
   }
@@ -49,7 +54,8 @@ nlohmann::json DiffusionConfig::ToJson() const {
           {"beta_end", beta_end},
           {"loss_weighting", loss_weighting},
           {"min_snr_gamma", min_snr_gamma},
-          {"prediction", prediction}};
+          {"prediction", prediction},
+          {"frame_noise_correlation", frame_noise_correlation}};
 }
 
 Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
@@ -62,6 +68,7 @@ Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
     c.loss_weighting = json.value("loss_weighting", c.loss_weighting);
     c.min_snr_gamma = json.value("min_snr_gamma", c.min_snr_gamma);
     c.prediction = json.value("prediction", c.prediction);
+    c.frame_noise_correlation = json.value("frame_noise_correlation", c.frame_noise_correlation);
   } catch (const nlohmann::json::exception& e) {
     return Errorf("malformed diffusion config: {}", e.what());
   }
@@ -138,6 +145,24 @@ void GaussianDiffusion::Target(float* target, const float* x0, const float* nois
   }
   Mix(target, noise, x0, t, B, n, -1.0f);
 }
+
+template <typename T>
+void DrawFrameNoise(Rng& rng, double rho, int frames, size_t frame, T* out) {
+  const size_t n = static_cast<size_t>(frames) * frame;
+  if (rho == 0) {
+    for (size_t i = 0; i < n; ++i)
+      out[i] = static_cast<T>(rng.Normal());
+    return;
+  }
+  std::vector<double> shared(frame);
+  for (double& s : shared)
+    s = rng.Normal();
+  const double a = std::sqrt(rho), b = std::sqrt(1 - rho);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = static_cast<T>(a * shared[i % frame] + b * rng.Normal());
+}
+template void DrawFrameNoise(Rng&, double, int, size_t, float*);
+template void DrawFrameNoise(Rng&, double, int, size_t, double*);
 
 double EpsilonMseLoss(const float* output, const float* noise, int B, int C, int out_channels,
                       int HW, float grad_scale, float* dout, const double* weights) {

@@ -14,6 +14,8 @@
 
 namespace difftrain {
 
+class Rng;
+
 struct DiffusionConfig {
   int steps = 1000;
   // linear: β from beta_start to beta_end (DiT). cosine: ᾱ(t) = cos²((t/T + s)/(1 + s) · π/2)
@@ -31,6 +33,9 @@ struct DiffusionConfig {
   // What the model predicts: epsilon (the noise), or v = √ᾱ_t · ε − √(1 − ᾱ_t) · x0
   // (Salimans & Ho, "Progressive Distillation"), with the same MSE.
   std::string prediction = "epsilon";
+  // Videos only: the correlation ρ in [0, 1) between the noise of a sample's frames at the
+  // same position, in training (q_sample) and sampling alike; 0: independent noise.
+  double frame_noise_correlation = 0;
 
   Status Validate() const;
   nlohmann::json ToJson() const;
@@ -59,6 +64,7 @@ class GaussianDiffusion {
   void Target(float* target, const float* x0, const float* noise, const int64_t* t, int B,
               size_t n) const;
   bool predicts_noise() const { return config_.prediction == "epsilon"; }
+  double frame_noise_correlation() const { return config_.frame_noise_correlation; }
 
  private:
   // out = √ᾱ_t · first + sign · √(1 − ᾱ_t) · second per sample, the coefficients rounded to fp32.
@@ -73,6 +79,14 @@ class GaussianDiffusion {
 // ([B, out_channels, HW]) of w_b · (output − noise)², with w_b = weights[b] (1 when weights
 // is null); the variance channels (learn_sigma) get no gradient from it. Writes
 // dout = grad_scale · ∂loss/∂output (zero in the variance channels) and returns the loss.
+// One sample's noise, `frames` frames of `frame` values from `rng`: N(0, 1) values whose
+// frames correlate by `rho` at each position, √ρ · shared + √(1 − ρ) · own with one shared
+// frame drawn first (the "mixed" noise prior of Ge et al., "Preserve Your Own Correlation",
+// which keeps a video's frames alike). With ρ = 0 the values are drawn one after another.
+// For float (training's noise) and double (a sampler's).
+template <typename T>
+void DrawFrameNoise(Rng& rng, double rho, int frames, size_t frame, T* out);
+
 double EpsilonMseLoss(const float* output, const float* noise, int B, int C, int out_channels,
                       int HW, float grad_scale, float* dout, const double* weights = nullptr);
 

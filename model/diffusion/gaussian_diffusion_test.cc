@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "model/tensor/rng.h"
+
 namespace difftrain {
 namespace {
 
@@ -135,6 +137,7 @@ TEST(DiffusionConfigTest, JsonRoundTrips) {
   config.schedule = "cosine";
   config.loss_weighting = "min_snr";
   config.min_snr_gamma = 3;
+  config.frame_noise_correlation = 0.25;
   Result<DiffusionConfig> back = DiffusionConfig::FromJson(config.ToJson());
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->ToJson(), config.ToJson());
@@ -144,6 +147,49 @@ TEST(DiffusionConfigTest, JsonRoundTrips) {
   ASSERT_TRUE(old.ok());
   EXPECT_EQ(old->schedule, "linear");
   EXPECT_FALSE(DiffusionConfig::FromJson({{"steps", "many"}}).ok());
+}
+
+// ρ = 0 is independent noise drawn in order, as training and sampling always drew it (the
+// pinned checksums depend on it).
+TEST(FrameNoiseTest, UncorrelatedNoiseIsTheStreamInOrder) {
+  Rng a(3, RngStream::kNoise, 7), b(3, RngStream::kNoise, 7);
+  std::vector<float> noise(4 * 6);
+  DrawFrameNoise(a, 0.0, 4, 6, noise.data());
+  for (float v : noise)
+    EXPECT_EQ(v, static_cast<float>(b.Normal()));
+}
+
+// Each value stays N(0, 1); two frames' values at one position correlate by ρ, two positions
+// do not.
+TEST(FrameNoiseTest, FramesCorrelateByRhoAtEveryPosition) {
+  constexpr int kFrames = 3;
+  constexpr size_t kFrame = 40000;
+  for (double rho : {0.0, 0.3, 0.8}) {
+    Rng rng(1, RngStream::kNoise, 0);
+    std::vector<double> z(kFrames * kFrame);
+    DrawFrameNoise(rng, rho, kFrames, kFrame, z.data());
+    auto moment = [&](int f, int g, size_t shift) {
+      double sum = 0;
+      for (size_t i = 0; i + shift < kFrame; ++i)
+        sum += z[f * kFrame + i] * z[g * kFrame + i + shift];
+      return sum / (kFrame - shift);
+    };
+    for (int f = 0; f < kFrames; ++f)
+      EXPECT_NEAR(moment(f, f, 0), 1.0, 0.03) << "rho " << rho << " frame " << f;
+    EXPECT_NEAR(moment(0, 2, 0), rho, 0.03) << "rho " << rho;
+    EXPECT_NEAR(moment(1, 2, 0), rho, 0.03) << "rho " << rho;
+    EXPECT_NEAR(moment(0, 1, 1), 0.0, 0.03) << "rho " << rho << ": neighbouring positions";
+  }
+}
+
+TEST(FrameNoiseTest, CorrelationOutsideZeroToOneIsRefused) {
+  DiffusionConfig config;
+  for (double rho : {-0.1, 1.0, 1.5}) {
+    config.frame_noise_correlation = rho;
+    const Status status = config.Validate();
+    EXPECT_FALSE(status.ok()) << rho;
+    EXPECT_NE(status.message().find("diffusion.frame_noise_correlation"), std::string::npos);
+  }
 }
 
 }  // namespace

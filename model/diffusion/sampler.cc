@@ -90,6 +90,7 @@ Sampler::Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
     : shape_(shape),
       options_(options),
       v_prediction_(!diffusion.predicts_noise()),
+      noise_correlation_(diffusion.frame_noise_correlation()),
       timesteps_(SpaceTimesteps(diffusion.steps(), options.steps)) {
   // The respaced process (respace.py's SpacedDiffusion): its steps are the kept ᾱ's, and its
   // ᾱ's are recomputed from its β's as a cumulative product, as DiT does.
@@ -113,8 +114,7 @@ void Sampler::Sample(const Denoiser& model, const int32_t* y, int N, int64_t fir
       static_cast<size_t>(shape_.frames) * shape_.channels * shape_.height * shape_.width;
   for (int b = 0; b < N; ++b) {
     Rng rng(options_.seed, RngStream::kSample, InitialNoiseCounter(first_index + b));
-    for (size_t j = 0; j < n; ++j)
-      out[b * n + j] = static_cast<float>(rng.Normal());
+    DrawFrameNoise(rng, noise_correlation_, shape_.frames, n / shape_.frames, out + b * n);
   }
   Denoise(model, y, N, first_index, out);
 }
@@ -135,6 +135,9 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
       out(max_batch * out_n);
   std::vector<int32_t> labels(y, y + N);
   if (any_guidance) labels.resize(max_batch, shape_.null_class);
+  // Each sample's noise of a stochastic step (DDPM, or DDIM with η > 0), frames correlated as
+  // in training.
+  std::vector<double> step_noise(N * n);
   std::vector<Rng> rngs;
   for (int b = 0; b < N; ++b)
     rngs.emplace_back(options_.seed, RngStream::kSample, StepNoiseCounter(first_index + b));
@@ -161,7 +164,9 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
       float* xb = x + b * n;
       const float* cond = out.data() + b * out_n;
       const float* uncond = out.data() + (N + b) * out_n;
-      Rng& rng = rngs[b];
+      double* z = step_noise.data() + b * n;
+      if (i > 0 && (options_.kind == SamplerKind::kDdpm || sigma > 0))
+        DrawFrameNoise(rngs[b], noise_correlation_, shape_.frames, frame, z);
       for (size_t j = 0; j < n; ++j) {
         const size_t e = (j / frame) * out_frame + j % frame;  // ε of element j
         // Guidance is linear, so it combines v's as it combines ε's.
@@ -181,14 +186,14 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
           if (i > 0) {
             const double log_variance = shape_.learn_sigma ? c.LearnedLogVariance(cond[e + frame])
                                                            : c.posterior_log_variance_clipped;
-            next += std::exp(0.5 * log_variance) * rng.Normal();
+            next += std::exp(0.5 * log_variance) * z[j];
           }
         } else {
           // DDIM: the ε implied by the (clipped) x0, then x_prev = √ᾱ' x0 + √(1 − ᾱ' − σ²) ε.
           const double implied_eps =
               (c.sqrt_recip_alphas_cumprod * xb[j] - x0) / c.sqrt_recipm1_alphas_cumprod;
           next = std::sqrt(abar_prev) * x0 + direction * implied_eps;
-          if (i > 0 && sigma > 0) next += sigma * rng.Normal();
+          if (i > 0 && sigma > 0) next += sigma * z[j];
         }
         xb[j] = static_cast<float>(next);
       }

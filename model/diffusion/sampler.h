@@ -113,6 +113,7 @@ class Sampler {
   SamplerOptions options_;
   // The model predicts v = √ᾱ·ε − √(1 − ᾱ)·x0 (diffusion.prediction v), not ε.
   bool v_prediction_ = false;
+  double noise_correlation_ = 0;  // between frames, as the model was trained
   std::vector<int> timesteps_;
   std::vector<double> betas_;
   std::vector<StepCoefficients> steps_;  // the respaced process's coefficients, per step

@@ -241,6 +241,44 @@ TEST_F(SamplerTest, VPredictionSamplesTheModelOfTheEpsilonItImplies) {
   }
 }
 
+// A video model trained with frame-correlated noise starts (and, DDPM, steps) from noise of
+// the same correlation: under a model that predicts no noise, DDIM's x_T survives scaled, so
+// the frames of a sample correlate as the prior does.
+TEST_F(SamplerTest, FrameCorrelatedNoiseReachesTheSamples) {
+  const Denoiser silent = [](const float*, const float*, const int32_t*, int B, float* out) {
+    std::fill(out, out + B * kN, 0.0f);  // ε only (no learned σ)
+  };
+  auto frame_correlation = [&](double rho, SamplerKind kind) {
+    DiffusionConfig config;
+    config.frame_noise_correlation = rho;
+    const GaussianDiffusion correlated(config);
+    SamplerOptions options;
+    options.kind = kind;
+    options.steps = 10;
+    options.seed = 4;
+    options.clip_denoised = false;  // keeps the noise Gaussian
+    // The toy's sample as 2 frames of one channel.
+    static_assert(kC == 2);
+    DenoiserShape shape{1, kH, kW, /*learn_sigma=*/false, kNumClasses, /*frames=*/2};
+    Result<Sampler> sampler = Sampler::Create(correlated, shape, options);
+    EXPECT_TRUE(sampler.ok()) << sampler.status().message();
+    const std::vector<float> x = Draw(*sampler, silent, std::vector<int32_t>(200, 0));
+    double cross = 0, first = 0, second = 0;
+    for (size_t b = 0; b < 200; ++b) {
+      for (size_t j = 0; j < kN / 2; ++j) {
+        const double u = x[b * kN + j], v = x[b * kN + kN / 2 + j];
+        cross += u * v;
+        first += u * u;
+        second += v * v;
+      }
+    }
+    return cross / std::sqrt(first * second);
+  };
+  EXPECT_NEAR(frame_correlation(0.0, SamplerKind::kDdim), 0.0, 0.1);
+  EXPECT_NEAR(frame_correlation(0.7, SamplerKind::kDdim), 0.7, 0.1);
+  EXPECT_NEAR(frame_correlation(0.7, SamplerKind::kDdpm), 0.7, 0.1);
+}
+
 // g = 1 is the conditional model alone: one batch of N, the labels as given.
 TEST_F(SamplerTest, GuidanceScaleOneIsTheConditionalModel) {
   SamplerOptions options;

@@ -247,8 +247,8 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
           context[i] = static_cast<float>(text_rng.Normal());
       }
     }
-    for (size_t i = 0; i < n; ++i)
-      batch.noise[b * n + i] = static_cast<float>(rng.Normal());
+    DrawFrameNoise(rng, diffusion_.frame_noise_correlation(), schema_.frames, n / schema_.frames,
+                   batch.noise.data() + b * n);
   }
   diffusion_.QSample(batch.x_t.data(), batch.x0.data(), batch.noise.data(), batch.t.data(), B, n);
   return Status::Ok();

@@ -60,6 +60,35 @@ TEST_F(TrainerTest, OverfitsAFixedBatchTenfold) {
   EXPECT_LT(last, first / 10) << "loss " << first << " -> " << last;
 }
 
+// A video job's frame_noise_correlation reaches the noise q_sample mixes in: the frames of a
+// sample correlate by about ρ (independent noise: about 0).
+TEST_F(TrainerTest, VideoNoiseCorrelatesItsFramesAsTheJobSays) {
+  auto frame_correlation = [](double rho) {
+    Result<TrainConfig> c = TrainConfig::FromYamlText(
+        "model: {name: latte, input_size: 8, in_channels: 1, num_frames: 2, patch_size: 4,\n"
+        "        hidden_size: 16, depth: 2, num_heads: 2, num_classes: 4}\n"
+        "diffusion: {frame_noise_correlation: " + std::to_string(rho) + "}\n",
+        "job.yaml");
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    auto trainer = MakeTrainer(*c);
+    MicroBatch batch;
+    EXPECT_TRUE(trainer->MakeMicroBatch(0, 32, batch).ok());
+    constexpr size_t kFrame = 64;  // 1 x 8 x 8
+    double cross = 0, first = 0, second = 0;
+    for (int b = 0; b < 32; ++b) {
+      for (size_t j = 0; j < kFrame; ++j) {
+        const double u = batch.noise[b * 2 * kFrame + j], v = batch.noise[(b * 2 + 1) * kFrame + j];
+        cross += u * v;
+        first += u * u;
+        second += v * v;
+      }
+    }
+    return cross / std::sqrt(first * second);
+  };
+  EXPECT_NEAR(frame_correlation(0.0), 0.0, 0.1);
+  EXPECT_NEAR(frame_correlation(0.8), 0.8, 0.1);
+}
+
 // The final linear's output features are ordered (ki, kj, channel); channels C..2C-1 are
 // the variance. Their weights get gradient from the variational bound only.
 double VarianceWeightGradient(bool learn_sigma_loss) {

@@ -69,7 +69,8 @@ def parse_metadata(metadata):
     config = _json_object(metadata, "config", {f.name for f in config_fields}, optional={"name"})
     config.pop("name", None)  # descriptive only ("DiT-S/2" or "custom")
     diffusion = _json_object(metadata, "diffusion", DIFFUSION_KEYS,
-                             optional={"loss_weighting", "min_snr_gamma", "prediction"})
+                             optional={"loss_weighting", "min_snr_gamma", "prediction",
+                                       "frame_noise_correlation"})
     if diffusion["schedule"] != "linear":
         raise MalformedDump(f"diffusion schedule {diffusion['schedule']!r}: only 'linear' is known")
     if diffusion.get("prediction", "epsilon") != "epsilon":

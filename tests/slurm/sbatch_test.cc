@@ -116,7 +116,7 @@ class SbatchTest : public ::testing::Test {
     controller_metrics_port_ = testing::FreePort();
     ::setenv("DIFFTRAIN_METRICS_PORT", std::to_string(controller_metrics_port_).c_str(), 1);
     // The two emulated nodes share this machine: node i's daemon serves port + i.
-    worker_metrics_port_ = testing::FreePort();
+    worker_metrics_port_ = testing::FreePort(/*count=*/2);
     ::setenv("DIFFTRAIN_WORKER_METRICS_PORT", std::to_string(worker_metrics_port_).c_str(), 1);
     ::setenv("DIFFTRAIN_WORKER_METRICS_PORT_PER_NODE", "1", 1);
     ::setenv("DIFFTRAIN_WORKER_GRACE", "15", 1);

@@ -7,28 +7,52 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
+#include <random>
 #include <string>
 
 #include "common/status.h"
 
 namespace difftrain::testing {
 
-// A TCP port of 127.0.0.1 that was free a moment ago (the kernel's choice for port 0).
-inline int FreePort() {
+// Whether a TCP socket can bind `port` on every address now (no SO_REUSEADDR: a port with a
+// connection lingering in TIME_WAIT counts as taken).
+inline bool PortIsFree(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   ::close(fd);
-  return port;
+  return free;
+}
+
+// The first of `count` consecutive TCP ports that were free a moment ago, chosen at random
+// below the kernel's ephemeral range (net.ipv4.ip_local_port_range): a port in that range can
+// become some connection's automatic local port at any time, and a server that binds its
+// port again later (a requeued job's daemon) then finds it taken.
+inline int FreePort(int count = 1) {
+  int ephemeral = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &ephemeral) != 1) ephemeral = 32768;
+    std::fclose(f);
+  }
+  constexpr int kLowest = 10000;
+  std::random_device seed;
+  std::mt19937 rng(seed());
+  std::uniform_int_distribution<int> pick(kLowest, std::max(kLowest, ephemeral - count));
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int first = pick(rng);
+    bool free = true;
+    for (int i = 0; i < count && free; ++i)
+      free = PortIsFree(first + i);
+    if (free) return first;
+  }
+  return 0;
 }
 
 // Percent-encodes `text` for a URL's query string.
