@@ -23,4 +23,11 @@ float ReadLoss(const float* loss, cudaStream_t stream) {
   return value;
 }
 
+void UploadUnweightedSamples(SampleLoss* samples, size_t n, cudaStream_t stream) {
+  const std::vector<SampleLoss> unweighted(n);
+  DT_CUDA_CHECK(cudaMemcpyAsync(samples, unweighted.data(), n * sizeof(SampleLoss),
+                                cudaMemcpyHostToDevice, stream));
+  DT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 }  // namespace difftrain::cuda

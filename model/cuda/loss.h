@@ -27,6 +27,11 @@ struct SampleLoss {
 // The SampleLoss of each of B timesteps t of `diffusion` (loss.cc).
 std::vector<SampleLoss> SampleLosses(const GaussianDiffusion& diffusion, const int64_t* t, int B);
 
+// Writes n default SampleLoss (weight 1) to `samples` on the device and waits for the copy:
+// what a step reads until a trainer uploads its batch's own (Reserve, and after a test poisons
+// the activations that hold them).
+void UploadUnweightedSamples(SampleLoss* samples, size_t n, cudaStream_t stream);
+
 // Doubles of the workspace DiffusionLoss takes for a micro-batch of B.
 inline size_t DiffusionLossWorkspace(int B) {
   return 2 * size_t(B);

@@ -217,16 +217,15 @@ Status DiT::Reserve(int B) {
   acts_buffer_ = std::move(acts).value();
   BindActivations(acts_buffer_.data(), B);
   batch_ = B;
-  const std::vector<SampleLoss> unweighted(size_t(B) * config_.frames());
-  DT_CUDA_CHECK(cudaMemcpyAsync(in_samples_, unweighted.data(),
-                                unweighted.size() * sizeof(SampleLoss), cudaMemcpyHostToDevice,
-                                stream_));
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  UploadUnweightedSamples(in_samples_, size_t(B) * config_.frames(), stream_);
   return Status::Ok();
 }
 
+// The per-sample loss weights live in the arena too: they are written again (they are the
+// state Reserve leaves, not an activation; poisoning them made the first GPU run's loss NaN).
 void DiT::PoisonActivations() {
   DT_CUDA_CHECK(cudaMemsetAsync(acts_buffer_.data(), 0xFF, acts_buffer_.bytes(), stream_));
+  UploadUnweightedSamples(in_samples_, size_t(batch_) * config_.frames(), stream_);
 }
 
 void DiT::Forward() {

@@ -180,15 +180,14 @@ Status UNet::Reserve(int B) {
   loss_ = reinterpret_cast<float*>(base + layout_->loss);
   loss_workspace_ = reinterpret_cast<double*>(base + layout_->loss_ws);
   batch_ = B;
-  const std::vector<SampleLoss> unweighted(B);
-  DT_CUDA_CHECK(cudaMemcpyAsync(in_samples_, unweighted.data(), B * sizeof(SampleLoss),
-                                cudaMemcpyHostToDevice, stream_));
-  DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  UploadUnweightedSamples(in_samples_, B, stream_);
   return Status::Ok();
 }
 
+// As DiT's: the per-sample loss weights in the arena are the state Reserve leaves.
 void UNet::PoisonActivations() {
   DT_CUDA_CHECK(cudaMemsetAsync(acts_buffer_.data(), 0xFF, acts_buffer_.bytes(), stream_));
+  UploadUnweightedSamples(in_samples_, batch_, stream_);
 }
 
 namespace {
