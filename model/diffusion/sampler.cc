@@ -137,7 +137,8 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   if (any_guidance) labels.resize(max_batch, shape_.null_class);
   // Each sample's noise of a stochastic step (DDPM, or DDIM with η > 0), frames correlated as
   // in training.
-  std::vector<double> step_noise(N * n);
+  const bool stochastic = options_.kind == SamplerKind::kDdpm || options_.eta > 0;
+  std::vector<double> step_noise(stochastic ? N * n : 0);
   std::vector<Rng> rngs;
   for (int b = 0; b < N; ++b)
     rngs.emplace_back(options_.seed, RngStream::kSample, StepNoiseCounter(first_index + b));

@@ -197,10 +197,7 @@ TEST_F(UNetGpuStepTest, StepMatchesTheCpuModel) {
     ASSERT_TRUE(reserved.ok()) << reserved.message();
     gpu.UploadState(want.weights.data(), want.weights.data(), nullptr, nullptr);
     gpu.PoisonActivations();
-    Upload(gpu, batch);
-    const std::vector<SampleLoss> unweighted(B);
-    DT_CUDA_CHECK(cudaMemcpy(gpu.input_samples(), unweighted.data(), B * sizeof(SampleLoss),
-                             cudaMemcpyHostToDevice));
+    Upload(gpu, batch);  // PoisonActivations leaves the unit per-sample weights in place
     gpu.ZeroGradients();
     gpu.ForwardBackward();
     DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
