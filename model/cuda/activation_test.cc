@@ -126,9 +126,28 @@ TEST_P(BiasGradientTest, ColumnSums) {
   EXPECT_LE(RelativeL2(DownloadAsFloat(d_bias_b), ToFloat(want_b)), 1e-5);
 }
 
+// Rows that start off a 16-byte boundary (a view one element into a buffer) take the general
+// kernel and still sum right.
+TEST(BiasGradientAlignment, MisalignedRows) {
+  DT_SKIP_WITHOUT_GPU();
+  const int N = 64, O = 1152;
+  const std::vector<float> dout = RoundToBf16(RandomVector(size_t(N) * O + 1, 11));
+  std::vector<double> want(O, 0.0);
+  for (int r = 0; r < N; ++r)
+    for (int o = 0; o < O; ++o)
+      want[o] += dout[1 + static_cast<size_t>(r) * O + o];
+  DeviceBuffer<bf16> d_dout = UploadBf16(dout);
+  DeviceBuffer<float> d_bias = UploadFloat(std::vector<float>(O, 0.0f));
+  BiasGradient(d_bias.data(), d_dout.data() + 1, N, O, nullptr);
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LE(RelativeL2(DownloadAsFloat(d_bias), ToFloat(want)), 1e-5);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, BiasGradientTest,
                          ::testing::Values(BiasShape{1, 1}, BiasShape{13, 45},
-                                           BiasShape{1024, 4608}, BiasShape{4, 6912}));
+                                           BiasShape{1024, 4608}, BiasShape{4, 6912},
+                                           BiasShape{8192, 1152}, BiasShape{300, 72},
+                                           BiasShape{3, 20}, BiasShape{517, 12}));
 
 }  // namespace
 }  // namespace difftrain::cuda

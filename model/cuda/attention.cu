@@ -250,7 +250,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------------------------------------
 // Backward, step 1: delta[b, h, t] = Σ_d dout·out over the head (fp32), and zeroes the fp32 dq
-// accumulator [B, Tq, D]. One warp per (b, t, h), in that order so that warps read contiguously.
+// accumulator [B, Tq, D] unless it is null. One warp per (b, t, h), in that order so that warps
+// read contiguously.
 __global__ void __launch_bounds__(kThreads)
     AttentionDeltaKernel(float* __restrict__ delta, float* __restrict__ dq,
                          const bf16* __restrict__ dout, const bf16* __restrict__ out, int B, int T,
@@ -264,7 +265,7 @@ __global__ void __launch_bounds__(kThreads)
   float sum = 0.0f;
   for (int d = lane; d < hd; d += 32) {
     sum += __bfloat162float(dout[base + d]) * __bfloat162float(out[base + d]);
-    dq[base + d] = 0.0f;
+    if (dq != nullptr) dq[base + d] = 0.0f;
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)
@@ -592,6 +593,14 @@ void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf1
   }
   const size_t n = static_cast<size_t>(B) * Tq * D;
   AttentionDqKernel<<<BlocksFor(n, 256), 256, 0, stream>>>(dq, dq_acc, n, D, q_stride);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+void AttentionDelta(float* delta, const bf16* dout, const bf16* out, int B, int T, int D, int H,
+                    cudaStream_t stream) {
+  const size_t rows = static_cast<size_t>(B) * T * H;
+  AttentionDeltaKernel<<<BlocksFor(rows, kWarps), kThreads, 0, stream>>>(delta, nullptr, dout, out,
+                                                                         B, T, D, H);
   DT_CUDA_CHECK_LAUNCH();
 }
 

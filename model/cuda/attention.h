@@ -46,4 +46,9 @@ void AttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16
                        const float* lse, float* workspace, int B, int T, int D, int H,
                        cudaStream_t stream);
 
+// delta [B, H, T] = the row sums of dout ∘ out over each head (fp32): the softmax backward's
+// correction, Σ_k P·dP = Σ_d dO·O. dout and out are [B, T, D].
+void AttentionDelta(float* delta, const bf16* dout, const bf16* out, int B, int T, int D, int H,
+                    cudaStream_t stream);
+
 }  // namespace difftrain::cuda

@@ -3,7 +3,8 @@
 // and the q, k and v parts of dqkv, each on its own. Every output starts poisoned (NaN), so an
 // element the kernels never write fails. Shapes cover head dims 64, 72, 128 and 160, a T that is
 // not a multiple of the 64-row tiles, and cross-attention (the UNet's attn2: q from the image
-// tokens, k and v from a 77-token text, Tq ≠ Tk).
+// tokens, k and v from a 77-token text, Tq ≠ Tk). The batched-GEMM self-attention
+// (model/cuda/gemm_attention.h) is held to the same reference and bounds.
 #include "model/cuda/attention.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "model/cpu/attention.h"
+#include "model/cuda/gemm_attention.h"
 #include "model/cuda/testing.h"
 
 namespace difftrain::cuda {
@@ -57,8 +59,11 @@ std::vector<float> ReferenceLse(const std::vector<float>& qkv, int B, int T, int
   return lse;
 }
 
-void CheckAttention(int B, int T, int D, int H) {
-  SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " D=" << D << " H=" << H);
+// With `gemm`, the batched-GEMM path of model/cuda/gemm_attention.h instead of the fused kernels,
+// against the same reference and bounds.
+void CheckAttention(int B, int T, int D, int H, bool gemm = false) {
+  SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " D=" << D << " H=" << H
+                                    << (gemm ? " GEMM path" : " fused"));
   const size_t n_qkv = static_cast<size_t>(B) * T * 3 * D, n_out = static_cast<size_t>(B) * T * D;
   const size_t n_lse = static_cast<size_t>(B) * H * T;
   // Scale 1.5 makes the softmax rows far from uniform.
@@ -80,10 +85,21 @@ void CheckAttention(int B, int T, int D, int H) {
   testing::Poison(dqkv_d);
   testing::Poison(workspace);
 
-  AttentionForward(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
-  AttentionBackward(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(), lse_d.data(),
-                    workspace.data(), B, T, D, H, nullptr);
-  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  if (gemm) {
+    Gemm lt(nullptr);
+    DeviceBuffer<unsigned char> gemm_workspace(GemmAttentionWorkspaceBytes(B, T, D, H));
+    testing::Poison(gemm_workspace);
+    GemmAttentionForward(lt, out_d.data(), lse_d.data(), qkv_d.data(), gemm_workspace.data(), B, T,
+                         D, H);
+    GemmAttentionBackward(lt, dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
+                          lse_d.data(), gemm_workspace.data(), B, T, D, H);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    AttentionForward(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
+    AttentionBackward(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(), lse_d.data(),
+                      workspace.data(), B, T, D, H, nullptr);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 
   EXPECT_LE(testing::RelativeL2(testing::DownloadAsFloat(out_d), out_ref), 1e-2);
   EXPECT_LE(testing::RelativeL2(testing::DownloadAsFloat(lse_d), lse_ref), 1e-3);
@@ -118,6 +134,26 @@ TEST(AttentionTest, HeadDim128) {
 TEST(AttentionTest, HeadDim160) {
   DT_SKIP_WITHOUT_GPU();
   CheckAttention(1, 70, 320, 2);  // SD 1.5's deepest levels: 1280 channels over 8 heads
+}
+
+// The batched-GEMM path: DiT-XL/2's heads (hd 72, T 256), DiT-S's (hd 64), a T that is no
+// multiple of cuBLASLt's tiles, and the smallest shape it takes (T 8, hd 8).
+TEST(GemmAttentionTest, MatchesTheReference) {
+  DT_SKIP_WITHOUT_GPU();
+  CheckAttention(2, 256, 1152, 16, /*gemm=*/true);
+  CheckAttention(2, 64, 384, 6, /*gemm=*/true);
+  CheckAttention(3, 136, 144, 2, /*gemm=*/true);
+  CheckAttention(2, 8, 16, 2, /*gemm=*/true);
+}
+
+// What it takes is decided without a GPU: multiples of 8, up to kMaxGemmAttentionTokens.
+TEST(GemmAttentionTest, TakesShortSequencesOfAlignedHeads) {
+  EXPECT_TRUE(GemmAttentionTakes(256, 1152, 16));
+  EXPECT_TRUE(GemmAttentionTakes(kMaxGemmAttentionTokens, 1152, 16));
+  EXPECT_FALSE(GemmAttentionTakes(kMaxGemmAttentionTokens + 8, 1152, 16));
+  EXPECT_FALSE(GemmAttentionTakes(100, 128, 2));  // T not a multiple of 8
+  EXPECT_FALSE(GemmAttentionTakes(256, 40, 2));   // hd 20
+  EXPECT_GT(GemmAttentionWorkspaceBytes(32, 256, 1152, 16), size_t(32) * 16 * 256 * 256 * 12);
 }
 
 // Cross-attention: q [B, Tq, D] alone, k and v side by side in [B, Tk, 2·D] (the UNet's fused

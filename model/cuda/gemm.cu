@@ -36,7 +36,8 @@ namespace {
   X(cublasLtMatmulPreferenceDestroy)      \
   X(cublasLtMatmulPreferenceSetAttribute) \
   X(cublasLtMatrixLayoutCreate)           \
-  X(cublasLtMatrixLayoutDestroy)
+  X(cublasLtMatrixLayoutDestroy)          \
+  X(cublasLtMatrixLayoutSetAttribute)
 // clang-format on
 
 struct CublasLt {
@@ -63,6 +64,8 @@ const CublasLt& Lt() {
 
 // The GEMMs of a Linear layer (the first element of Gemm::Key).
 enum Kind : int { kForward = 0, kBackwardWeight = 1, kBackwardInput = 2 };
+// Batched row-major products: kBatched + 2·trans_a + trans_b.
+constexpr int kBatched = 3;
 // The type of D (the second element of Gemm::Key).
 enum OutType : int { kOutBf16 = 0, kOutFloat = 1 };
 
@@ -137,7 +140,7 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
 
-  const auto [kind, out_type, N, I, O, epilogue_int] = key;
+  const auto [kind, out_type, N, I, O, epilogue_int, batch] = key;
   const auto epilogue = static_cast<cublasLtEpilogue_t>(epilogue_int);
   const cudaDataType_t d_type = out_type == kOutFloat ? CUDA_R_32F : CUDA_R_16BF;
 
@@ -178,8 +181,24 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
       b_rows = O, b_cols = N, ldb = O;
       m = I, n = N, ldd = I;
       break;
-    default:
-      DT_CHECK(false, "unknown GEMM kind {}", kind);
+    default: {
+      DT_CHECK(kind >= kBatched && kind < kBatched + 4, "unknown GEMM kind {}", kind);
+      // Row-major c[M, Nc] = op(a)[M, K] · op(b)[K, Nc] with (M, Nc, K) = (N, I, O) of the key,
+      // computed as cᵀ = op(b)ᵀ · op(a)ᵀ: cuBLASLt's A is the b buffer, its B the a buffer.
+      //   b untransposed: stored row-major [K, Nc] = column-major [Nc, K], ld Nc, op N.
+      //   b transposed:   stored row-major [Nc, K] = column-major [K, Nc], ld K,  op T.
+      //   a untransposed: stored row-major [M, K]  = column-major [K, M],  ld K,  op N.
+      //   a transposed:   stored row-major [K, M]  = column-major [M, K],  ld M,  op T.
+      //   D = c buffer: column-major [Nc, M], ld Nc.
+      const bool ta = (kind - kBatched) / 2 != 0, tb = (kind - kBatched) % 2 != 0;
+      const uint64_t M = N, Nc = I, K = O;
+      trans_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+      a_rows = tb ? K : Nc, a_cols = tb ? Nc : K, lda = static_cast<int64_t>(a_rows);
+      trans_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+      b_rows = ta ? M : K, b_cols = ta ? K : M, ldb = static_cast<int64_t>(b_rows);
+      m = Nc, n = M, ldd = static_cast<int64_t>(Nc);
+      break;
+    }
   }
 
   auto plan = std::make_unique<Plan>();
@@ -224,6 +243,21 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
   DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, b_rows, b_cols, ldb));
   DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->c, d_type, m, n, ldd));
   DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->d, d_type, m, n, ldd));
+  if (batch > 1) {
+    // Dense items: each layout's stride is its own matrix's size.
+    const int32_t count = batch;
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
+        {plan->a, static_cast<int64_t>(a_rows * a_cols)},
+        {plan->b, static_cast<int64_t>(b_rows * b_cols)},
+        {plan->c, static_cast<int64_t>(m * n)},
+        {plan->d, static_cast<int64_t>(m * n)}};
+    for (const auto& [layout, stride] : layouts) {
+      DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  }
 
   cublasLtMatmulPreference_t preference = nullptr;
   DT_CUBLAS_CHECK(Lt().cublasLtMatmulPreferenceCreate(&preference));
@@ -243,8 +277,10 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
   Lt().cublasLtMatmulPreferenceDestroy(preference);
   DT_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
            "cuBLASLt has no algorithm for GEMM kind {} (0 forward, 1 backward-weight, 2 "
-           "backward-input), {} output, N={} I={} O={}, epilogue {} (workspace {} bytes): {}",
-           kind, out_type == kOutFloat ? "fp32" : "bf16", N, I, O, epilogue_int, max_workspace,
+           "backward-input, 3-6 batched), {} output, N={} I={} O={}, epilogue {}, batch {} "
+           "(workspace {} bytes): {}",
+           kind, out_type == kOutFloat ? "fp32" : "bf16", N, I, O, epilogue_int, batch,
+           max_workspace,
            status == CUBLAS_STATUS_SUCCESS ? "no result" : Lt().cublasLtGetStatusString(status));
   plan->algo = result.algo;
   plan->workspace_bytes = result.workspaceSize;
@@ -290,7 +326,7 @@ void Gemm::Forward(bf16* out, const bf16* in, const bf16* w, const bf16* bias, i
       break;
   }
   DT_CHECK(Aligned(bias) && Aligned(aux), "bias and aux must be {}-byte aligned", kAlignment);
-  Plan& plan = PlanFor(Key{kForward, kOutBf16, N, I, O, static_cast<int>(lt_epilogue)});
+  Plan& plan = PlanFor(Key{kForward, kOutBf16, N, I, O, static_cast<int>(lt_epilogue), 1});
   SetEpiloguePointers(plan.desc, bias, aux);
   const float alpha = 1.0f, beta = 0.0f;
   DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
@@ -310,7 +346,7 @@ void Gemm::Forward(float* out, const bf16* in, const bf16* w, const bf16* bias, 
   DT_CHECK(epilogue != Epilogue::kBiasGelu, "the fp32-output forward has no GELU epilogue");
   DT_CHECK((epilogue == Epilogue::kBias) == (bias != nullptr),
            "a bias is given exactly with Epilogue::kBias");
-  Plan& plan = PlanFor(Key{kForward, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT});
+  Plan& plan = PlanFor(Key{kForward, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT, 1});
   const float alpha = 1.0f, beta = 0.0f;
   DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
                                       plan.c, out, plan.d, &plan.algo, workspace_.data(),
@@ -327,7 +363,7 @@ void Gemm::BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, in
   CheckShape(N, I, O);
   DT_CHECK(Aligned(dw) && Aligned(dout) && Aligned(in), "GEMM pointers must be {}-byte aligned",
            kAlignment);
-  Plan& plan = PlanFor(Key{kBackwardWeight, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT});
+  Plan& plan = PlanFor(Key{kBackwardWeight, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT, 1});
   const float alpha = 1.0f, beta = 1.0f;  // dw += ...
   DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, in, plan.a, dout, plan.b, &beta,
                                       dw, plan.c, dw, plan.d, &plan.algo, workspace_.data(),
@@ -342,12 +378,39 @@ void Gemm::BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int 
   // DGELU: D = (dout · w) ⊙ gelu'(aux), aux being the GELU input GELU_AUX_BIAS wrote.
   const cublasLtEpilogue_t lt_epilogue =
       gelu_pre != nullptr ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
-  Plan& plan = PlanFor(Key{kBackwardInput, kOutBf16, N, I, O, static_cast<int>(lt_epilogue)});
+  Plan& plan = PlanFor(Key{kBackwardInput, kOutBf16, N, I, O, static_cast<int>(lt_epilogue), 1});
   SetEpiloguePointers(plan.desc, nullptr, gelu_pre);
   const float alpha = 1.0f, beta = 0.0f;
   DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, dout, plan.b, &beta,
                                       din, plan.c, din, plan.d, &plan.algo, workspace_.data(),
                                       plan.workspace_bytes, stream_));
+}
+
+void Gemm::RunBatched(void* c, int out_type, const bf16* a, bool trans_a, const bf16* b,
+                      bool trans_b, int m, int n, int k, int batch, float alpha) {
+  DT_CHECK(m > 0 && n > 0 && k > 0 && batch > 0,
+           "batched GEMM shape m={} n={} k={} batch={} must be positive", m, n, k, batch);
+  DT_CHECK(m % kBf16PerAlignment == 0 && n % kBf16PerAlignment == 0 && k % kBf16PerAlignment == 0,
+           "batched GEMM shape m={} n={} k={}: each must be a multiple of {} ({}-byte rows)", m,
+           n, k, kBf16PerAlignment, kAlignment);
+  DT_CHECK(Aligned(c) && Aligned(a) && Aligned(b), "GEMM pointers must be {}-byte aligned",
+           kAlignment);
+  const int kind = kBatched + 2 * int(trans_a) + int(trans_b);
+  Plan& plan = PlanFor(Key{kind, out_type, m, n, k, CUBLASLT_EPILOGUE_DEFAULT, batch});
+  const float beta = 0.0f;
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c,
+                                      plan.c, c, plan.d, &plan.algo, workspace_.data(),
+                                      plan.workspace_bytes, stream_));
+}
+
+void Gemm::Batched(bf16* c, const bf16* a, bool trans_a, const bf16* b, bool trans_b, int m, int n,
+                   int k, int batch, float alpha) {
+  RunBatched(c, kOutBf16, a, trans_a, b, trans_b, m, n, k, batch, alpha);
+}
+
+void Gemm::Batched(float* c, const bf16* a, bool trans_a, const bf16* b, bool trans_b, int m,
+                   int n, int k, int batch, float alpha) {
+  RunBatched(c, kOutFloat, a, trans_a, b, trans_b, m, n, k, batch, alpha);
 }
 
 }  // namespace difftrain::cuda

@@ -31,6 +31,8 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
+  cudaStream_t stream() const { return stream_; }
+
   // out[N, O] = epilogue(in[N, I] · w[O, I]ᵀ): bf16 out, or fp32 out (used where the result
   // feeds fp32 state: the adaLN modulation vectors, the final layer's output). bias [O] is
   // bf16; aux [N, O] (bf16) receives the pre-activation with kBiasGelu and is otherwise
@@ -50,10 +52,23 @@ class Gemm {
   void BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int I, int O,
                      const bf16* gelu_pre = nullptr);
 
+  // `batch` row-major products side by side, for attention's per-head matrices: for each item
+  // i, c_i[m, n] = alpha · op(a_i)[m, k] · op(b_i)[k, n] (written, not added), where the items
+  // follow one another densely (a_i = a + i·m·k, b_i = b + i·k·n, c_i = c + i·m·n) and op(x)
+  // is x, or xᵀ with trans (then x_i is stored [k, m] for a, [n, k] for b). m, n and k must be
+  // multiples of 8 (16-byte rows, fp32 c too).
+  void Batched(bf16* c, const bf16* a, bool trans_a, const bf16* b, bool trans_b, int m, int n,
+               int k, int batch, float alpha = 1.0f);
+  void Batched(float* c, const bf16* a, bool trans_a, const bf16* b, bool trans_b, int m, int n,
+               int k, int batch, float alpha = 1.0f);
+
  private:
   struct Plan;
-  // (kind, out type, N, I, O, epilogue) → a plan made on first use.
-  using Key = std::tuple<int, int, int, int, int, int>;
+  // (kind, out type, N, I, O, epilogue, batch) → a plan made on first use. Batched products
+  // keep (m, n, k) in (N, I, O) and their transposes in the kind.
+  using Key = std::tuple<int, int, int, int, int, int, int>;
+  void RunBatched(void* c, int out_type, const bf16* a, bool trans_a, const bf16* b, bool trans_b,
+                  int m, int n, int k, int batch, float alpha);
   Plan& PlanFor(const Key& key);
 
   cudaStream_t stream_;

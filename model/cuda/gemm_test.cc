@@ -242,6 +242,46 @@ TEST_F(GemmTest, CachedPlanTakesNewPointers) {
   }
 }
 
+// Batched products, every combination of transposes, bf16 and fp32 results, against a double
+// loop over the items: c_i = alpha · op(a_i) · op(b_i). Shapes of attention's per-head GEMMs
+// (m, n, k among T = 64 and hd = 72) and unequal m, n, k so a swapped dimension cannot pass.
+TEST_F(GemmTest, BatchedEveryTranspose) {
+  const int m = 64, n = 72, k = 40, batch = 5;
+  const float alpha = 0.375f;
+  Gemm gemm(stream_);
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "trans_a " << ta << " trans_b " << tb);
+      const std::vector<float> a = RandomBf16(size_t(batch) * m * k, 700 + 2 * ta + tb, 1.0);
+      const std::vector<float> b = RandomBf16(size_t(batch) * k * n, 710 + 2 * ta + tb, 1.0);
+      std::vector<double> want(size_t(batch) * m * n, 0.0);
+      for (int i = 0; i < batch; ++i) {
+        const float* ai = a.data() + size_t(i) * m * k;
+        const float* bi = b.data() + size_t(i) * k * n;
+        for (int r = 0; r < m; ++r) {
+          for (int c = 0; c < n; ++c) {
+            double sum = 0;
+            for (int j = 0; j < k; ++j)
+              sum += double(ta ? ai[j * m + r] : ai[r * k + j]) *
+                     double(tb ? bi[c * k + j] : bi[j * n + c]);
+            want[(size_t(i) * m + r) * n + c] = alpha * sum;
+          }
+        }
+      }
+      DeviceBuffer<bf16> d_a = UploadBf16(a), d_b = UploadBf16(b);
+      DeviceBuffer<bf16> c_bf16(want.size());
+      DeviceBuffer<float> c_float(want.size());
+      Poison(c_bf16);
+      Poison(c_float);
+      gemm.Batched(c_bf16.data(), d_a.data(), ta, d_b.data(), tb, m, n, k, batch, alpha);
+      gemm.Batched(c_float.data(), d_a.data(), ta, d_b.data(), tb, m, n, k, batch, alpha);
+      Sync();
+      EXPECT_LE(RelativeL2(DownloadAsFloat(c_bf16), ToFloat(want)), kBf16Tolerance);
+      EXPECT_LE(RelativeL2(DownloadAsFloat(c_float), ToFloat(want)), kFloatTolerance);
+    }
+  }
+}
+
 // I = 20 is not a multiple of 8: the launcher refuses the shape by name.
 void ForwardWithMisalignedI() {
   Gemm gemm(nullptr);

@@ -48,6 +48,8 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   const Status supported = Supports(config_);
   DT_CHECK(supported.ok(), "{}", supported.message());
   DT_CHECK(!options_.vb_loss || config_.learn_sigma, "the vb loss needs a learn_sigma model");
+  gemm_attention_ = options_.gemm_attention &&
+                    GemmAttentionTakes(config_.tokens(), config_.hidden_size, config_.num_heads);
   p_ = DiTParams::Bind(table_, DiTShard::Whole(config_));
 
   const size_t T = config_.tokens(), D = config_.hidden_size;
@@ -192,7 +194,10 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   a.Take(d_b_, N * D);
   a.Take(d_h_, N * M);
   a.Take(d_qkv_, N * 3 * D);
-  size_t workspace = AttentionBackwardWorkspace(BF, T, D, c.num_heads);
+  // One attention workspace serves both directions of every block, in floats.
+  size_t workspace = gemm_attention_
+                         ? (GemmAttentionWorkspaceBytes(BF, T, D, c.num_heads) + 3) / 4
+                         : AttentionBackwardWorkspace(BF, T, D, c.num_heads);
   if (c.video) {
     a.Take(d_attn_t_, N * D);
     a.Take(d_qkv_t_, N * 3 * D);
@@ -284,7 +289,12 @@ void DiT::BlockForward(int l) {
     AttentionForward(k.attn_t, k.lse, k.qkv_t, B * T, Fr, D, H, stream_);
     SwapAxes(k.attn, k.attn_t, B, T, Fr, D, stream_);
   } else {
-    AttentionForward(k.attn, k.lse, k.qkv, B * Fr, T, D, H, stream_);  // within each frame
+    // Within each frame.
+    if (gemm_attention_) {
+      GemmAttentionForward(gemm_, k.attn, k.lse, k.qkv, attn_workspace_, B * Fr, T, D, H);
+    } else {
+      AttentionForward(k.attn, k.lse, k.qkv, B * Fr, T, D, H, stream_);
+    }
   }
   gemm_.Forward(k.proj, k.attn, W(o.proj_w), W(o.proj_b), N, D, D, Epilogue::kBias);
   GatedResidualForward(k.mid, k.resid_in, k.proj, k.ada, 2 * D, S, B, Ts, D, stream_);
@@ -382,8 +392,13 @@ void DiT::BlockBackward(int l) {
                       H, stream_);
     SwapAxes(d_qkv_, d_qkv_t_, B, T, Fr, 3 * D, stream_);
   } else {
-    AttentionBackward(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B * Fr, T, D, H,
-                      stream_);
+    if (gemm_attention_) {
+      GemmAttentionBackward(gemm_, d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B * Fr, T,
+                            D, H);
+    } else {
+      AttentionBackward(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B * Fr, T, D, H,
+                        stream_);
+    }
   }
   gemm_.BackwardWeight(G(o.qkv_w), d_qkv_, k.mod1, N, D, 3 * D);
   BiasGradient(G(o.qkv_b), d_qkv_, N, 3 * D, stream_);

@@ -30,6 +30,7 @@
 #include "model/cuda/attention.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/gemm.h"
+#include "model/cuda/gemm_attention.h"
 #include "model/cuda/loss.h"
 #include "model/cuda/optimizer.h"
 #include "model/cuda/train_state.h"
@@ -45,6 +46,10 @@ class DiT {
   struct Options {
     bool vb_loss = false;   // add the variational-bound term (learn_sigma models)
     bool use_graph = true;  // capture ForwardBackward as a CUDA graph
+    // Spatial attention through cuBLASLt's batched GEMMs where GemmAttentionTakes the frame's
+    // tokens (model/cuda/gemm_attention.h), else the fused kernels; temporal attention (a few
+    // frames) always runs fused.
+    bool gemm_attention = true;
   };
   // Whether the kernels take this model: every tensor of the parameter table must start at
   // a multiple of 8 elements and every GEMM's sizes must be multiples of 8 (16-byte aligned
@@ -165,6 +170,7 @@ class DiT {
   // Backward scratch.
   float *d_out_ = nullptr, *d_final_ = nullptr, *d_resid_ = nullptr, *d_ada_ = nullptr;
   float *d_silu_c_ = nullptr, *d_c_ = nullptr, *d_t_ = nullptr, *attn_workspace_ = nullptr;
+  bool gemm_attention_ = false;  // the spatial blocks' attention runs as batched GEMMs
   bf16 *d_final_bf16_ = nullptr, *d_a_ = nullptr, *d_b_ = nullptr, *d_h_ = nullptr;
   bf16 *d_qkv_ = nullptr, *d_ada_bf16_ = nullptr, *d_small_ = nullptr, *d_c_bf16_ = nullptr;
   bf16 *d_attn_t_ = nullptr, *d_qkv_t_ = nullptr;  // a temporal block's, token-major

@@ -74,7 +74,9 @@ float CpuLoss(const DiTConfig& c, int B, const float* out, const std::vector<flo
   return static_cast<float>(sum / n);
 }
 
-void ExpectStepMatchesCpu(const DiTConfig& c, int B) {
+// With gemm_attention false the spatial attention runs on the fused kernels.
+void ExpectStepMatchesCpu(const DiTConfig& c, int B, bool gemm_attention = true) {
+  SCOPED_TRACE(gemm_attention ? "spatial attention as batched GEMMs" : "fused attention");
   difftrain::DiT cpu(c);
   const std::vector<float> weights = RandomBf16Weights(cpu);
   const Batch batch = RandomBatch(c, B, /*seed=*/11);
@@ -90,7 +92,7 @@ void ExpectStepMatchesCpu(const DiTConfig& c, int B) {
   cudaStream_t stream;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    DiT gpu(c, stream, {.use_graph = false});
+    DiT gpu(c, stream, {.use_graph = false, .gemm_attention = gemm_attention});
     const Status reserved = gpu.Reserve(B);
     ASSERT_TRUE(reserved.ok()) << reserved.message();
     gpu.UploadState(weights.data(), weights.data(), nullptr, nullptr);
@@ -132,6 +134,7 @@ DiTConfig Tiny() {
 TEST(CudaDiTTest, TinyStepMatchesTheCpuModel) {
   DT_SKIP_WITHOUT_GPU();
   ExpectStepMatchesCpu(Tiny(), /*B=*/3);
+  ExpectStepMatchesCpu(Tiny(), /*B=*/3, /*gemm_attention=*/false);
 }
 
 // Latte: a video of 4 frames (spatial and temporal blocks, the temporal embedding), with
@@ -155,6 +158,7 @@ TEST(CudaDiTTest, LatteStepsMatchTheCpuModel) {
 TEST(CudaDiTTest, DiTS2StepMatchesTheCpuModel) {
   DT_SKIP_WITHOUT_GPU();
   ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2);
+  ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, /*gemm_attention=*/false);
 }
 
 // A replayed graph computes what eager launches compute (up to the order of the attention
