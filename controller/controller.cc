@@ -379,7 +379,7 @@ void Controller::Launch() {
     ++restarts_;
   }
   std::vector<Node*> live = LiveNodesByName();
-  if (!restart && o_.config.parallel.automatic) {
+  if (!restart && (o_.config.parallel.automatic || o_.config.device_automatic)) {
     std::vector<Node*> placed(live.begin(),
                               live.begin() + std::min<size_t>(live.size(), plan_.nodes));
     if (Status s = ResolveForWorkers(placed); !s.ok()) {
@@ -438,11 +438,18 @@ Status Controller::ResolveForWorkers(const std::vector<Node*>& placed) {
   DT_ASSIGN_OR_RETURN(std::string yaml, ResolvedJobYaml(job_yaml_as_written_, config));
   const ParallelConfig& was = o_.config.parallel;
   const ParallelConfig& now = config.parallel;
-  spdlog::info(
-      "controller: parallel: auto for the worker daemons' {} (planned for {}): tp {} cp {} pp "
-      "{} dp {}{}, micro-batch {}{}",
-      DescribePlanDevice(device), DescribePlanDevice(planned_for_), now.tp, now.cp, now.pp, now.dp,
-      now.zero1 ? ", ZeRO-1" : "", config.micro_batch, config.recompute ? ", recompute" : "");
+  if (config.device_automatic) {
+    spdlog::info("controller: train.device: auto for the worker daemons' {}: {}",
+                 DescribePlanDevice(device), config.device);
+  }
+  if (config.parallel.automatic) {
+    spdlog::info(
+        "controller: parallel: auto for the worker daemons' {} (planned for {}): tp {} cp {} pp "
+        "{} dp {}{}, micro-batch {}{}",
+        DescribePlanDevice(device), DescribePlanDevice(planned_for_), now.tp, now.cp, now.pp,
+        now.dp, now.zero1 ? ", ZeRO-1" : "", config.micro_batch,
+        config.recompute ? ", recompute" : "");
+  }
   if (now.tp != was.tp || now.cp != was.cp || now.pp != was.pp || now.dp != was.dp ||
       now.zero1 != was.zero1 || config.micro_batch != o_.config.micro_batch ||
       config.recompute != o_.config.recompute) {

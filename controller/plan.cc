@@ -102,6 +102,8 @@ std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
                      config.global_batch, config.micro_batch, p.dp, p.accumulation);
   out += fmt::format("model: {} ({} parameters), {} steps\n", config.model.name(), p.parameters,
                      config.steps);
+  out += fmt::format("device: {}{}\n", config.device,
+                     config.device_automatic ? " (train.device: auto, for this machine)" : "");
   out += fmt::format(
       "memory per rank (estimate): state {:.1f} MiB (parameters, gradients, EMA, AdamW{}) + "
       "activations {:.1f} MiB (micro-batch {})\n",

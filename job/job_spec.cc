@@ -68,8 +68,8 @@ Status TrainConfig::Validate(int dp) const {
   if (checkpoint.every < 0)
     return Errorf("checkpoint.every must be >= 0, got {}", checkpoint.every);
   if (checkpoint.keep < 1) return Errorf("checkpoint.keep must be >= 1, got {}", checkpoint.keep);
-  if (device != "cpu" && device != "cuda") {
-    return Errorf("{}: train.device: expected cpu or cuda, found '{}'",
+  if (device != "cpu" && device != "cuda" && device != "auto") {
+    return Errorf("{}: train.device: expected auto, cpu or cuda, found '{}'",
                   cluster.Where("train.device"), device);
   }
   if (device == "cuda") {
@@ -183,6 +183,7 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
 
   YamlFields train = top.Section("train");
   int64_t seed = 0;
+  c.device = "auto";  // a job file's default, resolved with the layout (ResolveJob)
   train.Int64("steps", c.steps)
       .Int64("seed", seed)
       .Int("log_every", c.log_every)
@@ -261,12 +262,29 @@ Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& ove
   return config;
 }
 
+namespace {
+
+#ifdef DIFFTRAIN_HAVE_CUDA
+constexpr bool kCudaBackend = true;
+#else
+constexpr bool kCudaBackend = false;
+#endif
+
+}  // namespace
+
 Status ResolveJob(TrainConfig& c, const PlanDevice& device) {
-  if (!c.parallel.automatic) return Status::Ok();
+  // train.device auto, as torch users write `"cuda" if torch.cuda.is_available() else "cpu"`:
+  // the GPU wherever there is one to train on. What the GPU step does not train (tp, cp, pp,
+  // ZeRO-1, recompute) is then refused by Validate, naming train.device, rather than run on
+  // the CPU of a GPU machine unannounced; `parallel: auto` plans data-parallel layouts for it.
+  if (c.device == "auto") c.device_automatic = true;
+  if (c.device_automatic) c.device = !device.gpu.empty() && kCudaBackend ? "cuda" : "cpu";
+  if (!c.parallel.automatic) return c.device_automatic ? c.Validate() : Status::Ok();
   const std::optional<int> micro =
       c.micro_batch_given ? std::optional<int>(c.micro_batch) : std::nullopt;
-  Result<PlannedLayout> chosen = ChooseLayout(c.model, c.global_batch, micro, c.cluster.nodes,
-                                              c.cluster.devices_per_node, device);
+  Result<PlannedLayout> chosen =
+      ChooseLayout(c.model, c.global_batch, micro, c.cluster.nodes, c.cluster.devices_per_node,
+                   device, /*data_parallel_only=*/c.device == "cuda");
   if (!chosen.ok()) {
     return Errorf("{}: parallel: auto for {} node(s) x {} device(s) ({}): {}",
                   c.cluster.Where("parallel"), c.cluster.nodes, c.cluster.devices_per_node,
@@ -307,13 +325,16 @@ Result<std::string> ResolvedJobYaml(const std::string& original_yaml, const Trai
   parallel["zero1"] = c.parallel.zero1;
   section("batch")["micro"] = c.micro_batch;
   section("train")["recompute"] = c.recompute;
+  section("train")["device"] = c.device;
   YAML::Emitter out;
   out << root;
   if (!out.good()) return Errorf("writing the resolved job: {}", out.GetLastError());
-  std::string text = c.parallel.automatic
-                         ? fmt::format("# parallel: auto, resolved by the controller: {}\n",
-                                       "tp, cp, pp, dp, zero1, batch.micro and train.recompute")
-                         : std::string();
+  std::string text;
+  if (c.parallel.automatic) {
+    text = fmt::format("# parallel: auto, resolved by the controller: {}\n",
+                       "tp, cp, pp, dp, zero1, batch.micro and train.recompute");
+  }
+  if (c.device_automatic) text += "# train.device: auto, resolved by the controller\n";
   return text + out.c_str() + "\n";
 }
 

@@ -73,9 +73,12 @@ struct TrainConfig {
   int log_every = 10;
   std::string metrics_file;  // JSON lines of per-step metrics; "{rank}" becomes the rank
   bool recompute = false;    // keep only each block's input; recompute the rest in backward
-  // cpu: the model core on the CPU. cuda: the bf16 GPU step (model/dit/cuda/dit.h) on this rank's
-  // GPU, gradients averaged over NCCL; data-parallel layouts only (docs/cuda.md).
+  // cpu: the model core on the CPU. cuda: the family's bf16 GPU step (model/*/cuda) on this
+  // rank's GPU, gradients averaged over NCCL; data-parallel layouts only (docs/cuda.md).
+  // auto (a job file's default): cuda where the ranks' nodes have GPUs and this build has the
+  // CUDA backend, else cpu — decided by ResolveJob, so ranks always receive cpu or cuda.
   std::string device = "cpu";
+  bool device_automatic = false;  // device was auto: ResolveJob chose it (and may again)
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   ClusterConfig cluster;  // nodes, restart policy, metrics, keys: read by the daemons

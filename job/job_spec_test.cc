@@ -10,6 +10,7 @@
 
 #include "common/temp_dir.h"
 #include "model/dit/family.h"
+#include "model/train/planner.h"
 
 namespace difftrain {
 namespace {
@@ -117,6 +118,92 @@ TEST_F(JobSpecTest, AResolvedJobReceivedAsTextIsTheSameJob) {
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.status().message().find("sent.yaml:1:"), std::string::npos)
       << broken.status().message();
+}
+
+// train.device is auto unless the file says: the GPU where the device planned for has one
+// (and this build has the CUDA backend), else the CPU; ranks receive the choice written in.
+TEST_F(JobSpecTest, DeviceAutoIsTheGpuWhereThereIsOne) {
+  const std::string job =
+      "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2,\n"
+      "        num_heads: 4, num_classes: 10}\n"
+      "batch: {micro: 4, global: 8}\n";
+  const PlanDevice cpu{"", 64.0 * (1 << 30)}, h200{"NVIDIA H200", 141.0 * (1 << 30)};
+#ifdef DIFFTRAIN_HAVE_CUDA
+  const std::string gpu_device = "cuda";
+#else
+  const std::string gpu_device = "cpu";  // no backend to run it: auto stays on the CPU
+#endif
+  Result<TrainConfig> parsed = TrainConfig::FromYamlText(job, "job.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->device, "auto");
+  TrainConfig on_cpu = *parsed, on_gpu = *parsed;
+  ASSERT_TRUE(ResolveJob(on_cpu, cpu).ok());
+  EXPECT_EQ(on_cpu.device, "cpu");
+  EXPECT_TRUE(on_cpu.device_automatic);
+  ASSERT_TRUE(ResolveJob(on_gpu, h200).ok());
+  EXPECT_EQ(on_gpu.device, gpu_device);
+  // The controller resolves again for the worker daemons' device.
+  ASSERT_TRUE(ResolveJob(on_gpu, cpu).ok());
+  EXPECT_EQ(on_gpu.device, "cpu");
+  ASSERT_TRUE(ResolveJob(on_gpu, h200).ok());
+  Result<std::string> shipped = ResolvedJobYaml(job, on_gpu);
+  ASSERT_TRUE(shipped.ok()) << shipped.status().message();
+  Result<TrainConfig> rank = TrainConfig::FromYamlText(*shipped, "rank.yaml");
+  ASSERT_TRUE(rank.ok()) << rank.status().message() << "\n" << *shipped;
+  EXPECT_EQ(rank->device, gpu_device);
+  EXPECT_FALSE(rank->device_automatic);
+  ASSERT_TRUE(ResolveJob(*rank, cpu).ok());
+  EXPECT_EQ(rank->device, gpu_device) << "a rank chose a device of its own";
+
+  // Written out, the device is kept whatever the machine.
+  Result<TrainConfig> pinned = TrainConfig::FromYamlText(job + "train: {device: cpu}\n", "job.yaml");
+  ASSERT_TRUE(pinned.ok()) << pinned.status().message();
+  ASSERT_TRUE(ResolveJob(*pinned, h200).ok());
+  EXPECT_EQ(pinned->device, "cpu");
+  EXPECT_FALSE(pinned->device_automatic);
+  Result<TrainConfig> typo = TrainConfig::FromYamlText(job + "train: {device: gpu}\n", "job.yaml");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("expected auto, cpu or cuda, found 'gpu'"),
+            std::string::npos)
+      << typo.status().message();
+}
+
+// On a GPU, auto means the GPU step, which trains data-parallel layouts only: a fixed tp is
+// refused naming train.device (rather than trained on the CPU unannounced), and `parallel:
+// auto` plans without tp, cp, pp, ZeRO-1 and recompute.
+TEST_F(JobSpecTest, DeviceAutoOnAGpuKeepsToDataParallelLayouts) {
+#ifndef DIFFTRAIN_HAVE_CUDA
+  GTEST_SKIP() << "built without the CUDA backend: auto never chooses the GPU";
+#else
+  const PlanDevice h200{"NVIDIA H200", 141.0 * (1 << 30)};
+  Result<TrainConfig> tp = TrainConfig::FromYamlText(
+      "model: {name: DiT-S/8, input_size: 16, num_classes: 10}\n"
+      "batch: {micro: 2, global: 8}\n"
+      "parallel: {tp: 2}\n"
+      "cluster: {nodes: 1, devices_per_node: 2}\n",
+      "job.yaml");
+  ASSERT_TRUE(tp.ok()) << tp.status().message();
+  const Status refused = ResolveJob(*tp, h200);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("train.device cuda trains data-parallel layouts only; "
+                                   "parallel.tp > 1 runs on the CPU"),
+            std::string::npos)
+      << refused.message();
+
+  Result<TrainConfig> automatic = TrainConfig::FromYamlText(
+      "model: {name: DiT-XL/2, input_size: 32, num_classes: 1000}\n"
+      "batch: {global: 2048}\n"
+      "parallel: auto\n"
+      "cluster: {nodes: 2, devices_per_node: 8}\n",
+      "job.yaml");
+  ASSERT_TRUE(automatic.ok()) << automatic.status().message();
+  const Status resolved = ResolveJob(*automatic, h200);
+  ASSERT_TRUE(resolved.ok()) << resolved.message();
+  EXPECT_EQ(automatic->device, "cuda");
+  EXPECT_EQ(automatic->parallel.dp, 16);
+  EXPECT_FALSE(automatic->parallel.zero1);
+  EXPECT_FALSE(automatic->recompute);
+#endif
 }
 
 TEST_F(JobSpecTest, TheBackendIsGlooOrMpi) {

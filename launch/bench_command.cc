@@ -164,8 +164,10 @@ Status WriteJob(const BenchOptions& o, const ModelSpec& model, const Run& r) {
   std::ofstream job(r.dir / "job.yaml");
   job << ModelYaml(model) << fmt::format("data: {{kind: \"{}\"}}\n", o.data)
       << fmt::format("batch: {{micro: {}, global: {}}}\n", l.micro_batch, l.micro_batch * l.dp)
-      << fmt::format("train: {{steps: {}, log_every: 1000, recompute: {}, metrics_file: \"{}\"}}\n",
-                     o.warmup + o.steps, o.recompute, (r.dir / "metrics-{rank}.jsonl").string())
+      << fmt::format(
+             "train: {{steps: {}, log_every: 1000, recompute: {}, device: {}, metrics_file: "
+             "\"{}\"}}\n",
+             o.warmup + o.steps, o.recompute, o.device, (r.dir / "metrics-{rank}.jsonl").string())
       << fmt::format("parallel: {{tp: {}, cp: {}, pp: {}, dp: {}, zero1: {}}}\n", l.tp, l.cp, l.pp,
                      l.dp, o.zero1)
       << fmt::format("cluster: {{nodes: 1, devices_per_node: {}}}\n", l.tp * l.cp * l.pp * l.dp)

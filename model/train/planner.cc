@@ -423,6 +423,7 @@ Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& r) {
             if (r.recompute && *r.recompute != recompute) continue;
             for (bool zero1 : {false, true}) {
               if (zero1 && dp * cp == 1) continue;  // nothing to shard
+              if (r.zero1 && *r.zero1 != zero1) continue;
               PlannedLayout p;
               p.layout = {tp, cp, pp, dp, micro, recompute, zero1};
               p.accumulation = r.global_batch / (dp * micro);
@@ -489,8 +490,12 @@ std::string DescribePlanDevice(const PlanDevice& d) {
 
 Result<PlannedLayout> ChooseLayout(const ModelSpec& model, int global_batch,
                                    std::optional<int> micro_batch, int nodes, int devices_per_node,
-                                   const PlanDevice& device) {
+                                   const PlanDevice& device, bool data_parallel_only) {
   PlanRequest r;
+  if (data_parallel_only) {
+    r.tp = r.cp = r.pp = 1;
+    r.recompute = r.zero1 = false;
+  }
   r.model = model;
   r.global_batch = global_batch;
   r.micro_batch = micro_batch;

@@ -102,7 +102,7 @@ struct PlanRequest {
   double usable_memory_fraction = 0.9;  // of device memory a plan may fill
   // Fixed choices (unset: the planner chooses).
   std::optional<int> tp, cp, pp, micro_batch;
-  std::optional<bool> recompute;
+  std::optional<bool> recompute, zero1;
 };
 
 struct PlannedLayout {
@@ -144,8 +144,10 @@ std::string DescribePlanDevice(const PlanDevice& device);
 
 // `parallel: auto`: the fastest layout that fits for a job of `model` and `global_batch`
 // (and `micro_batch` when the job fixes it) on `nodes` × `devices_per_node` of `device`.
+// With data_parallel_only, only layouts without tp, cp, pp, ZeRO-1 and recompute (what the GPU
+// step trains).
 Result<PlannedLayout> ChooseLayout(const ModelSpec& model, int global_batch,
                                    std::optional<int> micro_batch, int nodes, int devices_per_node,
-                                   const PlanDevice& device);
+                                   const PlanDevice& device, bool data_parallel_only = false);
 
 }  // namespace difftrain

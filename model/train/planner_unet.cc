@@ -122,6 +122,7 @@ Result<std::vector<PlannedLayout>> EnumerateUNetLayouts(const PlanRequest& r) {
       const double micro_seconds = MicroBatchSeconds(d, c, plan, micro, recompute);
       for (bool zero1 : {false, true}) {
         if (zero1 && dp == 1) continue;  // nothing to shard
+        if (r.zero1 && *r.zero1 != zero1) continue;
         PlannedLayout p;
         p.layout = {1, 1, 1, dp, micro, recompute, zero1};
         p.accumulation = per_replica / micro;
