@@ -142,7 +142,7 @@ TEST_F(TrainCommandTest, ARankOfAnOldAttemptCommitsNoCheckpoint) {
 TEST_F(TrainCommandTest, UnknownDeviceIsNamedWhereItIs) {
   const CommandResult r = Train(WithDevice("tpu"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("job.yaml:15:11: train.device: expected cpu or cuda, found 'tpu'"),
+  EXPECT_NE(r.output.find("job.yaml:15:11: train.device: expected auto, cpu or cuda, found 'tpu'"),
             std::string::npos)
       << r.output;
 }

@@ -248,15 +248,16 @@ std::unique_ptr<zmq::socket_t> Connect(zmq::context_t& context, const CurveKeys&
   return s;
 }
 
-std::string RegisterFrame(const std::string& node) {
+// A worker daemon's registration; with `gpus`, a node of that many H200s.
+std::string RegisterFrame(const std::string& node, int gpus = 0) {
   return wire::Encode({wire::MessageType::kRegister,
                        {{"node", node},
-                        {"devices", 2},
-                        {"gpus", 0},
+                        {"devices", gpus > 0 ? gpus : 2},
+                        {"gpus", gpus},
                         {"cores", 2},
                         {"memory_bytes", 1 << 30},
-                        {"gpu_name", ""},
-                        {"gpu_memory_bytes", 0},
+                        {"gpu_name", gpus > 0 ? "NVIDIA H200" : ""},
+                        {"gpu_memory_bytes", gpus > 0 ? int64_t{141} << 30 : 0},
                         {"pid", 1}},
                        ""});
 }
@@ -361,6 +362,65 @@ TEST_F(ClusterTest, InvalidJobSpecExitsTwoNamingTheField) {
       EXPECT_NE(r.output.find(c.expected), std::string::npos) << command << ": " << r.output;
     }
   }
+}
+
+// train.device auto, decided by the controller for the daemons that register: two nodes of
+// GPUs get a job that says cuda (this controller's machine, the test's, shows no GPU), and a
+// job the GPU step cannot train (tp 2) fails naming train.device instead of starting ranks.
+TEST_F(ClusterTest, DeviceAutoFollowsTheWorkerDaemonsGpus) {
+#ifdef DIFFTRAIN_HAVE_CUDA
+  const std::string expected = "device: cuda";
+#else
+  const std::string expected = "device: cpu";  // no CUDA backend: auto never chooses the GPU
+#endif
+  Result<CurveKeys> keys = ReadKeys(keys_);
+  ASSERT_TRUE(keys.ok());
+  zmq::context_t context;
+  {
+    const fs::path job = WriteJob("auto-dp");
+    std::string yaml = ReadWholeFile(job);
+    yaml.replace(yaml.find("tp: 2"), 5, "dp: 2");
+    yaml.replace(yaml.find("devices_per_node: 2"), 19, "devices_per_node: 1");
+    std::ofstream(job) << yaml;
+    std::unique_ptr<Process> controller = StartController(job);
+    std::unique_ptr<zmq::socket_t> nodes[2] = {Connect(context, *keys, endpoint_),
+                                               Connect(context, *keys, endpoint_)};
+    for (int i = 0; i < 2; ++i) {
+      nodes[i]->send(zmq::buffer(RegisterFrame("g" + std::to_string(i), /*gpus=*/1)),
+                     zmq::send_flags::none);
+    }
+    for (auto& node : nodes) {
+      std::optional<wire::Message> m;
+      while ((m = Receive(*node, 10s)) && m->type != wire::MessageType::kLaunch) {
+      }
+      ASSERT_TRUE(m.has_value()) << controller->Log();
+      EXPECT_NE(m->payload.find(expected), std::string::npos) << m->payload;
+      EXPECT_NE(m->payload.find("train.device: auto, resolved by the controller"), std::string::npos)
+          << m->payload;
+    }
+    controller->Signal(SIGTERM);  // the fake daemons start no ranks: stop it, however it ends
+    controller->Wait(60s);
+    EXPECT_NE(controller->Log().find("train.device: auto for the worker daemons' NVIDIA H200"),
+              std::string::npos)
+        << controller->Log();
+  }
+#ifdef DIFFTRAIN_HAVE_CUDA
+  {
+    const fs::path job = WriteJob("auto-tp");
+    std::unique_ptr<Process> controller = StartController(job);
+    std::unique_ptr<zmq::socket_t> nodes[2] = {Connect(context, *keys, endpoint_),
+                                               Connect(context, *keys, endpoint_)};
+    for (int i = 0; i < 2; ++i) {
+      nodes[i]->send(zmq::buffer(RegisterFrame("g" + std::to_string(i), /*gpus=*/2)),
+                     zmq::send_flags::none);
+    }
+    EXPECT_EQ(controller->Wait(30s), 1) << controller->Log();
+    EXPECT_NE(controller->Log().find("train.device cuda trains data-parallel layouts only; "
+                                     "parallel.tp > 1 runs on the CPU"),
+              std::string::npos)
+        << controller->Log();
+  }
+#endif
 }
 
 TEST_F(ClusterTest, ValidatePrintsThePlan) {
