@@ -7,10 +7,12 @@
 #      (tests/reference/dit_bench_torch.py: bf16 autocast, scaled_dot_product_attention),
 #      eager and torch.compile;
 #   4. prints a Markdown table with samples/s, TFLOP/s, MFU, peak memory and the ratio of
-#      difftrain to torch.compile, and keeps every row in runs/cuda-bench/results.jsonl.
+#      difftrain to torch.compile, and keeps every row in runs/cuda-bench/results.jsonl;
+#   5. with --profile, where difftrain's step spends its time at the first micro-batch
+#      (Nsight Compute's kernel durations, bench/ncu_summary.py; runs/cuda-bench/ncu.csv).
 #
 #   bench/cuda_dit.sh [--model DiT-XL/2] [--micro-batches 32,64,128,256] [--steps 20]
-#                     [--peak-tflops 989] [--prebuilt DIR] [--no-torch]
+#                     [--peak-tflops 989] [--prebuilt DIR] [--no-torch] [--profile]
 #
 # --prebuilt DIR: DIR holds bench_cuda_dit and the GPU test programs (cuda_*_test) already built,
 # for a GPU machine without the build's dependencies (then LD_LIBRARY_PATH must find the
@@ -24,6 +26,7 @@ steps=20
 peak=989
 prebuilt=
 torch=1
+profile=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --model) model=$2; shift 2 ;;
@@ -32,6 +35,7 @@ while [[ $# -gt 0 ]]; do
     --peak-tflops) peak=$2; shift 2 ;;
     --prebuilt) prebuilt=$2; shift 2 ;;
     --no-torch) torch=0; shift ;;
+    --profile) profile=1; shift ;;
     *) echo "bench/cuda_dit.sh: unknown argument '$1' (see the comment at the top)" >&2; exit 2 ;;
   esac
 done
@@ -122,3 +126,11 @@ for b in sorted({r["micro_batch"] for r in rows}):
         cell(c, "samples_per_s", "{:.1f}"), cell(c, "tflops", "{:.0f}"), cell(c, "mfu", "{:.1%}"),
         cell(c, "peak_mem_gib", "{:.1f}"), ratio))
 EOF
+
+if [[ $profile == 1 ]]; then
+  echo "== where the time goes: $model, micro-batch ${batches[0]} (ncu, every kernel of 3 steps)"
+  ncu --clock-control none --csv --metrics gpu__time_duration.sum "$bin/bench_cuda_dit" \
+    --model "$model" --micro-batch "${batches[0]}" --warmup 1 --steps 2 >"$out/ncu.csv" 2>"$out/ncu.err" ||
+    { tail -n 3 "$out/ncu.err" >&2; exit 1; }
+  bench/ncu_summary.py "$out/ncu.csv"
+fi
