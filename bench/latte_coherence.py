@@ -10,7 +10,7 @@ difference at high noise is what sampling has to go on when it decides a video's
 
     difftrain data pack --dataset moving_fashion_mnist --split test --image-size 24 \
         --frames 8 --limit 256 --out runs/real-videos
-    bench/latte_coherence.py runs/latte-moving-fashion/checkpoints/step-00004000 \
+    bench/latte_coherence.py runs/latte-moving-fashion/checkpoints/step-00007000 \
         runs/real-videos [--videos 128] [--timesteps 200,400,600,800,950] [--raw-weights]
 
 With --denoise-from T1,T2,..., it then noises the same real videos to each timestep T and
@@ -86,16 +86,19 @@ def alphas_bar(diffusion):
     return np.cumprod(1 - betas)
 
 
+def predicted_x0(diffusion, a, x_t, out):
+    """The model's x0 from its output at a timestep of alpha-bar `a`, clipped to [-1, 1]."""
+    if diffusion.get("prediction", "epsilon") == "v":
+        return (a ** 0.5 * x_t - (1 - a) ** 0.5 * out).clamp(-1, 1)
+    return ((x_t - (1 - a) ** 0.5 * out) / a ** 0.5).clamp(-1, 1)
+
+
 def x0_error(model, diffusion, abar, x0, y, t, noise):
     a = float(abar[t])
     x_t = a ** 0.5 * x0 + (1 - a) ** 0.5 * noise
     with torch.no_grad():
         out = model(x_t, torch.full((x0.shape[0],), float(t)), y)[:, :, :x0.shape[2]]
-    if diffusion.get("prediction", "epsilon") == "v":
-        pred = a ** 0.5 * x_t - (1 - a) ** 0.5 * out
-    else:
-        pred = (x_t - (1 - a) ** 0.5 * out) / a ** 0.5
-    return float(((pred.clamp(-1, 1) - x0) ** 2).mean())
+    return float(((predicted_x0(diffusion, a, x_t, out) - x0) ** 2).mean())
 
 
 def denoise_from(model, diffusion, abar, x0, y, start, cfg, generator):
@@ -116,11 +119,7 @@ def denoise_from(model, diffusion, abar, x0, y, start, cfg, generator):
             if cfg != 1:
                 uncond = model(x, step, null)[:, :, :x0.shape[2]]
                 out = uncond + cfg * (out - uncond)
-        if diffusion.get("prediction", "epsilon") == "v":
-            pred = a ** 0.5 * x - (1 - a) ** 0.5 * out
-        else:
-            pred = (x - (1 - a) ** 0.5 * out) / a ** 0.5
-        pred = pred.clamp(-1, 1)
+        pred = predicted_x0(diffusion, a, x, out)
         eps = (x - a ** 0.5 * pred) / (1 - a) ** 0.5
         x = a_next ** 0.5 * pred + (1 - a_next) ** 0.5 * eps
     return x.clamp(-1, 1)

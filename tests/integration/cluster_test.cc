@@ -376,6 +376,16 @@ TEST_F(ClusterTest, DeviceAutoFollowsTheWorkerDaemonsGpus) {
   Result<CurveKeys> keys = ReadKeys(keys_);
   ASSERT_TRUE(keys.ok());
   zmq::context_t context;
+  // Two fake worker daemons, "g0" and "g1", each registering `gpus` GPUs.
+  auto RegisterTwoNodes = [&](int gpus) {
+    std::vector<std::unique_ptr<zmq::socket_t>> nodes;
+    for (int i = 0; i < 2; ++i) {
+      nodes.push_back(Connect(context, *keys, endpoint_));
+      nodes.back()->send(zmq::buffer(RegisterFrame("g" + std::to_string(i), gpus)),
+                         zmq::send_flags::none);
+    }
+    return nodes;
+  };
   {
     const fs::path job = WriteJob("auto-dp");
     std::string yaml = ReadWholeFile(job);
@@ -383,12 +393,7 @@ TEST_F(ClusterTest, DeviceAutoFollowsTheWorkerDaemonsGpus) {
     yaml.replace(yaml.find("devices_per_node: 2"), 19, "devices_per_node: 1");
     std::ofstream(job) << yaml;
     std::unique_ptr<Process> controller = StartController(job);
-    std::unique_ptr<zmq::socket_t> nodes[2] = {Connect(context, *keys, endpoint_),
-                                               Connect(context, *keys, endpoint_)};
-    for (int i = 0; i < 2; ++i) {
-      nodes[i]->send(zmq::buffer(RegisterFrame("g" + std::to_string(i), /*gpus=*/1)),
-                     zmq::send_flags::none);
-    }
+    std::vector<std::unique_ptr<zmq::socket_t>> nodes = RegisterTwoNodes(/*gpus=*/1);
     for (auto& node : nodes) {
       std::optional<wire::Message> m;
       while ((m = Receive(*node, 10s)) && m->type != wire::MessageType::kLaunch) {
@@ -408,12 +413,7 @@ TEST_F(ClusterTest, DeviceAutoFollowsTheWorkerDaemonsGpus) {
   {
     const fs::path job = WriteJob("auto-tp");
     std::unique_ptr<Process> controller = StartController(job);
-    std::unique_ptr<zmq::socket_t> nodes[2] = {Connect(context, *keys, endpoint_),
-                                               Connect(context, *keys, endpoint_)};
-    for (int i = 0; i < 2; ++i) {
-      nodes[i]->send(zmq::buffer(RegisterFrame("g" + std::to_string(i), /*gpus=*/2)),
-                     zmq::send_flags::none);
-    }
+    std::vector<std::unique_ptr<zmq::socket_t>> nodes = RegisterTwoNodes(/*gpus=*/2);
     EXPECT_EQ(controller->Wait(30s), 1) << controller->Log();
     EXPECT_NE(controller->Log().find("train.device cuda trains data-parallel layouts only; "
                                      "parallel.tp > 1 runs on the CPU"),
