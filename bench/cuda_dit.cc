@@ -34,7 +34,7 @@ struct Options {
   int warmup = 5;
   int steps = 20;
   bool no_graph = false;
-  bool fused_attention = false;
+  std::string attention = "gemm";  // gemm, fused or flash (cuda::AttentionKernels)
   double peak_tflops = 989;
 };
 
@@ -95,7 +95,10 @@ int Run(const Options& o) {
     initial.assign(reference.params(), reference.params() + reference.num_params());
   }
   // The ε-MSE alone, as the PyTorch side computes it.
-  cuda::DiT model(c, stream, {.vb_loss = false, .use_graph = !o.no_graph, .gemm_attention = !o.fused_attention});
+  const cuda::AttentionKernels attention = o.attention == "flash"   ? cuda::AttentionKernels::kFlash
+                                           : o.attention == "fused" ? cuda::AttentionKernels::kFused
+                                                                    : cuda::AttentionKernels::kGemm;
+  cuda::DiT model(c, stream, {.vb_loss = false, .use_graph = !o.no_graph, .attention = attention});
   if (Status s = model.Reserve(o.micro_batch); !s.ok()) {
     std::fprintf(stderr, "bench_cuda_dit: %s\n", s.message().c_str());
     return 2;
@@ -129,7 +132,7 @@ int Run(const Options& o) {
   nlohmann::json row = {{"impl", "difftrain"},
                         {"model", o.model},
                         {"mode", o.no_graph ? "eager" : "cuda-graph"},
-                        {"attention", o.fused_attention ? "fused" : "gemm"},
+                        {"attention", o.attention},
                         {"micro_batch", o.micro_batch},
                         {"steps", o.steps},
                         {"step_ms_median", median_ms},
@@ -162,8 +165,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--no-graph", o.no_graph, "launch every kernel instead of replaying a CUDA graph");
-  app.add_flag("--fused-attention", o.fused_attention,
-               "the fused attention kernels instead of the batched-GEMM attention");
+  app.add_option("--attention", o.attention,
+                 "gemm: batched GEMMs in the spatial blocks; fused: the wmma kernels; flash: the "
+                 "mma.sync flash kernels (model/dit/cuda/dit.h)")
+      ->check(CLI::IsMember({"gemm", "fused", "flash"}))
+      ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops, "the GPU's dense bf16 peak, for MFU")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);

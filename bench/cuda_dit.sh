@@ -3,16 +3,20 @@
 #   1. builds bench_cuda_dit and the GPU tests (CUDA build in build-cuda/), unless --prebuilt;
 #   2. checks: every GPU test (each op and a whole DiT step against the CPU reference);
 #      a failure stops the run before anything is timed;
-#   3. times, for each micro-batch: difftrain's bf16 step (CUDA graph), then PyTorch's
+#   3. times, for each micro-batch: difftrain's bf16 step (CUDA graph) with each attention
+#      of --attention (gemm: batched GEMMs, fused: the wmma kernels, flash: the mma.sync
+#      kernels; model/dit/cuda/dit.h), then PyTorch's
 #      (tests/reference/dit_bench_torch.py: bf16 autocast, scaled_dot_product_attention),
 #      eager and torch.compile;
 #   4. prints a Markdown table with samples/s, TFLOP/s, MFU, peak memory and the ratio of
 #      difftrain to torch.compile, and keeps every row in runs/cuda-bench/results.jsonl;
 #   5. with --profile, where difftrain's step spends its time at the first micro-batch
-#      (Nsight Compute's kernel durations, bench/ncu_summary.py; runs/cuda-bench/ncu.csv).
+#      (Nsight Compute's kernel durations, bench/ncu_summary.py; runs/cuda-bench/ncu.csv), with
+#      the first attention of --attention.
 #
 #   bench/cuda_dit.sh [--model DiT-XL/2] [--micro-batches 32,64,128,256] [--steps 20]
-#                     [--peak-tflops 989] [--prebuilt DIR] [--no-torch] [--profile]
+#                     [--peak-tflops 989] [--attention gemm[,fused][,flash]] [--prebuilt DIR]
+#                     [--no-torch] [--profile]
 #
 # --prebuilt DIR: DIR holds bench_cuda_dit and the GPU test programs (cuda_*_test) already built,
 # for a GPU machine without the build's dependencies (then LD_LIBRARY_PATH must find the
@@ -24,6 +28,7 @@ model=DiT-XL/2
 micro_batches=32,64,128,256
 steps=20
 peak=989
+attention=gemm
 prebuilt=
 torch=1
 profile=0
@@ -33,6 +38,7 @@ while [[ $# -gt 0 ]]; do
     --micro-batches) micro_batches=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --peak-tflops) peak=$2; shift 2 ;;
+    --attention) attention=$2; shift 2 ;;
     --prebuilt) prebuilt=$2; shift 2 ;;
     --no-torch) torch=0; shift ;;
     --profile) profile=1; shift ;;
@@ -81,12 +87,15 @@ done
 
 echo "== timing $model, micro-batches $micro_batches, $steps steps each"
 IFS=, read -ra batches <<<"$micro_batches"
+IFS=, read -ra attentions <<<"$attention"
 for b in "${batches[@]}"; do
-  if ! "$bin/bench_cuda_dit" --model "$model" --micro-batch "$b" --steps "$steps" \
-      --peak-tflops "$peak" >>"$results" 2>"$out/difftrain-$b.err"; then
-    printf '{"impl": "difftrain", "model": "%s", "micro_batch": %d, "error": "%s"}\n' "$model" \
-      "$b" "$(tail -n 1 "$out/difftrain-$b.err" | tr -d '"\\')" >>"$results"
-  fi
+  for a in "${attentions[@]}"; do
+    if ! "$bin/bench_cuda_dit" --model "$model" --micro-batch "$b" --steps "$steps" \
+        --peak-tflops "$peak" --attention "$a" >>"$results" 2>"$out/difftrain-$b-$a.err"; then
+      printf '{"impl": "difftrain", "model": "%s", "micro_batch": %d, "attention": "%s", "error": "%s"}\n' \
+        "$model" "$b" "$a" "$(tail -n 1 "$out/difftrain-$b-$a.err" | tr -d '"\\')" >>"$results"
+    fi
+  done
   if [[ $torch == 1 ]]; then
     for mode in eager compile; do
       python3 tests/reference/dit_bench_torch.py --model "$model" --micro-batches "$b" \
@@ -104,24 +113,27 @@ done
 python3 - "$results" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-def find(impl, mode, b):
+def find(impl, mode, b, attention=None):
     for r in rows:
-        if r.get("impl") == impl and r.get("micro_batch") == b and (mode is None or r.get("mode") == mode):
+        if r.get("impl") == impl and r.get("micro_batch") == b and (mode is None or r.get("mode") == mode) \
+                and (attention is None or r.get("attention") == attention):
             return r
 def cell(r, key, fmt):
     if r is None: return "—"
     if r.get("status") == "OOM" or "out of memory" in r.get("error", ""): return "OOM"
     if r.get("error") or r.get(key) is None: return "error"
     return fmt.format(r[key])
-print("| micro batch | difftrain samples/s | TFLOP/s | MFU | peak GiB | torch eager samples/s | torch.compile samples/s | TFLOP/s | MFU | peak GiB | difftrain / compile |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| micro batch | attention | difftrain samples/s | TFLOP/s | MFU | peak GiB | torch eager samples/s | torch.compile samples/s | TFLOP/s | MFU | peak GiB | difftrain / compile |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+attentions = list(dict.fromkeys(r["attention"] for r in rows if r.get("impl") == "difftrain"))
 for b in sorted({r["micro_batch"] for r in rows}):
-    d, e, c = find("difftrain", None, b), find("torch", "eager", b), find("torch", "compile", b)
+  for a in attentions:
+    d, e, c = find("difftrain", None, b, a), find("torch", "eager", b), find("torch", "compile", b)
     ratio = "—"
     if d and c and d.get("samples_per_s") and c.get("samples_per_s"):
         ratio = "{:.2f}×".format(d["samples_per_s"] / c["samples_per_s"])
-    print("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-        b, cell(d, "samples_per_s", "{:.1f}"), cell(d, "tflops", "{:.0f}"), cell(d, "mfu", "{:.1%}"),
+    print("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+        b, a, cell(d, "samples_per_s", "{:.1f}"), cell(d, "tflops", "{:.0f}"), cell(d, "mfu", "{:.1%}"),
         cell(d, "peak_mem_gib", "{:.1f}"), cell(e, "samples_per_s", "{:.1f}"),
         cell(c, "samples_per_s", "{:.1f}"), cell(c, "tflops", "{:.0f}"), cell(c, "mfu", "{:.1%}"),
         cell(c, "peak_mem_gib", "{:.1f}"), ratio))
@@ -130,7 +142,8 @@ EOF
 if [[ $profile == 1 ]]; then
   echo "== where the time goes: $model, micro-batch ${batches[0]} (ncu, every kernel of 3 steps)"
   ncu --clock-control none --csv --metrics gpu__time_duration.sum "$bin/bench_cuda_dit" \
-    --model "$model" --micro-batch "${batches[0]}" --warmup 1 --steps 2 >"$out/ncu.csv" 2>"$out/ncu.err" ||
+    --model "$model" --micro-batch "${batches[0]}" --attention "${attentions[0]}" --warmup 1 \
+    --steps 2 >"$out/ncu.csv" 2>"$out/ncu.err" ||
     { tail -n 3 "$out/ncu.err" >&2; exit 1; }
   bench/ncu_summary.py "$out/ncu.csv"
 fi

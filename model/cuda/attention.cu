@@ -465,19 +465,8 @@ __global__ void AttentionDqKernel(bf16* __restrict__ dq_out, const float* __rest
 // Launchers.
 
 void CheckShape(const Operands& a, int B) {
-  DT_CHECK(B > 0 && a.Tq > 0 && a.Tk > 0 && a.D > 0 && a.H > 0,
-           "attention shape B={} Tq={} Tk={} D={} H={}", B, a.Tq, a.Tk, a.D, a.H);
-  DT_CHECK(a.D % a.H == 0, "hidden size {} is not divisible by {} heads", a.D, a.H);
-  const int hd = a.D / a.H;
-  DT_CHECK(hd % 8 == 0 && hd <= kMaxAttentionHeadDim,
-           "head dim {} must be a multiple of 8 up to {}", hd, kMaxAttentionHeadDim);
-  for (const void* p : {static_cast<const void*>(a.q), static_cast<const void*>(a.k),
-                        static_cast<const void*>(a.v)}) {
-    DT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "q, k and v must be 16-byte aligned");
-  }
-  DT_CHECK(a.q_stride % 8 == 0 && a.kv_stride % 8 == 0,
-           "row strides {} (q) and {} (k, v) must be multiples of 8 elements", a.q_stride,
-           a.kv_stride);
+  CheckAttentionShape(a.q, a.k, a.v, a.q_stride, a.kv_stride, B, a.Tq, a.Tk, a.D, a.H,
+                      kMaxAttentionHeadDim);
 }
 
 // The padded head dim a head dim runs with.
@@ -517,6 +506,22 @@ void LaunchBackward(bf16* dk, bf16* dv, float* dq, const bf16* dout, const Opera
 }
 
 }  // namespace
+
+void CheckAttentionShape(const bf16* q, const bf16* k, const bf16* v, size_t q_stride,
+                         size_t kv_stride, int B, int Tq, int Tk, int D, int H, int max_head_dim) {
+  DT_CHECK(B > 0 && Tq > 0 && Tk > 0 && D > 0 && H > 0,
+           "attention shape B={} Tq={} Tk={} D={} H={}", B, Tq, Tk, D, H);
+  DT_CHECK(D % H == 0, "hidden size {} is not divisible by {} heads", D, H);
+  const int hd = D / H;
+  DT_CHECK(hd % 8 == 0 && hd <= max_head_dim, "head dim {} must be a multiple of 8 up to {}", hd,
+           max_head_dim);
+  for (const void* p :
+       {static_cast<const void*>(q), static_cast<const void*>(k), static_cast<const void*>(v)}) {
+    DT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "q, k and v must be 16-byte aligned");
+  }
+  DT_CHECK(q_stride % 8 == 0 && kv_stride % 8 == 0,
+           "row strides {} (q) and {} (k, v) must be multiples of 8 elements", q_stride, kv_stride);
+}
 
 void AttentionForward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                       size_t q_stride, size_t kv_stride, int B, int Tq, int Tk, int D, int H,

@@ -16,6 +16,12 @@ namespace difftrain::cuda {
 
 inline constexpr int kMaxAttentionHeadDim = 160;
 
+// Checks what every attention kernel requires, failing fast with the offending value: positive
+// sizes, D divisible by H, a head dim that is a multiple of 8 up to max_head_dim, q, k and v
+// 16-byte aligned and row strides that are multiples of 8 elements.
+void CheckAttentionShape(const bf16* q, const bf16* k, const bf16* v, size_t q_stride,
+                         size_t kv_stride, int B, int Tq, int Tk, int D, int H, int max_head_dim);
+
 // Writes out and the row log-sum-exp lse [B, H, T] (fp32, natural log, of the scaled scores)
 // that backward needs.
 void AttentionForward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,

@@ -4,17 +4,20 @@
 // element the kernels never write fails. Shapes cover head dims 64, 72, 128 and 160, a T that is
 // not a multiple of the 64-row tiles, and cross-attention (the UNet's attn2: q from the image
 // tokens, k and v from a 77-token text, Tq ≠ Tk). The batched-GEMM self-attention
-// (model/cuda/gemm_attention.h) is held to the same reference and bounds.
+// (model/cuda/gemm_attention.h) and the mma.sync flash kernels (model/cuda/flash_attention.h)
+// are held to the same reference and bounds.
 #include "model/cuda/attention.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "model/cpu/attention.h"
+#include "model/cuda/flash_attention.h"
 #include "model/cuda/gemm_attention.h"
 #include "model/cuda/testing.h"
 
@@ -59,11 +62,15 @@ std::vector<float> ReferenceLse(const std::vector<float>& qkv, int B, int T, int
   return lse;
 }
 
-// With `gemm`, the batched-GEMM path of model/cuda/gemm_attention.h instead of the fused kernels,
-// against the same reference and bounds.
-void CheckAttention(int B, int T, int D, int H, bool gemm = false) {
-  SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << T << " D=" << D << " H=" << H
-                                    << (gemm ? " GEMM path" : " fused"));
+// Which kernels a check runs: the fused wmma kernels, the batched-GEMM path or the flash kernels.
+enum class Kernels { kFused, kGemm, kFlash };
+const char* Name(Kernels k) {
+  return k == Kernels::kFused ? " fused" : k == Kernels::kGemm ? " GEMM path" : " flash";
+}
+
+void CheckAttention(int B, int T, int D, int H, Kernels kernels = Kernels::kFused) {
+  SCOPED_TRACE(::testing::Message()
+               << "B=" << B << " T=" << T << " D=" << D << " H=" << H << Name(kernels));
   const size_t n_qkv = static_cast<size_t>(B) * T * 3 * D, n_out = static_cast<size_t>(B) * T * D;
   const size_t n_lse = static_cast<size_t>(B) * H * T;
   // Scale 1.5 makes the softmax rows far from uniform.
@@ -85,7 +92,7 @@ void CheckAttention(int B, int T, int D, int H, bool gemm = false) {
   testing::Poison(dqkv_d);
   testing::Poison(workspace);
 
-  if (gemm) {
+  if (kernels == Kernels::kGemm) {
     Gemm lt(nullptr);
     DeviceBuffer<unsigned char> gemm_workspace(GemmAttentionWorkspaceBytes(B, T, D, H));
     testing::Poison(gemm_workspace);
@@ -93,6 +100,11 @@ void CheckAttention(int B, int T, int D, int H, bool gemm = false) {
                          D, H);
     GemmAttentionBackward(lt, dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
                           lse_d.data(), gemm_workspace.data(), B, T, D, H);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+  } else if (kernels == Kernels::kFlash) {
+    FlashAttentionForward(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
+    FlashAttentionBackward(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(), lse_d.data(),
+                           workspace.data(), B, T, D, H, nullptr);
     DT_CUDA_CHECK(cudaDeviceSynchronize());
   } else {
     AttentionForward(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
@@ -140,10 +152,10 @@ TEST(AttentionTest, HeadDim160) {
 // multiple of cuBLASLt's tiles, and the smallest shape it takes (T 8, hd 8).
 TEST(GemmAttentionTest, MatchesTheReference) {
   DT_SKIP_WITHOUT_GPU();
-  CheckAttention(2, 256, 1152, 16, /*gemm=*/true);
-  CheckAttention(2, 64, 384, 6, /*gemm=*/true);
-  CheckAttention(3, 136, 144, 2, /*gemm=*/true);
-  CheckAttention(2, 8, 16, 2, /*gemm=*/true);
+  CheckAttention(2, 256, 1152, 16, Kernels::kGemm);
+  CheckAttention(2, 64, 384, 6, Kernels::kGemm);
+  CheckAttention(3, 136, 144, 2, Kernels::kGemm);
+  CheckAttention(2, 8, 16, 2, Kernels::kGemm);
 }
 
 // What it takes is decided without a GPU: multiples of 8, up to kMaxGemmAttentionTokens.
@@ -158,9 +170,18 @@ TEST(GemmAttentionTest, TakesShortSequencesOfAlignedHeads) {
 
 // Cross-attention: q [B, Tq, D] alone, k and v side by side in [B, Tk, 2·D] (the UNet's fused
 // to_k/to_v output), against the CPU's strided attention.
-void CheckCrossAttention(int B, int Tq, int Tk, int D, int H) {
-  SCOPED_TRACE(::testing::Message()
-               << "B=" << B << " Tq=" << Tq << " Tk=" << Tk << " D=" << D << " H=" << H);
+void CheckCrossAttention(int B, int Tq, int Tk, int D, int H, Kernels kernels = Kernels::kFused) {
+  SCOPED_TRACE(::testing::Message() << "B=" << B << " Tq=" << Tq << " Tk=" << Tk << " D=" << D
+                                    << " H=" << H << Name(kernels));
+  using Forward = void (*)(bf16*, float*, const bf16*, const bf16*, const bf16*, size_t, size_t,
+                           int, int, int, int, int, cudaStream_t);
+  using Backward =
+      void (*)(bf16*, bf16*, bf16*, const bf16*, const bf16*, const bf16*, const bf16*, size_t,
+               size_t, const bf16*, const float*, float*, int, int, int, int, int, cudaStream_t);
+  const bool flash = kernels == Kernels::kFlash;
+  const Forward forward = flash ? Forward{&FlashAttentionForward} : Forward{&AttentionForward};
+  const Backward backward =
+      flash ? Backward{&FlashAttentionBackward} : Backward{&AttentionBackward};
   const size_t n_q = size_t(B) * Tq * D, n_kv = size_t(B) * Tk * 2 * D;
   const std::vector<float> q = testing::RoundToBf16(testing::RandomVector(n_q, 21, 1.5));
   const std::vector<float> kv = testing::RoundToBf16(testing::RandomVector(n_kv, 22, 1.5));
@@ -182,11 +203,11 @@ void CheckCrossAttention(int B, int Tq, int Tk, int D, int H) {
   testing::Poison(dq_d);
   testing::Poison(dkv_d);
   testing::Poison(workspace);
-  AttentionForward(out_d.data(), lse_d.data(), q_d.data(), kv_d.data(), kv_d.data() + D, D, 2 * D,
-                   B, Tq, Tk, D, H, nullptr);
-  AttentionBackward(dq_d.data(), dkv_d.data(), dkv_d.data() + D, dout_d.data(), q_d.data(),
-                    kv_d.data(), kv_d.data() + D, D, 2 * D, out_d.data(), lse_d.data(),
-                    workspace.data(), B, Tq, Tk, D, H, nullptr);
+  forward(out_d.data(), lse_d.data(), q_d.data(), kv_d.data(), kv_d.data() + D, D, 2 * D, B, Tq, Tk,
+          D, H, nullptr);
+  backward(dq_d.data(), dkv_d.data(), dkv_d.data() + D, dout_d.data(), q_d.data(), kv_d.data(),
+           kv_d.data() + D, D, 2 * D, out_d.data(), lse_d.data(), workspace.data(), B, Tq, Tk, D, H,
+           nullptr);
   DT_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_LE(testing::RelativeL2(testing::DownloadAsFloat(out_d), out_ref), 1e-2);
   EXPECT_LE(testing::RelativeL2(testing::DownloadAsFloat(dq_d), dq_ref), 1e-2);
@@ -225,6 +246,52 @@ TEST(AttentionTest, SharedMemoryFitsTheGpusItTargets) {
   EXPECT_GT(AttentionSharedBytes(128), kSm89);  // what GpuStep::Create refuses on such GPUs
   EXPECT_LE(AttentionSharedBytes(128), kA100);
   EXPECT_LE(AttentionSharedBytes(160), kA100);
+}
+
+// The flash kernels: DiT-XL/2's heads (hd 72, T 256), partial tiles at hd 64 and 128 (the
+// 32-row inner tiles), hd 8 over 3 tokens, and Latte's temporal attention (8 frames over many
+// sequences); cross-attention with fewer keys than a tile and at hd 128.
+TEST(FlashAttentionTest, MatchesTheReference) {
+  DT_SKIP_WITHOUT_GPU();
+  CheckAttention(2, 256, 1152, 16, Kernels::kFlash);
+  CheckAttention(2, 100, 128, 2, Kernels::kFlash);
+  CheckAttention(1, 130, 256, 2, Kernels::kFlash);
+  CheckAttention(1, 3, 32, 2, Kernels::kFlash);
+  CheckAttention(64, 8, 1152, 16, Kernels::kFlash);
+  CheckCrossAttention(2, 100, 77, 128, 2, Kernels::kFlash);
+  CheckCrossAttention(1, 64, 7, 40, 5, Kernels::kFlash);
+  CheckCrossAttention(1, 16, 77, 256, 2, Kernels::kFlash);
+}
+
+// No atomics: two backward passes give the same bits.
+TEST(FlashAttentionTest, BackwardIsDeterministic) {
+  DT_SKIP_WITHOUT_GPU();
+  const int B = 4, T = 256, D = 1152, H = 16;
+  const size_t n_qkv = size_t(B) * T * 3 * D, n_out = size_t(B) * T * D;
+  DeviceBuffer<bf16> qkv = testing::UploadBf16(testing::RandomVector(n_qkv, 31, 1.5));
+  DeviceBuffer<bf16> dout = testing::UploadBf16(testing::RandomVector(n_out, 32));
+  DeviceBuffer<bf16> out(n_out), first(n_qkv), second(n_qkv);
+  DeviceBuffer<float> lse(size_t(B) * H * T), workspace(FlashAttentionBackwardWorkspace(B, T, H));
+  FlashAttentionForward(out.data(), lse.data(), qkv.data(), B, T, D, H, nullptr);
+  FlashAttentionBackward(first.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                         workspace.data(), B, T, D, H, nullptr);
+  FlashAttentionBackward(second.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                         workspace.data(), B, T, D, H, nullptr);
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<bf16> a = first.Download(), b = second.Download();
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)));
+}
+
+// What the flash kernels take and the shared memory they need, without a GPU: every head dim
+// they take fits the 99 KiB of any sm_80+ GPU.
+TEST(FlashAttentionTest, TakesHeadDimsUpTo128InEverySm80Gpu) {
+  for (int hd = 8; hd <= 128; hd += 8) {
+    EXPECT_TRUE(FlashAttentionTakes(hd)) << hd;
+    EXPECT_LE(FlashAttentionSharedBytes(hd), size_t{99} * 1024) << hd;
+  }
+  EXPECT_FALSE(FlashAttentionTakes(160));
+  EXPECT_FALSE(FlashAttentionTakes(20));
+  EXPECT_EQ(FlashAttentionBackwardWorkspace(2, 256, 16), size_t{2} * 16 * 256);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "model/cpu/embed.h"
 #include "model/cuda/activation.h"
 #include "model/cuda/embed.h"
+#include "model/cuda/flash_attention.h"
 #include "model/cuda/loss.h"
 #include "model/cuda/modulate.h"
 #include "model/dit/shard.h"
@@ -48,8 +49,13 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   const Status supported = Supports(config_);
   DT_CHECK(supported.ok(), "{}", supported.message());
   DT_CHECK(!options_.vb_loss || config_.learn_sigma, "the vb loss needs a learn_sigma model");
-  gemm_attention_ = options_.gemm_attention &&
-                    GemmAttentionTakes(config_.tokens(), config_.hidden_size, config_.num_heads);
+  spatial_attention_ = options_.attention;
+  if (spatial_attention_ == AttentionKernels::kGemm &&
+      !GemmAttentionTakes(config_.tokens(), config_.hidden_size, config_.num_heads)) {
+    spatial_attention_ = AttentionKernels::kFused;
+  }
+  temporal_attention_ = options_.attention == AttentionKernels::kFlash ? AttentionKernels::kFlash
+                                                                       : AttentionKernels::kFused;
   p_ = DiTParams::Bind(table_, DiTShard::Whole(config_));
 
   const size_t T = config_.tokens(), D = config_.hidden_size;
@@ -195,13 +201,11 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   a.Take(d_h_, N * M);
   a.Take(d_qkv_, N * 3 * D);
   // One attention workspace serves both directions of every block, in floats.
-  size_t workspace = gemm_attention_
-                         ? (GemmAttentionWorkspaceBytes(BF, T, D, c.num_heads) + 3) / 4
-                         : AttentionBackwardWorkspace(BF, T, D, c.num_heads);
+  size_t workspace = AttentionWorkspace(spatial_attention_, BF, T);
   if (c.video) {
     a.Take(d_attn_t_, N * D);
     a.Take(d_qkv_t_, N * 3 * D);
-    workspace = std::max(workspace, AttentionBackwardWorkspace(B * T, Fr, D, c.num_heads));
+    workspace = std::max(workspace, AttentionWorkspace(temporal_attention_, B * T, Fr));
   }
   a.Take(attn_workspace_, workspace);
   return a.bytes();
@@ -271,13 +275,54 @@ void DiT::Forward() {
   Unpatchify(out_, final_out_, BF, c.out_channels(), c.input_size, p, stream_);
 }
 
+void DiT::AttentionForward(AttentionKernels kernels, bf16* out, float* lse, const bf16* qkv, int B,
+                           int T) {
+  const int D = config_.hidden_size, H = config_.num_heads;
+  switch (kernels) {
+    case AttentionKernels::kGemm:
+      return GemmAttentionForward(gemm_, out, lse, qkv, attn_workspace_, B, T, D, H);
+    case AttentionKernels::kFused:
+      return cuda::AttentionForward(out, lse, qkv, B, T, D, H, stream_);
+    case AttentionKernels::kFlash:
+      return FlashAttentionForward(out, lse, qkv, B, T, D, H, stream_);
+  }
+}
+
+void DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                            const bf16* out, const float* lse, int B, int T) {
+  const int D = config_.hidden_size, H = config_.num_heads;
+  switch (kernels) {
+    case AttentionKernels::kGemm:
+      return GemmAttentionBackward(gemm_, dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H);
+    case AttentionKernels::kFused:
+      return cuda::AttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
+                                     stream_);
+    case AttentionKernels::kFlash:
+      return FlashAttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
+                                    stream_);
+  }
+}
+
+size_t DiT::AttentionWorkspace(AttentionKernels kernels, int B, int T) const {
+  const int D = config_.hidden_size, H = config_.num_heads;
+  switch (kernels) {
+    case AttentionKernels::kGemm:
+      return (GemmAttentionWorkspaceBytes(B, T, D, H) + 3) / 4;
+    case AttentionKernels::kFused:
+      return AttentionBackwardWorkspace(B, T, D, H);
+    case AttentionKernels::kFlash:
+      return FlashAttentionBackwardWorkspace(B, T, H);
+  }
+  return 0;
+}
+
 void DiT::BlockForward(int l) {
   const DiTBlockParams& o = p_.blocks[l];
   BlockActs& k = acts_[l];
   float* resid_out = l + 1 < config_.depth ? acts_[l + 1].resid_in : resid_out_;
   const int B = batch_, Fr = config_.frames(), T = config_.tokens(), D = config_.hidden_size;
   const int Ts = Fr * T, N = B * Ts;  // a sample's tokens, every frame's
-  const int M = config_.mlp_hidden(), S = 6 * D, H = config_.num_heads;
+  const int M = config_.mlp_hidden(), S = 6 * D;
   // adaLN: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks of 6D.
   gemm_.Forward(k.ada, silu_c_, W(o.ada_w), W(o.ada_b), B, D, S, Epilogue::kBias);
   // x = x + gate_msa · proj(attention(qkv(modulate(norm1(x), shift_msa, scale_msa)))).
@@ -286,15 +331,10 @@ void DiT::BlockForward(int l) {
   if (config_.temporal_block(l)) {
     // Across frames: B·T sequences of Fr frames, token-major.
     SwapAxes(k.qkv_t, k.qkv, B, Fr, T, 3 * D, stream_);
-    AttentionForward(k.attn_t, k.lse, k.qkv_t, B * T, Fr, D, H, stream_);
+    AttentionForward(temporal_attention_, k.attn_t, k.lse, k.qkv_t, B * T, Fr);
     SwapAxes(k.attn, k.attn_t, B, T, Fr, D, stream_);
   } else {
-    // Within each frame.
-    if (gemm_attention_) {
-      GemmAttentionForward(gemm_, k.attn, k.lse, k.qkv, attn_workspace_, B * Fr, T, D, H);
-    } else {
-      AttentionForward(k.attn, k.lse, k.qkv, B * Fr, T, D, H, stream_);
-    }
+    AttentionForward(spatial_attention_, k.attn, k.lse, k.qkv, B * Fr, T);  // within each frame
   }
   gemm_.Forward(k.proj, k.attn, W(o.proj_w), W(o.proj_b), N, D, D, Epilogue::kBias);
   GatedResidualForward(k.mid, k.resid_in, k.proj, k.ada, 2 * D, S, B, Ts, D, stream_);
@@ -368,7 +408,7 @@ void DiT::BlockBackward(int l) {
   const DiTBlockParams& o = p_.blocks[l];
   BlockActs& k = acts_[l];
   const int B = batch_, Fr = config_.frames(), T = config_.tokens(), D = config_.hidden_size;
-  const int Ts = Fr * T, N = B * Ts, M = config_.mlp_hidden(), S = 6 * D, H = config_.num_heads;
+  const int Ts = Fr * T, N = B * Ts, M = config_.mlp_hidden(), S = 6 * D;
   DT_CUDA_CHECK(cudaMemsetAsync(d_ada_, 0, size_t(B) * S * sizeof(float), stream_));
   // MLP branch: out = mid + gate_mlp · fc2; the stream's gradient passes through unchanged.
   GatedResidualBackward(d_a_, d_ada_, d_resid_, k.fc2, k.ada, 5 * D, S, B, Ts, D, stream_);
@@ -388,17 +428,11 @@ void DiT::BlockBackward(int l) {
   gemm_.BackwardInput(d_b_, d_a_, W(o.proj_w), N, D, D);
   if (config_.temporal_block(l)) {
     SwapAxes(d_attn_t_, d_b_, B, Fr, T, D, stream_);
-    AttentionBackward(d_qkv_t_, d_attn_t_, k.qkv_t, k.attn_t, k.lse, attn_workspace_, B * T, Fr, D,
-                      H, stream_);
+    AttentionBackward(temporal_attention_, d_qkv_t_, d_attn_t_, k.qkv_t, k.attn_t, k.lse, B * T,
+                      Fr);
     SwapAxes(d_qkv_, d_qkv_t_, B, T, Fr, 3 * D, stream_);
   } else {
-    if (gemm_attention_) {
-      GemmAttentionBackward(gemm_, d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B * Fr, T,
-                            D, H);
-    } else {
-      AttentionBackward(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B * Fr, T, D, H,
-                        stream_);
-    }
+    AttentionBackward(spatial_attention_, d_qkv_, d_b_, k.qkv, k.attn, k.lse, B * Fr, T);
   }
   gemm_.BackwardWeight(G(o.qkv_w), d_qkv_, k.mod1, N, D, 3 * D);
   BiasGradient(G(o.qkv_b), d_qkv_, N, 3 * D, stream_);

@@ -41,15 +41,18 @@
 
 namespace difftrain::cuda {
 
+// Which kernels compute attention: kGemm, cuBLASLt's batched GEMMs for the spatial blocks where
+// GemmAttentionTakes the frame's tokens (model/cuda/gemm_attention.h) and the fused wmma
+// kernels elsewhere (model/cuda/attention.h); kFused, those everywhere; kFlash, the mma.sync
+// flash kernels (model/cuda/flash_attention.h) everywhere.
+enum class AttentionKernels { kGemm, kFused, kFlash };
+
 class DiT {
  public:
   struct Options {
     bool vb_loss = false;   // add the variational-bound term (learn_sigma models)
     bool use_graph = true;  // capture ForwardBackward as a CUDA graph
-    // Spatial attention through cuBLASLt's batched GEMMs where GemmAttentionTakes the frame's
-    // tokens (model/cuda/gemm_attention.h), else the fused kernels; temporal attention (a few
-    // frames) always runs fused.
-    bool gemm_attention = true;
+    AttentionKernels attention = AttentionKernels::kGemm;
   };
   // Whether the kernels take this model: every tensor of the parameter table must start at
   // a multiple of 8 elements and every GEMM's sizes must be multiples of 8 (16-byte aligned
@@ -137,6 +140,14 @@ class DiT {
   size_t BindActivations(unsigned char* base, int B);
   void BlockForward(int l);
   void BlockBackward(int l);
+  // Self-attention over B sequences of T tokens (packed qkv) with `kernels`; the workspace is
+  // attn_workspace_.
+  void AttentionForward(AttentionKernels kernels, bf16* out, float* lse, const bf16* qkv, int B,
+                        int T);
+  void AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                         const bf16* out, const float* lse, int B, int T);
+  // Floats of attention workspace `kernels` take over B sequences of T tokens.
+  size_t AttentionWorkspace(AttentionKernels kernels, int B, int T) const;
   void Loss();
   void Backward();
 
@@ -170,7 +181,10 @@ class DiT {
   // Backward scratch.
   float *d_out_ = nullptr, *d_final_ = nullptr, *d_resid_ = nullptr, *d_ada_ = nullptr;
   float *d_silu_c_ = nullptr, *d_c_ = nullptr, *d_t_ = nullptr, *attn_workspace_ = nullptr;
-  bool gemm_attention_ = false;  // the spatial blocks' attention runs as batched GEMMs
+  // The kernels of the spatial (within a frame) and temporal (across frames) attention: gemm,
+  // fused or flash.
+  AttentionKernels spatial_attention_ = AttentionKernels::kFused;
+  AttentionKernels temporal_attention_ = AttentionKernels::kFused;
   bf16 *d_final_bf16_ = nullptr, *d_a_ = nullptr, *d_b_ = nullptr, *d_h_ = nullptr;
   bf16 *d_qkv_ = nullptr, *d_ada_bf16_ = nullptr, *d_small_ = nullptr, *d_c_bf16_ = nullptr;
   bf16 *d_attn_t_ = nullptr, *d_qkv_t_ = nullptr;  // a temporal block's, token-major

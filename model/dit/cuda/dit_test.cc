@@ -74,15 +74,16 @@ float CpuLoss(const DiTConfig& c, int B, const float* out, const std::vector<flo
   return static_cast<float>(sum / n);
 }
 
-// With gemm_attention false the spatial attention runs on the fused kernels.
-void ExpectStepMatchesCpu(const DiTConfig& c, int B, bool gemm_attention = true) {
-  SCOPED_TRACE(gemm_attention ? "spatial attention as batched GEMMs" : "fused attention");
+void ExpectStepMatchesCpu(const DiTConfig& c, int B,
+                          AttentionKernels attention = AttentionKernels::kGemm) {
+  SCOPED_TRACE(attention == AttentionKernels::kGemm    ? "spatial attention as batched GEMMs"
+               : attention == AttentionKernels::kFused ? "fused attention"
+                                                       : "flash attention");
   difftrain::DiT cpu(c);
   const std::vector<float> weights = RandomBf16Weights(cpu);
   const Batch batch = RandomBatch(c, B, /*seed=*/11);
   const float* cpu_out = cpu.Forward(batch.x.data(), batch.t.data(), batch.y.data(), B);
-  const size_t out_size =
-      size_t(B) * c.frames() * c.out_channels() * c.input_size * c.input_size;
+  const size_t out_size = size_t(B) * c.frames() * c.out_channels() * c.input_size * c.input_size;
   const std::vector<float> want_out(cpu_out, cpu_out + out_size);
   std::vector<float> dout;
   const float want_loss = CpuLoss(c, B * c.frames(), cpu_out, batch.target, dout);
@@ -92,7 +93,7 @@ void ExpectStepMatchesCpu(const DiTConfig& c, int B, bool gemm_attention = true)
   cudaStream_t stream;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    DiT gpu(c, stream, {.use_graph = false, .gemm_attention = gemm_attention});
+    DiT gpu(c, stream, {.use_graph = false, .attention = attention});
     const Status reserved = gpu.Reserve(B);
     ASSERT_TRUE(reserved.ok()) << reserved.message();
     gpu.UploadState(weights.data(), weights.data(), nullptr, nullptr);
@@ -134,7 +135,8 @@ DiTConfig Tiny() {
 TEST(CudaDiTTest, TinyStepMatchesTheCpuModel) {
   DT_SKIP_WITHOUT_GPU();
   ExpectStepMatchesCpu(Tiny(), /*B=*/3);
-  ExpectStepMatchesCpu(Tiny(), /*B=*/3, /*gemm_attention=*/false);
+  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFused);
+  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlash);
 }
 
 // Latte: a video of 4 frames (spatial and temporal blocks, the temporal embedding), with
@@ -145,6 +147,7 @@ TEST(CudaDiTTest, LatteStepsMatchTheCpuModel) {
   c.video = true;
   c.num_frames = 4;
   ExpectStepMatchesCpu(c, /*B=*/3);
+  ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlash);  // spatial and temporal blocks
   c.num_classes = 0;
   ExpectStepMatchesCpu(c, /*B=*/2);
   DiTConfig s4 = SizedConfigByName("Latte", "Latte-S/4", 32).value();
@@ -158,7 +161,8 @@ TEST(CudaDiTTest, LatteStepsMatchTheCpuModel) {
 TEST(CudaDiTTest, DiTS2StepMatchesTheCpuModel) {
   DT_SKIP_WITHOUT_GPU();
   ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2);
-  ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, /*gemm_attention=*/false);
+  ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, AttentionKernels::kFused);
+  ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, AttentionKernels::kFlash);
 }
 
 // A replayed graph computes what eager launches compute (up to the order of the attention

@@ -1,0 +1,180 @@
+// The GPU side of model/cuda/flash_kernels.h: its primitives as PTX (ldmatrix, mma.sync) and
+// CUDA intrinsics, the kernels and their launchers.
+#include "model/cuda/flash_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "model/cuda/attention.h"
+#include "model/cuda/flash_kernels.h"
+
+namespace difftrain::cuda {
+namespace {
+
+extern __shared__ __align__(128) unsigned char g_flash_smem[];
+
+struct DevicePrimitives {
+  __device__ static int Thread() { return threadIdx.x; }
+  __device__ static int BlockX() { return blockIdx.x; }
+  __device__ static int BlockY() { return blockIdx.y; }
+  __device__ static int BlockZ() { return blockIdx.z; }
+  __device__ static unsigned char* Smem() { return g_flash_smem; }
+  __device__ static void SyncThreads() { __syncthreads(); }
+  __device__ static void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  }
+  __device__ static void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  }
+  __device__ static void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static float ShflXor(float v, int mask) {
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+  }
+  __device__ static uint32_t PackBf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo: the low half
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  __device__ static float Exp2(float x) { return exp2f(x); }
+  __device__ static float Log2(float x) { return log2f(x); }
+  __device__ static void Copy16(void* dst, const void* src) {
+    *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+  }
+  __device__ static void Zero16(void* dst) { *static_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0); }
+  __device__ static void Store32(void* dst, uint32_t v) { *static_cast<uint32_t*>(dst) = v; }
+};
+
+template <int HDP>
+__global__ void __launch_bounds__(flash::kThreads) FlashForwardKernel(flash::ForwardArgs args) {
+  flash::Forward<HDP, DevicePrimitives>(args);
+}
+template <int HDP>
+__global__ void __launch_bounds__(flash::kThreads) FlashDqKernel(flash::BackwardArgs args) {
+  flash::BackwardDq<HDP, DevicePrimitives>(args);
+}
+template <int HDP>
+__global__ void __launch_bounds__(flash::kThreads) FlashDkvKernel(flash::BackwardArgs args) {
+  flash::BackwardDkv<HDP, DevicePrimitives>(args);
+}
+
+// Launches `kernel` over (⌈rows/64⌉, H, B) with `smem` bytes of dynamic shared memory, raising
+// the kernel's limit past the default 48 KiB on its first launch (per process: one GPU).
+template <typename Args>
+void Launch(void (*kernel)(Args), const Args& args, int rows, int H, int B, size_t smem,
+            cudaStream_t stream) {
+  const dim3 grid((rows + flash::kRows - 1) / flash::kRows, H, B);
+  kernel<<<grid, flash::kThreads, smem, stream>>>(args);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename Kernel>
+bool AllowSmem(Kernel kernel, size_t bytes) {
+  DT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(bytes)));
+  return true;
+}
+
+flash::Operands MakeOperands(const bf16* q, const bf16* k, const bf16* v, size_t q_stride,
+                             size_t kv_stride, int B, int Tq, int Tk, int D, int H) {
+  CheckAttentionShape(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H, flash::kMaxHeadDim);
+  return {reinterpret_cast<const uint16_t*>(q),
+          reinterpret_cast<const uint16_t*>(k),
+          reinterpret_cast<const uint16_t*>(v),
+          q_stride,
+          kv_stride,
+          Tq,
+          Tk,
+          D,
+          H,
+          1.0f / std::sqrt(static_cast<float>(D / H))};
+}
+
+uint16_t* Bits(bf16* p) {
+  return reinterpret_cast<uint16_t*>(p);
+}
+
+}  // namespace
+
+bool FlashAttentionTakes(int hd) {
+  return hd > 0 && hd % 8 == 0 && hd <= flash::kMaxHeadDim;
+}
+
+size_t FlashAttentionSharedBytes(int hd) {
+  return flash::WithPaddedHeadDim(hd, [](auto padded) {
+    constexpr int HDP = decltype(padded)::value;
+    return std::max(
+        {flash::ForwardSmemBytes<HDP>(), flash::DqSmemBytes<HDP>(), flash::DkvSmemBytes<HDP>()});
+  });
+}
+
+size_t FlashAttentionBackwardWorkspace(int B, int Tq, int H) {
+  return static_cast<size_t>(B) * H * Tq;
+}
+
+void FlashAttentionForward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                           size_t q_stride, size_t kv_stride, int B, int Tq, int Tk, int D, int H,
+                           cudaStream_t stream) {
+  const flash::ForwardArgs args{MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H),
+                                Bits(out), lse};
+  DT_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "out is not 16-byte aligned");
+  flash::WithPaddedHeadDim(D / H, [&](auto padded) {
+    constexpr int HDP = decltype(padded)::value;
+    constexpr size_t kSmem = flash::ForwardSmemBytes<HDP>();
+    static const bool allowed = AllowSmem(FlashForwardKernel<HDP>, kSmem);
+    static_cast<void>(allowed);
+    Launch(FlashForwardKernel<HDP>, args, Tq, H, B, kSmem, stream);
+  });
+}
+
+void FlashAttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
+                           cudaStream_t stream) {
+  const size_t stride = 3 * size_t(D);
+  FlashAttentionForward(out, lse, qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H, stream);
+}
+
+void FlashAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                            const bf16* k, const bf16* v, size_t q_stride, size_t kv_stride,
+                            const bf16* out, const float* lse, float* workspace, int B, int Tq,
+                            int Tk, int D, int H, cudaStream_t stream) {
+  const flash::Operands in = MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H);
+  for (const void* p : {static_cast<const void*>(dq), static_cast<const void*>(dk),
+                        static_cast<const void*>(dv), static_cast<const void*>(dout)}) {
+    DT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+             "dq, dk, dv and dout must be 16-byte aligned");
+  }
+  float* delta = workspace;
+  AttentionDelta(delta, dout, out, B, Tq, D, H, stream);
+  const flash::BackwardArgs args{
+      in, reinterpret_cast<const uint16_t*>(dout), lse, delta, Bits(dq), Bits(dk), Bits(dv)};
+  flash::WithPaddedHeadDim(D / H, [&](auto padded) {
+    constexpr int HDP = decltype(padded)::value;
+    constexpr size_t kDq = flash::DqSmemBytes<HDP>(), kDkv = flash::DkvSmemBytes<HDP>();
+    static const bool allowed =
+        AllowSmem(FlashDqKernel<HDP>, kDq) && AllowSmem(FlashDkvKernel<HDP>, kDkv);
+    static_cast<void>(allowed);
+    Launch(FlashDqKernel<HDP>, args, Tq, H, B, kDq, stream);
+    Launch(FlashDkvKernel<HDP>, args, Tk, H, B, kDkv, stream);
+  });
+}
+
+void FlashAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                            const float* lse, float* workspace, int B, int T, int D, int H,
+                            cudaStream_t stream) {
+  const size_t stride = 3 * size_t(D);
+  FlashAttentionBackward(dqkv, dqkv + D, dqkv + 2 * D, dout, qkv, qkv + D, qkv + 2 * D, stride,
+                         stride, out, lse, workspace, B, T, T, D, H, stream);
+}
+
+}  // namespace difftrain::cuda

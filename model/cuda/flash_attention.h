@@ -1,0 +1,47 @@
+// Flash attention on mma.sync tensor cores (sm_80 and later): the kernels of
+// model/cuda/flash_kernels.h, the scores and probabilities kept in registers, a deterministic
+// backward (no atomics). Same layout and results as model/cuda/attention.h's fused kernels —
+// q [B, Tq, ·], k and v [B, Tk, ·] bf16 at their own row strides, out [B, Tq, D], lse [B, H, Tq]
+// (natural log) — for head dims that are multiples of 8 up to 128 (every DiT and Latte; the
+// SD UNet's 160 stays on the fused kernels). Checked on the CPU emulator in every test run
+// (model/simt/flash_attention_test.cc) and against the CPU reference on a GPU
+// (attention_test.cc).
+#pragma once
+
+#include <cstddef>
+
+#include "model/cuda/common.h"
+
+namespace difftrain::cuda {
+
+// Whether the flash kernels take head dim hd.
+bool FlashAttentionTakes(int hd);
+
+// Shared memory per block the kernels need at head dim hd (the dK/dV kernel takes the most):
+// 36.5 KiB up to hd 64, 44.5 KiB to 80, 51.25 KiB to 128 (32-row inner tiles there), which
+// every sm_80+ GPU allows.
+size_t FlashAttentionSharedBytes(int hd);
+
+// Floats of the workspace FlashAttentionBackward takes: delta [B, H, Tq].
+size_t FlashAttentionBackwardWorkspace(int B, int Tq, int H);
+
+// out and lse from q, k, v.
+void FlashAttentionForward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                           size_t q_stride, size_t kv_stride, int B, int Tq, int Tk, int D, int H,
+                           cudaStream_t stream);
+// Self-attention over a packed qkv [B, T, 3·D].
+void FlashAttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
+                           cudaStream_t stream);
+
+// dq, dk, dv (written, with q's and k/v's row strides) from dout [B, Tq, D], given the forward's
+// operands, out and lse.
+void FlashAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                            const bf16* k, const bf16* v, size_t q_stride, size_t kv_stride,
+                            const bf16* out, const float* lse, float* workspace, int B, int Tq,
+                            int Tk, int D, int H, cudaStream_t stream);
+// dqkv [B, T, 3·D] (written) from dout, given the forward's packed qkv, out and lse.
+void FlashAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                            const float* lse, float* workspace, int B, int T, int D, int H,
+                            cudaStream_t stream);
+
+}  // namespace difftrain::cuda

@@ -1,0 +1,411 @@
+// The flash-attention kernels' bodies, written once against warp primitives so that nvcc
+// compiles them for the GPU (model/cuda/flash_attention.cu: ldmatrix and mma.sync in PTX) and
+// the CPU emulator runs them in every test run (model/simt: the same fragment layouts, element
+// by element). No CUDA header is needed here.
+//
+// FlashAttention-2's scheme on mma.sync.m16n8k16 (bf16 in, fp32 accumulate): a block of 4 warps
+// owns 64 rows (queries, or keys for dK and dV), 16 a warp, and loops over tiles of the other
+// side (64 rows; 32 where hd > 80, for registers). Scores live in registers: an m16n8 fp32
+// accumulator tile holds, per lane, rows lane/4 and lane/4 + 8 at columns 2·(lane%4) and +1,
+// which is exactly how an m16n8k16 A operand holds a 16×16 block, so two score tiles, rounded
+// to bf16, are the next product's A without going through shared memory. Operands come from
+// shared memory through ldmatrix (.trans where the tile holds the product's k along its rows).
+// The backward pass is two kernels and no atomics, so it is deterministic: dK and dV with the
+// block's keys against every query tile, dQ with the block's queries against every key tile
+// (S and dP are computed twice: 7 products instead of FlashAttention-2's 5).
+//
+// The primitives P provides (static): Thread(), BlockX/Y/Z(), Smem(), SyncThreads(),
+// LdMatrixX4(r, row), LdMatrixX4Trans(r, row), Mma(d, a, b0, b1), ShflXor(v, mask),
+// PackBf16x2(lo, hi) (round to nearest even, lo in the low half), Exp2, Log2, Copy16(dst, src),
+// Zero16(dst), Store32(dst, v).
+//
+// Layout (model/cuda/attention.h's): q [B, Tq, ·] and k, v [B, Tk, ·] bf16 with their own row
+// strides (multiples of 8), head h at columns h·hd … h·hd+hd−1; out and dout [B, Tq, D]; lse
+// and delta [B, H, Tq] fp32 (lse: natural log of the scaled scores' exponential sums).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__CUDACC__)
+#define DT_SIMT __device__ __forceinline__
+#define DT_UNROLL _Pragma("unroll")
+#else
+#define DT_SIMT inline
+#define DT_UNROLL
+#endif
+
+namespace difftrain::flash {
+
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kRows = 16 * kWarps;  // the rows a block owns
+inline constexpr int kMaxHeadDim = 128;
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Head dims run zero-padded to a multiple of 16 (the products' k): 64, 80 or 128.
+constexpr int PaddedHeadDim(int hd) {
+  return hd <= 64 ? 64 : hd <= 80 ? 80 : 128;
+}
+// Returns f(std::integral_constant<int, HDP>()) for the padded head dim of hd.
+template <class F>
+auto WithPaddedHeadDim(int hd, F&& f) {
+  switch (PaddedHeadDim(hd)) {
+    case 64:
+      return f(std::integral_constant<int, 64>());
+    case 80:
+      return f(std::integral_constant<int, 80>());
+    default:
+      return f(std::integral_constant<int, 128>());
+  }
+}
+// Leading dim of a shared tile (elements): +8 puts the 8 rows an ldmatrix reads in 8 different
+// 16-byte bank groups and keeps every row 16-byte aligned.
+template <int HDP>
+constexpr int Ld() {
+  return HDP + 8;
+}
+// Rows of the tiles a block loops over.
+template <int HDP>
+constexpr int InnerTile() {
+  return HDP <= 80 ? 64 : 32;
+}
+
+// Shared memory (bytes): the forward's q, k, v tiles; dQ's q, dout, k, v; dK/dV's k, v, q, dout
+// tiles and the query tile's lse·log2 e and delta.
+template <int HDP>
+constexpr size_t ForwardSmemBytes() {
+  return size_t(kRows + 2 * InnerTile<HDP>()) * Ld<HDP>() * 2;
+}
+template <int HDP>
+constexpr size_t DqSmemBytes() {
+  return size_t(2 * kRows + 2 * InnerTile<HDP>()) * Ld<HDP>() * 2;
+}
+template <int HDP>
+constexpr size_t DkvSmemBytes() {
+  return DqSmemBytes<HDP>() + 2 * InnerTile<HDP>() * sizeof(float);
+}
+
+struct Operands {
+  const uint16_t* q;  // bf16 bits
+  const uint16_t* k;
+  const uint16_t* v;
+  size_t q_stride, kv_stride;
+  int Tq, Tk, D, H;
+  float scale;  // 1/√hd
+};
+
+struct ForwardArgs {
+  Operands in;
+  uint16_t* out;  // [B, Tq, D]
+  float* lse;     // [B, H, Tq]
+};
+
+struct BackwardArgs {
+  Operands in;
+  const uint16_t* dout;  // [B, Tq, D]
+  const float* lse;
+  const float* delta;  // [B, H, Tq]: Σ_d dout·out over each head
+  uint16_t* dq;        // q's row stride
+  uint16_t *dk, *dv;   // k's and v's row stride
+};
+
+// Rows [0, rows) × columns [0, hd) of a row-major global matrix into a [tile_rows][Ld] shared
+// tile in 16-byte chunks, zero elsewhere (hd is a multiple of 8; rows start 16-byte aligned).
+template <int HDP, class P>
+DT_SIMT void LoadRows(uint16_t* tile, int tile_rows, const uint16_t* g, size_t stride, int rows,
+                      int hd) {
+  constexpr int kChunks = HDP / 8;
+  for (int i = P::Thread(); i < tile_rows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    uint16_t* dst = tile + r * Ld<HDP>() + c;
+    if (r < rows && c < hd) {
+      P::Copy16(dst, g + r * stride + c);
+    } else {
+      P::Zero16(dst);
+    }
+  }
+}
+
+// The A operand: rows row0 … row0+15, columns col0 … col0+15 of a row-major shared tile.
+template <int HDP, class P>
+DT_SIMT void LoadA(uint32_t (&a)[4], const uint16_t* tile, int row0, int col0, int lane) {
+  P::LdMatrixX4(a, tile + (row0 + (lane & 15)) * Ld<HDP>() + col0 + (lane >> 4) * 8);
+}
+
+// B operands of the n-tiles n0 … n0+7 (b[0], b[1]) and n0+8 … n0+15 (b[2], b[3]) over k0 … k0+15,
+// where the tile holds B transposed (row = n, column = k: the keys of Q·Kᵀ).
+template <int HDP, class P>
+DT_SIMT void LoadBt(uint32_t (&b)[4], const uint16_t* tile, int n0, int k0, int lane) {
+  P::LdMatrixX4(
+      b, tile + (n0 + (lane & 7) + ((lane >> 4) << 3)) * Ld<HDP>() + k0 + ((lane >> 3) & 1) * 8);
+}
+
+// The same where the tile holds B itself (row = k, column = n: the values of P·V).
+template <int HDP, class P>
+DT_SIMT void LoadB(uint32_t (&b)[4], const uint16_t* tile, int k0, int n0, int lane) {
+  P::LdMatrixX4Trans(
+      b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * Ld<HDP>() + n0 + ((lane >> 4) << 3));
+}
+
+// acc (16 × 8·NT) += A·Bᵀ over the padded head dim: A = rows a_row0 … +15 of a_tile, B's rows
+// 0 … 8·NT−1 of b_tile.
+template <int HDP, int NT, class P>
+DT_SIMT void MmaABt(float (&acc)[NT][4], const uint16_t* a_tile, int a_row0, const uint16_t* b_tile,
+                    int lane) {
+  DT_UNROLL
+  for (int kk = 0; kk < HDP / 16; ++kk) {
+    uint32_t a[4];
+    LoadA<HDP, P>(a, a_tile, a_row0, kk * 16, lane);
+    DT_UNROLL
+    for (int n = 0; n < NT / 2; ++n) {
+      uint32_t b[4];
+      LoadBt<HDP, P>(b, b_tile, n * 16, kk * 16, lane);
+      P::Mma(acc[2 * n], a, b[0], b[1]);
+      P::Mma(acc[2 * n + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 × HDP) += S·B: S (16 × KT) as fp32 accumulator tiles rounded to bf16, B = rows
+// 0 … KT−1 of b_tile.
+template <int HDP, int KT, class P>
+DT_SIMT void MmaSB(float (&acc)[HDP / 8][4], const float (&s)[KT / 8][4], const uint16_t* b_tile,
+                   int lane) {
+  DT_UNROLL
+  for (int j = 0; j < KT / 16; ++j) {
+    const uint32_t a[4] = {P::PackBf16x2(s[2 * j][0], s[2 * j][1]),
+                           P::PackBf16x2(s[2 * j][2], s[2 * j][3]),
+                           P::PackBf16x2(s[2 * j + 1][0], s[2 * j + 1][1]),
+                           P::PackBf16x2(s[2 * j + 1][2], s[2 * j + 1][3])};
+    DT_UNROLL
+    for (int n = 0; n < HDP / 16; ++n) {
+      uint32_t b[4];
+      LoadB<HDP, P>(b, b_tile, j * 16, n * 16, lane);
+      P::Mma(acc[2 * n], a, b[0], b[1]);
+      P::Mma(acc[2 * n + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Writes rows row0 + lane/4 (+8) of acc·factor as bf16 to g (row stride `stride`), rows < T and
+// columns < hd only; factor[r] scales row lane/4 + 8r.
+template <int HDP, class P>
+DT_SIMT void StoreRows(const float (&acc)[HDP / 8][4], const float (&factor)[2], uint16_t* g,
+                       size_t stride, int row0, int T, int hd, int lane) {
+  DT_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + (lane >> 2) + 8 * r;
+    if (row >= T) continue;
+    DT_UNROLL
+    for (int j = 0; j < HDP / 8; ++j) {
+      const int c = j * 8 + 2 * (lane & 3);
+      if (c < hd) {
+        P::Store32(g + row * stride + c,
+                   P::PackBf16x2(acc[j][2 * r] * factor[r], acc[j][2 * r + 1] * factor[r]));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward. Grid (⌈Tq/64⌉, H, B). Per key tile: S = Q_w·Kᵀ, the online softmax in log2 units on
+// the lane's two rows (the four lanes of a row combine through shuffles), O = O·α + P·V.
+template <int HDP, class P>
+DT_SIMT void Forward(const ForwardArgs& args) {
+  constexpr int kT = InnerTile<HDP>(), kN = HDP / 8;
+  const Operands& a = args.in;
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(P::Smem());
+  uint16_t* k_s = q_s + kRows * Ld<HDP>();
+  uint16_t* v_s = k_s + kT * Ld<HDP>();
+  const int lane = P::Thread() % 32, warp = P::Thread() / 32, tq = lane & 3;
+  const int hd = a.D / a.H, h = P::BlockY(), b = P::BlockZ(), q0 = P::BlockX() * kRows;
+  const size_t kv_off = size_t(b) * a.Tk * a.kv_stride + h * hd;
+  const float sl2 = a.scale * kLog2e;
+
+  LoadRows<HDP, P>(q_s, kRows, a.q + (size_t(b) * a.Tq + q0) * a.q_stride + h * hd, a.q_stride,
+                   a.Tq - q0, hd);
+  float o[kN][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+  for (int kv0 = 0; kv0 < a.Tk; kv0 += kT) {
+    P::SyncThreads();  // every warp is done with the previous k and v tiles
+    LoadRows<HDP, P>(k_s, kT, a.k + kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, hd);
+    LoadRows<HDP, P>(v_s, kT, a.v + kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, hd);
+    P::SyncThreads();
+
+    float s[kT / 8][4] = {};
+    MmaABt<HDP, kT / 8, P>(s, q_s, warp * 16, k_s, lane);
+    DT_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+      DT_UNROLL
+      for (int n = 0; n < kT / 8; ++n) {
+        DT_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const bool valid = kv0 + n * 8 + 2 * tq + e < a.Tk;
+          const float x = valid ? s[n][2 * r + e] * sl2 : -INFINITY;
+          s[n][2 * r + e] = x;
+          mx = fmaxf(mx, x);
+        }
+      }
+      mx = fmaxf(mx, P::ShflXor(mx, 1));
+      mx = fmaxf(mx, P::ShflXor(mx, 2));
+      // Key kv0 < Tk is in every tile, so m_new is finite; the first tile's α is exp2(−∞) = 0.
+      const float m_new = fmaxf(m[r], mx);
+      const float alpha = P::Exp2(m[r] - m_new);
+      float sum = 0;
+      DT_UNROLL
+      for (int n = 0; n < kT / 8; ++n) {
+        DT_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const float p = P::Exp2(s[n][2 * r + e] - m_new);
+          s[n][2 * r + e] = p;
+          sum += p;
+        }
+      }
+      sum += P::ShflXor(sum, 1);
+      sum += P::ShflXor(sum, 2);
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+      DT_UNROLL
+      for (int j = 0; j < kN; ++j) {
+        o[j][2 * r] *= alpha;
+        o[j][2 * r + 1] *= alpha;
+      }
+    }
+    MmaSB<HDP, kT, P>(o, s, v_s, lane);
+  }
+
+  const float inv_l[2] = {1.0f / l[0], 1.0f / l[1]};
+  const int row0 = q0 + warp * 16;
+  StoreRows<HDP, P>(o, inv_l, args.out + size_t(b) * a.Tq * a.D + h * hd, a.D, row0, a.Tq, hd,
+                    lane);
+  if (tq == 0) {
+    DT_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int q = row0 + (lane >> 2) + 8 * r;
+      if (q < a.Tq) args.lse[(size_t(b) * a.H + h) * a.Tq + q] = (m[r] + P::Log2(l[r])) * kLn2;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, dQ. Grid (⌈Tq/64⌉, H, B). Per key tile: S = Q_w·Kᵀ, dP = dO_w·Vᵀ,
+// dS = P ∘ (dP − delta) with P = exp2(S·scale·log2 e − lse·log2 e), dQ += dS·K; dQ·scale at the
+// end.
+template <int HDP, class P>
+DT_SIMT void BackwardDq(const BackwardArgs& args) {
+  constexpr int kT = InnerTile<HDP>(), kN = HDP / 8;
+  const Operands& a = args.in;
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(P::Smem());
+  uint16_t* do_s = q_s + kRows * Ld<HDP>();
+  uint16_t* k_s = do_s + kRows * Ld<HDP>();
+  uint16_t* v_s = k_s + kT * Ld<HDP>();
+  const int lane = P::Thread() % 32, warp = P::Thread() / 32, tq = lane & 3;
+  const int hd = a.D / a.H, h = P::BlockY(), b = P::BlockZ(), q0 = P::BlockX() * kRows;
+  const size_t kv_off = size_t(b) * a.Tk * a.kv_stride + h * hd;
+  const float sl2 = a.scale * kLog2e;
+  const int row0 = q0 + warp * 16;
+
+  LoadRows<HDP, P>(q_s, kRows, a.q + (size_t(b) * a.Tq + q0) * a.q_stride + h * hd, a.q_stride,
+                   a.Tq - q0, hd);
+  LoadRows<HDP, P>(do_s, kRows, args.dout + (size_t(b) * a.Tq + q0) * a.D + h * hd, a.D, a.Tq - q0,
+                   hd);
+  float lse2[2], delta[2];
+  DT_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int q = row0 + (lane >> 2) + 8 * r;
+    const size_t i = (size_t(b) * a.H + h) * a.Tq + q;
+    lse2[r] = q < a.Tq ? args.lse[i] * kLog2e : 0.0f;
+    delta[r] = q < a.Tq ? args.delta[i] : 0.0f;
+  }
+  float dq[kN][4] = {};
+  for (int kv0 = 0; kv0 < a.Tk; kv0 += kT) {
+    P::SyncThreads();
+    LoadRows<HDP, P>(k_s, kT, a.k + kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, hd);
+    LoadRows<HDP, P>(v_s, kT, a.v + kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, hd);
+    P::SyncThreads();
+
+    float s[kT / 8][4] = {}, dp[kT / 8][4] = {};
+    MmaABt<HDP, kT / 8, P>(s, q_s, warp * 16, k_s, lane);
+    MmaABt<HDP, kT / 8, P>(dp, do_s, warp * 16, v_s, lane);
+    DT_UNROLL
+    for (int n = 0; n < kT / 8; ++n) {
+      DT_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const bool valid = kv0 + n * 8 + 2 * tq + (i & 1) < a.Tk;
+        const float p = valid ? P::Exp2(s[n][i] * sl2 - lse2[i >> 1]) : 0.0f;
+        s[n][i] = p * (dp[n][i] - delta[i >> 1]);
+      }
+    }
+    MmaSB<HDP, kT, P>(dq, s, k_s, lane);
+  }
+  const float scale[2] = {a.scale, a.scale};
+  StoreRows<HDP, P>(dq, scale, args.dq + size_t(b) * a.Tq * a.q_stride + h * hd, a.q_stride, row0,
+                    a.Tq, hd, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, dK and dV. Grid (⌈Tk/64⌉, H, B). Per query tile: Sᵀ = K_w·Qᵀ, dPᵀ = V_w·dOᵀ,
+// Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (0 past Tk and Tq), dSᵀ = Pᵀ ∘ (dPᵀ − delta),
+// dV += Pᵀ·dO, dK += dSᵀ·Q; dK·scale at the end.
+template <int HDP, class P>
+DT_SIMT void BackwardDkv(const BackwardArgs& args) {
+  constexpr int kT = InnerTile<HDP>(), kN = HDP / 8;
+  const Operands& a = args.in;
+  uint16_t* k_s = reinterpret_cast<uint16_t*>(P::Smem());
+  uint16_t* v_s = k_s + kRows * Ld<HDP>();
+  uint16_t* q_s = v_s + kRows * Ld<HDP>();
+  uint16_t* do_s = q_s + kT * Ld<HDP>();
+  float* lse2_s = reinterpret_cast<float*>(do_s + kT * Ld<HDP>());
+  float* delta_s = lse2_s + kT;
+  const int lane = P::Thread() % 32, warp = P::Thread() / 32, tq = lane & 3;
+  const int hd = a.D / a.H, h = P::BlockY(), b = P::BlockZ(), k0 = P::BlockX() * kRows;
+  const size_t kv_off = size_t(b) * a.Tk * a.kv_stride + h * hd;
+  const uint16_t* q_g = a.q + size_t(b) * a.Tq * a.q_stride + h * hd;
+  const uint16_t* do_g = args.dout + size_t(b) * a.Tq * a.D + h * hd;
+  const size_t stat_off = (size_t(b) * a.H + h) * a.Tq;
+  const float sl2 = a.scale * kLog2e;
+  const int row0 = k0 + warp * 16;
+
+  LoadRows<HDP, P>(k_s, kRows, a.k + kv_off + k0 * a.kv_stride, a.kv_stride, a.Tk - k0, hd);
+  LoadRows<HDP, P>(v_s, kRows, a.v + kv_off + k0 * a.kv_stride, a.kv_stride, a.Tk - k0, hd);
+  float dk[kN][4] = {}, dv[kN][4] = {};
+  for (int q0 = 0; q0 < a.Tq; q0 += kT) {
+    P::SyncThreads();
+    LoadRows<HDP, P>(q_s, kT, q_g + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
+    LoadRows<HDP, P>(do_s, kT, do_g + q0 * size_t(a.D), a.D, a.Tq - q0, hd);
+    for (int i = P::Thread(); i < kT; i += kThreads) {
+      const bool valid = q0 + i < a.Tq;
+      lse2_s[i] = valid ? args.lse[stat_off + q0 + i] * kLog2e : 0.0f;
+      delta_s[i] = valid ? args.delta[stat_off + q0 + i] : 0.0f;
+    }
+    P::SyncThreads();
+
+    float st[kT / 8][4] = {}, dpt[kT / 8][4] = {};
+    MmaABt<HDP, kT / 8, P>(st, k_s, warp * 16, q_s, lane);
+    MmaABt<HDP, kT / 8, P>(dpt, v_s, warp * 16, do_s, lane);
+    DT_UNROLL
+    for (int n = 0; n < kT / 8; ++n) {
+      DT_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const int key = row0 + (lane >> 2) + 8 * (i >> 1);
+        const int qc = n * 8 + 2 * tq + (i & 1);
+        const bool valid = key < a.Tk && q0 + qc < a.Tq;
+        const float p = valid ? P::Exp2(st[n][i] * sl2 - lse2_s[qc]) : 0.0f;
+        st[n][i] = p;
+        dpt[n][i] = p * (dpt[n][i] - delta_s[qc]);
+      }
+    }
+    MmaSB<HDP, kT, P>(dv, st, do_s, lane);
+    MmaSB<HDP, kT, P>(dk, dpt, q_s, lane);
+  }
+  const float one[2] = {1.0f, 1.0f}, scale[2] = {a.scale, a.scale};
+  StoreRows<HDP, P>(dk, scale, args.dk + kv_off, a.kv_stride, row0, a.Tk, hd, lane);
+  StoreRows<HDP, P>(dv, one, args.dv + kv_off, a.kv_stride, row0, a.Tk, hd, lane);
+}
+
+}  // namespace difftrain::flash

@@ -1,0 +1,193 @@
+// The GPU's flash-attention kernels (model/cuda/flash_kernels.h) run on the CPU emulator
+// against the CPU reference attention (model/cpu/attention.h), in double, on the same
+// bf16-rounded inputs: every output element, the log-sum-exp, dQ, dK and dV. Outputs start as
+// bf16 NaN so an element the kernels never write fails. This is where the kernels' fragment
+// arithmetic is checked on every machine; model/cuda/attention_test.cc runs the compiled
+// kernels on a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "model/cpu/attention.h"
+#include "model/cuda/flash_kernels.h"
+#include "model/simt/simt.h"
+#include "model/tensor/rng.h"
+
+namespace difftrain {
+namespace {
+
+using simt::Bf16ToFloat;
+using simt::FloatToBf16;
+
+constexpr uint16_t kNaN = 0xFFFF;
+
+struct Shape {
+  int B, Tq, Tk, D, H;
+  bool packed;  // self-attention over one qkv [B, T, 3·D]; else q [B, Tq, D], kv [B, Tk, 2·D]
+};
+
+// bf16 values: their bits and the same values as doubles.
+struct Bf16Tensor {
+  std::vector<uint16_t> bits;
+  std::vector<double> values;
+};
+
+Bf16Tensor Random(size_t n, uint64_t seed, double scale) {
+  Rng rng(seed, RngStream::kData);
+  Bf16Tensor t{std::vector<uint16_t>(n), std::vector<double>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    t.bits[i] = FloatToBf16(static_cast<float>(rng.Normal() * scale));
+    t.values[i] = Bf16ToFloat(t.bits[i]);
+  }
+  return t;
+}
+
+std::vector<double> ToDouble(const std::vector<uint16_t>& bits) {
+  std::vector<double> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i)
+    v[i] = Bf16ToFloat(bits[i]);
+  return v;
+}
+
+double RelativeL2(const std::vector<double>& got, const std::vector<double>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// Runs one kernel body of HDP on the emulator over grid (⌈rows/64⌉, H, B).
+template <int HDP, class Args>
+void Run(void (*body)(const Args&), const Args& args, int rows, int H, int B, size_t smem) {
+  simt::Launch({(rows + flash::kRows - 1) / flash::kRows, H, B}, flash::kThreads, smem,
+               [&] { body(args); });
+}
+
+void ExpectMatchesReference(const Shape& s, uint64_t seed) {
+  const int hd = s.D / s.H;
+  SCOPED_TRACE(testing::Message() << "B=" << s.B << " Tq=" << s.Tq << " Tk=" << s.Tk << " hd=" << hd
+                                  << " H=" << s.H << (s.packed ? " packed qkv" : " q and kv"));
+  // Operands: packed qkv, or q and a text-like kv; row strides and column offsets of q, k, v.
+  const int ldq = s.packed ? 3 * s.D : s.D, ldkv = s.packed ? 3 * s.D : 2 * s.D;
+  const Bf16Tensor x = Random(size_t(s.B) * s.Tq * ldq, seed, 1.0);
+  const Bf16Tensor y = s.packed ? Bf16Tensor{} : Random(size_t(s.B) * s.Tk * ldkv, seed + 1, 1.0);
+  const Bf16Tensor& kv = s.packed ? x : y;
+  const size_t k_col = s.packed ? s.D : 0, v_col = s.packed ? 2 * s.D : s.D;
+  const Bf16Tensor dout = Random(size_t(s.B) * s.Tq * s.D, seed + 2, 1.0);
+
+  // The reference, in double.
+  std::vector<double> out_ref(size_t(s.B) * s.Tq * s.D), probs(size_t(s.B) * s.H * s.Tq * s.Tk);
+  cpu::AttentionForward(out_ref.data(), probs.data(), x.values.data(), ldq,
+                        kv.values.data() + k_col, kv.values.data() + v_col, ldkv, s.B, s.Tq, s.Tk,
+                        s.D, s.H);
+  std::vector<double> dq_ref(x.values.size()), dkv_ref(kv.values.size());
+  cpu::AttentionBackward(dq_ref.data(), dkv_ref.data() + k_col, dkv_ref.data() + v_col,
+                         dout.values.data(), x.values.data(), ldq, kv.values.data() + k_col,
+                         kv.values.data() + v_col, ldkv, probs.data(), s.B, s.Tq, s.Tk, s.D, s.H);
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::vector<double> lse_ref(size_t(s.B) * s.H * s.Tq);
+  for (int b = 0; b < s.B; ++b) {
+    for (int h = 0; h < s.H; ++h) {
+      for (int i = 0; i < s.Tq; ++i) {
+        double sum = 0;
+        for (int j = 0; j < s.Tk; ++j) {
+          double dot = 0;
+          for (int d = 0; d < hd; ++d) {
+            dot += x.values[(size_t(b) * s.Tq + i) * ldq + h * hd + d] *
+                   kv.values[(size_t(b) * s.Tk + j) * ldkv + k_col + h * hd + d];
+          }
+          sum += std::exp(dot * scale);
+        }
+        lse_ref[(size_t(b) * s.H + h) * s.Tq + i] = std::log(sum);
+      }
+    }
+  }
+
+  // The kernels.
+  const flash::Operands in{x.bits.data(),
+                           kv.bits.data() + k_col,
+                           kv.bits.data() + v_col,
+                           size_t(ldq),
+                           size_t(ldkv),
+                           s.Tq,
+                           s.Tk,
+                           s.D,
+                           s.H,
+                           static_cast<float>(scale)};
+  std::vector<uint16_t> out(out_ref.size(), kNaN);
+  std::vector<float> lse(lse_ref.size(), NAN);
+  std::vector<uint16_t> dq(x.bits.size(), kNaN), dkv_own(s.packed ? 0 : kv.bits.size(), kNaN);
+  std::vector<uint16_t>& dkv = s.packed ? dq : dkv_own;
+  std::vector<float> delta(lse.size());
+  flash::WithPaddedHeadDim(hd, [&](auto padded) {
+    constexpr int HDP = decltype(padded)::value;
+    Run<HDP>(&flash::Forward<HDP, simt::Primitives>, flash::ForwardArgs{in, out.data(), lse.data()},
+             s.Tq, s.H, s.B, flash::ForwardSmemBytes<HDP>());
+    // delta = Σ_d dout·out over each head, from the bf16 out, as the GPU computes it.
+    for (int b = 0; b < s.B; ++b) {
+      for (int i = 0; i < s.Tq; ++i) {
+        for (int h = 0; h < s.H; ++h) {
+          float sum = 0;
+          for (int d = 0; d < hd; ++d) {
+            const size_t e = (size_t(b) * s.Tq + i) * s.D + h * hd + d;
+            sum += static_cast<float>(dout.values[e]) * Bf16ToFloat(out[e]);
+          }
+          delta[(size_t(b) * s.H + h) * s.Tq + i] = sum;
+        }
+      }
+    }
+    const flash::BackwardArgs args{in,        dout.bits.data(),   lse.data(),        delta.data(),
+                                   dq.data(), dkv.data() + k_col, dkv.data() + v_col};
+    Run<HDP>(&flash::BackwardDq<HDP, simt::Primitives>, args, s.Tq, s.H, s.B,
+             flash::DqSmemBytes<HDP>());
+    Run<HDP>(&flash::BackwardDkv<HDP, simt::Primitives>, args, s.Tk, s.H, s.B,
+             flash::DkvSmemBytes<HDP>());
+  });
+
+  EXPECT_LT(RelativeL2(ToDouble(out), out_ref), 1e-2) << "out";
+  std::vector<double> lse_got(lse.begin(), lse.end());
+  EXPECT_LT(RelativeL2(lse_got, lse_ref), 1e-5) << "lse";
+  // The gradients of q, k and v, each read back from its own columns.
+  auto columns = [&](const std::vector<double>& v, int T, int ld, size_t col) {
+    std::vector<double> r;
+    for (int bt = 0; bt < s.B * T; ++bt)
+      r.insert(r.end(), v.begin() + size_t(bt) * ld + col, v.begin() + size_t(bt) * ld + col + s.D);
+    return r;
+  };
+  const std::vector<double> dq_got = ToDouble(dq), dkv_got = ToDouble(dkv);
+  EXPECT_LT(RelativeL2(columns(dq_got, s.Tq, ldq, 0), columns(dq_ref, s.Tq, ldq, 0)), 1e-2) << "dq";
+  EXPECT_LT(RelativeL2(columns(dkv_got, s.Tk, ldkv, k_col), columns(dkv_ref, s.Tk, ldkv, k_col)),
+            1e-2)
+      << "dk";
+  EXPECT_LT(RelativeL2(columns(dkv_got, s.Tk, ldkv, v_col), columns(dkv_ref, s.Tk, ldkv, v_col)),
+            1e-2)
+      << "dv";
+}
+
+// DiT-XL/2's head dim (72, padded to 80) over more than two tiles and a partial one.
+TEST(FlashAttentionEmulated, SelfAttentionHeadDim72) {
+  ExpectMatchesReference({1, 130, 130, 144, 2, true}, 1);
+}
+
+// Cross-attention: fewer keys than a tile, queries over two tiles, head dim 64.
+TEST(FlashAttentionEmulated, CrossAttentionHeadDim64) {
+  ExpectMatchesReference({2, 100, 37, 128, 2, false}, 2);
+}
+
+// Head dim 128: the 32-row inner tiles; more keys than queries.
+TEST(FlashAttentionEmulated, HeadDim128) {
+  ExpectMatchesReference({1, 20, 70, 128, 1, false}, 3);
+}
+
+// Head dim 8 (padded to 64) over three heads, and Latte's temporal attention: 8 frames.
+TEST(FlashAttentionEmulated, SmallHeadsAndShortSequences) {
+  ExpectMatchesReference({2, 20, 20, 24, 3, true}, 4);
+  ExpectMatchesReference({3, 8, 8, 128, 2, true}, 5);
+}
+
+}  // namespace
+}  // namespace difftrain

@@ -1,0 +1,248 @@
+#include "model/simt/simt.h"
+
+#include <ucontext.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/check.h"
+
+namespace difftrain::simt {
+namespace {
+
+constexpr size_t kStackBytes = 256 << 10;
+
+// A barrier of `size` fibers: the last to arrive opens it.
+struct Barrier {
+  int size = 0;
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
+// What a warp's lanes exchange at a collective; `op` catches lanes that call different ones.
+enum class Op { kNone, kLdMatrix, kLdMatrixTrans, kMma, kShfl };
+struct Warp {
+  Barrier barrier;
+  Op op[32] = {};
+  const unsigned char* row[32] = {};
+  uint32_t a[32][4] = {};
+  uint32_t b[32][2] = {};
+  float value[32] = {};
+};
+
+struct Fiber {
+  ucontext_t context;
+  bool done = false;
+};
+
+// The block being run on this OS thread.
+struct Block {
+  const std::function<void()>* body = nullptr;
+  Dim3 index;
+  int threads = 0;
+  std::vector<unsigned char> smem;
+  std::vector<Fiber> fibers;
+  std::vector<std::unique_ptr<char[]>> stacks;
+  std::vector<Warp> warps;
+  Barrier all;
+  ucontext_t scheduler;
+  int current = 0;
+  uint64_t progress = 0;  // barriers opened and fibers finished: a round without any is a deadlock
+};
+
+thread_local Block* g_block = nullptr;
+
+Block& Current() {
+  DT_CHECK(g_block != nullptr, "a simt primitive called outside simt::Launch");
+  return *g_block;
+}
+
+void Yield() {
+  Block& b = Current();
+  DT_CHECK(swapcontext(&b.fibers[b.current].context, &b.scheduler) == 0, "swapcontext");
+}
+
+void Arrive(Barrier& barrier) {
+  const uint64_t generation = barrier.generation;
+  if (++barrier.arrived == barrier.size) {
+    barrier.arrived = 0;
+    ++barrier.generation;
+    ++Current().progress;
+    return;
+  }
+  while (barrier.generation == generation)
+    Yield();
+}
+
+void FiberMain() {
+  Block& b = Current();
+  (*b.body)();
+  b.fibers[b.current].done = true;
+  ++b.progress;
+  // Returning resumes uc_link: the scheduler.
+}
+
+// The calling lane's warp and its lane index.
+Warp& MyWarp(int& lane) {
+  Block& b = Current();
+  lane = b.current % 32;
+  return b.warps[b.current / 32];
+}
+
+// Waits for every lane of the warp, each having written its operands, and checks that they all
+// called the same collective.
+void Exchange(Warp& w, Op op, int lane) {
+  w.op[lane] = op;
+  Arrive(w.barrier);
+  for (int i = 0; i < 32; ++i)
+    DT_CHECK(w.op[i] == op, "simt: the lanes of a warp called different collectives");
+}
+
+// Prepares a fiber to run FiberMain on `stack`, returning to `scheduler`. (Its own function:
+// getcontext returns twice, which the caller's locals must not see.)
+[[gnu::noinline]] void StartFiber(Fiber& f, char* stack, ucontext_t* scheduler) {
+  f.done = false;
+  DT_CHECK(getcontext(&f.context) == 0, "getcontext");
+  f.context.uc_stack.ss_sp = stack;
+  f.context.uc_stack.ss_size = kStackBytes;
+  f.context.uc_link = scheduler;
+  makecontext(&f.context, FiberMain, 0);
+}
+
+// Runs fiber i until it waits or ends; whether it ended.
+[[gnu::noinline]] bool Resume(Block& block, int i) {
+  block.current = i;
+  DT_CHECK(swapcontext(&block.scheduler, &block.fibers[i].context) == 0, "swapcontext");
+  return block.fibers[i].done;
+}
+
+uint16_t Load16(const unsigned char* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+void Launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body) {
+  DT_CHECK(threads > 0 && threads % 32 == 0, "simt: {} threads a block is not whole warps",
+           threads);
+  DT_CHECK(g_block == nullptr, "simt::Launch inside a kernel");
+  Block block;
+  block.body = &body;
+  block.threads = threads;
+  block.fibers.resize(threads);
+  for (int i = 0; i < threads; ++i)
+    block.stacks.push_back(std::make_unique<char[]>(kStackBytes));
+  g_block = &block;
+  for (int z = 0; z < grid.z; ++z) {
+    for (int y = 0; y < grid.y; ++y) {
+      for (int x = 0; x < grid.x; ++x) {
+        block.index = {x, y, z};
+        block.smem.assign(smem_bytes, 0);
+        block.warps.assign(threads / 32, Warp{});
+        for (Warp& w : block.warps)
+          w.barrier.size = 32;
+        block.all = Barrier{threads, 0, 0};
+        for (int i = 0; i < threads; ++i)
+          StartFiber(block.fibers[i], block.stacks[i].get(), &block.scheduler);
+        int remaining = threads;
+        while (remaining > 0) {
+          const uint64_t progress = block.progress;
+          for (int i = 0; i < threads; ++i) {
+            if (!block.fibers[i].done && Resume(block, i)) --remaining;
+          }
+          DT_CHECK(remaining == 0 || block.progress != progress,
+                   "simt: block ({}, {}, {}) deadlocked: {} threads wait at a barrier others "
+                   "never reach",
+                   x, y, z, remaining);
+        }
+      }
+    }
+  }
+  g_block = nullptr;
+}
+
+int ThreadIdx() {
+  return Current().current;
+}
+Dim3 BlockIdx() {
+  return Current().index;
+}
+unsigned char* SharedMemory() {
+  return Current().smem.data();
+}
+
+void SyncThreads() {
+  Arrive(Current().all);
+}
+
+void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
+  const Block& b = Current();
+  const auto* p = static_cast<const unsigned char*>(row);
+  DT_CHECK(p >= b.smem.data() && p + 16 <= b.smem.data() + b.smem.size(),
+           "simt: ldmatrix row address outside the block's shared memory");
+  DT_CHECK((p - b.smem.data()) % 16 == 0, "simt: ldmatrix row address not 16-byte aligned");
+  int lane = 0;
+  Warp& w = MyWarp(lane);
+  w.row[lane] = p;
+  Exchange(w, trans ? Op::kLdMatrixTrans : Op::kLdMatrix, lane);
+  const int group = lane / 4, pair = 2 * (lane % 4);
+  for (int j = 0; j < 4; ++j) {
+    uint16_t lo, hi;
+    if (!trans) {
+      lo = Load16(w.row[8 * j + group] + 2 * pair);
+      hi = Load16(w.row[8 * j + group] + 2 * (pair + 1));
+    } else {
+      lo = Load16(w.row[8 * j + pair] + 2 * group);
+      hi = Load16(w.row[8 * j + pair + 1] + 2 * group);
+    }
+    r[j] = uint32_t{lo} | (uint32_t{hi} << 16);
+  }
+  Arrive(w.barrier);
+}
+
+void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  int lane = 0;
+  Warp& w = MyWarp(lane);
+  for (int i = 0; i < 4; ++i)
+    w.a[lane][i] = a[i];
+  w.b[lane][0] = b0;
+  w.b[lane][1] = b1;
+  Exchange(w, Op::kMma, lane);
+  // A(row, k): lane 4·(row % 8) + (k % 8)/2, register (row ≥ 8) + 2·(k ≥ 8), half k % 2.
+  // B(k, n): lane 4·n + (k % 8)/2, register (k ≥ 8), half k % 2.
+  // D(row, col) of lane l, element i: row l/4 + 8·(i ≥ 2), col 2·(l % 4) + i % 2.
+  auto half = [](uint32_t reg, int k) { return Bf16ToFloat(uint16_t(reg >> (16 * (k & 1)))); };
+  for (int i = 0; i < 4; ++i) {
+    const int row = lane / 4 + 8 * (i >= 2), col = 2 * (lane % 4) + (i & 1);
+    float sum = 0;
+    for (int k = 0; k < 16; ++k) {
+      const float x = half(w.a[4 * (row % 8) + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k);
+      const float y = half(w.b[4 * col + (k % 8) / 2][k >= 8], k);
+      sum += x * y;
+    }
+    d[i] += sum;
+  }
+  Arrive(w.barrier);
+}
+
+float ShflXor(float v, int mask) {
+  int lane = 0;
+  Warp& w = MyWarp(lane);
+  w.value[lane] = v;
+  Exchange(w, Op::kShfl, lane);
+  const float r = w.value[(lane ^ mask) & 31];
+  Arrive(w.barrier);
+  return r;
+}
+
+uint16_t FloatToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace difftrain::simt

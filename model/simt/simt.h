@@ -1,0 +1,87 @@
+// A CPU emulator of the CUDA execution model, small enough to read: it runs a kernel body
+// written once against the warp primitives below (model/cuda/flash_kernels.h is one) as blocks
+// of threads, so the tensor-core kernels' index arithmetic — which lane holds which element of
+// which fragment — is checked against the CPU reference on every machine, GPU or not.
+//
+// A block's threads are fibers (ucontext) on the calling OS thread, run round-robin: a thread
+// runs until it reaches a barrier (SyncThreads) or a warp collective (ldmatrix, mma, shuffle),
+// where it waits for the others. Blocks run one after another. Shared memory is a zeroed
+// buffer per block. The warp collectives follow the PTX ISA's definitions of
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 and
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, element by element (simt.cc).
+//
+// What it cannot show: timing, and races between threads that real hardware runs concurrently
+// (fibers switch only at the collectives); compute-sanitizer's racecheck on a GPU does that.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+namespace difftrain::simt {
+
+struct Dim3 {
+  int x = 1, y = 1, z = 1;
+};
+
+// Runs body() once per thread of every block of `grid`, `threads` (a multiple of 32) threads a
+// block, each block with `smem_bytes` of zeroed shared memory.
+void Launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body);
+
+// Inside a body: the calling thread's index in its block, its block's index, the block's
+// shared memory.
+int ThreadIdx();
+Dim3 BlockIdx();
+unsigned char* SharedMemory();
+
+// __syncthreads(): every thread of the block arrives before any continues.
+void SyncThreads();
+
+// The warp collectives (every lane of the calling thread's warp takes part).
+// ldmatrix .x4: lane i gives the address of row i % 8 of 8×8 b16 matrix i / 8; r[j] receives
+// matrix j's elements (row lane/4, columns 2·(lane%4) and +1), low half first; `trans` reads
+// each matrix transposed (rows 2·(lane%4) and +1 of column lane/4).
+void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans);
+// d += A·B for A 16×16 (row), B 16×8 (col), bf16 pairs in a and b, fp32 d, in the m16n8k16
+// fragment layout.
+void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+// __shfl_xor_sync(full mask, v, mask).
+float ShflXor(float v, int mask);
+
+// bf16 bits of x, rounded to nearest even (NaN stays NaN); and back.
+uint16_t FloatToBf16(float x);
+inline float Bf16ToFloat(uint16_t bits) {
+  const uint32_t u = uint32_t{bits} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// The primitives a kernel body written for both backends takes (model/cuda/flash_kernels.h
+// lists them; flash_attention.cu has the GPU's).
+struct Primitives {
+  static int Thread() { return ThreadIdx(); }
+  static int BlockX() { return BlockIdx().x; }
+  static int BlockY() { return BlockIdx().y; }
+  static int BlockZ() { return BlockIdx().z; }
+  static unsigned char* Smem() { return SharedMemory(); }
+  static void SyncThreads() { simt::SyncThreads(); }
+  static void LdMatrixX4(uint32_t (&r)[4], const void* row) { simt::LdMatrixX4(r, row, false); }
+  static void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) { simt::LdMatrixX4(r, row, true); }
+  static void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    MmaBf16(d, a, b0, b1);
+  }
+  static float ShflXor(float v, int mask) { return simt::ShflXor(v, mask); }
+  static uint32_t PackBf16x2(float lo, float hi) {
+    return uint32_t{FloatToBf16(lo)} | (uint32_t{FloatToBf16(hi)} << 16);
+  }
+  static float Exp2(float x) { return std::exp2(x); }
+  static float Log2(float x) { return std::log2(x); }
+  static void Copy16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+  static void Zero16(void* dst) { std::memset(dst, 0, 16); }
+  static void Store32(void* dst, uint32_t v) { std::memcpy(dst, &v, sizeof v); }
+};
+
+}  // namespace difftrain::simt
