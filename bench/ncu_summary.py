@@ -19,7 +19,7 @@ import sys
 # cuBLASLt's are nvjet, xmma, cutlass or sm90 kernels).
 CATEGORIES = [
     ("GEMM (cuBLASLt)", r"nvjet|xmma|cutlass|gemm|sm\d\d_"),
-    ("attention", r"Attention|Softmax|SplitHeads|MergeHeads"),
+    ("attention", r"Attention|Flash|Softmax|SplitHeads|MergeHeads"),
     ("norms, modulation, residuals", r"LayerNorm|GatedResidual|GroupNorm"),
     ("bias gradients", r"BiasGradient"),
     ("optimizer, EMA, gradient norm", r"AdamW|Ema|SumOfSquares"),
