@@ -211,6 +211,46 @@ DT_SIMT void StoreRows(const float (&acc)[HDP / 8][4], const float (&factor)[2],
   }
 }
 
+// Where the calling thread works: its lane, warp and column pair in an accumulator tile
+// (lane % 4); the block's head h of sequence b and the first of its 64 rows (queries, or keys for
+// dK and dV), the warp's first row; each operand's offset to this head of this sequence (q, dq;
+// out, dout; k, v, dk, dv; lse, delta); the scores' scale in log2 units.
+struct Place {
+  int lane, warp, tq, hd, h, b, first, row0;
+  size_t q_off, o_off, kv_off, stat_off;
+  float sl2;
+};
+
+template <class P>
+DT_SIMT Place Locate(const Operands& a) {
+  Place p;
+  p.lane = P::Thread() % 32;
+  p.warp = P::Thread() / 32;
+  p.tq = p.lane & 3;
+  p.hd = a.D / a.H;
+  p.h = P::BlockY();
+  p.b = P::BlockZ();
+  p.first = P::BlockX() * kRows;
+  p.row0 = p.first + p.warp * 16;
+  p.q_off = size_t(p.b) * a.Tq * a.q_stride + p.h * p.hd;
+  p.o_off = size_t(p.b) * a.Tq * a.D + p.h * p.hd;
+  p.kv_off = size_t(p.b) * a.Tk * a.kv_stride + p.h * p.hd;
+  p.stat_off = (size_t(p.b) * a.H + p.h) * a.Tq;
+  p.sl2 = a.scale * kLog2e;
+  return p;
+}
+
+// Keys and values kv0 … kv0+kT−1 of the block's head into k_s and v_s, between barriers (every
+// warp is done with the previous tile before it is overwritten).
+template <int HDP, int kT, class P>
+DT_SIMT void LoadKeyValueTile(uint16_t* k_s, uint16_t* v_s, const Operands& a, const Place& at,
+                              int kv0) {
+  P::SyncThreads();
+  LoadRows<HDP, P>(k_s, kT, a.k + at.kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, at.hd);
+  LoadRows<HDP, P>(v_s, kT, a.v + at.kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, at.hd);
+  P::SyncThreads();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward. Grid (⌈Tq/64⌉, H, B). Per key tile: S = Q_w·Kᵀ, the online softmax in log2 units on
 // the lane's two rows (the four lanes of a row combine through shuffles), O = O·α + P·V.
@@ -221,20 +261,15 @@ DT_SIMT void Forward(const ForwardArgs& args) {
   uint16_t* q_s = reinterpret_cast<uint16_t*>(P::Smem());
   uint16_t* k_s = q_s + kRows * Ld<HDP>();
   uint16_t* v_s = k_s + kT * Ld<HDP>();
-  const int lane = P::Thread() % 32, warp = P::Thread() / 32, tq = lane & 3;
-  const int hd = a.D / a.H, h = P::BlockY(), b = P::BlockZ(), q0 = P::BlockX() * kRows;
-  const size_t kv_off = size_t(b) * a.Tk * a.kv_stride + h * hd;
-  const float sl2 = a.scale * kLog2e;
+  const Place at = Locate<P>(a);
+  const int lane = at.lane, warp = at.warp, tq = at.tq, hd = at.hd, q0 = at.first;
+  const float sl2 = at.sl2;
 
-  LoadRows<HDP, P>(q_s, kRows, a.q + (size_t(b) * a.Tq + q0) * a.q_stride + h * hd, a.q_stride,
-                   a.Tq - q0, hd);
+  LoadRows<HDP, P>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
   float o[kN][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   for (int kv0 = 0; kv0 < a.Tk; kv0 += kT) {
-    P::SyncThreads();  // every warp is done with the previous k and v tiles
-    LoadRows<HDP, P>(k_s, kT, a.k + kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, hd);
-    LoadRows<HDP, P>(v_s, kT, a.v + kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, hd);
-    P::SyncThreads();
+    LoadKeyValueTile<HDP, kT, P>(k_s, v_s, a, at, kv0);
 
     float s[kT / 8][4] = {};
     MmaABt<HDP, kT / 8, P>(s, q_s, warp * 16, k_s, lane);
@@ -280,14 +315,12 @@ DT_SIMT void Forward(const ForwardArgs& args) {
   }
 
   const float inv_l[2] = {1.0f / l[0], 1.0f / l[1]};
-  const int row0 = q0 + warp * 16;
-  StoreRows<HDP, P>(o, inv_l, args.out + size_t(b) * a.Tq * a.D + h * hd, a.D, row0, a.Tq, hd,
-                    lane);
+  StoreRows<HDP, P>(o, inv_l, args.out + at.o_off, a.D, at.row0, a.Tq, hd, lane);
   if (tq == 0) {
     DT_UNROLL
     for (int r = 0; r < 2; ++r) {
-      const int q = row0 + (lane >> 2) + 8 * r;
-      if (q < a.Tq) args.lse[(size_t(b) * a.H + h) * a.Tq + q] = (m[r] + P::Log2(l[r])) * kLn2;
+      const int q = at.row0 + (lane >> 2) + 8 * r;
+      if (q < a.Tq) args.lse[at.stat_off + q] = (m[r] + P::Log2(l[r])) * kLn2;
     }
   }
 }
@@ -304,30 +337,22 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
   uint16_t* do_s = q_s + kRows * Ld<HDP>();
   uint16_t* k_s = do_s + kRows * Ld<HDP>();
   uint16_t* v_s = k_s + kT * Ld<HDP>();
-  const int lane = P::Thread() % 32, warp = P::Thread() / 32, tq = lane & 3;
-  const int hd = a.D / a.H, h = P::BlockY(), b = P::BlockZ(), q0 = P::BlockX() * kRows;
-  const size_t kv_off = size_t(b) * a.Tk * a.kv_stride + h * hd;
-  const float sl2 = a.scale * kLog2e;
-  const int row0 = q0 + warp * 16;
+  const Place at = Locate<P>(a);
+  const int lane = at.lane, warp = at.warp, tq = at.tq, hd = at.hd, q0 = at.first;
+  const float sl2 = at.sl2;
 
-  LoadRows<HDP, P>(q_s, kRows, a.q + (size_t(b) * a.Tq + q0) * a.q_stride + h * hd, a.q_stride,
-                   a.Tq - q0, hd);
-  LoadRows<HDP, P>(do_s, kRows, args.dout + (size_t(b) * a.Tq + q0) * a.D + h * hd, a.D, a.Tq - q0,
-                   hd);
+  LoadRows<HDP, P>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
+  LoadRows<HDP, P>(do_s, kRows, args.dout + at.o_off + q0 * size_t(a.D), a.D, a.Tq - q0, hd);
   float lse2[2], delta[2];
   DT_UNROLL
   for (int r = 0; r < 2; ++r) {
-    const int q = row0 + (lane >> 2) + 8 * r;
-    const size_t i = (size_t(b) * a.H + h) * a.Tq + q;
-    lse2[r] = q < a.Tq ? args.lse[i] * kLog2e : 0.0f;
-    delta[r] = q < a.Tq ? args.delta[i] : 0.0f;
+    const int q = at.row0 + (lane >> 2) + 8 * r;
+    lse2[r] = q < a.Tq ? args.lse[at.stat_off + q] * kLog2e : 0.0f;
+    delta[r] = q < a.Tq ? args.delta[at.stat_off + q] : 0.0f;
   }
   float dq[kN][4] = {};
   for (int kv0 = 0; kv0 < a.Tk; kv0 += kT) {
-    P::SyncThreads();
-    LoadRows<HDP, P>(k_s, kT, a.k + kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, hd);
-    LoadRows<HDP, P>(v_s, kT, a.v + kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, hd);
-    P::SyncThreads();
+    LoadKeyValueTile<HDP, kT, P>(k_s, v_s, a, at, kv0);
 
     float s[kT / 8][4] = {}, dp[kT / 8][4] = {};
     MmaABt<HDP, kT / 8, P>(s, q_s, warp * 16, k_s, lane);
@@ -344,8 +369,7 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
     MmaSB<HDP, kT, P>(dq, s, k_s, lane);
   }
   const float scale[2] = {a.scale, a.scale};
-  StoreRows<HDP, P>(dq, scale, args.dq + size_t(b) * a.Tq * a.q_stride + h * hd, a.q_stride, row0,
-                    a.Tq, hd, lane);
+  StoreRows<HDP, P>(dq, scale, args.dq + at.q_off, a.q_stride, at.row0, a.Tq, hd, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -362,14 +386,12 @@ DT_SIMT void BackwardDkv(const BackwardArgs& args) {
   uint16_t* do_s = q_s + kT * Ld<HDP>();
   float* lse2_s = reinterpret_cast<float*>(do_s + kT * Ld<HDP>());
   float* delta_s = lse2_s + kT;
-  const int lane = P::Thread() % 32, warp = P::Thread() / 32, tq = lane & 3;
-  const int hd = a.D / a.H, h = P::BlockY(), b = P::BlockZ(), k0 = P::BlockX() * kRows;
-  const size_t kv_off = size_t(b) * a.Tk * a.kv_stride + h * hd;
-  const uint16_t* q_g = a.q + size_t(b) * a.Tq * a.q_stride + h * hd;
-  const uint16_t* do_g = args.dout + size_t(b) * a.Tq * a.D + h * hd;
-  const size_t stat_off = (size_t(b) * a.H + h) * a.Tq;
-  const float sl2 = a.scale * kLog2e;
-  const int row0 = k0 + warp * 16;
+  const Place at = Locate<P>(a);
+  const int lane = at.lane, warp = at.warp, tq = at.tq, hd = at.hd, k0 = at.first, row0 = at.row0;
+  const size_t kv_off = at.kv_off, stat_off = at.stat_off;
+  const uint16_t* q_g = a.q + at.q_off;
+  const uint16_t* do_g = args.dout + at.o_off;
+  const float sl2 = at.sl2;
 
   LoadRows<HDP, P>(k_s, kRows, a.k + kv_off + k0 * a.kv_stride, a.kv_stride, a.Tk - k0, hd);
   LoadRows<HDP, P>(v_s, kRows, a.v + kv_off + k0 * a.kv_stride, a.kv_stride, a.Tk - k0, hd);
