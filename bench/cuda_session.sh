@@ -8,32 +8,48 @@
 #
 # PREBUILT: the programs scripts/bundle-gpu.sh copied (LD_LIBRARY_PATH must find their
 # libraries); OUT: a folder for the results. A failing step is recorded and the next one runs.
+# Each step has a time limit (seconds; BENCH_S, SANITIZER_S each tool, PROFILE_S) so that the
+# whole stays under the device's 10 minutes a call, and OUT/steps.txt says how long each took
+# and how it ended (124: it ran out of time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1
 out=$2
 mkdir -p "$out"
+: "${BENCH_S:=390}" "${SANITIZER_S:=30}" "${PROFILE_S:=75}"
+export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
+
+# step NAME LIMIT COMMAND...: runs COMMAND under `timeout`, notes its time and exit status.
+step() {
+  local name=$1 limit=$2 start=$SECONDS rc=0
+  shift 2
+  timeout -k 5 "$limit" "$@" || rc=$?
+  echo "$name: exit $rc after $((SECONDS - start)) s (limit $limit s)" >>"$out/steps.txt"
+  return "$rc"
+}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
 nvcc --version 2>/dev/null | tail -n 2 >>"$out/gpu.txt"
 
 echo "== checks and timing" >"$out/bench.txt"
-bench/cuda_dit.sh --prebuilt "$bin" --micro-batches 32,256 --steps 20 --attention gemm,flash \
-  >>"$out/bench.txt" 2>&1 || echo "bench/cuda_dit.sh exited $?" >>"$out/bench.txt"
+step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches 32,256 --steps 20 \
+  --attention gemm,flash --keep-going >>"$out/bench.txt" 2>&1
 cp runs/cuda-bench/results.jsonl "$out/" 2>/dev/null
 
-# The CPU emulator cannot see races between warps; the GPU's sanitizers can.
+# The GPU's own sanitizers, on the flash kernels (the CPU emulator checks their indexing and,
+# under ThreadSanitizer, their shared-memory barriers; not the hardware's memory accesses).
 for tool in memcheck racecheck synccheck initcheck; do
   echo "== compute-sanitizer --tool $tool (flash attention)" >>"$out/sanitizer.txt"
-  compute-sanitizer --tool "$tool" "$bin/cuda_attention_test" \
-    --gtest_filter='FlashAttentionTest.MatchesTheReference' --gtest_brief=1 2>&1 |
-    tail -n 4 >>"$out/sanitizer.txt"
+  step "compute-sanitizer $tool" "$SANITIZER_S" compute-sanitizer --tool "$tool" \
+    "$bin/cuda_attention_test" --gtest_filter='FlashAttentionTest.MatchesTheReference' \
+    --gtest_brief=1 >"$out/sanitizer.log" 2>&1
+  tail -n 4 "$out/sanitizer.log" >>"$out/sanitizer.txt"
 done
 
 echo "== ncu: DiT-XL/2, micro-batch 32, flash attention" >"$out/profile.txt"
-ncu --clock-control none --csv --metrics gpu__time_duration.sum "$bin/bench_cuda_dit" \
-  --model DiT-XL/2 --micro-batch 32 --attention flash --warmup 1 --steps 2 \
+step ncu "$PROFILE_S" ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+  "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 --attention flash --warmup 1 --steps 2 \
   >"$out/ncu-flash.csv" 2>>"$out/profile.txt" &&
   bench/ncu_summary.py "$out/ncu-flash.csv" >>"$out/profile.txt" 2>&1
-rm -f "$out/ncu-flash.csv"
+rm -f "$out/ncu-flash.csv" "$out/sanitizer.log"
 ls "$out"

@@ -2,21 +2,92 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <vector>
 
 #include "common/check.h"
+
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
 
 namespace difftrain::simt {
 namespace {
 
 constexpr size_t kStackBytes = 256 << 10;
 
-// A barrier of `size` fibers: the last to arrive opens it.
+// Under ThreadSanitizer (a *_tsan_test program), each emulated thread is a fiber of its own
+// that synchronises with the others only where the CUDA execution model says it does: at a
+// barrier (all of a block's threads; a warp collective: the warp's lanes, as __syncwarp), and
+// at the kernel's start and end. Switching fibers implies nothing, so two threads touching the
+// same shared (or global) memory between barriers, one of them writing, is a reported race.
+// Blocks run in turn and end with the scheduler acquiring them: races between blocks go unseen.
+#if defined(__SANITIZE_THREAD__)
+void* TsanCurrentFiber() {
+  return __tsan_get_current_fiber();
+}
+void* TsanNewFiber() {
+  return __tsan_create_fiber(0);
+}
+void TsanDeleteFiber(void* fiber) {
+  __tsan_destroy_fiber(fiber);
+}
+void TsanSwitchTo(void* fiber) {
+  __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync);
+}
+void TsanRelease(void* sync) {
+  __tsan_release(sync);
+}
+void TsanAcquire(void* sync) {
+  __tsan_acquire(sync);
+}
+#else
+void* TsanCurrentFiber() {
+  return nullptr;
+}
+void* TsanNewFiber() {
+  return nullptr;
+}
+void TsanDeleteFiber(void*) {}
+void TsanSwitchTo(void*) {}
+void TsanRelease(void*) {}
+void TsanAcquire(void*) {}
+#endif
+
+// A counter or flag the fibers share: an atomic whose every access is relaxed, so that
+// ThreadSanitizer sees the emulator's bookkeeping as race-free and yet ordering nothing (a
+// seq_cst counter that every barrier bumps would order every thread after every other).
+template <class T>
+class Relaxed {
+ public:
+  Relaxed(T v = T()) : v_(v) {}
+  operator T() const { return v_.load(std::memory_order_relaxed); }
+  Relaxed& operator=(T v) {
+    v_.store(v, std::memory_order_relaxed);
+    return *this;
+  }
+  T operator++() { return v_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+ private:
+  std::atomic<T> v_;
+};
+
+// A barrier of `size` fibers: the last to arrive opens it. `sync` carries ThreadSanitizer's
+// happens-before edges, one object per parity of the generation (a thread may arrive at the
+// next generation before a slow one has left this one).
 struct Barrier {
   int size = 0;
-  int arrived = 0;
-  uint64_t generation = 0;
+  Relaxed<int> arrived = 0;
+  Relaxed<uint64_t> generation = 0;
+  char sync[2] = {};
+
+  void Reset(int n) {
+    size = n;
+    arrived = 0;
+    generation = 0;
+  }
 };
 
 // What a warp's lanes exchange at a collective; `op` catches lanes that call different ones.
@@ -32,7 +103,8 @@ struct Warp {
 
 struct Fiber {
   ucontext_t context;
-  bool done = false;
+  Relaxed<bool> done = false;
+  void* tsan = nullptr;  // its ThreadSanitizer fiber
 };
 
 // The block being run on this OS thread.
@@ -41,13 +113,16 @@ struct Block {
   Dim3 index;
   int threads = 0;
   std::vector<unsigned char> smem;
-  std::vector<Fiber> fibers;
+  std::unique_ptr<Fiber[]> fibers;
   std::vector<std::unique_ptr<char[]>> stacks;
-  std::vector<Warp> warps;
+  std::unique_ptr<Warp[]> warps;
   Barrier all;
   ucontext_t scheduler;
-  int current = 0;
-  uint64_t progress = 0;  // barriers opened and fibers finished: a round without any is a deadlock
+  void* scheduler_tsan = nullptr;
+  char finished = 0;  // ThreadSanitizer's sync object: the block's threads are done
+  Relaxed<int> current = 0;
+  // Barriers opened and fibers finished: a round without any is a deadlock.
+  Relaxed<uint64_t> progress = 0;
 };
 
 thread_local Block* g_block = nullptr;
@@ -59,27 +134,39 @@ Block& Current() {
 
 void Yield() {
   Block& b = Current();
+  TsanSwitchTo(b.scheduler_tsan);
   DT_CHECK(swapcontext(&b.fibers[b.current].context, &b.scheduler) == 0, "swapcontext");
 }
 
 void Arrive(Barrier& barrier) {
   const uint64_t generation = barrier.generation;
+  char* sync = &barrier.sync[generation & 1];
+  TsanRelease(sync);
   if (++barrier.arrived == barrier.size) {
     barrier.arrived = 0;
     ++barrier.generation;
     ++Current().progress;
-    return;
+  } else {
+    while (barrier.generation == generation)
+      Yield();
   }
-  while (barrier.generation == generation)
-    Yield();
+  TsanAcquire(sync);
 }
 
 void FiberMain() {
+  TsanAcquire(&g_block);  // the launch's set-up (its address is no read of g_block)
   Block& b = Current();
   (*b.body)();
+  // Back to the scheduler for good (not by returning: ThreadSanitizer's record of this fiber's
+  // calls would then end on the scheduler's). The block is not read after the release.
+  void* scheduler_tsan = b.scheduler_tsan;
+  const ucontext_t* scheduler = &b.scheduler;
   b.fibers[b.current].done = true;
   ++b.progress;
-  // Returning resumes uc_link: the scheduler.
+  TsanRelease(&b.finished);
+  TsanSwitchTo(scheduler_tsan);
+  setcontext(scheduler);
+  DT_CHECK(false, "setcontext returned");
 }
 
 // The calling lane's warp and its lane index.
@@ -98,20 +185,21 @@ void Exchange(Warp& w, Op op, int lane) {
     DT_CHECK(w.op[i] == op, "simt: the lanes of a warp called different collectives");
 }
 
-// Prepares a fiber to run FiberMain on `stack`, returning to `scheduler`. (Its own function:
-// getcontext returns twice, which the caller's locals must not see.)
-[[gnu::noinline]] void StartFiber(Fiber& f, char* stack, ucontext_t* scheduler) {
+// Prepares a fiber to run FiberMain on `stack`. (Its own function: getcontext returns twice,
+// which the caller's locals must not see.)
+[[gnu::noinline]] void StartFiber(Fiber& f, char* stack) {
   f.done = false;
   DT_CHECK(getcontext(&f.context) == 0, "getcontext");
   f.context.uc_stack.ss_sp = stack;
   f.context.uc_stack.ss_size = kStackBytes;
-  f.context.uc_link = scheduler;
+  f.context.uc_link = nullptr;  // FiberMain never returns
   makecontext(&f.context, FiberMain, 0);
 }
 
 // Runs fiber i until it waits or ends; whether it ended.
 [[gnu::noinline]] bool Resume(Block& block, int i) {
   block.current = i;
+  TsanSwitchTo(block.fibers[i].tsan);
   DT_CHECK(swapcontext(&block.scheduler, &block.fibers[i].context) == 0, "swapcontext");
   return block.fibers[i].done;
 }
@@ -131,21 +219,28 @@ void Launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
   Block block;
   block.body = &body;
   block.threads = threads;
-  block.fibers.resize(threads);
-  for (int i = 0; i < threads; ++i)
+  block.fibers = std::make_unique<Fiber[]>(threads);
+  block.warps = std::make_unique<Warp[]>(threads / 32);
+  block.scheduler_tsan = TsanCurrentFiber();
+  for (int i = 0; i < threads; ++i) {
     block.stacks.push_back(std::make_unique<char[]>(kStackBytes));
+    block.fibers[i].tsan = TsanNewFiber();
+  }
   g_block = &block;
   for (int z = 0; z < grid.z; ++z) {
     for (int y = 0; y < grid.y; ++y) {
       for (int x = 0; x < grid.x; ++x) {
         block.index = {x, y, z};
         block.smem.assign(smem_bytes, 0);
-        block.warps.assign(threads / 32, Warp{});
-        for (Warp& w : block.warps)
-          w.barrier.size = 32;
-        block.all = Barrier{threads, 0, 0};
+        for (int w = 0; w < threads / 32; ++w) {
+          Warp& warp = block.warps[w];
+          warp.barrier.Reset(32);
+          std::fill(std::begin(warp.op), std::end(warp.op), Op::kNone);
+        }
+        block.all.Reset(threads);
         for (int i = 0; i < threads; ++i)
-          StartFiber(block.fibers[i], block.stacks[i].get(), &block.scheduler);
+          StartFiber(block.fibers[i], block.stacks[i].get());
+        TsanRelease(&g_block);
         int remaining = threads;
         while (remaining > 0) {
           const uint64_t progress = block.progress;
@@ -157,10 +252,13 @@ void Launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void(
                    "never reach",
                    x, y, z, remaining);
         }
+        TsanAcquire(&block.finished);
       }
     }
   }
   g_block = nullptr;
+  for (int i = 0; i < threads; ++i)
+    TsanDeleteFiber(block.fibers[i].tsan);
 }
 
 int ThreadIdx() {

@@ -10,8 +10,10 @@
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 and
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, element by element (simt.cc).
 //
-// What it cannot show: timing, and races between threads that real hardware runs concurrently
-// (fibers switch only at the collectives); compute-sanitizer's racecheck on a GPU does that.
+// What it cannot show: timing. Races between threads that real hardware runs concurrently
+// (fibers switch only at the collectives, so a missing barrier changes no value here) it shows
+// only when built with ThreadSanitizer (a *_tsan_test program; simt.cc says how); races between
+// blocks not even then. compute-sanitizer's racecheck on a GPU sees both.
 #pragma once
 
 #include <cmath>

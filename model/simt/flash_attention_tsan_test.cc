@@ -1,0 +1,186 @@
+// The flash-attention kernels' barriers, checked by ThreadSanitizer on the CPU emulator: this
+// program is built with -fsanitize=thread (CMakeLists.txt: every *_tsan_test.cc), where the
+// emulator runs each CUDA thread as a fiber that synchronises with the others only at
+// barriers, warp collectives and the kernel's start and end (model/simt/simt.cc). A shared-
+// memory tile read by one warp while another writes it, with no barrier between, is a report.
+//
+// The kernels as written must give none, at shapes like those of
+// model/simt/flash_attention_test.cc (which checks their values). To show that the check can fail,
+// the same kernels run with one barrier dropped (the n-th each thread reaches): the one after the
+// first key/value tile is loaded (then warps read rows others are still writing) and the one before
+// the second is loaded (then warps overwrite rows others are still reading); each must be reported.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "model/cuda/flash_kernels.h"
+#include "model/simt/simt.h"
+
+namespace {
+std::atomic<int> g_reports{0};
+}  // namespace
+
+// ThreadSanitizer calls this for every report it prints (after its own de-duplication).
+extern "C" void __tsan_on_report(const void*) {
+  ++g_reports;
+}
+
+// A report fails a test through its assertions, not the exit status: the tests of dropped
+// barriers expect reports. Identical reports are not merged, so each test sees its own.
+extern "C" const char* __tsan_default_options() {
+  return "exitcode=0:history_size=4";
+}
+
+namespace difftrain {
+namespace {
+
+using simt::FloatToBf16;
+
+// simt::Primitives less the n-th barrier (from 0) each thread of a block reaches; n < 0 drops
+// none. Thread t's count lives in slot t, which only t's fiber touches while a block runs.
+struct BarrierCount {
+  int block = -1, seen = 0;
+};
+struct DroppingPrimitives : simt::Primitives {
+  static inline int drop = -1;
+  static inline std::vector<BarrierCount> counts = std::vector<BarrierCount>(flash::kThreads);
+
+  static void SyncThreads() {
+    const simt::Dim3 b = simt::BlockIdx();
+    const int block = (b.z * 1024 + b.y) * 1024 + b.x;
+    BarrierCount& c = counts[simt::ThreadIdx()];
+    if (c.block != block) c = BarrierCount{block, 0};
+    if (c.seen++ != drop) simt::SyncThreads();
+  }
+};
+
+struct Shape {
+  int B, Tq, Tk, D, H;
+};
+
+std::vector<uint16_t> Random(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> v(n);
+  for (uint16_t& x : v)
+    x = FloatToBf16(normal(gen));
+  return v;
+}
+
+enum class Kernel { kForward, kDq, kDkv };
+
+// Runs one kernel (q [B, Tq, D], k and v in one [B, Tk, 2·D]) with `drop` as the dropped
+// barrier; the number of races reported.
+int Races(Kernel kernel, const Shape& s, int drop) {
+  const int hd = s.D / s.H;
+  const std::vector<uint16_t> q = Random(size_t(s.B) * s.Tq * s.D, 1);
+  const std::vector<uint16_t> kv = Random(size_t(s.B) * s.Tk * 2 * s.D, 2);
+  const std::vector<uint16_t> dout = Random(q.size(), 3);
+  std::vector<uint16_t> out(q.size()), dq(q.size()), dkv(kv.size());
+  std::vector<float> lse(size_t(s.B) * s.H * s.Tq, 1.0f), delta(lse.size(), 0.5f);
+  const flash::Operands in{q.data(),
+                           kv.data(),
+                           kv.data() + s.D,
+                           size_t(s.D),
+                           size_t(2 * s.D),
+                           s.Tq,
+                           s.Tk,
+                           s.D,
+                           s.H,
+                           1.0f / std::sqrt(float(hd))};
+  const flash::ForwardArgs forward{in, out.data(), lse.data()};
+  const flash::BackwardArgs backward{in,        dout.data(), lse.data(),      delta.data(),
+                                     dq.data(), dkv.data(),  dkv.data() + s.D};
+  using P = DroppingPrimitives;
+  P::drop = drop;
+  const int before = g_reports;
+  flash::WithPaddedHeadDim(hd, [&](auto padded) {
+    constexpr int HDP = decltype(padded)::value;
+    const auto grid = [&](int rows) {
+      return simt::Dim3{(rows + flash::kRows - 1) / flash::kRows, s.H, s.B};
+    };
+    switch (kernel) {
+      case Kernel::kForward:
+        simt::Launch(grid(s.Tq), flash::kThreads, flash::ForwardSmemBytes<HDP>(),
+                     [&] { flash::Forward<HDP, P>(forward); });
+        break;
+      case Kernel::kDq:
+        simt::Launch(grid(s.Tq), flash::kThreads, flash::DqSmemBytes<HDP>(),
+                     [&] { flash::BackwardDq<HDP, P>(backward); });
+        break;
+      case Kernel::kDkv:
+        simt::Launch(grid(s.Tk), flash::kThreads, flash::DkvSmemBytes<HDP>(),
+                     [&] { flash::BackwardDkv<HDP, P>(backward); });
+        break;
+    }
+  });
+  P::drop = -1;
+  return g_reports - before;
+}
+
+const char* Name(Kernel k) {
+  return k == Kernel::kForward ? "forward" : k == Kernel::kDq ? "dQ" : "dK/dV";
+}
+
+constexpr Kernel kKernels[] = {Kernel::kForward, Kernel::kDq, Kernel::kDkv};
+
+#if defined(__SANITIZE_THREAD__)
+#define DT_REQUIRE_TSAN()
+#else
+#define DT_REQUIRE_TSAN() GTEST_SKIP() << "built without ThreadSanitizer: " DIFFTRAIN_TSAN_SKIP
+#endif
+
+// Each tile size: head dim 72 (padded to 80, 64-row tiles) over two tiles, one partial; 64
+// with fewer keys than a tile, over two heads; 128 (32-row tiles) over three tiles.
+TEST(FlashAttentionRaces, NoneInTheKernels) {
+  DT_REQUIRE_TSAN();
+  const Shape shapes[] = {{1, 80, 80, 72, 1}, {1, 40, 37, 128, 2}, {1, 20, 70, 128, 1}};
+  for (const Shape& s : shapes) {
+    for (Kernel k : kKernels) {
+      EXPECT_EQ(Races(k, s, -1), 0)
+          << Name(k) << " at Tq=" << s.Tq << " Tk=" << s.Tk << " hd=" << s.D / s.H;
+    }
+  }
+}
+
+// Barrier 1 follows the first tile's load; without it warps read rows not yet written.
+TEST(FlashAttentionRaces, ReportedWithoutTheBarrierAfterALoad) {
+  DT_REQUIRE_TSAN();
+  for (Kernel k : kKernels)
+    EXPECT_GT(Races(k, {1, 65, 65, 64, 1}, 1), 0) << Name(k);
+}
+
+// Barrier 2 precedes the second tile's load; without it warps overwrite rows still being read.
+TEST(FlashAttentionRaces, ReportedWithoutTheBarrierBeforeTheNextLoad) {
+  DT_REQUIRE_TSAN();
+  for (Kernel k : kKernels)
+    EXPECT_GT(Races(k, {1, 65, 65, 64, 1}, 2), 0) << Name(k);
+}
+
+// The emulator's own primitives: a value one warp writes to shared memory and another reads is
+// a race without a barrier and none with one; shuffles and ldmatrix exchange registers between
+// lanes without reports.
+TEST(FlashAttentionRaces, TheCheckItself) {
+  DT_REQUIRE_TSAN();
+  for (const bool barrier : {false, true}) {
+    const int before = g_reports;
+    simt::Launch({1, 1, 1}, 64, 64, [&] {
+      auto* smem = reinterpret_cast<float*>(simt::SharedMemory());
+      const int t = simt::ThreadIdx();
+      if (t < 32) smem[t] = float(t);
+      if (barrier) simt::SyncThreads();
+      float v = t >= 32 ? smem[t - 32] : 0.0f;
+      v += simt::ShflXor(v, 1);
+      uint32_t r[4];
+      simt::LdMatrixX4(r, simt::SharedMemory() + 16 * (t % 4), false);
+      (void)v;
+    });
+    EXPECT_EQ(g_reports - before > 0, !barrier) << (barrier ? "with" : "without") << " a barrier";
+  }
+}
+
+}  // namespace
+}  // namespace difftrain
