@@ -3,7 +3,11 @@
 // runs the sweep beside PyTorch's).
 //
 //   bench_cuda_dit [--model DiT-XL/2] [--input-size 32] [--micro-batch 32] [--warmup 5]
-//                  [--steps 20] [--no-graph] [--peak-tflops 989]
+//                  [--steps 20] [--no-graph] [--peak-tflops 989] [--attention gemm]
+//                  [--frames 16] [--num-classes N]
+//
+// A Latte model (--model Latte-L/2 --frames 16) times the same step over videos: a sample is
+// a video of --frames frames, and samples/s counts videos.
 //
 // A step is what a training step does on the GPU: zero the gradients, forward, ε-MSE loss,
 // backward, global-norm clipping, AdamW on the fp32 master weights and the EMA. The
@@ -35,6 +39,8 @@ struct Options {
   int steps = 20;
   bool no_graph = false;
   std::string attention = "gemm";  // gemm, fused or flash (cuda::AttentionKernels)
+  int frames = 16;                 // a Latte model's frames a video
+  int num_classes = -1;            // -1: the config's own
   double peak_tflops = 989;
 };
 
@@ -48,7 +54,7 @@ double UsedDeviceBytes() {
 void UploadBatch(cuda::DiT& model, uint64_t seed) {
   const DiTConfig& c = model.config();
   const int B = model.micro_batch();
-  const size_t image = size_t(c.in_channels) * c.input_size * c.input_size;
+  const size_t image = size_t(c.frames()) * c.in_channels * c.input_size * c.input_size;
   Rng rng(seed, RngStream::kData);
   std::vector<float> x(B * image), target(B * image), t(B);
   std::vector<int32_t> y(B);
@@ -58,7 +64,7 @@ void UploadBatch(cuda::DiT& model, uint64_t seed) {
     v = static_cast<float>(rng.Normal());
   for (int b = 0; b < B; ++b) {
     t[b] = static_cast<float>(rng.Below(1000));
-    y[b] = static_cast<int32_t>(rng.Below(c.num_classes));
+    y[b] = c.has_labels() ? static_cast<int32_t>(rng.Below(c.num_classes)) : 0;
   }
   auto copy = [&](void* to, const void* from, size_t bytes) {
     DT_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, model.stream()));
@@ -66,12 +72,26 @@ void UploadBatch(cuda::DiT& model, uint64_t seed) {
   copy(model.input_x(), x.data(), x.size() * 4);
   copy(model.input_target(), target.data(), target.size() * 4);
   copy(model.input_t(), t.data(), t.size() * 4);
-  copy(model.input_y(), y.data(), y.size() * 4);
+  if (c.has_labels()) copy(model.input_y(), y.data(), y.size() * 4);
   DT_CUDA_CHECK(cudaStreamSynchronize(model.stream()));
 }
 
+// DiT-*/* by name, or Latte-*/* over videos of o.frames frames; o.num_classes if given.
+Result<DiTConfig> ConfigOf(const Options& o) {
+  const bool latte = o.model.rfind("Latte-", 0) == 0;
+  Result<DiTConfig> config = latte ? SizedConfigByName("Latte", o.model, o.input_size)
+                                   : DiTConfigByName(o.model, o.input_size);
+  if (!config.ok()) return config;
+  DiTConfig c = config.value();
+  c.video = latte;
+  c.num_frames = latte ? o.frames : 1;
+  if (o.num_classes >= 0) c.num_classes = o.num_classes;
+  if (Status s = c.Validate(); !s.ok()) return s;
+  return c;
+}
+
 int Run(const Options& o) {
-  Result<DiTConfig> config = DiTConfigByName(o.model, o.input_size);
+  Result<DiTConfig> config = ConfigOf(o);
   if (!config.ok()) {
     std::fprintf(stderr, "bench_cuda_dit: %s\n", config.status().message().c_str());
     return 2;
@@ -134,6 +154,8 @@ int Run(const Options& o) {
                         {"mode", o.no_graph ? "eager" : "cuda-graph"},
                         {"attention", o.attention},
                         {"micro_batch", o.micro_batch},
+                        {"frames", c.frames()},
+                        {"num_classes", c.num_classes},
                         {"steps", o.steps},
                         {"step_ms_median", median_ms},
                         {"step_ms_min", ms.front()},
@@ -155,7 +177,13 @@ int Run(const Options& o) {
 int main(int argc, char** argv) {
   difftrain::Options o;
   CLI::App app{"Times difftrain's bf16 DiT training step on one GPU"};
-  app.add_option("--model", o.model, "a named DiT")->capture_default_str();
+  app.add_option("--model", o.model, "a named DiT (DiT-XL/2) or Latte (Latte-L/2)")
+      ->capture_default_str();
+  app.add_option("--frames", o.frames, "frames of a Latte model's videos")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--num-classes", o.num_classes, "classes (0: unconditional); default the model's")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--input-size", o.input_size, "latent height = width")->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "samples per step")
       ->check(CLI::PositiveNumber)

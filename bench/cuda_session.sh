@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # What a session lent a GPU runs first, in one call, for issue 23's open points: the GPU tests
 # (the flash attention's among them), compute-sanitizer on the flash kernels, DiT-XL/2 timed with
-# the batched-GEMM and the flash attention beside PyTorch, and where the flash step's time goes.
+# the batched-GEMM and the flash attention beside PyTorch, Latte-L/2 over 16-frame videos with
+# both, and where the flash step's time goes.
 # Every result lands in OUT (a few files, for a machine that returns only a handful).
 #
 #   bench/cuda_session.sh PREBUILT OUT
 #
 # PREBUILT: the programs scripts/bundle-gpu.sh copied (LD_LIBRARY_PATH must find their
 # libraries); OUT: a folder for the results. A failing step is recorded and the next one runs.
-# Each step has a time limit (seconds; BENCH_S, SANITIZER_S each tool, PROFILE_S) so that the
-# whole stays under the device's 10 minutes a call, and OUT/steps.txt says how long each took
-# and how it ended (124: it ran out of time).
+# Each step has a time limit (seconds; BENCH_S, SANITIZER_S each tool, LATTE_S each attention,
+# PROFILE_S) so that the whole stays under the device's 10 minutes a call, and OUT/steps.txt
+# says how long each took and how it ended (124: it ran out of time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1
 out=$2
 mkdir -p "$out"
-: "${BENCH_S:=390}" "${SANITIZER_S:=30}" "${PROFILE_S:=75}"
+: "${BENCH_S:=360}" "${SANITIZER_S:=25}" "${LATTE_S:=30}" "${PROFILE_S:=70}"
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
 
 # step NAME LIMIT COMMAND...: runs COMMAND under `timeout`, notes its time and exit status.
@@ -44,6 +45,13 @@ for tool in memcheck racecheck synccheck initcheck; do
     "$bin/cuda_attention_test" --gtest_filter='FlashAttentionTest.MatchesTheReference' \
     --gtest_brief=1 >"$out/sanitizer.log" 2>&1
   tail -n 4 "$out/sanitizer.log" >>"$out/sanitizer.txt"
+done
+
+# Latte-L/2, 16 frames of 32×32 latents (4,096 tokens a video), unconditional: one JSON line
+# per attention (difftrain alone: the PyTorch reference is DiT's).
+for a in gemm flash; do
+  step "latte $a" "$LATTE_S" "$bin/bench_cuda_dit" --model Latte-L/2 --frames 16 --num-classes 0 \
+    --micro-batch 8 --warmup 3 --steps 10 --attention "$a" >>"$out/latte.jsonl" 2>&1
 done
 
 echo "== ncu: DiT-XL/2, micro-batch 32, flash attention" >"$out/profile.txt"
