@@ -1,9 +1,9 @@
 // The GPU's flash-attention kernels (model/cuda/flash_kernels.h) run on the CPU emulator
 // against the CPU reference attention (model/cpu/attention.h), in double, on the same
 // bf16-rounded inputs: every output element, the log-sum-exp, dQ, dK and dV. Outputs start as
-// bf16 NaN so an element the kernels never write fails. This is where the kernels' fragment
-// arithmetic is checked on every machine; model/cuda/attention_test.cc runs the compiled
-// kernels on a GPU.
+// bf16 NaN so an element the kernels never write fails; their ldmatrix reads must be free of
+// shared-memory bank conflicts. This is where the kernels' fragment arithmetic is checked on
+// every machine; model/cuda/attention_test.cc runs the compiled kernels on a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -123,6 +123,7 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
   std::vector<uint16_t> dq(x.bits.size(), kNaN), dkv_own(s.packed ? 0 : kv.bits.size(), kNaN);
   std::vector<uint16_t>& dkv = s.packed ? dq : dkv_own;
   std::vector<float> delta(lse.size());
+  simt::ResetCounters();
   flash::WithPaddedHeadDim(hd, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
     Run<HDP>(&flash::Forward<HDP, simt::Primitives>, flash::ForwardArgs{in, out.data(), lse.data()},
@@ -147,6 +148,11 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
     Run<HDP>(&flash::BackwardDkv<HDP, simt::Primitives>, args, s.Tk, s.H, s.B,
              flash::DkvSmemBytes<HDP>());
   });
+
+  // Every ldmatrix of the three kernels free of bank conflicts (the tiles' padded rows).
+  const simt::Counters counters = simt::ReadCounters();
+  EXPECT_GT(counters.ldmatrix_matrices, 0u);
+  EXPECT_EQ(counters.ldmatrix_extra_wavefronts, 0u) << "of " << counters.ldmatrix_matrices;
 
   EXPECT_LT(RelativeL2(ToDouble(out), out_ref), 1e-2) << "out";
   std::vector<double> lse_got(lse.begin(), lse.end());

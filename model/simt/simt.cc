@@ -3,7 +3,9 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <vector>
 
@@ -69,6 +71,7 @@ class Relaxed {
     return *this;
   }
   T operator++() { return v_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  T operator+=(T d) { return v_.fetch_add(d, std::memory_order_relaxed) + d; }
 
  private:
   std::atomic<T> v_;
@@ -126,6 +129,20 @@ struct Block {
 };
 
 thread_local Block* g_block = nullptr;
+
+// ReadCounters(): bumped by lane 0 of every warp (hence relaxed atomics).
+Relaxed<uint64_t> g_ldmatrix_matrices, g_ldmatrix_extra_wavefronts;
+
+// Wavefronts beyond the first that the 8 rows (offsets into shared memory) of one ldmatrix
+// matrix cost: the most different rows in one 16-byte bank group, less one.
+int ExtraWavefronts(std::array<ptrdiff_t, 8> rows) {
+  std::sort(rows.begin(), rows.end());
+  int in_group[8] = {};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (i == 0 || rows[i] != rows[i - 1]) ++in_group[(rows[i] / 16) % 8];
+  }
+  return *std::max_element(std::begin(in_group), std::end(in_group)) - 1;
+}
 
 Block& Current() {
   DT_CHECK(g_block != nullptr, "a simt primitive called outside simt::Launch");
@@ -285,6 +302,15 @@ void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
   Warp& w = MyWarp(lane);
   w.row[lane] = p;
   Exchange(w, trans ? Op::kLdMatrixTrans : Op::kLdMatrix, lane);
+  if (lane == 0) {
+    for (int j = 0; j < 4; ++j) {
+      std::array<ptrdiff_t, 8> rows;
+      for (int i = 0; i < 8; ++i)
+        rows[i] = w.row[8 * j + i] - b.smem.data();
+      ++g_ldmatrix_matrices;
+      g_ldmatrix_extra_wavefronts += ExtraWavefronts(rows);
+    }
+  }
   const int group = lane / 4, pair = 2 * (lane % 4);
   for (int j = 0; j < 4; ++j) {
     uint16_t lo, hi;
@@ -333,6 +359,14 @@ float ShflXor(float v, int mask) {
   const float r = w.value[(lane ^ mask) & 31];
   Arrive(w.barrier);
   return r;
+}
+
+Counters ReadCounters() {
+  return {g_ldmatrix_matrices, g_ldmatrix_extra_wavefronts};
+}
+void ResetCounters() {
+  g_ldmatrix_matrices = 0;
+  g_ldmatrix_extra_wavefronts = 0;
 }
 
 uint16_t FloatToBf16(float x) {

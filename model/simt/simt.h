@@ -52,6 +52,17 @@ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 // __shfl_xor_sync(full mask, v, mask).
 float ShflXor(float v, int mask);
 
+// Shared-memory cost of the ldmatrix calls since the last ResetCounters(): the 8×8 matrices
+// read, and the extra wavefronts bank conflicts add. A matrix's 8 rows of 16 bytes take one
+// wavefront when no two different rows fall in the same 16-byte bank group (address / 16 mod
+// 8: four of the 32 four-byte banks); k different rows in one group take k.
+struct Counters {
+  uint64_t ldmatrix_matrices = 0;
+  uint64_t ldmatrix_extra_wavefronts = 0;
+};
+Counters ReadCounters();
+void ResetCounters();
+
 // bf16 bits of x, rounded to nearest even (NaN stays NaN); and back.
 uint16_t FloatToBf16(float x);
 inline float Bf16ToFloat(uint16_t bits) {

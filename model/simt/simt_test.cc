@@ -131,5 +131,25 @@ TEST(SimtTest, Bf16RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(NAN))));
 }
 
+// The bank-conflict count: 16 rows × 64 bf16 a tile, read as the A operand. Rows 128 bytes
+// apart put a matrix's 8 rows in one bank group (8 wavefronts, 7 extra, each of the 4
+// matrices); 144 bytes apart (8 elements of padding) in 8 different groups; all lanes reading
+// one row is a broadcast.
+TEST(SimtTest, CountsTheBankConflictsOfLdMatrix) {
+  for (const int ld : {64, 72, 0}) {
+    ResetCounters();
+    Launch({1, 1, 1}, 32, 16 * 72 * 2, [&] {
+      const auto* tile = reinterpret_cast<const uint16_t*>(SharedMemory());
+      const int lane = ThreadIdx();
+      uint32_t r[4];
+      Primitives::LdMatrixX4(r, tile + (lane & 15) * ld + (lane >> 4) * 8);
+      Primitives::LdMatrixX4Trans(r, tile + (lane & 15) * ld + (lane >> 4) * 8);
+    });
+    const Counters c = ReadCounters();
+    EXPECT_EQ(c.ldmatrix_matrices, 8u);
+    EXPECT_EQ(c.ldmatrix_extra_wavefronts, ld == 64 ? 8u * 7 : 0u) << "row stride " << ld;
+  }
+}
+
 }  // namespace
 }  // namespace difftrain::simt
