@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <set>
 #include <string>
 
 #include "common/status.h"
@@ -34,8 +35,11 @@ inline bool PortIsFree(int port) {
 // The first of `count` consecutive TCP ports that were free a moment ago, chosen at random
 // below the kernel's ephemeral range (net.ipv4.ip_local_port_range): a port in that range can
 // become some connection's automatic local port at any time, and a server that binds its
-// port again later (a requeued job's daemon) then finds it taken.
+// port again later (a requeued job's daemon) then finds it taken. Never one this process was
+// given before: a test that asks for several before starting anything on them (a controller's
+// port, then its daemons' metrics ports) must not get one twice.
 inline int FreePort(int count = 1) {
+  static std::set<int> given;
   int ephemeral = 32768;
   if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
     if (std::fscanf(f, "%d", &ephemeral) != 1) ephemeral = 32768;
@@ -49,8 +53,12 @@ inline int FreePort(int count = 1) {
     const int first = pick(rng);
     bool free = true;
     for (int i = 0; i < count && free; ++i)
-      free = PortIsFree(first + i);
-    if (free) return first;
+      free = !given.count(first + i) && PortIsFree(first + i);
+    if (free) {
+      for (int i = 0; i < count; ++i)
+        given.insert(first + i);
+      return first;
+    }
   }
   return 0;
 }
