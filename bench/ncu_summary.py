@@ -27,7 +27,8 @@ CATEGORIES = [
     ("embeddings, layout, loss", r"Patchify|Unpatchify|Embedding|Timestep|SwapAxes|Loss|Im2col|Col2im|Tokens|Planes|Concat|Upsample"),
 ]
 
-UNITS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+UNITS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3,
+         "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def read(path):
