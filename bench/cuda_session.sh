@@ -7,8 +7,8 @@
 #
 #   bench/cuda_session.sh PREBUILT OUT
 #
-# PREBUILT: the programs scripts/bundle-gpu.sh copied (LD_LIBRARY_PATH must find their
-# libraries); OUT: a folder for the results. A failing step is recorded and the next one runs.
+# PREBUILT: the programs scripts/bundle-gpu.sh copied, packed or not (LD_LIBRARY_PATH must
+# find their libraries: PREBUILT/lib); OUT: a folder for the results. A failing step is recorded and the next one runs.
 # Each step has a time limit (seconds; BENCH_S, SANITIZER_S each tool, LATTE_S each attention,
 # PROFILE_S) so that the whole stays under the device's 10 minutes a call, and OUT/steps.txt
 # says how long each took and how it ended (124: it ran out of time).
@@ -17,6 +17,10 @@ cd "$(dirname "$0")/.."
 bin=$1
 out=$2
 mkdir -p "$out"
+# A bundle packed by scripts/bundle-gpu.sh --pack.
+if [[ -f $bin/bundle.tar.xz ]]; then
+  tar -C "$bin" -xJf "$bin/bundle.tar.xz" && rm -f "$bin/bundle.tar.xz"
+fi
 : "${BENCH_S:=360}" "${SANITIZER_S:=25}" "${LATTE_S:=30}" "${PROFILE_S:=70}"
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
 
