@@ -66,7 +66,7 @@ done
 
 echo "== ncu: DiT-XL/2, micro-batch 32, flash attention" >"$out/profile.txt"
 step ncu "$PROFILE_S" ncu --clock-control none --csv --metrics gpu__time_duration.sum \
-  "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 --attention flash --warmup 1 --steps 2 \
+  "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 --attention flash --warmup 1 --steps 1 \
   >"$out/ncu-flash.csv" 2>>"$out/profile.txt"
 # The CSV itself comes back only where the summary could not read it (its parser has not yet
 # met a real one).
