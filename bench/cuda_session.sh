@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # What a session lent a GPU runs first, in one call, for issue 23's open points: the GPU tests
-# (the flash attention's among them), compute-sanitizer on the flash kernels, DiT-XL/2 timed with
-# the batched-GEMM and the flash attention beside PyTorch, Latte-L/2 over 16-frame videos with
-# both, and where the flash step's time goes.
+# (the flash attention's among them), DiT-XL/2 timed with the batched-GEMM and the flash
+# attention beside PyTorch, compute-sanitizer on the tiny DiT step and the flash kernels,
+# Latte-L/2 over 16-frame videos with both attentions, and where the flash step's time goes.
 # Every result lands in OUT (a few files, for a machine that returns only a handful).
 #
 #   bench/cuda_session.sh PREBUILT OUT
 #
 # PREBUILT: the programs scripts/bundle-gpu.sh copied, packed or not (LD_LIBRARY_PATH must
-# find their libraries: PREBUILT/lib); OUT: a folder for the results. A failing step is recorded and the next one runs.
+# find their libraries: PREBUILT/lib); OUT: a folder for the results. A failing step is
+# recorded and the next one runs. DiT-XL/2 runs at micro-batches 32 and 256 (MICRO_BATCHES),
+# 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit (seconds; BENCH_S, SANITIZER_S each of 5 runs, LATTE_S each
 # attention, PROFILE_S: at most 585 s in all) so that the whole stays under the device's 10
 # minutes a call, and OUT/steps.txt says how long each took and how it ended (124: out of time;
@@ -37,9 +39,16 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
 nvcc --version 2>/dev/null | tail -n 2 >>"$out/gpu.txt"
 
+memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null |
+  head -n 1)
+if [[ -z ${MICRO_BATCHES:-} ]]; then
+  MICRO_BATCHES=32,256
+  [[ $memory_mib =~ ^[0-9]+$ ]] && ((memory_mib < 102400)) && MICRO_BATCHES=32,128
+fi
+
 echo "== checks and timing" >"$out/bench.txt"
-step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches 32,256 --steps 20 \
-  --attention gemm,flash --keep-going >>"$out/bench.txt" 2>&1
+step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches "$MICRO_BATCHES" \
+  --steps 20 --attention gemm,flash --keep-going >>"$out/bench.txt" 2>&1
 cp runs/cuda-bench/results.jsonl "$out/" 2>/dev/null
 
 # The GPU's own sanitizers (issue 23 asks for all four on a tiny step): every tool on the tiny
