@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@
 #include "model/cuda/device_query.h"
 #include "model/dit/cuda/dit.h"
 #include "model/dit/dit.h"
+#include "model/dit/family.h"
+#include "model/family/family.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {
@@ -39,8 +42,8 @@ struct Options {
   int steps = 20;
   bool no_graph = false;
   std::string attention = "gemm";  // gemm, fused or flash (cuda::AttentionKernels)
-  int frames = 16;                 // a Latte model's frames a video
-  int num_classes = -1;            // -1: the config's own
+  std::optional<int> frames;       // a Latte model's frames a video (its family's default: 16)
+  std::optional<int> num_classes;  // default: the config's own
   double peak_tflops = 989;
 };
 
@@ -76,18 +79,16 @@ void UploadBatch(cuda::DiT& model, uint64_t seed) {
   DT_CUDA_CHECK(cudaStreamSynchronize(model.stream()));
 }
 
-// DiT-*/* by name, or Latte-*/* over videos of o.frames frames; o.num_classes if given.
+// The named config as the command line's --model resolves it (its family checks the
+// overrides: --frames only for a video family), which must be a DiT or a Latte.
 Result<DiTConfig> ConfigOf(const Options& o) {
-  const bool latte = o.model.rfind("Latte-", 0) == 0;
-  Result<DiTConfig> config = latte ? SizedConfigByName("Latte", o.model, o.input_size)
-                                   : DiTConfigByName(o.model, o.input_size);
-  if (!config.ok()) return config;
-  DiTConfig c = config.value();
-  c.video = latte;
-  c.num_frames = latte ? o.frames : 1;
-  if (o.num_classes >= 0) c.num_classes = o.num_classes;
-  if (Status s = c.Validate(); !s.ok()) return s;
-  return c;
+  ModelRequest request{o.model, o.input_size};
+  if (o.frames) request.overrides["num_frames"] = *o.frames;
+  if (o.num_classes) request.overrides["num_classes"] = *o.num_classes;
+  DT_ASSIGN_OR_RETURN(const ModelSpec spec, ModelSpecFromRequest(request));
+  if (spec.family != "dit" && spec.family != "latte")
+    return Errorf("--model {} is a {} model: this bench times DiT and Latte", o.model, spec.family);
+  return DiTConfigOf(spec);
 }
 
 int Run(const Options& o) {
@@ -179,9 +180,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Times difftrain's bf16 DiT training step on one GPU"};
   app.add_option("--model", o.model, "a named DiT (DiT-XL/2) or Latte (Latte-L/2)")
       ->capture_default_str();
-  app.add_option("--frames", o.frames, "frames of a Latte model's videos")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  app.add_option("--frames", o.frames, "frames of a Latte model's videos (default 16)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--num-classes", o.num_classes, "classes (0: unconditional); default the model's")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--input-size", o.input_size, "latent height = width")->capture_default_str();
