@@ -13,11 +13,11 @@
 
 #include <atomic>
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "model/cuda/flash_kernels.h"
 #include "model/simt/simt.h"
+#include "model/tensor/rng.h"
 
 namespace {
 std::atomic<int> g_reports{0};
@@ -63,12 +63,11 @@ struct Shape {
   int B, Tq, Tk, D, H;
 };
 
-std::vector<uint16_t> Random(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal;
+std::vector<uint16_t> Random(size_t n, uint64_t seed) {
+  Rng rng(seed, RngStream::kData);
   std::vector<uint16_t> v(n);
   for (uint16_t& x : v)
-    x = FloatToBf16(normal(gen));
+    x = FloatToBf16(static_cast<float>(rng.Normal()));
   return v;
 }
 
