@@ -292,6 +292,11 @@ void SyncThreads() {
   Arrive(Current().all);
 }
 
+void CheckAligned(const void* p, size_t bytes, const char* what) {
+  DT_CHECK(reinterpret_cast<uintptr_t>(p) % bytes == 0, "simt: {} {} not {}-byte aligned", what, p,
+           bytes);
+}
+
 void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
   const Block& b = Current();
   const auto* p = static_cast<const unsigned char*>(row);

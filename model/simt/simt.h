@@ -63,6 +63,10 @@ struct Counters {
 Counters ReadCounters();
 void ResetCounters();
 
+// Stops with a message naming `what` unless p is a multiple of `bytes`: a GPU faults on a
+// misaligned vector access ("misaligned address"), the CPU does not, so the primitives check.
+void CheckAligned(const void* p, size_t bytes, const char* what);
+
 // bf16 bits of x, rounded to nearest even (NaN stays NaN); and back.
 uint16_t FloatToBf16(float x);
 inline float Bf16ToFloat(uint16_t bits) {
@@ -92,14 +96,22 @@ struct Primitives {
   }
   static float Exp2(float x) { return std::exp2(x); }
   static float Log2(float x) { return std::log2(x); }
-  static void Copy16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+  static void Copy16(void* dst, const void* src) {
+    CheckAligned(dst, 16, "Copy16 destination");
+    CheckAligned(src, 16, "Copy16 source");
+    std::memcpy(dst, src, 16);
+  }
   // Copies zeros rather than memset: GCC's ThreadSanitizer leaves a 16-byte zeroing store
   // unchecked.
   static void Zero16(void* dst) {
+    CheckAligned(dst, 16, "Zero16 destination");
     static constexpr unsigned char kZeros[16] = {};
     std::memcpy(dst, kZeros, 16);
   }
-  static void Store32(void* dst, uint32_t v) { std::memcpy(dst, &v, sizeof v); }
+  static void Store32(void* dst, uint32_t v) {
+    CheckAligned(dst, 4, "Store32 destination");
+    std::memcpy(dst, &v, sizeof v);
+  }
 };
 
 }  // namespace difftrain::simt

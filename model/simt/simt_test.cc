@@ -121,6 +121,15 @@ TEST(SimtDeathTest, MisusesStopWithAMessage) {
                         LdMatrixX4(r, SharedMemory() + 16, false);
                       }),
                "outside the block's shared memory");
+  // A 16-byte copy from an address 8 bytes past a 16-byte boundary (a head's columns at an odd
+  // multiple of 4 elements, say) faults on a GPU.
+  alignas(16) static uint16_t global[16] = {};
+  EXPECT_DEATH(Launch({1, 1, 1}, 32, 64, [] { Primitives::Copy16(SharedMemory(), global + 4); }),
+               "Copy16 source .* not 16-byte aligned");
+  EXPECT_DEATH(Launch({1, 1, 1}, 32, 64, [] { Primitives::Zero16(SharedMemory() + 8); }),
+               "Zero16 destination .* not 16-byte aligned");
+  EXPECT_DEATH(Launch({1, 1, 1}, 32, 64, [] { Primitives::Store32(SharedMemory() + 2, 1); }),
+               "Store32 destination .* not 4-byte aligned");
 }
 
 TEST(SimtTest, Bf16RoundsToNearestEven) {
