@@ -3,10 +3,16 @@
 //
 //   bench_cpu_mfu [--model DiT-S/4] [--input-size 32] [--batch 64] [--steps 5] [--repeats 5]
 //   bench_cpu_mfu --config JOB.yaml [--batch B] ...
+//   bench_cpu_mfu ... --make-batch N
 //
 // --config takes the model, diffusion and optimizer sections of a job (any family: Latte, the
 // UNet) and its batch.micro unless --batch is given; the samples are synthetic (the job's data
 // section is not read), so the figure is the model's compute alone.
+//
+// --make-batch N times the host's part instead: making a micro-batch of N samples (reading them,
+// drawing timesteps and noise, mixing x_t), which a GPU rank does on a helper thread while the
+// GPU computes (model/train/batch_ahead.h). It depends on the sample shape alone, so a narrow
+// model of the same input size gives the figure of a wide one.
 //
 // Prints one line per measurement and a summary with medians (see bench/cpu_mfu.sh).
 #include <algorithm>
@@ -72,9 +78,36 @@ Result<TrainConfig> BenchConfig(const std::string& config_path, const std::strin
   return config;
 }
 
+// Median milliseconds of making a micro-batch of `samples` (the trainer reserves activations for
+// one sample only: it never steps).
+int TimeMakingBatches(TrainConfig config, int samples, int batches, int repeats) {
+  config.micro_batch = config.global_batch = 1;
+  Result<std::unique_ptr<Trainer>> made = Trainer::Create(config);
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().message().c_str());
+    return 2;
+  }
+  MicroBatch mb;
+  int64_t first = 0;
+  std::vector<double> ms;
+  for (int r = 0; r <= repeats; ++r) {  // the first repeat warms up
+    const auto t0 = Clock::now();
+    for (int b = 0; b < batches; ++b, first += samples) {
+      if (Status s = (*made)->MakeMicroBatch(first, samples, mb); !s.ok()) return 1;
+    }
+    if (r > 0) ms.push_back(Seconds(t0, Clock::now()) * 1e3 / batches);
+  }
+  const SampleSchema schema = FamilyOf(config.model).Samples(config.model);
+  std::printf(
+      "make a micro-batch of %d samples of %dx%dx%dx%d: %.2f ms (median of %d), %.1f us a sample\n",
+      samples, schema.frames, schema.channels, schema.height, schema.width, Median(ms), repeats,
+      Median(ms) * 1e3 / samples);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::string model = "DiT-S/4", config_path;
-  int input_size = 32, batch = 0, steps = 5, repeats = 5;
+  int input_size = 32, batch = 0, steps = 5, repeats = 5, make_batch = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model")
@@ -89,6 +122,8 @@ int Main(int argc, char** argv) {
       steps = std::stoi(value);
     else if (flag == "--repeats")
       repeats = std::stoi(value);
+    else if (flag == "--make-batch")
+      make_batch = std::stoi(value);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -99,6 +134,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", config.status().message().c_str());
     return 2;
   }
+  if (make_batch > 0) return TimeMakingBatches(*config, make_batch, steps, repeats);
   batch = config->micro_batch;
   std::printf("threads %d\n", omp_get_max_threads());
   const double peak = SgemmGflops(2048, repeats);
@@ -129,8 +165,8 @@ int Main(int argc, char** argv) {
   const double median = Median(step_seconds);
   const double gflops = flops_per_step / median / 1e9;
   std::printf("%s %dx%d batch %d: %.2f samples/s, %.1f GFLOP/s, sgemm %.1f GFLOP/s, MFU %.1f%%\n",
-              spec.name().c_str(), schema.height, schema.width, batch, batch / median, gflops,
-              peak, 100 * gflops / peak);
+              spec.name().c_str(), schema.height, schema.width, batch, batch / median, gflops, peak,
+              100 * gflops / peak);
   return 0;
 }
 

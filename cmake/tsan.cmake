@@ -1,8 +1,9 @@
-# Programs named *_tsan_test.cc run kernels on the CPU emulator (model/simt) under
-# ThreadSanitizer, which then sees each emulated CUDA thread as a fiber and reports shared
-# memory used across a missing barrier. Each is built from its own source and the emulator
-# alone, with -fsanitize=thread where the compiler links it and its runtime starts on this
-# machine; elsewhere without, and its tests report themselves skipped with the reason.
+# Programs named *_tsan_test.cc run under ThreadSanitizer: the kernels on the CPU emulator
+# (model/simt), which then sees each emulated CUDA thread as a fiber and reports shared memory
+# used across a missing barrier, and header-only host code that runs threads of its own
+# (model/train/batch_ahead.h). Each is built from its own source and the emulator alone, with
+# -fsanitize=thread where the compiler links it and its runtime starts on this machine;
+# elsewhere without (the emulator's tests then report themselves skipped with the reason).
 set(tsan_skip_reason "")
 file(WRITE ${CMAKE_BINARY_DIR}/tsan/probe.cc "int main() { return 0; }\n")
 execute_process(

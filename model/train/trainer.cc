@@ -191,7 +191,12 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   if (!gpu_) model_->Reserve(config.micro_batch, slots_, config.recompute);
   model_->InitializeReference(config.seed);
   std::memcpy(ema_.data(), model_->params(), ema_.bytes());
-  if (gpu_) gpu_->UploadState(model_->params(), ema_.data(), nullptr, nullptr);
+  if (gpu_) {
+    gpu_->UploadState(model_->params(), ema_.data(), nullptr, nullptr);
+    ahead_ = std::make_unique<BatchAhead<MicroBatch>>([this](int64_t first, MicroBatch& batch) {
+      return FillMicroBatch(first, config_.micro_batch, batch, nullptr);
+    });
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -212,6 +217,10 @@ MemoryBytes Trainer::memory() const {
 }
 
 Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
+  return FillMicroBatch(first, B, batch, &data_wait_seconds_);
+}
+
+Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* loader_seconds) {
   const size_t n = schema_.elements();
   batch.size = B;
   batch.x0.resize(B * n);
@@ -226,8 +235,13 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
   const bool data_texts = text > 0 && data_->texts() != nullptr;
   DT_RETURN_IF_ERROR(loader_.Fill(first, B, batch.x0.data(), batch.y.data(),
                                   data_texts ? batch.context.data() : nullptr));
-  data_wait_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+  if (loader_seconds != nullptr) {
+    *loader_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+  }
+  // Each sample draws from its own stream, so the samples are made in parallel with the same
+  // result.
+#pragma omp parallel for schedule(static)
   for (int b = 0; b < B; ++b) {
     Rng rng(config_.seed, RngStream::kNoise, static_cast<uint64_t>(first + b));
     batch.t[b] = static_cast<int64_t>(rng.Below(diffusion_.steps()));
@@ -354,20 +368,21 @@ Result<StepStats> Trainer::StepOnGpu() {
     gpu_stale_ = false;
   }
   step_first_ = loader_.RankFirstSample(samples_seen_);
-  data_wait_seconds_ = 0;
   gpu_->ZeroGradients();
   double loss = 0;
-  MicroBatch& batch = batches_[0];
   for (int micro = 0; micro < micro_batches_; ++micro) {
     const int64_t first = step_first_ + static_cast<int64_t>(micro) * config_.micro_batch;
-    DT_RETURN_IF_ERROR(MakeMicroBatch(first, config_.micro_batch, batch));
+    DT_ASSIGN_OR_RETURN(const MicroBatch* batch, ahead_->Take(first));
+    // While the GPU computes this one, the host makes the next: this step's, or the next step's
+    // first (the data loader's own prefetch is not used: the helper reads ahead).
+    ahead_->MakeAhead(micro + 1 < micro_batches_
+                          ? first + config_.micro_batch
+                          : loader_.RankFirstSample(samples_seen_ + config_.global_batch));
     loss +=
-        gpu_->ForwardBackward(batch, 1.0f / static_cast<float>(micro_batches_)) / micro_batches_;
+        gpu_->ForwardBackward(*batch, 1.0f / static_cast<float>(micro_batches_)) / micro_batches_;
   }
-  loader_.Prefetch(loader_.RankFirstSample(samples_seen_ + config_.global_batch),
-                   config_.global_batch / dp_size());
   StepStats stats;
-  stats.data_wait_seconds = data_wait_seconds_;
+  stats.data_wait_seconds = ahead_->TakeWaitSeconds();
   if (parallel_.dp_cp != nullptr) {
     const auto start = std::chrono::steady_clock::now();
     DT_RETURN_IF_ERROR(

@@ -34,6 +34,7 @@
 #include "model/parallel/grad_sync.h"
 #include "model/parallel/pipeline.h"
 #include "model/tensor/buffer.h"
+#include "model/train/batch_ahead.h"
 #include "model/train/gpu_step.h"
 
 namespace difftrain {
@@ -84,7 +85,9 @@ struct StepStats {
   double grad_norm = 0;
   double lr = 0;
   double comm_wait_seconds = 0;  // waiting for gradient reduction after backward
-  double data_wait_seconds = 0;  // waiting for the data loader
+  // Waiting for input: on the CPU for the data loader's reads; on a GPU for the micro-batches
+  // (made ahead while the GPU computes, so only what making one takes beyond computing one).
+  double data_wait_seconds = 0;
 };
 
 // A rank's place in the parallel layout and its communicators; a null communicator is a
@@ -104,7 +107,8 @@ struct ParallelOptions {
 };
 
 // With train.device cuda the model computes on a GPU (`gpu`, model/train/gpu_step.h): the
-// micro-batches are made here as on the CPU, the gradients are averaged over dp_cp (an NCCL
+// micro-batches are made here as on the CPU, each while the GPU computes the one before it (on a
+// helper thread, model/train/batch_ahead.h), the gradients are averaged over dp_cp (an NCCL
 // communicator the GpuStep joined), and the host arenas are the checkpoint's copy of the
 // device's, refreshed when a checkpoint is written and uploaded after a restore. Only the
 // data-parallel layout runs there (TrainConfig::Validate).
@@ -162,8 +166,14 @@ class Trainer : private parallel::PipelineStage {
   MemoryBytes memory() const;
   int64_t step() const { return step_; }
   int64_t samples_seen() const { return samples_seen_; }
+  // On a GPU: the micro-batches that were made ahead, while the GPU computed the one before.
+  int64_t micro_batches_made_ahead() const { return ahead_ ? ahead_->taken_ahead() : 0; }
 
  private:
+  // MakeMicroBatch without the bookkeeping: adds the seconds spent reading data to
+  // *loader_seconds. Changes nothing of the trainer's, so a helper thread may call it while a
+  // GPU step runs.
+  Status FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* loader_seconds);
   // Clips, updates the owned parameters with AdamW, gathers them (ZeRO-1), updates the
   // EMA and advances the counters.
   Result<StepStats> ApplyUpdate(double loss, int64_t samples);
@@ -213,6 +223,9 @@ class Trainer : private parallel::PipelineStage {
   int64_t samples_seen_ = 0;
   std::unique_ptr<GpuStep> gpu_;
   bool gpu_stale_ = false;  // the host arenas were restored and are newer than the GPU's
+  // The GPU step's micro-batches, the next made while the GPU computes. Last: its helper thread
+  // uses the members above and ends first.
+  std::unique_ptr<BatchAhead<MicroBatch>> ahead_;
 };
 
 }  // namespace difftrain

@@ -1,6 +1,7 @@
 #include "model/train/trainer.h"
 
 #include <filesystem>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -67,7 +68,8 @@ TEST_F(TrainerTest, VideoNoiseCorrelatesItsFramesAsTheJobSays) {
     Result<TrainConfig> c = TrainConfig::FromYamlText(
         "model: {name: latte, input_size: 8, in_channels: 1, num_frames: 2, patch_size: 4,\n"
         "        hidden_size: 16, depth: 2, num_heads: 2, num_classes: 4}\n"
-        "diffusion: {frame_noise_correlation: " + std::to_string(rho) + "}\n",
+        "diffusion: {frame_noise_correlation: " +
+            std::to_string(rho) + "}\n",
         "job.yaml");
     EXPECT_TRUE(c.ok()) << c.status().message();
     auto trainer = MakeTrainer(*c);
@@ -199,6 +201,120 @@ TEST_F(TrainerTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
   ASSERT_TRUE(step.ok()) << step.status().message();
   EXPECT_EQ(step->value_or(-1), 1);
   EXPECT_EQ(resumed->step(), 1);
+}
+
+// Stands in for the device in the tests of the trainer's GPU path, which run on every machine:
+// it keeps the micro-batches the trainer hands it, in order, and computes nothing (the real GPU
+// steps are checked against the CPU trainer in model/cuda/train_step_test.cc, on a GPU). It
+// takes its time over each, as a device would, so that the next micro-batch is made meanwhile.
+class RecordingGpuStep final : public GpuStep {
+ public:
+  RecordingGpuStep(size_t num_params, std::vector<MicroBatch>* fed)
+      : fed_(fed), arenas_(4, std::vector<float>(num_params)), gradients_(num_params) {}
+
+  int device() const override { return 0; }
+  const std::string& device_name() const override { return name_; }
+  Result<std::unique_ptr<parallel::Comm>> JoinGroup(parallel::Store&, const std::string&, int, int,
+                                                    std::vector<int>,
+                                                    std::chrono::milliseconds) override {
+    return Status::Error("a recording step joins no group");
+  }
+  void UploadState(const float* params, const float* ema, const float* exp_avg,
+                   const float* exp_avg_sq) override {
+    const float* from[4] = {params, ema, exp_avg, exp_avg_sq};
+    for (int i = 0; i < 4; ++i) {
+      if (from[i] != nullptr) {
+        arenas_[i].assign(from[i], from[i] + arenas_[i].size());
+      } else {
+        std::fill(arenas_[i].begin(), arenas_[i].end(), 0.0f);
+      }
+    }
+  }
+  void DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) override {
+    float* to[4] = {params, ema, exp_avg, exp_avg_sq};
+    for (int i = 0; i < 4; ++i) {
+      if (to[i] != nullptr) std::copy(arenas_[i].begin(), arenas_[i].end(), to[i]);
+    }
+  }
+  void ZeroGradients() override {}
+  double ForwardBackward(const MicroBatch& batch, float) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    fed_->push_back(batch);
+    return batch.x_t[0];
+  }
+  float* gradients() override { return gradients_.data(); }
+  double OptimizerStep(double, int64_t) override { return 0; }
+  MemoryBytes memory() const override { return {}; }
+
+ private:
+  const std::string name_ = "recording";
+  std::vector<MicroBatch>* fed_;
+  std::vector<std::vector<float>> arenas_;  // parameters, EMA, the two moments
+  std::vector<float> gradients_;
+};
+
+std::unique_ptr<Trainer> MakeGpuTrainer(TrainConfig c, std::vector<MicroBatch>* fed) {
+  c.device = "cuda";
+  const size_t n = MakeTrainer(TinyConfig())->model().num_params();
+  return std::make_unique<Trainer>(c, testing::SyntheticData(c), ParallelOptions{},
+                                   std::make_unique<RecordingGpuStep>(n, fed));
+}
+
+// What the GPU step is fed equals what MakeMicroBatch makes, for the same samples in the same
+// order, though each is made on a helper thread while the one before it computes.
+void ExpectFedFrom(const std::vector<MicroBatch>& fed, const std::vector<int64_t>& firsts,
+                   Trainer& reference) {
+  ASSERT_EQ(fed.size(), firsts.size());
+  for (size_t i = 0; i < fed.size(); ++i) {
+    MicroBatch want;
+    ASSERT_TRUE(reference.MakeMicroBatch(firsts[i], fed[i].size, want).ok());
+    EXPECT_EQ(fed[i].x0, want.x0) << "micro-batch " << i << " (sample " << firsts[i] << ")";
+    EXPECT_EQ(fed[i].noise, want.noise) << "micro-batch " << i;
+    EXPECT_EQ(fed[i].x_t, want.x_t) << "micro-batch " << i;
+    EXPECT_EQ(fed[i].t, want.t) << "micro-batch " << i;
+    EXPECT_EQ(fed[i].y, want.y) << "micro-batch " << i;
+  }
+}
+
+TEST_F(TrainerTest, TheGpuStepIsFedTheSameMicroBatchesMadeAhead) {
+  TrainConfig c = TinyConfig();  // micro-batches of 4
+  c.global_batch = 8;            // two a step
+  std::vector<MicroBatch> fed;
+  auto gpu = MakeGpuTrainer(c, &fed);
+  double waited = 0;
+  for (int i = 0; i < 3; ++i) {
+    Result<StepStats> stats = gpu->Step();
+    ASSERT_TRUE(stats.ok()) << stats.status().message();
+    EXPECT_DOUBLE_EQ(stats->loss, (double{fed[2 * i].x_t[0]} + fed[2 * i + 1].x_t[0]) / 2);
+    waited += stats->data_wait_seconds;
+  }
+  EXPECT_GE(waited, 0.0);
+  EXPECT_EQ(gpu->micro_batches_made_ahead(), 5);  // all but the first
+  auto reference = MakeTrainer(c);
+  ExpectFedFrom(fed, {0, 4, 8, 12, 16, 20}, *reference);
+}
+
+TEST_F(TrainerTest, AfterARestoreTheGpuStepIsFedTheRestoredPosition) {
+  TrainConfig c = TinyConfig();
+  c.global_batch = 4;  // one micro-batch a step: the next step's is made ahead
+  io::CheckpointStore store(dir_.string(), 2);
+  auto cpu = MakeTrainer(c);
+  ASSERT_TRUE(cpu->Step().ok());
+  ASSERT_TRUE(WriteCheckpointShard(*cpu, store, 0, 1).ok());
+  ASSERT_TRUE(store.Commit(1, 1).ok());
+
+  std::vector<MicroBatch> fed;
+  auto gpu = MakeGpuTrainer(c, &fed);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(gpu->Step().ok());  // samples 0 … 11; 12 … 15 made ahead
+  Result<std::optional<int64_t>> step = RestoreLatestCheckpoint(*gpu, store);
+  ASSERT_TRUE(step.ok()) << step.status().message();
+  ASSERT_EQ(step->value_or(-1), 1);
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE(gpu->Step().ok());
+  ExpectFedFrom(fed, {0, 4, 8, 4, 8}, *cpu);
+  // Made ahead: 4 and 8, then 8 again; not the first, nor 4 after the restore (12 was ahead).
+  EXPECT_EQ(gpu->micro_batches_made_ahead(), 3);
 }
 
 }  // namespace
