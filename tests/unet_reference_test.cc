@@ -2,8 +2,10 @@
 // debug-dump --config JOB.yaml` writes one training step of a tiny UNet, and
 // tests/reference/check_unet_dump.py rebuilds the model with UNet2DConditionModel(**config),
 // loads the dump's weights strictly and compares x_t, the output, the loss and every gradient
-// (relative L2 error <= 1e-5). diffusers comes from PyPI (tests/reference/diffusers_env.sh);
+// (relative L2 error <= 3e-5 each, <= 2e-6 all gradients together: the checker says why).
+// diffusers comes from PyPI (tests/reference/diffusers_env.sh);
 // where PyPI cannot be reached, the tests skip and say so.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -32,9 +34,21 @@ void PrintTo(const UNetCase& c, std::ostream* os) {
   *os << c.name;
 }
 
-class UNetReferenceTest : public ::testing::TestWithParam<UNetCase> {
+// The case the checker's own tests perturb (two channels per group, random weights).
+constexpr UNetCase kCheckerCase{
+    "Checker",
+    "{name: unet, block_out_channels: [4, 8], layers_per_block: 1, attention_head_dim: 2, "
+    "cross_attention_dim: 8, norm_num_groups: 2, down_block_types: [CrossAttnDownBlock2D, "
+    "DownBlock2D], up_block_types: [UpBlock2D, CrossAttnUpBlock2D], sample_size: 8, "
+    "text_length: 5}",
+    "", true, 1};
+
+// Finds the reference's Python (diffusers from PyPI) once per suite and runs the two steps:
+// a debug dump and the checker.
+class DiffusersReference : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    if (python_ != nullptr || skip_reason_ != nullptr) return;
     const CommandResult env =
         RunCommand(ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/diffusers_env.sh") + " 2>&1");
     if (env.exit_code == 0) {
@@ -60,26 +74,39 @@ class UNetReferenceTest : public ::testing::TestWithParam<UNetCase> {
     }
   }
 
+  // `difftrain debug-dump` of case c into dir_/dump.safetensors; its path, or "" on failure.
+  std::string Dump(const UNetCase& c) {
+    const std::string job = (dir_ / "job.yaml").string();
+    std::ofstream(job) << "model: " << c.model << "\n";
+    const std::string dump = (dir_ / "dump.safetensors").string();
+    const CommandResult dumped =
+        RunCommand(fmt::format("{} debug-dump --config {} {} --seed {} --batch 3 {}--out {} 2>&1",
+                               ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job), c.diffusion, c.seed,
+                               c.random_weights ? "--random-weights " : "", ShellQuote(dump)));
+    EXPECT_EQ(dumped.exit_code, 0) << dumped.output;
+    return dumped.exit_code == 0 ? dump : "";
+  }
+
+  // The reference's Python running one of tests/reference's scripts.
+  static CommandResult RunScript(const std::string& script, const std::string& args) {
+    return RunCommand(ShellQuote(*python_) + " " +
+                      ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/" + script) + " " + args +
+                      " 2>&1");
+  }
+
   static inline std::string* python_ = nullptr;
   static inline std::string* skip_reason_ = nullptr;
   TempDir temp_{"unet_reference"};
   std::filesystem::path dir_ = temp_.path();
 };
 
+class UNetReferenceTest : public DiffusersReference,
+                          public ::testing::WithParamInterface<UNetCase> {};
+
 TEST_P(UNetReferenceTest, DebugDumpMatchesDiffusers) {
-  const UNetCase& c = GetParam();
-  const std::string job = (dir_ / "job.yaml").string();
-  std::ofstream(job) << "model: " << c.model << "\n";
-  const std::string dump = (dir_ / "dump.safetensors").string();
-  const CommandResult dumped =
-      RunCommand(fmt::format("{} debug-dump --config {} {} --seed {} --batch 3 {}--out {} 2>&1",
-                             ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job), c.diffusion, c.seed,
-                             c.random_weights ? "--random-weights " : "", ShellQuote(dump)));
-  ASSERT_EQ(dumped.exit_code, 0) << dumped.output;
-  const CommandResult checked =
-      RunCommand(ShellQuote(*python_) + " " +
-                 ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/check_unet_dump.py") + " " +
-                 ShellQuote(dump) + " 2>&1");
+  const std::string dump = Dump(GetParam());
+  ASSERT_FALSE(dump.empty());
+  const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(dump));
   EXPECT_EQ(checked.exit_code, 0) << checked.output;
 }
 
@@ -129,6 +156,38 @@ INSTANTIATE_TEST_SUITE_P(
                  "up_block_types: [UpBlock2D, CrossAttnUpBlock2D], sample_size: 8}",
                  "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012", false, 5}),
     [](const ::testing::TestParamInfo<UNetCase>& info) { return std::string(info.param.name); });
+
+// The checker can fail, on each of its two bounds: a dump with one gradient 1e-3 off (far
+// beyond fp32's rounding, far below a wrong layer's error) fails that tensor's bound, and one
+// with every gradient 5e-6 off (within each tensor's bound) fails the bound on all gradients
+// together.
+using UNetCheckerTest = DiffusersReference;
+
+TEST_F(UNetCheckerTest, FailsADumpWithOneGradientOff) {
+  const std::string dump = Dump(kCheckerCase);
+  ASSERT_FALSE(dump.empty());
+  const std::string off = (dir_ / "off.safetensors").string();
+  const CommandResult perturbed = RunScript(
+      "perturb_dump.py", ShellQuote(dump) + " " + ShellQuote(off) + " grad.conv_in.weight 1.001");
+  ASSERT_EQ(perturbed.exit_code, 0) << perturbed.output;
+  const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(off));
+  EXPECT_EQ(checked.exit_code, 1) << checked.output;
+  EXPECT_THAT(checked.output,
+              ::testing::ContainsRegex("grad\\.conv_in\\.weight  rel [0-9.e+-]+  FAIL"));
+}
+
+TEST_F(UNetCheckerTest, FailsADumpWithEveryGradientSlightlyOff) {
+  const std::string dump = Dump(kCheckerCase);
+  ASSERT_FALSE(dump.empty());
+  const std::string off = (dir_ / "off.safetensors").string();
+  const CommandResult perturbed =
+      RunScript("perturb_dump.py", ShellQuote(dump) + " " + ShellQuote(off) + " grad. 1.000005");
+  ASSERT_EQ(perturbed.exit_code, 0) << perturbed.output;
+  const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(off));
+  EXPECT_EQ(checked.exit_code, 1) << checked.output;
+  EXPECT_THAT(checked.output, ::testing::HasSubstr("all gradients together  rel"));
+  EXPECT_THAT(checked.output, ::testing::HasSubstr("1 FAILED"));
+}
 
 }  // namespace
 }  // namespace difftrain::testing

@@ -19,13 +19,28 @@ void SoftmaxRows(T* x, int rows, int cols) {
 #pragma omp simd reduction(max : max)
     for (int c = 1; c < cols; ++c)
       max = row[c] > max ? row[c] : max;
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int c = 0; c < cols; ++c) {
-      row[c] = VecExp(row[c] - max);
-      sum += row[c];
+    // The sum in an order of our own, the same whatever vector width and unrolling the
+    // compiler picks (an `omp simd reduction` leaves the order, and so the last bits, to the
+    // compiler, its flags and the CPU -march=native targets): lane l adds columns l,
+    // l + kLanes, ..., and the lanes are added pairwise.
+    constexpr int kLanes = 16;
+    T lanes[kLanes] = {};
+    int c = 0;
+    for (; c + kLanes <= cols; c += kLanes) {
+#pragma omp simd
+      for (int l = 0; l < kLanes; ++l) {
+        row[c + l] = VecExp(row[c + l] - max);
+        lanes[l] += row[c + l];
+      }
     }
-    const T inv = T(1) / sum;
+    for (int l = 0; c < cols; ++c, ++l) {
+      row[c] = VecExp(row[c] - max);
+      lanes[l] += row[c];
+    }
+    for (int width = kLanes / 2; width > 0; width /= 2)
+      for (int l = 0; l < width; ++l)
+        lanes[l] += lanes[l + width];
+    const T inv = T(1) / lanes[0];
     for (int c = 0; c < cols; ++c)
       row[c] *= inv;
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Checks a `difftrain debug-dump` of a UNet against diffusers' UNet2DConditionModel.
 
-    PYTHON tests/reference/check_unet_dump.py FILE [--tol 1e-5]
+    PYTHON tests/reference/check_unet_dump.py FILE [--tol 3e-5] [--tol-all 2e-6]
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2 on
 Debian's torch). The dump holds one training step: the parameters under diffusers' names,
@@ -14,10 +14,16 @@ backward on the dump's x_t, t and text, and compares each tensor.
 
 Error measure: ||a - b|| / ||b|| (L2 norms, b the float64 reference). Where the reference
 gradient vanishes mathematically (below 1e-9 of the largest), the absolute error relative to
-the largest gradient norm is used. The summary also gives the error of all gradients
-together. The dump is fp32: on ill-conditioned tiny models (GroupNorms of one channel per
-group) small bias and norm gradients lose up to a few 1e-5 to fp32 rounding, in diffusers'
-own float32 run as in difftrain's; the tests use shapes where fp32 stays within 1e-5.
+the largest gradient norm is used. Each tensor must be within --tol, and all gradients
+together within --tol-all.
+
+The dump is fp32, and small bias and norm gradients (sums whose terms mostly cancel) lose
+the most to its rounding: on ill-conditioned tiny models (GroupNorms of one channel per
+group) up to a few 1e-5, in diffusers' own float32 run as in difftrain's. How much depends on
+the BLAS kernels too, which OpenBLAS picks by the CPU: over the tests' five configs, the worst
+tensor was 1.4e-6 to 1.04e-5 with the Cooperlake, SkylakeX, Haswell, Sandybridge and Prescott
+kernels, all gradients together 5.7e-7 to 9.6e-7. Hence 3e-5 per tensor and 2e-6 for all
+gradients together; a wrong layer is off by 1e-3 or more.
 Exit status: 0 if every tensor passes, 1 if any does not, 2 if the file is malformed.
 """
 
@@ -88,7 +94,7 @@ def error(actual, expected, scale=0.0):
     return (diff / norm, "rel") if norm > 0 else (diff, "abs")
 
 
-def check(path, tol):
+def check(path, tol, tol_all):
     tensors, metadata = safetensors_np.read(path)
     if metadata.get("format") != "difftrain-debug-dump" or metadata.get("family") != "unet":
         raise MalformedDump("not a debug dump of a unet")
@@ -119,8 +125,11 @@ def check(path, tol):
     grads = [n for n in reference if n.startswith("grad.")]
     flat = lambda d: torch.cat([torch.as_tensor(d[n], dtype=torch.float64).flatten() for n in grads])  # noqa: E731
     all_err, _ = error(flat(tensors), flat(reference))
+    if not all_err <= tol_all:
+        failures.append("all gradients together")
+        print(f"all gradients together  rel {all_err:.3e}  FAIL (tol {tol_all:g})")
     verdict = "all OK" if not failures else f"{len(failures)} FAILED"
-    print(f"summary: {len(reference)} tensors, tol {tol:g}: {verdict}; worst {worst[0]} ({worst[1]:.3e}); all gradients together {all_err:.3e}")
+    print(f"summary: {len(reference)} tensors, tol {tol:g} each, {tol_all:g} all gradients: {verdict}; worst {worst[0]} ({worst[1]:.3e}); all gradients together {all_err:.3e}")
     return not failures
 
 
@@ -144,10 +153,11 @@ def reference_step(config, tensors, t, abar, prediction, dtype=torch.float64):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file")
-    parser.add_argument("--tol", type=float, default=1e-5)
+    parser.add_argument("--tol", type=float, default=3e-5, help="each tensor")
+    parser.add_argument("--tol-all", type=float, default=2e-6, help="all gradients together")
     args = parser.parse_args(argv)
     try:
-        return 0 if check(args.file, args.tol) else 1
+        return 0 if check(args.file, args.tol, args.tol_all) else 1
     except (MalformedDump, safetensors_np.SafetensorsError, OSError, KeyError) as e:
         print(f"error: cannot check {args.file}: {e}", file=sys.stderr)
         return 2
