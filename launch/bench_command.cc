@@ -215,7 +215,8 @@ std::string ReadText(const fs::path& path) {
 // The reason a configuration failed, from its exit status and its log: "OOM" when an
 // allocation failed, else the last line it printed.
 std::string FailureOf(int status, const std::string& log) {
-  for (const char* sign : {"std::bad_alloc", "Cannot allocate memory", "unable to allocate"}) {
+  for (const char* sign :
+       {"out of host memory", "std::bad_alloc", "Cannot allocate memory", "unable to allocate"}) {
     if (log.find(sign) != std::string::npos) return "OOM";
   }
   std::string last;

@@ -3,12 +3,21 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 
+#include <unistd.h>
+
 namespace difftrain {
+
+// The machine's physical memory in bytes (0 where the system does not say).
+inline size_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+}
 
 template <typename T>
 class Buffer {
@@ -17,6 +26,14 @@ class Buffer {
   explicit Buffer(size_t n) : size_(n) {
     if (n == 0) return;
     size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    // The buffer is zero-filled, so all of it is touched: one larger than the machine's
+    // memory can never be held, and where the kernel overcommits, the allocation would
+    // succeed and the process be killed while filling it. std::bad_alloc instead, which
+    // the trainer turns into an error naming the model and the micro-batch.
+    const size_t physical = PhysicalMemoryBytes();
+    if (n > (SIZE_MAX - 63) / sizeof(T) || (physical > 0 && bytes > physical)) {
+      throw std::bad_alloc();
+    }
     void* p = std::aligned_alloc(64, bytes);
     if (p == nullptr) throw std::bad_alloc();
     std::memset(p, 0, bytes);

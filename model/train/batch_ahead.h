@@ -1,8 +1,8 @@
 // Micro-batches made ahead on a helper thread. On a GPU the host is idle while the device
-// computes a micro-batch, and making the next one (reading its data, drawing its noise, mixing
-// x_t: about 21 ms for DiT-XL/2's 256 samples on one core) would otherwise sit between two
-// device steps. BatchAhead makes it meanwhile, so a step waits for its inputs only where making
-// one takes longer than computing one.
+// computes a micro-batch, and making the next one (reading its data, drawing its noise,
+// mixing x_t: 41 ms for DiT-XL/2's 256 synthetic samples on one core, docs/benchmarks.md)
+// would otherwise sit between two device steps. BatchAhead makes it meanwhile, so a step
+// waits for its inputs only where making one takes longer than computing one.
 //
 // Making early changes nothing: a micro-batch is a function of its first global sample alone
 // (model/data/loader.h; the trainer's noise streams are per sample). A batch made ahead for a

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "common/check.h"
 #include "model/diffusion/vb_loss.h"
@@ -143,7 +144,20 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
   }
-  return std::make_unique<Trainer>(config, std::move(opened).value(), parallel, std::move(gpu));
+  // Arenas larger than the machine's memory are an error that names the job's sizes, not an
+  // uncaught std::bad_alloc (model/tensor/buffer.h).
+  try {
+    return std::make_unique<Trainer>(config, std::move(opened).value(), parallel, std::move(gpu));
+  } catch (const std::bad_alloc&) {
+    return Errorf(
+        "out of host memory creating the trainer: {} with {}x{}x{}x{} samples (frames x channels "
+        "x height x width) at batch.micro {} needs more than this machine's {:.1f} GiB for its "
+        "parameters, gradients, optimizer state, EMA and activations; lower batch.micro, set "
+        "train.recompute: true, or split the model (tp, cp, pp); `difftrain plan` predicts a "
+        "rank's memory",
+        config.model.name(), m.frames, m.channels, m.height, m.width, config.micro_batch,
+        static_cast<double>(PhysicalMemoryBytes()) / (1ull << 30));
+  }
 }
 
 Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,

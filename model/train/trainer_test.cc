@@ -1,10 +1,14 @@
 #include "model/train/trainer.h"
 
+#include <climits>
 #include <filesystem>
 #include <thread>
 
+#include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "model/family/family.h"
 #include "model/train/checkpointing.h"
 #include "tests/testing/tiny_training.h"
 
@@ -156,6 +160,21 @@ TEST_F(TrainerTest, AccumulationMatchesOneLargeMicroBatch) {
     EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "step " << i;
   }
   EXPECT_LT(RelativeL2(Params(*a), Params(*b)), 1e-5);
+}
+
+// Activations larger than the machine's memory are an error naming the job's sizes, not an
+// uncaught std::bad_alloc (or, where the kernel overcommits, a process killed mid-fill).
+TEST_F(TrainerTest, ActivationsLargerThanTheMachineAreAnError) {
+  TrainConfig c = TinyConfig();
+  const size_t per_sample = FamilyOf(c.model).ActivationBytes(c.model, {}, 0, 1, 1, false);
+  const size_t micro = 2 * PhysicalMemoryBytes() / per_sample + 1;
+  ASSERT_LT(micro, size_t(INT_MAX));
+  c.micro_batch = c.global_batch = static_cast<int>(micro);
+  Result<std::unique_ptr<Trainer>> made = Trainer::Create(c);
+  ASSERT_FALSE(made.ok());
+  EXPECT_THAT(made.status().message(),
+              ::testing::HasSubstr("out of host memory creating the trainer"));
+  EXPECT_THAT(made.status().message(), ::testing::HasSubstr(fmt::format("batch.micro {}", micro)));
 }
 
 TEST_F(TrainerTest, RestoringAnotherModelNamesTheDifference) {
