@@ -15,7 +15,7 @@
 # script itself: DEVICE=cpu STEPS=20 SEEDS=1 PER_CLASS=2). Limits in seconds: TRAIN_S,
 # TESTS_S, EVAL_S (sampling and scoring, per seed).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 bin=$1
 data=$2
 out=$3
@@ -49,8 +49,10 @@ sed -e "s|^  device: cpu.*|  device: $DEVICE|" \
   -e "s|^  kind: fashion_mnist|  kind: fashion_mnist\n  path: $data_abs|" \
   -e "s|^  dir: runs/fashion-mnist/checkpoints|  dir: $run/checkpoints|" \
   jobs/fashion-mnist.yaml >"$run/job.yaml"
-grep -q "device: $DEVICE" "$run/job.yaml" && grep -q "path: $data_abs" "$run/job.yaml" ||
-  { echo "cuda_train_session: jobs/fashion-mnist.yaml changed; cannot rewrite it" >&2; exit 2; }
+if ! grep -q "device: $DEVICE" "$run/job.yaml" || ! grep -q "path: $data_abs" "$run/job.yaml"; then
+  echo "cuda_train_session: jobs/fashion-mnist.yaml changed; cannot rewrite it" >&2
+  exit 2
+fi
 
 start=$(date +%s%N)
 step train "$TRAIN_S" "$bin/difftrain" train --config "$run/job.yaml" ${STEPS:+--steps "$STEPS"} \
@@ -65,6 +67,7 @@ fi
 classifier=model/eval/fashion_mnist_classifier.safetensors
 for seed in $SEEDS; do
   samples=$run/samples-$seed.safetensors
+  # shellcheck disable=SC2016  # the inner script's own arguments
   step "sample+eval seed $seed" "$EVAL_S" bash -c '
     "$1" sample --checkpoint "$2/checkpoints" --classes 0,1,2,3,4,5,6,7,8,9 --sampler ddim \
       --steps 50 --cfg 5 --cfg-interval 250,750 --per-class "$3" --seed "$4" --raw "$5" &&
