@@ -166,6 +166,7 @@ Figures RunOnce(const std::string& binary, int nodes, int ranks_per_node, int se
                       {"gpus", 0},
                       {"cores", ranks_per_node},
                       {"memory_bytes", int64_t{1} << 36},
+                      {"memory_limit", ""},
                       {"gpu_name", ""},
                       {"gpu_memory_bytes", 0},
                       {"pid", n}},

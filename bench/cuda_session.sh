@@ -16,7 +16,7 @@
 # minutes a call, and OUT/steps.txt says how long each took and how it ended (124: out of time;
 # 9: a sanitizer found errors).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 bin=$1
 out=$2
 mkdir -p "$out"

@@ -95,7 +95,7 @@ difftrain_fuzz_target(job_spec_fuzz
   model/cpu/layernorm.cc model/cpu/linear.cc model/cpu/modulate.cc
   model/parallel/mappings.cc model/diffusion/gaussian_diffusion.cc model/optim/adamw.cc
   model/train/planner.cc model/train/planner_unet.cc model/train/gpu_step.cc model/device.cc
-  model/tensor/tensor_table.cc
+  model/tensor/tensor_table.cc model/tensor/host_memory.cc
   model/unet/family.cc model/unet/config.cc model/unet/plan.cc model/unet/unet.cc
   model/unet/layers.cc model/unet/resnet.cc model/unet/transformer.cc model/cpu/conv2d.cc
   model/cpu/groupnorm.cc model/cpu/affine.cc model/cpu/upsample.cc)

@@ -46,6 +46,7 @@ const std::vector<Field>* SchemaOf(MessageType type) {
       {"gpus", Field::kInt, 0, kMaxRanksPerNode},
       {"cores", Field::kInt, 1, 1 << 20},
       {"memory_bytes", Field::kInt, 0, kMaxInt64},
+      {"memory_limit", Field::kString, 0, 4096},
       {"pid", Field::kInt, 0, kMaxInt},
       {"gpu_name", Field::kString, 0, kMaxNameBytes},
       {"gpu_memory_bytes", Field::kInt, 0, kMaxInt64},

@@ -250,6 +250,7 @@ void Controller::OnRegister(const std::string& peer, const Message& m) {
   node.gpus = m.header["gpus"].get<int>();
   node.cores = m.header["cores"].get<int>();
   node.memory_bytes = m.header["memory_bytes"].get<int64_t>();
+  node.memory_limit = m.header["memory_limit"].get<std::string>();
   node.gpu_name = m.header["gpu_name"].get<std::string>();
   node.gpu_memory_bytes = m.header["gpu_memory_bytes"].get<int64_t>();
   node.last_seen = Clock::now();
@@ -257,10 +258,10 @@ void Controller::OnRegister(const std::string& peer, const Message& m) {
     node.slot = -1;
     node.stopped = true;  // a new daemon runs no ranks
     spdlog::info(
-        "controller: node {} registered ({} devices, {} GPUs, {} cores, {:.1f} GiB); {} of {} "
+        "controller: node {} registered ({} devices, {} GPUs, {} cores, {:.1f} GiB{}); {} of {} "
         "nodes",
-        name, node.devices, node.gpus, node.cores, node.memory_bytes / 1073741824.0, nodes_.size(),
-        plan_.nodes);
+        name, node.devices, node.gpus, node.cores, node.memory_bytes / 1073741824.0,
+        node.memory_limit.empty() ? "" : ": a cgroup's memory limit", nodes_.size(), plan_.nodes);
     if (node.gpus > 0 && node.gpus < plan_.devices_per_node) {
       spdlog::warn("controller: node {} has {} GPUs for {} ranks per node", name, node.gpus,
                    plan_.devices_per_node);
@@ -384,6 +385,17 @@ void Controller::Launch() {
                               live.begin() + std::min<size_t>(live.size(), plan_.nodes));
     if (Status s = ResolveForWorkers(placed); !s.ok()) {
       Finish(JobState::kFailed, s.WithContext("the worker daemons' devices").message());
+      return;
+    }
+  }
+  // Ranks whose arenas cannot fit their node's memory would fail (or be OOM-killed) on every
+  // attempt: the job fails here, before any starts, naming the node.
+  for (size_t i = 0; i < live.size() && i < static_cast<size_t>(plan_.nodes); ++i) {
+    const Node& n = *live[i];
+    if (Status s = CheckNodeHostMemory(o_.config, plan_, static_cast<int>(i), n.name,
+                                       n.memory_bytes, n.memory_limit);
+        !s.ok()) {
+      Finish(JobState::kFailed, s.message());
       return;
     }
   }

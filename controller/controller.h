@@ -115,8 +115,9 @@ class Controller {
     std::string name;
     std::string peer;  // ROUTER routing id of its connection
     int devices = 0, gpus = 0, cores = 0;
-    int64_t memory_bytes = 0;
-    std::string gpu_name;  // the first GPU's
+    int64_t memory_bytes = 0;  // host memory its ranks may use (the machine's, or a limit's)
+    std::string memory_limit;  // the cgroup whose limit memory_bytes is; "": the machine's
+    std::string gpu_name;      // the first GPU's
     int64_t gpu_memory_bytes = 0;
     Clock::time_point last_seen;
     Clock::time_point last_ack;   // the last heartbeat-ack sent to it

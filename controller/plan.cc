@@ -1,8 +1,11 @@
 #include "controller/plan.h"
 
+#include <algorithm>
+
 #include <fmt/ranges.h>
 
 #include "model/family/family.h"
+#include "model/train/trainer.h"
 
 namespace difftrain::controller {
 
@@ -67,6 +70,39 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
   p.activation_bytes_per_rank = static_cast<int64_t>(family.ActivationBytes(
       config.model, layout, /*stage=*/0, config.micro_batch, 1, config.recompute));
   return p;
+}
+
+Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int slot,
+                           const std::string& node, int64_t memory_bytes,
+                           const std::string& limit) {
+  if (config.device != "cpu" || memory_bytes <= 0) return Status::Ok();
+  const ParallelConfig& pc = config.parallel;
+  DT_ASSIGN_OR_RETURN(const Topology topology, Topology::Create(plan.tp, plan.cp, plan.dp, plan.pp));
+  const LayoutShape layout{plan.tp, plan.cp, plan.pp, pc.stage_blocks};
+  const auto bucket = static_cast<size_t>(pc.bucket_mb * (1 << 20) / sizeof(float));
+  const std::vector<int>& ranks = plan.node_ranks.at(slot);
+  double need = 0, largest = 0;
+  for (int rank : ranks) {
+    DT_ASSIGN_OR_RETURN(
+        const MemoryBytes m,
+        PlanMemory(config.model, layout, topology.CoordinatesOf(rank).pp, config.micro_batch,
+                   plan.accumulation, pc.zero1, plan.dp * plan.cp, bucket, config.recompute));
+    const double bytes = double(m.parameters + m.gradients + m.optimizer + m.ema + m.activations);
+    need += bytes;
+    largest = std::max(largest, bytes);
+  }
+  if (need <= double(memory_bytes)) return Status::Ok();
+  constexpr double kGiB = double(1ull << 30);
+  return Errorf(
+      "node {} cannot hold its {} rank(s) {}..{}: their parameters, gradients, optimizer state, "
+      "EMA and activations need {:.2f} GiB of host memory (up to {:.2f} GiB a rank at "
+      "batch.micro {}), more than the node's {:.2f} GiB{}; lower batch.micro, set "
+      "train.recompute: true, split the model over more ranks (tp, cp, pp) or give each node "
+      "more memory (`difftrain plan --device cpu --memory-gib` predicts a rank's memory)",
+      node, ranks.size(), ranks.front(), ranks.back(), need / kGiB, largest / kGiB,
+      config.micro_batch, double(memory_bytes) / kGiB,
+      limit.empty() ? std::string()
+                    : fmt::format(" (the memory limit of its worker daemon's cgroup {})", limit));
 }
 
 nlohmann::json JobPlan::ToJson(const Topology& topology) const {

@@ -37,6 +37,15 @@ struct JobPlan {
 // already applied) and makes the plan. Errors name the field and its place in the file.
 Result<JobPlan> MakePlan(const TrainConfig& config);
 
+// Whether node `slot` of the plan holds its ranks' host arenas (PlanMemory: what each rank's
+// Trainer allocates) in `memory_bytes`, what its worker daemon reported (the machine's memory,
+// or its cgroup's limit: `limit` names that cgroup, "" where there is none). A job on GPUs
+// keeps no activations on the host: no check. The error names the node, its ranks, what they
+// need and what to change.
+Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int slot,
+                           const std::string& node, int64_t memory_bytes,
+                           const std::string& limit);
+
 // The plan as `difftrain validate` prints it.
 std::string DescribePlan(const TrainConfig& config, const JobPlan& plan);
 

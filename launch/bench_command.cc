@@ -23,6 +23,7 @@
 #include "launch/command.h"
 #include "launch/daemon_options.h"
 #include "launch/model_options.h"
+#include "model/tensor/host_memory.h"
 #include "model/train/planner.h"
 #include "model/train/trainer.h"
 
@@ -139,9 +140,10 @@ Run MakeRun(const BenchOptions& o, const ModelSpec& model, const Layout& layout,
   c.global_batch = layout.micro_batch * layout.dp;
   c.flops_per_sample = FamilyOf(model).Cost(model).training_flops_per_sample();
   c.planned_memory_bytes = PlannedMemoryBytes(o, model, layout);
-  // Every rank runs on this machine: each gets the limit, or its share of what is available.
-  c.memory_budget_bytes =
-      o.memory_limit_gib ? *o.memory_limit_gib * (1 << 30) : MemInfoBytes("MemAvailable") / world;
+  // Every rank runs on this machine: each gets the limit, or its share of what is available
+  // (to this process: its cgroup's limit counts).
+  c.memory_budget_bytes = o.memory_limit_gib ? *o.memory_limit_gib * (1 << 30)
+                                             : double(ReadHostMemory().headroom()) / world;
   r.argv = world == 1
                ? std::vector<std::string>{SelfBinary(), "train",       "--config",
                                           job.string(), "--log-level", "warn"}

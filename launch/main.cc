@@ -2,9 +2,12 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <new>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "launch/command.h"
+#include "model/tensor/host_memory.h"
 
 namespace difftrain::launch {
 namespace {
@@ -40,7 +43,17 @@ int main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitBadInput;
   }
   for (auto& [sub, run] : runners) {
-    if (sub->parsed()) return run();
+    if (!sub->parsed()) continue;
+    // A command that asks for more host memory than this process may take (the machine's, or
+    // its cgroup's limit: model/tensor/host_memory.h) stops with that, not an abort. The
+    // trainer names the job's sizes itself; this is for every other command (sample, eval).
+    try {
+      return run();
+    } catch (const std::bad_alloc&) {
+      return difftrain::ReportBadInput(
+          sub->get_name(), "out of host memory: an allocation needs more than " +
+                               difftrain::ReadHostMemory().Describe());
+    }
   }
   return kExitBadInput;
 }

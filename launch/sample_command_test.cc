@@ -149,6 +149,10 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + out, "--classes is required"},
            {"--checkpoint " + Ckpt() + " --classes 0 --gif " + ShellQuote(File("x.gif")),
             "--gif is for video models"},
+           // More samples a call than the machine holds: an error, not an abort or an OOM kill.
+           {"--checkpoint " + Ckpt() + " --classes 0 --per-class 100000000 --batch 100000000 "
+            "--steps 2 --raw " + ShellQuote(File("huge.safetensors")),
+            "out of host memory: an allocation needs more than the"},
        }) {
     const CommandResult r = RunDifftrain("sample " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;

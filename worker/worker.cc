@@ -26,6 +26,7 @@
 #include "common/wire.h"
 #include "job/job_spec.h"
 #include "model/device.h"
+#include "model/tensor/host_memory.h"
 #include "worker/local_address.h"
 #include "worker/rank_metrics.h"
 
@@ -163,8 +164,12 @@ class Worker {
   int Run() {
     const Clock::time_point start = Clock::now();
     last_heard_ = start;
-    spdlog::info("worker {}: connecting to {} ({} devices: {} GPUs, {} cores)", o_.node,
-                 o_.controller, devices_, resources_.gpus, resources_.cores);
+    spdlog::info("worker {}: connecting to {} ({} devices: {} GPUs, {} cores, {:.1f} GiB{})",
+                 o_.node, o_.controller, devices_, resources_.gpus, resources_.cores,
+                 resources_.memory_bytes / 1073741824.0,
+                 resources_.memory_limit.empty()
+                     ? std::string()
+                     : " by the memory limit of cgroup " + resources_.memory_limit);
     while (!exit_code_) {
       try {
         Step(start);
@@ -542,6 +547,7 @@ class Worker {
                {"gpus", resources_.gpus},
                {"cores", resources_.cores},
                {"memory_bytes", resources_.memory_bytes},
+               {"memory_limit", resources_.memory_limit},
                {"gpu_name", resources_.gpu_name},
                {"gpu_memory_bytes", resources_.gpu_memory_bytes},
                {"pid", ::getpid()}},
@@ -606,7 +612,13 @@ NodeResources DetectResources() {
                 ? CPU_COUNT(&set)
                 : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   r.cores = std::max(1, r.cores);
-  r.memory_bytes = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  // The ranks are this daemon's children, in its cgroup: under Slurm's --mem, a pod's
+  // limits.memory or `podman run --memory`, the limit is their memory, not the machine's.
+  const HostMemory memory = ReadHostMemory();
+  r.memory_bytes = static_cast<int64_t>(memory.capacity());
+  if (memory.cgroup && memory.capacity() == memory.cgroup->limit) {
+    r.memory_limit = memory.cgroup->path;
+  }
   return r;
 }
 

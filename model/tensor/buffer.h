@@ -9,29 +9,27 @@
 #include <memory>
 #include <new>
 
-#include <unistd.h>
+#include "model/tensor/host_memory.h"
 
 namespace difftrain {
-
-// The machine's physical memory in bytes (0 where the system does not say).
-inline size_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
-}
 
 template <typename T>
 class Buffer {
  public:
+  static constexpr size_t kCheckedBytes = size_t(64) << 20;
+
   Buffer() = default;
   explicit Buffer(size_t n) : size_(n) {
     if (n == 0) return;
     size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-    // The buffer is zero-filled, so all of it is touched: one larger than the machine's
-    // memory can never be held, and where the kernel overcommits, the allocation would
-    // succeed and the process be killed while filling it. std::bad_alloc instead, which
-    // the trainer turns into an error naming the model and the micro-batch.
-    const size_t physical = PhysicalMemoryBytes();
-    if (n > (SIZE_MAX - 63) / sizeof(T) || (physical > 0 && bytes > physical)) {
+    // The buffer is zero-filled, so all of it is touched: one larger than the memory this
+    // process may still take (the machine's available memory, or what its cgroup's limit
+    // leaves) is not refused by the kernel, which overcommits, but gets the process
+    // OOM-killed while it is filled. std::bad_alloc instead, which the trainer turns into an
+    // error naming the model, the micro-batch and the limit. The limit is read only for
+    // allocations that could matter (an arena, not a small table).
+    if (n > (SIZE_MAX - 63) / sizeof(T) ||
+        (bytes >= kCheckedBytes && bytes > ReadHostMemory().headroom())) {
       throw std::bad_alloc();
     }
     void* p = std::aligned_alloc(64, bytes);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -10,6 +9,7 @@
 #include "model/device.h"
 #include "model/dit/family.h"
 #include "model/dit/shard.h"
+#include "model/tensor/host_memory.h"
 #include "model/train/planner_internal.h"
 
 namespace difftrain {
@@ -26,9 +26,10 @@ using planner::kFloat;
 constexpr double kGiB = 1 << 30;
 constexpr int kFrequencyDim = 256;  // timestep embedder input width
 
-// This machine's memory.
+// The memory this machine's ranks may use: its own, or its cgroup's limit (Slurm's --mem, a
+// pod's limits.memory).
 double HostMemoryBytes() {
-  return MemInfoBytes("MemTotal");
+  return static_cast<double>(ReadHostMemory().capacity());
 }
 
 // The dimensions the formulas below read, for one rank of `layout` and micro-batch B (of
@@ -269,20 +270,6 @@ Status CheckRequest(const PlanRequest& r) {
 }
 
 }  // namespace
-
-double MemInfoBytes(const std::string& field) {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key) {
-    if (key == field + ":") {
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
 
 Status planner::CheckCommonRequest(const PlanRequest& r) {
   if (r.nodes < 1 || r.devices_per_node < 1) {

@@ -136,8 +136,6 @@ struct PlanDevice {
   double memory_bytes = 0;  // of one GPU, or of the node's host memory
   bool operator==(const PlanDevice&) const = default;
 };
-// A field of /proc/meminfo in bytes ("MemTotal", "MemAvailable"), or 0 when unreadable.
-double MemInfoBytes(const std::string& field);
 // This machine's device: its first GPU if it has one, else its CPU.
 PlanDevice LocalPlanDevice();
 std::string DescribePlanDevice(const PlanDevice& device);

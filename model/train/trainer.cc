@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "model/diffusion/vb_loss.h"
 #include "model/optim/adamw.h"
+#include "model/tensor/host_memory.h"
 #include "model/tensor/rng.h"
 #include "model/train/gpu_step.h"
 
@@ -100,6 +101,33 @@ Status ReadModelArena(const io::SafetensorsFile& shard0, const TensorTable& glob
   return Status::Ok();
 }
 
+namespace {
+
+// What a rank's host arenas take (PlanMemory: what the constructor below allocates), for the
+// out-of-memory error: "1.23 GiB (parameters 0.01, ... activations 1.16 GiB)".
+std::string HostArenasNeeded(const TrainConfig& config, const ParallelOptions& parallel) {
+  const std::string whole = "more host memory for its parameters, gradients, optimizer state, "
+                            "EMA and activations";
+  if (config.device == "cuda") return whole;  // the host keeps no activations then
+  const Topology* t = parallel.topology ? &*parallel.topology : nullptr;
+  const int dp = t ? t->dp() : 1, cp = t ? t->cp() : 1;
+  const LayoutShape layout{t ? t->tp() : 1, cp, t ? t->pp() : 1, parallel.stage_blocks};
+  const int stage = t ? t->CoordinatesOf(parallel.rank).pp : 0;
+  const Result<MemoryBytes> m =
+      PlanMemory(config.model, layout, stage, config.micro_batch, config.AccumulationSteps(dp),
+                 parallel.zero1, dp * cp, parallel.bucket_elements, config.recompute);
+  if (!m.ok()) return whole;
+  constexpr double kGiB = double(1ull << 30);
+  return fmt::format(
+      "{:.2f} GiB of host memory (parameters {:.2f}, gradients {:.2f}, AdamW moments {:.2f}, "
+      "EMA {:.2f}, activations {:.2f} GiB)",
+      double(m->parameters + m->gradients + m->optimizer + m->ema + m->activations) / kGiB,
+      m->parameters / kGiB, m->gradients / kGiB, m->optimizer / kGiB, m->ema / kGiB,
+      m->activations / kGiB);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                  const ParallelOptions& parallel,
                                                  std::unique_ptr<GpuStep> gpu) {
@@ -144,19 +172,19 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
   }
-  // Arenas larger than the machine's memory are an error that names the job's sizes, not an
-  // uncaught std::bad_alloc (model/tensor/buffer.h).
+  // Arenas larger than the memory this rank may take are an error that names the job's sizes
+  // and the limit (the machine's or its cgroup's: model/tensor/host_memory.h), not an
+  // uncaught std::bad_alloc or a rank OOM-killed while it fills them.
   try {
     return std::make_unique<Trainer>(config, std::move(opened).value(), parallel, std::move(gpu));
   } catch (const std::bad_alloc&) {
     return Errorf(
         "out of host memory creating the trainer: {} with {}x{}x{}x{} samples (frames x channels "
-        "x height x width) at batch.micro {} needs more than this machine's {:.1f} GiB for its "
-        "parameters, gradients, optimizer state, EMA and activations; lower batch.micro, set "
-        "train.recompute: true, or split the model (tp, cp, pp); `difftrain plan` predicts a "
-        "rank's memory",
+        "x height x width) at batch.micro {} needs {}, more than {}; lower batch.micro, set "
+        "train.recompute: true, split the model (tp, cp, pp) or give the rank more memory; "
+        "`difftrain plan` predicts a rank's memory",
         config.model.name(), m.frames, m.channels, m.height, m.width, config.micro_batch,
-        static_cast<double>(PhysicalMemoryBytes()) / (1ull << 30));
+        HostArenasNeeded(config, parallel), ReadHostMemory().Describe());
   }
 }
 

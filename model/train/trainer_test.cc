@@ -175,6 +175,18 @@ TEST_F(TrainerTest, ActivationsLargerThanTheMachineAreAnError) {
   EXPECT_THAT(made.status().message(),
               ::testing::HasSubstr("out of host memory creating the trainer"));
   EXPECT_THAT(made.status().message(), ::testing::HasSubstr(fmt::format("batch.micro {}", micro)));
+  // What the arenas would take, and what this rank may take.
+  Result<MemoryBytes> plan =
+      PlanMemory(c.model, {}, 0, c.micro_batch, 1, false, 1, size_t{1} << 20, false);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  const size_t total =
+      plan->parameters + plan->gradients + plan->optimizer + plan->ema + plan->activations;
+  EXPECT_THAT(made.status().message(),
+              ::testing::HasSubstr(fmt::format("needs {:.2f} GiB of host memory (parameters",
+                                               double(total) / (1ull << 30))));
+  EXPECT_THAT(made.status().message(),
+              ::testing::ContainsRegex("more than the [0-9.]+ GiB (available of this machine's|"
+                                       "left of the [0-9.]+ GiB memory limit of this process)"));
 }
 
 TEST_F(TrainerTest, RestoringAnotherModelNamesTheDifference) {

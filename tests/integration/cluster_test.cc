@@ -256,6 +256,7 @@ std::string RegisterFrame(const std::string& node, int gpus = 0) {
                         {"gpus", gpus},
                         {"cores", 2},
                         {"memory_bytes", 1 << 30},
+                        {"memory_limit", ""},
                         {"gpu_name", gpus > 0 ? "NVIDIA H200" : ""},
                         {"gpu_memory_bytes", gpus > 0 ? int64_t{141} << 30 : 0},
                         {"pid", 1}},

@@ -289,6 +289,24 @@ TEST_F(ContainerImageTest, CpuImageBuildsAndTrainsAsItsUser) {
   }
   EXPECT_THAT(written, ::testing::Contains(::testing::MatchesRegex("step-0*6"))) << run.output;
   EXPECT_THAT(written, ::testing::Contains(::testing::MatchesRegex("step-0*3"))) << run.output;
+
+  // Under the container's memory limit (a pod's limits.memory, `podman run --memory`), a job
+  // whose arenas need more (1.2 GiB of activations at micro 128) stops with an error naming
+  // the limit, not an OOM kill (exit 137). The container's cgroup is its mount's root
+  // (model/tensor/host_memory.h).
+  std::ofstream(dir / "big.yaml")
+      << "model: {name: custom, input_size: 32, in_channels: 4, patch_size: 2, hidden_size: "
+         "128, depth: 2, num_heads: 4, num_classes: 10}\n"
+      << "batch: {micro: 128, global: 128}\n"
+      << "train: {steps: 1}\n"
+      << "checkpoint: {dir: /job/big-ckpt}\n";
+  const testing::CommandResult limited =
+      Run("--memory 512m --memory-swap 512m -v " + ShellQuote(dir.string() + ":/job"),
+          "difftrain train --config /job/big.yaml");
+  EXPECT_EQ(limited.exit_code, 2) << limited.output;
+  EXPECT_THAT(limited.output, HasSubstr("out of host memory creating the trainer"));
+  EXPECT_THAT(limited.output,
+              HasSubstr("GiB left of the 0.50 GiB memory limit of this process's cgroup"));
   if (!HasFailure()) fs::remove_all(dir);
 }
 

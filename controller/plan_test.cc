@@ -1,0 +1,86 @@
+// CheckNodeHostMemory: the controller's check, before launching, that a node's memory (or its
+// worker daemon's cgroup limit) holds its ranks' arenas.
+#include "controller/plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "model/train/trainer.h"
+
+namespace difftrain::controller {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A small DiT, two ranks a node over `nodes` nodes, split as `parallel`.
+TrainConfig Config(const std::string& parallel, int nodes = 1, const std::string& device = "cpu") {
+  const std::string yaml =
+      "model: {name: custom, input_size: 16, patch_size: 2, hidden_size: 64, depth: 4, "
+      "num_heads: 4, num_classes: 10}\n"
+      "batch: {micro: 8, global: 32}\n"
+      "parallel: " + parallel + "\n"
+      "train: {device: " + device + "}\n"
+      "cluster: {nodes: " + std::to_string(nodes) + ", devices_per_node: 2}\n";
+  Result<TrainConfig> c = TrainConfig::FromYamlText(yaml, "test.yaml");
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return *c;
+}
+
+// What ranks `first` and `first` + 1 allocate (PlanMemory, the trainer's own arenas).
+int64_t TwoRanks(const TrainConfig& c, const JobPlan& p, int stage0, int stage1) {
+  int64_t sum = 0;
+  for (int stage : {stage0, stage1}) {
+    Result<MemoryBytes> m = PlanMemory(c.model, {p.tp, p.cp, p.pp, {}}, stage, c.micro_batch,
+                                       p.accumulation, c.parallel.zero1, p.dp * p.cp,
+                                       size_t(c.parallel.bucket_mb * (1 << 20) / 4), c.recompute);
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    sum += int64_t(m->parameters + m->gradients + m->optimizer + m->ema + m->activations);
+  }
+  return sum;
+}
+
+TEST(CheckNodeHostMemoryTest, ANodeHoldingItsRanksPasses) {
+  const TrainConfig c = Config("{dp: 2}");
+  const JobPlan p = *MakePlan(c);
+  const int64_t need = TwoRanks(c, p, 0, 0);
+  EXPECT_TRUE(CheckNodeHostMemory(c, p, 0, "n0", need, "").ok());
+  EXPECT_TRUE(CheckNodeHostMemory(c, p, 0, "n0", 0, "").ok()) << "unknown memory: no check";
+}
+
+TEST(CheckNodeHostMemoryTest, ANodeShortOfItsRanksArenasNamesNodeRanksAndLimit) {
+  const TrainConfig c = Config("{}", 2);  // dp 4
+  const Result<JobPlan> made = MakePlan(c);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  const JobPlan& p = *made;
+  const int64_t need = TwoRanks(c, p, 0, 0);
+  const Status s = CheckNodeHostMemory(c, p, 1, "gpu-node-7", need - 1, "/slurm/uid_0/job_9");
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("node gpu-node-7 cannot hold its 2 rank(s) 2..3"));
+  EXPECT_THAT(s.message(),
+              HasSubstr(fmt::format("need {:.2f} GiB of host memory", need / double(1 << 30))));
+  EXPECT_THAT(s.message(), HasSubstr("at batch.micro 8"));
+  EXPECT_THAT(s.message(), HasSubstr("the memory limit of its worker daemon's cgroup "
+                                     "/slurm/uid_0/job_9"));
+  const Status machine = CheckNodeHostMemory(c, p, 1, "n1", need - 1, "");
+  ASSERT_FALSE(machine.ok());
+  EXPECT_THAT(machine.message(), ::testing::Not(HasSubstr("cgroup")));
+}
+
+// Under a pipeline the stages hold different arenas; the node needs their sum.
+TEST(CheckNodeHostMemoryTest, PipelineStagesAreSummedStageByStage) {
+  const TrainConfig c = Config("{pp: 2}");
+  const JobPlan p = *MakePlan(c);
+  const int64_t need = TwoRanks(c, p, 0, 1);
+  ASSERT_NE(TwoRanks(c, p, 0, 0), need) << "the stages should differ for this to test anything";
+  EXPECT_TRUE(CheckNodeHostMemory(c, p, 0, "n0", need, "").ok());
+  EXPECT_FALSE(CheckNodeHostMemory(c, p, 0, "n0", need - 1, "").ok());
+}
+
+TEST(CheckNodeHostMemoryTest, AJobOnGpusIsNotChecked) {
+  const TrainConfig c = Config("{dp: 2}", 1, "cuda");
+  const JobPlan p = *MakePlan(c);
+  EXPECT_TRUE(CheckNodeHostMemory(c, p, 0, "n0", 1, "").ok());
+}
+
+}  // namespace
+}  // namespace difftrain::controller
