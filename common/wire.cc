@@ -61,6 +61,7 @@ const std::vector<Field>* SchemaOf(MessageType type) {
       {"rank", Field::kInt, 0, kMaxInt},
       {"exit_code", Field::kInt, 0, 255},
       {"signal", Field::kInt, 0, 128},
+      {"oom_killed", Field::kInt, 0, 1},
   };
   static const std::vector<Field> kAttempt = {{"attempt", Field::kInt, -1, kMaxInt}};
   static const std::vector<Field> kRegistered = {

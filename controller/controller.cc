@@ -329,8 +329,13 @@ void Controller::OnRankExit(Node& node, const Message& m) {
   r.exited = true;
   r.exit_code = m.header["exit_code"].get<int>();
   r.signal = m.header["signal"].get<int>();
-  const std::string how = r.signal ? fmt::format("was killed by signal {}", r.signal)
-                                   : fmt::format("exited with code {}", r.exit_code);
+  const std::string how =
+      !r.signal ? fmt::format("exited with code {}", r.exit_code)
+      : m.header["oom_killed"].get<int>() != 0
+          ? fmt::format("was killed by signal {} by the kernel's OOM killer (out of host memory "
+                        "on its node: the machine's, or its worker daemon's cgroup limit)",
+                        r.signal)
+          : fmt::format("was killed by signal {}", r.signal);
   if (state_ != JobState::kRendezvous && state_ != JobState::kRunning) return;
   const bool clean = r.signal == 0 && r.exit_code == 0;
   const bool checkpointed = r.signal == 0 && r.exit_code == kExitCheckpointed;

@@ -47,6 +47,10 @@ constexpr size_t kMaxProgressLine = 4096;
 // gone anyway (a process in uninterruptible I/O dies only when the I/O returns; it runs no
 // more of its own code).
 constexpr std::chrono::seconds kReapSeconds(10);
+// How often a daemon with ranks reads the machine's OOM-kill count (/proc/vmstat), so that a
+// rank's SIGKILL is blamed on the OOM killer only when it killed something within one to two
+// of these before the rank's death was seen.
+constexpr int kOomLookSeconds = 1;
 
 double SecondsOf(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -333,6 +337,7 @@ class Worker {
       }
       ranks_.push_back(std::move(*spawned));
     }
+    LookAtOomKills(Clock::now(), /*start=*/true);
     spdlog::info("worker {}: attempt {}: started ranks {} ({} OpenMP threads each)", o_.node,
                  attempt_, RankList(), threads);
     if (metrics_) metrics_->SetRanksRunning(static_cast<int>(ranks_.size()));
@@ -393,10 +398,27 @@ class Worker {
     stop_deadline_.reset();
   }
 
-  void ReportExit(int rank, int code, int signal) {
+  void ReportExit(int rank, int code, int signal, bool oom_killed = false) {
     Send({MessageType::kRankExit,
-          {{"attempt", attempt_}, {"rank", rank}, {"exit_code", code}, {"signal", signal}},
+          {{"attempt", attempt_},
+           {"rank", rank},
+           {"exit_code", code},
+           {"signal", signal},
+           {"oom_killed", oom_killed ? 1 : 0}},
           ""});
+  }
+
+  // The machine's OOM-kill count is looked at every kOomLookSeconds while ranks run (and when
+  // they start); a rank that died of a SIGKILL this daemon did not send, while the count rose
+  // above the look before the last (one to two looks ago), was most likely killed for memory.
+  void LookAtOomKills(Clock::time_point now, bool start) {
+    const int64_t count = OomKillCount();
+    oom_kills_before_ = start ? count : oom_kills_;
+    oom_kills_ = count;
+    oom_looked_ = now;
+  }
+  bool OomKilledLately() const {
+    return oom_kills_before_ >= 0 && OomKillCount() > oom_kills_before_;
   }
 
   void ReadProgress() {
@@ -432,6 +454,9 @@ class Worker {
 
   void ReapRanks() {
     const Clock::time_point now = Clock::now();
+    if (!ranks_.empty() && now - oom_looked_ > std::chrono::seconds(kOomLookSeconds)) {
+      LookAtOomKills(now, /*start=*/false);
+    }
     for (pid_t& pid : lingering_) {
       if (::waitpid(pid, nullptr, WNOHANG) == pid) pid = -1;
     }
@@ -455,12 +480,17 @@ class Worker {
       }
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
       const int signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      const bool oom = signal == SIGKILL && !it->killed_at && !stuck && OomKilledLately();
       spdlog::log(code == 0 && signal == 0 ? spdlog::level::info : spdlog::level::warn,
                   "worker {}: rank {} (pid {}) {}", o_.node, it->rank, it->pid,
-                  signal ? fmt::format("killed by signal {}", signal)
-                         : fmt::format("exited with code {}", code));
+                  oom ? fmt::format("killed by signal {} by the kernel's OOM killer (its count "
+                                    "rose meanwhile): out of host memory; this node's ranks may "
+                                    "use {}",
+                                    signal, ReadHostMemory().DescribeCapacity())
+                  : signal ? fmt::format("killed by signal {}", signal)
+                           : fmt::format("exited with code {}", code));
       if (it->progress_fd >= 0) ::close(it->progress_fd);
-      ReportExit(it->rank, code, signal);
+      ReportExit(it->rank, code, signal, oom);
       if (metrics_) metrics_->RankExited(it->rank);
       it = ranks_.erase(it);
       if (metrics_) metrics_->SetRanksRunning(static_cast<int>(ranks_.size()));
@@ -593,6 +623,9 @@ class Worker {
   std::vector<pid_t> lingering_;  // killed, not yet reaped
   int64_t dropped_ = 0;
   std::optional<int> exit_code_;
+  int64_t oom_kills_ = -1;         // OomKillCount() at the last look (-1: unknown)
+  int64_t oom_kills_before_ = -1;  // at the look before
+  Clock::time_point oom_looked_;
   std::unique_ptr<RankMetrics> metrics_;  // with metrics_port
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
 };

@@ -127,6 +127,19 @@ std::string HostMemory::Describe() const {
   return fmt::format("this machine's {:.2f} GiB", physical / kGiB);
 }
 
+int64_t OomKillCount(const std::string& proc) {
+  const std::optional<size_t> n = KeyedValue(fs::path(proc) / "vmstat", "oom_kill");
+  return n ? static_cast<int64_t>(*n) : -1;
+}
+
+std::string HostMemory::DescribeCapacity() const {
+  if (cgroup && capacity() == cgroup->limit) {
+    return fmt::format("the {:.2f} GiB memory limit of cgroup {} (v{})", cgroup->limit / kGiB,
+                       cgroup->path, cgroup->version);
+  }
+  return fmt::format("this machine's {:.2f} GiB", physical / kGiB);
+}
+
 HostMemory ReadHostMemory(const std::string& proc, const std::string& cgroup_root) {
   HostMemory m;
   m.physical = PhysicalMemoryBytes();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -39,7 +40,15 @@ struct HostMemory {
   // For error messages: "the 3.1 GiB left of this process's cgroup memory limit of 4.0 GiB
   // (cgroup v1 /slurm/job_7)" or "the 21.3 GiB available of this machine's 23.5 GiB".
   std::string Describe() const;
+  // What capacity() is, for messages: "the 4.00 GiB memory limit of cgroup /kubepods/pod1
+  // (v2)" or "this machine's 23.54 GiB".
+  std::string DescribeCapacity() const;
 };
+
+// How many processes the kernel's OOM killer has killed since boot, on the whole machine (its
+// own and every memory cgroup's; /proc/vmstat's oom_kill, Linux 4.13 and later), or -1 where
+// it does not say. A process that died of SIGKILL while this rose was most likely one of them.
+int64_t OomKillCount(const std::string& proc = "/proc");
 
 // Reads it now. The roots are parameters so that a test can lay out another kernel's files;
 // a file that is missing or unreadable leaves its field unknown.

@@ -59,6 +59,10 @@ TEST_F(HostMemoryTest, CgroupV2TakesTheTightestAncestorLessReclaimableFiles) {
   EXPECT_EQ(m.cgroup->in_use, 1024 * kMiB);
   EXPECT_EQ(m.headroom(), 3072 * kMiB);
   EXPECT_EQ(m.capacity(), std::min(m.physical, 4096 * kMiB));
+  if (m.physical > 4096 * kMiB) {
+    EXPECT_EQ(m.DescribeCapacity(),
+              "the 4.00 GiB memory limit of cgroup /kubepods/burstable/pod1 (v2)");
+  }
   EXPECT_EQ(m.Describe(),
             "the 3.00 GiB left of the 4.00 GiB memory limit of this process's cgroup "
             "/kubepods/burstable/pod1 (v2; 1.00 GiB of it in use)");
@@ -107,6 +111,7 @@ TEST_F(HostMemoryTest, WithoutALimitTheMachinesAvailableMemory) {
   EXPECT_FALSE(m.cgroup.has_value());
   EXPECT_EQ(m.headroom(), 3 * 1024 * kMiB);
   EXPECT_EQ(m.capacity(), m.physical);
+  EXPECT_NE(m.DescribeCapacity().find("this machine's"), std::string::npos) << m.DescribeCapacity();
   EXPECT_NE(m.Describe().find("the 3.00 GiB available of this machine's"), std::string::npos)
       << m.Describe();
 }
@@ -119,6 +124,12 @@ TEST_F(HostMemoryTest, ALimitAboveWhatTheMachineHasLeftIsNotTheBound) {
   const HostMemory m = ReadHostMemory(proc(), cgroup());
   EXPECT_EQ(m.headroom(), 1024 * kMiB);
   EXPECT_NE(m.Describe().find("available of this machine's"), std::string::npos) << m.Describe();
+}
+
+TEST_F(HostMemoryTest, OomKillCountIsVmstatsOomKill) {
+  EXPECT_EQ(OomKillCount(proc()), -1) << "no vmstat: unknown";
+  Write("proc/vmstat", "nr_free_pages 12\noom_kill_total 9\noom_kill 7\nworkingset 3\n");
+  EXPECT_EQ(OomKillCount(proc()), 7);
 }
 
 TEST_F(HostMemoryTest, UnreadableFilesLeaveTheFieldsUnknown) {

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "common/temp_dir.h"
+#include "model/tensor/host_memory.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -109,14 +110,14 @@ class MemoryLimitTest : public ::testing::Test {
 
   // A small DiT on synthetic data, one step; at micro 128 its activations are 1.2 GiB, at 16
   // 0.15 GiB (`difftrain plan --config`). Micro 0: a global batch of 128, no micro-batch.
-  std::string Job(int micro) {
+  std::string Job(int micro, int steps = 1) {
     std::ostringstream yaml;
     yaml << "model: {name: custom, input_size: 32, in_channels: 4, patch_size: 2, "
             "hidden_size: 128, depth: 2, num_heads: 4, num_classes: 10}\n"
          << "data: {kind: synthetic}\n"
          << "batch: {" << (micro > 0 ? "micro: " + std::to_string(micro) + ", " : "")
          << "global: " << (micro > 0 ? micro : 128) << "}\n"
-         << "train: {steps: 1, seed: 1, log_every: 1}\n"
+         << "train: {steps: " << steps << ", seed: 1, log_every: 1}\n"
          << "checkpoint: {dir: " << tmp_.path() << "/checkpoints-" << micro
          << ", every: 1, keep: 1}\n";
     const std::string path = tmp_.path() + "/job-" + std::to_string(micro) + ".yaml";
@@ -181,6 +182,37 @@ TEST_F(MemoryLimitTest, ParallelAutoPlansForTheLimit) {
   EXPECT_NE(r.output.find("final state SUCCEEDED"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("global batch 128 = micro "), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("global batch 128 = micro 128 x"), std::string::npos) << r.output;
+}
+
+// What the checks cannot see: a rank that fits is OOM-killed later, when a process beside it
+// in the cgroup takes the memory. The job's processes run with oom_score_adj 1000 (which any
+// process may raise), so that the OOM killer takes the largest of them, the rank, and not
+// the process that asked. The worker daemon says the SIGKILL came from the OOM killer, and
+// the controller's cause says so.
+TEST_F(MemoryLimitTest, ARankTheOomKillerKillsIsNamedSo) {
+  if (OomKillCount() < 0) GTEST_SKIP() << "this kernel's /proc/vmstat has no oom_kill count";
+  const std::string job = Job(16, 100000);
+  std::ofstream(job, std::ios::app) << "restart: {max_restarts: 0}\n";
+  const std::string log = tmp_.path() + "/run.log";
+  // The run in the background; once its rank trains, 400 MiB more in the 512 MiB cgroup.
+  const std::string script =
+      "(echo 1000 > /proc/self/oom_score_adj; timeout 60 " + std::string(DIFFTRAIN_BINARY) +
+      " run " + testing::ShellQuote(job) + " > " + log + " 2>&1; echo \"run exit $?\" >> " + log +
+      ") & " +
+      "for i in $(seq 600); do grep -q -- '-> RUNNING' " + log + " && break; sleep 0.1; done; " +
+      "python3 -c \"import time; b = b'x' * (400 << 20); time.sleep(2)\"; wait; cat " + log;
+  const testing::CommandResult r =
+      testing::RunCommand(cgroup_->Inside("sh -c " + testing::ShellQuote(script)));
+  EXPECT_NE(r.output.find("run exit 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("killed by signal 9 by the kernel's OOM killer (its count rose "
+                          "meanwhile): out of host memory; this node's ranks may use the 0.50 "
+                          "GiB memory limit of cgroup"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("rank 0 on node local-0 was killed by signal 9 by the kernel's OOM "
+                          "killer"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(MemoryLimitTest, AJobWithinTheLimitTrains) {
