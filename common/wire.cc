@@ -57,10 +57,8 @@ const std::vector<Field>* SchemaOf(MessageType type) {
       {"ranks", Field::kObjects, 0, kMaxRanksPerNode, &kRankProgress},
   };
   static const std::vector<Field> kRankExit = {
-      {"attempt", Field::kInt, 0, kMaxInt},
-      {"rank", Field::kInt, 0, kMaxInt},
-      {"exit_code", Field::kInt, 0, 255},
-      {"signal", Field::kInt, 0, 128},
+      {"attempt", Field::kInt, 0, kMaxInt}, {"rank", Field::kInt, 0, kMaxInt},
+      {"exit_code", Field::kInt, 0, 255},   {"signal", Field::kInt, 0, 128},
       {"oom_killed", Field::kInt, 0, 1},
   };
   static const std::vector<Field> kAttempt = {{"attempt", Field::kInt, -1, kMaxInt}};

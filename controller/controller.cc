@@ -332,9 +332,10 @@ void Controller::OnRankExit(Node& node, const Message& m) {
   const std::string how =
       !r.signal ? fmt::format("exited with code {}", r.exit_code)
       : m.header["oom_killed"].get<int>() != 0
-          ? fmt::format("was killed by signal {} by the kernel's OOM killer (out of host memory "
-                        "on its node: the machine's, or its worker daemon's cgroup limit)",
-                        r.signal)
+          ? fmt::format(
+                "was killed by signal {} by the kernel's OOM killer (out of host memory "
+                "on its node: the machine's, or its worker daemon's cgroup limit)",
+                r.signal)
           : fmt::format("was killed by signal {}", r.signal);
   if (state_ != JobState::kRendezvous && state_ != JobState::kRunning) return;
   const bool clean = r.signal == 0 && r.exit_code == 0;

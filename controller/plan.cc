@@ -77,7 +77,8 @@ Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int s
                            const std::string& limit) {
   if (config.device != "cpu" || memory_bytes <= 0) return Status::Ok();
   const ParallelConfig& pc = config.parallel;
-  DT_ASSIGN_OR_RETURN(const Topology topology, Topology::Create(plan.tp, plan.cp, plan.dp, plan.pp));
+  DT_ASSIGN_OR_RETURN(const Topology topology,
+                      Topology::Create(plan.tp, plan.cp, plan.dp, plan.pp));
   const LayoutShape layout{plan.tp, plan.cp, plan.pp, pc.stage_blocks};
   const auto bucket = static_cast<size_t>(pc.bucket_mb * (1 << 20) / sizeof(float));
   const std::vector<int>& ranks = plan.node_ranks.at(slot);

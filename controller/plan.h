@@ -43,8 +43,7 @@ Result<JobPlan> MakePlan(const TrainConfig& config);
 // keeps no activations on the host: no check. The error names the node, its ranks, what they
 // need and what to change.
 Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int slot,
-                           const std::string& node, int64_t memory_bytes,
-                           const std::string& limit);
+                           const std::string& node, int64_t memory_bytes, const std::string& limit);
 
 // The plan as `difftrain validate` prints it.
 std::string DescribePlan(const TrainConfig& config, const JobPlan& plan);

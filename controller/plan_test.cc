@@ -18,9 +18,14 @@ TrainConfig Config(const std::string& parallel, int nodes = 1, const std::string
       "model: {name: custom, input_size: 16, patch_size: 2, hidden_size: 64, depth: 4, "
       "num_heads: 4, num_classes: 10}\n"
       "batch: {micro: 8, global: 32}\n"
-      "parallel: " + parallel + "\n"
-      "train: {device: " + device + "}\n"
-      "cluster: {nodes: " + std::to_string(nodes) + ", devices_per_node: 2}\n";
+      "parallel: " +
+      parallel +
+      "\n"
+      "train: {device: " +
+      device +
+      "}\n"
+      "cluster: {nodes: " +
+      std::to_string(nodes) + ", devices_per_node: 2}\n";
   Result<TrainConfig> c = TrainConfig::FromYamlText(yaml, "test.yaml");
   EXPECT_TRUE(c.ok()) << c.status().message();
   return *c;

@@ -50,9 +50,9 @@ int main(int argc, char** argv) {
     try {
       return run();
     } catch (const std::bad_alloc&) {
-      return difftrain::ReportBadInput(
-          sub->get_name(), "out of host memory: an allocation needs more than " +
-                               difftrain::ReadHostMemory().Describe());
+      return difftrain::ReportBadInput(sub->get_name(),
+                                       "out of host memory: an allocation needs more than " +
+                                           difftrain::ReadHostMemory().Describe());
     }
   }
   return kExitBadInput;

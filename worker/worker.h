@@ -40,7 +40,7 @@ struct NodeResources {
   int gpus = 0;
   std::string gpu_name;          // the first GPU's, as the driver reports it
   int64_t gpu_memory_bytes = 0;  // of the first GPU
-  int cores = 1;          // those this process may run on (its CPU affinity: a cpuset)
+  int cores = 1;                 // those this process may run on (its CPU affinity: a cpuset)
   int64_t memory_bytes = 0;  // host memory its ranks may use: the machine's, or its cgroup's limit
   std::string memory_limit;  // the cgroup whose limit that is ("" where it is the machine's)
 };

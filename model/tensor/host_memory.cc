@@ -65,9 +65,8 @@ std::optional<CgroupMemory> LimitAt(const fs::path& dir, int version, const std:
   m.limit = *limit;
   const size_t usage = ParseBytes(FirstLine(dir / usage_file).value_or("")).value_or(0);
   // Inactive file pages are reclaimed before the OOM killer acts: the working set is the rest.
-  std::optional<size_t> inactive = KeyedValue(dir / "memory.stat", version == 2
-                                                                        ? "inactive_file"
-                                                                        : "total_inactive_file");
+  std::optional<size_t> inactive =
+      KeyedValue(dir / "memory.stat", version == 2 ? "inactive_file" : "total_inactive_file");
   if (!inactive && version == 1) inactive = KeyedValue(dir / "memory.stat", "inactive_file");
   m.in_use = usage - std::min(usage, inactive.value_or(0));
   return m;
@@ -77,7 +76,8 @@ std::optional<CgroupMemory> LimitAt(const fs::path& dir, int version, const std:
 std::vector<std::string> SelfAndAncestors(std::string path) {
   std::vector<std::string> out;
   if (path.empty() || path[0] != '/') path = "/" + path;
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  while (path.size() > 1 && path.back() == '/')
+    path.pop_back();
   for (;;) {
     out.push_back(path);
     if (path == "/") break;

@@ -106,8 +106,9 @@ namespace {
 // What a rank's host arenas take (PlanMemory: what the constructor below allocates), for the
 // out-of-memory error: "1.23 GiB (parameters 0.01, ... activations 1.16 GiB)".
 std::string HostArenasNeeded(const TrainConfig& config, const ParallelOptions& parallel) {
-  const std::string whole = "more host memory for its parameters, gradients, optimizer state, "
-                            "EMA and activations";
+  const std::string whole =
+      "more host memory for its parameters, gradients, optimizer state, "
+      "EMA and activations";
   if (config.device == "cuda") return whole;  // the host keeps no activations then
   const Topology* t = parallel.topology ? &*parallel.topology : nullptr;
   const int dp = t ? t->dp() : 1, cp = t ? t->cp() : 1;

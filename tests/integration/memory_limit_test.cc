@@ -16,6 +16,7 @@
 
 #include "common/temp_dir.h"
 #include "model/tensor/host_memory.h"
+#include "tests/testing/memory_job.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -55,13 +56,12 @@ class LimitedCgroup {
       }
       // No swap either, so the limit is the memory the process may touch.
       const std::string limit = std::to_string(bytes);
-      const bool set = version == 2
-                           ? made.Set("memory.max", limit) &&
-                                 (made.Set("memory.swap.max", "0") ||
-                                  !fs::exists(made.dir_ / "memory.swap.max"))
-                           : made.Set("memory.limit_in_bytes", limit) &&
-                                 (made.Set("memory.memsw.limit_in_bytes", limit) ||
-                                  !fs::exists(made.dir_ / "memory.memsw.limit_in_bytes"));
+      const bool set = version == 2 ? made.Set("memory.max", limit) &&
+                                          (made.Set("memory.swap.max", "0") ||
+                                           !fs::exists(made.dir_ / "memory.swap.max"))
+                                    : made.Set("memory.limit_in_bytes", limit) &&
+                                          (made.Set("memory.memsw.limit_in_bytes", limit) ||
+                                           !fs::exists(made.dir_ / "memory.memsw.limit_in_bytes"));
       if (!set) {
         *why = "cannot set the memory limit of " + made.dir_.string();
         return std::nullopt;
@@ -81,6 +81,8 @@ class LimitedCgroup {
   }
 
   // `command` run by a shell that first moves itself into this cgroup.
+  // Its cgroup.procs, quoted for a shell.
+  std::string procs() const { return testing::ShellQuote((dir_ / "cgroup.procs").string()); }
   std::string Inside(const std::string& command) const {
     return "echo $$ > " + testing::ShellQuote((dir_ / "cgroup.procs").string()) + " && exec " +
            command;
@@ -108,26 +110,18 @@ class MemoryLimitTest : public ::testing::Test {
     cgroup_.emplace(std::move(*made));
   }
 
-  // A small DiT on synthetic data, one step; at micro 128 its activations are 1.2 GiB, at 16
-  // 0.15 GiB (`difftrain plan --config`). Micro 0: a global batch of 128, no micro-batch.
+  // testing::MemoryJobYaml as a file; micro 0: a global batch of 128, no micro-batch.
   std::string Job(int micro, int steps = 1) {
-    std::ostringstream yaml;
-    yaml << "model: {name: custom, input_size: 32, in_channels: 4, patch_size: 2, "
-            "hidden_size: 128, depth: 2, num_heads: 4, num_classes: 10}\n"
-         << "data: {kind: synthetic}\n"
-         << "batch: {" << (micro > 0 ? "micro: " + std::to_string(micro) + ", " : "")
-         << "global: " << (micro > 0 ? micro : 128) << "}\n"
-         << "train: {steps: " << steps << ", seed: 1, log_every: 1}\n"
-         << "checkpoint: {dir: " << tmp_.path() << "/checkpoints-" << micro
-         << ", every: 1, keep: 1}\n";
     const std::string path = tmp_.path() + "/job-" + std::to_string(micro) + ".yaml";
-    std::ofstream(path) << yaml.str();
+    std::ofstream(path) << testing::MemoryJobYaml(
+        micro, micro > 0 ? micro : 128, steps,
+        tmp_.path() + "/checkpoints-" + std::to_string(micro));
     return path;
   }
   testing::CommandResult Train(int micro) {
     return testing::RunCommand(cgroup_->Inside("env OMP_NUM_THREADS=1 " +
-                                             std::string(DIFFTRAIN_BINARY) + " train --config " +
-                                             testing::ShellQuote(Job(micro))));
+                                               std::string(DIFFTRAIN_BINARY) + " train --config " +
+                                               testing::ShellQuote(Job(micro))));
   }
 
   TempDir tmp_;
@@ -177,7 +171,7 @@ TEST_F(MemoryLimitTest, ParallelAutoPlansForTheLimit) {
   }
   const testing::CommandResult r = testing::RunCommand(
       cgroup_->Inside("timeout 300 env OMP_NUM_THREADS=1 " + std::string(DIFFTRAIN_BINARY) +
-                     " run " + testing::ShellQuote(job)));
+                      " run " + testing::ShellQuote(job)));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("final state SUCCEEDED"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("global batch 128 = micro "), std::string::npos) << r.output;
@@ -185,22 +179,25 @@ TEST_F(MemoryLimitTest, ParallelAutoPlansForTheLimit) {
 }
 
 // What the checks cannot see: a rank that fits is OOM-killed later, when a process beside it
-// in the cgroup takes the memory. The job's processes run with oom_score_adj 1000 (which any
-// process may raise), so that the OOM killer takes the largest of them, the rank, and not
-// the process that asked. The worker daemon says the SIGKILL came from the OOM killer, and
-// the controller's cause says so.
+// in the cgroup takes the memory. The rank gets oom_score_adj 1000 (which may be raised
+// without privilege) so that the OOM killer takes it, not the process that asked: the largest
+// process is its own choice, which is the rank too, but a second kill, before the first
+// victim's memory is freed on a busy machine, would take the next largest. The worker daemon
+// says the SIGKILL came from the OOM killer, and the controller's cause says so.
 TEST_F(MemoryLimitTest, ARankTheOomKillerKillsIsNamedSo) {
   if (OomKillCount() < 0) GTEST_SKIP() << "this kernel's /proc/vmstat has no oom_kill count";
-  const std::string job = Job(16, 100000);
+  const std::string job = Job(32, 100000);
   std::ofstream(job, std::ios::app) << "restart: {max_restarts: 0}\n";
   const std::string log = tmp_.path() + "/run.log";
-  // The run in the background; once its rank trains, 400 MiB more in the 512 MiB cgroup.
+  // The run in the background; once its rank trains (holding about 350 MiB), 250 MiB more in
+  // the 512 MiB cgroup: enough for one kill, the rank's, to make room.
   const std::string script =
-      "(echo 1000 > /proc/self/oom_score_adj; timeout 60 " + std::string(DIFFTRAIN_BINARY) +
-      " run " + testing::ShellQuote(job) + " > " + log + " 2>&1; echo \"run exit $?\" >> " + log +
-      ") & " +
+      "(timeout 60 " + std::string(DIFFTRAIN_BINARY) + " run " + testing::ShellQuote(job) + " > " +
+      log + " 2>&1; echo \"run exit $?\" >> " + log + ") & " +
       "for i in $(seq 600); do grep -q -- '-> RUNNING' " + log + " && break; sleep 0.1; done; " +
-      "python3 -c \"import time; b = b'x' * (400 << 20); time.sleep(2)\"; wait; cat " + log;
+      "for p in $(cat " + cgroup_->procs() + "); do [ \"$(tr '\\0' '\\n' < /proc/$p/cmdline | " +
+      "sed -n 2p)\" = train ] && echo 1000 > /proc/$p/oom_score_adj; done; " +
+      "python3 -c \"import time; b = b'x' * (250 << 20); time.sleep(2)\"; wait; cat " + log;
   const testing::CommandResult r =
       testing::RunCommand(cgroup_->Inside("sh -c " + testing::ShellQuote(script)));
   EXPECT_NE(r.output.find("run exit 1"), std::string::npos) << r.output;

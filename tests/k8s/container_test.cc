@@ -19,6 +19,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/memory_job.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -294,12 +295,7 @@ TEST_F(ContainerImageTest, CpuImageBuildsAndTrainsAsItsUser) {
   // whose arenas need more (1.2 GiB of activations at micro 128) stops with an error naming
   // the limit, not an OOM kill (exit 137). The container's cgroup is its mount's root
   // (model/tensor/host_memory.h).
-  std::ofstream(dir / "big.yaml")
-      << "model: {name: custom, input_size: 32, in_channels: 4, patch_size: 2, hidden_size: "
-         "128, depth: 2, num_heads: 4, num_classes: 10}\n"
-      << "batch: {micro: 128, global: 128}\n"
-      << "train: {steps: 1}\n"
-      << "checkpoint: {dir: /job/big-ckpt}\n";
+  std::ofstream(dir / "big.yaml") << testing::MemoryJobYaml(128, 128, 1, "/job/big-ckpt");
   const testing::CommandResult limited =
       Run("--memory 512m --memory-swap 512m -v " + ShellQuote(dir.string() + ":/job"),
           "difftrain train --config /job/big.yaml");

@@ -5,12 +5,15 @@
 # the logs and the pid files. Ports are picked free on this machine, so it can run beside
 # other tests (and beside a system Slurm or munge, which it never touches).
 #
-#   tests/slurm/cluster.sh start DIR [--owner PID]   start; prints `export SLURM_CONF=…`
+#   tests/slurm/cluster.sh start DIR [--owner PID] [--memory]
+#                                                    start; prints `export SLURM_CONF=…`
 #   tests/slurm/cluster.sh stop DIR                  cancel its jobs, stop its daemons
 #   tests/slurm/cluster.sh run DIR -- COMMAND…       start, run COMMAND, stop (a trap)
 #
 # `--owner PID`: a watchdog stops the cluster when process PID ends, so a test that is
-# killed (a ctest timeout) leaves no daemons behind. Stop acts on exactly the daemons whose
+# killed (a ctest timeout) leaves no daemons behind. `--memory`: memory is a consumable
+# resource and task/cgroup confines each job to its `--mem` (ConstrainRAMSpace), as sites
+# that enforce memory limits run Slurm; a machine whose cgroups slurmd cannot use skips. Stop acts on exactly the daemons whose
 # pid files are in DIR, and on the slurmstepd processes that hold DIR's log files open.
 #
 # Exit codes: 0 done; 77 cannot run here (not root, or the Slurm packages are missing and
@@ -73,7 +76,7 @@ nodes_idle() {
 }
 
 start() {
-  local dir=$1 owner=${2:-}
+  local dir=$1 owner=${2:-} memory=${3:-}
   [[ $(id -u) -eq 0 ]] || skip "needs root: munged, slurmctld and slurmd run as root (SlurmUser=root) to start jobs"
   if ! have_slurm; then
     echo "cluster.sh: Slurm or munge missing; running scripts/install-deps.sh" >&2
@@ -100,8 +103,13 @@ start() {
     --seed-file="$dir/munge/munged.seed" 2>>"$dir/log/munged.log" ||
     fail "munged did not start: $(tail -n 5 "$dir/log/munged.log")"
 
-  local ports host cpus
+  local ports host cpus task=task/none select=CR_Core
   read -r -a ports <<<"$(free_ports)"
+  if [[ -n $memory ]]; then
+    task=task/cgroup
+    select=CR_Core_Memory
+    printf 'ConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n' >"$dir/cgroup.conf"
+  fi
   host=$(hostname)
   # Two CPUs per emulated node (what a 2-core CI machine has); config_overrides keeps slurmd
   # from draining a node whose hardware differs from these numbers.
@@ -125,13 +133,13 @@ SlurmdLogFile=$dir/log/slurmd-%n.log
 SlurmctldPort=${ports[0]}
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=$task
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$dir/log/jobcomp.log
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=$select
 MpiDefault=none
 ReturnToService=2
 KillWait=10
@@ -148,7 +156,11 @@ EOF
   export SLURM_CONF="$dir/slurm.conf"
   slurmctld -i || fail "slurmctld did not start: $(tail -n 5 "$dir/log/slurmctld.log")"
   for n in n1 n2; do
-    slurmd -N "$n" || fail "slurmd -N $n did not start: $(tail -n 5 "$dir/log/slurmd-$n.log")"
+    if ! slurmd -N "$n"; then
+      [[ -n $memory ]] &&
+        skip "slurmd with task/cgroup does not start on this machine: $(tail -n 3 "$dir/log/slurmd-$n.log" | tr '\n' ' ')"
+      fail "slurmd -N $n did not start: $(tail -n 5 "$dir/log/slurmd-$n.log")"
+    fi
   done
   if [[ -n $owner ]]; then
     # The watchdog: stops the cluster when the owner ends without stopping it.
@@ -226,10 +238,17 @@ watch() {
 
 case "${1:-}" in
   start)
-    [[ $# -ge 2 ]] || fail "usage: cluster.sh start DIR [--owner PID]"
-    owner=""
-    [[ ${3:-} == --owner ]] && owner=${4:?--owner needs a pid}
-    start "$2" "$owner"
+    [[ $# -ge 2 ]] || fail "usage: cluster.sh start DIR [--owner PID] [--memory]"
+    dir=$2 owner="" memory=""
+    shift 2
+    while [[ $# -gt 0 ]]; do
+      case $1 in
+        --owner) owner=${2:?--owner needs a pid} && shift 2 ;;
+        --memory) memory=1 && shift ;;
+        *) fail "unknown option $1" ;;
+      esac
+    done
+    start "$dir" "$owner" "$memory"
     ;;
   stop)
     [[ $# -eq 2 ]] || fail "usage: cluster.sh stop DIR"
@@ -246,5 +265,5 @@ case "${1:-}" in
     export SLURM_CONF
     "$@"
     ;;
-  *) fail "usage: cluster.sh start DIR [--owner PID] | stop DIR | run DIR -- COMMAND..." ;;
+  *) fail "usage: cluster.sh start DIR [--owner PID] [--memory] | stop DIR | run DIR -- COMMAND..." ;;
 esac

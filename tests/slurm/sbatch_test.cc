@@ -29,6 +29,7 @@
 #include "model/io/checkpoint.h"
 #include "tests/testing/checkpoint_tensors.h"
 #include "tests/testing/http.h"
+#include "tests/testing/memory_job.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -101,10 +102,10 @@ class SbatchTest : public ::testing::Test {
     fs::create_directories(root_);
     // -o: the daemons the script starts must not inherit the lock (a munged left behind by a
     // killed test would hold it for ever); -w: no wait without a deadline.
-    const CommandResult started = RunCommand("flock -o -w 300 " + std::string(kPortLock) + " " +
-                                             ShellQuote(kCluster.string()) + " start " +
-                                             ShellQuote((root_ / "cluster").string()) +
-                                             " --owner " + std::to_string(::getpid()));
+    const CommandResult started = RunCommand(
+        "flock -o -w 300 " + std::string(kPortLock) + " " + ShellQuote(kCluster.string()) +
+        " start " + ShellQuote((root_ / "cluster").string()) + " --owner " +
+        std::to_string(::getpid()) + cluster_options_);
     if (started.exit_code == 77) GTEST_SKIP() << started.output;
     ASSERT_EQ(started.exit_code, 0) << started.output;
     cluster_started_ = true;
@@ -294,6 +295,7 @@ class SbatchTest : public ::testing::Test {
   }
 
   fs::path root_;
+  std::string cluster_options_;  // more options of `cluster.sh start`
   bool cluster_started_ = false;
   int controller_metrics_port_ = 0, worker_metrics_port_ = 0;
 };
@@ -505,6 +507,34 @@ TEST_F(SbatchTest, WarnedJobCheckpointsAndItsResubmissionMatchesAnUninterruptedR
   int64_t final_step = 0;
   testing::ExpectIdenticalTensors(FinalState(job, &final_step), reference);
   EXPECT_EQ(final_step, spec.steps);
+}
+
+// A cluster that enforces memory as sites do (cluster.sh --memory: task/cgroup,
+// ConstrainRAMSpace, memory a consumable resource): a job's `--mem` is a cgroup limit.
+class SbatchMemoryTest : public SbatchTest {
+ protected:
+  SbatchMemoryTest() { cluster_options_ = " --memory"; }
+};
+
+// `sbatch --mem=512M` of a job whose ranks need 1.2 GiB each: the worker daemons report the
+// job's cgroup limit as their nodes' memory, and the controller fails the job before any rank
+// starts, naming the node and the limit, instead of ranks OOM-killed attempt after attempt.
+TEST_F(SbatchMemoryTest, AJobBeyondItsMemFailsBeforeLaunchNamingTheLimit) {
+  const fs::path dir = root_ / "big";
+  fs::create_directories(dir);
+  std::ofstream(dir / "big.yaml") << testing::MemoryJobYaml(128, 256, 10, (dir / "ckpt").string());
+  const std::string id = Submit(dir / "big.yaml", "--mem=512M");
+  const auto end = WaitForEnd(id);
+  const std::string output = Output(id);
+  EXPECT_EQ(end.at("JobState"), "FAILED") << output;
+  EXPECT_THAT(output, HasSubstr("0.5 GiB by the memory limit of cgroup /slurm")) << output;
+  EXPECT_THAT(output, ::testing::ContainsRegex(
+                          "node n[12] cannot hold its 1 rank\\(s\\) [01]\\.\\.[01]: .* need 1\\.17 "
+                          "GiB of host memory .* more than the node's 0\\.50 GiB \\(the memory "
+                          "limit of its worker daemon's cgroup /slurm"))
+      << output;
+  EXPECT_THAT(output, HasSubstr("final state FAILED, restarts 0")) << output;
+  EXPECT_THAT(output, Not(HasSubstr("started ranks"))) << output;
 }
 
 TEST_F(SbatchTest, RequeueableJobRequeuesItselfOnTheWarningAndResumes) {
