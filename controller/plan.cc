@@ -80,15 +80,14 @@ Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int s
   DT_ASSIGN_OR_RETURN(const Topology topology,
                       Topology::Create(plan.tp, plan.cp, plan.dp, plan.pp));
   const LayoutShape layout{plan.tp, plan.cp, plan.pp, pc.stage_blocks};
-  const auto bucket = static_cast<size_t>(pc.bucket_mb * (1 << 20) / sizeof(float));
   const std::vector<int>& ranks = plan.node_ranks.at(slot);
   double need = 0, largest = 0;
   for (int rank : ranks) {
-    DT_ASSIGN_OR_RETURN(
-        const MemoryBytes m,
-        PlanMemory(config.model, layout, topology.CoordinatesOf(rank).pp, config.micro_batch,
-                   plan.accumulation, pc.zero1, plan.dp * plan.cp, bucket, config.recompute));
-    const double bytes = double(m.parameters + m.gradients + m.optimizer + m.ema + m.activations);
+    DT_ASSIGN_OR_RETURN(const MemoryBytes m,
+                        PlanMemory(config.model, layout, topology.CoordinatesOf(rank).pp,
+                                   config.micro_batch, plan.accumulation, pc.zero1,
+                                   plan.dp * plan.cp, pc.bucket_elements(), config.recompute));
+    const double bytes = double(m.total());
     need += bytes;
     largest = std::max(largest, bytes);
   }

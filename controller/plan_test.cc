@@ -35,11 +35,11 @@ TrainConfig Config(const std::string& parallel, int nodes = 1, const std::string
 int64_t TwoRanks(const TrainConfig& c, const JobPlan& p, int stage0, int stage1) {
   int64_t sum = 0;
   for (int stage : {stage0, stage1}) {
-    Result<MemoryBytes> m = PlanMemory(c.model, {p.tp, p.cp, p.pp, {}}, stage, c.micro_batch,
-                                       p.accumulation, c.parallel.zero1, p.dp * p.cp,
-                                       size_t(c.parallel.bucket_mb * (1 << 20) / 4), c.recompute);
+    Result<MemoryBytes> m =
+        PlanMemory(c.model, {p.tp, p.cp, p.pp, {}}, stage, c.micro_batch, p.accumulation,
+                   c.parallel.zero1, p.dp * p.cp, c.parallel.bucket_elements(), c.recompute);
     EXPECT_TRUE(m.ok()) << m.status().message();
-    sum += int64_t(m->parameters + m->gradients + m->optimizer + m->ema + m->activations);
+    sum += int64_t(m->total());
   }
   return sum;
 }

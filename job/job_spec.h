@@ -55,6 +55,11 @@ struct ParallelConfig {
   // `parallel: auto`: tp, cp, pp, dp, zero1 (and train.recompute, and batch.micro when the
   // file leaves it out) are chosen by the planner (model/train/planner.h) in ResolveJob.
   bool automatic = false;
+
+  // A gradient bucket's fp32 elements.
+  size_t bucket_elements() const {
+    return static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float));
+  }
 };
 
 struct TrainConfig {

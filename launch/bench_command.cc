@@ -95,12 +95,11 @@ struct Run {
 double PlannedMemoryBytes(const BenchOptions& o, const ModelSpec& model, const Layout& l) {
   double most = 0;
   for (int stage = 0; stage < l.pp; ++stage) {
-    Result<MemoryBytes> m = PlanMemory(
-        model, {l.tp, l.cp, l.pp, {}}, stage, l.micro_batch, 1, o.zero1, l.dp * l.cp,
-        static_cast<size_t>(ParallelConfig().bucket_mb * (1 << 20) / sizeof(float)), o.recompute);
+    Result<MemoryBytes> m =
+        PlanMemory(model, {l.tp, l.cp, l.pp, {}}, stage, l.micro_batch, 1, o.zero1, l.dp * l.cp,
+                   ParallelConfig().bucket_elements(), o.recompute);
     if (!m.ok()) return 0;
-    most = std::max(most, static_cast<double>(m->parameters + m->gradients + m->optimizer + m->ema +
-                                              m->activations));
+    most = std::max(most, static_cast<double>(m->total()));
   }
   return most;
 }

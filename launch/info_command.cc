@@ -46,7 +46,7 @@ Result<nlohmann::json> DescribeRanks(const ModelSpec& spec, const InfoOptions& o
                       {"optimizer", m.optimizer},
                       {"ema", m.ema},
                       {"activations", m.activations},
-                      {"total", m.parameters + m.gradients + m.optimizer + m.ema + m.activations}});
+                      {"total", m.total()}});
   }
   return nlohmann::json{{"tp", o.tp},
                         {"cp", o.cp},

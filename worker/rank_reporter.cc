@@ -62,7 +62,7 @@ Result<std::unique_ptr<RankReporter>> RankReporter::Open(const TrainConfig& conf
   const GpuStep* gpu = trainer.gpu();
   place.device = gpu ? fmt::format("cuda:{}", gpu->device()) : "cpu";
   const MemoryBytes m = trainer.memory();
-  const size_t arenas = m.parameters + m.gradients + m.optimizer + m.ema + m.activations;
+  const size_t arenas = m.total();
   place.device_memory_allocated_bytes = place.device_memory_reserved_bytes =
       static_cast<int64_t>(arenas);
   place.memory_bytes = {{"parameters", m.parameters},

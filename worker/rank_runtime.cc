@@ -97,7 +97,7 @@ Result<Placement> Place(const RankOptions& o, const TrainConfig& config, GpuStep
   p.parallel.stage_blocks = pc.stage_blocks;
   p.parallel.zero1 = pc.zero1;
   p.parallel.overlap = pc.overlap;
-  p.parallel.bucket_elements = static_cast<size_t>(pc.bucket_mb * (1 << 20) / sizeof(float));
+  p.parallel.bucket_elements = pc.bucket_elements();
   // One process without a store trains alone; with a store it forms a group of one, which
   // runs the same synchronisation code as a larger group.
   if (pc.backend == "mpi" && o.mpi == nullptr) {

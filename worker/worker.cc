@@ -649,9 +649,7 @@ NodeResources DetectResources() {
   // limits.memory or `podman run --memory`, the limit is their memory, not the machine's.
   const HostMemory memory = ReadHostMemory();
   r.memory_bytes = static_cast<int64_t>(memory.capacity());
-  if (memory.cgroup && memory.capacity() == memory.cgroup->limit) {
-    r.memory_limit = memory.cgroup->path;
-  }
+  if (memory.LimitedByCgroup()) r.memory_limit = memory.cgroup->path;
   return r;
 }
 

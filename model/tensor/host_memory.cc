@@ -133,7 +133,7 @@ int64_t OomKillCount(const std::string& proc) {
 }
 
 std::string HostMemory::DescribeCapacity() const {
-  if (cgroup && capacity() == cgroup->limit) {
+  if (LimitedByCgroup()) {
     return fmt::format("the {:.2f} GiB memory limit of cgroup {} (v{})", cgroup->limit / kGiB,
                        cgroup->path, cgroup->version);
   }

@@ -34,6 +34,8 @@ struct HostMemory {
   // The memory this process and its children may hold at most: the machine's, or its cgroup's
   // limit where that is less (0 where unknown).
   size_t capacity() const;
+  // Whether capacity() is the cgroup's limit, not the machine's memory.
+  bool LimitedByCgroup() const { return cgroup && capacity() == cgroup->limit; }
   // The bytes one more allocation may take: the least of what the machine has available and
   // what the cgroup's limit leaves (SIZE_MAX where nothing is known).
   size_t headroom() const;

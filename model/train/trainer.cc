@@ -122,9 +122,8 @@ std::string HostArenasNeeded(const TrainConfig& config, const ParallelOptions& p
   return fmt::format(
       "{:.2f} GiB of host memory (parameters {:.2f}, gradients {:.2f}, AdamW moments {:.2f}, "
       "EMA {:.2f}, activations {:.2f} GiB)",
-      double(m->parameters + m->gradients + m->optimizer + m->ema + m->activations) / kGiB,
-      m->parameters / kGiB, m->gradients / kGiB, m->optimizer / kGiB, m->ema / kGiB,
-      m->activations / kGiB);
+      double(m->total()) / kGiB, m->parameters / kGiB, m->gradients / kGiB, m->optimizer / kGiB,
+      m->ema / kGiB, m->activations / kGiB);
 }
 
 }  // namespace

@@ -60,6 +60,7 @@ struct MemoryBytes {
   size_t optimizer = 0;  // the AdamW moments this rank owns
   size_t ema = 0;
   size_t activations = 0;  // every activation slot and the backward scratch
+  size_t total() const { return parameters + gradients + optimizer + ema + activations; }
 };
 
 // The arenas a rank of pipeline stage `stage` (tp and cp rank 0) of `layout` allocates:

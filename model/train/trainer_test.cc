@@ -179,8 +179,7 @@ TEST_F(TrainerTest, ActivationsLargerThanTheMachineAreAnError) {
   Result<MemoryBytes> plan =
       PlanMemory(c.model, {}, 0, c.micro_batch, 1, false, 1, size_t{1} << 20, false);
   ASSERT_TRUE(plan.ok()) << plan.status().message();
-  const size_t total =
-      plan->parameters + plan->gradients + plan->optimizer + plan->ema + plan->activations;
+  const size_t total = plan->total();
   EXPECT_THAT(made.status().message(),
               ::testing::HasSubstr(fmt::format("needs {:.2f} GiB of host memory (parameters",
                                                double(total) / (1ull << 30))));
