@@ -3,7 +3,7 @@
 // runs the sweep beside PyTorch's).
 //
 //   bench_cuda_dit [--model DiT-XL/2] [--input-size 32] [--micro-batch 32] [--warmup 5]
-//                  [--steps 20] [--no-graph] [--peak-tflops 989] [--attention gemm]
+//                  [--steps 20] [--no-graph] [--peak-tflops 989] [--attention flash]
 //                  [--frames 16] [--num-classes N]
 //
 // A Latte model (--model Latte-L/2 --frames 16) times the same step over videos: a sample is
@@ -41,9 +41,9 @@ struct Options {
   int warmup = 5;
   int steps = 20;
   bool no_graph = false;
-  std::string attention = "gemm";  // gemm, fused or flash (cuda::AttentionKernels)
-  std::optional<int> frames;       // a Latte model's frames a video (its family's default: 16)
-  std::optional<int> num_classes;  // default: the config's own
+  std::string attention = "flash";  // flash, gemm or fused (cuda::AttentionKernels)
+  std::optional<int> frames;        // a Latte model's frames a video (its family's default: 16)
+  std::optional<int> num_classes;   // default: the config's own
   double peak_tflops = 989;
 };
 

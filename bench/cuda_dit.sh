@@ -16,7 +16,7 @@
 #      the first attention of --attention.
 #
 #   bench/cuda_dit.sh [--model DiT-XL/2] [--micro-batches 32,64,128,256] [--steps 20]
-#                     [--peak-tflops 989] [--attention gemm[,fused][,flash]] [--prebuilt DIR]
+#                     [--peak-tflops 989] [--attention flash[,gemm][,fused]] [--prebuilt DIR]
 #                     [--no-torch] [--profile] [--keep-going]
 #
 # --prebuilt DIR: DIR holds bench_cuda_dit and the GPU test programs (cuda_*_test) already built,
@@ -29,7 +29,7 @@ model=DiT-XL/2
 micro_batches=32,64,128,256
 steps=20
 peak=989
-attention=gemm
+attention=flash
 prebuilt=
 torch=1
 profile=0
@@ -148,9 +148,9 @@ EOF
 
 if [[ $profile == 1 ]]; then
   echo "== where the time goes: $model, micro-batch ${batches[0]} (ncu, every kernel of 3 steps)"
-  ncu --clock-control none --csv --metrics gpu__time_duration.sum "$bin/bench_cuda_dit" \
-    --model "$model" --micro-batch "${batches[0]}" --attention "${attentions[0]}" --warmup 1 \
-    --steps 2 >"$out/ncu.csv" 2>"$out/ncu.err" ||
+  ncu --clock-control none --csv --print-kernel-base function --metrics gpu__time_duration.sum \
+    "$bin/bench_cuda_dit" --model "$model" --micro-batch "${batches[0]}" \
+    --attention "${attentions[0]}" --warmup 1 --steps 2 >"$out/ncu.csv" 2>"$out/ncu.err" ||
     { tail -n 3 "$out/ncu.err" >&2; exit 1; }
   bench/ncu_summary.py "$out/ncu.csv"
 fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# What a session lent a GPU runs first, in one call, for issue 23's open points: the GPU tests
-# (the flash attention's among them), DiT-XL/2 timed with the batched-GEMM and the flash
-# attention beside PyTorch, compute-sanitizer on the tiny DiT step and the flash kernels,
-# Latte-L/2 over 16-frame videos with both attentions, and where the flash step's time goes.
+# What a session lent a GPU runs first, in one call, for issue 23's open points: the GPU tests,
+# DiT-XL/2 timed beside PyTorch (with each attention of ATTENTIONS; the default: flash),
+# compute-sanitizer on the tiny DiT step and the flash kernels, Latte-L/2 over 16-frame
+# videos, where the step's time goes, and why the flash kernels run at the rate they do
+# (Nsight Compute's speed-of-light, occupancy and warp-stall sections, one launch of each).
 # Every result lands in OUT (a few files, for a machine that returns only a handful).
 #
 #   bench/cuda_session.sh PREBUILT OUT
@@ -12,7 +13,7 @@
 # recorded and the next one runs. DiT-XL/2 runs at micro-batches 32 and 256 (MICRO_BATCHES),
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit (seconds; BENCH_S, SANITIZER_S each of 5 runs, LATTE_S each
-# attention, PROFILE_S: at most 585 s in all) so that the whole stays under the device's 10
+# attention, PROFILE_S, KERNELS_S: at most 585 s in all) so that the whole stays under the device's 10
 # minutes a call, and OUT/steps.txt says how long each took and how it ended (124: out of time;
 # 9: a sanitizer found errors).
 set -uo pipefail
@@ -24,7 +25,11 @@ mkdir -p "$out"
 if [[ -f $bin/bundle.tar.xz ]]; then
   tar -C "$bin" -xJf "$bin/bundle.tar.xz" && rm -f "$bin/bundle.tar.xz"
 fi
-: "${BENCH_S:=350}" "${SANITIZER_S:=25}" "${LATTE_S:=20}" "${PROFILE_S:=60}"
+: "${BENCH_S:=370}" "${SANITIZER_S:=20}" "${LATTE_S:=20}" "${PROFILE_S:=55}" "${KERNELS_S:=40}"
+# The attentions timed (bench/cuda_dit.sh --attention): the default (flash) alone, since an
+# H100 session (2026-11-27) measured it 1.13x the batched-GEMM attention and two of them ran
+# past BENCH_S with PyTorch's rows at the second micro-batch untimed.
+: "${ATTENTIONS:=flash}"
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
 
 # step NAME LIMIT COMMAND...: runs COMMAND under `timeout`, notes its time and exit status.
@@ -48,7 +53,7 @@ fi
 
 echo "== checks and timing" >"$out/bench.txt"
 step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches "$MICRO_BATCHES" \
-  --steps 20 --attention gemm,flash --keep-going >>"$out/bench.txt" 2>&1
+  --steps 20 --attention "$ATTENTIONS" --keep-going >>"$out/bench.txt" 2>&1
 cp runs/cuda-bench/results.jsonl "$out/" 2>/dev/null
 
 # The GPU's own sanitizers (issue 23 asks for all four on a tiny step): every tool on the tiny
@@ -68,21 +73,37 @@ sanitize racecheck "$bin/cuda_attention_test" 'FlashAttentionTest.MatchesTheRefe
 
 # Latte-L/2, 16 frames of 32×32 latents (4,096 tokens a video), unconditional: one JSON line
 # per attention (difftrain alone: the PyTorch reference is DiT's).
-for a in gemm flash; do
+for a in ${ATTENTIONS//,/ }; do
   step "latte $a" "$LATTE_S" "$bin/bench_cuda_dit" --model Latte-L/2 --frames 16 --num-classes 0 \
     --micro-batch 8 --warmup 3 --steps 10 --attention "$a" >>"$out/latte.jsonl" 2>&1
 done
 
 echo "== ncu: DiT-XL/2, micro-batch 32, flash attention" >"$out/profile.txt"
-step ncu "$PROFILE_S" ncu --clock-control none --csv --metrics gpu__time_duration.sum \
-  "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 --attention flash --warmup 1 --steps 1 \
-  >"$out/ncu-flash.csv" 2>>"$out/profile.txt"
-# The CSV itself comes back only where the summary could not read it (its parser has not yet
-# met a real one).
+step ncu "$PROFILE_S" ncu --clock-control none --csv --print-kernel-base function \
+  --metrics gpu__time_duration.sum "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 \
+  --attention flash --warmup 1 --steps 1 >"$out/ncu-flash.csv" 2>>"$out/profile.txt"
+# The CSV itself comes back only where the summary could not read it.
 if bench/ncu_summary.py "$out/ncu-flash.csv" >>"$out/profile.txt" 2>&1; then
   rm -f "$out/ncu-flash.csv"
 else
   gzip -9 "$out/ncu-flash.csv"
 fi
+
+# The flash kernels at DiT-XL/2's shapes (256 tokens, head dim 72, 32 × 16 heads): the first
+# launch of each, its achieved throughput against the SM's and memory's, occupancy and what
+# its warps wait on (an H100 session measured them at 100-110 TFLOP/s of mma.sync work).
+flash_kernels() {
+  local k
+  for k in FlashForwardKernel FlashDqKernel FlashDkvKernel; do
+    echo "== ncu: $k, DiT-XL/2, micro-batch 32"
+    ncu --clock-control none -k "$k" -c 1 --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+      "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 --attention flash --warmup 0 \
+      --steps 1 2>&1 | grep -v '^{'
+  done
+}
+export bin
+export -f flash_kernels  # for `timeout`, which runs programs, not functions
+step "ncu flash kernels" "$KERNELS_S" bash -c flash_kernels >>"$out/profile.txt" 2>&1
 rm -f "$out/sanitizer.log"
 ls "$out"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where a GPU step's time goes, from Nsight Compute's CSV of kernel durations.
 
-    ncu --clock-control none --csv --metrics gpu__time_duration.sum PROGRAM ... > ncu.csv
+    ncu --clock-control none --csv --print-kernel-base function \
+        --metrics gpu__time_duration.sum PROGRAM ... > ncu.csv
     bench/ncu_summary.py ncu.csv [--top 20]
 
 Prints the share of the summed kernel time by category (cuBLASLt GEMMs, attention, norms and
@@ -31,6 +32,22 @@ UNITS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3,
          "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
+def base_name(kernel):
+    """The kernel's function name alone: ncu prints it so with --print-kernel-base function,
+    and by default demangled, with its return type, namespaces (anonymous ones written
+    "(anonymous namespace)"), template arguments and parameter list."""
+    outside, depth = [], 0
+    for c in kernel:
+        if c in "(<[":
+            depth += 1
+        elif c in ")>]":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            outside.append(c)
+    words = "".join(outside).split()
+    return words[-1].split("::")[-1] if words else kernel.strip()
+
+
 def read(path):
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
@@ -47,7 +64,7 @@ def main():
     args = parser.parse_args()
     head, rows = read(args.csv)
     name_at, value_at, unit_at = (head.index(c) for c in ("Kernel Name", "Metric Value", "Metric Unit"))
-    by_name, launches = collections.Counter(), collections.Counter()
+    by_name, launches, full = collections.Counter(), collections.Counter(), {}
     for row in rows:
         if len(row) <= max(name_at, value_at, unit_at):
             continue
@@ -55,9 +72,8 @@ def main():
             ms = float(row[value_at].replace(",", "")) * UNITS[row[unit_at]]
         except (ValueError, KeyError):
             continue
-        name = row[name_at].replace("(anonymous namespace)::", "")
-        name = re.sub(r"[(<].*", "", re.sub(r"^void ", "", name)).strip()
-        name = name.removeprefix("difftrain::cuda::")
+        name = base_name(row[name_at])
+        full.setdefault(name, row[name_at])
         by_name[name] += ms
         launches[name] += 1
     total = sum(by_name.values())
@@ -65,7 +81,11 @@ def main():
         sys.exit(f"{args.csv}: no kernel durations")
     by_category = collections.Counter()
     for name, ms in by_name.items():
-        category = next((c for c, pattern in CATEGORIES if re.search(pattern, name)), "other")
+        # A library's kernel may have a plain function name (cutlass::Kernel2<...gemm...>):
+        # its template arguments then say what it is.
+        category = next((c for c, pattern in CATEGORIES if re.search(pattern, name)), None)
+        if category is None:
+            category = CATEGORIES[0][0] if re.search(CATEGORIES[0][1], full[name]) else "other"
         by_category[category] += ms
     print(f"{sum(launches.values())} launches, {total:.1f} ms of kernel time")
     print("| share | ms | category |\n|---|---|---|")

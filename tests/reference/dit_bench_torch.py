@@ -16,7 +16,10 @@ CUDA, as timm's fused attention runs it in DiT), in eager mode or under torch.co
     --dtype fp32, the default on the CPU);
   - loss = ε-MSE on the first C output channels (see LOSS), backward,
     clip_grad_norm_(1.0), AdamW (fused on CUDA; lr 1e-4, no weight decay as in DiT),
-    zero_grad(set_to_none=True).
+    zero_grad(set_to_none=True);
+  - the EMA of the weights (decay 0.9999), updated after every step as DiT's train.py does
+    and difftrain's step does, with one multi-tensor lerp over the parameters (--no-ema
+    leaves it out).
 After warm-up (more of it under torch.compile, whose first steps compile), every step is
 timed with CUDA events (wall clock on the CPU); a row reports the median step time,
 samples/s = B / median, TFLOP/s = B * training FLOPs per sample / median, MFU against
@@ -26,7 +29,7 @@ at one B is reported as an "OOM" row and the sweep goes on.
 
 Output: a header (lines starting with '#') and one line per B on stdout; with --json, a list
 of objects {model, mode, micro_batch, status, step_ms_median, samples_per_s, tflops, mfu,
-peak_mem_gib, steps, device, dtype, loss, torch_version, gpu_name} (null where not
+peak_mem_gib, steps, device, dtype, loss, ema, torch_version, gpu_name} (null where not
 applicable; status "ok" or "OOM").
 
 Needs PyTorch >= 2.1 (scaled_dot_product_attention with scale=) and, through dit_torch.py,
@@ -56,6 +59,7 @@ except ModuleNotFoundError as error:
 
 NUM_TIMESTEPS = 1000
 LEARNING_RATE = 1e-4
+EMA_DECAY = 0.9999  # DiT's train.py, and difftrain's train.ema_decay default
 COMPILE_EXTRA_WARMUP = 3
 DIT_XL2_256PX_TRAIN_GFLOP = 712  # ../shared/REFERENCE.md
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -124,7 +128,7 @@ def loss_description(cfg):
     return f"eps-MSE on the first {cfg.in_channels} of {cfg.out_channels} channels (no VB term)"
 
 
-def make_train_step(model, forward, micro_batch, cfg, device, bf16):
+def make_train_step(model, forward, micro_batch, cfg, device, bf16, ema):
     """A closure running one training step on random latents made once on the device."""
     x0 = torch.randn(micro_batch, cfg.in_channels, cfg.input_size, cfg.input_size, device=device)
     labels = torch.randint(0, cfg.num_classes, (micro_batch,), device=device)
@@ -132,6 +136,8 @@ def make_train_step(model, forward, micro_batch, cfg, device, bf16):
     alphas_cumprod = torch.cumprod(1.0 - betas, dim=0).float()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0,
                                   fused=device.type == "cuda")
+    params = list(model.parameters())
+    ema_params = [p.detach().clone() for p in params] if ema else None
 
     def step():
         t = torch.randint(0, NUM_TIMESTEPS, (micro_batch,), device=device)
@@ -147,8 +153,20 @@ def make_train_step(model, forward, micro_batch, cfg, device, bf16):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if ema_params is not None:
+            with torch.no_grad():
+                update_ema(ema_params, params)
 
     return step
+
+
+def update_ema(ema_params, params):
+    """ema ← decay·ema + (1 − decay)·param over every tensor, in multi-tensor kernels."""
+    if hasattr(torch, "_foreach_lerp_"):
+        torch._foreach_lerp_(ema_params, params, 1.0 - EMA_DECAY)
+    else:
+        torch._foreach_mul_(ema_params, EMA_DECAY)
+        torch._foreach_add_(ema_params, params, alpha=1.0 - EMA_DECAY)
 
 
 def time_steps(step, steps, device):
@@ -180,7 +198,8 @@ def benchmark_micro_batch(args, cfg, micro_batch, device):
     if args.mode == "compile":
         forward = torch.compile(model, mode=args.compile_mode, dynamic=False)
         warmup += COMPILE_EXTRA_WARMUP
-    step = make_train_step(model, forward, micro_batch, cfg, device, args.dtype == "bf16")
+    step = make_train_step(model, forward, micro_batch, cfg, device, args.dtype == "bf16",
+                           ema=not args.no_ema)
     for _ in range(warmup):
         step()
     return time_steps(step, args.steps, device)
@@ -221,6 +240,7 @@ def make_row(args, cfg, micro_batch, device, times, peak_mem_gib):
         "device": device.type,
         "dtype": args.dtype,
         "loss": loss_description(cfg),
+        "ema": not args.no_ema,
         "torch_version": torch.__version__,
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
@@ -279,6 +299,8 @@ def parse_args():
     parser.add_argument("--peak-tflops", type=float, default=989.0,
                         help="the GPU's peak TFLOP/s for MFU (default 989, H100 SXM dense bf16)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows to PATH as JSON")
+    parser.add_argument("--no-ema", action="store_true",
+                        help="leave out the EMA update (difftrain's step always makes it)")
     args = parser.parse_args()
     args.micro_batches = [int(b) for b in args.micro_batches.split(",")]
     if args.dtype is None:

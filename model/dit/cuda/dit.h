@@ -41,10 +41,11 @@
 
 namespace difftrain::cuda {
 
-// Which kernels compute attention: kGemm, cuBLASLt's batched GEMMs for the spatial blocks where
+// Which kernels compute attention: kFlash (the default), the mma.sync flash kernels
+// (model/cuda/flash_attention.h) everywhere, 1.13-1.16x the kGemm step on an H100 (DiT-XL/2,
+// Latte-L/2; docs/benchmarks.md); kGemm, cuBLASLt's batched GEMMs for the spatial blocks where
 // GemmAttentionTakes the frame's tokens (model/cuda/gemm_attention.h) and the fused wmma
-// kernels elsewhere (model/cuda/attention.h); kFused, those everywhere; kFlash, the mma.sync
-// flash kernels (model/cuda/flash_attention.h) everywhere.
+// kernels elsewhere (model/cuda/attention.h); kFused, those everywhere.
 enum class AttentionKernels { kGemm, kFused, kFlash };
 
 class DiT {
@@ -52,7 +53,7 @@ class DiT {
   struct Options {
     bool vb_loss = false;   // add the variational-bound term (learn_sigma models)
     bool use_graph = true;  // capture ForwardBackward as a CUDA graph
-    AttentionKernels attention = AttentionKernels::kGemm;
+    AttentionKernels attention = AttentionKernels::kFlash;
   };
   // Whether the kernels take this model: every tensor of the parameter table must start at
   // a multiple of 8 elements and every GEMM's sizes must be multiples of 8 (16-byte aligned

@@ -3,6 +3,7 @@
 // an NCCL group (model/train/cuda/model_step.h).
 #include "model/dit/cuda/gpu_step.h"
 
+#include "model/cuda/flash_attention.h"
 #include "model/dit/cuda/dit.h"
 #include "model/dit/family.h"
 #include "model/train/cuda/model_step.h"
@@ -49,8 +50,10 @@ Result<std::unique_ptr<GpuStep>> CreateDiTGpuStep(const TrainConfig& config, int
   if (Status s = cuda::DiT::Supports(dit); !s.ok()) {
     return s.WithContext("train.device cuda");
   }
-  DT_RETURN_IF_ERROR(CheckAttentionFits(gpu, device, dit.hidden_size / dit.num_heads,
-                                        "; head dimensions up to 80 fit in 99 KiB"));
+  // The flash kernels (cuda::DiT's default attention) need at most 51.25 KiB.
+  const int head_dim = dit.hidden_size / dit.num_heads;
+  DT_RETURN_IF_ERROR(
+      CheckAttentionFits(gpu, device, head_dim, cuda::FlashAttentionSharedBytes(head_dim)));
   return StartGpuStep<CudaStep>(config, dit, gpu, device);
 }
 

@@ -1,7 +1,5 @@
 #include "model/train/cuda/model_step.h"
 
-#include "model/cuda/attention.h"
-
 namespace difftrain {
 
 Result<cuda::DeviceProperties> FindGpu(int device) {
@@ -16,9 +14,8 @@ Result<cuda::DeviceProperties> FindGpu(int device) {
 }
 
 Status CheckAttentionFits(const cuda::DeviceProperties& gpu, int device, int head_dim,
-                          const std::string& note) {
-  if (const size_t need = cuda::AttentionSharedBytes(head_dim);
-      need > gpu.shared_memory_per_block) {
+                          size_t shared_bytes, const std::string& note) {
+  if (const size_t need = shared_bytes; need > gpu.shared_memory_per_block) {
     return Errorf(
         "train.device cuda: GPU {} ({}) lets a kernel use {:.1f} KiB of shared memory, the "
         "attention of head dimension {} needs {:.1f} KiB (A100, H100 and H20 have room{})",

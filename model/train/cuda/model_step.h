@@ -130,10 +130,11 @@ class CudaModelStep : public GpuStep {
 // GPU `device` of this machine; no usable GPU, or no GPU of that index, is an error that says so.
 Result<cuda::DeviceProperties> FindGpu(int device);
 
-// Whether `gpu` lets a kernel use the shared memory of the attention of head dimension
-// `head_dim`; the error's parenthesis names the GPUs that have room, then `note`.
+// Whether `gpu` lets a kernel use `shared_bytes` of shared memory, what the model's attention
+// kernels need at head dimension `head_dim`; the error's parenthesis names the GPUs that have
+// room, then `note`.
 Status CheckAttentionFits(const cuda::DeviceProperties& gpu, int device, int head_dim,
-                          const std::string& note = "");
+                          size_t shared_bytes, const std::string& note = "");
 
 // Makes GPU `device` current, creates the step's stream, the Step (constructed from (config,
 // model, gpu, stream)) and reserves its device memory.

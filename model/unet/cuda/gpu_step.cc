@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "model/cuda/attention.h"
 #include "model/train/cuda/model_step.h"
 #include "model/unet/cuda/unet.h"
 #include "model/unet/family.h"
@@ -54,7 +55,8 @@ Result<std::unique_ptr<GpuStep>> CreateUNetGpuStep(const TrainConfig& config, in
   int head_dim = 0;
   for (int level = 0; level < unet.levels(); ++level)
     head_dim = std::max(head_dim, unet.block_out_channels[level] / unet.heads(level));
-  DT_RETURN_IF_ERROR(CheckAttentionFits(gpu, device, head_dim));
+  DT_RETURN_IF_ERROR(
+      CheckAttentionFits(gpu, device, head_dim, cuda::AttentionSharedBytes(head_dim)));
   return StartGpuStep<UNetCudaStep>(config, unet, gpu, device);
 }
 

@@ -1,0 +1,83 @@
+// bench/ncu_summary.py, which says where a GPU step's time goes, on Nsight Compute CSVs in the
+// two forms ncu writes kernel names: the function name alone (--print-kernel-base function,
+// rows as an H100 run printed them) and its default, demangled with namespaces, template
+// arguments and parameters. An H100 session found the second form read as one kernel named
+// "difftrain::" that held half the step.
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "common/temp_dir.h"
+#include "tests/testing/run_command.h"
+
+namespace difftrain::testing {
+namespace {
+
+constexpr char kHeader[] =
+    R"("ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value")";
+
+// One row of `ncu --csv --metrics gpu__time_duration.sum`.
+std::string Row(int id, const std::string& kernel, const std::string& unit,
+                const std::string& value) {
+  return fmt::format(
+      R"csv("{}","4580","bench_cuda_dit","127.0.0.1","{}","1","13","(256, 1, 1)","(512, 1, 1)",)csv"
+      R"csv("0","9.0","Command line profiler metrics","gpu__time_duration.sum","{}","{}")csv",
+      id, kernel, unit, value);
+}
+
+CommandResult Summarize(const std::string& csv) {
+  TempDir dir("ncu-summary");
+  const std::string path = dir.path() + "/ncu.csv";
+  std::ofstream(path) << "==PROF== Connected to process 4580\n" << csv;
+  return RunCommand("/usr/bin/python3 " + ShellQuote(DIFFTRAIN_SOURCE_DIR "/bench/ncu_summary.py") +
+                    " " + ShellQuote(path));
+}
+
+TEST(NcuSummaryTest, FunctionNamesGroupByKernelAndCategory) {
+  const std::string csv =
+      std::string(kHeader) + "\n" + Row(0, "AdamWKernel", "ns", "7,326,000") + "\n" +
+      Row(1, "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN", "us", "82.0") + "\n" +
+      Row(2, "FlashDkvKernel", "ns", "196,250") + "\n" + Row(3, "FlashDkvKernel", "ns", "196,250") +
+      "\n" + Row(4, "LayerNormModulateForwardKernel", "ns", "23,500") + "\n";
+  const CommandResult r = Summarize(csv);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("5 launches, 7.8 ms of kernel time"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 0.39 | 2 | FlashDkvKernel |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 0.08 | GEMM (cuBLASLt) |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 7.33 | optimizer, EMA, gradient norm |"), std::string::npos)
+      << r.output;
+}
+
+TEST(NcuSummaryTest, DemangledNamesLoseNamespacesTemplatesAndParameters) {
+  const std::string csv =
+      std::string(kHeader) + "\n" +
+      Row(0,
+          "void difftrain::cuda::(anonymous namespace)::FlashDqKernel<72, 64>(const "
+          "difftrain::cuda::(anonymous namespace)::FlashParams)",
+          "ns", "130,000") +
+      "\n" +
+      Row(1, "void difftrain::cuda::<unnamed>::FlashDqKernel<72, 64>(FlashParams)", "ns",
+          "130,000") +
+      "\n" +
+      Row(2,
+          "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1_nn>("
+          "T1::Params)",
+          "us", "10.0") +
+      "\n";
+  const CommandResult r = Summarize(csv);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("| 0.26 | 2 | FlashDqKernel |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 0.01 | GEMM (cuBLASLt) |"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("difftrain::"), std::string::npos) << r.output;
+}
+
+TEST(NcuSummaryTest, AFileWithoutTheTableIsAnError) {
+  const CommandResult r = Summarize("==ERROR== the application returned an error code (1)\n");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no row names the columns"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace difftrain::testing
