@@ -26,10 +26,17 @@ void SumOfSquares(double* result, const float* g, size_t n, float* workspace, bo
 // step's scalars (AdamWScalarsAt): reads the gradients and the squared global norm
 // (*sum_of_squares, on the device), scales the gradients by min(1, max_norm / (norm + 1e-6))
 // when max_norm > 0, and updates master, exp_avg and exp_avg_sq in place; writes
-// params_bf16 = bf16(master). params_bf16 may be null.
+// params_bf16 = bf16(master). params_bf16 may be null. With `ema.values`, EmaUpdate of the new
+// master in the same pass (the same numbers as the two calls: one read of master fewer, 38
+// bytes a parameter instead of 42).
+struct EmaOfMaster {
+  float* values = nullptr;
+  double decay = 0;
+};
 void AdamWStep(float* master, bf16* params_bf16, float* exp_avg, float* exp_avg_sq,
                const float* grads, const double* sum_of_squares, size_t n,
-               const AdamWScalars& scalars, double max_norm, cudaStream_t stream);
+               const AdamWScalars& scalars, double max_norm, EmaOfMaster ema,
+               cudaStream_t stream);
 
 // ema = decay · ema + (1 − decay) · params, as the CPU's EmaUpdate.
 void EmaUpdate(float* ema, const float* params, size_t n, double decay, cudaStream_t stream);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "model/cuda/testing.h"
@@ -89,7 +90,7 @@ TEST_P(AdamWTest, MatchesCpu) {
   Poison(d_bf16);
   AdamWStep(d_master.data(), GetParam().with_bf16 ? d_bf16.data() : nullptr, d_m.data(), d_v.data(),
             d_g.data(), d_sum.data(), n, AdamWScalarsAt(config.lr, kStep, config), config.grad_clip,
-            nullptr);
+            /*ema=*/{}, nullptr);
   DT_CUDA_CHECK(cudaDeviceSynchronize());
 
   // The updates alone (the parameters barely move, which would hide a wrong step).
@@ -128,6 +129,60 @@ TEST(EmaTest, MatchesCpu) {
     DT_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_LE(RelativeL2(DownloadAsFloat(d_ema), want), 1e-6) << "n = " << n;
   }
+}
+
+// The EMA updated in AdamW's pass (what TrainState does) equals AdamWStep then EmaUpdate of
+// the new master, and leaves the other outputs as they are without it.
+TEST(AdamWTest, FusedEmaEqualsTheSeparateUpdate) {
+  DT_SKIP_WITHOUT_GPU();
+  const size_t n = 1000037;
+  const std::vector<float> master0 = RandomVector(n, 9), grads = RandomVector(n, 10, 0.1);
+  const std::vector<float> m0 = RandomVector(n, 11, 0.01), ema0 = RandomVector(n, 12);
+  std::vector<float> v0 = RandomVector(n, 13, 0.001);
+  for (float& v : v0)
+    v = v * v;
+  const double sum = ::difftrain::SumOfSquares(grads.data(), n);
+  OptimizerConfig config;
+  config.lr = 1e-3;
+  config.grad_clip = 0.5 * std::sqrt(sum);
+  const AdamWScalars scalars = AdamWScalarsAt(config.lr, /*step=*/3, config);
+  constexpr double kDecay = 0.9999;
+
+  struct Run {
+    std::vector<float> master, m, v, bf16, ema;
+  };
+  auto run = [&](bool fused) {
+    DeviceBuffer<float> d_master = UploadFloat(master0), d_m = UploadFloat(m0);
+    DeviceBuffer<float> d_v = UploadFloat(v0), d_g = UploadFloat(grads);
+    DeviceBuffer<float> d_ema = UploadFloat(ema0);
+    DeviceBuffer<double> d_sum(1);
+    d_sum.Upload(&sum);
+    DeviceBuffer<bf16> d_bf16(n);
+    Poison(d_bf16);
+    AdamWStep(d_master.data(), d_bf16.data(), d_m.data(), d_v.data(), d_g.data(), d_sum.data(), n,
+              scalars, config.grad_clip,
+              fused ? EmaOfMaster{.values = d_ema.data(), .decay = kDecay} : EmaOfMaster{},
+              nullptr);
+    if (!fused) EmaUpdate(d_ema.data(), d_master.data(), n, kDecay, nullptr);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+    return Run{DownloadAsFloat(d_master), DownloadAsFloat(d_m), DownloadAsFloat(d_v),
+               DownloadAsFloat(d_bf16), DownloadAsFloat(d_ema)};
+  };
+  // How many elements differ (a count, not two vectors of a million printed).
+  auto differ = [](const std::vector<float>& a, const std::vector<float>& b) {
+    size_t count = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      count += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return count;
+  };
+  const Run separate = run(false), fused = run(true);
+  EXPECT_EQ(differ(fused.master, separate.master), 0u);
+  EXPECT_EQ(differ(fused.m, separate.m), 0u);
+  EXPECT_EQ(differ(fused.v, separate.v), 0u);
+  EXPECT_EQ(differ(fused.bf16, separate.bf16), 0u);
+  EXPECT_GT(RelativeL2(fused.ema, ema0), 1e-6);  // the EMA moved
+  // The same expression in both kernels: equal up to how nvcc contracts it into an FMA.
+  EXPECT_LE(RelativeL2(fused.ema, separate.ema), 1e-7);
 }
 
 }  // namespace

@@ -91,8 +91,8 @@ void TrainState::OptimizerStep(double lr, int64_t step, const OptimizerConfig& c
   SumOfSquares(norm_squared_.data(), grads_.data(), n_, norm_workspace_.data(),
                /*accumulate=*/false, stream_);
   AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads_.data(),
-            norm_squared_.data(), n_, AdamWScalarsAt(lr, step, config), config.grad_clip, stream_);
-  EmaUpdate(ema_.data(), master_.data(), n_, config.ema_decay, stream_);
+            norm_squared_.data(), n_, AdamWScalarsAt(lr, step, config), config.grad_clip,
+            {.values = ema_.data(), .decay = config.ema_decay}, stream_);
 }
 
 double TrainState::last_grad_norm_squared() const {
