@@ -132,8 +132,7 @@ void SumOfSquares(double* result, const float* g, size_t n, float* workspace, bo
 
 void AdamWStep(float* master, bf16* params_bf16, float* exp_avg, float* exp_avg_sq,
                const float* grads, const double* sum_of_squares, size_t n,
-               const AdamWScalars& scalars, double max_norm, EmaOfMaster ema,
-               cudaStream_t stream) {
+               const AdamWScalars& scalars, double max_norm, EmaOfMaster ema, cudaStream_t stream) {
   DT_CHECK(max_norm <= 0 || sum_of_squares != nullptr, "clipping needs the squared norm");
   if (n == 0) return;
   AdamWKernel<<<GridFor(n), kThreads, 0, stream>>>(

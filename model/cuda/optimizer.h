@@ -35,8 +35,7 @@ struct EmaOfMaster {
 };
 void AdamWStep(float* master, bf16* params_bf16, float* exp_avg, float* exp_avg_sq,
                const float* grads, const double* sum_of_squares, size_t n,
-               const AdamWScalars& scalars, double max_norm, EmaOfMaster ema,
-               cudaStream_t stream);
+               const AdamWScalars& scalars, double max_norm, EmaOfMaster ema, cudaStream_t stream);
 
 // ema = decay · ema + (1 − decay) · params, as the CPU's EmaUpdate.
 void EmaUpdate(float* ema, const float* params, size_t n, double decay, cudaStream_t stream);
