@@ -41,7 +41,7 @@ struct Options {
   int warmup = 5;
   int steps = 20;
   bool no_graph = false;
-  std::string attention = "flash";  // flash, gemm or fused (cuda::AttentionKernels)
+  std::string attention = "flash";  // flash, flash-pipelined, gemm or fused
   std::optional<int> frames;        // a Latte model's frames a video (its family's default: 16)
   std::optional<int> num_classes;   // default: the config's own
   double peak_tflops = 989;
@@ -116,7 +116,9 @@ int Run(const Options& o) {
     initial.assign(reference.params(), reference.params() + reference.num_params());
   }
   // The ε-MSE alone, as the PyTorch side computes it.
-  const cuda::AttentionKernels attention = o.attention == "flash"   ? cuda::AttentionKernels::kFlash
+  const cuda::AttentionKernels attention = o.attention == "flash" ? cuda::AttentionKernels::kFlash
+                                           : o.attention == "flash-pipelined"
+                                               ? cuda::AttentionKernels::kFlashPipelined
                                            : o.attention == "fused" ? cuda::AttentionKernels::kFused
                                                                     : cuda::AttentionKernels::kGemm;
   cuda::DiT model(c, stream, {.vb_loss = false, .use_graph = !o.no_graph, .attention = attention});
@@ -195,8 +197,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-graph", o.no_graph, "launch every kernel instead of replaying a CUDA graph");
   app.add_option("--attention", o.attention,
                  "gemm: batched GEMMs in the spatial blocks; fused: the wmma kernels; flash: the "
-                 "mma.sync flash kernels (model/dit/cuda/dit.h)")
-      ->check(CLI::IsMember({"gemm", "fused", "flash"}))
+                 "mma.sync flash kernels; flash-pipelined: those with double-buffered cp.async "
+                 "tile loads (model/dit/cuda/dit.h)")
+      ->check(CLI::IsMember({"gemm", "fused", "flash", "flash-pipelined"}))
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops, "the GPU's dense bf16 peak, for MFU")
       ->capture_default_str();

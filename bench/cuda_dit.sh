@@ -8,7 +8,7 @@
 #      of --attention (gemm: batched GEMMs, fused: the wmma kernels, flash: the mma.sync
 #      kernels; model/dit/cuda/dit.h), then PyTorch's
 #      (tests/reference/dit_bench_torch.py: bf16 autocast, scaled_dot_product_attention),
-#      eager and torch.compile;
+#      torch.compile and eager (--torch-modes: which of them, in that order);
 #   4. prints a Markdown table with samples/s, TFLOP/s, MFU, peak memory and the ratio of
 #      difftrain to torch.compile, and keeps every row in runs/cuda-bench/results.jsonl;
 #   5. with --profile, where difftrain's step spends its time at the first micro-batch
@@ -17,7 +17,7 @@
 #
 #   bench/cuda_dit.sh [--model DiT-XL/2] [--micro-batches 32,64,128,256] [--steps 20]
 #                     [--peak-tflops 989] [--attention flash[,gemm][,fused]] [--prebuilt DIR]
-#                     [--no-torch] [--profile] [--keep-going]
+#                     [--no-torch] [--torch-modes compile,eager] [--profile] [--keep-going]
 #
 # --prebuilt DIR: DIR holds bench_cuda_dit and the GPU test programs (cuda_*_test) already built,
 # for a GPU machine without the build's dependencies (then LD_LIBRARY_PATH must find the
@@ -32,6 +32,7 @@ peak=989
 attention=flash
 prebuilt=
 torch=1
+torch_modes=compile,eager
 profile=0
 keep_going=0
 while [[ $# -gt 0 ]]; do
@@ -43,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --attention) attention=$2; shift 2 ;;
     --prebuilt) prebuilt=$2; shift 2 ;;
     --no-torch) torch=0; shift ;;
+    --torch-modes) torch_modes=$2; shift 2 ;;
     --profile) profile=1; shift ;;
     --keep-going) keep_going=1; shift ;;
     *) echo "bench/cuda_dit.sh: unknown argument '$1' (see the comment at the top)" >&2; exit 2 ;;
@@ -104,7 +106,8 @@ for b in "${batches[@]}"; do
     fi
   done
   if [[ $torch == 1 ]]; then
-    for mode in compile eager; do  # the target's baseline first, should time run out
+    IFS=, read -ra modes <<<"$torch_modes"
+    for mode in "${modes[@]}"; do  # compile first, the target's baseline, should time run out
       python3 tests/reference/dit_bench_torch.py --model "$model" --micro-batches "$b" \
         --steps "$steps" --mode "$mode" --peak-tflops "$peak" --json "$out/torch.json" \
         >"$out/torch-$mode-$b.log" 2>&1 || true

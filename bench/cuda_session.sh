@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a session lent a GPU runs first, in one call, for issue 23's open points: the GPU tests,
-# DiT-XL/2 timed beside PyTorch (with each attention of ATTENTIONS; the default: flash),
+# DiT-XL/2 timed beside PyTorch (with each attention of ATTENTIONS: flash, flash-pipelined),
 # compute-sanitizer on the tiny DiT step and the flash kernels, Latte-L/2 over 16-frame
 # videos, where the step's time goes, and why the flash kernels run at the rate they do
 # (Nsight Compute's speed-of-light, occupancy and warp-stall sections, one launch of each).
@@ -12,10 +12,11 @@
 # find their libraries: PREBUILT/lib); OUT: a folder for the results. A failing step is
 # recorded and the next one runs. DiT-XL/2 runs at micro-batches 32 and 256 (MICRO_BATCHES),
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
-# Each step has a time limit (seconds; BENCH_S, SANITIZER_S each of 5 runs, LATTE_S each
-# attention, PROFILE_S, KERNELS_S: at most 585 s in all) so that the whole stays under the device's 10
-# minutes a call, and OUT/steps.txt says how long each took and how it ended (124: out of time;
-# 9: a sanitizer found errors).
+# Each step has a time limit (seconds; BENCH_S, SANITIZER_S each of memcheck, synccheck and
+# initcheck, RACECHECK_S each of 2 racechecks, LATTE_S each attention, PROFILE_S, KERNELS_S: at
+# most 585 s in all) so that the whole stays under the device's 10 minutes a call, and
+# OUT/steps.txt says how long each took and how it ended (124: out of time; 9: a sanitizer found
+# errors).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bin=$1
@@ -25,11 +26,13 @@ mkdir -p "$out"
 if [[ -f $bin/bundle.tar.xz ]]; then
   tar -C "$bin" -xJf "$bin/bundle.tar.xz" && rm -f "$bin/bundle.tar.xz"
 fi
-: "${BENCH_S:=370}" "${SANITIZER_S:=20}" "${LATTE_S:=20}" "${PROFILE_S:=55}" "${KERNELS_S:=40}"
-# The attentions timed (bench/cuda_dit.sh --attention): the default (flash) alone, since an
-# H100 session (2026-11-27) measured it 1.13x the batched-GEMM attention and two of them ran
-# past BENCH_S with PyTorch's rows at the second micro-batch untimed.
-: "${ATTENTIONS:=flash}"
+: "${BENCH_S:=390}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}" "${LATTE_S:=15}"
+: "${PROFILE_S:=50}" "${KERNELS_S:=35}"
+# The attentions timed (bench/cuda_dit.sh --attention): the default (flash) and its two-stage
+# variant, not yet run on a GPU; and PyTorch under torch.compile alone (TORCH_MODES), which with
+# an EMA is the issue's baseline: an H100 session (2026-11-27) that timed two attentions and
+# both PyTorch modes ran past its 350 s before PyTorch's rows at the second micro-batch.
+: "${ATTENTIONS:=flash,flash-pipelined}" "${TORCH_MODES:=compile}"
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
 
 # step NAME LIMIT COMMAND...: runs COMMAND under `timeout`, notes its time and exit status.
@@ -53,16 +56,19 @@ fi
 
 echo "== checks and timing" >"$out/bench.txt"
 step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches "$MICRO_BATCHES" \
-  --steps 20 --attention "$ATTENTIONS" --keep-going >>"$out/bench.txt" 2>&1
+  --steps 20 --attention "$ATTENTIONS" --torch-modes "$TORCH_MODES" --keep-going \
+  >>"$out/bench.txt" 2>&1
 cp runs/cuda-bench/results.jsonl "$out/" 2>/dev/null
 
 # The GPU's own sanitizers (issue 23 asks for all four on a tiny step): every tool on the tiny
-# DiT step with each attention (GEMM, fused, flash), and racecheck on the flash kernels over
+# DiT step with each attention (GEMM, fused, flash with one and two stages), and racecheck on the flash kernels over
 # several tiles, where one tile's reads meet the next one's writes (the CPU emulator checks
 # their indexing and, under ThreadSanitizer, their barriers; not the hardware's accesses).
 sanitize() {  # TOOL PROGRAM FILTER
   echo "== compute-sanitizer --tool $1: $(basename "$2") $3" >>"$out/sanitizer.txt"
-  step "compute-sanitizer $1 $3" "$SANITIZER_S" compute-sanitizer --tool "$1" --error-exitcode 9 "$2" \
+  local limit=$SANITIZER_S
+  [[ $1 == racecheck ]] && limit=$RACECHECK_S
+  step "compute-sanitizer $1 $3" "$limit" compute-sanitizer --tool "$1" --error-exitcode 9 "$2" \
     --gtest_filter="$3" --gtest_brief=1 >"$out/sanitizer.log" 2>&1
   tail -n 4 "$out/sanitizer.log" >>"$out/sanitizer.txt"
 }
@@ -73,7 +79,7 @@ sanitize racecheck "$bin/cuda_attention_test" 'FlashAttentionTest.MatchesTheRefe
 
 # Latte-L/2, 16 frames of 32×32 latents (4,096 tokens a video), unconditional: one JSON line
 # per attention (difftrain alone: the PyTorch reference is DiT's).
-for a in ${ATTENTIONS//,/ }; do
+for a in ${LATTE_ATTENTIONS:-${ATTENTIONS//,/ }}; do
   step "latte $a" "$LATTE_S" "$bin/bench_cuda_dit" --model Latte-L/2 --frames 16 --num-classes 0 \
     --micro-batch 8 --warmup 3 --steps 10 --attention "$a" >>"$out/latte.jsonl" 2>&1
 done

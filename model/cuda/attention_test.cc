@@ -62,10 +62,14 @@ std::vector<float> ReferenceLse(const std::vector<float>& qkv, int B, int T, int
   return lse;
 }
 
-// Which kernels a check runs: the fused wmma kernels, the batched-GEMM path or the flash kernels.
-enum class Kernels { kFused, kGemm, kFlash };
+// Which kernels a check runs: the fused wmma kernels, the batched-GEMM path or the flash kernels
+// (one stage, or two: the *Pipelined functions).
+enum class Kernels { kFused, kGemm, kFlash, kFlashPipelined };
 const char* Name(Kernels k) {
-  return k == Kernels::kFused ? " fused" : k == Kernels::kGemm ? " GEMM path" : " flash";
+  return k == Kernels::kFused   ? " fused"
+         : k == Kernels::kGemm  ? " GEMM path"
+         : k == Kernels::kFlash ? " flash"
+                                : " flash, two stages";
 }
 
 void CheckAttention(int B, int T, int D, int H, Kernels kernels = Kernels::kFused) {
@@ -105,6 +109,11 @@ void CheckAttention(int B, int T, int D, int H, Kernels kernels = Kernels::kFuse
     FlashAttentionForward(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
     FlashAttentionBackward(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(), lse_d.data(),
                            workspace.data(), B, T, D, H, nullptr);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+  } else if (kernels == Kernels::kFlashPipelined) {
+    FlashAttentionForwardPipelined(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
+    FlashAttentionBackwardPipelined(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
+                                    lse_d.data(), workspace.data(), B, T, D, H, nullptr);
     DT_CUDA_CHECK(cudaDeviceSynchronize());
   } else {
     AttentionForward(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
@@ -178,10 +187,14 @@ void CheckCrossAttention(int B, int Tq, int Tk, int D, int H, Kernels kernels = 
   using Backward =
       void (*)(bf16*, bf16*, bf16*, const bf16*, const bf16*, const bf16*, const bf16*, size_t,
                size_t, const bf16*, const float*, float*, int, int, int, int, int, cudaStream_t);
-  const bool flash = kernels == Kernels::kFlash;
-  const Forward forward = flash ? Forward{&FlashAttentionForward} : Forward{&AttentionForward};
-  const Backward backward =
-      flash ? Backward{&FlashAttentionBackward} : Backward{&AttentionBackward};
+  const Forward forward = kernels == Kernels::kFlash ? Forward{&FlashAttentionForward}
+                          : kernels == Kernels::kFlashPipelined
+                              ? Forward{&FlashAttentionForwardPipelined}
+                              : Forward{&AttentionForward};
+  const Backward backward = kernels == Kernels::kFlash ? Backward{&FlashAttentionBackward}
+                            : kernels == Kernels::kFlashPipelined
+                                ? Backward{&FlashAttentionBackwardPipelined}
+                                : Backward{&AttentionBackward};
   const size_t n_q = size_t(B) * Tq * D, n_kv = size_t(B) * Tk * 2 * D;
   const std::vector<float> q = testing::RoundToBf16(testing::RandomVector(n_q, 21, 1.5));
   const std::vector<float> kv = testing::RoundToBf16(testing::RandomVector(n_kv, 22, 1.5));
@@ -248,19 +261,52 @@ TEST(AttentionTest, SharedMemoryFitsTheGpusItTargets) {
   EXPECT_LE(AttentionSharedBytes(160), kA100);
 }
 
-// The flash kernels: DiT-XL/2's heads (hd 72, T 256), partial tiles at hd 64 and 128 (the
-// 32-row inner tiles), hd 8 over 3 tokens, and Latte's temporal attention (8 frames over many
-// sequences); cross-attention with fewer keys than a tile and at hd 128.
+// The flash kernels, with one stage and two: DiT-XL/2's heads (hd 72, T 256), partial tiles at
+// hd 64 and 128 (the 32-row inner tiles), hd 8 over 3 tokens, and Latte's temporal attention (8
+// frames over many sequences); cross-attention with fewer keys than a tile and at hd 128.
 TEST(FlashAttentionTest, MatchesTheReference) {
   DT_SKIP_WITHOUT_GPU();
-  CheckAttention(2, 256, 1152, 16, Kernels::kFlash);
-  CheckAttention(2, 100, 128, 2, Kernels::kFlash);
-  CheckAttention(1, 130, 256, 2, Kernels::kFlash);
-  CheckAttention(1, 3, 32, 2, Kernels::kFlash);
-  CheckAttention(64, 8, 1152, 16, Kernels::kFlash);
-  CheckCrossAttention(2, 100, 77, 128, 2, Kernels::kFlash);
-  CheckCrossAttention(1, 64, 7, 40, 5, Kernels::kFlash);
-  CheckCrossAttention(1, 16, 77, 256, 2, Kernels::kFlash);
+  for (const Kernels k : {Kernels::kFlash, Kernels::kFlashPipelined}) {
+    CheckAttention(2, 256, 1152, 16, k);
+    CheckAttention(2, 100, 128, 2, k);
+    CheckAttention(1, 130, 256, 2, k);
+    CheckAttention(1, 3, 32, 2, k);
+    CheckAttention(64, 8, 1152, 16, k);
+    CheckCrossAttention(2, 100, 77, 128, 2, k);
+    CheckCrossAttention(1, 64, 7, 40, 5, k);
+    CheckCrossAttention(1, 16, 77, 256, 2, k);
+  }
+}
+
+// The two-stage kernels compute what the one-stage kernels do, bit for bit (DiT-XL/2's heads).
+TEST(FlashAttentionTest, TwoStagesGiveTheOneStageBits) {
+  DT_SKIP_WITHOUT_GPU();
+  const int B = 4, T = 256, D = 1152, H = 16;
+  const size_t n_qkv = size_t(B) * T * 3 * D, n_out = size_t(B) * T * D;
+  DeviceBuffer<bf16> qkv = testing::UploadBf16(testing::RandomVector(n_qkv, 33, 1.5));
+  DeviceBuffer<bf16> dout = testing::UploadBf16(testing::RandomVector(n_out, 34));
+  DeviceBuffer<float> workspace(FlashAttentionBackwardWorkspace(B, T, H));
+  std::vector<bf16> outs[2], grads[2];
+  for (int stages = 1; stages <= 2; ++stages) {
+    DeviceBuffer<bf16> out(n_out), dqkv(n_qkv);
+    DeviceBuffer<float> lse(size_t(B) * H * T);
+    testing::Poison(out);
+    testing::Poison(dqkv);
+    if (stages == 1) {
+      FlashAttentionForward(out.data(), lse.data(), qkv.data(), B, T, D, H, nullptr);
+      FlashAttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                             workspace.data(), B, T, D, H, nullptr);
+    } else {
+      FlashAttentionForwardPipelined(out.data(), lse.data(), qkv.data(), B, T, D, H, nullptr);
+      FlashAttentionBackwardPipelined(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                      workspace.data(), B, T, D, H, nullptr);
+    }
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+    outs[stages - 1] = out.Download();
+    grads[stages - 1] = dqkv.Download();
+  }
+  EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(bf16)));
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(bf16)));
 }
 
 // No atomics: two backward passes give the same bits.
@@ -288,6 +334,8 @@ TEST(FlashAttentionTest, TakesHeadDimsUpTo128InEverySm80Gpu) {
   for (int hd = 8; hd <= 128; hd += 8) {
     EXPECT_TRUE(FlashAttentionTakes(hd)) << hd;
     EXPECT_LE(FlashAttentionSharedBytes(hd), size_t{99} * 1024) << hd;
+    EXPECT_LE(FlashAttentionSharedBytes(hd, FlashStages::kTwo), size_t{99} * 1024) << hd;
+    EXPECT_GT(FlashAttentionSharedBytes(hd, FlashStages::kTwo), FlashAttentionSharedBytes(hd));
   }
   EXPECT_FALSE(FlashAttentionTakes(160));
   EXPECT_FALSE(FlashAttentionTakes(20));

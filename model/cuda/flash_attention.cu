@@ -54,19 +54,36 @@ struct DevicePrimitives {
   }
   __device__ static void Zero16(void* dst) { *static_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0); }
   __device__ static void Store32(void* dst, uint32_t v) { *static_cast<uint32_t*>(dst) = v; }
+  // cp.async.cg: 16 bytes from global to shared memory, bypassing L1.
+  __device__ static void CopyAsync16(void* dst, const void* src) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(src) : "memory");
+  }
+  __device__ static void CommitGroup() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+  __device__ static void WaitPrior() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+  __device__ static void WaitAll() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 };
 
-template <int HDP>
+template <int HDP, int kStages>
 __global__ void __launch_bounds__(flash::kThreads) FlashForwardKernel(flash::ForwardArgs args) {
-  flash::Forward<HDP, DevicePrimitives>(args);
+  flash::Forward<HDP, DevicePrimitives, kStages>(args);
 }
+// The two-stage forward asks for 4 blocks an SM (at most 128 registers a thread): at hd 80 it
+// took 130 otherwise, which leaves room for 3 (ptxas then spills 4 bytes). A minimum of 1 block
+// is not the same as none: the one-stage kernels took 130–146 registers with it, 121–127
+// without.
 template <int HDP>
+__global__ void __launch_bounds__(flash::kThreads, 4)
+    FlashForwardPipelinedKernel(flash::ForwardArgs args) {
+  flash::Forward<HDP, DevicePrimitives, 2>(args);
+}
+template <int HDP, int kStages>
 __global__ void __launch_bounds__(flash::kThreads) FlashDqKernel(flash::BackwardArgs args) {
-  flash::BackwardDq<HDP, DevicePrimitives>(args);
+  flash::BackwardDq<HDP, DevicePrimitives, kStages>(args);
 }
-template <int HDP>
+template <int HDP, int kStages>
 __global__ void __launch_bounds__(flash::kThreads) FlashDkvKernel(flash::BackwardArgs args) {
-  flash::BackwardDkv<HDP, DevicePrimitives>(args);
+  flash::BackwardDkv<HDP, DevicePrimitives, kStages>(args);
 }
 
 // Launches `kernel` over (⌈rows/64⌉, H, B) with `smem` bytes of dynamic shared memory, raising
@@ -111,9 +128,13 @@ bool FlashAttentionTakes(int hd) {
   return hd > 0 && hd % 8 == 0 && hd <= flash::kMaxHeadDim;
 }
 
-size_t FlashAttentionSharedBytes(int hd) {
-  return flash::WithPaddedHeadDim(hd, [](auto padded) {
+size_t FlashAttentionSharedBytes(int hd, FlashStages stages) {
+  return flash::WithPaddedHeadDim(hd, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
+    if (stages == FlashStages::kTwo) {
+      return std::max({flash::ForwardSmemBytes<HDP, 2>(), flash::DqSmemBytes<HDP, 2>(),
+                       flash::DkvSmemBytes<HDP, 2>()});
+    }
     return std::max(
         {flash::ForwardSmemBytes<HDP>(), flash::DqSmemBytes<HDP>(), flash::DkvSmemBytes<HDP>()});
   });
@@ -123,31 +144,29 @@ size_t FlashAttentionBackwardWorkspace(int B, int Tq, int H) {
   return static_cast<size_t>(B) * H * Tq;
 }
 
-void FlashAttentionForward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                           size_t q_stride, size_t kv_stride, int B, int Tq, int Tk, int D, int H,
-                           cudaStream_t stream) {
+namespace {
+
+template <int kStages>
+void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, size_t q_stride,
+             size_t kv_stride, int B, int Tq, int Tk, int D, int H, cudaStream_t stream) {
   const flash::ForwardArgs args{MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H),
                                 Bits(out), lse};
   DT_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "out is not 16-byte aligned");
   flash::WithPaddedHeadDim(D / H, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
-    constexpr size_t kSmem = flash::ForwardSmemBytes<HDP>();
-    static const bool allowed = AllowSmem(FlashForwardKernel<HDP>, kSmem);
+    constexpr size_t kSmem = flash::ForwardSmemBytes<HDP, kStages>();
+    constexpr auto kernel =
+        kStages == 2 ? FlashForwardPipelinedKernel<HDP> : FlashForwardKernel<HDP, 1>;
+    static const bool allowed = AllowSmem(kernel, kSmem);
     static_cast<void>(allowed);
-    Launch(FlashForwardKernel<HDP>, args, Tq, H, B, kSmem, stream);
+    Launch(kernel, args, Tq, H, B, kSmem, stream);
   });
 }
 
-void FlashAttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
-                           cudaStream_t stream) {
-  const size_t stride = 3 * size_t(D);
-  FlashAttentionForward(out, lse, qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H, stream);
-}
-
-void FlashAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
-                            const bf16* k, const bf16* v, size_t q_stride, size_t kv_stride,
-                            const bf16* out, const float* lse, float* workspace, int B, int Tq,
-                            int Tk, int D, int H, cudaStream_t stream) {
+template <int kStages>
+void Backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+              const bf16* v, size_t q_stride, size_t kv_stride, const bf16* out, const float* lse,
+              float* workspace, int B, int Tq, int Tk, int D, int H, cudaStream_t stream) {
   const flash::Operands in = MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H);
   for (const void* p : {static_cast<const void*>(dq), static_cast<const void*>(dk),
                         static_cast<const void*>(dv), static_cast<const void*>(dout)}) {
@@ -160,13 +179,58 @@ void FlashAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, cons
       in, reinterpret_cast<const uint16_t*>(dout), lse, delta, Bits(dq), Bits(dk), Bits(dv)};
   flash::WithPaddedHeadDim(D / H, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
-    constexpr size_t kDq = flash::DqSmemBytes<HDP>(), kDkv = flash::DkvSmemBytes<HDP>();
-    static const bool allowed =
-        AllowSmem(FlashDqKernel<HDP>, kDq) && AllowSmem(FlashDkvKernel<HDP>, kDkv);
+    constexpr size_t kDq = flash::DqSmemBytes<HDP, kStages>();
+    constexpr size_t kDkv = flash::DkvSmemBytes<HDP, kStages>();
+    static const bool allowed = AllowSmem(FlashDqKernel<HDP, kStages>, kDq) &&
+                                AllowSmem(FlashDkvKernel<HDP, kStages>, kDkv);
     static_cast<void>(allowed);
-    Launch(FlashDqKernel<HDP>, args, Tq, H, B, kDq, stream);
-    Launch(FlashDkvKernel<HDP>, args, Tk, H, B, kDkv, stream);
+    Launch(FlashDqKernel<HDP, kStages>, args, Tq, H, B, kDq, stream);
+    Launch(FlashDkvKernel<HDP, kStages>, args, Tk, H, B, kDkv, stream);
   });
+}
+
+}  // namespace
+
+void FlashAttentionForward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                           size_t q_stride, size_t kv_stride, int B, int Tq, int Tk, int D, int H,
+                           cudaStream_t stream) {
+  Forward<1>(out, lse, q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H, stream);
+}
+
+void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* q, const bf16* k,
+                                    const bf16* v, size_t q_stride, size_t kv_stride, int B, int Tq,
+                                    int Tk, int D, int H, cudaStream_t stream) {
+  Forward<2>(out, lse, q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H, stream);
+}
+
+void FlashAttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
+                           cudaStream_t stream) {
+  const size_t stride = 3 * size_t(D);
+  FlashAttentionForward(out, lse, qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H, stream);
+}
+
+void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* qkv, int B, int T, int D,
+                                    int H, cudaStream_t stream) {
+  const size_t stride = 3 * size_t(D);
+  FlashAttentionForwardPipelined(out, lse, qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H,
+                                 stream);
+}
+
+void FlashAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                            const bf16* k, const bf16* v, size_t q_stride, size_t kv_stride,
+                            const bf16* out, const float* lse, float* workspace, int B, int Tq,
+                            int Tk, int D, int H, cudaStream_t stream) {
+  Backward<1>(dq, dk, dv, dout, q, k, v, q_stride, kv_stride, out, lse, workspace, B, Tq, Tk, D, H,
+              stream);
+}
+
+void FlashAttentionBackwardPipelined(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                                     const bf16* k, const bf16* v, size_t q_stride,
+                                     size_t kv_stride, const bf16* out, const float* lse,
+                                     float* workspace, int B, int Tq, int Tk, int D, int H,
+                                     cudaStream_t stream) {
+  Backward<2>(dq, dk, dv, dout, q, k, v, q_stride, kv_stride, out, lse, workspace, B, Tq, Tk, D, H,
+              stream);
 }
 
 void FlashAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
@@ -175,6 +239,14 @@ void FlashAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const
   const size_t stride = 3 * size_t(D);
   FlashAttentionBackward(dqkv, dqkv + D, dqkv + 2 * D, dout, qkv, qkv + D, qkv + 2 * D, stride,
                          stride, out, lse, workspace, B, T, T, D, H, stream);
+}
+
+void FlashAttentionBackwardPipelined(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                                     const float* lse, float* workspace, int B, int T, int D, int H,
+                                     cudaStream_t stream) {
+  const size_t stride = 3 * size_t(D);
+  FlashAttentionBackwardPipelined(dqkv, dqkv + D, dqkv + 2 * D, dout, qkv, qkv + D, qkv + 2 * D,
+                                  stride, stride, out, lse, workspace, B, T, T, D, H, stream);
 }
 
 }  // namespace difftrain::cuda

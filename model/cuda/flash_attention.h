@@ -17,10 +17,16 @@ namespace difftrain::cuda {
 // Whether the flash kernels take head dim hd.
 bool FlashAttentionTakes(int hd);
 
+// The kernels' loads of the loop's tiles: kOne, ordinary copies between barriers (the
+// default, measured on an H100); kTwo, double-buffered cp.async copies of the next tile while
+// the current one is computed on (the *Pipelined functions; the same results bit for bit, not
+// yet run on a GPU).
+enum class FlashStages { kOne, kTwo };
+
 // Shared memory per block the kernels need at head dim hd (the dK/dV kernel takes the most):
-// 36.5 KiB up to hd 64, 44.5 KiB to 80, 51.25 KiB to 128 (32-row inner tiles there), which
-// every sm_80+ GPU allows.
-size_t FlashAttentionSharedBytes(int hd);
+// one stage, 36.5 KiB up to hd 64, 44.5 KiB to 80, 51.25 KiB to 128 (32-row inner tiles
+// there); two, 55, 67 and 68.5 KiB. Every sm_80+ GPU allows either.
+size_t FlashAttentionSharedBytes(int hd, FlashStages stages = FlashStages::kOne);
 
 // Floats of the workspace FlashAttentionBackward takes: delta [B, H, Tq].
 size_t FlashAttentionBackwardWorkspace(int B, int Tq, int H);
@@ -43,5 +49,20 @@ void FlashAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, cons
 void FlashAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                             const float* lse, float* workspace, int B, int T, int D, int H,
                             cudaStream_t stream);
+
+// The same four with two stages (FlashStages::kTwo).
+void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* q, const bf16* k,
+                                    const bf16* v, size_t q_stride, size_t kv_stride, int B, int Tq,
+                                    int Tk, int D, int H, cudaStream_t stream);
+void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* qkv, int B, int T, int D,
+                                    int H, cudaStream_t stream);
+void FlashAttentionBackwardPipelined(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                                     const bf16* k, const bf16* v, size_t q_stride,
+                                     size_t kv_stride, const bf16* out, const float* lse,
+                                     float* workspace, int B, int Tq, int Tk, int D, int H,
+                                     cudaStream_t stream);
+void FlashAttentionBackwardPipelined(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                                     const float* lse, float* workspace, int B, int T, int D, int H,
+                                     cudaStream_t stream);
 
 }  // namespace difftrain::cuda

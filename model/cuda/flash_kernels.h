@@ -14,10 +14,17 @@
 // block's keys against every query tile, dQ with the block's queries against every key tile
 // (S and dP are computed twice: 7 products instead of FlashAttention-2's 5).
 //
+// kStages: 1, the loop's tile is loaded by ordinary 16-byte copies between two barriers; 2,
+// double-buffered: tile t+1 is copied asynchronously (cp.async) into the other half of shared
+// memory while tile t is computed on, which takes the loads' latency off the loop but adds a
+// second tile's shared memory. Same results bit for bit.
+//
 // The primitives P provides (static): Thread(), BlockX/Y/Z(), Smem(), SyncThreads(),
 // LdMatrixX4(r, row), LdMatrixX4Trans(r, row), Mma(d, a, b0, b1), ShflXor(v, mask),
 // PackBf16x2(lo, hi) (round to nearest even, lo in the low half), Exp2, Log2, Copy16(dst, src),
-// Zero16(dst), Store32(dst, v).
+// Zero16(dst), Store32(dst, v); with kStages = 2 also CopyAsync16(dst, src) (cp.async of 16
+// bytes to shared memory), CommitGroup(), WaitPrior() (all committed groups but the newest have
+// landed) and WaitAll().
 //
 // Layout (model/cuda/attention.h's): q [B, Tq, ·] and k, v [B, Tk, ·] bf16 with their own row
 // strides (multiples of 8), head h at columns h·hd … h·hd+hd−1; out and dout [B, Tq, D]; lse
@@ -74,19 +81,20 @@ constexpr int InnerTile() {
   return HDP <= 80 ? 64 : 32;
 }
 
-// Shared memory (bytes): the forward's q, k, v tiles; dQ's q, dout, k, v; dK/dV's k, v, q, dout
-// tiles and the query tile's lse·log2 e and delta.
-template <int HDP>
+// Shared memory (bytes): the forward's q tile and kStages k, v tiles; dQ's q and dout, and
+// kStages k, v; dK/dV's k and v, and kStages q, dout tiles with each query tile's lse·log2 e
+// and delta.
+template <int HDP, int kStages = 1>
 constexpr size_t ForwardSmemBytes() {
-  return size_t(kRows + 2 * InnerTile<HDP>()) * Ld<HDP>() * 2;
+  return size_t(kRows + kStages * 2 * InnerTile<HDP>()) * Ld<HDP>() * 2;
 }
-template <int HDP>
+template <int HDP, int kStages = 1>
 constexpr size_t DqSmemBytes() {
-  return size_t(2 * kRows + 2 * InnerTile<HDP>()) * Ld<HDP>() * 2;
+  return size_t(2 * kRows + kStages * 2 * InnerTile<HDP>()) * Ld<HDP>() * 2;
 }
-template <int HDP>
+template <int HDP, int kStages = 1>
 constexpr size_t DkvSmemBytes() {
-  return DqSmemBytes<HDP>() + 2 * InnerTile<HDP>() * sizeof(float);
+  return DqSmemBytes<HDP, kStages>() + kStages * 2 * InnerTile<HDP>() * sizeof(float);
 }
 
 struct Operands {
@@ -114,8 +122,9 @@ struct BackwardArgs {
 };
 
 // Rows [0, rows) × columns [0, hd) of a row-major global matrix into a [tile_rows][Ld] shared
-// tile in 16-byte chunks, zero elsewhere (hd is a multiple of 8; rows start 16-byte aligned).
-template <int HDP, class P>
+// tile in 16-byte chunks, zero elsewhere (hd is a multiple of 8; rows start 16-byte aligned);
+// kAsync: the chunks by cp.async (the zeros by ordinary stores), landed at the caller's wait.
+template <int HDP, class P, bool kAsync = false>
 DT_SIMT void LoadRows(uint16_t* tile, int tile_rows, const uint16_t* g, size_t stride, int rows,
                       int hd) {
   constexpr int kChunks = HDP / 8;
@@ -123,7 +132,11 @@ DT_SIMT void LoadRows(uint16_t* tile, int tile_rows, const uint16_t* g, size_t s
     const int r = i / kChunks, c = (i % kChunks) * 8;
     uint16_t* dst = tile + r * Ld<HDP>() + c;
     if (r < rows && c < hd) {
-      P::Copy16(dst, g + r * stride + c);
+      if constexpr (kAsync) {
+        P::CopyAsync16(dst, g + r * stride + c);
+      } else {
+        P::Copy16(dst, g + r * stride + c);
+      }
     } else {
       P::Zero16(dst);
     }
@@ -240,36 +253,85 @@ DT_SIMT Place Locate(const Operands& a) {
   return p;
 }
 
-// Keys and values kv0 … kv0+kT−1 of the block's head into k_s and v_s, between barriers (every
-// warp is done with the previous tile before it is overwritten).
-template <int HDP, int kT, class P>
-DT_SIMT void LoadKeyValueTile(uint16_t* k_s, uint16_t* v_s, const Operands& a, const Place& at,
-                              int kv0) {
-  P::SyncThreads();
-  LoadRows<HDP, P>(k_s, kT, a.k + at.kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, at.hd);
-  LoadRows<HDP, P>(v_s, kT, a.v + at.kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0, at.hd);
-  P::SyncThreads();
+// Keys and values kv0 … kv0+kT−1 of the block's head into k_s and v_s (k_s's stage of the
+// double buffer: v_s follows it).
+template <int HDP, int kT, class P, bool kAsync>
+DT_SIMT void LoadKeyValueRows(uint16_t* k_s, const Operands& a, const Place& at, int kv0) {
+  const uint16_t* k = a.k + at.kv_off + kv0 * a.kv_stride;
+  const uint16_t* v = a.v + at.kv_off + kv0 * a.kv_stride;
+  LoadRows<HDP, P, kAsync>(k_s, kT, k, a.kv_stride, a.Tk - kv0, at.hd);
+  LoadRows<HDP, P, kAsync>(k_s + kT * Ld<HDP>(), kT, v, a.kv_stride, a.Tk - kv0, at.hd);
 }
+
+// The tiles of a loop over the other side's rows (keys, or queries for dK and dV), `load(stage,
+// first row)` filling one stage of `kStages`: Next(t, first) makes tile t, whose rows begin at
+// `first`, ready in shared memory and returns its stage; Done() follows the work on it. With one
+// stage: a barrier (every warp is done with the previous tile), the load, a barrier. With two:
+// tile t+1's asynchronous copies are issued into the other stage (Done's barrier ended every
+// warp's reads of it), then tile t's are waited for and a barrier makes every thread's copies
+// visible. The first tile's copies are issued by Start, with whatever else the caller copied
+// before it (one group).
+template <class P, int kStages>
+struct TilePipeline {
+  int tile_rows, end;  // rows per tile, and the rows' end
+
+  template <class Load>
+  DT_SIMT void Start(Load&& load) const {
+    if constexpr (kStages == 2) {
+      load(0, 0);
+      P::CommitGroup();
+    }
+  }
+  template <class Load>
+  DT_SIMT int Next(int t, int first, Load&& load) const {
+    if constexpr (kStages == 1) {
+      P::SyncThreads();
+      load(0, first);
+      P::SyncThreads();
+      return 0;
+    } else {
+      const int stage = t & 1;
+      if (first + tile_rows < end) {
+        load(stage ^ 1, first + tile_rows);
+        P::CommitGroup();
+        P::WaitPrior();
+      } else {
+        P::WaitAll();
+      }
+      P::SyncThreads();
+      return stage;
+    }
+  }
+  DT_SIMT void Done() const {
+    if constexpr (kStages == 2) P::SyncThreads();
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 // Forward. Grid (⌈Tq/64⌉, H, B). Per key tile: S = Q_w·Kᵀ, the online softmax in log2 units on
 // the lane's two rows (the four lanes of a row combine through shuffles), O = O·α + P·V.
-template <int HDP, class P>
+template <int HDP, class P, int kStages = 1>
 DT_SIMT void Forward(const ForwardArgs& args) {
   constexpr int kT = InnerTile<HDP>(), kN = HDP / 8;
+  constexpr bool kAsync = kStages == 2;
   const Operands& a = args.in;
   uint16_t* q_s = reinterpret_cast<uint16_t*>(P::Smem());
-  uint16_t* k_s = q_s + kRows * Ld<HDP>();
-  uint16_t* v_s = k_s + kT * Ld<HDP>();
+  uint16_t* kv_s = q_s + kRows * Ld<HDP>();  // stage s: k at kv_s + s·2·kT·Ld, v after it
   const Place at = Locate<P>(a);
   const int lane = at.lane, warp = at.warp, tq = at.tq, hd = at.hd, q0 = at.first;
   const float sl2 = at.sl2;
+  const TilePipeline<P, kStages> tiles{kT, a.Tk};
+  auto load = [&](int stage, int kv0) {
+    LoadKeyValueRows<HDP, kT, P, kAsync>(kv_s + stage * 2 * kT * Ld<HDP>(), a, at, kv0);
+  };
 
-  LoadRows<HDP, P>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
+  LoadRows<HDP, P, kAsync>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
+  tiles.Start(load);
   float o[kN][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
-  for (int kv0 = 0; kv0 < a.Tk; kv0 += kT) {
-    LoadKeyValueTile<HDP, kT, P>(k_s, v_s, a, at, kv0);
+  for (int kv0 = 0, t = 0; kv0 < a.Tk; kv0 += kT, ++t) {
+    const uint16_t* k_s = kv_s + tiles.Next(t, kv0, load) * 2 * kT * Ld<HDP>();
+    const uint16_t* v_s = k_s + kT * Ld<HDP>();
 
     float s[kT / 8][4] = {};
     MmaABt<HDP, kT / 8, P>(s, q_s, warp * 16, k_s, lane);
@@ -312,6 +374,7 @@ DT_SIMT void Forward(const ForwardArgs& args) {
       }
     }
     MmaSB<HDP, kT, P>(o, s, v_s, lane);
+    tiles.Done();
   }
 
   const float inv_l[2] = {1.0f / l[0], 1.0f / l[1]};
@@ -329,20 +392,26 @@ DT_SIMT void Forward(const ForwardArgs& args) {
 // Backward, dQ. Grid (⌈Tq/64⌉, H, B). Per key tile: S = Q_w·Kᵀ, dP = dO_w·Vᵀ,
 // dS = P ∘ (dP − delta) with P = exp2(S·scale·log2 e − lse·log2 e), dQ += dS·K; dQ·scale at the
 // end.
-template <int HDP, class P>
+template <int HDP, class P, int kStages = 1>
 DT_SIMT void BackwardDq(const BackwardArgs& args) {
   constexpr int kT = InnerTile<HDP>(), kN = HDP / 8;
+  constexpr bool kAsync = kStages == 2;
   const Operands& a = args.in;
   uint16_t* q_s = reinterpret_cast<uint16_t*>(P::Smem());
   uint16_t* do_s = q_s + kRows * Ld<HDP>();
-  uint16_t* k_s = do_s + kRows * Ld<HDP>();
-  uint16_t* v_s = k_s + kT * Ld<HDP>();
+  uint16_t* kv_s = do_s + kRows * Ld<HDP>();  // stage s: k at kv_s + s·2·kT·Ld, v after it
   const Place at = Locate<P>(a);
   const int lane = at.lane, warp = at.warp, tq = at.tq, hd = at.hd, q0 = at.first;
   const float sl2 = at.sl2;
+  const TilePipeline<P, kStages> tiles{kT, a.Tk};
+  auto load = [&](int stage, int kv0) {
+    LoadKeyValueRows<HDP, kT, P, kAsync>(kv_s + stage * 2 * kT * Ld<HDP>(), a, at, kv0);
+  };
 
-  LoadRows<HDP, P>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
-  LoadRows<HDP, P>(do_s, kRows, args.dout + at.o_off + q0 * size_t(a.D), a.D, a.Tq - q0, hd);
+  LoadRows<HDP, P, kAsync>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
+  LoadRows<HDP, P, kAsync>(do_s, kRows, args.dout + at.o_off + q0 * size_t(a.D), a.D, a.Tq - q0,
+                           hd);
+  tiles.Start(load);
   float lse2[2], delta[2];
   DT_UNROLL
   for (int r = 0; r < 2; ++r) {
@@ -351,8 +420,9 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
     delta[r] = q < a.Tq ? args.delta[at.stat_off + q] : 0.0f;
   }
   float dq[kN][4] = {};
-  for (int kv0 = 0; kv0 < a.Tk; kv0 += kT) {
-    LoadKeyValueTile<HDP, kT, P>(k_s, v_s, a, at, kv0);
+  for (int kv0 = 0, t = 0; kv0 < a.Tk; kv0 += kT, ++t) {
+    const uint16_t* k_s = kv_s + tiles.Next(t, kv0, load) * 2 * kT * Ld<HDP>();
+    const uint16_t* v_s = k_s + kT * Ld<HDP>();
 
     float s[kT / 8][4] = {}, dp[kT / 8][4] = {};
     MmaABt<HDP, kT / 8, P>(s, q_s, warp * 16, k_s, lane);
@@ -367,6 +437,7 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
       }
     }
     MmaSB<HDP, kT, P>(dq, s, k_s, lane);
+    tiles.Done();
   }
   const float scale[2] = {a.scale, a.scale};
   StoreRows<HDP, P>(dq, scale, args.dq + at.q_off, a.q_stride, at.row0, a.Tq, hd, lane);
@@ -376,16 +447,16 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
 // Backward, dK and dV. Grid (⌈Tk/64⌉, H, B). Per query tile: Sᵀ = K_w·Qᵀ, dPᵀ = V_w·dOᵀ,
 // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (0 past Tk and Tq), dSᵀ = Pᵀ ∘ (dPᵀ − delta),
 // dV += Pᵀ·dO, dK += dSᵀ·Q; dK·scale at the end.
-template <int HDP, class P>
+template <int HDP, class P, int kStages = 1>
 DT_SIMT void BackwardDkv(const BackwardArgs& args) {
   constexpr int kT = InnerTile<HDP>(), kN = HDP / 8;
+  constexpr bool kAsync = kStages == 2;
   const Operands& a = args.in;
   uint16_t* k_s = reinterpret_cast<uint16_t*>(P::Smem());
   uint16_t* v_s = k_s + kRows * Ld<HDP>();
-  uint16_t* q_s = v_s + kRows * Ld<HDP>();
-  uint16_t* do_s = q_s + kT * Ld<HDP>();
-  float* lse2_s = reinterpret_cast<float*>(do_s + kT * Ld<HDP>());
-  float* delta_s = lse2_s + kT;
+  // Stage s: q at qd_s + s·2·kT·Ld, dout after it; lse·log2 e at stats_s + s·2·kT, delta after.
+  uint16_t* qd_s = v_s + kRows * Ld<HDP>();
+  float* stats_s = reinterpret_cast<float*>(qd_s + kStages * 2 * kT * Ld<HDP>());
   const Place at = Locate<P>(a);
   const int lane = at.lane, warp = at.warp, tq = at.tq, hd = at.hd, k0 = at.first, row0 = at.row0;
   const size_t kv_off = at.kv_off, stat_off = at.stat_off;
@@ -393,19 +464,31 @@ DT_SIMT void BackwardDkv(const BackwardArgs& args) {
   const uint16_t* do_g = args.dout + at.o_off;
   const float sl2 = at.sl2;
 
-  LoadRows<HDP, P>(k_s, kRows, a.k + kv_off + k0 * a.kv_stride, a.kv_stride, a.Tk - k0, hd);
-  LoadRows<HDP, P>(v_s, kRows, a.v + kv_off + k0 * a.kv_stride, a.kv_stride, a.Tk - k0, hd);
-  float dk[kN][4] = {}, dv[kN][4] = {};
-  for (int q0 = 0; q0 < a.Tq; q0 += kT) {
-    P::SyncThreads();
-    LoadRows<HDP, P>(q_s, kT, q_g + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
-    LoadRows<HDP, P>(do_s, kT, do_g + q0 * size_t(a.D), a.D, a.Tq - q0, hd);
+  const TilePipeline<P, kStages> tiles{kT, a.Tq};
+  // Query tile q0's rows of q and dout (copied), and their lse·log2 e and delta (stored).
+  auto load = [&](int stage, int q0) {
+    uint16_t* q_tile = qd_s + stage * 2 * kT * Ld<HDP>();
+    LoadRows<HDP, P, kAsync>(q_tile, kT, q_g + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
+    LoadRows<HDP, P, kAsync>(q_tile + kT * Ld<HDP>(), kT, do_g + q0 * size_t(a.D), a.D, a.Tq - q0,
+                             hd);
+    float* lse2 = stats_s + stage * 2 * kT;
     for (int i = P::Thread(); i < kT; i += kThreads) {
       const bool valid = q0 + i < a.Tq;
-      lse2_s[i] = valid ? args.lse[stat_off + q0 + i] * kLog2e : 0.0f;
-      delta_s[i] = valid ? args.delta[stat_off + q0 + i] : 0.0f;
+      lse2[i] = valid ? args.lse[stat_off + q0 + i] * kLog2e : 0.0f;
+      lse2[kT + i] = valid ? args.delta[stat_off + q0 + i] : 0.0f;
     }
-    P::SyncThreads();
+  };
+
+  LoadRows<HDP, P, kAsync>(k_s, kRows, a.k + kv_off + k0 * a.kv_stride, a.kv_stride, a.Tk - k0, hd);
+  LoadRows<HDP, P, kAsync>(v_s, kRows, a.v + kv_off + k0 * a.kv_stride, a.kv_stride, a.Tk - k0, hd);
+  tiles.Start(load);
+  float dk[kN][4] = {}, dv[kN][4] = {};
+  for (int q0 = 0, t = 0; q0 < a.Tq; q0 += kT, ++t) {
+    const int stage = tiles.Next(t, q0, load);
+    const uint16_t* q_s = qd_s + stage * 2 * kT * Ld<HDP>();
+    const uint16_t* do_s = q_s + kT * Ld<HDP>();
+    const float* lse2_s = stats_s + stage * 2 * kT;
+    const float* delta_s = lse2_s + kT;
 
     float st[kT / 8][4] = {}, dpt[kT / 8][4] = {};
     MmaABt<HDP, kT / 8, P>(st, k_s, warp * 16, q_s, lane);
@@ -424,6 +507,7 @@ DT_SIMT void BackwardDkv(const BackwardArgs& args) {
     }
     MmaSB<HDP, kT, P>(dv, st, do_s, lane);
     MmaSB<HDP, kT, P>(dk, dpt, q_s, lane);
+    tiles.Done();
   }
   const float one[2] = {1.0f, 1.0f}, scale[2] = {a.scale, a.scale};
   StoreRows<HDP, P>(dk, scale, args.dk + kv_off, a.kv_stride, row0, a.Tk, hd, lane);

@@ -2,11 +2,15 @@
 // against the CPU reference attention (model/cpu/attention.h), in double, on the same
 // bf16-rounded inputs: every output element, the log-sum-exp, dQ, dK and dV. Outputs start as
 // bf16 NaN so an element the kernels never write fails; their ldmatrix reads must be free of
-// shared-memory bank conflicts. This is where the kernels' fragment arithmetic is checked on
-// every machine; model/cuda/attention_test.cc runs the compiled kernels on a GPU.
+// shared-memory bank conflicts. The kernels run with one stage and double-buffered (two stages:
+// cp.async copies, which the emulator lands only at their wait), which must agree bit for bit. This
+// is where the kernels' fragment arithmetic is checked on every machine;
+// model/cuda/attention_test.cc runs the compiled kernels on a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "model/cpu/attention.h"
@@ -118,36 +122,61 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
                            s.D,
                            s.H,
                            static_cast<float>(scale)};
-  std::vector<uint16_t> out(out_ref.size(), kNaN);
-  std::vector<float> lse(lse_ref.size(), NAN);
-  std::vector<uint16_t> dq(x.bits.size(), kNaN), dkv_own(s.packed ? 0 : kv.bits.size(), kNaN);
-  std::vector<uint16_t>& dkv = s.packed ? dq : dkv_own;
-  std::vector<float> delta(lse.size());
-  simt::ResetCounters();
-  flash::WithPaddedHeadDim(hd, [&](auto padded) {
-    constexpr int HDP = decltype(padded)::value;
-    Run<HDP>(&flash::Forward<HDP, simt::Primitives>, flash::ForwardArgs{in, out.data(), lse.data()},
-             s.Tq, s.H, s.B, flash::ForwardSmemBytes<HDP>());
-    // delta = Σ_d dout·out over each head, from the bf16 out, as the GPU computes it.
-    for (int b = 0; b < s.B; ++b) {
-      for (int i = 0; i < s.Tq; ++i) {
-        for (int h = 0; h < s.H; ++h) {
-          float sum = 0;
-          for (int d = 0; d < hd; ++d) {
-            const size_t e = (size_t(b) * s.Tq + i) * s.D + h * hd + d;
-            sum += static_cast<float>(dout.values[e]) * Bf16ToFloat(out[e]);
+  struct Outputs {
+    std::vector<uint16_t> out;
+    std::vector<float> lse;
+    std::vector<uint16_t> dq, dkv_own;
+  };
+  // The three kernels with kStages stages, every output starting as NaN.
+  auto run = [&](auto stages) {
+    constexpr int kStages = decltype(stages)::value;
+    Outputs o{std::vector<uint16_t>(out_ref.size(), kNaN), std::vector<float>(lse_ref.size(), NAN),
+              std::vector<uint16_t>(x.bits.size(), kNaN),
+              std::vector<uint16_t>(s.packed ? 0 : kv.bits.size(), kNaN)};
+    std::vector<uint16_t>& out = o.out;
+    std::vector<float>& lse = o.lse;
+    std::vector<uint16_t>& dq = o.dq;
+    std::vector<uint16_t>& dkv = s.packed ? o.dq : o.dkv_own;
+    std::vector<float> delta(lse.size());
+    flash::WithPaddedHeadDim(hd, [&](auto padded) {
+      constexpr int HDP = decltype(padded)::value;
+      Run<HDP>(&flash::Forward<HDP, simt::Primitives, kStages>,
+               flash::ForwardArgs{in, out.data(), lse.data()}, s.Tq, s.H, s.B,
+               flash::ForwardSmemBytes<HDP, kStages>());
+      // delta = Σ_d dout·out over each head, from the bf16 out, as the GPU computes it.
+      for (int b = 0; b < s.B; ++b) {
+        for (int i = 0; i < s.Tq; ++i) {
+          for (int h = 0; h < s.H; ++h) {
+            float sum = 0;
+            for (int d = 0; d < hd; ++d) {
+              const size_t e = (size_t(b) * s.Tq + i) * s.D + h * hd + d;
+              sum += static_cast<float>(dout.values[e]) * Bf16ToFloat(out[e]);
+            }
+            delta[(size_t(b) * s.H + h) * s.Tq + i] = sum;
           }
-          delta[(size_t(b) * s.H + h) * s.Tq + i] = sum;
         }
       }
-    }
-    const flash::BackwardArgs args{in,        dout.bits.data(),   lse.data(),        delta.data(),
-                                   dq.data(), dkv.data() + k_col, dkv.data() + v_col};
-    Run<HDP>(&flash::BackwardDq<HDP, simt::Primitives>, args, s.Tq, s.H, s.B,
-             flash::DqSmemBytes<HDP>());
-    Run<HDP>(&flash::BackwardDkv<HDP, simt::Primitives>, args, s.Tk, s.H, s.B,
-             flash::DkvSmemBytes<HDP>());
-  });
+      const flash::BackwardArgs args{in,        dout.bits.data(),   lse.data(),        delta.data(),
+                                     dq.data(), dkv.data() + k_col, dkv.data() + v_col};
+      Run<HDP>(&flash::BackwardDq<HDP, simt::Primitives, kStages>, args, s.Tq, s.H, s.B,
+               flash::DqSmemBytes<HDP, kStages>());
+      Run<HDP>(&flash::BackwardDkv<HDP, simt::Primitives, kStages>, args, s.Tk, s.H, s.B,
+               flash::DkvSmemBytes<HDP, kStages>());
+    });
+    return o;
+  };
+  simt::ResetCounters();
+  const Outputs one = run(std::integral_constant<int, 1>());
+  const Outputs two = run(std::integral_constant<int, 2>());
+  // Double-buffered loads change when tiles arrive, not what is computed: the same bits.
+  EXPECT_TRUE(one.out == two.out && one.dq == two.dq && one.dkv_own == two.dkv_own)
+      << "the two-stage kernels' outputs differ from the one-stage kernels'";
+  EXPECT_EQ(std::memcmp(one.lse.data(), two.lse.data(), one.lse.size() * sizeof(float)), 0)
+      << "lse";
+  const std::vector<uint16_t>& out = one.out;
+  const std::vector<float>& lse = one.lse;
+  const std::vector<uint16_t>& dq = one.dq;
+  const std::vector<uint16_t>& dkv = s.packed ? one.dq : one.dkv_own;
 
   // Every ldmatrix of the three kernels free of bank conflicts (the tiles' padded rows).
   const simt::Counters counters = simt::ReadCounters();

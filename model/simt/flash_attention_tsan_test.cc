@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "model/cuda/flash_kernels.h"
@@ -73,9 +74,9 @@ std::vector<uint16_t> Random(size_t n, uint64_t seed) {
 
 enum class Kernel { kForward, kDq, kDkv };
 
-// Runs one kernel (q [B, Tq, D], k and v in one [B, Tk, 2·D]) with `drop` as the dropped
-// barrier; the number of races reported.
-int Races(Kernel kernel, const Shape& s, int drop) {
+// Runs one kernel (q [B, Tq, D], k and v in one [B, Tk, 2·D]) with `stages` stages (1, or 2:
+// double-buffered) and `drop` as the dropped barrier; the number of races reported.
+int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
   const int hd = s.D / s.H;
   const std::vector<uint16_t> q = Random(size_t(s.B) * s.Tq * s.D, 1);
   const std::vector<uint16_t> kv = Random(size_t(s.B) * s.Tk * 2 * s.D, 2);
@@ -98,24 +99,31 @@ int Races(Kernel kernel, const Shape& s, int drop) {
   using P = DroppingPrimitives;
   P::drop = drop;
   const int before = g_reports;
-  flash::WithPaddedHeadDim(hd, [&](auto padded) {
-    constexpr int HDP = decltype(padded)::value;
+  const auto launch = [&](auto padded, auto staged) {
+    constexpr int HDP = decltype(padded)::value, kStages = decltype(staged)::value;
     const auto grid = [&](int rows) {
       return simt::Dim3{(rows + flash::kRows - 1) / flash::kRows, s.H, s.B};
     };
     switch (kernel) {
       case Kernel::kForward:
-        simt::Launch(grid(s.Tq), flash::kThreads, flash::ForwardSmemBytes<HDP>(),
-                     [&] { flash::Forward<HDP, P>(forward); });
+        simt::Launch(grid(s.Tq), flash::kThreads, flash::ForwardSmemBytes<HDP, kStages>(),
+                     [&] { flash::Forward<HDP, P, kStages>(forward); });
         break;
       case Kernel::kDq:
-        simt::Launch(grid(s.Tq), flash::kThreads, flash::DqSmemBytes<HDP>(),
-                     [&] { flash::BackwardDq<HDP, P>(backward); });
+        simt::Launch(grid(s.Tq), flash::kThreads, flash::DqSmemBytes<HDP, kStages>(),
+                     [&] { flash::BackwardDq<HDP, P, kStages>(backward); });
         break;
       case Kernel::kDkv:
-        simt::Launch(grid(s.Tk), flash::kThreads, flash::DkvSmemBytes<HDP>(),
-                     [&] { flash::BackwardDkv<HDP, P>(backward); });
+        simt::Launch(grid(s.Tk), flash::kThreads, flash::DkvSmemBytes<HDP, kStages>(),
+                     [&] { flash::BackwardDkv<HDP, P, kStages>(backward); });
         break;
+    }
+  };
+  flash::WithPaddedHeadDim(hd, [&](auto padded) {
+    if (stages == 2) {
+      launch(padded, std::integral_constant<int, 2>());
+    } else {
+      launch(padded, std::integral_constant<int, 1>());
     }
   });
   P::drop = -1;
@@ -141,8 +149,10 @@ TEST(FlashAttentionRaces, NoneInTheKernels) {
   const Shape shapes[] = {{1, 80, 80, 72, 1}, {1, 40, 37, 128, 2}, {1, 20, 70, 128, 1}};
   for (const Shape& s : shapes) {
     for (Kernel k : kKernels) {
-      EXPECT_EQ(Races(k, s, -1), 0)
-          << Name(k) << " at Tq=" << s.Tq << " Tk=" << s.Tk << " hd=" << s.D / s.H;
+      for (const int stages : {1, 2}) {
+        EXPECT_EQ(Races(k, s, -1, stages), 0) << Name(k) << " at Tq=" << s.Tq << " Tk=" << s.Tk
+                                              << " hd=" << s.D / s.H << ", " << stages << " stages";
+      }
     }
   }
 }
@@ -159,6 +169,22 @@ TEST(FlashAttentionRaces, ReportedWithoutTheBarrierBeforeTheNextLoad) {
   DT_REQUIRE_TSAN();
   for (Kernel k : kKernels)
     EXPECT_GT(Races(k, {1, 65, 65, 64, 1}, 2), 0) << Name(k);
+}
+
+// Double-buffered (two stages, cp.async landing at the copy under ThreadSanitizer): barrier 0
+// follows the wait for the first tile; without it warps read rows other threads copied.
+TEST(FlashAttentionRaces, TwoStagesReportedWithoutTheBarrierAfterTheWait) {
+  DT_REQUIRE_TSAN();
+  for (Kernel k : kKernels)
+    EXPECT_GT(Races(k, {1, 65, 65, 64, 1}, 0, 2), 0) << Name(k);
+}
+
+// Barrier 1 ends the work on the first tile; without it the copies of the third tile into the
+// same stage overwrite rows still being read (three tiles of 64 rows).
+TEST(FlashAttentionRaces, TwoStagesReportedWithoutTheBarrierAfterATile) {
+  DT_REQUIRE_TSAN();
+  for (Kernel k : kKernels)
+    EXPECT_GT(Races(k, {1, 130, 130, 64, 1}, 1, 2), 0) << Name(k);
 }
 
 // The emulator's own primitives: a value one warp writes to shared memory and another reads is

@@ -104,10 +104,19 @@ struct Warp {
   float value[32] = {};
 };
 
+// A cp.async copy not yet landed: where, and the source's bytes as read at the call.
+struct PendingCopy {
+  unsigned char* dst;
+  unsigned char bytes[16];
+};
+
 struct Fiber {
   ucontext_t context;
   Relaxed<bool> done = false;
   void* tsan = nullptr;  // its ThreadSanitizer fiber
+  // Its cp.async copies: since the last commit, and committed groups, oldest first.
+  std::vector<PendingCopy> open;
+  std::vector<std::vector<PendingCopy>> committed;
 };
 
 // The block being run on this OS thread.
@@ -174,6 +183,10 @@ void FiberMain() {
   TsanAcquire(&g_block);  // the launch's set-up (its address is no read of g_block)
   Block& b = Current();
   (*b.body)();
+  Fiber& self = b.fibers[b.current];
+  DT_CHECK(self.open.empty() && self.committed.empty(),
+           "simt: thread {} of block ({}, {}, {}) ended with cp.async copies it never waited for",
+           static_cast<int>(b.current), b.index.x, b.index.y, b.index.z);
   // Back to the scheduler for good (not by returning: ThreadSanitizer's record of this fiber's
   // calls would then end on the scheduler's). The block is not read after the release.
   void* scheduler_tsan = b.scheduler_tsan;
@@ -206,6 +219,8 @@ void Exchange(Warp& w, Op op, int lane) {
 // which the caller's locals must not see.)
 [[gnu::noinline]] void StartFiber(Fiber& f, char* stack) {
   f.done = false;
+  f.open.clear();
+  f.committed.clear();
   DT_CHECK(getcontext(&f.context) == 0, "getcontext");
   f.context.uc_stack.ss_sp = stack;
   f.context.uc_stack.ss_size = kStackBytes;
@@ -364,6 +379,39 @@ float ShflXor(float v, int mask) {
   const float r = w.value[(lane ^ mask) & 31];
   Arrive(w.barrier);
   return r;
+}
+
+void CopyAsync16(void* dst, const void* src) {
+  Block& b = Current();
+  auto* d = static_cast<unsigned char*>(dst);
+  DT_CHECK(d >= b.smem.data() && d + 16 <= b.smem.data() + b.smem.size(),
+           "simt: cp.async destination outside the block's shared memory");
+  CheckAligned(dst, 16, "cp.async destination");
+  CheckAligned(src, 16, "cp.async source");
+#if defined(__SANITIZE_THREAD__)
+  std::memcpy(d, src, 16);
+  b.fibers[b.current].open.push_back({nullptr, {}});  // a copy to wait for, already landed
+#else
+  PendingCopy copy{d, {}};
+  std::memcpy(copy.bytes, src, 16);
+  b.fibers[b.current].open.push_back(copy);
+#endif
+}
+
+void CommitGroup() {
+  Fiber& f = Current().fibers[Current().current];
+  f.committed.push_back(std::move(f.open));
+  f.open.clear();
+}
+
+void WaitGroup(int n) {
+  Fiber& f = Current().fibers[Current().current];
+  while (static_cast<int>(f.committed.size()) > n) {
+    for (const PendingCopy& copy : f.committed.front()) {
+      if (copy.dst != nullptr) std::memcpy(copy.dst, copy.bytes, 16);
+    }
+    f.committed.erase(f.committed.begin());
+  }
 }
 
 Counters ReadCounters() {

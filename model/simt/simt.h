@@ -52,6 +52,19 @@ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 // __shfl_xor_sync(full mask, v, mask).
 float ShflXor(float v, int mask);
 
+// cp.async.cg.shared.global of 16 bytes, its groups and waits (the calling thread's own, as on
+// the GPU). The source is read at the call; the bytes land in shared memory only at the wait
+// that retires their group (the latest a GPU may land them), so a tile read before its wait —
+// or before the barrier after the other threads' waits — holds stale values and the value
+// tests fail. Under ThreadSanitizer they land at the call instead (the earliest), so that a copy
+// into a tile other threads may still be reading, with no barrier between, is a reported race.
+// A thread that ends with copies it never waited for stops the emulator.
+void CopyAsync16(void* dst, const void* src);
+// cp.async.commit_group: the copies since the last commit become one group.
+void CommitGroup();
+// cp.async.wait_group n: every committed group but the newest n has landed.
+void WaitGroup(int n);
+
 // Shared-memory cost of the ldmatrix calls since the last ResetCounters(): the 8×8 matrices
 // read, and the extra wavefronts bank conflicts add. A matrix's 8 rows of 16 bytes take one
 // wavefront when no two different rows fall in the same 16-byte bank group (address / 16 mod
@@ -108,6 +121,10 @@ struct Primitives {
     static constexpr unsigned char kZeros[16] = {};
     std::memcpy(dst, kZeros, 16);
   }
+  static void CopyAsync16(void* dst, const void* src) { simt::CopyAsync16(dst, src); }
+  static void CommitGroup() { simt::CommitGroup(); }
+  static void WaitPrior() { simt::WaitGroup(1); }
+  static void WaitAll() { simt::WaitGroup(0); }
   static void Store32(void* dst, uint32_t v) {
     CheckAligned(dst, 4, "Store32 destination");
     std::memcpy(dst, &v, sizeof v);

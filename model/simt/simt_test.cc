@@ -130,6 +130,42 @@ TEST(SimtDeathTest, MisusesStopWithAMessage) {
                "Zero16 destination .* not 16-byte aligned");
   EXPECT_DEATH(Launch({1, 1, 1}, 32, 64, [] { Primitives::Store32(SharedMemory() + 2, 1); }),
                "Store32 destination .* not 4-byte aligned");
+  // cp.async: a copy never waited for, one into global memory, one from a misaligned source.
+  EXPECT_DEATH(Launch({1, 1, 1}, 32, 64,
+                      [] {
+                        Primitives::CopyAsync16(SharedMemory(), global);
+                        Primitives::CommitGroup();
+                      }),
+               "ended with cp.async copies it never waited for");
+  alignas(16) static uint16_t other[8] = {};
+  EXPECT_DEATH(Launch({1, 1, 1}, 32, 64, [] { Primitives::CopyAsync16(other, global); }),
+               "cp.async destination outside the block's shared memory");
+  EXPECT_DEATH(
+      Launch({1, 1, 1}, 32, 64, [] { Primitives::CopyAsync16(SharedMemory(), global + 4); }),
+      "cp.async source .* not 16-byte aligned");
+}
+
+// cp.async's bytes land at the wait that retires their group, not before: WaitPrior leaves the
+// newest committed group in flight, WaitAll lands it, and copies after the last commit are in no
+// group yet. (This program is not built with ThreadSanitizer, under which they land at once.)
+TEST(SimtTest, AsyncCopiesLandAtTheirWait) {
+  alignas(16) static const uint32_t first[4] = {1, 2, 3, 4}, second[4] = {5, 6, 7, 8};
+  std::vector<uint32_t> seen;
+  Launch({1, 1, 1}, 32, 64, [&] {
+    auto* tile = reinterpret_cast<uint32_t*>(SharedMemory());
+    if (ThreadIdx() != 0) return;
+    Primitives::CopyAsync16(tile, first);
+    Primitives::CommitGroup();
+    Primitives::CopyAsync16(tile + 4, second);
+    seen.push_back(tile[0]);  // 0: nothing landed before a wait
+    Primitives::CommitGroup();
+    Primitives::WaitPrior();
+    seen.push_back(tile[0]);  // 1: the first group
+    seen.push_back(tile[4]);  // 0: the second still in flight
+    Primitives::WaitAll();
+    seen.push_back(tile[7]);  // 8
+  });
+  EXPECT_EQ(seen, (std::vector<uint32_t>{0, 1, 0, 8}));
 }
 
 TEST(SimtTest, Bf16RoundsToNearestEven) {

@@ -54,8 +54,9 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
       !GemmAttentionTakes(config_.tokens(), config_.hidden_size, config_.num_heads)) {
     spatial_attention_ = AttentionKernels::kFused;
   }
-  temporal_attention_ = options_.attention == AttentionKernels::kFlash ? AttentionKernels::kFlash
-                                                                       : AttentionKernels::kFused;
+  const bool flash = options_.attention == AttentionKernels::kFlash ||
+                     options_.attention == AttentionKernels::kFlashPipelined;
+  temporal_attention_ = flash ? options_.attention : AttentionKernels::kFused;
   p_ = DiTParams::Bind(table_, DiTShard::Whole(config_));
 
   const size_t T = config_.tokens(), D = config_.hidden_size;
@@ -285,6 +286,8 @@ void DiT::AttentionForward(AttentionKernels kernels, bf16* out, float* lse, cons
       return cuda::AttentionForward(out, lse, qkv, B, T, D, H, stream_);
     case AttentionKernels::kFlash:
       return FlashAttentionForward(out, lse, qkv, B, T, D, H, stream_);
+    case AttentionKernels::kFlashPipelined:
+      return FlashAttentionForwardPipelined(out, lse, qkv, B, T, D, H, stream_);
   }
 }
 
@@ -300,6 +303,9 @@ void DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* do
     case AttentionKernels::kFlash:
       return FlashAttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
                                     stream_);
+    case AttentionKernels::kFlashPipelined:
+      return FlashAttentionBackwardPipelined(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
+                                             stream_);
   }
 }
 
@@ -311,6 +317,7 @@ size_t DiT::AttentionWorkspace(AttentionKernels kernels, int B, int T) const {
     case AttentionKernels::kFused:
       return AttentionBackwardWorkspace(B, T, D, H);
     case AttentionKernels::kFlash:
+    case AttentionKernels::kFlashPipelined:
       return FlashAttentionBackwardWorkspace(B, T, H);
   }
   return 0;

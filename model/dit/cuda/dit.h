@@ -45,8 +45,10 @@ namespace difftrain::cuda {
 // (model/cuda/flash_attention.h) everywhere, 1.13-1.16x the kGemm step on an H100 (DiT-XL/2,
 // Latte-L/2; docs/benchmarks.md); kGemm, cuBLASLt's batched GEMMs for the spatial blocks where
 // GemmAttentionTakes the frame's tokens (model/cuda/gemm_attention.h) and the fused wmma
-// kernels elsewhere (model/cuda/attention.h); kFused, those everywhere.
-enum class AttentionKernels { kGemm, kFused, kFlash };
+// kernels elsewhere (model/cuda/attention.h); kFused, those everywhere; kFlashPipelined, the
+// flash kernels with two stages (double-buffered cp.async tile loads; the same bits as kFlash;
+// not yet run on a GPU).
+enum class AttentionKernels { kGemm, kFused, kFlash, kFlashPipelined };
 
 class DiT {
  public:

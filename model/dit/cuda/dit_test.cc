@@ -78,7 +78,8 @@ void ExpectStepMatchesCpu(const DiTConfig& c, int B,
                           AttentionKernels attention = AttentionKernels::kGemm) {
   SCOPED_TRACE(attention == AttentionKernels::kGemm    ? "spatial attention as batched GEMMs"
                : attention == AttentionKernels::kFused ? "fused attention"
-                                                       : "flash attention");
+               : attention == AttentionKernels::kFlash ? "flash attention"
+                                                       : "flash attention, two stages");
   difftrain::DiT cpu(c);
   const std::vector<float> weights = RandomBf16Weights(cpu);
   const Batch batch = RandomBatch(c, B, /*seed=*/11);
@@ -137,6 +138,7 @@ TEST(CudaDiTTest, TinyStepMatchesTheCpuModel) {
   ExpectStepMatchesCpu(Tiny(), /*B=*/3);
   ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFused);
   ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlash);
+  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlashPipelined);
 }
 
 // Latte: a video of 4 frames (spatial and temporal blocks, the temporal embedding), with
@@ -148,6 +150,7 @@ TEST(CudaDiTTest, LatteStepsMatchTheCpuModel) {
   c.num_frames = 4;
   ExpectStepMatchesCpu(c, /*B=*/3);
   ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlash);  // spatial and temporal blocks
+  ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlashPipelined);
   c.num_classes = 0;
   ExpectStepMatchesCpu(c, /*B=*/2);
   DiTConfig s4 = SizedConfigByName("Latte", "Latte-S/4", 32).value();
@@ -163,6 +166,8 @@ TEST(CudaDiTTest, DiTS2StepMatchesTheCpuModel) {
   ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2);
   ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, AttentionKernels::kFused);
   ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, AttentionKernels::kFlash);
+  ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2,
+                       AttentionKernels::kFlashPipelined);
 }
 
 // A replayed graph computes what eager launches compute (up to the order of the attention
