@@ -76,6 +76,7 @@ fi
 echo "== checks: the GPU tests"
 for t in $tests; do
   log=$out/$(basename "$t").log
+  start=$SECONDS
   if ! "$t" --gtest_brief=1 >"$log" 2>&1; then
     cat "$log"
     if [[ $keep_going == 1 ]]; then
@@ -91,23 +92,26 @@ for t in $tests; do
     echo "bench/cuda_dit.sh: $(basename "$t") found no usable GPU: nothing is timed" >&2
     exit 1
   fi
-  echo "$(basename "$t"): $(grep -o 'PASSED.*' "$log")"
+  echo "$(basename "$t"): $(grep -o 'PASSED.*' "$log") ($((SECONDS - start)) s)"
 done
 
-echo "== timing $model, micro-batches $micro_batches, $steps steps each"
+echo "== timing $model, micro-batches $micro_batches, $steps steps each (${SECONDS} s in)"
 IFS=, read -ra batches <<<"$micro_batches"
 IFS=, read -ra attentions <<<"$attention"
 for b in "${batches[@]}"; do
   for a in "${attentions[@]}"; do
+    start=$SECONDS
     if ! "$bin/bench_cuda_dit" --model "$model" --micro-batch "$b" --steps "$steps" \
         --peak-tflops "$peak" --attention "$a" >>"$results" 2>"$out/difftrain-$b-$a.err"; then
       printf '{"impl": "difftrain", "model": "%s", "micro_batch": %d, "attention": "%s", "error": "%s"}\n' \
         "$model" "$b" "$a" "$(tail -n 1 "$out/difftrain-$b-$a.err" | tr -d '"\\')" >>"$results"
     fi
+    echo "difftrain, micro-batch $b, $a attention: $((SECONDS - start)) s"
   done
   if [[ $torch == 1 ]]; then
     IFS=, read -ra modes <<<"$torch_modes"
     for mode in "${modes[@]}"; do  # compile first, the target's baseline, should time run out
+      start=$SECONDS
       python3 tests/reference/dit_bench_torch.py --model "$model" --micro-batches "$b" \
         --steps "$steps" --mode "$mode" --peak-tflops "$peak" --json "$out/torch.json" \
         >"$out/torch-$mode-$b.log" 2>&1 || true
@@ -116,6 +120,7 @@ for b in "${batches[@]}"; do
         printf '{"impl": "torch", "mode": "%s", "micro_batch": %d, "error": "see %s"}\n' "$mode" "$b" \
           "$out/torch-$mode-$b.log" >>"$results"
       rm -f "$out/torch.json"
+      echo "torch $mode, micro-batch $b: $((SECONDS - start)) s"
     done
   fi
 done
