@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# What a session lent a GPU runs first, in one call, for issue 23's open points: the GPU tests,
-# DiT-XL/2 timed beside PyTorch (with each attention of ATTENTIONS: flash, flash-pipelined),
-# compute-sanitizer on the tiny DiT step and the flash kernels, Latte-L/2 over 16-frame
-# videos, where the step's time goes, and why the flash kernels run at the rate they do
-# (Nsight Compute's speed-of-light, occupancy and warp-stall sections, one launch of each).
-# Every result lands in OUT (a few files, for a machine that returns only a handful).
+# What a session lent a GPU runs first, in one call, for issue 23's open points, in order of
+# value: the GPU tests, then DiT-XL/2 timed beside PyTorch under torch.compile (with each
+# attention of ATTENTIONS: flash, flash-pipelined); the attention kernels alone at DiT-XL/2's
+# and Latte-L/2's shapes (bench_cuda_attention); compute-sanitizer on the tiny DiT step and the
+# flash kernels; where the step's time goes (Nsight Compute's duration of every kernel); why the
+# flash kernels run at the rate they do (ncu's speed-of-light, occupancy and warp-stall sections
+# of one launch of each); Latte-L/2's step over 16-frame videos. Every result lands in OUT (a
+# few files, for a machine that returns only a handful).
 #
 #   bench/cuda_session.sh PREBUILT OUT
 #
@@ -12,11 +14,12 @@
 # find their libraries: PREBUILT/lib); OUT: a folder for the results. A failing step is
 # recorded and the next one runs. DiT-XL/2 runs at micro-batches 32 and 256 (MICRO_BATCHES),
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
-# Each step has a time limit (seconds; BENCH_S, SANITIZER_S each of memcheck, synccheck and
-# initcheck, RACECHECK_S each of 2 racechecks, LATTE_S each attention, PROFILE_S, KERNELS_S: at
-# most 585 s in all) so that the whole stays under the device's 10 minutes a call, and
-# OUT/steps.txt says how long each took and how it ended (124: out of time; 9: a sanitizer found
-# errors).
+# Each step has a time limit in seconds (BENCH_S, ATTENTION_S, SANITIZER_S for each of
+# memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
+# KERNELS_S, LATTE_S for each attention): 615 s in all, more than the device's 600 s a call,
+# but the sanitizers and Latte have taken half their limits; should a long bench leave too
+# little, what is cut short is Latte, last. OUT/steps.txt says how long each step took and how
+# it ended (124: out of time; 9: a sanitizer found errors).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bin=$1
@@ -26,8 +29,8 @@ mkdir -p "$out"
 if [[ -f $bin/bundle.tar.xz ]]; then
   tar -C "$bin" -xJf "$bin/bundle.tar.xz" && rm -f "$bin/bundle.tar.xz"
 fi
-: "${BENCH_S:=390}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}" "${LATTE_S:=15}"
-: "${PROFILE_S:=50}" "${KERNELS_S:=35}"
+: "${BENCH_S:=400}" "${ATTENTION_S:=20}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
+: "${PROFILE_S:=50}" "${KERNELS_S:=35}" "${LATTE_S:=15}"
 # The attentions timed (bench/cuda_dit.sh --attention): the default (flash) and its two-stage
 # variant, not yet run on a GPU; and PyTorch under torch.compile alone (TORCH_MODES), which with
 # an EMA is the issue's baseline: an H100 session (2026-11-27) that timed two attentions and
@@ -44,8 +47,11 @@ step() {
   return "$rc"
 }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
-nvcc --version 2>/dev/null | tail -n 2 >>"$out/gpu.txt"
+# The GPU, its driver and CUDA head steps.txt (at most 8 files come back from a call: bench.txt,
+# results.jsonl, attention.jsonl, sanitizer.txt, profile.txt, steps.txt, latte.jsonl, and the
+# ncu CSV should its summary fail).
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/steps.txt" 2>&1
+nvcc --version 2>/dev/null | tail -n 2 >>"$out/steps.txt"
 
 memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null |
   head -n 1)
@@ -60,10 +66,24 @@ step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches "$MICR
   >>"$out/bench.txt" 2>&1
 cp runs/cuda-bench/results.jsonl "$out/" 2>/dev/null
 
+# The attention kernels alone (each checked against the first's results, then timed): DiT-XL/2's
+# spatial attention at micro-batch 32 (256 tokens, head dim 72) and Latte-L/2's temporal
+# attention at micro-batch 8 (8 videos × 256 positions over 16 frames, head dim 64).
+attention_kernels() {
+  "$bin/bench_cuda_attention" --batch 32 --tokens 256 --hidden 1152 --heads 16 \
+    --kernels "$ATTENTIONS,gemm,fused" &&
+    "$bin/bench_cuda_attention" --batch 2048 --tokens 16 --hidden 1024 --heads 16 \
+      --kernels "$ATTENTIONS,fused"
+}
+export bin ATTENTIONS
+export -f attention_kernels  # for `timeout`, which runs programs, not functions
+step attention "$ATTENTION_S" bash -c attention_kernels >"$out/attention.jsonl" 2>&1
+
 # The GPU's own sanitizers (issue 23 asks for all four on a tiny step): every tool on the tiny
-# DiT step with each attention (GEMM, fused, flash with one and two stages), and racecheck on the flash kernels over
-# several tiles, where one tile's reads meet the next one's writes (the CPU emulator checks
-# their indexing and, under ThreadSanitizer, their barriers; not the hardware's accesses).
+# DiT step with each attention (GEMM, fused, flash with one and two stages), and racecheck on
+# the flash kernels over several tiles, where one tile's reads meet the next one's writes (the
+# CPU emulator checks their indexing and, under ThreadSanitizer, their barriers; not the
+# hardware's accesses).
 sanitize() {  # TOOL PROGRAM FILTER
   echo "== compute-sanitizer --tool $1: $(basename "$2") $3" >>"$out/sanitizer.txt"
   local limit=$SANITIZER_S
@@ -76,13 +96,6 @@ for tool in memcheck racecheck synccheck initcheck; do
   sanitize "$tool" "$bin/cuda_dit_test" 'CudaDiTTest.TinyStepMatchesTheCpuModel'
 done
 sanitize racecheck "$bin/cuda_attention_test" 'FlashAttentionTest.MatchesTheReference'
-
-# Latte-L/2, 16 frames of 32×32 latents (4,096 tokens a video), unconditional: one JSON line
-# per attention (difftrain alone: the PyTorch reference is DiT's).
-for a in ${LATTE_ATTENTIONS:-${ATTENTIONS//,/ }}; do
-  step "latte $a" "$LATTE_S" "$bin/bench_cuda_dit" --model Latte-L/2 --frames 16 --num-classes 0 \
-    --micro-batch 8 --warmup 3 --steps 10 --attention "$a" >>"$out/latte.jsonl" 2>&1
-done
 
 echo "== ncu: DiT-XL/2, micro-batch 32, flash attention" >"$out/profile.txt"
 step ncu "$PROFILE_S" ncu --clock-control none --csv --print-kernel-base function \
@@ -108,8 +121,14 @@ flash_kernels() {
       --steps 1 2>&1 | grep -v '^{'
   done
 }
-export bin
-export -f flash_kernels  # for `timeout`, which runs programs, not functions
+export -f flash_kernels
 step "ncu flash kernels" "$KERNELS_S" bash -c flash_kernels >>"$out/profile.txt" 2>&1
+
+# Latte-L/2, 16 frames of 32×32 latents (4,096 tokens a video), unconditional: one JSON line
+# per attention (difftrain alone: the PyTorch reference is DiT's).
+for a in ${LATTE_ATTENTIONS:-${ATTENTIONS//,/ }}; do
+  step "latte $a" "$LATTE_S" "$bin/bench_cuda_dit" --model Latte-L/2 --frames 16 --num-classes 0 \
+    --micro-batch 8 --warmup 3 --steps 10 --attention "$a" >>"$out/latte.jsonl" 2>&1
+done
 rm -f "$out/sanitizer.log"
 ls "$out"
