@@ -5,6 +5,10 @@
 //   bench_cuda_attention [--batch 32] [--tokens 256] [--hidden 1152] [--heads 16]
 //                        [--kernels flash,flash-pipelined,gemm,fused] [--reps 30]
 //
+// Kernels: flash and flash-pipelined (one and two stages), flash-wide and flash-pipelined-wide
+// (their forward with two m-tiles a warp, the same backward), gemm (cuBLASLt batched GEMMs over
+// materialised scores) and fused (the wmma kernels).
+//
 // For each kernel: the forward (out and lse from a packed qkv [B, T, 3·D]) and the backward
 // (dqkv from dout, given the forward's out and lse), each timed with CUDA events around one
 // launch sequence, the median of --reps after 3 untimed runs, over two input sets in turn
@@ -124,6 +128,22 @@ int Run(const Options& o) {
       {"flash-pipelined",
        [&](bf16* y, float* l, const bf16* x) {
          cuda::FlashAttentionForwardPipelined(y, l, x, B, T, D, H, stream);
+       },
+       [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
+         cuda::FlashAttentionBackwardPipelined(dx, dy, x, y, l, workspace.data(), B, T, D, H,
+                                               stream);
+       }},
+      // The forward with two m-tiles a warp; the backward of its stage count.
+      {"flash-wide",
+       [&](bf16* y, float* l, const bf16* x) {
+         cuda::FlashAttentionForwardWide(y, l, x, B, T, D, H, cuda::FlashStages::kOne, stream);
+       },
+       [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
+         cuda::FlashAttentionBackward(dx, dy, x, y, l, workspace.data(), B, T, D, H, stream);
+       }},
+      {"flash-pipelined-wide",
+       [&](bf16* y, float* l, const bf16* x) {
+         cuda::FlashAttentionForwardWide(y, l, x, B, T, D, H, cuda::FlashStages::kTwo, stream);
        },
        [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
          cuda::FlashAttentionBackwardPipelined(dx, dy, x, y, l, workspace.data(), B, T, D, H,
@@ -250,7 +270,7 @@ int main(int argc, char** argv) {
   app.add_option("--heads", o.heads, "heads H")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--kernels", o.kernels,
                  "comma-separated, the first the reference for the others' results: flash, "
-                 "flash-pipelined, gemm, fused")
+                 "flash-pipelined, flash-wide, flash-pipelined-wide, gemm, fused")
       ->capture_default_str();
   app.add_option("--reps", o.reps, "timed runs of each")
       ->check(CLI::PositiveNumber)

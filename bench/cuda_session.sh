@@ -71,7 +71,7 @@ cp runs/cuda-bench/results.jsonl "$out/" 2>/dev/null
 # attention at micro-batch 8 (8 videos × 256 positions over 16 frames, head dim 64).
 attention_kernels() {
   "$bin/bench_cuda_attention" --batch 32 --tokens 256 --hidden 1152 --heads 16 \
-    --kernels "$ATTENTIONS,gemm,fused" &&
+    --kernels "$ATTENTIONS,flash-wide,flash-pipelined-wide,gemm,fused" &&
     "$bin/bench_cuda_attention" --batch 2048 --tokens 16 --hidden 1024 --heads 16 \
       --kernels "$ATTENTIONS,fused"
 }

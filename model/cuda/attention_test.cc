@@ -294,12 +294,14 @@ bool SameBits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
 }
 
-// The two-stage kernels compute what the one-stage kernels do, bit for bit.
+// The two-stage kernels compute what the one-stage kernels do, bit for bit, and so does the
+// forward with two m-tiles a warp (one stage and two).
 TEST(FlashAttentionTest, TwoStagesGiveTheOneStageBits) {
   DT_SKIP_WITHOUT_GPU();
   using A = XL2Attention;
   A a(33);
   std::vector<bf16> outs[2], grads[2];
+  std::vector<float> lses[2];
   for (int stages = 1; stages <= 2; ++stages) {
     DeviceBuffer<bf16> out(A::kOut), dqkv(A::kQkv);
     DeviceBuffer<float> lse(size_t(A::B) * A::H * A::T);
@@ -318,9 +320,25 @@ TEST(FlashAttentionTest, TwoStagesGiveTheOneStageBits) {
     DT_CUDA_CHECK(cudaDeviceSynchronize());
     outs[stages - 1] = out.Download();
     grads[stages - 1] = dqkv.Download();
+    lses[stages - 1] = lse.Download();
   }
   EXPECT_TRUE(SameBits(outs[0], outs[1])) << "out";
   EXPECT_TRUE(SameBits(grads[0], grads[1])) << "dqkv";
+  EXPECT_EQ(0, std::memcmp(lses[0].data(), lses[1].data(), lses[0].size() * sizeof(float)));
+  for (const FlashStages stages : {FlashStages::kOne, FlashStages::kTwo}) {
+    SCOPED_TRACE(stages == FlashStages::kOne ? "two m-tiles a warp, one stage"
+                                             : "two m-tiles a warp, two stages");
+    DeviceBuffer<bf16> out(A::kOut);
+    DeviceBuffer<float> lse(size_t(A::B) * A::H * A::T);
+    testing::Poison(out);
+    testing::Poison(lse);
+    FlashAttentionForwardWide(out.data(), lse.data(), a.qkv.data(), A::B, A::T, A::D, A::H, stages,
+                              nullptr);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(SameBits(out.Download(), outs[0])) << "out";
+    const std::vector<float> got = lse.Download();
+    EXPECT_EQ(0, std::memcmp(got.data(), lses[0].data(), got.size() * sizeof(float))) << "lse";
+  }
 }
 
 // No atomics: two backward passes give the same bits.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "model/cuda/attention.h"
 #include "model/cuda/flash_kernels.h"
@@ -77,6 +78,11 @@ __global__ void __launch_bounds__(flash::kThreads, 4)
     FlashForwardPipelinedKernel(flash::ForwardArgs args) {
   flash::Forward<HDP, DevicePrimitives, 2>(args);
 }
+// Two m-tiles a warp (128 query rows a block).
+template <int HDP, int kStages>
+__global__ void __launch_bounds__(flash::kThreads) FlashForwardWideKernel(flash::ForwardArgs args) {
+  flash::Forward<HDP, DevicePrimitives, kStages, 2>(args);
+}
 template <int HDP, int kStages>
 __global__ void __launch_bounds__(flash::kThreads) FlashDqKernel(flash::BackwardArgs args) {
   flash::BackwardDq<HDP, DevicePrimitives, kStages>(args);
@@ -86,12 +92,11 @@ __global__ void __launch_bounds__(flash::kThreads) FlashDkvKernel(flash::Backwar
   flash::BackwardDkv<HDP, DevicePrimitives, kStages>(args);
 }
 
-// Launches `kernel` over (⌈rows/64⌉, H, B) with `smem` bytes of dynamic shared memory, raising
-// the kernel's limit past the default 48 KiB on its first launch (per process: one GPU).
+// Launches `kernel` over (⌈rows/block_rows⌉, H, B) with `smem` bytes of dynamic shared memory.
 template <typename Args>
 void Launch(void (*kernel)(Args), const Args& args, int rows, int H, int B, size_t smem,
-            cudaStream_t stream) {
-  const dim3 grid((rows + flash::kRows - 1) / flash::kRows, H, B);
+            cudaStream_t stream, int block_rows = flash::kRows) {
+  const dim3 grid((rows + block_rows - 1) / block_rows, H, B);
   kernel<<<grid, flash::kThreads, smem, stream>>>(args);
   DT_CUDA_CHECK_LAUNCH();
 }
@@ -201,6 +206,29 @@ void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* q, const 
                                     const bf16* v, size_t q_stride, size_t kv_stride, int B, int Tq,
                                     int Tk, int D, int H, cudaStream_t stream) {
   Forward<2>(out, lse, q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H, stream);
+}
+
+void FlashAttentionForwardWide(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
+                               FlashStages stages, cudaStream_t stream) {
+  const size_t stride = 3 * size_t(D);
+  const flash::ForwardArgs args{
+      MakeOperands(qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H), Bits(out), lse};
+  DT_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "out is not 16-byte aligned");
+  flash::WithPaddedHeadDim(D / H, [&](auto padded) {
+    constexpr int HDP = decltype(padded)::value;
+    const auto launch = [&](auto staged) {
+      constexpr int kStages = decltype(staged)::value;
+      constexpr size_t kSmem = flash::ForwardSmemBytes<HDP, kStages, 2>();
+      static const bool allowed = AllowSmem(FlashForwardWideKernel<HDP, kStages>, kSmem);
+      static_cast<void>(allowed);
+      Launch(FlashForwardWideKernel<HDP, kStages>, args, T, H, B, kSmem, stream, 2 * flash::kRows);
+    };
+    if (stages == FlashStages::kTwo) {
+      launch(std::integral_constant<int, 2>());
+    } else {
+      launch(std::integral_constant<int, 1>());
+    }
+  });
 }
 
 void FlashAttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,

@@ -50,6 +50,13 @@ void FlashAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const
                             const float* lse, float* workspace, int B, int T, int D, int H,
                             cudaStream_t stream);
 
+// The packed forward with two 16-row m-tiles a warp (32 query rows a warp, 128 a block), each
+// key and value fragment read from shared memory once for both, with one or two stages: the
+// same out and lse bit for bit. Not yet in a model (bench_cuda_attention times it as
+// flash-wide); not yet run on a GPU.
+void FlashAttentionForwardWide(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
+                               FlashStages stages, cudaStream_t stream);
+
 // The same four with two stages (FlashStages::kTwo).
 void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* q, const bf16* k,
                                     const bf16* v, size_t q_stride, size_t kv_stride, int B, int Tq,

@@ -81,12 +81,12 @@ constexpr int InnerTile() {
   return HDP <= 80 ? 64 : 32;
 }
 
-// Shared memory (bytes): the forward's q tile and kStages k, v tiles; dQ's q and dout, and
-// kStages k, v; dK/dV's k and v, and kStages q, dout tiles with each query tile's lse·log2 e
-// and delta.
-template <int HDP, int kStages = 1>
+// Shared memory (bytes): the forward's q tile (kMTiles·64 rows) and kStages k, v tiles; dQ's q and
+// dout, and kStages k, v; dK/dV's k and v, and kStages q, dout tiles with each query tile's
+// lse·log2 e and delta.
+template <int HDP, int kStages = 1, int kMTiles = 1>
 constexpr size_t ForwardSmemBytes() {
-  return size_t(kRows + kStages * 2 * InnerTile<HDP>()) * Ld<HDP>() * 2;
+  return size_t(kRows * kMTiles + kStages * 2 * InnerTile<HDP>()) * Ld<HDP>() * 2;
 }
 template <int HDP, int kStages = 1>
 constexpr size_t DqSmemBytes() {
@@ -164,44 +164,70 @@ DT_SIMT void LoadB(uint32_t (&b)[4], const uint16_t* tile, int k0, int n0, int l
       b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * Ld<HDP>() + n0 + ((lane >> 4) << 3));
 }
 
-// acc (16 × 8·NT) += A·Bᵀ over the padded head dim: A = rows a_row0 … +15 of a_tile, B's rows
-// 0 … 8·NT−1 of b_tile.
-template <int HDP, int NT, class P>
-DT_SIMT void MmaABt(float (&acc)[NT][4], const uint16_t* a_tile, int a_row0, const uint16_t* b_tile,
-                    int lane) {
+// acc[m] (16 × 8·NT) += A_m·Bᵀ over the padded head dim for MT m-tiles: A_m = rows
+// a_row0 + 16·m … +15 of a_tile, B's rows 0 … 8·NT−1 of b_tile (each B fragment read once and
+// used by every m-tile).
+template <int HDP, int NT, int MT, class P>
+DT_SIMT void MmaABt(float (&acc)[MT][NT][4], const uint16_t* a_tile, int a_row0,
+                    const uint16_t* b_tile, int lane) {
   DT_UNROLL
   for (int kk = 0; kk < HDP / 16; ++kk) {
-    uint32_t a[4];
-    LoadA<HDP, P>(a, a_tile, a_row0, kk * 16, lane);
+    uint32_t a[MT][4];
+    DT_UNROLL
+    for (int m = 0; m < MT; ++m)
+      LoadA<HDP, P>(a[m], a_tile, a_row0 + 16 * m, kk * 16, lane);
     DT_UNROLL
     for (int n = 0; n < NT / 2; ++n) {
       uint32_t b[4];
       LoadBt<HDP, P>(b, b_tile, n * 16, kk * 16, lane);
-      P::Mma(acc[2 * n], a, b[0], b[1]);
-      P::Mma(acc[2 * n + 1], a, b[2], b[3]);
+      DT_UNROLL
+      for (int m = 0; m < MT; ++m) {
+        P::Mma(acc[m][2 * n], a[m], b[0], b[1]);
+        P::Mma(acc[m][2 * n + 1], a[m], b[2], b[3]);
+      }
     }
   }
 }
+// One m-tile.
+template <int HDP, int NT, class P>
+DT_SIMT void MmaABt(float (&acc)[NT][4], const uint16_t* a_tile, int a_row0, const uint16_t* b_tile,
+                    int lane) {
+  MmaABt<HDP, NT, 1, P>(reinterpret_cast<float(&)[1][NT][4]>(acc), a_tile, a_row0, b_tile, lane);
+}
 
-// acc (16 × HDP) += S·B: S (16 × KT) as fp32 accumulator tiles rounded to bf16, B = rows
-// 0 … KT−1 of b_tile.
-template <int HDP, int KT, class P>
-DT_SIMT void MmaSB(float (&acc)[HDP / 8][4], const float (&s)[KT / 8][4], const uint16_t* b_tile,
-                   int lane) {
+// acc[m] (16 × HDP) += S_m·B for MT m-tiles: S_m (16 × KT) as fp32 accumulator tiles rounded
+// to bf16, B = rows 0 … KT−1 of b_tile (each B fragment read once).
+template <int HDP, int KT, int MT, class P>
+DT_SIMT void MmaSB(float (&acc)[MT][HDP / 8][4], const float (&s)[MT][KT / 8][4],
+                   const uint16_t* b_tile, int lane) {
   DT_UNROLL
   for (int j = 0; j < KT / 16; ++j) {
-    const uint32_t a[4] = {P::PackBf16x2(s[2 * j][0], s[2 * j][1]),
-                           P::PackBf16x2(s[2 * j][2], s[2 * j][3]),
-                           P::PackBf16x2(s[2 * j + 1][0], s[2 * j + 1][1]),
-                           P::PackBf16x2(s[2 * j + 1][2], s[2 * j + 1][3])};
+    uint32_t a[MT][4];
+    DT_UNROLL
+    for (int m = 0; m < MT; ++m) {
+      a[m][0] = P::PackBf16x2(s[m][2 * j][0], s[m][2 * j][1]);
+      a[m][1] = P::PackBf16x2(s[m][2 * j][2], s[m][2 * j][3]);
+      a[m][2] = P::PackBf16x2(s[m][2 * j + 1][0], s[m][2 * j + 1][1]);
+      a[m][3] = P::PackBf16x2(s[m][2 * j + 1][2], s[m][2 * j + 1][3]);
+    }
     DT_UNROLL
     for (int n = 0; n < HDP / 16; ++n) {
       uint32_t b[4];
       LoadB<HDP, P>(b, b_tile, j * 16, n * 16, lane);
-      P::Mma(acc[2 * n], a, b[0], b[1]);
-      P::Mma(acc[2 * n + 1], a, b[2], b[3]);
+      DT_UNROLL
+      for (int m = 0; m < MT; ++m) {
+        P::Mma(acc[m][2 * n], a[m], b[0], b[1]);
+        P::Mma(acc[m][2 * n + 1], a[m], b[2], b[3]);
+      }
     }
   }
+}
+// One m-tile.
+template <int HDP, int KT, class P>
+DT_SIMT void MmaSB(float (&acc)[HDP / 8][4], const float (&s)[KT / 8][4], const uint16_t* b_tile,
+                   int lane) {
+  MmaSB<HDP, KT, 1, P>(reinterpret_cast<float(&)[1][HDP / 8][4]>(acc),
+                       reinterpret_cast<const float(&)[1][KT / 8][4]>(s), b_tile, lane);
 }
 
 // Writes rows row0 + lane/4 (+8) of acc·factor as bf16 to g (row stride `stride`), rows < T and
@@ -234,7 +260,7 @@ struct Place {
   float sl2;
 };
 
-template <class P>
+template <class P, int kBlockRows = kRows>
 DT_SIMT Place Locate(const Operands& a) {
   Place p;
   p.lane = P::Thread() % 32;
@@ -243,8 +269,8 @@ DT_SIMT Place Locate(const Operands& a) {
   p.hd = a.D / a.H;
   p.h = P::BlockY();
   p.b = P::BlockZ();
-  p.first = P::BlockX() * kRows;
-  p.row0 = p.first + p.warp * 16;
+  p.first = P::BlockX() * kBlockRows;
+  p.row0 = p.first + p.warp * (kBlockRows / kWarps);
   p.q_off = size_t(p.b) * a.Tq * a.q_stride + p.h * p.hd;
   p.o_off = size_t(p.b) * a.Tq * a.D + p.h * p.hd;
   p.kv_off = size_t(p.b) * a.Tk * a.kv_stride + p.h * p.hd;
@@ -307,83 +333,105 @@ struct TilePipeline {
   }
 };
 
+// The online softmax of one m-tile's scores s (16 rows × kT keys from kv0, the lane's two rows)
+// in log2 units, the four lanes of a row combining through shuffles: s becomes P, the row
+// maxima m and sums l move on, and the accumulated output o is rescaled by α = exp2(m − m_new).
+template <int kT, int kN, class P>
+DT_SIMT void OnlineSoftmax(float (&s)[kT / 8][4], float (&o)[kN][4], float (&m)[2], float (&l)[2],
+                           int kv0, int Tk, int tq, float sl2) {
+  DT_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+    DT_UNROLL
+    for (int n = 0; n < kT / 8; ++n) {
+      DT_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const bool valid = kv0 + n * 8 + 2 * tq + e < Tk;
+        const float x = valid ? s[n][2 * r + e] * sl2 : -INFINITY;
+        s[n][2 * r + e] = x;
+        mx = fmaxf(mx, x);
+      }
+    }
+    mx = fmaxf(mx, P::ShflXor(mx, 1));
+    mx = fmaxf(mx, P::ShflXor(mx, 2));
+    // Key kv0 < Tk is in every tile, so m_new is finite; the first tile's α is exp2(−∞) = 0.
+    const float m_new = fmaxf(m[r], mx);
+    const float alpha = P::Exp2(m[r] - m_new);
+    float sum = 0;
+    DT_UNROLL
+    for (int n = 0; n < kT / 8; ++n) {
+      DT_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const float p = P::Exp2(s[n][2 * r + e] - m_new);
+        s[n][2 * r + e] = p;
+        sum += p;
+      }
+    }
+    sum += P::ShflXor(sum, 1);
+    sum += P::ShflXor(sum, 2);
+    l[r] = l[r] * alpha + sum;
+    m[r] = m_new;
+    DT_UNROLL
+    for (int j = 0; j < kN; ++j) {
+      o[j][2 * r] *= alpha;
+      o[j][2 * r + 1] *= alpha;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
-// Forward. Grid (⌈Tq/64⌉, H, B). Per key tile: S = Q_w·Kᵀ, the online softmax in log2 units on
-// the lane's two rows (the four lanes of a row combine through shuffles), O = O·α + P·V.
-template <int HDP, class P, int kStages = 1>
+// Forward. Grid (⌈Tq/(64·kMTiles)⌉, H, B). Per key tile: S = Q_w·Kᵀ, the online softmax, O =
+// O·α + P·V. kMTiles: the 16-row m-tiles a warp owns (1, or 2: 32 query rows a warp and 128 a
+// block, each K and V fragment read from shared memory once for both; the same results bit for
+// bit, each row's arithmetic being the same).
+template <int HDP, class P, int kStages = 1, int kMTiles = 1>
 DT_SIMT void Forward(const ForwardArgs& args) {
-  constexpr int kT = InnerTile<HDP>(), kN = HDP / 8;
+  constexpr int kT = InnerTile<HDP>(), kN = HDP / 8, kM = kMTiles, kBlockRows = kRows * kM;
   constexpr bool kAsync = kStages == 2;
   const Operands& a = args.in;
   uint16_t* q_s = reinterpret_cast<uint16_t*>(P::Smem());
-  uint16_t* kv_s = q_s + kRows * Ld<HDP>();  // stage s: k at kv_s + s·2·kT·Ld, v after it
-  const Place at = Locate<P>(a);
+  uint16_t* kv_s = q_s + kBlockRows * Ld<HDP>();  // stage s: k at kv_s + s·2·kT·Ld, v after it
+  const Place at = Locate<P, kBlockRows>(a);
   const int lane = at.lane, warp = at.warp, tq = at.tq, hd = at.hd, q0 = at.first;
-  const float sl2 = at.sl2;
   const TilePipeline<P, kStages> tiles{kT, a.Tk};
   auto load = [&](int stage, int kv0) {
     LoadKeyValueRows<HDP, kT, P, kAsync>(kv_s + stage * 2 * kT * Ld<HDP>(), a, at, kv0);
   };
 
-  LoadRows<HDP, P, kAsync>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
+  LoadRows<HDP, P, kAsync>(q_s, kBlockRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0,
+                           hd);
   tiles.Start(load);
-  float o[kN][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+  float o[kM][kN][4] = {};
+  float m[kM][2], l[kM][2];
+  DT_UNROLL
+  for (int i = 0; i < kM; ++i) {
+    m[i][0] = m[i][1] = -INFINITY;
+    l[i][0] = l[i][1] = 0;
+  }
   for (int kv0 = 0, t = 0; kv0 < a.Tk; kv0 += kT, ++t) {
     const uint16_t* k_s = kv_s + tiles.Next(t, kv0, load) * 2 * kT * Ld<HDP>();
     const uint16_t* v_s = k_s + kT * Ld<HDP>();
 
-    float s[kT / 8][4] = {};
-    MmaABt<HDP, kT / 8, P>(s, q_s, warp * 16, k_s, lane);
+    float s[kM][kT / 8][4] = {};
+    MmaABt<HDP, kT / 8, kM, P>(s, q_s, warp * 16 * kM, k_s, lane);
     DT_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-      DT_UNROLL
-      for (int n = 0; n < kT / 8; ++n) {
-        DT_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const bool valid = kv0 + n * 8 + 2 * tq + e < a.Tk;
-          const float x = valid ? s[n][2 * r + e] * sl2 : -INFINITY;
-          s[n][2 * r + e] = x;
-          mx = fmaxf(mx, x);
-        }
-      }
-      mx = fmaxf(mx, P::ShflXor(mx, 1));
-      mx = fmaxf(mx, P::ShflXor(mx, 2));
-      // Key kv0 < Tk is in every tile, so m_new is finite; the first tile's α is exp2(−∞) = 0.
-      const float m_new = fmaxf(m[r], mx);
-      const float alpha = P::Exp2(m[r] - m_new);
-      float sum = 0;
-      DT_UNROLL
-      for (int n = 0; n < kT / 8; ++n) {
-        DT_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const float p = P::Exp2(s[n][2 * r + e] - m_new);
-          s[n][2 * r + e] = p;
-          sum += p;
-        }
-      }
-      sum += P::ShflXor(sum, 1);
-      sum += P::ShflXor(sum, 2);
-      l[r] = l[r] * alpha + sum;
-      m[r] = m_new;
-      DT_UNROLL
-      for (int j = 0; j < kN; ++j) {
-        o[j][2 * r] *= alpha;
-        o[j][2 * r + 1] *= alpha;
-      }
-    }
-    MmaSB<HDP, kT, P>(o, s, v_s, lane);
+    for (int i = 0; i < kM; ++i)
+      OnlineSoftmax<kT, kN, P>(s[i], o[i], m[i], l[i], kv0, a.Tk, tq, at.sl2);
+    MmaSB<HDP, kT, kM, P>(o, s, v_s, lane);
     tiles.Done();
   }
 
-  const float inv_l[2] = {1.0f / l[0], 1.0f / l[1]};
-  StoreRows<HDP, P>(o, inv_l, args.out + at.o_off, a.D, at.row0, a.Tq, hd, lane);
-  if (tq == 0) {
-    DT_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const int q = at.row0 + (lane >> 2) + 8 * r;
-      if (q < a.Tq) args.lse[at.stat_off + q] = (m[r] + P::Log2(l[r])) * kLn2;
+  DT_UNROLL
+  for (int i = 0; i < kM; ++i) {
+    const int row0 = at.row0 + 16 * i;
+    const float inv_l[2] = {1.0f / l[i][0], 1.0f / l[i][1]};
+    StoreRows<HDP, P>(o[i], inv_l, args.out + at.o_off, a.D, row0, a.Tq, hd, lane);
+    if (tq == 0) {
+      DT_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int q = row0 + (lane >> 2) + 8 * r;
+        if (q < a.Tq) args.lse[at.stat_off + q] = (m[i][r] + P::Log2(l[i][r])) * kLn2;
+      }
     }
   }
 }

@@ -64,10 +64,11 @@ double RelativeL2(const std::vector<double>& got, const std::vector<double>& wan
   return std::sqrt(diff / norm);
 }
 
-// Runs one kernel body of HDP on the emulator over grid (⌈rows/64⌉, H, B).
+// Runs one kernel body of HDP on the emulator over grid (⌈rows/block_rows⌉, H, B).
 template <int HDP, class Args>
-void Run(void (*body)(const Args&), const Args& args, int rows, int H, int B, size_t smem) {
-  simt::Launch({(rows + flash::kRows - 1) / flash::kRows, H, B}, flash::kThreads, smem,
+void Run(void (*body)(const Args&), const Args& args, int rows, int H, int B, size_t smem,
+         int block_rows = flash::kRows) {
+  simt::Launch({(rows + block_rows - 1) / block_rows, H, B}, flash::kThreads, smem,
                [&] { body(args); });
 }
 
@@ -173,6 +174,24 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
       << "the two-stage kernels' outputs differ from the one-stage kernels'";
   EXPECT_EQ(std::memcmp(one.lse.data(), two.lse.data(), one.lse.size() * sizeof(float)), 0)
       << "lse";
+  // The forward with two m-tiles a warp, with one stage and two: each row's arithmetic is the
+  // one-m-tile kernel's, so the same bits.
+  flash::WithPaddedHeadDim(hd, [&](auto padded) {
+    constexpr int HDP = decltype(padded)::value;
+    const auto wide = [&](auto stages) {
+      constexpr int kStages = decltype(stages)::value;
+      std::vector<uint16_t> out(out_ref.size(), kNaN);
+      std::vector<float> lse(lse_ref.size(), NAN);
+      Run<HDP>(&flash::Forward<HDP, simt::Primitives, kStages, 2>,
+               flash::ForwardArgs{in, out.data(), lse.data()}, s.Tq, s.H, s.B,
+               flash::ForwardSmemBytes<HDP, kStages, 2>(), 2 * flash::kRows);
+      EXPECT_TRUE(out == one.out) << "two m-tiles a warp, " << kStages << " stages: out";
+      EXPECT_EQ(std::memcmp(lse.data(), one.lse.data(), lse.size() * sizeof(float)), 0)
+          << "two m-tiles a warp, " << kStages << " stages: lse";
+    };
+    wide(std::integral_constant<int, 1>());
+    wide(std::integral_constant<int, 2>());
+  });
   const std::vector<uint16_t>& out = one.out;
   const std::vector<float>& lse = one.lse;
   const std::vector<uint16_t>& dq = one.dq;

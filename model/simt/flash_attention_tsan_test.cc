@@ -72,7 +72,7 @@ std::vector<uint16_t> Random(size_t n, uint64_t seed) {
   return v;
 }
 
-enum class Kernel { kForward, kDq, kDkv };
+enum class Kernel { kForward, kDq, kDkv, kForwardWide };  // wide: two m-tiles a warp
 
 // Runs one kernel (q [B, Tq, D], k and v in one [B, Tk, 2·D]) with `stages` stages (1, or 2:
 // double-buffered) and `drop` as the dropped barrier; the number of races reported.
@@ -101,8 +101,8 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
   const int before = g_reports;
   const auto launch = [&](auto padded, auto staged) {
     constexpr int HDP = decltype(padded)::value, kStages = decltype(staged)::value;
-    const auto grid = [&](int rows) {
-      return simt::Dim3{(rows + flash::kRows - 1) / flash::kRows, s.H, s.B};
+    const auto grid = [&](int rows, int block_rows = flash::kRows) {
+      return simt::Dim3{(rows + block_rows - 1) / block_rows, s.H, s.B};
     };
     switch (kernel) {
       case Kernel::kForward:
@@ -116,6 +116,11 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
       case Kernel::kDkv:
         simt::Launch(grid(s.Tk), flash::kThreads, flash::DkvSmemBytes<HDP, kStages>(),
                      [&] { flash::BackwardDkv<HDP, P, kStages>(backward); });
+        break;
+      case Kernel::kForwardWide:
+        simt::Launch(grid(s.Tq, 2 * flash::kRows), flash::kThreads,
+                     flash::ForwardSmemBytes<HDP, kStages, 2>(),
+                     [&] { flash::Forward<HDP, P, kStages, 2>(forward); });
         break;
     }
   };
@@ -131,10 +136,13 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
 }
 
 const char* Name(Kernel k) {
-  return k == Kernel::kForward ? "forward" : k == Kernel::kDq ? "dQ" : "dK/dV";
+  return k == Kernel::kForward ? "forward"
+         : k == Kernel::kDq    ? "dQ"
+         : k == Kernel::kDkv   ? "dK/dV"
+                               : "forward, two m-tiles a warp";
 }
 
-constexpr Kernel kKernels[] = {Kernel::kForward, Kernel::kDq, Kernel::kDkv};
+constexpr Kernel kKernels[] = {Kernel::kForward, Kernel::kDq, Kernel::kDkv, Kernel::kForwardWide};
 
 #if defined(__SANITIZE_THREAD__)
 #define DT_REQUIRE_TSAN()
