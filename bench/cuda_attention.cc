@@ -117,38 +117,37 @@ int Run(const Options& o) {
   Inputs sets[2] = {{RandomBf16(n_qkv, 1, 1.5), RandomBf16(n_out, 2, 1.0)},
                     {RandomBf16(n_qkv, 3, 1.5), RandomBf16(n_out, 4, 1.0)}};
 
+  using Backward = decltype(Kernel::backward);
+  const Backward flash_backward = [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y,
+                                      const float* l) {
+    cuda::FlashAttentionBackward(dx, dy, x, y, l, workspace.data(), B, T, D, H, stream);
+  };
+  const Backward pipelined_backward = [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y,
+                                          const float* l) {
+    cuda::FlashAttentionBackwardPipelined(dx, dy, x, y, l, workspace.data(), B, T, D, H, stream);
+  };
   std::vector<Kernel> all = {
       {"flash",
        [&](bf16* y, float* l, const bf16* x) {
          cuda::FlashAttentionForward(y, l, x, B, T, D, H, stream);
        },
-       [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
-         cuda::FlashAttentionBackward(dx, dy, x, y, l, workspace.data(), B, T, D, H, stream);
-       }},
+       flash_backward},
       {"flash-pipelined",
        [&](bf16* y, float* l, const bf16* x) {
          cuda::FlashAttentionForwardPipelined(y, l, x, B, T, D, H, stream);
        },
-       [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
-         cuda::FlashAttentionBackwardPipelined(dx, dy, x, y, l, workspace.data(), B, T, D, H,
-                                               stream);
-       }},
+       pipelined_backward},
       // The forward with two m-tiles a warp; the backward of its stage count.
       {"flash-wide",
        [&](bf16* y, float* l, const bf16* x) {
          cuda::FlashAttentionForwardWide(y, l, x, B, T, D, H, cuda::FlashStages::kOne, stream);
        },
-       [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
-         cuda::FlashAttentionBackward(dx, dy, x, y, l, workspace.data(), B, T, D, H, stream);
-       }},
+       flash_backward},
       {"flash-pipelined-wide",
        [&](bf16* y, float* l, const bf16* x) {
          cuda::FlashAttentionForwardWide(y, l, x, B, T, D, H, cuda::FlashStages::kTwo, stream);
        },
-       [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
-         cuda::FlashAttentionBackwardPipelined(dx, dy, x, y, l, workspace.data(), B, T, D, H,
-                                               stream);
-       }},
+       pipelined_backward},
       {"fused",
        [&](bf16* y, float* l, const bf16* x) {
          cuda::AttentionForward(y, l, x, B, T, D, H, stream);
