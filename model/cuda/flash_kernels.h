@@ -252,8 +252,9 @@ DT_SIMT void StoreRows(const float (&acc)[HDP / 8][4], const float (&factor)[2],
 
 // Where the calling thread works: its lane, warp and column pair in an accumulator tile
 // (lane % 4); the block's head h of sequence b and the first of its kBlockRows rows (queries, or
-// keys for dK and dV; 64, or 128 for a forward of two m-tiles a warp), the warp's first row; each operand's offset to this head of this sequence (q, dq;
-// out, dout; k, v, dk, dv; lse, delta); the scores' scale in log2 units.
+// keys for dK and dV; 64, or 128 for a forward of two m-tiles a warp), the warp's first row;
+// each operand's offset to this head of this sequence (q, dq; out, dout; k, v, dk, dv; lse,
+// delta); the scores' scale in log2 units.
 struct Place {
   int lane, warp, tq, hd, h, b, first, row0;
   size_t q_off, o_off, kv_off, stat_off;
