@@ -41,7 +41,7 @@ struct Options {
   int warmup = 5;
   int steps = 20;
   bool no_graph = false;
-  std::string attention = "flash";  // flash, flash-pipelined, gemm or fused
+  std::string attention = "flash";  // flash[-pipelined][-wide], gemm or fused
   std::optional<int> frames;        // a Latte model's frames a video (its family's default: 16)
   std::optional<int> num_classes;   // default: the config's own
   double peak_tflops = 989;
@@ -116,12 +116,18 @@ int Run(const Options& o) {
     initial.assign(reference.params(), reference.params() + reference.num_params());
   }
   // The ε-MSE alone, as the PyTorch side computes it.
-  const cuda::AttentionKernels attention = o.attention == "flash" ? cuda::AttentionKernels::kFlash
-                                           : o.attention == "flash-pipelined"
-                                               ? cuda::AttentionKernels::kFlashPipelined
+  // "flash[-pipelined][-wide]": the flash kernels' variant (cuda::FlashVariant).
+  const bool flash = o.attention.rfind("flash", 0) == 0;
+  const cuda::AttentionKernels attention = flash                    ? cuda::AttentionKernels::kFlash
                                            : o.attention == "fused" ? cuda::AttentionKernels::kFused
                                                                     : cuda::AttentionKernels::kGemm;
-  cuda::DiT model(c, stream, {.vb_loss = false, .use_graph = !o.no_graph, .attention = attention});
+  const cuda::FlashVariant variant{.stages = o.attention.find("pipelined") != std::string::npos
+                                                 ? cuda::FlashStages::kTwo
+                                                 : cuda::FlashStages::kOne,
+                                   .wide_forward = o.attention.find("wide") != std::string::npos};
+  cuda::DiT model(
+      c, stream,
+      {.vb_loss = false, .use_graph = !o.no_graph, .attention = attention, .flash = variant});
   if (Status s = model.Reserve(o.micro_batch); !s.ok()) {
     std::fprintf(stderr, "bench_cuda_dit: %s\n", s.message().c_str());
     return 2;
@@ -198,8 +204,9 @@ int main(int argc, char** argv) {
   app.add_option("--attention", o.attention,
                  "gemm: batched GEMMs in the spatial blocks; fused: the wmma kernels; flash: the "
                  "mma.sync flash kernels; flash-pipelined: those with double-buffered cp.async "
-                 "tile loads (model/dit/cuda/dit.h)")
-      ->check(CLI::IsMember({"gemm", "fused", "flash", "flash-pipelined"}))
+                 "tile loads; -wide: the forward with two m-tiles a warp (model/dit/cuda/dit.h)")
+      ->check(CLI::IsMember(
+          {"gemm", "fused", "flash", "flash-pipelined", "flash-wide", "flash-pipelined-wide"}))
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops, "the GPU's dense bf16 peak, for MFU")
       ->capture_default_str();

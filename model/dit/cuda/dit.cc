@@ -54,9 +54,8 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
       !GemmAttentionTakes(config_.tokens(), config_.hidden_size, config_.num_heads)) {
     spatial_attention_ = AttentionKernels::kFused;
   }
-  const bool flash = options_.attention == AttentionKernels::kFlash ||
-                     options_.attention == AttentionKernels::kFlashPipelined;
-  temporal_attention_ = flash ? options_.attention : AttentionKernels::kFused;
+  temporal_attention_ = options_.attention == AttentionKernels::kFlash ? AttentionKernels::kFlash
+                                                                       : AttentionKernels::kFused;
   p_ = DiTParams::Bind(table_, DiTShard::Whole(config_));
 
   const size_t T = config_.tokens(), D = config_.hidden_size;
@@ -284,10 +283,16 @@ void DiT::AttentionForward(AttentionKernels kernels, bf16* out, float* lse, cons
       return GemmAttentionForward(gemm_, out, lse, qkv, attn_workspace_, B, T, D, H);
     case AttentionKernels::kFused:
       return cuda::AttentionForward(out, lse, qkv, B, T, D, H, stream_);
-    case AttentionKernels::kFlash:
+    case AttentionKernels::kFlash: {
+      const FlashVariant& v = options_.flash;
+      if (v.wide_forward) {
+        return FlashAttentionForwardWide(out, lse, qkv, B, T, D, H, v.stages, stream_);
+      }
+      if (v.stages == FlashStages::kTwo) {
+        return FlashAttentionForwardPipelined(out, lse, qkv, B, T, D, H, stream_);
+      }
       return FlashAttentionForward(out, lse, qkv, B, T, D, H, stream_);
-    case AttentionKernels::kFlashPipelined:
-      return FlashAttentionForwardPipelined(out, lse, qkv, B, T, D, H, stream_);
+    }
   }
 }
 
@@ -301,11 +306,12 @@ void DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* do
       return cuda::AttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
                                      stream_);
     case AttentionKernels::kFlash:
+      if (options_.flash.stages == FlashStages::kTwo) {
+        return FlashAttentionBackwardPipelined(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D,
+                                               H, stream_);
+      }
       return FlashAttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
                                     stream_);
-    case AttentionKernels::kFlashPipelined:
-      return FlashAttentionBackwardPipelined(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
-                                             stream_);
   }
 }
 
@@ -317,7 +323,6 @@ size_t DiT::AttentionWorkspace(AttentionKernels kernels, int B, int T) const {
     case AttentionKernels::kFused:
       return AttentionBackwardWorkspace(B, T, D, H);
     case AttentionKernels::kFlash:
-    case AttentionKernels::kFlashPipelined:
       return FlashAttentionBackwardWorkspace(B, T, H);
   }
   return 0;

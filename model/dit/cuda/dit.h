@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "model/cuda/attention.h"
 #include "model/cuda/device_buffer.h"
+#include "model/cuda/flash_attention.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/gemm_attention.h"
 #include "model/cuda/loss.h"
@@ -45,10 +46,17 @@ namespace difftrain::cuda {
 // (model/cuda/flash_attention.h) everywhere, 1.13-1.16x the kGemm step on an H100 (DiT-XL/2,
 // Latte-L/2; docs/benchmarks.md); kGemm, cuBLASLt's batched GEMMs for the spatial blocks where
 // GemmAttentionTakes the frame's tokens (model/cuda/gemm_attention.h) and the fused wmma
-// kernels elsewhere (model/cuda/attention.h); kFused, those everywhere; kFlashPipelined, the
-// flash kernels with two stages (double-buffered cp.async tile loads; the same bits as kFlash;
-// not yet run on a GPU).
-enum class AttentionKernels { kGemm, kFused, kFlash, kFlashPipelined };
+// kernels elsewhere (model/cuda/attention.h); kFused, those everywhere.
+enum class AttentionKernels { kGemm, kFused, kFlash };
+
+// Which of the flash kernels' variants kFlash runs (model/cuda/flash_attention.h): the loop's
+// tiles loaded in one stage or two (double-buffered cp.async copies), and the forward with one
+// 16-row m-tile a warp or two. All give the same bits; the default is the variant measured on
+// an H100, the others have not yet run on a GPU.
+struct FlashVariant {
+  FlashStages stages = FlashStages::kOne;
+  bool wide_forward = false;
+};
 
 class DiT {
  public:
@@ -56,6 +64,7 @@ class DiT {
     bool vb_loss = false;   // add the variational-bound term (learn_sigma models)
     bool use_graph = true;  // capture ForwardBackward as a CUDA graph
     AttentionKernels attention = AttentionKernels::kFlash;
+    FlashVariant flash;
   };
   // Whether the kernels take this model: every tensor of the parameter table must start at
   // a multiple of 8 elements and every GEMM's sizes must be multiples of 8 (16-byte aligned

@@ -75,11 +75,14 @@ float CpuLoss(const DiTConfig& c, int B, const float* out, const std::vector<flo
 }
 
 void ExpectStepMatchesCpu(const DiTConfig& c, int B,
-                          AttentionKernels attention = AttentionKernels::kGemm) {
+                          AttentionKernels attention = AttentionKernels::kGemm,
+                          FlashVariant flash = {}) {
   SCOPED_TRACE(attention == AttentionKernels::kGemm    ? "spatial attention as batched GEMMs"
                : attention == AttentionKernels::kFused ? "fused attention"
-               : attention == AttentionKernels::kFlash ? "flash attention"
-                                                       : "flash attention, two stages");
+                                                       : "flash attention");
+  SCOPED_TRACE(::testing::Message()
+               << "flash stages " << (flash.stages == FlashStages::kTwo ? 2 : 1)
+               << (flash.wide_forward ? ", two m-tiles a warp in the forward" : ""));
   difftrain::DiT cpu(c);
   const std::vector<float> weights = RandomBf16Weights(cpu);
   const Batch batch = RandomBatch(c, B, /*seed=*/11);
@@ -94,7 +97,7 @@ void ExpectStepMatchesCpu(const DiTConfig& c, int B,
   cudaStream_t stream;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    DiT gpu(c, stream, {.use_graph = false, .attention = attention});
+    DiT gpu(c, stream, {.use_graph = false, .attention = attention, .flash = flash});
     const Status reserved = gpu.Reserve(B);
     ASSERT_TRUE(reserved.ok()) << reserved.message();
     gpu.UploadState(weights.data(), weights.data(), nullptr, nullptr);
@@ -138,7 +141,8 @@ TEST(CudaDiTTest, TinyStepMatchesTheCpuModel) {
   ExpectStepMatchesCpu(Tiny(), /*B=*/3);
   ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFused);
   ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlash);
-  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlashPipelined);
+  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlash, {FlashStages::kTwo, false});
+  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlash, {FlashStages::kTwo, true});
 }
 
 // Latte: a video of 4 frames (spatial and temporal blocks, the temporal embedding), with
@@ -150,7 +154,7 @@ TEST(CudaDiTTest, LatteStepsMatchTheCpuModel) {
   c.num_frames = 4;
   ExpectStepMatchesCpu(c, /*B=*/3);
   ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlash);  // spatial and temporal blocks
-  ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlashPipelined);
+  ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlash, {FlashStages::kTwo, true});
   c.num_classes = 0;
   ExpectStepMatchesCpu(c, /*B=*/2);
   DiTConfig s4 = SizedConfigByName("Latte", "Latte-S/4", 32).value();
@@ -166,8 +170,10 @@ TEST(CudaDiTTest, DiTS2StepMatchesTheCpuModel) {
   ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2);
   ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, AttentionKernels::kFused);
   ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, AttentionKernels::kFlash);
-  ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2,
-                       AttentionKernels::kFlashPipelined);
+  ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, AttentionKernels::kFlash,
+                       {FlashStages::kTwo, false});
+  ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, AttentionKernels::kFlash,
+                       {FlashStages::kOne, true});
 }
 
 // A replayed graph computes what eager launches compute (up to the order of the attention
@@ -181,7 +187,8 @@ TEST(CudaDiTTest, GraphReplayMatchesEagerLaunches) {
   cudaStream_t stream;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    DiT eager(c, stream, {.use_graph = false}), graphed(c, stream, {.use_graph = true});
+    DiT eager(c, stream, {.use_graph = false, .flash = {}}),
+        graphed(c, stream, {.use_graph = true, .flash = {}});
     std::vector<float> want;
     for (DiT* model : {&eager, &graphed}) {
       const Status reserved = model->Reserve(4);

@@ -12,12 +12,19 @@ namespace difftrain {
 
 namespace {
 
+// The model's defaults (a CUDA graph, the flash attention), with the job's loss.
+cuda::DiT::Options ModelOptions(const TrainConfig& config) {
+  cuda::DiT::Options options;
+  options.vb_loss = config.learn_sigma_loss;
+  return options;
+}
+
 class CudaStep final : public CudaModelStep<cuda::DiT> {
  public:
   CudaStep(const TrainConfig& config, const DiTConfig& dit, const cuda::DeviceProperties& device,
            cudaStream_t stream)
-      : CudaModelStep(config, dit, {.vb_loss = config.learn_sigma_loss, .use_graph = true}, device,
-                      stream, " (`difftrain plan` predicts each layout's memory)") {}
+      : CudaModelStep(config, dit, ModelOptions(config), device, stream,
+                      " (`difftrain plan` predicts each layout's memory)") {}
 
  private:
   void Feed(const MicroBatch& batch) override {
