@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# What a session lent a GPU runs first, in one call, for issue 23's open points, in order of
-# value: the GPU tests, then DiT-XL/2 timed beside PyTorch under torch.compile (with each
-# attention of ATTENTIONS: flash, flash-pipelined); the attention kernels alone at DiT-XL/2's
-# and Latte-L/2's shapes (bench_cuda_attention); compute-sanitizer on the tiny DiT step and the
-# flash kernels; where the step's time goes (Nsight Compute's duration of every kernel); why the
+# What a session lent a GPU runs first, in one call, for issue 23's open points: the attention
+# kernels alone at DiT-XL/2's and Latte-L/2's shapes (bench_cuda_attention, every flash variant;
+# a few seconds), then the GPU tests and DiT-XL/2's step timed beside PyTorch under
+# torch.compile with flash and the fastest flash variant whose results matched flash's;
+# compute-sanitizer on the tiny DiT step and the flash kernels; where the step's time goes (Nsight Compute's duration of every kernel); why the
 # flash kernels run at the rate they do (ncu's speed-of-light, occupancy and warp-stall sections
 # of one launch of each); Latte-L/2's step over 16-frame videos. Every result lands in OUT (a
 # few files, for a machine that returns only a handful).
@@ -31,11 +31,13 @@ if [[ -f $bin/bundle.tar.xz ]]; then
 fi
 : "${BENCH_S:=400}" "${ATTENTION_S:=20}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
 : "${PROFILE_S:=50}" "${KERNELS_S:=35}" "${LATTE_S:=15}"
-# The attentions timed (bench/cuda_dit.sh --attention): the default (flash) and its two-stage
-# variant, not yet run on a GPU; and PyTorch under torch.compile alone (TORCH_MODES), which with
-# an EMA is the issue's baseline: an H100 session (2026-11-27) that timed two attentions and
-# both PyTorch modes ran past its 350 s before PyTorch's rows at the second micro-batch.
-: "${ATTENTIONS:=flash,flash-pipelined}" "${TORCH_MODES:=compile}"
+# The flash kernels' variants the attention bench times (FLASH_VARIANTS), and the attentions the
+# step's bench times (ATTENTIONS; unset: flash and the fastest variant of the attention bench
+# whose results match flash's); PyTorch under torch.compile alone (TORCH_MODES), which with an
+# EMA is the issue's baseline: an H100 session (2026-11-27) that timed two attentions and both
+# PyTorch modes ran past its 350 s before PyTorch's rows at the second micro-batch.
+: "${FLASH_VARIANTS:=flash,flash-pipelined,flash-wide,flash-pipelined-wide}"
+: "${TORCH_MODES:=compile}"
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
 
 # step NAME LIMIT COMMAND...: runs COMMAND under `timeout`, notes its time and exit status.
@@ -60,24 +62,31 @@ if [[ -z ${MICRO_BATCHES:-} ]]; then
   [[ $memory_mib =~ ^[0-9]+$ ]] && ((memory_mib < 102400)) && MICRO_BATCHES=32,128
 fi
 
+# The attention kernels alone (each checked against the first's results, then timed): DiT-XL/2's
+# spatial attention at micro-batch 32 (256 tokens, head dim 72) and Latte-L/2's temporal
+# attention at micro-batch 8 (8 videos × 256 positions over 16 frames, head dim 64); first, so
+# that the step's bench can time the fastest flash variant whose results match flash's.
+attention_kernels() {
+  "$bin/bench_cuda_attention" --batch 32 --tokens 256 --hidden 1152 --heads 16 \
+    --kernels "$FLASH_VARIANTS,gemm,fused" &&
+    "$bin/bench_cuda_attention" --batch 2048 --tokens 16 --hidden 1024 --heads 16 \
+      --kernels "$FLASH_VARIANTS,fused"
+}
+export bin FLASH_VARIANTS
+export -f attention_kernels  # for `timeout`, which runs programs, not functions
+step attention "$ATTENTION_S" bash -c attention_kernels >"$out/attention.jsonl" 2>&1
+if [[ -z ${ATTENTIONS:-} ]]; then
+  ATTENTIONS=flash
+  best=$(python3 bench/fastest_attention.py "$out/attention.jsonl" 2>/dev/null)
+  [[ -n $best && $best != flash ]] && ATTENTIONS=flash,$best
+fi
+echo "attentions timed in the step: $ATTENTIONS" >>"$out/steps.txt"
+
 echo "== checks and timing" >"$out/bench.txt"
 step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches "$MICRO_BATCHES" \
   --steps 20 --attention "$ATTENTIONS" --torch-modes "$TORCH_MODES" --keep-going \
   >>"$out/bench.txt" 2>&1
 cp runs/cuda-bench/results.jsonl "$out/" 2>/dev/null
-
-# The attention kernels alone (each checked against the first's results, then timed): DiT-XL/2's
-# spatial attention at micro-batch 32 (256 tokens, head dim 72) and Latte-L/2's temporal
-# attention at micro-batch 8 (8 videos × 256 positions over 16 frames, head dim 64).
-attention_kernels() {
-  "$bin/bench_cuda_attention" --batch 32 --tokens 256 --hidden 1152 --heads 16 \
-    --kernels "$ATTENTIONS,flash-wide,flash-pipelined-wide,gemm,fused" &&
-    "$bin/bench_cuda_attention" --batch 2048 --tokens 16 --hidden 1024 --heads 16 \
-      --kernels "$ATTENTIONS,fused"
-}
-export bin ATTENTIONS
-export -f attention_kernels  # for `timeout`, which runs programs, not functions
-step attention "$ATTENTION_S" bash -c attention_kernels >"$out/attention.jsonl" 2>&1
 
 # The GPU's own sanitizers (issue 23 asks for all four on a tiny step): every tool on the tiny
 # DiT step with each attention (GEMM, fused, flash with one and two stages), and racecheck on

@@ -1,8 +1,12 @@
-// bench/ncu_summary.py, which says where a GPU step's time goes, on Nsight Compute CSVs in the
-// two forms ncu writes kernel names: the function name alone (--print-kernel-base function,
-// rows as an H100 run printed them) and its default, demangled with namespaces, template
-// arguments and parameters. An H100 session found the second form read as one kernel named
-// "difftrain::" that held half the step.
+// The Python helpers of the GPU session scripts, which run only where a GPU is lent, checked here
+// on what those runs print:
+// - bench/ncu_summary.py, which says where a GPU step's time goes, on Nsight Compute CSVs in the
+//   two forms ncu writes kernel names: the function name alone (--print-kernel-base function,
+//   rows as an H100 run printed them) and its default, demangled with namespaces, template
+//   arguments and parameters. An H100 session found the second form read as one kernel named
+//   "difftrain::" that held half the step.
+// - bench/fastest_attention.py, which picks the flash variant bench/cuda_session.sh times in the
+//   whole step from bench_cuda_attention's lines.
 #include <fstream>
 #include <string>
 
@@ -27,12 +31,18 @@ std::string Row(int id, const std::string& kernel, const std::string& unit,
       id, kernel, unit, value);
 }
 
+// Runs bench/<script> on a file holding `contents`.
+CommandResult RunScript(const std::string& script, const std::string& contents) {
+  TempDir dir("bench-script");
+  const std::string path = dir.path() + "/input";
+  std::ofstream(path) << contents;
+  return RunCommand("/usr/bin/python3 " +
+                    ShellQuote(std::string(DIFFTRAIN_SOURCE_DIR "/bench/") + script) + " " +
+                    ShellQuote(path));
+}
+
 CommandResult Summarize(const std::string& csv) {
-  TempDir dir("ncu-summary");
-  const std::string path = dir.path() + "/ncu.csv";
-  std::ofstream(path) << "==PROF== Connected to process 4580\n" << csv;
-  return RunCommand("/usr/bin/python3 " + ShellQuote(DIFFTRAIN_SOURCE_DIR "/bench/ncu_summary.py") +
-                    " " + ShellQuote(path));
+  return RunScript("ncu_summary.py", "==PROF== Connected to process 4580\n" + csv);
 }
 
 TEST(NcuSummaryTest, FunctionNamesGroupByKernelAndCategory) {
@@ -77,6 +87,36 @@ TEST(NcuSummaryTest, AFileWithoutTheTableIsAnError) {
   const CommandResult r = Summarize("==ERROR== the application returned an error code (1)\n");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("no row names the columns"), std::string::npos) << r.output;
+}
+
+// bench_cuda_attention's lines as it prints them (one per kernel; an error line among them):
+// the fastest flash variant at 256 tokens whose results matched flash's, not a faster one that
+// did not, nor gemm, nor a faster row at another shape.
+TEST(FastestAttentionTest, PicksTheFastestFlashVariantThatMatches) {
+  const std::string lines =
+      R"({"kernel":"flash","matches_first":true,"tokens":256,"forward_ms":2.6,"backward_ms":9.2})"
+      "\n"
+      R"({"kernel":"flash-pipelined","matches_first":true,"tokens":256,"forward_ms":1.9,"backward_ms":7.4})"
+      "\n"
+      R"({"kernel":"flash-pipelined-wide","matches_first":true,"tokens":256,"forward_ms":1.5,"backward_ms":7.4})"
+      "\n"
+      R"({"kernel":"flash-wide","matches_first":false,"tokens":256,"forward_ms":0.9,"backward_ms":1.0})"
+      "\n"
+      R"({"kernel":"gemm","matches_first":true,"tokens":256,"forward_ms":0.5,"backward_ms":0.5})"
+      "\n"
+      "bench_cuda_attention: flash-wide differs from flash: out 0.5, dqkv 0.7 relative L2\n"
+      R"({"kernel":"flash","matches_first":true,"tokens":16,"forward_ms":0.1,"backward_ms":0.1})"
+      "\n";
+  const CommandResult r = RunScript("fastest_attention.py", lines);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "flash-pipelined-wide\n");
+}
+
+TEST(FastestAttentionTest, NothingQualifiesIsAnExitOfOne) {
+  const CommandResult r =
+      RunScript("fastest_attention.py", "bench_cuda_attention: no usable GPU\n");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output, "");
 }
 
 }  // namespace
