@@ -65,9 +65,9 @@ struct DevicePrimitives {
   __device__ static void WaitAll() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 };
 
-template <int HDP, int kStages>
+template <int HDP, int kStages, int kMTiles>
 __global__ void __launch_bounds__(flash::kThreads) FlashForwardKernel(flash::ForwardArgs args) {
-  flash::Forward<HDP, DevicePrimitives, kStages>(args);
+  flash::Forward<HDP, DevicePrimitives, kStages, kMTiles>(args);
 }
 // The two-stage forward asks for 4 blocks an SM (at most 128 registers a thread): at hd 80 it
 // took 130 otherwise, which leaves room for 3 (ptxas then spills 4 bytes). A minimum of 1 block
@@ -77,11 +77,6 @@ template <int HDP>
 __global__ void __launch_bounds__(flash::kThreads, 4)
     FlashForwardPipelinedKernel(flash::ForwardArgs args) {
   flash::Forward<HDP, DevicePrimitives, 2>(args);
-}
-// Two m-tiles a warp (128 query rows a block).
-template <int HDP, int kStages>
-__global__ void __launch_bounds__(flash::kThreads) FlashForwardWideKernel(flash::ForwardArgs args) {
-  flash::Forward<HDP, DevicePrimitives, kStages, 2>(args);
 }
 template <int HDP, int kStages>
 __global__ void __launch_bounds__(flash::kThreads) FlashDqKernel(flash::BackwardArgs args) {
@@ -136,12 +131,13 @@ bool FlashAttentionTakes(int hd) {
 size_t FlashAttentionSharedBytes(int hd, FlashStages stages) {
   return flash::WithPaddedHeadDim(hd, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
-    if (stages == FlashStages::kTwo) {
-      return std::max({flash::ForwardSmemBytes<HDP, 2>(), flash::DqSmemBytes<HDP, 2>(),
-                       flash::DkvSmemBytes<HDP, 2>()});
-    }
-    return std::max(
-        {flash::ForwardSmemBytes<HDP>(), flash::DqSmemBytes<HDP>(), flash::DkvSmemBytes<HDP>()});
+    const auto most = [](auto staged) {
+      constexpr int kStages = decltype(staged)::value;
+      return std::max({flash::ForwardSmemBytes<HDP, kStages>(), flash::DqSmemBytes<HDP, kStages>(),
+                       flash::DkvSmemBytes<HDP, kStages>()});
+    };
+    return stages == FlashStages::kTwo ? most(std::integral_constant<int, 2>())
+                                       : most(std::integral_constant<int, 1>());
   });
 }
 
@@ -151,7 +147,8 @@ size_t FlashAttentionBackwardWorkspace(int B, int Tq, int H) {
 
 namespace {
 
-template <int kStages>
+// kMTiles: the query m-tiles a warp owns (a block's rows: kMTiles·64).
+template <int kStages, int kMTiles = 1>
 void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, size_t q_stride,
              size_t kv_stride, int B, int Tq, int Tk, int D, int H, cudaStream_t stream) {
   const flash::ForwardArgs args{MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H),
@@ -159,12 +156,18 @@ void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
   DT_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "out is not 16-byte aligned");
   flash::WithPaddedHeadDim(D / H, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
-    constexpr size_t kSmem = flash::ForwardSmemBytes<HDP, kStages>();
-    constexpr auto kernel =
-        kStages == 2 ? FlashForwardPipelinedKernel<HDP> : FlashForwardKernel<HDP, 1>;
+    constexpr size_t kSmem = flash::ForwardSmemBytes<HDP, kStages, kMTiles>();
+    // (if constexpr: a conditional expression would instantiate both kernels)
+    constexpr auto kernel = [] {
+      if constexpr (kStages == 2 && kMTiles == 1) {
+        return &FlashForwardPipelinedKernel<HDP>;
+      } else {
+        return &FlashForwardKernel<HDP, kStages, kMTiles>;
+      }
+    }();
     static const bool allowed = AllowSmem(kernel, kSmem);
     static_cast<void>(allowed);
-    Launch(kernel, args, Tq, H, B, kSmem, stream);
+    Launch(kernel, args, Tq, H, B, kSmem, stream, kMTiles * flash::kRows);
   });
 }
 
@@ -211,24 +214,8 @@ void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* q, const 
 void FlashAttentionForwardWide(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
                                FlashStages stages, cudaStream_t stream) {
   const size_t stride = 3 * size_t(D);
-  const flash::ForwardArgs args{
-      MakeOperands(qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H), Bits(out), lse};
-  DT_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "out is not 16-byte aligned");
-  flash::WithPaddedHeadDim(D / H, [&](auto padded) {
-    constexpr int HDP = decltype(padded)::value;
-    const auto launch = [&](auto staged) {
-      constexpr int kStages = decltype(staged)::value;
-      constexpr size_t kSmem = flash::ForwardSmemBytes<HDP, kStages, 2>();
-      static const bool allowed = AllowSmem(FlashForwardWideKernel<HDP, kStages>, kSmem);
-      static_cast<void>(allowed);
-      Launch(FlashForwardWideKernel<HDP, kStages>, args, T, H, B, kSmem, stream, 2 * flash::kRows);
-    };
-    if (stages == FlashStages::kTwo) {
-      launch(std::integral_constant<int, 2>());
-    } else {
-      launch(std::integral_constant<int, 1>());
-    }
-  });
+  const auto forward = stages == FlashStages::kTwo ? &Forward<2, 2> : &Forward<1, 2>;
+  forward(out, lse, qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H, stream);
 }
 
 void FlashAttentionForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
