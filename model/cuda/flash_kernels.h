@@ -36,13 +36,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__CUDACC__)
-#define DT_SIMT __device__ __forceinline__
-#define DT_UNROLL _Pragma("unroll")
-#else
-#define DT_SIMT inline
-#define DT_UNROLL
-#endif
+#include "model/cuda/simt_portable.h"
 
 namespace difftrain::flash {
 

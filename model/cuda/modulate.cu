@@ -1,311 +1,202 @@
-// DiT's adaLN-Zero elementwise ops on the GPU: LayerNorm fused with the modulation, and the
-// gated residual (model/cuda/modulate.h; model/cpu/layernorm.cc and modulate.cc are the
-// references).
-//
-// Row-wise work (LayerNorm statistics and its backward) runs one warp per row of D values,
-// two passes in fp32 re-reading the row (it stays in L1/L2), with float4 loads where D and
-// the pointers allow it and scalar loads otherwise. The per-sample gradients of shift, scale
-// and gate are sums over the T tokens of a sample: one block per (sample, 32 features) loops
-// over the tokens and reduces its 8 token lanes through shared memory in a fixed order, so
-// they are deterministic and need neither atomics nor a workspace.
+// The GPU side of model/cuda/adaln_kernels.h: its primitives as CUDA intrinsics, the kernels and
+// their launchers (model/cuda/modulate.h). The layout (features a thread, threads a block) is
+// chosen from D at the launch; every kernel instance the layouts need is compiled here.
 #include "model/cuda/modulate.h"
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "model/cuda/activation.h"
+#include "model/cuda/adaln_kernels.h"
 
 namespace difftrain::cuda {
 namespace {
 
-constexpr float kLayerNormEps = 1e-6f;
-constexpr int kRowThreads = 256;  // 8 warps, one row each
-constexpr int kTokenLanes = 8;    // blockDim.y of the per-sample reductions
+extern __shared__ __align__(16) unsigned char g_adaln_smem[];
 
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-template <int W>
-__device__ __forceinline__ void Load(float (&v)[W], const float* p) {
-  if constexpr (W == 4) {
+struct DevicePrimitives {
+  __device__ static int Thread() { return threadIdx.x; }
+  __device__ static int BlockX() { return blockIdx.x; }
+  __device__ static int BlockY() { return blockIdx.y; }
+  __device__ static unsigned char* Smem() { return g_adaln_smem; }
+  __device__ static void SyncThreads() { __syncthreads(); }
+  __device__ static float ShflXor(float v, int mask) {
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+  }
+  __device__ static void LoadF32x4(float (&v)[4], const float* p) {
     const float4 q = *reinterpret_cast<const float4*>(p);
     v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  } else {
-    for (int j = 0; j < W; ++j)
-      v[j] = p[j];
   }
-}
-
-template <int W>
-__device__ __forceinline__ void Load(float (&v)[W], const bf16* p) {
-  if constexpr (W == 4) {
-    const __nv_bfloat162 a = reinterpret_cast<const __nv_bfloat162*>(p)[0];
-    const __nv_bfloat162 b = reinterpret_cast<const __nv_bfloat162*>(p)[1];
-    v[0] = __low2float(a), v[1] = __high2float(a), v[2] = __low2float(b), v[3] = __high2float(b);
-  } else {
-    for (int j = 0; j < W; ++j)
-      v[j] = __bfloat162float(p[j]);
-  }
-}
-
-template <int W>
-__device__ __forceinline__ void Store(float* p, const float (&v)[W]) {
-  if constexpr (W == 4) {
+  __device__ static void StoreF32x4(float* p, const float (&v)[4]) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-    for (int j = 0; j < W; ++j)
-      p[j] = v[j];
   }
-}
-
-template <int W>
-__device__ __forceinline__ void Store(bf16* p, const float (&v)[W]) {
-  if constexpr (W == 4) {
-    reinterpret_cast<__nv_bfloat162*>(p)[0] = __floats2bfloat162_rn(v[0], v[1]);
-    reinterpret_cast<__nv_bfloat162*>(p)[1] = __floats2bfloat162_rn(v[2], v[3]);
-  } else {
-    for (int j = 0; j < W; ++j)
-      p[j] = __float2bfloat16(v[j]);
+  __device__ static void LoadU16x4(uint16_t (&bits)[4], const uint16_t* p) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    bits[0] = q.x & 0xFFFFu, bits[1] = q.x >> 16, bits[2] = q.y & 0xFFFFu, bits[3] = q.y >> 16;
   }
-}
-
-bool Aligned(const void* p, size_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
-// W = 4 needs D, stride and the offsets divisible by 4 and 16-byte aligned fp32 rows.
-bool CanVectorize(const void* fp32_a, const void* fp32_b, const void* bf16_c, int D, int stride,
-                  int offset_a, int offset_b) {
-  return D % 4 == 0 && stride % 4 == 0 && offset_a % 4 == 0 && offset_b % 4 == 0 &&
-         Aligned(fp32_a, 16) && Aligned(fp32_b, 16) && Aligned(bf16_c, 8);
-}
-
-unsigned RowBlocks(int rows) {
-  return BlocksFor(static_cast<size_t>(rows), kRowThreads / 32);
-}
-
-template <int W>
-__global__ void LayerNormModulateForwardKernel(bf16* __restrict__ out, float* __restrict__ mean,
-                                               float* __restrict__ rstd,
-                                               const float* __restrict__ x,
-                                               const float* __restrict__ ada, int shift_offset,
-                                               int scale_offset, int stride, int rows, int T,
-                                               int D) {
-  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {
-    const float* xr = x + static_cast<size_t>(row) * D;
-    float sum = 0;
-    for (int d = lane * W; d < D; d += 32 * W) {
-      float v[W];
-      Load<W>(v, xr + d);
-      for (int j = 0; j < W; ++j)
-        sum += v[j];
-    }
-    const float m = WarpSum(sum) / D;
-    float var = 0;
-    for (int d = lane * W; d < D; d += 32 * W) {
-      float v[W];
-      Load<W>(v, xr + d);
-      for (int j = 0; j < W; ++j)
-        var += (v[j] - m) * (v[j] - m);
-    }
-    const float s = 1.0f / sqrtf(WarpSum(var) / D + kLayerNormEps);
-    const size_t b = static_cast<size_t>(row / T);
-    const float* shift = ada + b * stride + shift_offset;
-    const float* scale = ada + b * stride + scale_offset;
-    bf16* outr = out + static_cast<size_t>(row) * D;
-    for (int d = lane * W; d < D; d += 32 * W) {
-      float v[W], sh[W], sc[W], o[W];
-      Load<W>(v, xr + d);
-      Load<W>(sh, shift + d);
-      Load<W>(sc, scale + d);
-      for (int j = 0; j < W; ++j)
-        o[j] = (v[j] - m) * s * (1.0f + sc[j]) + sh[j];
-      Store<W>(outr + d, o);
-    }
-    if (lane == 0) {
-      mean[row] = m;
-      rstd[row] = s;
-    }
+  __device__ static void StoreU16x4(uint16_t* p, const uint16_t (&bits)[4]) {
+    *reinterpret_cast<uint2*>(p) =
+        make_uint2(bits[0] | (uint32_t{bits[1]} << 16), bits[2] | (uint32_t{bits[3]} << 16));
   }
+  __device__ static uint16_t RoundBf16(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+  __device__ static float Bf16ToFloat(uint16_t bits) {
+    return __uint_as_float(uint32_t{bits} << 16);
+  }
+};
+
+template <int W, int V>
+__global__ void __launch_bounds__(adaln::kMaxThreads)
+    GatedResidualNormForwardKernel(adaln::ForwardArgs args) {
+  adaln::Forward<DevicePrimitives, W, V>(args);
 }
 
-// dx += LayerNorm's backward of g = dout · (1 + scale).
-template <int W>
-__global__ void LayerNormModulateInputGradKernel(
-    float* __restrict__ dx, const bf16* __restrict__ dout, const float* __restrict__ x,
-    const float* __restrict__ mean, const float* __restrict__ rstd, const float* __restrict__ ada,
-    int scale_offset, int stride, int rows, int T, int D) {
-  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < rows; row += gridDim.x * warps) {
-    const size_t base = static_cast<size_t>(row) * D;
-    const float* scale = ada + static_cast<size_t>(row / T) * stride + scale_offset;
-    const float m = mean[row], s = rstd[row];
-    float sum_g = 0, sum_gx = 0;
-    for (int d = lane * W; d < D; d += 32 * W) {
-      float v[W], g[W], sc[W];
-      Load<W>(v, x + base + d);
-      Load<W>(g, dout + base + d);
-      Load<W>(sc, scale + d);
-      for (int j = 0; j < W; ++j) {
-        const float gj = g[j] * (1.0f + sc[j]);
-        sum_g += gj;
-        sum_gx += gj * (v[j] - m) * s;
-      }
-    }
-    const float mean_g = WarpSum(sum_g) / D, mean_gx = WarpSum(sum_gx) / D;
-    for (int d = lane * W; d < D; d += 32 * W) {
-      float v[W], g[W], sc[W], acc[W];
-      Load<W>(v, x + base + d);
-      Load<W>(g, dout + base + d);
-      Load<W>(sc, scale + d);
-      Load<W>(acc, dx + base + d);
-      for (int j = 0; j < W; ++j) {
-        const float gj = g[j] * (1.0f + sc[j]);
-        acc[j] += s * (gj - mean_g - (v[j] - m) * s * mean_gx);
-      }
-      Store<W>(dx + base + d, acc);
-    }
-  }
+template <int W, int V>
+__global__ void __launch_bounds__(adaln::kMaxThreads)
+    GatedResidualNormBackwardKernel(adaln::BackwardArgs args) {
+  adaln::Backward<DevicePrimitives, W, V>(args);
 }
 
-// Sums the 8 token lanes (threadIdx.y) of `v` for feature threadIdx.x in a fixed order; the
-// result is valid in the threads of threadIdx.y == 0. Every thread of the block must call it.
-template <int N>
-__device__ __forceinline__ void SumTokenLanes(float (&v)[N]) {
-  __shared__ float partial[N][kTokenLanes][33];
-  for (int k = 0; k < N; ++k)
-    partial[k][threadIdx.y][threadIdx.x] = v[k];
-  __syncthreads();
-  if (threadIdx.y == 0) {
-    for (int k = 0; k < N; ++k) {
-      float sum = 0;
-      for (int y = 0; y < kTokenLanes; ++y)
-        sum += partial[k][y][threadIdx.x];
-      v[k] = sum;
-    }
-  }
+__global__ void GatedResidualNormReduceKernel(adaln::ReduceArgs args) {
+  adaln::ReduceAdaGrads<DevicePrimitives>(args);
 }
 
-// Block (32, 8) per (32 features, sample): d_shift += Σ_t dout, d_scale += Σ_t dout · x̂.
-__global__ void LayerNormModulateAdaGradKernel(float* __restrict__ d_ada,
-                                               const bf16* __restrict__ dout,
-                                               const float* __restrict__ x,
-                                               const float* __restrict__ mean,
-                                               const float* __restrict__ rstd, int shift_offset,
-                                               int scale_offset, int stride, int T, int D) {
-  const int d = blockIdx.x * 32 + threadIdx.x, b = blockIdx.y;
-  float sums[2] = {0, 0};
-  if (d < D) {
-    for (int t = threadIdx.y; t < T; t += kTokenLanes) {
-      const size_t row = static_cast<size_t>(b) * T + t;
-      const float g = __bfloat162float(dout[row * D + d]);
-      sums[0] += g;
-      sums[1] += g * (x[row * D + d] - mean[row]) * rstd[row];
-    }
-  }
-  SumTokenLanes(sums);
-  if (threadIdx.y == 0 && d < D) {
-    d_ada[static_cast<size_t>(b) * stride + shift_offset + d] += sums[0];
-    d_ada[static_cast<size_t>(b) * stride + scale_offset + d] += sums[1];
-  }
+const uint16_t* Bits(const bf16* p) {
+  return reinterpret_cast<const uint16_t*>(p);
+}
+uint16_t* Bits(bf16* p) {
+  return reinterpret_cast<uint16_t*>(p);
 }
 
-// One block per row (grid-stride over rows), threads over D. out may alias x.
-__global__ void GatedResidualForwardKernel(float* out, const float* x, const bf16* __restrict__ y,
-                                           const float* __restrict__ ada, int gate_offset,
-                                           int stride, int rows, int T, int D) {
-  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
-    const size_t base = static_cast<size_t>(row) * D;
-    const float* gate = ada + static_cast<size_t>(row / T) * stride + gate_offset;
-    for (int d = threadIdx.x; d < D; d += blockDim.x)
-      out[base + d] = x[base + d] + gate[d] * __bfloat162float(y[base + d]);
+// The vector path needs D, the strides and the slice offsets to be multiples of 4 and every
+// row 16-byte (fp32) or 8-byte (bf16) aligned; (pointer, alignment) pairs, null ones skipped.
+bool Vectorizable(int D, std::initializer_list<int> multiples_of_4,
+                  std::initializer_list<std::pair<const void*, unsigned>> pointers) {
+  if (D % 4 != 0) return false;
+  for (const int n : multiples_of_4) {
+    if (n % 4 != 0) return false;
   }
+  for (const auto& [p, bytes] : pointers) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % bytes != 0) return false;
+  }
+  return true;
 }
 
-// Block (32, 8) per (32 features, sample): dy = gate · dout, d_gate += Σ_t dout · y.
-__global__ void GatedResidualBackwardKernel(bf16* __restrict__ dy, float* __restrict__ d_ada,
-                                            const float* __restrict__ dout,
-                                            const bf16* __restrict__ y,
-                                            const float* __restrict__ ada, int gate_offset,
-                                            int stride, int T, int D) {
-  const int d = blockIdx.x * 32 + threadIdx.x, b = blockIdx.y;
-  float sum[1] = {0};
-  if (d < D) {
-    const float gate = ada[static_cast<size_t>(b) * stride + gate_offset + d];
-    for (int t = threadIdx.y; t < T; t += kTokenLanes) {
-      const size_t i = (static_cast<size_t>(b) * T + t) * D + d;
-      const float g = dout[i];
-      dy[i] = __float2bfloat16(gate * g);
-      sum[0] += g * __bfloat162float(y[i]);
-    }
-  }
-  SumTokenLanes(sum);
-  if (threadIdx.y == 0 && d < D) d_ada[static_cast<size_t>(b) * stride + gate_offset + d] += sum[0];
+adaln::Layout CheckedLayout(int D, bool vector) {
+  const adaln::Layout layout = adaln::LayoutFor(D, vector);
+  DT_CHECK(layout.V > 0, "the adaLN kernels take rows of at most {} features{}, found {}",
+           adaln::MaxFeatures(vector), vector ? "" : " when the row cannot use 16-byte vectors", D);
+  return layout;
 }
 
-void CheckShape(int B, int T, int D, int stride, int offset_a, int offset_b) {
+void CheckShape(int B, int T, int D, const Modulation& mod, const GatedBranch& branch) {
   DT_CHECK(B > 0 && T > 0 && D > 0, "bad shape B={} T={} D={}", B, T, D);
-  DT_CHECK(offset_a >= 0 && offset_a + D <= stride && offset_b >= 0 && offset_b + D <= stride,
-           "adaLN slices at {} and {} (width {}) do not fit in stride {}", offset_a, offset_b, D,
-           stride);
+  DT_CHECK(mod.shift_offset >= 0 && mod.shift_offset + D <= mod.stride && mod.scale_offset >= 0 &&
+               mod.scale_offset + D <= mod.stride,
+           "adaLN slices at {} and {} (width {}) do not fit in stride {}", mod.shift_offset,
+           mod.scale_offset, D, mod.stride);
+  DT_CHECK(
+      branch.y == nullptr || (branch.gate_offset >= 0 && branch.gate_offset + D <= branch.stride),
+      "the gate's slice at {} (width {}) does not fit in stride {}", branch.gate_offset, D,
+      branch.stride);
+}
+
+adaln::Branch KernelBranch(const GatedBranch& branch) {
+  if (branch.y == nullptr) return {nullptr, nullptr, 0};
+  return {Bits(branch.y), branch.ada + branch.gate_offset, branch.stride};
 }
 
 }  // namespace
 
-void LayerNormModulateForward(bf16* out, float* mean, float* rstd, const float* x, const float* ada,
-                              int shift_offset, int scale_offset, int stride, int B, int T, int D,
-                              cudaStream_t stream) {
-  CheckShape(B, T, D, stride, shift_offset, scale_offset);
-  const int rows = B * T;
-  if (CanVectorize(x, ada, out, D, stride, shift_offset, scale_offset)) {
-    LayerNormModulateForwardKernel<4><<<RowBlocks(rows), kRowThreads, 0, stream>>>(
-        out, mean, rstd, x, ada, shift_offset, scale_offset, stride, rows, T, D);
-  } else {
-    LayerNormModulateForwardKernel<1><<<RowBlocks(rows), kRowThreads, 0, stream>>>(
-        out, mean, rstd, x, ada, shift_offset, scale_offset, stride, rows, T, D);
-  }
+void GatedResidualNormForward(float* x_out, bf16* h, float* mean, float* rstd, const float* x,
+                              const GatedBranch& branch, const float* add, const Modulation& mod,
+                              int B, int T, int D, cudaStream_t stream) {
+  CheckShape(B, T, D, mod, branch);
+  DT_CHECK(x_out != nullptr || (branch.y == nullptr && add == nullptr),
+           "a gated residual or an added embedding needs somewhere to write the stream");
+  const bool vector = Vectorizable(
+      D, {mod.stride, mod.shift_offset, mod.scale_offset, branch.stride, branch.gate_offset},
+      {{x_out, 16}, {h, 8}, {x, 16}, {branch.y, 8}, {branch.ada, 16}, {add, 16}, {mod.ada, 16}});
+  const adaln::Layout layout = CheckedLayout(D, vector);
+  const adaln::ForwardArgs args{
+      x_out, Bits(h),
+      mean,  rstd,
+      x,     KernelBranch(branch),
+      add,   {mod.ada + mod.shift_offset, mod.ada + mod.scale_offset, mod.stride},
+      B,     T,
+      D,     layout.threads};
+  const dim3 grid(adaln::Chunks(T), B);
+  adaln::WithLayout(layout, [&](auto w, auto v) {
+    GatedResidualNormForwardKernel<decltype(w)::value, decltype(v)::value>
+        <<<grid, layout.threads, adaln::kSmemBytes, stream>>>(args);
+  });
   DT_CUDA_CHECK_LAUNCH();
 }
 
-void LayerNormModulateBackward(float* dx, float* d_ada, const bf16* dout, const float* x,
-                               const float* mean, const float* rstd, const float* ada,
-                               int shift_offset, int scale_offset, int stride, int B, int T, int D,
-                               cudaStream_t stream) {
-  CheckShape(B, T, D, stride, shift_offset, scale_offset);
-  const int rows = B * T;
-  if (CanVectorize(x, ada, dout, D, stride, scale_offset, 0) && Aligned(dx, 16)) {
-    LayerNormModulateInputGradKernel<4><<<RowBlocks(rows), kRowThreads, 0, stream>>>(
-        dx, dout, x, mean, rstd, ada, scale_offset, stride, rows, T, D);
-  } else {
-    LayerNormModulateInputGradKernel<1><<<RowBlocks(rows), kRowThreads, 0, stream>>>(
-        dx, dout, x, mean, rstd, ada, scale_offset, stride, rows, T, D);
-  }
-  DT_CUDA_CHECK_LAUNCH();
-  const dim3 grid((D + 31) / 32, B), block(32, kTokenLanes);
-  LayerNormModulateAdaGradKernel<<<grid, block, 0, stream>>>(
-      d_ada, dout, x, mean, rstd, shift_offset, scale_offset, stride, T, D);
-  DT_CUDA_CHECK_LAUNCH();
+int GatedResidualNormMaxWidth() {
+  return adaln::MaxFeatures(true);
 }
 
-void GatedResidualForward(float* out, const float* x, const bf16* y, const float* ada,
-                          int gate_offset, int stride, int B, int T, int D, cudaStream_t stream) {
-  CheckShape(B, T, D, stride, gate_offset, gate_offset);
-  const int rows = B * T;
-  const unsigned blocks = static_cast<unsigned>(rows < 65536 ? rows : 65536);
-  GatedResidualForwardKernel<<<blocks, 256, 0, stream>>>(out, x, y, ada, gate_offset, stride, rows,
-                                                         T, D);
-  DT_CUDA_CHECK_LAUNCH();
+size_t GatedResidualNormWorkspace(int B, int T, int D) {
+  return adaln::PartialFloats(B, T, D) + size_t(B) * D;
 }
 
-void GatedResidualBackward(bf16* dy, float* d_ada, const float* dout, const bf16* y,
-                           const float* ada, int gate_offset, int stride, int B, int T, int D,
-                           cudaStream_t stream) {
-  CheckShape(B, T, D, stride, gate_offset, gate_offset);
-  const dim3 grid((D + 31) / 32, B), block(32, kTokenLanes);
-  GatedResidualBackwardKernel<<<grid, block, 0, stream>>>(dy, d_ada, dout, y, ada, gate_offset,
-                                                          stride, T, D);
+void GatedResidualNormBackward(float* dx, float* d_mod_ada, bf16* dy, float* d_gate_ada,
+                               float* d_bias, const bf16* dh, const float* x, const float* mean,
+                               const float* rstd, const Modulation& mod, const GatedBranch& branch,
+                               float* workspace, int B, int T, int D, cudaStream_t stream) {
+  CheckShape(B, T, D, mod, branch);
+  const bool gated = branch.y != nullptr;
+  DT_CHECK(!gated || (dy != nullptr && d_gate_ada != nullptr),
+           "a gated residual's backward needs dy and the gate's gradient");
+  float* partials = workspace;
+  float* bias_rows = workspace + adaln::PartialFloats(B, T, D);
+  const bool vector =
+      Vectorizable(D, {mod.stride, mod.scale_offset, branch.stride, branch.gate_offset},
+                   {{dx, 16},
+                    {dy, 8},
+                    {partials, 16},
+                    {dh, 8},
+                    {x, 16},
+                    {mod.ada, 16},
+                    {branch.y, 8},
+                    {branch.ada, 16}});
+  const adaln::Layout layout = CheckedLayout(D, vector);
+  const adaln::BackwardArgs args{
+      dx,
+      gated ? Bits(dy) : nullptr,
+      partials,
+      Bits(dh),
+      x,
+      mean,
+      rstd,
+      {mod.ada + mod.shift_offset, mod.ada + mod.scale_offset, mod.stride},
+      KernelBranch(branch),
+      B,
+      T,
+      D,
+      layout.threads};
+  adaln::WithLayout(layout, [&](auto w, auto v) {
+    GatedResidualNormBackwardKernel<decltype(w)::value, decltype(v)::value>
+        <<<dim3(adaln::Chunks(T), B), layout.threads, adaln::kSmemBytes, stream>>>(args);
+  });
   DT_CUDA_CHECK_LAUNCH();
+  const adaln::ReduceArgs reduce{partials,
+                                 d_mod_ada + mod.shift_offset,
+                                 d_mod_ada + mod.scale_offset,
+                                 mod.stride,
+                                 gated ? d_gate_ada + branch.gate_offset : nullptr,
+                                 branch.stride,
+                                 gated ? bias_rows : nullptr,
+                                 B,
+                                 T,
+                                 D};
+  const dim3 grid((D + adaln::kReduceThreads - 1) / adaln::kReduceThreads, B);
+  GatedResidualNormReduceKernel<<<grid, adaln::kReduceThreads, 0, stream>>>(reduce);
+  DT_CUDA_CHECK_LAUNCH();
+  if (gated && d_bias != nullptr) BiasGradient(d_bias, bias_rows, B, D, stream);
 }
 
 }  // namespace difftrain::cuda

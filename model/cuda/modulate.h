@@ -1,36 +1,64 @@
-// DiT's adaLN-Zero elementwise ops on the GPU (model/cpu/modulate.h and layernorm.h are the
-// CPU references). The residual stream x is fp32 [B, T, D]; the adaLN output `ada` is fp32
-// [B, k·D] (k = 6 in a block, 2 in the final layer) and shift, scale and gate are its
-// slices: sample b's shift is ada[b·stride + shift_offset …], and so on.
+// DiT's adaLN-Zero elementwise ops on the GPU (model/cpu/modulate.h and layernorm.h are the CPU
+// references). The residual stream x is fp32 [B, T, D]; the adaLN output `ada` is fp32
+// [B, k·D] (k = 6 in a block, 2 in the final layer) and shift, scale and gate are its slices:
+// sample b's shift is ada[b·stride + shift_offset …], and so on.
 //
-//   LayerNormModulate:  out = LN(x) · (1 + scale[b]) + shift[b]    (LN without affine,
-//                       eps 1e-6; out bf16, the next GEMM's input; mean and rstd [B·T] fp32)
-//   GatedResidual:      out = x + gate[b] · y                      (y bf16, a GEMM output)
+// Between two GEMMs a DiT block does a gated residual, which ends one branch, and then a
+// LayerNorm-modulate, which starts the next:
+//
+//   x' = x + gate[b] · y  (+ add[t])                (y bf16, a GEMM output; add: Latte's
+//                                                     temporal embedding [T, D])
+//   h  = LN(x') · (1 + scale[b]) + shift[b]         (LN without affine, eps 1e-6; h bf16, the
+//                                                     next GEMM's input; mean and rstd [B·T])
+//
+// GatedResidualNorm does both in one pass over the stream, forward and backward (one kernel
+// body for the GPU and the CPU emulator: model/cuda/adaln_kernels.h). The branch is optional:
+// without it (block 0's first norm) the op is the LayerNorm-modulate alone.
 #pragma once
+
+#include <cstddef>
 
 #include "model/cuda/common.h"
 
 namespace difftrain::cuda {
 
-void LayerNormModulateForward(bf16* out, float* mean, float* rstd, const float* x, const float* ada,
-                              int shift_offset, int scale_offset, int stride, int B, int T, int D,
-                              cudaStream_t stream);
+// The shift and scale a LayerNorm-modulate reads.
+struct Modulation {
+  const float* ada;
+  int stride, shift_offset, scale_offset;
+};
 
-// dx += LN-and-modulate's input gradient; d_ada's shift and scale slices += their gradients
-// (summed over the T tokens of each sample).
-void LayerNormModulateBackward(float* dx, float* d_ada, const bf16* dout, const float* x,
-                               const float* mean, const float* rstd, const float* ada,
-                               int shift_offset, int scale_offset, int stride, int B, int T, int D,
-                               cudaStream_t stream);
+// The gated residual that produced the LayerNorm's input; y null for none.
+struct GatedBranch {
+  const bf16* y = nullptr;
+  const float* ada = nullptr;
+  int stride = 0, gate_offset = 0;
+};
 
-// out may be x (in place).
-void GatedResidualForward(float* out, const float* x, const bf16* y, const float* ada,
-                          int gate_offset, int stride, int B, int T, int D, cudaStream_t stream);
+// x_out = x' (may be x; null when there is neither a branch nor add, x' then being x), h, mean
+// and rstd as above. add is null or [T, D].
+void GatedResidualNormForward(float* x_out, bf16* h, float* mean, float* rstd, const float* x,
+                              const GatedBranch& branch, const float* add, const Modulation& mod,
+                              int B, int T, int D, cudaStream_t stream);
 
-// dy = gate[b] · dout (written, bf16: the input of the GEMMs' backward); d_ada's gate slice
-// += Σ_t dout · y. The residual stream's own gradient is dout itself, left where it is.
-void GatedResidualBackward(bf16* dy, float* d_ada, const float* dout, const bf16* y,
-                           const float* ada, int gate_offset, int stride, int B, int T, int D,
-                           cudaStream_t stream);
+// The widest rows the ops take: D at most this (D a multiple of 4 and the rows 16-byte
+// aligned; else a quarter of it).
+int GatedResidualNormMaxWidth();
+
+// The backward's workspace, in floats.
+size_t GatedResidualNormWorkspace(int B, int T, int D);
+
+// Given dh, the gradient of h, and dx, the residual stream's gradient from above:
+//   dx += LayerNorm-and-modulate's input gradient (dx is then the gradient of x', and of x);
+//   d_mod_ada's shift and scale slices += their gradients (sums over each sample's T tokens).
+// With a branch, also:
+//   dy = bf16(gate[b] · dx), the branch output's gradient (written; dy may be dh);
+//   d_gate_ada's gate slice += Σ_t dx · y;  d_bias (D) += Σ_{b,t} dy, the gradient of the bias
+//   of the GEMM that produced y (null: not wanted).
+// x, mean and rstd are the forward's x', mean and rstd.
+void GatedResidualNormBackward(float* dx, float* d_mod_ada, bf16* dy, float* d_gate_ada,
+                               float* d_bias, const bf16* dh, const float* x, const float* mean,
+                               const float* rstd, const Modulation& mod, const GatedBranch& branch,
+                               float* workspace, int B, int T, int D, cudaStream_t stream);
 
 }  // namespace difftrain::cuda

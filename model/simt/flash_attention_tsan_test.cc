@@ -11,54 +11,21 @@
 // the second is loaded (then warps overwrite rows others are still reading); each must be reported.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "model/cuda/flash_kernels.h"
 #include "model/simt/simt.h"
+#include "model/simt/tsan_testing.h"
 #include "model/tensor/rng.h"
-
-namespace {
-std::atomic<int> g_reports{0};
-}  // namespace
-
-// ThreadSanitizer calls this for every report it prints (after its own de-duplication).
-extern "C" void __tsan_on_report(const void*) {
-  ++g_reports;
-}
-
-// A report fails a test through its assertions, not the exit status: the tests of dropped
-// barriers expect reports. A race at an address reported before is reported again (each
-// launch's shared memory may be where the last one's was); one between the same two lines of
-// code is not.
-extern "C" const char* __tsan_default_options() {
-  return "exitcode=0:history_size=4:suppress_equal_addresses=0";
-}
 
 namespace difftrain {
 namespace {
 
+using simt::DroppingPrimitives;
 using simt::FloatToBf16;
-
-// simt::Primitives less the n-th barrier (from 0) each thread of a block reaches; n < 0 drops
-// none. Thread t's count lives in slot t, which only t's fiber touches while a block runs.
-struct BarrierCount {
-  int block = -1, seen = 0;
-};
-struct DroppingPrimitives : simt::Primitives {
-  static inline int drop = -1;
-  static inline std::vector<BarrierCount> counts = std::vector<BarrierCount>(flash::kThreads);
-
-  static void SyncThreads() {
-    const simt::Dim3 b = simt::BlockIdx();
-    const int block = (b.z * 1024 + b.y) * 1024 + b.x;
-    BarrierCount& c = counts[simt::ThreadIdx()];
-    if (c.block != block) c = BarrierCount{block, 0};
-    if (c.seen++ != drop) simt::SyncThreads();
-  }
-};
+using simt::g_tsan_reports;
 
 struct Shape {
   int B, Tq, Tk, D, H;
@@ -98,7 +65,7 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
                                      dq.data(), dkv.data(),  dkv.data() + s.D};
   using P = DroppingPrimitives;
   P::drop = drop;
-  const int before = g_reports;
+  const int before = g_tsan_reports;
   const auto launch = [&](auto padded, auto staged) {
     constexpr int HDP = decltype(padded)::value, kStages = decltype(staged)::value;
     const auto grid = [&](int rows, int block_rows = flash::kRows) {
@@ -132,7 +99,7 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
     }
   });
   P::drop = -1;
-  return g_reports - before;
+  return g_tsan_reports - before;
 }
 
 const char* Name(Kernel k) {
@@ -143,12 +110,6 @@ const char* Name(Kernel k) {
 }
 
 constexpr Kernel kKernels[] = {Kernel::kForward, Kernel::kDq, Kernel::kDkv, Kernel::kForwardWide};
-
-#if defined(__SANITIZE_THREAD__)
-#define DT_REQUIRE_TSAN()
-#else
-#define DT_REQUIRE_TSAN() GTEST_SKIP() << "built without ThreadSanitizer: " DIFFTRAIN_TSAN_SKIP
-#endif
 
 // Each tile size: head dim 72 (padded to 80, 64-row tiles) over two tiles, one partial; 64
 // with fewer keys than a tile, over two heads; 128 (32-row tiles) over three tiles.
@@ -202,7 +163,7 @@ TEST(FlashAttentionRaces, TwoStagesReportedWithoutTheBarrierAfterATile) {
 TEST(FlashAttentionRaces, TheCheckItself) {
   DT_REQUIRE_TSAN();
   for (const bool barrier : {false, true}) {
-    const int before = g_reports;
+    const int before = g_tsan_reports;
     simt::Launch({1, 1, 1}, 64, 64, [&] {
       auto* smem = reinterpret_cast<float*>(simt::SharedMemory());
       const int t = simt::ThreadIdx();
@@ -214,17 +175,18 @@ TEST(FlashAttentionRaces, TheCheckItself) {
       simt::LdMatrixX4(r, simt::SharedMemory() + 16 * (t % 4), false);
       (void)v;
     });
-    EXPECT_EQ(g_reports - before > 0, !barrier) << (barrier ? "with" : "without") << " a barrier";
+    EXPECT_EQ(g_tsan_reports - before > 0, !barrier)
+        << (barrier ? "with" : "without") << " a barrier";
   }
   for (const bool barrier : {false, true}) {
-    const int before = g_reports;
+    const int before = g_tsan_reports;
     const uint16_t data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     simt::Launch({1, 1, 1}, 64, 64, [&] {
       if (simt::ThreadIdx() == 0) simt::Primitives::Zero16(simt::SharedMemory());
       if (barrier) simt::SyncThreads();
       if (simt::ThreadIdx() == 32) simt::Primitives::Copy16(simt::SharedMemory(), data);
     });
-    EXPECT_EQ(g_reports - before > 0, !barrier)
+    EXPECT_EQ(g_tsan_reports - before > 0, !barrier)
         << "Zero16 and Copy16 " << (barrier ? "with" : "without") << " a barrier";
   }
 }

@@ -129,6 +129,26 @@ struct Primitives {
     CheckAligned(dst, 4, "Store32 destination");
     std::memcpy(dst, &v, sizeof v);
   }
+  // The elementwise kernels' vector accesses (model/cuda/adaln_kernels.h): 16 bytes of fp32,
+  // 8 of bf16 bits.
+  static void LoadF32x4(float (&v)[4], const float* p) {
+    CheckAligned(p, 16, "LoadF32x4 source");
+    std::memcpy(v, p, sizeof v);
+  }
+  static void StoreF32x4(float* p, const float (&v)[4]) {
+    CheckAligned(p, 16, "StoreF32x4 destination");
+    std::memcpy(p, v, sizeof v);
+  }
+  static void LoadU16x4(uint16_t (&bits)[4], const uint16_t* p) {
+    CheckAligned(p, 8, "LoadU16x4 source");
+    std::memcpy(bits, p, sizeof bits);
+  }
+  static void StoreU16x4(uint16_t* p, const uint16_t (&bits)[4]) {
+    CheckAligned(p, 8, "StoreU16x4 destination");
+    std::memcpy(p, bits, sizeof bits);
+  }
+  static uint16_t RoundBf16(float x) { return FloatToBf16(x); }
+  static float Bf16ToFloat(uint16_t bits) { return simt::Bf16ToFloat(bits); }
 };
 
 }  // namespace difftrain::simt

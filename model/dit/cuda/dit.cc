@@ -93,6 +93,10 @@ Status DiT::Supports(const DiTConfig& c) {
           what, size);
     }
   }
+  if (c.hidden_size > GatedResidualNormMaxWidth()) {
+    return Errorf("the CUDA backend's LayerNorm kernels take hidden sizes up to {}, found {}",
+                  GatedResidualNormMaxWidth(), c.hidden_size);
+  }
   const int head_dim = c.hidden_size / c.num_heads;
   if (head_dim % 8 != 0 || head_dim > 128) {
     return Errorf(
@@ -189,7 +193,10 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   a.Take(d_final_, N * Fo);
   a.Take(d_final_bf16_, N * Fo);
   a.Take(d_resid_, N * D);
-  a.Take(d_ada_, B * 6 * D);
+  a.Take(d_ada_[0], B * 6 * D);
+  a.Take(d_ada_[1], B * 6 * D);
+  a.Take(d_ada_f_, B * 2 * D);
+  a.Take(norm_workspace_, GatedResidualNormWorkspace(B, Fr * T, D));
   a.Take(d_ada_bf16_, B * 6 * D);
   a.Take(d_small_, B * D);
   a.Take(d_silu_c_, B * D);
@@ -263,13 +270,17 @@ void DiT::Forward() {
   }
   SiluForward(silu_c_, c_, size_t(B) * D, stream_);
 
+  // Block 0's first norm; every later norm runs fused with the gated residual before it, at the
+  // end of the block before (BlockForward).
+  AdaLNForward(0);
+  const NormSite first = FirstNorm(0);
+  GatedResidualNormForward(nullptr, first.h, first.mean, first.rstd, first.x, GatedBranch{},
+                           nullptr, first.mod, B, N / B, D, stream_);
   for (int l = 0; l < c.depth; ++l)
     BlockForward(l);
 
-  // Final layer: modulate(norm(x), shift, scale) → Linear → unpatchify.
-  gemm_.Forward(ada_f_, silu_c_, W(p_.fada_w), W(p_.fada_b), B, D, 2 * D, Epilogue::kBias);
-  LayerNormModulateForward(modf_, meanf_, rstdf_, resid_out_, ada_f_, 0, D, 2 * D, B, N / B, D,
-                           stream_);
+  // Final layer: modulate(norm(x), shift, scale) (the last block computed it) → Linear →
+  // unpatchify.
   const int Fo = p * p * c.out_channels();
   gemm_.Forward(final_out_, modf_, W(p_.flin_w), W(p_.flin_b), N, D, Fo, Epilogue::kBias);
   Unpatchify(out_, final_out_, BF, c.out_channels(), c.input_size, p, stream_);
@@ -331,14 +342,12 @@ size_t DiT::AttentionWorkspace(AttentionKernels kernels, int B, int T) const {
 void DiT::BlockForward(int l) {
   const DiTBlockParams& o = p_.blocks[l];
   BlockActs& k = acts_[l];
-  float* resid_out = l + 1 < config_.depth ? acts_[l + 1].resid_in : resid_out_;
   const int B = batch_, Fr = config_.frames(), T = config_.tokens(), D = config_.hidden_size;
   const int Ts = Fr * T, N = B * Ts;  // a sample's tokens, every frame's
   const int M = config_.mlp_hidden(), S = 6 * D;
-  // adaLN: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks of 6D.
-  gemm_.Forward(k.ada, silu_c_, W(o.ada_w), W(o.ada_b), B, D, S, Epilogue::kBias);
-  // x = x + gate_msa · proj(attention(qkv(modulate(norm1(x), shift_msa, scale_msa)))).
-  LayerNormModulateForward(k.mod1, k.mean1, k.rstd1, k.resid_in, k.ada, 0, D, S, B, Ts, D, stream_);
+  // adaLN (k.ada): shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks of 6D.
+  // x = x + gate_msa · proj(attention(qkv(modulate(norm1(x), shift_msa, scale_msa)))), with
+  // k.mod1 = modulate(norm1(x), …) computed before.
   gemm_.Forward(k.qkv, k.mod1, W(o.qkv_w), W(o.qkv_b), N, D, 3 * D, Epilogue::kBias);
   if (config_.temporal_block(l)) {
     // Across frames: B·T sequences of Fr frames, token-major.
@@ -349,16 +358,68 @@ void DiT::BlockForward(int l) {
     AttentionForward(spatial_attention_, k.attn, k.lse, k.qkv, B * Fr, T);  // within each frame
   }
   gemm_.Forward(k.proj, k.attn, W(o.proj_w), W(o.proj_b), N, D, D, Epilogue::kBias);
-  GatedResidualForward(k.mid, k.resid_in, k.proj, k.ada, 2 * D, S, B, Ts, D, stream_);
+  // The gated residual and norm2 in one pass.
+  GatedResidualNormForward(k.mid, k.mod2, k.mean2, k.rstd2, k.resid_in,
+                           GatedBranch{k.proj, k.ada, S, 2 * D}, nullptr,
+                           Modulation{k.ada, S, 3 * D, 4 * D}, B, Ts, D, stream_);
   // x = x + gate_mlp · fc2(gelu(fc1(modulate(norm2(x), shift_mlp, scale_mlp)))).
-  LayerNormModulateForward(k.mod2, k.mean2, k.rstd2, k.mid, k.ada, 3 * D, 4 * D, S, B, Ts, D,
-                           stream_);
   gemm_.Forward(k.gelu, k.mod2, W(o.fc1_w), W(o.fc1_b), N, D, M, Epilogue::kBiasGelu, k.fc1_pre);
   gemm_.Forward(k.fc2, k.gelu, W(o.fc2_w), W(o.fc2_b), N, M, D, Epilogue::kBias);
-  GatedResidualForward(resid_out, k.mid, k.fc2, k.ada, 5 * D, S, B, Ts, D, stream_);
+  // The gated residual and the next layer's first norm in one pass, after that layer's adaLN.
   // Latte: the temporal embedding, once, into the first temporal block's input.
-  if (config_.video && l == 0)
-    AddPositionEmbedding(resid_out, resid_out, temp_embed_.data(), B, Ts, D, stream_);
+  AdaLNForward(l + 1);
+  const NormSite next = FirstNorm(l + 1);
+  const float* add = config_.video && l == 0 ? temp_embed_.data() : nullptr;
+  GatedResidualNormForward(next.x, next.h, next.mean, next.rstd, k.mid,
+                           GatedBranch{k.fc2, k.ada, S, 5 * D}, add, next.mod, B, Ts, D, stream_);
+}
+
+DiT::NormSite DiT::FirstNorm(int l) {
+  const int D = config_.hidden_size;
+  if (l == config_.depth) return {resid_out_, modf_, meanf_, rstdf_, {ada_f_, 2 * D, 0, D}};
+  BlockActs& k = acts_[l];
+  return {k.resid_in, k.mod1, k.mean1, k.rstd1, {k.ada, 6 * D, 0, D}};
+}
+
+void DiT::AdaLNForward(int l) {
+  const int B = batch_, D = config_.hidden_size;
+  if (l == config_.depth) {
+    gemm_.Forward(ada_f_, silu_c_, W(p_.fada_w), W(p_.fada_b), B, D, 2 * D, Epilogue::kBias);
+  } else {
+    const DiTBlockParams& o = p_.blocks[l];
+    gemm_.Forward(acts_[l].ada, silu_c_, W(o.ada_w), W(o.ada_b), B, D, 6 * D, Epilogue::kBias);
+  }
+}
+
+void DiT::AdaLNBackward(int l) {
+  const bool is_final = l == config_.depth;
+  const int B = batch_, D = config_.hidden_size, width = (is_final ? 2 : 6) * D;
+  const size_t w = is_final ? p_.fada_w : p_.blocks[l].ada_w;
+  const size_t b = is_final ? p_.fada_b : p_.blocks[l].ada_b;
+  const float* d_ada = DAda(l);
+  CastToBf16(d_ada_bf16_, d_ada, size_t(B) * width, stream_);
+  gemm_.BackwardWeight(G(w), d_ada_bf16_, silu_c_, B, D, width);
+  BiasGradient(G(b), d_ada, B, width, stream_);
+  gemm_.BackwardInput(d_small_, d_ada_bf16_, W(w), B, D, width);
+  CastToFloat(d_silu_c_, d_small_, size_t(B) * D, /*accumulate=*/true, stream_);
+}
+
+void DiT::NormBackward(int l) {
+  const int B = batch_, D = config_.hidden_size, Ts = config_.frames() * config_.tokens();
+  const NormSite s = FirstNorm(l);
+  GatedBranch branch;
+  float* d_gate = nullptr;
+  float* d_bias = nullptr;
+  if (l > 0) {  // block l − 1's MLP branch: x = mid + gate_mlp · fc2
+    const BlockActs& k = acts_[l - 1];
+    branch = GatedBranch{k.fc2, k.ada, 6 * D, 5 * D};
+    d_gate = DAda(l - 1);
+    DT_CUDA_CHECK(cudaMemsetAsync(d_gate, 0, size_t(B) * 6 * D * sizeof(float), stream_));
+    d_bias = G(p_.blocks[l - 1].fc2_b);
+  }
+  GatedResidualNormBackward(d_resid_, DAda(l), d_a_, d_gate, d_bias, d_a_, s.x, s.mean, s.rstd,
+                            s.mod, branch, norm_workspace_, B, Ts, D, stream_);
+  AdaLNBackward(l);
 }
 
 void DiT::Loss() {
@@ -383,14 +444,8 @@ void DiT::Backward() {
   BiasGradient(G(p_.flin_b), d_final_, N, Fo, stream_);
   gemm_.BackwardInput(d_a_, d_final_bf16_, W(p_.flin_w), N, D, Fo);
   DT_CUDA_CHECK(cudaMemsetAsync(d_resid_, 0, size_t(N) * D * sizeof(float), stream_));
-  DT_CUDA_CHECK(cudaMemsetAsync(d_ada_, 0, BD * 2 * sizeof(float), stream_));
-  LayerNormModulateBackward(d_resid_, d_ada_, d_a_, resid_out_, meanf_, rstdf_, ada_f_, 0, D, 2 * D,
-                            B, N / B, D, stream_);
-  CastToBf16(d_ada_bf16_, d_ada_, BD * 2, stream_);
-  gemm_.BackwardWeight(G(p_.fada_w), d_ada_bf16_, silu_c_, B, D, 2 * D);
-  BiasGradient(G(p_.fada_b), d_ada_, B, 2 * D, stream_);
-  gemm_.BackwardInput(d_small_, d_ada_bf16_, W(p_.fada_w), B, D, 2 * D);
-  CastToFloat(d_silu_c_, d_small_, BD, /*accumulate=*/true, stream_);
+  DT_CUDA_CHECK(cudaMemsetAsync(d_ada_f_, 0, BD * 2 * sizeof(float), stream_));
+  NormBackward(c.depth);  // and the last block's MLP gated residual
 
   // Blocks, last to first; d_resid_ carries the residual stream's gradient throughout.
   for (int l = c.depth - 1; l >= 0; --l)
@@ -421,22 +476,22 @@ void DiT::BlockBackward(int l) {
   BlockActs& k = acts_[l];
   const int B = batch_, Fr = config_.frames(), T = config_.tokens(), D = config_.hidden_size;
   const int Ts = Fr * T, N = B * Ts, M = config_.mlp_hidden(), S = 6 * D;
-  DT_CUDA_CHECK(cudaMemsetAsync(d_ada_, 0, size_t(B) * S * sizeof(float), stream_));
-  // MLP branch: out = mid + gate_mlp · fc2; the stream's gradient passes through unchanged.
-  GatedResidualBackward(d_a_, d_ada_, d_resid_, k.fc2, k.ada, 5 * D, S, B, Ts, D, stream_);
+  float* d_ada = DAda(l);  // zeroed, and holding gate_mlp's gradient, by NormBackward(l + 1)
+  // MLP branch: out = mid + gate_mlp · fc2. NormBackward(l + 1) left fc2's output gradient in
+  // d_a_ and added its bias gradient; the stream's gradient passes through unchanged.
   gemm_.BackwardWeight(G(o.fc2_w), d_a_, k.gelu, N, M, D);
-  BiasGradient(G(o.fc2_b), d_a_, N, D, stream_);
   // fc2's input gradient times gelu'(fc1's pre-activation), fused in the epilogue.
   gemm_.BackwardInput(d_h_, d_a_, W(o.fc2_w), N, M, D, k.fc1_pre);
   gemm_.BackwardWeight(G(o.fc1_w), d_h_, k.mod2, N, D, M);
   BiasGradient(G(o.fc1_b), d_h_, N, M, stream_);
   gemm_.BackwardInput(d_a_, d_h_, W(o.fc1_w), N, D, M);
-  LayerNormModulateBackward(d_resid_, d_ada_, d_a_, k.mid, k.mean2, k.rstd2, k.ada, 3 * D, 4 * D, S,
-                            B, Ts, D, stream_);
-  // Attention branch: mid = x + gate_msa · proj.
-  GatedResidualBackward(d_a_, d_ada_, d_resid_, k.proj, k.ada, 2 * D, S, B, Ts, D, stream_);
+  // norm2 and the attention branch's gated residual, mid = x + gate_msa · proj, in one pass:
+  // proj's output gradient over norm2's input gradient in d_a_, and proj's bias gradient.
+  GatedResidualNormBackward(d_resid_, d_ada, d_a_, d_ada, G(o.proj_b), d_a_, k.mid, k.mean2,
+                            k.rstd2, Modulation{k.ada, S, 3 * D, 4 * D},
+                            GatedBranch{k.proj, k.ada, S, 2 * D}, norm_workspace_, B, Ts, D,
+                            stream_);
   gemm_.BackwardWeight(G(o.proj_w), d_a_, k.attn, N, D, D);
-  BiasGradient(G(o.proj_b), d_a_, N, D, stream_);
   gemm_.BackwardInput(d_b_, d_a_, W(o.proj_w), N, D, D);
   if (config_.temporal_block(l)) {
     SwapAxes(d_attn_t_, d_b_, B, Fr, T, D, stream_);
@@ -449,14 +504,9 @@ void DiT::BlockBackward(int l) {
   gemm_.BackwardWeight(G(o.qkv_w), d_qkv_, k.mod1, N, D, 3 * D);
   BiasGradient(G(o.qkv_b), d_qkv_, N, 3 * D, stream_);
   gemm_.BackwardInput(d_a_, d_qkv_, W(o.qkv_w), N, D, 3 * D);
-  LayerNormModulateBackward(d_resid_, d_ada_, d_a_, k.resid_in, k.mean1, k.rstd1, k.ada, 0, D, S, B,
-                            Ts, D, stream_);
-  // This block's adaLN, whose input SiLU(c) every block shares.
-  CastToBf16(d_ada_bf16_, d_ada_, size_t(B) * S, stream_);
-  gemm_.BackwardWeight(G(o.ada_w), d_ada_bf16_, silu_c_, B, D, S);
-  BiasGradient(G(o.ada_b), d_ada_, B, S, stream_);
-  gemm_.BackwardInput(d_small_, d_ada_bf16_, W(o.ada_w), B, D, S);
-  CastToFloat(d_silu_c_, d_small_, size_t(B) * D, /*accumulate=*/true, stream_);
+  // norm1, fused with the block before's MLP gated residual; then this block's adaLN, whose
+  // input SiLU(c) every block shares.
+  NormBackward(l);
 }
 
 void DiT::ForwardBackward(float grad_scale) {

@@ -33,6 +33,7 @@
 #include "model/cuda/gemm.h"
 #include "model/cuda/gemm_attention.h"
 #include "model/cuda/loss.h"
+#include "model/cuda/modulate.h"
 #include "model/cuda/optimizer.h"
 #include "model/cuda/train_state.h"
 #include "model/dit/config.h"
@@ -150,8 +151,32 @@ class DiT {
   // Binds every activation pointer into an arena at `base` (null: only counts); returns the
   // bytes the arena needs. One list serves both, so layout and binding cannot disagree.
   size_t BindActivations(unsigned char* base, int B);
+  // A block's forward from its first norm's output (which the block before, or Forward for
+  // block 0, computes) to the next layer's first norm, fused with the gated residual before it.
   void BlockForward(int l);
+  // Back from the gradient of a block's output branch (its fc2's output, which NormBackward(l +
+  // 1) computes) to that of its input, ending with NormBackward(l).
   void BlockBackward(int l);
+  // Layer l's first LayerNorm-modulate (layer depth is the final layer): its stream, output,
+  // statistics and adaLN slices.
+  struct NormSite {
+    float* x;
+    bf16* h;
+    float *mean, *rstd;
+    Modulation mod;
+  };
+  NormSite FirstNorm(int l);
+  // Layer l's adaLN GEMM from SiLU(c), and its backward from the layer's adaLN gradient
+  // (DAda(l), complete once NormBackward(l) has run) into d_silu_c_.
+  void AdaLNForward(int l);
+  void AdaLNBackward(int l);
+  // The backward of layer l's first norm from its output's gradient (in d_a_) and, for l > 0,
+  // of block l − 1's MLP gated residual before it (whose fc2 output gradient it leaves in d_a_);
+  // then layer l's adaLN backward.
+  void NormBackward(int l);
+  // Layer l's adaLN gradient: blocks alternate between two buffers, since block l − 1's gate
+  // gradient starts before block l's adaLN backward has run.
+  float* DAda(int l) { return l == config_.depth ? d_ada_f_ : d_ada_[l % 2]; }
   // Self-attention over B sequences of T tokens (packed qkv) with `kernels`; the workspace is
   // attn_workspace_.
   void AttentionForward(AttentionKernels kernels, bf16* out, float* lse, const bf16* qkv, int B,
@@ -191,7 +216,8 @@ class DiT {
   bf16* modf_ = nullptr;
   float *final_out_ = nullptr, *out_ = nullptr, *loss_ = nullptr;
   // Backward scratch.
-  float *d_out_ = nullptr, *d_final_ = nullptr, *d_resid_ = nullptr, *d_ada_ = nullptr;
+  float *d_out_ = nullptr, *d_final_ = nullptr, *d_resid_ = nullptr;
+  float *d_ada_[2] = {nullptr, nullptr}, *d_ada_f_ = nullptr, *norm_workspace_ = nullptr;
   float *d_silu_c_ = nullptr, *d_c_ = nullptr, *d_t_ = nullptr, *attn_workspace_ = nullptr;
   // The kernels of the spatial (within a frame) and temporal (across frames) attention: gemm,
   // fused or flash.

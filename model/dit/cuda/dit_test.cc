@@ -136,6 +136,20 @@ DiTConfig Tiny() {
   return c;
 }
 
+// What the GPU step takes is decided without a GPU: DiT-XL/2 and Latte-XL/2 are taken; a hidden
+// size beyond the LayerNorm kernels' widest rows is refused by name.
+TEST(CudaDiTSupport, TakesXLAndRefusesRowsBeyondTheNormKernels) {
+  EXPECT_TRUE(DiT::Supports(DiTConfigByName("DiT-XL/2", 32).value()).ok());
+  EXPECT_TRUE(DiT::Supports(SizedConfigByName("Latte", "Latte-XL/2", 32).value()).ok());
+  DiTConfig c = Tiny();
+  c.depth = 1;
+  c.hidden_size = GatedResidualNormMaxWidth() + 128;
+  c.num_heads = c.hidden_size / 128;
+  const Status s = DiT::Supports(c);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("hidden sizes up to 8192"), std::string::npos) << s.message();
+}
+
 TEST(CudaDiTTest, TinyStepMatchesTheCpuModel) {
   DT_SKIP_WITHOUT_GPU();
   ExpectStepMatchesCpu(Tiny(), /*B=*/3);
