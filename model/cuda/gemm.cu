@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/cuda/activation.h"
+
 // A failing cuBLASLt call is a broken invariant (bad shape, unsupported combination) or a lost
 // device: print file:line with cuBLASLt's reason and abort, like DT_CUDA_CHECK.
 #ifndef DT_CUBLAS_CHECK
@@ -88,6 +90,12 @@ __global__ void AddBiasKernel(float* out, const bf16* __restrict__ bias, size_t 
   if (i < n) out[i] += __bfloat162float(bias[i % O]);
 }
 
+// dst[i] += src[i]: a bias gradient the epilogue stored, into the accumulating arena.
+__global__ void AddKernel(float* dst, const float* __restrict__ src, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] += src[i];
+}
+
 void CheckShape(int N, int I, int O) {
   DT_CHECK(N > 0 && I > 0 && O > 0, "GEMM shape N={} I={} O={} must be positive", N, I, O);
   // cuBLASLt's tensor-core kernels need 16-byte aligned rows (leading dimensions); every ld below
@@ -138,8 +146,17 @@ Gemm::~Gemm() {
 // is computed transposed: Xᵀ = (P·Q)ᵀ = Qᵀ·Pᵀ, where Qᵀ, Pᵀ are the row-major buffers as they are.
 Gemm::Plan& Gemm::PlanFor(const Key& key) {
   auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
+  if (it != plans_.end() && it->second != nullptr) return *it->second;
+  return *MakePlan(key, /*required=*/true);
+}
 
+Gemm::Plan* Gemm::TryPlanFor(const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second.get();
+  return MakePlan(key, /*required=*/false);
+}
+
+Gemm::Plan* Gemm::MakePlan(const Key& key, bool required) {
   const auto [kind, out_type, N, I, O, epilogue_int, batch] = key;
   const auto epilogue = static_cast<cublasLtEpilogue_t>(epilogue_int);
   const cudaDataType_t d_type = out_type == kOutFloat ? CUDA_R_32F : CUDA_R_16BF;
@@ -215,6 +232,12 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
   const void* const kAlignedPlaceholder = reinterpret_cast<const void*>(uintptr_t{kAlignment});
   const bool has_bias =
       epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+    // The bias gradient it stores has C's type (fp32 here), the default.
+    DT_CUBLAS_CHECK(
+        Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                            &kAlignedPlaceholder, sizeof(kAlignedPlaceholder)));
+  }
   const bool has_aux =
       epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
   if (has_bias) {
@@ -275,6 +298,10 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
   const cublasStatus_t status = Lt().cublasLtMatmulAlgoGetHeuristic(
       handle_, plan->desc, plan->a, plan->b, plan->c, plan->d, preference, 1, &result, &found);
   Lt().cublasLtMatmulPreferenceDestroy(preference);
+  if (!required && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    plans_.insert_or_assign(key, nullptr);
+    return nullptr;
+  }
   DT_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
            "cuBLASLt has no algorithm for GEMM kind {} (0 forward, 1 backward-weight, 2 "
            "backward-input, 3-6 batched), {} output, N={} I={} O={}, epilogue {}, batch {} "
@@ -285,9 +312,9 @@ Gemm::Plan& Gemm::PlanFor(const Key& key) {
   plan->algo = result.algo;
   plan->workspace_bytes = result.workspaceSize;
 
-  Plan& ref = *plan;
-  plans_.emplace(key, std::move(plan));
-  return ref;
+  Plan* made = plan.get();
+  plans_.insert_or_assign(key, std::move(plan));
+  return made;
 }
 
 namespace {
@@ -370,6 +397,35 @@ void Gemm::BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, in
                                       plan.workspace_bytes, stream_));
 }
 
+void Gemm::BackwardWeightAndBias(float* dw, float* dbias, const bf16* dout, const bf16* in, int N,
+                                 int I, int O, float* scratch) {
+  CheckShape(N, I, O);
+  DT_CHECK(Aligned(dw) && Aligned(dout) && Aligned(in) && Aligned(scratch),
+           "GEMM pointers must be {}-byte aligned", kAlignment);
+  Plan* plan = TryPlanFor(Key{kBackwardWeight, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_BGRADB, 1});
+  if (plan == nullptr) {
+    BackwardWeight(dw, dout, in, N, I, O);
+    BiasGradient(dbias, dout, N, O, stream_);
+    return;
+  }
+  // dwᵀ = inᵀ · dout: cuBLASLt's B is dout (op(B) = dout[N, O], k = N), so BGRADB's sums over
+  // k are dout's column sums, one per column of D (O of them).
+  SetEpiloguePointers(plan->desc, scratch, nullptr);
+  const float alpha = 1.0f, beta = 1.0f;  // dw += ...
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan->desc, &alpha, in, plan->a, dout, plan->b,
+                                      &beta, dw, plan->c, dw, plan->d, &plan->algo,
+                                      workspace_.data(), plan->workspace_bytes, stream_));
+  constexpr unsigned kThreads = 256;
+  AddKernel<<<BlocksFor(O, kThreads), kThreads, 0, stream_>>>(dbias, scratch, O);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+bool Gemm::FusesBiasGradient(int N, int I, int O) {
+  CheckShape(N, I, O);
+  return TryPlanFor(Key{kBackwardWeight, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_BGRADB, 1}) !=
+         nullptr;
+}
+
 void Gemm::BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int I, int O,
                          const bf16* gelu_pre) {
   CheckShape(N, I, O);
@@ -391,8 +447,8 @@ void Gemm::RunBatched(void* c, int out_type, const bf16* a, bool trans_a, const 
   DT_CHECK(m > 0 && n > 0 && k > 0 && batch > 0,
            "batched GEMM shape m={} n={} k={} batch={} must be positive", m, n, k, batch);
   DT_CHECK(m % kBf16PerAlignment == 0 && n % kBf16PerAlignment == 0 && k % kBf16PerAlignment == 0,
-           "batched GEMM shape m={} n={} k={}: each must be a multiple of {} ({}-byte rows)", m,
-           n, k, kBf16PerAlignment, kAlignment);
+           "batched GEMM shape m={} n={} k={}: each must be a multiple of {} ({}-byte rows)", m, n,
+           k, kBf16PerAlignment, kAlignment);
   DT_CHECK(Aligned(c) && Aligned(a) && Aligned(b), "GEMM pointers must be {}-byte aligned",
            kAlignment);
   const int kind = kBatched + 2 * int(trans_a) + int(trans_b);
@@ -408,8 +464,8 @@ void Gemm::Batched(bf16* c, const bf16* a, bool trans_a, const bf16* b, bool tra
   RunBatched(c, kOutBf16, a, trans_a, b, trans_b, m, n, k, batch, alpha);
 }
 
-void Gemm::Batched(float* c, const bf16* a, bool trans_a, const bf16* b, bool trans_b, int m,
-                   int n, int k, int batch, float alpha) {
+void Gemm::Batched(float* c, const bf16* a, bool trans_a, const bf16* b, bool trans_b, int m, int n,
+                   int k, int batch, float alpha) {
   RunBatched(c, kOutFloat, a, trans_a, b, trans_b, m, n, k, batch, alpha);
 }
 

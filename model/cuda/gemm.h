@@ -44,6 +44,14 @@ class Gemm {
 
   // dw[O, I] += dout[N, O]ᵀ · in[N, I] in fp32 (the gradient arena accumulates micro-batches).
   void BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, int I, int O);
+  // BackwardWeight, and dbias[O] += the column sums of dout (the layer's bias gradient): in the
+  // GEMM's epilogue (cuBLASLt's BGRADB, which reduces dout over the product's k = N and stores
+  // the sums, into `scratch` [O] fp32, then added to dbias) where cuBLASLt has an algorithm for
+  // it, else as BackwardWeight followed by BiasGradient (model/cuda/activation.h).
+  void BackwardWeightAndBias(float* dw, float* dbias, const bf16* dout, const bf16* in, int N,
+                             int I, int O, float* scratch);
+  // Whether BackwardWeightAndBias at this shape uses the epilogue (asks cuBLASLt once).
+  bool FusesBiasGradient(int N, int I, int O);
 
   // din[N, I] = dout[N, O] · w[O, I]   (written, not added).
   // With gelu_pre non-null (the aux of a kBiasGelu forward, [N, I]) the result is multiplied
@@ -70,6 +78,9 @@ class Gemm {
   void RunBatched(void* c, int out_type, const bf16* a, bool trans_a, const bf16* b, bool trans_b,
                   int m, int n, int k, int batch, float alpha);
   Plan& PlanFor(const Key& key);
+  // The plan of a key, or null (remembered) when cuBLASLt has no algorithm for it.
+  Plan* TryPlanFor(const Key& key);
+  Plan* MakePlan(const Key& key, bool required);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;

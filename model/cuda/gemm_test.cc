@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "model/cpu/activation.h"
@@ -120,31 +121,48 @@ class GemmTest : public ::testing::Test {
     EXPECT_LE(RelativeL2(DownloadAsFloat(out), ToFloat(want)), kFloatTolerance);
   }
 
-  // dw starts from known non-zero values and must come back as dw₀ + doutᵀ·in.
-  void CheckBackwardWeight(int N, int I, int O, uint64_t seed) {
-    SCOPED_TRACE(::testing::Message() << "N=" << N << " I=" << I << " O=" << O);
+  // dw starts from known non-zero values and must come back as dw₀ + doutᵀ·in; with the bias,
+  // (BackwardWeightAndBias) db likewise as db₀ + dout's column sums.
+  void CheckBackwardWeight(int N, int I, int O, uint64_t seed, bool with_bias = false) {
+    SCOPED_TRACE(::testing::Message()
+                 << "N=" << N << " I=" << I << " O=" << O << (with_bias ? ", with the bias" : ""));
     const Operands x(N, I, O, seed);
     const std::vector<float> dw0 = RandomVector(size_t(O) * I, seed + 10, 3.0);
-    std::vector<double> want = ToDouble(dw0);
+    const std::vector<float> db0 = RandomVector(size_t(O), seed + 11, 3.0);
+    std::vector<double> want = ToDouble(dw0), want_db = ToDouble(db0);
     const std::vector<double> dout = ToDouble(x.dout), in = ToDouble(x.in), w = ToDouble(x.w);
-    cpu::LinearBackward<double>(nullptr, want.data(), nullptr, dout.data(), in.data(), w.data(), N,
-                                I, O);
+    cpu::LinearBackward<double>(nullptr, want.data(), with_bias ? want_db.data() : nullptr,
+                                dout.data(), in.data(), w.data(), N, I, O);
 
     DeviceBuffer<bf16> d_dout = UploadBf16(x.dout), d_in = UploadBf16(x.in);
-    DeviceBuffer<float> dw = UploadFloat(dw0);
+    DeviceBuffer<float> dw = UploadFloat(dw0), db = UploadFloat(db0), scratch(O);
+    Poison(scratch);
     Gemm gemm(stream_);
-    gemm.BackwardWeight(dw.data(), d_dout.data(), d_in.data(), N, I, O);
-    Sync();
-    const std::vector<float> got = DownloadAsFloat(dw);
-    EXPECT_LE(RelativeL2(got, ToFloat(want)), kFloatTolerance);
-    // The increment alone, so that a kernel that dropped the product (or the += ) cannot hide
-    // behind a large dw₀.
-    std::vector<float> got_delta(got.size()), want_delta(got.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      got_delta[i] = got[i] - dw0[i];
-      want_delta[i] = static_cast<float>(want[i] - dw0[i]);
+    if (with_bias) {
+      gemm.BackwardWeightAndBias(dw.data(), db.data(), d_dout.data(), d_in.data(), N, I, O,
+                                 scratch.data());
+      // Which path ran, for the session's log.
+      std::printf("bias gradient of N=%d I=%d O=%d: %s\n", N, I, O,
+                  gemm.FusesBiasGradient(N, I, O) ? "in the GEMM's epilogue (BGRADB)"
+                                                  : "by BiasGradient (no BGRADB algorithm)");
+    } else {
+      gemm.BackwardWeight(dw.data(), d_dout.data(), d_in.data(), N, I, O);
     }
-    EXPECT_LE(RelativeL2(got_delta, want_delta), kFloatTolerance);
+    Sync();
+    // The whole result, then the increment alone, so that a kernel that dropped the product
+    // (or the +=) cannot hide behind large starting values.
+    const auto expect = [](const std::vector<float>& got, const std::vector<float>& start,
+                           const std::vector<double>& want, const char* what) {
+      EXPECT_LE(RelativeL2(got, ToFloat(want)), kFloatTolerance) << what;
+      std::vector<float> got_delta(got.size()), want_delta(got.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        got_delta[i] = got[i] - start[i];
+        want_delta[i] = static_cast<float>(want[i] - start[i]);
+      }
+      EXPECT_LE(RelativeL2(got_delta, want_delta), kFloatTolerance) << what << ", the increment";
+    };
+    expect(DownloadAsFloat(dw), dw0, want, "dw");
+    if (with_bias) expect(DownloadAsFloat(db), db0, want_db, "db");
   }
 
   // din = dout · w, or (dout · w) ⊙ gelu'(pre) with a GELU pre-activation pre [N, I].
@@ -195,6 +213,7 @@ TEST_F(GemmTest, ForwardFloatSmall) {
 
 TEST_F(GemmTest, BackwardSmall) {
   CheckBackwardWeight(kSmallN, kSmallI, kSmallO, 150);
+  CheckBackwardWeight(kSmallN, kSmallI, kSmallO, 155, /*with_bias=*/true);
   CheckBackwardInput(kSmallN, kSmallI, kSmallO, /*with_gelu=*/false, 160);
   CheckBackwardInput(kSmallN, kSmallI, kSmallO, /*with_gelu=*/true, 170);
 }
@@ -202,11 +221,13 @@ TEST_F(GemmTest, BackwardSmall) {
 TEST_F(GemmTest, QkvForwardAndBackward) {
   CheckForwardBf16(kTokens, kHidden, kQkv, Epilogue::kBias, 200);
   CheckBackwardWeight(kTokens, kHidden, kQkv, 210);
+  CheckBackwardWeight(kTokens, kHidden, kQkv, 215, /*with_bias=*/true);
   CheckBackwardInput(kTokens, kHidden, kQkv, /*with_gelu=*/false, 220);
 }
 
-TEST_F(GemmTest, Fc1ForwardBiasGelu) {
+TEST_F(GemmTest, Fc1ForwardBiasGeluAndBackwardWithBias) {
   CheckForwardBf16(kTokens, kHidden, kMlp, Epilogue::kBiasGelu, 300);
+  CheckBackwardWeight(kTokens, kHidden, kMlp, 310, /*with_bias=*/true);
 }
 
 // fc2's input gradient straight to fc1's pre-activation: fc2 maps I = 4608 → O = 1152.

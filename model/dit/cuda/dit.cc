@@ -197,6 +197,7 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   a.Take(d_ada_[1], B * 6 * D);
   a.Take(d_ada_f_, B * 2 * D);
   a.Take(norm_workspace_, GatedResidualNormWorkspace(B, Fr * T, D));
+  a.Take(bias_scratch_, std::max(3 * D, M));  // the widest bias a GEMM's epilogue reduces
   a.Take(d_ada_bf16_, B * 6 * D);
   a.Take(d_small_, B * D);
   a.Take(d_silu_c_, B * D);
@@ -482,8 +483,7 @@ void DiT::BlockBackward(int l) {
   gemm_.BackwardWeight(G(o.fc2_w), d_a_, k.gelu, N, M, D);
   // fc2's input gradient times gelu'(fc1's pre-activation), fused in the epilogue.
   gemm_.BackwardInput(d_h_, d_a_, W(o.fc2_w), N, M, D, k.fc1_pre);
-  gemm_.BackwardWeight(G(o.fc1_w), d_h_, k.mod2, N, D, M);
-  BiasGradient(G(o.fc1_b), d_h_, N, M, stream_);
+  gemm_.BackwardWeightAndBias(G(o.fc1_w), G(o.fc1_b), d_h_, k.mod2, N, D, M, bias_scratch_);
   gemm_.BackwardInput(d_a_, d_h_, W(o.fc1_w), N, D, M);
   // norm2 and the attention branch's gated residual, mid = x + gate_msa · proj, in one pass:
   // proj's output gradient over norm2's input gradient in d_a_, and proj's bias gradient.
@@ -501,8 +501,7 @@ void DiT::BlockBackward(int l) {
   } else {
     AttentionBackward(spatial_attention_, d_qkv_, d_b_, k.qkv, k.attn, k.lse, B * Fr, T);
   }
-  gemm_.BackwardWeight(G(o.qkv_w), d_qkv_, k.mod1, N, D, 3 * D);
-  BiasGradient(G(o.qkv_b), d_qkv_, N, 3 * D, stream_);
+  gemm_.BackwardWeightAndBias(G(o.qkv_w), G(o.qkv_b), d_qkv_, k.mod1, N, D, 3 * D, bias_scratch_);
   gemm_.BackwardInput(d_a_, d_qkv_, W(o.qkv_w), N, D, 3 * D);
   // norm1, fused with the block before's MLP gated residual; then this block's adaLN, whose
   // input SiLU(c) every block shares.

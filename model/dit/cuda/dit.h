@@ -218,6 +218,7 @@ class DiT {
   // Backward scratch.
   float *d_out_ = nullptr, *d_final_ = nullptr, *d_resid_ = nullptr;
   float *d_ada_[2] = {nullptr, nullptr}, *d_ada_f_ = nullptr, *norm_workspace_ = nullptr;
+  float* bias_scratch_ = nullptr;  // a bias gradient cuBLASLt's epilogue stores, before the add
   float *d_silu_c_ = nullptr, *d_c_ = nullptr, *d_t_ = nullptr, *attn_workspace_ = nullptr;
   // The kernels of the spatial (within a frame) and temporal (across frames) attention: gemm,
   // fused or flash.
