@@ -93,6 +93,8 @@ for t in $tests; do
     exit 1
   fi
   echo "$(basename "$t"): $(grep -o 'PASSED.*' "$log") ($((SECONDS - start)) s)"
+  # What a test reports of the path it took (a line "note: ..."), e.g. the GEMM epilogues.
+  grep '^note: ' "$log" | sort -u
 done
 
 echo "== timing $model, micro-batches $micro_batches, $steps steps each (${SECONDS} s in)"

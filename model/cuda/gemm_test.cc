@@ -141,8 +141,8 @@ class GemmTest : public ::testing::Test {
     if (with_bias) {
       gemm.BackwardWeightAndBias(dw.data(), db.data(), d_dout.data(), d_in.data(), N, I, O,
                                  scratch.data());
-      // Which path ran, for the session's log.
-      std::printf("bias gradient of N=%d I=%d O=%d: %s\n", N, I, O,
+      // Which path ran, for the session's log (bench/cuda_dit.sh prints the notes).
+      std::printf("note: bias gradient of N=%d I=%d O=%d: %s\n", N, I, O,
                   gemm.FusesBiasGradient(N, I, O) ? "in the GEMM's epilogue (BGRADB)"
                                                   : "by BiasGradient (no BGRADB algorithm)");
     } else {
