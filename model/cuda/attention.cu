@@ -601,14 +601,6 @@ void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf1
   DT_CUDA_CHECK_LAUNCH();
 }
 
-void AttentionDelta(float* delta, const bf16* dout, const bf16* out, int B, int T, int D, int H,
-                    cudaStream_t stream) {
-  const size_t rows = static_cast<size_t>(B) * T * H;
-  AttentionDeltaKernel<<<BlocksFor(rows, kWarps), kThreads, 0, stream>>>(delta, nullptr, dout, out,
-                                                                         B, T, D, H);
-  DT_CUDA_CHECK_LAUNCH();
-}
-
 void AttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                        const float* lse, float* workspace, int B, int T, int D, int H,
                        cudaStream_t stream) {

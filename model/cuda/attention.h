@@ -53,7 +53,9 @@ void AttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16
                        cudaStream_t stream);
 
 // delta [B, H, T] = the row sums of dout ∘ out over each head (fp32): the softmax backward's
-// correction, Σ_k P·dP = Σ_d dO·O. dout and out are [B, T, D].
+// correction, Σ_k P·dP = Σ_d dO·O. dout and out are [B, T, D], 16-byte aligned, with head dims
+// D/H that are multiples of 8 (model/cuda/flash_kernels.h's Delta: 16-byte loads; the flash
+// and batched-GEMM backwards use it).
 void AttentionDelta(float* delta, const bf16* dout, const bf16* out, int B, int T, int D, int H,
                     cudaStream_t stream);
 

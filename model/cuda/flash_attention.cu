@@ -48,6 +48,9 @@ struct DevicePrimitives {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo: the low half
     return *reinterpret_cast<const uint32_t*>(&v);
   }
+  __device__ static float Bf16ToFloat(uint16_t bits) {
+    return __uint_as_float(uint32_t{bits} << 16);
+  }
   __device__ static float Exp2(float x) { return exp2f(x); }
   __device__ static float Log2(float x) { return log2f(x); }
   __device__ static void Copy16(void* dst, const void* src) {
@@ -64,6 +67,10 @@ struct DevicePrimitives {
   __device__ static void WaitPrior() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
   __device__ static void WaitAll() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 };
+
+__global__ void __launch_bounds__(flash::kThreads) FlashDeltaKernel(flash::DeltaArgs args) {
+  flash::Delta<DevicePrimitives>(args);
+}
 
 template <int HDP, int kStages, int kMTiles>
 __global__ void __launch_bounds__(flash::kThreads) FlashForwardKernel(flash::ForwardArgs args) {
@@ -124,6 +131,22 @@ uint16_t* Bits(bf16* p) {
 
 }  // namespace
 
+void AttentionDelta(float* delta, const bf16* dout, const bf16* out, int B, int T, int D, int H,
+                    cudaStream_t stream) {
+  DT_CHECK(B > 0 && T > 0 && H > 0 && D % H == 0 && (D / H) % 8 == 0,
+           "AttentionDelta takes head dims that are multiples of 8: D={} H={}", D, H);
+  DT_CHECK(
+      reinterpret_cast<uintptr_t>(dout) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+      "AttentionDelta's dout and out must be 16-byte aligned");
+  const size_t smem = flash::DeltaSmemBytes(D);
+  DT_CHECK(smem <= 48 * 1024, "AttentionDelta takes D up to {}, found {}",
+           48 * 1024 / (flash::kWarps * sizeof(float)) * 8, D);
+  FlashDeltaKernel<<<BlocksFor(size_t(B) * T, flash::kWarps), flash::kThreads, smem, stream>>>(
+      flash::DeltaArgs{reinterpret_cast<const uint16_t*>(dout),
+                       reinterpret_cast<const uint16_t*>(out), delta, B, T, D, H});
+  DT_CUDA_CHECK_LAUNCH();
+}
+
 bool FlashAttentionTakes(int hd) {
   return hd > 0 && hd % 8 == 0 && hd <= flash::kMaxHeadDim;
 }
@@ -176,10 +199,11 @@ void Backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, con
               const bf16* v, size_t q_stride, size_t kv_stride, const bf16* out, const float* lse,
               float* workspace, int B, int Tq, int Tk, int D, int H, cudaStream_t stream) {
   const flash::Operands in = MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H);
-  for (const void* p : {static_cast<const void*>(dq), static_cast<const void*>(dk),
-                        static_cast<const void*>(dv), static_cast<const void*>(dout)}) {
+  for (const void* p :
+       {static_cast<const void*>(dq), static_cast<const void*>(dk), static_cast<const void*>(dv),
+        static_cast<const void*>(dout), static_cast<const void*>(out)}) {
     DT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
-             "dq, dk, dv and dout must be 16-byte aligned");
+             "dq, dk, dv, dout and out must be 16-byte aligned");
   }
   float* delta = workspace;
   AttentionDelta(delta, dout, out, B, Tq, D, H, stream);

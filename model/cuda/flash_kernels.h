@@ -21,10 +21,10 @@
 //
 // The primitives P provides (static): Thread(), BlockX/Y/Z(), Smem(), SyncThreads(),
 // LdMatrixX4(r, row), LdMatrixX4Trans(r, row), Mma(d, a, b0, b1), ShflXor(v, mask),
-// PackBf16x2(lo, hi) (round to nearest even, lo in the low half), Exp2, Log2, Copy16(dst, src),
-// Zero16(dst), Store32(dst, v); with kStages = 2 also CopyAsync16(dst, src) (cp.async of 16
-// bytes to shared memory), CommitGroup(), WaitPrior() (all committed groups but the newest have
-// landed) and WaitAll().
+// PackBf16x2(lo, hi) (round to nearest even, lo in the low half), Bf16ToFloat(bits), Exp2,
+// Log2, Copy16(dst, src), Zero16(dst), Store32(dst, v); with kStages = 2 also CopyAsync16(dst, src)
+// (cp.async of 16 bytes to shared memory), CommitGroup(), WaitPrior() (all committed groups but the
+// newest have landed) and WaitAll().
 //
 // Layout (model/cuda/attention.h's): q [B, Tq, ·] and k, v [B, Tk, ·] bf16 with their own row
 // strides (multiples of 8), head h at columns h·hd … h·hd+hd−1; out and dout [B, Tq, D]; lse
@@ -114,6 +114,52 @@ struct BackwardArgs {
   uint16_t* dq;        // q's row stride
   uint16_t *dk, *dv;   // k's and v's row stride
 };
+
+// The backward's preprocessing: delta[b, h, t] = Σ_d dout·out over head h of row (b, t) (dout
+// and out [B, T, D] bf16, delta [B, H, T] fp32). Grid (⌈B·T / kWarps⌉), one row a warp: a lane
+// reads 8 consecutive columns of each at a time (16-byte loads; hd is a multiple of 8, so the 8
+// lie in one head), writes their dot product to its warp's row of shared memory
+// (DeltaSmemBytes), and each head's sum over its hd/8 dot products, in order, is one lane's.
+struct DeltaArgs {
+  const uint16_t* dout;
+  const uint16_t* out;
+  float* delta;
+  int B, T, D, H;
+};
+constexpr size_t DeltaSmemBytes(int D) {
+  return size_t(kWarps) * (D / 8) * sizeof(float);
+}
+
+template <class P>
+DT_SIMT void Delta(const DeltaArgs& a) {
+  const int lane = P::Thread() % 32, warp = P::Thread() / 32;
+  const int chunks = a.D / 8, per_head = a.D / a.H / 8;
+  float* dots = reinterpret_cast<float*>(P::Smem()) + warp * chunks;
+  const int row = P::BlockX() * kWarps + warp;
+  const bool active = row < a.B * a.T;  // the same for the whole warp
+  if (active) {
+    for (int c = lane; c < chunks; c += 32) {
+      alignas(16) uint16_t g[8], o[8];
+      P::Copy16(g, a.dout + size_t(row) * a.D + c * 8);
+      P::Copy16(o, a.out + size_t(row) * a.D + c * 8);
+      float dot = 0;
+      DT_UNROLL
+      for (int e = 0; e < 8; ++e)
+        dot += P::Bf16ToFloat(g[e]) * P::Bf16ToFloat(o[e]);
+      dots[c] = dot;
+    }
+  }
+  P::SyncThreads();
+  if (active) {
+    const int b = row / a.T, t = row % a.T;
+    for (int h = lane; h < a.H; h += 32) {
+      float sum = 0;
+      for (int j = 0; j < per_head; ++j)
+        sum += dots[h * per_head + j];
+      a.delta[(size_t(b) * a.H + h) * a.T + t] = sum;
+    }
+  }
+}
 
 // Rows [0, rows) × columns [0, hd) of a row-major global matrix into a [tile_rows][Ld] shared
 // tile in 16-byte chunks, zero elsewhere (hd is a multiple of 8; rows start 16-byte aligned);

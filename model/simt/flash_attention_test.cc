@@ -8,6 +8,7 @@
 // model/cuda/attention_test.cc runs the compiled kernels on a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -144,19 +145,28 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
       Run<HDP>(&flash::Forward<HDP, simt::Primitives, kStages>,
                flash::ForwardArgs{in, out.data(), lse.data()}, s.Tq, s.H, s.B,
                flash::ForwardSmemBytes<HDP, kStages>());
-      // delta = Σ_d dout·out over each head, from the bf16 out, as the GPU computes it.
+      // delta = Σ_d dout·out over each head, from the bf16 out: the Delta kernel, against the
+      // sum in double (every element starts as NaN).
+      std::fill(delta.begin(), delta.end(), NAN);
+      simt::Launch({(s.B * s.Tq + flash::kWarps - 1) / flash::kWarps, 1, 1}, flash::kThreads,
+                   flash::DeltaSmemBytes(s.D), [&] {
+                     flash::Delta<simt::Primitives>(
+                         {dout.bits.data(), out.data(), delta.data(), s.B, s.Tq, s.D, s.H});
+                   });
+      std::vector<double> delta_got(delta.begin(), delta.end()), delta_want(delta.size());
       for (int b = 0; b < s.B; ++b) {
         for (int i = 0; i < s.Tq; ++i) {
           for (int h = 0; h < s.H; ++h) {
-            float sum = 0;
+            double sum = 0;
             for (int d = 0; d < hd; ++d) {
               const size_t e = (size_t(b) * s.Tq + i) * s.D + h * hd + d;
-              sum += static_cast<float>(dout.values[e]) * Bf16ToFloat(out[e]);
+              sum += dout.values[e] * Bf16ToFloat(out[e]);
             }
-            delta[(size_t(b) * s.H + h) * s.Tq + i] = sum;
+            delta_want[(size_t(b) * s.H + h) * s.Tq + i] = sum;
           }
         }
       }
+      EXPECT_LE(RelativeL2(delta_got, delta_want), 1e-6) << "delta";
       const flash::BackwardArgs args{in,        dout.bits.data(),   lse.data(),        delta.data(),
                                      dq.data(), dkv.data() + k_col, dkv.data() + v_col};
       Run<HDP>(&flash::BackwardDq<HDP, simt::Primitives, kStages>, args, s.Tq, s.H, s.B,

@@ -9,6 +9,7 @@
 // the same kernels run with one barrier dropped (the n-th each thread reaches): the one after the
 // first key/value tile is loaded (then warps read rows others are still writing) and the one before
 // the second is loaded (then warps overwrite rows others are still reading); each must be reported.
+// The backward's Delta kernel likewise, with and without its one barrier.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -154,6 +155,30 @@ TEST(FlashAttentionRaces, TwoStagesReportedWithoutTheBarrierAfterATile) {
   DT_REQUIRE_TSAN();
   for (Kernel k : kKernels)
     EXPECT_GT(Races(k, {1, 130, 130, 64, 1}, 1, 2), 0) << Name(k);
+}
+
+// The backward's Delta: each warp's dot products go through shared memory between two of its
+// lanes' work, behind one barrier (B = 1, T = 9: three blocks, the last partial; D = 144, 2
+// heads); without it the sums read dot products not yet written.
+int DeltaRaces(int drop) {
+  const int T = 9, D = 144, H = 2;
+  const std::vector<uint16_t> dout = Random(size_t(T) * D, 4), out = Random(size_t(T) * D, 5);
+  std::vector<float> delta(size_t(H) * T);
+  DroppingPrimitives::drop = drop;
+  const int before = g_tsan_reports;
+  simt::Launch(
+      {(T + flash::kWarps - 1) / flash::kWarps, 1, 1}, flash::kThreads, flash::DeltaSmemBytes(D),
+      [&] {
+        flash::Delta<DroppingPrimitives>({dout.data(), out.data(), delta.data(), 1, T, D, H});
+      });
+  DroppingPrimitives::drop = -1;
+  return g_tsan_reports - before;
+}
+
+TEST(FlashAttentionRaces, DeltaReportedOnlyWithoutItsBarrier) {
+  DT_REQUIRE_TSAN();
+  EXPECT_EQ(DeltaRaces(-1), 0);
+  EXPECT_GT(DeltaRaces(0), 0);
 }
 
 // The emulator's own primitives: a value one warp writes to shared memory and another reads is
