@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/cpu/attention.h"
+#include "model/cuda/embed.h"
 #include "model/cuda/flash_attention.h"
 #include "model/cuda/gemm_attention.h"
 #include "model/cuda/testing.h"
@@ -338,6 +339,62 @@ TEST(FlashAttentionTest, TwoStagesGiveTheOneStageBits) {
     EXPECT_TRUE(SameBits(out.Download(), outs[0])) << "out";
     const std::vector<float> got = lse.Download();
     EXPECT_EQ(0, std::memcmp(got.data(), lses[0].data(), got.size() * sizeof(float))) << "lse";
+  }
+}
+
+// Latte's temporal attention read from the frame-major video in place gives the bits of the
+// token-major copy through the dense functions (Latte-L/2's heads: D 1024 over 16; 2 videos of
+// 16 frames of 64 tokens), for each stage count and forward.
+TEST(FlashAttentionTest, AcrossFramesGivesTheTokenMajorBits) {
+  DT_SKIP_WITHOUT_GPU();
+  const int B = 2, F = 16, T = 64, D = 1024, H = 16, S = B * T;
+  const size_t n = size_t(B) * F * T;
+  DeviceBuffer<bf16> qkv = testing::UploadBf16(testing::RandomVector(n * 3 * D, 41, 1.5));
+  DeviceBuffer<bf16> dout = testing::UploadBf16(testing::RandomVector(n * D, 42));
+  DeviceBuffer<bf16> qkv_t(n * 3 * D), dout_t(n * D), out_t(n * D), dqkv_t(n * 3 * D);
+  DeviceBuffer<bf16> out(n * D), dqkv(n * 3 * D), back(n * 3 * D);
+  DeviceBuffer<float> lse_t(size_t(S) * H * F), lse(size_t(S) * H * F);
+  DeviceBuffer<float> workspace(FlashAttentionBackwardWorkspace(S, F, H));
+  SwapAxes(qkv_t.data(), qkv.data(), B, F, T, 3 * D, nullptr);
+  SwapAxes(dout_t.data(), dout.data(), B, F, T, D, nullptr);
+  for (const FlashStages stages : {FlashStages::kOne, FlashStages::kTwo}) {
+    for (const bool wide : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (stages == FlashStages::kOne ? "one stage" : "two stages")
+                   << (wide ? ", two m-tiles a warp" : ""));
+      testing::Poison(out);
+      testing::Poison(dqkv);
+      if (wide) {
+        FlashAttentionForwardWide(out_t.data(), lse_t.data(), qkv_t.data(), S, F, D, H, stages,
+                                  nullptr);
+      } else if (stages == FlashStages::kTwo) {
+        FlashAttentionForwardPipelined(out_t.data(), lse_t.data(), qkv_t.data(), S, F, D, H,
+                                       nullptr);
+      } else {
+        FlashAttentionForward(out_t.data(), lse_t.data(), qkv_t.data(), S, F, D, H, nullptr);
+      }
+      if (stages == FlashStages::kTwo) {
+        FlashAttentionBackwardPipelined(dqkv_t.data(), dout_t.data(), qkv_t.data(), out_t.data(),
+                                        lse_t.data(), workspace.data(), S, F, D, H, nullptr);
+      } else {
+        FlashAttentionBackward(dqkv_t.data(), dout_t.data(), qkv_t.data(), out_t.data(),
+                               lse_t.data(), workspace.data(), S, F, D, H, nullptr);
+      }
+      FlashAttentionForwardAcrossFrames(out.data(), lse.data(), qkv.data(), B, F, T, D, H, stages,
+                                        wide, nullptr);
+      FlashAttentionBackwardAcrossFrames(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                         lse.data(), workspace.data(), B, F, T, D, H, stages,
+                                         nullptr);
+      // Frame-major results, token-major for the comparison.
+      DeviceBuffer<bf16> out_back(n * D);
+      SwapAxes(out_back.data(), out.data(), B, F, T, D, nullptr);
+      SwapAxes(back.data(), dqkv.data(), B, F, T, 3 * D, nullptr);
+      DT_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_TRUE(SameBits(out_back.Download(), out_t.Download())) << "out";
+      EXPECT_TRUE(SameBits(back.Download(), dqkv_t.Download())) << "dqkv";
+      const std::vector<float> a = lse.Download(), b = lse_t.Download();
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "lse";
+    }
   }
 }
 

@@ -110,6 +110,21 @@ bool AllowSmem(Kernel kernel, size_t bytes) {
   return true;
 }
 
+void LaunchDelta(const flash::DeltaArgs& a, cudaStream_t stream) {
+  DT_CHECK(a.B > 0 && a.T > 0 && a.H > 0 && a.D % a.H == 0 && (a.D / a.H) % 8 == 0,
+           "the attention's delta takes head dims that are multiples of 8: D={} H={}", a.D, a.H);
+  DT_CHECK(reinterpret_cast<uintptr_t>(a.dout) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(a.out) % 16 == 0 && a.o_stride % 8 == 0 &&
+               a.o_inner % 8 == 0,
+           "the attention's dout and out rows must be 16-byte aligned");
+  const size_t smem = flash::DeltaSmemBytes(a.D);
+  DT_CHECK(smem <= 48 * 1024, "the attention's delta takes D up to {}, found {}",
+           48 * 1024 / (flash::kWarps * sizeof(float)) * 8, a.D);
+  FlashDeltaKernel<<<BlocksFor(size_t(a.B) * a.T, flash::kWarps), flash::kThreads, smem, stream>>>(
+      a);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
 flash::Operands MakeOperands(const bf16* q, const bf16* k, const bf16* v, size_t q_stride,
                              size_t kv_stride, int B, int Tq, int Tk, int D, int H) {
   CheckAttentionShape(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H, flash::kMaxHeadDim);
@@ -133,18 +148,9 @@ uint16_t* Bits(bf16* p) {
 
 void AttentionDelta(float* delta, const bf16* dout, const bf16* out, int B, int T, int D, int H,
                     cudaStream_t stream) {
-  DT_CHECK(B > 0 && T > 0 && H > 0 && D % H == 0 && (D / H) % 8 == 0,
-           "AttentionDelta takes head dims that are multiples of 8: D={} H={}", D, H);
-  DT_CHECK(
-      reinterpret_cast<uintptr_t>(dout) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
-      "AttentionDelta's dout and out must be 16-byte aligned");
-  const size_t smem = flash::DeltaSmemBytes(D);
-  DT_CHECK(smem <= 48 * 1024, "AttentionDelta takes D up to {}, found {}",
-           48 * 1024 / (flash::kWarps * sizeof(float)) * 8, D);
-  FlashDeltaKernel<<<BlocksFor(size_t(B) * T, flash::kWarps), flash::kThreads, smem, stream>>>(
-      flash::DeltaArgs{reinterpret_cast<const uint16_t*>(dout),
-                       reinterpret_cast<const uint16_t*>(out), delta, B, T, D, H});
-  DT_CUDA_CHECK_LAUNCH();
+  LaunchDelta({reinterpret_cast<const uint16_t*>(dout), reinterpret_cast<const uint16_t*>(out),
+               delta, B, T, D, H},
+              stream);
 }
 
 bool FlashAttentionTakes(int hd) {
@@ -170,12 +176,24 @@ size_t FlashAttentionBackwardWorkspace(int B, int Tq, int H) {
 
 namespace {
 
-// kMTiles: the query m-tiles a warp owns (a block's rows: kMTiles·64).
+// Latte's temporal attention over a frame-major video qkv [B, F, T, 3·D]: B·T sequences (token n
+// of sample s is sequence s·T + n) of F positions a frame (T·3·D elements) apart; out [B, F, T,
+// D] likewise.
+flash::Operands AcrossFrames(const bf16* qkv, int B, int F, int T, int D, int H) {
+  const size_t stride = size_t(T) * 3 * D;
+  flash::Operands in = MakeOperands(qkv, qkv + D, qkv + 2 * D, stride, stride, B * T, F, F, D, H);
+  in.inner = T;
+  in.q_inner = in.kv_inner = 3 * size_t(D);
+  in.o_stride = size_t(T) * D;
+  in.o_inner = D;
+  return in;
+}
+
+// kMTiles: the query m-tiles a warp owns (a block's rows: kMTiles·64). B: the sequences.
 template <int kStages, int kMTiles = 1>
-void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, size_t q_stride,
-             size_t kv_stride, int B, int Tq, int Tk, int D, int H, cudaStream_t stream) {
-  const flash::ForwardArgs args{MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H),
-                                Bits(out), lse};
+void ForwardOn(const flash::Operands& in, bf16* out, float* lse, int B, cudaStream_t stream) {
+  const flash::ForwardArgs args{in, Bits(out), lse};
+  const int Tq = in.Tq, D = in.D, H = in.H;
   DT_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "out is not 16-byte aligned");
   flash::WithPaddedHeadDim(D / H, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
@@ -194,11 +212,18 @@ void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
   });
 }
 
+template <int kStages, int kMTiles = 1>
+void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, size_t q_stride,
+             size_t kv_stride, int B, int Tq, int Tk, int D, int H, cudaStream_t stream) {
+  ForwardOn<kStages, kMTiles>(MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H), out, lse,
+                              B, stream);
+}
+
+// dq, dk, dv share q's, k's and v's layout (strides, inner offsets), dout out's.
 template <int kStages>
-void Backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
-              const bf16* v, size_t q_stride, size_t kv_stride, const bf16* out, const float* lse,
-              float* workspace, int B, int Tq, int Tk, int D, int H, cudaStream_t stream) {
-  const flash::Operands in = MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H);
+void BackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const bf16* dout,
+                const bf16* out, const float* lse, float* workspace, int B, cudaStream_t stream) {
+  const int Tq = in.Tq, Tk = in.Tk, D = in.D, H = in.H;
   for (const void* p :
        {static_cast<const void*>(dq), static_cast<const void*>(dk), static_cast<const void*>(dv),
         static_cast<const void*>(dout), static_cast<const void*>(out)}) {
@@ -206,7 +231,9 @@ void Backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, con
              "dq, dk, dv, dout and out must be 16-byte aligned");
   }
   float* delta = workspace;
-  AttentionDelta(delta, dout, out, B, Tq, D, H, stream);
+  LaunchDelta({reinterpret_cast<const uint16_t*>(dout), reinterpret_cast<const uint16_t*>(out),
+               delta, B, Tq, D, H, in.inner, in.o_stride, in.o_inner},
+              stream);
   const flash::BackwardArgs args{
       in, reinterpret_cast<const uint16_t*>(dout), lse, delta, Bits(dq), Bits(dk), Bits(dv)};
   flash::WithPaddedHeadDim(D / H, [&](auto padded) {
@@ -219,6 +246,14 @@ void Backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, con
     Launch(FlashDqKernel<HDP, kStages>, args, Tq, H, B, kDq, stream);
     Launch(FlashDkvKernel<HDP, kStages>, args, Tk, H, B, kDkv, stream);
   });
+}
+
+template <int kStages>
+void Backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+              const bf16* v, size_t q_stride, size_t kv_stride, const bf16* out, const float* lse,
+              float* workspace, int B, int Tq, int Tk, int D, int H, cudaStream_t stream) {
+  BackwardOn<kStages>(MakeOperands(q, k, v, q_stride, kv_stride, B, Tq, Tk, D, H), dq, dk, dv, dout,
+                      out, lse, workspace, B, stream);
 }
 
 }  // namespace
@@ -286,6 +321,25 @@ void FlashAttentionBackwardPipelined(bf16* dqkv, const bf16* dout, const bf16* q
   const size_t stride = 3 * size_t(D);
   FlashAttentionBackwardPipelined(dqkv, dqkv + D, dqkv + 2 * D, dout, qkv, qkv + D, qkv + 2 * D,
                                   stride, stride, out, lse, workspace, B, T, T, D, H, stream);
+}
+
+void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, int B, int F, int T,
+                                       int D, int H, FlashStages stages, bool wide,
+                                       cudaStream_t stream) {
+  const flash::Operands in = AcrossFrames(qkv, B, F, T, D, H);
+  const bool two = stages == FlashStages::kTwo;
+  const auto forward = wide ? (two ? &ForwardOn<2, 2> : &ForwardOn<1, 2>)
+                            : (two ? &ForwardOn<2, 1> : &ForwardOn<1, 1>);
+  forward(in, out, lse, B * T, stream);
+}
+
+void FlashAttentionBackwardAcrossFrames(bf16* dqkv, const bf16* dout, const bf16* qkv,
+                                        const bf16* out, const float* lse, float* workspace, int B,
+                                        int F, int T, int D, int H, FlashStages stages,
+                                        cudaStream_t stream) {
+  const flash::Operands in = AcrossFrames(qkv, B, F, T, D, H);
+  const auto backward = stages == FlashStages::kTwo ? &BackwardOn<2> : &BackwardOn<1>;
+  backward(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, workspace, B * T, stream);
 }
 
 }  // namespace difftrain::cuda

@@ -57,6 +57,20 @@ void FlashAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const
 void FlashAttentionForwardWide(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
                                FlashStages stages, cudaStream_t stream);
 
+// Latte's temporal attention straight from a frame-major video's packed qkv [B, F, T, 3·D]:
+// each of the B·T token positions is a sequence across the F frames, without copying the
+// video token-major first. out (and dout) [B, F, T, D], dqkv like qkv; lse [B·T, H, F] and the
+// workspace (FlashAttentionBackwardWorkspace(B·T, F, H)) per sequence. The same kernels, with
+// `stages` stages and, for `wide`, two m-tiles a warp in the forward: the same bits as the
+// token-major copy through the functions above.
+void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, int B, int F, int T,
+                                       int D, int H, FlashStages stages, bool wide,
+                                       cudaStream_t stream);
+void FlashAttentionBackwardAcrossFrames(bf16* dqkv, const bf16* dout, const bf16* qkv,
+                                        const bf16* out, const float* lse, float* workspace, int B,
+                                        int F, int T, int D, int H, FlashStages stages,
+                                        cudaStream_t stream);
+
 // The same four with two stages (FlashStages::kTwo).
 void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* q, const bf16* k,
                                     const bf16* v, size_t q_stride, size_t kv_stride, int B, int Tq,

@@ -98,6 +98,16 @@ struct Operands {
   size_t q_stride, kv_stride;
   int Tq, Tk, D, H;
   float scale;  // 1/√hd
+  // Where each sequence's rows are. Dense (inner = 1, the default): sequence b's rows follow
+  // sequence b−1's, out and dout [B, Tq, D]. Interleaved (Latte's temporal attention over a
+  // frame-major video, each token a sequence across frames): sequence b starts at
+  // (b / inner)·Tq·stride + (b % inner)·the operand's inner offset, its rows `stride` apart; out
+  // and dout with row stride o_stride and inner offset o_inner.
+  int inner = 1;
+  size_t q_inner = 0, kv_inner = 0;
+  size_t o_stride = 0, o_inner = 0;  // o_stride 0: D (dense)
+
+  DT_SIMT size_t OutStride() const { return o_stride != 0 ? o_stride : size_t(D); }
 };
 
 struct ForwardArgs {
@@ -125,6 +135,10 @@ struct DeltaArgs {
   const uint16_t* out;
   float* delta;
   int B, T, D, H;
+  // Interleaved sequences, as in Operands: sequence b's row t at (b / inner)·T·o_stride +
+  // (b % inner)·o_inner + t·o_stride; o_stride 0: dense, D.
+  int inner = 1;
+  size_t o_stride = 0, o_inner = 0;
 };
 constexpr size_t DeltaSmemBytes(int D) {
   return size_t(kWarps) * (D / 8) * sizeof(float);
@@ -137,11 +151,15 @@ DT_SIMT void Delta(const DeltaArgs& a) {
   float* dots = reinterpret_cast<float*>(P::Smem()) + warp * chunks;
   const int row = P::BlockX() * kWarps + warp;
   const bool active = row < a.B * a.T;  // the same for the whole warp
+  const int b = row / a.T, t = row % a.T;
+  const size_t o_stride = a.o_stride != 0 ? a.o_stride : size_t(a.D);
+  const size_t base =
+      size_t(b / a.inner) * a.T * o_stride + size_t(b % a.inner) * a.o_inner + size_t(t) * o_stride;
   if (active) {
     for (int c = lane; c < chunks; c += 32) {
       alignas(16) uint16_t g[8], o[8];
-      P::Copy16(g, a.dout + size_t(row) * a.D + c * 8);
-      P::Copy16(o, a.out + size_t(row) * a.D + c * 8);
+      P::Copy16(g, a.dout + base + c * 8);
+      P::Copy16(o, a.out + base + c * 8);
       float dot = 0;
       DT_UNROLL
       for (int e = 0; e < 8; ++e)
@@ -151,7 +169,6 @@ DT_SIMT void Delta(const DeltaArgs& a) {
   }
   P::SyncThreads();
   if (active) {
-    const int b = row / a.T, t = row % a.T;
     for (int h = lane; h < a.H; h += 32) {
       float sum = 0;
       for (int j = 0; j < per_head; ++j)
@@ -312,9 +329,10 @@ DT_SIMT Place Locate(const Operands& a) {
   p.b = P::BlockZ();
   p.first = P::BlockX() * kBlockRows;
   p.row0 = p.first + p.warp * (kBlockRows / kWarps);
-  p.q_off = size_t(p.b) * a.Tq * a.q_stride + p.h * p.hd;
-  p.o_off = size_t(p.b) * a.Tq * a.D + p.h * p.hd;
-  p.kv_off = size_t(p.b) * a.Tk * a.kv_stride + p.h * p.hd;
+  const size_t outer = size_t(p.b / a.inner), inner = size_t(p.b % a.inner);
+  p.q_off = outer * a.Tq * a.q_stride + inner * a.q_inner + p.h * p.hd;
+  p.o_off = outer * a.Tq * a.OutStride() + inner * a.o_inner + p.h * p.hd;
+  p.kv_off = outer * a.Tk * a.kv_stride + inner * a.kv_inner + p.h * p.hd;
   p.stat_off = (size_t(p.b) * a.H + p.h) * a.Tq;
   p.sl2 = a.scale * kLog2e;
   return p;
@@ -466,7 +484,7 @@ DT_SIMT void Forward(const ForwardArgs& args) {
   for (int i = 0; i < kM; ++i) {
     const int row0 = at.row0 + 16 * i;
     const float inv_l[2] = {1.0f / l[i][0], 1.0f / l[i][1]};
-    StoreRows<HDP, P>(o[i], inv_l, args.out + at.o_off, a.D, row0, a.Tq, hd, lane);
+    StoreRows<HDP, P>(o[i], inv_l, args.out + at.o_off, a.OutStride(), row0, a.Tq, hd, lane);
     if (tq == 0) {
       DT_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -498,8 +516,8 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
   };
 
   LoadRows<HDP, P, kAsync>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
-  LoadRows<HDP, P, kAsync>(do_s, kRows, args.dout + at.o_off + q0 * size_t(a.D), a.D, a.Tq - q0,
-                           hd);
+  LoadRows<HDP, P, kAsync>(do_s, kRows, args.dout + at.o_off + q0 * a.OutStride(), a.OutStride(),
+                           a.Tq - q0, hd);
   tiles.Start(load);
   float lse2[2], delta[2];
   DT_UNROLL
@@ -558,8 +576,8 @@ DT_SIMT void BackwardDkv(const BackwardArgs& args) {
   auto load = [&](int stage, int q0) {
     uint16_t* q_tile = qd_s + stage * 2 * kT * Ld<HDP>();
     LoadRows<HDP, P, kAsync>(q_tile, kT, q_g + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
-    LoadRows<HDP, P, kAsync>(q_tile + kT * Ld<HDP>(), kT, do_g + q0 * size_t(a.D), a.D, a.Tq - q0,
-                             hd);
+    LoadRows<HDP, P, kAsync>(q_tile + kT * Ld<HDP>(), kT, do_g + q0 * a.OutStride(), a.OutStride(),
+                             a.Tq - q0, hd);
     float* lse2 = stats_s + stage * 2 * kT;
     for (int i = P::Thread(); i < kT; i += kThreads) {
       const bool valid = q0 + i < a.Tq;

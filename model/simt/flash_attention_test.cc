@@ -253,5 +253,94 @@ TEST(FlashAttentionEmulated, SmallHeadsAndShortSequences) {
   ExpectMatchesReference({3, 8, 8, 128, 2, true}, 5);
 }
 
+// Latte's temporal attention read straight from the frame-major video (each token a sequence
+// across frames, rows a frame apart: Operands::inner) gives the bits of the dense kernels run on
+// the token-major copy, with one stage and two: out, lse, delta, dq, dk and dv. B = 2 samples of
+// F = 5 frames of T = 3 tokens, D = 48 over 2 heads.
+TEST(FlashAttentionEmulated, AcrossFramesGivesTheTokenMajorBits) {
+  const int B = 2, F = 5, T = 3, D = 48, H = 2, hd = D / H, S = B * T;
+  const size_t n = size_t(B) * F * T;
+  const Bf16Tensor qkv = Random(n * 3 * D, 21, 1.0), dout = Random(n * D, 22, 1.0);
+  // Row (b, f, t) of a frame-major [B, F, T, W] tensor ↔ row (b, t, f) of the token-major one.
+  const auto to_token_major = [&](const std::vector<uint16_t>& v, int W) {
+    std::vector<uint16_t> r(v.size());
+    for (int b = 0; b < B; ++b)
+      for (int f = 0; f < F; ++f)
+        for (int t = 0; t < T; ++t)
+          std::memcpy(&r[((size_t(b) * T + t) * F + f) * W], &v[((size_t(b) * F + f) * T + t) * W],
+                      W * sizeof(uint16_t));
+    return r;
+  };
+  const std::vector<uint16_t> qkv_t = to_token_major(qkv.bits, 3 * D);
+  const std::vector<uint16_t> dout_t = to_token_major(dout.bits, D);
+  const float scale = 1.0f / std::sqrt(float(hd));
+
+  struct Results {
+    std::vector<uint16_t> out, dqkv;
+    std::vector<float> lse, delta;
+  };
+  // interleaved: the frame-major operands; otherwise the token-major copy, dense.
+  const auto run = [&](bool interleaved, auto stages) {
+    constexpr int kStages = decltype(stages)::value;
+    const std::vector<uint16_t>& x = interleaved ? qkv.bits : qkv_t;
+    const std::vector<uint16_t>& g = interleaved ? dout.bits : dout_t;
+    flash::Operands in{
+        x.data(), x.data() + D, x.data() + 2 * D, 3 * size_t(D), 3 * size_t(D), F, F, D, H, scale};
+    flash::DeltaArgs delta_args{g.data(), nullptr, nullptr, S, F, D, H};
+    if (interleaved) {
+      in.q_stride = in.kv_stride = size_t(T) * 3 * D;
+      in.inner = delta_args.inner = T;
+      in.q_inner = in.kv_inner = 3 * size_t(D);
+      in.o_stride = delta_args.o_stride = size_t(T) * D;
+      in.o_inner = delta_args.o_inner = D;
+    }
+    Results r{std::vector<uint16_t>(n * D, kNaN), std::vector<uint16_t>(n * 3 * D, kNaN),
+              std::vector<float>(size_t(S) * H * F, NAN),
+              std::vector<float>(size_t(S) * H * F, NAN)};
+    delta_args.out = r.out.data();
+    delta_args.delta = r.delta.data();
+    flash::WithPaddedHeadDim(hd, [&](auto padded) {
+      constexpr int HDP = decltype(padded)::value;
+      difftrain::Run<HDP>(&flash::Forward<HDP, simt::Primitives, kStages>,
+                          flash::ForwardArgs{in, r.out.data(), r.lse.data()}, F, H, S,
+                          flash::ForwardSmemBytes<HDP, kStages>());
+      simt::Launch({(S * F + flash::kWarps - 1) / flash::kWarps, 1, 1}, flash::kThreads,
+                   flash::DeltaSmemBytes(D), [&] { flash::Delta<simt::Primitives>(delta_args); });
+      const flash::BackwardArgs args{in,
+                                     g.data(),
+                                     r.lse.data(),
+                                     r.delta.data(),
+                                     r.dqkv.data(),
+                                     r.dqkv.data() + D,
+                                     r.dqkv.data() + 2 * D};
+      difftrain::Run<HDP>(&flash::BackwardDq<HDP, simt::Primitives, kStages>, args, F, H, S,
+                          flash::DqSmemBytes<HDP, kStages>());
+      difftrain::Run<HDP>(&flash::BackwardDkv<HDP, simt::Primitives, kStages>, args, F, H, S,
+                          flash::DkvSmemBytes<HDP, kStages>());
+    });
+    if (interleaved) {
+      r.out = to_token_major(r.out, D);
+      r.dqkv = to_token_major(r.dqkv, 3 * D);
+    }
+    return r;
+  };
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const bool two : {false, true}) {
+    SCOPED_TRACE(two ? "two stages" : "one stage");
+    const Results dense = two ? run(false, std::integral_constant<int, 2>())
+                              : run(false, std::integral_constant<int, 1>());
+    const Results across = two ? run(true, std::integral_constant<int, 2>())
+                               : run(true, std::integral_constant<int, 1>());
+    EXPECT_EQ(std::count(dense.out.begin(), dense.out.end(), kNaN), 0);
+    EXPECT_EQ(std::count(dense.dqkv.begin(), dense.dqkv.end(), kNaN), 0);
+    EXPECT_TRUE(across.out == dense.out) << "out";
+    EXPECT_TRUE(same(across.lse, dense.lse)) << "lse";
+    EXPECT_TRUE(same(across.delta, dense.delta)) << "delta";
+    EXPECT_TRUE(across.dqkv == dense.dqkv) << "dq, dk, dv";
+  }
+}
+
 }  // namespace
 }  // namespace difftrain

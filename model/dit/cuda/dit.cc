@@ -173,9 +173,10 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
     a.Take(k.fc1_pre, N * M);
     a.Take(k.gelu, N * M);
     a.Take(k.fc2, N * D);
-    // A temporal block's attention runs token-major: its qkv and output in that order.
+    // A temporal block's attention runs token-major: its qkv and output in that order (the
+    // flash kernels read the frame-major tensors in place instead).
     k.qkv_t = k.attn_t = nullptr;
-    if (c.temporal_block(l)) {
+    if (c.temporal_block(l) && temporal_attention_ != AttentionKernels::kFlash) {
       a.Take(k.qkv_t, N * 3 * D);
       a.Take(k.attn_t, N * D);
     }
@@ -211,8 +212,10 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   // One attention workspace serves both directions of every block, in floats.
   size_t workspace = AttentionWorkspace(spatial_attention_, BF, T);
   if (c.video) {
-    a.Take(d_attn_t_, N * D);
-    a.Take(d_qkv_t_, N * 3 * D);
+    if (temporal_attention_ != AttentionKernels::kFlash) {
+      a.Take(d_attn_t_, N * D);
+      a.Take(d_qkv_t_, N * 3 * D);
+    }
     workspace = std::max(workspace, AttentionWorkspace(temporal_attention_, B * T, Fr));
   }
   a.Take(attn_workspace_, workspace);
@@ -350,7 +353,11 @@ void DiT::BlockForward(int l) {
   // x = x + gate_msa · proj(attention(qkv(modulate(norm1(x), shift_msa, scale_msa)))), with
   // k.mod1 = modulate(norm1(x), …) computed before.
   gemm_.Forward(k.qkv, k.mod1, W(o.qkv_w), W(o.qkv_b), N, D, 3 * D, Epilogue::kBias);
-  if (config_.temporal_block(l)) {
+  if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
+    // Across frames: B·T sequences of Fr frames, read from the frame-major qkv in place.
+    FlashAttentionForwardAcrossFrames(k.attn, k.lse, k.qkv, B, Fr, T, D, config_.num_heads,
+                                      options_.flash.stages, options_.flash.wide_forward, stream_);
+  } else if (config_.temporal_block(l)) {
     // Across frames: B·T sequences of Fr frames, token-major.
     SwapAxes(k.qkv_t, k.qkv, B, Fr, T, 3 * D, stream_);
     AttentionForward(temporal_attention_, k.attn_t, k.lse, k.qkv_t, B * T, Fr);
@@ -493,7 +500,10 @@ void DiT::BlockBackward(int l) {
                             stream_);
   gemm_.BackwardWeight(G(o.proj_w), d_a_, k.attn, N, D, D);
   gemm_.BackwardInput(d_b_, d_a_, W(o.proj_w), N, D, D);
-  if (config_.temporal_block(l)) {
+  if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
+    FlashAttentionBackwardAcrossFrames(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B, Fr,
+                                       T, D, config_.num_heads, options_.flash.stages, stream_);
+  } else if (config_.temporal_block(l)) {
     SwapAxes(d_attn_t_, d_b_, B, Fr, T, D, stream_);
     AttentionBackward(temporal_attention_, d_qkv_t_, d_attn_t_, k.qkv_t, k.attn_t, k.lse, B * T,
                       Fr);

@@ -146,7 +146,8 @@ class DiT {
   struct BlockActs {
     float *resid_in, *ada, *mean1, *rstd1, *mid, *mean2, *rstd2, *lse;
     bf16 *mod1, *qkv, *attn, *proj, *mod2, *fc1_pre, *gelu, *fc2;
-    bf16 *qkv_t, *attn_t;  // a temporal block's qkv and attention, token-major; else null
+    bf16 *qkv_t, *attn_t;  // a temporal block's qkv and attention, token-major, for the fused
+                           // kernels; else null (flash reads the frame-major ones in place)
   };
   // Binds every activation pointer into an arena at `base` (null: only counts); returns the
   // bytes the arena needs. One list serves both, so layout and binding cannot disagree.
