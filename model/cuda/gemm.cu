@@ -91,7 +91,7 @@ __global__ void AddBiasKernel(float* out, const bf16* __restrict__ bias, size_t 
 }
 
 // dst[i] += src[i]: a bias gradient the epilogue stored, into the accumulating arena.
-__global__ void AddKernel(float* dst, const float* __restrict__ src, int n) {
+__global__ void BiasGradientAddKernel(float* dst, const float* __restrict__ src, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) dst[i] += src[i];
 }
@@ -416,7 +416,7 @@ void Gemm::BackwardWeightAndBias(float* dw, float* dbias, const bf16* dout, cons
                                       &beta, dw, plan->c, dw, plan->d, &plan->algo,
                                       workspace_.data(), plan->workspace_bytes, stream_));
   constexpr unsigned kThreads = 256;
-  AddKernel<<<BlocksFor(O, kThreads), kThreads, 0, stream_>>>(dbias, scratch, O);
+  BiasGradientAddKernel<<<BlocksFor(O, kThreads), kThreads, 0, stream_>>>(dbias, scratch, O);
   DT_CUDA_CHECK_LAUNCH();
 }
 
