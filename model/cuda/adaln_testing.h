@@ -15,9 +15,12 @@
 #include "model/cpu/layernorm.h"
 #include "model/cpu/modulate.h"
 #include "model/simt/simt.h"
+#include "model/simt/testing.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain::adaln_testing {
+
+using simt::RelativeL2;
 
 inline constexpr uint16_t kNaNBits = 0xFFFF;
 
@@ -58,16 +61,6 @@ inline std::vector<double> ToDouble(const std::vector<uint16_t>& bits) {
   for (size_t i = 0; i < bits.size(); ++i)
     v[i] = simt::Bf16ToFloat(bits[i]);
   return v;
-}
-
-inline double RelativeL2(const std::vector<double>& got, const std::vector<double>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    diff += (got[i] - want[i]) * (got[i] - want[i]);
-    norm += want[i] * want[i];
-  }
-  return std::sqrt(diff / norm);
 }
 
 inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "model/cuda/adaln_kernels.h"
@@ -22,13 +23,27 @@ using adaln_testing::kNaNBits;
 using adaln_testing::Operands;
 using adaln_testing::Outputs;
 
+// The forward or the backward body on the emulator at the layout's template arguments.
+template <class Args>
+void Emulate(const adaln::Layout& layout, const Args& args) {
+  adaln::WithLayout(layout, [&](auto w, auto v) {
+    constexpr int W = decltype(w)::value, V = decltype(v)::value;
+    simt::Launch({adaln::Chunks(args.T), args.B, 1}, layout.threads, adaln::kSmemBytes, [&] {
+      if constexpr (std::is_same_v<Args, adaln::ForwardArgs>) {
+        adaln::Forward<simt::Primitives, W, V>(args);
+      } else {
+        adaln::Backward<simt::Primitives, W, V>(args);
+      }
+    });
+  });
+}
+
 // The forward, then the backward and the reduction, on the emulator. In place: the forward
 // writes the stream over x and the backward dy over dh.
 Outputs RunKernels(const Operands& o, bool in_place) {
   const Case& c = o.c;
   const adaln::Layout layout = adaln::LayoutFor(c.D, c.D % 4 == 0);
   EXPECT_GT(layout.V, 0);
-  const simt::Dim3 grid{adaln::Chunks(c.T), c.B, 1};
   const adaln::Branch branch =
       c.gated ? adaln::Branch{o.y.data(), o.GateAda().data() + o.gate, o.gate_stride}
               : adaln::Branch{nullptr, nullptr, 0};
@@ -53,11 +68,7 @@ Outputs RunKernels(const Operands& o, bool in_place) {
                                    c.T,
                                    c.D,
                                    layout.threads};
-  adaln::WithLayout(layout, [&](auto w, auto v) {
-    constexpr int W = decltype(w)::value, V = decltype(v)::value;
-    simt::Launch(grid, layout.threads, adaln::kSmemBytes,
-                 [&] { adaln::Forward<simt::Primitives, W, V>(forward); });
-  });
+  Emulate(layout, forward);
   if (in_place && writes_stream) r.x_out = x;
   const std::vector<float>& x_prime = writes_stream ? r.x_out : o.x;
 
@@ -83,11 +94,7 @@ Outputs RunKernels(const Operands& o, bool in_place) {
                                      c.T,
                                      c.D,
                                      layout.threads};
-  adaln::WithLayout(layout, [&](auto w, auto v) {
-    constexpr int W = decltype(w)::value, V = decltype(v)::value;
-    simt::Launch(grid, layout.threads, adaln::kSmemBytes,
-                 [&] { adaln::Backward<simt::Primitives, W, V>(backward); });
-  });
+  Emulate(layout, backward);
   const adaln::ReduceArgs reduce{partials.data(),
                                  r.d_mod_ada.data() + o.shift,
                                  r.d_mod_ada.data() + o.scale,

@@ -17,6 +17,7 @@
 #include "model/cpu/attention.h"
 #include "model/cuda/flash_kernels.h"
 #include "model/simt/simt.h"
+#include "model/simt/testing.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {
@@ -24,6 +25,7 @@ namespace {
 
 using simt::Bf16ToFloat;
 using simt::FloatToBf16;
+using simt::RelativeL2;
 
 constexpr uint16_t kNaN = 0xFFFF;
 
@@ -53,16 +55,6 @@ std::vector<double> ToDouble(const std::vector<uint16_t>& bits) {
   for (size_t i = 0; i < bits.size(); ++i)
     v[i] = Bf16ToFloat(bits[i]);
   return v;
-}
-
-double RelativeL2(const std::vector<double>& got, const std::vector<double>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    diff += (got[i] - want[i]) * (got[i] - want[i]);
-    norm += want[i] * want[i];
-  }
-  return std::sqrt(diff / norm);
 }
 
 // Runs one kernel body of HDP on the emulator over grid (⌈rows/block_rows⌉, H, B).
