@@ -310,13 +310,25 @@ DT_SIMT void StoreRows(const float (&acc)[HDP / 8][4], const float (&factor)[2],
 // Where the calling thread works: its lane, warp and column pair in an accumulator tile
 // (lane % 4); the block's head h of sequence b and the first of its kBlockRows rows (queries, or
 // keys for dK and dV; 64, or 128 for a forward of two m-tiles a warp), the warp's first row;
-// each operand's offset to this head of this sequence (q, dq; out, dout; k, v, dk, dv; lse,
-// delta); the scores' scale in log2 units.
+// each operand's offset to this head of this sequence (q, dq; k, v, dk, dv; lse, delta: out's
+// and dout's is OutOffset, computed where it is used, so that the forward does not keep it in
+// registers across its loop); the scores' scale in log2 units.
 struct Place {
   int lane, warp, tq, hd, h, b, first, row0;
-  size_t q_off, o_off, kv_off, stat_off;
+  size_t q_off, kv_off, stat_off;
   float sl2;
 };
+
+// Sequence b's first row in an operand of row stride `stride` and inner offset `inner_offset`
+// with T rows a sequence (the division only where sequences interleave).
+DT_SIMT size_t SequenceOffset(const Operands& a, int b, int T, size_t stride, size_t inner_offset) {
+  if (a.inner == 1) return size_t(b) * T * stride;
+  return size_t(b / a.inner) * T * stride + size_t(b % a.inner) * inner_offset;
+}
+
+DT_SIMT size_t OutOffset(const Operands& a, const Place& p) {
+  return SequenceOffset(a, p.b, a.Tq, a.OutStride(), a.o_inner) + p.h * p.hd;
+}
 
 template <class P, int kBlockRows = kRows>
 DT_SIMT Place Locate(const Operands& a) {
@@ -329,10 +341,8 @@ DT_SIMT Place Locate(const Operands& a) {
   p.b = P::BlockZ();
   p.first = P::BlockX() * kBlockRows;
   p.row0 = p.first + p.warp * (kBlockRows / kWarps);
-  const size_t outer = size_t(p.b / a.inner), inner = size_t(p.b % a.inner);
-  p.q_off = outer * a.Tq * a.q_stride + inner * a.q_inner + p.h * p.hd;
-  p.o_off = outer * a.Tq * a.OutStride() + inner * a.o_inner + p.h * p.hd;
-  p.kv_off = outer * a.Tk * a.kv_stride + inner * a.kv_inner + p.h * p.hd;
+  p.q_off = SequenceOffset(a, p.b, a.Tq, a.q_stride, a.q_inner) + p.h * p.hd;
+  p.kv_off = SequenceOffset(a, p.b, a.Tk, a.kv_stride, a.kv_inner) + p.h * p.hd;
   p.stat_off = (size_t(p.b) * a.H + p.h) * a.Tq;
   p.sl2 = a.scale * kLog2e;
   return p;
@@ -484,7 +494,7 @@ DT_SIMT void Forward(const ForwardArgs& args) {
   for (int i = 0; i < kM; ++i) {
     const int row0 = at.row0 + 16 * i;
     const float inv_l[2] = {1.0f / l[i][0], 1.0f / l[i][1]};
-    StoreRows<HDP, P>(o[i], inv_l, args.out + at.o_off, a.OutStride(), row0, a.Tq, hd, lane);
+    StoreRows<HDP, P>(o[i], inv_l, args.out + OutOffset(a, at), a.OutStride(), row0, a.Tq, hd, lane);
     if (tq == 0) {
       DT_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -516,7 +526,7 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
   };
 
   LoadRows<HDP, P, kAsync>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
-  LoadRows<HDP, P, kAsync>(do_s, kRows, args.dout + at.o_off + q0 * a.OutStride(), a.OutStride(),
+  LoadRows<HDP, P, kAsync>(do_s, kRows, args.dout + OutOffset(a, at) + q0 * a.OutStride(), a.OutStride(),
                            a.Tq - q0, hd);
   tiles.Start(load);
   float lse2[2], delta[2];
@@ -568,7 +578,7 @@ DT_SIMT void BackwardDkv(const BackwardArgs& args) {
   const int lane = at.lane, warp = at.warp, tq = at.tq, hd = at.hd, k0 = at.first, row0 = at.row0;
   const size_t kv_off = at.kv_off, stat_off = at.stat_off;
   const uint16_t* q_g = a.q + at.q_off;
-  const uint16_t* do_g = args.dout + at.o_off;
+  const uint16_t* do_g = args.dout + OutOffset(a, at);
   const float sl2 = at.sl2;
 
   const TilePipeline<P, kStages> tiles{kT, a.Tq};
