@@ -29,6 +29,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/cuda_timing.h"
 #include "model/cuda/attention.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/device_query.h"
@@ -83,11 +84,6 @@ struct Kernel {
                      const float* lse)>
       backward;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 int Run(const Options& o) {
   const int B = o.batch, T = o.tokens, D = o.hidden, H = o.heads, hd = D / H;
@@ -206,18 +202,8 @@ int Run(const Options& o) {
     }
   }
 
-  cudaEvent_t start, stop;
-  DT_CUDA_CHECK(cudaEventCreate(&start));
-  DT_CUDA_CHECK(cudaEventCreate(&stop));
-  auto time = [&](const std::function<void()>& launch) {
-    DT_CUDA_CHECK(cudaEventRecord(start, stream));
-    launch();
-    DT_CUDA_CHECK(cudaEventRecord(stop, stream));
-    DT_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    DT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return double(ms);
-  };
+  bench::EventTimer timer(stream);
+  const auto time = [&](const std::function<void()>& launch) { return timer.Time(launch); };
   const double forward_flop = 4.0 * B * H * double(T) * T * hd, backward_flop = 2.5 * forward_flop;
   for (size_t i_kernel = 0; i_kernel < chosen.size(); ++i_kernel) {
     const Kernel& k = chosen[i_kernel];
@@ -232,7 +218,7 @@ int Run(const Options& o) {
         backward_ms.push_back(b);
       }
     }
-    const double f = Median(forward_ms), b = Median(backward_ms);
+    const double f = bench::Median(forward_ms), b = bench::Median(backward_ms);
     const nlohmann::json row = {
         {"kernel", k.name},
         {"matches_first", bool(matches[i_kernel])},
@@ -250,8 +236,6 @@ int Run(const Options& o) {
         {"gpu_name", devices.front().name}};
     std::printf("%s\n", row.dump().c_str());
   }
-  DT_CUDA_CHECK(cudaEventDestroy(start));
-  DT_CUDA_CHECK(cudaEventDestroy(stop));
   DT_CUDA_CHECK(cudaStreamDestroy(stream));
   return status;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a session lent a GPU runs first, in one call, for issue 23's open points: the attention
 # kernels alone at DiT-XL/2's and Latte-L/2's shapes (bench_cuda_attention, every flash variant;
-# a few seconds), then the GPU tests and DiT-XL/2's step timed beside PyTorch under
+# a few seconds), the fused gated residual + LayerNorm-modulate alone against the memory's rate
+# (bench_cuda_norms, a few seconds), then the GPU tests and DiT-XL/2's step timed beside PyTorch under
 # torch.compile with flash and the fastest flash variant whose results matched flash's;
 # compute-sanitizer on the tiny DiT step and the flash kernels; where the step's time goes (Nsight Compute's duration of every kernel); why the
 # flash kernels run at the rate they do (ncu's speed-of-light, occupancy and warp-stall sections
@@ -14,9 +15,9 @@
 # find their libraries: PREBUILT/lib); OUT: a folder for the results. A failing step is
 # recorded and the next one runs. DiT-XL/2 runs at micro-batches 32 and 256 (MICRO_BATCHES),
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
-# Each step has a time limit in seconds (BENCH_S, ATTENTION_S, SANITIZER_S for each of
+# Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# KERNELS_S, LATTE_S for each attention): 615 s in all, more than the device's 600 s a call,
+# KERNELS_S, LATTE_S for each attention): 630 s in all, more than the device's 600 s a call,
 # but the sanitizers and Latte have taken half their limits; should a long bench leave too
 # little, what is cut short is Latte, last. OUT/steps.txt says how long each step took and how
 # it ended (124: out of time; 9: a sanitizer found errors).
@@ -29,7 +30,7 @@ mkdir -p "$out"
 if [[ -f $bin/bundle.tar.xz ]]; then
   tar -C "$bin" -xJf "$bin/bundle.tar.xz" && rm -f "$bin/bundle.tar.xz"
 fi
-: "${BENCH_S:=400}" "${ATTENTION_S:=20}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
+: "${BENCH_S:=400}" "${ATTENTION_S:=20}" "${NORMS_S:=15}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
 : "${PROFILE_S:=50}" "${KERNELS_S:=35}" "${LATTE_S:=15}"
 # The flash kernels' variants the attention bench times (FLASH_VARIANTS), and the attentions the
 # step's bench times (ATTENTIONS; unset: flash and the fastest variant of the attention bench
@@ -81,6 +82,10 @@ if [[ -z ${ATTENTIONS:-} ]]; then
   [[ -n $best && $best != flash ]] && ATTENTIONS=flash,$best
 fi
 echo "attentions timed in the step: $ATTENTIONS" >>"$out/steps.txt"
+
+# The fused norms alone (rows a block 8, 16 and 32) and a 1 GiB copy for the memory's rate,
+# their JSON lines after the attention bench's.
+step norms "$NORMS_S" "$bin/bench_cuda_norms" >>"$out/attention.jsonl" 2>&1
 
 echo "== checks and timing" >"$out/bench.txt"
 step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches "$MICRO_BATCHES" \

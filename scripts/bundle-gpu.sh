@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine without this project's build dependencies needs to run the GPU
-# checks and the benchmark: the GPU test programs, bench_cuda_dit, bench_cuda_attention and
-# difftrain from a CUDA build, and the shared libraries they link that a CUDA image lacks
-# (ZeroMQ, yaml-cpp, Gloo, OpenBLAS, ...). CUDA's own libraries (runtime, cuBLASLt, NCCL) are left to the machine.
+# checks and the benchmark: the GPU test programs, bench_cuda_dit, bench_cuda_attention,
+# bench_cuda_norms and difftrain from a CUDA build, and the shared libraries they link that a
+# CUDA image lacks (ZeroMQ, yaml-cpp, Gloo, OpenBLAS, ...). CUDA's own libraries (runtime,
+# cuBLASLt, NCCL) are left to the machine.
 #
 #   scripts/bundle-gpu.sh [--pack] [BUILD_DIR [OUT_DIR]]      (defaults: build, .gpu)
 #
@@ -23,13 +24,14 @@ build=${1:-build}
 out=${2:-.gpu}
 
 programs=("$build"/cuda_*_test "$build/bench/bench_cuda_dit" "$build/bench/bench_cuda_attention"
-  "$build/difftrain")
+  "$build/bench/bench_cuda_norms" "$build/difftrain")
 for p in "${programs[@]}"; do
   [[ -x $p ]] || { echo "bundle-gpu: $p is missing: build with CUDA first (make build)" >&2; exit 2; }
 done
 rm -rf "$out" && mkdir -p "$out/lib"
 cp "${programs[@]}" "$out/"
-strip "$out"/*test "$out/bench_cuda_dit" "$out/bench_cuda_attention" "$out/difftrain"
+strip "$out"/*test "$out/bench_cuda_dit" "$out/bench_cuda_attention" "$out/bench_cuda_norms" \
+  "$out/difftrain"
 # Every library the programs resolve here, less the C runtime and CUDA's.
 for p in "${programs[@]}"; do ldd "$p" | awk '$3 ~ /^\// {print $3}'; done | sort -u |
   grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart|libnccl' |

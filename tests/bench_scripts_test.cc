@@ -91,7 +91,7 @@ TEST(NcuSummaryTest, AFileWithoutTheTableIsAnError) {
 
 // bench_cuda_attention's lines as it prints them (one per kernel; an error line among them):
 // the fastest flash variant at 256 tokens whose results matched flash's, not a faster one that
-// did not, nor gemm, nor a faster row at another shape.
+// did not, nor gemm, nor a faster row at another shape, nor bench_cuda_norms's rows.
 TEST(FastestAttentionTest, PicksTheFastestFlashVariantThatMatches) {
   const std::string lines =
       R"({"kernel":"flash","matches_first":true,"tokens":256,"forward_ms":2.6,"backward_ms":9.2})"
@@ -106,6 +106,11 @@ TEST(FastestAttentionTest, PicksTheFastestFlashVariantThatMatches) {
       "\n"
       "bench_cuda_attention: flash-wide differs from flash: out 0.5, dqkv 0.7 relative L2\n"
       R"({"kernel":"flash","matches_first":true,"tokens":16,"forward_ms":0.1,"backward_ms":0.1})"
+      "\n"
+      // bench_cuda_norms's lines, which bench/cuda_session.sh appends to the same file.
+      R"({"kernel":"copy","bytes":2147483648,"ms":0.7,"gb_per_s":3000.0})"
+      "\n"
+      R"({"kernel":"gated-residual-norm","rows_per_block":16,"tokens":256,"forward_ms":0.04,"backward_ms":0.07})"
       "\n";
   const CommandResult r = RunScript("fastest_attention.py", lines);
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -14,7 +14,8 @@
 //   and, per sample, sums over its T rows: Σ dh (shift), Σ dh · x̂ (scale), Σ dx · y (gate) and
 //   Σ dy (the branch's output bias; the caller sums it over samples).
 //
-// One block per run of kRowsPerBlock rows of one sample: grid (Chunks(T), B). A row is spread
+// One block per run of `rows` rows of one sample (kRowsPerBlock unless the launcher says
+// otherwise): grid (Chunks(T, rows), B). A row is spread
 // over the whole block, each thread owning V groups of W consecutive features (W = 4: 16-byte
 // fp32 and 8-byte bf16 vector accesses) at the same place in every row. So a row is read from
 // memory once and held in registers; its mean, variance and backward sums are block
@@ -83,12 +84,12 @@ void WithLayout(const Layout& layout, F&& f) {
 constexpr int MaxFeatures(bool vector) {
   return kMaxThreads * 4 * (vector ? 4 : 1);
 }
-constexpr int Chunks(int T) {
-  return (T + kRowsPerBlock - 1) / kRowsPerBlock;
+constexpr int Chunks(int T, int rows = kRowsPerBlock) {
+  return (T + rows - 1) / rows;
 }
-// The backward's partial rows, in floats: [B][Chunks(T)][kSums][D].
-constexpr size_t PartialFloats(int B, int T, int D) {
-  return size_t(B) * Chunks(T) * kSums * D;
+// The backward's partial rows, in floats: [B][Chunks(T, rows)][kSums][D].
+constexpr size_t PartialFloats(int B, int T, int D, int rows = kRowsPerBlock) {
+  return size_t(B) * Chunks(T, rows) * kSums * D;
 }
 
 // Sample b's shift is shift[b·stride …], its scale scale[b·stride …] (slices of the adaLN
@@ -115,12 +116,13 @@ struct ForwardArgs {
   const float* add;  // null, or [T, D]
   Modulation mod;
   int B, T, D, threads;
+  int rows = kRowsPerBlock;  // a block's
 };
 
 struct BackwardArgs {
   float* dx;        // [B·T, D], added into
   uint16_t* dy;     // bf16 bits [B·T, D]; may be dh; unused without a branch
-  float* partials;  // [B][Chunks(T)][kSums][D]
+  float* partials;  // [B][Chunks(T, rows)][kSums][D]
   const uint16_t* dh;
   const float* x;  // x', the LayerNorm's input
   const float* mean;
@@ -128,6 +130,7 @@ struct BackwardArgs {
   Modulation mod;  // its scale is read
   Branch branch;
   int B, T, D, threads;
+  int rows = kRowsPerBlock;
 };
 
 // Grid (⌈D / kReduceThreads⌉, B). d_shift, d_scale and d_gate are slices of adaLN gradients
@@ -142,6 +145,7 @@ struct ReduceArgs {
   int gate_stride;
   float* bias_rows;
   int B, T, D;
+  int rows = kRowsPerBlock;  // the backward's
 };
 
 template <class P, int W>
@@ -217,8 +221,8 @@ DT_SIMT void LoadSampleVector(float (&v)[V][W], const float* p, int b, int strid
 
 template <class P, int W, int V>
 DT_SIMT void Forward(const ForwardArgs& a) {
-  const int b = P::BlockY(), t0 = P::BlockX() * kRowsPerBlock;
-  const int t_end = t0 + kRowsPerBlock < a.T ? t0 + kRowsPerBlock : a.T;
+  const int b = P::BlockY(), t0 = P::BlockX() * a.rows;
+  const int t_end = t0 + a.rows < a.T ? t0 + a.rows : a.T;
   const int D = a.D, threads = a.threads;
   const bool gated = a.branch.y != nullptr;
   float shift[V][W] = {}, scale[V][W] = {}, gate[V][W] = {};
@@ -286,8 +290,8 @@ DT_SIMT void Forward(const ForwardArgs& a) {
 
 template <class P, int W, int V>
 DT_SIMT void Backward(const BackwardArgs& a) {
-  const int b = P::BlockY(), chunk = P::BlockX(), t0 = chunk * kRowsPerBlock;
-  const int t_end = t0 + kRowsPerBlock < a.T ? t0 + kRowsPerBlock : a.T;
+  const int b = P::BlockY(), chunk = P::BlockX(), t0 = chunk * a.rows;
+  const int t_end = t0 + a.rows < a.T ? t0 + a.rows : a.T;
   const int D = a.D, threads = a.threads;
   const bool gated = a.branch.y != nullptr;
   float scale[V][W] = {}, gate[V][W] = {};
@@ -353,7 +357,7 @@ DT_SIMT void Backward(const BackwardArgs& a) {
       StoreBits<P, W>(a.dy + base + d, dy);
     }
   }
-  float* partial = a.partials + (size_t(b) * Chunks(a.T) + chunk) * kSums * D;
+  float* partial = a.partials + (size_t(b) * Chunks(a.T, a.rows) + chunk) * kSums * D;
   DT_UNROLL
   for (int k = 0; k < (gated ? kSums : 2); ++k) {
     DT_UNROLL
@@ -369,7 +373,7 @@ DT_SIMT void ReduceAdaGrads(const ReduceArgs& a) {
   const int d = P::BlockX() * kReduceThreads + P::Thread(), b = P::BlockY();
   if (d >= a.D) return;
   const bool gated = a.d_gate != nullptr;
-  const int chunks = Chunks(a.T);
+  const int chunks = Chunks(a.T, a.rows);
   const float* p = a.partials + size_t(b) * chunks * kSums * a.D + d;
   float sums[kSums] = {0, 0, 0, 0};
   for (int c = 0; c < chunks; ++c) {

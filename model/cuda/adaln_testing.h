@@ -31,6 +31,7 @@ struct Case {
   bool add;         // Latte's temporal embedding added too
   bool final_norm;  // the final layer's norm (adaLN of 2·D) after the last block's MLP branch;
                     // otherwise a block's second norm after its attention branch (one 6·D adaLN)
+  int rows = 16;    // token rows a block (the kernels' default, adaln::kRowsPerBlock)
 };
 
 inline void PrintTo(const Case& c, std::ostream* os) {

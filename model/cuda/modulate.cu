@@ -112,8 +112,9 @@ adaln::Branch KernelBranch(const GatedBranch& branch) {
 
 void GatedResidualNormForward(float* x_out, bf16* h, float* mean, float* rstd, const float* x,
                               const GatedBranch& branch, const float* add, const Modulation& mod,
-                              int B, int T, int D, cudaStream_t stream) {
+                              int B, int T, int D, cudaStream_t stream, int rows_per_block) {
   CheckShape(B, T, D, mod, branch);
+  DT_CHECK(rows_per_block > 0, "rows per block {} must be positive", rows_per_block);
   DT_CHECK(x_out != nullptr || (branch.y == nullptr && add == nullptr),
            "a gated residual or an added embedding needs somewhere to write the stream");
   const bool vector = Vectorizable(
@@ -121,13 +122,20 @@ void GatedResidualNormForward(float* x_out, bf16* h, float* mean, float* rstd, c
       {{x_out, 16}, {h, 8}, {x, 16}, {branch.y, 8}, {branch.ada, 16}, {add, 16}, {mod.ada, 16}});
   const adaln::Layout layout = CheckedLayout(D, vector);
   const adaln::ForwardArgs args{
-      x_out, Bits(h),
-      mean,  rstd,
-      x,     KernelBranch(branch),
-      add,   {mod.ada + mod.shift_offset, mod.ada + mod.scale_offset, mod.stride},
-      B,     T,
-      D,     layout.threads};
-  const dim3 grid(adaln::Chunks(T), B);
+      x_out,
+      Bits(h),
+      mean,
+      rstd,
+      x,
+      KernelBranch(branch),
+      add,
+      {mod.ada + mod.shift_offset, mod.ada + mod.scale_offset, mod.stride},
+      B,
+      T,
+      D,
+      layout.threads,
+      rows_per_block};
+  const dim3 grid(adaln::Chunks(T, rows_per_block), B);
   adaln::WithLayout(layout, [&](auto w, auto v) {
     GatedResidualNormForwardKernel<decltype(w)::value, decltype(v)::value>
         <<<grid, layout.threads, adaln::kSmemBytes, stream>>>(args);
@@ -139,20 +147,22 @@ int GatedResidualNormMaxWidth() {
   return adaln::MaxFeatures(true);
 }
 
-size_t GatedResidualNormWorkspace(int B, int T, int D) {
-  return adaln::PartialFloats(B, T, D) + size_t(B) * D;
+size_t GatedResidualNormWorkspace(int B, int T, int D, int rows_per_block) {
+  return adaln::PartialFloats(B, T, D, rows_per_block) + size_t(B) * D;
 }
 
 void GatedResidualNormBackward(float* dx, float* d_mod_ada, bf16* dy, float* d_gate_ada,
                                float* d_bias, const bf16* dh, const float* x, const float* mean,
                                const float* rstd, const Modulation& mod, const GatedBranch& branch,
-                               float* workspace, int B, int T, int D, cudaStream_t stream) {
+                               float* workspace, int B, int T, int D, cudaStream_t stream,
+                               int rows_per_block) {
   CheckShape(B, T, D, mod, branch);
+  DT_CHECK(rows_per_block > 0, "rows per block {} must be positive", rows_per_block);
   const bool gated = branch.y != nullptr;
   DT_CHECK(!gated || (dy != nullptr && d_gate_ada != nullptr),
            "a gated residual's backward needs dy and the gate's gradient");
   float* partials = workspace;
-  float* bias_rows = workspace + adaln::PartialFloats(B, T, D);
+  float* bias_rows = workspace + adaln::PartialFloats(B, T, D, rows_per_block);
   const bool vector =
       Vectorizable(D, {mod.stride, mod.scale_offset, branch.stride, branch.gate_offset},
                    {{dx, 16},
@@ -177,10 +187,12 @@ void GatedResidualNormBackward(float* dx, float* d_mod_ada, bf16* dy, float* d_g
       B,
       T,
       D,
-      layout.threads};
+      layout.threads,
+      rows_per_block};
   adaln::WithLayout(layout, [&](auto w, auto v) {
     GatedResidualNormBackwardKernel<decltype(w)::value, decltype(v)::value>
-        <<<dim3(adaln::Chunks(T), B), layout.threads, adaln::kSmemBytes, stream>>>(args);
+        <<<dim3(adaln::Chunks(T, rows_per_block), B), layout.threads, adaln::kSmemBytes, stream>>>(
+            args);
   });
   DT_CUDA_CHECK_LAUNCH();
   const adaln::ReduceArgs reduce{partials,
@@ -192,7 +204,8 @@ void GatedResidualNormBackward(float* dx, float* d_mod_ada, bf16* dy, float* d_g
                                  gated ? bias_rows : nullptr,
                                  B,
                                  T,
-                                 D};
+                                 D,
+                                 rows_per_block};
   const dim3 grid((D + adaln::kReduceThreads - 1) / adaln::kReduceThreads, B);
   GatedResidualNormReduceKernel<<<grid, adaln::kReduceThreads, 0, stream>>>(reduce);
   DT_CUDA_CHECK_LAUNCH();

@@ -56,12 +56,12 @@ Outputs RunOnGpu(const Operands& o, bool in_place) {
   const Modulation mod{mod_ada.data(), o.mod_stride, o.shift, o.scale};
   float* stream_out = !writes_stream ? nullptr : in_place ? x.data() : x_out.data();
   GatedResidualNormForward(stream_out, h.data(), mean.data(), rstd.data(), x.data(), branch,
-                           c.add ? add.data() : nullptr, mod, c.B, c.T, c.D, nullptr);
+                           c.add ? add.data() : nullptr, mod, c.B, c.T, c.D, nullptr, c.rows);
 
   DeviceBuffer<float> dx = UploadFloat(o.dx0), d_mod_ada = UploadFloat(o.d_mod_ada0);
   DeviceBuffer<float> d_gate_ada = UploadFloat(o.d_gate_ada0), bias(c.D);
   DeviceBuffer<bf16> dh = UploadBits(o.dh), dy(o.n);
-  DeviceBuffer<float> workspace(GatedResidualNormWorkspace(c.B, c.T, c.D));
+  DeviceBuffer<float> workspace(GatedResidualNormWorkspace(c.B, c.T, c.D, c.rows));
   Poison(dy);
   Poison(workspace);
   DT_CUDA_CHECK(cudaMemset(bias.data(), 0, bias.bytes()));
@@ -69,7 +69,7 @@ Outputs RunOnGpu(const Operands& o, bool in_place) {
   const float* x_prime = !writes_stream ? x.data() : in_place ? x.data() : x_out.data();
   GatedResidualNormBackward(dx.data(), d_mod_ada.data(), in_place ? dh.data() : dy.data(), d_gate,
                             bias.data(), dh.data(), x_prime, mean.data(), rstd.data(), mod, branch,
-                            workspace.data(), c.B, c.T, c.D, nullptr);
+                            workspace.data(), c.B, c.T, c.D, nullptr, c.rows);
   DT_CUDA_CHECK(cudaDeviceSynchronize());
 
   Outputs r;
@@ -120,7 +120,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"TwoGroupsAThread", 2, 18, 2112, true, false, true},
                       Case{"FourGroupsAThread", 2, 5, 1100, true, false, false},
                       Case{"DitXLBlock", 4, 256, 1152, true, false, false},
-                      Case{"DitXLFinalNorm", 4, 256, 1152, true, false, true}),
+                      Case{"DitXLFinalNorm", 4, 256, 1152, true, false, true},
+                      Case{"DitXLBlock8RowsABlock", 4, 256, 1152, true, false, false, 8},
+                      Case{"DitXLBlock32RowsABlock", 4, 256, 1152, true, false, false, 32}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -28,13 +28,14 @@ template <class Args>
 void Emulate(const adaln::Layout& layout, const Args& args) {
   adaln::WithLayout(layout, [&](auto w, auto v) {
     constexpr int W = decltype(w)::value, V = decltype(v)::value;
-    simt::Launch({adaln::Chunks(args.T), args.B, 1}, layout.threads, adaln::kSmemBytes, [&] {
-      if constexpr (std::is_same_v<Args, adaln::ForwardArgs>) {
-        adaln::Forward<simt::Primitives, W, V>(args);
-      } else {
-        adaln::Backward<simt::Primitives, W, V>(args);
-      }
-    });
+    simt::Launch({adaln::Chunks(args.T, args.rows), args.B, 1}, layout.threads, adaln::kSmemBytes,
+                 [&] {
+                   if constexpr (std::is_same_v<Args, adaln::ForwardArgs>) {
+                     adaln::Forward<simt::Primitives, W, V>(args);
+                   } else {
+                     adaln::Backward<simt::Primitives, W, V>(args);
+                   }
+                 });
   });
 }
 
@@ -67,7 +68,8 @@ Outputs RunKernels(const Operands& o, bool in_place) {
                                    c.B,
                                    c.T,
                                    c.D,
-                                   layout.threads};
+                                   layout.threads,
+                                   c.rows};
   Emulate(layout, forward);
   if (in_place && writes_stream) r.x_out = x;
   const std::vector<float>& x_prime = writes_stream ? r.x_out : o.x;
@@ -79,7 +81,7 @@ Outputs RunKernels(const Operands& o, bool in_place) {
   std::vector<uint16_t> dh = o.dh;
   r.dy.assign(c.gated ? o.n : 0, kNaNBits);
   uint16_t* dy = !c.gated ? nullptr : in_place ? dh.data() : r.dy.data();
-  std::vector<float> partials(adaln::PartialFloats(c.B, c.T, c.D), NAN);
+  std::vector<float> partials(adaln::PartialFloats(c.B, c.T, c.D, c.rows), NAN);
   std::vector<float> bias_rows(c.gated ? size_t(c.B) * c.D : 0, NAN);
   const adaln::BackwardArgs backward{r.dx.data(),
                                      dy,
@@ -93,7 +95,8 @@ Outputs RunKernels(const Operands& o, bool in_place) {
                                      c.B,
                                      c.T,
                                      c.D,
-                                     layout.threads};
+                                     layout.threads,
+                                     c.rows};
   Emulate(layout, backward);
   const adaln::ReduceArgs reduce{partials.data(),
                                  r.d_mod_ada.data() + o.shift,
@@ -104,7 +107,8 @@ Outputs RunKernels(const Operands& o, bool in_place) {
                                  c.gated ? bias_rows.data() : nullptr,
                                  c.B,
                                  c.T,
-                                 c.D};
+                                 c.D,
+                                 c.rows};
   simt::Launch({(c.D + adaln::kReduceThreads - 1) / adaln::kReduceThreads, c.B, 1},
                adaln::kReduceThreads, 0, [&] { adaln::ReduceAdaGrads<simt::Primitives>(reduce); });
   if (in_place && c.gated) r.dy = dh;
@@ -130,7 +134,8 @@ TEST_P(AdaLNKernelsTest, InPlaceGivesTheSameBits) {
 
 // D: 40 → 10 vector groups, one partial warp; 42 → the scalar path over two warps; 2112 → two
 // vector groups a thread (288 threads); 1100 → four scalar groups a thread; 1152 → DiT-XL's
-// rows, one vector group for each of 288 threads. T = 37 and 18 end in a partial chunk.
+// rows, one vector group for each of 288 threads. T = 37 and 18 end in a partial chunk; the
+// last two cases take 5 and 32 rows a block instead of 16.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AdaLNKernelsTest,
     ::testing::Values(Case{"VectorGated", 2, 37, 40, true, false, false},
@@ -140,7 +145,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"FinalNormAfterTheLastBlock", 2, 17, 44, true, false, true},
                       Case{"TwoGroupsAThread", 1, 18, 2112, true, false, true},
                       Case{"FourGroupsAThread", 1, 3, 1100, true, false, false},
-                      Case{"DitXLRows", 1, 20, 1152, true, false, false}),
+                      Case{"DitXLRows", 1, 20, 1152, true, false, false},
+                      Case{"FiveRowsABlock", 2, 37, 40, true, false, true, 5},
+                      Case{"OneBlockASample", 2, 21, 44, true, true, false, 32}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 TEST(AdaLNLayoutTest, SpreadsARowOverTheBlock) {
