@@ -494,7 +494,8 @@ DT_SIMT void Forward(const ForwardArgs& args) {
   for (int i = 0; i < kM; ++i) {
     const int row0 = at.row0 + 16 * i;
     const float inv_l[2] = {1.0f / l[i][0], 1.0f / l[i][1]};
-    StoreRows<HDP, P>(o[i], inv_l, args.out + OutOffset(a, at), a.OutStride(), row0, a.Tq, hd, lane);
+    StoreRows<HDP, P>(o[i], inv_l, args.out + OutOffset(a, at), a.OutStride(), row0, a.Tq, hd,
+                      lane);
     if (tq == 0) {
       DT_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -526,8 +527,8 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
   };
 
   LoadRows<HDP, P, kAsync>(q_s, kRows, a.q + at.q_off + q0 * a.q_stride, a.q_stride, a.Tq - q0, hd);
-  LoadRows<HDP, P, kAsync>(do_s, kRows, args.dout + OutOffset(a, at) + q0 * a.OutStride(), a.OutStride(),
-                           a.Tq - q0, hd);
+  LoadRows<HDP, P, kAsync>(do_s, kRows, args.dout + OutOffset(a, at) + q0 * a.OutStride(),
+                           a.OutStride(), a.Tq - q0, hd);
   tiles.Start(load);
   float lse2[2], delta[2];
   DT_UNROLL
