@@ -250,8 +250,9 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------------------------------------
 // Backward, step 1: delta[b, h, t] = Σ_d dout·out over the head (fp32), and zeroes the fp32 dq
-// accumulator [B, Tq, D] unless it is null. One warp per (b, t, h), in that order so that warps
-// read contiguously.
+// accumulator [B, Tq, D]. One warp per (b, t, h), in that order so that warps read contiguously.
+// (The flash and batched-GEMM backwards take AttentionDelta, flash_kernels.h's Delta, which has
+// no accumulator to zero; this one is the fused backward's, head dims up to 160.)
 __global__ void __launch_bounds__(kThreads)
     AttentionDeltaKernel(float* __restrict__ delta, float* __restrict__ dq,
                          const bf16* __restrict__ dout, const bf16* __restrict__ out, int B, int T,
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(kThreads)
   float sum = 0.0f;
   for (int d = lane; d < hd; d += 32) {
     sum += __bfloat162float(dout[base + d]) * __bfloat162float(out[base + d]);
-    if (dq != nullptr) dq[base + d] = 0.0f;
+    dq[base + d] = 0.0f;
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)

@@ -1,5 +1,5 @@
-// The GPU side of model/cuda/flash_kernels.h: its primitives as PTX (ldmatrix, mma.sync) and
-// CUDA intrinsics, the kernels and their launchers.
+// The GPU side of model/cuda/flash_kernels.h: the kernels, with the primitives of
+// model/cuda/device_primitives.cuh (PTX ldmatrix, mma.sync, cp.async), and their launchers.
 #include "model/cuda/flash_attention.h"
 
 #include <algorithm>
@@ -8,65 +8,11 @@
 #include <type_traits>
 
 #include "model/cuda/attention.h"
+#include "model/cuda/device_primitives.cuh"
 #include "model/cuda/flash_kernels.h"
 
 namespace difftrain::cuda {
 namespace {
-
-extern __shared__ __align__(128) unsigned char g_flash_smem[];
-
-struct DevicePrimitives {
-  __device__ static int Thread() { return threadIdx.x; }
-  __device__ static int BlockX() { return blockIdx.x; }
-  __device__ static int BlockY() { return blockIdx.y; }
-  __device__ static int BlockZ() { return blockIdx.z; }
-  __device__ static unsigned char* Smem() { return g_flash_smem; }
-  __device__ static void SyncThreads() { __syncthreads(); }
-  __device__ static void LdMatrixX4(uint32_t (&r)[4], const void* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
-  }
-  __device__ static void LdMatrixX4Trans(uint32_t (&r)[4], const void* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
-  }
-  __device__ static void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ static float ShflXor(float v, int mask) {
-    return __shfl_xor_sync(0xffffffffu, v, mask);
-  }
-  __device__ static uint32_t PackBf16x2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo: the low half
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-  __device__ static float Bf16ToFloat(uint16_t bits) {
-    return __uint_as_float(uint32_t{bits} << 16);
-  }
-  __device__ static float Exp2(float x) { return exp2f(x); }
-  __device__ static float Log2(float x) { return log2f(x); }
-  __device__ static void Copy16(void* dst, const void* src) {
-    *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
-  }
-  __device__ static void Zero16(void* dst) { *static_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0); }
-  __device__ static void Store32(void* dst, uint32_t v) { *static_cast<uint32_t*>(dst) = v; }
-  // cp.async.cg: 16 bytes from global to shared memory, bypassing L1.
-  __device__ static void CopyAsync16(void* dst, const void* src) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(src) : "memory");
-  }
-  __device__ static void CommitGroup() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-  __device__ static void WaitPrior() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-  __device__ static void WaitAll() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-};
 
 __global__ void __launch_bounds__(flash::kThreads) FlashDeltaKernel(flash::DeltaArgs args) {
   flash::Delta<DevicePrimitives>(args);
@@ -138,10 +84,6 @@ flash::Operands MakeOperands(const bf16* q, const bf16* k, const bf16* v, size_t
           D,
           H,
           1.0f / std::sqrt(static_cast<float>(D / H))};
-}
-
-uint16_t* Bits(bf16* p) {
-  return reinterpret_cast<uint16_t*>(p);
 }
 
 }  // namespace

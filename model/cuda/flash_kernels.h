@@ -1,5 +1,5 @@
 // The flash-attention kernels' bodies, written once against warp primitives so that nvcc
-// compiles them for the GPU (model/cuda/flash_attention.cu: ldmatrix and mma.sync in PTX) and
+// compiles them for the GPU (model/cuda/flash_attention.cu, with device_primitives.cuh: ldmatrix and mma.sync in PTX) and
 // the CPU emulator runs them in every test run (model/simt: the same fragment layouts, element
 // by element). No CUDA header is needed here.
 //

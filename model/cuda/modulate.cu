@@ -1,6 +1,7 @@
-// The GPU side of model/cuda/adaln_kernels.h: its primitives as CUDA intrinsics, the kernels and
-// their launchers (model/cuda/modulate.h). The layout (features a thread, threads a block) is
-// chosen from D at the launch; every kernel instance the layouts need is compiled here.
+// The GPU side of model/cuda/adaln_kernels.h: the kernels, with the primitives of
+// model/cuda/device_primitives.cuh, and their launchers (model/cuda/modulate.h). The layout
+// (features a thread, threads a block) is chosen from D at the launch; every kernel instance the
+// layouts need is compiled here.
 #include "model/cuda/modulate.h"
 
 #include <cstdint>
@@ -9,43 +10,10 @@
 
 #include "model/cuda/activation.h"
 #include "model/cuda/adaln_kernels.h"
+#include "model/cuda/device_primitives.cuh"
 
 namespace difftrain::cuda {
 namespace {
-
-extern __shared__ __align__(16) unsigned char g_adaln_smem[];
-
-struct DevicePrimitives {
-  __device__ static int Thread() { return threadIdx.x; }
-  __device__ static int BlockX() { return blockIdx.x; }
-  __device__ static int BlockY() { return blockIdx.y; }
-  __device__ static unsigned char* Smem() { return g_adaln_smem; }
-  __device__ static void SyncThreads() { __syncthreads(); }
-  __device__ static float ShflXor(float v, int mask) {
-    return __shfl_xor_sync(0xffffffffu, v, mask);
-  }
-  __device__ static void LoadF32x4(float (&v)[4], const float* p) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  }
-  __device__ static void StoreF32x4(float* p, const float (&v)[4]) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  }
-  __device__ static void LoadU16x4(uint16_t (&bits)[4], const uint16_t* p) {
-    const uint2 q = *reinterpret_cast<const uint2*>(p);
-    bits[0] = q.x & 0xFFFFu, bits[1] = q.x >> 16, bits[2] = q.y & 0xFFFFu, bits[3] = q.y >> 16;
-  }
-  __device__ static void StoreU16x4(uint16_t* p, const uint16_t (&bits)[4]) {
-    *reinterpret_cast<uint2*>(p) =
-        make_uint2(bits[0] | (uint32_t{bits[1]} << 16), bits[2] | (uint32_t{bits[3]} << 16));
-  }
-  __device__ static uint16_t RoundBf16(float x) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  }
-  __device__ static float Bf16ToFloat(uint16_t bits) {
-    return __uint_as_float(uint32_t{bits} << 16);
-  }
-};
 
 template <int W, int V>
 __global__ void __launch_bounds__(adaln::kMaxThreads)
@@ -61,13 +29,6 @@ __global__ void __launch_bounds__(adaln::kMaxThreads)
 
 __global__ void GatedResidualNormReduceKernel(adaln::ReduceArgs args) {
   adaln::ReduceAdaGrads<DevicePrimitives>(args);
-}
-
-const uint16_t* Bits(const bf16* p) {
-  return reinterpret_cast<const uint16_t*>(p);
-}
-uint16_t* Bits(bf16* p) {
-  return reinterpret_cast<uint16_t*>(p);
 }
 
 // The vector path needs D, the strides and the slice offsets to be multiples of 4 and every

@@ -90,7 +90,7 @@ inline float Bf16ToFloat(uint16_t bits) {
 }
 
 // The primitives a kernel body written for both backends takes (model/cuda/flash_kernels.h
-// lists them; flash_attention.cu has the GPU's).
+// lists them; model/cuda/device_primitives.cuh has the GPU's).
 struct Primitives {
   static int Thread() { return ThreadIdx(); }
   static int BlockX() { return BlockIdx().x; }
