@@ -29,14 +29,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "bench/cuda_timing.h"
+#include "bench/cuda_bench.h"
 #include "model/cuda/attention.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/device_query.h"
 #include "model/cuda/flash_attention.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/gemm_attention.h"
-#include "model/tensor/rng.h"
 
 namespace difftrain {
 namespace {
@@ -54,16 +53,6 @@ struct Options {
 struct Inputs {
   DeviceBuffer<bf16> qkv, dout;
 };
-
-DeviceBuffer<bf16> RandomBf16(size_t n, uint64_t seed, double scale) {
-  Rng rng(seed, RngStream::kData);
-  std::vector<bf16> host(n);
-  for (bf16& v : host)
-    v = __float2bfloat16(static_cast<float>(rng.Normal() * scale));
-  DeviceBuffer<bf16> d(n);
-  d.Upload(host);
-  return d;
-}
 
 double RelativeL2(const std::vector<bf16>& got, const std::vector<bf16>& want) {
   double diff = 0, norm = 0;
@@ -110,8 +99,9 @@ int Run(const Options& o) {
                                          : size_t{0}});
   DeviceBuffer<float> workspace(workspace_floats), lse(n_lse);
   DeviceBuffer<bf16> out(n_out), dqkv(n_qkv);
-  Inputs sets[2] = {{RandomBf16(n_qkv, 1, 1.5), RandomBf16(n_out, 2, 1.0)},
-                    {RandomBf16(n_qkv, 3, 1.5), RandomBf16(n_out, 4, 1.0)}};
+  Inputs sets[2] = {
+      {bench::RandomDevice<bf16>(n_qkv, 1, 1.5), bench::RandomDevice<bf16>(n_out, 2, 1.0)},
+      {bench::RandomDevice<bf16>(n_qkv, 3, 1.5), bench::RandomDevice<bf16>(n_out, 4, 1.0)}};
 
   using Backward = decltype(Kernel::backward);
   const Backward flash_backward = [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y,

@@ -23,11 +23,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "bench/cuda_timing.h"
+#include "bench/cuda_bench.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/device_query.h"
 #include "model/cuda/modulate.h"
-#include "model/tensor/rng.h"
 
 namespace difftrain {
 namespace {
@@ -41,25 +40,14 @@ struct Options {
   int reps = 30;
 };
 
-template <typename T>
-DeviceBuffer<T> Random(size_t n, uint64_t seed, double scale) {
-  Rng rng(seed, RngStream::kData);
-  std::vector<T> host(n);
-  for (T& v : host)
-    v = T(static_cast<float>(rng.Normal() * scale));
-  DeviceBuffer<T> d(n);
-  d.Upload(host);
-  return d;
-}
-
 // One input set: the stream, the branch, the adaLN output, and the gradients from above.
 struct Inputs {
   Inputs(size_t n, size_t ada, uint64_t seed)
-      : x(Random<float>(n, seed, 1.0)),
-        dx(Random<float>(n, seed + 1, 1.0)),
-        ada(Random<float>(ada, seed + 2, 0.5)),
-        y(Random<bf16>(n, seed + 3, 1.0)),
-        dh(Random<bf16>(n, seed + 4, 1.0)) {}
+      : x(bench::RandomDevice<float>(n, seed, 1.0)),
+        dx(bench::RandomDevice<float>(n, seed + 1, 1.0)),
+        ada(bench::RandomDevice<float>(ada, seed + 2, 0.5)),
+        y(bench::RandomDevice<bf16>(n, seed + 3, 1.0)),
+        dh(bench::RandomDevice<bf16>(n, seed + 4, 1.0)) {}
   DeviceBuffer<float> x, dx, ada;
   DeviceBuffer<bf16> y, dh;
 };

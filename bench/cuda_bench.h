@@ -1,5 +1,5 @@
-// What the GPU kernel benches share: a launch sequence timed with CUDA events on its stream
-// (milliseconds), and the median of a sample.
+// What the GPU kernel benches share: random device inputs, a launch sequence timed with CUDA
+// events on its stream (milliseconds), and the median of a sample.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,8 +9,22 @@
 #include <vector>
 
 #include "model/cuda/common.h"
+#include "model/cuda/device_buffer.h"
+#include "model/tensor/rng.h"
 
 namespace difftrain::bench {
+
+// n normal values of the given scale (T float or bf16), on the device.
+template <typename T>
+cuda::DeviceBuffer<T> RandomDevice(size_t n, uint64_t seed, double scale) {
+  Rng rng(seed, RngStream::kData);
+  std::vector<T> host(n);
+  for (T& v : host)
+    v = T(static_cast<float>(rng.Normal() * scale));
+  cuda::DeviceBuffer<T> d(n);
+  d.Upload(host);
+  return d;
+}
 
 class EventTimer {
  public:
