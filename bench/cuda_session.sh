@@ -3,7 +3,7 @@
 # kernels alone at DiT-XL/2's and Latte-L/2's shapes (bench_cuda_attention, every flash variant;
 # a few seconds), the fused gated residual + LayerNorm-modulate alone against the memory's rate
 # (bench_cuda_norms, a few seconds), then the GPU tests and DiT-XL/2's step timed beside PyTorch under
-# torch.compile with flash and the fastest flash variant whose results matched flash's;
+# torch.compile with the model's flash variant and the fastest one whose results matched;
 # compute-sanitizer on the tiny DiT step and the flash kernels; where the step's time goes (Nsight Compute's duration of every kernel); why the
 # flash kernels run at the rate they do (ncu's speed-of-light, occupancy and warp-stall sections
 # of one launch of each); Latte-L/2's step over 16-frame videos. Every result lands in OUT (a
@@ -17,9 +17,10 @@
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# KERNELS_S, LATTE_S for each attention): 630 s in all, more than the device's 600 s a call,
-# but the sanitizers and Latte have taken half their limits; should a long bench leave too
-# little, what is cut short is Latte, last. OUT/steps.txt says how long each step took and how
+# KERNELS_S, LATTE_S for each attention): 675 s in all, more than the device's 600 s a call,
+# but an H100 session (2026-11-27) took 505 s of them (the bench 345 at micro-batches 32 and
+# 128, 42 s of it the GPU tests and 120 each torch.compile's rows); should a long bench leave
+# too little, what is cut short is Latte, last. OUT/steps.txt says how long each step took and how
 # it ended (124: out of time; 9: a sanitizer found errors).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -30,13 +31,14 @@ mkdir -p "$out"
 if [[ -f $bin/bundle.tar.xz ]]; then
   tar -C "$bin" -xJf "$bin/bundle.tar.xz" && rm -f "$bin/bundle.tar.xz"
 fi
-: "${BENCH_S:=400}" "${ATTENTION_S:=20}" "${NORMS_S:=15}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
-: "${PROFILE_S:=50}" "${KERNELS_S:=35}" "${LATTE_S:=15}"
+: "${BENCH_S:=400}" "${ATTENTION_S:=40}" "${NORMS_S:=15}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
+: "${PROFILE_S:=50}" "${KERNELS_S:=45}" "${LATTE_S:=15}"
 # The flash kernels' variants the attention bench times (FLASH_VARIANTS), and the attentions the
 # step's bench times (ATTENTIONS; unset: flash and the fastest variant of the attention bench
-# whose results match flash's); PyTorch under torch.compile alone (TORCH_MODES), which with an
-# EMA is the issue's baseline: an H100 session (2026-11-27) that timed two attentions and both
-# PyTorch modes ran past its 350 s before PyTorch's rows at the second micro-batch.
+# whose results match flash's, when that is not the model's default, flash-pipelined-wide);
+# PyTorch under torch.compile alone (TORCH_MODES), which with an EMA is the issue's baseline: an
+# H100 session (2026-11-27) that timed two attentions and both PyTorch modes ran past its 350 s
+# before PyTorch's rows at the second micro-batch.
 : "${FLASH_VARIANTS:=flash,flash-pipelined,flash-wide,flash-pipelined-wide}"
 : "${TORCH_MODES:=compile}"
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
@@ -77,9 +79,9 @@ export bin FLASH_VARIANTS
 export -f attention_kernels  # for `timeout`, which runs programs, not functions
 step attention "$ATTENTION_S" bash -c attention_kernels >"$out/attention.jsonl" 2>&1
 if [[ -z ${ATTENTIONS:-} ]]; then
-  ATTENTIONS=flash
+  ATTENTIONS=flash-pipelined-wide
   best=$(python3 bench/fastest_attention.py "$out/attention.jsonl" 2>/dev/null)
-  [[ -n $best && $best != flash ]] && ATTENTIONS=flash,$best
+  [[ -n $best && $best != "$ATTENTIONS" ]] && ATTENTIONS=$ATTENTIONS,$best
 fi
 echo "attentions timed in the step: $ATTENTIONS" >>"$out/steps.txt"
 
@@ -111,10 +113,10 @@ for tool in memcheck racecheck synccheck initcheck; do
 done
 sanitize racecheck "$bin/cuda_attention_test" 'FlashAttentionTest.MatchesTheReference'
 
-echo "== ncu: DiT-XL/2, micro-batch 32, flash attention" >"$out/profile.txt"
+echo "== ncu: DiT-XL/2, micro-batch 32, the model's flash variant" >"$out/profile.txt"
 step ncu "$PROFILE_S" ncu --clock-control none --csv --print-kernel-base function \
   --metrics gpu__time_duration.sum "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 \
-  --attention flash --warmup 1 --steps 1 >"$out/ncu-flash.csv" 2>>"$out/profile.txt"
+  --warmup 1 --steps 1 >"$out/ncu-flash.csv" 2>>"$out/profile.txt"
 # The CSV itself comes back only where the summary could not read it.
 if bench/ncu_summary.py "$out/ncu-flash.csv" >>"$out/profile.txt" 2>&1; then
   rm -f "$out/ncu-flash.csv"
@@ -122,17 +124,19 @@ else
   gzip -9 "$out/ncu-flash.csv"
 fi
 
-# The flash kernels at DiT-XL/2's shapes (256 tokens, head dim 72, 32 × 16 heads): the first
-# launch of each, its achieved throughput against the SM's and memory's, occupancy and what
-# its warps wait on (an H100 session measured them at 100-110 TFLOP/s of mma.sync work).
+# The model's flash kernels at DiT-XL/2's shapes (256 tokens, head dim 72, 32 × 16 heads), run
+# by bench_cuda_attention (which starts in a second, where the whole DiT-XL/2 step took ~15 s a
+# kernel): the first launch of each, its achieved throughput against the SM's and memory's,
+# occupancy, memory traffic and what its warps wait on (an H100 session, 2026-11-27, measured
+# the two-stage kernels at 125-150 TFLOP/s of mma.sync work).
 flash_kernels() {
   local k
   for k in FlashForwardKernel FlashDqKernel FlashDkvKernel; do
     echo "== ncu: $k, DiT-XL/2, micro-batch 32"
     ncu --clock-control none -k "$k" -c 1 --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-      "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 --attention flash --warmup 0 \
-      --steps 1 2>&1 | grep -v '^{'
+      --section MemoryWorkloadAnalysis "$bin/bench_cuda_attention" --batch 32 --tokens 256 \
+      --hidden 1152 --heads 16 --kernels flash-pipelined-wide --reps 1 2>&1 | grep -v '^{'
   done
 }
 export -f flash_kernels

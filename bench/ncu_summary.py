@@ -22,7 +22,8 @@ CATEGORIES = [
     ("GEMM (cuBLASLt)", r"nvjet|xmma|cutlass|gemm|sm\d\d_"),
     ("attention", r"Attention|Flash|Softmax|SplitHeads|MergeHeads"),
     ("norms, modulation, residuals", r"LayerNorm|GatedResidual|GroupNorm"),
-    ("bias gradients", r"BiasGradient"),
+    # cuBLASLt's BGRADB epilogue runs as its own kernel, globalKernelBgradAB*.
+    ("bias gradients", r"BiasGradient|Bgrad"),
     ("optimizer, EMA, gradient norm", r"AdamW|Ema|SumOfSquares"),
     ("activations, casts", r"Gelu|Silu|Geglu|Cast"),
     ("embeddings, layout, loss", r"Patchify|Unpatchify|Embedding|Timestep|SwapAxes|Loss|Im2col|Col2im|Tokens|Planes|Concat|Upsample"),

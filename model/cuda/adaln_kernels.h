@@ -40,6 +40,11 @@
 namespace difftrain::adaln {
 
 inline constexpr int kRowsPerBlock = 16;
+// The launchers' defaults, from bench_cuda_norms on an H100 (DiT-XL/2's rows, micro-batch 32;
+// docs/benchmarks.md): the forward took 49.6, 50.5 and 64.8 us at 8, 16 and 32 rows a block,
+// the backward 94.6, 96.1 and 88.8 us (a fourth of the partial rows of 8).
+inline constexpr int kForwardRowsPerBlock = 16;
+inline constexpr int kBackwardRowsPerBlock = 32;
 inline constexpr int kMaxThreads = 512;
 inline constexpr int kMaxWarps = kMaxThreads / 32;
 inline constexpr int kReduceThreads = 256;

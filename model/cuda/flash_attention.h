@@ -17,10 +17,11 @@ namespace difftrain::cuda {
 // Whether the flash kernels take head dim hd.
 bool FlashAttentionTakes(int hd);
 
-// The kernels' loads of the loop's tiles: kOne, ordinary copies between barriers (the
-// default, measured on an H100); kTwo, double-buffered cp.async copies of the next tile while
-// the current one is computed on (the *Pipelined functions; the same results bit for bit, not
-// yet run on a GPU).
+// The kernels' loads of the loop's tiles: kOne, ordinary copies between barriers; kTwo,
+// double-buffered cp.async copies of the next tile while the current one is computed on (the
+// *Pipelined functions; the same results bit for bit). On an H100 two stages took the forward
+// from 103 to 77 us and the backward from 355 to 253 us at DiT-XL/2's shapes (micro-batch 32),
+// and the backward from 1.09 to 0.81 ms at Latte-L/2's temporal ones (docs/benchmarks.md).
 enum class FlashStages { kOne, kTwo };
 
 // Shared memory per block the kernels need at head dim hd (the dK/dV kernel takes the most):
@@ -50,10 +51,15 @@ void FlashAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const
                             const float* lse, float* workspace, int B, int T, int D, int H,
                             cudaStream_t stream);
 
-// The packed forward with two 16-row m-tiles a warp (32 query rows a warp, 128 a block), each
-// key and value fragment read from shared memory once for both, with one or two stages: the
-// same out and lse bit for bit. Not yet in a model (bench_cuda_attention times it as
-// flash-wide); not yet run on a GPU.
+// The packed forward with two 16-row m-tiles a warp (32 query rows a warp, kFlashWideRows a
+// block), each key and value fragment read from shared memory once for both, with one or two
+// stages: the same out and lse bit for bit. On an H100, with two stages, 1.09x the 16-row
+// forward at 256 tokens (71 against 77 us) but 0.51x at 16 (505 against 256 us), where most of
+// its block has no query; FlashWideForwardFills says where a model should take it.
+inline constexpr int kFlashWideRows = 128;
+constexpr bool FlashWideForwardFills(int Tq) {
+  return Tq >= kFlashWideRows;
+}
 void FlashAttentionForwardWide(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
                                FlashStages stages, cudaStream_t stream);
 

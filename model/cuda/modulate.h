@@ -41,14 +41,15 @@ struct GatedBranch {
 void GatedResidualNormForward(float* x_out, bf16* h, float* mean, float* rstd, const float* x,
                               const GatedBranch& branch, const float* add, const Modulation& mod,
                               int B, int T, int D, cudaStream_t stream,
-                              int rows_per_block = adaln::kRowsPerBlock);
+                              int rows_per_block = adaln::kForwardRowsPerBlock);
 
 // The widest rows the ops take: D at most this (D a multiple of 4 and the rows 16-byte
 // aligned; else a quarter of it).
 int GatedResidualNormMaxWidth();
 
 // The backward's workspace, in floats.
-size_t GatedResidualNormWorkspace(int B, int T, int D, int rows_per_block = adaln::kRowsPerBlock);
+size_t GatedResidualNormWorkspace(int B, int T, int D,
+                                  int rows_per_block = adaln::kBackwardRowsPerBlock);
 
 // Given dh, the gradient of h, and dx, the residual stream's gradient from above:
 //   dx += LayerNorm-and-modulate's input gradient (dx is then the gradient of x', and of x);
@@ -59,12 +60,12 @@ size_t GatedResidualNormWorkspace(int B, int T, int D, int rows_per_block = adal
 //   of the GEMM that produced y (null: not wanted).
 // x, mean and rstd are the forward's x', mean and rstd.
 //
-// rows_per_block: the token rows a block works through (16 by default; bench_cuda_norms times
-// others). Fewer make more, shorter blocks and, in the backward, more partial sums to add.
+// rows_per_block: the token rows a block works through (the forward 16 by default, the backward
+// and its workspace 32: the fastest on an H100; bench_cuda_norms times others). Fewer make more, shorter blocks and, in the backward, more partial sums to add.
 void GatedResidualNormBackward(float* dx, float* d_mod_ada, bf16* dy, float* d_gate_ada,
                                float* d_bias, const bf16* dh, const float* x, const float* mean,
                                const float* rstd, const Modulation& mod, const GatedBranch& branch,
                                float* workspace, int B, int T, int D, cudaStream_t stream,
-                               int rows_per_block = adaln::kRowsPerBlock);
+                               int rows_per_block = adaln::kBackwardRowsPerBlock);
 
 }  // namespace difftrain::cuda

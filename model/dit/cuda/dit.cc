@@ -300,7 +300,7 @@ void DiT::AttentionForward(AttentionKernels kernels, bf16* out, float* lse, cons
       return cuda::AttentionForward(out, lse, qkv, B, T, D, H, stream_);
     case AttentionKernels::kFlash: {
       const FlashVariant& v = options_.flash;
-      if (v.wide_forward) {
+      if (v.wide_forward && FlashWideForwardFills(T)) {
         return FlashAttentionForwardWide(out, lse, qkv, B, T, D, H, v.stages, stream_);
       }
       if (v.stages == FlashStages::kTwo) {
@@ -356,7 +356,9 @@ void DiT::BlockForward(int l) {
   if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
     // Across frames: B·T sequences of Fr frames, read from the frame-major qkv in place.
     FlashAttentionForwardAcrossFrames(k.attn, k.lse, k.qkv, B, Fr, T, D, config_.num_heads,
-                                      options_.flash.stages, options_.flash.wide_forward, stream_);
+                                      options_.flash.stages,
+                                      options_.flash.wide_forward && FlashWideForwardFills(Fr),
+                                      stream_);
   } else if (config_.temporal_block(l)) {
     // Across frames: B·T sequences of Fr frames, token-major.
     SwapAxes(k.qkv_t, k.qkv, B, Fr, T, 3 * D, stream_);
