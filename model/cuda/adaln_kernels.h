@@ -1,6 +1,6 @@
 // DiT's adaLN-Zero elementwise work between two GEMMs, written once against primitives so that
-// nvcc compiles it for the GPU (model/cuda/modulate.cu, device_primitives.cuh) and the CPU emulator runs it in every
-// test run (model/simt): the gated residual that ends one branch fused with the
+// nvcc compiles it for the GPU (model/cuda/modulate.cu, device_primitives.cuh) and the CPU emulator
+// runs it in every test run (model/simt): the gated residual that ends one branch fused with the
 // LayerNorm-modulate that starts the next, so the residual stream is read once between them.
 //
 // Forward, for token row t of sample b (samples of T rows, features D):

@@ -61,7 +61,8 @@ size_t GatedResidualNormWorkspace(int B, int T, int D,
 // x, mean and rstd are the forward's x', mean and rstd.
 //
 // rows_per_block: the token rows a block works through (the forward 16 by default, the backward
-// and its workspace 32: the fastest on an H100; bench_cuda_norms times others). Fewer make more, shorter blocks and, in the backward, more partial sums to add.
+// and its workspace 32: the fastest on an H100; bench_cuda_norms times others). Fewer make more,
+// shorter blocks and, in the backward, more partial sums to add.
 void GatedResidualNormBackward(float* dx, float* d_mod_ada, bf16* dy, float* d_gate_ada,
                                float* d_bias, const bf16* dh, const float* x, const float* mean,
                                const float* rstd, const Modulation& mod, const GatedBranch& branch,
