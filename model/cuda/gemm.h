@@ -47,7 +47,10 @@ class Gemm {
   // BackwardWeight, and dbias[O] += the column sums of dout (the layer's bias gradient): in the
   // GEMM's epilogue (cuBLASLt's BGRADB, which reduces dout over the product's k = N and stores
   // the sums, into `scratch` [O] fp32, then added to dbias) where cuBLASLt has an algorithm for
-  // it, else as BackwardWeight followed by BiasGradient (model/cuda/activation.h).
+  // it, else as BackwardWeight followed by BiasGradient (model/cuda/activation.h). On an H100
+  // cuBLASLt ran the epilogue as a reduction kernel of its own after the product
+  // (globalKernelBgradAB_v2, reading dout again), about as fast as BiasGradient: it saves a
+  // launch, not the read (docs/benchmarks.md).
   void BackwardWeightAndBias(float* dw, float* dbias, const bf16* dout, const bf16* in, int N,
                              int I, int O, float* scratch);
   // Whether BackwardWeightAndBias at this shape uses the epilogue (asks cuBLASLt once).
