@@ -57,10 +57,12 @@ Result<std::unique_ptr<GpuStep>> CreateDiTGpuStep(const TrainConfig& config, int
   if (Status s = cuda::DiT::Supports(dit); !s.ok()) {
     return s.WithContext("train.device cuda");
   }
-  // The flash kernels (cuda::DiT's default attention) need at most 51.25 KiB.
+  // The flash kernels (cuda::DiT's default attention) with the model's stages: at most
+  // 68.5 KiB with two.
   const int head_dim = dit.hidden_size / dit.num_heads;
-  DT_RETURN_IF_ERROR(
-      CheckAttentionFits(gpu, device, head_dim, cuda::FlashAttentionSharedBytes(head_dim)));
+  DT_RETURN_IF_ERROR(CheckAttentionFits(
+      gpu, device, head_dim,
+      cuda::FlashAttentionSharedBytes(head_dim, ModelOptions(config).flash.stages)));
   return StartGpuStep<CudaStep>(config, dit, gpu, device);
 }
 
