@@ -131,9 +131,9 @@ fi
 # the two-stage kernels at 125-150 TFLOP/s of mma.sync work).
 flash_kernels() {
   local k
-  for k in FlashForwardKernel FlashDqKernel FlashDkvKernel; do
+  for k in FlashForward FlashDq FlashDkv; do  # FlashDkv: FlashDkvKernel or FlashDkvThreeBlocksKernel
     echo "== ncu: $k, DiT-XL/2, micro-batch 32"
-    ncu --clock-control none -k "$k" -c 1 --section SpeedOfLight --section Occupancy \
+    ncu --clock-control none -k "regex:^$k" -c 1 --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis "$bin/bench_cuda_attention" --batch 32 --tokens 256 \
       --hidden 1152 --heads 16 --kernels flash-pipelined-wide --reps 1 2>&1 | grep -v '^{'

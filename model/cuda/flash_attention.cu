@@ -39,6 +39,33 @@ template <int HDP, int kStages>
 __global__ void __launch_bounds__(flash::kThreads) FlashDkvKernel(flash::BackwardArgs args) {
   flash::BackwardDkv<HDP, DevicePrimitives, kStages>(args);
 }
+// The two-stage dK/dV kernel up to head dim 80 asks for 3 blocks an SM on sm_90 (at most 168
+// registers a thread). Without the bound it took 227 at hd 80: 2 blocks, 8 warps an SM, the
+// occupancy ncu measured on an H100 (12.5%) and named as the limit (docs/benchmarks.md); with
+// it ptxas (CUDA 13.0) keeps hd 64 and 80 without spills there. hd 128 spilled 352 bytes, so it
+// keeps its registers, and sm_80 spilled 60 bytes at hd 80, so sm_80 builds have no bound.
+// Not yet timed: bench_cuda_attention's flash-pipelined rows say whether it pays (253 us for
+// DiT-XL/2's backward at micro-batch 32 on the H100 before it).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define DT_FLASH_DKV_BOUNDS __launch_bounds__(flash::kThreads)
+#else
+#define DT_FLASH_DKV_BOUNDS __launch_bounds__(flash::kThreads, 3)
+#endif
+template <int HDP>
+__global__ void DT_FLASH_DKV_BOUNDS FlashDkvThreeBlocksKernel(flash::BackwardArgs args) {
+  flash::BackwardDkv<HDP, DevicePrimitives, 2>(args);
+}
+#undef DT_FLASH_DKV_BOUNDS
+template <int HDP, int kStages>
+constexpr bool kDkvThreeBlocks = kStages == 2 && HDP <= 80;
+template <int HDP, int kStages>
+constexpr auto DkvKernel() {
+  if constexpr (kDkvThreeBlocks<HDP, kStages>) {
+    return &FlashDkvThreeBlocksKernel<HDP>;
+  } else {
+    return &FlashDkvKernel<HDP, kStages>;
+  }
+}
 
 // Launches `kernel` over (⌈rows/block_rows⌉, H, B) with `smem` bytes of dynamic shared memory.
 template <typename Args>
@@ -54,6 +81,15 @@ bool AllowSmem(Kernel kernel, size_t bytes) {
   DT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(bytes)));
   return true;
+}
+// AllowSmem, and the SM's shared memory at its largest while the kernel runs (the L1 cache at
+// its smallest: the flash kernels' operands go through shared memory), so that 3 blocks of
+// 68.5 KiB fit an SM.
+template <typename Kernel>
+bool AllowSmemForThreeBlocks(Kernel kernel, size_t bytes) {
+  DT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
+  return AllowSmem(kernel, bytes);
 }
 
 void LaunchDelta(const flash::DeltaArgs& a, cudaStream_t stream) {
@@ -182,11 +218,13 @@ void BackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const b
     constexpr int HDP = decltype(padded)::value;
     constexpr size_t kDq = flash::DqSmemBytes<HDP, kStages>();
     constexpr size_t kDkv = flash::DkvSmemBytes<HDP, kStages>();
-    static const bool allowed = AllowSmem(FlashDqKernel<HDP, kStages>, kDq) &&
-                                AllowSmem(FlashDkvKernel<HDP, kStages>, kDkv);
+    constexpr auto dkv = DkvKernel<HDP, kStages>();
+    static const bool allowed =
+        AllowSmem(FlashDqKernel<HDP, kStages>, kDq) &&
+        (kDkvThreeBlocks<HDP, kStages> ? AllowSmemForThreeBlocks(dkv, kDkv) : AllowSmem(dkv, kDkv));
     static_cast<void>(allowed);
     Launch(FlashDqKernel<HDP, kStages>, args, Tq, H, B, kDq, stream);
-    Launch(FlashDkvKernel<HDP, kStages>, args, Tk, H, B, kDkv, stream);
+    Launch(dkv, args, Tk, H, B, kDkv, stream);
   });
 }
 
