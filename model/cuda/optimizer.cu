@@ -5,12 +5,20 @@
 // so the float workspace needs no 8-byte alignment), then one block adds the partials in a
 // fixed order into *result. The result is deterministic for a given n.
 //
-// AdamWStep is one fused grid-stride pass; every thread derives the clip factor from the
-// squared norm on the device (a double load, a square root and a division: cheap), exactly as
-// ClipScale does. The step's other numbers are AdamWScalarsAt's, the CPU update's own. The
-// trainer's step also updates the EMA in that pass: on an H100, AdamW (30 bytes a parameter)
-// and the EMA (12) each ran at 2.8 TB/s as two kernels, 10.2 ms a DiT-XL/2 step.
+// AdamWStep is one fused grid-stride pass (model/cuda/adamw_kernels.h, run by the CPU emulator
+// too); every thread derives the clip factor from the squared norm on the device (a double
+// load, a square root and a division: cheap), exactly as ClipScale does. The step's other
+// numbers are AdamWScalarsAt's, the CPU update's own. The trainer's step also updates the EMA
+// in that pass: on an H100, AdamW (30 bytes a parameter) and the EMA (12) each ran at 2.8 TB/s
+// as two kernels, 10.2 ms a DiT-XL/2 step, and fused, one parameter a thread, at 2.6 TB/s
+// (9.75 ms). It now takes four parameters a thread with 16-byte accesses where every array is
+// aligned for them (the trainer's arenas are): not yet timed.
 #include "model/cuda/optimizer.h"
+
+#include <cstdint>
+
+#include "model/cuda/adamw_kernels.h"
+#include "model/cuda/device_primitives.cuh"
 
 namespace difftrain::cuda {
 namespace {
@@ -75,43 +83,16 @@ __global__ void SumOfSquaresFinalKernel(double* __restrict__ result,
   if (threadIdx.x == 0) *result = accumulate ? *result + total : total;
 }
 
-// One EMA value, the same arithmetic in EmaKernel and AdamWKernel's fused update.
-__device__ __forceinline__ float EmaOf(float ema, float param, float decay, float keep) {
-  return decay * ema + keep * param;
-}
-
-__global__ void AdamWKernel(float* __restrict__ master, bf16* __restrict__ params_bf16,
-                            float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
-                            const float* __restrict__ grads,
-                            const double* __restrict__ sum_of_squares, size_t n, AdamWScalars k,
-                            double max_norm, float* __restrict__ ema, float ema_decay,
-                            float ema_keep) {
-  // ClipScale(sqrt(*sum_of_squares), max_norm).
-  float scale = 1.0f;
-  if (max_norm > 0) {
-    const double coef = max_norm / (sqrt(*sum_of_squares) + 1e-6);
-    scale = static_cast<float>(coef < 1.0 ? coef : 1.0);
-  }
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float g = grads[i] * scale;
-    float p = master[i] * k.decay;
-    const float m = k.beta1 * exp_avg[i] + (1 - k.beta1) * g;
-    const float v = k.beta2 * exp_avg_sq[i] + (1 - k.beta2) * g * g;
-    p -= k.step_size * m / (sqrtf(v) / k.bias2_sqrt + k.eps);
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    master[i] = p;
-    if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16(p);
-    if (ema != nullptr) ema[i] = EmaOf(ema[i], p, ema_decay, ema_keep);
-  }
+template <int W>
+__global__ void AdamWKernel(adamw::Args args) {
+  adamw::Step<DevicePrimitives, W>(args);
 }
 
 __global__ void EmaKernel(float* __restrict__ ema, const float* __restrict__ params, size_t n,
                           float decay, float keep) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    ema[i] = EmaOf(ema[i], params[i], decay, keep);
+    ema[i] = adamw::EmaOf(ema[i], params[i], decay, keep);
 }
 
 }  // namespace
@@ -135,9 +116,32 @@ void AdamWStep(float* master, bf16* params_bf16, float* exp_avg, float* exp_avg_
                const AdamWScalars& scalars, double max_norm, EmaOfMaster ema, cudaStream_t stream) {
   DT_CHECK(max_norm <= 0 || sum_of_squares != nullptr, "clipping needs the squared norm");
   if (n == 0) return;
-  AdamWKernel<<<GridFor(n), kThreads, 0, stream>>>(
-      master, params_bf16, exp_avg, exp_avg_sq, grads, sum_of_squares, n, scalars, max_norm,
-      ema.values, static_cast<float>(ema.decay), static_cast<float>(1.0 - ema.decay));
+  // Four parameters a thread where every array allows 16-byte accesses (8 for the bf16 copy).
+  const auto aligned = [](const void* p, uintptr_t bytes) {
+    return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
+  };
+  const bool vectors = aligned(master, 16) && aligned(exp_avg, 16) && aligned(exp_avg_sq, 16) &&
+                       aligned(grads, 16) && aligned(ema.values, 16) && aligned(params_bf16, 8);
+  const size_t per_thread = vectors ? 4 : 1;
+  adamw::Args args{master,
+                   reinterpret_cast<uint16_t*>(params_bf16),
+                   exp_avg,
+                   exp_avg_sq,
+                   grads,
+                   sum_of_squares,
+                   n,
+                   scalars,
+                   max_norm,
+                   ema.values,
+                   static_cast<float>(ema.decay),
+                   static_cast<float>(1.0 - ema.decay),
+                   static_cast<int>(GridFor((n + per_thread - 1) / per_thread)),
+                   static_cast<int>(kThreads)};
+  if (vectors) {
+    AdamWKernel<4><<<args.blocks, kThreads, 0, stream>>>(args);
+  } else {
+    AdamWKernel<1><<<args.blocks, kThreads, 0, stream>>>(args);
+  }
   DT_CUDA_CHECK_LAUNCH();
 }
 

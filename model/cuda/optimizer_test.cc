@@ -1,6 +1,7 @@
 // The GPU optimizer step against model/optim/adamw.h: the squared norm (written and added,
 // at sizes around the block and partial counts), AdamW with clipping active, inactive and off,
-// with and without the bf16 copy, and the EMA.
+// with and without the bf16 copy, the EMA, and arrays aligned for the kernel's four-parameter
+// accesses or not (model/simt/adamw_kernel_test.cc checks its indexing on the CPU emulator).
 #include "model/cuda/optimizer.h"
 
 #include <gtest/gtest.h>
@@ -133,56 +134,92 @@ TEST(EmaTest, MatchesCpu) {
 
 // The EMA updated in AdamW's pass (what TrainState does) equals AdamWStep then EmaUpdate of
 // the new master, and leaves the other outputs as they are without it.
+// One AdamW step (with the EMA fused, or EmaUpdate after it) on device copies of the inputs that
+// start `offset` floats into their buffers, read back.
+struct AdamWInputs {
+  std::vector<float> master, grads, m, v, ema;
+  double sum_of_squares;
+  OptimizerConfig config;
+};
+struct AdamWOutputs {
+  std::vector<float> master, m, v, bf16, ema;
+};
+AdamWInputs RandomAdamWInputs(size_t n) {
+  AdamWInputs in{RandomVector(n, 9),
+                 RandomVector(n, 10, 0.1),
+                 RandomVector(n, 11, 0.01),
+                 RandomVector(n, 13, 0.001),
+                 RandomVector(n, 12),
+                 0,
+                 {}};
+  for (float& v : in.v)
+    v = v * v;
+  in.sum_of_squares = ::difftrain::SumOfSquares(in.grads.data(), n);
+  in.config.lr = 1e-3;
+  in.config.grad_clip = 0.5 * std::sqrt(in.sum_of_squares);
+  return in;
+}
+AdamWOutputs RunAdamW(const AdamWInputs& in, bool fused, size_t offset) {
+  constexpr double kDecay = 0.9999;
+  const size_t n = in.master.size();
+  const auto upload = [&](const std::vector<float>& host) {
+    std::vector<float> padded(offset, 0.0f);
+    padded.insert(padded.end(), host.begin(), host.end());
+    return UploadFloat(padded);
+  };
+  const auto download = [&](const auto& buffer) {
+    std::vector<float> all = DownloadAsFloat(buffer);
+    return std::vector<float>(all.begin() + offset, all.end());
+  };
+  DeviceBuffer<float> d_master = upload(in.master), d_m = upload(in.m), d_v = upload(in.v);
+  DeviceBuffer<float> d_g = upload(in.grads), d_ema = upload(in.ema);
+  DeviceBuffer<double> d_sum(1);
+  d_sum.Upload(&in.sum_of_squares);
+  DeviceBuffer<bf16> d_bf16(n + offset);
+  Poison(d_bf16);
+  float* ema = d_ema.data() + offset;
+  AdamWStep(d_master.data() + offset, d_bf16.data() + offset, d_m.data() + offset,
+            d_v.data() + offset, d_g.data() + offset, d_sum.data(), n,
+            AdamWScalarsAt(in.config.lr, /*step=*/3, in.config), in.config.grad_clip,
+            fused ? EmaOfMaster{.values = ema, .decay = kDecay} : EmaOfMaster{}, nullptr);
+  if (!fused) EmaUpdate(ema, d_master.data() + offset, n, kDecay, nullptr);
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  return {download(d_master), download(d_m), download(d_v), download(d_bf16), download(d_ema)};
+}
+
+// How many elements differ in their bits (a count, not two vectors of a million printed).
+size_t Differ(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t count = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    count += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return count;
+}
+
 TEST(AdamWTest, FusedEmaEqualsTheSeparateUpdate) {
   DT_SKIP_WITHOUT_GPU();
-  const size_t n = 1000037;
-  const std::vector<float> master0 = RandomVector(n, 9), grads = RandomVector(n, 10, 0.1);
-  const std::vector<float> m0 = RandomVector(n, 11, 0.01), ema0 = RandomVector(n, 12);
-  std::vector<float> v0 = RandomVector(n, 13, 0.001);
-  for (float& v : v0)
-    v = v * v;
-  const double sum = ::difftrain::SumOfSquares(grads.data(), n);
-  OptimizerConfig config;
-  config.lr = 1e-3;
-  config.grad_clip = 0.5 * std::sqrt(sum);
-  const AdamWScalars scalars = AdamWScalarsAt(config.lr, /*step=*/3, config);
-  constexpr double kDecay = 0.9999;
-
-  struct Run {
-    std::vector<float> master, m, v, bf16, ema;
-  };
-  auto run = [&](bool fused) {
-    DeviceBuffer<float> d_master = UploadFloat(master0), d_m = UploadFloat(m0);
-    DeviceBuffer<float> d_v = UploadFloat(v0), d_g = UploadFloat(grads);
-    DeviceBuffer<float> d_ema = UploadFloat(ema0);
-    DeviceBuffer<double> d_sum(1);
-    d_sum.Upload(&sum);
-    DeviceBuffer<bf16> d_bf16(n);
-    Poison(d_bf16);
-    AdamWStep(d_master.data(), d_bf16.data(), d_m.data(), d_v.data(), d_g.data(), d_sum.data(), n,
-              scalars, config.grad_clip,
-              fused ? EmaOfMaster{.values = d_ema.data(), .decay = kDecay} : EmaOfMaster{},
-              nullptr);
-    if (!fused) EmaUpdate(d_ema.data(), d_master.data(), n, kDecay, nullptr);
-    DT_CUDA_CHECK(cudaDeviceSynchronize());
-    return Run{DownloadAsFloat(d_master), DownloadAsFloat(d_m), DownloadAsFloat(d_v),
-               DownloadAsFloat(d_bf16), DownloadAsFloat(d_ema)};
-  };
-  // How many elements differ (a count, not two vectors of a million printed).
-  auto differ = [](const std::vector<float>& a, const std::vector<float>& b) {
-    size_t count = 0;
-    for (size_t i = 0; i < a.size(); ++i)
-      count += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    return count;
-  };
-  const Run separate = run(false), fused = run(true);
-  EXPECT_EQ(differ(fused.master, separate.master), 0u);
-  EXPECT_EQ(differ(fused.m, separate.m), 0u);
-  EXPECT_EQ(differ(fused.v, separate.v), 0u);
-  EXPECT_EQ(differ(fused.bf16, separate.bf16), 0u);
-  EXPECT_GT(RelativeL2(fused.ema, ema0), 1e-6);  // the EMA moved
+  const AdamWInputs in = RandomAdamWInputs(1000037);
+  const AdamWOutputs separate = RunAdamW(in, false, 0), fused = RunAdamW(in, true, 0);
+  EXPECT_EQ(Differ(fused.master, separate.master), 0u);
+  EXPECT_EQ(Differ(fused.m, separate.m), 0u);
+  EXPECT_EQ(Differ(fused.v, separate.v), 0u);
+  EXPECT_EQ(Differ(fused.bf16, separate.bf16), 0u);
+  EXPECT_GT(RelativeL2(fused.ema, in.ema), 1e-6);  // the EMA moved
   // The same expression in both kernels: equal up to how nvcc contracts it into an FMA.
   EXPECT_LE(RelativeL2(fused.ema, separate.ema), 1e-7);
+}
+
+// Arrays one float off 16-byte alignment take the kernel's one-parameter-a-thread path, aligned
+// ones four a thread: the same bits.
+TEST(AdamWTest, UnalignedArraysGiveTheAlignedBits) {
+  DT_SKIP_WITHOUT_GPU();
+  const AdamWInputs in = RandomAdamWInputs(1000037);
+  const AdamWOutputs aligned = RunAdamW(in, true, 0), unaligned = RunAdamW(in, true, 1);
+  EXPECT_EQ(Differ(aligned.master, unaligned.master), 0u);
+  EXPECT_EQ(Differ(aligned.m, unaligned.m), 0u);
+  EXPECT_EQ(Differ(aligned.v, unaligned.v), 0u);
+  EXPECT_EQ(Differ(aligned.bf16, unaligned.bf16), 0u);
+  EXPECT_EQ(Differ(aligned.ema, unaligned.ema), 0u);
+  EXPECT_GT(RelativeL2(aligned.master, in.master), 1e-6);  // the step moved the weights
 }
 
 }  // namespace
