@@ -17,7 +17,7 @@
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# KERNELS_S, LATTE_S for each attention): 675 s in all, more than the device's 600 s a call,
+# KERNELS_S, LATTE_S for each attention): 685 s in all, more than the device's 600 s a call,
 # but an H100 session (2026-11-27) took 505 s of them (the bench 345 at micro-batches 32 and
 # 128, 42 s of it the GPU tests and 120 each torch.compile's rows); should a long bench leave
 # too little, what is cut short is Latte, last. OUT/steps.txt says how long each step took and how
@@ -32,7 +32,7 @@ if [[ -f $bin/bundle.tar.xz ]]; then
   tar -C "$bin" -xJf "$bin/bundle.tar.xz" && rm -f "$bin/bundle.tar.xz"
 fi
 : "${BENCH_S:=400}" "${ATTENTION_S:=40}" "${NORMS_S:=15}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
-: "${PROFILE_S:=50}" "${KERNELS_S:=45}" "${LATTE_S:=15}"
+: "${PROFILE_S:=50}" "${KERNELS_S:=55}" "${LATTE_S:=15}"
 # The flash kernels' variants the attention bench times (FLASH_VARIANTS), and the attentions the
 # step's bench times (ATTENTIONS; unset: flash and the fastest variant of the attention bench
 # whose results match flash's, when that is not the model's default, flash-pipelined-wide);
@@ -126,21 +126,26 @@ fi
 
 # The model's flash kernels at DiT-XL/2's shapes (256 tokens, head dim 72, 32 × 16 heads), run
 # by bench_cuda_attention (which starts in a second, where the whole DiT-XL/2 step took ~15 s a
-# kernel): the first launch of each, its achieved throughput against the SM's and memory's,
-# occupancy, memory traffic and what its warps wait on (an H100 session, 2026-11-27, measured
-# the two-stage kernels at 125-150 TFLOP/s of mma.sync work).
-flash_kernels() {
-  local k
+# kernel), and the fused norm's backward at a DiT-XL/2 block's (bench_cuda_norms, 32 rows a
+# block, the default): the first launch of each, its achieved throughput against the SM's and
+# memory's, occupancy, memory traffic and what its warps wait on (an H100 session, 2026-11-27,
+# measured the two-stage flash kernels at 125-150 TFLOP/s of mma.sync work, and the norm's
+# backward at 1.9 TB/s against a copy's 3.0).
+kernel_sections() {
+  local k sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
+    --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis)
   for k in FlashForward FlashDq FlashDkv; do  # FlashDkv: FlashDkvKernel or FlashDkvThreeBlocksKernel
     echo "== ncu: $k, DiT-XL/2, micro-batch 32"
-    ncu --clock-control none -k "regex:^$k" -c 1 --section SpeedOfLight --section Occupancy \
-      --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis "$bin/bench_cuda_attention" --batch 32 --tokens 256 \
-      --hidden 1152 --heads 16 --kernels flash-pipelined-wide --reps 1 2>&1 | grep -v '^{'
+    ncu --clock-control none -k "regex:^$k" -c 1 "${sections[@]}" "$bin/bench_cuda_attention" \
+      --batch 32 --tokens 256 --hidden 1152 --heads 16 --kernels flash-pipelined-wide --reps 1 \
+      2>&1 | grep -v '^{'
   done
+  echo "== ncu: GatedResidualNormBackwardKernel, DiT-XL/2, micro-batch 32"
+  ncu --clock-control none -k "regex:^GatedResidualNormBackward" -c 1 "${sections[@]}" \
+    "$bin/bench_cuda_norms" --rows 32 --reps 1 2>&1 | grep -v '^{'
 }
-export -f flash_kernels
-step "ncu flash kernels" "$KERNELS_S" bash -c flash_kernels >>"$out/profile.txt" 2>&1
+export -f kernel_sections
+step "ncu kernel sections" "$KERNELS_S" bash -c kernel_sections >>"$out/profile.txt" 2>&1
 
 # Latte-L/2, 16 frames of 32×32 latents (4,096 tokens a video), unconditional: one JSON line
 # per attention (difftrain alone: the PyTorch reference is DiT's).
