@@ -24,6 +24,7 @@ struct PlanOptions {
   double usable_fraction = 0.9;
   std::optional<int> tp, cp, pp, micro_batch;
   std::optional<bool> recompute;
+  bool gpu_step = false;
   int top = 5;
   bool json = false;
 };
@@ -69,6 +70,10 @@ Result<PlanRequest> BuildRequest(const PlanOptions& o) {
   r.pp = o.pp;
   r.micro_batch = o.micro_batch;
   r.recompute = o.recompute;
+  r.gpu_step = o.gpu_step;
+  if (o.gpu_step && o.device == "cpu") {
+    return Errorf("--gpu-step plans train.device cuda: give a GPU --device (H100, H200, H20, A100)");
+  }
   Result<DeviceSpec> device = DevicePreset(o.device, o.devices_per_node);
   if (!device.ok()) return device.status().WithContext("--device");
   r.device = *device;
@@ -241,6 +246,9 @@ DIFFTRAIN_COMMAND(
        app.add_option("--pp", o->pp, "fix the pipeline stages");
        app.add_option("--micro-batch", o->micro_batch, "fix the micro-batch");
        app.add_option("--recompute", o->recompute, "fix activation recomputation (true|false)");
+       app.add_flag("--gpu-step", o->gpu_step,
+                    "plan what train.device cuda trains: data-parallel layouts, with the GPU "
+                    "step's memory (bf16 activations, flash attention)");
        app.add_option("--top", o->top, "candidates shown")->capture_default_str();
        app.add_flag("--json", o->json, "print JSON");
        return [o] { return RunPlan(*o); };

@@ -75,6 +75,9 @@ TEST(PlanCommandTest, ImpossibleRequestsExitTwoNamingTheProblem) {
       {"--model DiT-S/2 --device TPU", "--device: unknown device 'TPU'"},
       {"--model DiT-S/2 --tokens 300", "--tokens: expected a square number"},
       {"--model SD1.5 --device H100 --memory-tbps -1", "memory bandwidth must be non-negative"},
+      {"--model DiT-S/2 --gpu-step", "--gpu-step plans train.device cuda: give a GPU --device"},
+      {"--model DiT-XL/2 --device H100 --devices-per-node 8 --gpu-step --tp 2",
+       "tp 2: the GPU step (train.device cuda) trains data-parallel layouts only"},
   };
   for (const auto& [flags, message] : cases) {
     const CommandResult r = RunDifftrain("plan " + flags);

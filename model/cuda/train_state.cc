@@ -35,6 +35,11 @@ Status TrainState::Allocate() {
   return Status::Ok();
 }
 
+size_t TrainState::BytesFor(size_t n) {
+  return n * (5 * sizeof(float) + sizeof(bf16)) + SumOfSquaresWorkspace(n) * sizeof(float) +
+         sizeof(double);
+}
+
 size_t TrainState::bytes() const {
   return master_.bytes() + grads_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes() + ema_.bytes() +
          norm_workspace_.bytes() + params_bf16_.bytes() + norm_squared_.bytes();

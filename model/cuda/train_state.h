@@ -31,6 +31,8 @@ class TrainState {
   // Allocates every arena (zeroed); a GPU without room is an error naming the bytes in all.
   Status Allocate();
   size_t bytes() const;
+  // What bytes() comes to for num_params parameters, without a GPU.
+  static size_t BytesFor(size_t num_params);
 
   // Sets the master weights (and their bf16 copy), the EMA and AdamW's moments from host arenas
   // (null moments: zeros) and zeroes the gradients; copies whichever destination is not null

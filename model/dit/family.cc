@@ -179,6 +179,16 @@ class TransformerFamily final : public ModelFamily {
 #endif
   }
 
+  std::optional<GpuStepMemory> GpuStepBytes(const ModelSpec& spec, int B) const override {
+#ifdef DIFFTRAIN_HAVE_CUDA
+    return DiTGpuStepBytes(DiTConfigOf(spec), B);
+#else
+    (void)spec;
+    (void)B;
+    return std::nullopt;
+#endif
+  }
+
  private:
   // A fresh config of this family: a video model's frames (16, Latte's default) and kind.
   void Init(DiTConfig& c) const {

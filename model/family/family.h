@@ -122,6 +122,16 @@ class ModelFamily {
   // the family has none.
   virtual Result<std::unique_ptr<GpuStep>> CreateGpuStep(const TrainConfig& config,
                                                          int device) const;
+  // What that GPU step allocates on its GPU for micro-batches of B, counted without one: the
+  // training state (parameters in fp32 and bf16, gradients, AdamW moments, EMA, fixed
+  // embeddings) and the activations. None where the family has no GPU step or the build no
+  // CUDA backend (the planner then counts the CPU model's memory).
+  struct GpuStepMemory {
+    size_t state = 0, activations = 0;
+  };
+  virtual std::optional<GpuStepMemory> GpuStepBytes(const ModelSpec& spec, int B) const {
+    return std::nullopt;
+  }
 };
 
 // Every family, in registry order (model/family/registry.cc).

@@ -314,6 +314,11 @@ Result<DeviceSpec> DevicePreset(const std::string& name, int devices_per_node) {
   d.inter_node_bytes_per_second = 50e9;
   d.latency_seconds = 20e-6;
   if (name == "H100") {
+    // difftrain's own DiT-XL/2 step, measured there (2026-11-27, docs/benchmarks.md): 34.5% of
+    // the peak at 8,192 rows (micro-batch 32) and 41.4% at 32,768, optimizer included; 0.444 ·
+    // R / (R + 2,340) goes through both.
+    d.efficiency = 0.444;
+    d.half_efficiency_rows = 2340;
     d.memory_bytes_per_second = 3.35e12;
     d.peak_flops_per_second = 989e12;
     d.memory_bytes = 80 * kGiB;
@@ -385,7 +390,50 @@ MemoryEstimate PredictMemory(const ModelSpec& model, const Layout& layout, int s
   return PredictMemory(DiTConfigOf(model), layout, stage, micro_batches);
 }
 
-Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& r) {
+namespace {
+
+// The request with the GPU step's fixed sizes (tp, cp, pp 1; no recomputation or ZeRO-1), or an
+// error naming a fixed size the GPU step cannot train.
+Result<PlanRequest> WithGpuStepSizes(PlanRequest r) {
+  for (const auto& [name, size] : {std::pair{"tp", r.tp}, {"cp", r.cp}, {"pp", r.pp}}) {
+    if (size && *size != 1) {
+      return Errorf("{} {}: the GPU step (train.device cuda) trains data-parallel layouts only",
+                    name, *size);
+    }
+  }
+  if (r.recompute.value_or(false) || r.zero1.value_or(false)) {
+    return Errorf("the GPU step (train.device cuda) neither recomputes nor shards the optimizer");
+  }
+  r.tp = r.cp = r.pp = 1;
+  r.recompute = r.zero1 = false;
+  return r;
+}
+
+// A data-parallel rank's memory as the family's GPU step allocates it (none without one).
+std::optional<MemoryEstimate> GpuStepMemory(const PlanRequest& r, const DiTConfig& c,
+                                            const Layout& l) {
+  const std::optional<ModelFamily::GpuStepMemory> bytes =
+      FamilyOf(r.model).GpuStepBytes(r.model, l.micro_batch);
+  if (!bytes) return std::nullopt;
+  // The fp32 gradients, moments and EMA of every parameter; the rest of the state is the
+  // fp32 master weights, their bf16 copy, the fixed embeddings and the norm's workspace.
+  const double trainable = StageParameters(c, l, 0);
+  MemoryEstimate m;
+  m.gradients = kFloat * trainable;
+  m.optimizer = 2 * kFloat * trainable;
+  m.ema = kFloat * trainable;
+  m.parameters = static_cast<double>(bytes->state) - m.gradients - m.optimizer - m.ema;
+  m.activations = static_cast<double>(bytes->activations);
+  return m;
+}
+
+}  // namespace
+
+Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& request) {
+  PlanRequest r = request;
+  if (r.gpu_step) {
+    DT_ASSIGN_OR_RETURN(r, WithGpuStepSizes(r));
+  }
   if (r.model.family == "unet") return planner::EnumerateUNetLayouts(r);
   DT_RETURN_IF_ERROR(CheckRequest(r));
   const DiTConfig c = DiTConfigOf(r.model);
@@ -419,6 +467,11 @@ Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& r) {
                 if (stage == 0 || m.total() > p.memory.total()) {
                   p.memory = m;
                   p.worst_stage = stage;
+                }
+              }
+              if (r.gpu_step) {
+                if (std::optional<MemoryEstimate> gpu = GpuStepMemory(r, c, p.layout)) {
+                  p.memory = *gpu;
                 }
               }
               p.time = PredictTime(r, c, p.layout, p.accumulation);
@@ -479,10 +532,7 @@ Result<PlannedLayout> ChooseLayout(const ModelSpec& model, int global_batch,
                                    std::optional<int> micro_batch, int nodes, int devices_per_node,
                                    const PlanDevice& device, bool data_parallel_only) {
   PlanRequest r;
-  if (data_parallel_only) {
-    r.tp = r.cp = r.pp = 1;
-    r.recompute = r.zero1 = false;
-  }
+  r.gpu_step = data_parallel_only;
   r.model = model;
   r.global_batch = global_batch;
   r.micro_batch = micro_batch;

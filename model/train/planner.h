@@ -103,6 +103,11 @@ struct PlanRequest {
   // Fixed choices (unset: the planner chooses).
   std::optional<int> tp, cp, pp, micro_batch;
   std::optional<bool> recompute, zero1;
+  // Plan what train.device cuda trains: data-parallel layouts only (tp, cp and pp of 1, no
+  // recomputation or ZeRO-1), each rank's memory as the family's GPU step allocates it
+  // (ModelFamily::GpuStepBytes: bf16 activations, flash attention) where the build has one;
+  // otherwise, and for every other layout, the CPU model's fp32 memory.
+  bool gpu_step = false;
 };
 
 struct PlannedLayout {
@@ -142,8 +147,8 @@ std::string DescribePlanDevice(const PlanDevice& device);
 
 // `parallel: auto`: the fastest layout that fits for a job of `model` and `global_batch`
 // (and `micro_batch` when the job fixes it) on `nodes` × `devices_per_node` of `device`.
-// With data_parallel_only, only layouts without tp, cp, pp, ZeRO-1 and recompute (what the GPU
-// step trains).
+// With data_parallel_only, what the GPU step trains (PlanRequest::gpu_step): only layouts
+// without tp, cp, pp, ZeRO-1 and recompute, with the GPU step's memory.
 Result<PlannedLayout> ChooseLayout(const ModelSpec& model, int global_batch,
                                    std::optional<int> micro_batch, int nodes, int devices_per_node,
                                    const PlanDevice& device, bool data_parallel_only = false);

@@ -340,6 +340,42 @@ TEST(PlannerTest, UNetPlansAreDataParallelAndRefuseNothingValid) {
       << pipelined.status().message();
 }
 
+// `parallel: auto` with train.device cuda plans the GPU step's memory: DiT-XL/2 on one H100
+// takes micro-batch 128, as the H100 ran it in 54.4 GiB (docs/benchmarks.md), where the CPU
+// model's fp32 activations would allow 64. A build without CUDA counts the CPU model's.
+TEST(PlannerTest, AutoOnAGpuPlansTheGpuStepsMemory) {
+  const ModelSpec xl = DiTSpec(*DiTConfigByName("DiT-XL/2", 32));
+  const PlanDevice h100{"NVIDIA H100 80GB HBM3", 80.0 * (1 << 30)};
+  Result<PlannedLayout> gpu = ChooseLayout(xl, 256, std::nullopt, 1, 1, h100, true);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+  EXPECT_EQ(gpu->layout.tp * gpu->layout.cp * gpu->layout.pp, 1);
+  EXPECT_FALSE(gpu->layout.recompute);
+  const std::optional<ModelFamily::GpuStepMemory> bytes = FamilyOf(xl).GpuStepBytes(xl, 128);
+  if (bytes) {
+    EXPECT_EQ(gpu->layout.micro_batch, 128);
+    EXPECT_EQ(gpu->memory.total(), static_cast<double>(bytes->state + bytes->activations));
+    EXPECT_EQ(gpu->memory.activations, static_cast<double>(bytes->activations));
+  } else {
+    EXPECT_EQ(gpu->layout.micro_batch, 64);
+  }
+  // The CPU's layouts (tp, recomputation) are the GPU step's to refuse, by name.
+  PlanRequest r;
+  r.model = xl;
+  r.device = *DevicePreset("H100", 8);
+  r.devices_per_node = 8;
+  r.gpu_step = true;
+  r.tp = 2;
+  const Result<std::vector<PlannedLayout>> split = PlanLayouts(r);
+  ASSERT_FALSE(split.ok());
+  EXPECT_NE(split.status().message().find(
+                "tp 2: the GPU step (train.device cuda) trains data-parallel layouts only"),
+            std::string::npos)
+      << split.status().message();
+  r.tp.reset();
+  r.recompute = true;
+  EXPECT_FALSE(PlanLayouts(r).ok());
+}
+
 // `parallel: auto` for a UNet: dp over every device, on GPUs and on the CPU.
 TEST(PlannerTest, AutoChoosesDataParallelForTheUNet) {
   const ModelSpec sd = UNetSpec(*UNetConfigByName("SD1.5"));

@@ -49,13 +49,9 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   const Status supported = Supports(config_);
   DT_CHECK(supported.ok(), "{}", supported.message());
   DT_CHECK(!options_.vb_loss || config_.learn_sigma, "the vb loss needs a learn_sigma model");
-  spatial_attention_ = options_.attention;
-  if (spatial_attention_ == AttentionKernels::kGemm &&
-      !GemmAttentionTakes(config_.tokens(), config_.hidden_size, config_.num_heads)) {
-    spatial_attention_ = AttentionKernels::kFused;
-  }
-  temporal_attention_ = options_.attention == AttentionKernels::kFlash ? AttentionKernels::kFlash
-                                                                       : AttentionKernels::kFused;
+  const AttentionChoice attention = ChooseAttention(config_, options_);
+  spatial_attention_ = attention.spatial;
+  temporal_attention_ = attention.temporal;
   p_ = DiTParams::Bind(table_, DiTShard::Whole(config_));
 
   const size_t T = config_.tokens(), D = config_.hidden_size;
@@ -129,8 +125,34 @@ size_t DiT::device_bytes() const {
   return state_.bytes() + pos_embed_.bytes() + temp_embed_.bytes() + acts_buffer_.bytes();
 }
 
-size_t DiT::BindActivations(unsigned char* base, int B) {
-  const DiTConfig& c = config_;
+size_t DiT::StateBytes(const DiTConfig& config) {
+  const size_t embeds = size_t(config.tokens()) * config.hidden_size * sizeof(float) *
+                        (1 + (config.video ? config.num_frames : 0));
+  return TrainState::BytesFor(ShardParameters(config, DiTShard::Whole(config)).table.total()) +
+         embeds;
+}
+
+size_t DiT::ActivationBytes(const DiTConfig& config, int B, const Options& options) {
+  DiTActivations counted;
+  return BindActivations(config, ChooseAttention(config, options), nullptr, B, counted);
+}
+
+size_t DiT::ActivationBytes(const DiTConfig& config, int B) {
+  return ActivationBytes(config, B, Options{});
+}
+
+DiT::AttentionChoice DiT::ChooseAttention(const DiTConfig& config, const Options& options) {
+  AttentionChoice choice{options.attention, AttentionKernels::kFused};
+  if (choice.spatial == AttentionKernels::kGemm &&
+      !GemmAttentionTakes(config.tokens(), config.hidden_size, config.num_heads)) {
+    choice.spatial = AttentionKernels::kFused;
+  }
+  if (options.attention == AttentionKernels::kFlash) choice.temporal = AttentionKernels::kFlash;
+  return choice;
+}
+
+size_t DiT::BindActivations(const DiTConfig& c, AttentionChoice attention, unsigned char* base,
+                            int B, DiTActivations& acts) {
   // A sample is BF/B frames (1 for an image) of T tokens each.
   const int Fr = c.frames(), BF = B * Fr;
   const size_t T = c.tokens(), D = c.hidden_size, N = BF * T, M = c.mlp_hidden();
@@ -140,23 +162,23 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
   // Attention's log-sum-exp: a row per head and token, spatial and temporal blocks alike.
   const size_t rows = N * c.num_heads;
   ArenaCursor a(base);
-  a.Take(in_x_, B * image);
-  a.Take(in_t_, B);
-  a.Take(in_y_, B);
-  a.Take(in_target_, B * image);
-  a.Take(in_x0_, B * image);
-  a.Take(in_samples_, BF);  // the loss's samples are frames
-  a.Take(loss_workspace_, DiffusionLossWorkspace(BF));
-  a.Take(patches_, N * c.patch_features());
-  a.Take(tfreq_, size_t(B) * kFrequencyDim);
-  a.Take(t_hidden_, B * D);
-  a.Take(t_act_, B * D);
-  a.Take(t_emb_, B * D);
-  a.Take(c_, B * D);
-  a.Take(silu_c_, B * D);
-  acts_.resize(c.depth);
+  a.Take(acts.in_x_, B * image);
+  a.Take(acts.in_t_, B);
+  a.Take(acts.in_y_, B);
+  a.Take(acts.in_target_, B * image);
+  a.Take(acts.in_x0_, B * image);
+  a.Take(acts.in_samples_, BF);  // the loss's samples are frames
+  a.Take(acts.loss_workspace_, DiffusionLossWorkspace(BF));
+  a.Take(acts.patches_, N * c.patch_features());
+  a.Take(acts.tfreq_, size_t(B) * kFrequencyDim);
+  a.Take(acts.t_hidden_, B * D);
+  a.Take(acts.t_act_, B * D);
+  a.Take(acts.t_emb_, B * D);
+  a.Take(acts.c_, B * D);
+  a.Take(acts.silu_c_, B * D);
+  acts.acts_.resize(c.depth);
   for (int l = 0; l < c.depth; ++l) {
-    BlockActs& k = acts_[l];
+    BlockActs& k = acts.acts_[l];
     a.Take(k.resid_in, N * D);
     a.Take(k.ada, B * 6 * D);
     a.Take(k.mean1, N);
@@ -176,49 +198,49 @@ size_t DiT::BindActivations(unsigned char* base, int B) {
     // A temporal block's attention runs token-major: its qkv and output in that order (the
     // flash kernels read the frame-major tensors in place instead).
     k.qkv_t = k.attn_t = nullptr;
-    if (c.temporal_block(l) && temporal_attention_ != AttentionKernels::kFlash) {
+    if (c.temporal_block(l) && attention.temporal != AttentionKernels::kFlash) {
       a.Take(k.qkv_t, N * 3 * D);
       a.Take(k.attn_t, N * D);
     }
   }
-  a.Take(resid_out_, N * D);
-  a.Take(ada_f_, B * 2 * D);
-  a.Take(meanf_, N);
-  a.Take(rstdf_, N);
-  a.Take(modf_, N * D);
-  a.Take(final_out_, N * Fo);
-  a.Take(out_, B * out_image);
-  a.Take(loss_, 1);
+  a.Take(acts.resid_out_, N * D);
+  a.Take(acts.ada_f_, B * 2 * D);
+  a.Take(acts.meanf_, N);
+  a.Take(acts.rstdf_, N);
+  a.Take(acts.modf_, N * D);
+  a.Take(acts.final_out_, N * Fo);
+  a.Take(acts.out_, B * out_image);
+  a.Take(acts.loss_, 1);
   // Backward scratch, shared by every block.
-  a.Take(d_out_, B * out_image);
-  a.Take(d_final_, N * Fo);
-  a.Take(d_final_bf16_, N * Fo);
-  a.Take(d_resid_, N * D);
-  a.Take(d_ada_[0], B * 6 * D);
-  a.Take(d_ada_[1], B * 6 * D);
-  a.Take(d_ada_f_, B * 2 * D);
-  a.Take(norm_workspace_, GatedResidualNormWorkspace(B, Fr * T, D));
-  a.Take(bias_scratch_, std::max(3 * D, M));  // the widest bias a GEMM's epilogue reduces
-  a.Take(d_ada_bf16_, B * 6 * D);
-  a.Take(d_small_, B * D);
-  a.Take(d_silu_c_, B * D);
-  a.Take(d_c_, B * D);
-  a.Take(d_c_bf16_, B * D);
-  a.Take(d_t_, B * D);
-  a.Take(d_a_, N * D);
-  a.Take(d_b_, N * D);
-  a.Take(d_h_, N * M);
-  a.Take(d_qkv_, N * 3 * D);
+  a.Take(acts.d_out_, B * out_image);
+  a.Take(acts.d_final_, N * Fo);
+  a.Take(acts.d_final_bf16_, N * Fo);
+  a.Take(acts.d_resid_, N * D);
+  a.Take(acts.d_ada_[0], B * 6 * D);
+  a.Take(acts.d_ada_[1], B * 6 * D);
+  a.Take(acts.d_ada_f_, B * 2 * D);
+  a.Take(acts.norm_workspace_, GatedResidualNormWorkspace(B, Fr * T, D));
+  a.Take(acts.bias_scratch_, std::max(3 * D, M));  // the widest bias a GEMM's epilogue reduces
+  a.Take(acts.d_ada_bf16_, B * 6 * D);
+  a.Take(acts.d_small_, B * D);
+  a.Take(acts.d_silu_c_, B * D);
+  a.Take(acts.d_c_, B * D);
+  a.Take(acts.d_c_bf16_, B * D);
+  a.Take(acts.d_t_, B * D);
+  a.Take(acts.d_a_, N * D);
+  a.Take(acts.d_b_, N * D);
+  a.Take(acts.d_h_, N * M);
+  a.Take(acts.d_qkv_, N * 3 * D);
   // One attention workspace serves both directions of every block, in floats.
-  size_t workspace = AttentionWorkspace(spatial_attention_, BF, T);
+  size_t workspace = AttentionWorkspace(c, attention.spatial, BF, T);
   if (c.video) {
-    if (temporal_attention_ != AttentionKernels::kFlash) {
-      a.Take(d_attn_t_, N * D);
-      a.Take(d_qkv_t_, N * 3 * D);
+    if (attention.temporal != AttentionKernels::kFlash) {
+      a.Take(acts.d_attn_t_, N * D);
+      a.Take(acts.d_qkv_t_, N * 3 * D);
     }
-    workspace = std::max(workspace, AttentionWorkspace(temporal_attention_, B * T, Fr));
+    workspace = std::max(workspace, AttentionWorkspace(c, attention.temporal, B * T, Fr));
   }
-  a.Take(attn_workspace_, workspace);
+  a.Take(acts.attn_workspace_, workspace);
   return a.bytes();
 }
 
@@ -230,12 +252,13 @@ Status DiT::Reserve(int B) {
   batch_ = 0;
   acts_buffer_ = DeviceBuffer<unsigned char>();
   Result<DeviceBuffer<unsigned char>> acts =
-      DeviceBuffer<unsigned char>::TryAllocate(BindActivations(nullptr, B));
+      DeviceBuffer<unsigned char>::TryAllocate(ActivationBytes(config_, B, options_));
   if (!acts.ok()) {
     return acts.status().WithContext(fmt::format("the activations of a micro-batch of {}", B));
   }
   acts_buffer_ = std::move(acts).value();
-  BindActivations(acts_buffer_.data(), B);
+  BindActivations(config_, {spatial_attention_, temporal_attention_}, acts_buffer_.data(), B,
+                  *this);
   batch_ = B;
   UploadUnweightedSamples(in_samples_, size_t(B) * config_.frames(), stream_);
   return Status::Ok();
@@ -330,8 +353,8 @@ void DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* do
   }
 }
 
-size_t DiT::AttentionWorkspace(AttentionKernels kernels, int B, int T) const {
-  const int D = config_.hidden_size, H = config_.num_heads;
+size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels, int B, int T) {
+  const int D = config.hidden_size, H = config.num_heads;
   switch (kernels) {
     case AttentionKernels::kGemm:
       return (GemmAttentionWorkspaceBytes(B, T, D, H) + 3) / 4;

@@ -61,7 +61,37 @@ struct FlashVariant {
   bool wide_forward = true;
 };
 
-class DiT {
+// Where a micro-batch's activations and backward scratch live in the model's arena (set by
+// DiT::BindActivations).
+struct DiTActivations {
+  struct BlockActs {
+    float *resid_in, *ada, *mean1, *rstd1, *mid, *mean2, *rstd2, *lse;
+    bf16 *mod1, *qkv, *attn, *proj, *mod2, *fc1_pre, *gelu, *fc2;
+    bf16 *qkv_t, *attn_t;  // a temporal block's qkv and attention, token-major, for the fused
+                           // kernels; else null (flash reads the frame-major ones in place)
+  };
+  // Inputs and what forward keeps.
+  float *in_x_ = nullptr, *in_t_ = nullptr, *in_target_ = nullptr, *in_x0_ = nullptr;
+  int32_t* in_y_ = nullptr;
+  SampleLoss* in_samples_ = nullptr;
+  double* loss_workspace_ = nullptr;
+  bf16 *patches_ = nullptr, *tfreq_ = nullptr, *t_act_ = nullptr, *silu_c_ = nullptr;
+  float *t_hidden_ = nullptr, *t_emb_ = nullptr, *c_ = nullptr;
+  std::vector<BlockActs> acts_;
+  float *resid_out_ = nullptr, *ada_f_ = nullptr, *meanf_ = nullptr, *rstdf_ = nullptr;
+  bf16* modf_ = nullptr;
+  float *final_out_ = nullptr, *out_ = nullptr, *loss_ = nullptr;
+  // Backward scratch.
+  float *d_out_ = nullptr, *d_final_ = nullptr, *d_resid_ = nullptr;
+  float *d_ada_[2] = {nullptr, nullptr}, *d_ada_f_ = nullptr, *norm_workspace_ = nullptr;
+  float* bias_scratch_ = nullptr;  // a bias gradient cuBLASLt's epilogue stores, before the add
+  float *d_silu_c_ = nullptr, *d_c_ = nullptr, *d_t_ = nullptr, *attn_workspace_ = nullptr;
+  bf16 *d_final_bf16_ = nullptr, *d_a_ = nullptr, *d_b_ = nullptr, *d_h_ = nullptr;
+  bf16 *d_qkv_ = nullptr, *d_ada_bf16_ = nullptr, *d_small_ = nullptr, *d_c_bf16_ = nullptr;
+  bf16 *d_attn_t_ = nullptr, *d_qkv_t_ = nullptr;  // a temporal block's, token-major
+};
+
+class DiT : private DiTActivations {
  public:
   struct Options {
     bool vb_loss = false;   // add the variational-bound term (learn_sigma models)
@@ -92,6 +122,13 @@ class DiT {
   size_t activation_bytes() const { return acts_buffer_.bytes(); }
   // Bytes of every device allocation this model holds (arenas, activations, workspaces).
   size_t device_bytes() const;
+  // What device_bytes() comes to for micro-batches of B, without a GPU (for the planner):
+  // the parameters' fp32 master and bf16 copy, gradients, AdamW moments, EMA and the fixed
+  // embeddings (StateBytes), and the activation arena (ActivationBytes). cuBLASLt's
+  // workspace and the CUDA context come on top.
+  static size_t StateBytes(const DiTConfig& config);
+  static size_t ActivationBytes(const DiTConfig& config, int B, const Options& options);
+  static size_t ActivationBytes(const DiTConfig& config, int B);  // the default options
 
   // Sets the master weights (and their bf16 copy), the EMA and AdamW's moments from host
   // arenas of the table's layout (null moments: zeros), and zeroes the gradients.
@@ -145,15 +182,17 @@ class DiT {
   void PoisonActivations();
 
  private:
-  struct BlockActs {
-    float *resid_in, *ada, *mean1, *rstd1, *mid, *mean2, *rstd2, *lse;
-    bf16 *mod1, *qkv, *attn, *proj, *mod2, *fc1_pre, *gelu, *fc2;
-    bf16 *qkv_t, *attn_t;  // a temporal block's qkv and attention, token-major, for the fused
-                           // kernels; else null (flash reads the frame-major ones in place)
+  // Which kernels the spatial (within a frame) and temporal (across frames) attention run:
+  // options.attention, where it takes the shapes.
+  struct AttentionChoice {
+    AttentionKernels spatial, temporal;
   };
-  // Binds every activation pointer into an arena at `base` (null: only counts); returns the
-  // bytes the arena needs. One list serves both, so layout and binding cannot disagree.
-  size_t BindActivations(unsigned char* base, int B);
+  static AttentionChoice ChooseAttention(const DiTConfig& config, const Options& options);
+  // Binds every activation pointer of `acts` into an arena at `base` (null: only counts);
+  // returns the bytes the arena needs. One list serves both, so layout and binding cannot
+  // disagree, and ActivationBytes counts what Reserve allocates.
+  static size_t BindActivations(const DiTConfig& config, AttentionChoice attention,
+                                unsigned char* base, int B, DiTActivations& acts);
   // A block's forward from its first norm's output (which the block before, or Forward for
   // block 0, computes) to the next layer's first norm, fused with the gated residual before it.
   void BlockForward(int l);
@@ -187,7 +226,8 @@ class DiT {
   void AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
                          const bf16* out, const float* lse, int B, int T);
   // Floats of attention workspace `kernels` take over B sequences of T tokens.
-  size_t AttentionWorkspace(AttentionKernels kernels, int B, int T) const;
+  static size_t AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels, int B,
+                                   int T);
   void Loss();
   void Backward();
 
@@ -206,30 +246,11 @@ class DiT {
   DeviceBuffer<float> temp_embed_;  // Latte's, frame f's row for each of its tokens [F, T, D]
 
   int batch_ = 0;
-  DeviceBuffer<unsigned char> acts_buffer_;
-  // Inputs and what forward keeps.
-  float *in_x_ = nullptr, *in_t_ = nullptr, *in_target_ = nullptr, *in_x0_ = nullptr;
-  int32_t* in_y_ = nullptr;
-  SampleLoss* in_samples_ = nullptr;
-  double* loss_workspace_ = nullptr;
-  bf16 *patches_ = nullptr, *tfreq_ = nullptr, *t_act_ = nullptr, *silu_c_ = nullptr;
-  float *t_hidden_ = nullptr, *t_emb_ = nullptr, *c_ = nullptr;
-  std::vector<BlockActs> acts_;
-  float *resid_out_ = nullptr, *ada_f_ = nullptr, *meanf_ = nullptr, *rstdf_ = nullptr;
-  bf16* modf_ = nullptr;
-  float *final_out_ = nullptr, *out_ = nullptr, *loss_ = nullptr;
-  // Backward scratch.
-  float *d_out_ = nullptr, *d_final_ = nullptr, *d_resid_ = nullptr;
-  float *d_ada_[2] = {nullptr, nullptr}, *d_ada_f_ = nullptr, *norm_workspace_ = nullptr;
-  float* bias_scratch_ = nullptr;  // a bias gradient cuBLASLt's epilogue stores, before the add
-  float *d_silu_c_ = nullptr, *d_c_ = nullptr, *d_t_ = nullptr, *attn_workspace_ = nullptr;
+  DeviceBuffer<unsigned char> acts_buffer_;  // the activations (DiTActivations point into it)
   // The kernels of the spatial (within a frame) and temporal (across frames) attention: gemm,
   // fused or flash.
   AttentionKernels spatial_attention_ = AttentionKernels::kFused;
   AttentionKernels temporal_attention_ = AttentionKernels::kFused;
-  bf16 *d_final_bf16_ = nullptr, *d_a_ = nullptr, *d_b_ = nullptr, *d_h_ = nullptr;
-  bf16 *d_qkv_ = nullptr, *d_ada_bf16_ = nullptr, *d_small_ = nullptr, *d_c_bf16_ = nullptr;
-  bf16 *d_attn_t_ = nullptr, *d_qkv_t_ = nullptr;  // a temporal block's, token-major
 
   StepGraph graph_;
   float grad_scale_ = 1.0f;  // the loss's, as the graph holds it

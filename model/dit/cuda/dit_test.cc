@@ -150,6 +150,35 @@ TEST(CudaDiTSupport, TakesXLAndRefusesRowsBeyondTheNormKernels) {
   EXPECT_NE(s.message().find("hidden sizes up to 8192"), std::string::npos) << s.message();
 }
 
+// What a model allocates is known without a GPU, to the byte: DiT-XL/2 as the H100 allocated it
+// (bench_cuda_dit's model_device_gib, 2026-11-27, docs/benchmarks.md), less what the fused
+// norm's backward workspace has shrunk by since (it ran at 16 rows a block, now 32), and
+// Latte-L/2 over 16 frames likewise.
+TEST(CudaDiTSupport, DeviceBytesWithoutAGpuAreWhatTheH100Allocated) {
+  const auto allocated = [](double gib) { return static_cast<size_t>(gib * (1u << 30)); };
+  const auto norm_workspace_shrank = [](const DiTConfig& c, int B) {
+    const int T = c.frames() * c.tokens();
+    return (GatedResidualNormWorkspace(B, T, c.hidden_size, 16) -
+            GatedResidualNormWorkspace(B, T, c.hidden_size)) *
+           sizeof(float);
+  };
+  const DiTConfig xl = DiTConfigByName("DiT-XL/2", 32).value();
+  for (const auto& [B, gib] : {std::pair{32, 23.977188535034657}, {128, 54.425120778381824}}) {
+    EXPECT_EQ(DiT::StateBytes(xl) + DiT::ActivationBytes(xl, B) + norm_workspace_shrank(xl, B),
+              allocated(gib))
+        << "micro-batch " << B;
+  }
+  DiTConfig latte = SizedConfigByName("Latte", "Latte-L/2", 32).value();
+  latte.video = true;
+  latte.num_frames = 16;
+  latte.num_classes = 0;
+  EXPECT_EQ(DiT::StateBytes(latte) + DiT::ActivationBytes(latte, 8) + norm_workspace_shrank(latte, 8),
+            allocated(40.37308640033007));
+  // The batched-GEMM attention keeps every head's scores: more than flash's.
+  EXPECT_GT(DiT::ActivationBytes(xl, 32, {.attention = AttentionKernels::kGemm, .flash = {}}),
+            DiT::ActivationBytes(xl, 32));
+}
+
 TEST(CudaDiTTest, TinyStepMatchesTheCpuModel) {
   DT_SKIP_WITHOUT_GPU();
   ExpectStepMatchesCpu(Tiny(), /*B=*/3);

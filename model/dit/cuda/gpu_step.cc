@@ -51,6 +51,11 @@ class CudaStep final : public CudaModelStep<cuda::DiT> {
 
 }  // namespace
 
+ModelFamily::GpuStepMemory DiTGpuStepBytes(const DiTConfig& dit, int B) {
+  // The step's options that change the arena are the attention's: the model's defaults.
+  return {cuda::DiT::StateBytes(dit), cuda::DiT::ActivationBytes(dit, B)};
+}
+
 Result<std::unique_ptr<GpuStep>> CreateDiTGpuStep(const TrainConfig& config, int device) {
   DT_ASSIGN_OR_RETURN(const cuda::DeviceProperties gpu, FindGpu(device));
   const DiTConfig dit = DiTConfigOf(config.model);

@@ -4,6 +4,8 @@
 #include <memory>
 
 #include "common/status.h"
+#include "model/dit/config.h"
+#include "model/family/family.h"
 #include "model/train/gpu_step.h"
 
 namespace difftrain {
@@ -12,5 +14,9 @@ namespace difftrain {
 // config.micro_batch; a GPU without room or without the attention's shared memory is an error
 // that says so.
 Result<std::unique_ptr<GpuStep>> CreateDiTGpuStep(const TrainConfig& config, int device);
+
+// What that step's model allocates for micro-batches of B (cuda::DiT::StateBytes and
+// ActivationBytes), without a GPU.
+ModelFamily::GpuStepMemory DiTGpuStepBytes(const DiTConfig& dit, int B);
 
 }  // namespace difftrain
