@@ -118,6 +118,7 @@ nlohmann::json ToJson(const PlanRequest& r, const PlannedLayout& p) {
             {"cp", t.cp},
             {"pp", t.pp},
             {"dp", t.dp},
+            {"optimizer", t.optimizer},
             {"total", t.total()}}},
           {"samples_per_second", samples_per_second},
           {"samples_per_second_per_device", samples_per_second / (r.nodes * r.devices_per_node)}};
@@ -128,7 +129,8 @@ std::string Why(const PlannedLayout& p) {
   const TimeEstimate& t = p.time;
   const std::pair<const char*, double> parts[] = {{"compute", t.compute}, {"bubble", t.bubble},
                                                   {"tp comm", t.tp},      {"cp comm", t.cp},
-                                                  {"pp comm", t.pp},      {"dp comm", t.dp}};
+                                                  {"pp comm", t.pp},      {"dp comm", t.dp},
+                                                  {"optimizer", t.optimizer}};
   std::string out;
   for (const auto& [name, seconds] : parts) {
     const double share = seconds / t.total();

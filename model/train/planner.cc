@@ -220,6 +220,15 @@ TimeEstimate PredictTime(const PlanRequest& r, const DiTConfig& c, const Layout&
            (kFloat * (s.N * s.D + s.B * s.D) / bandwidth(l.tp * l.cp * l.dp, l.pp) +
             d.latency_seconds);
   }
+  // The optimizer's pass, once per step, memory-bound: per parameter of the rank's share the
+  // GPU step moves 46 bytes (AdamW reading the fp32 gradient, master weight and moments and
+  // writing them back with the bf16 copy and the EMA, 38; the gradient norm's read, 4; the
+  // gradients' zeroing, 4). On an H100 that pass and the norm took 10.9 ms of DiT-XL/2's step
+  // (docs/benchmarks.md). Not modelled where the bandwidth is not (the CPU).
+  if (d.memory_bytes_per_second > 0) {
+    const int shards = l.zero1 ? l.dp * l.cp : 1;
+    t.optimizer = 46 * StageParameters(c, l, busiest) / shards / d.memory_bytes_per_second;
+  }
   // DP: the gradients averaged over the dp-cp group once per step (ZeRO-1's reduce-scatter
   // and all-gather move the same bytes as the all-reduce).
   const int group = l.dp * l.cp;
@@ -314,11 +323,6 @@ Result<DeviceSpec> DevicePreset(const std::string& name, int devices_per_node) {
   d.inter_node_bytes_per_second = 50e9;
   d.latency_seconds = 20e-6;
   if (name == "H100") {
-    // difftrain's own DiT-XL/2 step, measured there (2026-11-27, docs/benchmarks.md): 34.5% of
-    // the peak at 8,192 rows (micro-batch 32) and 41.4% at 32,768, optimizer included; 0.444 ·
-    // R / (R + 2,340) goes through both.
-    d.efficiency = 0.444;
-    d.half_efficiency_rows = 2340;
     d.memory_bytes_per_second = 3.35e12;
     d.peak_flops_per_second = 989e12;
     d.memory_bytes = 80 * kGiB;
@@ -409,15 +413,17 @@ Result<PlanRequest> WithGpuStepSizes(PlanRequest r) {
   return r;
 }
 
-// A data-parallel rank's memory as the family's GPU step allocates it (none without one).
-std::optional<MemoryEstimate> GpuStepMemory(const PlanRequest& r, const DiTConfig& c,
-                                            const Layout& l) {
+}  // namespace
+
+namespace planner {
+
+std::optional<MemoryEstimate> GpuStepMemory(const ModelSpec& model, int micro_batch,
+                                            double trainable) {
   const std::optional<ModelFamily::GpuStepMemory> bytes =
-      FamilyOf(r.model).GpuStepBytes(r.model, l.micro_batch);
+      FamilyOf(model).GpuStepBytes(model, micro_batch);
   if (!bytes) return std::nullopt;
   // The fp32 gradients, moments and EMA of every parameter; the rest of the state is the
   // fp32 master weights, their bf16 copy, the fixed embeddings and the norm's workspace.
-  const double trainable = StageParameters(c, l, 0);
   MemoryEstimate m;
   m.gradients = kFloat * trainable;
   m.optimizer = 2 * kFloat * trainable;
@@ -427,7 +433,7 @@ std::optional<MemoryEstimate> GpuStepMemory(const PlanRequest& r, const DiTConfi
   return m;
 }
 
-}  // namespace
+}  // namespace planner
 
 Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& request) {
   PlanRequest r = request;
@@ -470,7 +476,8 @@ Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& request) 
                 }
               }
               if (r.gpu_step) {
-                if (std::optional<MemoryEstimate> gpu = GpuStepMemory(r, c, p.layout)) {
+                if (std::optional<MemoryEstimate> gpu = planner::GpuStepMemory(
+                        r.model, micro, StageParameters(c, p.layout, 0))) {
                   p.memory = *gpu;
                 }
               }

@@ -80,7 +80,8 @@ struct TimeEstimate {
   double compute = 0;  // the micro-batches' forward and backward (and recomputation)
   double bubble = 0;   // pipeline fill and drain
   double tp = 0, cp = 0, pp = 0, dp = 0;  // communication of each group
-  double total() const { return compute + bubble + tp + cp + pp + dp; }
+  double optimizer = 0;  // the optimizer's pass over the rank's parameters (DiT and Latte)
+  double total() const { return compute + bubble + tp + cp + pp + dp + optimizer; }
 };
 
 // Blocks of pipeline stage `stage` when `depth` blocks are balanced over `pp` stages.

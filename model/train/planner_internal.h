@@ -57,4 +57,10 @@ Status CheckCommonRequest(const PlanRequest& r);
 Result<std::vector<PlannedLayout>> EnumerateUNetLayouts(const PlanRequest& r);
 MemoryEstimate PredictUNetMemory(const ModelSpec& model, const Layout& layout);
 
+// A data-parallel rank's memory as the family's GPU step allocates it at micro-batch
+// `micro_batch` (ModelFamily::GpuStepBytes), for `trainable` parameters; none where the build
+// has no GPU step for the family.
+std::optional<MemoryEstimate> GpuStepMemory(const ModelSpec& model, int micro_batch,
+                                            double trainable);
+
 }  // namespace difftrain::planner

@@ -127,6 +127,11 @@ Result<std::vector<PlannedLayout>> EnumerateUNetLayouts(const PlanRequest& r) {
         p.layout = {1, 1, 1, dp, micro, recompute, zero1};
         p.accumulation = per_replica / micro;
         p.memory = Memory(parameters, p.layout, recompute ? recomputed : stored);
+        if (r.gpu_step) {
+          if (std::optional<MemoryEstimate> gpu = GpuStepMemory(r.model, micro, parameters)) {
+            p.memory = *gpu;
+          }
+        }
         p.time.compute = p.accumulation * micro_seconds;
         if (dp > 1) {
           p.time.dp = AllReduceBytes(kFloat * parameters, dp) / bandwidth + d.latency_seconds;

@@ -156,6 +156,16 @@ class UNetFamilyImpl final : public ModelFamily {
     return NoCudaBackend();
 #endif
   }
+
+  std::optional<GpuStepMemory> GpuStepBytes(const ModelSpec& spec, int B) const override {
+#ifdef DIFFTRAIN_HAVE_CUDA
+    return UNetGpuStepBytes(UNetConfigOf(spec), B);
+#else
+    (void)spec;
+    (void)B;
+    return std::nullopt;
+#endif
+  }
 };
 
 }  // namespace

@@ -7,7 +7,9 @@
 
 #include "model/cuda/attention.h"
 #include "model/train/cuda/model_step.h"
+#include "model/cuda/train_state.h"
 #include "model/unet/cuda/unet.h"
+#include "model/unet/plan.h"
 #include "model/unet/family.h"
 
 namespace difftrain {
@@ -42,6 +44,11 @@ class UNetCudaStep final : public CudaModelStep<cuda::UNet> {
 };
 
 }  // namespace
+
+ModelFamily::GpuStepMemory UNetGpuStepBytes(const UNetConfig& unet, int B) {
+  return {cuda::TrainState::BytesFor(UNetPlan(unet).table.total()),
+          cuda::UNet::ActivationBytes(unet, B)};
+}
 
 Result<std::unique_ptr<GpuStep>> CreateUNetGpuStep(const TrainConfig& config, int device) {
   const UNetConfig unet = UNetConfigOf(config.model);

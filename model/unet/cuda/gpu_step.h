@@ -4,6 +4,8 @@
 #include <memory>
 
 #include "common/status.h"
+#include "model/family/family.h"
+#include "model/unet/config.h"
 #include "model/train/gpu_step.h"
 
 namespace difftrain {
@@ -12,5 +14,9 @@ namespace difftrain {
 // config.micro_batch; a UNet the kernels do not take, a GPU without room or without the
 // attention's shared memory is an error that says so.
 Result<std::unique_ptr<GpuStep>> CreateUNetGpuStep(const TrainConfig& config, int device);
+
+// What that step's model allocates for micro-batches of B (the training state and
+// cuda::UNet::ActivationBytes), without a GPU.
+ModelFamily::GpuStepMemory UNetGpuStepBytes(const UNetConfig& unet, int B);
 
 }  // namespace difftrain
