@@ -43,8 +43,8 @@ struct Options {
   bool no_graph = false;
   // flash[-pipelined][-wide], gemm or fused; the default is the model's (cuda::FlashVariant).
   std::string attention = "flash-pipelined-wide";
-  std::optional<int> frames;        // a Latte model's frames a video (its family's default: 16)
-  std::optional<int> num_classes;   // default: the config's own
+  std::optional<int> frames;       // a Latte model's frames a video (its family's default: 16)
+  std::optional<int> num_classes;  // default: the config's own
   double peak_tflops = 989;
 };
 

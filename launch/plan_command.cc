@@ -72,7 +72,8 @@ Result<PlanRequest> BuildRequest(const PlanOptions& o) {
   r.recompute = o.recompute;
   r.gpu_step = o.gpu_step;
   if (o.gpu_step && o.device == "cpu") {
-    return Errorf("--gpu-step plans train.device cuda: give a GPU --device (H100, H200, H20, A100)");
+    return Errorf(
+        "--gpu-step plans train.device cuda: give a GPU --device (H100, H200, H20, A100)");
   }
   Result<DeviceSpec> device = DevicePreset(o.device, o.devices_per_node);
   if (!device.ok()) return device.status().WithContext("--device");
@@ -127,10 +128,9 @@ nlohmann::json ToJson(const PlanRequest& r, const PlannedLayout& p) {
 // What dominates a candidate's predicted step, for the "why" column.
 std::string Why(const PlannedLayout& p) {
   const TimeEstimate& t = p.time;
-  const std::pair<const char*, double> parts[] = {{"compute", t.compute}, {"bubble", t.bubble},
-                                                  {"tp comm", t.tp},      {"cp comm", t.cp},
-                                                  {"pp comm", t.pp},      {"dp comm", t.dp},
-                                                  {"optimizer", t.optimizer}};
+  const std::pair<const char*, double> parts[] = {
+      {"compute", t.compute}, {"bubble", t.bubble}, {"tp comm", t.tp},         {"cp comm", t.cp},
+      {"pp comm", t.pp},      {"dp comm", t.dp},    {"optimizer", t.optimizer}};
   std::string out;
   for (const auto& [name, seconds] : parts) {
     const double share = seconds / t.total();

@@ -33,7 +33,6 @@ constexpr const char* kRequiredCustom[] = {"patch_size", "hidden_size", "depth",
 constexpr const char* kShapeFields[] = {"patch_size", "hidden_size", "depth", "num_heads",
                                         "mlp_ratio"};
 
-
 class TransformerFamily final : public ModelFamily {
  public:
   explicit TransformerFamily(TransformerFamilyKind kind) : k_(std::move(kind)) {}

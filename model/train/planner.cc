@@ -476,8 +476,8 @@ Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& request) 
                 }
               }
               if (r.gpu_step) {
-                if (std::optional<MemoryEstimate> gpu = planner::GpuStepMemory(
-                        r.model, micro, StageParameters(c, p.layout, 0))) {
+                if (std::optional<MemoryEstimate> gpu =
+                        planner::GpuStepMemory(r.model, micro, StageParameters(c, p.layout, 0))) {
                   p.memory = *gpu;
                 }
               }

@@ -378,10 +378,9 @@ void DiT::BlockForward(int l) {
   gemm_.Forward(k.qkv, k.mod1, W(o.qkv_w), W(o.qkv_b), N, D, 3 * D, Epilogue::kBias);
   if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
     // Across frames: B·T sequences of Fr frames, read from the frame-major qkv in place.
-    FlashAttentionForwardAcrossFrames(k.attn, k.lse, k.qkv, B, Fr, T, D, config_.num_heads,
-                                      options_.flash.stages,
-                                      options_.flash.wide_forward && FlashWideForwardFills(Fr),
-                                      stream_);
+    FlashAttentionForwardAcrossFrames(
+        k.attn, k.lse, k.qkv, B, Fr, T, D, config_.num_heads, options_.flash.stages,
+        options_.flash.wide_forward && FlashWideForwardFills(Fr), stream_);
   } else if (config_.temporal_block(l)) {
     // Across frames: B·T sequences of Fr frames, token-major.
     SwapAxes(k.qkv_t, k.qkv, B, Fr, T, 3 * D, stream_);

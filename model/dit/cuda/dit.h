@@ -226,8 +226,7 @@ class DiT : private DiTActivations {
   void AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
                          const bf16* out, const float* lse, int B, int T);
   // Floats of attention workspace `kernels` take over B sequences of T tokens.
-  static size_t AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels, int B,
-                                   int T);
+  static size_t AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels, int B, int T);
   void Loss();
   void Backward();
 

@@ -172,8 +172,9 @@ TEST(CudaDiTSupport, DeviceBytesWithoutAGpuAreWhatTheH100Allocated) {
   latte.video = true;
   latte.num_frames = 16;
   latte.num_classes = 0;
-  EXPECT_EQ(DiT::StateBytes(latte) + DiT::ActivationBytes(latte, 8) + norm_workspace_shrank(latte, 8),
-            allocated(40.37308640033007));
+  EXPECT_EQ(
+      DiT::StateBytes(latte) + DiT::ActivationBytes(latte, 8) + norm_workspace_shrank(latte, 8),
+      allocated(40.37308640033007));
   // The batched-GEMM attention keeps every head's scores: more than flash's.
   EXPECT_GT(DiT::ActivationBytes(xl, 32, {.attention = AttentionKernels::kGemm, .flash = {}}),
             DiT::ActivationBytes(xl, 32));

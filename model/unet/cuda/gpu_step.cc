@@ -6,11 +6,11 @@
 #include <algorithm>
 
 #include "model/cuda/attention.h"
-#include "model/train/cuda/model_step.h"
 #include "model/cuda/train_state.h"
+#include "model/train/cuda/model_step.h"
 #include "model/unet/cuda/unet.h"
-#include "model/unet/plan.h"
 #include "model/unet/family.h"
+#include "model/unet/plan.h"
 
 namespace difftrain {
 namespace {

@@ -5,8 +5,8 @@
 
 #include "common/status.h"
 #include "model/family/family.h"
-#include "model/unet/config.h"
 #include "model/train/gpu_step.h"
+#include "model/unet/config.h"
 
 namespace difftrain {
 
