@@ -53,7 +53,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-out=runs/cuda-bench
+out=${CUDA_BENCH_OUT:-runs/cuda-bench}  # the rows (results.jsonl) and each run's log
 mkdir -p "$out"
 results=$out/results.jsonl
 : >"$results"

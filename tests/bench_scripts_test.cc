@@ -7,6 +7,9 @@
 //   "difftrain::" that held half the step.
 // - bench/fastest_attention.py, which picks the flash variant bench/cuda_session.sh times in the
 //   whole step from bench_cuda_attention's lines.
+// - bench/cuda_dit.sh's flow from the GPU tests to the table, with stand-ins for the GPU
+//   programs that print what the real ones print on a GPU (this machine's would skip). An H100
+//   session lost its bench to a test program that printed no "note:" line.
 #include <fstream>
 #include <string>
 
@@ -125,6 +128,40 @@ TEST(FastestAttentionTest, NothingQualifiesIsAnExitOfOne) {
       RunScript("fastest_attention.py", "bench_cuda_attention: no usable GPU\n");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_EQ(r.output, "");
+}
+
+// Writes an executable shell script.
+void WriteScript(const std::string& path, const std::string& body) {
+  std::ofstream(path) << "#!/bin/sh\n" << body;
+  ASSERT_EQ(RunCommand("chmod +x " + ShellQuote(path)).exit_code, 0);
+}
+
+TEST(CudaDitScriptTest, TestProgramsWithoutNotesDoNotEndTheRun) {
+  TempDir dir("cuda-dit-script");
+  const std::string bin = dir.path() + "/bin";
+  ASSERT_EQ(RunCommand("mkdir -p " + ShellQuote(bin)).exit_code, 0);
+  // What a test program prints on a GPU: a summary, and perhaps the path it took.
+  WriteScript(bin + "/cuda_first_test", "echo '[  PASSED  ] 3 tests.'\n");
+  WriteScript(bin + "/cuda_second_test",
+              "echo 'note: bias gradient of N=8 I=8 O=8: in the GEMM epilogue (BGRADB)'\n"
+              "echo '[  PASSED  ] 2 tests.'\n");
+  // bench_cuda_dit's JSON row for the micro-batch and attention it is given.
+  WriteScript(bin + "/bench_cuda_dit", R"(while [ $# -gt 0 ]; do
+  case $1 in --micro-batch) b=$2 ;; --attention) a=$2 ;; esac
+  shift
+done
+printf '{"impl": "difftrain", "micro_batch": %s, "attention": "%s", "samples_per_s": 100.0, ' "$b" "$a"
+echo '"tflops": 71.2, "mfu": 0.072, "peak_mem_gib": 1.5}'
+)");
+  const CommandResult r = RunCommand(
+      "CUDA_BENCH_OUT=" + ShellQuote(dir.path() + "/out") + " bash " +
+      ShellQuote(std::string(DIFFTRAIN_SOURCE_DIR "/bench/cuda_dit.sh")) + " --prebuilt " +
+      ShellQuote(bin) + " --micro-batches 4 --steps 1 --attention flash --no-torch");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cuda_first_test: PASSED  ] 3 tests."), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("note: bias gradient of N=8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 4 | flash | 100.0 | 71 | 7.2% | 1.5 |"), std::string::npos)
+      << r.output;
 }
 
 }  // namespace
