@@ -126,11 +126,12 @@ fi
 
 # The model's flash kernels at DiT-XL/2's shapes (256 tokens, head dim 72, 32 × 16 heads), run
 # by bench_cuda_attention (which builds no DiT-XL/2 model: under ncu the whole step took ~15 s
-# a kernel on the H100; the attention bench's own time there is not yet measured), and the fused norm's backward at a DiT-XL/2 block's (bench_cuda_norms, 32 rows a
-# block, the default): the first launch of each, its achieved throughput against the SM's and
-# memory's, occupancy, memory traffic and what its warps wait on (an H100 session, 2026-11-27,
-# measured the two-stage flash kernels at 125-150 TFLOP/s of mma.sync work, and the norm's
-# backward at 1.9 TB/s against a copy's 3.0).
+# a kernel on the H100; the attention bench's own time there is not yet measured), and the
+# fused norm's backward at a DiT-XL/2 block's (bench_cuda_norms, 32 rows a block, the
+# default): the first launch of each, its achieved throughput against the SM's and memory's,
+# occupancy, memory traffic and what its warps wait on (an H100 session, 2026-11-27, measured
+# the two-stage flash kernels at 125-136 TFLOP/s forward and 95 backward, as FlashAttention
+# counts them, and the norm's backward at 1.9 TB/s against a copy's 3.0).
 kernel_sections() {
   local k sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
     --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis)
