@@ -6,8 +6,10 @@
 //                        [--kernels flash,flash-pipelined,gemm,fused] [--reps 30]
 //
 // Kernels: flash and flash-pipelined (one and two stages), flash-wide and flash-pipelined-wide
-// (their forward with two m-tiles a warp, the same backward), gemm (cuBLASLt batched GEMMs over
-// materialised scores) and fused (the wmma kernels).
+// (their forward with two m-tiles a warp, the same backward), flash-pipelined-wide-stored (that
+// forward, and the two-stage backward with dQ from the score gradients the dK/dV kernel stores:
+// FlashAttentionBackwardStored), gemm (cuBLASLt batched GEMMs over materialised scores) and fused
+// (the wmma kernels).
 //
 // For each kernel: the forward (out and lse from a packed qkv [B, T, 3·D]) and the backward
 // (dqkv from dout, given the forward's out and lse), each timed with CUDA events around one
@@ -17,7 +19,8 @@
 // with the first kernel's (relative L2): a kernel that computes something else is reported
 // ("matches_first": false in its row), and the program exits 1. One JSON line per kernel on stdout;
 // TFLOP/s counts the products FlashAttention counts, 2 in the forward (4·B·H·T²·hd FLOPs) and 5 in
-// the backward (the flash kernels compute 7: S and dP twice, for a backward without atomics).
+// the backward (the flash kernels compute 7: S and dP twice, for a backward without atomics; 5
+// with the stored score gradients, which go through memory instead).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -95,6 +98,7 @@ int Run(const Options& o) {
   const size_t n_lse = size_t(B) * H * T;
   const size_t workspace_floats = std::max(
       {cuda::AttentionBackwardWorkspace(B, T, D, H), cuda::FlashAttentionBackwardWorkspace(B, T, H),
+       cuda::FlashAttentionBackwardStoredWorkspace(B, T, T, H),
        cuda::GemmAttentionTakes(T, D, H) ? (cuda::GemmAttentionWorkspaceBytes(B, T, D, H) + 3) / 4
                                          : size_t{0}});
   DeviceBuffer<float> workspace(workspace_floats), lse(n_lse);
@@ -134,6 +138,14 @@ int Run(const Options& o) {
          cuda::FlashAttentionForwardWide(y, l, x, B, T, D, H, cuda::FlashStages::kTwo, stream);
        },
        pipelined_backward},
+      {"flash-pipelined-wide-stored",
+       [&](bf16* y, float* l, const bf16* x) {
+         cuda::FlashAttentionForwardWide(y, l, x, B, T, D, H, cuda::FlashStages::kTwo, stream);
+       },
+       [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
+         cuda::FlashAttentionBackwardStored(dx, dy, x, y, l, workspace.data(), B, T, D, H,
+                                            cuda::FlashStages::kTwo, stream);
+       }},
       {"fused",
        [&](bf16* y, float* l, const bf16* x) {
          cuda::AttentionForward(y, l, x, B, T, D, H, stream);
@@ -248,7 +260,8 @@ int main(int argc, char** argv) {
   app.add_option("--heads", o.heads, "heads H")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--kernels", o.kernels,
                  "comma-separated, the first the reference for the others' results: flash, "
-                 "flash-pipelined, flash-wide, flash-pipelined-wide, gemm, fused")
+                 "flash-pipelined, flash-wide, flash-pipelined-wide, flash-pipelined-wide-stored, "
+                 "gemm, fused")
       ->capture_default_str();
   app.add_option("--reps", o.reps, "timed runs of each")
       ->check(CLI::PositiveNumber)

@@ -41,8 +41,9 @@ struct Options {
   int warmup = 5;
   int steps = 20;
   bool no_graph = false;
-  // flash[-pipelined][-wide], gemm or fused; the default is the model's (cuda::FlashVariant).
-  std::string attention = "flash-pipelined-wide";
+  // flash[-pipelined][-wide][-stored], gemm or fused; the default is the model's
+  // (cuda::FlashVariant).
+  std::string attention = "flash-pipelined-wide-stored";
   std::optional<int> frames;       // a Latte model's frames a video (its family's default: 16)
   std::optional<int> num_classes;  // default: the config's own
   double peak_tflops = 989;
@@ -117,15 +118,16 @@ int Run(const Options& o) {
     initial.assign(reference.params(), reference.params() + reference.num_params());
   }
   // The ε-MSE alone, as the PyTorch side computes it.
-  // "flash[-pipelined][-wide]": the flash kernels' variant (cuda::FlashVariant).
+  // "flash[-pipelined][-wide][-stored]": the flash kernels' variant (cuda::FlashVariant).
   const bool flash = o.attention.rfind("flash", 0) == 0;
   const cuda::AttentionKernels attention = flash                    ? cuda::AttentionKernels::kFlash
                                            : o.attention == "fused" ? cuda::AttentionKernels::kFused
                                                                     : cuda::AttentionKernels::kGemm;
-  const cuda::FlashVariant variant{.stages = o.attention.find("pipelined") != std::string::npos
-                                                 ? cuda::FlashStages::kTwo
-                                                 : cuda::FlashStages::kOne,
-                                   .wide_forward = o.attention.find("wide") != std::string::npos};
+  const cuda::FlashVariant variant{
+      .stages = o.attention.find("pipelined") != std::string::npos ? cuda::FlashStages::kTwo
+                                                                   : cuda::FlashStages::kOne,
+      .wide_forward = o.attention.find("wide") != std::string::npos,
+      .stored_scores = o.attention.find("stored") != std::string::npos};
   cuda::DiT model(
       c, stream,
       {.vb_loss = false, .use_graph = !o.no_graph, .attention = attention, .flash = variant});
@@ -205,9 +207,11 @@ int main(int argc, char** argv) {
   app.add_option("--attention", o.attention,
                  "gemm: batched GEMMs in the spatial blocks; fused: the wmma kernels; flash: the "
                  "mma.sync flash kernels; flash-pipelined: those with double-buffered cp.async "
-                 "tile loads; -wide: the forward with two m-tiles a warp (model/dit/cuda/dit.h)")
-      ->check(CLI::IsMember(
-          {"gemm", "fused", "flash", "flash-pipelined", "flash-wide", "flash-pipelined-wide"}))
+                 "tile loads; -wide: the forward with two m-tiles a warp; -stored: the "
+                 "backward's dQ from stored score gradients (model/dit/cuda/dit.h)")
+      ->check(CLI::IsMember({"gemm", "fused", "flash", "flash-pipelined", "flash-wide",
+                             "flash-pipelined-wide", "flash-stored", "flash-pipelined-stored",
+                             "flash-wide-stored", "flash-pipelined-wide-stored"}))
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops, "the GPU's dense bf16 peak, for MFU")
       ->capture_default_str();

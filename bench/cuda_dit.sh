@@ -17,7 +17,7 @@
 #      the first attention of --attention.
 #
 #   bench/cuda_dit.sh [--model DiT-XL/2] [--micro-batches 32,64,128,256] [--steps 20]
-#                     [--peak-tflops 989] [--attention flash-pipelined-wide[,flash][,gemm]]
+#                     [--peak-tflops 989] [--attention flash-pipelined-wide-stored[,flash][,gemm]]
 #                     [--prebuilt DIR]
 #                     [--no-torch] [--torch-modes compile,eager] [--profile] [--keep-going]
 #
@@ -31,7 +31,7 @@ model=DiT-XL/2
 micro_batches=32,64,128,256
 steps=20
 peak=989
-attention=flash-pipelined-wide  # the model's default (model/dit/cuda/dit.h)
+attention=flash-pipelined-wide-stored  # the model's default (model/dit/cuda/dit.h)
 prebuilt=
 torch=1
 torch_modes=compile,eager

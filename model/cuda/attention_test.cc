@@ -65,12 +65,16 @@ std::vector<float> ReferenceLse(const std::vector<float>& qkv, int B, int T, int
 
 // Which kernels a check runs: the fused wmma kernels, the batched-GEMM path or the flash kernels
 // (one stage, or two: the *Pipelined functions).
-enum class Kernels { kFused, kGemm, kFlash, kFlashPipelined };
+// kFlashStored*: dQ from the stored score gradients (FlashAttentionBackwardStored), one stage or
+// two.
+enum class Kernels { kFused, kGemm, kFlash, kFlashPipelined, kFlashStored, kFlashStoredPipelined };
 const char* Name(Kernels k) {
-  return k == Kernels::kFused   ? " fused"
-         : k == Kernels::kGemm  ? " GEMM path"
-         : k == Kernels::kFlash ? " flash"
-                                : " flash, two stages";
+  return k == Kernels::kFused            ? " fused"
+         : k == Kernels::kGemm           ? " GEMM path"
+         : k == Kernels::kFlash          ? " flash"
+         : k == Kernels::kFlashStored    ? " flash, dQ from stored dS"
+         : k == Kernels::kFlashPipelined ? " flash, two stages"
+                                         : " flash, two stages, dQ from stored dS";
 }
 
 void CheckAttention(int B, int T, int D, int H, Kernels kernels = Kernels::kFused) {
@@ -110,6 +114,15 @@ void CheckAttention(int B, int T, int D, int H, Kernels kernels = Kernels::kFuse
     FlashAttentionForward(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
     FlashAttentionBackward(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(), lse_d.data(),
                            workspace.data(), B, T, D, H, nullptr);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+  } else if (kernels == Kernels::kFlashStored || kernels == Kernels::kFlashStoredPipelined) {
+    const bool two = kernels == Kernels::kFlashStoredPipelined;
+    DeviceBuffer<float> stored_workspace(FlashAttentionBackwardStoredWorkspace(B, T, T, H));
+    testing::Poison(stored_workspace);
+    FlashAttentionForwardPipelined(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
+    FlashAttentionBackwardStored(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
+                                 lse_d.data(), stored_workspace.data(), B, T, D, H,
+                                 two ? FlashStages::kTwo : FlashStages::kOne, nullptr);
     DT_CUDA_CHECK(cudaDeviceSynchronize());
   } else if (kernels == Kernels::kFlashPipelined) {
     FlashAttentionForwardPipelined(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
@@ -277,6 +290,14 @@ TEST(FlashAttentionTest, MatchesTheReference) {
     CheckCrossAttention(1, 64, 7, 40, 5, k);
     CheckCrossAttention(1, 16, 77, 256, 2, k);
   }
+  // dQ from the stored score gradients (self-attention): DiT-XL/2's heads, partial tiles at hd
+  // 64 and 128, one token.
+  for (const Kernels k : {Kernels::kFlashStored, Kernels::kFlashStoredPipelined}) {
+    CheckAttention(2, 256, 1152, 16, k);
+    CheckAttention(2, 100, 128, 2, k);
+    CheckAttention(1, 130, 256, 2, k);
+    CheckAttention(1, 1, 32, 2, k);
+  }
 }
 
 // DiT-XL/2's attention over four images (hd 72, T 256): a packed qkv and an output gradient
@@ -340,6 +361,45 @@ TEST(FlashAttentionTest, TwoStagesGiveTheOneStageBits) {
     const std::vector<float> got = lse.Download();
     EXPECT_EQ(0, std::memcmp(got.data(), lses[0].data(), got.size() * sizeof(float))) << "lse";
   }
+}
+
+// dQ from the stored score gradients: dK and dV are the recomputing backward's bits (storing
+// dSᵀ changes nothing else the dK/dV kernel does), dQ is within bf16 rounding of its dQ (the
+// same bf16 dS, up to the fp32 order of two products), and one stage and two agree bit for bit.
+TEST(FlashAttentionTest, StoredScoresGiveTheDkDvBits) {
+  DT_SKIP_WITHOUT_GPU();
+  using A = XL2Attention;
+  A a(35);
+  DeviceBuffer<bf16> out(A::kOut), recomputed(A::kQkv);
+  DeviceBuffer<float> lse(size_t(A::B) * A::H * A::T);
+  DeviceBuffer<float> workspace(FlashAttentionBackwardStoredWorkspace(A::B, A::T, A::T, A::H));
+  FlashAttentionForwardPipelined(out.data(), lse.data(), a.qkv.data(), A::B, A::T, A::D, A::H,
+                                 nullptr);
+  FlashAttentionBackwardPipelined(recomputed.data(), a.dout.data(), a.qkv.data(), out.data(),
+                                  lse.data(), a.workspace.data(), A::B, A::T, A::D, A::H, nullptr);
+  std::vector<bf16> stored[2];
+  for (const FlashStages stages : {FlashStages::kOne, FlashStages::kTwo}) {
+    DeviceBuffer<bf16> dqkv(A::kQkv);
+    testing::Poison(dqkv);
+    testing::Poison(workspace);
+    FlashAttentionBackwardStored(dqkv.data(), a.dout.data(), a.qkv.data(), out.data(), lse.data(),
+                                 workspace.data(), A::B, A::T, A::D, A::H, stages, nullptr);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+    stored[stages == FlashStages::kTwo] = dqkv.Download();
+  }
+  EXPECT_TRUE(SameBits(stored[0], stored[1])) << "one stage and two";
+  const std::vector<bf16> want = recomputed.Download();
+  // Per token, the D columns of q, then of k, then of v.
+  const auto part = [](const std::vector<bf16>& v, int p) {
+    std::vector<float> r;
+    for (size_t row = 0; row < size_t(A::B) * A::T; ++row)
+      for (int c = 0; c < A::D; ++c)
+        r.push_back(__bfloat162float(v[row * 3 * A::D + p * A::D + c]));
+    return r;
+  };
+  EXPECT_TRUE(part(stored[1], 1) == part(want, 1)) << "dk";
+  EXPECT_TRUE(part(stored[1], 2) == part(want, 2)) << "dv";
+  EXPECT_LE(testing::RelativeL2(part(stored[1], 0), part(want, 0)), 5e-3) << "dq";
 }
 
 // Latte's temporal attention read from the frame-major video in place gives the bits of the

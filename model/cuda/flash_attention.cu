@@ -35,9 +35,9 @@ template <int HDP, int kStages>
 __global__ void __launch_bounds__(flash::kThreads) FlashDqKernel(flash::BackwardArgs args) {
   flash::BackwardDq<HDP, DevicePrimitives, kStages>(args);
 }
-template <int HDP, int kStages>
+template <int HDP, int kStages, bool kStore>
 __global__ void __launch_bounds__(flash::kThreads) FlashDkvKernel(flash::BackwardArgs args) {
-  flash::BackwardDkv<HDP, DevicePrimitives, kStages>(args);
+  flash::BackwardDkv<HDP, DevicePrimitives, kStages, kStore>(args);
 }
 // The two-stage dK/dV kernel up to head dim 80 asks for 3 blocks an SM on sm_90 (at most 168
 // registers a thread). Without the bound it took 227 at hd 80: 2 blocks, 8 warps an SM, the
@@ -51,19 +51,26 @@ __global__ void __launch_bounds__(flash::kThreads) FlashDkvKernel(flash::Backwar
 #else
 #define DT_FLASH_DKV_BOUNDS __launch_bounds__(flash::kThreads, 3)
 #endif
-template <int HDP>
+template <int HDP, bool kStore>
 __global__ void DT_FLASH_DKV_BOUNDS FlashDkvThreeBlocksKernel(flash::BackwardArgs args) {
-  flash::BackwardDkv<HDP, DevicePrimitives, 2>(args);
+  flash::BackwardDkv<HDP, DevicePrimitives, 2, kStore>(args);
 }
 #undef DT_FLASH_DKV_BOUNDS
 template <int HDP, int kStages>
-constexpr bool kDkvThreeBlocks = kStages == 2 && HDP <= 80;
+__global__ void __launch_bounds__(flash::kThreads) FlashDqStoredKernel(flash::BackwardArgs args) {
+  flash::BackwardDqStored<HDP, DevicePrimitives, kStages>(args);
+}
 template <int HDP, int kStages>
+constexpr bool kDkvThreeBlocks = kStages == 2 && HDP <= 80;
+// kStore: storing the score gradients for FlashDqStoredKernel (ptxas, CUDA 13.0, sm_90: the
+// three-blocks kernel then spills 20 bytes at hd 80 and 4 at hd 64; the dQ kernel that reads
+// them takes 96 registers at hd 80, 64 at hd 64, against 156 and 144 for the recomputing one).
+template <int HDP, int kStages, bool kStore = false>
 constexpr auto DkvKernel() {
   if constexpr (kDkvThreeBlocks<HDP, kStages>) {
-    return &FlashDkvThreeBlocksKernel<HDP>;
+    return &FlashDkvThreeBlocksKernel<HDP, kStore>;
   } else {
-    return &FlashDkvKernel<HDP, kStages>;
+    return &FlashDkvKernel<HDP, kStages, kStore>;
   }
 }
 
@@ -153,6 +160,18 @@ size_t FlashAttentionBackwardWorkspace(int B, int Tq, int H) {
 }
 
 namespace {
+// Where the stored score gradients start in the workspace: after delta, 16-byte aligned.
+size_t StoredScoresOffset(int B, int Tq, int H) {
+  return (FlashAttentionBackwardWorkspace(B, Tq, H) + 3) / 4 * 4;
+}
+}  // namespace
+
+size_t FlashAttentionBackwardStoredWorkspace(int B, int Tq, int Tk, int H) {
+  const size_t scores = size_t(B) * H * flash::StoredScoresRows(Tk) * flash::StoredScoresRows(Tq);
+  return StoredScoresOffset(B, Tq, H) + (scores + 1) / 2;  // two bf16 a float
+}
+
+namespace {
 
 // Latte's temporal attention over a frame-major video qkv [B, F, T, 3·D]: B·T sequences (token n
 // of sample s is sequence s·T + n) of F positions a frame (T·3·D elements) apart; out [B, F, T,
@@ -197,8 +216,10 @@ void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                               B, stream);
 }
 
-// dq, dk, dv share q's, k's and v's layout (strides, inner offsets), dout out's.
-template <int kStages>
+// dq, dk, dv share q's, k's and v's layout (strides, inner offsets), dout out's. kStored: dQ
+// from the score gradients the dK/dV kernel stores in the workspace
+// (FlashAttentionBackwardStoredWorkspace).
+template <int kStages, bool kStored = false>
 void BackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const bf16* dout,
                 const bf16* out, const float* lse, float* workspace, int B, cudaStream_t stream) {
   const int Tq = in.Tq, Tk = in.Tk, D = in.D, H = in.H;
@@ -212,19 +233,37 @@ void BackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const b
   LaunchDelta({reinterpret_cast<const uint16_t*>(dout), reinterpret_cast<const uint16_t*>(out),
                delta, B, Tq, D, H, in.inner, in.o_stride, in.o_inner},
               stream);
-  const flash::BackwardArgs args{
+  flash::BackwardArgs args{
       in, reinterpret_cast<const uint16_t*>(dout), lse, delta, Bits(dq), Bits(dk), Bits(dv)};
+  if constexpr (kStored) {
+    args.ds = reinterpret_cast<uint16_t*>(workspace + StoredScoresOffset(B, Tq, H));
+    args.ds_rows = flash::StoredScoresRows(Tk);
+    args.ds_cols = flash::StoredScoresRows(Tq);
+  }
   flash::WithPaddedHeadDim(D / H, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
-    constexpr size_t kDq = flash::DqSmemBytes<HDP, kStages>();
+    constexpr size_t kDq =
+        kStored ? flash::DqStoredSmemBytes<HDP, kStages>() : flash::DqSmemBytes<HDP, kStages>();
     constexpr size_t kDkv = flash::DkvSmemBytes<HDP, kStages>();
-    constexpr auto dkv = DkvKernel<HDP, kStages>();
+    constexpr auto dq_kernel = [] {
+      if constexpr (kStored) {
+        return &FlashDqStoredKernel<HDP, kStages>;
+      } else {
+        return &FlashDqKernel<HDP, kStages>;
+      }
+    }();
+    constexpr auto dkv = DkvKernel<HDP, kStages, kStored>();
     static const bool allowed =
-        AllowSmem(FlashDqKernel<HDP, kStages>, kDq) &&
+        AllowSmem(dq_kernel, kDq) &&
         (kDkvThreeBlocks<HDP, kStages> ? AllowSmemForThreeBlocks(dkv, kDkv) : AllowSmem(dkv, kDkv));
     static_cast<void>(allowed);
-    Launch(FlashDqKernel<HDP, kStages>, args, Tq, H, B, kDq, stream);
-    Launch(dkv, args, Tk, H, B, kDkv, stream);
+    if constexpr (kStored) {
+      Launch(dkv, args, Tk, H, B, kDkv, stream);  // stores dSᵀ, which the dQ kernel reads
+      Launch(dq_kernel, args, Tq, H, B, kDq, stream);
+    } else {
+      Launch(dq_kernel, args, Tq, H, B, kDq, stream);
+      Launch(dkv, args, Tk, H, B, kDkv, stream);
+    }
   });
 }
 
@@ -301,6 +340,18 @@ void FlashAttentionBackwardPipelined(bf16* dqkv, const bf16* dout, const bf16* q
   const size_t stride = 3 * size_t(D);
   FlashAttentionBackwardPipelined(dqkv, dqkv + D, dqkv + 2 * D, dout, qkv, qkv + D, qkv + 2 * D,
                                   stride, stride, out, lse, workspace, B, T, T, D, H, stream);
+}
+
+void FlashAttentionBackwardStored(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                                  const float* lse, float* workspace, int B, int T, int D, int H,
+                                  FlashStages stages, cudaStream_t stream) {
+  const size_t stride = 3 * size_t(D);
+  const flash::Operands in = MakeOperands(qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H);
+  DT_CHECK(reinterpret_cast<uintptr_t>(workspace) % 16 == 0,
+           "the attention's workspace must be 16-byte aligned");
+  const auto backward =
+      stages == FlashStages::kTwo ? &BackwardOn<2, /*kStored=*/true> : &BackwardOn<1, true>;
+  backward(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, workspace, B, stream);
 }
 
 void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, int B, int F, int T,

@@ -63,6 +63,23 @@ constexpr bool FlashWideForwardFills(int Tq) {
 void FlashAttentionForwardWide(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
                                FlashStages stages, cudaStream_t stream);
 
+// The packed backward with dQ from the score gradients the dK/dV kernel stores (bf16 dSᵀ, per
+// sequence and head ⌈Tk⌉₆₄ × ⌈Tq⌉₆₄ of them, in the workspace after delta) instead of
+// recomputing S and dP: one tensor-core product a tile where the dQ kernel takes three, 5 in all
+// as FlashAttention-2 computes, instead of 7, for a round trip of the scores' gradients through
+// memory (64 MiB a layer for DiT-XL/2 at micro-batch 32). dK and dV are the other backward's bits;
+// dQ comes from the same bf16 dS (checked on the CPU emulator, model/simt/flash_attention_test.cc).
+// Written without a GPU: not yet timed. Where a model should take it: FlashStoredScoresPay (at
+// 16 frames the tiles would be 94% padding, and the recomputation is cheap).
+constexpr bool FlashStoredScoresPay(int Tq, int Tk) {
+  return Tq >= kFlashWideRows && Tk >= kFlashWideRows;
+}
+// Floats of the workspace it takes: delta, then the score gradients.
+size_t FlashAttentionBackwardStoredWorkspace(int B, int Tq, int Tk, int H);
+void FlashAttentionBackwardStored(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                                  const float* lse, float* workspace, int B, int T, int D, int H,
+                                  FlashStages stages, cudaStream_t stream);
+
 // Latte's temporal attention straight from a frame-major video's packed qkv [B, F, T, 3·D]:
 // each of the B·T token positions is a sequence across the F frames, without copying the
 // video token-major first. out (and dout) [B, F, T, D], dqkv like qkv; lse [B·T, H, F] and the

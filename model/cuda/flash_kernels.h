@@ -1,7 +1,7 @@
 // The flash-attention kernels' bodies, written once against warp primitives so that nvcc
-// compiles them for the GPU (model/cuda/flash_attention.cu, with device_primitives.cuh: ldmatrix and mma.sync in PTX) and
-// the CPU emulator runs them in every test run (model/simt: the same fragment layouts, element
-// by element). No CUDA header is needed here.
+// compiles them for the GPU (model/cuda/flash_attention.cu, with device_primitives.cuh: ldmatrix
+// and mma.sync in PTX) and the CPU emulator runs them in every test run (model/simt: the same
+// fragment layouts, element by element). No CUDA header is needed here.
 //
 // FlashAttention-2's scheme on mma.sync.m16n8k16 (bf16 in, fp32 accumulate): a block of 4 warps
 // owns 64 rows (queries, or keys for dK and dV), 16 a warp, and loops over tiles of the other
@@ -90,6 +90,12 @@ template <int HDP, int kStages = 1>
 constexpr size_t DkvSmemBytes() {
   return DqSmemBytes<HDP, kStages>() + kStages * 2 * InnerTile<HDP>() * sizeof(float);
 }
+// dQ from the stored score gradients: kStages tiles of k rows and of dSᵀ rows (a block's 64
+// queries wide).
+template <int HDP, int kStages = 1>
+constexpr size_t DqStoredSmemBytes() {
+  return size_t(kStages) * InnerTile<HDP>() * (Ld<HDP>() + Ld<kRows>()) * 2;
+}
 
 struct Operands {
   const uint16_t* q;  // bf16 bits
@@ -123,7 +129,18 @@ struct BackwardArgs {
   const float* delta;  // [B, H, Tq]: Σ_d dout·out over each head
   uint16_t* dq;        // q's row stride
   uint16_t *dk, *dv;   // k's and v's row stride
+  // The score gradients, stored by BackwardDkv<…, kStoreScores> and read by BackwardDqStored:
+  // dSᵀ = Pᵀ ∘ (dPᵀ − delta) (unscaled), bf16, per sequence and head a [ds_rows, ds_cols]
+  // row-major matrix (row = key, column = query), sequence b's head h at (b·H + h)·ds_rows·
+  // ds_cols; ds_rows = Tk and ds_cols = Tq rounded up to multiples of kRows (StoredScoresRows).
+  uint16_t* ds = nullptr;
+  int ds_rows = 0, ds_cols = 0;
 };
+
+// Tk or Tq rounded up to the rows a block owns: the stored score gradients' rows and columns.
+constexpr int StoredScoresRows(int T) {
+  return (T + kRows - 1) / kRows * kRows;
+}
 
 // The backward's preprocessing: delta[b, h, t] = Σ_d dout·out over head h of row (b, t) (dout
 // and out [B, T, D] bf16, delta [B, H, T] fp32). Grid (⌈B·T / kWarps⌉), one row a warp: a lane
@@ -204,6 +221,17 @@ DT_SIMT void LoadRows(uint16_t* tile, int tile_rows, const uint16_t* g, size_t s
 template <int HDP, class P>
 DT_SIMT void LoadA(uint32_t (&a)[4], const uint16_t* tile, int row0, int col0, int lane) {
   P::LdMatrixX4(a, tile + (row0 + (lane & 15)) * Ld<HDP>() + col0 + (lane >> 4) * 8);
+}
+
+// The A operand from a tile that holds A transposed (row = k, column = m: the stored dSᵀ):
+// rows row0 … row0+15, columns col0 … col0+15 of A. Matrix i of the x4 load is A's 8×8 block
+// (rows row0 + 8·(i&1), columns col0 + 8·(i>>1)), which the tile holds transposed at rows
+// col0 + 8·(i>>1) … and column row0 + 8·(i&1): lanes 8i … 8i+7 address those rows.
+template <int kLd, class P>
+DT_SIMT void LoadAFromTransposed(uint32_t (&a)[4], const uint16_t* tile, int row0, int col0,
+                                 int lane) {
+  P::LdMatrixX4Trans(
+      a, tile + (col0 + ((lane >> 4) << 3) + (lane & 7)) * kLd + row0 + ((lane >> 3) & 1) * 8);
 }
 
 // B operands of the n-tiles n0 … n0+7 (b[0], b[1]) and n0+8 … n0+15 (b[2], b[3]) over k0 … k0+15,
@@ -564,8 +592,10 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
 // ---------------------------------------------------------------------------------------------
 // Backward, dK and dV. Grid (⌈Tk/64⌉, H, B). Per query tile: Sᵀ = K_w·Qᵀ, dPᵀ = V_w·dOᵀ,
 // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (0 past Tk and Tq), dSᵀ = Pᵀ ∘ (dPᵀ − delta),
-// dV += Pᵀ·dO, dK += dSᵀ·Q; dK·scale at the end.
-template <int HDP, class P, int kStages = 1>
+// dV += Pᵀ·dO, dK += dSᵀ·Q; dK·scale at the end. kStoreScores: dSᵀ also to args.ds, for
+// BackwardDqStored (a separate instantiation: the stores cost the sm_90 three-blocks kernel a
+// few bytes of spills, which the plain one is spared).
+template <int HDP, class P, int kStages = 1, bool kStoreScores = false>
 DT_SIMT void BackwardDkv(const BackwardArgs& args) {
   constexpr int kT = InnerTile<HDP>(), kN = HDP / 8;
   constexpr bool kAsync = kStages == 2;
@@ -625,11 +655,76 @@ DT_SIMT void BackwardDkv(const BackwardArgs& args) {
     }
     MmaSB<HDP, kT, P>(dv, st, do_s, lane);
     MmaSB<HDP, kT, P>(dk, dpt, q_s, lane);
+    if constexpr (kStoreScores) {
+      // dSᵀ rounded to bf16 as MmaSB rounded it for dK: keys row0 + lane/4 (+8), every query
+      // of the tile (0 past Tk and Tq), so BackwardDqStored reads no unwritten element. After
+      // the products, when Pᵀ's registers are free (before them the sm_90 three-blocks kernel
+      // spilled 60 bytes at hd 80; here 20).
+      uint16_t* ds = args.ds + (size_t(at.b) * a.H + at.h) * args.ds_rows * args.ds_cols + q0;
+      DT_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        uint16_t* ds_row = ds + size_t(row0 + (lane >> 2) + 8 * r) * args.ds_cols + 2 * tq;
+        DT_UNROLL
+        for (int n = 0; n < kT / 8; ++n)
+          P::Store32(ds_row + n * 8, P::PackBf16x2(dpt[n][2 * r], dpt[n][2 * r + 1]));
+      }
+    }
     tiles.Done();
   }
   const float one[2] = {1.0f, 1.0f}, scale[2] = {a.scale, a.scale};
   StoreRows<HDP, P>(dk, scale, args.dk + kv_off, a.kv_stride, row0, a.Tk, hd, lane);
   StoreRows<HDP, P>(dv, one, args.dv + kv_off, a.kv_stride, row0, a.Tk, hd, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, dQ from the score gradients BackwardDkv stored (args.ds), which must have run
+// before. Grid (⌈Tq/64⌉, H, B). Per key tile: dQ += dS·K, with dS read through transposing
+// ldmatrix from the stored dSᵀ tile (the tile's keys × the block's 64 queries); dQ·scale at the
+// end. One product a tile where BackwardDq computes three (S and dP again), for a round trip
+// of the bf16 dSᵀ through memory.
+template <int HDP, class P, int kStages = 1>
+DT_SIMT void BackwardDqStored(const BackwardArgs& args) {
+  constexpr int kT = InnerTile<HDP>(), kN = HDP / 8;
+  constexpr bool kAsync = kStages == 2;
+  constexpr int kStage = kT * (Ld<HDP>() + Ld<kRows>());  // a stage's k rows, then its dSᵀ rows
+  const Operands& a = args.in;
+  uint16_t* smem = reinterpret_cast<uint16_t*>(P::Smem());
+  const Place at = Locate<P>(a);
+  const int lane = at.lane, warp = at.warp, q0 = at.first;
+  // The block's queries in the stored rows: columns q0 …, up to Tq rounded up to 8 (every
+  // column BackwardDkv wrote; 16-byte chunks), zeros after.
+  const uint16_t* ds_g = args.ds + (size_t(at.b) * a.H + at.h) * args.ds_rows * args.ds_cols + q0;
+  const int ds_valid = ((a.Tq + 7) / 8 * 8) - q0;
+  const TilePipeline<P, kStages> tiles{kT, a.Tk};
+  auto load = [&](int stage, int kv0) {
+    uint16_t* k_s = smem + stage * kStage;
+    LoadRows<HDP, P, kAsync>(k_s, kT, a.k + at.kv_off + kv0 * a.kv_stride, a.kv_stride, a.Tk - kv0,
+                             at.hd);
+    LoadRows<kRows, P, kAsync>(k_s + kT * Ld<HDP>(), kT, ds_g + size_t(kv0) * args.ds_cols,
+                               args.ds_cols, kT, ds_valid < kRows ? ds_valid : kRows);
+  };
+
+  tiles.Start(load);
+  float dq[kN][4] = {};
+  for (int kv0 = 0, t = 0; kv0 < a.Tk; kv0 += kT, ++t) {
+    const uint16_t* k_s = smem + tiles.Next(t, kv0, load) * kStage;
+    const uint16_t* ds_s = k_s + kT * Ld<HDP>();
+    DT_UNROLL
+    for (int j = 0; j < kT / 16; ++j) {
+      uint32_t ds[4];
+      LoadAFromTransposed<Ld<kRows>(), P>(ds, ds_s, warp * 16, j * 16, lane);
+      DT_UNROLL
+      for (int n = 0; n < HDP / 16; ++n) {
+        uint32_t b[4];
+        LoadB<HDP, P>(b, k_s, j * 16, n * 16, lane);
+        P::Mma(dq[2 * n], ds, b[0], b[1]);
+        P::Mma(dq[2 * n + 1], ds, b[2], b[3]);
+      }
+    }
+    tiles.Done();
+  }
+  const float scale[2] = {a.scale, a.scale};
+  StoreRows<HDP, P>(dq, scale, args.dq + at.q_off, a.q_stride, at.row0, a.Tq, at.hd, lane);
 }
 
 }  // namespace difftrain::flash

@@ -232,14 +232,25 @@ Gemm::Plan* Gemm::MakePlan(const Key& key, bool required) {
   const void* const kAlignedPlaceholder = reinterpret_cast<const void*>(uintptr_t{kAlignment});
   const bool has_bias =
       epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD) {
+    // D is bf16 here, and the bias gradient would default to D's type: ask for fp32 sums (the
+    // heuristic finds no algorithm where that is not supported, and the caller falls back).
+    const int32_t bias_type = CUDA_R_32F;
+    DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    DT_CUBLAS_CHECK(
+        Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                            &kAlignedPlaceholder, sizeof(kAlignedPlaceholder)));
+  }
   if (epilogue == CUBLASLT_EPILOGUE_BGRADB) {
     // The bias gradient it stores has C's type (fp32 here), the default.
     DT_CUBLAS_CHECK(
         Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                             &kAlignedPlaceholder, sizeof(kAlignedPlaceholder)));
   }
-  const bool has_aux =
-      epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
+  const bool has_aux = epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+                       epilogue == CUBLASLT_EPILOGUE_DGELU ||
+                       epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
   if (has_bias) {
     // Bias elements have D's type (bf16 here; see Forward(float*, ...) for fp32 D).
     const int32_t bias_type = CUDA_R_16BF;
@@ -440,6 +451,36 @@ void Gemm::BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int 
   DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, dout, plan.b, &beta,
                                       din, plan.c, din, plan.d, &plan.algo, workspace_.data(),
                                       plan.workspace_bytes, stream_));
+}
+
+void Gemm::BackwardInputGeluAndBias(bf16* din, float* dbias, const bf16* dout, const bf16* w, int N,
+                                    int I, int O, const bf16* gelu_pre, float* scratch) {
+  CheckShape(N, I, O);
+  DT_CHECK(gelu_pre != nullptr, "BackwardInputGeluAndBias needs the GELU input");
+  DT_CHECK(Aligned(din) && Aligned(dout) && Aligned(w) && Aligned(gelu_pre) && Aligned(scratch),
+           "GEMM pointers must be {}-byte aligned", kAlignment);
+  Plan* plan = TryPlanFor(Key{kBackwardInput, kOutBf16, N, I, O, CUBLASLT_EPILOGUE_DGELU_BGRAD, 1});
+  if (plan == nullptr) {
+    BackwardInput(din, dout, w, N, I, O, gelu_pre);
+    BiasGradient(dbias, din, N, I, stream_);
+    return;
+  }
+  // dinᵀ[I, N] = wᵀ · doutᵀ: D has m = I rows (din's columns) and n = N columns (its rows), and
+  // the BGRAD sums run along each row of D, over n: din's column sums, I of them.
+  SetEpiloguePointers(plan->desc, scratch, gelu_pre);
+  const float alpha = 1.0f, beta = 0.0f;
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan->desc, &alpha, w, plan->a, dout, plan->b, &beta,
+                                      din, plan->c, din, plan->d, &plan->algo, workspace_.data(),
+                                      plan->workspace_bytes, stream_));
+  constexpr unsigned kThreads = 256;
+  BiasGradientAddKernel<<<BlocksFor(I, kThreads), kThreads, 0, stream_>>>(dbias, scratch, I);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+bool Gemm::FusesGeluBiasGradient(int N, int I, int O) {
+  CheckShape(N, I, O);
+  return TryPlanFor(Key{kBackwardInput, kOutBf16, N, I, O, CUBLASLT_EPILOGUE_DGELU_BGRAD, 1}) !=
+         nullptr;
 }
 
 void Gemm::RunBatched(void* c, int out_type, const bf16* a, bool trans_a, const bf16* b,

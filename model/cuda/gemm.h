@@ -62,6 +62,16 @@ class Gemm {
   // from fc2's output gradient.
   void BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int I, int O,
                      const bf16* gelu_pre = nullptr);
+  // BackwardInput with gelu_pre, and dbias[I] += the column sums of din (the gradient of the
+  // GELU input: fc1's bias gradient): in the same GEMM's epilogue (cuBLASLt's DGELU_BGRAD, which
+  // reduces the epilogue's fp32 result over the product's n = N and stores the sums into
+  // `scratch` [I] fp32, then added to dbias) where cuBLASLt has an algorithm for it, else as
+  // BackwardInput followed by BiasGradient over din. Unlike BGRADB the reduction runs on values
+  // the epilogue already holds, so no second read of a matrix is needed.
+  void BackwardInputGeluAndBias(bf16* din, float* dbias, const bf16* dout, const bf16* w, int N,
+                                int I, int O, const bf16* gelu_pre, float* scratch);
+  // Whether BackwardInputGeluAndBias at this shape uses the epilogue (asks cuBLASLt once).
+  bool FusesGeluBiasGradient(int N, int I, int O);
 
   // `batch` row-major products side by side, for attention's per-head matrices: for each item
   // i, c_i[m, n] = alpha · op(a_i)[m, k] · op(b_i)[k, n] (written, not added), where the items

@@ -165,9 +165,14 @@ class GemmTest : public ::testing::Test {
     if (with_bias) expect(DownloadAsFloat(db), db0, want_db, "db");
   }
 
-  // din = dout · w, or (dout · w) ⊙ gelu'(pre) with a GELU pre-activation pre [N, I].
-  void CheckBackwardInput(int N, int I, int O, bool with_gelu, uint64_t seed) {
-    SCOPED_TRACE(::testing::Message() << "N=" << N << " I=" << I << " O=" << O);
+  // din = dout · w, or (dout · w) ⊙ gelu'(pre) with a GELU pre-activation pre [N, I]; with the
+  // bias (BackwardInputGeluAndBias, with_gelu only), db from known values must come back as
+  // db₀ + din's column sums.
+  void CheckBackwardInput(int N, int I, int O, bool with_gelu, uint64_t seed,
+                          bool with_bias = false) {
+    SCOPED_TRACE(::testing::Message()
+                 << "N=" << N << " I=" << I << " O=" << O << (with_bias ? ", with the bias" : ""));
+    ASSERT_TRUE(with_gelu || !with_bias) << "the bias gradient comes with the GELU epilogue";
     const Operands x(N, I, O, seed);
     const std::vector<float> pre = RandomBf16(size_t(N) * I, seed + 20, 1.5);
     const std::vector<double> dout = ToDouble(x.dout), w = ToDouble(x.w);
@@ -185,8 +190,36 @@ class GemmTest : public ::testing::Test {
     DeviceBuffer<bf16> d_pre = UploadBf16(pre), din(size_t(N) * I);
     Poison(din);
     Gemm gemm(stream_);
-    gemm.BackwardInput(din.data(), d_dout.data(), d_w.data(), N, I, O,
-                       with_gelu ? d_pre.data() : nullptr);
+    if (with_bias) {
+      const std::vector<float> db0 = RandomVector(size_t(I), seed + 21, 3.0);
+      std::vector<double> want_db(db0.begin(), db0.end());
+      for (int r = 0; r < N; ++r)
+        for (int i = 0; i < I; ++i)
+          want_db[i] += want[size_t(r) * I + i];
+      DeviceBuffer<float> db = UploadFloat(db0), scratch(I);
+      Poison(scratch);
+      gemm.BackwardInputGeluAndBias(din.data(), db.data(), d_dout.data(), d_w.data(), N, I, O,
+                                    d_pre.data(), scratch.data());
+      const bool fused = gemm.FusesGeluBiasGradient(N, I, O);
+      std::printf("note: GELU input's bias gradient of N=%d I=%d O=%d: %s\n", N, I, O,
+                  fused ? "in the GEMM's epilogue (DGELU_BGRAD)"
+                        : "by BiasGradient over din (no DGELU_BGRAD algorithm)");
+      Sync();
+      // The epilogue sums the fp32 values before they are rounded to bf16; the fallback sums
+      // din as stored, whose rounding (2⁻⁹ an element) the sum's cancellations can magnify.
+      const double tolerance = fused ? kFloatTolerance : kBf16Tolerance;
+      const std::vector<float> got_db = DownloadAsFloat(db);
+      std::vector<float> got_delta(I), want_delta(I);
+      for (int i = 0; i < I; ++i) {
+        got_delta[i] = got_db[i] - db0[i];
+        want_delta[i] = static_cast<float>(want_db[i] - db0[i]);
+      }
+      EXPECT_LE(RelativeL2(got_delta, want_delta), tolerance) << "db, the increment";
+      EXPECT_LE(RelativeL2(got_db, ToFloat(want_db)), tolerance) << "db";
+    } else {
+      gemm.BackwardInput(din.data(), d_dout.data(), d_w.data(), N, I, O,
+                         with_gelu ? d_pre.data() : nullptr);
+    }
     Sync();
     EXPECT_LE(RelativeL2(DownloadAsFloat(din), ToFloat(want)), kBf16Tolerance);
   }
@@ -216,6 +249,7 @@ TEST_F(GemmTest, BackwardSmall) {
   CheckBackwardWeight(kSmallN, kSmallI, kSmallO, 155, /*with_bias=*/true);
   CheckBackwardInput(kSmallN, kSmallI, kSmallO, /*with_gelu=*/false, 160);
   CheckBackwardInput(kSmallN, kSmallI, kSmallO, /*with_gelu=*/true, 170);
+  CheckBackwardInput(kSmallN, kSmallI, kSmallO, /*with_gelu=*/true, 175, /*with_bias=*/true);
 }
 
 TEST_F(GemmTest, QkvForwardAndBackward) {
@@ -233,6 +267,7 @@ TEST_F(GemmTest, Fc1ForwardBiasGeluAndBackwardWithBias) {
 // fc2's input gradient straight to fc1's pre-activation: fc2 maps I = 4608 → O = 1152.
 TEST_F(GemmTest, Fc2BackwardInputThroughGelu) {
   CheckBackwardInput(kTokens, kMlp, kHidden, /*with_gelu=*/true, 400);
+  CheckBackwardInput(kTokens, kMlp, kHidden, /*with_gelu=*/true, 405, /*with_bias=*/true);
   CheckBackwardWeight(kTokens, kMlp, kHidden, 410);
 }
 

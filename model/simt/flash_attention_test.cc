@@ -120,11 +120,17 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
     std::vector<uint16_t> out;
     std::vector<float> lse;
     std::vector<uint16_t> dq, dkv_own;
+    // The same gradients with dQ from the stored score gradients (BackwardDkv storing dSᵀ, then
+    // BackwardDqStored).
+    std::vector<uint16_t> dq_stored, dkv_stored_own;
   };
   // The three kernels with kStages stages, every output starting as NaN.
   auto run = [&](auto stages) {
     constexpr int kStages = decltype(stages)::value;
-    Outputs o{std::vector<uint16_t>(out_ref.size(), kNaN), std::vector<float>(lse_ref.size(), NAN),
+    Outputs o{std::vector<uint16_t>(out_ref.size(), kNaN),
+              std::vector<float>(lse_ref.size(), NAN),
+              std::vector<uint16_t>(x.bits.size(), kNaN),
+              std::vector<uint16_t>(s.packed ? 0 : kv.bits.size(), kNaN),
               std::vector<uint16_t>(x.bits.size(), kNaN),
               std::vector<uint16_t>(s.packed ? 0 : kv.bits.size(), kNaN)};
     std::vector<uint16_t>& out = o.out;
@@ -165,6 +171,21 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
                flash::DqSmemBytes<HDP, kStages>());
       Run<HDP>(&flash::BackwardDkv<HDP, simt::Primitives, kStages>, args, s.Tk, s.H, s.B,
                flash::DkvSmemBytes<HDP, kStages>());
+      // dSᵀ starts as NaN: BackwardDqStored reading an element BackwardDkv did not write would
+      // make dq NaN.
+      std::vector<uint16_t>& dkv_stored = s.packed ? o.dq_stored : o.dkv_stored_own;
+      flash::BackwardArgs stored = args;
+      stored.dq = o.dq_stored.data();
+      stored.dk = dkv_stored.data() + k_col;
+      stored.dv = dkv_stored.data() + v_col;
+      stored.ds_rows = flash::StoredScoresRows(s.Tk);
+      stored.ds_cols = flash::StoredScoresRows(s.Tq);
+      std::vector<uint16_t> ds(size_t(s.B) * s.H * stored.ds_rows * stored.ds_cols, kNaN);
+      stored.ds = ds.data();
+      Run<HDP>(&flash::BackwardDkv<HDP, simt::Primitives, kStages, /*kStoreScores=*/true>, stored,
+               s.Tk, s.H, s.B, flash::DkvSmemBytes<HDP, kStages>());
+      Run<HDP>(&flash::BackwardDqStored<HDP, simt::Primitives, kStages>, stored, s.Tq, s.H, s.B,
+               flash::DqStoredSmemBytes<HDP, kStages>());
     });
     return o;
   };
@@ -174,6 +195,8 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
   // Double-buffered loads change when tiles arrive, not what is computed: the same bits.
   EXPECT_TRUE(one.out == two.out && one.dq == two.dq && one.dkv_own == two.dkv_own)
       << "the two-stage kernels' outputs differ from the one-stage kernels'";
+  EXPECT_TRUE(one.dq_stored == two.dq_stored && one.dkv_stored_own == two.dkv_stored_own)
+      << "dQ from the stored score gradients: two stages differ from one";
   EXPECT_EQ(std::memcmp(one.lse.data(), two.lse.data(), one.lse.size() * sizeof(float)), 0)
       << "lse";
   // The forward with two m-tiles a warp, with one stage and two: each row's arithmetic is the
@@ -222,6 +245,20 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
   EXPECT_LT(RelativeL2(columns(dkv_got, s.Tk, ldkv, v_col), columns(dkv_ref, s.Tk, ldkv, v_col)),
             1e-2)
       << "dv";
+
+  // Storing dSᵀ leaves dK and dV as they were, bit for bit; dQ from it against the reference.
+  const std::vector<double> dq_stored = ToDouble(one.dq_stored);
+  const std::vector<double> dkv_stored = ToDouble(s.packed ? one.dq_stored : one.dkv_stored_own);
+  for (const size_t col : {k_col, v_col}) {
+    EXPECT_TRUE(columns(dkv_stored, s.Tk, ldkv, col) == columns(dkv_got, s.Tk, ldkv, col))
+        << (col == k_col ? "dk" : "dv") << " with dSᵀ stored";
+  }
+  EXPECT_LT(RelativeL2(columns(dq_stored, s.Tq, ldq, 0), columns(dq_ref, s.Tq, ldq, 0)), 1e-2)
+      << "dq from the stored score gradients";
+  // And close to the recomputing kernel's: the same bf16 dS (up to the fp32 order of S and dP's
+  // products, K·Qᵀ there, Q·Kᵀ here), so well inside bf16's rounding of dq.
+  EXPECT_LT(RelativeL2(columns(dq_stored, s.Tq, ldq, 0), columns(dq_got, s.Tq, ldq, 0)), 5e-3)
+      << "dq from the stored score gradients against BackwardDq's";
 }
 
 // DiT-XL/2's head dim (72, padded to 80) over more than two tiles and a partial one.

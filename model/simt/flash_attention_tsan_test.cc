@@ -40,7 +40,8 @@ std::vector<uint16_t> Random(size_t n, uint64_t seed) {
   return v;
 }
 
-enum class Kernel { kForward, kDq, kDkv, kForwardWide };  // wide: two m-tiles a warp
+// wide: two m-tiles a warp; dQ stored: dQ from stored score gradients (random values here).
+enum class Kernel { kForward, kDq, kDkv, kForwardWide, kDqStored };
 
 // Runs one kernel (q [B, Tq, D], k and v in one [B, Tk, 2·D]) with `stages` stages (1, or 2:
 // double-buffered) and `drop` as the dropped barrier; the number of races reported.
@@ -62,8 +63,15 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
                            s.H,
                            1.0f / std::sqrt(float(hd))};
   const flash::ForwardArgs forward{in, out.data(), lse.data()};
-  const flash::BackwardArgs backward{in,        dout.data(), lse.data(),      delta.data(),
-                                     dq.data(), dkv.data(),  dkv.data() + s.D};
+  flash::BackwardArgs backward{in,        dout.data(), lse.data(),      delta.data(),
+                               dq.data(), dkv.data(),  dkv.data() + s.D};
+  std::vector<uint16_t> ds;
+  if (kernel == Kernel::kDqStored) {
+    backward.ds_rows = flash::StoredScoresRows(s.Tk);
+    backward.ds_cols = flash::StoredScoresRows(s.Tq);
+    ds = Random(size_t(s.B) * s.H * backward.ds_rows * backward.ds_cols, 4);
+    backward.ds = ds.data();
+  }
   using P = DroppingPrimitives;
   P::drop = drop;
   const int before = g_tsan_reports;
@@ -90,6 +98,10 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
                      flash::ForwardSmemBytes<HDP, kStages, 2>(),
                      [&] { flash::Forward<HDP, P, kStages, 2>(forward); });
         break;
+      case Kernel::kDqStored:
+        simt::Launch(grid(s.Tq), flash::kThreads, flash::DqStoredSmemBytes<HDP, kStages>(),
+                     [&] { flash::BackwardDqStored<HDP, P, kStages>(backward); });
+        break;
     }
   };
   flash::WithPaddedHeadDim(hd, [&](auto padded) {
@@ -104,13 +116,15 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
 }
 
 const char* Name(Kernel k) {
-  return k == Kernel::kForward ? "forward"
-         : k == Kernel::kDq    ? "dQ"
-         : k == Kernel::kDkv   ? "dK/dV"
-                               : "forward, two m-tiles a warp";
+  return k == Kernel::kForward    ? "forward"
+         : k == Kernel::kDq       ? "dQ"
+         : k == Kernel::kDkv      ? "dK/dV"
+         : k == Kernel::kDqStored ? "dQ from stored score gradients"
+                                  : "forward, two m-tiles a warp";
 }
 
-constexpr Kernel kKernels[] = {Kernel::kForward, Kernel::kDq, Kernel::kDkv, Kernel::kForwardWide};
+constexpr Kernel kKernels[] = {Kernel::kForward, Kernel::kDq, Kernel::kDkv, Kernel::kForwardWide,
+                               Kernel::kDqStored};
 
 // Each tile size: head dim 72 (padded to 80, 64-row tiles) over two tiles, one partial; 64
 // with fewer keys than a tile, over two heads; 128 (32-row tiles) over three tiles.

@@ -147,7 +147,10 @@ DiT::AttentionChoice DiT::ChooseAttention(const DiTConfig& config, const Options
       !GemmAttentionTakes(config.tokens(), config.hidden_size, config.num_heads)) {
     choice.spatial = AttentionKernels::kFused;
   }
-  if (options.attention == AttentionKernels::kFlash) choice.temporal = AttentionKernels::kFlash;
+  if (options.attention == AttentionKernels::kFlash) {
+    choice.temporal = AttentionKernels::kFlash;
+    choice.stored_scores = options.flash.stored_scores;
+  }
   return choice;
 }
 
@@ -232,13 +235,14 @@ size_t DiT::BindActivations(const DiTConfig& c, AttentionChoice attention, unsig
   a.Take(acts.d_h_, N * M);
   a.Take(acts.d_qkv_, N * 3 * D);
   // One attention workspace serves both directions of every block, in floats.
-  size_t workspace = AttentionWorkspace(c, attention.spatial, BF, T);
+  size_t workspace = AttentionWorkspace(c, attention.spatial, attention.stored_scores, BF, T);
   if (c.video) {
     if (attention.temporal != AttentionKernels::kFlash) {
       a.Take(acts.d_attn_t_, N * D);
       a.Take(acts.d_qkv_t_, N * 3 * D);
     }
-    workspace = std::max(workspace, AttentionWorkspace(c, attention.temporal, B * T, Fr));
+    // Across frames the backward always recomputes (FlashAttentionBackwardAcrossFrames).
+    workspace = std::max(workspace, AttentionWorkspace(c, attention.temporal, false, B * T, Fr));
   }
   a.Take(acts.attn_workspace_, workspace);
   return a.bytes();
@@ -257,8 +261,7 @@ Status DiT::Reserve(int B) {
     return acts.status().WithContext(fmt::format("the activations of a micro-batch of {}", B));
   }
   acts_buffer_ = std::move(acts).value();
-  BindActivations(config_, {spatial_attention_, temporal_attention_}, acts_buffer_.data(), B,
-                  *this);
+  BindActivations(config_, ChooseAttention(config_, options_), acts_buffer_.data(), B, *this);
   batch_ = B;
   UploadUnweightedSamples(in_samples_, size_t(B) * config_.frames(), stream_);
   return Status::Ok();
@@ -344,6 +347,10 @@ void DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* do
       return cuda::AttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
                                      stream_);
     case AttentionKernels::kFlash:
+      if (options_.flash.stored_scores && FlashStoredScoresPay(T, T)) {
+        return FlashAttentionBackwardStored(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
+                                            options_.flash.stages, stream_);
+      }
       if (options_.flash.stages == FlashStages::kTwo) {
         return FlashAttentionBackwardPipelined(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D,
                                                H, stream_);
@@ -353,7 +360,8 @@ void DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* do
   }
 }
 
-size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels, int B, int T) {
+size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels,
+                               bool stored_scores, int B, int T) {
   const int D = config.hidden_size, H = config.num_heads;
   switch (kernels) {
     case AttentionKernels::kGemm:
@@ -361,7 +369,9 @@ size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels
     case AttentionKernels::kFused:
       return AttentionBackwardWorkspace(B, T, D, H);
     case AttentionKernels::kFlash:
-      return FlashAttentionBackwardWorkspace(B, T, H);
+      return stored_scores && FlashStoredScoresPay(T, T)
+                 ? FlashAttentionBackwardStoredWorkspace(B, T, T, H)
+                 : FlashAttentionBackwardWorkspace(B, T, H);
   }
   return 0;
 }
@@ -512,9 +522,11 @@ void DiT::BlockBackward(int l) {
   // MLP branch: out = mid + gate_mlp · fc2. NormBackward(l + 1) left fc2's output gradient in
   // d_a_ and added its bias gradient; the stream's gradient passes through unchanged.
   gemm_.BackwardWeight(G(o.fc2_w), d_a_, k.gelu, N, M, D);
-  // fc2's input gradient times gelu'(fc1's pre-activation), fused in the epilogue.
-  gemm_.BackwardInput(d_h_, d_a_, W(o.fc2_w), N, M, D, k.fc1_pre);
-  gemm_.BackwardWeightAndBias(G(o.fc1_w), G(o.fc1_b), d_h_, k.mod2, N, D, M, bias_scratch_);
+  // fc2's input gradient times gelu'(fc1's pre-activation), and its column sums (fc1's bias
+  // gradient), fused in the epilogue.
+  gemm_.BackwardInputGeluAndBias(d_h_, G(o.fc1_b), d_a_, W(o.fc2_w), N, M, D, k.fc1_pre,
+                                 bias_scratch_);
+  gemm_.BackwardWeight(G(o.fc1_w), d_h_, k.mod2, N, D, M);
   gemm_.BackwardInput(d_a_, d_h_, W(o.fc1_w), N, D, M);
   // norm2 and the attention branch's gated residual, mid = x + gate_msa · proj, in one pass:
   // proj's output gradient over norm2's input gradient in d_a_, and proj's bias gradient.

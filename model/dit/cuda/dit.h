@@ -56,9 +56,15 @@ enum class AttentionKernels { kGemm, kFused, kFlash };
 // FlashWideForwardFills; Latte's temporal attention over 16 frames does not). All give the same
 // bits. The default, two stages and the wide forward, made DiT-XL/2's step 1.05x (micro-batch
 // 32) and 1.04x (128) one stage and one m-tile on an H100 (docs/benchmarks.md).
+//
+// stored_scores: the backward's dQ from the score gradients the dK/dV kernel stores
+// (FlashAttentionBackwardStored: 5 tensor-core products instead of 7, for a round trip of dS
+// through memory), taken only where sequences are long (FlashStoredScoresPay). Written without
+// a GPU and checked on the CPU emulator; the default until an H100 times it against recomputing.
 struct FlashVariant {
   FlashStages stages = FlashStages::kTwo;
   bool wide_forward = true;
+  bool stored_scores = true;
 };
 
 // Where a micro-batch's activations and backward scratch live in the model's arena (set by
@@ -186,6 +192,7 @@ class DiT : private DiTActivations {
   // options.attention, where it takes the shapes.
   struct AttentionChoice {
     AttentionKernels spatial, temporal;
+    bool stored_scores = false;  // flash: FlashVariant::stored_scores
   };
   static AttentionChoice ChooseAttention(const DiTConfig& config, const Options& options);
   // Binds every activation pointer of `acts` into an arena at `base` (null: only counts);
@@ -225,8 +232,10 @@ class DiT : private DiTActivations {
                         int T);
   void AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
                          const bf16* out, const float* lse, int B, int T);
-  // Floats of attention workspace `kernels` take over B sequences of T tokens.
-  static size_t AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels, int B, int T);
+  // Floats of attention workspace `kernels` take over B sequences of T tokens (with
+  // stored_scores, flash's dQ from stored score gradients where they pay).
+  static size_t AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels,
+                                   bool stored_scores, int B, int T);
   void Loss();
   void Backward();
 

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "model/cuda/testing.h"
@@ -153,28 +155,40 @@ TEST(CudaDiTSupport, TakesXLAndRefusesRowsBeyondTheNormKernels) {
 // What a model allocates is known without a GPU, to the byte: DiT-XL/2 as the H100 allocated it
 // (bench_cuda_dit's model_device_gib, 2026-11-27, docs/benchmarks.md), less what the fused
 // norm's backward workspace has shrunk by since (it ran at 16 rows a block, now 32), and
-// Latte-L/2 over 16 frames likewise.
+// Latte-L/2 over 16 frames likewise; and plus what the flash backward's workspace has grown by
+// since, by the score gradients it now stores (FlashVariant::stored_scores: the spatial
+// attention's 256 tokens take it, Latte's 16 frames do not), the arena's last slice.
 TEST(CudaDiTSupport, DeviceBytesWithoutAGpuAreWhatTheH100Allocated) {
   const auto allocated = [](double gib) { return static_cast<size_t>(gib * (1u << 30)); };
-  const auto norm_workspace_shrank = [](const DiTConfig& c, int B) {
-    const int T = c.frames() * c.tokens();
-    return (GatedResidualNormWorkspace(B, T, c.hidden_size, 16) -
-            GatedResidualNormWorkspace(B, T, c.hidden_size)) *
-           sizeof(float);
+  const auto since = [](const DiTConfig& c, int B) {
+    const int T = c.frames() * c.tokens(), H = c.num_heads, F = c.frames(), BF = B * F;
+    const size_t norm_shrank = (GatedResidualNormWorkspace(B, T, c.hidden_size, 16) -
+                                GatedResidualNormWorkspace(B, T, c.hidden_size)) *
+                               sizeof(float);
+    const size_t then =
+        std::max(FlashAttentionBackwardWorkspace(BF, c.tokens(), H),
+                 c.video ? FlashAttentionBackwardWorkspace(B * c.tokens(), F, H) : size_t{0});
+    const size_t now = FlashAttentionBackwardStoredWorkspace(BF, c.tokens(), c.tokens(), H);
+    return static_cast<std::ptrdiff_t>(norm_shrank) -
+           static_cast<std::ptrdiff_t>((now - then) * sizeof(float));
   };
   const DiTConfig xl = DiTConfigByName("DiT-XL/2", 32).value();
   for (const auto& [B, gib] : {std::pair{32, 23.977188535034657}, {128, 54.425120778381824}}) {
-    EXPECT_EQ(DiT::StateBytes(xl) + DiT::ActivationBytes(xl, B) + norm_workspace_shrank(xl, B),
-              allocated(gib))
+    EXPECT_EQ(DiT::StateBytes(xl) + DiT::ActivationBytes(xl, B) + since(xl, B), allocated(gib))
         << "micro-batch " << B;
   }
   DiTConfig latte = SizedConfigByName("Latte", "Latte-L/2", 32).value();
   latte.video = true;
   latte.num_frames = 16;
   latte.num_classes = 0;
-  EXPECT_EQ(
-      DiT::StateBytes(latte) + DiT::ActivationBytes(latte, 8) + norm_workspace_shrank(latte, 8),
-      allocated(40.37308640033007));
+  EXPECT_EQ(DiT::StateBytes(latte) + DiT::ActivationBytes(latte, 8) + since(latte, 8),
+            allocated(40.37308640033007));
+  // The stored score gradients at micro-batch 32: B·H·T·T bf16, 64 MiB, which recomputing
+  // them does without.
+  DiT::Options recompute;
+  recompute.flash.stored_scores = false;
+  EXPECT_EQ(DiT::ActivationBytes(xl, 32) - DiT::ActivationBytes(xl, 32, recompute),
+            size_t{32} * 16 * 256 * 256 * sizeof(uint16_t));
   // The batched-GEMM attention keeps every head's scores: more than flash's.
   EXPECT_GT(DiT::ActivationBytes(xl, 32, {.attention = AttentionKernels::kGemm, .flash = {}}),
             DiT::ActivationBytes(xl, 32));
