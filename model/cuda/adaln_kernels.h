@@ -174,6 +174,14 @@ DT_SIMT void LoadVec(float (&v)[W], const uint16_t* p) {
   }
 }
 template <class P, int W>
+DT_SIMT void LoadBits(uint16_t (&bits)[W], const uint16_t* p) {
+  if constexpr (W == 4) {
+    P::LoadU16x4(bits, p);
+  } else {
+    bits[0] = *p;
+  }
+}
+template <class P, int W>
 DT_SIMT void StoreVec(float* p, const float (&v)[W]) {
   if constexpr (W == 4) {
     P::StoreF32x4(p, v);
@@ -234,21 +242,37 @@ DT_SIMT void Forward(const ForwardArgs& a) {
   LoadSampleVector<P, W, V>(shift, a.mod.shift, b, a.mod.stride, D, threads);
   LoadSampleVector<P, W, V>(scale, a.mod.scale, b, a.mod.stride, D, threads);
   if (gated) LoadSampleVector<P, W, V>(gate, a.branch.gate, b, a.branch.stride, D, threads);
+  // A row's x and y at the thread's features, as loaded; the next row's are loaded before this
+  // row's reductions, so that two rows' loads are in flight at their barriers (as in Backward).
+  struct Row {
+    float x[V][W];
+    uint16_t y[V][W];  // bf16 bits
+  };
+  const auto load = [&](Row& r, int t) {
+    const size_t base = (size_t(b) * a.T + t) * D;
+    DT_UNROLL
+    for (int j = 0; j < V; ++j) {
+      const int d = (P::Thread() + j * threads) * W;
+      if (d >= D) continue;
+      LoadVec<P, W>(r.x[j], a.x + base + d);
+      if (gated) LoadBits<P, W>(r.y[j], a.branch.y + base + d);
+    }
+  };
   int slot = 0;
+  Row cur = {}, next = {};
+  if (t0 < t_end) load(cur, t0);
   for (int t = t0; t < t_end; ++t) {
     const size_t row = size_t(b) * a.T + t, base = row * D;
+    if (t + 1 < t_end) load(next, t + 1);
     float v[V][W] = {}, sum[1] = {0};
     DT_UNROLL
     for (int j = 0; j < V; ++j) {
       const int d = (P::Thread() + j * threads) * W;
       if (d >= D) continue;
-      LoadVec<P, W>(v[j], a.x + base + d);
-      if (gated) {
-        float y[W];
-        LoadVec<P, W>(y, a.branch.y + base + d);
-        DT_UNROLL
-        for (int e = 0; e < W; ++e)
-          v[j][e] += gate[j][e] * y[e];
+      DT_UNROLL
+      for (int e = 0; e < W; ++e) {
+        v[j][e] = cur.x[j][e];
+        if (gated) v[j][e] += gate[j][e] * P::Bf16ToFloat(cur.y[j][e]);
       }
       if (a.add != nullptr) {
         float add[W];
@@ -262,6 +286,7 @@ DT_SIMT void Forward(const ForwardArgs& a) {
       for (int e = 0; e < W; ++e)
         sum[0] += v[j][e];
     }
+    cur = next;
     BlockSum<P, 1>(sum, slot, threads);
     slot ^= 1;
     const float mean = sum[0] / D;
@@ -313,31 +338,52 @@ DT_SIMT void Backward(const BackwardArgs& a) {
         acc[k][j][e] = 0;
     }
   }
-  int slot = 0;
-  for (int t = t0; t < t_end; ++t) {
+  // A row's inputs at the thread's features, as loaded: x', dh, dx, y, mean and rstd. The next
+  // row's are loaded before this row's block reduction, so that two rows' loads are in flight
+  // at its barrier (one row's alone left the H100 at 1.9 TB/s of the copy's 3.0: two blocks an
+  // SM, 48 bytes a thread, too few bytes in flight to cover the memory's latency).
+  struct Row {
+    float x[V][W], dx[V][W];
+    uint16_t dh[V][W], y[V][W];  // bf16 bits, widened where used (fewer registers)
+    float mean, rstd;
+  };
+  const auto load = [&](Row& r, int t) {
     const size_t row = size_t(b) * a.T + t, base = row * D;
-    const float mean = a.mean[row], rstd = a.rstd[row];
-    // x̂, g = dh · (1 + scale), dx and y of the thread's features, all loaded before the
-    // reduction so that their loads are in flight together.
-    float xhat[V][W] = {}, g[V][W] = {}, dx[V][W] = {}, y[V][W] = {};
+    r.mean = a.mean[row];
+    r.rstd = a.rstd[row];
+    DT_UNROLL
+    for (int j = 0; j < V; ++j) {
+      const int d = (P::Thread() + j * threads) * W;
+      if (d >= D) continue;
+      LoadVec<P, W>(r.x[j], a.x + base + d);
+      LoadBits<P, W>(r.dh[j], a.dh + base + d);
+      LoadVec<P, W>(r.dx[j], a.dx + base + d);
+      if (gated) LoadBits<P, W>(r.y[j], a.branch.y + base + d);
+    }
+  };
+  int slot = 0;
+  Row cur = {}, next = {};
+  if (t0 < t_end) load(cur, t0);
+  for (int t = t0; t < t_end; ++t) {
+    const size_t base = (size_t(b) * a.T + t) * D;
+    if (t + 1 < t_end) load(next, t + 1);
+    const float mean = cur.mean, rstd = cur.rstd;
+    // x̂ and g = dh · (1 + scale) of the thread's features.
+    float xhat[V][W] = {}, g[V][W] = {};
     float sums[2] = {0, 0};  // Σ g and Σ g · x̂ over the row
     DT_UNROLL
     for (int j = 0; j < V; ++j) {
       const int d = (P::Thread() + j * threads) * W;
       if (d >= D) continue;
-      float dh[W];
-      LoadVec<P, W>(xhat[j], a.x + base + d);
-      LoadVec<P, W>(dh, a.dh + base + d);
-      LoadVec<P, W>(dx[j], a.dx + base + d);
-      if (gated) LoadVec<P, W>(y[j], a.branch.y + base + d);
       DT_UNROLL
       for (int e = 0; e < W; ++e) {
-        xhat[j][e] = (xhat[j][e] - mean) * rstd;
-        g[j][e] = dh[e] * (1.0f + scale[j][e]);
+        const float dh = P::Bf16ToFloat(cur.dh[j][e]);
+        xhat[j][e] = (cur.x[j][e] - mean) * rstd;
+        g[j][e] = dh * (1.0f + scale[j][e]);
         sums[0] += g[j][e];
         sums[1] += g[j][e] * xhat[j][e];
-        acc[0][j][e] += dh[e];
-        acc[1][j][e] += dh[e] * xhat[j][e];
+        acc[0][j][e] += dh;
+        acc[1][j][e] += dh * xhat[j][e];
       }
     }
     BlockSum<P, 2>(sums, slot, threads);
@@ -347,20 +393,22 @@ DT_SIMT void Backward(const BackwardArgs& a) {
     for (int j = 0; j < V; ++j) {
       const int d = (P::Thread() + j * threads) * W;
       if (d >= D) continue;
+      float dx[W];
       DT_UNROLL
       for (int e = 0; e < W; ++e)
-        dx[j][e] += rstd * (g[j][e] - mean_g - xhat[j][e] * mean_gx);
-      StoreVec<P, W>(a.dx + base + d, dx[j]);
+        dx[e] = cur.dx[j][e] + rstd * (g[j][e] - mean_g - xhat[j][e] * mean_gx);
+      StoreVec<P, W>(a.dx + base + d, dx);
       if (!gated) continue;
       uint16_t dy[W];
       DT_UNROLL
       for (int e = 0; e < W; ++e) {
-        dy[e] = P::RoundBf16(gate[j][e] * dx[j][e]);
-        acc[2][j][e] += dx[j][e] * y[j][e];
+        dy[e] = P::RoundBf16(gate[j][e] * dx[e]);
+        acc[2][j][e] += dx[e] * P::Bf16ToFloat(cur.y[j][e]);
         acc[3][j][e] += P::Bf16ToFloat(dy[e]);
       }
       StoreBits<P, W>(a.dy + base + d, dy);
     }
+    cur = next;
   }
   float* partial = a.partials + (size_t(b) * Chunks(a.T, a.rows) + chunk) * kSums * D;
   DT_UNROLL
