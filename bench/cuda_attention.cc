@@ -98,7 +98,7 @@ int Run(const Options& o) {
   const size_t n_lse = size_t(B) * H * T;
   const size_t workspace_floats = std::max(
       {cuda::AttentionBackwardWorkspace(B, T, D, H), cuda::FlashAttentionBackwardWorkspace(B, T, H),
-       cuda::FlashAttentionBackwardStoredWorkspace(B, T, T, H),
+       cuda::FlashAttentionBackwardStoredWorkspace(B, T, D, H),
        cuda::GemmAttentionTakes(T, D, H) ? (cuda::GemmAttentionWorkspaceBytes(B, T, D, H) + 3) / 4
                                          : size_t{0}});
   DeviceBuffer<float> workspace(workspace_floats), lse(n_lse);

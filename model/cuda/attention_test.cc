@@ -117,7 +117,7 @@ void CheckAttention(int B, int T, int D, int H, Kernels kernels = Kernels::kFuse
     DT_CUDA_CHECK(cudaDeviceSynchronize());
   } else if (kernels == Kernels::kFlashStored || kernels == Kernels::kFlashStoredPipelined) {
     const bool two = kernels == Kernels::kFlashStoredPipelined;
-    DeviceBuffer<float> stored_workspace(FlashAttentionBackwardStoredWorkspace(B, T, T, H));
+    DeviceBuffer<float> stored_workspace(FlashAttentionBackwardStoredWorkspace(B, T, D, H));
     testing::Poison(stored_workspace);
     FlashAttentionForwardPipelined(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
     FlashAttentionBackwardStored(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
@@ -372,7 +372,7 @@ TEST(FlashAttentionTest, StoredScoresGiveTheDkDvBits) {
   A a(35);
   DeviceBuffer<bf16> out(A::kOut), recomputed(A::kQkv);
   DeviceBuffer<float> lse(size_t(A::B) * A::H * A::T);
-  DeviceBuffer<float> workspace(FlashAttentionBackwardStoredWorkspace(A::B, A::T, A::T, A::H));
+  DeviceBuffer<float> workspace(FlashAttentionBackwardStoredWorkspace(A::B, A::T, A::D, A::H));
   FlashAttentionForwardPipelined(out.data(), lse.data(), a.qkv.data(), A::B, A::T, A::D, A::H,
                                  nullptr);
   FlashAttentionBackwardPipelined(recomputed.data(), a.dout.data(), a.qkv.data(), out.data(),
@@ -400,6 +400,34 @@ TEST(FlashAttentionTest, StoredScoresGiveTheDkDvBits) {
   EXPECT_TRUE(part(stored[1], 1) == part(want, 1)) << "dk";
   EXPECT_TRUE(part(stored[1], 2) == part(want, 2)) << "dv";
   EXPECT_LE(testing::RelativeL2(part(stored[1], 0), part(want, 0)), 5e-3) << "dq";
+
+  // With a bias gradient: from known values, the same dqkv bits, and b₀ + dqkv's column sums
+  // (of its fp32 values, before rounding: measured against the size of each part, dk's sums
+  // being zero but for rounding; see model/simt/flash_attention_test.cc).
+  const std::vector<float> b0 = testing::RandomVector(3 * A::D, 36, 2.0);
+  DeviceBuffer<float> bias = testing::UploadFloat(b0);
+  DeviceBuffer<bf16> dqkv(A::kQkv);
+  FlashAttentionBackwardStored(dqkv.data(), a.dout.data(), a.qkv.data(), out.data(), lse.data(),
+                               workspace.data(), A::B, A::T, A::D, A::H, FlashStages::kTwo, nullptr,
+                               bias.data());
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(SameBits(dqkv.Download(), stored[1])) << "dqkv with the bias gradient";
+  const std::vector<float> got = bias.Download();
+  for (int p = 0; p < 3; ++p) {
+    const std::vector<float> values = part(stored[1], p);
+    double error = 0, size = 0;
+    for (int c = 0; c < A::D; ++c) {
+      double sum = 0;
+      for (size_t row = 0; row < size_t(A::B) * A::T; ++row) {
+        sum += values[row * A::D + c];
+        size += double(values[row * A::D + c]) * values[row * A::D + c];
+      }
+      const double increment = double(got[p * A::D + c]) - b0[p * A::D + c];
+      error += (increment - sum) * (increment - sum);
+    }
+    EXPECT_LE(std::sqrt(error / size), 2e-3) << "the bias gradient of "
+                                             << "qkv"[p];
+  }
 }
 
 // Latte's temporal attention read from the frame-major video in place gives the bits of the

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "model/cuda/activation.h"
 #include "model/cuda/attention.h"
 #include "model/cuda/device_primitives.cuh"
 #include "model/cuda/flash_kernels.h"
@@ -166,9 +167,19 @@ size_t StoredScoresOffset(int B, int Tq, int H) {
 }
 }  // namespace
 
-size_t FlashAttentionBackwardStoredWorkspace(int B, int Tq, int Tk, int H) {
-  const size_t scores = size_t(B) * H * flash::StoredScoresRows(Tk) * flash::StoredScoresRows(Tq);
-  return StoredScoresOffset(B, Tq, H) + (scores + 1) / 2;  // two bf16 a float
+namespace {
+// The column sums' rows [B·⌈T/64⌉, 3·D] after the score gradients, 16-byte aligned.
+size_t ColumnSumsOffset(int B, int T, int H) {
+  const size_t scores = size_t(B) * H * flash::StoredScoresRows(T) * flash::StoredScoresRows(T);
+  return (StoredScoresOffset(B, T, H) + (scores + 1) / 2 + 3) / 4 * 4;  // two bf16 a float
+}
+size_t ColumnSumsRows(int B, int T) {
+  return size_t(B) * (flash::StoredScoresRows(T) / flash::kRows);
+}
+}  // namespace
+
+size_t FlashAttentionBackwardStoredWorkspace(int B, int T, int D, int H) {
+  return ColumnSumsOffset(B, T, H) + ColumnSumsRows(B, T) * 3 * D;
 }
 
 namespace {
@@ -221,7 +232,8 @@ void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
 // (FlashAttentionBackwardStoredWorkspace).
 template <int kStages, bool kStored = false>
 void BackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const bf16* dout,
-                const bf16* out, const float* lse, float* workspace, int B, cudaStream_t stream) {
+                const bf16* out, const float* lse, float* workspace, int B, cudaStream_t stream,
+                float* dqkv_bias = nullptr) {
   const int Tq = in.Tq, Tk = in.Tk, D = in.D, H = in.H;
   for (const void* p :
        {static_cast<const void*>(dq), static_cast<const void*>(dk), static_cast<const void*>(dv),
@@ -239,6 +251,12 @@ void BackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const b
     args.ds = reinterpret_cast<uint16_t*>(workspace + StoredScoresOffset(B, Tq, H));
     args.ds_rows = flash::StoredScoresRows(Tk);
     args.ds_cols = flash::StoredScoresRows(Tq);
+    if (dqkv_bias != nullptr) {  // packed self-attention (FlashAttentionBackwardStored)
+      args.dq_sums = workspace + ColumnSumsOffset(B, Tq, H);
+      args.dk_sums = args.dq_sums + D;
+      args.dv_sums = args.dq_sums + 2 * D;
+      args.sums_stride = 3 * size_t(D);
+    }
   }
   flash::WithPaddedHeadDim(D / H, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
@@ -260,6 +278,10 @@ void BackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const b
     if constexpr (kStored) {
       Launch(dkv, args, Tk, H, B, kDkv, stream);  // stores dSᵀ, which the dQ kernel reads
       Launch(dq_kernel, args, Tq, H, B, kDq, stream);
+      if (dqkv_bias != nullptr) {
+        BiasGradient(dqkv_bias, args.dq_sums, static_cast<int>(ColumnSumsRows(B, Tq)), 3 * D,
+                     stream);
+      }
     } else {
       Launch(dq_kernel, args, Tq, H, B, kDq, stream);
       Launch(dkv, args, Tk, H, B, kDkv, stream);
@@ -344,14 +366,14 @@ void FlashAttentionBackwardPipelined(bf16* dqkv, const bf16* dout, const bf16* q
 
 void FlashAttentionBackwardStored(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                                   const float* lse, float* workspace, int B, int T, int D, int H,
-                                  FlashStages stages, cudaStream_t stream) {
+                                  FlashStages stages, cudaStream_t stream, float* dqkv_bias) {
   const size_t stride = 3 * size_t(D);
   const flash::Operands in = MakeOperands(qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H);
   DT_CHECK(reinterpret_cast<uintptr_t>(workspace) % 16 == 0,
            "the attention's workspace must be 16-byte aligned");
   const auto backward =
       stages == FlashStages::kTwo ? &BackwardOn<2, /*kStored=*/true> : &BackwardOn<1, true>;
-  backward(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, workspace, B, stream);
+  backward(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, workspace, B, stream, dqkv_bias);
 }
 
 void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, int B, int F, int T,
@@ -370,7 +392,7 @@ void FlashAttentionBackwardAcrossFrames(bf16* dqkv, const bf16* dout, const bf16
                                         cudaStream_t stream) {
   const flash::Operands in = AcrossFrames(qkv, B, F, T, D, H);
   const auto backward = stages == FlashStages::kTwo ? &BackwardOn<2> : &BackwardOn<1>;
-  backward(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, workspace, B * T, stream);
+  backward(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, workspace, B * T, stream, nullptr);
 }
 
 }  // namespace difftrain::cuda

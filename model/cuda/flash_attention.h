@@ -74,11 +74,17 @@ void FlashAttentionForwardWide(bf16* out, float* lse, const bf16* qkv, int B, in
 constexpr bool FlashStoredScoresPay(int Tq, int Tk) {
   return Tq >= kFlashWideRows && Tk >= kFlashWideRows;
 }
-// Floats of the workspace it takes: delta, then the score gradients.
-size_t FlashAttentionBackwardStoredWorkspace(int B, int Tq, int Tk, int H);
+// With dqkv_bias non-null it also adds dqkv's column sums to it (the qkv Linear's bias
+// gradient, [3·D] fp32): each of the kernels' blocks sums its 64 rows of dq, or of dk and dv,
+// in fp32 into the workspace, and one small reduction adds those rows up (B·⌈T/64⌉ of them),
+// instead of a pass over dqkv (cuBLASLt's BGRADB kernel read it again: ~33 us a layer for
+// DiT-XL/2 at micro-batch 32 on the H100).
+// Floats of the workspace it takes: delta, the score gradients, the column sums' rows.
+size_t FlashAttentionBackwardStoredWorkspace(int B, int T, int D, int H);
 void FlashAttentionBackwardStored(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                                   const float* lse, float* workspace, int B, int T, int D, int H,
-                                  FlashStages stages, cudaStream_t stream);
+                                  FlashStages stages, cudaStream_t stream,
+                                  float* dqkv_bias = nullptr);
 
 // Latte's temporal attention straight from a frame-major video's packed qkv [B, F, T, 3·D]:
 // each of the B·T token positions is a sequence across the F frames, without copying the

@@ -135,6 +135,14 @@ struct BackwardArgs {
   // ds_cols; ds_rows = Tk and ds_cols = Tq rounded up to multiples of kRows (StoredScoresRows).
   uint16_t* ds = nullptr;
   int ds_rows = 0, ds_cols = 0;
+  // Where non-null, each block also writes the column sums of its 64 rows of dq (BackwardDqStored)
+  // or of dk and dv (BackwardDkv<…, kStoreScores>), as computed in fp32 and scaled as stored: row
+  // b·⌈T/64⌉ + blockIdx.x of a [B·⌈T/64⌉, sums_stride] fp32 matrix (T: Tq for dq, Tk for dk and
+  // dv), head h's columns from h·hd. Summed over its rows, that is each column's sum over every
+  // token: with the packed qkv's layout (dk_sums = dq_sums + D, dv_sums + 2·D, stride 3·D), the
+  // qkv Linear's bias gradient, without reading dqkv again.
+  float *dq_sums = nullptr, *dk_sums = nullptr, *dv_sums = nullptr;
+  size_t sums_stride = 0;
 };
 
 // Tk or Tq rounded up to the rows a block owns: the stored score gradients' rows and columns.
@@ -333,6 +341,41 @@ DT_SIMT void StoreRows(const float (&acc)[HDP / 8][4], const float (&factor)[2],
       }
     }
   }
+}
+
+// The column sums of the block's 64 rows of acc·factor (each warp's 16 rows in its acc) into
+// columns 0 … hd−1 of `row` (written): a barrier first (warps may still be reading the loop's
+// last tile, whose shared memory this reuses), each warp's sums over its rows by shuffles, then
+// the warps' in warp order. Rows past T hold zeros in every caller. Shared memory: kWarps·HDP
+// floats (2 KiB at most).
+template <int HDP, class P>
+DT_SIMT void StoreColumnSums(const float (&acc)[HDP / 8][4], float factor, float* row, int hd,
+                             int lane, int warp) {
+  float* per_warp = reinterpret_cast<float*>(P::Smem());
+  P::SyncThreads();
+  DT_UNROLL
+  for (int j = 0; j < HDP / 8; ++j) {
+    DT_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      float v = acc[j][e] + acc[j][2 + e];  // rows lane/4 and lane/4 + 8
+      v += P::ShflXor(v, 4);
+      v += P::ShflXor(v, 8);
+      v += P::ShflXor(v, 16);
+      if (lane < 4) per_warp[warp * HDP + j * 8 + 2 * lane + e] = v;
+    }
+  }
+  P::SyncThreads();
+  for (int c = P::Thread(); c < hd; c += kThreads) {
+    float v = 0;
+    for (int w = 0; w < kWarps; ++w)
+      v += per_warp[w * HDP + c];
+    row[c] = v * factor;
+  }
+}
+
+// Row blockIdx.x of sequence b's column sums, at head h's columns (BackwardArgs::dq_sums).
+DT_SIMT float* ColumnSumsRow(float* sums, size_t stride, int T, int b, int block, int h, int hd) {
+  return sums + (size_t(b) * ((T + kRows - 1) / kRows) + block) * stride + size_t(h) * hd;
 }
 
 // Where the calling thread works: its lane, warp and column pair in an accumulator tile
@@ -672,8 +715,24 @@ DT_SIMT void BackwardDkv(const BackwardArgs& args) {
     tiles.Done();
   }
   const float one[2] = {1.0f, 1.0f}, scale[2] = {a.scale, a.scale};
+  // With the column sums, each of dk and dv is summed right after it is stored, so that dk's
+  // registers are free before dv's sums (fewer spills under the three-blocks bound).
+  // (The block's place is read again, not kept live across the loop: registers.)
+  const bool sums = kStoreScores && args.dk_sums != nullptr;
   StoreRows<HDP, P>(dk, scale, args.dk + kv_off, a.kv_stride, row0, a.Tk, hd, lane);
+  if (sums) {
+    StoreColumnSums<HDP, P>(dk, a.scale,
+                            ColumnSumsRow(args.dk_sums, args.sums_stride, a.Tk, P::BlockZ(),
+                                          P::BlockX(), P::BlockY(), hd),
+                            hd, lane, warp);
+  }
   StoreRows<HDP, P>(dv, one, args.dv + kv_off, a.kv_stride, row0, a.Tk, hd, lane);
+  if (sums) {
+    StoreColumnSums<HDP, P>(dv, 1.0f,
+                            ColumnSumsRow(args.dv_sums, args.sums_stride, a.Tk, P::BlockZ(),
+                                          P::BlockX(), P::BlockY(), hd),
+                            hd, lane, warp);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -725,6 +784,12 @@ DT_SIMT void BackwardDqStored(const BackwardArgs& args) {
   }
   const float scale[2] = {a.scale, a.scale};
   StoreRows<HDP, P>(dq, scale, args.dq + at.q_off, a.q_stride, at.row0, a.Tq, at.hd, lane);
+  if (args.dq_sums != nullptr) {
+    StoreColumnSums<HDP, P>(
+        dq, a.scale,
+        ColumnSumsRow(args.dq_sums, args.sums_stride, a.Tq, at.b, P::BlockX(), at.h, at.hd), at.hd,
+        lane, warp);
+  }
 }
 
 }  // namespace difftrain::flash

@@ -121,8 +121,10 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
     std::vector<float> lse;
     std::vector<uint16_t> dq, dkv_own;
     // The same gradients with dQ from the stored score gradients (BackwardDkv storing dSᵀ, then
-    // BackwardDqStored).
+    // BackwardDqStored), and the column sums' rows those kernels write (dq's, dk's, dv's: each
+    // [B·⌈T/64⌉, D]).
     std::vector<uint16_t> dq_stored, dkv_stored_own;
+    std::vector<float> sums[3];
   };
   // The three kernels with kStages stages, every output starting as NaN.
   auto run = [&](auto stages) {
@@ -132,7 +134,8 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
               std::vector<uint16_t>(x.bits.size(), kNaN),
               std::vector<uint16_t>(s.packed ? 0 : kv.bits.size(), kNaN),
               std::vector<uint16_t>(x.bits.size(), kNaN),
-              std::vector<uint16_t>(s.packed ? 0 : kv.bits.size(), kNaN)};
+              std::vector<uint16_t>(s.packed ? 0 : kv.bits.size(), kNaN),
+              {}};
     std::vector<uint16_t>& out = o.out;
     std::vector<float>& lse = o.lse;
     std::vector<uint16_t>& dq = o.dq;
@@ -182,6 +185,15 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
       stored.ds_cols = flash::StoredScoresRows(s.Tq);
       std::vector<uint16_t> ds(size_t(s.B) * s.H * stored.ds_rows * stored.ds_cols, kNaN);
       stored.ds = ds.data();
+      const int q_blocks = s.B * ((s.Tq + flash::kRows - 1) / flash::kRows);
+      const int k_blocks = s.B * ((s.Tk + flash::kRows - 1) / flash::kRows);
+      o.sums[0].assign(size_t(q_blocks) * s.D, NAN);
+      o.sums[1].assign(size_t(k_blocks) * s.D, NAN);
+      o.sums[2].assign(size_t(k_blocks) * s.D, NAN);
+      stored.dq_sums = o.sums[0].data();
+      stored.dk_sums = o.sums[1].data();
+      stored.dv_sums = o.sums[2].data();
+      stored.sums_stride = s.D;
       Run<HDP>(&flash::BackwardDkv<HDP, simt::Primitives, kStages, /*kStoreScores=*/true>, stored,
                s.Tk, s.H, s.B, flash::DkvSmemBytes<HDP, kStages>());
       Run<HDP>(&flash::BackwardDqStored<HDP, simt::Primitives, kStages>, stored, s.Tq, s.H, s.B,
@@ -197,6 +209,10 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
       << "the two-stage kernels' outputs differ from the one-stage kernels'";
   EXPECT_TRUE(one.dq_stored == two.dq_stored && one.dkv_stored_own == two.dkv_stored_own)
       << "dQ from the stored score gradients: two stages differ from one";
+  for (int p = 0; p < 3; ++p) {
+    EXPECT_EQ(std::memcmp(one.sums[p].data(), two.sums[p].data(), one.sums[p].size() * 4), 0)
+        << "column sums " << p << ": two stages differ from one";
+  }
   EXPECT_EQ(std::memcmp(one.lse.data(), two.lse.data(), one.lse.size() * sizeof(float)), 0)
       << "lse";
   // The forward with two m-tiles a warp, with one stage and two: each row's arithmetic is the
@@ -259,6 +275,53 @@ void ExpectMatchesReference(const Shape& s, uint64_t seed) {
   // products, K·Qᵀ there, Q·Kᵀ here), so well inside bf16's rounding of dq.
   EXPECT_LT(RelativeL2(columns(dq_stored, s.Tq, ldq, 0), columns(dq_got, s.Tq, ldq, 0)), 5e-3)
       << "dq from the stored score gradients against BackwardDq's";
+
+  // The column sums' rows, added up, against the column sums of the gradients the kernels
+  // stored (bf16: their rounding, ~2⁻⁹ an element, is all that differs) and of the reference;
+  // every element written (NaN otherwise), and rows past T (partial blocks) adding nothing.
+  // Errors are measured against the gradient's own size (its Frobenius norm): dk's column sums
+  // are zero in exact arithmetic (Σ_j dS_ij = Σ_j P_ij·dP_ij − delta_i = 0: a key bias shifts
+  // every score of a row alike), so only rounding is left of them.
+  const auto column_sums = [&](const std::vector<double>& v, int T, int ld, size_t col) {
+    std::vector<double> sums(s.D, 0.0);
+    for (int bt = 0; bt < s.B * T; ++bt)
+      for (int c = 0; c < s.D; ++c)
+        sums[c] += v[size_t(bt) * ld + col + c];
+    return sums;
+  };
+  const auto norm = [&](const std::vector<double>& v, int T, int ld, size_t col) {
+    double sum = 0;
+    for (int bt = 0; bt < s.B * T; ++bt)
+      for (int c = 0; c < s.D; ++c)
+        sum += v[size_t(bt) * ld + col + c] * v[size_t(bt) * ld + col + c];
+    return std::sqrt(sum);
+  };
+  const auto error = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double sum = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      sum += (a[i] - b[i]) * (a[i] - b[i]);
+    return std::sqrt(sum);
+  };
+  const struct {
+    const char* name;
+    const std::vector<double>& got;
+    const std::vector<double>& ref;
+    int T, ld;
+    size_t col;
+  } parts[] = {{"dq", dq_stored, dq_ref, s.Tq, ldq, 0},
+               {"dk", dkv_stored, dkv_ref, s.Tk, ldkv, k_col},
+               {"dv", dkv_stored, dkv_ref, s.Tk, ldkv, v_col}};
+  for (int p = 0; p < 3; ++p) {
+    const auto& [name, got, ref, T, ld, col] = parts[p];
+    std::vector<double> sums(s.D, 0.0);
+    for (size_t i = 0; i < one.sums[p].size(); ++i)
+      sums[i % s.D] += one.sums[p][i];
+    const double size = norm(ref, T, ld, col);
+    EXPECT_LT(error(sums, column_sums(got, T, ld, col)) / size, 2e-3)
+        << name << "'s column sums against those of the stored " << name;
+    EXPECT_LT(error(sums, column_sums(ref, T, ld, col)) / size, 1e-2)
+        << name << "'s column sums against the reference's";
+  }
 }
 
 // DiT-XL/2's head dim (72, padded to 80) over more than two tiles and a partial one.

@@ -12,6 +12,7 @@
 // The backward's Delta kernel likewise, with and without its one barrier.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -40,8 +41,10 @@ std::vector<uint16_t> Random(size_t n, uint64_t seed) {
   return v;
 }
 
-// wide: two m-tiles a warp; dQ stored: dQ from stored score gradients (random values here).
-enum class Kernel { kForward, kDq, kDkv, kForwardWide, kDqStored };
+// wide: two m-tiles a warp; dQ stored: dQ from stored score gradients (random values here);
+// dK/dV storing: storing them. Both stored kernels write their column sums too (shared memory
+// reused after the loop).
+enum class Kernel { kForward, kDq, kDkv, kForwardWide, kDqStored, kDkvStoring };
 
 // Runs one kernel (q [B, Tq, D], k and v in one [B, Tk, 2·D]) with `stages` stages (1, or 2:
 // double-buffered) and `drop` as the dropped barrier; the number of races reported.
@@ -66,11 +69,18 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
   flash::BackwardArgs backward{in,        dout.data(), lse.data(),      delta.data(),
                                dq.data(), dkv.data(),  dkv.data() + s.D};
   std::vector<uint16_t> ds;
-  if (kernel == Kernel::kDqStored) {
+  std::vector<float> sums;
+  if (kernel == Kernel::kDqStored || kernel == Kernel::kDkvStoring) {
     backward.ds_rows = flash::StoredScoresRows(s.Tk);
     backward.ds_cols = flash::StoredScoresRows(s.Tq);
     ds = Random(size_t(s.B) * s.H * backward.ds_rows * backward.ds_cols, 4);
     backward.ds = ds.data();
+    const int rows = s.B * (std::max(backward.ds_rows, backward.ds_cols) / flash::kRows);
+    sums.assign(size_t(rows) * 3 * s.D, 0.0f);
+    backward.dq_sums = sums.data();
+    backward.dk_sums = sums.data() + s.D;
+    backward.dv_sums = sums.data() + 2 * s.D;
+    backward.sums_stride = 3 * size_t(s.D);
   }
   using P = DroppingPrimitives;
   P::drop = drop;
@@ -102,6 +112,10 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
         simt::Launch(grid(s.Tq), flash::kThreads, flash::DqStoredSmemBytes<HDP, kStages>(),
                      [&] { flash::BackwardDqStored<HDP, P, kStages>(backward); });
         break;
+      case Kernel::kDkvStoring:
+        simt::Launch(grid(s.Tk), flash::kThreads, flash::DkvSmemBytes<HDP, kStages>(),
+                     [&] { flash::BackwardDkv<HDP, P, kStages, true>(backward); });
+        break;
     }
   };
   flash::WithPaddedHeadDim(hd, [&](auto padded) {
@@ -116,15 +130,16 @@ int Races(Kernel kernel, const Shape& s, int drop, int stages = 1) {
 }
 
 const char* Name(Kernel k) {
-  return k == Kernel::kForward    ? "forward"
-         : k == Kernel::kDq       ? "dQ"
-         : k == Kernel::kDkv      ? "dK/dV"
-         : k == Kernel::kDqStored ? "dQ from stored score gradients"
-                                  : "forward, two m-tiles a warp";
+  return k == Kernel::kForward      ? "forward"
+         : k == Kernel::kDq         ? "dQ"
+         : k == Kernel::kDkv        ? "dK/dV"
+         : k == Kernel::kDqStored   ? "dQ from stored score gradients"
+         : k == Kernel::kDkvStoring ? "dK/dV storing score gradients"
+                                    : "forward, two m-tiles a warp";
 }
 
-constexpr Kernel kKernels[] = {Kernel::kForward, Kernel::kDq, Kernel::kDkv, Kernel::kForwardWide,
-                               Kernel::kDqStored};
+constexpr Kernel kKernels[] = {Kernel::kForward,     Kernel::kDq,       Kernel::kDkv,
+                               Kernel::kForwardWide, Kernel::kDqStored, Kernel::kDkvStoring};
 
 // Each tile size: head dim 72 (padded to 80, 64-row tiles) over two tiles, one partial; 64
 // with fewer keys than a tile, over two heads; 128 (32-row tiles) over three tiles.

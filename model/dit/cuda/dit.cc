@@ -337,27 +337,31 @@ void DiT::AttentionForward(AttentionKernels kernels, bf16* out, float* lse, cons
   }
 }
 
-void DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
-                            const bf16* out, const float* lse, int B, int T) {
+bool DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                            const bf16* out, const float* lse, int B, int T, float* dqkv_bias) {
   const int D = config_.hidden_size, H = config_.num_heads;
   switch (kernels) {
     case AttentionKernels::kGemm:
-      return GemmAttentionBackward(gemm_, dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H);
+      GemmAttentionBackward(gemm_, dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H);
+      return false;
     case AttentionKernels::kFused:
-      return cuda::AttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
-                                     stream_);
+      cuda::AttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H, stream_);
+      return false;
     case AttentionKernels::kFlash:
       if (options_.flash.stored_scores && FlashStoredScoresPay(T, T)) {
-        return FlashAttentionBackwardStored(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
-                                            options_.flash.stages, stream_);
+        FlashAttentionBackwardStored(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
+                                     options_.flash.stages, stream_, dqkv_bias);
+        return dqkv_bias != nullptr;
       }
       if (options_.flash.stages == FlashStages::kTwo) {
-        return FlashAttentionBackwardPipelined(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D,
-                                               H, stream_);
+        FlashAttentionBackwardPipelined(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
+                                        stream_);
+      } else {
+        FlashAttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H, stream_);
       }
-      return FlashAttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
-                                    stream_);
+      return false;
   }
+  return false;
 }
 
 size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels,
@@ -370,7 +374,7 @@ size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels
       return AttentionBackwardWorkspace(B, T, D, H);
     case AttentionKernels::kFlash:
       return stored_scores && FlashStoredScoresPay(T, T)
-                 ? FlashAttentionBackwardStoredWorkspace(B, T, T, H)
+                 ? FlashAttentionBackwardStoredWorkspace(B, T, D, H)
                  : FlashAttentionBackwardWorkspace(B, T, H);
   }
   return 0;
@@ -536,18 +540,25 @@ void DiT::BlockBackward(int l) {
                             stream_);
   gemm_.BackwardWeight(G(o.proj_w), d_a_, k.attn, N, D, D);
   gemm_.BackwardInput(d_b_, d_a_, W(o.proj_w), N, D, D);
+  bool bias_done = false;
   if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
     FlashAttentionBackwardAcrossFrames(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B, Fr,
                                        T, D, config_.num_heads, options_.flash.stages, stream_);
   } else if (config_.temporal_block(l)) {
     SwapAxes(d_attn_t_, d_b_, B, Fr, T, D, stream_);
-    AttentionBackward(temporal_attention_, d_qkv_t_, d_attn_t_, k.qkv_t, k.attn_t, k.lse, B * T,
-                      Fr);
+    AttentionBackward(temporal_attention_, d_qkv_t_, d_attn_t_, k.qkv_t, k.attn_t, k.lse, B * T, Fr,
+                      nullptr);
     SwapAxes(d_qkv_, d_qkv_t_, B, T, Fr, 3 * D, stream_);
   } else {
-    AttentionBackward(spatial_attention_, d_qkv_, d_b_, k.qkv, k.attn, k.lse, B * Fr, T);
+    // qkv's bias gradient from the attention kernels' own column sums, where they make them.
+    bias_done = AttentionBackward(spatial_attention_, d_qkv_, d_b_, k.qkv, k.attn, k.lse, B * Fr, T,
+                                  G(o.qkv_b));
   }
-  gemm_.BackwardWeightAndBias(G(o.qkv_w), G(o.qkv_b), d_qkv_, k.mod1, N, D, 3 * D, bias_scratch_);
+  if (bias_done) {
+    gemm_.BackwardWeight(G(o.qkv_w), d_qkv_, k.mod1, N, D, 3 * D);
+  } else {
+    gemm_.BackwardWeightAndBias(G(o.qkv_w), G(o.qkv_b), d_qkv_, k.mod1, N, D, 3 * D, bias_scratch_);
+  }
   gemm_.BackwardInput(d_a_, d_qkv_, W(o.qkv_w), N, D, 3 * D);
   // norm1, fused with the block before's MLP gated residual; then this block's adaLN, whose
   // input SiLU(c) every block shares.

@@ -230,8 +230,10 @@ class DiT : private DiTActivations {
   // attn_workspace_.
   void AttentionForward(AttentionKernels kernels, bf16* out, float* lse, const bf16* qkv, int B,
                         int T);
-  void AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
-                         const bf16* out, const float* lse, int B, int T);
+  // Where dqkv_bias is non-null and the kernels make dqkv's column sums as they go (flash with
+  // stored scores), also adds those to it (qkv's bias gradient); returns whether it did.
+  bool AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                         const bf16* out, const float* lse, int B, int T, float* dqkv_bias);
   // Floats of attention workspace `kernels` take over B sequences of T tokens (with
   // stored_scores, flash's dQ from stored score gradients where they pay).
   static size_t AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels,

@@ -168,7 +168,7 @@ TEST(CudaDiTSupport, DeviceBytesWithoutAGpuAreWhatTheH100Allocated) {
     const size_t then =
         std::max(FlashAttentionBackwardWorkspace(BF, c.tokens(), H),
                  c.video ? FlashAttentionBackwardWorkspace(B * c.tokens(), F, H) : size_t{0});
-    const size_t now = FlashAttentionBackwardStoredWorkspace(BF, c.tokens(), c.tokens(), H);
+    const size_t now = FlashAttentionBackwardStoredWorkspace(BF, c.tokens(), c.hidden_size, H);
     return static_cast<std::ptrdiff_t>(norm_shrank) -
            static_cast<std::ptrdiff_t>((now - then) * sizeof(float));
   };
@@ -183,12 +183,13 @@ TEST(CudaDiTSupport, DeviceBytesWithoutAGpuAreWhatTheH100Allocated) {
   latte.num_classes = 0;
   EXPECT_EQ(DiT::StateBytes(latte) + DiT::ActivationBytes(latte, 8) + since(latte, 8),
             allocated(40.37308640033007));
-  // The stored score gradients at micro-batch 32: B·H·T·T bf16, 64 MiB, which recomputing
-  // them does without.
+  // The stored score gradients at micro-batch 32, B·H·T·T bf16 (64 MiB), and the qkv bias's
+  // column sums, B·⌈T/64⌉ rows of 3·D fp32 (1.7 MiB): what recomputing them does without.
   DiT::Options recompute;
   recompute.flash.stored_scores = false;
-  EXPECT_EQ(DiT::ActivationBytes(xl, 32) - DiT::ActivationBytes(xl, 32, recompute),
-            size_t{32} * 16 * 256 * 256 * sizeof(uint16_t));
+  EXPECT_EQ(
+      DiT::ActivationBytes(xl, 32) - DiT::ActivationBytes(xl, 32, recompute),
+      size_t{32} * 16 * 256 * 256 * sizeof(uint16_t) + size_t{32} * 4 * 3 * 1152 * sizeof(float));
   // The batched-GEMM attention keeps every head's scores: more than flash's.
   EXPECT_GT(DiT::ActivationBytes(xl, 32, {.attention = AttentionKernels::kGemm, .flash = {}}),
             DiT::ActivationBytes(xl, 32));
