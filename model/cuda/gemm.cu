@@ -397,32 +397,33 @@ void Gemm::Forward(float* out, const bf16* in, const bf16* w, const bf16* bias, 
   }
 }
 
-void Gemm::BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, int I, int O) {
+void Gemm::BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, int I, int O,
+                          bool accumulate) {
   CheckShape(N, I, O);
   DT_CHECK(Aligned(dw) && Aligned(dout) && Aligned(in), "GEMM pointers must be {}-byte aligned",
            kAlignment);
   Plan& plan = PlanFor(Key{kBackwardWeight, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT, 1});
-  const float alpha = 1.0f, beta = 1.0f;  // dw += ...
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;  // dw += ..., or dw = ...
   DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, in, plan.a, dout, plan.b, &beta,
                                       dw, plan.c, dw, plan.d, &plan.algo, workspace_.data(),
                                       plan.workspace_bytes, stream_));
 }
 
 void Gemm::BackwardWeightAndBias(float* dw, float* dbias, const bf16* dout, const bf16* in, int N,
-                                 int I, int O, float* scratch) {
+                                 int I, int O, float* scratch, bool accumulate) {
   CheckShape(N, I, O);
   DT_CHECK(Aligned(dw) && Aligned(dout) && Aligned(in) && Aligned(scratch),
            "GEMM pointers must be {}-byte aligned", kAlignment);
   Plan* plan = TryPlanFor(Key{kBackwardWeight, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_BGRADB, 1});
   if (plan == nullptr) {
-    BackwardWeight(dw, dout, in, N, I, O);
+    BackwardWeight(dw, dout, in, N, I, O, accumulate);
     BiasGradient(dbias, dout, N, O, stream_);
     return;
   }
   // dwᵀ = inᵀ · dout: cuBLASLt's B is dout (op(B) = dout[N, O], k = N), so BGRADB's sums over
   // k are dout's column sums, one per column of D (O of them).
   SetEpiloguePointers(plan->desc, scratch, nullptr);
-  const float alpha = 1.0f, beta = 1.0f;  // dw += ...
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;  // dw += ..., or dw = ...
   DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan->desc, &alpha, in, plan->a, dout, plan->b,
                                       &beta, dw, plan->c, dw, plan->d, &plan->algo,
                                       workspace_.data(), plan->workspace_bytes, stream_));

@@ -42,8 +42,10 @@ class Gemm {
   void Forward(float* out, const bf16* in, const bf16* w, const bf16* bias, int N, int I, int O,
                Epilogue epilogue);
 
-  // dw[O, I] += dout[N, O]ᵀ · in[N, I] in fp32 (the gradient arena accumulates micro-batches).
-  void BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, int I, int O);
+  // dw[O, I] += dout[N, O]ᵀ · in[N, I] in fp32 (the gradient arena accumulates micro-batches);
+  // with accumulate false, dw = … (β = 0: dw is neither read nor need be initialised).
+  void BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, int I, int O,
+                      bool accumulate = true);
   // BackwardWeight, and dbias[O] += the column sums of dout (the layer's bias gradient): in the
   // GEMM's epilogue (cuBLASLt's BGRADB, which reduces dout over the product's k = N and stores
   // the sums, into `scratch` [O] fp32, then added to dbias) where cuBLASLt has an algorithm for
@@ -51,8 +53,9 @@ class Gemm {
   // cuBLASLt ran the epilogue as a reduction kernel of its own after the product
   // (globalKernelBgradAB_v2, reading dout again), about as fast as BiasGradient: it saves a
   // launch, not the read (docs/benchmarks.md).
+  // accumulate: dw's, as in BackwardWeight; the bias gradient is always added.
   void BackwardWeightAndBias(float* dw, float* dbias, const bf16* dout, const bf16* in, int N,
-                             int I, int O, float* scratch);
+                             int I, int O, float* scratch, bool accumulate = true);
   // Whether BackwardWeightAndBias at this shape uses the epilogue (asks cuBLASLt once).
   bool FusesBiasGradient(int N, int I, int O);
 

@@ -271,6 +271,36 @@ TEST_F(GemmTest, Fc2BackwardInputThroughGelu) {
   CheckBackwardWeight(kTokens, kMlp, kHidden, 410);
 }
 
+// accumulate = false (the first micro-batch of a step): dw is written, whatever it held (NaN
+// here: a β of 0 does not read it), with and without the bias gradient (which is still added).
+TEST_F(GemmTest, OverwritingIgnoresWhatTheGradientHeld) {
+  const int N = 96, I = 64, O = 40;
+  for (const bool with_bias : {false, true}) {
+    SCOPED_TRACE(with_bias ? "with the bias" : "weight only");
+    const Operands x(N, I, O, 900 + with_bias);
+    std::vector<double> want(size_t(O) * I, 0.0), want_db(O, 0.0);
+    const std::vector<double> dout = ToDouble(x.dout), in = ToDouble(x.in), w = ToDouble(x.w);
+    cpu::LinearBackward<double>(nullptr, want.data(), want_db.data(), dout.data(), in.data(),
+                                w.data(), N, I, O);
+    DeviceBuffer<bf16> d_dout = UploadBf16(x.dout), d_in = UploadBf16(x.in);
+    DeviceBuffer<float> dw(size_t(O) * I), db = UploadFloat(std::vector<float>(O, 0.0f)),
+                                           scratch(O);
+    Poison(dw);
+    Gemm gemm(stream_);
+    if (with_bias) {
+      gemm.BackwardWeightAndBias(dw.data(), db.data(), d_dout.data(), d_in.data(), N, I, O,
+                                 scratch.data(), /*accumulate=*/false);
+    } else {
+      gemm.BackwardWeight(dw.data(), d_dout.data(), d_in.data(), N, I, O, /*accumulate=*/false);
+    }
+    Sync();
+    EXPECT_LE(RelativeL2(DownloadAsFloat(dw), ToFloat(want)), kFloatTolerance);
+    if (with_bias) {
+      EXPECT_LE(RelativeL2(DownloadAsFloat(db), ToFloat(want_db)), kFloatTolerance);
+    }
+  }
+}
+
 // adaLN modulation: c [4, 1152] → 6 · 1152 fp32 vectors.
 TEST_F(GemmTest, AdaLnForwardFloat) {
   CheckForwardFloat(4, kHidden, 6 * kHidden, Epilogue::kBias, 500);

@@ -88,6 +88,18 @@ __global__ void AdamWKernel(adamw::Args args) {
   adamw::Step<DevicePrimitives, W>(args);
 }
 
+// Grid (ranges, ⌈longest / kZeroChunk⌉): block (r, c) zeroes chunk c of range r, if it has one.
+constexpr unsigned kZeroThreads = 256;
+constexpr size_t kZeroChunk = 16 * 1024;
+__global__ void ZeroRangesKernel(float* __restrict__ values, const uint64_t* __restrict__ ranges) {
+  const uint64_t offset = ranges[2 * blockIdx.x], count = ranges[2 * blockIdx.x + 1];
+  const uint64_t begin = uint64_t(blockIdx.y) * kZeroChunk;
+  if (begin >= count) return;
+  const uint64_t end = begin + kZeroChunk < count ? begin + kZeroChunk : count;
+  for (uint64_t i = begin + threadIdx.x; i < end; i += kZeroThreads)
+    values[offset + i] = 0.0f;
+}
+
 __global__ void EmaKernel(float* __restrict__ ema, const float* __restrict__ params, size_t n,
                           float decay, float keep) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -142,6 +154,14 @@ void AdamWStep(float* master, bf16* params_bf16, float* exp_avg, float* exp_avg_
   } else {
     AdamWKernel<1><<<args.blocks, kThreads, 0, stream>>>(args);
   }
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+void ZeroRanges(float* values, const uint64_t* ranges, int count, size_t longest,
+                cudaStream_t stream) {
+  if (count == 0 || longest == 0) return;
+  const dim3 grid(count, static_cast<unsigned>((longest + kZeroChunk - 1) / kZeroChunk));
+  ZeroRangesKernel<<<grid, kZeroThreads, 0, stream>>>(values, ranges);
   DT_CUDA_CHECK_LAUNCH();
 }
 

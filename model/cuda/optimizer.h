@@ -37,6 +37,12 @@ void AdamWStep(float* master, bf16* params_bf16, float* exp_avg, float* exp_avg_
                const float* grads, const double* sum_of_squares, size_t n,
                const AdamWScalars& scalars, double max_norm, EmaOfMaster ema, cudaStream_t stream);
 
+// Zeroes [offset, offset + count) of `values` for each of `count` ranges, given on the device as
+// (offset, count) pairs; `longest` is the largest count. One launch for scattered ranges (a
+// model's biases between its weights, which a step's first micro-batch does not write whole).
+void ZeroRanges(float* values, const uint64_t* ranges, int count, size_t longest,
+                cudaStream_t stream);
+
 // ema = decay · ema + (1 − decay) · params, as the CPU's EmaUpdate.
 void EmaUpdate(float* ema, const float* params, size_t n, double decay, cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -224,6 +225,29 @@ TEST(AdamWTest, UnalignedArraysGiveTheAlignedBits) {
   const AdamWOutputs aligned = RunAdamW(in, true, 0), unaligned = RunAdamW(in, true, 1);
   ExpectSameBits(aligned, unaligned, /*ema=*/true);
   EXPECT_GT(RelativeL2(aligned.master, in.master), 1e-6);  // the step moved the weights
+}
+
+// ZeroRanges zeroes exactly its ranges: one longer than a block's chunk (16 Ki), short ones,
+// adjacent ones, the first and last element of the array; everything else keeps its value.
+TEST(ZeroRangesTest, ZeroesExactlyItsRanges) {
+  DT_SKIP_WITHOUT_GPU();
+  const size_t n = 100000;
+  const std::vector<uint64_t> ranges = {0, 1, 5, 3, 8, 2, 1000, 40000, 99990, 10};
+  std::vector<float> want(n, 1.5f);
+  size_t longest = 0;
+  for (size_t r = 0; r < ranges.size(); r += 2) {
+    for (uint64_t i = 0; i < ranges[r + 1]; ++i)
+      want[ranges[r] + i] = 0.0f;
+    longest = std::max<size_t>(longest, ranges[r + 1]);
+  }
+  DeviceBuffer<float> values = testing::UploadFloat(std::vector<float>(n, 1.5f));
+  DeviceBuffer<uint64_t> device_ranges(ranges.size());
+  DT_CUDA_CHECK(cudaMemcpy(device_ranges.data(), ranges.data(), ranges.size() * sizeof(uint64_t),
+                           cudaMemcpyHostToDevice));
+  ZeroRanges(values.data(), device_ranges.data(), static_cast<int>(ranges.size() / 2), longest,
+             nullptr);
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(values.Download() == want);
 }
 
 }  // namespace

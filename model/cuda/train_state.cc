@@ -106,40 +106,47 @@ double TrainState::last_grad_norm_squared() const {
 }
 
 StepGraph::~StepGraph() {
-  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
-  if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  // Teardown: statuses are ignored, as DeviceBuffer ignores cudaFree's.
+  for (const Captured& c : graphs_) {
+    cudaGraphExecDestroy(c.exec);
+    cudaGraphDestroy(c.graph);
+  }
 }
 
 void StepGraph::Reset() {
   eager_calls_ = 0;
-  DropGraph();
+  DropGraphs();
 }
 
-void StepGraph::DropGraph() {
-  if (exec_ == nullptr) return;
-  DT_CUDA_CHECK(cudaGraphExecDestroy(exec_));
-  DT_CUDA_CHECK(cudaGraphDestroy(graph_));
-  exec_ = nullptr;
-  graph_ = nullptr;
-}
-
-void StepGraph::Run(const std::function<void()>& step, float key) {
-  if (key != key_) {
-    DropGraph();
-    key_ = key;
+void StepGraph::DropGraphs() {
+  for (const Captured& c : graphs_) {
+    DT_CUDA_CHECK(cudaGraphExecDestroy(c.exec));
+    DT_CUDA_CHECK(cudaGraphDestroy(c.graph));
   }
+  graphs_.clear();
+}
+
+void StepGraph::Run(const std::function<void()>& step, float scale, bool overwrite) {
   if (!use_graph_ || eager_calls_ < 1) {
     step();
     ++eager_calls_;
     return;
   }
-  if (exec_ == nullptr) {
+  const Captured* found = nullptr;
+  for (const Captured& c : graphs_) {
+    if (c.scale == scale && c.overwrite == overwrite) found = &c;
+  }
+  if (found == nullptr) {
+    if (graphs_.size() == kKeys) DropGraphs();
+    Captured c{scale, overwrite, nullptr, nullptr};
     DT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     step();
-    DT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
-    DT_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+    DT_CUDA_CHECK(cudaStreamEndCapture(stream_, &c.graph));
+    DT_CUDA_CHECK(cudaGraphInstantiate(&c.exec, c.graph, 0));
+    graphs_.push_back(c);
+    found = &graphs_.back();
   }
-  DT_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+  DT_CUDA_CHECK(cudaGraphLaunch(found->exec, stream_));
 }
 
 }  // namespace difftrain::cuda

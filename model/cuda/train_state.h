@@ -68,23 +68,30 @@ class StepGraph {
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
 
-  // Forgets the captured graph and starts again with an eager call (the step's buffers moved).
+  // Forgets the captured graphs and starts again with an eager call (the step's buffers moved).
   void Reset();
   // Runs `step` on the stream: eagerly on the first call after Reset (and always without
-  // use_graph), captured on the second, replayed after that. A different `key` (the step's
-  // loss scale, which the graph holds) drops the captured graph, so that this call captures
-  // again; it needs no new eager call, as the buffers and the GEMMs' plans are the same.
-  void Run(const std::function<void()>& step, float key);
+  // use_graph), then captured once for each `key` (what the graph holds that changes between
+  // calls: the step's loss scale, and whether it overwrites the gradients, the first
+  // micro-batch of an accumulation, or adds to them) and replayed after that. Graphs of up to
+  // kKeys keys are kept (an accumulation alternates two); a new key beyond those drops them
+  // all. A new key needs no new eager call: the buffers and the GEMMs' plans are the same.
+  static constexpr size_t kKeys = 4;
+  void Run(const std::function<void()>& step, float scale, bool overwrite = false);
 
  private:
-  void DropGraph();
+  struct Captured {
+    float scale;
+    bool overwrite;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+  };
+  void DropGraphs();
 
   cudaStream_t stream_;
   bool use_graph_;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
+  std::vector<Captured> graphs_;
   int eager_calls_ = 0;
-  float key_ = 1.0f;
 };
 
 }  // namespace difftrain::cuda

@@ -71,6 +71,54 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
     temp_embed_ = DeviceBuffer<float>(full.size());
     temp_embed_.Upload(full);
   }
+
+  // What a step's first micro-batch zeroes itself: every parameter but the GEMM weights, in
+  // runs of adjacent tensors.
+  const std::vector<size_t> gemm_weights = GemmWeights();
+  std::vector<uint64_t> ranges;
+  for (const TensorSpec& t : table_.tensors()) {
+    if (std::find(gemm_weights.begin(), gemm_weights.end(), t.offset) != gemm_weights.end()) {
+      continue;
+    }
+    if (!ranges.empty() && ranges[ranges.size() - 2] + ranges.back() == t.offset) {
+      ranges.back() += t.numel;
+    } else {
+      ranges.push_back(t.offset);
+      ranges.push_back(t.numel);
+    }
+  }
+  zero_range_count_ = static_cast<int>(ranges.size() / 2);
+  for (size_t r = 1; r < ranges.size(); r += 2)
+    longest_zero_range_ = std::max<size_t>(longest_zero_range_, ranges[r]);
+  if (!ranges.empty()) {
+    zero_ranges_ = DeviceBuffer<uint64_t>(ranges.size());
+    zero_ranges_.Upload(ranges);
+  }
+}
+
+std::vector<size_t> DiT::GemmWeights() const {
+  std::vector<size_t> w = {p_.x_w, p_.t1_w, p_.t2_w, p_.fada_w, p_.flin_w};
+  for (const DiTBlockParams& o : p_.blocks) {
+    for (const size_t b : {o.ada_w, o.qkv_w, o.proj_w, o.fc1_w, o.fc2_w})
+      w.push_back(b);
+  }
+  return w;
+}
+
+void DiT::MaterializeZeroGradients() {
+  if (!overwrite_pending_) return;
+  state_.ZeroGradients();
+  overwrite_pending_ = false;
+}
+
+std::vector<float> DiT::DownloadGradients() const {
+  if (overwrite_pending_) return std::vector<float>(table_.total(), 0.0f);
+  return state_.DownloadGradients();
+}
+
+float* DiT::gradients() {
+  MaterializeZeroGradients();
+  return state_.gradients();
 }
 
 Status DiT::Supports(const DiTConfig& c) {
@@ -113,7 +161,8 @@ Status DiT::Supports(const DiTConfig& c) {
 void DiT::UploadState(const float* params, const float* ema, const float* exp_avg,
                       const float* exp_avg_sq) {
   DT_CHECK(batch_ > 0, "UploadState before a successful Reserve");
-  state_.Upload(params, ema, exp_avg, exp_avg_sq);
+  state_.Upload(params, ema, exp_avg, exp_avg_sq);  // zeroes the gradients
+  overwrite_pending_ = false;
 }
 
 void DiT::DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const {
@@ -444,7 +493,7 @@ void DiT::AdaLNBackward(int l) {
   const size_t b = is_final ? p_.fada_b : p_.blocks[l].ada_b;
   const float* d_ada = DAda(l);
   CastToBf16(d_ada_bf16_, d_ada, size_t(B) * width, stream_);
-  gemm_.BackwardWeight(G(w), d_ada_bf16_, silu_c_, B, D, width);
+  WeightGradient(w, d_ada_bf16_, silu_c_, B, D, width);
   BiasGradient(G(b), d_ada, B, width, stream_);
   gemm_.BackwardInput(d_small_, d_ada_bf16_, W(w), B, D, width);
   CastToFloat(d_silu_c_, d_small_, size_t(B) * D, /*accumulate=*/true, stream_);
@@ -486,7 +535,7 @@ void DiT::Backward() {
   DT_CUDA_CHECK(cudaMemsetAsync(d_silu_c_, 0, BD * sizeof(float), stream_));
   UnpatchifyBackward(d_final_, d_out_, BF, c.out_channels(), c.input_size, p, stream_);
   CastToBf16(d_final_bf16_, d_final_, size_t(N) * Fo, stream_);
-  gemm_.BackwardWeight(G(p_.flin_w), d_final_bf16_, modf_, N, D, Fo);
+  WeightGradient(p_.flin_w, d_final_bf16_, modf_, N, D, Fo);
   BiasGradient(G(p_.flin_b), d_final_, N, Fo, stream_);
   gemm_.BackwardInput(d_a_, d_final_bf16_, W(p_.flin_w), N, D, Fo);
   DT_CUDA_CHECK(cudaMemsetAsync(d_resid_, 0, size_t(N) * D * sizeof(float), stream_));
@@ -502,18 +551,18 @@ void DiT::Backward() {
   SiluBackward(d_c_, d_silu_c_, c_, BD, stream_);
   if (c.has_labels()) LabelEmbeddingBackward(G(p_.y_table), d_c_, in_y_, B, D, stream_);
   CastToBf16(d_c_bf16_, d_c_, BD, stream_);
-  gemm_.BackwardWeight(G(p_.t2_w), d_c_bf16_, t_act_, B, D, D);
+  WeightGradient(p_.t2_w, d_c_bf16_, t_act_, B, D, D);
   BiasGradient(G(p_.t2_b), d_c_, B, D, stream_);
   gemm_.BackwardInput(d_small_, d_c_bf16_, W(p_.t2_w), B, D, D);
   DT_CUDA_CHECK(cudaMemsetAsync(d_t_, 0, BD * sizeof(float), stream_));
   CastToFloat(d_c_, d_small_, BD, /*accumulate=*/false, stream_);  // d_c_ is free: reuse it
   SiluBackward(d_t_, d_c_, t_hidden_, BD, stream_);
   CastToBf16(d_c_bf16_, d_t_, BD, stream_);
-  gemm_.BackwardWeight(G(p_.t1_w), d_c_bf16_, tfreq_, B, kFrequencyDim, D);
+  WeightGradient(p_.t1_w, d_c_bf16_, tfreq_, B, kFrequencyDim, D);
   BiasGradient(G(p_.t1_b), d_t_, B, D, stream_);
   // Patch embed: the position embedding is fixed and the input is data.
   CastToBf16(d_a_, d_resid_, size_t(N) * D, stream_);
-  gemm_.BackwardWeight(G(p_.x_w), d_a_, patches_, N, c.patch_features(), D);
+  WeightGradient(p_.x_w, d_a_, patches_, N, c.patch_features(), D);
   BiasGradient(G(p_.x_b), d_resid_, N, D, stream_);
 }
 
@@ -525,12 +574,12 @@ void DiT::BlockBackward(int l) {
   float* d_ada = DAda(l);  // zeroed, and holding gate_mlp's gradient, by NormBackward(l + 1)
   // MLP branch: out = mid + gate_mlp · fc2. NormBackward(l + 1) left fc2's output gradient in
   // d_a_ and added its bias gradient; the stream's gradient passes through unchanged.
-  gemm_.BackwardWeight(G(o.fc2_w), d_a_, k.gelu, N, M, D);
+  WeightGradient(o.fc2_w, d_a_, k.gelu, N, M, D);
   // fc2's input gradient times gelu'(fc1's pre-activation), and its column sums (fc1's bias
   // gradient), fused in the epilogue.
   gemm_.BackwardInputGeluAndBias(d_h_, G(o.fc1_b), d_a_, W(o.fc2_w), N, M, D, k.fc1_pre,
                                  bias_scratch_);
-  gemm_.BackwardWeight(G(o.fc1_w), d_h_, k.mod2, N, D, M);
+  WeightGradient(o.fc1_w, d_h_, k.mod2, N, D, M);
   gemm_.BackwardInput(d_a_, d_h_, W(o.fc1_w), N, D, M);
   // norm2 and the attention branch's gated residual, mid = x + gate_msa · proj, in one pass:
   // proj's output gradient over norm2's input gradient in d_a_, and proj's bias gradient.
@@ -538,7 +587,7 @@ void DiT::BlockBackward(int l) {
                             k.rstd2, Modulation{k.ada, S, 3 * D, 4 * D},
                             GatedBranch{k.proj, k.ada, S, 2 * D}, norm_workspace_, B, Ts, D,
                             stream_);
-  gemm_.BackwardWeight(G(o.proj_w), d_a_, k.attn, N, D, D);
+  WeightGradient(o.proj_w, d_a_, k.attn, N, D, D);
   gemm_.BackwardInput(d_b_, d_a_, W(o.proj_w), N, D, D);
   bool bias_done = false;
   if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
@@ -555,9 +604,10 @@ void DiT::BlockBackward(int l) {
                                   G(o.qkv_b));
   }
   if (bias_done) {
-    gemm_.BackwardWeight(G(o.qkv_w), d_qkv_, k.mod1, N, D, 3 * D);
+    WeightGradient(o.qkv_w, d_qkv_, k.mod1, N, D, 3 * D);
   } else {
-    gemm_.BackwardWeightAndBias(G(o.qkv_w), G(o.qkv_b), d_qkv_, k.mod1, N, D, 3 * D, bias_scratch_);
+    gemm_.BackwardWeightAndBias(G(o.qkv_w), G(o.qkv_b), d_qkv_, k.mod1, N, D, 3 * D, bias_scratch_,
+                                /*accumulate=*/!overwrite_);
   }
   gemm_.BackwardInput(d_a_, d_qkv_, W(o.qkv_w), N, D, 3 * D);
   // norm1, fused with the block before's MLP gated residual; then this block's adaLN, whose
@@ -567,19 +617,26 @@ void DiT::BlockBackward(int l) {
 
 void DiT::ForwardBackward(float grad_scale) {
   DT_CHECK(batch_ > 0, "ForwardBackward before Reserve");
-  grad_scale_ = grad_scale;  // Loss reads it; a new value makes graph_ capture again
+  grad_scale_ = grad_scale;         // Loss reads it; a new value makes graph_ capture again
+  overwrite_ = overwrite_pending_;  // Backward reads it (and the graph of each value holds it)
+  overwrite_pending_ = false;
   graph_.Run(
       [this] {
+        if (overwrite_) {
+          ZeroRanges(state_.gradients(), zero_ranges_.data(), zero_range_count_,
+                     longest_zero_range_, stream_);
+        }
         Forward();
         Loss();
         Backward();
       },
-      grad_scale);
+      grad_scale, overwrite_);
 }
 
 void DiT::OptimizerStep(double lr, int64_t step, const OptimizerConfig& config) {
   DT_CHECK(step >= 1, "AdamW step {} must be 1-based", step);
   DT_CHECK(batch_ > 0, "OptimizerStep before a successful Reserve");
+  MaterializeZeroGradients();  // a step with no micro-batch since ZeroGradients
   state_.OptimizerStep(lr, step, config);
 }
 

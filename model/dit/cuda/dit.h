@@ -144,10 +144,10 @@ class DiT : private DiTActivations {
   // Copies whichever of the four arenas is not null to the host. Synchronous.
   void DownloadState(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const;
   std::vector<float> DownloadParameters() const { return state_.DownloadParameters(); }
-  std::vector<float> DownloadGradients() const { return state_.DownloadGradients(); }
+  std::vector<float> DownloadGradients() const;
   // The gradient arena on the device, e.g. for a data-parallel all-reduce between
   // ForwardBackward and OptimizerStep.
-  float* gradients() { return state_.gradients(); }
+  float* gradients();
 
   // The input of a micro-batch, written by the caller (cudaMemcpyAsync on stream()) before
   // ForwardBackward: x_t [B, C, H, W], timesteps t [B] as floats, labels y [B], the noise ε
@@ -167,13 +167,18 @@ class DiT : private DiTActivations {
   const float* output() const { return out_; }
   // Forward, the loss (into loss(), a device scalar) and backward, adding grad_scale times
   // the loss's gradients into the gradients. With use_graph, the first call runs eagerly,
-  // the next is captured as a CUDA graph and later calls replay it (a new grad_scale
-  // captures again).
+  // the next is captured as a CUDA graph and later calls replay it (a new grad_scale, or the
+  // first call after ZeroGradients, captures once more).
   void ForwardBackward(float grad_scale = 1.0f);
   const float* loss() const { return loss_; }
   // The loss of the last ForwardBackward (synchronises).
   float last_loss() const;
-  void ZeroGradients() { state_.ZeroGradients(); }
+  // The gradients are zero from here: the next ForwardBackward writes them instead of adding
+  // (its weight-gradient GEMMs with β = 0, and one kernel zeroing the rest, the biases and the
+  // label table, before it), so no pass over the whole arena zeroes it first. Anything that
+  // reads the gradients before that (gradients(), DownloadGradients, OptimizerStep) sees
+  // zeros.
+  void ZeroGradients() { overwrite_pending_ = true; }
   // Global gradient norm, clipping (config.grad_clip), AdamW on the master weights at
   // learning rate lr as optimizer step `step` (1-based; refreshing their bf16 copy) and the
   // EMA (config.ema_decay): the CPU's update, on the device (TrainState::OptimizerStep).
@@ -244,6 +249,15 @@ class DiT : private DiTActivations {
   const float* Master(size_t offset) const { return state_.master() + offset; }
   const bf16* W(size_t offset) const { return state_.weights() + offset; }
   float* G(size_t offset) { return state_.gradients() + offset; }
+  // The Linear weights whose gradient Backward writes whole with one GEMM (all of them): with
+  // overwrite_ their GEMMs write (β = 0) rather than add; every other parameter is in
+  // zero_ranges_.
+  std::vector<size_t> GemmWeights() const;
+  void WeightGradient(size_t w, const bf16* dout, const bf16* in, int N, int I, int O) {
+    gemm_.BackwardWeight(G(w), dout, in, N, I, O, /*accumulate=*/!overwrite_);
+  }
+  // Zeroes the gradients a pending ZeroGradients promised, where ForwardBackward will not.
+  void MaterializeZeroGradients();
 
   DiTConfig config_;
   cudaStream_t stream_;
@@ -263,7 +277,14 @@ class DiT : private DiTActivations {
   AttentionKernels temporal_attention_ = AttentionKernels::kFused;
 
   StepGraph graph_;
-  float grad_scale_ = 1.0f;  // the loss's, as the graph holds it
+  float grad_scale_ = 1.0f;         // the loss's, as the graph holds it
+  bool overwrite_pending_ = false;  // ZeroGradients was called, no ForwardBackward since
+  bool overwrite_ = false;          // this ForwardBackward writes the gradients
+  // The parameters outside GemmWeights(), merged: (offset, count) pairs, on the device (a few
+  // KiB, not counted in device_bytes()).
+  DeviceBuffer<uint64_t> zero_ranges_;
+  int zero_range_count_ = 0;
+  size_t longest_zero_range_ = 0;
 };
 
 }  // namespace difftrain::cuda
