@@ -41,6 +41,7 @@ struct Options {
   int warmup = 5;
   int steps = 20;
   bool no_graph = false;
+  bool no_gemm_autotune = false;
   // flash[-pipelined][-wide][-stored], gemm or fused; the default is the model's
   // (cuda::FlashVariant).
   std::string attention = "flash-pipelined-wide-stored";
@@ -128,9 +129,12 @@ int Run(const Options& o) {
                                                                    : cuda::FlashStages::kOne,
       .wide_forward = o.attention.find("wide") != std::string::npos,
       .stored_scores = o.attention.find("stored") != std::string::npos};
-  cuda::DiT model(
-      c, stream,
-      {.vb_loss = false, .use_graph = !o.no_graph, .attention = attention, .flash = variant});
+  cuda::DiT model(c, stream,
+                  {.vb_loss = false,
+                   .use_graph = !o.no_graph,
+                   .attention = attention,
+                   .flash = variant,
+                   .gemm_autotune = !o.no_gemm_autotune});
   if (Status s = model.Reserve(o.micro_batch); !s.ok()) {
     std::fprintf(stderr, "bench_cuda_dit: %s\n", s.message().c_str());
     return 2;
@@ -145,6 +149,7 @@ int Run(const Options& o) {
   DT_CUDA_CHECK(cudaEventCreate(&start));
   DT_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<double> ms;
+  cuda::GemmTuning tuning;  // after the first step (eager: every GEMM called once as in a step)
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     DT_CUDA_CHECK(cudaEventRecord(start, stream));
     model.ZeroGradients();
@@ -154,6 +159,7 @@ int Run(const Options& o) {
     DT_CUDA_CHECK(cudaEventSynchronize(stop));
     float elapsed = 0;
     DT_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
+    if (i == 0) tuning = model.gemm_tuning();
     if (i >= o.warmup) ms.push_back(elapsed);
   }
   const float loss = model.last_loss();
@@ -179,6 +185,12 @@ int Run(const Options& o) {
                         {"model_device_gib", double(model.device_bytes()) / (1u << 30)},
                         {"loss", loss},
                         {"gpu_name", devices.front().name}};
+  // One step's GEMMs as cuBLASLt's first choices would take them and as tuned (timed apart).
+  row["gemm_tuning"] = {{"plans", tuning.plans},
+                        {"tuned", tuning.tuned},
+                        {"changed", tuning.changed},
+                        {"heuristic_ms_a_step", tuning.heuristic_ms},
+                        {"tuned_ms_a_step", tuning.tuned_ms}};
   std::printf("%s\n", row.dump().c_str());
   return std::isfinite(loss) ? 0 : 1;
 }
@@ -204,6 +216,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--no-graph", o.no_graph, "launch every kernel instead of replaying a CUDA graph");
+  app.add_flag("--no-gemm-autotune", o.no_gemm_autotune,
+               "cuBLASLt's first algorithm for each GEMM instead of the fastest of its candidates");
   app.add_option("--attention", o.attention,
                  "gemm: batched GEMMs in the spatial blocks; fused: the wmma kernels; flash: the "
                  "mma.sync flash kernels; flash-pipelined: those with double-buffered cp.async "

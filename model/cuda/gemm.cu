@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/cuda/activation.h"
 
@@ -113,6 +114,11 @@ struct Gemm::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace_bytes = 0;
+  // The heuristic's algorithms, best first (algo is one of them), and what tuning found.
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+  bool tuned = false;
+  int chosen = 0, calls = 0;
+  float heuristic_ms = 0, best_ms = 0;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -304,10 +310,11 @@ Gemm::Plan* Gemm::MakePlan(const Key& key, bool required) {
     DT_CUBLAS_CHECK(Lt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &kAlignment,
                                                               sizeof(kAlignment)));
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
-  const cublasStatus_t status = Lt().cublasLtMatmulAlgoGetHeuristic(
-      handle_, plan->desc, plan->a, plan->b, plan->c, plan->d, preference, 1, &result, &found);
+  const cublasStatus_t status =
+      Lt().cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->a, plan->b, plan->c, plan->d,
+                                          preference, kCandidates, results, &found);
   Lt().cublasLtMatmulPreferenceDestroy(preference);
   if (!required && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
     plans_.insert_or_assign(key, nullptr);
@@ -320,8 +327,13 @@ Gemm::Plan* Gemm::MakePlan(const Key& key, bool required) {
            kind, out_type == kOutFloat ? "fp32" : "bf16", N, I, O, epilogue_int, batch,
            max_workspace,
            status == CUBLAS_STATUS_SUCCESS ? "no result" : Lt().cublasLtGetStatusString(status));
-  plan->algo = result.algo;
-  plan->workspace_bytes = result.workspaceSize;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i]);
+  }
+  DT_CHECK(!plan->candidates.empty(), "cuBLASLt offered no usable algorithm for GEMM kind {}",
+           kind);
+  plan->algo = plan->candidates.front().algo;
+  plan->workspace_bytes = plan->candidates.front().workspaceSize;
 
   Plan* made = plan.get();
   plans_.insert_or_assign(key, std::move(plan));
@@ -343,6 +355,72 @@ void SetEpiloguePointers(cublasLtMatmulDesc_t desc, const void* bias, const void
 }
 
 }  // namespace
+
+void Gemm::Run(Plan& plan, const void* a, const void* b, float alpha, float beta, void* d) {
+  ++plan.calls;
+  // (Timing runs the product several times: only where the output overwrites no input.)
+  if (autotune_ && !plan.tuned && beta == 0.0f && d != a && d != b) Tune(plan, a, b, alpha, d);
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d,
+                                      plan.c, d, plan.d, &plan.algo, workspace_.data(),
+                                      plan.workspace_bytes, stream_));
+}
+
+void Gemm::Tune(Plan& plan, const void* a, const void* b, float alpha, void* d) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  DT_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return;  // tuned at a later eager call
+  plan.tuned = true;
+  if (plan.candidates.size() < 2) return;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  DT_CUDA_CHECK(cudaEventCreate(&start));
+  DT_CUDA_CHECK(cudaEventCreate(&stop));
+  const float beta = 0.0f;
+  float best = 0;
+  int best_index = -1;
+  for (size_t i = 0; i < plan.candidates.size(); ++i) {
+    const cublasLtMatmulHeuristicResult_t& c = plan.candidates[i];
+    const auto run = [&] {
+      return Lt().cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.c,
+                                 d, plan.d, &c.algo, workspace_.data(), c.workspaceSize, stream_);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // the warm-up, and whether it runs at all
+    DT_CUDA_CHECK(cudaEventRecord(start, stream_));
+    for (int r = 0; r < kTuneReps; ++r)
+      DT_CUBLAS_CHECK(run());
+    DT_CUDA_CHECK(cudaEventRecord(stop, stream_));
+    DT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    DT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    ms /= kTuneReps;
+    if (i == 0) plan.heuristic_ms = ms;
+    if (best_index < 0 || ms < best) {
+      best = ms;
+      best_index = static_cast<int>(i);
+    }
+  }
+  DT_CUDA_CHECK(cudaEventDestroy(start));
+  DT_CUDA_CHECK(cudaEventDestroy(stop));
+  if (best_index < 0) return;  // none ran: the call itself reports the failure
+  if (best_index != 0 && plan.heuristic_ms == 0) plan.heuristic_ms = best;  // the first failed
+  plan.chosen = best_index;
+  plan.best_ms = best;
+  plan.algo = plan.candidates[best_index].algo;
+  plan.workspace_bytes = plan.candidates[best_index].workspaceSize;
+}
+
+GemmTuning Gemm::Tuning() const {
+  GemmTuning t;
+  for (const auto& [key, plan] : plans_) {
+    if (plan == nullptr) continue;
+    ++t.plans;
+    if (!plan->tuned || plan->best_ms == 0) continue;
+    ++t.tuned;
+    t.changed += plan->chosen != 0;
+    t.heuristic_ms += double(plan->heuristic_ms) * plan->calls;
+    t.tuned_ms += double(plan->best_ms) * plan->calls;
+  }
+  return t;
+}
 
 void Gemm::Forward(bf16* out, const bf16* in, const bf16* w, const bf16* bias, int N, int I, int O,
                    Epilogue epilogue, bf16* aux) {
@@ -367,9 +445,7 @@ void Gemm::Forward(bf16* out, const bf16* in, const bf16* w, const bf16* bias, i
   Plan& plan = PlanFor(Key{kForward, kOutBf16, N, I, O, static_cast<int>(lt_epilogue), 1});
   SetEpiloguePointers(plan.desc, bias, aux);
   const float alpha = 1.0f, beta = 0.0f;
-  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
-                                      plan.c, out, plan.d, &plan.algo, workspace_.data(),
-                                      plan.workspace_bytes, stream_));
+  Run(plan, w, in, alpha, beta, out);
 }
 
 // fp32 D with bf16 A/B: cuBLASLt's bias vector has D's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
@@ -386,9 +462,7 @@ void Gemm::Forward(float* out, const bf16* in, const bf16* w, const bf16* bias, 
            "a bias is given exactly with Epilogue::kBias");
   Plan& plan = PlanFor(Key{kForward, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT, 1});
   const float alpha = 1.0f, beta = 0.0f;
-  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, in, plan.b, &beta, out,
-                                      plan.c, out, plan.d, &plan.algo, workspace_.data(),
-                                      plan.workspace_bytes, stream_));
+  Run(plan, w, in, alpha, beta, out);
   if (bias != nullptr) {
     const size_t n = static_cast<size_t>(N) * O;
     constexpr unsigned kThreads = 256;
@@ -404,9 +478,7 @@ void Gemm::BackwardWeight(float* dw, const bf16* dout, const bf16* in, int N, in
            kAlignment);
   Plan& plan = PlanFor(Key{kBackwardWeight, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT, 1});
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;  // dw += ..., or dw = ...
-  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, in, plan.a, dout, plan.b, &beta,
-                                      dw, plan.c, dw, plan.d, &plan.algo, workspace_.data(),
-                                      plan.workspace_bytes, stream_));
+  Run(plan, in, dout, alpha, beta, dw);
 }
 
 void Gemm::BackwardWeightAndBias(float* dw, float* dbias, const bf16* dout, const bf16* in, int N,
@@ -424,9 +496,7 @@ void Gemm::BackwardWeightAndBias(float* dw, float* dbias, const bf16* dout, cons
   // k are dout's column sums, one per column of D (O of them).
   SetEpiloguePointers(plan->desc, scratch, nullptr);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;  // dw += ..., or dw = ...
-  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan->desc, &alpha, in, plan->a, dout, plan->b,
-                                      &beta, dw, plan->c, dw, plan->d, &plan->algo,
-                                      workspace_.data(), plan->workspace_bytes, stream_));
+  Run(*plan, in, dout, alpha, beta, dw);
   constexpr unsigned kThreads = 256;
   BiasGradientAddKernel<<<BlocksFor(O, kThreads), kThreads, 0, stream_>>>(dbias, scratch, O);
   DT_CUDA_CHECK_LAUNCH();
@@ -449,9 +519,7 @@ void Gemm::BackwardInput(bf16* din, const bf16* dout, const bf16* w, int N, int 
   Plan& plan = PlanFor(Key{kBackwardInput, kOutBf16, N, I, O, static_cast<int>(lt_epilogue), 1});
   SetEpiloguePointers(plan.desc, nullptr, gelu_pre);
   const float alpha = 1.0f, beta = 0.0f;
-  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, dout, plan.b, &beta,
-                                      din, plan.c, din, plan.d, &plan.algo, workspace_.data(),
-                                      plan.workspace_bytes, stream_));
+  Run(plan, w, dout, alpha, beta, din);
 }
 
 void Gemm::BackwardInputGeluAndBias(bf16* din, float* dbias, const bf16* dout, const bf16* w, int N,
@@ -470,9 +538,7 @@ void Gemm::BackwardInputGeluAndBias(bf16* din, float* dbias, const bf16* dout, c
   // the BGRAD sums run along each row of D, over n: din's column sums, I of them.
   SetEpiloguePointers(plan->desc, scratch, gelu_pre);
   const float alpha = 1.0f, beta = 0.0f;
-  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan->desc, &alpha, w, plan->a, dout, plan->b, &beta,
-                                      din, plan->c, din, plan->d, &plan->algo, workspace_.data(),
-                                      plan->workspace_bytes, stream_));
+  Run(*plan, w, dout, alpha, beta, din);
   constexpr unsigned kThreads = 256;
   BiasGradientAddKernel<<<BlocksFor(I, kThreads), kThreads, 0, stream_>>>(dbias, scratch, I);
   DT_CUDA_CHECK_LAUNCH();
@@ -496,9 +562,7 @@ void Gemm::RunBatched(void* c, int out_type, const bf16* a, bool trans_a, const 
   const int kind = kBatched + 2 * int(trans_a) + int(trans_b);
   Plan& plan = PlanFor(Key{kind, out_type, m, n, k, CUBLASLT_EPILOGUE_DEFAULT, batch});
   const float beta = 0.0f;
-  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c,
-                                      plan.c, c, plan.d, &plan.algo, workspace_.data(),
-                                      plan.workspace_bytes, stream_));
+  Run(plan, b, a, alpha, beta, c);
 }
 
 void Gemm::Batched(bf16* c, const bf16* a, bool trans_a, const bf16* b, bool trans_b, int m, int n,

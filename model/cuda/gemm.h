@@ -24,6 +24,14 @@ enum class Epilogue {
   kBiasGelu,  // pre = in · wᵀ + bias (written to `aux`), out = gelu_tanh(pre)
 };
 
+// What autotuning found, summed over a Gemm's plans (Gemm::Tuning): for the plans it timed, the
+// milliseconds their calls so far would take with cuBLASLt's first choice and with the fastest
+// candidate (a plan's time × its calls: right after a model's first step, one step's).
+struct GemmTuning {
+  int plans = 0, tuned = 0, changed = 0;  // plans; of them timed; of those not on the first choice
+  double heuristic_ms = 0, tuned_ms = 0;
+};
+
 class Gemm {
  public:
   explicit Gemm(cudaStream_t stream, size_t workspace_bytes = size_t(32) << 20);
@@ -32,6 +40,18 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
 
   cudaStream_t stream() const { return stream_; }
+
+  // Autotuning (on by default): a plan asks cuBLASLt's heuristic for up to kCandidates
+  // algorithms, and on its first call that writes its output whole (β = 0: every forward and
+  // input gradient, and weight gradients that do not accumulate) outside a CUDA graph capture,
+  // times each on the call's own operands (a warm-up, then kTuneReps runs between CUDA events)
+  // and keeps the fastest; the call then runs with it. Any algorithm the heuristic offers
+  // computes the same product, so this changes speed, not results beyond the accumulation
+  // order. Off: the heuristic's first choice, as before.
+  static constexpr int kCandidates = 8;
+  static constexpr int kTuneReps = 3;
+  void set_autotune(bool on) { autotune_ = on; }
+  GemmTuning Tuning() const;
 
   // out[N, O] = epilogue(in[N, I] · w[O, I]ᵀ): bf16 out, or fp32 out (used where the result
   // feeds fp32 state: the adaLN modulation vectors, the final layer's output). bias [O] is
@@ -97,11 +117,16 @@ class Gemm {
   // The plan of a key, or null (remembered) when cuBLASLt has no algorithm for it.
   Plan* TryPlanFor(const Key& key);
   Plan* MakePlan(const Key& key, bool required);
+  // cublasLtMatmul of a plan (its descriptor's epilogue pointers already set): D = C = d,
+  // cuBLASLt's A = a and B = b; autotuned first where the plan is due (Tune).
+  void Run(Plan& plan, const void* a, const void* b, float alpha, float beta, void* d);
+  void Tune(Plan& plan, const void* a, const void* b, float alpha, void* d);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer<unsigned char> workspace_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  bool autotune_ = true;
 };
 
 }  // namespace difftrain::cuda

@@ -301,6 +301,46 @@ TEST_F(GemmTest, OverwritingIgnoresWhatTheGradientHeld) {
   }
 }
 
+// Autotuning: a forward's plan is timed on its first call (its output is the reference's,
+// whichever candidate won), an accumulating weight gradient's is not (timing would add its
+// product several times), one that overwrites is; Tuning() sums what was timed.
+TEST_F(GemmTest, AutotuningTimesOnlyCallsThatOverwrite) {
+  const int N = kTokens, I = kHidden, O = kQkv;
+  Gemm gemm(stream_);
+  const Operands x(N, I, O, 950);
+  DeviceBuffer<bf16> in = UploadBf16(x.in), w = UploadBf16(x.w), bias = UploadBf16(x.bias);
+  DeviceBuffer<bf16> out(size_t(N) * O), d_dout = UploadBf16(x.dout);
+  gemm.Forward(out.data(), in.data(), w.data(), bias.data(), N, I, O, Epilogue::kBias);
+  Sync();
+  EXPECT_LE(RelativeL2(DownloadAsFloat(out), ToFloat(ReferenceForward(x, N, I, O, true))),
+            kBf16Tolerance);
+  GemmTuning t = gemm.Tuning();
+  EXPECT_EQ(t.plans, 1);
+  EXPECT_LE(t.tuned, 1);  // 0 where cuBLASLt offered one algorithm only
+  std::printf(
+      "note: autotuning N=%d I=%d O=%d forward: %d of %d plans timed, %d changed, %.3f ms "
+      "on the first choice, %.3f tuned\n",
+      N, I, O, t.tuned, t.plans, t.changed, t.heuristic_ms, t.tuned_ms);
+  if (t.tuned == 1) {
+    EXPECT_LE(t.tuned_ms, t.heuristic_ms);
+  }
+
+  DeviceBuffer<float> dw(size_t(O) * I);
+  Poison(dw);
+  gemm.BackwardWeight(dw.data(), d_dout.data(), in.data(), N, I, O, /*accumulate=*/true);
+  Sync();
+  EXPECT_EQ(gemm.Tuning().tuned, t.tuned) << "an accumulating call was timed";
+  gemm.BackwardWeight(dw.data(), d_dout.data(), in.data(), N, I, O, /*accumulate=*/false);
+  Sync();
+  t = gemm.Tuning();
+  EXPECT_EQ(t.plans, 2);
+  std::vector<double> want(size_t(O) * I, 0.0);
+  const std::vector<double> dout = ToDouble(x.dout), in_d = ToDouble(x.in), w_d = ToDouble(x.w);
+  cpu::LinearBackward<double>(nullptr, want.data(), nullptr, dout.data(), in_d.data(), w_d.data(),
+                              N, I, O);
+  EXPECT_LE(RelativeL2(DownloadAsFloat(dw), ToFloat(want)), kFloatTolerance);
+}
+
 // adaLN modulation: c [4, 1152] → 6 · 1152 fp32 vectors.
 TEST_F(GemmTest, AdaLnForwardFloat) {
   CheckForwardFloat(4, kHidden, 6 * kHidden, Epilogue::kBias, 500);

@@ -104,6 +104,7 @@ class DiT : private DiTActivations {
     bool use_graph = true;  // capture ForwardBackward as a CUDA graph
     AttentionKernels attention = AttentionKernels::kFlash;
     FlashVariant flash;
+    bool gemm_autotune = true;  // Gemm::set_autotune
   };
   // Whether the kernels take this model: every tensor of the parameter table must start at
   // a multiple of 8 elements and every GEMM's sizes must be multiples of 8 (16-byte aligned
@@ -185,6 +186,8 @@ class DiT : private DiTActivations {
   void OptimizerStep(double lr, int64_t step, const OptimizerConfig& config);
   // The squared global gradient norm of the last OptimizerStep (synchronises).
   double last_grad_norm_squared() const { return state_.last_grad_norm_squared(); }
+  // What the GEMMs' autotuning found (right after the first step: one step's calls).
+  GemmTuning gemm_tuning() const { return gemm_.Tuning(); }
 
   cudaStream_t stream() const { return stream_; }
 
