@@ -248,6 +248,8 @@ void BackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const b
   flash::BackwardArgs args{
       in, reinterpret_cast<const uint16_t*>(dout), lse, delta, Bits(dq), Bits(dk), Bits(dv)};
   if constexpr (kStored) {
+    // (The workspace's layout, FlashAttentionBackwardStoredWorkspace, is self-attention's.)
+    DT_CHECK(Tq == Tk, "the stored-score backward takes self-attention, found Tq={} Tk={}", Tq, Tk);
     args.ds = reinterpret_cast<uint16_t*>(workspace + StoredScoresOffset(B, Tq, H));
     args.ds_rows = flash::StoredScoresRows(Tk);
     args.ds_cols = flash::StoredScoresRows(Tq);

@@ -97,6 +97,13 @@ __global__ void BiasGradientAddKernel(float* dst, const float* __restrict__ src,
   if (i < n) dst[i] += src[i];
 }
 
+// dbias[0 … n) += the bias gradient an epilogue stored in scratch.
+void AddBiasGradient(float* dbias, const float* scratch, int n, cudaStream_t stream) {
+  constexpr unsigned kThreads = 256;
+  BiasGradientAddKernel<<<BlocksFor(n, kThreads), kThreads, 0, stream>>>(dbias, scratch, n);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
 void CheckShape(int N, int I, int O) {
   DT_CHECK(N > 0 && I > 0 && O > 0, "GEMM shape N={} I={} O={} must be positive", N, I, O);
   // cuBLASLt's tensor-core kernels need 16-byte aligned rows (leading dimensions); every ld below
@@ -497,9 +504,7 @@ void Gemm::BackwardWeightAndBias(float* dw, float* dbias, const bf16* dout, cons
   SetEpiloguePointers(plan->desc, scratch, nullptr);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;  // dw += ..., or dw = ...
   Run(*plan, in, dout, alpha, beta, dw);
-  constexpr unsigned kThreads = 256;
-  BiasGradientAddKernel<<<BlocksFor(O, kThreads), kThreads, 0, stream_>>>(dbias, scratch, O);
-  DT_CUDA_CHECK_LAUNCH();
+  AddBiasGradient(dbias, scratch, O, stream_);
 }
 
 bool Gemm::FusesBiasGradient(int N, int I, int O) {
@@ -539,9 +544,7 @@ void Gemm::BackwardInputGeluAndBias(bf16* din, float* dbias, const bf16* dout, c
   SetEpiloguePointers(plan->desc, scratch, gelu_pre);
   const float alpha = 1.0f, beta = 0.0f;
   Run(*plan, w, dout, alpha, beta, din);
-  constexpr unsigned kThreads = 256;
-  BiasGradientAddKernel<<<BlocksFor(I, kThreads), kThreads, 0, stream_>>>(dbias, scratch, I);
-  DT_CUDA_CHECK_LAUNCH();
+  AddBiasGradient(dbias, scratch, I, stream_);
 }
 
 bool Gemm::FusesGeluBiasGradient(int N, int I, int O) {
