@@ -24,7 +24,8 @@ CATEGORIES = [
     ("norms, modulation, residuals", r"LayerNorm|GatedResidual|GroupNorm"),
     # cuBLASLt's BGRADB epilogue runs as its own kernel, globalKernelBgradAB*.
     ("bias gradients", r"BiasGradient|Bgrad"),
-    ("optimizer, EMA, gradient norm", r"AdamW|Ema|SumOfSquares"),
+    # ZeroRanges: the gradients a step's first micro-batch does not write whole.
+    ("optimizer, EMA, gradients", r"AdamW|Ema|SumOfSquares|ZeroRanges"),
     ("activations, casts", r"Gelu|Silu|Geglu|Cast"),
     ("embeddings, layout, loss", r"Patchify|Unpatchify|Embedding|Timestep|SwapAxes|Loss|Im2col|Col2im|Tokens|Planes|Concat|Upsample"),
 ]
