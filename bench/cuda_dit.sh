@@ -157,6 +157,15 @@ for b in sorted({r["micro_batch"] for r in rows}):
         cell(d, "peak_mem_gib", "{:.1f}"), cell(e, "samples_per_s", "{:.1f}"),
         cell(c, "samples_per_s", "{:.1f}"), cell(c, "tflops", "{:.0f}"), cell(c, "mfu", "{:.1%}"),
         cell(c, "peak_mem_gib", "{:.1f}"), ratio))
+# What cuBLASLt autotuning found in each difftrain run (bench_cuda_dit's gemm_tuning: one step's
+# GEMMs timed on the heuristic's first choices and on the fastest candidates).
+for r in rows:
+    t = r.get("gemm_tuning")
+    if r.get("impl") == "difftrain" and t:
+        print("GEMM autotuning, micro-batch {} {}: {:.2f} ms a step on cuBLASLt's first choices, "
+              "{:.2f} tuned ({} of {} plans timed, {} changed)".format(
+                  r["micro_batch"], r["attention"], t["heuristic_ms_a_step"], t["tuned_ms_a_step"],
+                  t["tuned"], t["plans"], t["changed"]))
 EOF
 
 if [[ $profile == 1 ]]; then

@@ -64,8 +64,7 @@ TEST(NcuSummaryTest, FunctionNamesGroupByKernelAndCategory) {
   EXPECT_NE(r.output.find("| 0.39 | 2 | FlashDkvKernel |"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| 0.08 | GEMM (cuBLASLt) |"), std::string::npos) << r.output;
   // The gradient arena's zeroing (a step's first micro-batch) goes with the optimizer's passes.
-  EXPECT_NE(r.output.find("| 7.33 | optimizer, EMA, gradients |"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("| 7.33 | optimizer, EMA, gradients |"), std::string::npos) << r.output;
 }
 
 TEST(NcuSummaryTest, DemangledNamesLoseNamespacesTemplatesAndParameters) {
@@ -153,7 +152,8 @@ TEST(CudaDitScriptTest, TestProgramsWithoutNotesDoNotEndTheRun) {
   shift
 done
 printf '{"impl": "difftrain", "micro_batch": %s, "attention": "%s", "samples_per_s": 100.0, ' "$b" "$a"
-echo '"tflops": 71.2, "mfu": 0.072, "peak_mem_gib": 1.5}'
+printf '%s' '"tflops": 71.2, "mfu": 0.072, "peak_mem_gib": 1.5, "gemm_tuning": {"plans": 9, '
+echo '"tuned": 7, "changed": 2, "heuristic_ms_a_step": 34.5, "tuned_ms_a_step": 33.25}}'
 )");
   const CommandResult r = RunCommand(
       "CUDA_BENCH_OUT=" + ShellQuote(dir.path() + "/out") + " bash " +
@@ -163,6 +163,11 @@ echo '"tflops": 71.2, "mfu": 0.072, "peak_mem_gib": 1.5}'
   EXPECT_NE(r.output.find("cuda_first_test: PASSED  ] 3 tests."), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("note: bias gradient of N=8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| 4 | flash | 100.0 | 71 | 7.2% | 1.5 |"), std::string::npos)
+      << r.output;
+  // What autotuning found, under the table.
+  EXPECT_NE(r.output.find("GEMM autotuning, micro-batch 4 flash: 34.50 ms a step on cuBLASLt's "
+                          "first choices, 33.25 tuned (7 of 9 plans timed, 2 changed)"),
+            std::string::npos)
       << r.output;
 }
 

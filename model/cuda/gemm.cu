@@ -364,12 +364,16 @@ void SetEpiloguePointers(cublasLtMatmulDesc_t desc, const void* bias, const void
 }  // namespace
 
 void Gemm::Run(Plan& plan, const void* a, const void* b, float alpha, float beta, void* d) {
+  DT_CUBLAS_CHECK(TryRun(plan, a, b, alpha, beta, d));
+}
+
+cublasStatus_t Gemm::TryRun(Plan& plan, const void* a, const void* b, float alpha, float beta,
+                            void* d) {
   ++plan.calls;
   // (Timing runs the product several times: only where the output overwrites no input.)
   if (autotune_ && !plan.tuned && beta == 0.0f && d != a && d != b) Tune(plan, a, b, alpha, d);
-  DT_CUBLAS_CHECK(Lt().cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d,
-                                      plan.c, d, plan.d, &plan.algo, workspace_.data(),
-                                      plan.workspace_bytes, stream_));
+  return Lt().cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.c, d,
+                             plan.d, &plan.algo, workspace_.data(), plan.workspace_bytes, stream_);
 }
 
 void Gemm::Tune(Plan& plan, const void* a, const void* b, float alpha, void* d) {
@@ -533,18 +537,22 @@ void Gemm::BackwardInputGeluAndBias(bf16* din, float* dbias, const bf16* dout, c
   DT_CHECK(gelu_pre != nullptr, "BackwardInputGeluAndBias needs the GELU input");
   DT_CHECK(Aligned(din) && Aligned(dout) && Aligned(w) && Aligned(gelu_pre) && Aligned(scratch),
            "GEMM pointers must be {}-byte aligned", kAlignment);
-  Plan* plan = TryPlanFor(Key{kBackwardInput, kOutBf16, N, I, O, CUBLASLT_EPILOGUE_DGELU_BGRAD, 1});
-  if (plan == nullptr) {
-    BackwardInput(din, dout, w, N, I, O, gelu_pre);
-    BiasGradient(dbias, din, N, I, stream_);
-    return;
+  const Key key{kBackwardInput, kOutBf16, N, I, O, CUBLASLT_EPILOGUE_DGELU_BGRAD, 1};
+  if (Plan* plan = TryPlanFor(key); plan != nullptr) {
+    // dinᵀ[I, N] = wᵀ · doutᵀ: D has m = I rows (din's columns) and n = N columns (its rows),
+    // and the BGRAD sums run along each row of D, over n: din's column sums, I of them.
+    SetEpiloguePointers(plan->desc, scratch, gelu_pre);
+    const float alpha = 1.0f, beta = 0.0f;
+    if (TryRun(*plan, w, dout, alpha, beta, din) == CUBLAS_STATUS_SUCCESS) {
+      AddBiasGradient(dbias, scratch, I, stream_);
+      return;
+    }
+    // Offered by the heuristic, refused by the matmul (not seen yet): never again, and this
+    // call (and every later one) the unfused way.
+    plans_.insert_or_assign(key, nullptr);
   }
-  // dinᵀ[I, N] = wᵀ · doutᵀ: D has m = I rows (din's columns) and n = N columns (its rows), and
-  // the BGRAD sums run along each row of D, over n: din's column sums, I of them.
-  SetEpiloguePointers(plan->desc, scratch, gelu_pre);
-  const float alpha = 1.0f, beta = 0.0f;
-  Run(*plan, w, dout, alpha, beta, din);
-  AddBiasGradient(dbias, scratch, I, stream_);
+  BackwardInput(din, dout, w, N, I, O, gelu_pre);
+  BiasGradient(dbias, din, N, I, stream_);
 }
 
 bool Gemm::FusesGeluBiasGradient(int N, int I, int O) {

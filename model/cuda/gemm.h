@@ -120,6 +120,9 @@ class Gemm {
   // cublasLtMatmul of a plan (its descriptor's epilogue pointers already set): D = C = d,
   // cuBLASLt's A = a and B = b; autotuned first where the plan is due (Tune).
   void Run(Plan& plan, const void* a, const void* b, float alpha, float beta, void* d);
+  // Run, returning cuBLASLt's status instead of failing on an error (an epilogue the heuristic
+  // offered but the matmul refuses: its caller falls back).
+  cublasStatus_t TryRun(Plan& plan, const void* a, const void* b, float alpha, float beta, void* d);
   void Tune(Plan& plan, const void* a, const void* b, float alpha, void* d);
 
   cudaStream_t stream_;
