@@ -46,6 +46,13 @@ TEST_P(SumOfSquaresTest, MatchesCpu) {
   const double got = result.Download()[0], got_sum = second.Download()[0];
   EXPECT_NEAR(got, want_a, 1e-10 * want_a);  // both in double: only the order differs
   EXPECT_NEAR(got_sum, want_a + want_b, 1e-10 * (want_a + want_b));
+  // From an address that is not 16-byte aligned (a bucket's slice): the one-value kernel.
+  if (n > 1) {
+    const double want_tail = ::difftrain::SumOfSquares(a.data() + 1, n - 1);
+    SumOfSquares(result.data(), d_a.data() + 1, n - 1, ws_a.data(), /*accumulate=*/false, nullptr);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_NEAR(result.Download()[0], want_tail, 1e-10 * want_tail) << "unaligned";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, SumOfSquaresTest,
