@@ -12,7 +12,9 @@
 // shared memory through ldmatrix (.trans where the tile holds the product's k along its rows).
 // The backward pass is two kernels and no atomics, so it is deterministic: dK and dV with the
 // block's keys against every query tile, dQ with the block's queries against every key tile
-// (S and dP are computed twice: 7 products instead of FlashAttention-2's 5).
+// (S and dP are computed twice: 7 products instead of FlashAttention-2's 5), or, with stored
+// scores, dK and dV first, storing dSᵀ, and dQ from it (BackwardDqStored: 5 products, dS's round
+// trip through memory instead of the two recomputed).
 //
 // kStages: 1, the loop's tile is loaded by ordinary 16-byte copies between two barriers; 2,
 // double-buffered: tile t+1 is copied asynchronously (cp.async) into the other half of shared
