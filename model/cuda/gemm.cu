@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,9 @@ struct Gemm::Plan {
 Gemm::Gemm(cudaStream_t stream, size_t workspace_bytes)
     : stream_(stream), workspace_(workspace_bytes) {
   DT_CUBLAS_CHECK(Lt().cublasLtCreate(&handle_));
+  // The switch for a machine where autotuning misbehaves, without a rebuild (docs/cuda.md).
+  const char* autotune = std::getenv("DIFFTRAIN_GEMM_AUTOTUNE");
+  if (autotune != nullptr && std::string(autotune) == "0") autotune_ = false;
 }
 
 Gemm::~Gemm() {

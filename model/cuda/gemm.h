@@ -47,7 +47,8 @@ class Gemm {
   // times each on the call's own operands (a warm-up, then kTuneReps runs between CUDA events)
   // and keeps the fastest; the call then runs with it. Any algorithm the heuristic offers
   // computes the same product, so this changes speed, not results beyond the accumulation
-  // order. Off: the heuristic's first choice, as before.
+  // order. Off: the heuristic's first choice, as before; DIFFTRAIN_GEMM_AUTOTUNE=0 in the
+  // environment turns it off in every Gemm made after (set_autotune(true) turns it back on).
   static constexpr int kCandidates = 8;
   static constexpr int kTuneReps = 3;
   void set_autotune(bool on) { autotune_ = on; }

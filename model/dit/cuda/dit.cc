@@ -49,7 +49,7 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   const Status supported = Supports(config_);
   DT_CHECK(supported.ok(), "{}", supported.message());
   DT_CHECK(!options_.vb_loss || config_.learn_sigma, "the vb loss needs a learn_sigma model");
-  gemm_.set_autotune(options_.gemm_autotune);
+  if (!options_.gemm_autotune) gemm_.set_autotune(false);  // (on unless the environment says)
   const AttentionChoice attention = ChooseAttention(config_, options_);
   spatial_attention_ = attention.spatial;
   temporal_attention_ = attention.temporal;
