@@ -73,21 +73,8 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
     temp_embed_.Upload(full);
   }
 
-  // What a step's first micro-batch zeroes itself: every parameter but the GEMM weights, in
-  // runs of adjacent tensors.
-  const std::vector<size_t> gemm_weights = GemmWeights();
-  std::vector<uint64_t> ranges;
-  for (const TensorSpec& t : table_.tensors()) {
-    if (std::find(gemm_weights.begin(), gemm_weights.end(), t.offset) != gemm_weights.end()) {
-      continue;
-    }
-    if (!ranges.empty() && ranges[ranges.size() - 2] + ranges.back() == t.offset) {
-      ranges.back() += t.numel;
-    } else {
-      ranges.push_back(t.offset);
-      ranges.push_back(t.numel);
-    }
-  }
+  // What a step's first micro-batch zeroes itself.
+  const std::vector<uint64_t> ranges = FirstMicroBatchZeroes(config_);
   zero_range_count_ = static_cast<int>(ranges.size() / 2);
   for (size_t r = 1; r < ranges.size(); r += 2)
     longest_zero_range_ = std::max<size_t>(longest_zero_range_, ranges[r]);
@@ -97,9 +84,28 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   }
 }
 
-std::vector<size_t> DiT::GemmWeights() const {
-  std::vector<size_t> w = {p_.x_w, p_.t1_w, p_.t2_w, p_.fada_w, p_.flin_w};
-  for (const DiTBlockParams& o : p_.blocks) {
+std::vector<uint64_t> DiT::FirstMicroBatchZeroes(const DiTConfig& config) {
+  const TensorTable table = ShardParameters(config, DiTShard::Whole(config)).table;
+  const std::vector<size_t> gemm_weights =
+      GemmWeights(DiTParams::Bind(table, DiTShard::Whole(config)));
+  std::vector<uint64_t> ranges;
+  for (const TensorSpec& t : table.tensors()) {
+    if (std::find(gemm_weights.begin(), gemm_weights.end(), t.offset) != gemm_weights.end()) {
+      continue;
+    }
+    if (!ranges.empty() && ranges[ranges.size() - 2] + ranges.back() == t.offset) {
+      ranges.back() += t.numel;  // adjacent to the run before: one range
+    } else {
+      ranges.push_back(t.offset);
+      ranges.push_back(t.numel);
+    }
+  }
+  return ranges;
+}
+
+std::vector<size_t> DiT::GemmWeights(const DiTParams& p) {
+  std::vector<size_t> w = {p.x_w, p.t1_w, p.t2_w, p.fada_w, p.flin_w};
+  for (const DiTBlockParams& o : p.blocks) {
     for (const size_t b : {o.ada_w, o.qkv_w, o.proj_w, o.fc1_w, o.fc2_w})
       w.push_back(b);
   }

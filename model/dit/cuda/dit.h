@@ -186,6 +186,10 @@ class DiT : private DiTActivations {
   void OptimizerStep(double lr, int64_t step, const OptimizerConfig& config);
   // The squared global gradient norm of the last OptimizerStep (synchronises).
   double last_grad_norm_squared() const { return state_.last_grad_norm_squared(); }
+  // What the first ForwardBackward after ZeroGradients zeroes before it runs, as (offset,
+  // count) pairs over the gradient arena: every parameter outside GemmWeights, adjacent ones
+  // merged (the biases, norms' and embedders' vectors, the label table). Needs no GPU.
+  static std::vector<uint64_t> FirstMicroBatchZeroes(const DiTConfig& config);
   // What the GEMMs' autotuning found (right after the first step: one step's calls).
   GemmTuning gemm_tuning() const { return gemm_.Tuning(); }
 
@@ -252,10 +256,9 @@ class DiT : private DiTActivations {
   const float* Master(size_t offset) const { return state_.master() + offset; }
   const bf16* W(size_t offset) const { return state_.weights() + offset; }
   float* G(size_t offset) { return state_.gradients() + offset; }
-  // The Linear weights whose gradient Backward writes whole with one GEMM (all of them): with
-  // overwrite_ their GEMMs write (β = 0) rather than add; every other parameter is in
-  // zero_ranges_.
-  std::vector<size_t> GemmWeights() const;
+  // The offsets of the Linear weights whose gradient Backward writes whole with one GEMM (all
+  // of them): with overwrite_ their GEMMs write (β = 0) rather than add.
+  static std::vector<size_t> GemmWeights(const DiTParams& p);
   void WeightGradient(size_t w, const bf16* dout, const bf16* in, int N, int I, int O) {
     gemm_.BackwardWeight(G(w), dout, in, N, I, O, /*accumulate=*/!overwrite_);
   }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <string>
 
 #include "model/cuda/testing.h"
 #include "model/dit/dit.h"
@@ -194,6 +195,49 @@ TEST(CudaDiTSupport, DeviceBytesWithoutAGpuAreWhatTheH100Allocated) {
   // The batched-GEMM attention keeps every head's scores: more than flash's.
   EXPECT_GT(DiT::ActivationBytes(xl, 32, {.attention = AttentionKernels::kGemm, .flash = {}}),
             DiT::ActivationBytes(xl, 32));
+}
+
+// What a step's first micro-batch zeroes (no GPU needed): exactly the tensors that are not a
+// Linear's weight (named "*.weight", the label table aside, whose gradient is scattered into),
+// as sorted, disjoint, merged ranges. DiT-XL/2, Latte-L/2 over 16 frames without classes, and
+// the tiny DiT.
+TEST(CudaDiTSupport, FirstMicroBatchZeroesEveryTensorButTheGemmWeights) {
+  const auto gemm_weight = [](const TensorSpec& t) {
+    const std::string suffix = ".weight";
+    return t.name.size() > suffix.size() &&
+           t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+           t.name != "y_embedder.embedding_table.weight";
+  };
+  DiTConfig latte = SizedConfigByName("Latte", "Latte-L/2", 32).value();
+  latte.video = true;
+  latte.num_frames = 16;
+  latte.num_classes = 0;
+  // The share of the parameters that are GEMM weights, at least (the tiny DiT's label table
+  // is large beside its layers).
+  for (const auto& [c, share] : {std::pair{DiTConfigByName("DiT-XL/2", 32).value(), 0.99},
+                                 std::pair{latte, 0.99}, std::pair{Tiny(), 0.9}}) {
+    SCOPED_TRACE(c.video ? "Latte" : "DiT");
+    const TensorTable table = ShardParameters(c, DiTShard::Whole(c)).table;
+    const std::vector<uint64_t> ranges = DiT::FirstMicroBatchZeroes(c);
+    ASSERT_EQ(ranges.size() % 2, 0u);
+    std::vector<bool> zeroed(table.total(), false);
+    for (size_t r = 0; r < ranges.size(); r += 2) {
+      ASSERT_LE(ranges[r] + ranges[r + 1], table.total());
+      if (r > 0) {
+        EXPECT_LT(ranges[r - 2] + ranges[r - 1], ranges[r]) << "unsorted or unmerged";
+      }
+      std::fill_n(zeroed.begin() + ranges[r], ranges[r + 1], true);
+    }
+    size_t weights = 0;
+    for (const TensorSpec& t : table.tensors()) {
+      const bool gemm = gemm_weight(t);
+      weights += gemm ? t.numel : 0;
+      EXPECT_EQ(std::count(zeroed.begin() + t.offset, zeroed.begin() + t.offset + t.numel, !gemm),
+                static_cast<std::ptrdiff_t>(t.numel))
+          << t.name;
+    }
+    EXPECT_GT(double(weights), share * double(table.total()));
+  }
 }
 
 TEST(CudaDiTTest, TinyStepMatchesTheCpuModel) {
