@@ -74,7 +74,7 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   }
 
   // What a step's first micro-batch zeroes itself.
-  const std::vector<uint64_t> ranges = FirstMicroBatchZeroes(config_);
+  const std::vector<uint64_t> ranges = FirstMicroBatchZeroes(table_, p_);
   zero_range_count_ = static_cast<int>(ranges.size() / 2);
   for (size_t r = 1; r < ranges.size(); r += 2)
     longest_zero_range_ = std::max<size_t>(longest_zero_range_, ranges[r]);
@@ -84,10 +84,8 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   }
 }
 
-std::vector<uint64_t> DiT::FirstMicroBatchZeroes(const DiTConfig& config) {
-  const TensorTable table = ShardParameters(config, DiTShard::Whole(config)).table;
-  const std::vector<size_t> gemm_weights =
-      GemmWeights(DiTParams::Bind(table, DiTShard::Whole(config)));
+std::vector<uint64_t> DiT::FirstMicroBatchZeroes(const TensorTable& table, const DiTParams& p) {
+  const std::vector<size_t> gemm_weights = GemmWeights(p);
   std::vector<uint64_t> ranges;
   for (const TensorSpec& t : table.tensors()) {
     if (std::find(gemm_weights.begin(), gemm_weights.end(), t.offset) != gemm_weights.end()) {

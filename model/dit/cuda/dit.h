@@ -188,8 +188,9 @@ class DiT : private DiTActivations {
   double last_grad_norm_squared() const { return state_.last_grad_norm_squared(); }
   // What the first ForwardBackward after ZeroGradients zeroes before it runs, as (offset,
   // count) pairs over the gradient arena: every parameter outside GemmWeights, adjacent ones
-  // merged (the biases, norms' and embedders' vectors, the label table). Needs no GPU.
-  static std::vector<uint64_t> FirstMicroBatchZeroes(const DiTConfig& config);
+  // merged (the biases, norms' and embedders' vectors, the label table), for a whole model's
+  // table and its binding. Needs no GPU.
+  static std::vector<uint64_t> FirstMicroBatchZeroes(const TensorTable& table, const DiTParams& p);
   // What the GEMMs' autotuning found (right after the first step: one step's calls).
   GemmTuning gemm_tuning() const { return gemm_.Tuning(); }
 

@@ -218,7 +218,8 @@ TEST(CudaDiTSupport, FirstMicroBatchZeroesEveryTensorButTheGemmWeights) {
                                  std::pair{latte, 0.99}, std::pair{Tiny(), 0.9}}) {
     SCOPED_TRACE(c.video ? "Latte" : "DiT");
     const TensorTable table = ShardParameters(c, DiTShard::Whole(c)).table;
-    const std::vector<uint64_t> ranges = DiT::FirstMicroBatchZeroes(c);
+    const std::vector<uint64_t> ranges =
+        DiT::FirstMicroBatchZeroes(table, DiTParams::Bind(table, DiTShard::Whole(c)));
     ASSERT_EQ(ranges.size() % 2, 0u);
     std::vector<bool> zeroed(table.total(), false);
     for (size_t r = 0; r < ranges.size(); r += 2) {
