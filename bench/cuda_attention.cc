@@ -8,7 +8,8 @@
 // Kernels: flash and flash-pipelined (one and two stages), flash-wide and flash-pipelined-wide
 // (their forward with two m-tiles a warp, the same backward), flash-pipelined-wide-stored (that
 // forward, and the two-stage backward with dQ from the score gradients the dK/dV kernel stores:
-// FlashAttentionBackwardStored), gemm (cuBLASLt batched GEMMs over materialised scores) and fused
+// FlashAttentionBackwardStored), flash-short (one warp a sequence and head, at most 16 tokens:
+// FlashAttentionForwardShort), gemm (cuBLASLt batched GEMMs over materialised scores) and fused
 // (the wmma kernels).
 //
 // For each kernel: the forward (out and lse from a packed qkv [B, T, 3·D]) and the backward
@@ -146,6 +147,14 @@ int Run(const Options& o) {
          cuda::FlashAttentionBackwardStored(dx, dy, x, y, l, workspace.data(), B, T, D, H,
                                             cuda::FlashStages::kTwo, stream);
        }},
+      // At most 16 tokens (Latte's temporal attention over 16 frames): one warp a sequence.
+      {"flash-short",
+       [&](bf16* y, float* l, const bf16* x) {
+         cuda::FlashAttentionForwardShort(y, l, x, B, T, D, H, stream);
+       },
+       [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
+         cuda::FlashAttentionBackwardShort(dx, dy, x, y, l, B, T, D, H, stream);
+       }},
       {"fused",
        [&](bf16* y, float* l, const bf16* x) {
          cuda::AttentionForward(y, l, x, B, T, D, H, stream);
@@ -172,6 +181,11 @@ int Run(const Options& o) {
     }
     if (name == "gemm" && !cuda::GemmAttentionTakes(T, D, H)) {
       std::fprintf(stderr, "bench_cuda_attention: the GEMM attention does not take T=%d\n", T);
+      return 2;
+    }
+    if (name == "flash-short" && !cuda::FlashShortFits(T, T)) {
+      std::fprintf(stderr, "bench_cuda_attention: flash-short takes up to %d tokens, not %d\n",
+                   cuda::kFlashShortRows, T);
       return 2;
     }
     chosen.push_back(*it);
@@ -261,6 +275,7 @@ int main(int argc, char** argv) {
   app.add_option("--kernels", o.kernels,
                  "comma-separated, the first the reference for the others' results: flash, "
                  "flash-pipelined, flash-wide, flash-pipelined-wide, flash-pipelined-wide-stored, "
+                 "flash-short (at most 16 tokens), "
                  "gemm, fused")
       ->capture_default_str();
   app.add_option("--reps", o.reps, "timed runs of each")

@@ -42,6 +42,7 @@ struct Options {
   int steps = 20;
   bool no_graph = false;
   bool no_gemm_autotune = false;
+  bool no_short_attention = false;  // the general flash kernels over sequences of ≤ 16 rows too
   // flash[-pipelined][-wide][-stored], gemm or fused; the default is the model's
   // (cuda::FlashVariant).
   std::string attention = "flash-pipelined-wide-stored";
@@ -124,11 +125,12 @@ int Run(const Options& o) {
   const cuda::AttentionKernels attention = flash                    ? cuda::AttentionKernels::kFlash
                                            : o.attention == "fused" ? cuda::AttentionKernels::kFused
                                                                     : cuda::AttentionKernels::kGemm;
-  const cuda::FlashVariant variant{
-      .stages = o.attention.find("pipelined") != std::string::npos ? cuda::FlashStages::kTwo
-                                                                   : cuda::FlashStages::kOne,
-      .wide_forward = o.attention.find("wide") != std::string::npos,
-      .stored_scores = o.attention.find("stored") != std::string::npos};
+  const cuda::FlashVariant variant{.stages = o.attention.find("pipelined") != std::string::npos
+                                                 ? cuda::FlashStages::kTwo
+                                                 : cuda::FlashStages::kOne,
+                                   .wide_forward = o.attention.find("wide") != std::string::npos,
+                                   .stored_scores = o.attention.find("stored") != std::string::npos,
+                                   .short_sequences = !o.no_short_attention};
   cuda::DiT model(c, stream,
                   {.vb_loss = false,
                    .use_graph = !o.no_graph,
@@ -171,6 +173,7 @@ int Run(const Options& o) {
                         {"model", o.model},
                         {"mode", o.no_graph ? "eager" : "cuda-graph"},
                         {"attention", o.attention},
+                        {"short_attention", flash && !o.no_short_attention},
                         {"micro_batch", o.micro_batch},
                         {"frames", c.frames()},
                         {"num_classes", c.num_classes},
@@ -218,6 +221,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-graph", o.no_graph, "launch every kernel instead of replaying a CUDA graph");
   app.add_flag("--no-gemm-autotune", o.no_gemm_autotune,
                "cuBLASLt's first algorithm for each GEMM instead of the fastest of its candidates");
+  app.add_flag("--no-short-attention", o.no_short_attention,
+               "flash: the general kernels also over sequences of at most 16 rows (Latte's "
+               "temporal attention over 16 frames), instead of the short-sequence kernels");
   app.add_option("--attention", o.attention,
                  "gemm: batched GEMMs in the spatial blocks; fused: the wmma kernels; flash: the "
                  "mma.sync flash kernels; flash-pipelined: those with double-buffered cp.async "

@@ -17,7 +17,7 @@
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# KERNELS_S, LATTE_S for each attention): 685 s in all, more than the device's 600 s a call,
+# KERNELS_S, LATTE_S for each Latte run): 700 s in all, more than the device's 600 s a call,
 # but an H100 session (2026-11-27) took 505 s of them (the bench 345 at micro-batches 32 and
 # 128, 42 s of it the GPU tests and 120 each torch.compile's rows); should a long bench leave
 # too little, what is cut short is Latte, last. OUT/steps.txt says how long each step took and how
@@ -75,7 +75,7 @@ attention_kernels() {
   "$bin/bench_cuda_attention" --batch 32 --tokens 256 --hidden 1152 --heads 16 \
     --kernels "$FLASH_VARIANTS,gemm,fused" &&
     "$bin/bench_cuda_attention" --batch 2048 --tokens 16 --hidden 1024 --heads 16 \
-      --kernels "$FLASH_VARIANTS,fused"
+      --kernels "$FLASH_VARIANTS,flash-short,fused"
 }
 export bin FLASH_VARIANTS
 export -f attention_kernels  # for `timeout`, which runs programs, not functions
@@ -152,10 +152,18 @@ export -f kernel_sections
 step "ncu kernel sections" "$KERNELS_S" bash -c kernel_sections >>"$out/profile.txt" 2>&1
 
 # Latte-L/2, 16 frames of 32×32 latents (4,096 tokens a video), unconditional: one JSON line
-# per attention (difftrain alone: the PyTorch reference is DiT's).
-for a in ${LATTE_ATTENTIONS:-${ATTENTIONS//,/ }}; do
-  step "latte $a" "$LATTE_S" "$bin/bench_cuda_dit" --model Latte-L/2 --frames 16 --num-classes 0 \
-    --micro-batch 8 --warmup 3 --steps 10 --attention "$a" >>"$out/latte.jsonl" 2>&1
+# per attention (difftrain alone: the PyTorch reference is DiT's), the first also with the general
+# flash kernels in the temporal blocks (--no-short-attention; its row's short_attention: false)
+# beside the short-sequence ones, the model's default, written without a GPU.
+latte() {
+  step "latte $*" "$LATTE_S" "$bin/bench_cuda_dit" --model Latte-L/2 --frames 16 --num-classes 0 \
+    --micro-batch 8 --warmup 3 --steps 10 "$@" >>"$out/latte.jsonl" 2>&1
+}
+latte_attentions=(${LATTE_ATTENTIONS:-${ATTENTIONS//,/ }})
+latte --attention "${latte_attentions[0]}"
+latte --attention "${latte_attentions[0]}" --no-short-attention
+for a in "${latte_attentions[@]:1}"; do
+  latte --attention "$a"
 done
 rm -f "$out/sanitizer.log"
 ls "$out"

@@ -19,6 +19,7 @@
 #include "model/cpu/attention.h"
 #include "model/cuda/embed.h"
 #include "model/cuda/flash_attention.h"
+#include "model/cuda/flash_short_kernels.h"
 #include "model/cuda/gemm_attention.h"
 #include "model/cuda/testing.h"
 
@@ -486,6 +487,64 @@ TEST(FlashAttentionTest, AcrossFramesGivesTheTokenMajorBits) {
   }
 }
 
+// The short-sequence kernels (one warp a sequence and head, at most 16 rows) give the bits of the
+// general one-stage kernels: packed qkv at Latte-L/2's heads over 16 frames (37 sequences: the
+// last block with a warp idle), hd 72 over 13 rows, hd 128 over one; and Latte's video read in
+// place (2 videos of 16 frames of 64 tokens) with and without them. The backward of each reads
+// the general forward's out and lse.
+TEST(FlashAttentionTest, ShortKernelsGiveTheGeneralBits) {
+  DT_SKIP_WITHOUT_GPU();
+  struct Shape {
+    int B, T, D, H;
+  };
+  for (const Shape& s : {Shape{37, 16, 1024, 16}, Shape{5, 13, 144, 2}, Shape{3, 1, 256, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " hd=" << s.D / s.H);
+    const size_t n = size_t(s.B) * s.T;
+    DeviceBuffer<bf16> qkv = testing::UploadBf16(testing::RandomVector(n * 3 * s.D, 43, 1.5));
+    DeviceBuffer<bf16> dout = testing::UploadBf16(testing::RandomVector(n * s.D, 44));
+    DeviceBuffer<bf16> out(n * s.D), out_short(n * s.D), dqkv(n * 3 * s.D), dqkv_short(n * 3 * s.D);
+    DeviceBuffer<float> lse(size_t(s.B) * s.H * s.T), lse_short(lse.size());
+    DeviceBuffer<float> workspace(FlashAttentionBackwardWorkspace(s.B, s.T, s.H));
+    testing::Poison(out_short);
+    testing::Poison(dqkv_short);
+    FlashAttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.D, s.H, nullptr);
+    FlashAttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                           workspace.data(), s.B, s.T, s.D, s.H, nullptr);
+    FlashAttentionForwardShort(out_short.data(), lse_short.data(), qkv.data(), s.B, s.T, s.D, s.H,
+                               nullptr);
+    FlashAttentionBackwardShort(dqkv_short.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                s.B, s.T, s.D, s.H, nullptr);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(SameBits(out_short.Download(), out.Download())) << "out";
+    EXPECT_TRUE(SameBits(dqkv_short.Download(), dqkv.Download())) << "dqkv";
+    const std::vector<float> a = lse_short.Download(), b = lse.Download();
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "lse";
+  }
+  const int B = 2, F = 16, T = 64, D = 1024, H = 16, S = B * T;
+  const size_t n = size_t(B) * F * T;
+  DeviceBuffer<bf16> qkv = testing::UploadBf16(testing::RandomVector(n * 3 * D, 45, 1.5));
+  DeviceBuffer<bf16> dout = testing::UploadBf16(testing::RandomVector(n * D, 46));
+  DeviceBuffer<bf16> out[2] = {DeviceBuffer<bf16>(n * D), DeviceBuffer<bf16>(n * D)};
+  DeviceBuffer<bf16> dqkv[2] = {DeviceBuffer<bf16>(n * 3 * D), DeviceBuffer<bf16>(n * 3 * D)};
+  DeviceBuffer<float> lse[2] = {DeviceBuffer<float>(size_t(S) * H * F),
+                                DeviceBuffer<float>(size_t(S) * H * F)};
+  DeviceBuffer<float> workspace(FlashAttentionBackwardWorkspace(S, F, H));
+  for (const int i : {0, 1}) {  // 1: the short kernels
+    testing::Poison(out[i]);
+    testing::Poison(dqkv[i]);
+    FlashAttentionForwardAcrossFrames(out[i].data(), lse[i].data(), qkv.data(), B, F, T, D, H,
+                                      FlashStages::kTwo, false, nullptr, i == 1);
+    FlashAttentionBackwardAcrossFrames(dqkv[i].data(), dout.data(), qkv.data(), out[0].data(),
+                                       lse[0].data(), workspace.data(), B, F, T, D, H,
+                                       FlashStages::kTwo, nullptr, i == 1);
+  }
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(SameBits(out[1].Download(), out[0].Download())) << "across frames: out";
+  EXPECT_TRUE(SameBits(dqkv[1].Download(), dqkv[0].Download())) << "across frames: dqkv";
+  const std::vector<float> a = lse[1].Download(), b = lse[0].Download();
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "across frames: lse";
+}
+
 // No atomics: two backward passes give the same bits.
 TEST(FlashAttentionTest, BackwardIsDeterministic) {
   DT_SKIP_WITHOUT_GPU();
@@ -509,8 +568,14 @@ TEST(FlashAttentionTest, TakesHeadDimsUpTo128InEverySm80Gpu) {
     EXPECT_TRUE(FlashAttentionTakes(hd)) << hd;
     EXPECT_LE(FlashAttentionSharedBytes(hd), size_t{99} * 1024) << hd;
     EXPECT_LE(FlashAttentionSharedBytes(hd, FlashStages::kTwo), size_t{99} * 1024) << hd;
-    EXPECT_GT(FlashAttentionSharedBytes(hd, FlashStages::kTwo), FlashAttentionSharedBytes(hd));
+    // (Equal at hd 128, where the short-sequence backward takes the most.)
+    EXPECT_GE(FlashAttentionSharedBytes(hd, FlashStages::kTwo), FlashAttentionSharedBytes(hd));
   }
+  // The short-sequence kernels' (four warps a block), at hd 128 the most.
+  EXPECT_LE(flash::ShortBackwardSmemBytes<128>(), size_t{99} * 1024);
+  EXPECT_LE(flash::ShortForwardSmemBytes<128>(), flash::ShortBackwardSmemBytes<128>());
+  EXPECT_TRUE(FlashShortFits(16, 16));
+  EXPECT_FALSE(FlashShortFits(17, 16));
   EXPECT_FALSE(FlashAttentionTakes(160));
   EXPECT_FALSE(FlashAttentionTakes(20));
   EXPECT_EQ(FlashAttentionBackwardWorkspace(2, 256, 16), size_t{2} * 16 * 256);

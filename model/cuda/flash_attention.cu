@@ -11,6 +11,7 @@
 #include "model/cuda/attention.h"
 #include "model/cuda/device_primitives.cuh"
 #include "model/cuda/flash_kernels.h"
+#include "model/cuda/flash_short_kernels.h"
 
 namespace difftrain::cuda {
 namespace {
@@ -60,6 +61,16 @@ __global__ void DT_FLASH_DKV_BOUNDS FlashDkvThreeBlocksKernel(flash::BackwardArg
 template <int HDP, int kStages>
 __global__ void __launch_bounds__(flash::kThreads) FlashDqStoredKernel(flash::BackwardArgs args) {
   flash::BackwardDqStored<HDP, DevicePrimitives, kStages>(args);
+}
+template <int HDP>
+__global__ void __launch_bounds__(flash::kThreads)
+    FlashShortForwardKernel(flash::ForwardArgs args, int sequences) {
+  flash::ShortForward<HDP, DevicePrimitives>(args, sequences);
+}
+template <int HDP>
+__global__ void __launch_bounds__(flash::kThreads)
+    FlashShortBackwardKernel(flash::BackwardArgs args, int sequences) {
+  flash::ShortBackward<HDP, DevicePrimitives>(args, sequences);
 }
 template <int HDP, int kStages>
 constexpr bool kDkvThreeBlocks = kStages == 2 && HDP <= 80;
@@ -151,8 +162,10 @@ size_t FlashAttentionSharedBytes(int hd, FlashStages stages) {
       return std::max({flash::ForwardSmemBytes<HDP, kStages>(), flash::DqSmemBytes<HDP, kStages>(),
                        flash::DkvSmemBytes<HDP, kStages>()});
     };
-    return stages == FlashStages::kTwo ? most(std::integral_constant<int, 2>())
-                                       : most(std::integral_constant<int, 1>());
+    const size_t staged = stages == FlashStages::kTwo ? most(std::integral_constant<int, 2>())
+                                                      : most(std::integral_constant<int, 1>());
+    return std::max(
+        {staged, flash::ShortForwardSmemBytes<HDP>(), flash::ShortBackwardSmemBytes<HDP>()});
   });
 }
 
@@ -291,6 +304,62 @@ void BackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const b
   });
 }
 
+// The short-sequence kernels over B sequences (flash_short_kernels.h): one block of kWarps
+// warps for every kWarps (sequence, head) pairs.
+void CheckShort(const flash::Operands& in, int B) {
+  DT_CHECK(flash::ShortFits(in.Tq, in.Tk),
+           "the short-sequence attention takes up to {} queries and keys, found Tq={} Tk={}",
+           flash::kShortRows, in.Tq, in.Tk);
+  DT_CHECK(flash::ShortBlocks(B, in.H) <= 0x7fffffff, "{} sequences of {} heads are too many", B,
+           in.H);
+}
+
+// Launches a short-sequence kernel over B sequences of H heads with `smem` bytes of shared
+// memory (allowed by the caller).
+template <typename Args>
+void LaunchShort(void (*kernel)(Args, int), const Args& args, size_t smem, int B, int H,
+                 cudaStream_t stream) {
+  kernel<<<static_cast<unsigned>(flash::ShortBlocks(B, H)), flash::kThreads, smem, stream>>>(args,
+                                                                                             B);
+  DT_CUDA_CHECK_LAUNCH();
+}
+
+void ShortForwardOn(const flash::Operands& in, bf16* out, float* lse, int B, cudaStream_t stream) {
+  CheckShort(in, B);
+  DT_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "out is not 16-byte aligned");
+  const flash::ForwardArgs args{in, Bits(out), lse};
+  flash::WithPaddedHeadDim(in.D / in.H, [&](auto padded) {
+    constexpr int HDP = decltype(padded)::value;
+    constexpr size_t kSmem = flash::ShortForwardSmemBytes<HDP>();
+    static const bool allowed = AllowSmem(&FlashShortForwardKernel<HDP>, kSmem);
+    static_cast<void>(allowed);
+    LaunchShort(&FlashShortForwardKernel<HDP>, args, kSmem, B, in.H, stream);
+  });
+}
+
+void ShortBackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const bf16* dout,
+                     const bf16* out, const float* lse, int B, cudaStream_t stream) {
+  CheckShort(in, B);
+  for (const void* p :
+       {static_cast<const void*>(dq), static_cast<const void*>(dk), static_cast<const void*>(dv),
+        static_cast<const void*>(dout), static_cast<const void*>(out)}) {
+    DT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+             "dq, dk, dv, dout and out must be 16-byte aligned");
+  }
+  DT_CHECK(in.o_stride % 8 == 0 && in.o_inner % 8 == 0,
+           "the attention's dout and out rows must be 16-byte aligned");
+  flash::BackwardArgs args{
+      in, reinterpret_cast<const uint16_t*>(dout), lse, nullptr, Bits(dq), Bits(dk), Bits(dv)};
+  args.out = reinterpret_cast<const uint16_t*>(out);
+  flash::WithPaddedHeadDim(in.D / in.H, [&](auto padded) {
+    constexpr int HDP = decltype(padded)::value;
+    constexpr size_t kSmem = flash::ShortBackwardSmemBytes<HDP>();
+    static const bool allowed = AllowSmem(&FlashShortBackwardKernel<HDP>, kSmem);
+    static_cast<void>(allowed);
+    LaunchShort(&FlashShortBackwardKernel<HDP>, args, kSmem, B, in.H, stream);
+  });
+}
+
 template <int kStages>
 void Backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
               const bf16* v, size_t q_stride, size_t kv_stride, const bf16* out, const float* lse,
@@ -378,10 +447,26 @@ void FlashAttentionBackwardStored(bf16* dqkv, const bf16* dout, const bf16* qkv,
   backward(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, workspace, B, stream, dqkv_bias);
 }
 
+void FlashAttentionForwardShort(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
+                                cudaStream_t stream) {
+  const size_t stride = 3 * size_t(D);
+  ShortForwardOn(MakeOperands(qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H), out, lse,
+                 B, stream);
+}
+
+void FlashAttentionBackwardShort(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                                 const float* lse, int B, int T, int D, int H,
+                                 cudaStream_t stream) {
+  const size_t stride = 3 * size_t(D);
+  ShortBackwardOn(MakeOperands(qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H), dqkv,
+                  dqkv + D, dqkv + 2 * D, dout, out, lse, B, stream);
+}
+
 void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, int B, int F, int T,
                                        int D, int H, FlashStages stages, bool wide,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, bool short_kernels) {
   const flash::Operands in = AcrossFrames(qkv, B, F, T, D, H);
+  if (short_kernels && FlashShortFits(F, F)) return ShortForwardOn(in, out, lse, B * T, stream);
   const bool two = stages == FlashStages::kTwo;
   const auto forward = wide ? (two ? &ForwardOn<2, 2> : &ForwardOn<1, 2>)
                             : (two ? &ForwardOn<2, 1> : &ForwardOn<1, 1>);
@@ -391,8 +476,11 @@ void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, i
 void FlashAttentionBackwardAcrossFrames(bf16* dqkv, const bf16* dout, const bf16* qkv,
                                         const bf16* out, const float* lse, float* workspace, int B,
                                         int F, int T, int D, int H, FlashStages stages,
-                                        cudaStream_t stream) {
+                                        cudaStream_t stream, bool short_kernels) {
   const flash::Operands in = AcrossFrames(qkv, B, F, T, D, H);
+  if (short_kernels && FlashShortFits(F, F)) {
+    return ShortBackwardOn(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, B * T, stream);
+  }
   const auto backward = stages == FlashStages::kTwo ? &BackwardOn<2> : &BackwardOn<1>;
   backward(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, workspace, B * T, stream, nullptr);
 }

@@ -26,7 +26,8 @@ enum class FlashStages { kOne, kTwo };
 
 // Shared memory per block the kernels need at head dim hd (the dK/dV kernel takes the most):
 // one stage, 36.5 KiB up to hd 64, 44.5 KiB to 80, 51.25 KiB to 128 (32-row inner tiles
-// there); two, 55, 67 and 68.5 KiB. Every sm_80+ GPU allows either.
+// there); two, 55, 67 and 68.5 KiB; at least the short-sequence backward's (below), 47.5, 58
+// and 89.5 KiB. Every sm_80+ GPU allows each (99 KiB at least).
 size_t FlashAttentionSharedBytes(int hd, FlashStages stages = FlashStages::kOne);
 
 // Floats of the workspace FlashAttentionBackward takes: delta [B, H, Tq].
@@ -86,19 +87,38 @@ void FlashAttentionBackwardStored(bf16* dqkv, const bf16* dout, const bf16* qkv,
                                   FlashStages stages, cudaStream_t stream,
                                   float* dqkv_bias = nullptr);
 
+// Short sequences, at most kFlashShortRows queries and keys (Latte's temporal attention over
+// 16 frames; model/cuda/flash_short_kernels.h): one warp a sequence and head, its 16 rows one
+// m-tile, where the kernels above give a sequence a block of 64 or 128 query rows and tiles of 64
+// keys, three quarters of them padding at 16 frames (on an H100: 256 us forward and 793 backward
+// for Latte-L/2's temporal attention at micro-batch 8, against ~90 and ~180 at the memory's
+// rate); and a backward of one kernel that computes delta itself, reading q, k, v, out and dout
+// once (no workspace). The same bits as the kernels above (the CPU emulator's
+// FlashShortEmulated; attention_test.cc on a GPU). Written without a GPU: not yet timed.
+inline constexpr int kFlashShortRows = 16;
+constexpr bool FlashShortFits(int Tq, int Tk) {
+  return Tq <= kFlashShortRows && Tk <= kFlashShortRows;
+}
+// Self-attention over a packed qkv [B, T, 3·D], T ≤ kFlashShortRows.
+void FlashAttentionForwardShort(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
+                                cudaStream_t stream);
+void FlashAttentionBackwardShort(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                                 const float* lse, int B, int T, int D, int H, cudaStream_t stream);
+
 // Latte's temporal attention straight from a frame-major video's packed qkv [B, F, T, 3·D]:
 // each of the B·T token positions is a sequence across the F frames, without copying the
 // video token-major first. out (and dout) [B, F, T, D], dqkv like qkv; lse [B·T, H, F] and the
 // workspace (FlashAttentionBackwardWorkspace(B·T, F, H)) per sequence. The same kernels, with
-// `stages` stages and, for `wide`, two m-tiles a warp in the forward: the same bits as the
-// token-major copy through the functions above.
+// `stages` stages and, for `wide`, two m-tiles a warp in the forward, or, with `short_kernels`
+// where F ≤ kFlashShortRows, the short-sequence kernels (which take neither option nor the
+// workspace): the same bits as the token-major copy through the functions above.
 void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, int B, int F, int T,
                                        int D, int H, FlashStages stages, bool wide,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, bool short_kernels = false);
 void FlashAttentionBackwardAcrossFrames(bf16* dqkv, const bf16* dout, const bf16* qkv,
                                         const bf16* out, const float* lse, float* workspace, int B,
                                         int F, int T, int D, int H, FlashStages stages,
-                                        cudaStream_t stream);
+                                        cudaStream_t stream, bool short_kernels = false);
 
 // The same four with two stages (FlashStages::kTwo).
 void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* q, const bf16* k,

@@ -145,6 +145,9 @@ struct BackwardArgs {
   // qkv Linear's bias gradient, without reading dqkv again.
   float *dq_sums = nullptr, *dk_sums = nullptr, *dv_sums = nullptr;
   size_t sums_stride = 0;
+  // The forward's output (out's layout), from which ShortBackward computes delta itself
+  // (flash_short_kernels.h; the other kernels read delta).
+  const uint16_t* out = nullptr;
 };
 
 // Tk or Tq rounded up to the rows a block owns: the stored score gradients' rows and columns.
@@ -171,6 +174,17 @@ constexpr size_t DeltaSmemBytes(int D) {
   return size_t(kWarps) * (D / 8) * sizeof(float);
 }
 
+// The dot product of 8 bf16 pairs in fp32, in order: Delta's, and the short kernels' own delta
+// (flash_short_kernels.h), which must give its bits.
+template <class P>
+DT_SIMT float Dot8(const uint16_t (&g)[8], const uint16_t (&o)[8]) {
+  float dot = 0;
+  DT_UNROLL
+  for (int e = 0; e < 8; ++e)
+    dot += P::Bf16ToFloat(g[e]) * P::Bf16ToFloat(o[e]);
+  return dot;
+}
+
 template <class P>
 DT_SIMT void Delta(const DeltaArgs& a) {
   const int lane = P::Thread() % 32, warp = P::Thread() / 32;
@@ -187,11 +201,7 @@ DT_SIMT void Delta(const DeltaArgs& a) {
       alignas(16) uint16_t g[8], o[8];
       P::Copy16(g, a.dout + base + c * 8);
       P::Copy16(o, a.out + base + c * 8);
-      float dot = 0;
-      DT_UNROLL
-      for (int e = 0; e < 8; ++e)
-        dot += P::Bf16ToFloat(g[e]) * P::Bf16ToFloat(o[e]);
-      dots[c] = dot;
+      dots[c] = Dot8<P>(g, o);
     }
   }
   P::SyncThreads();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/cuda/flash_kernels.h"
+#include "model/cuda/flash_short_kernels.h"
 #include "model/simt/simt.h"
 #include "model/simt/tsan_testing.h"
 #include "model/tensor/rng.h"
@@ -208,6 +209,48 @@ TEST(FlashAttentionRaces, DeltaReportedOnlyWithoutItsBarrier) {
   DT_REQUIRE_TSAN();
   EXPECT_EQ(DeltaRaces(-1), 0);
   EXPECT_GT(DeltaRaces(0), 0);
+}
+
+// The short-sequence kernels (flash_short_kernels.h): every thread copies part of every warp's
+// tiles, so barrier 0, after the copies' wait, stands between one warp's copies and another's
+// reads; the backward's barrier 1 between delta's dot products and their sums (lanes of one
+// warp), barrier 2 between those sums and the reads of every lane. 5 sequences of 13 rows, hd
+// 64 over 2 heads: three blocks, the last with two warps idle.
+int ShortRaces(bool backward, int drop) {
+  const int S = 5, T = 13, D = 128, H = 2;
+  const std::vector<uint16_t> qkv = Random(size_t(S) * T * 3 * D, 6);
+  const std::vector<uint16_t> dout = Random(size_t(S) * T * D, 7), out = Random(dout.size(), 8);
+  std::vector<uint16_t> o(dout.size()), dqkv(qkv.size());
+  std::vector<float> lse(size_t(S) * H * T, 1.0f);
+  const flash::Operands in{
+      qkv.data(), qkv.data() + D, qkv.data() + 2 * D, 3 * size_t(D), 3 * size_t(D), T, T, D,
+      H,          0.125f};
+  flash::BackwardArgs args{in,          dout.data(),     lse.data(),         nullptr,
+                           dqkv.data(), dqkv.data() + D, dqkv.data() + 2 * D};
+  args.out = out.data();
+  using P = DroppingPrimitives;
+  P::drop = drop;
+  const int before = g_tsan_reports;
+  const simt::Dim3 grid{static_cast<int>(flash::ShortBlocks(S, H)), 1, 1};
+  if (backward) {
+    simt::Launch(grid, flash::kThreads, flash::ShortBackwardSmemBytes<64>(),
+                 [&] { flash::ShortBackward<64, P>(args, S); });
+  } else {
+    simt::Launch(grid, flash::kThreads, flash::ShortForwardSmemBytes<64>(), [&] {
+      flash::ShortForward<64, P>({in, o.data(), lse.data()}, S);
+    });
+  }
+  P::drop = -1;
+  return g_tsan_reports - before;
+}
+
+TEST(FlashAttentionRaces, ShortKernelsReportedOnlyWithoutEachBarrier) {
+  DT_REQUIRE_TSAN();
+  EXPECT_EQ(ShortRaces(false, -1), 0) << "forward";
+  EXPECT_EQ(ShortRaces(true, -1), 0) << "backward";
+  EXPECT_GT(ShortRaces(false, 0), 0) << "forward without barrier 0";
+  for (const int drop : {0, 1, 2})
+    EXPECT_GT(ShortRaces(true, drop), 0) << "backward without barrier " << drop;
 }
 
 // The emulator's own primitives: a value one warp writes to shared memory and another reads is

@@ -380,6 +380,9 @@ void DiT::AttentionForward(AttentionKernels kernels, bf16* out, float* lse, cons
       return cuda::AttentionForward(out, lse, qkv, B, T, D, H, stream_);
     case AttentionKernels::kFlash: {
       const FlashVariant& v = options_.flash;
+      if (v.short_sequences && FlashShortFits(T, T)) {
+        return FlashAttentionForwardShort(out, lse, qkv, B, T, D, H, stream_);
+      }
       if (v.wide_forward && FlashWideForwardFills(T)) {
         return FlashAttentionForwardWide(out, lse, qkv, B, T, D, H, v.stages, stream_);
       }
@@ -402,6 +405,10 @@ bool DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* do
       cuda::AttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H, stream_);
       return false;
     case AttentionKernels::kFlash:
+      if (options_.flash.short_sequences && FlashShortFits(T, T)) {
+        FlashAttentionBackwardShort(dqkv, dout, qkv, out, lse, B, T, D, H, stream_);
+        return false;
+      }
       if (options_.flash.stored_scores && FlashStoredScoresPay(T, T)) {
         FlashAttentionBackwardStored(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
                                      options_.flash.stages, stream_, dqkv_bias);
@@ -446,9 +453,10 @@ void DiT::BlockForward(int l) {
   gemm_.Forward(k.qkv, k.mod1, W(o.qkv_w), W(o.qkv_b), N, D, 3 * D, Epilogue::kBias);
   if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
     // Across frames: B·T sequences of Fr frames, read from the frame-major qkv in place.
-    FlashAttentionForwardAcrossFrames(
-        k.attn, k.lse, k.qkv, B, Fr, T, D, config_.num_heads, options_.flash.stages,
-        options_.flash.wide_forward && FlashWideForwardFills(Fr), stream_);
+    FlashAttentionForwardAcrossFrames(k.attn, k.lse, k.qkv, B, Fr, T, D, config_.num_heads,
+                                      options_.flash.stages,
+                                      options_.flash.wide_forward && FlashWideForwardFills(Fr),
+                                      stream_, options_.flash.short_sequences);
   } else if (config_.temporal_block(l)) {
     // Across frames: B·T sequences of Fr frames, token-major.
     SwapAxes(k.qkv_t, k.qkv, B, Fr, T, 3 * D, stream_);
@@ -597,7 +605,8 @@ void DiT::BlockBackward(int l) {
   bool bias_done = false;
   if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
     FlashAttentionBackwardAcrossFrames(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B, Fr,
-                                       T, D, config_.num_heads, options_.flash.stages, stream_);
+                                       T, D, config_.num_heads, options_.flash.stages, stream_,
+                                       options_.flash.short_sequences);
   } else if (config_.temporal_block(l)) {
     SwapAxes(d_attn_t_, d_b_, B, Fr, T, D, stream_);
     AttentionBackward(temporal_attention_, d_qkv_t_, d_attn_t_, k.qkv_t, k.attn_t, k.lse, B * T, Fr,

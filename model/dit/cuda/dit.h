@@ -61,10 +61,17 @@ enum class AttentionKernels { kGemm, kFused, kFlash };
 // (FlashAttentionBackwardStored: 5 tensor-core products instead of 7, for a round trip of dS
 // through memory), taken only where sequences are long (FlashStoredScoresPay). Written without
 // a GPU and checked on the CPU emulator; the default until an H100 times it against recomputing.
+//
+// short_sequences: where a sequence has at most kFlashShortRows (16) rows — Latte's temporal
+// attention over 16 frames, a tiny DiT's 16 tokens — the short-sequence kernels (one warp a
+// sequence and head, a one-kernel backward; FlashAttentionForwardShort), which take neither
+// stages nor the wide forward: the same bits. Written without a GPU, checked on the CPU
+// emulator; the default until an H100 times it (bench_cuda_dit --no-short-attention).
 struct FlashVariant {
   FlashStages stages = FlashStages::kTwo;
   bool wide_forward = true;
   bool stored_scores = true;
+  bool short_sequences = true;
 };
 
 // Where a micro-batch's activations and backward scratch live in the model's arena (set by

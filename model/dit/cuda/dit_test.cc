@@ -86,7 +86,8 @@ void ExpectStepMatchesCpu(const DiTConfig& c, int B,
                                                        : "flash attention");
   SCOPED_TRACE(::testing::Message()
                << "flash stages " << (flash.stages == FlashStages::kTwo ? 2 : 1)
-               << (flash.wide_forward ? ", two m-tiles a warp in the forward" : ""));
+               << (flash.wide_forward ? ", two m-tiles a warp in the forward" : "")
+               << (flash.short_sequences ? ", short-sequence kernels where T <= 16" : ""));
   difftrain::DiT cpu(c);
   const std::vector<float> weights = RandomBf16Weights(cpu);
   const Batch batch = RandomBatch(c, B, /*seed=*/11);
@@ -245,10 +246,14 @@ TEST(CudaDiTTest, TinyStepMatchesTheCpuModel) {
   DT_SKIP_WITHOUT_GPU();
   ExpectStepMatchesCpu(Tiny(), /*B=*/3);
   ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFused);
-  // The default variant (two stages; its 16 tokens leave the wide forward's block mostly
-  // empty, so the 16-row forward runs) and one stage.
+  // The default variant (its 16 tokens take the short-sequence kernels), and the general
+  // kernels with two stages and one (16 tokens leave the wide forward's block mostly empty, so
+  // the 16-row forward runs).
   ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlash);
-  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlash, {FlashStages::kOne, false});
+  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlash,
+                       {FlashStages::kTwo, true, true, /*short_sequences=*/false});
+  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kFlash,
+                       {FlashStages::kOne, false, true, false});
 }
 
 // Latte: a video of 4 frames (spatial and temporal blocks, the temporal embedding), with
@@ -259,14 +264,20 @@ TEST(CudaDiTTest, LatteStepsMatchTheCpuModel) {
   c.video = true;
   c.num_frames = 4;
   ExpectStepMatchesCpu(c, /*B=*/3);
-  ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlash);  // spatial and temporal blocks
-  ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlash, {FlashStages::kOne, false});
+  // Spatial and temporal blocks, each 16 rows or fewer: the short-sequence kernels, then the
+  // general ones.
+  ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlash);
+  ExpectStepMatchesCpu(c, /*B=*/3, AttentionKernels::kFlash,
+                       {FlashStages::kOne, false, true, /*short_sequences=*/false});
   c.num_classes = 0;
   ExpectStepMatchesCpu(c, /*B=*/2);
   DiTConfig s4 = SizedConfigByName("Latte", "Latte-S/4", 32).value();
   s4.video = true;
   s4.num_frames = 8;
   ExpectStepMatchesCpu(s4, /*B=*/2);
+  // Flash: the spatial blocks' 64 tokens on the general kernels, the temporal blocks' 8 frames
+  // on the short-sequence ones.
+  ExpectStepMatchesCpu(s4, /*B=*/2, AttentionKernels::kFlash);
 }
 
 // DiT-S/2 on 32×32 latents: 256 tokens, head dim 64, learned sigma (its variance channels
