@@ -90,6 +90,12 @@ constexpr auto DkvKernel() {
 template <typename Args>
 void Launch(void (*kernel)(Args), const Args& args, int rows, int H, int B, size_t smem,
             cudaStream_t stream, int block_rows = flash::kRows) {
+  // (A grid's y and z stop at 65,535: Latte's temporal attention has a sequence a token of each
+  // video, B·T of them, past that at 256 videos of 256 tokens; the short-sequence kernels, one
+  // dimension, take up to 16 frames at any count.)
+  DT_CHECK(B <= 65535 && H <= 65535,
+           "the flash kernels take up to 65,535 sequences and heads a launch, found {} and {}", B,
+           H);
   const dim3 grid((rows + block_rows - 1) / block_rows, H, B);
   kernel<<<grid, flash::kThreads, smem, stream>>>(args);
   DT_CUDA_CHECK_LAUNCH();

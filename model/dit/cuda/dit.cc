@@ -302,9 +302,36 @@ size_t DiT::BindActivations(const DiTConfig& c, AttentionChoice attention, unsig
   return a.bytes();
 }
 
+Status DiT::TakesMicroBatch(const DiTConfig& config, int B, const Options& options) {
+  constexpr long long kMaxSequences = 65535;  // a grid's z
+  const AttentionChoice attention = ChooseAttention(config, options);
+  // Whether `kernels` over sequences of T rows launch with a z of one per sequence.
+  const auto by_sequence = [&](AttentionKernels kernels, int T) {
+    if (kernels == AttentionKernels::kGemm) return false;
+    return !(kernels == AttentionKernels::kFlash && options.flash.short_sequences &&
+             FlashShortFits(T, T));
+  };
+  const long long frames = static_cast<long long>(B) * config.frames();
+  if (by_sequence(attention.spatial, config.tokens()) && frames > kMaxSequences) {
+    return Errorf(
+        "a micro-batch of {} is {} frames, more than the {} the attention kernels take a launch", B,
+        frames, kMaxSequences);
+  }
+  const long long tokens = static_cast<long long>(B) * config.tokens();
+  if (config.video && by_sequence(attention.temporal, config.frames()) && tokens > kMaxSequences) {
+    return Errorf(
+        "a micro-batch of {} videos of {} tokens a frame is {} sequences across frames, more "
+        "than the {} the temporal attention kernels take a launch over {} frames (the "
+        "short-sequence kernels take any number over up to {} frames)",
+        B, config.tokens(), tokens, kMaxSequences, config.frames(), kFlashShortRows);
+  }
+  return Status::Ok();
+}
+
 Status DiT::Reserve(int B) {
   DT_CHECK(B > 0, "micro-batch {} must be positive", B);
   if (B == batch_) return Status::Ok();
+  DT_RETURN_IF_ERROR(TakesMicroBatch(config_, B, options_));
   if (!state_.allocated()) DT_RETURN_IF_ERROR(state_.Allocate());
   graph_.Reset();  // it holds the old activation pointers
   batch_ = 0;

@@ -117,6 +117,12 @@ class DiT : private DiTActivations {
   // a multiple of 8 elements and every GEMM's sizes must be multiples of 8 (16-byte aligned
   // bf16 for cuBLASLt), and the head dimension a multiple of 8 up to 128. Every named DiT is.
   static Status Supports(const DiTConfig& config);
+  // Whether the attention kernels' launches take a micro-batch of B: the flash and fused kernels
+  // give each sequence a z index of the grid, at most 65,535 — a DiT's B·F frames, and a Latte
+  // temporal block's B·T token sequences (65,536 at 256 videos of 32×32 latents) unless the
+  // short-sequence kernels, whose grid has one dimension, take those (≤ 16 frames). Reserve
+  // returns its error.
+  static Status TakesMicroBatch(const DiTConfig& config, int B, const Options& options);
   // Fails fast on a config that Supports refuses.
   DiT(const DiTConfig& config, cudaStream_t stream, Options options);
   ~DiT() = default;

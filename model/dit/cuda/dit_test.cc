@@ -155,6 +155,33 @@ TEST(CudaDiTSupport, TakesXLAndRefusesRowsBeyondTheNormKernels) {
   EXPECT_NE(s.message().find("hidden sizes up to 8192"), std::string::npos) << s.message();
 }
 
+// The attention kernels' grids, without a GPU: Latte-L/2 over 32 frames of 32×32 latents (256
+// tokens a frame) at 256 videos puts 65,536 sequences across frames in the temporal blocks, one
+// more than a grid's z; over 16 frames the short-sequence kernels (one dimension) take them,
+// unless turned off; a DiT's frames count in the spatial blocks.
+TEST(CudaDiTSupport, MicroBatchesPastTheGridsAreRefusedByName) {
+  DiTConfig latte = SizedConfigByName("Latte", "Latte-L/2", 32).value();
+  latte.video = true;
+  latte.num_frames = 32;
+  EXPECT_TRUE(DiT::TakesMicroBatch(latte, 255, {}).ok());
+  const Status s = DiT::TakesMicroBatch(latte, 256, {});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("65536 sequences across frames"), std::string::npos) << s.message();
+  latte.num_frames = 16;
+  EXPECT_TRUE(DiT::TakesMicroBatch(latte, 256, {}).ok());
+  DiT::Options general;
+  general.flash.short_sequences = false;
+  EXPECT_FALSE(DiT::TakesMicroBatch(latte, 256, general).ok());
+  // The batched-GEMM attention in the spatial blocks; the temporal ones on the fused kernels.
+  EXPECT_FALSE(
+      DiT::TakesMicroBatch(latte, 256, {.attention = AttentionKernels::kGemm, .flash = {}}).ok());
+  const DiTConfig xl = DiTConfigByName("DiT-XL/2", 32).value();
+  EXPECT_TRUE(DiT::TakesMicroBatch(xl, 65535, {}).ok());
+  EXPECT_FALSE(DiT::TakesMicroBatch(xl, 65536, {}).ok());
+  EXPECT_TRUE(
+      DiT::TakesMicroBatch(xl, 65536, {.attention = AttentionKernels::kGemm, .flash = {}}).ok());
+}
+
 // What a model allocates is known without a GPU, to the byte: DiT-XL/2 as the H100 allocated it
 // (bench_cuda_dit's model_device_gib, 2026-11-27, docs/benchmarks.md), less what the fused
 // norm's backward workspace has shrunk by since (it ran at 16 rows a block, now 32), and
