@@ -7,7 +7,6 @@
 #include "model/cpu/embed.h"
 #include "model/cuda/activation.h"
 #include "model/cuda/embed.h"
-#include "model/cuda/flash_attention.h"
 #include "model/cuda/loss.h"
 #include "model/cuda/modulate.h"
 #include "model/dit/shard.h"
@@ -195,19 +194,6 @@ size_t DiT::ActivationBytes(const DiTConfig& config, int B) {
   return ActivationBytes(config, B, Options{});
 }
 
-DiT::AttentionChoice DiT::ChooseAttention(const DiTConfig& config, const Options& options) {
-  AttentionChoice choice{options.attention, AttentionKernels::kFused};
-  if (choice.spatial == AttentionKernels::kGemm &&
-      !GemmAttentionTakes(config.tokens(), config.hidden_size, config.num_heads)) {
-    choice.spatial = AttentionKernels::kFused;
-  }
-  if (options.attention == AttentionKernels::kFlash) {
-    choice.temporal = AttentionKernels::kFlash;
-    choice.stored_scores = options.flash.stored_scores;
-  }
-  return choice;
-}
-
 size_t DiT::BindActivations(const DiTConfig& c, AttentionChoice attention, unsigned char* base,
                             int B, DiTActivations& acts) {
   // A sample is BF/B frames (1 for an image) of T tokens each.
@@ -302,32 +288,6 @@ size_t DiT::BindActivations(const DiTConfig& c, AttentionChoice attention, unsig
   return a.bytes();
 }
 
-Status DiT::TakesMicroBatch(const DiTConfig& config, int B, const Options& options) {
-  constexpr long long kMaxSequences = 65535;  // a grid's z
-  const AttentionChoice attention = ChooseAttention(config, options);
-  // Whether `kernels` over sequences of T rows launch with a z of one per sequence.
-  const auto by_sequence = [&](AttentionKernels kernels, int T) {
-    if (kernels == AttentionKernels::kGemm) return false;
-    return !(kernels == AttentionKernels::kFlash && options.flash.short_sequences &&
-             FlashShortFits(T, T));
-  };
-  const long long frames = static_cast<long long>(B) * config.frames();
-  if (by_sequence(attention.spatial, config.tokens()) && frames > kMaxSequences) {
-    return Errorf(
-        "a micro-batch of {} is {} frames, more than the {} the attention kernels take a launch", B,
-        frames, kMaxSequences);
-  }
-  const long long tokens = static_cast<long long>(B) * config.tokens();
-  if (config.video && by_sequence(attention.temporal, config.frames()) && tokens > kMaxSequences) {
-    return Errorf(
-        "a micro-batch of {} videos of {} tokens a frame is {} sequences across frames, more "
-        "than the {} the temporal attention kernels take a launch over {} frames (the "
-        "short-sequence kernels take any number over up to {} frames)",
-        B, config.tokens(), tokens, kMaxSequences, config.frames(), kFlashShortRows);
-  }
-  return Status::Ok();
-}
-
 Status DiT::Reserve(int B) {
   DT_CHECK(B > 0, "micro-batch {} must be positive", B);
   if (B == batch_) return Status::Ok();
@@ -397,77 +357,6 @@ void DiT::Forward() {
   Unpatchify(out_, final_out_, BF, c.out_channels(), c.input_size, p, stream_);
 }
 
-void DiT::AttentionForward(AttentionKernels kernels, bf16* out, float* lse, const bf16* qkv, int B,
-                           int T) {
-  const int D = config_.hidden_size, H = config_.num_heads;
-  switch (kernels) {
-    case AttentionKernels::kGemm:
-      return GemmAttentionForward(gemm_, out, lse, qkv, attn_workspace_, B, T, D, H);
-    case AttentionKernels::kFused:
-      return cuda::AttentionForward(out, lse, qkv, B, T, D, H, stream_);
-    case AttentionKernels::kFlash: {
-      const FlashVariant& v = options_.flash;
-      if (v.short_sequences && FlashShortFits(T, T)) {
-        return FlashAttentionForwardShort(out, lse, qkv, B, T, D, H, stream_);
-      }
-      if (v.wide_forward && FlashWideForwardFills(T)) {
-        return FlashAttentionForwardWide(out, lse, qkv, B, T, D, H, v.stages, stream_);
-      }
-      if (v.stages == FlashStages::kTwo) {
-        return FlashAttentionForwardPipelined(out, lse, qkv, B, T, D, H, stream_);
-      }
-      return FlashAttentionForward(out, lse, qkv, B, T, D, H, stream_);
-    }
-  }
-}
-
-bool DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
-                            const bf16* out, const float* lse, int B, int T, float* dqkv_bias) {
-  const int D = config_.hidden_size, H = config_.num_heads;
-  switch (kernels) {
-    case AttentionKernels::kGemm:
-      GemmAttentionBackward(gemm_, dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H);
-      return false;
-    case AttentionKernels::kFused:
-      cuda::AttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H, stream_);
-      return false;
-    case AttentionKernels::kFlash:
-      if (options_.flash.short_sequences && FlashShortFits(T, T)) {
-        FlashAttentionBackwardShort(dqkv, dout, qkv, out, lse, B, T, D, H, stream_);
-        return false;
-      }
-      if (options_.flash.stored_scores && FlashStoredScoresPay(T, T)) {
-        FlashAttentionBackwardStored(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
-                                     options_.flash.stages, stream_, dqkv_bias);
-        return dqkv_bias != nullptr;
-      }
-      if (options_.flash.stages == FlashStages::kTwo) {
-        FlashAttentionBackwardPipelined(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
-                                        stream_);
-      } else {
-        FlashAttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H, stream_);
-      }
-      return false;
-  }
-  return false;
-}
-
-size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels,
-                               bool stored_scores, int B, int T) {
-  const int D = config.hidden_size, H = config.num_heads;
-  switch (kernels) {
-    case AttentionKernels::kGemm:
-      return (GemmAttentionWorkspaceBytes(B, T, D, H) + 3) / 4;
-    case AttentionKernels::kFused:
-      return AttentionBackwardWorkspace(B, T, D, H);
-    case AttentionKernels::kFlash:
-      return stored_scores && FlashStoredScoresPay(T, T)
-                 ? FlashAttentionBackwardStoredWorkspace(B, T, D, H)
-                 : FlashAttentionBackwardWorkspace(B, T, H);
-  }
-  return 0;
-}
-
 void DiT::BlockForward(int l) {
   const DiTBlockParams& o = p_.blocks[l];
   BlockActs& k = acts_[l];
@@ -478,20 +367,7 @@ void DiT::BlockForward(int l) {
   // x = x + gate_msa · proj(attention(qkv(modulate(norm1(x), shift_msa, scale_msa)))), with
   // k.mod1 = modulate(norm1(x), …) computed before.
   gemm_.Forward(k.qkv, k.mod1, W(o.qkv_w), W(o.qkv_b), N, D, 3 * D, Epilogue::kBias);
-  if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
-    // Across frames: B·T sequences of Fr frames, read from the frame-major qkv in place.
-    FlashAttentionForwardAcrossFrames(k.attn, k.lse, k.qkv, B, Fr, T, D, config_.num_heads,
-                                      options_.flash.stages,
-                                      options_.flash.wide_forward && FlashWideForwardFills(Fr),
-                                      stream_, options_.flash.short_sequences);
-  } else if (config_.temporal_block(l)) {
-    // Across frames: B·T sequences of Fr frames, token-major.
-    SwapAxes(k.qkv_t, k.qkv, B, Fr, T, 3 * D, stream_);
-    AttentionForward(temporal_attention_, k.attn_t, k.lse, k.qkv_t, B * T, Fr);
-    SwapAxes(k.attn, k.attn_t, B, T, Fr, D, stream_);
-  } else {
-    AttentionForward(spatial_attention_, k.attn, k.lse, k.qkv, B * Fr, T);  // within each frame
-  }
+  BlockAttentionForward(l);
   gemm_.Forward(k.proj, k.attn, W(o.proj_w), W(o.proj_b), N, D, D, Epilogue::kBias);
   // The gated residual and norm2 in one pass.
   GatedResidualNormForward(k.mid, k.mod2, k.mean2, k.rstd2, k.resid_in,
@@ -629,22 +505,8 @@ void DiT::BlockBackward(int l) {
                             stream_);
   WeightGradient(o.proj_w, d_a_, k.attn, N, D, D);
   gemm_.BackwardInput(d_b_, d_a_, W(o.proj_w), N, D, D);
-  bool bias_done = false;
-  if (config_.temporal_block(l) && temporal_attention_ == AttentionKernels::kFlash) {
-    FlashAttentionBackwardAcrossFrames(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B, Fr,
-                                       T, D, config_.num_heads, options_.flash.stages, stream_,
-                                       options_.flash.short_sequences);
-  } else if (config_.temporal_block(l)) {
-    SwapAxes(d_attn_t_, d_b_, B, Fr, T, D, stream_);
-    AttentionBackward(temporal_attention_, d_qkv_t_, d_attn_t_, k.qkv_t, k.attn_t, k.lse, B * T, Fr,
-                      nullptr);
-    SwapAxes(d_qkv_, d_qkv_t_, B, T, Fr, 3 * D, stream_);
-  } else {
-    // qkv's bias gradient from the attention kernels' own column sums, where they make them.
-    bias_done = AttentionBackward(spatial_attention_, d_qkv_, d_b_, k.qkv, k.attn, k.lse, B * Fr, T,
-                                  G(o.qkv_b));
-  }
-  if (bias_done) {
+  // qkv's bias gradient from the attention kernels' own column sums, where they make them.
+  if (BlockAttentionBackward(l, G(o.qkv_b))) {
     WeightGradient(o.qkv_w, d_qkv_, k.mod1, N, D, 3 * D);
   } else {
     gemm_.BackwardWeightAndBias(G(o.qkv_w), G(o.qkv_b), d_qkv_, k.mod1, N, D, 3 * D, bias_scratch_,

@@ -252,6 +252,11 @@ class DiT : private DiTActivations {
   // Layer l's adaLN gradient: blocks alternate between two buffers, since block l − 1's gate
   // gradient starts before block l's adaLN backward has run.
   float* DAda(int l) { return l == config_.depth ? d_ada_f_ : d_ada_[l % 2]; }
+  // Block l's attention, spatial or temporal (model/dit/cuda/dit_attention.cc): from k.qkv to
+  // k.attn, and back from d_b_ to d_qkv_, there also adding qkv's bias gradient to dqkv_bias where
+  // the kernels make it as they go (returns whether they did).
+  void BlockAttentionForward(int l);
+  bool BlockAttentionBackward(int l, float* dqkv_bias);
   // Self-attention over B sequences of T tokens (packed qkv) with `kernels`; the workspace is
   // attn_workspace_.
   void AttentionForward(AttentionKernels kernels, bf16* out, float* lse, const bf16* qkv, int B,
