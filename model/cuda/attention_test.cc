@@ -317,6 +317,29 @@ bool SameBits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
 }
 
+// A bias gradient the kernels added to b0 (got) against the column sums of the dqkv [rows, 3·D]
+// they stored: the sums are of its fp32 values, before rounding, so each part's error is measured
+// against that part's size (dk's sums being zero but for rounding; see
+// model/simt/flash_attention_test.cc).
+void ExpectAddsColumnSums(const std::vector<float>& got, const std::vector<float>& b0,
+                          const std::vector<bf16>& dqkv, size_t rows, int D) {
+  for (int p = 0; p < 3; ++p) {
+    double error = 0, size = 0;
+    for (int c = 0; c < D; ++c) {
+      double sum = 0;
+      for (size_t row = 0; row < rows; ++row) {
+        const double v = __bfloat162float(dqkv[row * 3 * D + p * D + c]);
+        sum += v;
+        size += v * v;
+      }
+      const double increment = double(got[p * D + c]) - b0[p * D + c];
+      error += (increment - sum) * (increment - sum);
+    }
+    EXPECT_LE(std::sqrt(error / size), 2e-3) << "the bias gradient of "
+                                             << "qkv"[p];
+  }
+}
+
 // The two-stage kernels compute what the one-stage kernels do, bit for bit, and so does the
 // forward with two m-tiles a warp (one stage and two).
 TEST(FlashAttentionTest, TwoStagesGiveTheOneStageBits) {
@@ -402,9 +425,7 @@ TEST(FlashAttentionTest, StoredScoresGiveTheDkDvBits) {
   EXPECT_TRUE(part(stored[1], 2) == part(want, 2)) << "dv";
   EXPECT_LE(testing::RelativeL2(part(stored[1], 0), part(want, 0)), 5e-3) << "dq";
 
-  // With a bias gradient: from known values, the same dqkv bits, and b₀ + dqkv's column sums
-  // (of its fp32 values, before rounding: measured against the size of each part, dk's sums
-  // being zero but for rounding; see model/simt/flash_attention_test.cc).
+  // With a bias gradient: from known values, the same dqkv bits, and b₀ + dqkv's column sums.
   const std::vector<float> b0 = testing::RandomVector(3 * A::D, 36, 2.0);
   DeviceBuffer<float> bias = testing::UploadFloat(b0);
   DeviceBuffer<bf16> dqkv(A::kQkv);
@@ -413,22 +434,7 @@ TEST(FlashAttentionTest, StoredScoresGiveTheDkDvBits) {
                                bias.data());
   DT_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_TRUE(SameBits(dqkv.Download(), stored[1])) << "dqkv with the bias gradient";
-  const std::vector<float> got = bias.Download();
-  for (int p = 0; p < 3; ++p) {
-    const std::vector<float> values = part(stored[1], p);
-    double error = 0, size = 0;
-    for (int c = 0; c < A::D; ++c) {
-      double sum = 0;
-      for (size_t row = 0; row < size_t(A::B) * A::T; ++row) {
-        sum += values[row * A::D + c];
-        size += double(values[row * A::D + c]) * values[row * A::D + c];
-      }
-      const double increment = double(got[p * A::D + c]) - b0[p * A::D + c];
-      error += (increment - sum) * (increment - sum);
-    }
-    EXPECT_LE(std::sqrt(error / size), 2e-3) << "the bias gradient of "
-                                             << "qkv"[p];
-  }
+  ExpectAddsColumnSums(bias.Download(), b0, stored[1], size_t(A::B) * A::T, A::D);
 }
 
 // Latte's temporal attention read from the frame-major video in place gives the bits of the
@@ -490,8 +496,9 @@ TEST(FlashAttentionTest, AcrossFramesGivesTheTokenMajorBits) {
 // The short-sequence kernels (one warp a sequence and head, at most 16 rows) give the bits of the
 // general one-stage kernels: packed qkv at Latte-L/2's heads over 16 frames (37 sequences: the
 // last block with a warp idle), hd 72 over 13 rows, hd 128 over one; and Latte's video read in
-// place (2 videos of 16 frames of 64 tokens) with and without them. The backward of each reads
-// the general forward's out and lse.
+// place (2 videos of 16 frames of 64 tokens) with and without them; with qkv's bias gradient,
+// which they make from their own column sums, the same dqkv and b₀ + its column sums. The
+// backward of each reads the general forward's out and lse.
 TEST(FlashAttentionTest, ShortKernelsGiveTheGeneralBits) {
   DT_SKIP_WITHOUT_GPU();
   struct Shape {
@@ -514,9 +521,19 @@ TEST(FlashAttentionTest, ShortKernelsGiveTheGeneralBits) {
                                nullptr);
     FlashAttentionBackwardShort(dqkv_short.data(), dout.data(), qkv.data(), out.data(), lse.data(),
                                 s.B, s.T, s.D, s.H, nullptr);
+    // With qkv's bias gradient (b₀ + dqkv's column sums): the same dqkv bits.
+    const std::vector<float> b0 = testing::RandomVector(3 * s.D, 47, 2.0);
+    DeviceBuffer<float> bias = testing::UploadFloat(b0);
+    DeviceBuffer<float> sums(FlashAttentionBackwardShortWorkspace(s.B, s.D));
+    DeviceBuffer<bf16> dqkv_bias(n * 3 * s.D);
+    testing::Poison(sums);
+    FlashAttentionBackwardShort(dqkv_bias.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                s.B, s.T, s.D, s.H, nullptr, sums.data(), bias.data());
     DT_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_TRUE(SameBits(out_short.Download(), out.Download())) << "out";
     EXPECT_TRUE(SameBits(dqkv_short.Download(), dqkv.Download())) << "dqkv";
+    EXPECT_TRUE(SameBits(dqkv_bias.Download(), dqkv.Download())) << "dqkv with the bias gradient";
+    ExpectAddsColumnSums(bias.Download(), b0, dqkv.Download(), n, s.D);
     const std::vector<float> a = lse_short.Download(), b = lse.Download();
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "lse";
   }
@@ -538,7 +555,18 @@ TEST(FlashAttentionTest, ShortKernelsGiveTheGeneralBits) {
                                        lse[0].data(), workspace.data(), B, F, T, D, H,
                                        FlashStages::kTwo, nullptr, i == 1);
   }
+  // The short kernels across frames with qkv's bias gradient.
+  const std::vector<float> b0 = testing::RandomVector(3 * D, 48, 2.0);
+  DeviceBuffer<float> bias = testing::UploadFloat(b0);
+  DeviceBuffer<float> sums(FlashAttentionBackwardShortWorkspace(S, D));
+  DeviceBuffer<bf16> dqkv_bias(n * 3 * D);
+  FlashAttentionBackwardAcrossFrames(dqkv_bias.data(), dout.data(), qkv.data(), out[0].data(),
+                                     lse[0].data(), sums.data(), B, F, T, D, H, FlashStages::kTwo,
+                                     nullptr, true, bias.data());
   DT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(SameBits(dqkv_bias.Download(), dqkv[0].Download()))
+      << "across frames: dqkv with the bias gradient";
+  ExpectAddsColumnSums(bias.Download(), b0, dqkv[0].Download(), n, D);
   EXPECT_TRUE(SameBits(out[1].Download(), out[0].Download())) << "across frames: out";
   EXPECT_TRUE(SameBits(dqkv[1].Download(), dqkv[0].Download())) << "across frames: dqkv";
   const std::vector<float> a = lse[1].Download(), b = lse[0].Download();

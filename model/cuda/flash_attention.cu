@@ -343,8 +343,11 @@ void ShortForwardOn(const flash::Operands& in, bf16* out, float* lse, int B, cud
   });
 }
 
+// dqkv_bias: with the packed qkv's layout (dk = dq + D, dv = dq + 2·D), the column sums through
+// `workspace`, a row of 3·D a sequence, then added up into dqkv_bias.
 void ShortBackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, const bf16* dout,
-                     const bf16* out, const float* lse, int B, cudaStream_t stream) {
+                     const bf16* out, const float* lse, int B, cudaStream_t stream,
+                     float* workspace = nullptr, float* dqkv_bias = nullptr) {
   CheckShort(in, B);
   for (const void* p :
        {static_cast<const void*>(dq), static_cast<const void*>(dk), static_cast<const void*>(dv),
@@ -357,6 +360,14 @@ void ShortBackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, co
   flash::BackwardArgs args{
       in, reinterpret_cast<const uint16_t*>(dout), lse, nullptr, Bits(dq), Bits(dk), Bits(dv)};
   args.out = reinterpret_cast<const uint16_t*>(out);
+  if (dqkv_bias != nullptr) {
+    DT_CHECK(workspace != nullptr && dk == dq + in.D && dv == dq + 2 * in.D,
+             "the short backward makes qkv's bias gradient for a packed qkv, with its workspace");
+    args.dq_sums = workspace;
+    args.dk_sums = workspace + in.D;
+    args.dv_sums = workspace + 2 * in.D;
+    args.sums_stride = 3 * size_t(in.D);
+  }
   flash::WithPaddedHeadDim(in.D / in.H, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
     constexpr size_t kSmem = flash::ShortBackwardSmemBytes<HDP>();
@@ -364,6 +375,7 @@ void ShortBackwardOn(const flash::Operands& in, bf16* dq, bf16* dk, bf16* dv, co
     static_cast<void>(allowed);
     LaunchShort(&FlashShortBackwardKernel<HDP>, args, kSmem, B, in.H, stream);
   });
+  if (dqkv_bias != nullptr) BiasGradient(dqkv_bias, workspace, B, 3 * in.D, stream);
 }
 
 template <int kStages>
@@ -460,12 +472,16 @@ void FlashAttentionForwardShort(bf16* out, float* lse, const bf16* qkv, int B, i
                  B, stream);
 }
 
+size_t FlashAttentionBackwardShortWorkspace(int B, int D) {
+  return size_t(B) * 3 * D;
+}
+
 void FlashAttentionBackwardShort(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                                 const float* lse, int B, int T, int D, int H,
-                                 cudaStream_t stream) {
+                                 const float* lse, int B, int T, int D, int H, cudaStream_t stream,
+                                 float* workspace, float* dqkv_bias) {
   const size_t stride = 3 * size_t(D);
   ShortBackwardOn(MakeOperands(qkv, qkv + D, qkv + 2 * D, stride, stride, B, T, T, D, H), dqkv,
-                  dqkv + D, dqkv + 2 * D, dout, out, lse, B, stream);
+                  dqkv + D, dqkv + 2 * D, dout, out, lse, B, stream, workspace, dqkv_bias);
 }
 
 void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, int B, int F, int T,
@@ -482,11 +498,13 @@ void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, i
 void FlashAttentionBackwardAcrossFrames(bf16* dqkv, const bf16* dout, const bf16* qkv,
                                         const bf16* out, const float* lse, float* workspace, int B,
                                         int F, int T, int D, int H, FlashStages stages,
-                                        cudaStream_t stream, bool short_kernels) {
+                                        cudaStream_t stream, bool short_kernels, float* dqkv_bias) {
   const flash::Operands in = AcrossFrames(qkv, B, F, T, D, H);
   if (short_kernels && FlashShortFits(F, F)) {
-    return ShortBackwardOn(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, B * T, stream);
+    return ShortBackwardOn(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, B * T, stream,
+                           workspace, dqkv_bias);
   }
+  DT_CHECK(dqkv_bias == nullptr, "only the short-sequence kernels make qkv's bias gradient");
   const auto backward = stages == FlashStages::kTwo ? &BackwardOn<2> : &BackwardOn<1>;
   backward(in, dqkv, dqkv + D, dqkv + 2 * D, dout, out, lse, workspace, B * T, stream, nullptr);
 }

@@ -99,26 +99,35 @@ inline constexpr int kFlashShortRows = 16;
 constexpr bool FlashShortFits(int Tq, int Tk) {
   return Tq <= kFlashShortRows && Tk <= kFlashShortRows;
 }
-// Self-attention over a packed qkv [B, T, 3·D], T ≤ kFlashShortRows.
+// Self-attention over a packed qkv [B, T, 3·D], T ≤ kFlashShortRows. With dqkv_bias non-null
+// the backward also adds dqkv's column sums to it (the qkv Linear's bias gradient, [3·D] fp32):
+// each warp sums its sequence's rows of dq, dk and dv in fp32 into a row of 3·D in `workspace`
+// (FlashAttentionBackwardShortWorkspace floats), and one reduction adds up the B rows, instead of
+// a pass over dqkv (cuBLASLt's BGRADB kernel read it again).
+size_t FlashAttentionBackwardShortWorkspace(int B, int D);
 void FlashAttentionForwardShort(bf16* out, float* lse, const bf16* qkv, int B, int T, int D, int H,
                                 cudaStream_t stream);
 void FlashAttentionBackwardShort(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                                 const float* lse, int B, int T, int D, int H, cudaStream_t stream);
+                                 const float* lse, int B, int T, int D, int H, cudaStream_t stream,
+                                 float* workspace = nullptr, float* dqkv_bias = nullptr);
 
 // Latte's temporal attention straight from a frame-major video's packed qkv [B, F, T, 3·D]:
 // each of the B·T token positions is a sequence across the F frames, without copying the
 // video token-major first. out (and dout) [B, F, T, D], dqkv like qkv; lse [B·T, H, F] and the
 // workspace (FlashAttentionBackwardWorkspace(B·T, F, H)) per sequence. The same kernels, with
 // `stages` stages and, for `wide`, two m-tiles a warp in the forward, or, with `short_kernels`
-// where F ≤ kFlashShortRows, the short-sequence kernels (which take neither option nor the
-// workspace): the same bits as the token-major copy through the functions above.
+// where F ≤ kFlashShortRows, the short-sequence kernels (which take neither option; their
+// workspace, FlashAttentionBackwardShortWorkspace(B·T, D), only with dqkv_bias, whose column sums
+// they alone make: add them only where FlashShortFits(F, F)): the same bits as the token-major
+// copy through the functions above.
 void FlashAttentionForwardAcrossFrames(bf16* out, float* lse, const bf16* qkv, int B, int F, int T,
                                        int D, int H, FlashStages stages, bool wide,
                                        cudaStream_t stream, bool short_kernels = false);
 void FlashAttentionBackwardAcrossFrames(bf16* dqkv, const bf16* dout, const bf16* qkv,
                                         const bf16* out, const float* lse, float* workspace, int B,
                                         int F, int T, int D, int H, FlashStages stages,
-                                        cudaStream_t stream, bool short_kernels = false);
+                                        cudaStream_t stream, bool short_kernels = false,
+                                        float* dqkv_bias = nullptr);
 
 // The same four with two stages (FlashStages::kTwo).
 void FlashAttentionForwardPipelined(bf16* out, float* lse, const bf16* q, const bf16* k,

@@ -360,22 +360,29 @@ DT_SIMT void StoreRows(const float (&acc)[HDP / 8][4], const float (&factor)[2],
 // last tile, whose shared memory this reuses), each warp's sums over its rows by shuffles, then
 // the warps' in warp order. Rows past T hold zeros in every caller. Shared memory: kWarps·HDP
 // floats (2 KiB at most).
+// Each column's sum over a warp's 16 rows of acc (the lane's rows lane/4 and lane/4 + 8), by
+// shuffles: f(column, sum) in lanes 0 … 3, column 8·j + 2·lane + e of every n-tile j.
+template <int HDP, class P, class F>
+DT_SIMT void WarpColumnSums(const float (&acc)[HDP / 8][4], int lane, F&& f) {
+  DT_UNROLL
+  for (int j = 0; j < HDP / 8; ++j) {
+    DT_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      float v = acc[j][e] + acc[j][2 + e];
+      v += P::ShflXor(v, 4);
+      v += P::ShflXor(v, 8);
+      v += P::ShflXor(v, 16);
+      if (lane < 4) f(j * 8 + 2 * lane + e, v);
+    }
+  }
+}
+
 template <int HDP, class P>
 DT_SIMT void StoreColumnSums(const float (&acc)[HDP / 8][4], float factor, float* row, int hd,
                              int lane, int warp) {
   float* per_warp = reinterpret_cast<float*>(P::Smem());
   P::SyncThreads();
-  DT_UNROLL
-  for (int j = 0; j < HDP / 8; ++j) {
-    DT_UNROLL
-    for (int e = 0; e < 2; ++e) {
-      float v = acc[j][e] + acc[j][2 + e];  // rows lane/4 and lane/4 + 8
-      v += P::ShflXor(v, 4);
-      v += P::ShflXor(v, 8);
-      v += P::ShflXor(v, 16);
-      if (lane < 4) per_warp[warp * HDP + j * 8 + 2 * lane + e] = v;
-    }
-  }
+  WarpColumnSums<HDP, P>(acc, lane, [&](int c, float v) { per_warp[warp * HDP + c] = v; });
   P::SyncThreads();
   for (int c = P::Thread(); c < hd; c += kThreads) {
     float v = 0;

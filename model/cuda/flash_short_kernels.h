@@ -146,9 +146,25 @@ DT_SIMT void ShortForward(const ForwardArgs& args, int sequences) {
   }
 }
 
+// Where args.dq_sums is non-null, the column sums of a warp's 16 rows of acc·factor (rows past T
+// are zeros) into columns 0 … hd−1 of its sequence's row of `sums` (BackwardArgs: row b of a
+// [sequences, sums_stride] matrix, head h's columns from h·hd), as computed in fp32.
+template <int HDP, class P>
+DT_SIMT void StoreShortColumnSums(const float (&acc)[HDP / 8][4], float factor, float* sums,
+                                  const BackwardArgs& args, const ShortPlace& at, int hd,
+                                  int lane) {
+  if (args.dq_sums == nullptr) return;
+  float* row = sums + size_t(at.b) * args.sums_stride + size_t(at.h) * hd;
+  WarpColumnSums<HDP, P>(acc, lane, [&](int c, float v) {
+    if (c < hd) row[c] = v * factor;
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backward: dq, dk, dv (written) from dout, given the forward's out and lse (args.delta is not
-// read: delta is computed here). Grid (ShortBlocks(sequences, H)).
+// read: delta is computed here), and with args.dq_sums their column sums, a row a sequence (with
+// the packed qkv's layout, dk_sums = dq_sums + D, dv_sums + 2·D, stride 3·D: summed over the
+// rows, the qkv Linear's bias gradient). Grid (ShortBlocks(sequences, H)).
 template <int HDP, class P>
 DT_SIMT void ShortBackward(const BackwardArgs& args, int sequences) {
   constexpr int kN = HDP / 8, kTile = ShortTile<HDP>();
@@ -225,6 +241,7 @@ DT_SIMT void ShortBackward(const BackwardArgs& args, int sequences) {
     MmaSB<HDP, kShortRows, P>(dq, s, k_s, lane);
     const float scale[2] = {a.scale, a.scale};
     StoreRows<HDP, P>(dq, scale, args.dq + at.q_off, a.q_stride, 0, a.Tq, hd, lane);
+    StoreShortColumnSums<HDP, P>(dq, a.scale, args.dq_sums, args, at, hd, lane);
   }
   // dK and dV: key rows lane/4 and lane/4 + 8 (BackwardDkv's arithmetic).
   float st[kNT][4] = {}, dpt[kNT][4] = {};
@@ -247,7 +264,9 @@ DT_SIMT void ShortBackward(const BackwardArgs& args, int sequences) {
   MmaSB<HDP, kShortRows, P>(dk, dpt, q_s, lane);
   const float one[2] = {1.0f, 1.0f}, scale[2] = {a.scale, a.scale};
   StoreRows<HDP, P>(dk, scale, args.dk + at.kv_off, a.kv_stride, 0, a.Tk, hd, lane);
+  StoreShortColumnSums<HDP, P>(dk, a.scale, args.dk_sums, args, at, hd, lane);
   StoreRows<HDP, P>(dv, one, args.dv + at.kv_off, a.kv_stride, 0, a.Tk, hd, lane);
+  StoreShortColumnSums<HDP, P>(dv, 1.0f, args.dv_sums, args, at, hd, lane);
 }
 
 }  // namespace difftrain::flash

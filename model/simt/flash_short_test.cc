@@ -3,9 +3,10 @@
 // (model/cuda/flash_kernels.h), which model/simt/flash_attention_test.cc checks against the CPU
 // reference: the same out, lse, dq, dk and dv bit for bit, every element written (outputs start
 // as bf16 NaN), over dense and interleaved (Latte's frame-major video) layouts, sequences of 16
-// rows and fewer, every padded head dim, and blocks whose last warps have no sequence. Their
-// ldmatrix reads must be free of bank conflicts. Before each comparison the general kernels' out
-// is checked against the reference's, so that two kernels agreeing on a wrong answer fail.
+// rows and fewer, every padded head dim, and blocks whose last warps have no sequence; and the
+// column sums the short backward writes (qkv's bias gradient) against those of its gradients.
+// Their ldmatrix reads must be free of bank conflicts. Before each comparison the general kernels'
+// out is checked against the reference's, so that two kernels agreeing on a wrong answer fail.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,6 +49,7 @@ std::vector<uint16_t> Random(size_t n, uint64_t seed) {
 struct Results {
   std::vector<uint16_t> out, dqkv;
   std::vector<float> lse;
+  std::vector<float> sums;  // the short backward's column sums of dqkv, [S, 3·D]
 };
 
 // The operands over a packed qkv [S·T, 3·D] (row t of dense sequence b at b·T + t; interleaved,
@@ -80,8 +82,10 @@ Results Run(const Shape& s, const std::vector<uint16_t>& qkv, const std::vector<
             bool short_kernels, const Results* forward = nullptr) {
   const size_t rows = size_t(s.S) * s.T;
   const flash::Operands in = OperandsOf(s, qkv);
-  Results r{std::vector<uint16_t>(rows * s.D, kNaN), std::vector<uint16_t>(rows * 3 * s.D, kNaN),
-            std::vector<float>(size_t(s.S) * s.H * s.T, NAN)};
+  Results r{std::vector<uint16_t>(rows * s.D, kNaN),
+            std::vector<uint16_t>(rows * 3 * s.D, kNaN),
+            std::vector<float>(size_t(s.S) * s.H * s.T, NAN),
+            {}};
   const std::vector<uint16_t>& out = forward != nullptr ? forward->out : r.out;
   const std::vector<float>& lse = forward != nullptr ? forward->lse : r.lse;
   std::vector<float> delta(r.lse.size(), NAN);
@@ -93,6 +97,13 @@ Results Run(const Shape& s, const std::vector<uint16_t>& qkv, const std::vector<
                            r.dqkv.data() + s.D,
                            r.dqkv.data() + 2 * s.D};
   back.out = out.data();
+  if (short_kernels) {  // every element written (NaN otherwise)
+    r.sums.assign(size_t(s.S) * 3 * s.D, NAN);
+    back.dq_sums = r.sums.data();
+    back.dk_sums = r.sums.data() + s.D;
+    back.dv_sums = r.sums.data() + 2 * s.D;
+    back.sums_stride = 3 * size_t(s.D);
+  }
   flash::WithPaddedHeadDim(s.D / s.H, [&](auto padded) {
     constexpr int HDP = decltype(padded)::value;
     using P = simt::Primitives;
@@ -171,6 +182,28 @@ void ExpectSameBits(const Shape& s, uint64_t seed) {
       }
     EXPECT_EQ(differ, 0u) << "elements of "
                           << "qkv"[part] << "'s gradient";
+  }
+
+  // The column sums (qkv's bias gradient, added up over the sequences' rows) against those of the
+  // bf16 gradients the kernel stored: their rounding (~2⁻⁹ an element) is all that differs,
+  // measured against the size of each part (dk's sums are zero in exact arithmetic).
+  for (const int part : {0, 1, 2}) {
+    std::vector<double> got(s.D, 0.0), want(s.D, 0.0);
+    double size = 0;
+    for (int b = 0; b < s.S; ++b)
+      for (int c = 0; c < s.D; ++c)
+        got[c] += backward.sums[size_t(b) * 3 * s.D + part * s.D + c];
+    for (size_t r = 0; r < rows; ++r) {
+      for (int c = 0; c < s.D; ++c) {
+        const double v = Bf16ToFloat(backward.dqkv[r * 3 * s.D + part * s.D + c]);
+        want[c] += v;
+        size += v * v;
+      }
+    }
+    double error = 0;
+    for (int c = 0; c < s.D; ++c)
+      error += (got[c] - want[c]) * (got[c] - want[c]);
+    EXPECT_LT(std::sqrt(error / size), 2e-3) << "qkv"[part] << "'s column sums";
   }
 }
 

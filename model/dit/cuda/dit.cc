@@ -275,14 +275,16 @@ size_t DiT::BindActivations(const DiTConfig& c, AttentionChoice attention, unsig
   a.Take(acts.d_h_, N * M);
   a.Take(acts.d_qkv_, N * 3 * D);
   // One attention workspace serves both directions of every block, in floats.
-  size_t workspace = AttentionWorkspace(c, attention.spatial, attention.stored_scores, BF, T);
+  size_t workspace = AttentionWorkspace(c, attention.spatial, attention.flash, BF, T);
   if (c.video) {
     if (attention.temporal != AttentionKernels::kFlash) {
       a.Take(acts.d_attn_t_, N * D);
       a.Take(acts.d_qkv_t_, N * 3 * D);
     }
     // Across frames the backward always recomputes (FlashAttentionBackwardAcrossFrames).
-    workspace = std::max(workspace, AttentionWorkspace(c, attention.temporal, false, B * T, Fr));
+    FlashVariant temporal = attention.flash;
+    temporal.stored_scores = false;
+    workspace = std::max(workspace, AttentionWorkspace(c, attention.temporal, temporal, B * T, Fr));
   }
   a.Take(acts.attn_workspace_, workspace);
   return a.bytes();

@@ -218,7 +218,7 @@ class DiT : private DiTActivations {
   // options.attention, where it takes the shapes.
   struct AttentionChoice {
     AttentionKernels spatial, temporal;
-    bool stored_scores = false;  // flash: FlashVariant::stored_scores
+    FlashVariant flash;  // flash: the variant (Options::flash)
   };
   static AttentionChoice ChooseAttention(const DiTConfig& config, const Options& options);
   // Binds every activation pointer of `acts` into an arena at `base` (null: only counts);
@@ -265,10 +265,10 @@ class DiT : private DiTActivations {
   // stored scores), also adds those to it (qkv's bias gradient); returns whether it did.
   bool AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* dout, const bf16* qkv,
                          const bf16* out, const float* lse, int B, int T, float* dqkv_bias);
-  // Floats of attention workspace `kernels` take over B sequences of T tokens (with
-  // stored_scores, flash's dQ from stored score gradients where they pay).
+  // Floats of attention workspace `kernels` take over B sequences of T tokens (for flash, of
+  // its variant: the stored score gradients where they pay, the short kernels' column sums).
   static size_t AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels,
-                                   bool stored_scores, int B, int T);
+                                   const FlashVariant& flash, int B, int T);
   void Loss();
   void Backward();
 

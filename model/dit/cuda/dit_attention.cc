@@ -11,14 +11,14 @@
 namespace difftrain::cuda {
 
 DiT::AttentionChoice DiT::ChooseAttention(const DiTConfig& config, const Options& options) {
-  AttentionChoice choice{options.attention, AttentionKernels::kFused};
+  AttentionChoice choice{options.attention, AttentionKernels::kFused, {}};
   if (choice.spatial == AttentionKernels::kGemm &&
       !GemmAttentionTakes(config.tokens(), config.hidden_size, config.num_heads)) {
     choice.spatial = AttentionKernels::kFused;
   }
   if (options.attention == AttentionKernels::kFlash) {
     choice.temporal = AttentionKernels::kFlash;
-    choice.stored_scores = options.flash.stored_scores;
+    choice.flash = options.flash;
   }
   return choice;
 }
@@ -76,10 +76,12 @@ bool DiT::BlockAttentionBackward(int l, float* dqkv_bias) {
                              dqkv_bias);
   }
   if (temporal_attention_ == AttentionKernels::kFlash) {
+    // Only the short-sequence kernels make qkv's bias gradient across frames.
+    const bool sums = options_.flash.short_sequences && FlashShortFits(Fr, Fr) && dqkv_bias;
     FlashAttentionBackwardAcrossFrames(d_qkv_, d_b_, k.qkv, k.attn, k.lse, attn_workspace_, B, Fr,
                                        T, D, config_.num_heads, options_.flash.stages, stream_,
-                                       options_.flash.short_sequences);
-    return false;
+                                       options_.flash.short_sequences, sums ? dqkv_bias : nullptr);
+    return sums;
   }
   SwapAxes(d_attn_t_, d_b_, B, Fr, T, D, stream_);
   AttentionBackward(temporal_attention_, d_qkv_t_, d_attn_t_, k.qkv_t, k.attn_t, k.lse, B * T, Fr,
@@ -124,8 +126,9 @@ bool DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* do
       return false;
     case AttentionKernels::kFlash:
       if (options_.flash.short_sequences && FlashShortFits(T, T)) {
-        FlashAttentionBackwardShort(dqkv, dout, qkv, out, lse, B, T, D, H, stream_);
-        return false;
+        FlashAttentionBackwardShort(dqkv, dout, qkv, out, lse, B, T, D, H, stream_, attn_workspace_,
+                                    dqkv_bias);
+        return dqkv_bias != nullptr;
       }
       if (options_.flash.stored_scores && FlashStoredScoresPay(T, T)) {
         FlashAttentionBackwardStored(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H,
@@ -144,7 +147,7 @@ bool DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* do
 }
 
 size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels,
-                               bool stored_scores, int B, int T) {
+                               const FlashVariant& flash, int B, int T) {
   const int D = config.hidden_size, H = config.num_heads;
   switch (kernels) {
     case AttentionKernels::kGemm:
@@ -152,7 +155,10 @@ size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels
     case AttentionKernels::kFused:
       return AttentionBackwardWorkspace(B, T, D, H);
     case AttentionKernels::kFlash:
-      return stored_scores && FlashStoredScoresPay(T, T)
+      if (flash.short_sequences && FlashShortFits(T, T)) {
+        return FlashAttentionBackwardShortWorkspace(B, D);  // the qkv bias's column sums
+      }
+      return flash.stored_scores && FlashStoredScoresPay(T, T)
                  ? FlashAttentionBackwardStoredWorkspace(B, T, D, H)
                  : FlashAttentionBackwardWorkspace(B, T, H);
   }
