@@ -154,12 +154,13 @@ step "ncu kernel sections" "$KERNELS_S" bash -c kernel_sections >>"$out/profile.
 # Latte-L/2, 16 frames of 32×32 latents (4,096 tokens a video), unconditional: one JSON line
 # per attention (difftrain alone: the PyTorch reference is DiT's), the first also with the general
 # flash kernels in the temporal blocks (--no-short-attention; its row's short_attention: false)
-# beside the short-sequence ones, the model's default, written without a GPU.
+# beside the short-sequence ones, the model's default, written without a GPU. LATTE_ATTENTIONS
+# (comma-separated) replaces the step's ATTENTIONS here.
 latte() {
   step "latte $*" "$LATTE_S" "$bin/bench_cuda_dit" --model Latte-L/2 --frames 16 --num-classes 0 \
     --micro-batch 8 --warmup 3 --steps 10 "$@" >>"$out/latte.jsonl" 2>&1
 }
-latte_attentions=(${LATTE_ATTENTIONS:-${ATTENTIONS//,/ }})
+IFS=, read -r -a latte_attentions <<<"${LATTE_ATTENTIONS:-$ATTENTIONS}"
 latte --attention "${latte_attentions[0]}"
 latte --attention "${latte_attentions[0]}" --no-short-attention
 for a in "${latte_attentions[@]:1}"; do
