@@ -42,7 +42,7 @@ fi
 # H100 session (2026-11-27) that timed two attentions and both PyTorch modes ran past its 350 s
 # before PyTorch's rows at the second micro-batch.
 : "${FLASH_VARIANTS:=flash,flash-pipelined,flash-wide,flash-pipelined-wide,flash-pipelined-wide-stored}"
-: "${TORCH_MODES:=compile}"
+: "${TORCH_MODES=compile}"  # set and empty: no PyTorch rows
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
 
 # step NAME LIMIT COMMAND...: runs COMMAND under `timeout`, notes its time and exit status.
@@ -95,7 +95,7 @@ echo "== checks and timing" >"$out/bench.txt"
 step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches "$MICRO_BATCHES" \
   --steps 20 --attention "$ATTENTIONS" --torch-modes "$TORCH_MODES" --keep-going \
   >>"$out/bench.txt" 2>&1
-cp runs/cuda-bench/results.jsonl "$out/" 2>/dev/null
+cp "${CUDA_BENCH_OUT:-runs/cuda-bench}/results.jsonl" "$out/" 2>/dev/null
 
 # The GPU's own sanitizers (issue 23 asks for all four on a tiny step): every tool on the tiny
 # DiT step with each attention (GEMM, fused, flash with one and two stages), and racecheck on

@@ -10,6 +10,10 @@
 // - bench/cuda_dit.sh's flow from the GPU tests to the table, with stand-ins for the GPU
 //   programs that print what the real ones print on a GPU (this machine's would skip). An H100
 //   session lost its bench to a test program that printed no "note:" line.
+// - bench/cuda_session.sh, what a GPU session runs first, over the same kind of stand-ins and
+//   stand-ins for nvidia-smi, nvcc, ncu and compute-sanitizer: every step runs and ends well, the
+//   fastest flash variant joins the step's attentions, and Latte's step runs with and without the
+//   short-sequence kernels.
 #include <fstream>
 #include <string>
 
@@ -169,6 +173,86 @@ echo '"tuned": 7, "changed": 2, "heuristic_ms_a_step": 34.5, "tuned_ms_a_step": 
                           "first choices, 33.25 tuned (7 of 9 plans timed, 2 changed)"),
             std::string::npos)
       << r.output;
+}
+
+TEST(CudaSessionScriptTest, EveryStepRunsAndLatteTimesBothTemporalAttentions) {
+  TempDir dir("cuda-session-script");
+  const std::string bin = dir.path() + "/bin", tools = dir.path() + "/tools";
+  const std::string out = dir.path() + "/out";
+  ASSERT_EQ(RunCommand("mkdir -p " + ShellQuote(bin) + " " + ShellQuote(tools)).exit_code, 0);
+  WriteScript(bin + "/cuda_dit_test", "echo '[  PASSED  ] 6 tests.'\n");
+  WriteScript(bin + "/cuda_attention_test", "echo '[  PASSED  ] 16 tests.'\n");
+  // bench_cuda_attention: a row per kernel at the tokens it is given, flash-wide the fastest.
+  WriteScript(bin + "/bench_cuda_attention", R"(while [ $# -gt 0 ]; do
+  case $1 in --tokens) t=$2 ;; --kernels) k=$2 ;; esac
+  shift
+done
+for kernel in $(echo "$k" | tr , ' '); do
+  ms=2.0
+  [ "$kernel" = flash-wide ] && ms=1.0
+  printf '{"kernel": "%s", "matches_first": true, "tokens": %s, ' "$kernel" "$t"
+  printf '"forward_ms": %s, "backward_ms": %s}\n' "$ms" "$ms"
+done
+)");
+  WriteScript(bin + "/bench_cuda_norms", "echo '{\"rows\": 32, \"backward_gbps\": 1900}'\n");
+  WriteScript(bin + "/bench_cuda_dit", R"(while [ $# -gt 0 ]; do
+  case $1 in --micro-batch) b=$2 ;; --attention) a=$2 ;; --model) m=$2 ;; --no-short-attention) s=false ;; esac
+  shift
+done
+printf '{"impl": "difftrain", "model": "%s", "micro_batch": %s, "attention": "%s", ' "$m" "$b" "$a"
+printf '"short_attention": %s, "samples_per_s": 100.0, "tflops": 71.2, "mfu": 0.072, ' "${s:-true}"
+echo '"peak_mem_gib": 1.5}'
+)");
+  // An H100's nvidia-smi, and tools that end well.
+  WriteScript(tools + "/nvidia-smi", R"(case "$*" in
+  *noheader*) echo 81559 ;;
+  *) echo 'name, driver_version, memory.total [MiB]'; echo 'NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB' ;;
+esac
+)");
+  WriteScript(tools + "/nvcc", "echo 'Cuda compilation tools, release 13.0'\n");
+  WriteScript(tools + "/ncu", "echo '==PROF== Disconnected'\n");
+  WriteScript(tools + "/compute-sanitizer", "echo '========= ERROR SUMMARY: 0 errors'\n");
+  const CommandResult r =
+      RunCommand("PATH=" + ShellQuote(tools) +
+                 ":$PATH TORCH_MODES= CUDA_BENCH_OUT=" + ShellQuote(dir.path() + "/bench") +
+                 " bash " + ShellQuote(std::string(DIFFTRAIN_SOURCE_DIR "/bench/cuda_session.sh")) +
+                 " " + ShellQuote(bin) + " " + ShellQuote(out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto read = [&](const std::string& name) {
+    std::ifstream in(out + "/" + name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string steps = read("steps.txt");
+  EXPECT_NE(steps.find("NVIDIA H100 80GB HBM3, 580.159.04"), std::string::npos) << steps;
+  for (const char* step :
+       {"attention: exit 0", "norms: exit 0", "bench: exit 0",
+        "compute-sanitizer memcheck CudaDiTTest.TinyStepMatchesTheCpuModel: exit 0",
+        "compute-sanitizer racecheck FlashAttentionTest.MatchesTheReference: exit 0", "ncu: exit 0",
+        "ncu kernel sections: exit 0", "latte --attention flash-pipelined-wide-stored: exit 0",
+        "latte --attention flash-pipelined-wide-stored --no-short-attention: exit 0",
+        "latte --attention flash-pipelined-wide: exit 0", "latte --attention flash-wide: exit 0",
+        "attentions timed in the step: flash-pipelined-wide-stored,flash-pipelined-wide,"
+        "flash-wide\n"}) {
+    EXPECT_NE(steps.find(step), std::string::npos) << step << " in\n" << steps;
+  }
+  // The short kernels at Latte's temporal shape only; the step's rows at an H100's micro-batches.
+  const std::string attention = read("attention.jsonl");
+  EXPECT_NE(attention.find(R"("kernel": "flash-short", "matches_first": true, "tokens": 16)"),
+            std::string::npos)
+      << attention;
+  EXPECT_EQ(attention.find(R"("kernel": "flash-short", "matches_first": true, "tokens": 256)"),
+            std::string::npos)
+      << attention;
+  const std::string results = read("results.jsonl");
+  EXPECT_NE(results.find(R"("micro_batch": 128, "attention": "flash-wide")"), std::string::npos)
+      << results;
+  const std::string latte = read("latte.jsonl");
+  EXPECT_NE(latte.find(R"("attention": "flash-pipelined-wide-stored", "short_attention": false)"),
+            std::string::npos)
+      << latte;
+  EXPECT_NE(latte.find(R"("attention": "flash-pipelined-wide-stored", "short_attention": true)"),
+            std::string::npos)
+      << latte;
 }
 
 }  // namespace
