@@ -93,8 +93,8 @@ void FlashAttentionBackwardStored(bf16* dqkv, const bf16* dout, const bf16* qkv,
 // keys, three quarters of them padding at 16 frames (on an H100: 256 us forward and 793 backward
 // for Latte-L/2's temporal attention at micro-batch 8, against ~90 and ~180 at the memory's
 // rate); and a backward of one kernel that computes delta itself, reading q, k, v, out and dout
-// once (no workspace). The same bits as the kernels above (the CPU emulator's
-// FlashShortEmulated; attention_test.cc on a GPU). Written without a GPU: not yet timed.
+// once (a workspace only for the bias gradient, below). The same bits as the kernels above (the CPU
+// emulator's FlashShortEmulated; attention_test.cc on a GPU). Written without a GPU: not yet timed.
 inline constexpr int kFlashShortRows = 16;
 constexpr bool FlashShortFits(int Tq, int Tk) {
   return Tq <= kFlashShortRows && Tk <= kFlashShortRows;
