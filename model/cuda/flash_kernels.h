@@ -538,6 +538,44 @@ DT_SIMT void OnlineSoftmax(float (&s)[kT / 8][4], float (&o)[kN][4], float (&m)[
   }
 }
 
+// The backward's score gradients of one tile, in registers, query rows (dQ's): s holds S and
+// becomes dS = P ∘ (dP − delta), P = exp2(S·sl2 − lse·log2 e), 0 for keys kv0 + column ≥ Tk; the
+// lane's rows' lse·log2 e and delta in lse2 and delta.
+template <int kNT, class P>
+DT_SIMT void ScoreGradientRows(float (&s)[kNT][4], const float (&dp)[kNT][4],
+                               const float (&lse2)[2], const float (&delta)[2], int kv0, int Tk,
+                               int tq, float sl2) {
+  DT_UNROLL
+  for (int n = 0; n < kNT; ++n) {
+    DT_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const bool valid = kv0 + n * 8 + 2 * tq + (i & 1) < Tk;
+      const float p = valid ? P::Exp2(s[n][i] * sl2 - lse2[i >> 1]) : 0.0f;
+      s[n][i] = p * (dp[n][i] - delta[i >> 1]);
+    }
+  }
+}
+
+// The same transposed, key rows (dK's and dV's): st holds Sᵀ and becomes Pᵀ, dpt dPᵀ and becomes
+// dSᵀ, for the lane's keys key + 8·r and the tile's queries q0 + column (0 past Tk or Tq); each
+// column's lse·log2 e and delta in lse2_s and delta_s.
+template <int kNT, class P>
+DT_SIMT void ScoreGradientColumns(float (&st)[kNT][4], float (&dpt)[kNT][4], const float* lse2_s,
+                                  const float* delta_s, int key, int Tk, int q0, int Tq, int tq,
+                                  float sl2) {
+  DT_UNROLL
+  for (int n = 0; n < kNT; ++n) {
+    DT_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const int qc = n * 8 + 2 * tq + (i & 1);
+      const bool valid = key + 8 * (i >> 1) < Tk && q0 + qc < Tq;
+      const float p = valid ? P::Exp2(st[n][i] * sl2 - lse2_s[qc]) : 0.0f;
+      st[n][i] = p;
+      dpt[n][i] = p * (dpt[n][i] - delta_s[qc]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward. Grid (⌈Tq/(64·kMTiles)⌉, H, B). Per key tile: S = Q_w·Kᵀ, the online softmax, O =
 // O·α + P·V. kMTiles: the 16-row m-tiles a warp owns (1, or 2: 32 query rows a warp and 128 a
@@ -635,15 +673,7 @@ DT_SIMT void BackwardDq(const BackwardArgs& args) {
     float s[kT / 8][4] = {}, dp[kT / 8][4] = {};
     MmaABt<HDP, kT / 8, P>(s, q_s, warp * 16, k_s, lane);
     MmaABt<HDP, kT / 8, P>(dp, do_s, warp * 16, v_s, lane);
-    DT_UNROLL
-    for (int n = 0; n < kT / 8; ++n) {
-      DT_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        const bool valid = kv0 + n * 8 + 2 * tq + (i & 1) < a.Tk;
-        const float p = valid ? P::Exp2(s[n][i] * sl2 - lse2[i >> 1]) : 0.0f;
-        s[n][i] = p * (dp[n][i] - delta[i >> 1]);
-      }
-    }
+    ScoreGradientRows<kT / 8, P>(s, dp, lse2, delta, kv0, a.Tk, tq, sl2);
     MmaSB<HDP, kT, P>(dq, s, k_s, lane);
     tiles.Done();
   }
@@ -703,18 +733,8 @@ DT_SIMT void BackwardDkv(const BackwardArgs& args) {
     float st[kT / 8][4] = {}, dpt[kT / 8][4] = {};
     MmaABt<HDP, kT / 8, P>(st, k_s, warp * 16, q_s, lane);
     MmaABt<HDP, kT / 8, P>(dpt, v_s, warp * 16, do_s, lane);
-    DT_UNROLL
-    for (int n = 0; n < kT / 8; ++n) {
-      DT_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        const int key = row0 + (lane >> 2) + 8 * (i >> 1);
-        const int qc = n * 8 + 2 * tq + (i & 1);
-        const bool valid = key < a.Tk && q0 + qc < a.Tq;
-        const float p = valid ? P::Exp2(st[n][i] * sl2 - lse2_s[qc]) : 0.0f;
-        st[n][i] = p;
-        dpt[n][i] = p * (dpt[n][i] - delta_s[qc]);
-      }
-    }
+    ScoreGradientColumns<kT / 8, P>(st, dpt, lse2_s, delta_s, row0 + (lane >> 2), a.Tk, q0, a.Tq,
+                                    tq, sl2);
     MmaSB<HDP, kT, P>(dv, st, do_s, lane);
     MmaSB<HDP, kT, P>(dk, dpt, q_s, lane);
     if constexpr (kStoreScores) {

@@ -217,7 +217,7 @@ DT_SIMT void ShortBackward(const BackwardArgs& args, int sequences) {
   const float sl2 = a.scale * kLog2e;
   constexpr int kNT = kShortRows / 8;  // the n-tiles of a score tile
 
-  // dQ: query rows lane/4 and lane/4 + 8 (BackwardDq's arithmetic).
+  // dQ: query rows lane/4 and lane/4 + 8 (BackwardDq's arithmetic, ScoreGradientRows).
   {
     float lse2[2], delta[2];
     DT_UNROLL
@@ -228,37 +228,18 @@ DT_SIMT void ShortBackward(const BackwardArgs& args, int sequences) {
     float s[kNT][4] = {}, dp[kNT][4] = {};
     MmaABt<HDP, kNT, P>(s, q_s, 0, k_s, lane);
     MmaABt<HDP, kNT, P>(dp, do_s, 0, v_s, lane);
-    DT_UNROLL
-    for (int n = 0; n < kNT; ++n) {
-      DT_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        const bool valid = n * 8 + 2 * tq + (i & 1) < a.Tk;
-        const float p = valid ? P::Exp2(s[n][i] * sl2 - lse2[i >> 1]) : 0.0f;
-        s[n][i] = p * (dp[n][i] - delta[i >> 1]);
-      }
-    }
+    ScoreGradientRows<kNT, P>(s, dp, lse2, delta, 0, a.Tk, tq, sl2);
     float dq[kN][4] = {};
     MmaSB<HDP, kShortRows, P>(dq, s, k_s, lane);
     const float scale[2] = {a.scale, a.scale};
     StoreRows<HDP, P>(dq, scale, args.dq + at.q_off, a.q_stride, 0, a.Tq, hd, lane);
     StoreShortColumnSums<HDP, P>(dq, a.scale, args.dq_sums, args, at, hd, lane);
   }
-  // dK and dV: key rows lane/4 and lane/4 + 8 (BackwardDkv's arithmetic).
+  // dK and dV: key rows lane/4 and lane/4 + 8 (BackwardDkv's, ScoreGradientColumns).
   float st[kNT][4] = {}, dpt[kNT][4] = {};
   MmaABt<HDP, kNT, P>(st, k_s, 0, q_s, lane);
   MmaABt<HDP, kNT, P>(dpt, v_s, 0, do_s, lane);
-  DT_UNROLL
-  for (int n = 0; n < kNT; ++n) {
-    DT_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      const int key = (lane >> 2) + 8 * (i >> 1);
-      const int qc = n * 8 + 2 * tq + (i & 1);
-      const bool valid = key < a.Tk && qc < a.Tq;
-      const float p = valid ? P::Exp2(st[n][i] * sl2 - lse2_s[qc]) : 0.0f;
-      st[n][i] = p;
-      dpt[n][i] = p * (dpt[n][i] - delta_s[qc]);
-    }
-  }
+  ScoreGradientColumns<kNT, P>(st, dpt, lse2_s, delta_s, lane >> 2, a.Tk, 0, a.Tq, tq, sl2);
   float dk[kN][4] = {}, dv[kN][4] = {};
   MmaSB<HDP, kShortRows, P>(dv, st, do_s, lane);
   MmaSB<HDP, kShortRows, P>(dk, dpt, q_s, lane);
