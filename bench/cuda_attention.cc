@@ -9,8 +9,10 @@
 // (their forward with two m-tiles a warp, the same backward), flash-pipelined-wide-stored (that
 // forward, and the two-stage backward with dQ from the score gradients the dK/dV kernel stores:
 // FlashAttentionBackwardStored), flash-short (one warp a sequence and head, at most 16 tokens:
-// FlashAttentionForwardShort), gemm (cuBLASLt batched GEMMs over materialised scores) and fused
-// (the wmma kernels).
+// FlashAttentionForwardShort), gemm (cuBLASLt batched GEMMs over materialised scores), fused
+// (the wmma kernels) and cudnn (cuDNN's fused flash attention, model/cuda/cudnn_attention.h:
+// its plans are built before anything is timed; no cuDNN or no plan is exit 2, with cuDNN's
+// message).
 //
 // For each kernel: the forward (out and lse from a packed qkv [B, T, 3·D]) and the backward
 // (dqkv from dout, given the forward's out and lse), each timed with CUDA events around one
@@ -35,6 +37,7 @@
 
 #include "bench/cuda_bench.h"
 #include "model/cuda/attention.h"
+#include "model/cuda/cudnn_attention.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/device_query.h"
 #include "model/cuda/flash_attention.h"
@@ -117,6 +120,7 @@ int Run(const Options& o) {
                                           const float* l) {
     cuda::FlashAttentionBackwardPipelined(dx, dy, x, y, l, workspace.data(), B, T, D, H, stream);
   };
+  cuda::CudnnAttention cudnn;  // prepared only where chosen
   std::vector<Kernel> all = {
       {"flash",
        [&](bf16* y, float* l, const bf16* x) {
@@ -162,6 +166,12 @@ int Run(const Options& o) {
        [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
          cuda::AttentionBackward(dx, dy, x, y, l, workspace.data(), B, T, D, H, stream);
        }},
+      // cuDNN's fused flash attention (its SDPA graphs; the deterministic backward).
+      {"cudnn",
+       [&](bf16* y, float* l, const bf16* x) { cudnn.Forward(y, l, x, B, T, D, H, stream); },
+       [&](bf16* dx, const bf16* dy, const bf16* x, const bf16* y, const float* l) {
+         cudnn.Backward(dx, dy, x, y, l, B, T, D, H, stream);
+       }},
       {"gemm",
        [&](bf16* y, float* l, const bf16* x) {
          cuda::GemmAttentionForward(gemm, y, l, x, workspace.data(), B, T, D, H);
@@ -187,6 +197,12 @@ int Run(const Options& o) {
       std::fprintf(stderr, "bench_cuda_attention: flash-short takes up to %d tokens, not %d\n",
                    cuda::kFlashShortRows, T);
       return 2;
+    }
+    if (name == "cudnn") {
+      if (const Status s = cudnn.Prepare(B, T, D, H); !s.ok()) {
+        std::fprintf(stderr, "bench_cuda_attention: %s\n", s.message().c_str());
+        return 2;
+      }
     }
     chosen.push_back(*it);
   }
@@ -276,7 +292,7 @@ int main(int argc, char** argv) {
                  "comma-separated, the first the reference for the others' results: flash, "
                  "flash-pipelined, flash-wide, flash-pipelined-wide, flash-pipelined-wide-stored, "
                  "flash-short (at most 16 tokens), "
-                 "gemm, fused")
+                 "gemm, fused, cudnn")
       ->capture_default_str();
   app.add_option("--reps", o.reps, "timed runs of each")
       ->check(CLI::PositiveNumber)

@@ -124,6 +124,7 @@ int Run(const Options& o) {
   const bool flash = o.attention.rfind("flash", 0) == 0;
   const cuda::AttentionKernels attention = flash                    ? cuda::AttentionKernels::kFlash
                                            : o.attention == "fused" ? cuda::AttentionKernels::kFused
+                                           : o.attention == "cudnn" ? cuda::AttentionKernels::kCudnn
                                                                     : cuda::AttentionKernels::kGemm;
   const cuda::FlashVariant variant{.stages = o.attention.find("pipelined") != std::string::npos
                                                  ? cuda::FlashStages::kTwo
@@ -228,8 +229,9 @@ int main(int argc, char** argv) {
                  "gemm: batched GEMMs in the spatial blocks; fused: the wmma kernels; flash: the "
                  "mma.sync flash kernels; flash-pipelined: those with double-buffered cp.async "
                  "tile loads; -wide: the forward with two m-tiles a warp; -stored: the "
-                 "backward's dQ from stored score gradients (model/dit/cuda/dit.h)")
-      ->check(CLI::IsMember({"gemm", "fused", "flash", "flash-pipelined", "flash-wide",
+                 "backward's dQ from stored score gradients; cudnn: cuDNN's fused flash "
+                 "attention in the spatial blocks (model/dit/cuda/dit.h)")
+      ->check(CLI::IsMember({"gemm", "fused", "cudnn", "flash", "flash-pipelined", "flash-wide",
                              "flash-pipelined-wide", "flash-stored", "flash-pipelined-stored",
                              "flash-wide-stored", "flash-pipelined-wide-stored"}))
       ->capture_default_str();

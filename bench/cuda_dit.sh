@@ -6,8 +6,8 @@
 #      the timing runs anyway: a failing flash test says nothing of the GEMM attention's speed);
 #   3. times, for each micro-batch: difftrain's bf16 step (CUDA graph) with each attention
 #      of --attention (gemm: batched GEMMs, fused: the wmma kernels, flash: the mma.sync
-#      kernels, -pipelined with two stages, -wide with two m-tiles a warp in the forward;
-#      model/dit/cuda/dit.h), then PyTorch's
+#      kernels, -pipelined with two stages, -wide with two m-tiles a warp in the forward,
+#      cudnn: cuDNN's fused attention; model/dit/cuda/dit.h), then PyTorch's
 #      (tests/reference/dit_bench_torch.py: bf16 autocast, scaled_dot_product_attention),
 #      torch.compile and eager (--torch-modes: which of them, in that order);
 #   4. prints a Markdown table with samples/s, TFLOP/s, MFU, peak memory and the ratio of

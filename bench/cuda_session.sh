@@ -2,7 +2,7 @@
 # What a session lent a GPU runs first, in one call, for issue 23's open points: the attention
 # kernels alone at DiT-XL/2's and Latte-L/2's shapes (bench_cuda_attention, every flash variant;
 # a few seconds), the fused gated residual + LayerNorm-modulate alone against the memory's rate
-# (bench_cuda_norms, a few seconds), then the GPU tests and DiT-XL/2's step timed beside PyTorch under
+# (bench_cuda_norms, a few seconds), cuDNN's fused attention beside them, then the GPU tests and DiT-XL/2's step timed beside PyTorch under
 # torch.compile with the model's flash variant and the fastest one whose results matched;
 # compute-sanitizer on the tiny DiT step and the flash kernels; where the step's time goes (Nsight Compute's duration of every kernel); why the
 # flash kernels run at the rate they do (ncu's speed-of-light, occupancy and warp-stall sections
@@ -17,7 +17,7 @@
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# KERNELS_S, LATTE_S for each Latte run): 700 s in all, more than the device's 600 s a call,
+# KERNELS_S, LATTE_S for each Latte run, CUDNN_S): 730 s in all, more than the device's 600 s a call,
 # but an H100 session (2026-11-27) took 505 s of them (the bench 345 at micro-batches 32 and
 # 128, 42 s of it the GPU tests and 120 each torch.compile's rows); should a long bench leave
 # too little, what is cut short is Latte, last. OUT/steps.txt says how long each step took and how
@@ -32,18 +32,29 @@ if [[ -f $bin/bundle.tar.xz ]]; then
   tar -C "$bin" -xJf "$bin/bundle.tar.xz" && rm -f "$bin/bundle.tar.xz"
 fi
 : "${BENCH_S:=400}" "${ATTENTION_S:=40}" "${NORMS_S:=15}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
-: "${PROFILE_S:=50}" "${KERNELS_S:=55}" "${LATTE_S:=15}"
+: "${PROFILE_S:=50}" "${KERNELS_S:=55}" "${LATTE_S:=15}" "${CUDNN_S:=30}"
 # The flash kernels' variants the attention bench times (FLASH_VARIANTS), and the attentions the
 # step's bench times (ATTENTIONS; unset: flash and the fastest variant of the attention bench
 # whose results match flash's, when that is not the model's default, flash-pipelined-wide-stored,
 # beside flash-pipelined-wide, the same kernels recomputing dQ's scores: the default's first
-# timing, written without a GPU);
+# timing, written without a GPU; and cudnn, cuDNN's fused attention in the spatial blocks, also
+# written without a GPU);
 # PyTorch under torch.compile alone (TORCH_MODES), which with an EMA is the issue's baseline: an
 # H100 session (2026-11-27) that timed two attentions and both PyTorch modes ran past its 350 s
 # before PyTorch's rows at the second micro-batch.
 : "${FLASH_VARIANTS:=flash,flash-pipelined,flash-wide,flash-pipelined-wide,flash-pipelined-wide-stored}"
 : "${TORCH_MODES=compile}"  # set and empty: no PyTorch rows
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
+# cuDNN (model/cuda/cudnn_attention.h opens libcudnn.so.9): the system's where the loader finds
+# it, else the one PyTorch's wheels put beside python3's packages (nvidia-cudnn).
+cudnn_lib=
+if ! ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9 ' && [[ ! -e /usr/local/cuda/lib64/libcudnn.so.9 ]]
+then
+  cudnn_lib=$(python3 -c 'import importlib.util, os
+spec = importlib.util.find_spec("nvidia.cudnn")
+print(os.path.join(list(spec.submodule_search_locations)[0], "lib") if spec else "")' 2>/dev/null)
+  [[ -n $cudnn_lib ]] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cudnn_lib
+fi
 
 # step NAME LIMIT COMMAND...: runs COMMAND under `timeout`, notes its time and exit status.
 step() {
@@ -59,6 +70,7 @@ step() {
 # ncu CSV should its summary fail).
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/steps.txt" 2>&1
 nvcc --version 2>/dev/null | tail -n 2 >>"$out/steps.txt"
+echo "cuDNN: ${cudnn_lib:-as the loader finds it}" >>"$out/steps.txt"
 
 memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null |
   head -n 1)
@@ -80,10 +92,22 @@ attention_kernels() {
 export bin FLASH_VARIANTS
 export -f attention_kernels  # for `timeout`, which runs programs, not functions
 step attention "$ATTENTION_S" bash -c attention_kernels >"$out/attention.jsonl" 2>&1
+# cuDNN's fused attention beside the model's flash variant (the reference for its results), at
+# DiT-XL/2's spatial shape and Latte-L/2's (8 videos × 16 frames of 256 tokens, head dim 64): a
+# run of its own, so that no cuDNN (exit 2, its message) costs the rows above nothing.
+cudnn_kernels() {
+  "$bin/bench_cuda_attention" --batch 32 --tokens 256 --hidden 1152 --heads 16 \
+    --kernels flash-pipelined-wide-stored,cudnn &&
+    "$bin/bench_cuda_attention" --batch 128 --tokens 256 --hidden 1024 --heads 16 \
+      --kernels flash-pipelined-wide-stored,cudnn
+}
+export -f cudnn_kernels
+step "attention cudnn" "$CUDNN_S" bash -c cudnn_kernels >>"$out/attention.jsonl" 2>&1
 if [[ -z ${ATTENTIONS:-} ]]; then
   ATTENTIONS=flash-pipelined-wide-stored,flash-pipelined-wide
   best=$(python3 bench/fastest_attention.py "$out/attention.jsonl" 2>/dev/null)
   [[ -n $best && ,$ATTENTIONS, != *,$best,* ]] && ATTENTIONS=$ATTENTIONS,$best
+  ATTENTIONS=$ATTENTIONS,cudnn
 fi
 echo "attentions timed in the step: $ATTENTIONS" >>"$out/steps.txt"
 

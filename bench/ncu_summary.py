@@ -18,8 +18,12 @@ import sys
 
 # Category by kernel name, first match wins (difftrain's kernels are named in model/cuda/*.cu;
 # cuBLASLt's are nvjet, xmma, cutlass or sm90 kernels).
+GEMM = ("GEMM (cuBLASLt)", r"nvjet|xmma|cutlass|gemm|sm\d\d_")
 CATEGORIES = [
-    ("GEMM (cuBLASLt)", r"nvjet|xmma|cutlass|gemm|sm\d\d_"),
+    # cuDNN's fused attention (model/cuda/cudnn_attention.h): its kernels' names hold "sdpa" or
+    # "fmha", and an "sm90_" the GEMM pattern would take.
+    ("attention", r"sdpa|fmha"),
+    GEMM,
     ("attention", r"Attention|Flash|Softmax|SplitHeads|MergeHeads"),
     ("norms, modulation, residuals", r"LayerNorm|GatedResidual|GroupNorm"),
     # cuBLASLt's BGRADB epilogue runs as its own kernel, globalKernelBgradAB*.
@@ -87,7 +91,7 @@ def main():
         # its template arguments then say what it is.
         category = next((c for c, pattern in CATEGORIES if re.search(pattern, name)), None)
         if category is None:
-            category = CATEGORIES[0][0] if re.search(CATEGORIES[0][1], full[name]) else "other"
+            category = GEMM[0] if re.search(GEMM[1], full[name]) else "other"
         by_category[category] += ms
     print(f"{sum(launches.values())} launches, {total:.1f} ms of kernel time")
     print("| share | ms | category |\n|---|---|---|")

@@ -59,10 +59,15 @@ TEST(NcuSummaryTest, FunctionNamesGroupByKernelAndCategory) {
       Row(2, "FlashDkvKernel", "ns", "196,250") + "\n" + Row(3, "FlashDkvKernel", "ns", "196,250") +
       "\n" + Row(4, "LayerNormModulateForwardKernel", "ns", "23,500") + "\n" +
       Row(5, "globalKernelBgradAB_v2", "us", "32.5") + "\n" +
-      Row(6, "ZeroRangesKernel", "us", "4.0") + "\n";
+      Row(6, "ZeroRangesKernel", "us", "4.0") + "\n" +
+      Row(7, "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1",
+          "us", "50.0") +
+      "\n";
   const CommandResult r = Summarize(csv);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("7 launches, 7.9 ms of kernel time"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("8 launches, 7.9 ms of kernel time"), std::string::npos) << r.output;
+  // cuDNN's attention kernels are attention, though their names hold an "sm90_" too.
+  EXPECT_NE(r.output.find("| 0.44 | attention |"), std::string::npos) << r.output;
   // cuBLASLt's BGRADB epilogue, a kernel of its own, is a bias gradient, not "other".
   EXPECT_NE(r.output.find("| 0.03 | bias gradients |"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| 0.39 | 2 | FlashDkvKernel |"), std::string::npos) << r.output;
@@ -231,19 +236,26 @@ esac
         "ncu kernel sections: exit 0", "latte --attention flash-pipelined-wide-stored: exit 0",
         "latte --attention flash-pipelined-wide-stored --no-short-attention: exit 0",
         "latte --attention flash-pipelined-wide: exit 0", "latte --attention flash-wide: exit 0",
+        "attention cudnn: exit 0", "latte --attention cudnn: exit 0",
         "attentions timed in the step: flash-pipelined-wide-stored,flash-pipelined-wide,"
-        "flash-wide\n"}) {
+        "flash-wide,cudnn\n"}) {
     EXPECT_NE(steps.find(step), std::string::npos) << step << " in\n" << steps;
   }
-  // The short kernels at Latte's temporal shape only; the step's rows at an H100's micro-batches.
+  // The short kernels at Latte's temporal shape only, cuDNN's at DiT's; the step's rows at an
+  // H100's micro-batches.
   const std::string attention = read("attention.jsonl");
+  const std::string results = read("results.jsonl");
   EXPECT_NE(attention.find(R"("kernel": "flash-short", "matches_first": true, "tokens": 16)"),
             std::string::npos)
       << attention;
   EXPECT_EQ(attention.find(R"("kernel": "flash-short", "matches_first": true, "tokens": 256)"),
             std::string::npos)
       << attention;
-  const std::string results = read("results.jsonl");
+  EXPECT_NE(attention.find(R"("kernel": "cudnn", "matches_first": true, "tokens": 256)"),
+            std::string::npos)
+      << attention;
+  EXPECT_NE(results.find(R"("micro_batch": 32, "attention": "cudnn")"), std::string::npos)
+      << results;
   EXPECT_NE(results.find(R"("micro_batch": 128, "attention": "flash-wide")"), std::string::npos)
       << results;
   const std::string latte = read("latte.jsonl");

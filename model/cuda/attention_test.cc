@@ -5,7 +5,8 @@
 // not a multiple of the 64-row tiles, and cross-attention (the UNet's attn2: q from the image
 // tokens, k and v from a 77-token text, Tq ≠ Tk). The batched-GEMM self-attention
 // (model/cuda/gemm_attention.h) and the mma.sync flash kernels (model/cuda/flash_attention.h)
-// are held to the same reference and bounds.
+// are held to the same reference and bounds, and so is cuDNN's fused attention
+// (model/cuda/cudnn_attention.h) where cuDNN is installed.
 #include "model/cuda/attention.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "model/cpu/attention.h"
+#include "model/cuda/cudnn_attention.h"
 #include "model/cuda/embed.h"
 #include "model/cuda/flash_attention.h"
 #include "model/cuda/flash_short_kernels.h"
@@ -68,13 +70,23 @@ std::vector<float> ReferenceLse(const std::vector<float>& qkv, int B, int T, int
 // (one stage, or two: the *Pipelined functions).
 // kFlashStored*: dQ from the stored score gradients (FlashAttentionBackwardStored), one stage or
 // two.
-enum class Kernels { kFused, kGemm, kFlash, kFlashPipelined, kFlashStored, kFlashStoredPipelined };
+// kCudnn: cuDNN's SDPA graphs (model/cuda/cudnn_attention.h).
+enum class Kernels {
+  kFused,
+  kGemm,
+  kFlash,
+  kFlashPipelined,
+  kFlashStored,
+  kFlashStoredPipelined,
+  kCudnn
+};
 const char* Name(Kernels k) {
   return k == Kernels::kFused            ? " fused"
          : k == Kernels::kGemm           ? " GEMM path"
          : k == Kernels::kFlash          ? " flash"
          : k == Kernels::kFlashStored    ? " flash, dQ from stored dS"
          : k == Kernels::kFlashPipelined ? " flash, two stages"
+         : k == Kernels::kCudnn          ? " cuDNN"
                                          : " flash, two stages, dQ from stored dS";
 }
 
@@ -110,6 +122,14 @@ void CheckAttention(int B, int T, int D, int H, Kernels kernels = Kernels::kFuse
                          D, H);
     GemmAttentionBackward(lt, dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
                           lse_d.data(), gemm_workspace.data(), B, T, D, H);
+    DT_CUDA_CHECK(cudaDeviceSynchronize());
+  } else if (kernels == Kernels::kCudnn) {
+    CudnnAttention cudnn;
+    const Status prepared = cudnn.Prepare(B, T, D, H);
+    ASSERT_TRUE(prepared.ok()) << prepared.message();
+    cudnn.Forward(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
+    cudnn.Backward(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(), lse_d.data(), B, T, D,
+                   H, nullptr);
     DT_CUDA_CHECK(cudaDeviceSynchronize());
   } else if (kernels == Kernels::kFlash) {
     FlashAttentionForward(out_d.data(), lse_d.data(), qkv_d.data(), B, T, D, H, nullptr);
@@ -180,6 +200,18 @@ TEST(GemmAttentionTest, MatchesTheReference) {
   CheckAttention(2, 64, 384, 6, Kernels::kGemm);
   CheckAttention(3, 136, 144, 2, Kernels::kGemm);
   CheckAttention(2, 8, 16, 2, Kernels::kGemm);
+}
+
+// cuDNN's fused attention at the shapes above that it takes (head dims up to 128), its lse
+// (cuDNN's softmax statistics) against the reference's too. Skipped, saying why, without cuDNN.
+TEST(AttentionTest, CudnnMatchesTheReference) {
+  DT_SKIP_WITHOUT_GPU();
+  if (const Status s = CudnnAttentionAvailable(); !s.ok()) GTEST_SKIP() << s.message();
+  CheckAttention(2, 64, 384, 6, Kernels::kCudnn);
+  CheckAttention(2, 256, 1152, 16, Kernels::kCudnn);
+  CheckAttention(2, 100, 128, 2, Kernels::kCudnn);
+  CheckAttention(1, 130, 256, 2, Kernels::kCudnn);
+  CheckAttention(3, 16, 64, 2, Kernels::kCudnn);  // a tiny DiT's 16 tokens, head dim 32
 }
 
 // What it takes is decided without a GPU: multiples of 8, up to kMaxGemmAttentionTokens.

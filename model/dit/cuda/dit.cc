@@ -175,7 +175,8 @@ void DiT::DownloadState(float* params, float* ema, float* exp_avg, float* exp_av
 }
 
 size_t DiT::device_bytes() const {
-  return state_.bytes() + pos_embed_.bytes() + temp_embed_.bytes() + acts_buffer_.bytes();
+  return state_.bytes() + pos_embed_.bytes() + temp_embed_.bytes() + acts_buffer_.bytes() +
+         (cudnn_ != nullptr ? cudnn_->workspace_bytes() : 0);
 }
 
 size_t DiT::StateBytes(const DiTConfig& config) {
@@ -297,6 +298,7 @@ Status DiT::Reserve(int B) {
   if (!state_.allocated()) DT_RETURN_IF_ERROR(state_.Allocate());
   graph_.Reset();  // it holds the old activation pointers
   batch_ = 0;
+  DT_RETURN_IF_ERROR(PrepareAttention(B));
   acts_buffer_ = DeviceBuffer<unsigned char>();
   Result<DeviceBuffer<unsigned char>> acts =
       DeviceBuffer<unsigned char>::TryAllocate(ActivationBytes(config_, B, options_));

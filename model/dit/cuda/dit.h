@@ -28,6 +28,7 @@
 
 #include "common/status.h"
 #include "model/cuda/attention.h"
+#include "model/cuda/cudnn_attention.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/flash_attention.h"
 #include "model/cuda/gemm.h"
@@ -47,8 +48,12 @@ namespace difftrain::cuda {
 // (model/cuda/flash_attention.h) everywhere, 1.13-1.16x the kGemm step on an H100 (DiT-XL/2,
 // Latte-L/2; docs/benchmarks.md); kGemm, cuBLASLt's batched GEMMs for the spatial blocks where
 // GemmAttentionTakes the frame's tokens (model/cuda/gemm_attention.h) and the fused wmma
-// kernels elsewhere (model/cuda/attention.h); kFused, those everywhere.
-enum class AttentionKernels { kGemm, kFused, kFlash };
+// kernels elsewhere (model/cuda/attention.h); kFused, those everywhere; kCudnn, cuDNN's fused
+// flash attention (model/cuda/cudnn_attention.h, its deterministic backward) for the spatial
+// blocks and the flash kernels across frames (Latte's temporal rows, T·3·D apart with B·T
+// sequences, are no layout of cuDNN's 4-d tensors). Reserve prepares cuDNN's plans and returns
+// its error where there is no cuDNN or no plan. Written without a GPU: not yet run on one.
+enum class AttentionKernels { kGemm, kFused, kFlash, kCudnn };
 
 // Which of the flash kernels' variants kFlash runs (model/cuda/flash_attention.h): the loop's
 // tiles loaded in one stage or two (double-buffered cp.async copies), and the forward with one
@@ -257,6 +262,9 @@ class DiT : private DiTActivations {
   // the kernels make it as they go (returns whether they did).
   void BlockAttentionForward(int l);
   bool BlockAttentionBackward(int l, float* dqkv_bias);
+  // What the attention kernels need made before a micro-batch of B runs: kCudnn's plans and
+  // workspace (cuDNN's errors: none installed, no plan, out of memory).
+  Status PrepareAttention(int B);
   // Self-attention over B sequences of T tokens (packed qkv) with `kernels`; the workspace is
   // attn_workspace_.
   void AttentionForward(AttentionKernels kernels, bf16* out, float* lse, const bf16* qkv, int B,
@@ -300,6 +308,8 @@ class DiT : private DiTActivations {
   // fused or flash.
   AttentionKernels spatial_attention_ = AttentionKernels::kFused;
   AttentionKernels temporal_attention_ = AttentionKernels::kFused;
+  // kCudnn's plans and workspace (made by Reserve), else null.
+  std::unique_ptr<CudnnAttention> cudnn_;
 
   StepGraph graph_;
   float grad_scale_ = 1.0f;         // the loss's, as the graph holds it

@@ -16,7 +16,8 @@ DiT::AttentionChoice DiT::ChooseAttention(const DiTConfig& config, const Options
       !GemmAttentionTakes(config.tokens(), config.hidden_size, config.num_heads)) {
     choice.spatial = AttentionKernels::kFused;
   }
-  if (options.attention == AttentionKernels::kFlash) {
+  if (options.attention == AttentionKernels::kFlash ||
+      options.attention == AttentionKernels::kCudnn) {
     choice.temporal = AttentionKernels::kFlash;
     choice.flash = options.flash;
   }
@@ -28,7 +29,7 @@ Status DiT::TakesMicroBatch(const DiTConfig& config, int B, const Options& optio
   const AttentionChoice attention = ChooseAttention(config, options);
   // Whether `kernels` over sequences of T rows launch with a z of one per sequence.
   const auto by_sequence = [&](AttentionKernels kernels, int T) {
-    if (kernels == AttentionKernels::kGemm) return false;
+    if (kernels == AttentionKernels::kGemm || kernels == AttentionKernels::kCudnn) return false;
     return !(kernels == AttentionKernels::kFlash && options.flash.short_sequences &&
              FlashShortFits(T, T));
   };
@@ -47,6 +48,13 @@ Status DiT::TakesMicroBatch(const DiTConfig& config, int B, const Options& optio
         B, config.tokens(), tokens, kMaxSequences, config.frames(), kFlashShortRows);
   }
   return Status::Ok();
+}
+
+Status DiT::PrepareAttention(int B) {
+  if (spatial_attention_ != AttentionKernels::kCudnn) return Status::Ok();
+  if (cudnn_ == nullptr) cudnn_ = std::make_unique<CudnnAttention>();
+  return cudnn_->Prepare(B * config_.frames(), config_.tokens(), config_.hidden_size,
+                         config_.num_heads);
 }
 
 void DiT::BlockAttentionForward(int l) {
@@ -98,6 +106,8 @@ void DiT::AttentionForward(AttentionKernels kernels, bf16* out, float* lse, cons
       return GemmAttentionForward(gemm_, out, lse, qkv, attn_workspace_, B, T, D, H);
     case AttentionKernels::kFused:
       return cuda::AttentionForward(out, lse, qkv, B, T, D, H, stream_);
+    case AttentionKernels::kCudnn:
+      return cudnn_->Forward(out, lse, qkv, B, T, D, H, stream_);
     case AttentionKernels::kFlash: {
       const FlashVariant& v = options_.flash;
       if (v.short_sequences && FlashShortFits(T, T)) {
@@ -123,6 +133,9 @@ bool DiT::AttentionBackward(AttentionKernels kernels, bf16* dqkv, const bf16* do
       return false;
     case AttentionKernels::kFused:
       cuda::AttentionBackward(dqkv, dout, qkv, out, lse, attn_workspace_, B, T, D, H, stream_);
+      return false;
+    case AttentionKernels::kCudnn:
+      cudnn_->Backward(dqkv, dout, qkv, out, lse, B, T, D, H, stream_);
       return false;
     case AttentionKernels::kFlash:
       if (options_.flash.short_sequences && FlashShortFits(T, T)) {
@@ -154,6 +167,8 @@ size_t DiT::AttentionWorkspace(const DiTConfig& config, AttentionKernels kernels
       return (GemmAttentionWorkspaceBytes(B, T, D, H) + 3) / 4;
     case AttentionKernels::kFused:
       return AttentionBackwardWorkspace(B, T, D, H);
+    case AttentionKernels::kCudnn:
+      return 0;  // cuDNN's own (CudnnAttention::workspace_bytes)
     case AttentionKernels::kFlash:
       if (flash.short_sequences && FlashShortFits(T, T)) {
         return FlashAttentionBackwardShortWorkspace(B, D);  // the qkv bias's column sums

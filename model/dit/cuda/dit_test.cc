@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "model/cuda/cudnn_attention.h"
 #include "model/cuda/testing.h"
 #include "model/dit/dit.h"
 
@@ -83,6 +84,7 @@ void ExpectStepMatchesCpu(const DiTConfig& c, int B,
                           FlashVariant flash = {}) {
   SCOPED_TRACE(attention == AttentionKernels::kGemm    ? "spatial attention as batched GEMMs"
                : attention == AttentionKernels::kFused ? "fused attention"
+               : attention == AttentionKernels::kCudnn ? "cuDNN's attention (flash across frames)"
                                                        : "flash attention");
   SCOPED_TRACE(::testing::Message()
                << "flash stages " << (flash.stages == FlashStages::kTwo ? 2 : 1)
@@ -321,10 +323,25 @@ TEST(CudaDiTTest, DiTS2StepMatchesTheCpuModel) {
   ExpectStepMatchesCpu(s2, /*B=*/2, AttentionKernels::kFlash, {FlashStages::kOne, false});
 }
 
-// A replayed graph computes what eager launches compute (up to the order of the attention
-// backward's atomic additions).
-TEST(CudaDiTTest, GraphReplayMatchesEagerLaunches) {
+// cuDNN's attention in the spatial blocks (model/cuda/cudnn_attention.h): a tiny DiT (16 tokens,
+// head dim 32), DiT-S/2 (256 tokens, head dim 64) and a tiny Latte (the temporal blocks on the
+// flash kernels). Skipped, saying why, where cuDNN is not installed or this build lacks it.
+TEST(CudaDiTTest, CudnnAttentionStepsMatchTheCpuModel) {
   DT_SKIP_WITHOUT_GPU();
+  if (const Status s = CudnnAttentionAvailable(); !s.ok()) GTEST_SKIP() << s.message();
+  ExpectStepMatchesCpu(Tiny(), /*B=*/3, AttentionKernels::kCudnn);
+  ExpectStepMatchesCpu(DiTConfigByName("DiT-S/2", 32).value(), /*B=*/2, AttentionKernels::kCudnn);
+  DiTConfig latte = Tiny();
+  latte.video = true;
+  latte.num_frames = 4;
+  ExpectStepMatchesCpu(latte, /*B=*/3, AttentionKernels::kCudnn);
+}
+
+// A replayed graph computes what eager launches compute (up to the order of the attention
+// backward's atomic additions), with the default attention and with cuDNN's where it is here
+// (its kernels launched into the captured stream).
+void ExpectGraphReplayMatchesEager(AttentionKernels attention) {
+  SCOPED_TRACE(attention == AttentionKernels::kCudnn ? "cuDNN's attention" : "the default");
   const DiTConfig c = Tiny();
   difftrain::DiT cpu(c);
   const std::vector<float> weights = RandomBf16Weights(cpu);
@@ -332,8 +349,8 @@ TEST(CudaDiTTest, GraphReplayMatchesEagerLaunches) {
   cudaStream_t stream;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    DiT eager(c, stream, {.use_graph = false, .flash = {}}),
-        graphed(c, stream, {.use_graph = true, .flash = {}});
+    DiT eager(c, stream, {.use_graph = false, .attention = attention, .flash = {}}),
+        graphed(c, stream, {.use_graph = true, .attention = attention, .flash = {}});
     std::vector<float> want;
     for (DiT* model : {&eager, &graphed}) {
       const Status reserved = model->Reserve(4);
@@ -351,6 +368,13 @@ TEST(CudaDiTTest, GraphReplayMatchesEagerLaunches) {
     }
   }
   DT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(CudaDiTTest, GraphReplayMatchesEagerLaunches) {
+  DT_SKIP_WITHOUT_GPU();
+  ExpectGraphReplayMatchesEager(AttentionKernels::kFlash);
+  if (const Status s = CudnnAttentionAvailable(); !s.ok()) GTEST_SKIP() << s.message();
+  ExpectGraphReplayMatchesEager(AttentionKernels::kCudnn);
 }
 
 // ZeroGradients leaves the arena as it is and the next ForwardBackward writes it: its
