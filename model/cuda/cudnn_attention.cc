@@ -277,11 +277,16 @@ namespace {
 void Execute(const fe::graph::Graph& g, cudnnHandle_t handle,
              std::unordered_map<int64_t, void*>& pointers, void* workspace, cudaStream_t stream,
              const char* what) {
-  const cudnnStatus_t status = fe::detail::set_stream(handle, stream);
-  DT_CHECK(status == CUDNN_STATUS_SUCCESS, "cudnnSetStream: {}",
-           fe::detail::get_error_string(status));
-  fe::error_t e = g.execute(handle, pointers, workspace);
-  DT_CHECK(e.is_good(), "cuDNN attention {}: {}", what, e.get_message());
+  // A prepared plan that fails here is a bug or a broken installation: fail fast, as kernels do.
+  try {
+    const cudnnStatus_t status = fe::detail::set_stream(handle, stream);
+    DT_CHECK(status == CUDNN_STATUS_SUCCESS, "cudnnSetStream: {}",
+             fe::detail::get_error_string(status));
+    fe::error_t e = g.execute(handle, pointers, workspace);
+    DT_CHECK(e.is_good(), "cuDNN attention {}: {}", what, e.get_message());
+  } catch (const std::exception& e) {
+    DT_CHECK(false, "cuDNN attention {}: {}", what, e.what());
+  }
 }
 
 // The bf16 pointers bound to a tensor (the graphs read them; cuDNN takes void*).
