@@ -4,12 +4,19 @@
 //   h3 = h2 + ff.net.2(GEGLU(ff.net.0.proj(norm3(h2))))       out = proj_out(h3) + x
 // The residual stream h0 … h3 is fp32 [B·T, C]; the norms write bf16 for the GEMMs after them;
 // attention reads the packed q, k, v of attn1 and, for attn2, q and the text's fused k, v
-// [B·L, 2C] (model/cuda/attention.h, Tq = T ≠ Tk = L).
+// [B·L, 2C] (Tq = T ≠ Tk = L): the mma.sync flash kernels (model/cuda/flash_attention.h, two
+// stages; the self-attention's forward with two m-tiles a warp where T fills them) wherever
+// they take the head dim (multiples of 8 up to 128: SD2's 64, SD1.5's 40 and 80), else the fused
+// kernels (model/cuda/attention.h: SD1.5's 160). The same operands, lse and layout; on an H100
+// the flash kernels ran DiT-XL/2's attention 2.3-2.9x faster than the fused ones (256 tokens),
+// and Latte's 16-frame one 2.2x; at the UNet's shapes (4,096 tokens at 512 px, 77 text keys)
+// not yet timed.
 #include <algorithm>
 #include <memory>
 
 #include "model/cuda/activation.h"
 #include "model/cuda/attention.h"
+#include "model/cuda/flash_attention.h"
 #include "model/cuda/geglu.h"
 #include "model/cuda/spatial.h"
 #include "model/unet/cuda/layers.h"
@@ -83,7 +90,9 @@ class TransformerLayer final : public Layer {
     d_kv_ = scratch.Take<bf16>(BL * 2 * C_);
     d_ff_in_ = scratch.Take<bf16>(8 * NC);
     d_ff_mid_ = scratch.Take<bf16>(4 * NC);
-    ws.attention_floats = std::max(ws.attention_floats, AttentionBackwardWorkspace(B, T_, C_, H_));
+    ws.attention_floats =
+        std::max(ws.attention_floats, flash_ ? FlashAttentionBackwardWorkspace(B, T_, H_)
+                                             : AttentionBackwardWorkspace(B, T_, C_, H_));
   }
 
   void Forward(const Run& r) override {
@@ -96,7 +105,7 @@ class TransformerLayer final : public Layer {
     // Self-attention.
     ln1_.Forward(r, r.A<bf16>(ln1_out_), r.A<float>(h0_));
     qkv_.Forward(r, r.A<bf16>(qkv_out_), r.A<bf16>(ln1_out_), N_);
-    AttentionForward(r.A<bf16>(a1_), r.A<float>(lse1_), r.A<bf16>(qkv_out_), B_, T_, C_, H_, s);
+    SelfAttentionForward(r.A<bf16>(a1_), r.A<float>(lse1_), r.A<bf16>(qkv_out_), s);
     out1_.Forward(r, r.A<float>(h1_), r.A<bf16>(a1_), N_);
     AddInto(r.A<float>(h1_), r.A<float>(h0_), NC, s);
     // Cross-attention: keys and values from the text.
@@ -104,8 +113,7 @@ class TransformerLayer final : public Layer {
     q2_.Forward(r, r.A<bf16>(q2_out_), r.A<bf16>(ln2_out_), N_);
     kv2_.Forward(r, r.A<bf16>(kv2_out_), r.context, B_ * L_);
     const bf16* kv = r.A<bf16>(kv2_out_);
-    AttentionForward(r.A<bf16>(a2_), r.A<float>(lse2_), r.A<bf16>(q2_out_), kv, kv + C_, C_, 2 * C_,
-                     B_, T_, L_, C_, H_, s);
+    CrossAttentionForward(r.A<bf16>(a2_), r.A<float>(lse2_), r.A<bf16>(q2_out_), kv, s);
     out2_.Forward(r, r.A<float>(h2_), r.A<bf16>(a2_), N_);
     AddInto(r.A<float>(h2_), r.A<float>(h1_), NC, s);
     // GEGLU feed-forward.
@@ -147,17 +155,16 @@ class TransformerLayer final : public Layer {
     out2_.Backward(r, da, dhb, r.A<bf16>(a2_), N_, dh);
     const bf16* kv = r.A<bf16>(kv2_out_);
     bf16* dkv = r.S<bf16>(d_kv_);
-    AttentionBackward(r.S<bf16>(d_q_), dkv, dkv + C_, da, r.A<bf16>(q2_out_), kv, kv + C_, C_,
-                      2 * C_, r.A<bf16>(a2_), r.A<float>(lse2_), r.attention_workspace, B_, T_, L_,
-                      C_, H_, s);
+    CrossAttentionBackward(r.S<bf16>(d_q_), dkv, da, r.A<bf16>(q2_out_), kv, r.A<bf16>(a2_),
+                           r.A<float>(lse2_), r.attention_workspace, s);
     kv2_.Backward(r, nullptr, dkv, r.context, B_ * L_);
     q2_.Backward(r, dln, r.S<bf16>(d_q_), r.A<bf16>(ln2_out_), N_);
     ln2_.Backward(r, dh, dln, r.A<float>(h1_));
     // Self-attention.
     CastToBf16(dhb, dh, NC, s);
     out1_.Backward(r, da, dhb, r.A<bf16>(a1_), N_, dh);
-    AttentionBackward(r.S<bf16>(d_q_), da, r.A<bf16>(qkv_out_), r.A<bf16>(a1_), r.A<float>(lse1_),
-                      r.attention_workspace, B_, T_, C_, H_, s);
+    SelfAttentionBackward(r.S<bf16>(d_q_), da, r.A<bf16>(qkv_out_), r.A<bf16>(a1_),
+                          r.A<float>(lse1_), r.attention_workspace, s);
     qkv_.Backward(r, dln, r.S<bf16>(d_q_), r.A<bf16>(ln1_out_), N_);
     ln1_.Backward(r, dh, dln, r.A<float>(h0_));
     // proj_in and the GroupNorm.
@@ -170,12 +177,48 @@ class TransformerLayer final : public Layer {
   }
 
  private:
+  // attn1 over the packed q, k, v [B·T, 3C], and attn2 from q [B·T, C] to the text's k, v
+  // [B·L, 2C]: the flash kernels where they take the head dim, else the fused ones.
+  void SelfAttentionForward(bf16* out, float* lse, const bf16* qkv, cudaStream_t s) const {
+    if (!flash_) return AttentionForward(out, lse, qkv, B_, T_, C_, H_, s);
+    if (FlashWideForwardFills(T_)) {
+      return FlashAttentionForwardWide(out, lse, qkv, B_, T_, C_, H_, FlashStages::kTwo, s);
+    }
+    FlashAttentionForwardPipelined(out, lse, qkv, B_, T_, C_, H_, s);
+  }
+  // dqkv [B·T, 3C] (written).
+  void SelfAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                             const float* lse, float* workspace, cudaStream_t s) const {
+    if (!flash_) return AttentionBackward(dqkv, dout, qkv, out, lse, workspace, B_, T_, C_, H_, s);
+    FlashAttentionBackwardPipelined(dqkv, dout, qkv, out, lse, workspace, B_, T_, C_, H_, s);
+  }
+  using CrossForward = void (*)(bf16*, float*, const bf16*, const bf16*, const bf16*, size_t,
+                                size_t, int, int, int, int, int, cudaStream_t);
+  using CrossBackward = void (*)(bf16*, bf16*, bf16*, const bf16*, const bf16*, const bf16*,
+                                 const bf16*, size_t, size_t, const bf16*, const float*, float*,
+                                 int, int, int, int, int, cudaStream_t);
+  void CrossAttentionForward(bf16* out, float* lse, const bf16* q, const bf16* kv,
+                             cudaStream_t s) const {
+    const CrossForward forward =
+        flash_ ? CrossForward{FlashAttentionForwardPipelined} : CrossForward{AttentionForward};
+    forward(out, lse, q, kv, kv + C_, C_, 2 * C_, B_, T_, L_, C_, H_, s);
+  }
+  // dq [B·T, C] and the text's dk, dv [B·L, 2C] (written).
+  void CrossAttentionBackward(bf16* dq, bf16* dkv, const bf16* dout, const bf16* q, const bf16* kv,
+                              const bf16* out, const float* lse, float* workspace,
+                              cudaStream_t s) const {
+    const CrossBackward backward =
+        flash_ ? CrossBackward{FlashAttentionBackwardPipelined} : CrossBackward{AttentionBackward};
+    backward(dq, dkv, dkv + C_, dout, q, kv, kv + C_, C_, 2 * C_, out, lse, workspace, B_, T_, L_,
+             C_, H_, s);
+  }
   std::string Block(const std::string& name) const {
     return node_.prefix + "transformer_blocks.0." + name;
   }
 
   const UNetNode& node_;
   int B_, C_, T_, L_, H_, N_, Dt_;
+  bool flash_ = FlashAttentionTakes(C_ / H_);  // else the fused kernels (head dim 160)
   Norm gn_;
   Linear proj_in_;
   Norm ln1_;

@@ -2,7 +2,8 @@
 // difftrain::UNet (model/unet/unet.h), which is its reference, built from the ops of
 // model/cuda — convolutions as im2col + cuBLASLt GEMMs (conv2d.h), GroupNorm fused with SiLU
 // (groupnorm.h), nearest ×2 upsampling and skip concatenation (spatial.h), self- and
-// cross-attention through the fused attention kernel (attention.h, Tq ≠ Tk for the text),
+// cross-attention through the flash kernels where they take the head dim, else the fused ones
+// (flash_attention.h, attention.h; Tq ≠ Tk for the text; transformer.cc),
 // GEGLU with the exact GELU (geglu.h), the loss (loss.h) and AdamW (optimizer.h).
 //
 // Precision, as PyTorch's bf16 autocast does it: GEMMs (convolutions included) and attention

@@ -50,6 +50,15 @@ UNetConfig Small() {
   return c;
 }
 
+// Small() with a second level of one 160-wide head (SD 1.5's deepest head dim): the fused
+// attention kernels there, the flash kernels at the first level.
+UNetConfig SmallWithAWideHead() {
+  UNetConfig c = Small();
+  c.block_out_channels = {16, 160};
+  c.attention_head_dim = {2, 1};
+  return c;
+}
+
 UNetConfig Named(const std::string& name) {
   Result<UNetConfig> c = UNetConfigByName(name);
   EXPECT_TRUE(c.ok()) << c.status().message();
@@ -62,6 +71,7 @@ TEST(UNetGpuSupport, TakesEveryStableDiffusionConfig) {
     EXPECT_TRUE(s.ok()) << name << ": " << s.message();
   }
   EXPECT_TRUE(UNet::Supports(Small()).ok());
+  EXPECT_TRUE(UNet::Supports(SmallWithAWideHead()).ok());
 }
 
 TEST(UNetGpuSupport, RefusesWhatTheKernelsDoNotTakeByName) {
@@ -202,10 +212,16 @@ class UNetGpuStepTest : public ::testing::Test {
 // expected to differ by about that much; a wrong term or index differs by far more. (Measured
 // on an H200: 0.0113 against a sensitivity of 0.0085 for this 16/32-channel UNet with 2 and 4
 // channels per group; DiT's fixed 1e-2 fits DiT, whose LayerNorms average hundreds of values.)
+// Small()'s head dims (8, 16) run on the flash kernels; SmallWithAWideHead() has a level on
+// the fused ones beside a flash level.
 TEST_F(UNetGpuStepTest, StepMatchesTheCpuModel) {
-  for (const bool linear_projection : {false, true}) {
+  for (const auto& [linear_projection, config] :
+       {std::pair{false, Small()}, std::pair{true, Small()},
+        std::pair{false, SmallWithAWideHead()}}) {
     SCOPED_TRACE(linear_projection ? "linear proj_in/out" : "1×1-conv proj_in/out");
-    UNetConfig c = Small();
+    SCOPED_TRACE(config.block_out_channels.back() == 160 ? "head dims 8 and 160"
+                                                         : "head dims 8 and 16");
+    UNetConfig c = config;
     c.use_linear_projection = linear_projection;
     const int B = 2;
     const Batch batch = RandomBatch(c, B, /*seed=*/11);
