@@ -88,12 +88,8 @@ int Run(const Options& o) {
                  H);
     return 2;
   }
-  std::string no_gpu;
-  const std::vector<cuda::DeviceProperties> devices = cuda::QueryDevices(&no_gpu);
-  if (devices.empty()) {
-    std::fprintf(stderr, "bench_cuda_attention: no usable GPU: %s\n", no_gpu.c_str());
-    return 1;
-  }
+  const std::vector<cuda::DeviceProperties> devices = bench::GpusOrSayWhy("bench_cuda_attention");
+  if (devices.empty()) return 1;
   cudaStream_t stream;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cuda::Gemm gemm(stream);

@@ -24,7 +24,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "model/cuda/device_query.h"
+#include "bench/cuda_bench.h"
 #include "model/dit/cuda/dit.h"
 #include "model/dit/dit.h"
 #include "model/dit/family.h"
@@ -34,13 +34,9 @@
 namespace difftrain {
 namespace {
 
-struct Options {
+struct Options : bench::StepOptions {  // micro-batch 32, 5 warm-up steps, 20 timed
   std::string model = "DiT-XL/2";
   int input_size = 32;
-  int micro_batch = 32;
-  int warmup = 5;
-  int steps = 20;
-  bool no_graph = false;
   bool no_gemm_autotune = false;
   bool no_short_attention = false;  // the general flash kernels over sequences of ≤ 16 rows too
   // flash[-pipelined][-wide][-stored], gemm or fused; the default is the model's
@@ -48,14 +44,7 @@ struct Options {
   std::string attention = "flash-pipelined-wide-stored";
   std::optional<int> frames;       // a Latte model's frames a video (its family's default: 16)
   std::optional<int> num_classes;  // default: the config's own
-  double peak_tflops = 989;
 };
-
-double UsedDeviceBytes() {
-  size_t free = 0, total = 0;
-  DT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return static_cast<double>(total - free);
-}
 
 // One random batch: x_t and ε standard normal, t uniform in [0, 1000), labels uniform.
 void UploadBatch(cuda::DiT& model, uint64_t seed) {
@@ -102,14 +91,10 @@ int Run(const Options& o) {
     return 2;
   }
   const DiTConfig& c = config.value();
-  std::string no_gpu;
-  const std::vector<cuda::DeviceProperties> devices = cuda::QueryDevices(&no_gpu);
-  if (devices.empty()) {
-    std::fprintf(stderr, "bench_cuda_dit: no usable GPU: %s\n", no_gpu.c_str());
-    return 1;
-  }
+  const std::vector<cuda::DeviceProperties> devices = bench::GpusOrSayWhy("bench_cuda_dit");
+  if (devices.empty()) return 1;
   DT_CUDA_CHECK(cudaFree(nullptr));  // create the context before the baseline reading
-  const double baseline = UsedDeviceBytes();
+  const double baseline = bench::UsedDeviceBytes();
 
   cudaStream_t stream;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -148,47 +133,28 @@ int Run(const Options& o) {
 
   OptimizerConfig adamw;  // DiT's: lr 1e-4, no weight decay; plus clipping at 1
   adamw.grad_clip = 1.0;
-  cudaEvent_t start, stop;
-  DT_CUDA_CHECK(cudaEventCreate(&start));
-  DT_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> ms;
   cuda::GemmTuning tuning;  // after the first step (eager: every GEMM called once as in a step)
-  for (int i = 0; i < o.warmup + o.steps; ++i) {
-    DT_CUDA_CHECK(cudaEventRecord(start, stream));
-    model.ZeroGradients();
-    model.ForwardBackward();
-    model.OptimizerStep(adamw.lr, /*step=*/i + 1, adamw);
-    DT_CUDA_CHECK(cudaEventRecord(stop, stream));
-    DT_CUDA_CHECK(cudaEventSynchronize(stop));
-    float elapsed = 0;
-    DT_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
-    if (i == 0) tuning = model.gemm_tuning();
-    if (i >= o.warmup) ms.push_back(elapsed);
-  }
+  const std::vector<double> ms = bench::TimeSteps(
+      stream, o.warmup, o.steps,
+      [&](int i) {
+        model.ZeroGradients();
+        model.ForwardBackward();
+        model.OptimizerStep(adamw.lr, /*step=*/i + 1, adamw);
+      },
+      [&](int i) {
+        if (i == 0) tuning = model.gemm_tuning();
+      });
   const float loss = model.last_loss();
-  std::sort(ms.begin(), ms.end());
-  const double median_ms = ms[ms.size() / 2];
-  const double samples_per_s = o.micro_batch / (median_ms / 1e3);
-  const double tflops = samples_per_s * TrainingFlopsPerSample(c) / 1e12;
   nlohmann::json row = {{"impl", "difftrain"},
                         {"model", o.model},
-                        {"mode", o.no_graph ? "eager" : "cuda-graph"},
                         {"attention", o.attention},
                         {"short_attention", flash && !o.no_short_attention},
-                        {"micro_batch", o.micro_batch},
                         {"frames", c.frames()},
                         {"num_classes", c.num_classes},
-                        {"steps", o.steps},
-                        {"step_ms_median", median_ms},
-                        {"step_ms_min", ms.front()},
-                        {"step_ms_max", ms.back()},
-                        {"samples_per_s", samples_per_s},
-                        {"tflops", tflops},
-                        {"mfu", tflops / o.peak_tflops},
-                        {"peak_mem_gib", (UsedDeviceBytes() - baseline) / (1u << 30)},
                         {"model_device_gib", double(model.device_bytes()) / (1u << 30)},
                         {"loss", loss},
                         {"gpu_name", devices.front().name}};
+  row.update(bench::StepFields(o, ms, TrainingFlopsPerSample(c), baseline));
   // One step's GEMMs as cuBLASLt's first choices would take them and as tuned (timed apart).
   row["gemm_tuning"] = {{"plans", tuning.plans},
                         {"tuned", tuning.tuned},
@@ -212,14 +178,7 @@ int main(int argc, char** argv) {
   app.add_option("--num-classes", o.num_classes, "classes (0: unconditional); default the model's")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--input-size", o.input_size, "latent height = width")->capture_default_str();
-  app.add_option("--micro-batch", o.micro_batch, "samples per step")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--warmup", o.warmup, "untimed steps first")->capture_default_str();
-  app.add_option("--steps", o.steps, "timed steps")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_flag("--no-graph", o.no_graph, "launch every kernel instead of replaying a CUDA graph");
+  difftrain::bench::AddStepOptions(app, o);
   app.add_flag("--no-gemm-autotune", o.no_gemm_autotune,
                "cuBLASLt's first algorithm for each GEMM instead of the fastest of its candidates");
   app.add_flag("--no-short-attention", o.no_short_attention,
@@ -234,8 +193,6 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gemm", "fused", "cudnn", "flash", "flash-pipelined", "flash-wide",
                              "flash-pipelined-wide", "flash-stored", "flash-pipelined-stored",
                              "flash-wide-stored", "flash-pipelined-wide-stored"}))
-      ->capture_default_str();
-  app.add_option("--peak-tflops", o.peak_tflops, "the GPU's dense bf16 peak, for MFU")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   return difftrain::Run(o);

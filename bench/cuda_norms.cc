@@ -53,12 +53,8 @@ struct Inputs {
 };
 
 int Run(const Options& o) {
-  std::string no_gpu;
-  const std::vector<cuda::DeviceProperties> devices = cuda::QueryDevices(&no_gpu);
-  if (devices.empty()) {
-    std::fprintf(stderr, "bench_cuda_norms: no usable GPU: %s\n", no_gpu.c_str());
-    return 1;
-  }
+  const std::vector<cuda::DeviceProperties> devices = bench::GpusOrSayWhy("bench_cuda_norms");
+  if (devices.empty()) return 1;
   std::vector<int> rows;
   std::stringstream list(o.rows);
   for (std::string r; std::getline(list, r, ',');) {

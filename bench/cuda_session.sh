@@ -17,11 +17,13 @@
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# KERNELS_S, LATTE_S for each Latte run, CUDNN_S): 730 s in all, more than the device's 600 s a call,
-# but an H100 session (2026-11-27) took 505 s of them (the bench 345 at micro-batches 32 and
-# 128, 42 s of it the GPU tests and 120 each torch.compile's rows); should a long bench leave
-# too little, what is cut short is Latte, last. OUT/steps.txt says how long each step took and how
-# it ended (124: out of time; 9: a sanitizer found errors).
+# KERNELS_S, LATTE_S for each Latte run, CUDNN_S, UNET_S for each UNet run): 850 s in all,
+# more than the device's 600 s a call, but an H100 session (2026-11-27) took 505 s of the
+# steps it had then (the bench 345 at micro-batches 32 and 128, 42 s of it the GPU tests and
+# 120 each torch.compile's rows); should a long bench leave too little, what is cut short is
+# Latte and the UNet, last (bench_cuda_unet alone in a second call then: see the UNet step).
+# OUT/steps.txt says how long each step took and how it ended (124: out of time; 9: a
+# sanitizer found errors).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bin=$1
@@ -190,5 +192,19 @@ latte --attention "${latte_attentions[0]}" --no-short-attention
 for a in "${latte_attentions[@]:1}"; do
   latte --attention "$a"
 done
+
+# The Stable Diffusion UNet's step at 512 px (64×64 latents), micro-batch UNET_MICRO_BATCH:
+# SD2-base (head dim 64) with the flash kernels, its first timing on a GPU, beside the fused
+# kernels it ran on before; SD1.5 (head dims 40, 80 and 160: flash and fused levels). Against
+# the seed figures in ../shared/MODELS.md (NeMo SD v1 on an H800, MosaicML SD2-base on H100s).
+# Their JSON lines go after the DiT rows in results.jsonl.
+: "${UNET_S:=40}" "${UNET_MICRO_BATCH:=8}"
+unet() {
+  step "unet $*" "$UNET_S" "$bin/bench_cuda_unet" --micro-batch "$UNET_MICRO_BATCH" "$@" \
+    >>"$out/results.jsonl" 2>&1
+}
+unet --model SD2-base --attention flash
+unet --model SD2-base --attention fused
+unet --model SD1.5 --attention flash
 rm -f "$out/sanitizer.log"
 ls "$out"

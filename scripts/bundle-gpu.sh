@@ -24,14 +24,14 @@ build=${1:-build}
 out=${2:-.gpu}
 
 programs=("$build"/cuda_*_test "$build/bench/bench_cuda_dit" "$build/bench/bench_cuda_attention"
-  "$build/bench/bench_cuda_norms" "$build/difftrain")
+  "$build/bench/bench_cuda_norms" "$build/bench/bench_cuda_unet" "$build/difftrain")
 for p in "${programs[@]}"; do
   [[ -x $p ]] || { echo "bundle-gpu: $p is missing: build with CUDA first (make build)" >&2; exit 2; }
 done
 rm -rf "$out" && mkdir -p "$out/lib"
 cp "${programs[@]}" "$out/"
 strip "$out"/*test "$out/bench_cuda_dit" "$out/bench_cuda_attention" "$out/bench_cuda_norms" \
-  "$out/difftrain"
+  "$out/bench_cuda_unet" "$out/difftrain"
 # Every library the programs resolve here, less the C runtime and CUDA's.
 for p in "${programs[@]}"; do ldd "$p" | awk '$3 ~ /^\// {print $3}'; done | sort -u |
   grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart|libnccl' |

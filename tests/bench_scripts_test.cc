@@ -200,6 +200,12 @@ for kernel in $(echo "$k" | tr , ' '); do
 done
 )");
   WriteScript(bin + "/bench_cuda_norms", "echo '{\"rows\": 32, \"backward_gbps\": 1900}'\n");
+  WriteScript(bin + "/bench_cuda_unet", R"(while [ $# -gt 0 ]; do
+  case $1 in --model) m=$2 ;; --attention) a=$2 ;; --micro-batch) b=$2 ;; esac
+  shift
+done
+printf '{"impl": "difftrain", "model": "%s", "attention": "%s", "micro_batch": %s}\n' "$m" "$a" "$b"
+)");
   WriteScript(bin + "/bench_cuda_dit", R"(while [ $# -gt 0 ]; do
   case $1 in --micro-batch) b=$2 ;; --attention) a=$2 ;; --model) m=$2 ;; --no-short-attention) s=false ;; esac
   shift
@@ -237,6 +243,9 @@ esac
         "latte --attention flash-pipelined-wide-stored --no-short-attention: exit 0",
         "latte --attention flash-pipelined-wide: exit 0", "latte --attention flash-wide: exit 0",
         "attention cudnn: exit 0", "latte --attention cudnn: exit 0",
+        "unet --model SD2-base --attention flash: exit 0",
+        "unet --model SD2-base --attention fused: exit 0",
+        "unet --model SD1.5 --attention flash: exit 0",
         "attentions timed in the step: flash-pipelined-wide-stored,flash-pipelined-wide,"
         "flash-wide,cudnn\n"}) {
     EXPECT_NE(steps.find(step), std::string::npos) << step << " in\n" << steps;
@@ -257,6 +266,10 @@ esac
   EXPECT_NE(results.find(R"("micro_batch": 32, "attention": "cudnn")"), std::string::npos)
       << results;
   EXPECT_NE(results.find(R"("micro_batch": 128, "attention": "flash-wide")"), std::string::npos)
+      << results;
+  // The UNet's rows after the DiT's, at micro-batch 8.
+  EXPECT_NE(results.find(R"("model": "SD2-base", "attention": "fused", "micro_batch": 8})"),
+            std::string::npos)
       << results;
   const std::string latte = read("latte.jsonl");
   EXPECT_NE(latte.find(R"("attention": "flash-pipelined-wide-stored", "short_attention": false)"),

@@ -285,7 +285,8 @@ class ResnetLayer final : public Layer {
 }  // namespace
 
 std::unique_ptr<Layer> MakeLayer(const UNetConfig& c, const UNetPlan& plan, const UNetNode& node,
-                                 int B, Space& acts, Space& scratch, Workspaces& ws) {
+                                 int B, Space& acts, Space& scratch, Workspaces& ws,
+                                 const Kernels& kernels) {
   switch (node.kind) {
     case UNetNodeKind::kConv:
     case UNetNodeKind::kUpsampleConv:
@@ -293,7 +294,7 @@ std::unique_ptr<Layer> MakeLayer(const UNetConfig& c, const UNetPlan& plan, cons
     case UNetNodeKind::kResnet:
       return std::make_unique<ResnetLayer>(c, plan, node, B, acts, scratch, ws);
     case UNetNodeKind::kTransformer:
-      return MakeTransformerLayer(c, plan, node, B, acts, scratch, ws);
+      return MakeTransformerLayer(c, plan, node, B, acts, scratch, ws, kernels);
     case UNetNodeKind::kOutput:
       return std::make_unique<OutputLayer>(c, plan, node, B, acts, scratch, ws);
   }

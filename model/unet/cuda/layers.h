@@ -118,11 +118,19 @@ struct Linear {
                 const float* dout_f32 = nullptr) const;
 };
 
+// Which kernels the layers run where there is a choice (UNet::Options).
+struct Kernels {
+  // The transformers' attention on the flash kernels wherever they take the head dim (else,
+  // and with false everywhere, the fused kernels).
+  bool flash_attention = true;
+};
+
 // The layer of `node` for micro-batches of B.
 std::unique_ptr<Layer> MakeLayer(const UNetConfig& c, const UNetPlan& plan, const UNetNode& node,
-                                 int B, Space& acts, Space& scratch, Workspaces& ws);
+                                 int B, Space& acts, Space& scratch, Workspaces& ws,
+                                 const Kernels& kernels);
 std::unique_ptr<Layer> MakeTransformerLayer(const UNetConfig& c, const UNetPlan& plan,
                                             const UNetNode& node, int B, Space& acts,
-                                            Space& scratch, Workspaces& ws);
+                                            Space& scratch, Workspaces& ws, const Kernels& kernels);
 
 }  // namespace difftrain::cuda::unet

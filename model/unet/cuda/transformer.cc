@@ -8,9 +8,9 @@
 // stages; the self-attention's forward with two m-tiles a warp where T fills them) wherever
 // they take the head dim (multiples of 8 up to 128: SD2's 64, SD1.5's 40 and 80), else the fused
 // kernels (model/cuda/attention.h: SD1.5's 160). The same operands, lse and layout; on an H100
-// the flash kernels ran DiT-XL/2's attention 2.3-2.9x faster than the fused ones (256 tokens),
-// and Latte's 16-frame one 2.2x; at the UNet's shapes (4,096 tokens at 512 px, 77 text keys)
-// not yet timed.
+// the two-stage flash kernels ran DiT-XL/2's attention 2.9-3.2x as fast as the fused ones
+// (256 tokens) and Latte's 16-frame one 2.3x; at the UNet's shapes (4,096 tokens at 512 px,
+// 77 text keys) not yet timed (bench_cuda_unet --attention flash|fused).
 #include <algorithm>
 #include <memory>
 
@@ -32,7 +32,7 @@ using difftrain::unet::Param;
 class TransformerLayer final : public Layer {
  public:
   TransformerLayer(const UNetConfig& c, const UNetPlan& plan, const UNetNode& n, int B, Space& acts,
-                   Space& scratch, Workspaces& ws)
+                   Space& scratch, Workspaces& ws, bool flash_attention)
       : node_(n),
         B_(B),
         C_(plan.out(n).C),
@@ -41,6 +41,7 @@ class TransformerLayer final : public Layer {
         H_(n.heads),
         N_(B * T_),
         Dt_(c.cross_attention_dim),
+        flash_(flash_attention && FlashAttentionTakes(C_ / H_)),
         gn_(plan, n.prefix + "norm.", {B, C_, T_, c.norm_num_groups}, kTransformerEps, false, acts,
             ws),
         proj_in_(plan, n.prefix + "proj_in.", C_, C_),
@@ -218,7 +219,7 @@ class TransformerLayer final : public Layer {
 
   const UNetNode& node_;
   int B_, C_, T_, L_, H_, N_, Dt_;
-  bool flash_ = FlashAttentionTakes(C_ / H_);  // else the fused kernels (head dim 160)
+  bool flash_;  // else the fused kernels (head dim 160, or UNet::Options::flash_attention off)
   Norm gn_;
   Linear proj_in_;
   Norm ln1_;
@@ -236,8 +237,10 @@ class TransformerLayer final : public Layer {
 
 std::unique_ptr<Layer> MakeTransformerLayer(const UNetConfig& c, const UNetPlan& plan,
                                             const UNetNode& node, int B, Space& acts,
-                                            Space& scratch, Workspaces& ws) {
-  return std::make_unique<TransformerLayer>(c, plan, node, B, acts, scratch, ws);
+                                            Space& scratch, Workspaces& ws,
+                                            const Kernels& kernels) {
+  return std::make_unique<TransformerLayer>(c, plan, node, B, acts, scratch, ws,
+                                            kernels.flash_attention);
 }
 
 }  // namespace difftrain::cuda::unet

@@ -40,6 +40,7 @@ size_t Offset(const UNetPlan& plan, const char* name) {
 
 // Builds the layers for micro-batch B (layers may be null: only counts) and the layout.
 static std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& plan, int B,
+                                                const unet::Kernels& kernels,
                                                 std::vector<std::unique_ptr<unet::Layer>>* layers) {
   auto l = std::make_unique<UNet::Layout>();
   Space m;
@@ -81,7 +82,8 @@ static std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetP
   size_t scratch = 0;
   for (const UNetNode& node : plan.nodes) {
     Space layer_scratch;
-    std::unique_ptr<unet::Layer> layer = unet::MakeLayer(c, plan, node, B, m, layer_scratch, ws);
+    std::unique_ptr<unet::Layer> layer =
+        unet::MakeLayer(c, plan, node, B, m, layer_scratch, ws, kernels);
     scratch = std::max(scratch, layer_scratch.used);
     if (layers != nullptr) layers->push_back(std::move(layer));
   }
@@ -136,7 +138,8 @@ UNet::UNet(const UNetConfig& config, cudaStream_t stream, Options options)
       stream_(stream),
       state_(plan_.table.total(), stream),
       gemm_(stream),
-      graph_(stream, options.use_graph) {
+      graph_(stream, options.use_graph),
+      flash_attention_(options.flash_attention) {
   const Status supported = Supports(config_);
   DT_CHECK(supported.ok(), "{}", supported.message());
 }
@@ -144,8 +147,12 @@ UNet::UNet(const UNetConfig& config, cudaStream_t stream, Options options)
 UNet::~UNet() = default;
 
 size_t UNet::ActivationBytes(const UNetConfig& config, int B) {
+  return ActivationBytes(config, B, Options());
+}
+
+size_t UNet::ActivationBytes(const UNetConfig& config, int B, const Options& options) {
   const UNetPlan plan(config);
-  return PlanLayout(config, plan, B, nullptr)->bytes;
+  return PlanLayout(config, plan, B, {.flash_attention = options.flash_attention}, nullptr)->bytes;
 }
 
 Status UNet::Reserve(int B) {
@@ -157,7 +164,8 @@ Status UNet::Reserve(int B) {
   layers_.clear();
   acts_buffer_ = DeviceBuffer<unsigned char>();
   std::vector<std::unique_ptr<unet::Layer>> layers;
-  std::unique_ptr<Layout> layout = PlanLayout(config_, plan_, B, &layers);
+  std::unique_ptr<Layout> layout =
+      PlanLayout(config_, plan_, B, {.flash_attention = flash_attention_}, &layers);
   Result<DeviceBuffer<unsigned char>> acts =
       DeviceBuffer<unsigned char>::TryAllocate(layout->bytes);
   if (!acts.ok()) {

@@ -42,6 +42,9 @@ class UNet {
  public:
   struct Options {
     bool use_graph = true;  // capture ForwardBackward as a CUDA graph
+    // The transformers' attention on the flash kernels wherever they take the head dim
+    // (multiples of 8 up to 128), else the fused kernels; false: the fused ones everywhere.
+    bool flash_attention = true;
   };
   // Whether the kernels take this model: channel counts (every level's, in_channels excepted),
   // cross_attention_dim and every tensor's offset in the parameter table must be multiples of 8
@@ -65,7 +68,8 @@ class UNet {
   int micro_batch() const { return batch_; }
   size_t activation_bytes() const { return acts_buffer_.bytes(); }
   // Bytes of the activations (and scratch, workspaces) a micro-batch of B needs.
-  static size_t ActivationBytes(const UNetConfig& config, int B);
+  static size_t ActivationBytes(const UNetConfig& config, int B, const Options& options);
+  static size_t ActivationBytes(const UNetConfig& config, int B);  // the default options
 
   // Host arenas of the table's layout (null moments: zeros); synchronous (TrainState).
   void UploadState(const float* params, const float* ema, const float* exp_avg,
@@ -131,6 +135,7 @@ class UNet {
 
   StepGraph graph_;
   float grad_scale_ = 1.0f;  // the loss's, as the graph holds it
+  bool flash_attention_;     // Options::flash_attention, for the layers Reserve makes
 };
 
 }  // namespace difftrain::cuda

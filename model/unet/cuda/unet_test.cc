@@ -212,22 +212,27 @@ class UNetGpuStepTest : public ::testing::Test {
 // expected to differ by about that much; a wrong term or index differs by far more. (Measured
 // on an H200: 0.0113 against a sensitivity of 0.0085 for this 16/32-channel UNet with 2 and 4
 // channels per group; DiT's fixed 1e-2 fits DiT, whose LayerNorms average hundreds of values.)
-// Small()'s head dims (8, 16) run on the flash kernels; SmallWithAWideHead() has a level on
-// the fused ones beside a flash level.
+// Small()'s head dims (8, 16) run on the flash kernels, or on the fused ones with
+// flash_attention off; SmallWithAWideHead() has a level on the fused ones beside a flash level.
 TEST_F(UNetGpuStepTest, StepMatchesTheCpuModel) {
-  for (const auto& [linear_projection, config] :
-       {std::pair{false, Small()}, std::pair{true, Small()},
-        std::pair{false, SmallWithAWideHead()}}) {
-    SCOPED_TRACE(linear_projection ? "linear proj_in/out" : "1×1-conv proj_in/out");
-    SCOPED_TRACE(config.block_out_channels.back() == 160 ? "head dims 8 and 160"
-                                                         : "head dims 8 and 16");
-    UNetConfig c = config;
-    c.use_linear_projection = linear_projection;
+  struct Case {
+    bool linear_projection, flash_attention;
+    UNetConfig config;
+  };
+  for (const Case& k : {Case{false, true, Small()}, Case{true, true, Small()},
+                        Case{false, false, Small()}, Case{false, true, SmallWithAWideHead()}}) {
+    SCOPED_TRACE(k.linear_projection ? "linear proj_in/out" : "1×1-conv proj_in/out");
+    SCOPED_TRACE(k.config.block_out_channels.back() == 160 ? "head dims 8 and 160"
+                                                           : "head dims 8 and 16");
+    SCOPED_TRACE(k.flash_attention ? "flash attention where it takes the head dim"
+                                   : "fused attention");
+    UNetConfig c = k.config;
+    c.use_linear_projection = k.linear_projection;
     const int B = 2;
     const Batch batch = RandomBatch(c, B, /*seed=*/11);
     const CpuStep want = RunCpu(c, B, batch);
     const double sensitivity = RelativeL2(RunCpu(c, B, batch, 0x1p-9).grads, want.grads);
-    UNet gpu(c, stream_, {.use_graph = false});
+    UNet gpu(c, stream_, {.use_graph = false, .flash_attention = k.flash_attention});
     const Status reserved = gpu.Reserve(B);
     ASSERT_TRUE(reserved.ok()) << reserved.message();
     gpu.UploadState(want.weights.data(), want.weights.data(), nullptr, nullptr);
@@ -243,7 +248,7 @@ TEST_F(UNetGpuStepTest, StepMatchesTheCpuModel) {
     EXPECT_NEAR(gpu.last_loss(), want.loss, 1e-2 * want.loss);
     const std::vector<float> grads = gpu.DownloadGradients();
     const double error = RelativeL2(grads, want.grads);
-    std::cout << (linear_projection ? "linear" : "conv") << " projections: output "
+    std::cout << (k.linear_projection ? "linear" : "conv") << " projections: output "
               << RelativeL2(out, want.out) << ", whole gradient " << error
               << " (bf16 sensitivity of the CPU model " << sensitivity << ")\n";
     EXPECT_GT(sensitivity, 0);
