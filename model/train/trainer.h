@@ -105,6 +105,8 @@ struct ParallelOptions {
   bool zero1 = false;
   bool overlap = true;  // start a bucket's reduction as soon as its gradients are final
   size_t bucket_elements = size_t{1} << 20;
+  // The layout's shape (tp, cp, pp, stage_blocks); one process without a topology.
+  LayoutShape layout() const;
 };
 
 // With train.device cuda the model computes on a GPU (`gpu`, model/train/gpu_step.h): the

@@ -1,0 +1,245 @@
+// The Trainer's checkpoints (model/train/trainer.h): gathering every tp rank's and stage's
+// shard of the parameters, EMA and AdamW moments onto rank 0, writing them into a shard file,
+// and restoring a rank's own shard (and the moments it owns under ZeRO-1) from a checkpoint.
+#include "model/train/trainer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+
+namespace difftrain {
+
+Result<ModelSpec> CheckpointModel(const io::SafetensorsFile& shard0) {
+  const auto& meta = shard0.metadata();
+  auto config = meta.find("config");
+  if (config == meta.end()) return Errorf("'{}': metadata has no 'config'", shard0.path());
+  const nlohmann::json json = nlohmann::json::parse(config->second, nullptr, false);
+  if (json.is_discarded()) return Errorf("'{}': metadata 'config' is not JSON", shard0.path());
+  auto family = meta.find("family");
+  Result<ModelSpec> spec =
+      ModelSpecFromJson(family == meta.end() ? std::string("dit") : family->second, json);
+  if (!spec.ok()) return spec.status().WithContext(fmt::format("'{}'", shard0.path()));
+  return spec;
+}
+
+Status ReadModelArena(const io::SafetensorsFile& shard0, const TensorTable& global, bool ema,
+                      float* out) {
+  for (const TensorSpec& t : global.tensors()) {
+    DT_RETURN_IF_ERROR(shard0.CopyF32(ema ? "ema." + t.name : t.name, t.shape, out + t.offset));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) {
+  const size_t n = model_->global_parameter_table().total();
+  const float* mine[4] = {model_->params(), ema_.data(), moments, moments_sq};
+  for (int i = 0; i < 4; ++i) {
+    saved_[i] = Buffer<float>(n);
+    model_->GatherToGlobal(mine[i], saved_[i].data());
+  }
+  if (!parallel_.topology) return Status::Ok();
+  // Every other tp rank and stage of replica (cp 0, dp 0) sends its four arenas.
+  const Topology& t = *parallel_.topology;
+  for (int stage = 0; stage < t.pp(); ++stage) {
+    for (int tp = 0; tp < t.tp(); ++tp) {
+      const int peer = t.RankOf({tp, 0, 0, stage});
+      if (peer == parallel_.rank) continue;
+      Result<ModelPartition> part =
+          FamilyOf(config_.model).Partition(config_.model, parallel_.layout(), tp, 0, stage);
+      DT_CHECK(part.ok(), "{}", part.status().message());
+      const ShardedParameters& theirs = part->parameters;
+      std::vector<float> local(theirs.table.total());
+      for (int i = 0; i < 4; ++i) {
+        DT_RETURN_IF_ERROR(parallel_.world->Recv(local.data(), local.size(), peer)
+                               .WithContext("gathering the checkpoint"));
+        // Replicated tensors are computed identically on every tp rank (model/dit/shard.h);
+        // tp rank 0's copy is already in place and this one must be the same, bit for bit.
+        for (size_t k = 0; k < theirs.table.tensors().size() && tp > 0; ++k) {
+          const TensorSpec& spec = theirs.table.tensors()[k];
+          if (theirs.split[k]) continue;
+          const float* ours =
+              saved_[i].data() + model_->global_parameter_table().Find(spec.name)->offset;
+          DT_CHECK(std::memcmp(ours, local.data() + spec.offset, spec.numel * sizeof(float)) == 0,
+                   "replicated tensor {} differs between tensor-parallel ranks 0 and {}", spec.name,
+                   tp);
+        }
+        for (const Fragment& f : theirs.fragments)
+          std::memcpy(saved_[i].data() + f.global, local.data() + f.local,
+                      f.length * sizeof(float));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
+  const size_t n = model_->num_params();
+  // Rank 0 writes the whole model: the only rank of a data-parallel layout that needs the
+  // device's arenas on the host.
+  if (gpu_ && parallel_.rank == 0 && !gpu_stale_) {
+    gpu_->DownloadState(model_->params(), ema_.data(), exp_avg_.data(), exp_avg_sq_.data());
+  }
+  // The whole moments of this rank's shard: with ZeRO-1 every dp-cp rank owns pieces of them.
+  const float* moments = exp_avg_.data();
+  const float* moments_sq = exp_avg_sq_.data();
+  Buffer<float> whole_m, whole_v;
+  if (sync_ && sync_->zero1()) {
+    whole_m = Buffer<float>(n);
+    whole_v = Buffer<float>(n);
+    size_t moment = 0;
+    for (const parallel::Range& r : owned()) {
+      std::memcpy(whole_m.data() + r.begin, exp_avg_.data() + moment, r.size() * sizeof(float));
+      std::memcpy(whole_v.data() + r.begin, exp_avg_sq_.data() + moment, r.size() * sizeof(float));
+      moment += r.size();
+    }
+    DT_RETURN_IF_ERROR(sync_->GatherParameters(whole_m.data()).WithContext("checkpoint moments"));
+    DT_RETURN_IF_ERROR(sync_->GatherParameters(whole_v.data()).WithContext("checkpoint moments"));
+    moments = whole_m.data();
+    moments_sq = whole_v.data();
+  }
+  const bool writer = parallel_.rank == 0;
+  if (writer) {
+    DT_RETURN_IF_ERROR(GatherCheckpoint(moments, moments_sq));
+  } else if (coords_.cp == 0 && coords_.dp == 0) {
+    const float* mine[4] = {model_->params(), ema_.data(), moments, moments_sq};
+    for (const float* arena : mine) {
+      DT_RETURN_IF_ERROR(
+          parallel_.world->Send(arena, n, 0).WithContext("sending the checkpoint to rank 0"));
+    }
+  }
+  nlohmann::json ranges = nlohmann::json::array();
+  if (writer) {
+    const TensorTable& global = model_->global_parameter_table();
+    for (const TensorSpec& t : global.tensors())
+      shard.AddF32(t.name, t.shape, saved_[0].data() + t.offset);
+    for (const FixedTensor& f : model_->fixed_tensors())
+      shard.AddF32(f.name, f.shape, f.data);
+    for (const TensorSpec& t : global.tensors())
+      shard.AddF32("ema." + t.name, t.shape, saved_[1].data() + t.offset);
+    const int64_t total = static_cast<int64_t>(global.total());
+    shard.AddF32("optim.exp_avg", {total}, saved_[2].data());
+    shard.AddF32("optim.exp_avg_sq", {total}, saved_[3].data());
+    ranges.push_back({0, global.total()});
+  }
+  shard.SetMetadata("format", "difftrain-checkpoint-shard");
+  shard.SetMetadata("version", "1");
+  shard.SetMetadata("step", std::to_string(step_));
+  shard.SetMetadata("samples_seen", std::to_string(samples_seen_));
+  shard.SetMetadata("seed", std::to_string(config_.seed));
+  shard.SetMetadata("family", config_.model.family);
+  shard.SetMetadata("config", config_.model.config.dump());
+  shard.SetMetadata("train", config_.ToJson().dump());
+  shard.SetMetadata("dp_rank", std::to_string(dp_rank()));
+  shard.SetMetadata("dp_size", std::to_string(dp_size()));
+  shard.SetMetadata("optim.ranges", ranges.dump());
+  return Status::Ok();
+}
+
+Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
+  const auto& meta = shard.metadata();
+  auto field = [&](const std::string& key) -> Result<std::string> {
+    auto it = meta.find(key);
+    if (it == meta.end()) return Errorf("'{}': metadata has no '{}'", shard.path(), key);
+    return it->second;
+  };
+  DT_ASSIGN_OR_RETURN(std::string format, field("format"));
+  if (format != "difftrain-checkpoint-shard") {
+    return Errorf("'{}': not a difftrain checkpoint shard (format '{}')", shard.path(), format);
+  }
+  DT_ASSIGN_OR_RETURN(const ModelSpec saved, CheckpointModel(shard));
+  if (saved != config_.model) {
+    return Errorf("'{}': checkpoint is of model {} {} but this run trains {} {}", shard.path(),
+                  saved.family, saved.config.dump(), config_.model.family,
+                  config_.model.config.dump());
+  }
+  DT_ASSIGN_OR_RETURN(std::string seed, field("seed"));
+  if (seed != std::to_string(config_.seed)) {
+    return Errorf("'{}': checkpoint was trained with seed {} but this run has seed {}",
+                  shard.path(), seed, config_.seed);
+  }
+  // The checkpoint holds the whole model: this rank takes its shard of it.
+  const TensorTable& global = model_->global_parameter_table();
+  Buffer<float> params(global.total()), ema(global.total());
+  DT_RETURN_IF_ERROR(ReadModelArena(shard, global, /*ema=*/false, params.data()));
+  DT_RETURN_IF_ERROR(ReadModelArena(shard, global, /*ema=*/true, ema.data()));
+  model_->ScatterFromGlobal(params.data(), model_->params());
+  model_->ScatterFromGlobal(ema.data(), ema_.data());
+  gpu_stale_ = gpu_ != nullptr;
+  DT_ASSIGN_OR_RETURN(std::string step, field("step"));
+  DT_ASSIGN_OR_RETURN(std::string seen, field("samples_seen"));
+  try {
+    step_ = std::stoll(step);
+    samples_seen_ = std::stoll(seen);
+  } catch (const std::exception&) {
+    return Errorf("'{}': malformed step '{}' or samples_seen '{}'", shard.path(), step, seen);
+  }
+  if (samples_seen_ != step_ * config_.global_batch) {
+    return Errorf("'{}': {} samples seen in {} steps do not match this run's global batch {}",
+                  shard.path(), samples_seen_, step_, config_.global_batch);
+  }
+  return Status::Ok();
+}
+
+Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {
+  auto it = shard.metadata().find("optim.ranges");
+  if (it == shard.metadata().end()) {
+    return Errorf("'{}': metadata has no 'optim.ranges'", shard.path());
+  }
+  const nlohmann::json ranges = nlohmann::json::parse(it->second, nullptr, false);
+  if (!ranges.is_array()) return Errorf("'{}': malformed 'optim.ranges'", shard.path());
+  size_t held = 0;
+  for (const auto& r : ranges) {
+    if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() ||
+        !r[1].is_number_unsigned() || r[0].get<size_t>() > r[1].get<size_t>() ||
+        r[1].get<size_t>() > model_->global_parameter_table().total()) {
+      return Errorf("'{}': malformed range {} in 'optim.ranges'", shard.path(), r.dump());
+    }
+    held += r[1].get<size_t>() - r[0].get<size_t>();
+  }
+  if (held == 0) return size_t{0};
+  const io::TensorView* m = shard.Find("optim.exp_avg");
+  const io::TensorView* v = shard.Find("optim.exp_avg_sq");
+  if (m == nullptr || v == nullptr || m->dtype != io::DType::kF32 || v->dtype != io::DType::kF32 ||
+      m->bytes != held * sizeof(float) || v->bytes != held * sizeof(float)) {
+    return Errorf("'{}': optimizer moments do not match its {} elements of 'optim.ranges'",
+                  shard.path(), held);
+  }
+  // Copy every element that a saved range (of the whole-model arena) holds, that a fragment
+  // maps into this rank's arena, and that this rank owns.
+  std::vector<size_t> owned_offset;  // where each owned range starts in the moments
+  size_t next = 0;
+  for (const parallel::Range& o : owned()) {
+    owned_offset.push_back(next);
+    next += o.size();
+  }
+  size_t copied = 0, saved_offset = 0;
+  for (const auto& r : ranges) {
+    const parallel::Range saved{r[0].get<size_t>(), r[1].get<size_t>()};
+    for (const Fragment& f : model_->sharded().fragments) {
+      const size_t gb = std::max(saved.begin, f.global);
+      const size_t ge = std::min(saved.end, f.global + f.length);
+      if (gb >= ge) continue;
+      // Local [lb, le) holds saved elements from `from` on.
+      const size_t lb = f.local + (gb - f.global), le = f.local + (ge - f.global);
+      const size_t from = saved_offset + (gb - saved.begin);
+      for (size_t i = 0; i < owned().size(); ++i) {
+        const parallel::Range& o = owned()[i];
+        const size_t begin = std::max(lb, o.begin), end = std::min(le, o.end);
+        if (begin >= end) continue;
+        const size_t src = (from + begin - lb) * sizeof(float);
+        const size_t dst = owned_offset[i] + begin - o.begin;
+        std::memcpy(exp_avg_.data() + dst, static_cast<const char*>(m->data) + src,
+                    (end - begin) * sizeof(float));
+        std::memcpy(exp_avg_sq_.data() + dst, static_cast<const char*>(v->data) + src,
+                    (end - begin) * sizeof(float));
+        copied += end - begin;
+      }
+    }
+    saved_offset += saved.size();
+  }
+  gpu_stale_ = gpu_ != nullptr;
+  return copied;
+}
+
+}  // namespace difftrain
