@@ -21,7 +21,7 @@
 # more than the device's 600 s a call, but an H100 session (2026-11-27) took 505 s of the
 # steps it had then (the bench 345 at micro-batches 32 and 128, 42 s of it the GPU tests and
 # 120 each torch.compile's rows); should a long bench leave too little, what is cut short is
-# Latte and the UNet, last (bench_cuda_unet alone in a second call then: see the UNet step).
+# Latte and the UNet, last (a second call then runs them: PARTS, below).
 # OUT/steps.txt says how long each step took and how it ended (124: out of time; 9: a
 # sanitizer found errors).
 set -uo pipefail
@@ -46,6 +46,11 @@ fi
 # before PyTorch's rows at the second micro-batch.
 : "${FLASH_VARIANTS:=flash,flash-pipelined,flash-wide,flash-pipelined-wide,flash-pipelined-wide-stored}"
 : "${TORCH_MODES=compile}"  # set and empty: no PyTorch rows
+# PARTS (comma-separated): the parts to run, in this order, all by default — attention, norms,
+# bench, sanitizers, profile, kernels, latte, unet — so that a second call can run what a first
+# one that reached the device's 600 s left out (e.g. PARTS=profile,latte,unet).
+: "${PARTS:=attention,norms,bench,sanitizers,profile,kernels,latte,unet}"
+want() { [[ ,$PARTS, == *,$1,* ]]; }
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
 # cuDNN (model/cuda/cudnn_attention.h opens libcudnn.so.9): the system's where the loader finds
 # it, else the one PyTorch's wheels put beside python3's packages (nvidia-cudnn).
@@ -93,7 +98,8 @@ attention_kernels() {
 }
 export bin FLASH_VARIANTS
 export -f attention_kernels  # for `timeout`, which runs programs, not functions
-step attention "$ATTENTION_S" bash -c attention_kernels >"$out/attention.jsonl" 2>&1
+want attention &&
+  step attention "$ATTENTION_S" bash -c attention_kernels >"$out/attention.jsonl" 2>&1
 # cuDNN's fused attention beside the model's flash variant (the reference for its results), at
 # DiT-XL/2's spatial shape and Latte-L/2's (8 videos × 16 frames of 256 tokens, head dim 64): a
 # run of its own, so that no cuDNN (exit 2, its message) costs the rows above nothing.
@@ -104,7 +110,8 @@ cudnn_kernels() {
       --kernels flash-pipelined-wide-stored,cudnn
 }
 export -f cudnn_kernels
-step "attention cudnn" "$CUDNN_S" bash -c cudnn_kernels >>"$out/attention.jsonl" 2>&1
+want attention &&
+  step "attention cudnn" "$CUDNN_S" bash -c cudnn_kernels >>"$out/attention.jsonl" 2>&1
 if [[ -z ${ATTENTIONS:-} ]]; then
   ATTENTIONS=flash-pipelined-wide-stored,flash-pipelined-wide
   best=$(python3 bench/fastest_attention.py "$out/attention.jsonl" 2>/dev/null)
@@ -115,13 +122,15 @@ echo "attentions timed in the step: $ATTENTIONS" >>"$out/steps.txt"
 
 # The fused norms alone (rows a block 8, 16 and 32) and a 1 GiB copy for the memory's rate,
 # their JSON lines after the attention bench's.
-step norms "$NORMS_S" "$bin/bench_cuda_norms" >>"$out/attention.jsonl" 2>&1
+want norms && step norms "$NORMS_S" "$bin/bench_cuda_norms" >>"$out/attention.jsonl" 2>&1
 
-echo "== checks and timing" >"$out/bench.txt"
-step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches "$MICRO_BATCHES" \
-  --steps 20 --attention "$ATTENTIONS" --torch-modes "$TORCH_MODES" --keep-going \
-  >>"$out/bench.txt" 2>&1
-cp "${CUDA_BENCH_OUT:-runs/cuda-bench}/results.jsonl" "$out/" 2>/dev/null
+if want bench; then
+  echo "== checks and timing" >"$out/bench.txt"
+  step bench "$BENCH_S" bench/cuda_dit.sh --prebuilt "$bin" --micro-batches "$MICRO_BATCHES" \
+    --steps 20 --attention "$ATTENTIONS" --torch-modes "$TORCH_MODES" --keep-going \
+    >>"$out/bench.txt" 2>&1
+  cp "${CUDA_BENCH_OUT:-runs/cuda-bench}/results.jsonl" "$out/" 2>/dev/null
+fi
 
 # The GPU's own sanitizers (issue 23 asks for all four on a tiny step): every tool on the tiny
 # DiT step with each attention (GEMM, fused, flash with one and two stages), and racecheck on
@@ -136,20 +145,24 @@ sanitize() {  # TOOL PROGRAM FILTER
     --gtest_filter="$3" --gtest_brief=1 >"$out/sanitizer.log" 2>&1
   tail -n 4 "$out/sanitizer.log" >>"$out/sanitizer.txt"
 }
-for tool in memcheck racecheck synccheck initcheck; do
-  sanitize "$tool" "$bin/cuda_dit_test" 'CudaDiTTest.TinyStepMatchesTheCpuModel'
-done
-sanitize racecheck "$bin/cuda_attention_test" 'FlashAttentionTest.MatchesTheReference'
+if want sanitizers; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    sanitize "$tool" "$bin/cuda_dit_test" 'CudaDiTTest.TinyStepMatchesTheCpuModel'
+  done
+  sanitize racecheck "$bin/cuda_attention_test" 'FlashAttentionTest.MatchesTheReference'
+fi
 
-echo "== ncu: DiT-XL/2, micro-batch 32, the model's flash variant" >"$out/profile.txt"
-step ncu "$PROFILE_S" ncu --clock-control none --csv --print-kernel-base function \
-  --metrics gpu__time_duration.sum "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 \
-  --warmup 1 --steps 1 >"$out/ncu-flash.csv" 2>>"$out/profile.txt"
-# The CSV itself comes back only where the summary could not read it.
-if bench/ncu_summary.py "$out/ncu-flash.csv" >>"$out/profile.txt" 2>&1; then
-  rm -f "$out/ncu-flash.csv"
-else
-  gzip -9 "$out/ncu-flash.csv"
+if want profile; then
+  echo "== ncu: DiT-XL/2, micro-batch 32, the model's flash variant" >>"$out/profile.txt"
+  step ncu "$PROFILE_S" ncu --clock-control none --csv --print-kernel-base function \
+    --metrics gpu__time_duration.sum "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 \
+    --warmup 1 --steps 1 >"$out/ncu-flash.csv" 2>>"$out/profile.txt"
+  # The CSV itself comes back only where the summary could not read it.
+  if bench/ncu_summary.py "$out/ncu-flash.csv" >>"$out/profile.txt" 2>&1; then
+    rm -f "$out/ncu-flash.csv"
+  else
+    gzip -9 "$out/ncu-flash.csv"
+  fi
 fi
 
 # The model's flash kernels at DiT-XL/2's shapes (256 tokens, head dim 72, 32 × 16 heads), run
@@ -175,7 +188,8 @@ kernel_sections() {
     "$bin/bench_cuda_norms" --rows 32 --reps 1 2>&1 | grep -v '^{'
 }
 export -f kernel_sections
-step "ncu kernel sections" "$KERNELS_S" bash -c kernel_sections >>"$out/profile.txt" 2>&1
+want kernels &&
+  step "ncu kernel sections" "$KERNELS_S" bash -c kernel_sections >>"$out/profile.txt" 2>&1
 
 # Latte-L/2, 16 frames of 32×32 latents (4,096 tokens a video), unconditional: one JSON line
 # per attention (difftrain alone: the PyTorch reference is DiT's), the first also with the general
@@ -186,12 +200,14 @@ latte() {
   step "latte $*" "$LATTE_S" "$bin/bench_cuda_dit" --model Latte-L/2 --frames 16 --num-classes 0 \
     --micro-batch 8 --warmup 3 --steps 10 "$@" >>"$out/latte.jsonl" 2>&1
 }
-IFS=, read -r -a latte_attentions <<<"${LATTE_ATTENTIONS:-$ATTENTIONS}"
-latte --attention "${latte_attentions[0]}"
-latte --attention "${latte_attentions[0]}" --no-short-attention
-for a in "${latte_attentions[@]:1}"; do
-  latte --attention "$a"
-done
+if want latte; then
+  IFS=, read -r -a latte_attentions <<<"${LATTE_ATTENTIONS:-$ATTENTIONS}"
+  latte --attention "${latte_attentions[0]}"
+  latte --attention "${latte_attentions[0]}" --no-short-attention
+  for a in "${latte_attentions[@]:1}"; do
+    latte --attention "$a"
+  done
+fi
 
 # The Stable Diffusion UNet's step at 512 px (64×64 latents), micro-batch UNET_MICRO_BATCH:
 # SD2-base (head dim 64) with the flash kernels, its first timing on a GPU, beside the fused
@@ -203,8 +219,10 @@ unet() {
   step "unet $*" "$UNET_S" "$bin/bench_cuda_unet" --micro-batch "$UNET_MICRO_BATCH" "$@" \
     >>"$out/results.jsonl" 2>&1
 }
-unet --model SD2-base --attention flash
-unet --model SD2-base --attention fused
-unet --model SD1.5 --attention flash
+if want unet; then
+  unet --model SD2-base --attention flash
+  unet --model SD2-base --attention fused
+  unet --model SD1.5 --attention flash
+fi
 rm -f "$out/sanitizer.log"
 ls "$out"

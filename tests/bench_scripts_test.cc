@@ -180,11 +180,11 @@ echo '"tuned": 7, "changed": 2, "heuristic_ms_a_step": 34.5, "tuned_ms_a_step": 
       << r.output;
 }
 
-TEST(CudaSessionScriptTest, EveryStepRunsAndLatteTimesBothTemporalAttentions) {
-  TempDir dir("cuda-session-script");
+// Runs bench/cuda_session.sh over stand-ins for the GPU programs and tools (an H100's
+// nvidia-smi, tools that end well) in `dir`, with `env` before it; its OUT is dir/out.
+CommandResult RunSessionScript(const TempDir& dir, const std::string& env) {
   const std::string bin = dir.path() + "/bin", tools = dir.path() + "/tools";
-  const std::string out = dir.path() + "/out";
-  ASSERT_EQ(RunCommand("mkdir -p " + ShellQuote(bin) + " " + ShellQuote(tools)).exit_code, 0);
+  EXPECT_EQ(RunCommand("mkdir -p " + ShellQuote(bin) + " " + ShellQuote(tools)).exit_code, 0);
   WriteScript(bin + "/cuda_dit_test", "echo '[  PASSED  ] 6 tests.'\n");
   WriteScript(bin + "/cuda_attention_test", "echo '[  PASSED  ] 16 tests.'\n");
   // bench_cuda_attention: a row per kernel at the tokens it is given, flash-wide the fastest.
@@ -214,7 +214,6 @@ printf '{"impl": "difftrain", "model": "%s", "micro_batch": %s, "attention": "%s
 printf '"short_attention": %s, "samples_per_s": 100.0, "tflops": 71.2, "mfu": 0.072, ' "${s:-true}"
 echo '"peak_mem_gib": 1.5}'
 )");
-  // An H100's nvidia-smi, and tools that end well.
   WriteScript(tools + "/nvidia-smi", R"(case "$*" in
   *noheader*) echo 81559 ;;
   *) echo 'name, driver_version, memory.total [MiB]'; echo 'NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB' ;;
@@ -223,16 +222,22 @@ esac
   WriteScript(tools + "/nvcc", "echo 'Cuda compilation tools, release 13.0'\n");
   WriteScript(tools + "/ncu", "echo '==PROF== Disconnected'\n");
   WriteScript(tools + "/compute-sanitizer", "echo '========= ERROR SUMMARY: 0 errors'\n");
-  const CommandResult r =
-      RunCommand("PATH=" + ShellQuote(tools) +
-                 ":$PATH TORCH_MODES= CUDA_BENCH_OUT=" + ShellQuote(dir.path() + "/bench") +
-                 " bash " + ShellQuote(std::string(DIFFTRAIN_SOURCE_DIR "/bench/cuda_session.sh")) +
-                 " " + ShellQuote(bin) + " " + ShellQuote(out));
+  return RunCommand(env + " PATH=" + ShellQuote(tools) + ":$PATH TORCH_MODES= CUDA_BENCH_OUT=" +
+                    ShellQuote(dir.path() + "/bench") + " bash " +
+                    ShellQuote(std::string(DIFFTRAIN_SOURCE_DIR "/bench/cuda_session.sh")) + " " +
+                    ShellQuote(bin) + " " + ShellQuote(dir.path() + "/out"));
+}
+
+std::string ReadOut(const TempDir& dir, const std::string& name) {
+  std::ifstream in(dir.path() + "/out/" + name);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(CudaSessionScriptTest, EveryStepRunsAndLatteTimesBothTemporalAttentions) {
+  TempDir dir("cuda-session-script");
+  const CommandResult r = RunSessionScript(dir, "");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto read = [&](const std::string& name) {
-    std::ifstream in(out + "/" + name);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
+  const auto read = [&](const std::string& name) { return ReadOut(dir, name); };
   const std::string steps = read("steps.txt");
   EXPECT_NE(steps.find("NVIDIA H100 80GB HBM3, 580.159.04"), std::string::npos) << steps;
   for (const char* step :
@@ -278,6 +283,24 @@ esac
   EXPECT_NE(latte.find(R"("attention": "flash-pipelined-wide-stored", "short_attention": true)"),
             std::string::npos)
       << latte;
+}
+
+// A second call that runs only what a first one left out (PARTS): those steps, no others.
+TEST(CudaSessionScriptTest, PartsRunOnlyTheNamedSteps) {
+  TempDir dir("cuda-session-parts");
+  const CommandResult r = RunSessionScript(dir, "PARTS=latte,unet");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string steps = ReadOut(dir, "steps.txt");
+  EXPECT_NE(steps.find("latte --attention flash-pipelined-wide-stored: exit 0"), std::string::npos)
+      << steps;
+  EXPECT_NE(steps.find("unet --model SD1.5 --attention flash: exit 0"), std::string::npos) << steps;
+  for (const char* absent :
+       {"\nattention: exit", "\nattention cudnn: exit", "\nnorms: exit", "\nbench: exit",
+        "compute-sanitizer", "\nncu: exit", "ncu kernel sections"}) {
+    EXPECT_EQ(steps.find(absent), std::string::npos) << absent << " in\n" << steps;
+  }
+  EXPECT_NE(ReadOut(dir, "results.jsonl").find(R"("model": "SD2-base", "attention": "flash")"),
+            std::string::npos);
 }
 
 }  // namespace
