@@ -29,6 +29,30 @@ void* cudnn_dlhandle = nullptr;
 #endif
 
 namespace difftrain::cuda {
+namespace {
+
+// A shape the attention is asked for, and what it refuses whatever the build (named first).
+struct Shape {
+  int B = 0, T = 0, D = 0, H = 0;
+  bool operator==(const Shape&) const = default;
+  int64_t hd() const { return H > 0 ? D / H : 0; }
+  std::string Describe() const {
+    return fmt::format("B={} T={} D={} H={} (head dim {})", B, T, D, H, hd());
+  }
+};
+
+Status Refuses(const Shape& s) {
+  if (s.B < 1 || s.T < 1 || s.H < 1 || s.D % s.H != 0) {
+    return Errorf("cuDNN attention: no shape {}", s.Describe());
+  }
+  if (s.hd() % 8 != 0 || s.hd() > 128) {
+    return Errorf("cuDNN attention at {}: the head dim must be a multiple of 8 up to 128",
+                  s.Describe());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 #if DIFFTRAIN_HAVE_CUDNN_FRONTEND
 namespace {
@@ -63,15 +87,6 @@ Status OpenCudnn() {
   });
   return error.empty() ? Status::Ok() : Errorf("cuDNN: {}", error);
 }
-
-struct Shape {
-  int B = 0, T = 0, D = 0, H = 0;
-  bool operator==(const Shape&) const = default;
-  int64_t hd() const { return H > 0 ? D / H : 0; }
-  std::string Describe() const {
-    return fmt::format("B={} T={} D={} H={} (head dim {})", B, T, D, H, hd());
-  }
-};
 
 // [B, H, T, hd] views, set on `t`: of the packed qkv [B, T, 3·D] (q, k or v, dq, dk or dv: the
 // pointer bound to the uid says which), of out and dout [B, T, D], and the statistics [B, H, T, 1].
@@ -178,17 +193,6 @@ Status Build(const GraphPtr& g, cudnnHandle_t handle, const char* what, const Sh
   DT_RETURN_IF_ERROR(Frontend(what, s, [&] { return g->check_support(); }));
   return Frontend(what, s,
                   [&] { return g->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE); });
-}
-
-Status Refuses(const Shape& s) {
-  if (s.B < 1 || s.T < 1 || s.H < 1 || s.D % s.H != 0) {
-    return Errorf("cuDNN attention: no shape {}", s.Describe());
-  }
-  if (s.hd() % 8 != 0 || s.hd() > 128) {
-    return Errorf("cuDNN attention at {}: the head dim must be a multiple of 8 up to 128",
-                  s.Describe());
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -331,12 +335,14 @@ struct CudnnAttention::Impl {};
 Status CudnnAttentionAvailable() {
   return Errorf("{}", kNotBuilt);
 }
-Status CudnnAttentionValidate(int, int, int, int, int) {
+Status CudnnAttentionValidate(int B, int T, int D, int H, int) {
+  DT_RETURN_IF_ERROR(Refuses({B, T, D, H}));
   return Errorf("{}", kNotBuilt);
 }
 CudnnAttention::CudnnAttention() : impl_(std::make_unique<Impl>()) {}
 CudnnAttention::~CudnnAttention() = default;
-Status CudnnAttention::Prepare(int, int, int, int) {
+Status CudnnAttention::Prepare(int B, int T, int D, int H) {
+  DT_RETURN_IF_ERROR(Refuses({B, T, D, H}));
   return Errorf("{}", kNotBuilt);
 }
 size_t CudnnAttention::workspace_bytes() const {
