@@ -1,10 +1,7 @@
 #include "worker/worker.h"
 
-#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,7 +10,6 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -21,7 +17,6 @@
 
 #include "common/curve.h"
 #include "common/metrics.h"
-#include "common/rank_report.h"
 #include "common/temp_dir.h"
 #include "common/wire.h"
 #include "job/job_spec.h"
@@ -29,8 +24,7 @@
 #include "model/tensor/host_memory.h"
 #include "worker/local_address.h"
 #include "worker/rank_metrics.h"
-
-extern char** environ;
+#include "worker/rank_supervisor.h"
 
 namespace difftrain::worker {
 namespace {
@@ -40,85 +34,15 @@ using std::chrono::milliseconds;
 using wire::Message;
 using wire::MessageType;
 
-// The rank's end of its progress pipe.
-constexpr int kProgressFd = 3;
-constexpr size_t kMaxProgressLine = 4096;
-// How long a rank killed with SIGKILL may take to be reaped before the daemon reports it
-// gone anyway (a process in uninterruptible I/O dies only when the I/O returns; it runs no
-// more of its own code).
-constexpr std::chrono::seconds kReapSeconds(10);
-// How often a daemon with ranks reads the machine's OOM-kill count (/proc/vmstat), so that a
-// rank's SIGKILL is blamed on the OOM killer only when it killed something within one to two
-// of these before the rank's death was seen.
-constexpr int kOomLookSeconds = 1;
-
-double SecondsOf(Clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
-
-struct RankProcess {
-  int rank = 0, local_rank = 0;
-  pid_t pid = -1;
-  std::optional<Clock::time_point> killed_at;  // when it was sent SIGKILL
-  int progress_fd = -1;                        // read end
-  std::string partial;                         // an incomplete line
-  nlohmann::json progress;
-};
-
-// Starts `binary train` for one rank: fork, then in the child only async-signal-safe
-// calls before exec (the daemon may have other threads). The rank dies with this thread
-// (PR_SET_PDEATHSIG), so a killed daemon leaves no ranks behind, and it runs in its own
-// process group, so a terminal's Ctrl-C reaches the daemon, which decides.
-Result<RankProcess> Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
-                          int rank, int local_rank) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Errorf("pipe: {}", std::strerror(errno));
-  std::vector<char*> argv, envp;
-  for (const std::string& a : args)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (const std::string& e : env)
-    envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return Errorf("fork: {}", std::strerror(errno));
-  }
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    ::setpgid(0, 0);
-    if (fds[1] == kProgressFd) {
-      ::fcntl(kProgressFd, F_SETFD, 0);
-    } else if (::dup2(fds[1], kProgressFd) < 0) {
-      ::_exit(127);
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-  RankProcess p;
-  p.rank = rank;
-  p.local_rank = local_rank;
-  p.pid = pid;
-  p.progress_fd = fds[0];
-  return p;
-}
-
 class Worker {
  public:
   explicit Worker(const WorkerOptions& o)
       : o_(o),
         context_(1),
         socket_(context_, zmq::socket_type::dealer),
-        monitor_(context_, zmq::socket_type::pair) {}
+        monitor_(context_, zmq::socket_type::pair),
+        metrics_(o.metrics_port != 0 ? std::make_unique<RankMetrics>() : nullptr),
+        ranks_(o.node, metrics_.get()) {}
 
   ~Worker() {
     KillRanks();
@@ -150,8 +74,7 @@ class Worker {
       return Errorf("monitoring the controller connection: {}", zmq_strerror(zmq_errno()));
     }
     monitor_.connect(monitor);
-    if (o_.metrics_port != 0) {
-      metrics_ = std::make_unique<RankMetrics>();
+    if (metrics_) {
       metrics_->SetJob("", o_.node);
       DT_ASSIGN_OR_RETURN(metrics_endpoint_,
                           MetricsEndpoint::Start(o_.metrics_port, metrics_->registry()));
@@ -188,22 +111,21 @@ class Worker {
  private:
   // One pass of the loop: messages, the ranks' pipes and exits, then the timers.
   void Step(Clock::time_point start) {
-    {
-      std::vector<zmq::pollitem_t> items = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
-                                            {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
-      for (const RankProcess& r : ranks_)
-        if (r.progress_fd >= 0) items.push_back({nullptr, r.progress_fd, ZMQ_POLLIN, 0});
-      PollIgnoringSignals(items.data(), items.size(), milliseconds(ranks_.empty() ? 100 : 20));
-      for (int i = 0; i < 1000; ++i) {
-        zmq::message_t msg;
-        if (!socket_.recv(msg, zmq::recv_flags::dontwait)) break;
-        OnFrame(msg.to_string_view());
-      }
-      ReadMonitor();
-      ReadProgress();
-      ReapRanks();
-      Tick(start);
+    std::vector<zmq::pollitem_t> items = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
+                                          {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
+    for (int fd : ranks_.ProgressFds())
+      items.push_back({nullptr, fd, ZMQ_POLLIN, 0});
+    PollIgnoringSignals(items.data(), items.size(), milliseconds(ranks_.empty() ? 100 : 20));
+    for (int i = 0; i < 1000; ++i) {
+      zmq::message_t msg;
+      if (!socket_.recv(msg, zmq::recv_flags::dontwait)) break;
+      OnFrame(msg.to_string_view());
     }
+    ReadMonitor();
+    ranks_.ReadProgress();
+    for (const RankExit& e : ranks_.Reap())
+      ReportExit(e.rank, e.exit_code, e.signal, e.oom_killed);
+    Tick(start);
   }
 
   // Events of the controller connection: two frames each (event and value; address).
@@ -218,7 +140,7 @@ class Worker {
       spdlog::warn(
           "worker {}: a new connection to the controller at {} (it restarted, or lost "
           "ours): killing ranks {}, registering again",
-          o_.node, o_.controller, RankList());
+          o_.node, o_.controller, ranks_.List());
       // Ranks of an attempt the controller may no longer know must not train on.
       KillRanks();
       registered_ = false;
@@ -306,8 +228,7 @@ class Worker {
       const int device = a["device"].get<int>();
       const std::vector<std::string> args = {o_.binary, "train",     "--config",
                                              job,       "--attempt", std::to_string(attempt_)};
-      std::vector<std::string> env;
-      const std::map<std::string, std::string> ours = {
+      const std::map<std::string, std::string> env = {
           {"RANK", std::to_string(rank)},
           {"LOCAL_RANK", std::to_string(local_rank)},
           {"WORLD_SIZE", std::to_string(world)},
@@ -320,34 +241,15 @@ class Worker {
           {"DIFFTRAIN_INCARNATION", incarnation_},
           {"DIFFTRAIN_DEVICE",
            resources_.gpus > 0 ? "cuda:" + std::to_string(device) : std::string("cpu")},
-          {"DIFFTRAIN_PROGRESS_FD", std::to_string(kProgressFd)},
           {"OMP_NUM_THREADS", std::to_string(threads)},
       };
-      for (char** e = environ; *e != nullptr; ++e) {
-        const std::string var = *e;
-        if (!ours.contains(var.substr(0, var.find('=')))) env.push_back(var);
-      }
-      for (const auto& [k, v] : ours)
-        env.push_back(k + "=" + v);
-      Result<RankProcess> spawned = Spawn(args, env, rank, local_rank);
-      if (!spawned.ok()) {
-        spdlog::error("worker {}: starting rank {}: {}", o_.node, rank, spawned.status().message());
+      if (Status s = ranks_.Start(rank, args, env); !s.ok()) {
+        spdlog::error("worker {}: starting rank {}: {}", o_.node, rank, s.message());
         ReportExit(rank, 1, 0);
-        continue;
       }
-      ranks_.push_back(std::move(*spawned));
     }
-    LookAtOomKills(Clock::now(), /*start=*/true);
     spdlog::info("worker {}: attempt {}: started ranks {} ({} OpenMP threads each)", o_.node,
-                 attempt_, RankList(), threads);
-    if (metrics_) metrics_->SetRanksRunning(static_cast<int>(ranks_.size()));
-  }
-
-  std::string RankList() const {
-    std::string s;
-    for (const RankProcess& r : ranks_)
-      s += (s.empty() ? "" : ",") + std::to_string(r.rank);
-    return s;
+                 attempt_, ranks_.List(), threads);
   }
 
   void Stop(const Message& m) {
@@ -361,12 +263,12 @@ class Worker {
       // attempt runs here, and whatever does is older. The controller waits for our
       // "stopped" of that attempt, which must come.
       spdlog::warn("worker {}: stop of attempt {}, whose launch never arrived: killing ranks {}",
-                   o_.node, attempt, RankList());
+                   o_.node, attempt, ranks_.List());
       KillLeft(fmt::format("attempt {} is over", attempt_), spdlog::level::warn);
       attempt_ = attempt;
       return;
     }
-    spdlog::info("worker {}: stop ({}) ranks {}", o_.node, mode, RankList());
+    spdlog::info("worker {}: stop ({}) ranks {}", o_.node, mode, ranks_.List());
     if (mode == "checkpoint") {
       AskRanksToStop();
     } else {
@@ -377,24 +279,23 @@ class Worker {
   // SIGUSR1: the ranks finish the step, checkpoint and exit 75, within the job's
   // restart.stop_grace_seconds; Tick kills what is left after that.
   void AskRanksToStop() {
-    for (const RankProcess& r : ranks_)
-      ::kill(r.pid, SIGUSR1);
+    ranks_.Signal(SIGUSR1);
     if (!stop_deadline_) {
       stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(stop_grace_));
     }
   }
 
-  // SIGKILL to every rank not yet killed; ReapRanks reports their exits.
+  // SIGKILL to every rank not yet killed; Step reports their exits.
   void KillLeft(const std::string& why, spdlog::level::level_enum level) {
-    const Clock::time_point now = Clock::now();
-    for (RankProcess& r : ranks_) {
-      if (r.killed_at) continue;
-      spdlog::log(level, "worker {}: rank {} (pid {}) killed with SIGKILL: {}", o_.node, r.rank,
-                  r.pid, why);
-      ::kill(r.pid, SIGKILL);
-      r.killed_at = now;
-    }
+    ranks_.KillLeft(why, level);
+    stop_deadline_.reset();
+  }
+
+  // Every rank killed and reaped, none reported (the end of a job, a new attempt, a lost
+  // controller: the controller has moved on).
+  void KillRanks() {
+    ranks_.KillAll();
     stop_deadline_.reset();
   }
 
@@ -408,142 +309,9 @@ class Worker {
           ""});
   }
 
-  // The machine's OOM-kill count is looked at every kOomLookSeconds while ranks run (and when
-  // they start); a rank that died of a SIGKILL this daemon did not send, while the count rose
-  // above the look before the last (one to two looks ago), was most likely killed for memory.
-  void LookAtOomKills(Clock::time_point now, bool start) {
-    const int64_t count = OomKillCount();
-    oom_kills_before_ = start ? count : oom_kills_;
-    oom_kills_ = count;
-    oom_looked_ = now;
-  }
-  bool OomKilledLately() const {
-    return oom_kills_before_ >= 0 && OomKillCount() > oom_kills_before_;
-  }
-
-  void ReadProgress() {
-    char buffer[4096];
-    for (RankProcess& r : ranks_) {
-      if (r.progress_fd < 0) continue;
-      while (true) {
-        const ssize_t n = ::read(r.progress_fd, buffer, sizeof buffer);
-        if (n <= 0) {
-          if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-            ::close(r.progress_fd);
-            r.progress_fd = -1;
-          }
-          break;
-        }
-        r.partial.append(buffer, static_cast<size_t>(n));
-        for (size_t eol; (eol = r.partial.find('\n')) != std::string::npos;) {
-          nlohmann::json line =
-              nlohmann::json::parse(r.partial.substr(0, eol), nullptr, /*allow_exceptions=*/false);
-          r.partial.erase(0, eol + 1);
-          if (!line.is_object()) continue;
-          if (metrics_) {
-            RankReport report = RankReport::FromJson(line);
-            report.rank = r.rank;
-            metrics_->Record(report);
-          }
-          r.progress = std::move(line);
-        }
-        if (r.partial.size() > kMaxProgressLine) r.partial.clear();
-      }
-    }
-  }
-
-  void ReapRanks() {
-    const Clock::time_point now = Clock::now();
-    if (!ranks_.empty() && now - oom_looked_ > std::chrono::seconds(kOomLookSeconds)) {
-      LookAtOomKills(now, /*start=*/false);
-    }
-    for (pid_t& pid : lingering_) {
-      if (::waitpid(pid, nullptr, WNOHANG) == pid) pid = -1;
-    }
-    std::erase(lingering_, -1);
-    for (auto it = ranks_.begin(); it != ranks_.end();) {
-      int status = 0;
-      const bool reaped = ::waitpid(it->pid, &status, WNOHANG) == it->pid;
-      const bool stuck = !reaped && it->killed_at && now - *it->killed_at > kReapSeconds;
-      if (!reaped && !stuck) {
-        ++it;
-        continue;
-      }
-      if (stuck) {
-        // SIGKILL is delivered; it dies when its I/O returns, and runs none of its code.
-        spdlog::error(
-            "worker {}: rank {} (pid {}) not gone {:.0f} s after SIGKILL (stuck in the "
-            "kernel?); reporting it killed",
-            o_.node, it->rank, it->pid, SecondsOf(now - *it->killed_at));
-        lingering_.push_back(it->pid);
-        status = SIGKILL;  // as if killed: WIFSIGNALED, WTERMSIG 9
-      }
-      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-      const int signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-      const bool oom = signal == SIGKILL && !it->killed_at && !stuck && OomKilledLately();
-      spdlog::log(code == 0 && signal == 0 ? spdlog::level::info : spdlog::level::warn,
-                  "worker {}: rank {} (pid {}) {}", o_.node, it->rank, it->pid,
-                  oom ? fmt::format("killed by signal {} by the kernel's OOM killer (its count "
-                                    "rose meanwhile): out of host memory; this node's ranks may "
-                                    "use {}",
-                                    signal, ReadHostMemory().DescribeCapacity())
-                  : signal ? fmt::format("killed by signal {}", signal)
-                           : fmt::format("exited with code {}", code));
-      if (it->progress_fd >= 0) ::close(it->progress_fd);
-      ReportExit(it->rank, code, signal, oom);
-      if (metrics_) metrics_->RankExited(it->rank);
-      it = ranks_.erase(it);
-      if (metrics_) metrics_->SetRanksRunning(static_cast<int>(ranks_.size()));
-    }
-  }
-
-  // SIGKILL to every rank, then reaps them for at most kReapSeconds (the end of a job, a
-  // new attempt, a lost controller). Exits are not reported: the controller has moved on.
-  void KillRanks() {
-    for (RankProcess& r : ranks_) {
-      ::kill(r.pid, SIGKILL);
-      if (r.progress_fd >= 0) ::close(r.progress_fd);
-      if (metrics_) metrics_->RankExited(r.rank);
-      lingering_.push_back(r.pid);
-    }
-    ranks_.clear();
-    stop_deadline_.reset();
-    if (metrics_) metrics_->SetRanksRunning(0);
-    const Clock::time_point deadline = Clock::now() + kReapSeconds;
-    while (!lingering_.empty() && Clock::now() < deadline) {
-      for (pid_t& pid : lingering_) {
-        if (::waitpid(pid, nullptr, WNOHANG) == pid) pid = -1;
-      }
-      std::erase(lingering_, -1);
-      if (!lingering_.empty()) std::this_thread::sleep_for(milliseconds(5));
-    }
-    for (pid_t pid : lingering_) {
-      spdlog::error("worker {}: pid {} not gone {} s after SIGKILL (stuck in the kernel?)", o_.node,
-                    pid, kReapSeconds.count());
-    }
-  }
-
-  static double Num(const nlohmann::json& j, const char* key) {
-    auto it = j.find(key);
-    return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
-  }
-
   void SendHeartbeat() {
-    nlohmann::json ranks = nlohmann::json::array();
-    for (const RankProcess& r : ranks_) {
-      if (!r.progress.is_object()) continue;
-      auto step = r.progress.find("step");
-      if (step == r.progress.end() || !step->is_number_integer()) continue;
-      ranks.push_back({{"rank", r.rank},
-                       {"pid", r.pid},
-                       {"step", std::max<int64_t>(-1, step->get<int64_t>())},
-                       {"loss", Num(r.progress, "loss")},
-                       {"step_seconds", Num(r.progress, "step_seconds")},
-                       {"samples_per_second", Num(r.progress, "samples_per_second")},
-                       {"compute_seconds", Num(r.progress, "compute_seconds")}});
-    }
     Send({MessageType::kHeartbeat,
-          {{"node", o_.node}, {"attempt", attempt_}, {"ranks", ranks}},
+          {{"node", o_.node}, {"attempt", attempt_}, {"ranks", ranks_.Progress()}},
           ""});
   }
 
@@ -619,15 +387,11 @@ class Worker {
   bool stop_requested_ = false, stop_reported_ = false, signalled_ = false;
   double stop_grace_ = RestartPolicy{}.stop_grace_seconds;  // the job's, once launched
   std::optional<Clock::time_point> stop_deadline_;          // a checkpoint-stop's: then SIGKILL
-  std::vector<RankProcess> ranks_;
-  std::vector<pid_t> lingering_;  // killed, not yet reaped
   int64_t dropped_ = 0;
   std::optional<int> exit_code_;
-  int64_t oom_kills_ = -1;         // OomKillCount() at the last look (-1: unknown)
-  int64_t oom_kills_before_ = -1;  // at the look before
-  Clock::time_point oom_looked_;
   std::unique_ptr<RankMetrics> metrics_;  // with metrics_port
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  RankSupervisor ranks_;  // after metrics_, which it records into
 };
 
 }  // namespace
