@@ -166,6 +166,16 @@ for r in rows:
               "{:.2f} tuned ({} of {} plans timed, {} changed)".format(
                   r["micro_batch"], r["attention"], t["heuristic_ms_a_step"], t["tuned_ms_a_step"],
                   t["tuned"], t["plans"], t["changed"]))
+# Where the EMA was updated (bench_cuda_dit's ema: the row's way, and the median step the other
+# way, timed right after in the same run).
+for r in rows:
+    e = r.get("ema")
+    if r.get("impl") == "difftrain" and e and r.get("step_ms_median"):
+        ways = ("on its own stream", "in AdamW's pass")
+        mine, other = ways if e["own_stream"] else ways[::-1]
+        print("EMA, micro-batch {} {}: {:.2f} ms a step {}, {:.2f} {}".format(
+            r["micro_batch"], r["attention"], r["step_ms_median"], mine,
+            e["step_ms_the_other_way"], other))
 EOF
 
 if [[ $profile == 1 ]]; then

@@ -161,8 +161,10 @@ TEST(CudaDitScriptTest, TestProgramsWithoutNotesDoNotEndTheRun) {
   shift
 done
 printf '{"impl": "difftrain", "micro_batch": %s, "attention": "%s", "samples_per_s": 100.0, ' "$b" "$a"
-printf '%s' '"tflops": 71.2, "mfu": 0.072, "peak_mem_gib": 1.5, "gemm_tuning": {"plans": 9, '
-echo '"tuned": 7, "changed": 2, "heuristic_ms_a_step": 34.5, "tuned_ms_a_step": 33.25}}'
+printf '%s' '"tflops": 71.2, "mfu": 0.072, "peak_mem_gib": 1.5, "step_ms_median": 40.0, '
+printf '%s' '"gemm_tuning": {"plans": 9, '
+printf '%s' '"tuned": 7, "changed": 2, "heuristic_ms_a_step": 34.5, "tuned_ms_a_step": 33.25}, '
+echo '"ema": {"own_stream": true, "step_ms_the_other_way": 41.5}}'
 )");
   const CommandResult r = RunCommand(
       "CUDA_BENCH_OUT=" + ShellQuote(dir.path() + "/out") + " bash " +
@@ -176,6 +178,11 @@ echo '"tuned": 7, "changed": 2, "heuristic_ms_a_step": 34.5, "tuned_ms_a_step": 
   // What autotuning found, under the table.
   EXPECT_NE(r.output.find("GEMM autotuning, micro-batch 4 flash: 34.50 ms a step on cuBLASLt's "
                           "first choices, 33.25 tuned (7 of 9 plans timed, 2 changed)"),
+            std::string::npos)
+      << r.output;
+  // And where the EMA ran, both ways.
+  EXPECT_NE(r.output.find("EMA, micro-batch 4 flash: 40.00 ms a step on its own stream, 41.50 in "
+                          "AdamW's pass"),
             std::string::npos)
       << r.output;
 }

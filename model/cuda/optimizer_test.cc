@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/cuda/testing.h"
+#include "model/cuda/train_state.h"
 #include "model/optim/adamw.h"
 
 namespace difftrain::cuda {
@@ -232,6 +233,47 @@ TEST(AdamWTest, UnalignedArraysGiveTheAlignedBits) {
   const AdamWOutputs aligned = RunAdamW(in, true, 0), unaligned = RunAdamW(in, true, 1);
   ExpectSameBits(aligned, unaligned, /*ema=*/true);
   EXPECT_GT(RelativeL2(aligned.master, in.master), 1e-6);  // the step moved the weights
+}
+
+// TrainState's EMA on a stream of its own (the default) against the EMA in AdamW's pass, over
+// steps with new gradients each: the weights and moments bit for bit, the EMA as close as the
+// two kernels' FMA contraction allows. Download right after the last step, without a
+// synchronisation of ours: it must wait for the EMA still running on its stream.
+TEST(TrainStateTest, EmaOnItsOwnStreamFollowsTheFusedPass) {
+  DT_SKIP_WITHOUT_GPU();
+  constexpr size_t n = 1000037;
+  constexpr int kSteps = 5;
+  const AdamWInputs in = RandomAdamWInputs(n);
+  OptimizerConfig config = in.config;
+  config.ema_decay = 0.9;  // so that five steps move it visibly
+  cudaStream_t stream = nullptr;
+  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct Run {
+    std::vector<float> master, ema, m, v;
+  };
+  const auto run = [&](bool ema_stream) {
+    TrainState state(n, stream);
+    state.set_ema_stream(ema_stream);
+    EXPECT_TRUE(state.Allocate().ok());
+    state.Upload(in.master.data(), in.ema.data(), in.m.data(), in.v.data());
+    for (int step = 1; step <= kSteps; ++step) {
+      const std::vector<float> grads = RandomVector(n, 100 + step, 0.1);
+      DT_CUDA_CHECK(cudaMemcpyAsync(state.gradients(), grads.data(), n * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream));
+      state.OptimizerStep(config.lr, step, config);
+    }
+    Run r{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n),
+          std::vector<float>(n)};
+    state.Download(r.master.data(), r.ema.data(), r.m.data(), r.v.data());
+    return r;
+  };
+  const Run fused = run(false), beside = run(true);
+  DT_CUDA_CHECK(cudaStreamDestroy(stream));
+  EXPECT_EQ(Differ(beside.master, fused.master), 0u);
+  EXPECT_EQ(Differ(beside.m, fused.m), 0u);
+  EXPECT_EQ(Differ(beside.v, fused.v), 0u);
+  EXPECT_GT(RelativeL2(fused.ema, in.ema), 1e-3);  // the EMA moved
+  EXPECT_LE(RelativeL2(beside.ema, fused.ema), 1e-6);
 }
 
 // ZeroRanges zeroes exactly its ranges: one longer than a block's chunk (16 Ki), short ones,

@@ -1,5 +1,7 @@
 #include "model/cuda/train_state.h"
 
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
@@ -9,8 +11,17 @@
 
 namespace difftrain::cuda {
 
+namespace {
+
+bool EmaStreamByDefault() {
+  const char* on = std::getenv("DIFFTRAIN_EMA_STREAM");
+  return on == nullptr || std::string(on) != "0";
+}
+
+}  // namespace
+
 TrainState::TrainState(size_t num_params, cudaStream_t stream)
-    : n_(num_params), stream_(stream), norm_squared_(1) {}
+    : n_(num_params), stream_(stream), norm_squared_(1), ema_stream_on_(EmaStreamByDefault()) {}
 
 Status TrainState::Allocate() {
   DeviceBuffer<float>* const fp32[] = {&master_, &grads_, &exp_avg_, &exp_avg_sq_, &ema_};
@@ -32,7 +43,20 @@ Status TrainState::Allocate() {
   for (DeviceBuffer<float>* arena : fp32)
     DT_CUDA_CHECK(cudaMemsetAsync(arena->data(), 0, arena->bytes(), stream_));
   DT_CUDA_CHECK(cudaMemsetAsync(params_bf16_.data(), 0, params_bf16_.bytes(), stream_));
+  cudaStream_t ema_stream = nullptr;
+  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&ema_stream, cudaStreamNonBlocking));
+  ema_stream_.reset(ema_stream);
+  for (auto* event : {&updated_, &ema_done_}) {
+    cudaEvent_t e = nullptr;
+    DT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    event->reset(e);
+  }
   return Status::Ok();
+}
+
+void TrainState::WaitForEma() const {
+  // An event never recorded (no EMA yet) is no wait.
+  if (ema_done_ != nullptr) DT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ema_done_.get()));
 }
 
 size_t TrainState::BytesFor(size_t n) {
@@ -48,6 +72,7 @@ size_t TrainState::bytes() const {
 void TrainState::Upload(const float* params, const float* ema, const float* exp_avg,
                         const float* exp_avg_sq) {
   DT_CHECK(allocated(), "TrainState::Upload before Allocate");
+  WaitForEma();
   const std::pair<DeviceBuffer<float>*, const float*> arenas[] = {
       {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
   for (const auto& [device, host] : arenas) {
@@ -65,6 +90,7 @@ void TrainState::Upload(const float* params, const float* ema, const float* exp_
 
 void TrainState::Download(float* params, float* ema, float* exp_avg, float* exp_avg_sq) const {
   DT_CHECK(allocated(), "TrainState::Download before Allocate");
+  WaitForEma();
   const std::pair<const DeviceBuffer<float>*, float*> arenas[] = {
       {&master_, params}, {&ema_, ema}, {&exp_avg_, exp_avg}, {&exp_avg_sq_, exp_avg_sq}};
   for (const auto& [device, host] : arenas) {
@@ -77,6 +103,7 @@ void TrainState::Download(float* params, float* ema, float* exp_avg, float* exp_
 }
 
 std::vector<float> TrainState::DownloadParameters() const {
+  WaitForEma();  // no writer of the master weights runs beside it, but AdamW's order holds
   DT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return master_.Download();
 }
@@ -95,9 +122,21 @@ void TrainState::OptimizerStep(double lr, int64_t step, const OptimizerConfig& c
   DT_CHECK(allocated(), "OptimizerStep before Allocate");
   SumOfSquares(norm_squared_.data(), grads_.data(), n_, norm_workspace_.data(),
                /*accumulate=*/false, stream_);
+  // The last step's EMA read the master weights AdamW is about to write.
+  WaitForEma();
+  const AdamWScalars scalars = AdamWScalarsAt(lr, step, config);
+  if (!ema_stream_on_) {
+    AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(),
+              grads_.data(), norm_squared_.data(), n_, scalars, config.grad_clip,
+              {.values = ema_.data(), .decay = config.ema_decay}, stream_);
+    return;
+  }
   AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads_.data(),
-            norm_squared_.data(), n_, AdamWScalarsAt(lr, step, config), config.grad_clip,
-            {.values = ema_.data(), .decay = config.ema_decay}, stream_);
+            norm_squared_.data(), n_, scalars, config.grad_clip, {}, stream_);
+  DT_CUDA_CHECK(cudaEventRecord(updated_.get(), stream_));
+  DT_CUDA_CHECK(cudaStreamWaitEvent(ema_stream_.get(), updated_.get()));
+  EmaUpdate(ema_.data(), master_.data(), n_, config.ema_decay, ema_stream_.get());
+  DT_CUDA_CHECK(cudaEventRecord(ema_done_.get(), ema_stream_.get()));
 }
 
 double TrainState::last_grad_norm_squared() const {

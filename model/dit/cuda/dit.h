@@ -211,6 +211,9 @@ class DiT : private DiTActivations {
   static std::vector<uint64_t> FirstMicroBatchZeroes(const TensorTable& table, const DiTParams& p);
   // What the GEMMs' autotuning found (right after the first step: one step's calls).
   GemmTuning gemm_tuning() const { return gemm_.Tuning(); }
+  // Where the optimizer step updates the EMA (TrainState::set_ema_stream).
+  void set_ema_stream(bool on) { state_.set_ema_stream(on); }
+  bool ema_stream() const { return state_.ema_stream(); }
 
   cudaStream_t stream() const { return stream_; }
 
