@@ -96,8 +96,7 @@ int Run(const Options& o) {
   DT_CUDA_CHECK(cudaFree(nullptr));  // create the context before the baseline reading
   const double baseline = bench::UsedDeviceBytes();
 
-  cudaStream_t stream;
-  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = cuda::CreateStepStream();
   std::vector<float> initial;
   {
     DiT reference(c);  // the CPU model only supplies the reference initialisation

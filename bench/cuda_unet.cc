@@ -94,8 +94,7 @@ int Run(const Options& o) {
   DT_CUDA_CHECK(cudaFree(nullptr));  // create the context before the baseline reading
   const double baseline = bench::UsedDeviceBytes();
 
-  cudaStream_t stream;
-  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = cuda::CreateStepStream();
   cuda::UNet model(c, stream,
                    {.use_graph = !o.no_graph, .flash_attention = o.attention == "flash"});
   if (Status s = model.Reserve(o.micro_batch); !s.ok()) {

@@ -246,8 +246,11 @@ TEST(TrainStateTest, EmaOnItsOwnStreamFollowsTheFusedPass) {
   const AdamWInputs in = RandomAdamWInputs(n);
   OptimizerConfig config = in.config;
   config.ema_decay = 0.9;  // so that five steps move it visibly
-  cudaStream_t stream = nullptr;
-  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = CreateStepStream();
+  int least = 0, greatest = 0, priority = 0;
+  DT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  DT_CUDA_CHECK(cudaStreamGetPriority(stream, &priority));
+  EXPECT_EQ(priority, greatest) << "the step's stream outranks the EMA's (" << least << ")";
   struct Run {
     std::vector<float> master, ema, m, v;
   };

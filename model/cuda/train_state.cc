@@ -20,6 +20,14 @@ bool EmaStreamByDefault() {
 
 }  // namespace
 
+cudaStream_t CreateStepStream() {
+  int least = 0, greatest = 0;
+  DT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t stream = nullptr;
+  DT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+  return stream;
+}
+
 TrainState::TrainState(size_t num_params, cudaStream_t stream)
     : n_(num_params), stream_(stream), norm_squared_(1), ema_stream_on_(EmaStreamByDefault()) {}
 
@@ -43,8 +51,10 @@ Status TrainState::Allocate() {
   for (DeviceBuffer<float>* arena : fp32)
     DT_CUDA_CHECK(cudaMemsetAsync(arena->data(), 0, arena->bytes(), stream_));
   DT_CUDA_CHECK(cudaMemsetAsync(params_bf16_.data(), 0, params_bf16_.bytes(), stream_));
+  int least = 0, greatest = 0;
+  DT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t ema_stream = nullptr;
-  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&ema_stream, cudaStreamNonBlocking));
+  DT_CUDA_CHECK(cudaStreamCreateWithPriority(&ema_stream, cudaStreamNonBlocking, least));
   ema_stream_.reset(ema_stream);
   for (auto* event : {&updated_, &ema_done_}) {
     cudaEvent_t e = nullptr;

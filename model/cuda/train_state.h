@@ -24,6 +24,11 @@
 
 namespace difftrain::cuda {
 
+// A stream for a model's step (non-blocking, at the device's greatest priority): its kernels go
+// to the SMs before those of TrainState's EMA stream (the least priority) as blocks retire, so
+// that the EMA fills what the step leaves idle instead of holding SMs a GEMM waits for.
+cudaStream_t CreateStepStream();
+
 class TrainState {
  public:
   TrainState(size_t num_params, cudaStream_t stream);

@@ -16,6 +16,7 @@
 #include "model/cuda/common.h"
 #include "model/cuda/device_query.h"
 #include "model/cuda/loss.h"
+#include "model/cuda/train_state.h"
 #include "model/parallel/nccl_comm.h"
 #include "model/train/gpu_step.h"
 #include "model/train/trainer.h"
@@ -142,8 +143,7 @@ template <typename Step, typename ModelConfig>
 Result<std::unique_ptr<GpuStep>> StartGpuStep(const TrainConfig& config, const ModelConfig& model,
                                               const cuda::DeviceProperties& gpu, int device) {
   DT_CUDA_CHECK(cudaSetDevice(device));
-  cudaStream_t stream = nullptr;
-  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = cuda::CreateStepStream();
   auto step = std::make_unique<Step>(config, model, gpu, stream);
   DT_RETURN_IF_ERROR(step->Reserve());
   return std::unique_ptr<GpuStep>(std::move(step));
