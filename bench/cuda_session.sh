@@ -17,7 +17,7 @@
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# KERNELS_S, LATTE_S for each Latte run, CUDNN_S, UNET_S for each UNet run): 850 s in all,
+# KERNELS_S, LATTE_S for each Latte run, CUDNN_S, UNET_S for each UNet run): 890 s in all,
 # more than the device's 600 s a call, but an H100 session (2026-11-27) took 505 s of the
 # steps it had then (the bench 345 at micro-batches 32 and 128, 42 s of it the GPU tests and
 # 120 each torch.compile's rows); should a long bench leave too little, what is cut short is
@@ -211,7 +211,8 @@ fi
 
 # The Stable Diffusion UNet's step at 512 px (64×64 latents), micro-batch UNET_MICRO_BATCH:
 # SD2-base (head dim 64) with the flash kernels, its first timing on a GPU, beside the fused
-# kernels it ran on before; SD1.5 (head dims 40, 80 and 160: flash and fused levels). Against
+# kernels it ran on before, and with cuDNN's self-attention (written without a GPU); SD1.5 (head
+# dims 40, 80 and 160: flash and fused levels). Against
 # the seed figures in ../shared/MODELS.md (NeMo SD v1 on an H800, MosaicML SD2-base on H100s).
 # Their JSON lines go after the DiT rows in results.jsonl.
 : "${UNET_S:=40}" "${UNET_MICRO_BATCH:=8}"
@@ -222,6 +223,7 @@ unet() {
 if want unet; then
   unet --model SD2-base --attention flash
   unet --model SD2-base --attention fused
+  unet --model SD2-base --attention cudnn
   unet --model SD1.5 --attention flash
 fi
 rm -f "$out/sanitizer.log"

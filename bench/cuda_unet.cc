@@ -5,7 +5,7 @@
 // its own run.
 //
 //   bench_cuda_unet [--model SD2-base] [--latent-size 64] [--micro-batch 8] [--warmup 3]
-//                   [--steps 10] [--attention flash|fused] [--no-graph] [--peak-tflops 989]
+//                   [--steps 10] [--attention flash|fused|cudnn] [--no-graph] [--peak-tflops 989]
 //
 // A step is what a training step does on the GPU: zero the gradients, forward, the MSE loss,
 // backward, global-norm clipping, AdamW on the fp32 master weights and the EMA. The weights
@@ -14,7 +14,9 @@
 // batch — latents, timesteps, text embeddings [B, 77, cross_attention_dim], the target — made
 // on the host and uploaded once (this measures the model, not a loader or the text encoder).
 // --attention fused runs the transformers' attention on the fused kernels everywhere instead
-// of the flash kernels where they take the head dim (UNet::Options::flash_attention). Each
+// of the flash kernels where they take the head dim (UNet::Options::flash_attention); --attention
+// cudnn the self-attention on cuDNN's fused attention where it takes the head dim, the
+// cross-attention on the flash kernels (UNet::Options::cudnn_attention). Each
 // step is timed with CUDA events; the median after the warm-up is one JSON line on stdout,
 // with TFLOP/s counting 6 × the forward multiply-accumulates (ForwardMacs: convolutions,
 // linear layers, attention), as MODELS.md counts them.
@@ -96,7 +98,9 @@ int Run(const Options& o) {
 
   cudaStream_t stream = cuda::CreateStepStream();
   cuda::UNet model(c, stream,
-                   {.use_graph = !o.no_graph, .flash_attention = o.attention == "flash"});
+                   {.use_graph = !o.no_graph,
+                    .flash_attention = o.attention != "fused",
+                    .cudnn_attention = o.attention == "cudnn"});
   if (Status s = model.Reserve(o.micro_batch); !s.ok()) {
     std::fprintf(stderr, "bench_cuda_unet: %s\n", s.message().c_str());
     return 2;
@@ -142,8 +146,9 @@ int main(int argc, char** argv) {
   difftrain::bench::AddStepOptions(app, o);
   app.add_option("--attention", o.attention,
                  "flash: the flash kernels wherever they take the head dim (the default); "
-                 "fused: the fused kernels everywhere")
-      ->check(CLI::IsMember({"flash", "fused"}))
+                 "fused: the fused kernels everywhere; cudnn: cuDNN's fused attention in the "
+                 "self-attention where it takes the head dim, flash in the cross-attention")
+      ->check(CLI::IsMember({"flash", "fused", "cudnn"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   return difftrain::Run(o);

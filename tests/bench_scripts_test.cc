@@ -257,6 +257,7 @@ TEST(CudaSessionScriptTest, EveryStepRunsAndLatteTimesBothTemporalAttentions) {
         "attention cudnn: exit 0", "latte --attention cudnn: exit 0",
         "unet --model SD2-base --attention flash: exit 0",
         "unet --model SD2-base --attention fused: exit 0",
+        "unet --model SD2-base --attention cudnn: exit 0",
         "unet --model SD1.5 --attention flash: exit 0",
         "attentions timed in the step: flash-pipelined-wide-stored,flash-pipelined-wide,"
         "flash-wide,cudnn\n"}) {

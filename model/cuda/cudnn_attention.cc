@@ -45,7 +45,7 @@ Status Refuses(const Shape& s) {
   if (s.B < 1 || s.T < 1 || s.H < 1 || s.D % s.H != 0) {
     return Errorf("cuDNN attention: no shape {}", s.Describe());
   }
-  if (s.hd() % 8 != 0 || s.hd() > 128) {
+  if (!CudnnAttentionTakes(static_cast<int>(s.hd()))) {
     return Errorf("cuDNN attention at {}: the head dim must be a multiple of 8 up to 128",
                   s.Describe());
   }
@@ -53,6 +53,33 @@ Status Refuses(const Shape& s) {
 }
 
 }  // namespace
+
+bool CudnnAttentionTakes(int head_dim) {
+  return head_dim > 0 && head_dim % 8 == 0 && head_dim <= 128;
+}
+
+CudnnAttention* CudnnAttentionSet::Get(int B, int T, int D, int H) {
+  std::unique_ptr<CudnnAttention>& attention = shapes_[{B, T, D, H}];
+  if (attention == nullptr) attention = std::make_unique<CudnnAttention>();
+  return attention.get();
+}
+
+Status CudnnAttentionSet::Prepare() {
+  for (const auto& [shape, attention] : shapes_) {
+    const auto [B, T, D, H] = shape;
+    if (Status s = attention->Prepare(B, T, D, H); !s.ok()) {
+      return s.WithContext(fmt::format("cuDNN attention at B={} T={} D={} H={}", B, T, D, H));
+    }
+  }
+  return Status::Ok();
+}
+
+size_t CudnnAttentionSet::workspace_bytes() const {
+  size_t bytes = 0;
+  for (const auto& [shape, attention] : shapes_)
+    bytes += attention->workspace_bytes();
+  return bytes;
+}
 
 #if DIFFTRAIN_HAVE_CUDNN_FRONTEND
 namespace {

@@ -3,9 +3,10 @@
 // [B, T, 3·D] bf16 (q, k, v side by side, head h at columns h·hd … h·hd+hd−1 of each), out
 // [B, T, D] bf16, lse [B, H, T] fp32, the natural log of each query row's exponential sum of
 // scaled scores (cuDNN's softmax statistics), dqkv [B, T, 3·D] — so a model can take it in place
-// of the flash kernels (cuda::DiT's AttentionKernels::kCudnn). The backward is cuDNN's
-// deterministic one (it stores dP and sums dQ in order: the same bits every run), which the
-// project's restarts need.
+// of the flash kernels (cuda::DiT's AttentionKernels::kCudnn; cuda::UNet's self-attention with
+// UNet::Options::cudnn_attention, through a CudnnAttentionSet of its levels' shapes). The backward
+// is cuDNN's deterministic one (it stores dP and sums dQ in order: the same bits every run), which
+// the project's restarts need.
 //
 // cuDNN is opened at run time (libcudnn.so.9, as cuBLASLt is: the programs run where it is
 // not installed and say why when asked for it); the frontend is a header-only library fetched
@@ -15,7 +16,9 @@
 // DiT and Latte use passes the frontend's own validation for sm_90 and sm_80.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -26,6 +29,9 @@ namespace difftrain::cuda {
 
 // Ok where this build has cuDNN's frontend and libcudnn.so.9 (version 9.x) opens; else why not.
 Status CudnnAttentionAvailable();
+
+// Whether cuDNN's attention takes this head dim (a multiple of 8 up to 128), whatever the build.
+bool CudnnAttentionTakes(int head_dim);
 
 // What cuDNN's frontend says of the forward and backward graphs of a shape without building
 // plans (no GPU needed): Ok, or its message. `sm` is the target (90: H100/H200, 80: A100).
@@ -57,6 +63,26 @@ class CudnnAttention {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// cuDNN's attention at the several shapes of one model (a UNet's levels): one CudnnAttention a
+// shape, made when a layer first asks for it (no GPU needed), prepared together once every layer
+// has asked.
+class CudnnAttentionSet {
+ public:
+  // The attention of this shape: the same object every time it is asked for; unprepared until
+  // Prepare.
+  CudnnAttention* Get(int B, int T, int D, int H);
+  // Prepares every shape asked for; the first that fails is the error, naming its shape.
+  Status Prepare();
+  // Forgets every shape (their objects with them).
+  void Clear() { shapes_.clear(); }
+  int size() const { return static_cast<int>(shapes_.size()); }
+  // Device bytes of every prepared shape's workspace.
+  size_t workspace_bytes() const;
+
+ private:
+  std::map<std::array<int, 4>, std::unique_ptr<CudnnAttention>> shapes_;
 };
 
 }  // namespace difftrain::cuda

@@ -14,6 +14,8 @@
 
 #include "model/cuda/testing.h"
 #include "model/dit/config.h"
+#include "model/unet/config.h"
+#include "model/unet/plan.h"
 
 namespace difftrain::cuda {
 namespace {
@@ -58,6 +60,68 @@ TEST(CudnnAttentionTest, RefusesHeadDimsItCannotTakeByName) {
   const Status prepare = attention.Prepare(2, 64, 60, 2);
   ASSERT_FALSE(prepare.ok());
   EXPECT_NE(prepare.message().find("B=2 T=64 D=60 H=2"), std::string::npos) << prepare.message();
+}
+
+// The self-attention of every named UNet (SD1.5, SD2-base, SD2-v and the small ones) at its own
+// latent size and half of it, micro-batches 1 to 32: each level whose head dim cuDNN takes
+// validates for the H100 and the A100; the others (SD1.5's 160) are refused by name and left to
+// the fused kernels (UNet::Options::cudnn_attention).
+TEST(CudnnAttentionTest, EveryNamedUNetsSelfAttentionValidatesOrIsRefusedByName) {
+  DT_SKIP_WITHOUT_CUDNN();
+  int validated = 0, refused = 0;
+  for (const std::string& name : UNetConfigNames()) {
+    UNetConfig c = UNetConfigByName(name).value();
+    for (int size : {c.sample_size, c.sample_size / 2}) {
+      c.sample_size = size;
+      const UNetPlan plan(c);
+      for (const UNetNode& n : plan.nodes) {
+        if (n.kind != UNetNodeKind::kTransformer) continue;
+        const int T = plan.out(n).H * plan.out(n).W, C = plan.out(n).C;
+        for (int B : {1, 32}) {
+          for (int sm : {90, 80}) {
+            SCOPED_TRACE(::testing::Message()
+                         << name << " " << n.prefix << " T " << T << " C " << C << " heads "
+                         << n.heads << " B " << B << " sm " << sm);
+            const Status s = CudnnAttentionValidate(B, T, C, n.heads, sm);
+            if (CudnnAttentionTakes(C / n.heads)) {
+              EXPECT_TRUE(s.ok()) << s.message();
+              ++validated;
+            } else {
+              ASSERT_FALSE(s.ok());
+              EXPECT_NE(s.message().find("head dim"), std::string::npos) << s.message();
+              ++refused;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(validated, 0);
+  EXPECT_GT(refused, 0);  // SD1.5's deepest levels
+}
+
+// A set hands out one attention a shape and prepares them together: on a GPU with cuDNN, each
+// gets its plans; elsewhere the error names the shape that failed first.
+TEST(CudnnAttentionSetTest, OneAttentionAShapePreparedTogether) {
+  CudnnAttentionSet set;
+  CudnnAttention* a = set.Get(2, 4096, 320, 5);
+  EXPECT_EQ(set.Get(2, 4096, 320, 5), a);
+  CudnnAttention* b = set.Get(2, 1024, 640, 10);
+  EXPECT_NE(b, a);
+  EXPECT_EQ(set.size(), 2);
+  const Status s = set.Prepare();
+  if (testing::NoGpuReason().empty() && CudnnAttentionAvailable().ok()) {
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_GT(a->workspace_bytes(), 0u);
+    EXPECT_EQ(set.workspace_bytes(), a->workspace_bytes() + b->workspace_bytes());
+  } else {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("cuDNN attention at B=2 T=1024 D=640 H=10"), std::string::npos)
+        << s.message();  // the map's first
+    EXPECT_EQ(set.workspace_bytes(), 0u);
+  }
+  set.Clear();
+  EXPECT_EQ(set.size(), 0);
 }
 
 // Without a GPU, Prepare is an error that says so, never a crash.

@@ -19,6 +19,10 @@
 #include "model/unet/config.h"
 #include "model/unet/plan.h"
 
+namespace difftrain::cuda {
+class CudnnAttentionSet;
+}  // namespace difftrain::cuda
+
 namespace difftrain::cuda::unet {
 
 // Hands out 256-byte aligned ranges of an arena, as byte offsets.
@@ -123,6 +127,9 @@ struct Kernels {
   // The transformers' attention on the flash kernels wherever they take the head dim (else,
   // and with false everywhere, the fused kernels).
   bool flash_attention = true;
+  // The self-attention on cuDNN's fused attention wherever it takes the head dim (a layer asks
+  // the set for its shape; the cross-attention stays on the kernels above); null: not.
+  CudnnAttentionSet* cudnn = nullptr;
 };
 
 // The layer of `node` for micro-batches of B.

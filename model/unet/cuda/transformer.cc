@@ -16,6 +16,7 @@
 
 #include "model/cuda/activation.h"
 #include "model/cuda/attention.h"
+#include "model/cuda/cudnn_attention.h"
 #include "model/cuda/flash_attention.h"
 #include "model/cuda/geglu.h"
 #include "model/cuda/spatial.h"
@@ -32,7 +33,7 @@ using difftrain::unet::Param;
 class TransformerLayer final : public Layer {
  public:
   TransformerLayer(const UNetConfig& c, const UNetPlan& plan, const UNetNode& n, int B, Space& acts,
-                   Space& scratch, Workspaces& ws, bool flash_attention)
+                   Space& scratch, Workspaces& ws, const Kernels& kernels)
       : node_(n),
         B_(B),
         C_(plan.out(n).C),
@@ -41,7 +42,10 @@ class TransformerLayer final : public Layer {
         H_(n.heads),
         N_(B * T_),
         Dt_(c.cross_attention_dim),
-        flash_(flash_attention && FlashAttentionTakes(C_ / H_)),
+        flash_(kernels.flash_attention && FlashAttentionTakes(C_ / H_)),
+        cudnn_(kernels.cudnn != nullptr && CudnnAttentionTakes(C_ / H_)
+                   ? kernels.cudnn->Get(B, T_, C_, H_)
+                   : nullptr),
         gn_(plan, n.prefix + "norm.", {B, C_, T_, c.norm_num_groups}, kTransformerEps, false, acts,
             ws),
         proj_in_(plan, n.prefix + "proj_in.", C_, C_),
@@ -181,6 +185,7 @@ class TransformerLayer final : public Layer {
   // attn1 over the packed q, k, v [B·T, 3C], and attn2 from q [B·T, C] to the text's k, v
   // [B·L, 2C]: the flash kernels where they take the head dim, else the fused ones.
   void SelfAttentionForward(bf16* out, float* lse, const bf16* qkv, cudaStream_t s) const {
+    if (cudnn_ != nullptr) return cudnn_->Forward(out, lse, qkv, B_, T_, C_, H_, s);
     if (!flash_) return AttentionForward(out, lse, qkv, B_, T_, C_, H_, s);
     if (FlashWideForwardFills(T_)) {
       return FlashAttentionForwardWide(out, lse, qkv, B_, T_, C_, H_, FlashStages::kTwo, s);
@@ -190,6 +195,7 @@ class TransformerLayer final : public Layer {
   // dqkv [B·T, 3C] (written).
   void SelfAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                              const float* lse, float* workspace, cudaStream_t s) const {
+    if (cudnn_ != nullptr) return cudnn_->Backward(dqkv, dout, qkv, out, lse, B_, T_, C_, H_, s);
     if (!flash_) return AttentionBackward(dqkv, dout, qkv, out, lse, workspace, B_, T_, C_, H_, s);
     FlashAttentionBackwardPipelined(dqkv, dout, qkv, out, lse, workspace, B_, T_, C_, H_, s);
   }
@@ -220,6 +226,7 @@ class TransformerLayer final : public Layer {
   const UNetNode& node_;
   int B_, C_, T_, L_, H_, N_, Dt_;
   bool flash_;  // else the fused kernels (head dim 160, or UNet::Options::flash_attention off)
+  CudnnAttention* cudnn_;  // the self-attention's, prepared by UNet::Reserve; else null
   Norm gn_;
   Linear proj_in_;
   Norm ln1_;
@@ -239,8 +246,7 @@ std::unique_ptr<Layer> MakeTransformerLayer(const UNetConfig& c, const UNetPlan&
                                             const UNetNode& node, int B, Space& acts,
                                             Space& scratch, Workspaces& ws,
                                             const Kernels& kernels) {
-  return std::make_unique<TransformerLayer>(c, plan, node, B, acts, scratch, ws,
-                                            kernels.flash_attention);
+  return std::make_unique<TransformerLayer>(c, plan, node, B, acts, scratch, ws, kernels);
 }
 
 }  // namespace difftrain::cuda::unet

@@ -8,6 +8,7 @@
 
 #include "model/cuda/activation.h"
 #include "model/cuda/attention.h"
+#include "model/cuda/cudnn_attention.h"
 #include "model/cuda/embed.h"
 #include "model/unet/cuda/layers.h"
 
@@ -139,12 +140,17 @@ UNet::UNet(const UNetConfig& config, cudaStream_t stream, Options options)
       state_(plan_.table.total(), stream),
       gemm_(stream),
       graph_(stream, options.use_graph),
-      flash_attention_(options.flash_attention) {
+      flash_attention_(options.flash_attention),
+      cudnn_(options.cudnn_attention ? std::make_unique<CudnnAttentionSet>() : nullptr) {
   const Status supported = Supports(config_);
   DT_CHECK(supported.ok(), "{}", supported.message());
 }
 
 UNet::~UNet() = default;
+
+size_t UNet::cudnn_workspace_bytes() const {
+  return cudnn_ != nullptr ? cudnn_->workspace_bytes() : 0;
+}
 
 size_t UNet::ActivationBytes(const UNetConfig& config, int B) {
   return ActivationBytes(config, B, Options());
@@ -164,8 +170,13 @@ Status UNet::Reserve(int B) {
   layers_.clear();
   acts_buffer_ = DeviceBuffer<unsigned char>();
   std::vector<std::unique_ptr<unet::Layer>> layers;
-  std::unique_ptr<Layout> layout =
-      PlanLayout(config_, plan_, B, {.flash_attention = flash_attention_}, &layers);
+  if (cudnn_ != nullptr) cudnn_->Clear();  // the old micro-batch's shapes
+  std::unique_ptr<Layout> layout = PlanLayout(
+      config_, plan_, B, {.flash_attention = flash_attention_, .cudnn = cudnn_.get()}, &layers);
+  if (cudnn_ != nullptr) {
+    DT_RETURN_IF_ERROR(cudnn_->Prepare().WithContext(fmt::format(
+        "the self-attention of a micro-batch of {} (UNet::Options::cudnn_attention)", B)));
+  }
   Result<DeviceBuffer<unsigned char>> acts =
       DeviceBuffer<unsigned char>::TryAllocate(layout->bytes);
   if (!acts.ok()) {

@@ -38,6 +38,8 @@ namespace unet {
 class Layer;
 }
 
+class CudnnAttentionSet;
+
 class UNet {
  public:
   struct Options {
@@ -45,6 +47,10 @@ class UNet {
     // The transformers' attention on the flash kernels wherever they take the head dim
     // (multiples of 8 up to 128), else the fused kernels; false: the fused ones everywhere.
     bool flash_attention = true;
+    // The self-attention (attn1) on cuDNN's fused attention (model/cuda/cudnn_attention.h) wherever
+    // it takes the head dim (multiples of 8 up to 128), its plans made by Reserve; the
+    // cross-attention keeps the kernels above. Off by default until timed on a GPU.
+    bool cudnn_attention = false;
   };
   // Whether the kernels take this model: channel counts (every level's, in_channels excepted),
   // cross_attention_dim and every tensor's offset in the parameter table must be multiples of 8
@@ -67,6 +73,8 @@ class UNet {
   Status Reserve(int B);
   int micro_batch() const { return batch_; }
   size_t activation_bytes() const { return acts_buffer_.bytes(); }
+  // Device bytes of cuDNN's plans' workspaces (Options::cudnn_attention; 0 otherwise).
+  size_t cudnn_workspace_bytes() const;
   // Bytes of the activations (and scratch, workspaces) a micro-batch of B needs.
   static size_t ActivationBytes(const UNetConfig& config, int B, const Options& options);
   static size_t ActivationBytes(const UNetConfig& config, int B);  // the default options
@@ -136,6 +144,8 @@ class UNet {
   StepGraph graph_;
   float grad_scale_ = 1.0f;  // the loss's, as the graph holds it
   bool flash_attention_;     // Options::flash_attention, for the layers Reserve makes
+  // Options::cudnn_attention: the self-attention's shapes, prepared by Reserve; else null.
+  std::unique_ptr<CudnnAttentionSet> cudnn_;
 };
 
 }  // namespace difftrain::cuda

@@ -17,6 +17,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "model/cuda/cudnn_attention.h"
 #include "model/cuda/testing.h"
 #include "model/data/dataset.h"
 #include "model/tensor/rng.h"
@@ -213,28 +214,42 @@ class UNetGpuStepTest : public ::testing::Test {
 // on an H200: 0.0113 against a sensitivity of 0.0085 for this 16/32-channel UNet with 2 and 4
 // channels per group; DiT's fixed 1e-2 fits DiT, whose LayerNorms average hundreds of values.)
 // Small()'s head dims (8, 16) run on the flash kernels, or on the fused ones with
-// flash_attention off; SmallWithAWideHead() has a level on the fused ones beside a flash level.
+// flash_attention off, or (the self-attention) on cuDNN's with cudnn_attention, where this
+// machine has cuDNN; SmallWithAWideHead() has a level on the fused ones beside a flash (or cuDNN)
+// level.
 TEST_F(UNetGpuStepTest, StepMatchesTheCpuModel) {
   struct Case {
-    bool linear_projection, flash_attention;
+    bool linear_projection, flash_attention, cudnn_attention;
     UNetConfig config;
   };
-  for (const Case& k : {Case{false, true, Small()}, Case{true, true, Small()},
-                        Case{false, false, Small()}, Case{false, true, SmallWithAWideHead()}}) {
+  const Status cudnn = CudnnAttentionAvailable();
+  for (const Case& k :
+       {Case{false, true, false, Small()}, Case{true, true, false, Small()},
+        Case{false, false, false, Small()}, Case{false, true, false, SmallWithAWideHead()},
+        Case{false, true, true, Small()}, Case{false, true, true, SmallWithAWideHead()}}) {
+    if (k.cudnn_attention && !cudnn.ok()) {
+      std::cout << "cuDNN's attention not checked: " << cudnn.message() << "\n";
+      continue;
+    }
     SCOPED_TRACE(k.linear_projection ? "linear proj_in/out" : "1×1-conv proj_in/out");
     SCOPED_TRACE(k.config.block_out_channels.back() == 160 ? "head dims 8 and 160"
                                                            : "head dims 8 and 16");
-    SCOPED_TRACE(k.flash_attention ? "flash attention where it takes the head dim"
-                                   : "fused attention");
+    SCOPED_TRACE(k.cudnn_attention   ? "cuDNN's self-attention where it takes the head dim"
+                 : k.flash_attention ? "flash attention where it takes the head dim"
+                                     : "fused attention");
     UNetConfig c = k.config;
     c.use_linear_projection = k.linear_projection;
     const int B = 2;
     const Batch batch = RandomBatch(c, B, /*seed=*/11);
     const CpuStep want = RunCpu(c, B, batch);
     const double sensitivity = RelativeL2(RunCpu(c, B, batch, 0x1p-9).grads, want.grads);
-    UNet gpu(c, stream_, {.use_graph = false, .flash_attention = k.flash_attention});
+    UNet gpu(c, stream_,
+             {.use_graph = false,
+              .flash_attention = k.flash_attention,
+              .cudnn_attention = k.cudnn_attention});
     const Status reserved = gpu.Reserve(B);
     ASSERT_TRUE(reserved.ok()) << reserved.message();
+    EXPECT_EQ(gpu.cudnn_workspace_bytes() > 0, k.cudnn_attention);
     gpu.UploadState(want.weights.data(), want.weights.data(), nullptr, nullptr);
     gpu.PoisonActivations();
     Upload(gpu, batch);  // PoisonActivations leaves the unit per-sample weights in place
@@ -268,12 +283,15 @@ TEST_F(UNetGpuStepTest, StepMatchesTheCpuModel) {
 }
 
 // The captured graph replays what eager launches compute (the second call captures, the third
-// replays), on new inputs written into the same device buffers.
-TEST_F(UNetGpuStepTest, GraphReplaysTheEagerStep) {
+// replays), on new inputs written into the same device buffers; with the default kernels and,
+// where this machine has cuDNN, with its self-attention.
+void ExpectGraphReplaysTheEagerStep(cudaStream_t stream, bool cudnn_attention) {
+  SCOPED_TRACE(cudnn_attention ? "cuDNN's self-attention" : "the default kernels");
   const UNetConfig c = Small();
   const int B = 2;
   const CpuStep cpu = RunCpu(c, B, RandomBatch(c, B, 11));  // only its weights are used
-  UNet eager(c, stream_, {.use_graph = false}), graphed(c, stream_, {.use_graph = true});
+  UNet eager(c, stream, {.use_graph = false, .cudnn_attention = cudnn_attention}),
+      graphed(c, stream, {.use_graph = true, .cudnn_attention = cudnn_attention});
   for (UNet* m : {&eager, &graphed}) {
     ASSERT_TRUE(m->Reserve(B).ok());
     m->UploadState(cpu.weights.data(), nullptr, nullptr, nullptr);
@@ -289,6 +307,15 @@ TEST_F(UNetGpuStepTest, GraphReplaysTheEagerStep) {
     EXPECT_LE(RelativeL2(graphed.DownloadGradients(), eager.DownloadGradients()), 1e-3)
         << "call " << call;  // the attention backward's atomics may add in another order
   }
+}
+
+TEST_F(UNetGpuStepTest, GraphReplaysTheEagerStep) {
+  ExpectGraphReplaysTheEagerStep(stream_, /*cudnn_attention=*/false);
+  if (const Status s = CudnnAttentionAvailable(); !s.ok()) {
+    std::cout << "cuDNN's attention not checked: " << s.message() << "\n";
+    return;
+  }
+  ExpectGraphReplaysTheEagerStep(stream_, /*cudnn_attention=*/true);
 }
 
 double Relative(double got, double want) {
