@@ -17,11 +17,14 @@
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# KERNELS_S, LATTE_S for each Latte run, CUDNN_S, UNET_S for each UNet run): 890 s in all,
-# more than the device's 600 s a call, but an H100 session (2026-11-27) took 505 s of the
-# steps it had then (the bench 345 at micro-batches 32 and 128, 42 s of it the GPU tests and
-# 120 each torch.compile's rows); should a long bench leave too little, what is cut short is
-# Latte and the UNet, last (a second call then runs them: PARTS, below).
+# KERNELS_S, LATTE_S for each Latte run, CUDNN_S, UNET_S for each UNet run): 920 s in all,
+# more than the device's 600 s a call. An H100 session (2026-11-27) took 505 s of the steps it
+# had then (the bench 345 at micro-batches 32 and 128 with two attentions, 42 s of it the GPU
+# tests, 120 each torch.compile's rows and ~16 s each of difftrain's); the bench now times three
+# attentions (~390 s predicted, hence its 430). So a session of 900 s of device time plans two
+# calls: the whole script first (attention, norms, bench, then the sanitizers and the profile as
+# far as the 600 s reach), then PARTS (below) naming what OUT/steps.txt lacks, most useful first
+# (profile, unet, sanitizers, latte, kernels).
 # OUT/steps.txt says how long each step took and how it ended (124: out of time; 9: a
 # sanitizer found errors).
 set -uo pipefail
@@ -33,7 +36,7 @@ mkdir -p "$out"
 if [[ -f $bin/bundle.tar.xz ]]; then
   tar -C "$bin" -xJf "$bin/bundle.tar.xz" && rm -f "$bin/bundle.tar.xz"
 fi
-: "${BENCH_S:=400}" "${ATTENTION_S:=40}" "${NORMS_S:=15}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
+: "${BENCH_S:=430}" "${ATTENTION_S:=40}" "${NORMS_S:=15}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
 : "${PROFILE_S:=50}" "${KERNELS_S:=55}" "${LATTE_S:=15}" "${CUDNN_S:=30}"
 # The flash kernels' variants the attention bench times (FLASH_VARIANTS), and the attentions the
 # step's bench times (ATTENTIONS; unset: flash and the fastest variant of the attention bench
