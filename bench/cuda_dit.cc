@@ -4,7 +4,7 @@
 //
 //   bench_cuda_dit [--model DiT-XL/2] [--input-size 32] [--micro-batch 32] [--warmup 5]
 //                  [--steps 20] [--no-graph] [--peak-tflops 989] [--attention flash]
-//                  [--frames 16] [--num-classes N]
+//                  [--frames 16] [--num-classes N] [--ema-other-way-steps 10]
 //
 // A Latte model (--model Latte-L/2 --frames 16) times the same step over videos: a sample is
 // a video of --frames frames, and samples/s counts videos.
@@ -39,6 +39,7 @@ struct Options : bench::StepOptions {  // micro-batch 32, 5 warm-up steps, 20 ti
   int input_size = 32;
   bool no_gemm_autotune = false;
   bool no_short_attention = false;  // the general flash kernels over sequences of ≤ 16 rows too
+  int ema_other_way_steps = 10;     // 0: the row's way only (under a profiler)
   // flash[-pipelined][-wide][-stored], gemm or fused; the default is the model's
   // (cuda::FlashVariant).
   std::string attention = "flash-pipelined-wide-stored";
@@ -144,12 +145,15 @@ int Run(const Options& o) {
   });
   const float loss = model.last_loss();
   // The EMA the other way (on its own stream, or in AdamW's pass: cuda::TrainState), timed for as
-  // many steps right after (10 at most), so that the row says what it gains in the same run.
+  // many steps right after (--ema-other-way-steps), so that the row says what it gains in the
+  // same run.
   const bool ema_stream = model.ema_stream();
-  model.set_ema_stream(!ema_stream);
-  const std::vector<double> other_ema =
-      bench::TimeSteps(stream, /*warmup=*/2, std::min(o.steps, 10), step);
-  model.set_ema_stream(ema_stream);
+  std::vector<double> other_ema;
+  if (o.ema_other_way_steps > 0) {
+    model.set_ema_stream(!ema_stream);
+    other_ema = bench::TimeSteps(stream, /*warmup=*/2, o.ema_other_way_steps, step);
+    model.set_ema_stream(ema_stream);
+  }
   nlohmann::json row = {{"impl", "difftrain"},
                         {"model", o.model},
                         {"attention", o.attention},
@@ -166,7 +170,8 @@ int Run(const Options& o) {
                         {"changed", tuning.changed},
                         {"heuristic_ms_a_step", tuning.heuristic_ms},
                         {"tuned_ms_a_step", tuning.tuned_ms}};
-  row["ema"] = {{"own_stream", ema_stream}, {"step_ms_the_other_way", bench::Median(other_ema)}};
+  row["ema"] = {{"own_stream", ema_stream}};
+  if (!other_ema.empty()) row["ema"]["step_ms_the_other_way"] = bench::Median(other_ema);
   std::printf("%s\n", row.dump().c_str());
   return std::isfinite(loss) ? 0 : 1;
 }
@@ -185,6 +190,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--input-size", o.input_size, "latent height = width")->capture_default_str();
   difftrain::bench::AddStepOptions(app, o);
+  app.add_option("--ema-other-way-steps", o.ema_other_way_steps,
+                 "steps timed after the row with the EMA the other way (on its own stream or in "
+                 "AdamW's pass), for the row's ema field; 0: none (under a profiler)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--no-gemm-autotune", o.no_gemm_autotune,
                "cuBLASLt's first algorithm for each GEMM instead of the fastest of its candidates");
   app.add_flag("--no-short-attention", o.no_short_attention,

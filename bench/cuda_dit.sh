@@ -170,7 +170,7 @@ for r in rows:
 # way, timed right after in the same run).
 for r in rows:
     e = r.get("ema")
-    if r.get("impl") == "difftrain" and e and r.get("step_ms_median"):
+    if r.get("impl") == "difftrain" and e and r.get("step_ms_median") and "step_ms_the_other_way" in e:
         ways = ("on its own stream", "in AdamW's pass")
         mine, other = ways if e["own_stream"] else ways[::-1]
         print("EMA, micro-batch {} {}: {:.2f} ms a step {}, {:.2f} {}".format(
@@ -182,7 +182,8 @@ if [[ $profile == 1 ]]; then
   echo "== where the time goes: $model, micro-batch ${batches[0]} (ncu, every kernel of 3 steps)"
   ncu --clock-control none --csv --print-kernel-base function --metrics gpu__time_duration.sum \
     "$bin/bench_cuda_dit" --model "$model" --micro-batch "${batches[0]}" \
-    --attention "${attentions[0]}" --warmup 1 --steps 2 >"$out/ncu.csv" 2>"$out/ncu.err" ||
+    --attention "${attentions[0]}" --warmup 1 --steps 2 --ema-other-way-steps 0 \
+    >"$out/ncu.csv" 2>"$out/ncu.err" ||
     { tail -n 3 "$out/ncu.err" >&2; exit 1; }
   bench/ncu_summary.py "$out/ncu.csv"
 fi

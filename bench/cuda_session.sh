@@ -17,7 +17,8 @@
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# KERNELS_S, LATTE_S for each Latte run, CUDNN_S, UNET_S for each UNet run): 920 s in all,
+# UNET_PROFILE_S, KERNELS_S, LATTE_S for each Latte run, CUDNN_S, UNET_S for each UNet run):
+# 1,010 s in all,
 # more than the device's 600 s a call. An H100 session (2026-11-27) took 505 s of the steps it
 # had then (the bench 345 at micro-batches 32 and 128 with two attentions, 42 s of it the GPU
 # tests, 120 each torch.compile's rows and ~16 s each of difftrain's); the bench now times three
@@ -38,6 +39,7 @@ if [[ -f $bin/bundle.tar.xz ]]; then
 fi
 : "${BENCH_S:=430}" "${ATTENTION_S:=40}" "${NORMS_S:=15}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
 : "${PROFILE_S:=50}" "${KERNELS_S:=55}" "${LATTE_S:=15}" "${CUDNN_S:=30}"
+: "${UNET_PROFILE_S:=90}" "${UNET_S:=40}" "${UNET_MICRO_BATCH:=8}"
 # The flash kernels' variants the attention bench times (FLASH_VARIANTS), and the attentions the
 # step's bench times (ATTENTIONS; unset: flash and the fastest variant of the attention bench
 # whose results match flash's, when that is not the model's default, flash-pipelined-wide-stored,
@@ -76,7 +78,7 @@ step() {
 }
 
 # The GPU, its driver and CUDA head steps.txt (at most 8 files come back from a call: bench.txt,
-# results.jsonl, attention.jsonl, sanitizer.txt, profile.txt, steps.txt, latte.jsonl, and the
+# results.jsonl, attention.jsonl, sanitizer.txt, profile.txt, steps.txt, latte.jsonl, and an
 # ncu CSV should its summary fail).
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/steps.txt" 2>&1
 nvcc --version 2>/dev/null | tail -n 2 >>"$out/steps.txt"
@@ -155,17 +157,34 @@ if want sanitizers; then
   sanitize racecheck "$bin/cuda_attention_test" 'FlashAttentionTest.MatchesTheReference'
 fi
 
+# Where a step's time goes: Nsight Compute's duration of every kernel of two steps (a warm-up
+# and one timed), summed by category (bench/ncu_summary.py); a CSV itself comes back only where
+# the summary could not read it, and only one (the 8 files a call).
+# ncu_profile NAME LIMIT PROGRAM ARGS...
+ncu_profile() {
+  local name=$1 limit=$2 csv="$out/ncu-$1.csv"
+  shift 2
+  step "ncu $name" "$limit" ncu --clock-control none --csv --print-kernel-base function \
+    --metrics gpu__time_duration.sum "$@" --warmup 1 --steps 1 >"$csv" 2>>"$out/profile.txt"
+  if bench/ncu_summary.py "$csv" >>"$out/profile.txt" 2>&1; then
+    rm -f "$csv"
+  elif compgen -G "$out/ncu-*.csv.gz" >/dev/null; then
+    echo "(ncu-$name.csv not kept: another CSV came back)" >>"$out/profile.txt"
+    rm -f "$csv"
+  else
+    gzip -9 "$csv"
+  fi
+}
+# The UNet's first profile (never run on a GPU): SD2-base at 512 px, the micro-batch of its
+# bench below, flash attention; how much of its step is the convolutions' im2col and col2im,
+# the attention, the GEMMs (~3,000 launches predicted, ~20 ms each under ncu).
 if want profile; then
   echo "== ncu: DiT-XL/2, micro-batch 32, the model's flash variant" >>"$out/profile.txt"
-  step ncu "$PROFILE_S" ncu --clock-control none --csv --print-kernel-base function \
-    --metrics gpu__time_duration.sum "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 \
-    --warmup 1 --steps 1 >"$out/ncu-flash.csv" 2>>"$out/profile.txt"
-  # The CSV itself comes back only where the summary could not read it.
-  if bench/ncu_summary.py "$out/ncu-flash.csv" >>"$out/profile.txt" 2>&1; then
-    rm -f "$out/ncu-flash.csv"
-  else
-    gzip -9 "$out/ncu-flash.csv"
-  fi
+  ncu_profile dit "$PROFILE_S" "$bin/bench_cuda_dit" --model DiT-XL/2 --micro-batch 32 \
+    --ema-other-way-steps 0
+  echo "== ncu: SD2-base at 512 px, micro-batch $UNET_MICRO_BATCH, flash" >>"$out/profile.txt"
+  ncu_profile unet "$UNET_PROFILE_S" "$bin/bench_cuda_unet" --model SD2-base \
+    --micro-batch "$UNET_MICRO_BATCH" --attention flash
 fi
 
 # The model's flash kernels at DiT-XL/2's shapes (256 tokens, head dim 72, 32 × 16 heads), run
@@ -218,7 +237,6 @@ fi
 # dims 40, 80 and 160: flash and fused levels). Against
 # the seed figures in ../shared/MODELS.md (NeMo SD v1 on an H800, MosaicML SD2-base on H100s).
 # Their JSON lines go after the DiT rows in results.jsonl.
-: "${UNET_S:=40}" "${UNET_MICRO_BATCH:=8}"
 unet() {
   step "unet $*" "$UNET_S" "$bin/bench_cuda_unet" --micro-batch "$UNET_MICRO_BATCH" "$@" \
     >>"$out/results.jsonl" 2>&1

@@ -25,13 +25,17 @@ CATEGORIES = [
     ("attention", r"sdpa|fmha"),
     GEMM,
     ("attention", r"Attention|Flash|Softmax|SplitHeads|MergeHeads"),
-    ("norms, modulation, residuals", r"LayerNorm|GatedResidual|GroupNorm"),
-    # cuBLASLt's BGRADB epilogue runs as its own kernel, globalKernelBgradAB*.
-    ("bias gradients", r"BiasGradient|Bgrad"),
+    ("norms, modulation, residuals", r"LayerNorm|GatedResidual|GroupNorm|AddInto"),
+    # cuBLASLt's BGRADB epilogue runs as its own kernel, globalKernelBgradAB*; a convolution's
+    # bias gradient sums its output gradient's planes (SumPlanes).
+    ("bias gradients", r"BiasGradient|Bgrad|SumPlanes"),
+    # The UNet's convolutions around their GEMMs (model/cuda/conv2d.h): the columns written and
+    # gathered back, the zero-padded weight copies.
+    ("convolutions' im2col, col2im", r"Im2col|Col2im|PadWeight|AddUnpadded"),
     # ZeroRanges: the gradients a step's first micro-batch does not write whole.
     ("optimizer, EMA, gradients", r"AdamW|Ema|SumOfSquares|ZeroRanges"),
     ("activations, casts", r"Gelu|Silu|Geglu|Cast"),
-    ("embeddings, layout, loss", r"Patchify|Unpatchify|Embedding|Timestep|SwapAxes|Loss|Im2col|Col2im|Tokens|Planes|Concat|Upsample"),
+    ("embeddings, layout, loss", r"Patchify|Unpatchify|Embedding|Timestep|SwapAxes|Loss|Tokens|Planes|Concat|Upsample"),
 ]
 
 UNITS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3,

@@ -76,6 +76,24 @@ TEST(NcuSummaryTest, FunctionNamesGroupByKernelAndCategory) {
   EXPECT_NE(r.output.find("| 7.33 | optimizer, EMA, gradients |"), std::string::npos) << r.output;
 }
 
+// The UNet's kernels: a convolution's columns and their gathering back are a category of their
+// own, its bias gradient (the planes' sums) a bias gradient, the residual adds with the norms.
+TEST(NcuSummaryTest, TheUNetsConvolutionLayoutIsACategoryOfItsOwn) {
+  const std::string csv = std::string(kHeader) + "\n" + Row(0, "Im2colKernel", "us", "120.0") +
+                          "\n" + Row(1, "Col2imKernel", "us", "180.0") + "\n" +
+                          Row(2, "SumPlanesKernel", "us", "20.0") + "\n" +
+                          Row(3, "AddIntoKernel", "us", "30.0") + "\n" +
+                          Row(4, "UpsampleKernel", "us", "40.0") + "\n";
+  const CommandResult r = Summarize(csv);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("| 0.30 | convolutions' im2col, col2im |"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("| 0.02 | bias gradients |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 0.03 | norms, modulation, residuals |"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("| 0.04 | embeddings, layout, loss |"), std::string::npos) << r.output;
+}
+
 TEST(NcuSummaryTest, DemangledNamesLoseNamespacesTemplatesAndParameters) {
   const std::string csv =
       std::string(kHeader) + "\n" +
@@ -250,8 +268,9 @@ TEST(CudaSessionScriptTest, EveryStepRunsAndLatteTimesBothTemporalAttentions) {
   for (const char* step :
        {"attention: exit 0", "norms: exit 0", "bench: exit 0",
         "compute-sanitizer memcheck CudaDiTTest.TinyStepMatchesTheCpuModel: exit 0",
-        "compute-sanitizer racecheck FlashAttentionTest.MatchesTheReference: exit 0", "ncu: exit 0",
-        "ncu kernel sections: exit 0", "latte --attention flash-pipelined-wide-stored: exit 0",
+        "compute-sanitizer racecheck FlashAttentionTest.MatchesTheReference: exit 0",
+        "ncu dit: exit 0", "ncu unet: exit 0", "ncu kernel sections: exit 0",
+        "latte --attention flash-pipelined-wide-stored: exit 0",
         "latte --attention flash-pipelined-wide-stored --no-short-attention: exit 0",
         "latte --attention flash-pipelined-wide: exit 0", "latte --attention flash-wide: exit 0",
         "attention cudnn: exit 0", "latte --attention cudnn: exit 0",
@@ -304,7 +323,7 @@ TEST(CudaSessionScriptTest, PartsRunOnlyTheNamedSteps) {
   EXPECT_NE(steps.find("unet --model SD1.5 --attention flash: exit 0"), std::string::npos) << steps;
   for (const char* absent :
        {"\nattention: exit", "\nattention cudnn: exit", "\nnorms: exit", "\nbench: exit",
-        "compute-sanitizer", "\nncu: exit", "ncu kernel sections"}) {
+        "compute-sanitizer", "\nncu dit: exit", "ncu kernel sections"}) {
     EXPECT_EQ(steps.find(absent), std::string::npos) << absent << " in\n" << steps;
   }
   EXPECT_NE(ReadOut(dir, "results.jsonl").find(R"("model": "SD2-base", "attention": "flash")"),
