@@ -18,14 +18,20 @@ bool EmaStreamByDefault() {
   return on == nullptr || std::string(on) != "0";
 }
 
-}  // namespace
-
-cudaStream_t CreateStepStream() {
+// A non-blocking stream at the device's greatest priority, or its least.
+cudaStream_t CreateStream(bool greatest_priority) {
   int least = 0, greatest = 0;
   DT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t stream = nullptr;
-  DT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+  DT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
+                                             greatest_priority ? greatest : least));
   return stream;
+}
+
+}  // namespace
+
+cudaStream_t CreateStepStream() {
+  return CreateStream(/*greatest_priority=*/true);
 }
 
 TrainState::TrainState(size_t num_params, cudaStream_t stream)
@@ -51,11 +57,7 @@ Status TrainState::Allocate() {
   for (DeviceBuffer<float>* arena : fp32)
     DT_CUDA_CHECK(cudaMemsetAsync(arena->data(), 0, arena->bytes(), stream_));
   DT_CUDA_CHECK(cudaMemsetAsync(params_bf16_.data(), 0, params_bf16_.bytes(), stream_));
-  int least = 0, greatest = 0;
-  DT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  cudaStream_t ema_stream = nullptr;
-  DT_CUDA_CHECK(cudaStreamCreateWithPriority(&ema_stream, cudaStreamNonBlocking, least));
-  ema_stream_.reset(ema_stream);
+  ema_stream_.reset(CreateStream(/*greatest_priority=*/false));
   for (auto* event : {&updated_, &ema_done_}) {
     cudaEvent_t e = nullptr;
     DT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
