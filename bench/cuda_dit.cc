@@ -4,7 +4,12 @@
 //
 //   bench_cuda_dit [--model DiT-XL/2] [--input-size 32] [--micro-batch 32] [--warmup 5]
 //                  [--steps 20] [--no-graph] [--peak-tflops 989] [--attention flash]
-//                  [--frames 16] [--num-classes N] [--ema-other-way-steps 10]
+//                  [--frames 16] [--num-classes N] [--ema-other-way-steps 10] [--fp8]
+//
+// --fp8: the blocks' Linear layers in FP8 (DiT::Options::fp8, model/cuda/fp8.h); the row's
+// TFLOP/s and MFU still count the model's FLOPs against the bf16 peak (--peak-tflops), as
+// Megatron-Core reports its FP8 runs, and its "fp8" field says how many products fell back to
+// bf16.
 //
 // A Latte model (--model Latte-L/2 --frames 16) times the same step over videos: a sample is
 // a video of --frames frames, and samples/s counts videos.
@@ -40,6 +45,7 @@ struct Options : bench::StepOptions {  // micro-batch 32, 5 warm-up steps, 20 ti
   bool no_gemm_autotune = false;
   bool no_short_attention = false;  // the general flash kernels over sequences of ≤ 16 rows too
   int ema_other_way_steps = 10;     // 0: the row's way only (under a profiler)
+  bool fp8 = false;
   // flash[-pipelined][-wide][-stored], gemm or fused; the default is the model's
   // (cuda::FlashVariant).
   std::string attention = "flash-pipelined-wide-stored";
@@ -122,7 +128,8 @@ int Run(const Options& o) {
                    .use_graph = !o.no_graph,
                    .attention = attention,
                    .flash = variant,
-                   .gemm_autotune = !o.no_gemm_autotune});
+                   .gemm_autotune = !o.no_gemm_autotune,
+                   .fp8 = o.fp8});
   if (Status s = model.Reserve(o.micro_batch); !s.ok()) {
     std::fprintf(stderr, "bench_cuda_dit: %s\n", s.message().c_str());
     return 2;
@@ -156,8 +163,9 @@ int Run(const Options& o) {
   }
   nlohmann::json row = {{"impl", "difftrain"},
                         {"model", o.model},
-                        {"attention", o.attention},
+                        {"attention", o.fp8 ? o.attention + "+fp8" : o.attention},
                         {"short_attention", flash && !o.no_short_attention},
+                        {"precision", o.fp8 ? "fp8" : "bf16"},
                         {"frames", c.frames()},
                         {"num_classes", c.num_classes},
                         {"model_device_gib", double(model.device_bytes()) / (1u << 30)},
@@ -171,6 +179,7 @@ int Run(const Options& o) {
                         {"heuristic_ms_a_step", tuning.heuristic_ms},
                         {"tuned_ms_a_step", tuning.tuned_ms}};
   row["ema"] = {{"own_stream", ema_stream}};
+  if (o.fp8) row["fp8"] = {{"bf16_fallbacks", model.fp8_bf16_fallbacks()}};
   if (!other_ema.empty()) row["ema"]["step_ms_the_other_way"] = bench::Median(other_ema);
   std::printf("%s\n", row.dump().c_str());
   return std::isfinite(loss) ? 0 : 1;
@@ -181,7 +190,7 @@ int Run(const Options& o) {
 
 int main(int argc, char** argv) {
   difftrain::Options o;
-  CLI::App app{"Times difftrain's bf16 DiT training step on one GPU"};
+  CLI::App app{"Times difftrain's bf16 (or FP8) DiT training step on one GPU"};
   app.add_option("--model", o.model, "a named DiT (DiT-XL/2) or Latte (Latte-L/2)")
       ->capture_default_str();
   app.add_option("--frames", o.frames, "frames of a Latte model's videos (default 16)")
@@ -197,6 +206,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-gemm-autotune", o.no_gemm_autotune,
                "cuBLASLt's first algorithm for each GEMM instead of the fastest of its candidates");
+  app.add_flag("--fp8", o.fp8,
+               "the blocks' Linear layers in FP8 (E4M3 activations and weights, E5M2 gradients, "
+               "delayed scaling; compute capability 8.9 or later)");
   app.add_flag("--no-short-attention", o.no_short_attention,
                "flash: the general kernels also over sequences of at most 16 rows (Latte's "
                "temporal attention over 16 frames), instead of the short-sequence kernels");

@@ -7,7 +7,8 @@
 #   3. times, for each micro-batch: difftrain's bf16 step (CUDA graph) with each attention
 #      of --attention (gemm: batched GEMMs, fused: the wmma kernels, flash: the mma.sync
 #      kernels, -pipelined with two stages, -wide with two m-tiles a warp in the forward,
-#      cudnn: cuDNN's fused attention; model/dit/cuda/dit.h), then PyTorch's
+#      cudnn: cuDNN's fused attention; model/dit/cuda/dit.h) — and with --fp8 each again with
+#      the blocks' Linear layers in FP8 (rows labelled ATTENTION+fp8) — then PyTorch's
 #      (tests/reference/dit_bench_torch.py: bf16 autocast, scaled_dot_product_attention),
 #      torch.compile and eager (--torch-modes: which of them, in that order);
 #   4. prints a Markdown table with samples/s, TFLOP/s, MFU, peak memory and the ratio of
@@ -18,7 +19,7 @@
 #
 #   bench/cuda_dit.sh [--model DiT-XL/2] [--micro-batches 32,64,128,256] [--steps 20]
 #                     [--peak-tflops 989] [--attention flash-pipelined-wide-stored[,flash][,gemm]]
-#                     [--prebuilt DIR]
+#                     [--prebuilt DIR] [--fp8]
 #                     [--no-torch] [--torch-modes compile,eager] [--profile] [--keep-going]
 #
 # --prebuilt DIR: DIR holds bench_cuda_dit and the GPU test programs (cuda_*_test) already built,
@@ -37,6 +38,7 @@ torch=1
 torch_modes=compile,eager
 profile=0
 keep_going=0
+fp8=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --model) model=$2; shift 2 ;;
@@ -49,6 +51,7 @@ while [[ $# -gt 0 ]]; do
     --torch-modes) torch_modes=$2; shift 2 ;;
     --profile) profile=1; shift ;;
     --keep-going) keep_going=1; shift ;;
+    --fp8) fp8=1; shift ;;
     *) echo "bench/cuda_dit.sh: unknown argument '$1' (see the comment at the top)" >&2; exit 2 ;;
   esac
 done
@@ -103,11 +106,18 @@ done
 echo "== timing $model, micro-batches $micro_batches, $steps steps each (${SECONDS} s in)"
 IFS=, read -ra batches <<<"$micro_batches"
 IFS=, read -ra attentions <<<"$attention"
+variants=("${attentions[@]}")
+if [[ $fp8 == 1 ]]; then
+  for a in "${attentions[@]}"; do variants+=("$a+fp8"); done
+fi
 for b in "${batches[@]}"; do
-  for a in "${attentions[@]}"; do
+  for a in "${variants[@]}"; do
     start=$SECONDS
+    precision=()
+    [[ $a == *+fp8 ]] && precision=(--fp8)
     if ! "$bin/bench_cuda_dit" --model "$model" --micro-batch "$b" --steps "$steps" \
-        --peak-tflops "$peak" --attention "$a" >>"$results" 2>"$out/difftrain-$b-$a.err"; then
+        --peak-tflops "$peak" --attention "${a%+fp8}" "${precision[@]}" >>"$results" \
+        2>"$out/difftrain-$b-$a.err"; then
       printf '{"impl": "difftrain", "model": "%s", "micro_batch": %d, "attention": "%s", "error": "%s"}\n' \
         "$model" "$b" "$a" "$(tail -n 1 "$out/difftrain-$b-$a.err" | tr -d '"\\')" >>"$results"
     fi

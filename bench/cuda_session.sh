@@ -6,7 +6,8 @@
 # torch.compile with the model's flash variant and the fastest one whose results matched;
 # compute-sanitizer on the tiny DiT step and the flash kernels; where the step's time goes (Nsight Compute's duration of every kernel); why the
 # flash kernels run at the rate they do (ncu's speed-of-light, occupancy and warp-stall sections
-# of one launch of each); Latte-L/2's step over 16-frame videos. Every result lands in OUT (a
+# of one launch of each); Latte-L/2's step over 16-frame videos; DiT-XL/2's and Latte-L/2's
+# step with the blocks' Linear layers in FP8 (written without a GPU). Every result lands in OUT (a
 # few files, for a machine that returns only a handful).
 #
 #   bench/cuda_session.sh PREBUILT OUT
@@ -17,15 +18,15 @@
 # 32 and 128 on a GPU of less than 100 GiB (an H100: micro-batch 256 needs about 90).
 # Each step has a time limit in seconds (BENCH_S, ATTENTION_S, NORMS_S, SANITIZER_S for each of
 # memcheck, synccheck and initcheck, RACECHECK_S for each of 2 racechecks, PROFILE_S,
-# UNET_PROFILE_S, KERNELS_S, LATTE_S for each Latte run, CUDNN_S, UNET_S for each UNet run):
-# 1,010 s in all,
+# UNET_PROFILE_S, KERNELS_S, LATTE_S for each Latte run, CUDNN_S, UNET_S for each UNet run,
+# FP8_S for each FP8 run): 1,130 s in all,
 # more than the device's 600 s a call. An H100 session (2026-11-27) took 505 s of the steps it
 # had then (the bench 345 at micro-batches 32 and 128 with two attentions, 42 s of it the GPU
 # tests, 120 each torch.compile's rows and ~16 s each of difftrain's); the bench now times three
 # attentions (~390 s predicted, hence its 430). So a session of 900 s of device time plans two
 # calls: the whole script first (attention, norms, bench, then the sanitizers and the profile as
 # far as the 600 s reach), then PARTS (below) naming what OUT/steps.txt lacks, most useful first
-# (profile, unet, sanitizers, latte, kernels).
+# (fp8, profile, unet, sanitizers, latte, kernels).
 # OUT/steps.txt says how long each step took and how it ended (124: out of time; 9: a
 # sanitizer found errors).
 set -uo pipefail
@@ -39,7 +40,7 @@ if [[ -f $bin/bundle.tar.xz ]]; then
 fi
 : "${BENCH_S:=430}" "${ATTENTION_S:=40}" "${NORMS_S:=15}" "${SANITIZER_S:=10}" "${RACECHECK_S:=25}"
 : "${PROFILE_S:=50}" "${KERNELS_S:=55}" "${LATTE_S:=15}" "${CUDNN_S:=30}"
-: "${UNET_PROFILE_S:=90}" "${UNET_S:=40}" "${UNET_MICRO_BATCH:=8}"
+: "${UNET_PROFILE_S:=90}" "${UNET_S:=40}" "${UNET_MICRO_BATCH:=8}" "${FP8_S:=40}"
 # The flash kernels' variants the attention bench times (FLASH_VARIANTS), and the attentions the
 # step's bench times (ATTENTIONS; unset: flash and the fastest variant of the attention bench
 # whose results match flash's, when that is not the model's default, flash-pipelined-wide-stored,
@@ -52,9 +53,9 @@ fi
 : "${FLASH_VARIANTS:=flash,flash-pipelined,flash-wide,flash-pipelined-wide,flash-pipelined-wide-stored}"
 : "${TORCH_MODES=compile}"  # set and empty: no PyTorch rows
 # PARTS (comma-separated): the parts to run, in this order, all by default — attention, norms,
-# bench, sanitizers, profile, kernels, latte, unet — so that a second call can run what a first
-# one that reached the device's 600 s left out (e.g. PARTS=profile,latte,unet).
-: "${PARTS:=attention,norms,bench,sanitizers,profile,kernels,latte,unet}"
+# bench, fp8, sanitizers, profile, kernels, latte, unet — so that a second call can run what a
+# first one that reached the device's 600 s left out (e.g. PARTS=fp8,profile,latte,unet).
+: "${PARTS:=attention,norms,bench,fp8,sanitizers,profile,kernels,latte,unet}"
 want() { [[ ,$PARTS, == *,$1,* ]]; }
 export PATH=$PATH:/usr/local/cuda/bin  # nvcc, compute-sanitizer, ncu
 # cuDNN (model/cuda/cudnn_attention.h opens libcudnn.so.9): the system's where the loader finds
@@ -135,6 +136,24 @@ if want bench; then
     --steps 20 --attention "$ATTENTIONS" --torch-modes "$TORCH_MODES" --keep-going \
     >>"$out/bench.txt" 2>&1
   cp "${CUDA_BENCH_OUT:-runs/cuda-bench}/results.jsonl" "$out/" 2>/dev/null
+fi
+
+# The blocks' Linear layers in FP8 (bench_cuda_dit --fp8; model/cuda/fp8.h; written without a
+# GPU, its tests among the bench's checks: cuda_fp8_test, CudaDiTTest.Fp8*): DiT-XL/2 at each
+# micro-batch of MICRO_BATCHES and Latte-L/2 over 16 frames, the model's default attention, a row
+# each after the bf16 rows in results.jsonl (attention "…+fp8"; "fp8": how many products fell
+# back to bf16), to set beside the bf16 rows and torch.compile's. The issue's MFU counts the
+# model's FLOPs against the bf16 peak whatever the precision, as Megatron-Core reports FP8 runs.
+fp8() {
+  step "fp8 $*" "$FP8_S" "$bin/bench_cuda_dit" --fp8 --ema-other-way-steps 0 "$@" \
+    >>"$out/results.jsonl" 2>&1
+}
+if want fp8; then
+  IFS=, read -r -a fp8_batches <<<"$MICRO_BATCHES"
+  for b in "${fp8_batches[@]}"; do
+    fp8 --model DiT-XL/2 --micro-batch "$b"
+  done
+  fp8 --model Latte-L/2 --frames 16 --num-classes 0 --micro-batch 8 --warmup 3 --steps 10
 fi
 
 # The GPU's own sanitizers (issue 23 asks for all four on a tiny step): every tool on the tiny

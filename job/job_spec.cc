@@ -72,6 +72,21 @@ Status TrainConfig::Validate(int dp) const {
     return Errorf("{}: train.device: expected auto, cpu or cuda, found '{}'",
                   cluster.Where("train.device"), device);
   }
+  if (precision != "bf16" && precision != "fp8") {
+    return Errorf("{}: train.precision: expected bf16 or fp8, found '{}'",
+                  cluster.Where("train.precision"), precision);
+  }
+  if (precision == "fp8" && !FamilyOf(model).trains_fp8()) {
+    return Errorf("train.precision fp8: the {} family has no FP8 layers (DiT and Latte do)",
+                  model.family);
+  }
+  if (precision == "fp8" && device == "cpu") {
+    return Errorf(
+        "{}: train.precision fp8 runs on train.device cuda (FP8 tensor cores, compute capability "
+        "8.9 or later); this job trains on the cpu{}",
+        cluster.Where("train.precision"),
+        device_automatic ? " (train.device auto found no GPU)" : "");
+  }
   if (device == "cuda") {
     // What the GPU step does not do yet (docs/cuda.md).
     const std::pair<const char*, bool> unsupported[] = {{"parallel.tp > 1", parallel.tp > 1},
@@ -108,7 +123,8 @@ nlohmann::json TrainConfig::ToJson() const {
             {"log_every", log_every},
             {"metrics_file", metrics_file},
             {"recompute", recompute},
-            {"device", device}}},
+            {"device", device},
+            {"precision", precision}}},
           {"parallel",
            {{"tp", parallel.tp},
             {"cp", parallel.cp},
@@ -158,9 +174,10 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Double("frame_noise_correlation", c.diffusion.frame_noise_correlation);
   DT_RETURN_IF_ERROR(diffusion.Finish());
   if (c.diffusion.frame_noise_correlation != 0 && !FamilyOf(c.model).Samples(c.model).video) {
-    return Errorf("diffusion.frame_noise_correlation: the {} model's samples are images, not "
-                  "videos: there are no frames to correlate",
-                  c.model.name());
+    return Errorf(
+        "diffusion.frame_noise_correlation: the {} model's samples are images, not "
+        "videos: there are no frames to correlate",
+        c.model.name());
   }
 
   YamlFields opt = top.Section("optimizer");
@@ -189,7 +206,8 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Int("log_every", c.log_every)
       .String("metrics_file", c.metrics_file)
       .Bool("recompute", c.recompute)
-      .String("device", c.device);
+      .String("device", c.device)
+      .String("precision", c.precision);
   c.seed = static_cast<uint64_t>(seed);
   DT_RETURN_IF_ERROR(train.Finish());
 
@@ -227,7 +245,7 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   c.cluster.Locate(top.Section("model"), "model", {"num_heads", "hidden_size"});
   c.cluster.Locate(batch, "batch", {"micro", "global"});
   c.cluster.Locate(parallel, "parallel", {"tp", "backend"});
-  c.cluster.Locate(train, "train", {"device"});
+  c.cluster.Locate(train, "train", {"device", "precision"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
   c.micro_batch_given = batch.Has("micro");
@@ -284,7 +302,8 @@ Status ResolveJob(TrainConfig& c, const PlanDevice& device) {
       c.micro_batch_given ? std::optional<int>(c.micro_batch) : std::nullopt;
   Result<PlannedLayout> chosen =
       ChooseLayout(c.model, c.global_batch, micro, c.cluster.nodes, c.cluster.devices_per_node,
-                   device, /*data_parallel_only=*/c.device == "cuda");
+                   device, /*data_parallel_only=*/c.device == "cuda",
+                   /*fp8=*/c.device == "cuda" && c.precision == "fp8");
   if (!chosen.ok()) {
     return Errorf("{}: parallel: auto for {} node(s) x {} device(s) ({}): {}",
                   c.cluster.Where("parallel"), c.cluster.nodes, c.cluster.devices_per_node,

@@ -84,6 +84,10 @@ struct TrainConfig {
   // CUDA backend, else cpu — decided by ResolveJob, so ranks always receive cpu or cuda.
   std::string device = "cpu";
   bool device_automatic = false;  // device was auto: ResolveJob chose it (and may again)
+  // bf16: the GPU step in bf16 mixed precision. fp8: its transformer blocks' Linear layers in FP8
+  // (model/cuda/fp8.h; the families whose trains_fp8(), on train.device cuda, compute
+  // capability 8.9 or later). The CPU trains in fp32 and takes bf16 only.
+  std::string precision = "bf16";
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   ClusterConfig cluster;  // nodes, restart policy, metrics, keys: read by the daemons

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <iterator>
 
 #include <gtest/gtest.h>
 
@@ -156,7 +157,8 @@ TEST_F(JobSpecTest, DeviceAutoIsTheGpuWhereThereIsOne) {
   EXPECT_EQ(rank->device, gpu_device) << "a rank chose a device of its own";
 
   // Written out, the device is kept whatever the machine.
-  Result<TrainConfig> pinned = TrainConfig::FromYamlText(job + "train: {device: cpu}\n", "job.yaml");
+  Result<TrainConfig> pinned =
+      TrainConfig::FromYamlText(job + "train: {device: cpu}\n", "job.yaml");
   ASSERT_TRUE(pinned.ok()) << pinned.status().message();
   ASSERT_TRUE(ResolveJob(*pinned, h200).ok());
   EXPECT_EQ(pinned->device, "cpu");
@@ -166,6 +168,68 @@ TEST_F(JobSpecTest, DeviceAutoIsTheGpuWhereThereIsOne) {
   EXPECT_NE(typo.status().message().find("expected auto, cpu or cuda, found 'gpu'"),
             std::string::npos)
       << typo.status().message();
+}
+
+// train.precision: bf16 (the default) or fp8, which needs the GPU step and a family with FP8
+// layers (DiT's and Latte's blocks); each refusal names the field and why, and ranks receive it
+// written in.
+TEST_F(JobSpecTest, PrecisionFp8NeedsTheGpuAndAFamilyWithFp8Layers) {
+  const std::string job =
+      "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2,\n"
+      "        num_heads: 4, num_classes: 10}\n"
+      "batch: {micro: 4, global: 8}\n";
+  const PlanDevice cpu{"", 64.0 * (1 << 30)}, h200{"NVIDIA H200", 141.0 * (1 << 30)};
+  Result<TrainConfig> plain = TrainConfig::FromYamlText(job, "job.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ(plain->precision, "bf16");
+
+  const std::string fp8_job = job + "train: {precision: fp8}\n";
+  Result<TrainConfig> fp8 = TrainConfig::FromYamlText(fp8_job, "job.yaml");
+  ASSERT_TRUE(fp8.ok()) << fp8.status().message();
+  EXPECT_EQ(fp8->precision, "fp8");
+  TrainConfig on_cpu = *fp8;
+  const Status no_gpu = ResolveJob(on_cpu, cpu);
+  ASSERT_FALSE(no_gpu.ok());
+  EXPECT_NE(no_gpu.message().find("job.yaml:4:20: train.precision fp8 runs on train.device cuda"),
+            std::string::npos)
+      << no_gpu.message();
+  EXPECT_NE(no_gpu.message().find("train.device auto found no GPU"), std::string::npos)
+      << no_gpu.message();
+#ifdef DIFFTRAIN_HAVE_CUDA
+  TrainConfig on_gpu = *fp8;
+  ASSERT_TRUE(ResolveJob(on_gpu, h200).ok());
+  Result<std::string> shipped = ResolvedJobYaml(fp8_job, on_gpu);
+  ASSERT_TRUE(shipped.ok()) << shipped.status().message();
+  Result<TrainConfig> rank = TrainConfig::FromYamlText(*shipped, "rank.yaml");
+  ASSERT_TRUE(rank.ok()) << rank.status().message() << "\n" << *shipped;
+  EXPECT_EQ(rank->device, "cuda");
+  EXPECT_EQ(rank->precision, "fp8");
+  EXPECT_EQ(rank->ToJson()["train"]["precision"], "fp8");
+#endif
+  Result<TrainConfig> pinned =
+      TrainConfig::FromYamlText(job + "train: {device: cpu, precision: fp8}\n", "job.yaml");
+  ASSERT_FALSE(pinned.ok());
+  EXPECT_NE(pinned.status().message().find("this job trains on the cpu"), std::string::npos)
+      << pinned.status().message();
+  Result<TrainConfig> typo =
+      TrainConfig::FromYamlText(job + "train: {precision: fp16}\n", "job.yaml");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("train.precision: expected bf16 or fp8, found 'fp16'"),
+            std::string::npos)
+      << typo.status().message();
+
+  // The UNet's GPU step has no FP8 layers.
+  std::ifstream file(std::string(DIFFTRAIN_SOURCE_DIR) + "/jobs/unet-fashion.yaml");
+  std::string unet((std::istreambuf_iterator<char>(file)), {});
+  const std::string device = "  device: cpu";
+  ASSERT_NE(unet.find(device), std::string::npos);
+  unet.replace(unet.find(device), device.size(), "  device: cuda\n  precision: fp8");
+  Result<TrainConfig> unet_fp8 = TrainConfig::FromYamlText(unet, "unet.yaml");
+  ASSERT_FALSE(unet_fp8.ok());
+  EXPECT_NE(unet_fp8.status().message().find(
+                "train.precision fp8: the unet family has no FP8 layers (DiT and Latte do)"),
+            std::string::npos)
+      << unet_fp8.status().message();
 }
 
 // On a GPU, auto means the GPU step, which trains data-parallel layouts only: a fixed tp is
@@ -227,10 +291,10 @@ TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
 // Frame-correlated noise is a video prior: a video model takes it (and ships it to its ranks),
 // an image model's job is refused, naming the key.
 TEST_F(JobSpecTest, FrameNoiseCorrelationIsForVideoModels) {
-  Result<TrainConfig> video = TrainConfig::FromYamlFile(Write(
-      "model: {name: latte, input_size: 8, in_channels: 1, num_frames: 4, patch_size: 4,\n"
-      "        hidden_size: 32, depth: 2, num_heads: 2, num_classes: 10}\n"
-      "diffusion: {frame_noise_correlation: 0.5}\n"));
+  Result<TrainConfig> video = TrainConfig::FromYamlFile(
+      Write("model: {name: latte, input_size: 8, in_channels: 1, num_frames: 4, patch_size: 4,\n"
+            "        hidden_size: 32, depth: 2, num_heads: 2, num_classes: 10}\n"
+            "diffusion: {frame_noise_correlation: 0.5}\n"));
   ASSERT_TRUE(video.ok()) << video.status().message();
   EXPECT_EQ(video->diffusion.frame_noise_correlation, 0.5);
   Result<DiffusionConfig> shipped = DiffusionConfig::FromJson(video->diffusion.ToJson());

@@ -175,7 +175,7 @@ TEST(CudaDitScriptTest, TestProgramsWithoutNotesDoNotEndTheRun) {
               "echo '[  PASSED  ] 2 tests.'\n");
   // bench_cuda_dit's JSON row for the micro-batch and attention it is given.
   WriteScript(bin + "/bench_cuda_dit", R"(while [ $# -gt 0 ]; do
-  case $1 in --micro-batch) b=$2 ;; --attention) a=$2 ;; esac
+  case $1 in --micro-batch) b=$2 ;; --attention) a=$2 ;; --fp8) a=$a+fp8 ;; esac
   shift
 done
 printf '{"impl": "difftrain", "micro_batch": %s, "attention": "%s", "samples_per_s": 100.0, ' "$b" "$a"
@@ -187,8 +187,11 @@ echo '"ema": {"own_stream": true, "step_ms_the_other_way": 41.5}}'
   const CommandResult r = RunCommand(
       "CUDA_BENCH_OUT=" + ShellQuote(dir.path() + "/out") + " bash " +
       ShellQuote(std::string(DIFFTRAIN_SOURCE_DIR "/bench/cuda_dit.sh")) + " --prebuilt " +
-      ShellQuote(bin) + " --micro-batches 4 --steps 1 --attention flash --no-torch");
+      ShellQuote(bin) + " --micro-batches 4 --steps 1 --attention flash --no-torch --fp8");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // --fp8: each attention again with --fp8 (the stand-in labels its row as bench_cuda_dit does).
+  EXPECT_NE(r.output.find("| 4 | flash+fp8 | 100.0 | 71 | 7.2% | 1.5 |"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("cuda_first_test: PASSED  ] 3 tests."), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("note: bias gradient of N=8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| 4 | flash | 100.0 | 71 | 7.2% | 1.5 |"), std::string::npos)
@@ -232,9 +235,10 @@ done
 printf '{"impl": "difftrain", "model": "%s", "attention": "%s", "micro_batch": %s}\n' "$m" "$a" "$b"
 )");
   WriteScript(bin + "/bench_cuda_dit", R"(while [ $# -gt 0 ]; do
-  case $1 in --micro-batch) b=$2 ;; --attention) a=$2 ;; --model) m=$2 ;; --no-short-attention) s=false ;; esac
+  case $1 in --micro-batch) b=$2 ;; --attention) a=$2 ;; --model) m=$2 ;; --no-short-attention) s=false ;; --fp8) f=+fp8 ;; esac
   shift
 done
+a=${a:-flash-pipelined-wide-stored}$f
 printf '{"impl": "difftrain", "model": "%s", "micro_batch": %s, "attention": "%s", ' "$m" "$b" "$a"
 printf '"short_attention": %s, "samples_per_s": 100.0, "tflops": 71.2, "mfu": 0.072, ' "${s:-true}"
 echo '"peak_mem_gib": 1.5}'
@@ -266,18 +270,28 @@ TEST(CudaSessionScriptTest, EveryStepRunsAndLatteTimesBothTemporalAttentions) {
   const std::string steps = read("steps.txt");
   EXPECT_NE(steps.find("NVIDIA H100 80GB HBM3, 580.159.04"), std::string::npos) << steps;
   for (const char* step :
-       {"attention: exit 0", "norms: exit 0", "bench: exit 0",
+       {"attention: exit 0",
+        "norms: exit 0",
+        "bench: exit 0",
         "compute-sanitizer memcheck CudaDiTTest.TinyStepMatchesTheCpuModel: exit 0",
         "compute-sanitizer racecheck FlashAttentionTest.MatchesTheReference: exit 0",
-        "ncu dit: exit 0", "ncu unet: exit 0", "ncu kernel sections: exit 0",
+        "ncu dit: exit 0",
+        "ncu unet: exit 0",
+        "ncu kernel sections: exit 0",
         "latte --attention flash-pipelined-wide-stored: exit 0",
         "latte --attention flash-pipelined-wide-stored --no-short-attention: exit 0",
-        "latte --attention flash-pipelined-wide: exit 0", "latte --attention flash-wide: exit 0",
-        "attention cudnn: exit 0", "latte --attention cudnn: exit 0",
+        "latte --attention flash-pipelined-wide: exit 0",
+        "latte --attention flash-wide: exit 0",
+        "attention cudnn: exit 0",
+        "latte --attention cudnn: exit 0",
         "unet --model SD2-base --attention flash: exit 0",
         "unet --model SD2-base --attention fused: exit 0",
         "unet --model SD2-base --attention cudnn: exit 0",
         "unet --model SD1.5 --attention flash: exit 0",
+        "fp8 --model DiT-XL/2 --micro-batch 32: exit 0",
+        "fp8 --model DiT-XL/2 --micro-batch 128: exit 0",
+        "fp8 --model Latte-L/2 --frames 16 --num-classes 0 --micro-batch 8 --warmup 3 --steps 10: "
+        "exit 0",
         "attentions timed in the step: flash-pipelined-wide-stored,flash-pipelined-wide,"
         "flash-wide,cudnn\n"}) {
     EXPECT_NE(steps.find(step), std::string::npos) << step << " in\n" << steps;
@@ -298,6 +312,11 @@ TEST(CudaSessionScriptTest, EveryStepRunsAndLatteTimesBothTemporalAttentions) {
   EXPECT_NE(results.find(R"("micro_batch": 32, "attention": "cudnn")"), std::string::npos)
       << results;
   EXPECT_NE(results.find(R"("micro_batch": 128, "attention": "flash-wide")"), std::string::npos)
+      << results;
+  // FP8's rows, with the model's default attention.
+  EXPECT_NE(results.find(R"("model": "DiT-XL/2", "micro_batch": 128, "attention": )"
+                         R"("flash-pipelined-wide-stored+fp8")"),
+            std::string::npos)
       << results;
   // The UNet's rows after the DiT's, at micro-batch 8.
   EXPECT_NE(results.find(R"("model": "SD2-base", "attention": "fused", "micro_batch": 8})"),
@@ -323,7 +342,7 @@ TEST(CudaSessionScriptTest, PartsRunOnlyTheNamedSteps) {
   EXPECT_NE(steps.find("unet --model SD1.5 --attention flash: exit 0"), std::string::npos) << steps;
   for (const char* absent :
        {"\nattention: exit", "\nattention cudnn: exit", "\nnorms: exit", "\nbench: exit",
-        "compute-sanitizer", "\nncu dit: exit", "ncu kernel sections"}) {
+        "compute-sanitizer", "\nncu dit: exit", "ncu kernel sections", "fp8 --model"}) {
     EXPECT_EQ(steps.find(absent), std::string::npos) << absent << " in\n" << steps;
   }
   EXPECT_NE(ReadOut(dir, "results.jsonl").find(R"("model": "SD2-base", "attention": "flash")"),

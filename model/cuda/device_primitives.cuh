@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -87,6 +88,14 @@ struct DevicePrimitives {
   }
   __device__ static uint16_t RoundBf16(float x) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+  // FP8 (model/cuda/fp8_kernels.h): format 0 E4M3, 1 E5M2, rounded to nearest even, saturated.
+  __device__ static uint8_t ToFp8(float x, int format) {
+    return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, format == 0 ? __NV_E4M3 : __NV_E5M2);
+  }
+  // A non-negative float's bits order as ints do.
+  __device__ static void AtomicMaxNonNegative(float* p, float v) {
+    atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
   }
 };
 

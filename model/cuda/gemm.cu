@@ -70,6 +70,8 @@ const CublasLt& Lt() {
 enum Kind : int { kForward = 0, kBackwardWeight = 1, kBackwardInput = 2 };
 // Batched row-major products: kBatched + 2·trans_a + trans_b.
 constexpr int kBatched = 3;
+// The FP8 products (Gemm::ForwardFp8 ...), after the batched kinds.
+enum Fp8Kind : int { kForwardFp8 = 7, kBackwardWeightFp8 = 8, kBackwardInputFp8 = 9 };
 // The type of D (the second element of Gemm::Key).
 enum OutType : int { kOutBf16 = 0, kOutFloat = 1 };
 
@@ -113,6 +115,15 @@ void CheckShape(int N, int I, int O) {
            "GEMM shape N={} I={} O={}: I and O (the leading dimensions of the row-major "
            "matrices) must be multiples of {} so that every row is {}-byte aligned",
            N, I, O, kBf16PerAlignment, kAlignment);
+}
+
+// An FP8 operand's rows are 16-byte aligned when every dimension that is a leading one is a
+// multiple of 16 (N too: the transposed operands' rows are N long).
+void CheckFp8Shape(int N, int I, int O) {
+  DT_CHECK(N > 0 && I > 0 && O > 0, "GEMM shape N={} I={} O={} must be positive", N, I, O);
+  DT_CHECK(N % 16 == 0 && I % 16 == 0 && O % 16 == 0,
+           "FP8 GEMM shape N={} I={} O={}: each must be a multiple of 16 (16-byte FP8 rows)", N, I,
+           O);
 }
 
 }  // namespace
@@ -180,9 +191,14 @@ Gemm::Plan* Gemm::MakePlan(const Key& key, bool required) {
 
   // Column-major description: op(A) is m×k, op(B) is k×n, D is m×n; A is stored a_rows×a_cols.
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  cudaDataType_t a_type = CUDA_R_16BF, b_type = CUDA_R_16BF;
   uint64_t m = 0, n = 0, a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0;
   int64_t lda = 0, ldb = 0, ldd = 0;
   switch (kind) {
+    case kForwardFp8:
+      // kForward's layout, already "TN": A = w (E4M3), B = in (E4M3).
+      a_type = b_type = CUDA_R_8F_E4M3;
+      [[fallthrough]];
     case kForward:
       // out[N, O] = in[N, I] · w[O, I]ᵀ  ⇔  (column-major) outᵀ[O, N] = w[O, I] · inᵀ[I, N].
       //   A = w buffer: column-major [I, O], ld I (= wᵀ), transa = T → op(A) = w, m = O, k = I.
@@ -212,6 +228,26 @@ Gemm::Plan* Gemm::MakePlan(const Key& key, bool required) {
       //   C = D = din buffer: column-major [I, N], ld I (= dinᵀ), beta = 0. The DGELU aux
       //   (gelu_pre, row-major [N, I]) has D's shape: column-major [I, N], ld I.
       a_rows = I, a_cols = O, lda = I;
+      b_rows = O, b_cols = N, ldb = O;
+      m = I, n = N, ldd = I;
+      break;
+    case kBackwardWeightFp8:
+      // dwᵀ[I, O] (+)= inᵀ[I, N] · dout[N, O] with both operands given transposed:
+      //   A = in_t buffer (row-major [I, N]): column-major [N, I], ld N, transa = T → m = I, k = N.
+      //   B = dout_t buffer (row-major [O, N]): column-major [N, O], ld N, transb = N → n = O.
+      a_type = CUDA_R_8F_E4M3, b_type = CUDA_R_8F_E5M2;
+      trans_a = CUBLAS_OP_T;
+      a_rows = N, a_cols = I, lda = N;
+      b_rows = N, b_cols = O, ldb = N;
+      m = I, n = O, ldd = I;
+      break;
+    case kBackwardInputFp8:
+      // dinᵀ[I, N] = wᵀ[I, O] · doutᵀ[O, N] with w given transposed:
+      //   A = w_t buffer (row-major [I, O]): column-major [O, I], ld O, transa = T → m = I, k = O.
+      //   B = dout buffer (row-major [N, O]): column-major [O, N], ld O, transb = N → n = N.
+      a_type = CUDA_R_8F_E4M3, b_type = CUDA_R_8F_E5M2;
+      trans_a = CUBLAS_OP_T;
+      a_rows = O, a_cols = I, lda = O;
       b_rows = O, b_cols = N, ldb = O;
       m = I, n = N, ldd = I;
       break;
@@ -290,8 +326,16 @@ Gemm::Plan* Gemm::MakePlan(const Key& key, bool required) {
                                             &kAlignedPlaceholder, sizeof(kAlignedPlaceholder)));
   }
 
-  DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, a_rows, a_cols, lda));
-  DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, b_rows, b_cols, ldb));
+  if (kind == kForwardFp8) {
+    // Transformer Engine's forward: no split accumulator (the backward's products keep it).
+    const int8_t fast_accumulation = 1;
+    DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                        &fast_accumulation,
+                                                        sizeof(fast_accumulation)));
+  }
+
+  DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->a, a_type, a_rows, a_cols, lda));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->b, b_type, b_rows, b_cols, ldb));
   DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->c, d_type, m, n, ldd));
   DT_CUBLAS_CHECK(Lt().cublasLtMatrixLayoutCreate(&plan->d, d_type, m, n, ldd));
   if (batch > 1) {
@@ -333,7 +377,8 @@ Gemm::Plan* Gemm::MakePlan(const Key& key, bool required) {
   }
   DT_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
            "cuBLASLt has no algorithm for GEMM kind {} (0 forward, 1 backward-weight, 2 "
-           "backward-input, 3-6 batched), {} output, N={} I={} O={}, epilogue {}, batch {} "
+           "backward-input, 3-6 batched, 7-9 their FP8), {} output, N={} I={} O={}, epilogue {}, "
+           "batch {} "
            "(workspace {} bytes): {}",
            kind, out_type == kOutFloat ? "fp32" : "bf16", N, I, O, epilogue_int, batch,
            max_workspace,
@@ -563,6 +608,81 @@ bool Gemm::FusesGeluBiasGradient(int N, int I, int O) {
   CheckShape(N, I, O);
   return TryPlanFor(Key{kBackwardInput, kOutBf16, N, I, O, CUBLASLT_EPILOGUE_DGELU_BGRAD, 1}) !=
          nullptr;
+}
+
+bool Gemm::RunFp8(Plan& plan, Fp8Operand a, Fp8Operand b, float beta, void* d) {
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(
+      plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a.scale_inv, sizeof(a.scale_inv)));
+  DT_CUBLAS_CHECK(Lt().cublasLtMatmulDescSetAttribute(
+      plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b.scale_inv, sizeof(b.scale_inv)));
+  return TryRun(plan, a.data, b.data, /*alpha=*/1.0f, beta, d) == CUBLAS_STATUS_SUCCESS;
+}
+
+bool Gemm::ForwardFp8(bf16* out, Fp8Operand in, Fp8Operand w, const bf16* bias, int N, int I, int O,
+                      Epilogue epilogue, bf16* aux) {
+  CheckFp8Shape(N, I, O);
+  DT_CHECK(Aligned(out) && Aligned(in.data) && Aligned(w.data) && Aligned(bias) && Aligned(aux),
+           "GEMM pointers must be {}-byte aligned", kAlignment);
+  DT_CHECK((epilogue != Epilogue::kNone) == (bias != nullptr) &&
+               (epilogue == Epilogue::kBiasGelu) == (aux != nullptr),
+           "ForwardFp8: a bias exactly with kBias or kBiasGelu, an aux exactly with kBiasGelu");
+  const cublasLtEpilogue_t lt_epilogue = epilogue == Epilogue::kNone ? CUBLASLT_EPILOGUE_DEFAULT
+                                         : epilogue == Epilogue::kBias
+                                             ? CUBLASLT_EPILOGUE_BIAS
+                                             : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const Key key{kForwardFp8, kOutBf16, N, I, O, static_cast<int>(lt_epilogue), 1};
+  Plan* plan = TryPlanFor(key);
+  if (plan == nullptr) return false;
+  SetEpiloguePointers(plan->desc, bias, aux);
+  if (RunFp8(*plan, w, in, /*beta=*/0.0f, out)) return true;
+  plans_.insert_or_assign(key, nullptr);  // offered, then refused: never again
+  return false;
+}
+
+bool Gemm::BackwardInputFp8(bf16* din, Fp8Operand dout, Fp8Operand w_t, int N, int I, int O,
+                            const bf16* gelu_pre, float* dbias, float* scratch) {
+  CheckFp8Shape(N, I, O);
+  DT_CHECK(dbias == nullptr || (gelu_pre != nullptr && scratch != nullptr),
+           "BackwardInputFp8: a bias gradient needs the GELU input and a scratch");
+  DT_CHECK(Aligned(din) && Aligned(dout.data) && Aligned(w_t.data) && Aligned(gelu_pre) &&
+               Aligned(scratch),
+           "GEMM pointers must be {}-byte aligned", kAlignment);
+  if (dbias != nullptr) {
+    const Key fused{kBackwardInputFp8, kOutBf16, N, I, O, CUBLASLT_EPILOGUE_DGELU_BGRAD, 1};
+    if (Plan* plan = TryPlanFor(fused); plan != nullptr) {
+      SetEpiloguePointers(plan->desc, scratch, gelu_pre);
+      if (RunFp8(*plan, w_t, dout, 0.0f, din)) {
+        AddBiasGradient(dbias, scratch, I, stream_);
+        return true;
+      }
+      plans_.insert_or_assign(fused, nullptr);
+    }
+  }
+  const cublasLtEpilogue_t lt_epilogue =
+      gelu_pre != nullptr ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
+  const Key key{kBackwardInputFp8, kOutBf16, N, I, O, static_cast<int>(lt_epilogue), 1};
+  Plan* plan = TryPlanFor(key);
+  if (plan == nullptr) return false;
+  SetEpiloguePointers(plan->desc, nullptr, gelu_pre);
+  if (!RunFp8(*plan, w_t, dout, 0.0f, din)) {
+    plans_.insert_or_assign(key, nullptr);
+    return false;
+  }
+  if (dbias != nullptr) BiasGradient(dbias, din, N, I, stream_);
+  return true;
+}
+
+bool Gemm::BackwardWeightFp8(float* dw, Fp8Operand dout_t, Fp8Operand in_t, int N, int I, int O,
+                             bool accumulate) {
+  CheckFp8Shape(N, I, O);
+  DT_CHECK(Aligned(dw) && Aligned(dout_t.data) && Aligned(in_t.data),
+           "GEMM pointers must be {}-byte aligned", kAlignment);
+  const Key key{kBackwardWeightFp8, kOutFloat, N, I, O, CUBLASLT_EPILOGUE_DEFAULT, 1};
+  Plan* plan = TryPlanFor(key);
+  if (plan == nullptr) return false;
+  if (RunFp8(*plan, in_t, dout_t, accumulate ? 1.0f : 0.0f, dw)) return true;
+  plans_.insert_or_assign(key, nullptr);
+  return false;
 }
 
 void Gemm::RunBatched(void* c, int out_type, const bf16* a, bool trans_a, const bf16* b,

@@ -32,6 +32,13 @@ struct GemmTuning {
   double heuristic_ms = 0, tuned_ms = 0;
 };
 
+// An FP8 operand (model/cuda/fp8.h): E4M3 or E5M2 bytes, and the device scalar their product
+// is multiplied by (their tensor's scale_inv).
+struct Fp8Operand {
+  const uint8_t* data;
+  const float* scale_inv;
+};
+
 class Gemm {
  public:
   explicit Gemm(cudaStream_t stream, size_t workspace_bytes = size_t(32) << 20);
@@ -97,6 +104,27 @@ class Gemm {
   // Whether BackwardInputGeluAndBias at this shape uses the epilogue (asks cuBLASLt once).
   bool FusesGeluBiasGradient(int N, int I, int O);
 
+  // FP8 products (compute capability ≥ 8.9; model/cuda/fp8.h says how a model gets its
+  // operands): fp32 accumulation, each output multiplied by its two operands' scale_inv,
+  // cuBLASLt's required "TN" layout — so the backward's operands come transposed. N, I and O
+  // must be multiples of 16 (16-byte FP8 rows). Each returns false, and computes nothing, where
+  // cuBLASLt has no algorithm for it (the caller runs the bf16 product instead).
+  // Forward: out[N, O] = epilogue(in[N, I] · w[O, I]ᵀ), both E4M3, with cuBLASLt's fast
+  // accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM), as Transformer Engine's forward.
+  bool ForwardFp8(bf16* out, Fp8Operand in, Fp8Operand w, const bf16* bias, int N, int I, int O,
+                  Epilogue epilogue, bf16* aux = nullptr);
+  // Input gradient: din[N, I] = dout[N, O] · w[O, I] from dout (E5M2) and w_t [I, O] (E4M3, w
+  // transposed); times gelu'(gelu_pre) where gelu_pre is given (DGELU), and with dbias (which
+  // needs gelu_pre) dbias[I] += din's column sums — in the epilogue (DGELU_BGRAD, through
+  // scratch [I]) where cuBLASLt has it, else BiasGradient over din.
+  bool BackwardInputFp8(bf16* din, Fp8Operand dout, Fp8Operand w_t, int N, int I, int O,
+                        const bf16* gelu_pre = nullptr, float* dbias = nullptr,
+                        float* scratch = nullptr);
+  // Weight gradient: dw[O, I] (+)= dout[N, O]ᵀ · in[N, I] from dout_t [O, N] (E5M2) and in_t
+  // [I, N] (E4M3), both transposed; accumulate as BackwardWeight's.
+  bool BackwardWeightFp8(float* dw, Fp8Operand dout_t, Fp8Operand in_t, int N, int I, int O,
+                         bool accumulate = true);
+
   // `batch` row-major products side by side, for attention's per-head matrices: for each item
   // i, c_i[m, n] = alpha · op(a_i)[m, k] · op(b_i)[k, n] (written, not added), where the items
   // follow one another densely (a_i = a + i·m·k, b_i = b + i·k·n, c_i = c + i·m·n) and op(x)
@@ -121,6 +149,8 @@ class Gemm {
   // cublasLtMatmul of a plan (its descriptor's epilogue pointers already set): D = C = d,
   // cuBLASLt's A = a and B = b; autotuned first where the plan is due (Tune).
   void Run(Plan& plan, const void* a, const void* b, float alpha, float beta, void* d);
+  // An FP8 plan's call: A's and B's scale pointers set, then TryRun; false where it fails.
+  bool RunFp8(Plan& plan, Fp8Operand a, Fp8Operand b, float beta, void* d);
   // Run, returning cuBLASLt's status instead of failing on an error (an epilogue the heuristic
   // offered but the matmul refuses: its caller falls back).
   cublasStatus_t TryRun(Plan& plan, const void* a, const void* b, float alpha, float beta, void* d);

@@ -38,6 +38,7 @@ class TransformerFamily final : public ModelFamily {
   explicit TransformerFamily(TransformerFamilyKind kind) : k_(std::move(kind)) {}
 
   std::string_view name() const override { return k_.name; }
+  bool trains_fp8() const override { return true; }  // cuda::DiT::Options::fp8
 
   std::vector<std::string> ConfigNames() const override { return SizedConfigNames(k_.prefix); }
   std::string_view custom_name() const override { return k_.custom_name; }
@@ -178,12 +179,13 @@ class TransformerFamily final : public ModelFamily {
 #endif
   }
 
-  std::optional<GpuStepMemory> GpuStepBytes(const ModelSpec& spec, int B) const override {
+  std::optional<GpuStepMemory> GpuStepBytes(const ModelSpec& spec, int B, bool fp8) const override {
 #ifdef DIFFTRAIN_HAVE_CUDA
-    return DiTGpuStepBytes(DiTConfigOf(spec), B);
+    return DiTGpuStepBytes(DiTConfigOf(spec), B, fp8);
 #else
     (void)spec;
     (void)B;
+    (void)fp8;
     return std::nullopt;
 #endif
   }

@@ -108,6 +108,9 @@ class ModelFamily {
                                            int tp_rank, int cp_rank, int stage) const = 0;
   // Whether Model::Reserve implements `recompute` (TrainConfig refuses it otherwise).
   virtual bool recomputes() const { return true; }
+  // Whether the family's GPU step has FP8 layers (train.precision fp8; TrainConfig refuses it
+  // otherwise).
+  virtual bool trains_fp8() const { return false; }
   // Bytes of a rank's activation arena: `slots` micro-batches of B in flight.
   virtual size_t ActivationBytes(const ModelSpec& spec, const LayoutShape& layout, int stage, int B,
                                  int slots, bool recompute) const = 0;
@@ -129,7 +132,9 @@ class ModelFamily {
   struct GpuStepMemory {
     size_t state = 0, activations = 0;
   };
-  virtual std::optional<GpuStepMemory> GpuStepBytes(const ModelSpec& spec, int B) const {
+  // fp8: with the FP8 layers' workspace (train.precision fp8, where trains_fp8()).
+  virtual std::optional<GpuStepMemory> GpuStepBytes(const ModelSpec& spec, int B,
+                                                    bool fp8 = false) const {
     return std::nullopt;
   }
 };

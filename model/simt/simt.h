@@ -22,6 +22,8 @@
 #include <cstring>
 #include <functional>
 
+#include "model/cuda/fp8_format.h"
+
 namespace difftrain::simt {
 
 struct Dim3 {
@@ -149,6 +151,14 @@ struct Primitives {
   }
   static uint16_t RoundBf16(float x) { return FloatToBf16(x); }
   static float Bf16ToFloat(uint16_t bits) { return simt::Bf16ToFloat(bits); }
+  // FP8 (model/cuda/fp8_kernels.h): the CPU's conversion (model/cuda/fp8_format.h).
+  static uint8_t ToFp8(float x, int format) {
+    return fp8::FromFloat(x, static_cast<fp8::Format>(format));
+  }
+  // Fibers switch only at collectives, so a read and a write are one step here.
+  static void AtomicMaxNonNegative(float* p, float v) {
+    if (v > *p) *p = v;
+  }
 };
 
 }  // namespace difftrain::simt

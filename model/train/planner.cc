@@ -418,9 +418,9 @@ Result<PlanRequest> WithGpuStepSizes(PlanRequest r) {
 namespace planner {
 
 std::optional<MemoryEstimate> GpuStepMemory(const ModelSpec& model, int micro_batch,
-                                            double trainable) {
+                                            double trainable, bool fp8) {
   const std::optional<ModelFamily::GpuStepMemory> bytes =
-      FamilyOf(model).GpuStepBytes(model, micro_batch);
+      FamilyOf(model).GpuStepBytes(model, micro_batch, fp8);
   if (!bytes) return std::nullopt;
   // The fp32 gradients, moments and EMA of every parameter; the rest of the state is the
   // fp32 master weights, their bf16 copy, the fixed embeddings and the norm's workspace.
@@ -476,8 +476,8 @@ Result<std::vector<PlannedLayout>> EnumerateLayouts(const PlanRequest& request) 
                 }
               }
               if (r.gpu_step) {
-                if (std::optional<MemoryEstimate> gpu =
-                        planner::GpuStepMemory(r.model, micro, StageParameters(c, p.layout, 0))) {
+                if (std::optional<MemoryEstimate> gpu = planner::GpuStepMemory(
+                        r.model, micro, StageParameters(c, p.layout, 0), r.fp8)) {
                   p.memory = *gpu;
                 }
               }
@@ -537,9 +537,10 @@ std::string DescribePlanDevice(const PlanDevice& d) {
 
 Result<PlannedLayout> ChooseLayout(const ModelSpec& model, int global_batch,
                                    std::optional<int> micro_batch, int nodes, int devices_per_node,
-                                   const PlanDevice& device, bool data_parallel_only) {
+                                   const PlanDevice& device, bool data_parallel_only, bool fp8) {
   PlanRequest r;
   r.gpu_step = data_parallel_only;
+  r.fp8 = fp8;
   r.model = model;
   r.global_batch = global_batch;
   r.micro_batch = micro_batch;

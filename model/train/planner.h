@@ -109,6 +109,7 @@ struct PlanRequest {
   // (ModelFamily::GpuStepBytes: bf16 activations, flash attention) where the build has one;
   // otherwise, and for every other layout, the CPU model's fp32 memory.
   bool gpu_step = false;
+  bool fp8 = false;  // with gpu_step: train.precision fp8's memory (its FP8 layers' workspace)
 };
 
 struct PlannedLayout {
@@ -149,9 +150,10 @@ std::string DescribePlanDevice(const PlanDevice& device);
 // `parallel: auto`: the fastest layout that fits for a job of `model` and `global_batch`
 // (and `micro_batch` when the job fixes it) on `nodes` × `devices_per_node` of `device`.
 // With data_parallel_only, what the GPU step trains (PlanRequest::gpu_step): only layouts
-// without tp, cp, pp, ZeRO-1 and recompute, with the GPU step's memory.
+// without tp, cp, pp, ZeRO-1 and recompute, with the GPU step's memory (fp8: in FP8).
 Result<PlannedLayout> ChooseLayout(const ModelSpec& model, int global_batch,
                                    std::optional<int> micro_batch, int nodes, int devices_per_node,
-                                   const PlanDevice& device, bool data_parallel_only = false);
+                                   const PlanDevice& device, bool data_parallel_only = false,
+                                   bool fp8 = false);
 
 }  // namespace difftrain

@@ -58,9 +58,9 @@ Result<std::vector<PlannedLayout>> EnumerateUNetLayouts(const PlanRequest& r);
 MemoryEstimate PredictUNetMemory(const ModelSpec& model, const Layout& layout);
 
 // A data-parallel rank's memory as the family's GPU step allocates it at micro-batch
-// `micro_batch` (ModelFamily::GpuStepBytes), for `trainable` parameters; none where the build
-// has no GPU step for the family.
+// `micro_batch` (ModelFamily::GpuStepBytes; fp8: train.precision fp8), for `trainable`
+// parameters; none where the build has no GPU step for the family.
 std::optional<MemoryEstimate> GpuStepMemory(const ModelSpec& model, int micro_batch,
-                                            double trainable);
+                                            double trainable, bool fp8);
 
 }  // namespace difftrain::planner

@@ -358,6 +358,16 @@ TEST(PlannerTest, AutoOnAGpuPlansTheGpuStepsMemory) {
   } else {
     EXPECT_EQ(gpu->layout.micro_batch, 64);
   }
+  // train.precision fp8 plans its FP8 layers' workspace too (7.3 GiB at micro-batch 128).
+  Result<PlannedLayout> fp8 = ChooseLayout(xl, 256, 128, 1, 1, h100, true, /*fp8=*/true);
+  ASSERT_TRUE(fp8.ok()) << fp8.status().message();
+  const std::optional<ModelFamily::GpuStepMemory> fp8_bytes =
+      FamilyOf(xl).GpuStepBytes(xl, 128, /*fp8=*/true);
+  if (bytes) {
+    ASSERT_TRUE(fp8_bytes.has_value());
+    EXPECT_EQ(fp8->memory.activations, static_cast<double>(fp8_bytes->activations));
+    EXPECT_GT(fp8_bytes->activations, bytes->activations + (size_t{7} << 30));
+  }
   // The CPU's layouts (tp, recomputation) are the GPU step's to refuse, by name.
   PlanRequest r;
   r.model = xl;

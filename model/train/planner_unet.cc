@@ -128,7 +128,8 @@ Result<std::vector<PlannedLayout>> EnumerateUNetLayouts(const PlanRequest& r) {
         p.accumulation = per_replica / micro;
         p.memory = Memory(parameters, p.layout, recompute ? recomputed : stored);
         if (r.gpu_step) {
-          if (std::optional<MemoryEstimate> gpu = GpuStepMemory(r.model, micro, parameters)) {
+          if (std::optional<MemoryEstimate> gpu =
+                  GpuStepMemory(r.model, micro, parameters, r.fp8)) {
             p.memory = *gpu;
           }
         }

@@ -157,7 +157,8 @@ class UNetFamilyImpl final : public ModelFamily {
 #endif
   }
 
-  std::optional<GpuStepMemory> GpuStepBytes(const ModelSpec& spec, int B) const override {
+  std::optional<GpuStepMemory> GpuStepBytes(const ModelSpec& spec, int B,
+                                            bool /*fp8: refused for the UNet*/) const override {
 #ifdef DIFFTRAIN_HAVE_CUDA
     return UNetGpuStepBytes(UNetConfigOf(spec), B);
 #else

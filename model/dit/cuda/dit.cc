@@ -53,6 +53,9 @@ DiT::DiT(const DiTConfig& config, cudaStream_t stream, Options options)
   spatial_attention_ = attention.spatial;
   temporal_attention_ = attention.temporal;
   p_ = DiTParams::Bind(table_, DiTShard::Whole(config_));
+  if (options_.fp8)
+    fp8_ = std::make_unique<Fp8Linears>(Fp8InFeatures(config_),
+                                        Fp8Recipe{options_.fp8_amax_history, options_.fp8_margin});
 
   const size_t T = config_.tokens(), D = config_.hidden_size;
   std::vector<float> pos(T * D);
@@ -176,7 +179,7 @@ void DiT::DownloadState(float* params, float* ema, float* exp_avg, float* exp_av
 
 size_t DiT::device_bytes() const {
   return state_.bytes() + pos_embed_.bytes() + temp_embed_.bytes() + acts_buffer_.bytes() +
-         (cudnn_ != nullptr ? cudnn_->workspace_bytes() : 0);
+         (cudnn_ != nullptr ? cudnn_->workspace_bytes() : 0);  // (fp8_'s scaling state: KiBs)
 }
 
 size_t DiT::StateBytes(const DiTConfig& config) {
@@ -188,15 +191,16 @@ size_t DiT::StateBytes(const DiTConfig& config) {
 
 size_t DiT::ActivationBytes(const DiTConfig& config, int B, const Options& options) {
   DiTActivations counted;
-  return BindActivations(config, ChooseAttention(config, options), nullptr, B, counted);
+  return BindActivations(config, ChooseAttention(config, options), options.fp8, nullptr, B,
+                         counted);
 }
 
 size_t DiT::ActivationBytes(const DiTConfig& config, int B) {
   return ActivationBytes(config, B, Options{});
 }
 
-size_t DiT::BindActivations(const DiTConfig& c, AttentionChoice attention, unsigned char* base,
-                            int B, DiTActivations& acts) {
+size_t DiT::BindActivations(const DiTConfig& c, AttentionChoice attention, bool fp8,
+                            unsigned char* base, int B, DiTActivations& acts) {
   // A sample is BF/B frames (1 for an image) of T tokens each.
   const int Fr = c.frames(), BF = B * Fr;
   const size_t T = c.tokens(), D = c.hidden_size, N = BF * T, M = c.mlp_hidden();
@@ -288,6 +292,8 @@ size_t DiT::BindActivations(const DiTConfig& c, AttentionChoice attention, unsig
     workspace = std::max(workspace, AttentionWorkspace(c, attention.temporal, temporal, B * T, Fr));
   }
   a.Take(acts.attn_workspace_, workspace);
+  acts.fp8_workspace_ = nullptr;
+  if (fp8) a.Take(acts.fp8_workspace_, Fp8WorkspaceBytes(c, fp8, B));
   return a.bytes();
 }
 
@@ -295,6 +301,7 @@ Status DiT::Reserve(int B) {
   DT_CHECK(B > 0, "micro-batch {} must be positive", B);
   if (B == batch_) return Status::Ok();
   DT_RETURN_IF_ERROR(TakesMicroBatch(config_, B, options_));
+  if (options_.fp8) DT_RETURN_IF_ERROR(Fp8Supported());
   if (!state_.allocated()) DT_RETURN_IF_ERROR(state_.Allocate());
   graph_.Reset();  // it holds the old activation pointers
   batch_ = 0;
@@ -306,8 +313,10 @@ Status DiT::Reserve(int B) {
     return acts.status().WithContext(fmt::format("the activations of a micro-batch of {}", B));
   }
   acts_buffer_ = std::move(acts).value();
-  BindActivations(config_, ChooseAttention(config_, options_), acts_buffer_.data(), B, *this);
+  BindActivations(config_, ChooseAttention(config_, options_), options_.fp8, acts_buffer_.data(), B,
+                  *this);
   batch_ = B;
+  BindFp8();
   UploadUnweightedSamples(in_samples_, size_t(B) * config_.frames(), stream_);
   return Status::Ok();
 }
@@ -370,16 +379,16 @@ void DiT::BlockForward(int l) {
   // adaLN (k.ada): shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunks of 6D.
   // x = x + gate_msa · proj(attention(qkv(modulate(norm1(x), shift_msa, scale_msa)))), with
   // k.mod1 = modulate(norm1(x), …) computed before.
-  gemm_.Forward(k.qkv, k.mod1, W(o.qkv_w), W(o.qkv_b), N, D, 3 * D, Epilogue::kBias);
+  LinearForward(l, kQkv, k.qkv, k.mod1, o.qkv_w, o.qkv_b, N, D, 3 * D, Epilogue::kBias);
   BlockAttentionForward(l);
-  gemm_.Forward(k.proj, k.attn, W(o.proj_w), W(o.proj_b), N, D, D, Epilogue::kBias);
+  LinearForward(l, kProj, k.proj, k.attn, o.proj_w, o.proj_b, N, D, D, Epilogue::kBias);
   // The gated residual and norm2 in one pass.
   GatedResidualNormForward(k.mid, k.mod2, k.mean2, k.rstd2, k.resid_in,
                            GatedBranch{k.proj, k.ada, S, 2 * D}, nullptr,
                            Modulation{k.ada, S, 3 * D, 4 * D}, B, Ts, D, stream_);
   // x = x + gate_mlp · fc2(gelu(fc1(modulate(norm2(x), shift_mlp, scale_mlp)))).
-  gemm_.Forward(k.gelu, k.mod2, W(o.fc1_w), W(o.fc1_b), N, D, M, Epilogue::kBiasGelu, k.fc1_pre);
-  gemm_.Forward(k.fc2, k.gelu, W(o.fc2_w), W(o.fc2_b), N, M, D, Epilogue::kBias);
+  LinearForward(l, kFc1, k.gelu, k.mod2, o.fc1_w, o.fc1_b, N, D, M, Epilogue::kBiasGelu, k.fc1_pre);
+  LinearForward(l, kFc2, k.fc2, k.gelu, o.fc2_w, o.fc2_b, N, M, D, Epilogue::kBias);
   // The gated residual and the next layer's first norm in one pass, after that layer's adaLN.
   // Latte: the temporal embedding, once, into the first temporal block's input.
   AdaLNForward(l + 1);
@@ -494,29 +503,29 @@ void DiT::BlockBackward(int l) {
   float* d_ada = DAda(l);  // zeroed, and holding gate_mlp's gradient, by NormBackward(l + 1)
   // MLP branch: out = mid + gate_mlp · fc2. NormBackward(l + 1) left fc2's output gradient in
   // d_a_ and added its bias gradient; the stream's gradient passes through unchanged.
-  WeightGradient(o.fc2_w, d_a_, k.gelu, N, M, D);
   // fc2's input gradient times gelu'(fc1's pre-activation), and its column sums (fc1's bias
   // gradient), fused in the epilogue.
-  gemm_.BackwardInputGeluAndBias(d_h_, G(o.fc1_b), d_a_, W(o.fc2_w), N, M, D, k.fc1_pre,
-                                 bias_scratch_);
-  WeightGradient(o.fc1_w, d_h_, k.mod2, N, D, M);
-  gemm_.BackwardInput(d_a_, d_h_, W(o.fc1_w), N, D, M);
+  LinearBackward(l, kFc2, o.fc2_w, d_h_, d_a_, k.gelu, N, M, D, k.fc1_pre, G(o.fc1_b));
+  LinearBackward(l, kFc1, o.fc1_w, d_a_, d_h_, k.mod2, N, D, M);
   // norm2 and the attention branch's gated residual, mid = x + gate_msa · proj, in one pass:
   // proj's output gradient over norm2's input gradient in d_a_, and proj's bias gradient.
   GatedResidualNormBackward(d_resid_, d_ada, d_a_, d_ada, G(o.proj_b), d_a_, k.mid, k.mean2,
                             k.rstd2, Modulation{k.ada, S, 3 * D, 4 * D},
                             GatedBranch{k.proj, k.ada, S, 2 * D}, norm_workspace_, B, Ts, D,
                             stream_);
-  WeightGradient(o.proj_w, d_a_, k.attn, N, D, D);
-  gemm_.BackwardInput(d_b_, d_a_, W(o.proj_w), N, D, D);
-  // qkv's bias gradient from the attention kernels' own column sums, where they make them.
+  LinearBackward(l, kProj, o.proj_w, d_b_, d_a_, k.attn, N, D, D);
+  // qkv's bias gradient from the attention kernels' own column sums, where they make them; in
+  // bf16 otherwise from cuBLASLt's epilogue, in FP8 from BiasGradient.
   if (BlockAttentionBackward(l, G(o.qkv_b))) {
-    WeightGradient(o.qkv_w, d_qkv_, k.mod1, N, D, 3 * D);
+    LinearBackward(l, kQkv, o.qkv_w, d_a_, d_qkv_, k.mod1, N, D, 3 * D);
+  } else if (fp8_ != nullptr) {
+    BiasGradient(G(o.qkv_b), d_qkv_, N, 3 * D, stream_);
+    LinearBackward(l, kQkv, o.qkv_w, d_a_, d_qkv_, k.mod1, N, D, 3 * D);
   } else {
     gemm_.BackwardWeightAndBias(G(o.qkv_w), G(o.qkv_b), d_qkv_, k.mod1, N, D, 3 * D, bias_scratch_,
                                 /*accumulate=*/!overwrite_);
+    gemm_.BackwardInput(d_a_, d_qkv_, W(o.qkv_w), N, D, 3 * D);
   }
-  gemm_.BackwardInput(d_a_, d_qkv_, W(o.qkv_w), N, D, 3 * D);
   // norm1, fused with the block before's MLP gated residual; then this block's adaLN, whose
   // input SiLU(c) every block shares.
   NormBackward(l);
@@ -536,6 +545,7 @@ void DiT::ForwardBackward(float grad_scale) {
         Forward();
         Loss();
         Backward();
+        if (fp8_ != nullptr) fp8_->UpdateScales(stream_);  // delayed scaling's history step
       },
       grad_scale, overwrite_);
 }

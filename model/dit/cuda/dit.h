@@ -31,6 +31,7 @@
 #include "model/cuda/cudnn_attention.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/flash_attention.h"
+#include "model/cuda/fp8.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/gemm_attention.h"
 #include "model/cuda/loss.h"
@@ -107,6 +108,7 @@ struct DiTActivations {
   bf16 *d_final_bf16_ = nullptr, *d_a_ = nullptr, *d_b_ = nullptr, *d_h_ = nullptr;
   bf16 *d_qkv_ = nullptr, *d_ada_bf16_ = nullptr, *d_small_ = nullptr, *d_c_bf16_ = nullptr;
   bf16 *d_attn_t_ = nullptr, *d_qkv_t_ = nullptr;  // a temporal block's, token-major
+  unsigned char* fp8_workspace_ = nullptr;         // Options::fp8's quantised operands
 };
 
 class DiT : private DiTActivations {
@@ -117,6 +119,13 @@ class DiT : private DiTActivations {
     AttentionKernels attention = AttentionKernels::kFlash;
     FlashVariant flash;
     bool gemm_autotune = true;  // Gemm::set_autotune
+    // The blocks' four Linear layers (qkv, proj, fc1, fc2) in FP8, forward and backward
+    // (model/cuda/fp8.h: E4M3 activations and weights, E5M2 gradients, delayed scaling); the
+    // rest stays bf16. Needs compute capability 8.9 (Reserve returns the error elsewhere) and
+    // every block GEMM's sizes multiples of 16. Written without a GPU: not yet run on one.
+    bool fp8 = false;
+    int fp8_amax_history = Fp8Recipe{}.history;  // Fp8Recipe's fields
+    int fp8_margin = Fp8Recipe{}.margin;
   };
   // Whether the kernels take this model: every tensor of the parameter table must start at
   // a multiple of 8 elements and every GEMM's sizes must be multiples of 8 (16-byte aligned
@@ -211,6 +220,11 @@ class DiT : private DiTActivations {
   static std::vector<uint64_t> FirstMicroBatchZeroes(const TensorTable& table, const DiTParams& p);
   // What the GEMMs' autotuning found (right after the first step: one step's calls).
   GemmTuning gemm_tuning() const { return gemm_.Tuning(); }
+  // With Options::fp8: the layers' scaling state (their scales, for tests), and how many
+  // products ran in bf16 for want of a cuBLASLt FP8 algorithm (counted as calls are made, so a
+  // replayed graph adds none); else null and 0.
+  Fp8Linears* fp8() { return fp8_.get(); }
+  int fp8_bf16_fallbacks() const { return fp8_ != nullptr ? fp8_->bf16_fallbacks() : 0; }
   // Where the optimizer step updates the EMA (TrainState::set_ema_stream).
   void set_ema_stream(bool on) { state_.set_ema_stream(on); }
   bool ema_stream() const { return state_.ema_stream(); }
@@ -232,7 +246,7 @@ class DiT : private DiTActivations {
   // Binds every activation pointer of `acts` into an arena at `base` (null: only counts);
   // returns the bytes the arena needs. One list serves both, so layout and binding cannot
   // disagree, and ActivationBytes counts what Reserve allocates.
-  static size_t BindActivations(const DiTConfig& config, AttentionChoice attention,
+  static size_t BindActivations(const DiTConfig& config, AttentionChoice attention, bool fp8,
                                 unsigned char* base, int B, DiTActivations& acts);
   // A block's forward from its first norm's output (which the block before, or Forward for
   // block 0, computes) to the next layer's first norm, fused with the gated residual before it.
@@ -292,6 +306,25 @@ class DiT : private DiTActivations {
   void WeightGradient(size_t w, const bf16* dout, const bf16* in, int N, int I, int O) {
     gemm_.BackwardWeight(G(w), dout, in, N, I, O, /*accumulate=*/!overwrite_);
   }
+  // A block's Linear layers (model/dit/cuda/dit_linear.cc), in bf16 or, with Options::fp8, in
+  // FP8: out = epilogue(in · wᵀ + b) with the weight at offset w and the bias at b; and back,
+  // dw (+)= doutᵀ · in, din = dout · w (× gelu'(gelu_pre) where given; with dbias, din's column
+  // sums added to it: fc1's bias gradient from fc2's backward).
+  enum BlockLinear { kQkv = 0, kProj = 1, kFc1 = 2, kFc2 = 3 };
+  static constexpr int kBlockLinears = 4;
+  void LinearForward(int l, BlockLinear which, bf16* out, const bf16* in, size_t w, size_t b, int N,
+                     int I, int O, Epilogue epilogue, bf16* aux = nullptr);
+  void LinearBackward(int l, BlockLinear which, size_t w, bf16* din, const bf16* dout,
+                      const bf16* in, int N, int I, int O, const bf16* gelu_pre = nullptr,
+                      float* dbias = nullptr);
+  // What Options::fp8 needs of a micro-batch of B: the error naming the size that is not a
+  // multiple of 16, else OK (also OK without fp8).
+  static Status Fp8TakesMicroBatch(const DiTConfig& config, int B, const Options& options);
+  // The FP8 layers' input widths, kBlockLinears a block, and their workspace's bytes (0
+  // without fp8).
+  static std::vector<int> Fp8InFeatures(const DiTConfig& config);
+  static size_t Fp8WorkspaceBytes(const DiTConfig& config, bool fp8, int B);
+  void BindFp8();
   // Zeroes the gradients a pending ZeroGradients promised, where ForwardBackward will not.
   void MaterializeZeroGradients();
 
@@ -313,6 +346,8 @@ class DiT : private DiTActivations {
   AttentionKernels temporal_attention_ = AttentionKernels::kFused;
   // kCudnn's plans and workspace (made by Reserve), else null.
   std::unique_ptr<CudnnAttention> cudnn_;
+  // Options::fp8's layers (4 a block) and their scaling state, else null.
+  std::unique_ptr<Fp8Linears> fp8_;
 
   StepGraph graph_;
   float grad_scale_ = 1.0f;         // the loss's, as the graph holds it

@@ -25,6 +25,7 @@ DiT::AttentionChoice DiT::ChooseAttention(const DiTConfig& config, const Options
 }
 
 Status DiT::TakesMicroBatch(const DiTConfig& config, int B, const Options& options) {
+  DT_RETURN_IF_ERROR(Fp8TakesMicroBatch(config, B, options));
   constexpr long long kMaxSequences = 65535;  // a grid's z
   const AttentionChoice attention = ChooseAttention(config, options);
   // Whether `kernels` over sequences of T rows launch with a z of one per sequence.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -79,6 +80,69 @@ float CpuLoss(const DiTConfig& c, int B, const float* out, const std::vector<flo
   return static_cast<float>(sum / n);
 }
 
+// The CPU model's step on random bf16-rounded weights and a random batch: the reference.
+struct CpuStep {
+  std::vector<float> weights;
+  Batch batch;
+  std::vector<float> out, grads;
+  float loss;
+};
+
+CpuStep RunCpuStep(const DiTConfig& c, int B) {
+  difftrain::DiT cpu(c);
+  CpuStep r{RandomBf16Weights(cpu), RandomBatch(c, B, /*seed=*/11), {}, {}, 0};
+  const float* cpu_out = cpu.Forward(r.batch.x.data(), r.batch.t.data(), r.batch.y.data(), B);
+  const size_t out_size = size_t(B) * c.frames() * c.out_channels() * c.input_size * c.input_size;
+  r.out.assign(cpu_out, cpu_out + out_size);
+  std::vector<float> dout;
+  r.loss = CpuLoss(c, B * c.frames(), cpu_out, r.batch.target, dout);
+  std::memset(cpu.grads(), 0, cpu.num_params() * sizeof(float));
+  cpu.Backward(dout.data());
+  r.grads.assign(cpu.grads(), cpu.grads() + cpu.num_params());
+  return r;
+}
+
+// The GPU model's output and loss against the CPU step's within `tolerance` (relative L2, and
+// relatively), each tensor's gradient within `grad_tolerance`; `warmup` steps first (FP8's
+// scales come from the steps before), their gradients discarded.
+void ExpectGpuStepNear(const DiTConfig& c, int B, const DiT::Options& options, const CpuStep& want,
+                       double tolerance, double grad_tolerance, int warmup = 0) {
+  cudaStream_t stream;
+  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    DiT gpu(c, stream, options);
+    const Status reserved = gpu.Reserve(B);
+    ASSERT_TRUE(reserved.ok()) << reserved.message();
+    gpu.UploadState(want.weights.data(), want.weights.data(), nullptr, nullptr);
+    gpu.PoisonActivations();
+    Upload(gpu, want.batch);
+    for (int i = 0; i <= warmup; ++i) {
+      gpu.ZeroGradients();
+      gpu.ForwardBackward();
+    }
+    DT_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+    std::vector<float> out(want.out.size());
+    DT_CUDA_CHECK(
+        cudaMemcpy(out.data(), gpu.output(), out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    EXPECT_LE(RelativeL2(out, want.out), tolerance);
+    EXPECT_NEAR(gpu.last_loss(), want.loss, tolerance * want.loss);
+
+    const std::vector<float> grads = gpu.DownloadGradients();
+    for (const TensorSpec& t : gpu.parameter_table().tensors()) {
+      const std::vector<float> got(grads.begin() + t.offset, grads.begin() + t.offset + t.numel);
+      const std::vector<float> w(want.grads.begin() + t.offset,
+                                 want.grads.begin() + t.offset + t.numel);
+      EXPECT_LE(RelativeL2(got, w), grad_tolerance) << t.name;
+    }
+    if (options.fp8) {
+      std::printf("note: FP8 step of %s: %d products ran in bf16 (no cuBLASLt FP8 algorithm)\n",
+                  c.name.c_str(), gpu.fp8_bf16_fallbacks());
+    }
+  }
+  DT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 void ExpectStepMatchesCpu(const DiTConfig& c, int B,
                           AttentionKernels attention = AttentionKernels::kGemm,
                           FlashVariant flash = {}) {
@@ -90,44 +154,8 @@ void ExpectStepMatchesCpu(const DiTConfig& c, int B,
                << "flash stages " << (flash.stages == FlashStages::kTwo ? 2 : 1)
                << (flash.wide_forward ? ", two m-tiles a warp in the forward" : "")
                << (flash.short_sequences ? ", short-sequence kernels where T <= 16" : ""));
-  difftrain::DiT cpu(c);
-  const std::vector<float> weights = RandomBf16Weights(cpu);
-  const Batch batch = RandomBatch(c, B, /*seed=*/11);
-  const float* cpu_out = cpu.Forward(batch.x.data(), batch.t.data(), batch.y.data(), B);
-  const size_t out_size = size_t(B) * c.frames() * c.out_channels() * c.input_size * c.input_size;
-  const std::vector<float> want_out(cpu_out, cpu_out + out_size);
-  std::vector<float> dout;
-  const float want_loss = CpuLoss(c, B * c.frames(), cpu_out, batch.target, dout);
-  std::memset(cpu.grads(), 0, cpu.num_params() * sizeof(float));
-  cpu.Backward(dout.data());
-
-  cudaStream_t stream;
-  DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  {
-    DiT gpu(c, stream, {.use_graph = false, .attention = attention, .flash = flash});
-    const Status reserved = gpu.Reserve(B);
-    ASSERT_TRUE(reserved.ok()) << reserved.message();
-    gpu.UploadState(weights.data(), weights.data(), nullptr, nullptr);
-    gpu.PoisonActivations();
-    Upload(gpu, batch);
-    gpu.ZeroGradients();
-    gpu.ForwardBackward();
-    DT_CUDA_CHECK(cudaStreamSynchronize(stream));
-
-    std::vector<float> out(out_size);
-    DT_CUDA_CHECK(
-        cudaMemcpy(out.data(), gpu.output(), out_size * sizeof(float), cudaMemcpyDeviceToHost));
-    EXPECT_LE(RelativeL2(out, want_out), 1e-2);
-    EXPECT_NEAR(gpu.last_loss(), want_loss, 1e-2 * want_loss);
-
-    const std::vector<float> grads = gpu.DownloadGradients();
-    for (const TensorSpec& t : gpu.parameter_table().tensors()) {
-      const std::vector<float> got(grads.begin() + t.offset, grads.begin() + t.offset + t.numel);
-      const std::vector<float> want(cpu.grads() + t.offset, cpu.grads() + t.offset + t.numel);
-      EXPECT_LE(RelativeL2(got, want), 1e-2) << t.name;
-    }
-  }
-  DT_CUDA_CHECK(cudaStreamDestroy(stream));
+  ExpectGpuStepNear(c, B, {.use_graph = false, .attention = attention, .flash = flash},
+                    RunCpuStep(c, B), 1e-2, 1e-2);
 }
 
 DiTConfig Tiny() {
@@ -433,8 +461,8 @@ TEST(CudaDiTTest, FirstMicroBatchOverwritesThePoisonedGradients) {
 // the norm and the EMA finite. The target is the input itself, which the model can learn
 // quickly (a readout of the patch embedding); the zero-initialised output layer starts the
 // loss at E[x²] ≈ 1.
-TEST(CudaDiTTest, OptimizerStepsFitOneBatch) {
-  DT_SKIP_WITHOUT_GPU();
+// Training steps on one batch of the tiny DiT must drive its loss below `fraction` of the first.
+void ExpectStepsFitOneBatch(const DiT::Options& options, float fraction) {
   const DiTConfig c = Tiny();
   difftrain::DiT cpu(c);
   cpu.InitializeReference(/*seed=*/2);
@@ -443,7 +471,7 @@ TEST(CudaDiTTest, OptimizerStepsFitOneBatch) {
   cudaStream_t stream;
   DT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    DiT gpu(c, stream, {});
+    DiT gpu(c, stream, options);
     const Status reserved = gpu.Reserve(8);
     ASSERT_TRUE(reserved.ok()) << reserved.message();
     gpu.UploadState(cpu.params(), cpu.params(), nullptr, nullptr);
@@ -451,7 +479,6 @@ TEST(CudaDiTTest, OptimizerStepsFitOneBatch) {
     // The PyTorch reference model (tests/reference/dit_torch.py, fp32 AdamW, the same
     // sizes and lr) goes from 1.02 to 0.12 in 10 steps and to 0.0016 in 50 on this problem.
     constexpr int kSteps = 50;
-    constexpr float kFraction = 0.05f;
     OptimizerConfig adamw;
     adamw.lr = 5e-3;
     adamw.grad_clip = 1.0;
@@ -467,13 +494,81 @@ TEST(CudaDiTTest, OptimizerStepsFitOneBatch) {
       EXPECT_TRUE(std::isfinite(gpu.last_grad_norm_squared())) << "step " << step;
     }
     EXPECT_NEAR(first, 1.0f, 0.3f);
-    EXPECT_LT(last, kFraction * first);
+    EXPECT_LT(last, fraction * first);
     std::vector<float> ema(gpu.num_params());
     gpu.DownloadState(nullptr, ema.data(), nullptr, nullptr);
     for (float w : ema)
       ASSERT_TRUE(std::isfinite(w));
   }
   DT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(CudaDiTTest, OptimizerStepsFitOneBatch) {
+  DT_SKIP_WITHOUT_GPU();
+  ExpectStepsFitOneBatch({}, 0.05f);
+}
+
+// FP8 (Options::fp8) without a GPU: the sizes it refuses, by name, and what it allocates.
+TEST(CudaDiTSupport, Fp8RefusesSizesThatAreNotMultiplesOf16ByName) {
+  DiT::Options fp8;
+  fp8.fp8 = true;
+  const DiTConfig xl = DiTConfigByName("DiT-XL/2", 32).value();
+  EXPECT_TRUE(DiT::TakesMicroBatch(xl, 1, fp8).ok());  // 256 tokens, D 1152, MLP 4608
+  DiTConfig c = Tiny();                                // 16 tokens
+  EXPECT_TRUE(DiT::TakesMicroBatch(c, 3, fp8).ok());
+  c.hidden_size = 72;
+  c.num_heads = 3;
+  Status s = DiT::TakesMicroBatch(c, 1, fp8);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("hidden_size to be a multiple of 16"), std::string::npos)
+      << s.message();
+  EXPECT_TRUE(DiT::TakesMicroBatch(c, 1, {}).ok());  // bf16 takes it
+  c = Tiny();
+  c.input_size = 6;  // 9 tokens a sample
+  s = DiT::TakesMicroBatch(c, 1, fp8);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("the tokens of a micro-batch"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("found 9"), std::string::npos) << s.message();
+  EXPECT_TRUE(DiT::TakesMicroBatch(c, 16, fp8).ok());  // 144 tokens
+  // The quantised operands' workspace, on top of bf16's activations: at micro-batch 32 each
+  // block's inputs as its forward keeps them for its backward (N·(3·D + M) bytes, N = 8,192
+  // tokens, D = 1,152, M = 4,608), then an input, the output's gradient in both layouts (N·M
+  // bytes each) and a weight (M² bytes): 1.85 and 0.13 GB.
+  const size_t N = 32 * 256, D = 1152, M = 4608;
+  const size_t want = N * (3 * D + M) * 28 + 3 * N * M + M * M;
+  const size_t extra = DiT::ActivationBytes(xl, 32, fp8) - DiT::ActivationBytes(xl, 32);
+  EXPECT_GE(extra, want);
+  EXPECT_LT(extra, want + 256);  // the arena's alignment before the workspace
+}
+
+// FP8 Linear layers against the CPU model's fp32 step, after two steps that set the scales
+// (the first runs at scale 1): output and loss within 10%, each tensor's gradient within 30%
+// (E4M3 keeps 3 mantissa bits, E5M2 2: a wrong layout or scale is off by ~100%). Bounds set
+// without a GPU, to be tightened to what the first run measures. Skipped, saying why, on a GPU
+// before compute capability 8.9.
+TEST(CudaDiTTest, Fp8StepsFollowTheCpuModel) {
+  DT_SKIP_WITHOUT_GPU();
+  if (const Status s = Fp8Supported(); !s.ok()) GTEST_SKIP() << "GPU test skipped: " << s.message();
+  DiT::Options fp8;
+  fp8.use_graph = false;
+  fp8.fp8 = true;
+  ExpectGpuStepNear(Tiny(), 3, fp8, RunCpuStep(Tiny(), 3), 0.1, 0.3, /*warmup=*/2);
+  const DiTConfig s2 = DiTConfigByName("DiT-S/2", 32).value();
+  ExpectGpuStepNear(s2, 2, fp8, RunCpuStep(s2, 2), 0.1, 0.3, /*warmup=*/2);
+  DiTConfig latte = Tiny();
+  latte.video = true;
+  latte.num_frames = 4;
+  ExpectGpuStepNear(latte, 3, fp8, RunCpuStep(latte, 3), 0.1, 0.3, /*warmup=*/2);
+}
+
+// FP8 trains: the tiny DiT fits one batch (to a tenth of its first loss, where bf16 reaches a
+// twentieth), through CUDA graphs that replay the scales' updates.
+TEST(CudaDiTTest, Fp8StepsFitOneBatch) {
+  DT_SKIP_WITHOUT_GPU();
+  if (const Status s = Fp8Supported(); !s.ok()) GTEST_SKIP() << "GPU test skipped: " << s.message();
+  DiT::Options fp8;
+  fp8.fp8 = true;
+  ExpectStepsFitOneBatch(fp8, 0.1f);
 }
 
 }  // namespace

@@ -12,10 +12,11 @@ namespace difftrain {
 
 namespace {
 
-// The model's defaults (a CUDA graph, the flash attention), with the job's loss.
+// The model's defaults (a CUDA graph, the flash attention), with the job's loss and precision.
 cuda::DiT::Options ModelOptions(const TrainConfig& config) {
   cuda::DiT::Options options;
   options.vb_loss = config.learn_sigma_loss;
+  options.fp8 = config.precision == "fp8";
   return options;
 }
 
@@ -51,9 +52,12 @@ class CudaStep final : public CudaModelStep<cuda::DiT> {
 
 }  // namespace
 
-ModelFamily::GpuStepMemory DiTGpuStepBytes(const DiTConfig& dit, int B) {
-  // The step's options that change the arena are the attention's: the model's defaults.
-  return {cuda::DiT::StateBytes(dit), cuda::DiT::ActivationBytes(dit, B)};
+ModelFamily::GpuStepMemory DiTGpuStepBytes(const DiTConfig& dit, int B, bool fp8) {
+  // The step's options that change the arena are the attention's (the model's defaults) and
+  // the precision.
+  cuda::DiT::Options options;
+  options.fp8 = fp8;
+  return {cuda::DiT::StateBytes(dit), cuda::DiT::ActivationBytes(dit, B, options)};
 }
 
 Result<std::unique_ptr<GpuStep>> CreateDiTGpuStep(const TrainConfig& config, int device) {

@@ -16,7 +16,7 @@ namespace difftrain {
 Result<std::unique_ptr<GpuStep>> CreateDiTGpuStep(const TrainConfig& config, int device);
 
 // What that step's model allocates for micro-batches of B (cuda::DiT::StateBytes and
-// ActivationBytes), without a GPU.
-ModelFamily::GpuStepMemory DiTGpuStepBytes(const DiTConfig& dit, int B);
+// ActivationBytes; with fp8, the FP8 layers' workspace too), without a GPU.
+ModelFamily::GpuStepMemory DiTGpuStepBytes(const DiTConfig& dit, int B, bool fp8 = false);
 
 }  // namespace difftrain
