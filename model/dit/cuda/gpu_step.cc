@@ -66,6 +66,18 @@ Result<std::unique_ptr<GpuStep>> CreateDiTGpuStep(const TrainConfig& config, int
   if (Status s = cuda::DiT::Supports(dit); !s.ok()) {
     return s.WithContext("train.device cuda");
   }
+  // What the options refuse before any allocation, so that it is not reported as a lack of
+  // room: FP8 on a GPU without FP8 tensor cores, sizes FP8 or the attention's grids refuse.
+  if (config.precision == "fp8" && gpu.compute_major * 10 + gpu.compute_minor < 89) {
+    return Errorf(
+        "train.precision fp8: GPU {} ({}) has compute capability {}.{}; FP8 needs 8.9 or later "
+        "(Ada, Hopper): write train.precision: bf16",
+        gpu.index, gpu.name, gpu.compute_major, gpu.compute_minor);
+  }
+  if (Status s = cuda::DiT::TakesMicroBatch(dit, config.micro_batch, ModelOptions(config));
+      !s.ok()) {
+    return s.WithContext(fmt::format("train.device cuda, batch.micro {}", config.micro_batch));
+  }
   // The flash kernels (cuda::DiT's default attention) with the model's stages: at most
   // 68.5 KiB with two, 89.5 KiB for the short-sequence backward at hd 128.
   const int head_dim = dit.hidden_size / dit.num_heads;
