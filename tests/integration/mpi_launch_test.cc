@@ -13,8 +13,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "common/temp_dir.h"
 #include "model/parallel/mpi_world.h"
 #include "tests/testing/http.h"
+#include "tests/testing/mpirun.h"
 #include "tests/testing/parallel_training.h"
 
 namespace difftrain {
@@ -45,11 +47,10 @@ class MpiLaunchTest : public testing::ParallelTrainingTest {
   }
 
   // The command that starts `ranks` ranks of `job` under mpirun.
-  static std::string Mpirun(const fs::path& job, int ranks, const std::string& extra = "") {
-    return fmt::format(
-        "OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -np {} "
-        "{} train --config {} {}",
-        ranks, DIFFTRAIN_BINARY, ShellQuote(job.string()), extra);
+  std::string Mpirun(const fs::path& job, int ranks, const std::string& extra = "") const {
+    return fmt::format("OMP_NUM_THREADS=1 {} -x OMP_NUM_THREADS -np {} {} train --config {} {}",
+                       testing::MpirunCommand(mpi_session_.path()), ranks, DIFFTRAIN_BINARY,
+                       ShellQuote(job.string()), extra);
   }
 
   // `difftrain run` of `job` on this machine with `ranks` ranks (one node).
@@ -67,6 +68,8 @@ class MpiLaunchTest : public testing::ParallelTrainingTest {
     ExpectSameLosses(Losses(job.parent_path()), Losses(reference), name);
     EXPECT_LE(ParameterDistance(job.parent_path(), reference), 1e-5) << name;
   }
+
+  TempDir mpi_session_{"ompi"};  // Open MPI's session directory (tests/testing/mpirun.h)
 };
 
 TEST_F(MpiLaunchTest, EveryLayoutWithEitherBackendEqualsOneProcess) {

@@ -14,7 +14,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/temp_dir.h"
 #include "model/parallel/mpi_world.h"
+#include "tests/testing/mpirun.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain::parallel {
@@ -48,11 +50,11 @@ class MpiCommTest : public ::testing::Test {
         fmt::format("mpi_comm_test_{}_{}", ::getpid(), test->name());
     std::filesystem::remove_all(results);
     std::filesystem::create_directories(results);
+    const TempDir session("ompi");
     const testing::CommandResult r = testing::RunCommand(
-        fmt::format("{}={} mpirun --allow-run-as-root --oversubscribe -x {} -np {} /proc/{}/exe "
-                    "--gtest_filter={}.{}",
-                    kResultsEnv, results.string(), kResultsEnv, ranks, ::getpid(),
-                    test->test_suite_name(), test->name()));
+        fmt::format("{}={} {} -x {} -np {} /proc/{}/exe --gtest_filter={}.{}", kResultsEnv,
+                    results.string(), testing::MpirunCommand(session.path()), kResultsEnv, ranks,
+                    ::getpid(), test->test_suite_name(), test->name()));
     for (int rank = 0; rank < ranks; ++rank) {
       std::ifstream in(results / std::to_string(rank));
       std::string result;
