@@ -25,6 +25,7 @@ struct PlanOptions {
   std::optional<int> tp, cp, pp, micro_batch;
   std::optional<bool> recompute;
   bool gpu_step = false;
+  bool fp8 = false;
   int top = 5;
   bool json = false;
 };
@@ -70,10 +71,21 @@ Result<PlanRequest> BuildRequest(const PlanOptions& o) {
   r.pp = o.pp;
   r.micro_batch = o.micro_batch;
   r.recompute = o.recompute;
-  r.gpu_step = o.gpu_step;
-  if (o.gpu_step && o.device == "cpu") {
+  // FP8 layers exist only in the GPU step: --fp8 plans it.
+  r.gpu_step = o.gpu_step || o.fp8;
+  r.fp8 = o.fp8;
+  if (r.gpu_step && o.device == "cpu") {
+    return Errorf("{} plans train.device cuda: give a GPU --device ({})",
+                  o.fp8 ? "--fp8" : "--gpu-step",
+                  o.fp8 ? "H100, H200, H20" : "H100, H200, H20, A100");
+  }
+  if (o.fp8 && !FamilyOf(r.model).trains_fp8()) {
+    return Errorf("--fp8: the {} family has no FP8 layers (DiT and Latte do)", r.model.family);
+  }
+  if (o.fp8 && o.device == "A100") {
     return Errorf(
-        "--gpu-step plans train.device cuda: give a GPU --device (H100, H200, H20, A100)");
+        "--fp8: the A100 has no FP8 tensor cores (compute capability 8.0; FP8 needs 8.9 or "
+        "later: H100, H200, H20)");
   }
   Result<DeviceSpec> device = DevicePreset(o.device, o.devices_per_node);
   if (!device.ok()) return device.status().WithContext("--device");
@@ -145,12 +157,16 @@ void PrintHuman(const PlanRequest& r, const std::vector<PlannedLayout>& plans, s
   const SampleSchema x = FamilyOf(r.model).Samples(r.model);
   const DeviceSpec& d = r.device;
   std::printf(
-      "%s, %dx%d latents, global batch %d on %d node(s) x %d %s "
+      "%s, %dx%d latents%s, global batch %d on %d node(s) x %d %s "
       "(%.1f TFLOP/s peak at %.0f%% x R/(R+%.0f) for GEMMs of R rows, %.2f GiB, %.0f%% usable; "
       "%.1f GB/s in a node, %.1f GB/s between nodes)\n",
-      r.model.name().c_str(), x.height, x.width, r.global_batch, r.nodes, r.devices_per_node,
-      d.name.c_str(), d.peak_flops_per_second / 1e12, 100 * d.efficiency, d.half_efficiency_rows,
-      d.memory_bytes / kGiB, 100 * r.usable_memory_fraction, d.intra_node_bytes_per_second / 1e9,
+      r.model.name().c_str(), x.height, x.width,
+      r.fp8        ? ", train.precision fp8 (its memory; the step time as bf16's)"
+      : r.gpu_step ? ", the GPU step in bf16"
+                   : "",
+      r.global_batch, r.nodes, r.devices_per_node, d.name.c_str(), d.peak_flops_per_second / 1e12,
+      100 * d.efficiency, d.half_efficiency_rows, d.memory_bytes / kGiB,
+      100 * r.usable_memory_fraction, d.intra_node_bytes_per_second / 1e9,
       d.inter_node_bytes_per_second / 1e9);
   std::printf("%zu layouts considered, %zu fit; the fastest predicted:\n\n", considered,
               plans.size());
@@ -169,9 +185,12 @@ void PrintHuman(const PlanRequest& r, const std::vector<PlannedLayout>& plans, s
   const Layout& best = plans.front().layout;
   std::printf(
       "\nchosen: %s (job file: parallel: {tp: %d, cp: %d, pp: %d, dp: %d, zero1: %s}, "
-      "batch.micro: %d, train.recompute: %s)\n",
+      "batch.micro: %d, train.recompute: %s%s)\n",
       DescribeLayout(best).c_str(), best.tp, best.cp, best.pp, best.dp,
-      best.zero1 ? "true" : "false", best.micro_batch, best.recompute ? "true" : "false");
+      best.zero1 ? "true" : "false", best.micro_batch, best.recompute ? "true" : "false",
+      r.fp8        ? ", train.device: cuda, train.precision: fp8"
+      : r.gpu_step ? ", train.device: cuda"
+                   : "");
 }
 
 int RunPlan(const PlanOptions& o) {
@@ -189,6 +208,10 @@ int RunPlan(const PlanOptions& o) {
     std::printf("%s\n",
                 nlohmann::json{{"model", request->model.config},
                                {"family", request->model.family},
+                               {"gpu_step", request->gpu_step},
+                               {"precision", request->fp8        ? "fp8"
+                                             : request->gpu_step ? "bf16"
+                                                                 : "fp32"},
                                {"global_batch", request->global_batch},
                                {"nodes", request->nodes},
                                {"devices_per_node", request->devices_per_node},
@@ -251,6 +274,9 @@ DIFFTRAIN_COMMAND(
        app.add_flag("--gpu-step", o->gpu_step,
                     "plan what train.device cuda trains: data-parallel layouts, with the GPU "
                     "step's memory (bf16 activations, flash attention)");
+       app.add_flag("--fp8", o->fp8,
+                    "plan train.precision fp8 (implies --gpu-step): the FP8 layers' memory "
+                    "besides; the step time is predicted as bf16's");
        app.add_option("--top", o->top, "candidates shown")->capture_default_str();
        app.add_flag("--json", o->json, "print JSON");
        return [o] { return RunPlan(*o); };

@@ -78,12 +78,55 @@ TEST(PlanCommandTest, ImpossibleRequestsExitTwoNamingTheProblem) {
       {"--model DiT-S/2 --gpu-step", "--gpu-step plans train.device cuda: give a GPU --device"},
       {"--model DiT-XL/2 --device H100 --devices-per-node 8 --gpu-step --tp 2",
        "tp 2: the GPU step (train.device cuda) trains data-parallel layouts only"},
+      {"--model DiT-S/2 --fp8", "--fp8 plans train.device cuda: give a GPU --device (H100"},
+      {"--model DiT-XL/2 --device A100 --fp8", "--fp8: the A100 has no FP8 tensor cores"},
+      {"--model SD1.5 --device H100 --fp8", "--fp8: the unet family has no FP8 layers"},
+      {"--model DiT-XL/2 --device H100 --fp8 --tp 2", "tp 2: the GPU step (train.device cuda)"},
   };
   for (const auto& [flags, message] : cases) {
     const CommandResult r = RunDifftrain("plan " + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
   }
+}
+
+// --fp8 plans train.precision fp8: the GPU step's layouts (it implies --gpu-step), each with
+// the FP8 layers' workspace besides the bf16 step's memory: every block's quantised inputs
+// kept for the backward, N·(3·D + M) bytes (N tokens, D the width, M the MLP's), and a
+// scratch of 3·N·M + M² (model/cuda/fp8.h, Fp8Linears::WorkspaceBytes). The step time is
+// predicted as bf16's until FP8 has been timed on a GPU.
+TEST(PlanCommandTest, Fp8PlansTheGpuStepWithTheFp8LayersWorkspace) {
+  const std::string flags =
+      "plan --model DiT-XL/2 --image-size 256 --device H100 --micro-batch 32 --json ";
+  const CommandResult bf16 = RunDifftrain(flags + "--gpu-step");
+  const CommandResult fp8 = RunDifftrain(flags + "--fp8");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+  const nlohmann::json a = nlohmann::json::parse(bf16.output, nullptr, false);
+  const nlohmann::json b = nlohmann::json::parse(fp8.output, nullptr, false);
+  ASSERT_FALSE(a.is_discarded() || b.is_discarded()) << bf16.output << fp8.output;
+  EXPECT_EQ(a["precision"], "bf16");
+  EXPECT_EQ(b["precision"], "fp8");
+  EXPECT_EQ(b["gpu_step"], true);
+  const nlohmann::json& x = a["layouts"][0];
+  const nlohmann::json& y = b["layouts"][0];
+  // Data-parallel on one GPU, as the GPU step trains.
+  EXPECT_EQ(y["tp"], 1);
+  EXPECT_EQ(y["micro_batch"], 32);
+  EXPECT_EQ(y["memory_bytes"]["parameters"], x["memory_bytes"]["parameters"]);
+  EXPECT_EQ(y["step_seconds"]["total"], x["step_seconds"]["total"]);
+#ifdef DIFFTRAIN_HAVE_CUDA
+  // DiT-XL/2 at 256 px: 256 tokens a sample, D 1,152, M 4,608, 28 blocks.
+  const double n = 32 * 256, d = 1152, m = 4608;
+  EXPECT_EQ(y["memory_bytes"]["activations"].get<double>() -
+                x["memory_bytes"]["activations"].get<double>(),
+            28 * n * (3 * d + m) + 3 * n * m + m * m);
+#endif
+  const CommandResult human =
+      RunDifftrain("plan --model DiT-XL/2 --image-size 256 --device H100 --fp8");
+  ASSERT_EQ(human.exit_code, 0) << human.output;
+  EXPECT_NE(human.output.find("train.device: cuda, train.precision: fp8)"), std::string::npos)
+      << human.output;
 }
 
 // A two-step job of `model` (a job's model section) with `parallel: auto` on two CPU ranks:
