@@ -31,7 +31,7 @@ Status Fp8Supported() {
   DT_CUDA_CHECK(cudaGetDevice(&device));
   DT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   DT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major * 10 + minor >= 89) return Status::Ok();
+  if (Fp8Capable(major, minor)) return Status::Ok();
   return Errorf(
       "FP8 GEMMs need compute capability 8.9 or later (Ada, Hopper); device {} has {}.{}: train "
       "in bf16 instead",

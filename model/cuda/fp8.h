@@ -44,8 +44,13 @@ struct Fp8Recipe {
   int margin = 0;      // scale /= 2^margin (--fp8-margin)
 };
 
-// OK where the current device runs cuBLASLt's FP8 products (compute capability ≥ 8.9); else
-// the error, naming the device's.
+// Whether a GPU of compute capability major.minor has FP8 tensor cores (8.9, Ada, or later).
+constexpr bool Fp8Capable(int major, int minor) {
+  return major * 10 + minor >= 89;
+}
+
+// OK where the current device runs cuBLASLt's FP8 products (Fp8Capable); else the error,
+// naming the device's compute capability.
 Status Fp8Supported();
 
 // The scaling state of `formats.size()` tensors, on the device: scale, scale_inv (1 to

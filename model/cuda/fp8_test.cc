@@ -32,6 +32,10 @@ using testing::RoundToBf16;
 using testing::UploadBf16;
 using testing::UploadFloat;
 
+// FP8 tensor cores from Ada (8.9) on: an H100 (9.0) has them, an A100 (8.0) or an A10 (8.6) not.
+static_assert(Fp8Capable(8, 9) && Fp8Capable(9, 0) && Fp8Capable(10, 0));
+static_assert(!Fp8Capable(8, 0) && !Fp8Capable(8, 6) && !Fp8Capable(7, 5));
+
 #define DT_SKIP_WITHOUT_FP8()                                                     \
   do {                                                                            \
     DT_SKIP_WITHOUT_GPU();                                                        \

@@ -68,7 +68,7 @@ Result<std::unique_ptr<GpuStep>> CreateDiTGpuStep(const TrainConfig& config, int
   }
   // What the options refuse before any allocation, so that it is not reported as a lack of
   // room: FP8 on a GPU without FP8 tensor cores, sizes FP8 or the attention's grids refuse.
-  if (config.precision == "fp8" && gpu.compute_major * 10 + gpu.compute_minor < 89) {
+  if (config.precision == "fp8" && !cuda::Fp8Capable(gpu.compute_major, gpu.compute_minor)) {
     return Errorf(
         "train.precision fp8: GPU {} ({}) has compute capability {}.{}; FP8 needs 8.9 or later "
         "(Ada, Hopper): write train.precision: bf16",
