@@ -22,7 +22,7 @@ else()
   endif()
 endif()
 
-# Headers the fuzzed code may include (no depfile: one clang command builds each target).
+# Headers the fuzzed code may include (no depfile: one script builds each target).
 file(GLOB fuzz_headers CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/common/*.h
   ${CMAKE_SOURCE_DIR}/job/*.h ${CMAKE_SOURCE_DIR}/model/family/*.h
   ${CMAKE_SOURCE_DIR}/model/train/*.h ${CMAKE_SOURCE_DIR}/model/dit/*.h
@@ -45,20 +45,48 @@ endfunction()
 # A fuzz target that fails to build (a new dependency of the parser, say) must not break
 # everybody's build: the failure is written down and its test reports itself skipped
 # with the compiler's message.
+#
+#   difftrain_fuzz_target(NAME "LIBS" SOURCE... [LINKED SOURCE...])
+#
+# The SOURCEs, the code the fuzzer drives, compile at -O1 with line tables (what a sanitizer's
+# stack trace shows). Those after LINKED are only there for the linker (a family's model
+# behind the registry the parser reads through): -O0, which halves their compile and leaves
+# them instrumented.
 function(difftrain_fuzz_target name libs)
-  set(sources ${ARGN})
+  cmake_parse_arguments(PARSE_ARGV 2 arg "" "" "LINKED")
   set(out ${CMAKE_BINARY_DIR}/fuzz/${name})
   set(run_test ${CMAKE_BINARY_DIR}/fuzz/run_${name}.sh)
   if(fuzz_skip_reason STREQUAL "")
+    set(sources ${arg_UNPARSED_ARGUMENTS} ${arg_LINKED})
     list(TRANSFORM sources PREPEND ${CMAKE_SOURCE_DIR}/)
-    list(JOIN sources " " source_list)
     list(JOIN libs " " lib_list)
+    set(compile "${DIFFTRAIN_FUZZ_CXX} -std=c++20 -gline-tables-only \
+  -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+  -Wno-unused-command-line-argument -I${CMAKE_SOURCE_DIR} ${lib_list} -c")
+    set(objects "")
+    set(commands "")
+    foreach(src ${arg_UNPARSED_ARGUMENTS} ${arg_LINKED})
+      if(src IN_LIST arg_LINKED)
+        set(level -O0)
+      else()
+        set(level -O1)
+      endif()
+      string(MAKE_C_IDENTIFIER ${src} object)
+      set(object ${out}.objects/${object}.o)
+      string(APPEND commands "  ${compile} ${level} ${CMAKE_SOURCE_DIR}/${src} -o ${object} &&
+")
+      string(APPEND objects " ${object}")
+    endforeach()
     set(build_script ${CMAKE_BINARY_DIR}/fuzz/build_${name}.sh)
     difftrain_write_if_changed(${build_script} "#!/bin/sh
-rm -f ${out} ${out}.error
-${DIFFTRAIN_FUZZ_CXX} -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined \\
-  -fno-sanitize-recover=undefined -I${CMAKE_SOURCE_DIR} ${source_list} ${lib_list} \\
-  -o ${out} 2>${out}.error || echo 'warning: fuzz target ${name} did not build (its test will say why)'
+rm -rf ${out} ${out}.error ${out}.objects
+mkdir -p ${out}.objects
+build() {
+${commands}  ${DIFFTRAIN_FUZZ_CXX} -fsanitize=fuzzer,address,undefined${objects} ${lib_list} \
+    -o ${out}
+}
+build 2>${out}.error || echo 'warning: fuzz target ${name} did not build (its test will say why)'
+rm -rf ${out}.objects
 touch ${out}.stamp
 ")
     add_custom_command(
@@ -89,16 +117,16 @@ difftrain_fuzz_target(wire_fuzz "-lfmt" common/wire_fuzz.cc common/wire.cc)
 difftrain_fuzz_target(job_spec_fuzz
   "-lfmt;-lyaml-cpp;-fopenmp;-isystem;${OPENBLAS_INCLUDE_DIR};${OPENBLAS_LIBRARY}"
   controller/job_spec_fuzz.cc job/job_spec.cc common/yaml_fields.cc
-  common/cluster_config.cc model/family/registry.cc model/family/model.cc
-  model/dit/family.cc model/dit/config.cc model/dit/dit.cc model/dit/params.cc model/latte/family.cc
-  model/dit/shard.cc model/cpu/activation.cc model/cpu/attention.cc model/cpu/embed.cc
-  model/cpu/layernorm.cc model/cpu/linear.cc model/cpu/modulate.cc
-  model/parallel/mappings.cc model/diffusion/gaussian_diffusion.cc model/optim/adamw.cc
-  model/train/planner.cc model/train/planner_unet.cc model/train/gpu_step.cc model/device.cc
-  model/tensor/tensor_table.cc model/tensor/host_memory.cc
-  model/unet/family.cc model/unet/config.cc model/unet/plan.cc model/unet/unet.cc
-  model/unet/layers.cc model/unet/resnet.cc model/unet/transformer.cc model/cpu/conv2d.cc
-  model/cpu/groupnorm.cc model/cpu/affine.cc model/cpu/upsample.cc)
+  common/cluster_config.cc model/family/registry.cc
+  model/dit/family.cc model/dit/config.cc model/latte/family.cc model/unet/family.cc
+  model/unet/config.cc model/train/planner.cc model/train/planner_unet.cc
+  LINKED model/family/model.cc model/dit/dit.cc model/dit/params.cc model/dit/shard.cc
+  model/cpu/activation.cc model/cpu/attention.cc model/cpu/embed.cc model/cpu/layernorm.cc
+  model/cpu/linear.cc model/cpu/modulate.cc model/parallel/mappings.cc
+  model/diffusion/gaussian_diffusion.cc model/optim/adamw.cc model/train/gpu_step.cc
+  model/device.cc model/tensor/tensor_table.cc model/tensor/host_memory.cc model/unet/plan.cc
+  model/unet/unet.cc model/unet/layers.cc model/unet/resnet.cc model/unet/transformer.cc
+  model/cpu/conv2d.cc model/cpu/groupnorm.cc model/cpu/affine.cc model/cpu/upsample.cc)
 difftrain_fuzz_target(checkpoint_fuzz "-lfmt;-lz"
   tests/fuzz/checkpoint_fuzz.cc model/io/safetensors.cc model/io/posix_file.cc
   model/tensor/tensor_table.cc)
