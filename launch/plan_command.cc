@@ -91,7 +91,8 @@ Result<PlanRequest> BuildRequest(const PlanOptions& o) {
   if (!device.ok()) return device.status().WithContext("--device");
   r.device = *device;
   if (o.device == "cpu" && !o.peak_tflops) {
-    r.device.peak_flops_per_second = MeasureSgemmPeak().flops_per_second;
+    DT_ASSIGN_OR_RETURN(const PeakFlops peak, CpuPeakFlops());
+    r.device.peak_flops_per_second = peak.flops_per_second;
   }
   if (o.memory_gib) r.device.memory_bytes = *o.memory_gib * kGiB;
   if (o.memory_tbps) r.device.memory_bytes_per_second = *o.memory_tbps * 1e12;

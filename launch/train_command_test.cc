@@ -187,5 +187,31 @@ TEST_F(TrainCommandTest, CudaDeviceOnANodeWithoutGpusIsRefused) {
       << r.output;
 }
 
+// A CPU rank that reports metrics measures its MFU peak with sgemm when it starts, unless
+// DIFFTRAIN_CPU_PEAK_GFLOPS gives it (ctest sets it for every test: docs/metrics.md); a value
+// that is not a positive number stops the rank as bad input (exit 2), naming the variable.
+TEST_F(TrainCommandTest, CpuPeakIsMeasuredOrTakenFromTheEnvironment) {
+  const std::string job = WriteJob(
+      std::string(kTinyJob) + "  metrics_file: " + (dir_ / "metrics-{rank}.jsonl").string() + "\n");
+  auto train = [&](const std::string& env) {
+    return testing::RunCommand(env + " " + std::string(DIFFTRAIN_BINARY) + " train --config " +
+                               ShellQuote(job) + " --steps 1");
+  };
+  const CommandResult given = train("DIFFTRAIN_CPU_PEAK_GFLOPS=12.5");
+  ASSERT_EQ(given.exit_code, 0) << given.output;
+  EXPECT_NE(given.output.find("MFU peak 12.5 GFLOP/s: DIFFTRAIN_CPU_PEAK_GFLOPS"),
+            std::string::npos)
+      << given.output;
+  const CommandResult measured = train("env -u DIFFTRAIN_CPU_PEAK_GFLOPS");
+  ASSERT_EQ(measured.exit_code, 0) << measured.output;
+  EXPECT_NE(measured.output.find("GFLOP/s: OpenBLAS sgemm 1024^3"), std::string::npos)
+      << measured.output;
+  const CommandResult bad = train("DIFFTRAIN_CPU_PEAK_GFLOPS=fast");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("DIFFTRAIN_CPU_PEAK_GFLOPS='fast': expected a positive number"),
+            std::string::npos)
+      << bad.output;
+}
+
 }  // namespace
 }  // namespace difftrain

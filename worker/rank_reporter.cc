@@ -79,7 +79,7 @@ Result<std::unique_ptr<RankReporter>> RankReporter::Open(const TrainConfig& conf
   if (gpu) {
     r->peak_ = {GpuPeakFlops(gpu->device_name()), "table: " + gpu->device_name()};
   } else if (r->pipe_fd_ >= 0 || r->file_.is_open() || metrics != nullptr) {
-    r->peak_ = MeasureSgemmPeak();
+    DT_ASSIGN_OR_RETURN(r->peak_, CpuPeakFlops());
   }
   if (r->peak_.flops_per_second > 0) {
     spdlog::info("MFU peak {:.1f} GFLOP/s: {}", r->peak_.flops_per_second / 1e9, r->peak_.source);

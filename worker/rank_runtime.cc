@@ -23,6 +23,7 @@
 #include "model/parallel/timed_comm.h"
 #include "model/train/checkpointing.h"
 #include "model/train/gpu_step.h"
+#include "model/train/peak_flops.h"
 #include "worker/rank_metrics.h"
 #include "worker/rank_reporter.h"
 #include "worker/store_client.h"
@@ -304,6 +305,7 @@ int RunRank(const RankOptions& o) {
   // Under a controller the job arrives resolved; alone, `parallel: auto` is chosen here for
   // the file's cluster section, as `difftrain validate` chooses it.
   if (Status s = ResolveJob(config); !s.ok()) return ReportBadInput("train", s.message());
+  if (Status s = CpuPeakFlopsGiven().status(); !s.ok()) return ReportBadInput("train", s.message());
   // Before the communicators, which add to it until they are gone.
   parallel::CommTimes comm_times;
   std::unique_ptr<GpuStep> gpu;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -44,6 +46,23 @@ PeakFlops MeasureSgemmPeak(int n, int repeats) {
   peak.source = fmt::format("OpenBLAS sgemm {}^3 on {} thread(s), median of {}", n,
                             omp_get_max_threads(), rates.size());
   return peak;
+}
+
+Result<std::optional<double>> CpuPeakFlopsGiven() {
+  const char* given = std::getenv("DIFFTRAIN_CPU_PEAK_GFLOPS");
+  if (given == nullptr || *given == '\0') return std::optional<double>();
+  char* end = nullptr;
+  const double gflops = std::strtod(given, &end);
+  if (*end != '\0' || !std::isfinite(gflops) || gflops <= 0) {
+    return Errorf("DIFFTRAIN_CPU_PEAK_GFLOPS='{}': expected a positive number of GFLOP/s", given);
+  }
+  return std::optional<double>(gflops * 1e9);
+}
+
+Result<PeakFlops> CpuPeakFlops() {
+  DT_ASSIGN_OR_RETURN(const std::optional<double> given, CpuPeakFlopsGiven());
+  if (!given) return MeasureSgemmPeak();
+  return PeakFlops{*given, "DIFFTRAIN_CPU_PEAK_GFLOPS"};
 }
 
 }  // namespace difftrain

@@ -3,8 +3,11 @@
 // when the rank starts.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
+
+#include "common/status.h"
 
 namespace difftrain {
 
@@ -21,5 +24,14 @@ double GpuPeakFlops(std::string_view device_name);
 // The median FLOP/s of `repeats` n×n×n OpenBLAS sgemm calls (after a warm-up) on this thread's
 // OpenMP threads. n = 1024 takes a few tens of milliseconds per call on a core.
 PeakFlops MeasureSgemmPeak(int n = 1024, int repeats = 3);
+
+// The CPU peak the environment gives, DIFFTRAIN_CPU_PEAK_GFLOPS, in FLOP/s (a positive number of
+// GFLOP/s: the same figure every run, and no 0.3 s of sgemm a rank, which ranks sharing a
+// node's cores also slow each other down in); none where it is unset or empty; an error naming
+// the variable where it is not a positive number.
+Result<std::optional<double>> CpuPeakFlopsGiven();
+
+// A CPU rank's peak: CpuPeakFlopsGiven(), else MeasureSgemmPeak().
+Result<PeakFlops> CpuPeakFlops();
 
 }  // namespace difftrain
