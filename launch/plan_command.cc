@@ -82,14 +82,14 @@ Result<PlanRequest> BuildRequest(const PlanOptions& o) {
   if (o.fp8 && !FamilyOf(r.model).trains_fp8()) {
     return Errorf("--fp8: the {} family has no FP8 layers (DiT and Latte do)", r.model.family);
   }
-  if (o.fp8 && o.device == "A100") {
-    return Errorf(
-        "--fp8: the A100 has no FP8 tensor cores (compute capability 8.0; FP8 needs 8.9 or "
-        "later: H100, H200, H20)");
-  }
   Result<DeviceSpec> device = DevicePreset(o.device, o.devices_per_node);
   if (!device.ok()) return device.status().WithContext("--device");
   r.device = *device;
+  if (o.fp8 && !r.device.fp8) {
+    return Errorf(
+        "--fp8: the {} has no FP8 tensor cores (FP8 needs compute capability 8.9 or later)",
+        r.device.name);
+  }
   if (o.device == "cpu" && !o.peak_tflops) {
     DT_ASSIGN_OR_RETURN(const PeakFlops peak, CpuPeakFlops());
     r.device.peak_flops_per_second = peak.flops_per_second;

@@ -323,14 +323,17 @@ Result<DeviceSpec> DevicePreset(const std::string& name, int devices_per_node) {
   d.inter_node_bytes_per_second = 50e9;
   d.latency_seconds = 20e-6;
   if (name == "H100") {
+    d.fp8 = true;
     d.memory_bytes_per_second = 3.35e12;
     d.peak_flops_per_second = 989e12;
     d.memory_bytes = 80 * kGiB;
   } else if (name == "H200") {
+    d.fp8 = true;
     d.memory_bytes_per_second = 4.8e12;
     d.peak_flops_per_second = 989e12;
     d.memory_bytes = 141e9;
   } else if (name == "H20") {
+    d.fp8 = true;
     d.memory_bytes_per_second = 4.0e12;
     d.peak_flops_per_second = 148e12;
     d.memory_bytes = 96 * kGiB;

@@ -49,6 +49,7 @@ struct DeviceSpec {
   // Device memory (HBM) bandwidth, read and written together; the UNet's memory-bound kernels
   // are priced at it (model/train/planner_unet.cc). 0: not modelled (the cpu preset).
   double memory_bytes_per_second = 0;
+  bool fp8 = false;  // FP8 tensor cores (compute capability 8.9 or later): train.precision fp8
 };
 
 // H100, H200, H20, A100 (the dense BF16 table of docs/metrics.md, their memory, HBM and
