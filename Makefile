@@ -15,8 +15,8 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # CPU ranks take their MFU peak from DIFFTRAIN_CPU_PEAK_GFLOPS (about one core's sgemm here)
-# rather than measuring it at each start: ~0.3 s a rank, a third of a small multi-rank test
-# (docs/metrics.md). Tests that check the measurement unset it.
+# rather than measuring it at each start: ~0.15-0.2 s a rank on one thread, ~30% of a small
+# multi-rank test (docs/metrics.md). Tests that check the measurement unset it.
 test: build
 	cd $(BUILD) && DIFFTRAIN_CPU_PEAK_GFLOPS=$${DIFFTRAIN_CPU_PEAK_GFLOPS:-40} \
 	  ctest --output-on-failure -j $(JOBS)

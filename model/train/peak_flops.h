@@ -26,7 +26,7 @@ double GpuPeakFlops(std::string_view device_name);
 PeakFlops MeasureSgemmPeak(int n = 1024, int repeats = 3);
 
 // The CPU peak the environment gives, DIFFTRAIN_CPU_PEAK_GFLOPS, in FLOP/s (a positive number of
-// GFLOP/s: the same figure every run, and no 0.3 s of sgemm a rank, which ranks sharing a
+// GFLOP/s: the same figure every run, and no ~0.2 s of sgemm a rank, which ranks sharing a
 // node's cores also slow each other down in); none where it is unset or empty; an error naming
 // the variable where it is not a positive number.
 Result<std::optional<double>> CpuPeakFlopsGiven();
