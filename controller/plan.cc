@@ -1,6 +1,7 @@
 #include "controller/plan.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <fmt/ranges.h>
 
@@ -138,6 +139,17 @@ std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
                      config.global_batch, config.micro_batch, p.dp, p.accumulation);
   out += fmt::format("model: {} ({} parameters), {} steps\n", config.model.name(), p.parameters,
                      config.steps);
+  if (const std::string& init = config.checkpoint.init_from; !init.empty()) {
+    // LoadJob checked it wherever it is readable (job/load_job.cc).
+    std::error_code ec;
+    out += fmt::format(
+        "initial weights: {} ({}; a checkpoint of checkpoint.dir is resumed "
+        "instead)\n",
+        init,
+        std::filesystem::exists(init, ec)
+            ? "its tensors match the model"
+            : "not readable here: each rank checks it before training");
+  }
   out += fmt::format("device: {}{}\n", config.device,
                      config.device_automatic ? " (train.device: auto, for this machine)" : "");
   out += fmt::format(

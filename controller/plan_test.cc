@@ -87,5 +87,19 @@ TEST(CheckNodeHostMemoryTest, AJobOnGpusIsNotChecked) {
   EXPECT_TRUE(CheckNodeHostMemory(c, p, 0, "n0", 1, "").ok());
 }
 
+// The plan names the initial weights and says whether this machine checked them.
+TEST(DescribePlanTest, NamesTheInitialWeightsAndWhetherTheyWereCheckedHere) {
+  TrainConfig c = Config("{dp: 2}");
+  const JobPlan p = *MakePlan(c);
+  EXPECT_THAT(DescribePlan(c, p), ::testing::Not(HasSubstr("initial weights")));
+  c.checkpoint.init_from = "/nonexistent/w.safetensors";
+  EXPECT_THAT(DescribePlan(c, p),
+              HasSubstr("initial weights: /nonexistent/w.safetensors (not readable here: each "
+                        "rank checks it before training; a checkpoint of checkpoint.dir is "
+                        "resumed instead)\n"));
+  c.checkpoint.init_from = "/";
+  EXPECT_THAT(DescribePlan(c, p), HasSubstr("initial weights: / (its tensors match the model;"));
+}
+
 }  // namespace
 }  // namespace difftrain::controller

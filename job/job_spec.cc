@@ -138,7 +138,10 @@ nlohmann::json TrainConfig::ToJson() const {
             {"backend", parallel.backend},
             {"auto", parallel.automatic}}},
           {"checkpoint",
-           {{"dir", checkpoint.dir}, {"every", checkpoint.every}, {"keep", checkpoint.keep}}}};
+           {{"dir", checkpoint.dir},
+            {"every", checkpoint.every},
+            {"keep", checkpoint.keep},
+            {"init_from", checkpoint.init_from}}}};
 }
 
 Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
@@ -237,7 +240,8 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   YamlFields ckpt = top.Section("checkpoint");
   ckpt.String("dir", c.checkpoint.dir)
       .Int64("every", c.checkpoint.every)
-      .Int("keep", c.checkpoint.keep);
+      .Int("keep", c.checkpoint.keep)
+      .String("init_from", c.checkpoint.init_from);
   DT_RETURN_IF_ERROR(ckpt.Finish());
 
   // The fields that are checked against each other later (the batch arithmetic, the
@@ -246,6 +250,7 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   c.cluster.Locate(batch, "batch", {"micro", "global"});
   c.cluster.Locate(parallel, "parallel", {"tp", "backend"});
   c.cluster.Locate(train, "train", {"device", "precision"});
+  c.cluster.Locate(ckpt, "checkpoint", {"init_from"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
   c.micro_batch_given = batch.Has("micro");
@@ -255,29 +260,6 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   // Errors located in the file already name it.
   if (!valid.ok()) return valid.message().starts_with(source) ? valid : valid.WithContext(source);
   return c;
-}
-
-Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& overrides,
-                            std::string* yaml) {
-  // One read: the text checked is the text handed on.
-  DT_ASSIGN_OR_RETURN(std::string text, YamlFields::ReadFile(path));
-  DT_ASSIGN_OR_RETURN(TrainConfig config, TrainConfig::FromYamlText(text, path));
-  ClusterConfig& c = config.cluster;
-  if (overrides.nodes) {
-    if (*overrides.nodes < 1) return Errorf("--nodes: expected >= 1, found {}", *overrides.nodes);
-    c.nodes = *overrides.nodes;
-    c.where["cluster.nodes"] = "--nodes";
-  }
-  if (overrides.devices_per_node) {
-    if (*overrides.devices_per_node < 1) {
-      return Errorf("--devices-per-node: expected >= 1, found {}", *overrides.devices_per_node);
-    }
-    c.devices_per_node = *overrides.devices_per_node;
-    c.where["cluster.devices_per_node"] = "--devices-per-node";
-  }
-  DT_RETURN_IF_ERROR(ResolveJob(config));
-  if (yaml != nullptr) *yaml = std::move(text);
-  return config;
 }
 
 namespace {

@@ -36,6 +36,10 @@ struct CheckpointConfig {
   std::string dir;    // empty: no checkpoints
   int64_t every = 0;  // steps between checkpoints (0: only at the end)
   int keep = 3;       // newest complete checkpoints kept
+  // Weights a run starts from when dir holds no checkpoint of its own: a safetensors file, a
+  // diffusers model folder or another run's checkpoint directory
+  // (model/train/initial_weights.h). Empty: the seed's initialisation.
+  std::string init_from;
 };
 
 struct ParallelConfig {
@@ -117,7 +121,8 @@ struct ClusterOverrides {
 };
 
 // Reads the job file at `path`, applies the launcher's overrides and resolves `parallel: auto`
-// for that cluster; `yaml` receives the file's text. What `validate` prints and what the
+// for that cluster; `yaml` receives the file's text. checkpoint.init_from is checked against
+// the model where this machine can read it (job/load_job.cc). What `validate` prints and what the
 // controller ships are both made from this.
 Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& overrides = {},
                             std::string* yaml = nullptr);

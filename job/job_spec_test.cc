@@ -11,6 +11,7 @@
 
 #include "common/temp_dir.h"
 #include "model/dit/family.h"
+#include "model/io/safetensors.h"
 #include "model/train/planner.h"
 
 namespace difftrain {
@@ -268,6 +269,51 @@ TEST_F(JobSpecTest, DeviceAutoOnAGpuKeepsToDataParallelLayouts) {
   EXPECT_FALSE(automatic->parallel.zero1);
   EXPECT_FALSE(automatic->recompute);
 #endif
+}
+
+// checkpoint.init_from is checked against the model where the launcher can read it, and the
+// error points at the field in the file; a path the launcher cannot see is left to the ranks.
+TEST_F(JobSpecTest, InitFromIsCheckedAgainstTheModelWhereTheLauncherCanReadIt) {
+  const std::string job =
+      "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2,\n"
+      "        num_heads: 4, num_classes: 10}\n"
+      "checkpoint: {init_from: INIT}\n";
+  const auto with = [&](const std::string& init) {
+    std::string text = job;
+    text.replace(text.find("INIT"), 4, init);
+    return Write(text);
+  };
+  // The weights of that model, and of one with a block fewer.
+  Result<TrainConfig> parsed = TrainConfig::FromYamlFile(with("x"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->checkpoint.init_from, "x");
+  EXPECT_EQ(parsed->ToJson()["checkpoint"]["init_from"], "x");
+  const auto weights = [&](const ModelSpec& spec, const std::string& name) {
+    std::unique_ptr<Model> model = *FamilyOf(spec).Create(spec);
+    io::SafetensorsWriter w;
+    for (const TensorSpec& t : model->global_parameter_table().tensors())
+      w.AddF32(t.name, t.shape, model->params() + t.offset);
+    const std::string path = tmp_.path() + "/" + name;
+    EXPECT_TRUE(w.WriteAtomic(path).ok());
+    return path;
+  };
+  const std::string same = weights(parsed->model, "same.safetensors");
+  ModelSpec shallower = parsed->model;
+  shallower.config["depth"] = 1;
+  const std::string other = weights(shallower, "shallower.safetensors");
+
+  Result<TrainConfig> good = LoadJob(with(same));
+  EXPECT_TRUE(good.ok()) << good.status().message();
+  Result<TrainConfig> elsewhere = LoadJob(with("/nonexistent/weights.safetensors"));
+  EXPECT_TRUE(elsewhere.ok()) << elsewhere.status().message();
+  Result<TrainConfig> bad = LoadJob(with(other));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().substr(0, bad.status().message().find(" '")),
+            tmp_.path() + "/job.yaml:3:25: checkpoint.init_from:");
+  EXPECT_NE(bad.status().message().find("10 of the model's 31 tensors do not match (21 found in "
+                                        "the file): 'blocks.1.attn.qkv.weight' missing"),
+            std::string::npos)
+      << bad.status().message();
 }
 
 TEST_F(JobSpecTest, TheBackendIsGlooOrMpi) {

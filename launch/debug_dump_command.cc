@@ -5,6 +5,7 @@
 #include "launch/command.h"
 #include "launch/model_options.h"
 #include "model/io/safetensors.h"
+#include "model/train/checkpointing.h"
 #include "model/train/trainer.h"
 
 namespace difftrain::launch {
@@ -15,6 +16,7 @@ struct DebugDumpOptions {
   uint64_t seed = 0;
   int batch = 4;
   bool random_weights = false;
+  std::string init_from;  // the weights to start from (checkpoint.init_from's forms)
   DiffusionConfig diffusion;
   std::string out;
 };
@@ -42,6 +44,10 @@ int RunDebugDump(const DebugDumpOptions& o) {
   Trainer trainer(config, std::make_unique<SyntheticDataset>(o.seed, x.channels, x.height,
                                                              x.num_classes, x.frames));
   if (o.random_weights) trainer.model().InitializeRandom(o.seed);
+  if (!o.init_from.empty()) {
+    Result<std::string> from = InitializeFromWeights(trainer, o.init_from);
+    if (!from.ok()) return ReportBadInput("debug-dump", "--init-from: " + from.status().message());
+  }
 
   MicroBatch batch;
   Status made = trainer.MakeMicroBatch(0, o.batch, batch);
@@ -100,6 +106,11 @@ DIFFTRAIN_COMMAND(kDebugDump,
                      app.add_flag("--random-weights", o->random_weights,
                                   "draw every parameter at random (also the "
                                   "zero-initialised ones)");
+                     app.add_option("--init-from", o->init_from,
+                                    "start from these weights: a safetensors file, a diffusers "
+                                    "model folder or a checkpoint directory, as the job's "
+                                    "checkpoint.init_from")
+                         ->excludes("--random-weights");
                      app.add_option("--schedule", o->diffusion.schedule,
                                     "beta schedule: linear, scaled_linear or cosine")
                          ->capture_default_str();

@@ -1,4 +1,7 @@
 // Runs the built `difftrain train` as a user does: bad job files, then train and resume.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -6,6 +9,7 @@
 
 #include "common/attempt_fence.h"
 #include "model/device.h"
+#include "model/io/safetensors.h"
 #include "model/parallel/store.h"
 #include "tests/testing/run_command.h"
 
@@ -104,6 +108,80 @@ TEST_F(TrainCommandTest, TrainsWritesCheckpointAndResumes) {
   EXPECT_EQ(r.output.find("step 1/5"), std::string::npos) << r.output;
 }
 
+// checkpoint.init_from: a job starts from another run's checkpoint directory, in one process
+// and under tensor parallelism alike (each rank takes its shard of the same weights), and a
+// run that has a checkpoint of its own resumes it instead.
+TEST_F(TrainCommandTest, InitFromStartsEveryLayoutFromTheSameWeightsAndResumingWins) {
+  const std::string source =
+      std::string(kTinyJob) + "checkpoint: {dir: " + (dir_ / "source").string() + "}\n";
+  CommandResult r = Train(source, "--steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  // Another seed, so that the weights come from the file or the test fails.
+  const auto job = [&](const std::string& dir, const std::string& parallel) {
+    std::string text = kTinyJob;
+    text.replace(text.find("  steps: 3\n"), 11, "  steps: 1\n  seed: 9\n");
+    return text + "checkpoint: {dir: " + (dir_ / dir).string() +
+           ", init_from: " + (dir_ / "source").string() + "}\n" + parallel;
+  };
+  r = Train(job("one", ""));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(
+      r.output.find("starting from the weights of " +
+                    (dir_ / "source/step-00000002/shard-00000-of-00001.safetensors").string()),
+      std::string::npos)
+      << r.output;
+  const std::string two = WriteJob(job("two", "parallel: {tp: 2, timeout_seconds: 30}\n"));
+  const std::string rank = std::string(DIFFTRAIN_BINARY) + " train --config " + ShellQuote(two) +
+                           " --world 2 --store " + ShellQuote((dir_ / "store").string());
+  r = testing::RunCommand(rank + " --rank 1 > " + ShellQuote((dir_ / "rank1.log").string()) +
+                          " 2>&1 & " + rank +
+                          " --rank 0 2>&1; code=$?; wait $! || code=$?; exit $code");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  Result<io::SafetensorsFile> from = io::SafetensorsFile::Read(
+      (dir_ / "source/step-00000002/shard-00000-of-00001.safetensors").string());
+  Result<io::SafetensorsFile> one = io::SafetensorsFile::Read(
+      (dir_ / "one/step-00000001/shard-00000-of-00001.safetensors").string());
+  Result<io::SafetensorsFile> tp2 = io::SafetensorsFile::Read(
+      (dir_ / "two/step-00000001/shard-00000-of-00002.safetensors").string());
+  ASSERT_TRUE(from.ok() && one.ok() && tp2.ok());
+  // One step from the same weights: the two layouts agree to rounding. The patch embedding
+  // moved from the source's weights by the learning rate (AdamW's first step, 1e-4 a weight);
+  // the blocks' inner weights, behind adaLN gates still near their zero start, by less.
+  for (const std::string& name :
+       {std::string("x_embedder.proj.weight"), std::string("blocks.1.attn.qkv.weight"),
+        std::string("blocks.0.mlp.fc2.weight"), std::string("ema.final_layer.linear.weight")}) {
+    const io::TensorView* s = from->Find(name);
+    const io::TensorView* a = one->Find(name);
+    const io::TensorView* b = tp2->Find(name);
+    ASSERT_TRUE(s != nullptr && a != nullptr && b != nullptr) << name;
+    const size_t n = a->bytes / sizeof(float);
+    std::vector<float> sv(n), av(n), bv(n);
+    std::memcpy(sv.data(), s->data, a->bytes);
+    std::memcpy(av.data(), a->data, a->bytes);
+    std::memcpy(bv.data(), b->data, a->bytes);
+    double moved = 0, apart = 0;
+    for (size_t i = 0; i < n; ++i) {
+      moved = std::max(moved, double(std::abs(av[i] - sv[i])));
+      apart = std::max(apart, double(std::abs(av[i] - bv[i])));
+    }
+    EXPECT_LT(apart, 1e-6) << name;
+    if (name == "x_embedder.proj.weight") {
+      EXPECT_NEAR(moved, 1e-4, 1e-6) << name;
+    } else {
+      EXPECT_GT(moved, 0) << name;
+      EXPECT_LT(moved, 1.01e-4) << name;
+    }
+  }
+
+  // Its own checkpoint is resumed, the file not read again.
+  r = Train(job("one", ""), "--steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from step 1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("starting from the weights"), std::string::npos) << r.output;
+}
+
 // The job with `train.device: <device>` and `extra` appended to its train section.
 std::string WithDevice(const std::string& device, const std::string& extra = "") {
   std::string job = kTinyJob;
@@ -123,18 +201,18 @@ TEST_F(TrainCommandTest, ARankOfAnOldAttemptCommitsNoCheckpoint) {
   const std::string current = CurrentAttempt("c0ffee", 1);
   ASSERT_TRUE(files->Set(std::string(kCurrentAttemptKey), {current.begin(), current.end()}).ok());
   const std::string env = "DIFFTRAIN_INCARNATION=c0ffee ";
-  const CommandResult old = testing::RunCommand(
-      env + DIFFTRAIN_BINARY + " train --config " + ShellQuote(WriteJob(job)) +
-      " --rank 0 --world 1 --attempt 0 --store " + ShellQuote(store));
+  const CommandResult old =
+      testing::RunCommand(env + DIFFTRAIN_BINARY + " train --config " + ShellQuote(WriteJob(job)) +
+                          " --rank 0 --world 1 --attempt 0 --store " + ShellQuote(store));
   EXPECT_EQ(old.exit_code, 1) << old.output;
   EXPECT_NE(old.output.find("not committing step 3: attempt 0 (controller c0ffee) is no longer "
                             "the job's current attempt (c0ffee:1)"),
             std::string::npos)
       << old.output;
   EXPECT_FALSE(std::filesystem::exists(ckpt + "/step-00000003/manifest.json"));
-  const CommandResult now = testing::RunCommand(
-      env + DIFFTRAIN_BINARY + " train --config " + ShellQuote(WriteJob(job)) +
-      " --rank 0 --world 1 --attempt 1 --store " + ShellQuote(store));
+  const CommandResult now =
+      testing::RunCommand(env + DIFFTRAIN_BINARY + " train --config " + ShellQuote(WriteJob(job)) +
+                          " --rank 0 --world 1 --attempt 1 --store " + ShellQuote(store));
   EXPECT_EQ(now.exit_code, 0) << now.output;
   EXPECT_TRUE(std::filesystem::exists(ckpt + "/step-00000003/manifest.json"));
 }

@@ -189,5 +189,47 @@ TEST_F(UNetCheckerTest, FailsADumpWithEveryGradientSlightlyOff) {
   EXPECT_THAT(checked.output, ::testing::HasSubstr("1 FAILED"));
 }
 
+// checkpoint.init_from with diffusers' own files: a UNet that save_pretrained wrote in float16
+// into a pipeline's unet/ folder is what `debug-dump --init-from` (the path a job's
+// checkpoint.init_from takes) starts from, tensor for tensor, and the step from those weights
+// is diffusers' step.
+using UNetInitFromTest = DiffusersReference;
+
+TEST_F(UNetInitFromTest, DiffusersFp16WeightsLoadExactlyAndTheirStepMatches) {
+  const std::string config_dump = Dump(kCheckerCase);  // the config, for diffusers
+  ASSERT_FALSE(config_dump.empty());
+  const std::filesystem::path unet = dir_ / "pipeline" / "unet";
+  const CommandResult saved = RunScript(
+      "diffusers_weights.py", "save " + ShellQuote(config_dump) + " " + ShellQuote(unet.string()));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  ASSERT_TRUE(std::filesystem::exists(unet / "diffusion_pytorch_model.fp16.safetensors"))
+      << saved.output;
+
+  const std::string dump = (dir_ / "from_diffusers.safetensors").string();
+  const CommandResult dumped = RunCommand(
+      fmt::format("{} debug-dump --config {} --seed 1 --batch 3 --init-from {} --out {} 2>&1",
+                  ShellQuote(DIFFTRAIN_BINARY), ShellQuote((dir_ / "job.yaml").string()),
+                  ShellQuote((dir_ / "pipeline").string()), ShellQuote(dump)));
+  ASSERT_EQ(dumped.exit_code, 0) << dumped.output;
+  const CommandResult compared = RunScript(
+      "diffusers_weights.py", "compare " + ShellQuote(unet.string()) + " " + ShellQuote(dump));
+  EXPECT_EQ(compared.exit_code, 0) << compared.output;
+  const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(dump));
+  EXPECT_EQ(checked.exit_code, 0) << checked.output;
+
+  // A config that is not the weights' (one block fewer) is refused, naming what is missing.
+  std::ofstream(dir_ / "other.yaml")
+      << "model: {name: unet, block_out_channels: [4, 8], layers_per_block: 2, "
+         "attention_head_dim: 2, cross_attention_dim: 8, norm_num_groups: 2, down_block_types: "
+         "[CrossAttnDownBlock2D, DownBlock2D], up_block_types: [UpBlock2D, CrossAttnUpBlock2D], "
+         "sample_size: 8, text_length: 5}\n";
+  const CommandResult refused = RunCommand(fmt::format(
+      "{} debug-dump --config {} --init-from {} --out {} 2>&1", ShellQuote(DIFFTRAIN_BINARY),
+      ShellQuote((dir_ / "other.yaml").string()), ShellQuote((dir_ / "pipeline").string()),
+      ShellQuote((dir_ / "other.safetensors").string())));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, ::testing::HasSubstr("'down_blocks.0.resnets.1."));
+}
+
 }  // namespace
 }  // namespace difftrain::testing

@@ -331,11 +331,19 @@ int RunRank(const RankOptions& o) {
   const ModelCost cost = FamilyOf(config.model).Cost(config.model);
 
   std::optional<io::CheckpointStore> store;
+  bool resumed_any = false;
   if (!config.checkpoint.dir.empty()) {
     store.emplace(config.checkpoint.dir, config.checkpoint.keep);
     Result<std::optional<int64_t>> resumed = RestoreLatestCheckpoint(trainer, *store);
     if (!resumed.ok()) return Fail(resumed.status().message());
     if (*resumed) spdlog::info("resumed from step {} of {}", **resumed, store->dir());
+    resumed_any = resumed->has_value();
+  }
+  if (!resumed_any && !config.checkpoint.init_from.empty()) {
+    Result<std::string> from = InitializeFromWeights(trainer, config.checkpoint.init_from);
+    if (!from.ok())
+      return ReportBadInput("train", "checkpoint.init_from: " + from.status().message());
+    spdlog::info("starting from the weights of {}", *from);
   }
   Result<ServedMetrics> served = ServeMetrics(o);
   if (!served.ok()) return ReportBadInput("train", served.status().message());

@@ -120,6 +120,32 @@ TEST_F(GpuTrainerTest, ResumesFromItsOwnCheckpoint) {
   EXPECT_LE(Relative(got->grad_norm, want->grad_norm), 1e-3);
 }
 
+// checkpoint.init_from on the GPU: the weights reach the device before the first step, which
+// is then the CPU trainer's from the same weights (another run's random weights, so that the
+// seed's zero-initialised layers would not pass for them).
+TEST_F(GpuTrainerTest, StartsFromInitialWeightsAsTheCpuTrainerDoes) {
+  DT_SKIP_WITHOUT_GPU();
+  const TrainConfig c = TinyConfig();
+  Trainer source(c, testing::SyntheticData(c));
+  source.model().InitializeRandom(/*seed=*/3);
+  Save(source, "source");
+  TrainConfig other = c;
+  other.seed = 8;
+  Trainer cpu(other, testing::SyntheticData(other));
+  std::unique_ptr<Trainer> gpu = GpuTrainer(other);
+  for (Trainer* t : {&cpu, gpu.get()}) {
+    Result<std::string> from = InitializeFromWeights(*t, (dir_ / "source").string());
+    ASSERT_TRUE(from.ok()) << from.status().message();
+  }
+  for (int step = 1; step <= 2; ++step) {
+    Result<StepStats> want = cpu.Step();
+    Result<StepStats> got = gpu->Step();
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_LE(Relative(got->loss, want->loss), 2e-2) << "step " << step;
+    EXPECT_LE(Relative(got->grad_norm, want->grad_norm), 5e-2) << "step " << step;
+  }
+}
+
 // Rank `rank` of a data-parallel group of `dp` over NCCL (its GPU `rank`), the world over
 // Gloo, as `difftrain train` forms them; returns each step's stats.
 std::vector<StepStats> RunDataParallelRank(const TrainConfig& c, const std::string& store_dir,

@@ -315,6 +315,10 @@ std::string CheckpointStore::StepDir(int64_t step) const {
   return Join(dir_, StepName(step));
 }
 
+std::string CheckpointStore::ShardPath(int64_t step, int rank, int world) const {
+  return Join(StepDir(step), ShardName(rank, world));
+}
+
 Status CheckpointStore::WriteShard(int64_t step, int rank, int world,
                                    const SafetensorsWriter& shard) const {
   DT_CHECK(step >= 0 && world >= 1 && rank >= 0 && rank < world, "step {} rank {} world {}", step,

@@ -53,6 +53,8 @@ class CheckpointStore {
   const std::string& dir() const { return dir_; }
   // The directory of a committed step: `dir/step-00000020`.
   std::string StepDir(int64_t step) const;
+  // A shard's file in a committed step: `dir/step-00000020/shard-00000-of-00002.safetensors`.
+  std::string ShardPath(int64_t step, int rank, int world) const;
 
  private:
   void Prune(int64_t committed) const;

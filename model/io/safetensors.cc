@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -414,6 +415,26 @@ Result<FileDigest> SafetensorsFile::Verify(const std::string& path) {
   return CombineDigest(size, head_crc, data_crc, data_bytes);
 }
 
+Result<SafetensorsFile> SafetensorsFile::ReadHeader(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(InputFile in, InputFile::Open(path));
+  const uint64_t size = in.size();
+  uint8_t prefix[8] = {};
+  if (size >= 8) DT_RETURN_IF_ERROR(in.Read(prefix, 8));
+  DT_ASSIGN_OR_RETURN(uint64_t header_bytes, HeaderLength(path, prefix, size));
+  std::string header(header_bytes, '\0');
+  DT_RETURN_IF_ERROR(in.Read(header.data(), header.size()));
+  DT_ASSIGN_OR_RETURN(Layout layout, ParseLayout(path, header, size - 8 - header_bytes));
+  SafetensorsFile file;
+  file.path_ = path;
+  file.metadata_ = std::move(layout.metadata);
+  for (Layout::Tensor& t : layout.tensors) {
+    file.index_[t.name] = file.names_.size();
+    file.names_.push_back(std::move(t.name));
+    file.views_.push_back({t.dtype, std::move(t.shape), nullptr, t.end - t.begin});
+  }
+  return file;
+}
+
 const TensorView* SafetensorsFile::Find(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : &views_[it->second];
@@ -421,6 +442,7 @@ const TensorView* SafetensorsFile::Find(const std::string& name) const {
 
 Status SafetensorsFile::CopyF32(const std::string& name, const std::vector<int64_t>& expected_shape,
                                 float* dst) const {
+  DT_CHECK(has_data(), "CopyF32 of '{}' from a header read alone ('{}')", name, path_);
   const TensorView* t = Find(name);
   if (t == nullptr) {
     return FileError(path_, fmt::format("tensor '{}' not found (expected F32 {})", name,
@@ -433,6 +455,78 @@ Status SafetensorsFile::CopyF32(const std::string& name, const std::vector<int64
   }
   if (t->bytes > 0) std::memcpy(dst, t->data, t->bytes);
   return Status::Ok();
+}
+
+}  // namespace difftrain::io
+
+namespace difftrain::io {
+namespace {
+
+// IEEE binary16 bits to fp32, exactly (subnormals, infinities and NaNs included).
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {
+    // A subnormal: mantissa · 2^-24, exact in fp32.
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  return std::bit_cast<float>(bits);
+}
+
+// n elements of `dtype` (little-endian, possibly unaligned) to fp32.
+template <class From, class Convert>
+void ConvertElements(const void* src, size_t n, float* dst, Convert convert) {
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < n; ++i) {
+    From value;
+    std::memcpy(&value, bytes + i * sizeof(From), sizeof(From));
+    dst[i] = convert(value);
+  }
+}
+
+}  // namespace
+
+Status SafetensorsFile::CopyAsF32(const std::string& name,
+                                  const std::vector<int64_t>& expected_shape, float* dst) const {
+  DT_CHECK(has_data(), "CopyAsF32 of '{}' from a header read alone ('{}')", name, path_);
+  const TensorView* t = Find(name);
+  if (t == nullptr) {
+    return FileError(path_, fmt::format("tensor '{}' not found (expected {})", name,
+                                        ShapeString(expected_shape)));
+  }
+  if (t->shape != expected_shape) {
+    return FileError(
+        path_, fmt::format("tensor '{}' is {} {}, expected shape {}", name, DTypeName(t->dtype),
+                           ShapeString(t->shape), ShapeString(expected_shape)));
+  }
+  const size_t n = t->bytes / DTypeSize(t->dtype);
+  switch (t->dtype) {
+    case DType::kF32:
+      if (t->bytes > 0) std::memcpy(dst, t->data, t->bytes);
+      return Status::Ok();
+    case DType::kF16:
+      ConvertElements<uint16_t>(t->data, n, dst, HalfToFloat);
+      return Status::Ok();
+    case DType::kBF16:
+      ConvertElements<uint16_t>(t->data, n, dst,
+                                [](uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); });
+      return Status::Ok();
+    case DType::kF64:
+      ConvertElements<double>(t->data, n, dst, [](double d) { return static_cast<float>(d); });
+      return Status::Ok();
+    default:
+      return FileError(path_, fmt::format("tensor '{}' is {}, not a floating-point type (F16, "
+                                          "BF16, F32 or F64)",
+                                          name, DTypeName(t->dtype)));
+  }
 }
 
 }  // namespace difftrain::io

@@ -114,6 +114,10 @@ class SafetensorsFile {
   // Validates `path` exactly as Read does while streaming it in pieces, so a checkpoint of
   // many gigabytes can be checked without holding it in memory.
   static Result<FileDigest> Verify(const std::string& path);
+  // The header alone, validated as Read validates it (names, dtypes, shapes, offsets that
+  // tile the data section; not the checksum): what a launcher checks a file of gigabytes
+  // against a model with. Its views have no data (has_data() is false).
+  static Result<SafetensorsFile> ReadHeader(const std::string& path);
 
   const std::string& path() const { return path_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -125,6 +129,11 @@ class SafetensorsFile {
   // missing or is not F32 of exactly `expected_shape`.
   Status CopyF32(const std::string& name, const std::vector<int64_t>& expected_shape,
                  float* dst) const;
+  // The same for a floating-point tensor of any width (F16, BF16, F32, F64), converted to
+  // fp32: F16 and BF16 exactly, F64 rounded to nearest. Other dtypes are an error naming it.
+  Status CopyAsF32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                   float* dst) const;
+  bool has_data() const { return buffer_ != nullptr; }
   const FileDigest& digest() const { return digest_; }
 
  private:

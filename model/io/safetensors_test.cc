@@ -3,11 +3,13 @@
 
 #include <zlib.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -220,6 +222,80 @@ TEST_F(SafetensorsTest, CopyF32NamesTheTensorAndTheMismatch) {
   Status dtype = int_file->CopyF32("i", {2}, dst.data());
   EXPECT_NE(dtype.message().find("tensor 'i' is I32 [2], expected F32 [2]"), std::string::npos)
       << dtype.message();
+}
+
+TEST_F(SafetensorsTest, CopyAsF32ConvertsEveryFloatingPointWidthExactly) {
+  // F16: 1, -2, the smallest subnormal 2^-24, the largest finite 65504, -infinity; after a U8
+  // tensor of 3 bytes, so its elements are not 2-byte aligned in the buffer.
+  const uint16_t halves[5] = {0x3c00, 0xc000, 0x0001, 0x7bff, 0xfc00};
+  // BF16: 1, -0.5, 2^100.
+  const uint16_t bf16[3] = {0x3f80, 0xbf00, 0x7180};
+  const double doubles[2] = {0.1, -3.0};
+  const float floats[2] = {1.5f, -7.25f};
+  const uint8_t bytes[3] = {1, 2, 3};
+  const int32_t ints[1] = {4};
+  SafetensorsWriter writer;
+  writer.Add("u8", DType::kU8, {3}, bytes);
+  writer.Add("f16", DType::kF16, {5}, halves);
+  writer.Add("bf16", DType::kBF16, {3}, bf16);
+  writer.Add("f64", DType::kF64, {2}, doubles);
+  writer.Add("f32", DType::kF32, {2}, floats);
+  writer.Add("i32", DType::kI32, {1}, ints);
+  ASSERT_TRUE(writer.WriteAtomic(Path("widths.safetensors")).ok());
+  Result<SafetensorsFile> file = SafetensorsFile::Read(Path("widths.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status().message();
+
+  std::vector<float> out(5);
+  ASSERT_TRUE(file->CopyAsF32("f16", {5}, out.data()).ok());
+  EXPECT_EQ(out, (std::vector<float>{1.0f, -2.0f, std::ldexp(1.0f, -24), 65504.0f,
+                                     -std::numeric_limits<float>::infinity()}));
+  out.assign(3, 0);
+  ASSERT_TRUE(file->CopyAsF32("bf16", {3}, out.data()).ok());
+  EXPECT_EQ(out, (std::vector<float>{1.0f, -0.5f, std::ldexp(1.0f, 100)}));
+  out.assign(2, 0);
+  ASSERT_TRUE(file->CopyAsF32("f64", {2}, out.data()).ok());
+  EXPECT_EQ(out, (std::vector<float>{0.1f, -3.0f}));
+  ASSERT_TRUE(file->CopyAsF32("f32", {2}, out.data()).ok());
+  EXPECT_EQ(out, (std::vector<float>{1.5f, -7.25f}));
+
+  const Status integer = file->CopyAsF32("i32", {1}, out.data());
+  EXPECT_NE(integer.message().find("tensor 'i32' is I32, not a floating-point type"),
+            std::string::npos)
+      << integer.message();
+  const Status shape = file->CopyAsF32("f16", {1, 5}, out.data());
+  EXPECT_NE(shape.message().find("tensor 'f16' is F16 [5], expected shape [1, 5]"),
+            std::string::npos)
+      << shape.message();
+}
+
+TEST_F(SafetensorsTest, ReadHeaderChecksTheLayoutButNotTheData) {
+  const std::string path = WriteSample();
+  Result<SafetensorsFile> header = SafetensorsFile::ReadHeader(path);
+  ASSERT_TRUE(header.ok()) << header.status().message();
+  EXPECT_FALSE(header->has_data());
+  ASSERT_NE(header->Find("a"), nullptr);
+  EXPECT_EQ(header->Find("a")->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(header->Find("a")->bytes, 24u);
+  EXPECT_EQ(header->Names().size(), 2u);
+
+  // A flipped data byte fails Read's checksum, not ReadHeader.
+  std::string raw;
+  {
+    std::ifstream in(path, std::ios::binary);
+    raw.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  raw.back() ^= 0x40;
+  WriteBytes(Path("flipped"), raw);
+  EXPECT_FALSE(SafetensorsFile::Read(Path("flipped")).ok());
+  EXPECT_TRUE(SafetensorsFile::ReadHeader(Path("flipped")).ok());
+  // A header that does not tile the data section fails both.
+  WriteBytes(Path("gap"), BuildFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                    FloatBytes({1, 2})));
+  const Result<SafetensorsFile> gap = SafetensorsFile::ReadHeader(Path("gap"));
+  ASSERT_FALSE(gap.ok());
+  EXPECT_NE(gap.status().message().find("data section bytes [0, 4) belong to no tensor"),
+            std::string::npos)
+      << gap.status().message();
 }
 
 // ---- Corrupt and malformed files: every one is refused with the path and the reason ----

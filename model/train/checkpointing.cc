@@ -1,5 +1,9 @@
 #include "model/train/checkpointing.h"
 
+#include <spdlog/spdlog.h>
+
+#include "model/train/initial_weights.h"
+
 namespace difftrain {
 
 Status WriteCheckpointShard(Trainer& trainer, const io::CheckpointStore& store, int rank,
@@ -32,6 +36,20 @@ Result<std::optional<int64_t>> RestoreLatestCheckpoint(Trainer& trainer,
         *latest, store.dir(), world, restored, trainer.optimizer_elements());
   }
   return latest;
+}
+
+Result<std::string> InitializeFromWeights(Trainer& trainer, const std::string& path) {
+  DT_ASSIGN_OR_RETURN(const std::string file_path, InitialWeightsFile(path));
+  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(file_path));
+  DT_ASSIGN_OR_RETURN(const std::vector<std::string> unused, trainer.InitializeFrom(file));
+  if (!unused.empty()) {
+    std::string names;
+    for (size_t i = 0; i < unused.size() && i < 5; ++i)
+      names += (i == 0 ? "" : ", ") + unused[i];
+    spdlog::info("{}: {} tensor(s) the model does not have were not read: {}{}", file_path,
+                 unused.size(), names, unused.size() > 5 ? ", ..." : "");
+  }
+  return file_path;
 }
 
 }  // namespace difftrain

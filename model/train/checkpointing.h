@@ -22,4 +22,9 @@ Status WriteCheckpointShard(Trainer& trainer, const io::CheckpointStore& store, 
 Result<std::optional<int64_t>> RestoreLatestCheckpoint(Trainer& trainer,
                                                        const io::CheckpointStore& store);
 
+// Starts a trainer that resumed nothing from the weights `path` names (checkpoint.init_from,
+// model/train/initial_weights.h); returns the file read. Logs, at info level (rank 0's), the
+// file's tensors the model did not take.
+Result<std::string> InitializeFromWeights(Trainer& trainer, const std::string& path);
+
 }  // namespace difftrain

@@ -153,6 +153,11 @@ class Trainer : private parallel::PipelineStage {
   // Copies the moments of every owned element that `shard` holds (ranges of the whole-model
   // arena); returns the elements copied.
   Result<size_t> RestoreOptimizer(const io::SafetensorsFile& shard);
+  // Starts the run from the weights of `file` instead of the seed's (checkpoint.init_from,
+  // model/train/initial_weights.h): this rank's shard of them and of the EMA; the step, the
+  // data position and the moments stay at their start. Returns the file's tensors the model
+  // did not take, for a warning.
+  Result<std::vector<std::string>> InitializeFrom(const io::SafetensorsFile& file);
   // Elements of AdamW moments this rank holds (its owned ranges).
   size_t optimizer_elements() const { return owned_elements_; }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "model/train/initial_weights.h"
 
 namespace difftrain {
 
@@ -179,6 +180,20 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
                   shard.path(), samples_seen_, step_, config_.global_batch);
   }
   return Status::Ok();
+}
+
+Result<std::vector<std::string>> Trainer::InitializeFrom(const io::SafetensorsFile& file) {
+  const TensorTable& global = model_->global_parameter_table();
+  std::vector<std::string> fixed;
+  for (const FixedTensor& f : model_->fixed_tensors())
+    fixed.push_back(f.name);
+  DT_ASSIGN_OR_RETURN(std::vector<std::string> unused, CheckInitialWeights(file, global, fixed));
+  Buffer<float> params(global.total()), ema(global.total());
+  DT_RETURN_IF_ERROR(ReadInitialWeights(file, global, params.data(), ema.data()));
+  model_->ScatterFromGlobal(params.data(), model_->params());
+  model_->ScatterFromGlobal(ema.data(), ema_.data());
+  gpu_stale_ = gpu_ != nullptr;
+  return unused;
 }
 
 Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {

@@ -1,0 +1,135 @@
+#include "model/train/initial_weights.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "model/io/checkpoint.h"
+
+namespace difftrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kShardFormat[] = "difftrain-checkpoint-shard";
+// How many names an error or warning lists before "and N more".
+constexpr size_t kNamesShown = 5;
+
+bool IsCheckpointShard(const io::SafetensorsFile& file) {
+  auto it = file.metadata().find("format");
+  return it != file.metadata().end() && it->second == kShardFormat;
+}
+
+bool IsFloatingPoint(io::DType dtype) {
+  return dtype == io::DType::kF16 || dtype == io::DType::kBF16 || dtype == io::DType::kF32 ||
+         dtype == io::DType::kF64;
+}
+
+std::string Listed(const std::vector<std::string>& items) {
+  std::string text;
+  for (size_t i = 0; i < items.size() && i < kNamesShown; ++i)
+    text += (i == 0 ? "" : "; ") + items[i];
+  if (items.size() > kNamesShown) text += fmt::format("; and {} more", items.size() - kNamesShown);
+  return text;
+}
+
+// Does the tensor `name` of the file fit `spec`? A problem as text, or nullopt.
+std::optional<std::string> Mismatch(const io::SafetensorsFile& file, const std::string& name,
+                                    const std::vector<int64_t>& shape) {
+  const io::TensorView* t = file.Find(name);
+  if (t == nullptr)
+    return fmt::format("'{}' missing (the model's is {})", name, ShapeString(shape));
+  if (t->shape != shape) {
+    return fmt::format("'{}' is {}, the model's is {}", name, ShapeString(t->shape),
+                       ShapeString(shape));
+  }
+  if (!IsFloatingPoint(t->dtype)) {
+    return fmt::format("'{}' is {}, not F16, BF16, F32 or F64", name, io::DTypeName(t->dtype));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::string> InitialWeightsFile(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) {
+    return Errorf("'{}': no such file or directory", path);
+  }
+  if (!fs::is_directory(status)) return path;
+  const fs::path dir(path);
+  for (const char* sub : {"", "unet"}) {
+    for (const char* name :
+         {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"}) {
+      const fs::path candidate = dir / sub / name;
+      if (fs::is_regular_file(candidate, ec)) return candidate.string();
+    }
+  }
+  io::CheckpointStore store(path, /*keep=*/0);
+  Result<std::optional<int64_t>> latest = store.LatestComplete();
+  if (!latest.ok()) {
+    return latest.status().WithContext(fmt::format("'{}'", path));
+  }
+  if (*latest) {
+    DT_ASSIGN_OR_RETURN(const int world, store.World(**latest));
+    return store.ShardPath(**latest, 0, world);
+  }
+  return Errorf(
+      "'{}': a directory with no diffusion_pytorch_model.safetensors (or "
+      ".fp16.safetensors; in it or in unet/) and no complete difftrain checkpoint (step-N/): "
+      "name the safetensors file itself",
+      path);
+}
+
+Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& file,
+                                                     const TensorTable& global,
+                                                     const std::vector<std::string>& ignored) {
+  const bool shard = IsCheckpointShard(file);
+  std::vector<std::string> problems;
+  for (const TensorSpec& t : global.tensors()) {
+    if (auto problem = Mismatch(file, t.name, t.shape)) problems.push_back(*problem);
+    if (!shard) continue;
+    if (auto problem = Mismatch(file, "ema." + t.name, t.shape)) problems.push_back(*problem);
+  }
+  if (!problems.empty()) {
+    return Errorf(
+        "'{}': {} of the model's {} tensors do not match ({} found in the "
+        "file): {}",
+        file.path(), problems.size(), global.tensors().size() * (shard ? 2 : 1),
+        file.Names().size(), Listed(problems));
+  }
+  const std::unordered_set<std::string> skip(ignored.begin(), ignored.end());
+  std::vector<std::string> unused;
+  for (const std::string& name : file.Names()) {
+    if (global.Find(name) != nullptr || skip.contains(name)) continue;
+    if (shard && (name.starts_with("ema.") || name.starts_with("optim."))) continue;
+    unused.push_back(name);
+  }
+  return unused;
+}
+
+Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& global, float* params,
+                          float* ema) {
+  DT_RETURN_IF_ERROR(CheckInitialWeights(file, global).status());
+  const bool shard = IsCheckpointShard(file);
+  for (const TensorSpec& t : global.tensors()) {
+    DT_RETURN_IF_ERROR(file.CopyAsF32(t.name, t.shape, params + t.offset));
+    if (shard) DT_RETURN_IF_ERROR(file.CopyAsF32("ema." + t.name, t.shape, ema + t.offset));
+  }
+  if (!shard) std::copy(params, params + global.total(), ema);
+  return Status::Ok();
+}
+
+Status CheckInitialWeightsForModel(const ModelSpec& model, const std::string& path) {
+  DT_ASSIGN_OR_RETURN(const std::string file_path, InitialWeightsFile(path));
+  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile header, io::SafetensorsFile::ReadHeader(file_path));
+  DT_ASSIGN_OR_RETURN(const ModelPartition whole,
+                      FamilyOf(model).Partition(model, LayoutShape{}, 0, 0, 0));
+  return CheckInitialWeights(header, whole.parameters.table).status();
+}
+
+}  // namespace difftrain
