@@ -88,6 +88,36 @@ INSTANTIATE_TEST_SUITE_P(
                       DumpCase{"DitInitPatch4Input8ThreeBlocks", 4, 8, 3, true, false, 5}),
     [](const ::testing::TestParamInfo<DumpCase>& info) { return std::string(info.param.name); });
 
+// checkpoint.init_from with PyTorch's weights: the reference DiT's state_dict (pos_embed
+// included), saved as safetensors, is what `debug-dump --init-from` (the path a job's
+// checkpoint.init_from takes) starts from, tensor for tensor, and the step from it is the
+// reference's step.
+class DitInitFromTest : public ::testing::Test, protected ReferenceFixture {
+ protected:
+  void TearDown() override { KeepIfFailed(HasFailure()); }
+};
+
+TEST_F(DitInitFromTest, AReferenceStateDictLoadsExactlyAndItsStepMatches) {
+  const std::string model =
+      "--depth 2 --hidden 64 --heads 4 --patch 2 --input-size 8 --in-channels 4 "
+      "--num-classes 10 --learn-sigma true --seed 1 --batch 3";
+  const std::string script = ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/init_weights.py");
+  const std::string config = (dir_ / "config.safetensors").string();
+  const std::string weights = (dir_ / "DiT-custom.safetensors").string();
+  ASSERT_EQ(RunCommand(fmt::format("{} debug-dump {} --out {}", ShellQuote(DIFFTRAIN_BINARY), model,
+                                   ShellQuote(config)))
+                .exit_code,
+            0);
+  const CommandResult saved = RunCommand("/usr/bin/python3 " + script + " save-dit " +
+                                         ShellQuote(config) + " " + ShellQuote(weights));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  DumpAndCheck(model + " --init-from " + ShellQuote(weights));
+  const CommandResult compared =
+      RunCommand("/usr/bin/python3 " + script + " compare-dit " + ShellQuote(weights) + " " +
+                 ShellQuote((dir_ / "dump.safetensors").string()));
+  EXPECT_EQ(compared.exit_code, 0) << compared.output;
+}
+
 // Latte: a named config and custom shapes, covering patch 2, 4 and 8, 1, 4 and 8 frames,
 // with and without classes (and the null class), learn_sigma on and off, two block pairs.
 struct LatteCase {

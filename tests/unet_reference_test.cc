@@ -199,8 +199,9 @@ TEST_F(UNetInitFromTest, DiffusersFp16WeightsLoadExactlyAndTheirStepMatches) {
   const std::string config_dump = Dump(kCheckerCase);  // the config, for diffusers
   ASSERT_FALSE(config_dump.empty());
   const std::filesystem::path unet = dir_ / "pipeline" / "unet";
-  const CommandResult saved = RunScript(
-      "diffusers_weights.py", "save " + ShellQuote(config_dump) + " " + ShellQuote(unet.string()));
+  const CommandResult saved =
+      RunScript("init_weights.py",
+                "save-diffusers " + ShellQuote(config_dump) + " " + ShellQuote(unet.string()));
   ASSERT_EQ(saved.exit_code, 0) << saved.output;
   ASSERT_TRUE(std::filesystem::exists(unet / "diffusion_pytorch_model.fp16.safetensors"))
       << saved.output;
@@ -212,7 +213,7 @@ TEST_F(UNetInitFromTest, DiffusersFp16WeightsLoadExactlyAndTheirStepMatches) {
                   ShellQuote((dir_ / "pipeline").string()), ShellQuote(dump)));
   ASSERT_EQ(dumped.exit_code, 0) << dumped.output;
   const CommandResult compared = RunScript(
-      "diffusers_weights.py", "compare " + ShellQuote(unet.string()) + " " + ShellQuote(dump));
+      "init_weights.py", "compare-diffusers " + ShellQuote(unet.string()) + " " + ShellQuote(dump));
   EXPECT_EQ(compared.exit_code, 0) << compared.output;
   const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(dump));
   EXPECT_EQ(checked.exit_code, 0) << checked.output;

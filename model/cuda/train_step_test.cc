@@ -45,6 +45,18 @@ double Relative(double got, double want) {
   return std::abs(got - want) / std::max(std::abs(want), 1e-30);
 }
 
+// `steps` steps of each: the GPU's loss and gradient norm within bf16's error of the CPU's.
+void ExpectStepsFollow(Trainer& cpu, Trainer& gpu, int steps) {
+  for (int step = 1; step <= steps; ++step) {
+    Result<StepStats> want = cpu.Step();
+    Result<StepStats> got = gpu.Step();
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_LE(Relative(got->loss, want->loss), 2e-2) << "step " << step;
+    EXPECT_LE(Relative(got->grad_norm, want->grad_norm), 5e-2) << "step " << step;
+    EXPECT_EQ(got->lr, want->lr);
+  }
+}
+
 class GpuTrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -83,14 +95,7 @@ TEST_F(GpuTrainerTest, StepsFollowTheCpuTrainer) {
   Save(cpu, "start");
   std::unique_ptr<Trainer> gpu = GpuTrainer(c);
   Restore(*gpu, "start");
-  for (int step = 1; step <= 6; ++step) {
-    Result<StepStats> want = cpu.Step();
-    Result<StepStats> got = gpu->Step();
-    ASSERT_TRUE(want.ok() && got.ok());
-    EXPECT_LE(Relative(got->loss, want->loss), 2e-2) << "step " << step;
-    EXPECT_LE(Relative(got->grad_norm, want->grad_norm), 5e-2) << "step " << step;
-    EXPECT_EQ(got->lr, want->lr);
-  }
+  ExpectStepsFollow(cpu, *gpu, 6);
   Save(*gpu, "end");  // downloads the device's parameters into the host arenas
   const std::vector<float> want(cpu.model().params(),
                                 cpu.model().params() + cpu.model().num_params());
@@ -137,13 +142,7 @@ TEST_F(GpuTrainerTest, StartsFromInitialWeightsAsTheCpuTrainerDoes) {
     Result<std::string> from = InitializeFromWeights(*t, (dir_ / "source").string());
     ASSERT_TRUE(from.ok()) << from.status().message();
   }
-  for (int step = 1; step <= 2; ++step) {
-    Result<StepStats> want = cpu.Step();
-    Result<StepStats> got = gpu->Step();
-    ASSERT_TRUE(want.ok() && got.ok());
-    EXPECT_LE(Relative(got->loss, want->loss), 2e-2) << "step " << step;
-    EXPECT_LE(Relative(got->grad_norm, want->grad_norm), 5e-2) << "step " << step;
-  }
+  ExpectStepsFollow(cpu, *gpu, 2);
 }
 
 // Rank `rank` of a data-parallel group of `dp` over NCCL (its GPU `rank`), the world over
