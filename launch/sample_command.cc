@@ -79,38 +79,8 @@ struct Prompts {
   std::vector<int64_t> ids;  // one per row
 };
 
-// `path` is a checkpoint directory (its newest complete step is used) or one step directory
-// `.../step-00000020`. Returns the store holding the step and the step.
-Result<std::pair<io::CheckpointStore, int64_t>> ResolveStep(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) return Errorf("'{}' is not a directory", path);
-  if (fs::exists(fs::path(path) / "manifest.json", ec)) {
-    const fs::path step_dir = fs::path(path).lexically_normal();
-    const fs::path dir = step_dir.has_filename() ? step_dir : step_dir.parent_path();
-    const std::string name = dir.filename().string();
-    int64_t step = -1;
-    if (name.rfind("step-", 0) == 0) {
-      try {
-        step = std::stoll(name.substr(5));
-      } catch (const std::exception&) {
-      }
-    }
-    // Only the name CheckpointStore writes (step-00000020) names the step it reads.
-    if (step < 0 || fmt::format("step-{:08d}", step) != name) {
-      return Errorf("'{}' holds a manifest but is not named step-<N> as checkpoint steps are",
-                    path);
-    }
-    const std::string parent = dir.has_parent_path() ? dir.parent_path().string() : ".";
-    return std::pair(io::CheckpointStore(parent, 0), step);
-  }
-  io::CheckpointStore store(path, 0);
-  DT_ASSIGN_OR_RETURN(std::optional<int64_t> latest, store.LatestComplete());
-  if (!latest) return Errorf("'{}' holds no complete checkpoint", path);
-  return std::pair(std::move(store), *latest);
-}
-
 Result<Checkpoint> LoadCheckpoint(const std::string& path) {
-  DT_ASSIGN_OR_RETURN(auto resolved, ResolveStep(path));
+  DT_ASSIGN_OR_RETURN(auto resolved, io::ResolveCheckpointStep(path));
   auto& [store, step] = resolved;
   Checkpoint c;
   c.step = step;

@@ -392,4 +392,32 @@ Result<int> CheckpointStore::World(int64_t step) const {
   return manifest.world;
 }
 
+Result<std::pair<CheckpointStore, int64_t>> ResolveCheckpointStep(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return Errorf("'{}' is not a directory", path);
+  if (std::filesystem::exists(std::filesystem::path(path) / "manifest.json", ec)) {
+    const std::filesystem::path step_dir = std::filesystem::path(path).lexically_normal();
+    const std::filesystem::path dir = step_dir.has_filename() ? step_dir : step_dir.parent_path();
+    const std::string name = dir.filename().string();
+    int64_t step = -1;
+    if (name.rfind("step-", 0) == 0) {
+      try {
+        step = std::stoll(name.substr(5));
+      } catch (const std::exception&) {
+      }
+    }
+    // Only the name CheckpointStore writes (step-00000020) names the step it reads.
+    if (step < 0 || fmt::format("step-{:08d}", step) != name) {
+      return Errorf("'{}' holds a manifest but is not named step-<N> as checkpoint steps are",
+                    path);
+    }
+    const std::string parent = dir.has_parent_path() ? dir.parent_path().string() : ".";
+    return std::pair(CheckpointStore(parent, 0), step);
+  }
+  CheckpointStore store(path, 0);
+  DT_ASSIGN_OR_RETURN(std::optional<int64_t> latest, store.LatestComplete());
+  if (!latest) return Errorf("'{}' holds no complete checkpoint", path);
+  return std::pair(std::move(store), *latest);
+}
+
 }  // namespace difftrain::io

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "common/status.h"
 #include "model/io/safetensors.h"
@@ -62,5 +63,9 @@ class CheckpointStore {
   std::string dir_;
   int keep_;
 };
+
+// `path` is a checkpoint directory (its newest complete step) or one step directory
+// `.../step-00000020`: the store holding the step, and the step. Errors name the path.
+Result<std::pair<CheckpointStore, int64_t>> ResolveCheckpointStep(const std::string& path);
 
 }  // namespace difftrain::io

@@ -267,6 +267,36 @@ Result<uint32_t> StreamCrc32(InputFile& in, uint64_t bytes) {
   return crc;
 }
 
+// IEEE binary16 bits to fp32, exactly (subnormals, infinities and NaNs included).
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {
+    // A subnormal: mantissa · 2^-24, exact in fp32.
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  return std::bit_cast<float>(bits);
+}
+
+// n elements of `dtype` (little-endian, possibly unaligned) to fp32.
+template <class From, class Convert>
+void ConvertElements(const void* src, size_t n, float* dst, Convert convert) {
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < n; ++i) {
+    From value;
+    std::memcpy(&value, bytes + i * sizeof(From), sizeof(From));
+    dst[i] = convert(value);
+  }
+}
+
 }  // namespace
 
 std::string_view DTypeName(DType dtype) {
@@ -456,43 +486,6 @@ Status SafetensorsFile::CopyF32(const std::string& name, const std::vector<int64
   if (t->bytes > 0) std::memcpy(dst, t->data, t->bytes);
   return Status::Ok();
 }
-
-}  // namespace difftrain::io
-
-namespace difftrain::io {
-namespace {
-
-// IEEE binary16 bits to fp32, exactly (subnormals, infinities and NaNs included).
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
-  const uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {
-    // A subnormal: mantissa · 2^-24, exact in fp32.
-    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign != 0 ? -magnitude : magnitude;
-  }
-  return std::bit_cast<float>(bits);
-}
-
-// n elements of `dtype` (little-endian, possibly unaligned) to fp32.
-template <class From, class Convert>
-void ConvertElements(const void* src, size_t n, float* dst, Convert convert) {
-  const auto* bytes = static_cast<const uint8_t*>(src);
-  for (size_t i = 0; i < n; ++i) {
-    From value;
-    std::memcpy(&value, bytes + i * sizeof(From), sizeof(From));
-    dst[i] = convert(value);
-  }
-}
-
-}  // namespace
 
 Status SafetensorsFile::CopyAsF32(const std::string& name,
                                   const std::vector<int64_t>& expected_shape, float* dst) const {

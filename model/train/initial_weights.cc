@@ -69,6 +69,12 @@ Result<std::string> InitialWeightsFile(const std::string& path) {
       if (fs::is_regular_file(candidate, ec)) return candidate.string();
     }
   }
+  if (fs::exists(dir / "manifest.json", ec)) {  // one step of a checkpoint directory
+    DT_ASSIGN_OR_RETURN(auto resolved, io::ResolveCheckpointStep(path));
+    const auto& [steps, step] = resolved;
+    DT_ASSIGN_OR_RETURN(const int world, steps.World(step));
+    return steps.ShardPath(step, 0, world);
+  }
   io::CheckpointStore store(path, /*keep=*/0);
   Result<std::optional<int64_t>> latest = store.LatestComplete();
   if (!latest.ok()) {

@@ -22,7 +22,8 @@ namespace difftrain {
 // The safetensors file `path` names: the file itself; in a directory, diffusers' weights
 // (diffusion_pytorch_model.safetensors, else its .fp16 variant; in the directory or its unet/,
 // as a pipeline's folder holds them), else shard 0 of the newest complete checkpoint when the
-// directory is a difftrain checkpoint directory. The error says what was looked for.
+// directory is a difftrain checkpoint directory, or shard 0 of the step a step directory
+// (`.../step-00000020`) holds. The error says what was looked for.
 Result<std::string> InitialWeightsFile(const std::string& path);
 
 // Whether `file` (its header suffices) holds every tensor of `global`, the whole model's

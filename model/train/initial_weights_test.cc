@@ -110,6 +110,8 @@ TEST(InitialWeightsTest, ACheckpointGivesItsWeightsAndItsEmaAndNothingElse) {
       InitializeFromWeights(*trainer, (fs::path(dir.path()) / "ckpt").string());
   ASSERT_TRUE(from.ok()) << from.status().message();
   EXPECT_EQ(*from, store.ShardPath(2, 0, 1));
+  // One step directory names its step.
+  EXPECT_EQ(*InitialWeightsFile(store.StepDir(2)), store.ShardPath(2, 0, 1));
   EXPECT_EQ(Params(*trainer), Params(*source));
   EXPECT_EQ(Ema(*trainer), Ema(*source));
   EXPECT_EQ(trainer->step(), 0);  // the step, data position and moments start afresh
