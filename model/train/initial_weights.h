@@ -35,7 +35,8 @@ Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& 
                                                      const TensorTable& global,
                                                      const std::vector<std::string>& ignored = {});
 
-// Reads `file` (checked) into two whole-model arenas laid out as `global`: the weights, and
+// Reads `file`, once CheckInitialWeights passed it, into two whole-model arenas laid out as
+// `global` (a tensor it would refuse is an error naming that tensor alone): the weights, and
 // the EMA's start. A difftrain checkpoint shard gives its weights and its EMA; any other file
 // its weights to both, as DiT's train.py starts the EMA from the model.
 Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& global, float* params,
