@@ -19,6 +19,11 @@ Status TrainConfig::Validate(int dp) const {
   DT_RETURN_IF_ERROR(ModelSpecFromJson(model.family, model.config).status());
   DT_RETURN_IF_ERROR(diffusion.Validate());
   DT_RETURN_IF_ERROR(optimizer.Validate());
+  if (data.kind == "image_folder") {
+    return Status::Error(
+        "data.kind: image_folder is read by `difftrain data pack`, not by training: pack the "
+        "images into a latent_folder (through a VAE with --vae for latents) and train on that");
+  }
   if (data.kind != "synthetic" && data.kind != "fashion_mnist" &&
       data.kind != "moving_fashion_mnist" && data.kind != "latent_folder") {
     return Errorf(

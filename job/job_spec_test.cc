@@ -325,6 +325,16 @@ TEST_F(JobSpecTest, TheBackendIsGlooOrMpi) {
       << c.status().message();
 }
 
+// An image folder is packed, not trained on: the refusal says how to use it.
+TEST_F(JobSpecTest, AnImageFolderIsPackedFirst) {
+  Result<TrainConfig> c = TrainConfig::FromYamlFile(
+      Write("model: {name: DiT-S/8, input_size: 16}\ndata: {kind: image_folder, path: /x}\n"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("data.kind: image_folder is read by `difftrain data pack`"),
+            std::string::npos)
+      << c.status().message();
+}
+
 TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
   Result<TrainConfig> c = TrainConfig::FromYamlFile(Write("model: {name: DiT-M/3}\n"));
   ASSERT_FALSE(c.ok());

@@ -20,6 +20,8 @@
 #include "model/data/latent_folder.h"
 #include "model/data/text_table.h"
 #include "model/io/posix_file.h"
+#include "model/vae/encoded_dataset.h"
+#include "model/vae/vae.h"
 
 namespace difftrain::launch {
 namespace {
@@ -30,6 +32,10 @@ struct PackOptions {
   int64_t per_shard = 8192;
   int64_t limit = 0;       // 0: every sample
   std::string text_table;  // a caption of its class for every sample, from this table
+  std::string vae;         // encode the samples through this AutoencoderKL
+  std::string posterior = "sample";
+  bool channels_given = false;
+  bool image_size_given = false;
 };
 
 struct EmbedOptions {
@@ -39,9 +45,35 @@ struct EmbedOptions {
   int dim = 64;
 };
 
-int RunPack(const PackOptions& o) {
+// The samples through the VAE of --vae (loaded once, shared by the loader's threads).
+Result<std::unique_ptr<Dataset>> EncodeWithVae(std::unique_ptr<Dataset> source,
+                                               const PackOptions& o) {
+  Result<Vae> vae = Vae::Load(o.vae);
+  if (!vae.ok()) return vae.status().WithContext("--vae");
+  const VaePosterior posterior =
+      o.posterior == "mode" ? VaePosterior::kMode : VaePosterior::kSample;
+  auto shared = std::make_shared<const Vae>(std::move(vae).value());
+  spdlog::info("encoding through the VAE {} ({} of the posterior, scaled by {})", shared->source(),
+               o.posterior == "mode" ? "the mean" : "a draw", shared->config().scaling_factor);
+  Result<std::unique_ptr<VaeEncodedDataset>> encoded =
+      VaeEncodedDataset::Create(std::move(source), std::move(shared), posterior, o.dataset.seed);
+  if (!encoded.ok()) return encoded.status().WithContext("--vae");
+  return std::unique_ptr<Dataset>(std::move(encoded).value());
+}
+
+int RunPack(PackOptions o) {
   if (o.per_shard < 1) return ReportBadInput("data pack", "--per-shard must be positive");
   if (o.limit < 0) return ReportBadInput("data pack", "--limit must not be negative");
+  if (o.dataset.kind == "image_folder") {
+    if (!o.image_size_given) {
+      return ReportBadInput("data pack",
+                            "--image-size is required for image_folder (images are centre-cropped "
+                            "and resized to it)");
+    }
+    if (!o.channels_given) o.dataset.channels = 3;
+  }
+  if (o.vae.empty() && o.posterior != "sample")
+    return ReportBadInput("data pack", "--vae-posterior is for --vae");
   Result<std::unique_ptr<Dataset>> source = OpenDataset(o.dataset);
   if (!source.ok()) return ReportBadInput("data pack", source.status().message());
   if ((*source)->unbounded() && o.limit == 0) {
@@ -57,6 +89,10 @@ int RunPack(const PackOptions& o) {
       return ReportBadInput("data pack", "--text-table: " + captioned.status().message());
     }
     source = std::unique_ptr<Dataset>(std::move(captioned).value());
+  }
+  if (!o.vae.empty()) {
+    source = EncodeWithVae(std::move(source).value(), o);
+    if (!source.ok()) return ReportBadInput("data pack", source.status().message());
   }
   const int64_t count = o.limit > 0 ? std::min(o.limit, (*source)->size()) : (*source)->size();
   const PrefixDataset samples(**source, count);
@@ -144,22 +180,29 @@ std::function<int()> SetupData(CLI::App& app) {
   PackOptions& o = *pack_options;
   CLI::App* pack = app.add_subcommand("pack", "write a dataset as a latent folder");
   pack->add_option("--dataset", o.dataset.kind,
-                   "synthetic, fashion_mnist, moving_fashion_mnist or latent_folder")
+                   "synthetic, fashion_mnist, moving_fashion_mnist, latent_folder or "
+                   "image_folder (PNG/JPEG files in one subfolder per class)")
       ->capture_default_str();
   pack->add_option("--path", o.dataset.path,
                    "fashion_mnist: directory of the IDX files (default Debian's); "
-                   "latent_folder: the folder");
+                   "latent_folder, image_folder: the folder");
   pack->add_option("--split", o.dataset.split, "fashion_mnist: train or test")
       ->capture_default_str();
   pack->add_option("--out", o.out, "the folder to write")->required();
   pack->add_option("--per-shard", o.per_shard, "samples per shard file")->capture_default_str();
   pack->add_option("--limit", o.limit, "pack only the first N samples, 0 all (synthetic needs N)")
       ->capture_default_str();
-  pack->add_option("--seed", o.dataset.seed, "synthetic: seed")->capture_default_str();
-  pack->add_option("--channels", o.dataset.channels, "synthetic: channels")->capture_default_str();
-  pack->add_option("--image-size", o.dataset.image_size,
-                   "synthetic, moving_fashion_mnist: height and width")
+  pack->add_option("--seed", o.dataset.seed,
+                   "synthetic: seed; with --vae: the seed of the posterior's draws")
       ->capture_default_str();
+  CLI::Option* channels =
+      pack->add_option("--channels", o.dataset.channels,
+                       "synthetic: channels (default 4); image_folder: 3 (RGB, the default) or 1 "
+                       "(grey)");
+  CLI::Option* image_size =
+      pack->add_option("--image-size", o.dataset.image_size,
+                       "synthetic, moving_fashion_mnist: height and width (default 32); "
+                       "image_folder (required): the side its images are cropped and resized to");
   pack->add_option("--frames", o.dataset.frames,
                    "synthetic, moving_fashion_mnist: frames per video (1: images)")
       ->capture_default_str();
@@ -168,8 +211,19 @@ std::function<int()> SetupData(CLI::App& app) {
   pack->add_option("--text-table", o.text_table,
                    "pair every sample with a training caption of its class from this text table "
                    "(data captions + data embed or scripts/text_encoder.py)");
+  pack->add_option("--vae", o.vae,
+                   "encode the samples (a video's frames one by one) through this diffusers "
+                   "AutoencoderKL (its folder, a pipeline's, or its safetensors file) into "
+                   "latents × its scaling_factor");
+  pack->add_option("--vae-posterior", o.posterior,
+                   "with --vae: sample (a draw of the posterior, as DiT's feature extraction) "
+                   "or mode (its mean)")
+      ->check(CLI::IsMember({"sample", "mode"}))
+      ->capture_default_str();
   pack->footer(
-      "Example: difftrain data pack --dataset fashion_mnist --split train --out fmnist-train");
+      "Examples: difftrain data pack --dataset fashion_mnist --split train --out fmnist-train\n"
+      "          difftrain data pack --dataset image_folder --path imagenet/train --image-size "
+      "256 --vae sd-vae-ft-ema --out imagenet-latents");
 
   auto captions_out = std::make_shared<std::string>();
   CLI::App* captions =
@@ -194,7 +248,12 @@ std::function<int()> SetupData(CLI::App& app) {
   verify->add_option("DIR", *verify_dir, "the latent folder")->required();
 
   return [=] {
-    if (pack->parsed()) return RunPack(*pack_options);
+    if (pack->parsed()) {
+      PackOptions given = *pack_options;
+      given.channels_given = channels->count() > 0;
+      given.image_size_given = image_size->count() > 0;
+      return RunPack(given);
+    }
     if (captions->parsed()) return RunCaptions(*captions_out);
     if (embed->parsed()) return RunEmbed(*embed_options);
     return RunVerify(*verify_dir);

@@ -11,8 +11,12 @@
 #include "common/temp_dir.h"
 #include "model/data/dataset.h"
 #include "model/data/fashion_mnist.h"
+#include "model/data/image_folder.h"
 #include "model/data/latent_folder.h"
 #include "model/data/moving_fashion_mnist.h"
+#include "model/io/png.h"
+#include "model/vae/encoded_dataset.h"
+#include "model/vae/vae_testing.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -175,6 +179,111 @@ TEST_F(DataCommandTest, TextTableThatCannotCaptionIsBadInput) {
                         ShellQuote(dir_ + "/t.safetensors"));
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("no 'captions' list"), std::string::npos) << result.output;
+}
+
+// A VAE of two levels (images halved once) for `channels`-channel images, 4 latent channels.
+std::string VaeFolder(const std::string& dir, int channels) {
+  const nlohmann::json config = {{"block_out_channels", {4, 8}},
+                                 {"norm_num_groups", 2},
+                                 {"in_channels", channels},
+                                 {"out_channels", channels},
+                                 {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D"}},
+                                 {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D"}}};
+  EXPECT_EQ(testing::WriteVaeFolder(dir, config, 5), "");
+  return dir;
+}
+
+// Two classes of PNGs of different sizes and colours.
+std::string ImageFolder(const std::string& dir) {
+  for (int k = 0; k < 5; ++k) {
+    const std::string klass = dir + (k < 2 ? "/boots" : "/coats");
+    fs::create_directories(klass);
+    const int w = 20 + 3 * k, h = 18 + k, c = k == 3 ? 1 : 3;
+    std::vector<uint8_t> pixels(size_t(w) * h * c);
+    for (size_t i = 0; i < pixels.size(); ++i)
+      pixels[i] = static_cast<uint8_t>((i * 37 + k * 11) % 251);
+    EXPECT_TRUE(
+        io::WritePng(klass + "/" + std::to_string(k) + ".png", pixels.data(), w, h, c).ok());
+  }
+  return dir;
+}
+
+// `data pack --vae`: an image folder (and a video dataset, frame by frame) packed as the
+// latents the VAE encodes them into, a draw of the posterior or its mean, exactly what the
+// library's encoded dataset gives.
+TEST_F(DataCommandTest, PacksAnImageFolderThroughAVae) {
+  const std::string images = ImageFolder(dir_ + "/images");
+  const std::string vae_dir = VaeFolder(dir_ + "/vae", 3);
+  const auto expected = [&](VaePosterior posterior, uint64_t seed) {
+    Result<std::unique_ptr<ImageFolderDataset>> folder = ImageFolderDataset::Open(images, 16, 3);
+    EXPECT_TRUE(folder.ok()) << folder.status().message();
+    auto vae = std::make_shared<const Vae>(*Vae::Load(vae_dir));
+    return std::move(VaeEncodedDataset::Create(std::move(folder).value(), vae, posterior, seed))
+        .value();
+  };
+  const std::string pack = "--dataset image_folder --path " + ShellQuote(images) +
+                           " --image-size 16 --vae " + ShellQuote(vae_dir);
+  std::unique_ptr<LatentFolderDataset> drawn = Pack(pack);
+  ASSERT_NE(drawn, nullptr);
+  EXPECT_EQ(drawn->size(), 5);
+  EXPECT_EQ(drawn->num_classes(), 2);
+  EXPECT_EQ(drawn->channels(), 4);
+  EXPECT_EQ(drawn->height(), 8);
+  ExpectSameSamples(*drawn, *expected(VaePosterior::kSample, 0), 5);
+  drawn.reset();
+  std::unique_ptr<LatentFolderDataset> mean = Pack(pack + " --vae-posterior mode --seed 4");
+  ASSERT_NE(mean, nullptr);
+  ExpectSameSamples(*mean, *expected(VaePosterior::kMode, 4), 5);
+  mean.reset();
+
+  // Pixels alone, without a VAE: 3×16×16 in [−1, 1], labels by folder.
+  std::unique_ptr<LatentFolderDataset> pixels =
+      Pack("--dataset image_folder --path " + ShellQuote(images) + " --image-size 16");
+  ASSERT_NE(pixels, nullptr);
+  ExpectSameSamples(*pixels, **ImageFolderDataset::Open(images, 16, 3), 5);
+  pixels.reset();
+
+  // Videos: each of a video's 3 frames through the VAE, [3, 4, 16, 16] a sample.
+  const std::string grey = VaeFolder(dir_ + "/grey-vae", 1);
+  std::unique_ptr<LatentFolderDataset> videos = Pack(
+      "--dataset moving_fashion_mnist --split test --frames 3 --limit 2 --vae " + ShellQuote(grey));
+  ASSERT_NE(videos, nullptr);
+  EXPECT_EQ(videos->frames(), 3);
+  EXPECT_EQ(videos->channels(), 4);
+  EXPECT_EQ(videos->height(), 16);
+  DatasetSpec spec;
+  spec.kind = "moving_fashion_mnist";
+  spec.split = "test";
+  spec.frames = 3;
+  auto encoded = VaeEncodedDataset::Create(std::move(OpenDataset(spec)).value(),
+                                           std::make_shared<const Vae>(*Vae::Load(grey)),
+                                           VaePosterior::kSample, 0);
+  ASSERT_TRUE(encoded.ok()) << encoded.status().message();
+  ExpectSameSamples(*videos, **encoded, 2);
+}
+
+TEST_F(DataCommandTest, ImagesAVaeCannotEncodeAreBadInput) {
+  const std::string images = ImageFolder(dir_ + "/images");
+  const std::string vae = VaeFolder(dir_ + "/vae", 3);
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--dataset image_folder --path " + ShellQuote(images),
+            "--image-size is required for image_folder"},
+           {"--dataset fashion_mnist --split test --vae " + ShellQuote(vae),
+            "encodes images of 3 channels and the dataset's have 1"},
+           {"--dataset image_folder --path " + ShellQuote(images) + " --image-size 15 --vae " +
+                ShellQuote(vae),
+            "their 15×15 pixels must be multiples of 2"},
+           {"--dataset fashion_mnist --vae-posterior mode", "--vae-posterior is for --vae"},
+           {"--dataset fashion_mnist --vae " + ShellQuote(dir_ + "/none"),
+            "--vae: VAE '" + dir_ + "/none': no such file or directory"},
+       }) {
+    const CommandResult result = RunDifftrain("data pack " + c.args + " --out " + Out());
+    EXPECT_EQ(result.exit_code, 2) << c.args << "\n" << result.output;
+    EXPECT_NE(result.output.find(c.message), std::string::npos) << c.args << "\n" << result.output;
+  }
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
 #include "model/train/trainer.h"
+#include "model/vae/vae.h"
 
 namespace difftrain::launch {
 namespace {
@@ -51,6 +52,7 @@ struct SampleOptions {
   std::string raw;
   std::string weights = "ema";
   std::optional<bool> clip_denoised;
+  std::string vae;  // a diffusers AutoencoderKL decoding a latent model's samples
   std::string log_level = "info";
 };
 
@@ -163,17 +165,22 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const Checkpoint& ckpt,
   return p;
 }
 
+// The shape of N samples of `m`: [N, C, H, W], a video model's [N, F, C, H, W].
+std::vector<int64_t> SamplesShape(int64_t N, const SampleSchema& m) {
+  if (m.video) return {N, m.frames, m.channels, m.height, m.width};
+  return {N, m.channels, m.height, m.width};
+}
+
+// `decoded`, when not empty, holds the samples through the VAE, shaped as `pictures` says.
 Status WriteRaw(const std::string& path, const std::vector<float>& images,
+                const std::vector<float>& decoded, const SampleSchema& pictures,
                 const std::vector<int64_t>& labels, const ModelSpec& model,
                 const nlohmann::json& how) {
   const SampleSchema m = FamilyOf(model).Samples(model);
   io::SafetensorsWriter file;
   const int64_t N = static_cast<int64_t>(labels.size());
-  if (m.video) {
-    file.AddF32("images", {N, m.frames, m.channels, m.height, m.width}, images.data());
-  } else {
-    file.AddF32("images", {N, m.channels, m.height, m.width}, images.data());
-  }
+  file.AddF32("images", SamplesShape(N, m), images.data());
+  if (!decoded.empty()) file.AddF32("decoded", SamplesShape(N, pictures), decoded.data());
   file.Add("labels", io::DType::kI64, {N}, labels.data());
   file.SetMetadata("format", "difftrain-samples");
   file.SetMetadata("version", "1");
@@ -212,6 +219,39 @@ Status WriteVideos(const std::string& filmstrip, const std::string& gif, int del
       io::WriteGif(gif, pixels, grids[0].width, grids[0].height, m.channels, delay_cs));
   spdlog::info("wrote {}", gif);
   return Status::Ok();
+}
+
+// The VAE of --vae, checked against the model's samples (its latents) and, for a PNG or GIF,
+// its images' channels; nullopt without --vae.
+Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSchema& m) {
+  if (o.vae.empty()) return std::optional<Vae>();
+  Result<Vae> vae = Vae::Load(o.vae);
+  if (!vae.ok()) return vae.status().WithContext("--vae");
+  const VaeConfig& c = vae->config();
+  if (c.latent_channels != m.channels) {
+    return Errorf("--vae: '{}' decodes latents of {} channels and this model makes {}",
+                  vae->source(), c.latent_channels, m.channels);
+  }
+  if ((!o.out.empty() || !o.gif.empty()) && c.out_channels != 1 && c.out_channels != 3) {
+    return Errorf("--vae: a PNG needs 1 or 3 channels and '{}' decodes {}", vae->source(),
+                  c.out_channels);
+  }
+  return std::optional<Vae>(std::move(vae).value());
+}
+
+// Decodes `total` samples of `m` (a video's frames one by one, as its latents were encoded)
+// into `pictures` of the returned schema.
+Result<SampleSchema> DecodeSamples(const Vae& vae, const std::vector<float>& samples, int total,
+                                   const SampleSchema& m, std::vector<float>& pictures) {
+  SampleSchema decoded = m;
+  decoded.channels = vae.config().out_channels;
+  decoded.height = m.height * vae.config().downscale();
+  decoded.width = m.width * vae.config().downscale();
+  pictures.resize(size_t(total) * decoded.elements());
+  const int images = total * m.frames;
+  spdlog::info("decoding {} latents through the VAE {}", images, vae.source());
+  DT_RETURN_IF_ERROR(vae.Decode(samples.data(), images, m.height, m.width, pictures.data()));
+  return decoded;
 }
 
 int RunSample(const SampleOptions& o) {
@@ -262,10 +302,12 @@ int RunSample(const SampleOptions& o) {
           fmt::format("--classes: class {} is outside the model's [0, {})", label, m.num_classes));
     }
   }
-  if ((!o.out.empty() || !o.gif.empty()) && m.channels != 1 && m.channels != 3) {
+  Result<std::optional<Vae>> vae = LoadSampleVae(o, m);
+  if (!vae.ok()) return bad(vae.status().message());
+  if ((!o.out.empty() || !o.gif.empty()) && !*vae && m.channels != 1 && m.channels != 3) {
     return bad(fmt::format(
-        "--out: a PNG needs 1 or 3 channels and this model makes {} (latents: write them with "
-        "--raw and decode them first)",
+        "--out: a PNG needs 1 or 3 channels and this model makes {} (latents: decode them "
+        "with --vae, a diffusers AutoencoderKL folder)",
         m.channels));
   }
 
@@ -345,15 +387,27 @@ int RunSample(const SampleOptions& o) {
     spdlog::info("sampled {}/{}", first + B, total);
   }
 
+  // What the PNG and GIF show: the samples, or what the VAE decodes them into.
+  std::vector<float> decoded;
+  SampleSchema pictures = m;
+  if (*vae) {
+    Result<SampleSchema> schema = DecodeSamples(**vae, images, total, m, decoded);
+    if (!schema.ok()) {
+      spdlog::error("{}", schema.status().message());
+      return kExitJobFailed;
+    }
+    pictures = *schema;
+  }
+  const std::vector<float>& shown = *vae ? decoded : images;
   if (m.video) {
-    Status s = WriteVideos(o.out, o.gif, o.gif_delay_cs, images, total, o.per_class, m);
+    Status s = WriteVideos(o.out, o.gif, o.gif_delay_cs, shown, total, o.per_class, pictures);
     if (!s.ok()) {
       spdlog::error("{}", s.message());
       return kExitJobFailed;
     }
   } else if (!o.out.empty()) {
-    Status s = io::WriteImageGrid(o.out, images.data(), total, m.channels, m.height, m.width,
-                                  o.per_class, kGridPadding);
+    Status s = io::WriteImageGrid(o.out, shown.data(), total, pictures.channels, pictures.height,
+                                  pictures.width, o.per_class, kGridPadding);
     if (!s.ok()) {
       spdlog::error("{}", s.message());
       return kExitJobFailed;
@@ -372,6 +426,7 @@ int RunSample(const SampleOptions& o) {
                                 {"clip_denoised", options.clip_denoised},
                                 {"seed", o.seed}};
     nlohmann::json described = how;
+    if (*vae) described["vae"] = (*vae)->source();
     std::vector<int64_t> raw_labels(labels.begin(), labels.end());
     if (text_model) {
       // The label of a sample is the class its text names (the table's labels), so that
@@ -386,7 +441,7 @@ int RunSample(const SampleOptions& o) {
         if (!prompts->table.labels.empty()) label = prompts->table.labels[prompts->ids[label]];
       }
     }
-    Status s = WriteRaw(o.raw, images, raw_labels, ckpt.model, described);
+    Status s = WriteRaw(o.raw, images, decoded, pictures, raw_labels, ckpt.model, described);
     if (!s.ok()) {
       spdlog::error("{}", s.message());
       return kExitJobFailed;
@@ -453,6 +508,10 @@ DIFFTRAIN_COMMAND(
        app.add_option("--clip-denoised", o->clip_denoised,
                       "clip x0 predictions to [-1, 1] every step (default: true, false for "
                       "models trained on latents)");
+       app.add_option("--vae", o->vae,
+                      "decode a latent model's samples for --out and --gif (and into --raw's "
+                      "`decoded`) with this diffusers AutoencoderKL: its folder, a pipeline's, "
+                      "or its safetensors file");
        app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")
            ->capture_default_str();
        return [o] { return RunSample(*o); };

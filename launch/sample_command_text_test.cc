@@ -12,6 +12,8 @@
 
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
+#include "model/vae/vae.h"
+#include "model/vae/vae_testing.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -175,11 +177,53 @@ TEST_F(TextSampleTest, BadInputExitsTwo) {
             "holds texts of 4x16, the model takes 4x8"},
            {ckpt + " --captions 1 --text-table " + Q("missing.safetensors"),
             File("missing.safetensors")},
+           {ckpt + " --captions 1 --vae " + Q("no-vae"),
+            "--vae: VAE '" + File("no-vae") + "': no such file"},
        }) {
     const CommandResult r = RunDifftrain("sample " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
   }
+}
+
+// `--vae` decodes the latent model's samples (1×32×32 here) for the grid and into --raw's
+// `decoded`: what the VAE itself decodes them into, 3×64×64 through two levels.
+TEST_F(TextSampleTest, VaeDecodesTheSamplesForTheGridAndTheRawFile) {
+  const nlohmann::json config = {{"block_out_channels", {4, 8}},
+                                 {"norm_num_groups", 2},
+                                 {"latent_channels", 1},
+                                 {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D"}},
+                                 {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D"}}};
+  ASSERT_EQ(testing::WriteVaeFolder(File("pipeline") + "/vae", config, 3), "");
+  const io::SafetensorsFile raw =
+      Sample("--cfg 3 --captions 42,48 --vae " + Q("pipeline") + " --out " + Q("decoded.png"),
+             "decoded.safetensors");
+  Result<io::PngImage> png = io::ReadPng(File("decoded.png"));
+  ASSERT_TRUE(png.ok()) << png.status().message();
+  EXPECT_EQ(png->channels, 3);
+  EXPECT_EQ(png->width, 2 * 66 + 2);
+  EXPECT_EQ(png->height, 2 * 66 + 2);
+
+  const std::vector<float> latents = Images(raw);
+  std::vector<float> decoded(4 * 3 * 64 * 64), want(decoded.size());
+  ASSERT_TRUE(raw.CopyF32("decoded", {4, 3, 64, 64}, decoded.data()).ok());
+  Result<Vae> vae = Vae::Load(File("pipeline"));
+  ASSERT_TRUE(vae.ok()) << vae.status().message();
+  ASSERT_TRUE(vae->Decode(latents.data(), 4, 32, 32, want.data()).ok());
+  EXPECT_EQ(decoded, want);
+  const nlohmann::json how = nlohmann::json::parse(raw.metadata().at("sampling"));
+  EXPECT_EQ(how["vae"], File("pipeline") + "/vae/diffusion_pytorch_model.safetensors");
+
+  // A VAE of other latents is refused before sampling, naming both.
+  nlohmann::json four = config;
+  four["latent_channels"] = 4;
+  ASSERT_EQ(testing::WriteVaeFolder(File("four"), four, 3), "");
+  const CommandResult r = RunDifftrain("sample --checkpoint " + Q("ckpt") + " --captions 1 --vae " +
+                                       Q("four") + " --out " + Q("four.png"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("decodes latents of 4 channels and this model makes 1"),
+            std::string::npos)
+      << r.output;
 }
 
 // Training refuses texts of another shape than the model's cross-attention takes.

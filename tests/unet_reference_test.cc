@@ -10,13 +10,12 @@
 
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <ostream>
 #include <string>
 
 #include <fmt/format.h>
 
-#include "common/temp_dir.h"
+#include "tests/testing/diffusers_reference.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain::testing {
@@ -43,37 +42,9 @@ constexpr UNetCase kCheckerCase{
     "text_length: 5}",
     "", true, 1};
 
-// Finds the reference's Python (diffusers from PyPI) once per suite and runs the two steps:
-// a debug dump and the checker.
-class DiffusersReference : public ::testing::Test {
+// The UNet's tests also dump a training step of difftrain's model.
+class UNetReference : public DiffusersReference {
  protected:
-  static void SetUpTestSuite() {
-    if (python_ != nullptr || skip_reason_ != nullptr) return;
-    const CommandResult env =
-        RunCommand(ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/diffusers_env.sh") + " 2>&1");
-    if (env.exit_code == 0) {
-      python_ = new std::string(
-          env.output.substr(env.output.find_last_of('\n', env.output.size() - 2) + 1));
-      while (!python_->empty() && python_->back() == '\n')
-        python_->pop_back();
-    } else {
-      skip_reason_ = new std::string(env.output);
-    }
-  }
-
-  void SetUp() override {
-    if (python_ == nullptr) {
-      GTEST_SKIP() << "no diffusers 0.27.2 reference (PyPI unreachable?): " << *skip_reason_;
-    }
-  }
-
-  void TearDown() override {
-    if (HasFailure()) {
-      std::cout << "files kept in " << temp_.path() << "\n";
-      temp_.Keep();
-    }
-  }
-
   // `difftrain debug-dump` of case c into dir_/dump.safetensors; its path, or "" on failure.
   std::string Dump(const UNetCase& c) {
     const std::string job = (dir_ / "job.yaml").string();
@@ -86,22 +57,9 @@ class DiffusersReference : public ::testing::Test {
     EXPECT_EQ(dumped.exit_code, 0) << dumped.output;
     return dumped.exit_code == 0 ? dump : "";
   }
-
-  // The reference's Python running one of tests/reference's scripts.
-  static CommandResult RunScript(const std::string& script, const std::string& args) {
-    return RunCommand(ShellQuote(*python_) + " " +
-                      ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/" + script) + " " + args +
-                      " 2>&1");
-  }
-
-  static inline std::string* python_ = nullptr;
-  static inline std::string* skip_reason_ = nullptr;
-  TempDir temp_{"unet_reference"};
-  std::filesystem::path dir_ = temp_.path();
 };
 
-class UNetReferenceTest : public DiffusersReference,
-                          public ::testing::WithParamInterface<UNetCase> {};
+class UNetReferenceTest : public UNetReference, public ::testing::WithParamInterface<UNetCase> {};
 
 TEST_P(UNetReferenceTest, DebugDumpMatchesDiffusers) {
   const std::string dump = Dump(GetParam());
@@ -161,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
 // beyond fp32's rounding, far below a wrong layer's error) fails that tensor's bound, and one
 // with every gradient 5e-6 off (within each tensor's bound) fails the bound on all gradients
 // together.
-using UNetCheckerTest = DiffusersReference;
+using UNetCheckerTest = UNetReference;
 
 TEST_F(UNetCheckerTest, FailsADumpWithOneGradientOff) {
   const std::string dump = Dump(kCheckerCase);
@@ -193,7 +151,7 @@ TEST_F(UNetCheckerTest, FailsADumpWithEveryGradientSlightlyOff) {
 // into a pipeline's unet/ folder is what `debug-dump --init-from` (the path a job's
 // checkpoint.init_from takes) starts from, tensor for tensor, and the step from those weights
 // is diffusers' step.
-using UNetInitFromTest = DiffusersReference;
+using UNetInitFromTest = UNetReference;
 
 TEST_F(UNetInitFromTest, DiffusersFp16WeightsLoadExactlyAndTheirStepMatches) {
   const std::string config_dump = Dump(kCheckerCase);  // the config, for diffusers

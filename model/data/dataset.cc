@@ -2,6 +2,7 @@
 
 #include "common/check.h"
 #include "model/data/fashion_mnist.h"
+#include "model/data/image_folder.h"
 #include "model/data/latent_folder.h"
 #include "model/data/moving_fashion_mnist.h"
 #include "model/tensor/rng.h"
@@ -52,9 +53,15 @@ Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec) {
     DT_ASSIGN_OR_RETURN(auto dataset, LatentFolderDataset::Open(spec.path));
     return std::unique_ptr<Dataset>(std::move(dataset));
   }
+  if (spec.kind == "image_folder") {
+    if (spec.path.empty()) return Status::Error("image_folder dataset needs a path");
+    DT_ASSIGN_OR_RETURN(auto dataset,
+                        ImageFolderDataset::Open(spec.path, spec.image_size, spec.channels));
+    return std::unique_ptr<Dataset>(std::move(dataset));
+  }
   return Errorf(
-      "unknown dataset '{}' (expected synthetic, fashion_mnist, moving_fashion_mnist or "
-      "latent_folder)",
+      "unknown dataset '{}' (expected synthetic, fashion_mnist, moving_fashion_mnist, "
+      "latent_folder or image_folder)",
       spec.kind);
 }
 

@@ -82,14 +82,16 @@ class PrefixDataset : public Dataset {
 
 // A dataset chosen by name, as a command line or job spec names it.
 struct DatasetSpec {
-  // "synthetic", "fashion_mnist", "moving_fashion_mnist" or "latent_folder"
+  // "synthetic", "fashion_mnist", "moving_fashion_mnist", "latent_folder" or "image_folder"
+  // (PNG and JPEG files, model/data/image_folder.h: `data pack` reads it, jobs do not)
   std::string kind = "synthetic";
-  // (moving_)fashion_mnist: the directory of the IDX files ("" = Debian's); latent_folder:
-  // required.
+  // (moving_)fashion_mnist: the directory of the IDX files ("" = Debian's); latent_folder and
+  // image_folder: required.
   std::string path;
   std::string split = "train";  // fashion_mnist: "train" or "test"
   // synthetic; moving_fashion_mnist takes the frames and the image (canvas) size;
-  // the other kinds take their shape from their files.
+  // image_folder the image size and channels (1 or 3); the other kinds take their shape from
+  // their files.
   uint64_t seed = 0;
   int channels = 4;
   int image_size = 32;

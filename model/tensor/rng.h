@@ -18,6 +18,7 @@ enum class RngStream : uint64_t {
   kNoise = 3,   // diffusion noise, timesteps and label dropout per training sample
   kSample = 4,  // sampling (generation)
   kText = 5,    // synthetic text embeddings (text-conditional families)
+  kVae = 6,     // drawing from a VAE posterior (encoding images into latents)
 };
 
 // xoshiro256** seeded through splitmix64 from (seed, stream, counter).

@@ -1,0 +1,59 @@
+// A folder of PNG or JPEG images laid out as torchvision's ImageFolder reads it (DiT's and
+// most diffusion training scripts' input): DIR/<class>/…/<image>, one class per subfolder,
+// labels by the subfolders' names in sorted order; a DIR with no subfolders holds unlabelled
+// images. Files are listed (recursively within a class, sorted by path) when it is opened and
+// decoded one by one in Get, so a folder of any size costs only its list in memory.
+//
+// Each image becomes C × S × S floats in [−1, 1]:
+//   1. decoded to 8 bits (16-bit PNGs are reduced); alpha is dropped, as PIL's
+//      convert("RGB") drops it; C 3: grey is repeated into R, G and B; C 1: colour becomes
+//      PIL's convert("L") luma, (19595·R + 38470·G + 7471·B + 2¹⁵) >> 16;
+//   2. centre-cropped to the square of its shorter side (offsets rounded down);
+//   3. resized to S × S with PIL's BOX filter (each output pixel the mean of the input pixels
+//      whose centres fall in its footprint), in fp32, not rounded back to bytes;
+//   4. x / 127.5 − 1, the mean 0.5, std 0.5 normalisation of DiT's transform.
+// DiT's center_crop_arr halves with BOX, then resizes with BICUBIC before it crops; the
+// values here differ from its by that filter's difference (docs/data.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/data/dataset.h"
+#include "model/io/png.h"
+
+namespace difftrain {
+
+class ImageFolderDataset : public Dataset {
+ public:
+  // `size` S and `channels` C (1 or 3) of the samples. Errors: DIR missing, no images, a class
+  // folder without images (named).
+  static Result<std::unique_ptr<ImageFolderDataset>> Open(const std::string& dir, int size,
+                                                          int channels);
+
+  int64_t size() const override { return static_cast<int64_t>(files_.size()); }
+  int channels() const override { return channels_; }
+  int height() const override { return size_; }
+  int width() const override { return size_; }
+  int num_classes() const override { return static_cast<int>(classes_.size()); }
+  // An image that cannot be decoded is an error naming its file.
+  Status Get(int64_t index, float* image, int32_t* label) const override;
+
+  const std::vector<std::string>& classes() const { return classes_; }
+  const std::string& file(int64_t index) const { return files_[index]; }
+
+ private:
+  ImageFolderDataset() = default;
+
+  int size_ = 0, channels_ = 0;
+  std::vector<std::string> classes_;  // empty: unlabelled
+  std::vector<std::string> files_;
+  std::vector<int32_t> labels_;
+};
+
+// Steps 1–4 above for one decoded image: `out` is channels × size × size.
+void PrepareImage(const io::PngImage& image, int size, int channels, float* out);
+
+}  // namespace difftrain

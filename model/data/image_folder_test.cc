@@ -1,0 +1,147 @@
+// The image folder against Pillow (tests/reference/images.py writes PNG and JPEG files in
+// every colour mode and what Pillow decodes and resizes them into), and its layout and errors.
+#include "model/data/image_folder.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "common/temp_dir.h"
+#include "model/io/image.h"
+#include "model/io/safetensors.h"
+#include "tests/testing/run_command.h"
+
+namespace difftrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::RunCommand;
+using testing::ShellQuote;
+
+constexpr int kSize = 16;
+
+class ImageFolderPillowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const testing::CommandResult r = RunCommand(
+        "/usr/bin/python3 " + ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/images.py") +
+        " make " + ShellQuote(dir()) + " " + std::to_string(kSize) + " 2>&1");
+    if (r.output.find("No module named") != std::string::npos)
+      GTEST_SKIP() << "Pillow or numpy is not installed (scripts/install-deps.sh): " << r.output;
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    Result<io::SafetensorsFile> expected =
+        io::SafetensorsFile::Read(dir() + "/expected.safetensors");
+    ASSERT_TRUE(expected.ok()) << expected.status().message();
+    expected_.emplace(std::move(expected).value());
+  }
+  std::string dir() const { return temp_.path(); }
+  std::vector<float> Expected(const std::string& name, size_t n) const {
+    std::vector<float> v(n);
+    EXPECT_TRUE(expected_->CopyF32(name, expected_->Find(name)->shape, v.data()).ok()) << name;
+    return v;
+  }
+
+  TempDir temp_{"image_folder"};
+  std::optional<io::SafetensorsFile> expected_;
+};
+
+// Decoding gives Pillow's bytes exactly (libpng; libjpeg with Pillow's settings).
+TEST_F(ImageFolderPillowTest, DecodesAsPillow) {
+  Result<std::unique_ptr<ImageFolderDataset>> d =
+      ImageFolderDataset::Open(dir() + "/images", kSize, 3);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_EQ((*d)->size(), 6);
+  for (int64_t k = 0; k < (*d)->size(); ++k) {
+    SCOPED_TRACE((*d)->file(k));
+    Result<io::PngImage> image = io::ReadImage((*d)->file(k));
+    ASSERT_TRUE(image.ok()) << image.status().message();
+    const io::TensorView* want = expected_->Find("pixels." + std::to_string(k));
+    ASSERT_NE(want, nullptr);
+    EXPECT_EQ(want->shape, (std::vector<int64_t>{image->height, image->width, image->channels}));
+    ASSERT_EQ(want->bytes, image->pixels.size());
+    EXPECT_EQ(std::memcmp(want->data, image->pixels.data(), want->bytes), 0);
+  }
+}
+
+// Cropping and BOX resizing (shrinking and enlarging), RGB and grey, within the byte Pillow
+// rounds each of its two passes to (difftrain keeps fp32): |Δ| ≤ 1/127.5 (measured: exactly
+// one byte at worst), ≤ half a byte on average. A crop one pixel off, or another filter, is off
+// by many bytes on these noisy images.
+TEST_F(ImageFolderPillowTest, PreparesImagesAsPillowsBoxResize) {
+  for (int channels : {3, 1}) {
+    Result<std::unique_ptr<ImageFolderDataset>> d =
+        ImageFolderDataset::Open(dir() + "/images", kSize, channels);
+    ASSERT_TRUE(d.ok()) << d.status().message();
+    EXPECT_EQ((*d)->classes(), (std::vector<std::string>{"bags", "shoes"}));
+    const size_t n = size_t(channels) * kSize * kSize;
+    for (int64_t k = 0; k < (*d)->size(); ++k) {
+      SCOPED_TRACE((*d)->file(k));
+      std::vector<float> got(n);
+      int32_t label = -1;
+      ASSERT_TRUE((*d)->Get(k, got.data(), &label).ok());
+      EXPECT_EQ(label, k < 3 ? 0 : 1);
+      const std::vector<float> want =
+          Expected((channels == 3 ? "rgb." : "grey.") + std::to_string(k), n);
+      double worst = 0, total = 0;
+      for (size_t i = 0; i < n; ++i) {
+        worst = std::max(worst, std::abs(double(got[i]) - want[i]));
+        total += std::abs(double(got[i]) - want[i]);
+      }
+      EXPECT_LE(worst, 1.05 / 127.5);
+      EXPECT_LE(total / n, 0.5 / 127.5);
+    }
+  }
+}
+
+TEST(ImageFolderTest, AFolderWithoutSubfoldersIsUnlabelled) {
+  TempDir temp("image_folder_flat");
+  const std::vector<uint8_t> pixels(4 * 6 * 3, 200);
+  ASSERT_TRUE(io::WritePng(temp.path() + "/b.png", pixels.data(), 6, 4, 3).ok());
+  ASSERT_TRUE(io::WritePng(temp.path() + "/a.png", pixels.data(), 6, 4, 3).ok());
+  std::ofstream(temp.path() + "/notes.txt") << "not an image";
+  Result<std::unique_ptr<ImageFolderDataset>> d = ImageFolderDataset::Open(temp.path(), 2, 3);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ((*d)->size(), 2);
+  EXPECT_EQ((*d)->num_classes(), 0);
+  EXPECT_EQ((*d)->file(0), temp.path() + "/a.png");
+  std::vector<float> image(3 * 2 * 2);
+  int32_t label = -1;
+  ASSERT_TRUE((*d)->Get(1, image.data(), &label).ok());
+  EXPECT_EQ(label, 0);
+  for (float v : image)
+    EXPECT_FLOAT_EQ(v, 200 / 127.5f - 1);
+}
+
+TEST(ImageFolderTest, ErrorsNameTheFolderOrFile) {
+  TempDir temp("image_folder_errors");
+  const std::string root = temp.path();
+  EXPECT_THAT(ImageFolderDataset::Open(root + "/missing", 8, 3).status().message(),
+              HasSubstr("not a directory"));
+  EXPECT_THAT(ImageFolderDataset::Open(root, 8, 3).status().message(),
+              HasSubstr("no .png, .jpg or .jpeg file"));
+  EXPECT_THAT(ImageFolderDataset::Open(root, 8, 4).status().message(),
+              HasSubstr("channels must be 1 (grey) or 3 (RGB), got 4"));
+  fs::create_directories(root + "/cats");
+  fs::create_directories(root + "/dogs");
+  std::ofstream(root + "/cats/broken.png") << "\x89PNG\r\n\x1a\n but nothing after";
+  EXPECT_THAT(ImageFolderDataset::Open(root, 8, 3).status().message(),
+              HasSubstr("class folder 'dogs' holds no .png, .jpg or .jpeg file"));
+  std::ofstream(root + "/dogs/text.jpg") << "plain text";
+  Result<std::unique_ptr<ImageFolderDataset>> d = ImageFolderDataset::Open(root, 8, 3);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  std::vector<float> image(3 * 8 * 8);
+  int32_t label;
+  EXPECT_THAT((*d)->Get(0, image.data(), &label).message(), HasSubstr(root + "/cats/broken.png"));
+  EXPECT_THAT((*d)->Get(1, image.data(), &label).message(),
+              HasSubstr("neither a PNG nor a JPEG file"));
+  std::ofstream(root + "/dogs/truncated.jpg") << "\xff\xd8\xff\xe0 truncated";
+  EXPECT_THAT(io::ReadImage(root + "/dogs/truncated.jpg").status().message(),
+              HasSubstr("JPEG file '" + root + "/dogs/truncated.jpg': cannot decode"));
+}
+
+}  // namespace
+}  // namespace difftrain

@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""Images written, decoded and resized by Pillow, the reference of difftrain's image reading
+and preparation (model/io/image.h, model/data/image_folder.h):
+
+    /usr/bin/python3 tests/reference/images.py make DIR SIZE
+
+Writes DIR/images/<class>/<name> (Pillow's PNG and JPEG encoders; random pixels, smooth
+enough for JPEG to keep structure, of odd sizes and every colour mode the reader takes) and
+DIR/expected.safetensors with, for each image k in ImageFolder order (classes sorted, then
+paths):
+  pixels.k   U8 [H, W, C]   np.asarray(Image.open(file)): what decoding must give exactly
+  rgb.k      F32 [3, SIZE, SIZE]   convert("RGB"), the centre square of the shorter side
+                                   (offsets rounded down), resize((SIZE, SIZE), BOX), x/127.5 - 1
+  grey.k     F32 [1, SIZE, SIZE]   the same from convert("L")
+Exit status: 0, or 2 for bad usage.
+"""
+
+import os
+import sys
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_np  # noqa: E402
+
+
+def smooth(rng, h, w, c):
+    """Low-frequency noise in bytes: a few random gradients and blobs."""
+    y, x = np.mgrid[0:h, 0:w] / max(h, w)
+    planes = []
+    for _ in range(c):
+        a, b, f, g = rng.uniform(-1, 1, 4)
+        v = np.sin(6 * a * x + 4 * b * y + f) + 0.5 * np.cos(9 * g * x * y)
+        v += 0.2 * rng.standard_normal((h, w))
+        planes.append(v)
+    v = np.stack(planes, axis=-1)
+    v = (v - v.min()) / (v.max() - v.min())
+    return np.round(255 * v).astype(np.uint8)
+
+
+# (class, file, mode, height, width): PNG in every mode, JPEG colour and grey, a square image,
+# and images smaller than SIZE (BOX enlarging).
+FILES = [
+    ("bags", "a.png", "RGB", 37, 53),
+    ("bags", "b.jpg", "RGB", 48, 40),
+    ("bags", "nested/c.png", "RGBA", 30, 30),
+    ("shoes", "d.jpeg", "L", 33, 41),
+    ("shoes", "e.png", "L", 12, 9),
+    ("shoes", "f.png", "LA", 50, 31),
+]
+
+
+def make(out, size):
+    rng = np.random.default_rng(0)
+    expected = {}
+    k = 0
+    for klass, name, mode, h, w in FILES:
+        path = os.path.join(out, "images", klass, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        channels = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}[mode]
+        pixels = smooth(rng, h, w, channels)
+        if channels == 1:
+            image = Image.fromarray(pixels[..., 0], mode=mode)
+        else:
+            image = Image.fromarray(pixels, mode=mode)
+        if name.endswith(".png"):
+            image.save(path)
+        else:
+            image.save(path, quality=90)
+    names = []
+    for klass in sorted({f[0] for f in FILES}):
+        root = os.path.join(out, "images", klass)
+        for dirpath, _, files in os.walk(root):
+            names += [os.path.join(dirpath, f) for f in files]
+    for path in sorted(names):
+        image = Image.open(path)
+        decoded = np.asarray(image)
+        if decoded.ndim == 2:
+            decoded = decoded[..., None]
+        expected[f"pixels.{k}"] = decoded
+        for key, mode in (("rgb", "RGB"), ("grey", "L")):
+            converted = image.convert(mode)
+            w, h = converted.size
+            side = min(w, h)
+            left, top = (w - side) // 2, (h - side) // 2
+            square = converted.crop((left, top, left + side, top + side))
+            resized = np.asarray(square.resize((size, size), Image.BOX)).astype(np.float32)
+            if resized.ndim == 2:
+                resized = resized[..., None]
+            expected[f"{key}.{k}"] = resized.transpose(2, 0, 1) / 127.5 - 1
+        k += 1
+    safetensors_np.write(os.path.join(out, "expected.safetensors"), expected)
+
+
+def main(argv):
+    if len(argv) != 4 or argv[1] != "make":
+        print(__doc__, file=sys.stderr)
+        return 2
+    make(argv[2], int(argv[3]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
