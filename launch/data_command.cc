@@ -6,6 +6,7 @@
 //   data embed    embeds captions with the fixed token table into a text table
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -45,14 +46,17 @@ struct EmbedOptions {
   int dim = 64;
 };
 
-// The samples through the VAE of --vae (loaded once, shared by the loader's threads).
+// The samples through the VAE of --vae (loaded once, shared by the loader's threads), and
+// what the folder's index says of it.
 Result<std::unique_ptr<Dataset>> EncodeWithVae(std::unique_ptr<Dataset> source,
-                                               const PackOptions& o) {
+                                               const PackOptions& o, LatentFolderVae& described) {
   Result<Vae> vae = Vae::Load(o.vae);
   if (!vae.ok()) return vae.status().WithContext("--vae");
   const VaePosterior posterior =
       o.posterior == "mode" ? VaePosterior::kMode : VaePosterior::kSample;
   auto shared = std::make_shared<const Vae>(std::move(vae).value());
+  described = {std::filesystem::absolute(shared->source()).lexically_normal().string(),
+               shared->config().scaling_factor, o.posterior, o.dataset.seed};
   spdlog::info("encoding through the VAE {} ({} of the posterior, scaled by {})", shared->source(),
                o.posterior == "mode" ? "the mean" : "a draw", shared->config().scaling_factor);
   Result<std::unique_ptr<VaeEncodedDataset>> encoded =
@@ -90,13 +94,15 @@ int RunPack(PackOptions o) {
     }
     source = std::unique_ptr<Dataset>(std::move(captioned).value());
   }
+  std::optional<LatentFolderVae> encoded_by;
   if (!o.vae.empty()) {
-    source = EncodeWithVae(std::move(source).value(), o);
+    encoded_by.emplace();
+    source = EncodeWithVae(std::move(source).value(), o, *encoded_by);
     if (!source.ok()) return ReportBadInput("data pack", source.status().message());
   }
   const int64_t count = o.limit > 0 ? std::min(o.limit, (*source)->size()) : (*source)->size();
   const PrefixDataset samples(**source, count);
-  Status written = WriteLatentFolder(samples, o.out, o.per_shard);
+  Status written = WriteLatentFolder(samples, o.out, o.per_shard, encoded_by);
   if (!written.ok()) {
     std::fprintf(stderr, "difftrain data pack: %s\n", written.message().c_str());
     return kExitJobFailed;
@@ -118,12 +124,17 @@ int RunVerify(const std::string& dir) {
   Status verified = (*folder)->VerifyChecksums();
   if (!verified.ok()) return ReportBadInput("data verify", verified.message());
   const TextTable* texts = (*folder)->texts();
+  const std::optional<LatentFolderVae>& vae = (*folder)->vae();
   std::printf(
-      "%s: %lld samples of %d×%d×%d, %d classes, %lld shards%s, checksums good\n", dir.c_str(),
+      "%s: %lld samples of %d×%d×%d, %d classes, %lld shards%s%s, checksums good\n", dir.c_str(),
       static_cast<long long>((*folder)->size()), (*folder)->channels(), (*folder)->height(),
       (*folder)->width(), (*folder)->num_classes(), static_cast<long long>((*folder)->num_shards()),
       texts ? fmt::format(", {} texts of {}×{}", texts->size(), texts->length, texts->dim).c_str()
-            : "");
+            : "",
+      vae ? fmt::format(", encoded by the VAE {} ({}, scaled by {})", vae->path, vae->posterior,
+                        vae->scaling_factor)
+                .c_str()
+          : "");
   return kExitOk;
 }
 

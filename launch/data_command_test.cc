@@ -230,10 +230,17 @@ TEST_F(DataCommandTest, PacksAnImageFolderThroughAVae) {
   EXPECT_EQ(drawn->channels(), 4);
   EXPECT_EQ(drawn->height(), 8);
   ExpectSameSamples(*drawn, *expected(VaePosterior::kSample, 0), 5);
+  ASSERT_TRUE(drawn->vae().has_value());
+  EXPECT_EQ(drawn->vae()->path, vae_dir + "/diffusion_pytorch_model.safetensors");
+  EXPECT_EQ(drawn->vae()->scaling_factor, 0.18215);
+  EXPECT_EQ(drawn->vae()->posterior, "sample");
+  EXPECT_EQ(drawn->vae()->seed, 0u);
   drawn.reset();
   std::unique_ptr<LatentFolderDataset> mean = Pack(pack + " --vae-posterior mode --seed 4");
   ASSERT_NE(mean, nullptr);
   ExpectSameSamples(*mean, *expected(VaePosterior::kMode, 4), 5);
+  EXPECT_EQ(mean->vae()->posterior, "mode");
+  EXPECT_EQ(mean->vae()->seed, 4u);
   mean.reset();
 
   // Pixels alone, without a VAE: 3×16×16 in [−1, 1], labels by folder.
@@ -241,6 +248,7 @@ TEST_F(DataCommandTest, PacksAnImageFolderThroughAVae) {
       Pack("--dataset image_folder --path " + ShellQuote(images) + " --image-size 16");
   ASSERT_NE(pixels, nullptr);
   ExpectSameSamples(*pixels, **ImageFolderDataset::Open(images, 16, 3), 5);
+  EXPECT_FALSE(pixels->vae().has_value());
   pixels.reset();
 
   // Videos: each of a video's 3 frames through the VAE, [3, 4, 16, 16] a sample.

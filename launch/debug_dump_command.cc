@@ -111,14 +111,7 @@ DIFFTRAIN_COMMAND(kDebugDump,
                                     "model folder or a checkpoint directory, as the job's "
                                     "checkpoint.init_from")
                          ->excludes("--random-weights");
-                     app.add_option("--schedule", o->diffusion.schedule,
-                                    "beta schedule: linear, scaled_linear or cosine")
-                         ->capture_default_str();
-                     app.add_option("--beta-start", o->diffusion.beta_start)->capture_default_str();
-                     app.add_option("--beta-end", o->diffusion.beta_end)->capture_default_str();
-                     app.add_option("--prediction", o->diffusion.prediction,
-                                    "what the model predicts: epsilon or v")
-                         ->capture_default_str();
+                     AddDiffusionOptions(app, o->diffusion);
                      app.add_option("--out", o->out, "output .safetensors file")->required();
                      return [o] { return RunDebugDump(*o); };
                    }});

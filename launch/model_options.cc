@@ -1,8 +1,11 @@
 #include "launch/model_options.h"
 
+#include <algorithm>
+
 namespace difftrain::launch {
 
 void ModelOptions::AddTo(CLI::App& app) {
+  const size_t before = app.get_options().size();
   app.add_option("--model", model_,
                  "a named config (DiT-S|B|L|XL/2|4|8, Latte-S|B|L|XL/2|4|8 …), or a family's "
                  "custom name ('custom' for DiT, 'latte' for Latte) with the shape flags")
@@ -20,6 +23,24 @@ void ModelOptions::AddTo(CLI::App& app) {
   app.add_option("--frames", frames_, "num_frames (frames per video; Latte)");
   app.add_option("--class-dropout", class_dropout_, "class_dropout_prob (label dropout, CFG)");
   app.add_option("--learn-sigma", learn_sigma_, "learn_sigma (predict the variance too)");
+  const std::vector<CLI::Option*> all = app.get_options();
+  options_.assign(all.begin() + before, all.end());
+}
+
+bool ModelOptions::given() const {
+  return std::any_of(options_.begin(), options_.end(),
+                     [](const CLI::Option* o) { return o->count() > 0; });
+}
+
+std::vector<CLI::Option*> AddDiffusionOptions(CLI::App& app, DiffusionConfig& diffusion) {
+  return {
+      app.add_option("--schedule", diffusion.schedule,
+                     "beta schedule: linear, scaled_linear or cosine")
+          ->capture_default_str(),
+      app.add_option("--beta-start", diffusion.beta_start)->capture_default_str(),
+      app.add_option("--beta-end", diffusion.beta_end)->capture_default_str(),
+      app.add_option("--prediction", diffusion.prediction, "what the model predicts: epsilon or v")
+          ->capture_default_str()};
 }
 
 Result<ModelRequest> ModelOptions::Request() const {

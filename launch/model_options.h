@@ -6,9 +6,11 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "model/diffusion/gaussian_diffusion.h"
 #include "model/family/family.h"
 
 namespace difftrain::launch {
@@ -17,6 +19,8 @@ class ModelOptions {
  public:
   // Adds --model, --config, --image-size, --input-size and the field overrides to `app`.
   void AddTo(CLI::App& app);
+  // Whether any of those flags was given (after parsing).
+  bool given() const;
   // The model the flags describe, checked by its family.
   Result<ModelSpec> Build() const;
   // The --model name as given ("SD1.5"), or empty with --config.
@@ -33,7 +37,12 @@ class ModelOptions {
       num_classes_, frames_;
   std::optional<double> mlp_ratio_, class_dropout_;
   std::optional<bool> learn_sigma_;
+  std::vector<CLI::Option*> options_;
 };
+
+// --schedule, --beta-start, --beta-end and --prediction, into `diffusion` (debug-dump, sample
+// --pretrained); the options, to tell whether any was given.
+std::vector<CLI::Option*> AddDiffusionOptions(CLI::App& app, DiffusionConfig& diffusion);
 
 // Images are encoded by the Stable Diffusion VAE into latents 8× smaller per side.
 inline constexpr int kVaeDownsample = 8;

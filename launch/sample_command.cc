@@ -16,6 +16,8 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "launch/command.h"
+#include "launch/model_options.h"
+#include "launch/sample_source.h"
 #include "model/data/latent_folder.h"
 #include "model/data/text_table.h"
 #include "model/diffusion/sampler.h"
@@ -34,6 +36,10 @@ namespace fs = std::filesystem;
 
 struct SampleOptions {
   std::string checkpoint;
+  std::string pretrained;  // weights to sample from, with the model (and diffusion) flags
+  ModelOptions model;
+  DiffusionConfig diffusion;
+  bool model_given = false, diffusion_given = false;
   std::vector<int> classes;
   std::vector<std::string> prompts;
   std::vector<int64_t> caption_ids;
@@ -62,18 +68,6 @@ constexpr double kDefaultGuidance = 4.0;
 // Black pixels between the images of the grid.
 constexpr int kGridPadding = 2;
 
-// What sampling needs from a checkpoint: rank 0's shard (it holds the model and the EMA)
-// and what its metadata says.
-struct Checkpoint {
-  std::string step_dir;
-  int64_t step = 0;
-  std::optional<io::SafetensorsFile> shard;
-  ModelSpec model;
-  DiffusionConfig diffusion;
-  std::string data_kind;  // the dataset it was trained on ("" if the shard does not say)
-  std::string data_path;
-};
-
 // A text model's grid rows: the texts sampled from (rows of `table`).
 struct Prompts {
   TextTable table;
@@ -81,44 +75,10 @@ struct Prompts {
   std::vector<int64_t> ids;  // one per row
 };
 
-Result<Checkpoint> LoadCheckpoint(const std::string& path) {
-  DT_ASSIGN_OR_RETURN(auto resolved, io::ResolveCheckpointStep(path));
-  auto& [store, step] = resolved;
-  Checkpoint c;
-  c.step = step;
-  c.step_dir = store.StepDir(step);
-  DT_ASSIGN_OR_RETURN(int world, store.World(step));
-  DT_ASSIGN_OR_RETURN(c.shard, store.ReadShard(step, 0, world));
-
-  const auto& meta = c.shard->metadata();
-  auto json_field = [&](const std::string& key) -> Result<nlohmann::json> {
-    auto it = meta.find(key);
-    if (it == meta.end()) return Errorf("'{}': metadata has no '{}'", c.shard->path(), key);
-    nlohmann::json value = nlohmann::json::parse(it->second, nullptr, false);
-    if (!value.is_object())
-      return Errorf("'{}': metadata '{}' is not a JSON object", c.shard->path(), key);
-    return value;
-  };
-  DT_ASSIGN_OR_RETURN(c.model, CheckpointModel(*c.shard));
-
-  DT_ASSIGN_OR_RETURN(nlohmann::json train, json_field("train"));
-  try {
-    Result<DiffusionConfig> diffusion = DiffusionConfig::FromJson(train.at("diffusion"));
-    if (!diffusion.ok())
-      return diffusion.status().WithContext(fmt::format("'{}'", c.shard->path()));
-    c.diffusion = *diffusion;
-    c.data_kind = train.contains("data") ? train["data"].value("kind", std::string()) : "";
-    c.data_path = train.contains("data") ? train["data"].value("path", std::string()) : "";
-  } catch (const nlohmann::json::exception& e) {
-    return Errorf("'{}': malformed training config in the metadata: {}", c.shard->path(), e.what());
-  }
-  return c;
-}
-
 // The rows a text model samples: each --prompt (found in the text table by its exact text) and
 // each --captions id. The table is --text-table, or the one in the folder the checkpoint was
 // trained from.
-Result<Prompts> ResolvePrompts(const SampleOptions& o, const Checkpoint& ckpt,
+Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
                                const SampleSchema& m) {
   if (!o.classes.empty()) {
     return Status::Error("--classes: a text-conditional model samples from --prompt or --captions");
@@ -221,11 +181,33 @@ Status WriteVideos(const std::string& filmstrip, const std::string& gif, int del
   return Status::Ok();
 }
 
-// The VAE of --vae, checked against the model's samples (its latents) and, for a PNG or GIF,
-// its images' channels; nullopt without --vae.
-Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSchema& m) {
-  if (o.vae.empty()) return std::optional<Vae>();
-  Result<Vae> vae = Vae::Load(o.vae);
+// The VAE that decodes the samples: --vae's; without it, for a PNG or GIF, the one the
+// checkpoint's training data (a latent folder) was encoded with, as its index.json names it;
+// none with `--vae none`. Checked against the model's samples (its latents) and, for a PNG or
+// GIF, its images' channels; nullopt when there is none.
+Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSource& ckpt,
+                                         const SampleSchema& m) {
+  std::string path = o.vae;
+  if (path == "none") return std::optional<Vae>();
+  if (path.empty()) {
+    if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty() ||
+        (o.out.empty() && o.gif.empty())) {
+      return std::optional<Vae>();
+    }
+    Result<std::optional<LatentFolderVae>> encoded = ReadLatentFolderVae(ckpt.data_path);
+    if (!encoded.ok() || !*encoded) return std::optional<Vae>();  // nothing says which
+    path = (*encoded)->path;
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      return Errorf(
+          "--vae: the checkpoint's training data '{}' was encoded by the VAE '{}', which is not "
+          "there: give --vae PATH, or --vae none for the latents themselves",
+          ckpt.data_path, path);
+    }
+    spdlog::info("decoding with the VAE the training data was encoded with: {} (from {}/{})", path,
+                 ckpt.data_path, kLatentFolderIndex);
+  }
+  Result<Vae> vae = Vae::Load(path);
   if (!vae.ok()) return vae.status().WithContext("--vae");
   const VaeConfig& c = vae->config();
   if (c.latent_channels != m.channels) {
@@ -265,9 +247,25 @@ int RunSample(const SampleOptions& o) {
   if (!kind.ok()) return bad("--sampler: " + kind.status().message());
   if (o.eta && *kind != SamplerKind::kDdim) return bad("--eta is for --sampler ddim only");
 
-  Result<Checkpoint> loaded = LoadCheckpoint(o.checkpoint);
-  if (!loaded.ok()) return bad("--checkpoint: " + loaded.status().message());
-  const Checkpoint& ckpt = *loaded;
+  if (o.checkpoint.empty() == o.pretrained.empty())
+    return bad("give --checkpoint (a difftrain checkpoint) or --pretrained (weights)");
+  if (o.checkpoint.empty() ? !o.model_given : o.model_given || o.diffusion_given) {
+    return bad(o.checkpoint.empty()
+                   ? "--pretrained needs the model: --model NAME (with --image-size or "
+                     "--input-size) or --config JOB.yaml"
+                   : "the model and diffusion flags are for --pretrained: a checkpoint names its "
+                     "own");
+  }
+  Result<SampleSource> loaded = [&]() -> Result<SampleSource> {
+    if (!o.checkpoint.empty()) return LoadCheckpointSource(o.checkpoint);
+    DT_ASSIGN_OR_RETURN(ModelSpec spec, o.model.Build());
+    return LoadPretrainedSource(o.pretrained, std::move(spec), o.diffusion);
+  }();
+  if (!loaded.ok()) {
+    return bad((o.checkpoint.empty() ? "--pretrained: " : "--checkpoint: ") +
+               loaded.status().message());
+  }
+  const SampleSource& ckpt = *loaded;
   const ModelFamily& family = FamilyOf(ckpt.model);
   const SampleSchema m = family.Samples(ckpt.model);
   const bool text_model = m.context_length > 0;
@@ -302,7 +300,7 @@ int RunSample(const SampleOptions& o) {
           fmt::format("--classes: class {} is outside the model's [0, {})", label, m.num_classes));
     }
   }
-  Result<std::optional<Vae>> vae = LoadSampleVae(o, m);
+  Result<std::optional<Vae>> vae = LoadSampleVae(o, ckpt, m);
   if (!vae.ok()) return bad(vae.status().message());
   if ((!o.out.empty() || !o.gif.empty()) && !*vae && m.channels != 1 && m.channels != 3) {
     return bad(fmt::format(
@@ -327,7 +325,10 @@ int RunSample(const SampleOptions& o) {
   }
   // Pixel models are clipped to the data range at every step; latents (not bounded to
   // [−1, 1]) are not, as DiT's sample.py does for them.
-  options.clip_denoised = o.clip_denoised.value_or(ckpt.data_kind != "latent_folder");
+  // (Pretrained weights say nothing of their data: 1- or 3-channel samples are taken for pixels.)
+  const bool latents =
+      ckpt.pretrained ? m.channels != 1 && m.channels != 3 : ckpt.data_kind == "latent_folder";
+  options.clip_denoised = o.clip_denoised.value_or(!latents);
   options.seed = o.seed;
   DenoiserShape shape{
       m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? num_rows : -1, m.frames};
@@ -337,11 +338,8 @@ int RunSample(const SampleOptions& o) {
   Result<std::unique_ptr<Model>> created = family.Create(ckpt.model);
   if (!created.ok()) return bad("--checkpoint: " + created.status().message());
   Model& model = **created;
-  if (Status s = ReadModelArena(*ckpt.shard, model.global_parameter_table(), o.weights == "ema",
-                                model.params());
-      !s.ok()) {
-    return bad("--checkpoint: " + s.message());
-  }
+  if (Status s = FillModelWeights(ckpt, o.weights == "ema", model); !s.ok())
+    return bad((ckpt.pretrained ? "--pretrained: " : "--checkpoint: ") + s.message());
   const size_t out_floats = m.output_elements();
   auto forward = [&model, out_floats](const float* x_t, const float* t, const int32_t* y,
                                       const float* context, int B, float* out) {
@@ -373,9 +371,11 @@ int RunSample(const SampleOptions& o) {
   const size_t n = m.elements();
   std::vector<float> images(total * n);
   spdlog::info(
-      "sampling {} images of {} ({} weights of step {} in {}): {} {} steps{}, guidance {}{}, "
-      "seed {}",
-      total, ckpt.model.name(), o.weights, ckpt.step, ckpt.step_dir, o.sampler, options.steps,
+      "sampling {} images of {} ({}): {} {} steps{}, guidance {}{}, seed {}", total,
+      ckpt.model.name(),
+      ckpt.pretrained ? fmt::format("{} weights of {}", o.weights, ckpt.path)
+                      : fmt::format("{} weights of step {} in {}", o.weights, ckpt.step, ckpt.path),
+      o.sampler, options.steps,
       *kind == SamplerKind::kDdim ? fmt::format(" (eta {})", options.eta) : "", options.cfg_scale,
       o.cfg_interval.empty()
           ? ""
@@ -415,16 +415,21 @@ int RunSample(const SampleOptions& o) {
     spdlog::info("wrote {}", o.out);
   }
   if (!o.raw.empty()) {
-    const nlohmann::json how = {{"checkpoint", ckpt.step_dir},
-                                {"step", ckpt.step},
-                                {"weights", o.weights},
-                                {"sampler", o.sampler},
-                                {"steps", options.steps},
-                                {"eta", options.eta},
-                                {"cfg_scale", options.cfg_scale},
-                                {"cfg_interval", o.cfg_interval},
-                                {"clip_denoised", options.clip_denoised},
-                                {"seed", o.seed}};
+    nlohmann::json how = {{"weights", o.weights},
+                          {"sampler", o.sampler},
+                          {"steps", options.steps},
+                          {"eta", options.eta},
+                          {"cfg_scale", options.cfg_scale},
+                          {"cfg_interval", o.cfg_interval},
+                          {"clip_denoised", options.clip_denoised},
+                          {"seed", o.seed}};
+    if (ckpt.pretrained) {
+      how["pretrained"] = ckpt.path;
+      how["diffusion"] = ckpt.diffusion.ToJson();
+    } else {
+      how["checkpoint"] = ckpt.path;
+      how["step"] = ckpt.step;
+    }
     nlohmann::json described = how;
     if (*vae) described["vae"] = (*vae)->source();
     std::vector<int64_t> raw_labels(labels.begin(), labels.end());
@@ -459,8 +464,14 @@ DIFFTRAIN_COMMAND(
      [](CLI::App& app) {
        auto o = std::make_shared<SampleOptions>();
        app.add_option("--checkpoint", o->checkpoint,
-                      "checkpoint directory (its newest complete step) or one step directory")
-           ->required();
+                      "checkpoint directory (its newest complete step) or one step directory");
+       app.add_option("--pretrained", o->pretrained,
+                      "sample from these weights instead of a checkpoint: a safetensors file "
+                      "(DiT's released weights), a diffusers model folder or another run's "
+                      "checkpoint directory; the model from --model/--config and the shape "
+                      "flags, the diffusion from --schedule, --beta-start, --beta-end, "
+                      "--prediction (DiT's defaults)")
+           ->excludes("--checkpoint");
        app.add_option("--classes", o->classes,
                       "class labels, one grid row each: 0,1,2 (required unless the model has "
                       "no classes)")
@@ -501,7 +512,7 @@ DIFFTRAIN_COMMAND(
            ->capture_default_str();
        app.add_option("--raw", o->raw,
                       "safetensors file of the samples: images F32 [N, C, H, W] ([N, F, C, H, "
-                      "W] for videos), labels I64 [N]");
+                      "W] for videos), labels I64 [N], and with a VAE decoded F32");
        app.add_option("--weights", o->weights, "ema or model")
            ->check(CLI::IsMember({"ema", "model"}))
            ->capture_default_str();
@@ -511,10 +522,19 @@ DIFFTRAIN_COMMAND(
        app.add_option("--vae", o->vae,
                       "decode a latent model's samples for --out and --gif (and into --raw's "
                       "`decoded`) with this diffusers AutoencoderKL: its folder, a pipeline's, "
-                      "or its safetensors file");
+                      "or its safetensors file (default for --out/--gif: the VAE the training "
+                      "data was packed with, if its index names one; `none`: no decoding)");
        app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")
            ->capture_default_str();
-       return [o] { return RunSample(*o); };
+       // With --pretrained: the model and the diffusion the weights were trained with.
+       o->model.AddTo(app);
+       const std::vector<CLI::Option*> diffusion = AddDiffusionOptions(app, o->diffusion);
+       return [o, diffusion] {
+         o->model_given = o->model.given();
+         o->diffusion_given = std::any_of(diffusion.begin(), diffusion.end(),
+                                          [](const CLI::Option* d) { return d->count() > 0; });
+         return RunSample(*o);
+       };
      }});
 
 }  // namespace difftrain::launch

@@ -7,9 +7,14 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include "common/temp_dir.h"
+#include "model/data/latent_folder.h"
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
+#include "model/vae/vae.h"
+#include "model/vae/vae_testing.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain {
@@ -150,8 +155,10 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + " --classes 0 --gif " + ShellQuote(File("x.gif")),
             "--gif is for video models"},
            // More samples a call than the machine holds: an error, not an abort or an OOM kill.
-           {"--checkpoint " + Ckpt() + " --classes 0 --per-class 100000000 --batch 100000000 "
-            "--steps 2 --raw " + ShellQuote(File("huge.safetensors")),
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --per-class 100000000 --batch 100000000 "
+                "--steps 2 --raw " +
+                ShellQuote(File("huge.safetensors")),
             "out of host memory: an allocation needs more than the"},
        }) {
     const CommandResult r = RunDifftrain("sample " + c.args);
@@ -204,12 +211,12 @@ print(f"{F} frames of {N} videos match")
 )";
 
 TEST(VideoSampleCommandTest, WritesFilmstripGifAndRawVideos) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("video_sample_test_" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("video_sample_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  std::ofstream(dir / "job.yaml") << kTinyLatteJob << "checkpoint:\n  dir: "
-                                  << (dir / "ckpt").string() << "\n";
+  std::ofstream(dir / "job.yaml") << kTinyLatteJob
+                                  << "checkpoint:\n  dir: " << (dir / "ckpt").string() << "\n";
   CommandResult r = RunDifftrain("train --config " + ShellQuote((dir / "job.yaml").string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string ckpt = ShellQuote((dir / "ckpt").string());
@@ -219,12 +226,13 @@ TEST(VideoSampleCommandTest, WritesFilmstripGifAndRawVideos) {
 
   const std::string strip = (dir / "strip.png").string(), gif = (dir / "videos.gif").string(),
                     raw = (dir / "raw.safetensors").string();
-  r = RunDifftrain("sample --checkpoint " + ckpt + " --per-class 4 --steps 3 --sampler ddim --out " +
-                   ShellQuote(strip) + " --gif " + ShellQuote(gif) + " --raw " + ShellQuote(raw));
+  r = RunDifftrain("sample --checkpoint " + ckpt +
+                   " --per-class 4 --steps 3 --sampler ddim --out " + ShellQuote(strip) +
+                   " --gif " + ShellQuote(gif) + " --raw " + ShellQuote(raw));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   Result<io::PngImage> png = io::ReadPng(strip);
   ASSERT_TRUE(png.ok()) << png.status().message();
-  EXPECT_EQ(png->width, 3 * 10 + 2);  // the 3 frames of a video in a row
+  EXPECT_EQ(png->width, 3 * 10 + 2);   // the 3 frames of a video in a row
   EXPECT_EQ(png->height, 4 * 10 + 2);  // one row per video
   Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(raw);
   ASSERT_TRUE(file.ok()) << file.status().message();
@@ -239,6 +247,146 @@ TEST(VideoSampleCommandTest, WritesFilmstripGifAndRawVideos) {
   }
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::filesystem::remove_all(dir);
+}
+
+// `--pretrained`: the checkpoint's EMA saved as a plain state dict (what DiT's released weights
+// are, as safetensors), with the model given by flags, samples what the checkpoint samples; so
+// does the checkpoint directory given as pretrained weights, its EMA or its trained weights.
+TEST_F(SampleCommandTest, PretrainedWeightsSampleAsTheirCheckpoint) {
+  const std::string shard = File("ckpt/step-00000002/shard-00000-of-00001.safetensors");
+  Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(shard);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  io::SafetensorsWriter plain;
+  std::vector<std::vector<float>> data;
+  data.reserve(file->Names().size());
+  for (const std::string& name : file->Names()) {
+    if (name.starts_with("optim.") || (!name.starts_with("ema.") && !name.starts_with("pos_embed")))
+      continue;
+    const io::TensorView* t = file->Find(name);
+    data.emplace_back(t->bytes / sizeof(float));
+    ASSERT_TRUE(file->CopyF32(name, t->shape, data.back().data()).ok());
+    plain.AddF32(name.starts_with("ema.") ? name.substr(4) : name, t->shape, data.back().data());
+  }
+  ASSERT_TRUE(plain.WriteAtomic(File("dit.safetensors")).ok());
+
+  const std::string model =
+      " --model custom --input-size 8 --patch 2 --in-channels 1 --hidden 32 --depth 2 "
+      "--heads 4 --num-classes 10";
+  const auto images = [](const std::string& args, const std::string& raw) {
+    const CommandResult r = RunDifftrain(
+        "sample --classes 1,2 --per-class 2 --sampler ddim "
+        "--steps 3 --raw " +
+        ShellQuote(File(raw)) + " " + args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+    Result<io::SafetensorsFile> f = io::SafetensorsFile::Read(File(raw));
+    std::vector<float> x(4 * 8 * 8);
+    EXPECT_TRUE(f.ok() && f->CopyF32("images", {4, 1, 8, 8}, x.data()).ok());
+    return x;
+  };
+  const std::vector<float> ema = images("--checkpoint " + Ckpt(), "ckpt-ema.safetensors");
+  EXPECT_EQ(
+      images("--pretrained " + ShellQuote(File("dit.safetensors")) + model, "plain.safetensors"),
+      ema);
+  EXPECT_EQ(images("--pretrained " + Ckpt() + model, "dir.safetensors"), ema);
+  const std::vector<float> trained =
+      images("--checkpoint " + Ckpt() + " --weights model", "ckpt-model.safetensors");
+  EXPECT_NE(trained, ema);
+  EXPECT_EQ(images("--pretrained " + Ckpt() + model + " --weights model", "dir-model.safetensors"),
+            trained);
+  Result<io::SafetensorsFile> raw = io::SafetensorsFile::Read(File("plain.safetensors"));
+  ASSERT_TRUE(raw.ok());
+  const nlohmann::json how = nlohmann::json::parse(raw->metadata().at("sampling"));
+  EXPECT_EQ(how["pretrained"], File("dit.safetensors"));
+  EXPECT_EQ(how["diffusion"]["schedule"], "linear");
+
+  std::string wider = model;
+  wider.replace(wider.find("--hidden 32"), 11, "--hidden 64");
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", "give --checkpoint (a difftrain checkpoint) or --pretrained (weights)"},
+           {"--pretrained " + ShellQuote(File("dit.safetensors")), "--pretrained needs the model"},
+           {"--checkpoint " + Ckpt() + model, "the model and diffusion flags are for --pretrained"},
+           {"--checkpoint " + Ckpt() + " --prediction v",
+            "the model and diffusion flags are for --pretrained"},
+           {"--pretrained " + ShellQuote(File("dit.safetensors")) + wider, "tensors do not match"},
+           {"--pretrained " + ShellQuote(File("none.safetensors")) + model,
+            "--pretrained: '" + File("none.safetensors") + "': no such file or directory"},
+       }) {
+    const CommandResult r =
+        RunDifftrain("sample --classes 1 --out " + ShellQuote(File("bad.png")) + " " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+// A DiT trained on latents that `data pack --vae` encoded: the folder's index names the VAE,
+// and `sample --out` decodes with it without being told (1×32×32 Fashion-MNIST images, 4×16×16
+// latents). Where that VAE is gone, sampling stops and says so; `--vae none` keeps the latents.
+TEST(LatentSampleTest, DecodesWithTheVaeTheTrainingDataWasPackedWith) {
+  TempDir temp("latent_sample");
+  const std::string dir = temp.path();
+  const nlohmann::json config = {{"block_out_channels", {4, 8}},
+                                 {"norm_num_groups", 2},
+                                 {"in_channels", 1},
+                                 {"out_channels", 1},
+                                 {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D"}},
+                                 {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D"}}};
+  ASSERT_EQ(testing::WriteVaeFolder(dir + "/vae", config, 9), "");
+  CommandResult r = RunDifftrain("data pack --dataset fashion_mnist --split test --limit 8 --vae " +
+                                 ShellQuote(dir + "/vae") + " --out " + ShellQuote(dir + "/data"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<std::optional<LatentFolderVae>> packed = ReadLatentFolderVae(dir + "/data");
+  ASSERT_TRUE(packed.ok()) << packed.status().message();
+  ASSERT_TRUE(packed->has_value());
+  EXPECT_EQ((*packed)->path, dir + "/vae/diffusion_pytorch_model.safetensors");
+  EXPECT_EQ((*packed)->posterior, "sample");
+  r = RunDifftrain("data verify " + ShellQuote(dir + "/data"));
+  EXPECT_NE(r.output.find("encoded by the VAE " + dir + "/vae/diffusion_pytorch_model.safetensors"),
+            std::string::npos)
+      << r.output;
+
+  std::string job = kTinyJob;
+  job.replace(job.find("input_size: 8"), 13, "input_size: 16");
+  job.replace(job.find("in_channels: 1"), 14, "in_channels: 4");
+  std::ofstream(dir + "/job.yaml") << job << "data:\n  kind: latent_folder\n  path: " << dir
+                                   << "/data\ncheckpoint:\n  dir: " << dir << "/ckpt\n";
+  r = RunDifftrain("train --config " + ShellQuote(dir + "/job.yaml"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  const std::string sample = "sample --checkpoint " + ShellQuote(dir + "/ckpt") +
+                             " --classes 1,2 --per-class 2 --sampler ddim --steps 2 ";
+  r = RunDifftrain(sample + "--out " + ShellQuote(dir + "/grid.png") + " --raw " +
+                   ShellQuote(dir + "/raw.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("decoding with the VAE the training data was encoded with"),
+            std::string::npos)
+      << r.output;
+  Result<io::PngImage> png = io::ReadPng(dir + "/grid.png");
+  ASSERT_TRUE(png.ok()) << png.status().message();
+  EXPECT_EQ(png->channels, 1);
+  EXPECT_EQ(png->width, 2 * 34 + 2);
+  Result<io::SafetensorsFile> raw = io::SafetensorsFile::Read(dir + "/raw.safetensors");
+  ASSERT_TRUE(raw.ok()) << raw.status().message();
+  ASSERT_NE(raw->Find("decoded"), nullptr);
+  EXPECT_EQ(raw->Find("decoded")->shape, (std::vector<int64_t>{4, 1, 32, 32}));
+
+  std::filesystem::rename(dir + "/vae", dir + "/moved");
+  r = RunDifftrain(sample + "--out " + ShellQuote(dir + "/gone.png"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("was encoded by the VAE '" + dir +
+                          "/vae/diffusion_pytorch_model.safetensors', which is not there"),
+            std::string::npos)
+      << r.output;
+  r = RunDifftrain(sample + "--vae none --raw " + ShellQuote(dir + "/latents.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  raw = io::SafetensorsFile::Read(dir + "/latents.safetensors");
+  ASSERT_TRUE(raw.ok()) << raw.status().message();
+  EXPECT_EQ(raw->Find("decoded"), nullptr);
+  r = RunDifftrain(sample + "--vae " + ShellQuote(dir + "/moved") + " --out " +
+                   ShellQuote(dir + "/moved.png"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 }  // namespace

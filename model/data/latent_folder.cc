@@ -57,11 +57,14 @@ Status ReadAt(int fd, const std::string& path, void* dst, size_t bytes, uint64_t
   return Status::Ok();
 }
 
-// A positive integer member of an index.json object.
-Result<int64_t> PositiveField(const Json& object, const char* key, const std::string& path) {
+// A positive integer member of an index.json object (non-negative where `zero_allowed`).
+Result<int64_t> PositiveField(const Json& object, const char* key, const std::string& path,
+                              bool zero_allowed = false) {
   auto it = object.find(key);
-  if (it == object.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) {
-    return IndexError(path, fmt::format("'{}' must be a positive integer", key));
+  if (it == object.end() || !it->is_number_integer() || it->get<int64_t>() < 0 ||
+      (it->get<int64_t>() == 0 && !zero_allowed)) {
+    return IndexError(path, fmt::format("'{}' must be a {} integer", key,
+                                        zero_allowed ? "non-negative" : "positive"));
   }
   return it->get<int64_t>();
 }
@@ -107,7 +110,50 @@ Result<uint64_t> TensorOffset(const std::string& path, const Json& header, const
   return data_start + offsets[0].get<uint64_t>();
 }
 
+// The index's "vae" entry: {"path": string, "scaling_factor": number > 0, "posterior":
+// "sample"|"mode", "seed": integer ≥ 0}.
+Result<std::optional<LatentFolderVae>> ParseVae(const Json& index, const std::string& path) {
+  if (!index.contains("vae")) return std::optional<LatentFolderVae>();
+  const Json& entry = index["vae"];
+  const auto field = [&](const char* key, Json::value_t type) -> const Json* {
+    auto it = entry.is_object() ? entry.find(key) : entry.end();
+    if (it == entry.end()) return nullptr;
+    if (type == Json::value_t::number_float ? !it->is_number() : it->type() != type) return nullptr;
+    return &*it;
+  };
+  const Json* file = field("path", Json::value_t::string);
+  const Json* scale = field("scaling_factor", Json::value_t::number_float);
+  const Json* posterior = field("posterior", Json::value_t::string);
+  const Json* seed = field("seed", Json::value_t::number_unsigned);
+  if (file == nullptr || scale == nullptr || !(scale->get<double>() > 0) || posterior == nullptr ||
+      (*posterior != "sample" && *posterior != "mode") || seed == nullptr) {
+    return IndexError(path,
+                      fmt::format("'vae' must be {{\"path\": string, \"scaling_factor\": positive "
+                                  "number, \"posterior\": \"sample\" or \"mode\", \"seed\": "
+                                  "non-negative integer}}, got {}",
+                                  entry.dump()));
+  }
+  return std::optional<LatentFolderVae>(
+      LatentFolderVae{file->get<std::string>(), scale->get<double>(), posterior->get<std::string>(),
+                      seed->get<uint64_t>()});
+}
+
+Result<Json> ReadIndex(const std::string& index_path) {
+  DT_ASSIGN_OR_RETURN(std::string text, io::ReadWholeFile(index_path));
+  Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object()) {
+    return IndexError(index_path, "is not a JSON object");
+  }
+  return index;
+}
+
 }  // namespace
+
+Result<std::optional<LatentFolderVae>> ReadLatentFolderVae(const std::string& dir) {
+  const std::string index_path = dir + "/" + std::string(kLatentFolderIndex);
+  DT_ASSIGN_OR_RETURN(const Json index, ReadIndex(index_path));
+  return ParseVae(index, index_path);
+}
 
 LatentFolderDataset::~LatentFolderDataset() {
   for (Shard& shard : shards_) {
@@ -117,11 +163,7 @@ LatentFolderDataset::~LatentFolderDataset() {
 
 Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std::string& dir) {
   const std::string index_path = dir + "/" + std::string(kLatentFolderIndex);
-  DT_ASSIGN_OR_RETURN(std::string text, io::ReadWholeFile(index_path));
-  const Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object()) {
-    return IndexError(index_path, "is not a JSON object");
-  }
+  DT_ASSIGN_OR_RETURN(const Json index, ReadIndex(index_path));
   if (index.value("format", Json()) != std::string(kLatentFolderFormat)) {
     return IndexError(index_path,
                       fmt::format("format is {}, expected \"{}\"",
@@ -136,7 +178,9 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
   for (auto [key, field] :
        {std::pair{"channels", &data->channels_}, std::pair{"height", &data->height_},
         std::pair{"width", &data->width_}, std::pair{"num_classes", &data->num_classes_}}) {
-    DT_ASSIGN_OR_RETURN(int64_t value, PositiveField(index, key, index_path));
+    // num_classes 0: unlabelled samples (every label 0), as Dataset says.
+    DT_ASSIGN_OR_RETURN(int64_t value, PositiveField(index, key, index_path,
+                                                     std::string_view(key) == "num_classes"));
     if (value > INT32_MAX) return IndexError(index_path, fmt::format("'{}' is too large", key));
     *field = static_cast<int>(value);
   }
@@ -146,6 +190,7 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
     data->frames_ = static_cast<int>(frames);
   }
   if (index.contains("text")) DT_RETURN_IF_ERROR(data->OpenTexts(dir, index["text"], index_path));
+  DT_ASSIGN_OR_RETURN(data->vae_, ParseVae(index, index_path));
   DT_ASSIGN_OR_RETURN(int64_t total, PositiveField(index, "total", index_path));
   auto shards = index.find("shards");
   if (shards == index.end() || !shards->is_array() || shards->empty()) {
@@ -233,9 +278,13 @@ Status LatentFolderDataset::OpenShard(Shard& shard) {
   DT_RETURN_IF_ERROR(
       ReadAt(shard.fd, path, labels.data(), labels.size() * sizeof(int64_t), labels_offset));
   for (int64_t i = 0; i < shard.count; ++i) {
-    if (labels[i] < 0 || labels[i] >= num_classes_) {
-      return ShardError(path, fmt::format("label {} of sample {} is outside [0, {})", labels[i], i,
-                                          num_classes_));
+    if (labels[i] < 0 || labels[i] >= std::max(num_classes_, 1)) {
+      return ShardError(path, num_classes_ == 0
+                                  ? fmt::format("label {} of sample {} is not 0 in a folder "
+                                                "without classes",
+                                                labels[i], i)
+                                  : fmt::format("label {} of sample {} is outside [0, {})",
+                                                labels[i], i, num_classes_));
     }
     labels_.push_back(static_cast<int32_t>(labels[i]));
   }
@@ -276,7 +325,8 @@ Status LatentFolderDataset::VerifyChecksums() const {
   return Status::Ok();
 }
 
-Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t samples_per_shard) {
+Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t samples_per_shard,
+                         const std::optional<LatentFolderVae>& vae) {
   if (source.unbounded()) {
     return Status::Error("cannot pack an unbounded dataset: give it a size (a sample limit)");
   }
@@ -343,6 +393,12 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
                      {"length", texts->length},
                      {"dim", texts->dim},
                      {"count", texts->size()}};
+  }
+  if (vae) {
+    index["vae"] = {{"path", vae->path},
+                    {"scaling_factor", vae->scaling_factor},
+                    {"posterior", vae->posterior},
+                    {"seed", vae->seed}};
   }
   index["shards"] = std::move(shards);
   index["total"] = total;

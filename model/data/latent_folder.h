@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,18 @@ namespace difftrain {
 inline constexpr std::string_view kLatentFolderFormat = "difftrain-latents";
 inline constexpr int kLatentFolderVersion = 1;
 inline constexpr std::string_view kLatentFolderIndex = "index.json";
+
+// What encoded a folder's samples, index.json's "vae" entry (`data pack --vae`, docs/data.md):
+// `difftrain sample` decodes a model trained on the folder with the same VAE by default.
+struct LatentFolderVae {
+  std::string path;  // the VAE's weights file, absolute, as packing read it
+  double scaling_factor = 0;
+  std::string posterior;  // "sample" or "mode"
+  uint64_t seed = 0;
+};
+
+// The "vae" entry of DIR/index.json, reading nothing else; nullopt for a folder without one.
+Result<std::optional<LatentFolderVae>> ReadLatentFolderVae(const std::string& dir);
 
 class LatentFolderDataset : public Dataset {
  public:
@@ -60,6 +73,7 @@ class LatentFolderDataset : public Dataset {
   // layout and the CRC-32 of the data. Open does not, to start quickly on large folders.
   Status VerifyChecksums() const;
   int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
+  const std::optional<LatentFolderVae>& vae() const { return vae_; }
 
  private:
   struct Shard {
@@ -79,13 +93,16 @@ class LatentFolderDataset : public Dataset {
   std::vector<int32_t> labels_;    // all of them, read at Open
   TextTable texts_;                // empty: a folder without text
   std::vector<int64_t> text_ids_;  // one per sample with texts, read at Open
+  std::optional<LatentFolderVae> vae_;
 };
 
 // Writes every sample of `source` (which must be bounded) to `dir` as a latent folder of
 // shards of `samples_per_shard` samples (the last one may hold fewer), with its text table and
 // text ids when it has texts, creating `dir` if needed. Each shard and then index.json are written
 // atomically; index.json is removed first, so a pack that fails midway leaves a folder that does
-// not open rather than an index over a mix of old and new shards.
-Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t samples_per_shard);
+// not open rather than an index over a mix of old and new shards. `vae`: what encoded the
+// samples, written into the index.
+Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t samples_per_shard,
+                         const std::optional<LatentFolderVae>& vae = std::nullopt);
 
 }  // namespace difftrain

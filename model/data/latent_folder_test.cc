@@ -233,6 +233,54 @@ TEST_F(LatentFolderTest, LabelOutsideTheClasses) {
   ExpectError(Path("shard-00000.safetensors"), "is outside [0, 2)");
 }
 
+// A dataset without classes (every label 0: unconditional or text-only data, an image folder
+// without subfolders) packs to a folder of 0 classes, which opens; a label other than 0 in
+// such a folder is refused.
+TEST_F(LatentFolderTest, AFolderWithoutClasses) {
+  SyntheticDataset unlabelled(11, 4, 8, 0);
+  ASSERT_TRUE(WriteLatentFolder(PrefixDataset(unlabelled, 5), dir_, 4).ok());
+  Result<std::unique_ptr<LatentFolderDataset>> data = LatentFolderDataset::Open(dir_);
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  EXPECT_EQ((*data)->num_classes(), 0);
+  ExpectSameSamples(**data, PrefixDataset(unlabelled, 5));
+  data->reset();
+
+  Pack();  // 1000 classes: labels other than 0
+  Json index = Index();
+  index["num_classes"] = 0;
+  SetIndex(index);
+  ExpectError(Path("shard-00000.safetensors"), "is not 0 in a folder without classes");
+  index["num_classes"] = -1;
+  SetIndex(index);
+  ExpectError(Path("index.json"), "'num_classes' must be a non-negative integer");
+}
+
+// The VAE that encoded a folder is written into its index and read back; a malformed entry is
+// refused by name.
+TEST_F(LatentFolderTest, TheIndexNamesTheVaeThatEncodedTheSamples) {
+  ASSERT_TRUE(WriteLatentFolder(source_, dir_, 4,
+                                LatentFolderVae{"/models/vae/w.safetensors", 0.5, "mode", 3})
+                  .ok());
+  Result<std::optional<LatentFolderVae>> vae = ReadLatentFolderVae(dir_);
+  ASSERT_TRUE(vae.ok()) << vae.status().message();
+  ASSERT_TRUE(vae->has_value());
+  EXPECT_EQ((*vae)->path, "/models/vae/w.safetensors");
+  EXPECT_EQ((*vae)->scaling_factor, 0.5);
+  EXPECT_EQ((*vae)->posterior, "mode");
+  EXPECT_EQ((*vae)->seed, 3u);
+  Result<std::unique_ptr<LatentFolderDataset>> data = LatentFolderDataset::Open(dir_);
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  EXPECT_EQ((*data)->vae()->path, "/models/vae/w.safetensors");
+  data->reset();
+
+  Json index = Index();
+  index["vae"]["posterior"] = "median";
+  SetIndex(index);
+  ExpectError(Path("index.json"), "'vae' must be");
+  Pack();  // no VAE
+  EXPECT_FALSE(ReadLatentFolderVae(dir_)->has_value());
+}
+
 TEST_F(LatentFolderTest, CorruptDataFailsTheChecksumOnly) {
   Pack();
   const std::string path = Path("shard-00002.safetensors");
