@@ -222,6 +222,11 @@ std::function<int()> SetupData(CLI::App& app) {
   pack->add_option("--text-table", o.text_table,
                    "pair every sample with a training caption of its class from this text table "
                    "(data captions + data embed or scripts/text_encoder.py)");
+  pack->add_option("--crop", o.dataset.crop,
+                   "image_folder: dit (DiT's center_crop_arr: BOX halvings, BICUBIC, centre "
+                   "crop) or square (the centred square, then BOX)")
+      ->check(CLI::IsMember({"dit", "square"}))
+      ->capture_default_str();
   pack->add_option("--vae", o.vae,
                    "encode the samples (a video's frames one by one) through this diffusers "
                    "AutoencoderKL (its folder, a pipeline's, or its safetensors file) into "

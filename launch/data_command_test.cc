@@ -250,6 +250,11 @@ TEST_F(DataCommandTest, PacksAnImageFolderThroughAVae) {
   ExpectSameSamples(*pixels, **ImageFolderDataset::Open(images, 16, 3), 5);
   EXPECT_FALSE(pixels->vae().has_value());
   pixels.reset();
+  pixels = Pack("--dataset image_folder --path " + ShellQuote(images) +
+                " --image-size 16 --crop square --channels 1");
+  ASSERT_NE(pixels, nullptr);
+  ExpectSameSamples(*pixels, **ImageFolderDataset::Open(images, 16, 1, ImageCrop::kSquare), 5);
+  pixels.reset();
 
   // Videos: each of a video's 3 frames through the VAE, [3, 4, 16, 16] a sample.
   const std::string grey = VaeFolder(dir_ + "/grey-vae", 1);

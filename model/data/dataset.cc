@@ -55,8 +55,12 @@ Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec) {
   }
   if (spec.kind == "image_folder") {
     if (spec.path.empty()) return Status::Error("image_folder dataset needs a path");
-    DT_ASSIGN_OR_RETURN(auto dataset,
-                        ImageFolderDataset::Open(spec.path, spec.image_size, spec.channels));
+    if (spec.crop != "dit" && spec.crop != "square")
+      return Errorf("image_folder: crop must be dit or square, got '{}'", spec.crop);
+    DT_ASSIGN_OR_RETURN(
+        auto dataset,
+        ImageFolderDataset::Open(spec.path, spec.image_size, spec.channels,
+                                 spec.crop == "dit" ? ImageCrop::kDit : ImageCrop::kSquare));
     return std::unique_ptr<Dataset>(std::move(dataset));
   }
   return Errorf(

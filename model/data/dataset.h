@@ -97,6 +97,9 @@ struct DatasetSpec {
   int image_size = 32;
   int num_classes = 1000;
   int frames = 1;  // videos: frames per sample
+  // image_folder: how an image becomes image_size × image_size, "dit" (DiT's center_crop_arr)
+  // or "square" (the centred square, then BOX): model/data/image_folder.h.
+  std::string crop = "dit";
 };
 
 Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec);

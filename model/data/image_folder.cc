@@ -1,11 +1,13 @@
 #include "model/data/image_folder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include <fmt/format.h>
 
 #include "model/io/image.h"
+#include "model/io/resample.h"
 
 namespace difftrain {
 namespace {
@@ -26,78 +28,69 @@ std::vector<std::string> ImagesUnder(const fs::path& dir, std::error_code& ec) {
   return files;
 }
 
-// PIL's BOX resampling from `in` pixels to `out`: output j is the mean of the input pixels
-// [first, end) whose centres lie in its footprint, (j + 0.5)·in/out ± in/(2·out) (at least
-// one pixel wide when enlarging): PIL's bounds and its box test, whose pixels are contiguous.
-struct BoxSpan {
-  int first = 0, end = 0;
-  float weight = 0;  // 1 / (end − first)
-};
-
-std::vector<BoxSpan> BoxSpans(int in, int out) {
-  const double scale = double(in) / out;
-  const double filter_scale = std::max(scale, 1.0);
-  const double support = 0.5 * filter_scale;
-  std::vector<BoxSpan> spans(out);
-  for (int j = 0; j < out; ++j) {
-    const double center = (j + 0.5) * scale;
-    BoxSpan& span = spans[j];
-    span.first = -1;
-    for (int i = std::max(static_cast<int>(center - support + 0.5), 0),
-             end = std::min(static_cast<int>(center + support + 0.5), in);
-         i < end; ++i) {
-      const double x = (i - center + 0.5) / filter_scale;
-      if (x > -0.5 && x <= 0.5) {
-        if (span.first < 0) span.first = i;
-        span.end = i + 1;
-      }
+// `image` as `channels` 8-bit channels, as PIL's convert does: alpha dropped, grey repeated
+// into RGB, colour to ITU-R 601-2 luma in fixed point.
+io::PngImage WithChannels(const io::PngImage& image, int channels) {
+  io::PngImage out;
+  out.width = image.width;
+  out.height = image.height;
+  out.channels = channels;
+  const size_t n = size_t(image.width) * image.height;
+  out.pixels.resize(n * channels);
+  const bool colour = image.channels >= 3;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = image.pixels.data() + i * image.channels;
+    uint8_t* q = out.pixels.data() + i * channels;
+    if (channels == 3) {
+      for (int k = 0; k < 3; ++k)
+        q[k] = colour ? p[k] : p[0];
+    } else {
+      q[0] =
+          colour
+              ? static_cast<uint8_t>((19595u * p[0] + 38470u * p[1] + 7471u * p[2] + 0x8000u) >> 16)
+              : p[0];
     }
-    if (span.first < 0) span.first = span.end = std::min(static_cast<int>(center), in - 1);
-    if (span.end == span.first) ++span.end;  // never empty: the pixel under the centre
-    span.weight = 1.0f / static_cast<float>(span.end - span.first);
   }
-  return spans;
+  return out;
+}
+
+// DiT's center_crop_arr: halve with BOX while the shorter side is at least 2·size, resize with
+// BICUBIC so that it is `size` (each side × size/shorter, rounded half to even as Python's
+// round), take the centred size × size.
+io::PngImage DitCentreCrop(io::PngImage image, int size) {
+  while (std::min(image.width, image.height) >= 2 * size)
+    image = io::Resize(image, image.width / 2, image.height / 2, io::ResampleFilter::kBox);
+  const double scale = static_cast<double>(size) / std::min(image.width, image.height);
+  const int width = static_cast<int>(std::nearbyint(image.width * scale));
+  const int height = static_cast<int>(std::nearbyint(image.height * scale));
+  image = io::Resize(image, width, height, io::ResampleFilter::kBicubic);
+  return io::Crop(image, (width - size) / 2, (height - size) / 2, size, size);
+}
+
+// The centred square of the shorter side, resized to size × size with BOX.
+io::PngImage SquareCrop(const io::PngImage& image, int size) {
+  const int side = std::min(image.width, image.height);
+  const io::PngImage square =
+      io::Crop(image, (image.width - side) / 2, (image.height - side) / 2, side, side);
+  return io::Resize(square, size, size, io::ResampleFilter::kBox);
 }
 
 }  // namespace
 
-void PrepareImage(const io::PngImage& image, int size, int channels, float* out) {
-  const int side = std::min(image.width, image.height);
-  const int top = (image.height - side) / 2, left = (image.width - side) / 2;
-  const bool colour = image.channels >= 3;
-  // The square's pixel value of channel c as a float byte.
-  const auto at = [&](int y, int x, int c) -> float {
-    const uint8_t* p =
-        image.pixels.data() + (size_t(top + y) * image.width + left + x) * size_t(image.channels);
-    if (!colour) return p[0];
-    if (channels == 3) return p[c];
-    return static_cast<float>((19595u * p[0] + 38470u * p[1] + 7471u * p[2] + 0x8000u) >> 16);
-  };
-  const std::vector<BoxSpan> spans = BoxSpans(side, size);
-  std::vector<float> rows(size_t(side) * size);  // horizontally resized: [side, size]
-  for (int c = 0; c < channels; ++c) {
-    for (int y = 0; y < side; ++y) {
-      for (int j = 0; j < size; ++j) {
-        float sum = 0;
-        for (int x = spans[j].first; x < spans[j].end; ++x)
-          sum += at(y, x, c);
-        rows[size_t(y) * size + j] = sum * spans[j].weight;
-      }
-    }
-    float* plane = out + size_t(c) * size * size;
-    for (int i = 0; i < size; ++i) {
-      for (int j = 0; j < size; ++j) {
-        float sum = 0;
-        for (int y = spans[i].first; y < spans[i].end; ++y)
-          sum += rows[size_t(y) * size + j];
-        plane[size_t(i) * size + j] = sum * spans[i].weight / 127.5f - 1.0f;
-      }
-    }
+void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop crop, float* out) {
+  const io::PngImage converted = WithChannels(image, channels);
+  const io::PngImage cropped =
+      crop == ImageCrop::kDit ? DitCentreCrop(converted, size) : SquareCrop(converted, size);
+  const size_t plane = size_t(size) * size;
+  for (size_t i = 0; i < plane; ++i) {
+    for (int c = 0; c < channels; ++c)
+      out[c * plane + i] = cropped.pixels[i * channels + c] / 127.5f - 1.0f;
   }
 }
 
 Result<std::unique_ptr<ImageFolderDataset>> ImageFolderDataset::Open(const std::string& dir,
-                                                                     int size, int channels) {
+                                                                     int size, int channels,
+                                                                     ImageCrop crop) {
   if (size < 1) return Errorf("image_folder: the image size must be positive, got {}", size);
   if (channels != 1 && channels != 3)
     return Errorf("image_folder: channels must be 1 (grey) or 3 (RGB), got {}", channels);
@@ -106,6 +99,7 @@ Result<std::unique_ptr<ImageFolderDataset>> ImageFolderDataset::Open(const std::
   std::unique_ptr<ImageFolderDataset> d(new ImageFolderDataset());
   d->size_ = size;
   d->channels_ = channels;
+  d->crop_ = crop;
   std::vector<std::string> subfolders;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     if (it->is_directory(ec)) subfolders.push_back(it->path().filename().string());
@@ -133,7 +127,7 @@ Result<std::unique_ptr<ImageFolderDataset>> ImageFolderDataset::Open(const std::
 Status ImageFolderDataset::Get(int64_t index, float* image, int32_t* label) const {
   DT_ASSIGN_OR_RETURN(const io::PngImage decoded, io::ReadImage(files_[index]));
   if (decoded.width < 1 || decoded.height < 1) return Errorf("image '{}' is empty", files_[index]);
-  PrepareImage(decoded, size_, channels_, image);
+  PrepareImage(decoded, size_, channels_, crop_, image);
   *label = labels_[index];
   return Status::Ok();
 }

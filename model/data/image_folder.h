@@ -4,16 +4,15 @@
 // images. Files are listed (recursively within a class, sorted by path) when it is opened and
 // decoded one by one in Get, so a folder of any size costs only its list in memory.
 //
-// Each image becomes C × S × S floats in [−1, 1]:
-//   1. decoded to 8 bits (16-bit PNGs are reduced); alpha is dropped, as PIL's
+// Each image becomes C × S × S floats in [−1, 1], by the bytes Pillow makes of it (every
+// resize is Pillow's, byte for byte: model/io/resample.h):
+//   1. decoded to 8 bits (16-bit PNGs are reduced by libpng); alpha is dropped, as PIL's
 //      convert("RGB") drops it; C 3: grey is repeated into R, G and B; C 1: colour becomes
 //      PIL's convert("L") luma, (19595·R + 38470·G + 7471·B + 2¹⁵) >> 16;
-//   2. centre-cropped to the square of its shorter side (offsets rounded down);
-//   3. resized to S × S with PIL's BOX filter (each output pixel the mean of the input pixels
-//      whose centres fall in its footprint), in fp32, not rounded back to bytes;
-//   4. x / 127.5 − 1, the mean 0.5, std 0.5 normalisation of DiT's transform.
-// DiT's center_crop_arr halves with BOX, then resizes with BICUBIC before it crops; the
-// values here differ from its by that filter's difference (docs/data.md).
+//   2. cropped and resized to S × S: ImageCrop::kDit (the default) as DiT's center_crop_arr,
+//      halvings with BOX while the shorter side is ≥ 2·S, BICUBIC to a shorter side of S, the
+//      centred S × S; ImageCrop::kSquare the centred square of the shorter side, then BOX;
+//   3. x / 127.5 − 1, the mean 0.5, std 0.5 normalisation of DiT's transform.
 #pragma once
 
 #include <cstdint>
@@ -26,12 +25,15 @@
 
 namespace difftrain {
 
+enum class ImageCrop { kDit, kSquare };
+
 class ImageFolderDataset : public Dataset {
  public:
   // `size` S and `channels` C (1 or 3) of the samples. Errors: DIR missing, no images, a class
   // folder without images (named).
   static Result<std::unique_ptr<ImageFolderDataset>> Open(const std::string& dir, int size,
-                                                          int channels);
+                                                          int channels,
+                                                          ImageCrop crop = ImageCrop::kDit);
 
   int64_t size() const override { return static_cast<int64_t>(files_.size()); }
   int channels() const override { return channels_; }
@@ -48,12 +50,13 @@ class ImageFolderDataset : public Dataset {
   ImageFolderDataset() = default;
 
   int size_ = 0, channels_ = 0;
+  ImageCrop crop_ = ImageCrop::kDit;
   std::vector<std::string> classes_;  // empty: unlabelled
   std::vector<std::string> files_;
   std::vector<int32_t> labels_;
 };
 
-// Steps 1–4 above for one decoded image: `out` is channels × size × size.
-void PrepareImage(const io::PngImage& image, int size, int channels, float* out);
+// Steps 1–3 above for one decoded image: `out` is channels × size × size.
+void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop crop, float* out);
 
 }  // namespace difftrain

@@ -9,9 +9,11 @@ enough for JPEG to keep structure, of odd sizes and every colour mode the reader
 DIR/expected.safetensors with, for each image k in ImageFolder order (classes sorted, then
 paths):
   pixels.k   U8 [H, W, C]   np.asarray(Image.open(file)): what decoding must give exactly
-  rgb.k      F32 [3, SIZE, SIZE]   convert("RGB"), the centre square of the shorter side
-                                   (offsets rounded down), resize((SIZE, SIZE), BOX), x/127.5 - 1
-  grey.k     F32 [1, SIZE, SIZE]   the same from convert("L")
+  square.rgb.k   F32 [3, SIZE, SIZE]   convert("RGB"), the centre square of the shorter side
+                                       (offsets rounded down), resize((SIZE, SIZE), BOX)
+  dit.rgb.k      F32 [3, SIZE, SIZE]   convert("RGB"), DiT's center_crop_arr (train.py)
+  square.grey.k, dit.grey.k            the same from convert("L")
+each through ToTensor and Normalize(0.5, 0.5) as DiT's transform: (x/255 - 0.5)/0.5 in float32.
 Exit status: 0, or 2 for bad usage.
 """
 
@@ -40,7 +42,7 @@ def smooth(rng, h, w, c):
 
 
 # (class, file, mode, height, width): PNG in every mode, JPEG colour and grey, a square image,
-# and images smaller than SIZE (BOX enlarging).
+# images smaller than SIZE (enlarging) and one DiT halves twice.
 FILES = [
     ("bags", "a.png", "RGB", 37, 53),
     ("bags", "b.jpg", "RGB", 48, 40),
@@ -48,7 +50,35 @@ FILES = [
     ("shoes", "d.jpeg", "L", 33, 41),
     ("shoes", "e.png", "L", 12, 9),
     ("shoes", "f.png", "LA", 50, 31),
+    ("shoes", "h.jpg", "RGB", 70, 90),
 ]
+
+
+def center_crop_arr(pil_image, image_size):
+    """DiT's train.py preprocessing, as published."""
+    while min(*pil_image.size) >= 2 * image_size:
+        pil_image = pil_image.resize(tuple(x // 2 for x in pil_image.size), resample=Image.BOX)
+    scale = image_size / min(*pil_image.size)
+    pil_image = pil_image.resize(tuple(round(x * scale) for x in pil_image.size),
+                                 resample=Image.BICUBIC)
+    arr = np.array(pil_image)
+    crop_y = (arr.shape[0] - image_size) // 2
+    crop_x = (arr.shape[1] - image_size) // 2
+    return Image.fromarray(arr[crop_y: crop_y + image_size, crop_x: crop_x + image_size])
+
+
+def square_crop(image, size):
+    w, h = image.size
+    side = min(w, h)
+    left, top = (w - side) // 2, (h - side) // 2
+    return image.crop((left, top, left + side, top + side)).resize((size, size), Image.BOX)
+
+
+def normalised(image):
+    x = np.asarray(image).astype(np.float32)
+    if x.ndim == 2:
+        x = x[..., None]
+    return (x.transpose(2, 0, 1) / np.float32(255) - np.float32(0.5)) / np.float32(0.5)
 
 
 def make(out, size):
@@ -81,14 +111,8 @@ def make(out, size):
         expected[f"pixels.{k}"] = decoded
         for key, mode in (("rgb", "RGB"), ("grey", "L")):
             converted = image.convert(mode)
-            w, h = converted.size
-            side = min(w, h)
-            left, top = (w - side) // 2, (h - side) // 2
-            square = converted.crop((left, top, left + side, top + side))
-            resized = np.asarray(square.resize((size, size), Image.BOX)).astype(np.float32)
-            if resized.ndim == 2:
-                resized = resized[..., None]
-            expected[f"{key}.{k}"] = resized.transpose(2, 0, 1) / 127.5 - 1
+            expected[f"square.{key}.{k}"] = normalised(square_crop(converted, size))
+            expected[f"dit.{key}.{k}"] = normalised(center_crop_arr(converted, size))
         k += 1
     safetensors_np.write(os.path.join(out, "expected.safetensors"), expected)
 

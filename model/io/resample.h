@@ -1,0 +1,29 @@
+// Resizing 8-bit images the way Pillow's Image.resize does, byte for byte: the preprocessing
+// of DiT (center_crop_arr: BOX halvings, then BICUBIC) and of torchvision pipelines runs on
+// PIL images, so a dataset prepared here equals theirs.
+//
+// Pillow's rule (libImaging/Resample.c semantics): separable, the horizontal pass first, each
+// pass rounded to bytes. Output pixel j of a pass covers centre c = (j + 0.5)·in/out; with the
+// filter widened by s = max(in/out, 1), input pixels [⌊c − support·s + 0.5⌋,
+// ⌊c + support·s + 0.5⌋) (clamped to the image) weigh filter((i − c + 0.5)/s), normalised to
+// sum 1, then rounded to fixed point with 22 fractional bits; the sum starts at one half and
+// is shifted down and clamped to [0, 255].
+#pragma once
+
+#include "model/io/png.h"
+
+namespace difftrain::io {
+
+enum class ResampleFilter {
+  kBox,      // 1 inside (−½, ½]: the mean of the pixels whose centres fall in the footprint
+  kBicubic,  // Keys' cubic convolution with a = −0.5, support 2
+};
+
+// `image` (any channel count, 8-bit) resized to width × height. A dimension that keeps its
+// size is not resampled (Pillow skips that pass).
+PngImage Resize(const PngImage& image, int width, int height, ResampleFilter filter);
+
+// The rectangle [left, left + width) × [top, top + height) of `image`.
+PngImage Crop(const PngImage& image, int left, int top, int width, int height);
+
+}  // namespace difftrain::io
