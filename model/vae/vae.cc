@@ -270,7 +270,10 @@ Status CheckSize(int N, int H, int W, int multiple, const char* what) {
 }  // namespace
 
 Vae::Vae(VaeConfig config, std::vector<float> weights)
-    : config_(std::move(config)), table_(Tensors(config_)), weights_(std::move(weights)) {
+    : Vae(Tensors(config), config, std::move(weights)) {}
+
+Vae::Vae(TensorTable table, const VaeConfig& config, std::vector<float> weights)
+    : config_(config), table_(std::move(table)), weights_(std::move(weights)) {
   DT_CHECK(weights_.size() == table_.total(), "VAE weights hold {} floats, the model {}",
            weights_.size(), table_.total());
 }
@@ -301,7 +304,7 @@ Result<Vae> Vae::Load(const std::string& path) {
   if (!config.ok())
     return config.status().WithContext(fmt::format("VAE config '{}'", config_path.string()));
 
-  const TensorTable table = Tensors(*config);
+  TensorTable table = Tensors(*config);
   DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(weights_path));
   TensorTable spelled;  // the table under the names the file uses
   for (const TensorSpec& t : table.tensors()) {
@@ -317,7 +320,7 @@ Result<Vae> Vae::Load(const std::string& path) {
   std::vector<float> weights(table.total());
   for (const TensorSpec& t : spelled.tensors())
     DT_RETURN_IF_ERROR(file.CopyAsF32(t.name, t.shape, weights.data() + t.offset));
-  Vae vae(std::move(*config), std::move(weights));
+  Vae vae(std::move(table), *config, std::move(weights));
   vae.source_ = weights_path.string();
   return vae;
 }

@@ -62,6 +62,9 @@ class Vae {
   static TensorTable Tensors(const VaeConfig& config);
 
  private:
+  // `table` is Tensors(config), already made.
+  Vae(TensorTable table, const VaeConfig& config, std::vector<float> weights);
+
   VaeConfig config_;
   TensorTable table_;
   std::vector<float> weights_;
