@@ -3,12 +3,13 @@
 //                 a caption of its class for every sample when given a text table
 //   data verify   checks a latent folder: index, shard headers and every shard's checksum
 //   data captions writes Fashion-MNIST's captions as a text table without embeddings (JSON)
-//   data embed    embeds captions with the fixed token table into a text table
+//   data embed    embeds captions into a text table, with a text encoder or the fixed token table
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -21,6 +22,7 @@
 #include "model/data/latent_folder.h"
 #include "model/data/text_table.h"
 #include "model/io/posix_file.h"
+#include "model/text/embedder.h"
 #include "model/vae/encoded_dataset.h"
 #include "model/vae/vae.h"
 
@@ -43,7 +45,9 @@ struct EmbedOptions {
   std::string captions;  // JSON written by `data captions`
   std::string out;
   int length = 16;
-  int dim = 64;
+  std::optional<int> dim;  // the token table's D (default 64); a text encoder has its own
+  std::string encoder;     // a text encoder (model/text/embedder.h); "": the token table
+  int skip_layers = 0;
 };
 
 // The samples through the VAE of --vae (loaded once, shared by the loader's threads), and
@@ -174,14 +178,24 @@ Result<TextTable> ReadCaptions(const std::string& path) {
 int RunEmbed(const EmbedOptions& o) {
   Result<TextTable> captions = ReadCaptions(o.captions);
   if (!captions.ok()) return ReportBadInput("data embed", captions.status().message());
-  Result<TextTable> table = EmbedWithTokenTable(captions->captions, o.length, o.dim);
+  Result<TextTable> table = [&]() -> Result<TextTable> {
+    if (o.encoder.empty()) {
+      if (o.skip_layers != 0) return Errorf("--skip-layers is for a text encoder (--encoder)");
+      return EmbedWithTokenTable(captions->captions, o.length, o.dim.value_or(64));
+    }
+    if (o.dim) return Errorf("--dim is the token table's: a text encoder's is its hidden_size");
+    DT_ASSIGN_OR_RETURN(const TextEmbedder embedder, TextEmbedder::Load(o.encoder));
+    Result<TextTable> t = embedder.EmbedTable(captions->captions, o.length, o.skip_layers);
+    if (!t.ok()) return t.status().WithContext("--encoder");
+    return t;
+  }();
   if (!table.ok()) return ReportBadInput("data embed", table.status().message());
   table->labels = captions->labels;
   table->held_out = captions->held_out;
   Status written = WriteTextTable(*table, o.out);
   if (!written.ok()) return ReportBadInput("data embed", written.message());
-  spdlog::info("wrote {} texts of {}×{} ({}) to {}", table->size(), o.length, o.dim, table->encoder,
-               o.out);
+  spdlog::info("wrote {} texts of {}×{} ({}) to {}", table->size(), table->length, table->dim,
+               table->encoder, o.out);
   return kExitOk;
 }
 
@@ -248,14 +262,25 @@ std::function<int()> SetupData(CLI::App& app) {
 
   auto embed_options = std::make_shared<EmbedOptions>();
   CLI::App* embed = app.add_subcommand(
-      "embed", "embed captions with the fixed token table into a text table (docs/data.md)");
+      "embed",
+      "embed captions into a text table with a text encoder (--encoder) or the fixed token table "
+      "(docs/data.md, docs/text-encoders.md)");
   embed->add_option("--captions", embed_options->captions, "captions JSON (data captions)")
       ->required();
   embed->add_option("--out", embed_options->out, "the text table to write (.safetensors)")
       ->required();
   embed->add_option("--length", embed_options->length, "tokens per text (L)")
       ->capture_default_str();
-  embed->add_option("--dim", embed_options->dim, "features per token (D, even)")
+  embed->add_option("--dim", embed_options->dim,
+                    "the token table's features per token (D, even; default 64)");
+  embed->add_option("--encoder", embed_options->encoder,
+                    "a text encoder: a transformers BERT or CLIP text model folder with its "
+                    "tokenizer (all-MiniLM-L6-v2's), or a Stable Diffusion pipeline's folder or "
+                    "its text_encoder/; default: the token table");
+  embed
+      ->add_option("--skip-layers", embed_options->skip_layers,
+                   "with --encoder: take the hidden state this many layers before the last "
+                   "(CLIP's clip skip)")
       ->capture_default_str();
 
   auto verify_dir = std::make_shared<std::string>();

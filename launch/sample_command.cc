@@ -26,6 +26,7 @@
 #include "model/io/gif.h"
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
+#include "model/text/embedder.h"
 #include "model/train/trainer.h"
 #include "model/vae/vae.h"
 
@@ -43,7 +44,9 @@ struct SampleOptions {
   std::vector<int> classes;
   std::vector<std::string> prompts;
   std::vector<int64_t> caption_ids;
-  std::string text_table;  // "": the text table of the checkpoint's training data
+  std::string text_table;    // "": the text table of the checkpoint's training data
+  std::string text_encoder;  // "": the text table's, if it names one; "none": no encoder
+  std::optional<int> skip_layers;
   int per_class = 8;
   std::optional<int> steps;
   std::string sampler = "ddpm";
@@ -70,14 +73,36 @@ constexpr int kGridPadding = 2;
 
 // A text model's grid rows: the texts sampled from (rows of `table`).
 struct Prompts {
-  TextTable table;
-  std::string table_path;
-  std::vector<int64_t> ids;  // one per row
+  TextTable table;               // with the prompts a text encoder embedded appended
+  std::string table_path;        // "": no table (a pretrained model's prompts, all embedded here)
+  std::vector<int64_t> ids;      // one per row
+  std::string text_encoder;      // the encoder that embedded prompts here, if one did
+  std::vector<float> null_text;  // [L, D]: the unconditional text; empty: zeros
 };
 
-// The rows a text model samples: each --prompt (found in the text table by its exact text) and
-// each --captions id. The table is --text-table, or the one in the folder the checkpoint was
-// trained from.
+// The text encoder that embeds prompts the table lacks: --text-encoder, else the one the
+// table records (data embed --encoder), else none.
+Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const TextTable& table,
+                                                  const std::string& table_path) {
+  std::string path = o.text_encoder;
+  if (path == "none") return std::optional<TextEmbedder>();
+  if (path.empty()) path = table.text_encoder;
+  if (path.empty()) return std::optional<TextEmbedder>();
+  Result<TextEmbedder> embedder = TextEmbedder::Load(path);
+  if (!embedder.ok()) {
+    return embedder.status().WithContext(
+        o.text_encoder.empty() ? fmt::format("the text encoder the text table '{}' was embedded "
+                                             "with (--text-encoder none: look prompts up only)",
+                                             table_path)
+                               : std::string("--text-encoder"));
+  }
+  return std::optional<TextEmbedder>(std::move(embedder).value());
+}
+
+// The rows a text model samples: each --prompt (found in the text table by its exact text, or
+// embedded by the text encoder) and each --captions id. The table is --text-table, or the one
+// in the folder the checkpoint was trained from; from --pretrained weights with a text encoder
+// it may be none, and the unconditional text is the empty prompt's embedding.
 Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
                                const SampleSchema& m) {
   if (!o.classes.empty()) {
@@ -90,37 +115,75 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   }
   Prompts p;
   p.table_path = o.text_table;
-  if (p.table_path.empty()) {
+  const bool encoder_only = p.table_path.empty() && ckpt.pretrained && !o.text_encoder.empty() &&
+                            o.text_encoder != "none" && o.caption_ids.empty();
+  if (p.table_path.empty() && !encoder_only) {
     if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty()) {
       return Status::Error(
           "--text-table: the checkpoint was not trained on a latent folder with "
-          "texts; give the text table to take the prompts' embeddings from");
+          "texts; give the text table to take the prompts' embeddings from (or, with "
+          "--pretrained, --text-encoder to embed the prompts)");
     }
     p.table_path = ckpt.data_path + "/text.safetensors";
   }
-  Result<TextTable> table = ReadTextTable(p.table_path);
-  if (!table.ok()) return table.status().WithContext("--text-table");
-  p.table = std::move(table).value();
+  if (encoder_only) {
+    p.table.length = m.context_length;
+    p.table.dim = m.context_dim;
+  } else {
+    Result<TextTable> table = ReadTextTable(p.table_path);
+    if (!table.ok()) return table.status().WithContext("--text-table");
+    p.table = std::move(table).value();
+  }
   if (p.table.length != m.context_length || p.table.dim != m.context_dim) {
     return Errorf("--text-table: '{}' holds texts of {}x{}, the model takes {}x{}", p.table_path,
                   p.table.length, p.table.dim, m.context_length, m.context_dim);
   }
+  DT_ASSIGN_OR_RETURN(std::optional<TextEmbedder> encoder, PromptEncoder(o, p.table, p.table_path));
+  if (encoder && encoder->dim() != m.context_dim) {
+    return Errorf("--text-encoder: '{}' embeds {} features per token, the model takes {}",
+                  encoder->path(), encoder->dim(), m.context_dim);
+  }
+  const int skip = o.skip_layers.value_or(encoder_only ? 0 : p.table.skip_layers);
+  std::vector<std::string> missing;  // prompts the table lacks, in order, once each
   for (const std::string& prompt : o.prompts) {
-    std::optional<int64_t> id = p.table.Find(prompt);
-    if (!id) {
+    if (p.table.Find(prompt)) continue;
+    if (!encoder) {
       return Errorf(
-          "--prompt: '{}' is not in the text table '{}' ({} texts): prompts are "
-          "embedded ahead of time; add it to the captions and embed them again "
-          "(docs/sampling.md)",
+          "--prompt: '{}' is not in the text table '{}' ({} texts), and no text encoder "
+          "embeds new prompts: give one with --text-encoder, or add the prompt to the captions "
+          "and embed them again (docs/sampling.md)",
           prompt, p.table_path, p.table.size());
     }
-    p.ids.push_back(*id);
+    if (std::find(missing.begin(), missing.end(), prompt) == missing.end())
+      missing.push_back(prompt);
   }
+  if (!missing.empty()) {
+    Result<std::vector<float>> embedded = encoder->Embed(missing, m.context_length, skip);
+    if (!embedded.ok()) return embedded.status().WithContext("--prompt");
+    p.table.embeddings.insert(p.table.embeddings.end(), embedded->begin(), embedded->end());
+    for (const std::string& prompt : missing) {
+      p.table.captions.push_back(prompt);
+      if (!p.table.labels.empty()) p.table.labels.push_back(-1);  // names no known class
+      if (!p.table.held_out.empty()) p.table.held_out.push_back(false);
+    }
+    p.text_encoder = encoder->path();
+    spdlog::info("embedded {} prompt(s) with the text encoder '{}' ({})", missing.size(),
+                 encoder->path(), encoder->encoder().config().Describe());
+  }
+  for (const std::string& prompt : o.prompts)
+    p.ids.push_back(*p.table.Find(prompt));
   for (int64_t id : o.caption_ids) {
     if (id < 0 || id >= p.table.size()) {
       return Errorf("--captions: {} is outside the text table's [0, {})", id, p.table.size());
     }
     p.ids.push_back(id);
+  }
+  // Pretrained weights (Stable Diffusion's) were guided with the empty prompt's embedding;
+  // models trained here with zeros (text dropout).
+  if (ckpt.pretrained && encoder) {
+    Result<std::vector<float>> empty = encoder->Embed({""}, m.context_length, skip);
+    if (!empty.ok()) return empty.status().WithContext("the empty prompt");
+    p.null_text = std::move(empty).value();
   }
   return p;
 }
@@ -274,8 +337,11 @@ int RunSample(const SampleOptions& o) {
     Result<Prompts> resolved = ResolvePrompts(o, ckpt, m);
     if (!resolved.ok()) return bad(resolved.status().message());
     prompts = std::move(resolved).value();
-  } else if (!o.prompts.empty() || !o.caption_ids.empty() || !o.text_table.empty()) {
-    return bad("--prompt, --captions and --text-table are for text-conditional models");
+  } else if (!o.prompts.empty() || !o.caption_ids.empty() || !o.text_table.empty() ||
+             !o.text_encoder.empty() || o.skip_layers) {
+    return bad(
+        "--prompt, --captions, --text-table, --text-encoder and --skip-layers are for "
+        "text-conditional models");
   }
   // A text model's "classes" are its prompts, and its null class the unconditional text.
   const int num_rows = text_model ? static_cast<int>(prompts->ids.size()) : m.num_classes;
@@ -360,7 +426,7 @@ int RunSample(const SampleOptions& o) {
     denoiser = PromptDenoiser(
         [&forward, &no_labels](const float* x_t, const float* t, const float* context, int B,
                                float* out) { forward(x_t, t, no_labels.data(), context, B, out); },
-        std::move(embeddings), m.context_length, m.context_dim);
+        std::move(embeddings), m.context_length, m.context_dim, prompts->null_text);
   }
 
   // Sample k (row-major in the grid) is column k % per_class of the row of class k / per_class.
@@ -442,6 +508,7 @@ int RunSample(const SampleOptions& o) {
       described["prompts"] = texts;
       described["text_ids"] = prompts->ids;
       described["text_table"] = prompts->table_path;
+      if (!prompts->text_encoder.empty()) described["text_encoder"] = prompts->text_encoder;
       for (int64_t& label : raw_labels) {
         if (!prompts->table.labels.empty()) label = prompts->table.labels[prompts->ids[label]];
       }
@@ -478,13 +545,21 @@ DIFFTRAIN_COMMAND(
            ->delimiter(',');
        app.add_option("--prompt", o->prompts,
                       "a text model's prompt, one grid row each (repeat it); found in the text "
-                      "table by its exact text")
+                      "table by its exact text, or embedded by the text encoder")
            ->allow_extra_args(false);
        app.add_option("--captions", o->caption_ids, "a text model's rows as text table ids: 0,6,12")
            ->delimiter(',');
        app.add_option("--text-table", o->text_table,
                       "the text embeddings of the prompts (default: text.safetensors of the "
                       "latent folder the checkpoint was trained on)");
+       app.add_option("--text-encoder", o->text_encoder,
+                      "embeds the prompts the text table lacks: a transformers BERT or CLIP text "
+                      "model folder with its tokenizer, or a Stable Diffusion pipeline's folder "
+                      "(default: the encoder the table was embedded with, if difftrain's; "
+                      "`none`: look prompts up only)");
+       app.add_option("--skip-layers", o->skip_layers,
+                      "with a text encoder: the hidden state this many layers before the last "
+                      "(default: the table's, else 0)");
        app.add_option("--per-class", o->per_class, "samples per class or prompt (grid columns)")
            ->capture_default_str();
        app.add_option("--steps", o->steps,

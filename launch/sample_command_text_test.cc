@@ -12,6 +12,8 @@
 
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
+#include "model/text/embedder.h"
+#include "model/text/text_testing.h"
 #include "model/vae/vae.h"
 #include "model/vae/vae_testing.h"
 #include "tests/testing/run_command.h"
@@ -170,6 +172,7 @@ TEST_F(TextSampleTest, BadInputExitsTwo) {
   const std::string ckpt = "--checkpoint " + Q("ckpt") + " --out " + Q("bad.png");
   for (const Case& c : std::vector<Case>{
            {ckpt + " --prompt 'a photo of a boat'", "'a photo of a boat' is not in the text table"},
+           {ckpt + " --classes 1 --text-encoder x", "--classes: a text-conditional model"},
            {ckpt + " --classes 1", "a text-conditional model samples from --prompt or --captions"},
            {ckpt, "needs --prompt TEXT"},
            {ckpt + " --captions 60", "60 is outside the text table's [0, 60)"},
@@ -224,6 +227,112 @@ TEST_F(TextSampleTest, VaeDecodesTheSamplesForTheGridAndTheRawFile) {
   EXPECT_NE(r.output.find("decodes latents of 4 channels and this model makes 1"),
             std::string::npos)
       << r.output;
+}
+
+// A table embedded by a text encoder (`data embed --encoder`) records it, and `sample` embeds
+// the prompts the table lacks with it: a new prompt samples exactly as from a table that holds
+// it, embedded by the same encoder. `--text-encoder none` looks prompts up only; from
+// --pretrained weights the encoder alone serves, guided by the empty prompt's embedding.
+TEST_F(TextSampleTest, TextEncoderEmbedsPromptsTheTableLacks) {
+  ASSERT_EQ(testing::WriteTextEncoderFolder(File("bert"), 8, 5), "");
+  ASSERT_EQ(testing::WriteTextEncoderFolder(File("bert16"), 16, 5), "");
+  CommandResult r =
+      RunDifftrain("data embed --captions " + Q("captions.json") + " --length 4 --encoder " +
+                   Q("bert") + " --out " + Q("bert_texts.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<TextTable> table = ReadTextTable(File("bert_texts.safetensors"));
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  EXPECT_EQ(table->text_encoder, File("bert"));
+  EXPECT_EQ(table->size(), 60);
+  EXPECT_EQ(table->labels[42], 7);
+  EXPECT_NE(table->encoder.find("BERT, 2 layers, 8 features, 4 heads"), std::string::npos)
+      << table->encoder;
+  // Its rows are what the encoder embeds.
+  Result<TextEmbedder> embedder = TextEmbedder::Load(File("bert"));
+  ASSERT_TRUE(embedder.ok()) << embedder.status().message();
+  Result<std::vector<float>> row = embedder->Embed({table->captions[42]}, 4, 0);
+  ASSERT_TRUE(row.ok());
+  for (size_t i = 0; i < row->size(); ++i)
+    EXPECT_NEAR((*row)[i], table->embedding(42)[i], 1e-5) << i;
+
+  const std::string boat = "a photo of a boat";
+  const std::string table_args = "--cfg 3 --text-table " + Q("bert_texts.safetensors");
+  const io::SafetensorsFile embedded =
+      Sample(table_args + " --prompt '" + boat + "' --captions 48", "boat.safetensors");
+  const nlohmann::json how = nlohmann::json::parse(embedded.metadata().at("sampling"));
+  EXPECT_EQ(how["text_encoder"], File("bert"));
+  EXPECT_EQ(how["text_ids"], nlohmann::json({60, 48}));
+  std::vector<int64_t> labels(4);
+  std::memcpy(labels.data(), embedded.Find("labels")->data, 4 * sizeof(int64_t));
+  EXPECT_EQ(labels, (std::vector<int64_t>{-1, -1, 8, 8}));  // a new prompt names no class
+
+  std::ofstream(File("boat.json")) << nlohmann::json{{"captions", {boat}}}.dump();
+  r = RunDifftrain("data embed --captions " + Q("boat.json") + " --length 4 --encoder " +
+                   Q("bert") + " --out " + Q("boat_table.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<float> looked_up =
+      Images(Sample("--cfg 3 --text-encoder none --text-table " + Q("boat_table.safetensors") +
+                        " --prompt '" + boat + "' --prompt '" + boat + "'",
+                    "looked_up.safetensors"));
+  const std::vector<float> from_encoder = Images(embedded);
+  EXPECT_EQ(std::vector<float>(from_encoder.begin(), from_encoder.begin() + 2 * 1024),
+            std::vector<float>(looked_up.begin(), looked_up.begin() + 2 * 1024));
+
+  // From the checkpoint's weights as --pretrained, with the job's model: no table is needed,
+  // and the unconditional text is the empty prompt's embedding, not zeros. Unguided, it
+  // samples as the checkpoint does; guided, differently.
+  const std::string pretrained = "--pretrained " + Q("ckpt") + " --config " + Q("job.yaml") +
+                                 " --clip-denoised false --text-encoder " + Q("bert") +
+                                 " --prompt '" + boat + "' --prompt '" + boat + "'";
+  const std::string checkpoint = "--clip-denoised false --text-table " +
+                                 Q("boat_table.safetensors") + " --prompt '" + boat +
+                                 "' --prompt '" + boat + "'";
+  const auto sample = [&](const std::string& source, const std::string& args,
+                          const std::string& raw) {
+    const CommandResult c =
+        RunDifftrain("sample " + source + " --sampler ddim --steps 3 --per-class 1 --raw " +
+                     Q(raw) + " " + args);
+    EXPECT_EQ(c.exit_code, 0) << args << "\n" << c.output;
+    Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(File(raw));
+    EXPECT_TRUE(file.ok()) << file.status().message();
+    std::vector<float> x(2 * 1024);
+    EXPECT_TRUE(file->CopyF32("images", {2, 1, 32, 32}, x.data()).ok());
+    return x;
+  };
+  EXPECT_EQ(sample(pretrained, "--cfg 1", "p1.safetensors"),
+            sample("--checkpoint " + Q("ckpt"), checkpoint + " --cfg 1", "c1.safetensors"));
+  EXPECT_NE(sample(pretrained, "--cfg 3", "p3.safetensors"),
+            sample("--checkpoint " + Q("ckpt"), checkpoint + " --cfg 3", "c3.safetensors"));
+
+  struct Case {
+    std::string args, message;
+  };
+  const std::string ckpt = "--checkpoint " + Q("ckpt") + " --out " + Q("bad.png");
+  for (const Case& c : std::vector<Case>{
+           {ckpt + " --text-table " + Q("bert_texts.safetensors") +
+                " --text-encoder none --prompt '" + boat + "'",
+            "no text encoder embeds new prompts"},
+           {ckpt + " --prompt '" + boat + "' --text-encoder " + Q("bert16"),
+            "embeds 16 features per token, the model takes 8"},
+           {ckpt + " --prompt '" + boat + "' --text-encoder " + Q("nowhere"),
+            "--text-encoder: text encoder '" + File("nowhere") + "': no such file"},
+           {ckpt + " --prompt '" + boat + "' --text-encoder " + Q("bert") + " --skip-layers 2",
+            "cannot skip 2 of its 2 layers"},
+       }) {
+    const CommandResult bad = RunDifftrain("sample " + c.args);
+    EXPECT_EQ(bad.exit_code, 2) << c.args << "\n" << bad.output;
+    EXPECT_NE(bad.output.find(c.message), std::string::npos) << c.args << "\n" << bad.output;
+  }
+  for (const Case& c : std::vector<Case>{
+           {"--encoder " + Q("bert") + " --dim 8", "--dim is the token table's"},
+           {"--skip-layers 1", "--skip-layers is for a text encoder"},
+           {"--encoder " + Q("bert") + " --length 17", "texts of 17 tokens; it takes 2 to 16"},
+       }) {
+    const CommandResult bad = RunDifftrain("data embed --captions " + Q("captions.json") +
+                                           " --out " + Q("bad.safetensors") + " " + c.args);
+    EXPECT_EQ(bad.exit_code, 2) << c.args << "\n" << bad.output;
+    EXPECT_NE(bad.output.find(c.message), std::string::npos) << c.args << "\n" << bad.output;
+  }
 }
 
 // Training refuses texts of another shape than the model's cross-attention takes.

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config clang-format
   libzmq3-dev cppzmq-dev libyaml-cpp-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
   libgloo-dev libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev libpng-dev zlib1g-dev
-  libjpeg-dev
+  libjpeg-dev libicu-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # The MPI launch mode and communicator (optional in the build): Open MPI, whose mpirun the
   # tests use, and PMIx for Slurm's `srun --mpi=pmix` (slurm-wlm-basic-plugins' mpi_pmix).

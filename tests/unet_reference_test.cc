@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "tests/testing/diffusers_reference.h"
+#include "tests/testing/python_reference.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain::testing {

@@ -13,7 +13,7 @@
 
 #include "model/io/safetensors.h"
 #include "model/vae/vae.h"
-#include "tests/testing/diffusers_reference.h"
+#include "tests/testing/python_reference.h"
 
 namespace difftrain::testing {
 namespace {
@@ -32,31 +32,8 @@ void PrintTo(const VaeCase& c, std::ostream* os) {
 // 1e-5 instead of the VAE's 1e-6 gives 1.6–2.1e-5.
 constexpr double kBound = 3e-6;
 
-double RelativeL2(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
-class VaeReferenceTest : public DiffusersReference, public ::testing::WithParamInterface<VaeCase> {
- protected:
-  std::vector<float> Expected(const io::SafetensorsFile& file, const std::string& name,
-                              std::vector<int64_t>* shape = nullptr) {
-    const io::TensorView* t = file.Find(name);
-    EXPECT_NE(t, nullptr) << name;
-    if (t == nullptr) return {};
-    size_t n = 1;
-    for (int64_t d : t->shape)
-      n *= d;
-    std::vector<float> v(n);
-    EXPECT_TRUE(file.CopyF32(name, t->shape, v.data()).ok());
-    if (shape != nullptr) *shape = t->shape;
-    return v;
-  }
-};
+class VaeReferenceTest : public DiffusersReference,
+                         public ::testing::WithParamInterface<VaeCase> {};
 
 TEST_P(VaeReferenceTest, EncodesAndDecodesAsDiffusers) {
   const CommandResult made =
@@ -67,11 +44,11 @@ TEST_P(VaeReferenceTest, EncodesAndDecodesAsDiffusers) {
       io::SafetensorsFile::Read((dir_ / "expected.safetensors").string());
   ASSERT_TRUE(expected.ok()) << expected.status().message();
   std::vector<int64_t> image_shape, latent_shape;
-  const std::vector<float> images = Expected(*expected, "images", &image_shape);
-  const std::vector<float> latents = Expected(*expected, "latents", &latent_shape);
-  const std::vector<float> mean = Expected(*expected, "mean");
-  const std::vector<float> logvar = Expected(*expected, "logvar");
-  const std::vector<float> decoded = Expected(*expected, "decoded");
+  const std::vector<float> images = ReferenceTensor(*expected, "images", &image_shape);
+  const std::vector<float> latents = ReferenceTensor(*expected, "latents", &latent_shape);
+  const std::vector<float> mean = ReferenceTensor(*expected, "mean");
+  const std::vector<float> logvar = ReferenceTensor(*expected, "logvar");
+  const std::vector<float> decoded = ReferenceTensor(*expected, "decoded");
 
   std::vector<float> first_decoded;
   for (const char* folder : {"vae", "old"}) {

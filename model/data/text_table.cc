@@ -118,6 +118,15 @@ Result<TextTable> ReadTextTable(const std::string& path) {
     }
     table.labels.push_back(l.get<int>());
   }
+  if (auto it = file.metadata().find("text_encoder"); it != file.metadata().end()) {
+    const nlohmann::json e = nlohmann::json::parse(it->second, nullptr, false);
+    if (!e.is_object() || !e.contains("path") || !e["path"].is_string() ||
+        !e.value("skip_layers", nlohmann::json(0)).is_number_integer()) {
+      return TableError(path, "metadata 'text_encoder' is not {\"path\": …, \"skip_layers\": …}");
+    }
+    table.text_encoder = e["path"].get<std::string>();
+    table.skip_layers = e.value("skip_layers", 0);
+  }
   for (const nlohmann::json& h : held_out) {
     if (!h.is_boolean()) return TableError(path, "metadata 'held_out' holds a non-boolean");
     table.held_out.push_back(h.get<bool>());
@@ -143,6 +152,11 @@ Status WriteTextTable(const TextTable& table, const std::string& path) {
   if (!table.labels.empty()) writer.SetMetadata("labels", nlohmann::json(table.labels).dump());
   if (!table.held_out.empty()) {
     writer.SetMetadata("held_out", nlohmann::json(table.held_out).dump());
+  }
+  if (!table.text_encoder.empty()) {
+    writer.SetMetadata(
+        "text_encoder",
+        nlohmann::json{{"path", table.text_encoder}, {"skip_layers", table.skip_layers}}.dump());
   }
   return writer.WriteAtomic(path);
 }

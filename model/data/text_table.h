@@ -8,10 +8,13 @@
 //                               ["labels": JSON list of K integers, the class a text names,]
 //                               ["held_out": JSON list of K booleans, texts kept out of
 //                                training (paraphrases to test a model on)]
+//                               ["text_encoder": JSON {"path", "skip_layers"}: the text
+//                                encoder difftrain embedded them with (data embed --encoder)]
 //
 // Data carry a text as its row in the table, so a data set whose samples share a few
 // captions stores each embedding once. Texts are embedded once, when the table is made: by
-// a real text encoder (scripts/text_encoder.py, MiniLM) or by the token table below.
+// a real text encoder (difftrain's own, model/text/embedder.h; scripts/text_encoder.py,
+// MiniLM) or by the token table below.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +37,11 @@ struct TextTable {
   std::vector<int> labels;            // K, or empty: the texts name no classes
   std::vector<bool> held_out;         // K, or empty: every text is for training
   std::vector<float> embeddings;      // [K, L, D]
+  // The text encoder difftrain made the embeddings with (data embed --encoder), so that new
+  // texts can be embedded as these were: its path ("" when another encoder made them) and
+  // the layers it skipped.
+  std::string text_encoder;
+  int skip_layers = 0;
 
   int64_t size() const { return static_cast<int64_t>(captions.size()); }
   size_t text_floats() const { return size_t(length) * dim; }

@@ -69,17 +69,23 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   return Sampler(diffusion, shape, options);
 }
 
-Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim) {
+Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
+                        std::vector<float> null_text) {
   const size_t text = size_t(length) * dim;
   DT_CHECK(text > 0 && !prompts.empty() && prompts.size() % text == 0,
            "{} prompt floats for texts of {}x{}", prompts.size(), length, dim);
+  DT_CHECK(null_text.empty() || null_text.size() == text,
+           "{} floats of the null text for texts of {}x{}", null_text.size(), length, dim);
   const auto P = static_cast<int32_t>(prompts.size() / text);
+  // The null text after the prompts: label P.
+  if (null_text.empty()) null_text.assign(text, 0.0f);
+  prompts.insert(prompts.end(), null_text.begin(), null_text.end());
   return [model = std::move(model), prompts = std::move(prompts), text, P](
              const float* x_t, const float* t, const int32_t* y, int B, float* out) {
-    std::vector<float> context(B * text, 0.0f);
+    std::vector<float> context(B * text);
     for (int b = 0; b < B; ++b) {
       DT_CHECK(y[b] >= 0 && y[b] <= P, "prompt {} of {} (the null class is {})", y[b], P, P);
-      if (y[b] < P) std::copy_n(prompts.data() + y[b] * text, text, context.data() + b * text);
+      std::copy_n(prompts.data() + y[b] * text, text, context.data() + b * text);
     }
     model(x_t, t, context.data(), B, out);
   };

@@ -43,10 +43,13 @@ using TextDenoiser =
 
 // Sampling from prompts: a text model as a Denoiser whose label k < P (the number of
 // prompts) stands for prompt k's embedding, prompts[k] ([L, D] floats each), and whose label
-// P, the null class to give DenoiserShape, for the unconditional embedding: all zeros, the
-// embedding that training's text dropout feeds (docs/unet.md). So guidance with text is the
-// samplers' guidance with labels: ε = ε(x, ∅) + g · (ε(x, prompt) − ε(x, ∅)).
-Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim);
+// P, the null class to give DenoiserShape, for the unconditional embedding: `null_text`
+// ([L, D]; Stable Diffusion's pretrained models take the empty prompt's), or where it is
+// empty all zeros, the embedding that training's text dropout feeds (docs/unet.md). So
+// guidance with text is the samplers' guidance with labels:
+// ε = ε(x, ∅) + g · (ε(x, prompt) − ε(x, ∅)).
+Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
+                        std::vector<float> null_text = {});
 
 enum class SamplerKind { kDdpm, kDdim };
 // "ddpm" or "ddim".

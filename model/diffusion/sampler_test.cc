@@ -209,8 +209,7 @@ TEST_F(SamplerTest, VPredictionSamplesTheModelOfTheEpsilonItImplies) {
   v_config.prediction = "v";
   const GaussianDiffusion v_diffusion(v_config);
   const Denoiser toy = Toy(/*learn_sigma=*/false);
-  const Denoiser as_v = [&](const float* x_t, const float* t, const int32_t* y, int B,
-                            float* out) {
+  const Denoiser as_v = [&](const float* x_t, const float* t, const int32_t* y, int B, float* out) {
     toy(x_t, t, y, B, out);
     for (int b = 0; b < B; ++b) {
       const double abar = v_diffusion.alphas_cumprod()[static_cast<int>(t[b])];
@@ -338,41 +337,51 @@ void ToyTextModel(const float* x_t, const float* t, const float* context, int B,
 }
 
 // Guidance from prompts: DDIM with prompts, guided, equals the unguided sampler on the
-// explicit ε(x, ∅) + g · (ε(x, prompt) − ε(x, ∅)) with ∅ the all-zero embedding.
+// explicit ε(x, ∅) + g · (ε(x, prompt) − ε(x, ∅)) with ∅ the all-zero embedding, or the null
+// text given (a pretrained model's empty prompt).
 TEST_F(SamplerTest, TextGuidanceCombinesPromptAndUnconditionalText) {
   constexpr double g = 2.5;
   const std::vector<float> prompts = {0.5f,  -1, 0.25f, 2, 0,  1,      // prompt 0
                                       -0.5f, 1,  1,     0, -2, 0.5f};  // prompt 1
-  const Denoiser combined = [&prompts](const float* x, const float* t, const int32_t* y, int B,
-                                       float* out) {
-    std::vector<float> context(B * 6), zeros(B * 6, 0.0f), cond(B * kN), uncond(B * kN);
-    for (int b = 0; b < B; ++b)
-      std::copy_n(prompts.data() + y[b] * 6, 6, context.data() + b * 6);
-    ToyTextModel(x, t, context.data(), B, cond.data());
-    ToyTextModel(x, t, zeros.data(), B, uncond.data());
-    for (size_t k = 0; k < cond.size(); ++k)
-      out[k] = static_cast<float>(uncond[k] + g * (double(cond[k]) - uncond[k]));
-  };
-  const Denoiser text = PromptDenoiser(ToyTextModel, prompts, 2, 3);
-  SamplerOptions options;
-  options.kind = SamplerKind::kDdim;
-  options.steps = 10;
-  options.seed = 4;
-  const DenoiserShape shape{kC, kH, kW, /*learn_sigma=*/false, /*null_class=*/2};
-  const std::vector<int32_t> rows = {1, 0, 1};
-  std::vector<float> plain(rows.size() * kN), guided(rows.size() * kN);
-  Result<Sampler> unguided = Sampler::Create(diffusion, shape, options);
-  ASSERT_TRUE(unguided.ok());
-  unguided->Sample(combined, rows.data(), 3, 0, plain.data());
-  options.cfg_scale = g;
-  Result<Sampler> with_guidance = Sampler::Create(diffusion, shape, options);
-  ASSERT_TRUE(with_guidance.ok());
-  with_guidance->Sample(text, rows.data(), 3, 0, guided.data());
-  for (size_t k = 0; k < plain.size(); ++k)
-    ASSERT_NEAR(guided[k], plain[k], 1e-5) << k;
-  // Samples of the two prompts differ.
-  EXPECT_NE(std::vector<float>(guided.begin(), guided.begin() + kN),
-            std::vector<float>(guided.begin() + kN, guided.begin() + 2 * kN));
+  std::vector<float> previous;
+  for (const std::vector<float>& null_text :
+       {std::vector<float>{}, std::vector<float>{0.3f, 0.1f, -0.7f, 0, 1, 0.2f}}) {
+    SCOPED_TRACE(null_text.empty() ? "zeros" : "a null text");
+    const Denoiser combined = [&prompts, &null_text](const float* x, const float* t,
+                                                     const int32_t* y, int B, float* out) {
+      std::vector<float> context(B * 6), unconditional(B * 6, 0.0f), cond(B * kN), uncond(B * kN);
+      for (int b = 0; b < B; ++b) {
+        std::copy_n(prompts.data() + y[b] * 6, 6, context.data() + b * 6);
+        if (!null_text.empty()) std::copy_n(null_text.data(), 6, unconditional.data() + b * 6);
+      }
+      ToyTextModel(x, t, context.data(), B, cond.data());
+      ToyTextModel(x, t, unconditional.data(), B, uncond.data());
+      for (size_t k = 0; k < cond.size(); ++k)
+        out[k] = static_cast<float>(uncond[k] + g * (double(cond[k]) - uncond[k]));
+    };
+    const Denoiser text = PromptDenoiser(ToyTextModel, prompts, 2, 3, null_text);
+    SamplerOptions options;
+    options.kind = SamplerKind::kDdim;
+    options.steps = 10;
+    options.seed = 4;
+    const DenoiserShape shape{kC, kH, kW, /*learn_sigma=*/false, /*null_class=*/2};
+    const std::vector<int32_t> rows = {1, 0, 1};
+    std::vector<float> plain(rows.size() * kN), guided(rows.size() * kN);
+    Result<Sampler> unguided = Sampler::Create(diffusion, shape, options);
+    ASSERT_TRUE(unguided.ok());
+    unguided->Sample(combined, rows.data(), 3, 0, plain.data());
+    options.cfg_scale = g;
+    Result<Sampler> with_guidance = Sampler::Create(diffusion, shape, options);
+    ASSERT_TRUE(with_guidance.ok());
+    with_guidance->Sample(text, rows.data(), 3, 0, guided.data());
+    for (size_t k = 0; k < plain.size(); ++k)
+      ASSERT_NEAR(guided[k], plain[k], 1e-5) << k;
+    // Samples of the two prompts differ, and the null text changes them.
+    EXPECT_NE(std::vector<float>(guided.begin(), guided.begin() + kN),
+              std::vector<float>(guided.begin() + kN, guided.begin() + 2 * kN));
+    EXPECT_NE(guided, previous);
+    previous = guided;
+  }
 }
 
 // Guidance limited to an interval of timesteps: steps inside it run the doubled batch and

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "model/io/checkpoint.h"
 
@@ -127,6 +128,20 @@ Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& gl
   }
   if (!shard) std::copy(params, params + global.total(), ema);
   return Status::Ok();
+}
+
+Result<std::vector<float>> ReadInferenceWeights(const io::SafetensorsFile& file,
+                                                const TensorTable& spelled,
+                                                const std::string& what) {
+  DT_ASSIGN_OR_RETURN(const std::vector<std::string> unused, CheckInitialWeights(file, spelled));
+  if (!unused.empty()) {
+    spdlog::info("{}: {} tensor(s) of '{}' it does not use were not read, e.g. {}", what,
+                 unused.size(), file.path(), unused[0]);
+  }
+  std::vector<float> weights(spelled.total());
+  for (const TensorSpec& t : spelled.tensors())
+    DT_RETURN_IF_ERROR(file.CopyAsF32(t.name, t.shape, weights.data() + t.offset));
+  return weights;
 }
 
 Status CheckInitialWeightsForModel(const ModelSpec& model, const std::string& path) {

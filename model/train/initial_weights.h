@@ -42,6 +42,14 @@ Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& 
 Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& global, float* params,
                           float* ema);
 
+// An inference model's weights (the VAE, a text encoder) from `file`: the tensors of `spelled`
+// (the model's table under the names the file uses), checked as CheckInitialWeights checks
+// them, into one arena laid out as `spelled`. The file's tensors the model does not use are
+// named in an info line of `what` (e.g. "VAE 'path'").
+Result<std::vector<float>> ReadInferenceWeights(const io::SafetensorsFile& file,
+                                                const TensorTable& spelled,
+                                                const std::string& what);
+
 // The launcher's check of a job's init_from against its model (header only, no model built):
 // the path resolves and the file holds the model's tensors.
 Status CheckInitialWeightsForModel(const ModelSpec& model, const std::string& path);

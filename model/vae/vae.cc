@@ -7,7 +7,6 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include "common/check.h"
 #include "model/cpu/activation.h"
@@ -312,14 +311,8 @@ Result<Vae> Vae::Load(const std::string& path) {
     const bool renamed = file.Find(t.name) == nullptr && !before.empty() && file.Find(before);
     spelled.Add(renamed ? before : t.name, t.shape);
   }
-  DT_ASSIGN_OR_RETURN(const std::vector<std::string> unused, CheckInitialWeights(file, spelled));
-  if (!unused.empty()) {
-    spdlog::info("VAE '{}': {} tensor(s) it does not use were not read, e.g. {}",
-                 weights_path.string(), unused.size(), unused[0]);
-  }
-  std::vector<float> weights(table.total());
-  for (const TensorSpec& t : spelled.tensors())
-    DT_RETURN_IF_ERROR(file.CopyAsF32(t.name, t.shape, weights.data() + t.offset));
+  DT_ASSIGN_OR_RETURN(std::vector<float> weights,
+                      ReadInferenceWeights(file, spelled, fmt::format("VAE '{}'", path)));
   Vae vae(std::move(table), *config, std::move(weights));
   vae.source_ = weights_path.string();
   return vae;

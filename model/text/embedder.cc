@@ -1,0 +1,94 @@
+#include "model/text/embedder.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace difftrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Texts encoded at once: [64, 77, 768] floats of activations per buffer at most.
+constexpr size_t kChunk = 64;
+
+// Where the tokenizer of the encoder at `path` is (see TextEmbedder::Load).
+fs::path TokenizerFolder(const std::string& path, const std::string& weights) {
+  const fs::path encoder_dir = fs::path(weights).parent_path();
+  std::error_code ec;
+  const auto has_tokenizer = [&](const fs::path& dir) {
+    return fs::is_regular_file(dir / "tokenizer.json", ec) ||
+           fs::is_regular_file(dir / "vocab.json", ec);
+  };
+  for (const fs::path& dir :
+       {encoder_dir, fs::path(path) / "tokenizer", encoder_dir.parent_path() / "tokenizer"}) {
+    if (has_tokenizer(dir)) return dir;
+  }
+  return encoder_dir;  // LoadTokenizer says what it lacks
+}
+
+}  // namespace
+
+TextEmbedder::TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Tokenizer> tokenizer,
+                           std::string path)
+    : encoder_(std::move(encoder)), tokenizer_(std::move(tokenizer)), path_(std::move(path)) {}
+
+Result<TextEmbedder> TextEmbedder::Load(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(TextEncoder encoder, TextEncoder::Load(path));
+  const fs::path folder = TokenizerFolder(path, encoder.source());
+  std::shared_ptr<const text::Tokenizer> tokenizer;
+  try {
+    tokenizer = text::LoadTokenizer(folder);
+  } catch (const std::exception& e) {
+    return Errorf("text encoder '{}': its tokenizer: {}", path, e.what());
+  }
+  if (tokenizer->vocab_size() > encoder.config().vocab_size) {
+    return Errorf(
+        "text encoder '{}': its tokenizer ({}) has {} ids, the encoder's vocab_size only {}", path,
+        folder.string(), tokenizer->vocab_size(), encoder.config().vocab_size);
+  }
+  return TextEmbedder(std::move(encoder), std::move(tokenizer), path);
+}
+
+Result<std::vector<float>> TextEmbedder::Embed(const std::vector<std::string>& texts, int length,
+                                               int skip_layers) const {
+  const int max = encoder_.config().max_positions;
+  if (length < 2 || length > max) {
+    return Errorf("text encoder '{}': texts of {} tokens; it takes 2 to {}", path_, length, max);
+  }
+  const size_t text_floats = size_t(length) * dim();
+  std::vector<float> out(texts.size() * text_floats);
+  for (size_t first = 0; first < texts.size(); first += kChunk) {
+    const size_t count = std::min(kChunk, texts.size() - first);
+    std::vector<text::Tokens> tokens;
+    for (size_t k = first; k < first + count; ++k) {
+      try {
+        tokens.push_back(tokenizer_->Encode(texts[k], length));
+      } catch (const std::exception& e) {
+        return Errorf("text {} ('{}'): {}", k, texts[k], e.what());
+      }
+    }
+    DT_RETURN_IF_ERROR(encoder_.Encode(tokens, skip_layers, out.data() + first * text_floats));
+  }
+  return out;
+}
+
+Result<TextTable> TextEmbedder::EmbedTable(const std::vector<std::string>& captions, int length,
+                                           int skip_layers) const {
+  TextTable table;
+  table.length = length;
+  table.dim = dim();
+  table.captions = captions;
+  DT_ASSIGN_OR_RETURN(table.embeddings, Embed(captions, length, skip_layers));
+  table.encoder = fmt::format(
+      "{} ({}){}, L {}, D {}", encoder_.config().Describe(), encoder_.source(),
+      skip_layers > 0 ? fmt::format(", last {} layers skipped", skip_layers) : std::string(),
+      length, dim());
+  table.text_encoder = fs::absolute(path_).lexically_normal().string();
+  table.skip_layers = skip_layers;
+  return table;
+}
+
+}  // namespace difftrain

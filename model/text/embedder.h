@@ -1,0 +1,46 @@
+// A text encoder with its tokenizer: texts → the [L, D] embeddings a text-conditional model
+// takes, as a text table holds them (model/data/text_table.h). `difftrain data embed --encoder`
+// makes tables with it, and `difftrain sample` embeds prompts with it (docs/text-encoders.md).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/data/text_table.h"
+#include "model/text/encoder.h"
+#include "model/text/tokenizer.h"
+
+namespace difftrain {
+
+class TextEmbedder {
+ public:
+  // The encoder at `path` (TextEncoder::Load) and its tokenizer: in the same folder
+  // (all-MiniLM-L6-v2's), in tokenizer/ of a diffusers pipeline's folder, or in ../tokenizer of
+  // an encoder folder that is a pipeline's text_encoder/ (Stable Diffusion's).
+  static Result<TextEmbedder> Load(const std::string& path);
+  TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Tokenizer> tokenizer,
+               std::string path);
+
+  const TextEncoder& encoder() const { return encoder_; }
+  const text::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const std::string& path() const { return path_; }
+  int dim() const { return encoder_.config().hidden_size; }
+
+  // texts (UTF-8) → [K, length, D]: each tokenized to `length` ids (start, pieces, end,
+  // padding) and encoded (TextEncoder::Encode with skip_layers). Errors name the text.
+  Result<std::vector<float>> Embed(const std::vector<std::string>& texts, int length,
+                                   int skip_layers) const;
+
+  // A text table of `captions` (no labels, no held-out flags) that records this encoder.
+  Result<TextTable> EmbedTable(const std::vector<std::string>& captions, int length,
+                               int skip_layers) const;
+
+ private:
+  TextEncoder encoder_;
+  std::shared_ptr<const text::Tokenizer> tokenizer_;
+  std::string path_;
+};
+
+}  // namespace difftrain

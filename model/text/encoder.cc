@@ -1,0 +1,345 @@
+#include "model/text/encoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/check.h"
+#include "model/cpu/activation.h"
+#include "model/cpu/layernorm.h"
+#include "model/cpu/linear.h"
+#include "model/io/safetensors.h"
+#include "model/train/initial_weights.h"
+
+namespace difftrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The names of one layer's tensors, in the order a layer reads them.
+struct LayerNames {
+  std::string q, k, v, out, norm1, fc1, fc2, norm2;
+};
+
+LayerNames Layer(const TextEncoderConfig& c, int i) {
+  if (c.kind == TextEncoderKind::kBert) {
+    const std::string p = fmt::format("encoder.layer.{}.", i);
+    return {p + "attention.self.query",
+            p + "attention.self.key",
+            p + "attention.self.value",
+            p + "attention.output.dense",
+            p + "attention.output.LayerNorm",
+            p + "intermediate.dense",
+            p + "output.dense",
+            p + "output.LayerNorm"};
+  }
+  const std::string p = fmt::format("text_model.encoder.layers.{}.", i);
+  return {p + "self_attn.q_proj", p + "self_attn.k_proj",
+          p + "self_attn.v_proj", p + "self_attn.out_proj",
+          p + "layer_norm1",      p + "mlp.fc1",
+          p + "mlp.fc2",          p + "layer_norm2"};
+}
+
+// The embedding tables: tokens, positions (and BERT's token types and its LayerNorm).
+struct EmbeddingNames {
+  std::string tokens, positions, types, norm;
+};
+
+EmbeddingNames Embeddings(const TextEncoderConfig& c) {
+  if (c.kind == TextEncoderKind::kBert) {
+    return {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+            "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm"};
+  }
+  return {"text_model.embeddings.token_embedding.weight",
+          "text_model.embeddings.position_embedding.weight", "", ""};
+}
+
+constexpr char kClipFinalNorm[] = "text_model.final_layer_norm";
+
+// LayerNorm with its affine parameters over rows of C: out may be in.
+void AffineLayerNorm(float* out, const float* in, const float* gamma, const float* beta, int N,
+                     int C, double eps) {
+  std::vector<float> mean(N), rstd(N);
+  cpu::LayerNormForward(out, mean.data(), rstd.data(), in, N, C, static_cast<float>(eps));
+  for (int n = 0; n < N; ++n) {
+    float* row = out + size_t(n) * C;
+    for (int c = 0; c < C; ++c)
+      row[c] = row[c] * gamma[c] + beta[c];
+  }
+}
+
+void Activate(TextActivation act, float* x, size_t n) {
+  switch (act) {
+    case TextActivation::kGelu:
+      for (size_t i = 0; i < n; ++i)
+        x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+      break;
+    case TextActivation::kGeluTanh:
+      cpu::GeluForward(x, x, n);
+      break;
+    case TextActivation::kQuickGelu:
+      for (size_t i = 0; i < n; ++i)
+        x[i] = x[i] / (1.0f + std::exp(-1.702f * x[i]));
+      break;
+  }
+}
+
+// Multi-head attention of each of N texts of L tokens over its own keys: q, k, v and out are
+// [N·L, D]. Query i sees key j where allowed(n, i, j): BERT the real tokens, CLIP j <= i.
+template <typename Allowed>
+void Attention(float* out, const float* q, const float* k, const float* v, int N, int L, int D,
+               int H, Allowed allowed) {
+  const int hd = D / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int n = 0; n < N; ++n) {
+    for (int h = 0; h < H; ++h) {
+      std::vector<float> p(L);
+      for (int i = 0; i < L; ++i) {
+        const float* qi = q + (size_t(n) * L + i) * D + h * hd;
+        float top = -INFINITY;
+        for (int j = 0; j < L; ++j) {
+          if (!allowed(n, i, j)) {
+            p[j] = -INFINITY;
+            continue;
+          }
+          const float* kj = k + (size_t(n) * L + j) * D + h * hd;
+          float s = 0;
+          for (int d = 0; d < hd; ++d)
+            s += qi[d] * kj[d];
+          p[j] = s * scale;
+          top = std::max(top, p[j]);
+        }
+        float sum = 0;
+        for (int j = 0; j < L; ++j) {
+          p[j] = p[j] == -INFINITY ? 0.0f : std::exp(p[j] - top);
+          sum += p[j];
+        }
+        float* oi = out + (size_t(n) * L + i) * D + h * hd;
+        std::fill(oi, oi + hd, 0.0f);
+        for (int j = 0; j < L; ++j) {
+          if (p[j] == 0) continue;
+          const float w = p[j] / sum;
+          const float* vj = v + (size_t(n) * L + j) * D + h * hd;
+          for (int d = 0; d < hd; ++d)
+            oi[d] += w * vj[d];
+        }
+      }
+    }
+  }
+}
+
+// The weights file and config.json that `path` names (see TextEncoder::Load).
+Result<std::pair<fs::path, fs::path>> EncoderFiles(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec))
+    return std::pair(fs::path(path), fs::path(path).parent_path() / "config.json");
+  if (!fs::is_directory(path, ec))
+    return Errorf("text encoder '{}': no such file or directory", path);
+  for (const char* sub : {"", "text_encoder"}) {
+    for (const char* name : {"model.safetensors", "model.fp16.safetensors"}) {
+      const fs::path file = fs::path(path) / sub / name;
+      if (fs::is_regular_file(file, ec)) return std::pair(file, file.parent_path() / "config.json");
+    }
+  }
+  return Errorf(
+      "text encoder '{}': a directory with no model.safetensors (or its .fp16 variant; in it or "
+      "in text_encoder/)",
+      path);
+}
+
+}  // namespace
+
+TextEncoder::TextEncoder(TextEncoderConfig config, std::vector<float> weights)
+    : TextEncoder(Tensors(config), config, std::move(weights)) {}
+
+TextEncoder::TextEncoder(TensorTable table, const TextEncoderConfig& config,
+                         std::vector<float> weights)
+    : config_(config), table_(std::move(table)), weights_(std::move(weights)) {
+  DT_CHECK(weights_.size() == table_.total(), "text encoder weights hold {} floats, the model {}",
+           weights_.size(), table_.total());
+}
+
+TensorTable TextEncoder::Tensors(const TextEncoderConfig& c) {
+  TensorTable table;
+  const int64_t D = c.hidden_size, F = c.intermediate_size;
+  const auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+    table.Add(name + ".weight", {out, in});
+    table.Add(name + ".bias", {out});
+  };
+  const auto norm = [&](const std::string& name) {
+    table.Add(name + ".weight", {D});
+    table.Add(name + ".bias", {D});
+  };
+  const EmbeddingNames e = Embeddings(c);
+  table.Add(e.tokens, {c.vocab_size, D});
+  table.Add(e.positions, {c.max_positions, D});
+  if (c.kind == TextEncoderKind::kBert) {
+    table.Add(e.types, {c.type_vocab_size, D});
+    norm(e.norm);
+  }
+  for (int i = 0; i < c.num_layers; ++i) {
+    const LayerNames l = Layer(c, i);
+    if (c.kind == TextEncoderKind::kClip) norm(l.norm1);
+    linear(l.q, D, D);
+    linear(l.k, D, D);
+    linear(l.v, D, D);
+    linear(l.out, D, D);
+    if (c.kind == TextEncoderKind::kBert) norm(l.norm1);
+    if (c.kind == TextEncoderKind::kClip) norm(l.norm2);
+    linear(l.fc1, F, D);
+    linear(l.fc2, D, F);
+    if (c.kind == TextEncoderKind::kBert) norm(l.norm2);
+  }
+  if (c.kind == TextEncoderKind::kClip) norm(kClipFinalNorm);
+  return table;
+}
+
+const float* TextEncoder::W(const std::string& name) const {
+  const TensorSpec* t = table_.Find(name);
+  DT_CHECK(t != nullptr, "text encoder: no tensor '{}'", name);
+  return weights_.data() + t->offset;
+}
+
+Result<TextEncoder> TextEncoder::Load(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(const auto files, EncoderFiles(path));
+  const auto& [weights_path, config_path] = files;
+  std::ifstream config_file(config_path);
+  if (!config_file) {
+    return Errorf(
+        "text encoder '{}': cannot read its config '{}' (transformers writes config.json beside "
+        "the weights)",
+        path, config_path.string());
+  }
+  const nlohmann::json json =
+      nlohmann::json::parse(config_file, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded())
+    return Errorf("text encoder config '{}' is not JSON", config_path.string());
+  Result<TextEncoderConfig> config = TextEncoderConfig::FromJson(json);
+  if (!config.ok())
+    return config.status().WithContext(
+        fmt::format("text encoder config '{}'", config_path.string()));
+
+  TensorTable table = Tensors(*config);
+  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(weights_path));
+  // BERT's task models (BertForMaskedLM …) keep the encoder under "bert.".
+  const std::string prefix = config->kind == TextEncoderKind::kBert &&
+                                     file.Find(table.tensors()[0].name) == nullptr &&
+                                     file.Find("bert." + table.tensors()[0].name) != nullptr
+                                 ? "bert."
+                                 : "";
+  TensorTable spelled;  // the table under the names the file uses
+  for (const TensorSpec& t : table.tensors())
+    spelled.Add(prefix + t.name, t.shape);
+  DT_ASSIGN_OR_RETURN(std::vector<float> weights,
+                      ReadInferenceWeights(file, spelled, fmt::format("text encoder '{}'", path)));
+  TextEncoder encoder(std::move(table), *config, std::move(weights));
+  encoder.source_ = weights_path.string();
+  return encoder;
+}
+
+Status TextEncoder::Encode(const std::vector<text::Tokens>& texts, int skip_layers,
+                           float* out) const {
+  const TextEncoderConfig& c = config_;
+  if (texts.empty()) return Status::Ok();
+  const int N = static_cast<int>(texts.size());
+  const int L = static_cast<int>(texts[0].ids.size());
+  if (L < 1 || L > c.max_positions) {
+    return Errorf("text encoder: texts of {} tokens; it takes 1 to {} (max_position_embeddings)", L,
+                  c.max_positions);
+  }
+  if (skip_layers < 0 || skip_layers >= c.num_layers) {
+    return Errorf("text encoder: cannot skip {} of its {} layers (0 to {})", skip_layers,
+                  c.num_layers, c.num_layers - 1);
+  }
+  for (int n = 0; n < N; ++n) {
+    const text::Tokens& t = texts[n];
+    if (static_cast<int>(t.ids.size()) != L || t.mask.size() != t.ids.size())
+      return Errorf("text encoder: text {} has {} tokens and {} mask values, text 0 {}", n,
+                    t.ids.size(), t.mask.size(), L);
+    for (int l = 0; l < L; ++l) {
+      if (t.ids[l] < 0 || t.ids[l] >= c.vocab_size)
+        return Errorf("text encoder: token {} of text {} is id {}, outside [0, {})", l, n, t.ids[l],
+                      c.vocab_size);
+    }
+  }
+  const int D = c.hidden_size, F = c.intermediate_size, rows = N * L;
+  const bool bert = c.kind == TextEncoderKind::kBert;
+  const EmbeddingNames e = Embeddings(c);
+  const float* tokens = W(e.tokens);
+  const float* positions = W(e.positions);
+  std::vector<float> x(size_t(rows) * D);
+  for (int n = 0; n < N; ++n) {
+    for (int l = 0; l < L; ++l) {
+      float* row = x.data() + (size_t(n) * L + l) * D;
+      const float* token = tokens + size_t(texts[n].ids[l]) * D;
+      const float* position = positions + size_t(l) * D;
+      for (int d = 0; d < D; ++d)
+        row[d] = token[d] + position[d];
+      if (bert) {
+        const float* type = W(e.types);  // token type 0
+        for (int d = 0; d < D; ++d)
+          row[d] += type[d];
+      }
+    }
+  }
+  if (bert)
+    AffineLayerNorm(x.data(), x.data(), W(e.norm + ".weight"), W(e.norm + ".bias"), rows, D,
+                    c.layer_norm_eps);
+
+  std::vector<float> h(size_t(rows) * D), q(h.size()), k(h.size()), v(h.size()), a(h.size());
+  std::vector<float> mlp(size_t(rows) * F);
+  const auto linear = [&](float* y, const float* in, const std::string& name, int I, int O) {
+    cpu::LinearForward(y, in, W(name + ".weight"), W(name + ".bias"), rows, I, O);
+  };
+  const auto norm = [&](float* y, const float* in, const std::string& name) {
+    AffineLayerNorm(y, in, W(name + ".weight"), W(name + ".bias"), rows, D, c.layer_norm_eps);
+  };
+  for (int i = 0; i < c.num_layers - skip_layers; ++i) {
+    const LayerNames l = Layer(c, i);
+    // Attention: BERT over x, then add and normalise; CLIP over norm1(x), then add.
+    const float* in = x.data();
+    if (!bert) {
+      norm(h.data(), x.data(), l.norm1);
+      in = h.data();
+    }
+    linear(q.data(), in, l.q, D, D);
+    linear(k.data(), in, l.k, D, D);
+    linear(v.data(), in, l.v, D, D);
+    if (bert) {
+      Attention(a.data(), q.data(), k.data(), v.data(), N, L, D, c.num_heads,
+                [&texts](int n, int, int j) { return texts[n].mask[j] != 0; });
+    } else {
+      Attention(a.data(), q.data(), k.data(), v.data(), N, L, D, c.num_heads,
+                [](int, int i, int j) { return j <= i; });
+    }
+    linear(h.data(), a.data(), l.out, D, D);
+    for (size_t j = 0; j < x.size(); ++j)
+      x[j] += h[j];
+    if (bert) norm(x.data(), x.data(), l.norm1);
+    // The MLP: likewise.
+    in = x.data();
+    if (!bert) {
+      norm(h.data(), x.data(), l.norm2);
+      in = h.data();
+    }
+    linear(mlp.data(), in, l.fc1, D, F);
+    Activate(c.activation, mlp.data(), mlp.size());
+    linear(h.data(), mlp.data(), l.fc2, F, D);
+    for (size_t j = 0; j < x.size(); ++j)
+      x[j] += h[j];
+    if (bert) norm(x.data(), x.data(), l.norm2);
+  }
+  if (!bert) {
+    norm(out, x.data(), kClipFinalNorm);
+  } else {
+    std::copy(x.begin(), x.end(), out);
+  }
+  return Status::Ok();
+}
+
+}  // namespace difftrain

@@ -1,0 +1,60 @@
+// Text encoders on the CPU, for inference: token ids → the hidden states a text-conditional
+// model's cross-attention reads (Stable Diffusion takes CLIP's last hidden state at all 77
+// positions; difftrain's captioned Fashion-MNIST, MiniLM's at all L). Weights come from a
+// transformers folder; every result equals transformers' own
+// (tests/text_encoder_reference_test.cc).
+//
+//   BERT:  x = LayerNorm(word[id] + position[l] + token_type[0]);
+//          per layer: x = LayerNorm(x + out(attention(x)));  x = LayerNorm(x + fc2(act(fc1(x))))
+//          where attention sees the real tokens only (the tokenizer's mask; padding rows are
+//          computed too, as transformers computes them).
+//   CLIP:  x = token[id] + position[l];
+//          per layer: x += out(causal attention(LayerNorm1(x)));  x += fc2(act(fc1(LayerNorm2(x))))
+//          then the final LayerNorm. Padding is attended (causally), as Stable Diffusion's
+//          pipelines call it, without a mask.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/tensor/tensor_table.h"
+#include "model/text/config.h"
+#include "model/text/tokenizer.h"
+
+namespace difftrain {
+
+class TextEncoder {
+ public:
+  // The weights at `path`: a transformers folder (config.json and model.safetensors, else
+  // model.fp16.safetensors), a diffusers pipeline's folder holding one in text_encoder/, or the
+  // safetensors file itself with config.json beside it. BERT's names may carry the "bert."
+  // prefix of its task models. Errors name the file and what is missing or misshapen.
+  static Result<TextEncoder> Load(const std::string& path);
+  // A model of `config` with `weights` laid out as Tensors(config) (tests).
+  TextEncoder(TextEncoderConfig config, std::vector<float> weights);
+
+  const TextEncoderConfig& config() const { return config_; }
+  const TensorTable& tensors() const { return table_; }
+  // The file the weights came from ("" when built from memory).
+  const std::string& source() const { return source_; }
+
+  // N texts of L tokens each (L <= max_positions, ids in [0, vocab_size)) → out [N, L, D]: the
+  // hidden state after all layers but the last `skip_layers` (CLIP: then its final LayerNorm,
+  // as diffusers' clip_skip takes it). skip_layers 0 is the last hidden state.
+  Status Encode(const std::vector<text::Tokens>& texts, int skip_layers, float* out) const;
+
+  // The tensors a model of `config` has, under transformers' state-dict names.
+  static TensorTable Tensors(const TextEncoderConfig& config);
+
+ private:
+  TextEncoder(TensorTable table, const TextEncoderConfig& config, std::vector<float> weights);
+  const float* W(const std::string& name) const;
+
+  TextEncoderConfig config_;
+  TensorTable table_;
+  std::vector<float> weights_;
+  std::string source_;
+};
+
+}  // namespace difftrain

@@ -1,0 +1,56 @@
+#include "model/text/tokenizer.h"
+
+#include <fstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "model/text/clip_bpe.h"
+#include "model/text/wordpiece.h"
+
+namespace difftrain::text {
+namespace {
+
+namespace fs = std::filesystem;
+
+// tokenizer.json's model.type ("" when the file says none).
+std::string ModelType(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error(fmt::format("tokenizer {}: cannot be read", file.string()));
+  const nlohmann::json root = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) {
+    throw std::runtime_error(fmt::format("tokenizer {}: is not JSON", file.string()));
+  }
+  const auto model = root.find("model");
+  if (model == root.end() || !model->is_object() || !model->contains("type") ||
+      !(*model)["type"].is_string()) {
+    return "";
+  }
+  return (*model)["type"].get<std::string>();
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> LoadTokenizer(const fs::path& folder) {
+  const fs::path json = folder / "tokenizer.json";
+  const bool has_json = fs::is_regular_file(json);
+  const std::string type = has_json ? ModelType(json) : "";
+  if (type == "WordPiece") return WordPieceTokenizer::Load(json);
+  if (fs::is_regular_file(folder / "vocab.json") && fs::is_regular_file(folder / "merges.txt")) {
+    return ClipBpeTokenizer::Load(folder);
+  }
+  if (has_json) {
+    throw std::runtime_error(fmt::format(
+        "tokenizer {}: model.type is {}, not WordPiece (and the folder has no vocab.json + "
+        "merges.txt of CLIP's BPE)",
+        json.string(), type.empty() ? "missing" : "\"" + type + "\""));
+  }
+  if (fs::is_directory(folder / "tokenizer")) return LoadTokenizer(folder / "tokenizer");
+  throw std::runtime_error(fmt::format(
+      "tokenizer folder {} has no tokenizer.json (WordPiece), no vocab.json and merges.txt "
+      "(CLIP's BPE) and no tokenizer/ folder (a diffusers pipeline){}",
+      folder.string(), fs::is_directory(folder) ? "" : ": it is not a folder"));
+}
+
+}  // namespace difftrain::text

@@ -1,0 +1,44 @@
+// Text → token ids, as the tokenizers that ship with text encoders make them (Hugging Face's
+// `transformers`/`tokenizers`): a text becomes the model's start token, its pieces and its end
+// token, truncated or padded to a fixed length, with a mask of the real (non-padding) tokens.
+//
+// Two kinds are implemented, each loaded from the files a model folder ships:
+//   - WordPiece (BERT, MiniLM): tokenizer.json (model/text/wordpiece.h);
+//   - CLIP's byte-level BPE (Stable Diffusion's text encoders): vocab.json + merges.txt
+//     (model/text/clip_bpe.h).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace difftrain::text {
+
+struct Tokens {
+  std::vector<int32_t> ids;   // [length]: start, pieces, end, then padding
+  std::vector<uint8_t> mask;  // [length]: 1 for start, pieces and end; 0 for padding
+};
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // `text` (UTF-8) as `length` ids (length >= 2): the start token, as many of its pieces as
+  // fit in length − 2, the end token, then the padding token. Invalid UTF-8 throws
+  // std::invalid_argument naming the byte offset.
+  virtual Tokens Encode(std::string_view text, int length) const = 0;
+
+  // The number of ids (the embedding table's rows the ids index).
+  virtual int vocab_size() const = 0;
+};
+
+// The tokenizer of a model folder: WordPiece where its tokenizer.json's model is WordPiece,
+// CLIP's BPE where it has vocab.json and merges.txt; a diffusers pipeline folder's tokenizer/
+// folder likewise. Throws std::runtime_error saying what the folder lacks, or what a file
+// holds that is not supported.
+std::unique_ptr<Tokenizer> LoadTokenizer(const std::filesystem::path& folder);
+
+}  // namespace difftrain::text

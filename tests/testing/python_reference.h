@@ -1,0 +1,106 @@
+// Test fixtures whose tests compare difftrain with a Python reference from PyPI, in a virtual
+// environment a script makes once per machine: diffusers 0.27.2 (tests/reference/diffusers_env.sh)
+// or transformers 4.40.2 (scripts/text_encoder_env.sh). The fixture finds that Python once per
+// suite, skips every test with the reason where PyPI cannot be reached, runs tests/reference's
+// scripts, and keeps a failed test's files (their folder is printed).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/temp_dir.h"
+#include "model/io/safetensors.h"
+#include "tests/testing/run_command.h"
+
+namespace difftrain::testing {
+
+// Env names its script (relative to the source tree) and the reference it provides:
+//   struct Env { static constexpr const char* kScript = "…"; static constexpr const char* kName =
+//   "…"; };
+template <typename Env>
+class PythonReference : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (python_ != nullptr || skip_reason_ != nullptr) return;
+    const CommandResult env =
+        RunCommand(ShellQuote(std::string(DIFFTRAIN_SOURCE_DIR "/") + Env::kScript) + " 2>&1");
+    if (env.exit_code == 0) {
+      python_ = new std::string(
+          env.output.substr(env.output.find_last_of('\n', env.output.size() - 2) + 1));
+      while (!python_->empty() && python_->back() == '\n')
+        python_->pop_back();
+    } else {
+      skip_reason_ = new std::string(env.output);
+    }
+  }
+
+  void SetUp() override {
+    if (python_ == nullptr) {
+      GTEST_SKIP() << "no " << Env::kName << " reference (PyPI unreachable?): " << *skip_reason_;
+    }
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      std::cout << "files kept in " << temp_.path() << "\n";
+      temp_.Keep();
+    }
+  }
+
+  // The reference's Python running one of tests/reference's scripts.
+  static CommandResult RunScript(const std::string& script, const std::string& args) {
+    return RunCommand(ShellQuote(*python_) + " " +
+                      ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/" + script) + " " + args +
+                      " 2>&1");
+  }
+
+  static inline std::string* python_ = nullptr;
+  static inline std::string* skip_reason_ = nullptr;
+  TempDir temp_{"python_reference"};
+  std::filesystem::path dir_ = temp_.path();
+};
+
+// ‖got − want‖ / ‖want‖, in double.
+inline double RelativeL2(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// Tensor `name` of a reference's output file as floats (a test failure when it is missing), and
+// its shape into `shape`.
+inline std::vector<float> ReferenceTensor(const io::SafetensorsFile& file, const std::string& name,
+                                          std::vector<int64_t>* shape = nullptr) {
+  const io::TensorView* t = file.Find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (t == nullptr) return {};
+  size_t n = 1;
+  for (int64_t d : t->shape)
+    n *= d;
+  std::vector<float> v(n);
+  EXPECT_TRUE(file.CopyF32(name, t->shape, v.data()).ok()) << name;
+  if (shape != nullptr) *shape = t->shape;
+  return v;
+}
+
+struct DiffusersEnv {
+  static constexpr const char* kScript = "tests/reference/diffusers_env.sh";
+  static constexpr const char* kName = "diffusers 0.27.2";
+};
+using DiffusersReference = PythonReference<DiffusersEnv>;
+
+struct TransformersEnv {
+  static constexpr const char* kScript = "scripts/text_encoder_env.sh";
+  static constexpr const char* kName = "transformers 4.40.2";
+};
+using TransformersReference = PythonReference<TransformersEnv>;
+
+}  // namespace difftrain::testing
