@@ -80,21 +80,35 @@ struct Prompts {
   std::vector<float> null_text;  // [L, D]: the unconditional text; empty: zeros
 };
 
-// The text encoder that embeds prompts the table lacks: --text-encoder, else the one the
-// table records (data embed --encoder), else none.
-Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const TextTable& table,
+// The text encoder given for the prompts: --text-encoder, else pretrained weights' pipeline
+// if it has a text_encoder/; "" for none (`none` included).
+std::string GivenTextEncoder(const SampleOptions& o, const SampleSource& ckpt) {
+  if (o.text_encoder == "none") return "";
+  if (!o.text_encoder.empty()) return o.text_encoder;
+  std::error_code ec;
+  if (!ckpt.pipeline.empty() && fs::is_directory(fs::path(ckpt.pipeline) / "text_encoder", ec))
+    return ckpt.pipeline;
+  return "";
+}
+
+// The text encoder that embeds prompts the table lacks: the one given (GivenTextEncoder),
+// else the one the table records (data embed --encoder), else none.
+Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const SampleSource& ckpt,
+                                                  const TextTable& table,
                                                   const std::string& table_path) {
-  std::string path = o.text_encoder;
-  if (path == "none") return std::optional<TextEmbedder>();
+  if (o.text_encoder == "none") return std::optional<TextEmbedder>();
+  std::string path = GivenTextEncoder(o, ckpt);
   if (path.empty()) path = table.text_encoder;
   if (path.empty()) return std::optional<TextEmbedder>();
   Result<TextEmbedder> embedder = TextEmbedder::Load(path);
   if (!embedder.ok()) {
     return embedder.status().WithContext(
-        o.text_encoder.empty() ? fmt::format("the text encoder the text table '{}' was embedded "
-                                             "with (--text-encoder none: look prompts up only)",
-                                             table_path)
-                               : std::string("--text-encoder"));
+        !o.text_encoder.empty() ? std::string("--text-encoder")
+        : path == table.text_encoder
+            ? fmt::format("the text encoder the text table '{}' was embedded with "
+                          "(--text-encoder none: look prompts up only)",
+                          table_path)
+            : std::string("the pipeline's text encoder"));
   }
   return std::optional<TextEmbedder>(std::move(embedder).value());
 }
@@ -115,8 +129,8 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   }
   Prompts p;
   p.table_path = o.text_table;
-  const bool encoder_only = p.table_path.empty() && ckpt.pretrained && !o.text_encoder.empty() &&
-                            o.text_encoder != "none" && o.caption_ids.empty();
+  const bool encoder_only = p.table_path.empty() && ckpt.pretrained &&
+                            !GivenTextEncoder(o, ckpt).empty() && o.caption_ids.empty();
   if (p.table_path.empty() && !encoder_only) {
     if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty()) {
       return Status::Error(
@@ -138,7 +152,8 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
     return Errorf("--text-table: '{}' holds texts of {}x{}, the model takes {}x{}", p.table_path,
                   p.table.length, p.table.dim, m.context_length, m.context_dim);
   }
-  DT_ASSIGN_OR_RETURN(std::optional<TextEmbedder> encoder, PromptEncoder(o, p.table, p.table_path));
+  DT_ASSIGN_OR_RETURN(std::optional<TextEmbedder> encoder,
+                      PromptEncoder(o, ckpt, p.table, p.table_path));
   if (encoder && encoder->dim() != m.context_dim) {
     return Errorf("--text-encoder: '{}' embeds {} features per token, the model takes {}",
                   encoder->path(), encoder->dim(), m.context_dim);
@@ -252,6 +267,12 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
                                          const SampleSchema& m) {
   std::string path = o.vae;
   if (path == "none") return std::optional<Vae>();
+  std::error_code ec;
+  if (path.empty() && !ckpt.pipeline.empty() && (!o.out.empty() || !o.gif.empty()) &&
+      fs::is_directory(fs::path(ckpt.pipeline) / "vae", ec)) {
+    path = ckpt.pipeline;
+    spdlog::info("decoding with the pipeline's VAE: {}/vae", path);
+  }
   if (path.empty()) {
     if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty() ||
         (o.out.empty() && o.gif.empty())) {
@@ -260,7 +281,6 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
     Result<std::optional<LatentFolderVae>> encoded = ReadLatentFolderVae(ckpt.data_path);
     if (!encoded.ok() || !*encoded) return std::optional<Vae>();  // nothing says which
     path = (*encoded)->path;
-    std::error_code ec;
     if (!fs::exists(path, ec)) {
       return Errorf(
           "--vae: the checkpoint's training data '{}' was encoded by the VAE '{}', which is not "
@@ -312,17 +332,16 @@ int RunSample(const SampleOptions& o) {
 
   if (o.checkpoint.empty() == o.pretrained.empty())
     return bad("give --checkpoint (a difftrain checkpoint) or --pretrained (weights)");
-  if (o.checkpoint.empty() ? !o.model_given : o.model_given || o.diffusion_given) {
-    return bad(o.checkpoint.empty()
-                   ? "--pretrained needs the model: --model NAME (with --image-size or "
-                     "--input-size) or --config JOB.yaml"
-                   : "the model and diffusion flags are for --pretrained: a checkpoint names its "
-                     "own");
-  }
+  if (!o.checkpoint.empty() && (o.model_given || o.diffusion_given))
+    return bad("the model and diffusion flags are for --pretrained: a checkpoint names its own");
   Result<SampleSource> loaded = [&]() -> Result<SampleSource> {
     if (!o.checkpoint.empty()) return LoadCheckpointSource(o.checkpoint);
-    DT_ASSIGN_OR_RETURN(ModelSpec spec, o.model.Build());
-    return LoadPretrainedSource(o.pretrained, std::move(spec), o.diffusion);
+    std::optional<ModelSpec> spec;
+    if (o.model_given) {
+      DT_ASSIGN_OR_RETURN(spec, o.model.Build());
+    }
+    return LoadPretrainedSource(o.pretrained, std::move(spec),
+                                o.diffusion_given ? std::optional(o.diffusion) : std::nullopt);
   }();
   if (!loaded.ok()) {
     return bad((o.checkpoint.empty() ? "--pretrained: " : "--checkpoint: ") +
@@ -534,10 +553,12 @@ DIFFTRAIN_COMMAND(
                       "checkpoint directory (its newest complete step) or one step directory");
        app.add_option("--pretrained", o->pretrained,
                       "sample from these weights instead of a checkpoint: a safetensors file "
-                      "(DiT's released weights), a diffusers model folder or another run's "
-                      "checkpoint directory; the model from --model/--config and the shape "
-                      "flags, the diffusion from --schedule, --beta-start, --beta-end, "
-                      "--prediction (DiT's defaults)")
+                      "(DiT's released weights), a diffusers UNet folder or pipeline, or another "
+                      "run's checkpoint directory; the model from --model/--config and the shape "
+                      "flags (default: a diffusers UNet's config.json), the diffusion from "
+                      "--schedule, --beta-start, --beta-end, --prediction (default: a pipeline's "
+                      "scheduler config, else DiT's); a pipeline's text_encoder/ and vae/ serve "
+                      "as --text-encoder and --vae")
            ->excludes("--checkpoint");
        app.add_option("--classes", o->classes,
                       "class labels, one grid row each: 0,1,2 (required unless the model has "
@@ -555,8 +576,8 @@ DIFFTRAIN_COMMAND(
        app.add_option("--text-encoder", o->text_encoder,
                       "embeds the prompts the text table lacks: a transformers BERT or CLIP text "
                       "model folder with its tokenizer, or a Stable Diffusion pipeline's folder "
-                      "(default: the encoder the table was embedded with, if difftrain's; "
-                      "`none`: look prompts up only)");
+                      "(default: a --pretrained pipeline's, else the encoder the table was "
+                      "embedded with, if difftrain's; `none`: look prompts up only)");
        app.add_option("--skip-layers", o->skip_layers,
                       "with a text encoder: the hidden state this many layers before the last "
                       "(default: the table's, else 0)");
@@ -597,8 +618,9 @@ DIFFTRAIN_COMMAND(
        app.add_option("--vae", o->vae,
                       "decode a latent model's samples for --out and --gif (and into --raw's "
                       "`decoded`) with this diffusers AutoencoderKL: its folder, a pipeline's, "
-                      "or its safetensors file (default for --out/--gif: the VAE the training "
-                      "data was packed with, if its index names one; `none`: no decoding)");
+                      "or its safetensors file (default for --out/--gif: a --pretrained "
+                      "pipeline's vae/, else the VAE the training data was packed with, if its "
+                      "index names one; `none`: no decoding)");
        app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")
            ->capture_default_str();
        // With --pretrained: the model and the diffusion the weights were trained with.

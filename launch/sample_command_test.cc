@@ -306,7 +306,9 @@ TEST_F(SampleCommandTest, PretrainedWeightsSampleAsTheirCheckpoint) {
   };
   for (const Case& c : std::vector<Case>{
            {"", "give --checkpoint (a difftrain checkpoint) or --pretrained (weights)"},
-           {"--pretrained " + ShellQuote(File("dit.safetensors")), "--pretrained needs the model"},
+           {"--pretrained " + ShellQuote(File("dit.safetensors")),
+            "--pretrained: needs the model: '" + File("dit.safetensors") +
+                "' has no UNet2DConditionModel config.json beside it"},
            {"--checkpoint " + Ckpt() + model, "the model and diffusion flags are for --pretrained"},
            {"--checkpoint " + Ckpt() + " --prediction v",
             "the model and diffusion flags are for --pretrained"},

@@ -1,6 +1,8 @@
 #include "launch/sample_source.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -13,6 +15,8 @@
 #include "model/train/trainer.h"
 
 namespace difftrain::launch {
+
+namespace fs = std::filesystem;
 
 Result<SampleSource> LoadCheckpointSource(const std::string& path) {
   DT_ASSIGN_OR_RETURN(auto resolved, io::ResolveCheckpointStep(path));
@@ -47,14 +51,68 @@ Result<SampleSource> LoadCheckpointSource(const std::string& path) {
   return c;
 }
 
-Result<SampleSource> LoadPretrainedSource(const std::string& path, ModelSpec model,
-                                          DiffusionConfig diffusion) {
-  DT_RETURN_IF_ERROR(diffusion.Validate());
+namespace {
+
+// `path` as JSON; nullopt when there is no such file.
+Result<std::optional<nlohmann::json>> ReadJsonIfThere(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::optional<nlohmann::json>();
+  std::ifstream in(path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!in || j.is_discarded()) return Errorf("'{}' is not JSON", path.string());
+  return std::optional<nlohmann::json>(std::move(j));
+}
+
+}  // namespace
+
+Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
+  DiffusersFolder folder;
+  const fs::path dir = fs::path(weights).parent_path();
+  DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> config, ReadJsonIfThere(dir / "config.json"));
+  if (config && config->value("_class_name", std::string()) == "UNet2DConditionModel") {
+    nlohmann::json unet = *config;
+    unet["name"] = "unet";
+    Result<ModelSpec> spec = ModelSpecFromJson("unet", unet);
+    if (!spec.ok())
+      return spec.status().WithContext(fmt::format("'{}'", (dir / "config.json").string()));
+    folder.model = std::move(spec).value();
+  }
+  std::error_code ec;
+  const fs::path pipeline = dir.parent_path();
+  if (dir.filename() == "unet" && fs::is_regular_file(pipeline / "model_index.json", ec)) {
+    folder.pipeline = pipeline.string();
+    const fs::path scheduler = pipeline / "scheduler" / "scheduler_config.json";
+    DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> schedule, ReadJsonIfThere(scheduler));
+    if (schedule) {
+      Result<DiffusionConfig> diffusion = DiffusionConfig::FromDiffusersScheduler(*schedule);
+      if (!diffusion.ok())
+        return diffusion.status().WithContext(fmt::format("'{}'", scheduler.string()));
+      folder.diffusion = *diffusion;
+    }
+  }
+  return folder;
+}
+
+Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional<ModelSpec> model,
+                                          std::optional<DiffusionConfig> diffusion) {
   SampleSource c;
   c.pretrained = true;
-  c.model = std::move(model);
-  c.diffusion = std::move(diffusion);
   DT_ASSIGN_OR_RETURN(c.path, InitialWeightsFile(path));
+  DT_ASSIGN_OR_RETURN(const DiffusersFolder folder, ReadDiffusersFolder(c.path));
+  c.pipeline = folder.pipeline;
+  if (!model && !folder.model) {
+    return Errorf(
+        "needs the model: '{}' has no UNet2DConditionModel config.json beside it; give "
+        "--model NAME (with --image-size or --input-size) or --config JOB.yaml",
+        c.path);
+  }
+  c.model = model ? std::move(*model) : *folder.model;
+  if (!model) spdlog::info("the model: {} (config.json beside {})", c.model.name(), c.path);
+  c.diffusion = diffusion.value_or(folder.diffusion.value_or(DiffusionConfig{}));
+  if (!diffusion && folder.diffusion) {
+    spdlog::info("the diffusion: {}'s scheduler/scheduler_config.json", folder.pipeline);
+  }
+  DT_RETURN_IF_ERROR(c.diffusion.Validate());
   DT_ASSIGN_OR_RETURN(c.file, io::SafetensorsFile::Read(c.path));
   return c;
 }

@@ -1,7 +1,8 @@
 // What `difftrain sample` samples from (launch/sample_command.cc): a difftrain checkpoint,
 // whose metadata says the model and the diffusion, or pretrained weights (--pretrained: DiT's
-// released weights as safetensors, a diffusers UNet folder, another run's checkpoint) with the
-// model and diffusion given on the command line.
+// released weights as safetensors, a diffusers UNet folder or pipeline, another run's
+// checkpoint) with the model and diffusion given on the command line, or read from the
+// diffusers folder the weights are in.
 #pragma once
 
 #include <cstdint>
@@ -25,17 +26,33 @@ struct SampleSource {
   DiffusionConfig diffusion;
   std::string data_kind;  // the dataset it was trained on ("" if unknown)
   std::string data_path;
+  // Pretrained weights in a diffusers pipeline's unet/: the pipeline's folder, whose
+  // text_encoder/ and vae/ sampling takes by default.
+  std::string pipeline;
 };
+
+// What a diffusers folder says beside the weights file `weights`: the model, from a
+// UNet2DConditionModel's config.json beside it; and where that folder is a pipeline's unet/
+// (the folder above holds model_index.json), the pipeline's folder and the diffusion of its
+// scheduler/scheduler_config.json. Each is empty where the files are not there; a file that
+// is there and says what difftrain does not implement is an error naming it.
+struct DiffusersFolder {
+  std::optional<ModelSpec> model;
+  std::optional<DiffusionConfig> diffusion;
+  std::string pipeline;
+};
+Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights);
 
 // A checkpoint directory (its newest complete step) or one step directory: rank 0's shard,
 // the model from its `config` metadata and the diffusion from its `train` metadata.
 Result<SampleSource> LoadCheckpointSource(const std::string& path);
 
 // Weights at `path` (the forms checkpoint.init_from takes: docs/job-spec.md) for `model`,
-// sampled with `diffusion`. The file is read whole; its tensors are checked when the model is
-// filled (FillModelWeights).
-Result<SampleSource> LoadPretrainedSource(const std::string& path, ModelSpec model,
-                                          DiffusionConfig diffusion);
+// sampled with `diffusion`; where either is not given, the diffusers folder's (above), the
+// model required, the diffusion DiT's defaults without a scheduler config. The file is read
+// whole; its tensors are checked when the model is filled (FillModelWeights).
+Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional<ModelSpec> model,
+                                          std::optional<DiffusionConfig> diffusion);
 
 // Fills `model`'s whole parameter arena with the source's weights: a checkpoint shard's
 // EMA (`ema`) or trained weights; pretrained weights as they are (a difftrain shard among them

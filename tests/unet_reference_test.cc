@@ -14,7 +14,10 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include "model/text/text_testing.h"
+#include "model/vae/vae_testing.h"
 #include "tests/testing/python_reference.h"
 #include "tests/testing/run_command.h"
 
@@ -188,6 +191,82 @@ TEST_F(UNetInitFromTest, DiffusersFp16WeightsLoadExactlyAndTheirStepMatches) {
       ShellQuote((dir_ / "other.safetensors").string())));
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_THAT(refused.output, ::testing::HasSubstr("'down_blocks.0.resnets.1."));
+}
+
+// A diffusers pipeline's folder is enough to sample from: the UNet's config.json as diffusers
+// 0.27.2's save_pretrained writes it (every key of its signature), the scheduler's config, the
+// text encoder with its tokenizer and the VAE are each taken from the folder, and sample as
+// each given by its own flag does.
+TEST_F(UNetInitFromTest, APipelineFolderSamplesAsItsPartsGivenByFlags) {
+  const std::string config_dump = Dump(kCheckerCase);
+  ASSERT_FALSE(config_dump.empty());
+  const std::filesystem::path pipeline = dir_ / "pipeline";
+  CommandResult r = RunScript("init_weights.py", "save-diffusers " + ShellQuote(config_dump) + " " +
+                                                     ShellQuote((pipeline / "unet").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunScript("init_weights.py",
+                "save-scheduler " + ShellQuote((pipeline / "scheduler").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ofstream(pipeline / "model_index.json")
+      << R"({"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"]})";
+  ASSERT_EQ(WriteTextEncoderFolder(pipeline / "text_encoder", 8, 3, 2, /*max_positions=*/77), "");
+  ASSERT_EQ(WriteVaeFolder(pipeline / "vae",
+                           {{"block_out_channels", {4, 8}},
+                            {"norm_num_groups", 2},
+                            {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D"}},
+                            {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D"}}},
+                           4),
+            "");
+
+  const auto sample = [&](const std::string& args, const std::string& name) {
+    const std::string raw = (dir_ / (name + ".safetensors")).string();
+    const CommandResult s = RunCommand(fmt::format(
+        "{} sample {} --prompt 'a photo of a boat' --sampler ddim --steps 2 --per-class 2 --out {} "
+        "--raw {} 2>&1",
+        ShellQuote(DIFFTRAIN_BINARY), args, ShellQuote((dir_ / (name + ".png")).string()),
+        ShellQuote(raw)));
+    EXPECT_EQ(s.exit_code, 0) << args << "\n" << s.output;
+    Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(raw);
+    EXPECT_TRUE(file.ok()) << file.status().message();
+    return std::move(file).value();
+  };
+  const io::SafetensorsFile alone =
+      sample("--pretrained " + ShellQuote(pipeline.string()), "alone");
+  const nlohmann::json config = nlohmann::json::parse(alone.metadata().at("config"));
+  EXPECT_EQ(config["block_out_channels"], nlohmann::json({4, 8}));
+  EXPECT_EQ(config["cross_attention_dim"], 8);
+  EXPECT_EQ(config["text_length"], 77);  // difftrain's default: diffusers' config has none
+  const nlohmann::json how = nlohmann::json::parse(alone.metadata().at("sampling"));
+  EXPECT_EQ(how["diffusion"]["schedule"], "scaled_linear");
+  EXPECT_EQ(how["diffusion"]["beta_start"], 0.00085);
+  EXPECT_EQ(how["diffusion"]["beta_end"], 0.012);
+  EXPECT_EQ(how["diffusion"]["prediction"], "v");
+  EXPECT_EQ(how["text_encoder"], pipeline.string());
+  EXPECT_EQ(how["vae"], (pipeline / "vae" / "diffusion_pytorch_model.safetensors").string());
+
+  std::ofstream(dir_ / "model.yaml") << "model: " << config.dump() << "\n";
+  const io::SafetensorsFile flags =
+      sample("--pretrained " + ShellQuote((pipeline / "unet").string()) + " --config " +
+                 ShellQuote((dir_ / "model.yaml").string()) +
+                 " --schedule scaled_linear --beta-start 0.00085 --beta-end 0.012 --prediction v "
+                 "--text-encoder " +
+                 ShellQuote((pipeline / "text_encoder").string()) + " --vae " +
+                 ShellQuote((pipeline / "vae").string()),
+             "flags");
+  for (const char* tensor : {"images", "decoded"}) {
+    SCOPED_TRACE(tensor);
+    EXPECT_EQ(ReferenceTensor(alone, tensor), ReferenceTensor(flags, tensor));
+  }
+
+  // What the folder says and difftrain does not implement is refused, naming the file.
+  std::ofstream(pipeline / "scheduler" / "scheduler_config.json")
+      << R"({"beta_schedule": "sigmoid"})";
+  const CommandResult refused = RunCommand(fmt::format(
+      "{} sample --pretrained {} --prompt x --raw {} 2>&1", ShellQuote(DIFFTRAIN_BINARY),
+      ShellQuote(pipeline.string()), ShellQuote((dir_ / "refused.safetensors").string())));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, ::testing::HasSubstr("scheduler_config.json"));
+  EXPECT_THAT(refused.output, ::testing::HasSubstr("beta_schedule: 'sigmoid' is not supported"));
 }
 
 }  // namespace

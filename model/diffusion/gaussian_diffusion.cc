@@ -76,6 +76,42 @@ Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
   return c;
 }
 
+Result<DiffusionConfig> DiffusionConfig::FromDiffusersScheduler(const nlohmann::json& json) {
+  if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
+  DiffusionConfig c;
+  try {
+    c.steps = json.value("num_train_timesteps", 1000);
+    c.beta_start = json.value("beta_start", 1e-4);
+    c.beta_end = json.value("beta_end", 0.02);
+    const std::string schedule = json.value("beta_schedule", std::string("linear"));
+    if (schedule == "squaredcos_cap_v2") {
+      c.schedule = "cosine";
+    } else if (schedule == "linear" || schedule == "scaled_linear") {
+      c.schedule = schedule;
+    } else {
+      return Errorf(
+          "beta_schedule: '{}' is not supported (linear, scaled_linear, squaredcos_cap_v2)",
+          schedule);
+    }
+    const std::string prediction = json.value("prediction_type", std::string("epsilon"));
+    if (prediction == "v_prediction") {
+      c.prediction = "v";
+    } else if (prediction == "epsilon") {
+      c.prediction = prediction;
+    } else {
+      return Errorf("prediction_type: '{}' is not supported (epsilon, v_prediction)", prediction);
+    }
+    if (json.contains("trained_betas") && !json["trained_betas"].is_null())
+      return Errorf("trained_betas: a schedule given as a list is not supported");
+    if (json.value("rescale_betas_zero_snr", false))
+      return Errorf("rescale_betas_zero_snr: true is not supported");
+  } catch (const nlohmann::json::exception& e) {
+    return Errorf("malformed scheduler config: {}", e.what());
+  }
+  DT_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
 GaussianDiffusion::GaussianDiffusion(const DiffusionConfig& config) : config_(config) {
   Status valid = config.Validate();
   DT_CHECK(valid.ok(), "{}", valid.message());

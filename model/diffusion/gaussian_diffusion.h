@@ -41,6 +41,14 @@ struct DiffusionConfig {
   nlohmann::json ToJson() const;
   // The inverse of ToJson (a checkpoint's metadata); fields it lacks keep their defaults.
   static Result<DiffusionConfig> FromJson(const nlohmann::json& json);
+  // The training process a diffusers scheduler config describes (scheduler_config.json of a
+  // pipeline; DDPM, DDIM, PNDM, Euler … share these keys): num_train_timesteps, beta_schedule
+  // (linear, scaled_linear, squaredcos_cap_v2 → cosine), beta_start, beta_end and
+  // prediction_type (epsilon, v_prediction → v). Refused by name: trained_betas,
+  // rescale_betas_zero_snr, another schedule or prediction type. The sampling-time keys
+  // (timestep_spacing, steps_offset, clip_sample …) are not read: difftrain's samplers space
+  // steps as DiT does (docs/sampling.md).
+  static Result<DiffusionConfig> FromDiffusersScheduler(const nlohmann::json& json);
 };
 
 class GaussianDiffusion {

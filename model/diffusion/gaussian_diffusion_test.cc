@@ -1,6 +1,8 @@
 #include "model/diffusion/gaussian_diffusion.h"
 
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -189,6 +191,49 @@ TEST(FrameNoiseTest, CorrelationOutsideZeroToOneIsRefused) {
     const Status status = config.Validate();
     EXPECT_FALSE(status.ok()) << rho;
     EXPECT_NE(status.message().find("diffusion.frame_noise_correlation"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace difftrain
+
+namespace difftrain {
+namespace {
+
+// A diffusers scheduler config (as Stable Diffusion 2's DDIMScheduler saves it) says the
+// training process; its sampling-time keys are not read, and what is not implemented is
+// refused by name.
+TEST(DiffusersSchedulerTest, ReadsTheTrainingProcess) {
+  Result<DiffusionConfig> c = DiffusionConfig::FromDiffusersScheduler(nlohmann::json::parse(
+      R"({"_class_name": "DDIMScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear",
+          "beta_start": 0.00085, "clip_sample": false, "num_train_timesteps": 1000,
+          "prediction_type": "v_prediction", "set_alpha_to_one": false, "steps_offset": 1,
+          "timestep_spacing": "leading", "trained_betas": null,
+          "rescale_betas_zero_snr": false})"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->schedule, "scaled_linear");
+  EXPECT_EQ(c->beta_start, 0.00085);
+  EXPECT_EQ(c->beta_end, 0.012);
+  EXPECT_EQ(c->prediction, "v");
+  EXPECT_EQ(c->steps, 1000);
+  c = DiffusionConfig::FromDiffusersScheduler(nlohmann::json::parse(
+      R"({"beta_schedule": "squaredcos_cap_v2", "num_train_timesteps": 500})"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->schedule, "cosine");
+  EXPECT_EQ(c->steps, 500);
+  EXPECT_EQ(c->prediction, "epsilon");
+
+  for (const auto& [json, message] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"beta_schedule": "sigmoid"})", "beta_schedule: 'sigmoid' is not supported"},
+           {R"({"prediction_type": "sample"})", "prediction_type: 'sample' is not supported"},
+           {R"({"trained_betas": [0.1, 0.2]})", "trained_betas"},
+           {R"({"rescale_betas_zero_snr": true})", "rescale_betas_zero_snr"},
+           {R"({"num_train_timesteps": "many"})", "malformed scheduler config"},
+       }) {
+    Result<DiffusionConfig> bad =
+        DiffusionConfig::FromDiffusersScheduler(nlohmann::json::parse(json));
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_NE(bad.status().message().find(message), std::string::npos) << bad.status().message();
   }
 }
 

@@ -82,9 +82,9 @@ inline nlohmann::json WordPieceTokenizerJson(const std::vector<std::string>& voc
 }
 
 // Writes the folder `dir` of a BERT with `hidden` features (hidden / 2 heads of 2), `layers`
-// layers and texts of up to 16 tokens. An error message, or "".
+// layers and texts of up to `max_positions` tokens. An error message, or "".
 inline std::string WriteTextEncoderFolder(const std::filesystem::path& dir, int hidden,
-                                          uint64_t seed, int layers = 2) {
+                                          uint64_t seed, int layers = 2, int max_positions = 16) {
   const std::vector<std::string> vocab = TinyWordPieceVocabulary();
   const nlohmann::json config = {{"model_type", "bert"},
                                  {"architectures", {"BertModel"}},
@@ -93,7 +93,7 @@ inline std::string WriteTextEncoderFolder(const std::filesystem::path& dir, int 
                                  {"num_hidden_layers", layers},
                                  {"num_attention_heads", hidden / 2},
                                  {"intermediate_size", 2 * hidden},
-                                 {"max_position_embeddings", 16},
+                                 {"max_position_embeddings", max_positions},
                                  {"hidden_act", "gelu"}};
   Result<TextEncoderConfig> c = TextEncoderConfig::FromJson(config);
   if (!c.ok()) return c.status().message();

@@ -46,6 +46,16 @@ const std::map<std::string, json>& FixedKeys() {
       {"cross_attention_norm", nullptr},
       {"attention_type", "default"},
       {"reverse_transformer_layers_per_block", nullptr},
+      // The rest of UNet2DConditionModel's signature, as save_pretrained (0.27.2) writes it.
+      {"addition_embed_type_num_heads", 64},
+      {"addition_time_embed_dim", nullptr},
+      {"encoder_hid_dim_type", nullptr},
+      {"mid_block_only_cross_attention", nullptr},
+      {"resnet_out_scale_factor", 1.0},
+      {"resnet_skip_time_act", false},
+      {"time_embedding_act_fn", nullptr},
+      {"time_embedding_dim", nullptr},
+      {"timestep_post_act", nullptr},
   };
   return keys;
 }

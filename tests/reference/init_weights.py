@@ -6,6 +6,7 @@
     /usr/bin/python3 tests/reference/init_weights.py compare-dit FILE DUMP
     PYTHON tests/reference/init_weights.py save-diffusers DUMP DIR
     PYTHON tests/reference/init_weights.py compare-diffusers DIR DUMP
+    PYTHON tests/reference/init_weights.py save-scheduler DIR
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2); the DiT
 commands need Debian's torch alone. DUMP is a `difftrain debug-dump`, whose config says the
@@ -19,6 +20,9 @@ save-diffusers: UNet2DConditionModel, cast to float16 and written by save_pretra
 variant="fp16"), as a pipeline's unet/ folder holds it.
 compare-*: every tensor of the saved model equals the dump's tensor of the same name exactly
 (float16 to float32 is exact); compare-diffusers also fails a dump parameter the model lacks.
+save-scheduler: a DDIMScheduler as Stable Diffusion 2's pipelines configure it (scaled_linear
+from 0.00085 to 0.012, v_prediction, steps_offset 1), written by save_pretrained(DIR), as a
+pipeline's scheduler/ folder holds it.
 Exit status: 0 if they all match, 1 if not, 2 for bad usage.
 """
 
@@ -75,6 +79,17 @@ def save_diffusers(dump, out):
     return 0
 
 
+def save_scheduler(out):
+    import safetensors.torch  # noqa: F401
+    from diffusers import DDIMScheduler
+
+    DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                  clip_sample=False, set_alpha_to_one=False, steps_offset=1,
+                  prediction_type="v_prediction").save_pretrained(out)
+    print(f"saved the scheduler to {out}")
+    return 0
+
+
 def report(saved, dump, extra=()):
     """saved: name -> float32 array. Prints the mismatches; returns the exit status."""
     tensors, _ = safetensors_np.read(dump)
@@ -104,6 +119,8 @@ COMMANDS = {"save-dit": save_dit, "compare-dit": compare_dit,
 
 
 def main(argv):
+    if len(argv) == 3 and argv[1] == "save-scheduler":
+        return save_scheduler(argv[2])
     if len(argv) != 4 or argv[1] not in COMMANDS:
         print(__doc__, file=sys.stderr)
         return 2
