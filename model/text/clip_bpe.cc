@@ -314,21 +314,7 @@ std::vector<int32_t> ClipBpeTokenizer::PieceIds(std::string_view text) const {
 }
 
 Tokens ClipBpeTokenizer::Encode(std::string_view text, int length) const {
-  if (length < 2) {
-    throw std::invalid_argument(
-        fmt::format("token length {} leaves no room for the start and end tokens", length));
-  }
-  std::vector<int32_t> pieces = PieceIds(text);
-  pieces.resize(std::min(pieces.size(), static_cast<size_t>(length - 2)));
-  Tokens tokens;
-  tokens.ids.reserve(length);
-  tokens.ids.push_back(bos_id_);
-  tokens.ids.insert(tokens.ids.end(), pieces.begin(), pieces.end());
-  tokens.ids.push_back(eos_id_);
-  tokens.mask.assign(tokens.ids.size(), 1);
-  tokens.ids.resize(length, pad_id_);
-  tokens.mask.resize(length, 0);
-  return tokens;
+  return FrameTokens(PieceIds(text), length, bos_id_, eos_id_, pad_id_);
 }
 
 }  // namespace difftrain::text

@@ -1,5 +1,6 @@
 #include "model/text/tokenizer.h"
 
+#include <algorithm>
 #include <fstream>
 #include <stdexcept>
 
@@ -31,6 +32,24 @@ std::string ModelType(const fs::path& file) {
 }
 
 }  // namespace
+
+Tokens FrameTokens(std::vector<int32_t> pieces, int length, int32_t start, int32_t end,
+                   int32_t pad) {
+  if (length < 2) {
+    throw std::invalid_argument(
+        fmt::format("token length {} leaves no room for the start and end tokens", length));
+  }
+  pieces.resize(std::min(pieces.size(), static_cast<size_t>(length - 2)));
+  Tokens tokens;
+  tokens.ids.reserve(length);
+  tokens.ids.push_back(start);
+  tokens.ids.insert(tokens.ids.end(), pieces.begin(), pieces.end());
+  tokens.ids.push_back(end);
+  tokens.mask.assign(tokens.ids.size(), 1);
+  tokens.ids.resize(length, pad);
+  tokens.mask.resize(length, 0);
+  return tokens;
+}
 
 std::unique_ptr<Tokenizer> LoadTokenizer(const fs::path& folder) {
   const fs::path json = folder / "tokenizer.json";

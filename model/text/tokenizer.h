@@ -35,6 +35,11 @@ class Tokenizer {
   virtual int vocab_size() const = 0;
 };
 
+// `pieces` framed as Tokenizer::Encode returns them: start, as many pieces as fit in
+// length − 2, end, then pad to `length` (>= 2; fewer throws std::invalid_argument).
+Tokens FrameTokens(std::vector<int32_t> pieces, int length, int32_t start, int32_t end,
+                   int32_t pad);
+
 // The tokenizer of a model folder: WordPiece where its tokenizer.json's model is WordPiece,
 // CLIP's BPE where it has vocab.json and merges.txt; a diffusers pipeline folder's tokenizer/
 // folder likewise. Throws std::runtime_error saying what the folder lacks, or what a file
