@@ -46,6 +46,7 @@ struct SampleOptions {
   std::vector<int64_t> caption_ids;
   std::string text_table;    // "": the text table of the checkpoint's training data
   std::string text_encoder;  // "": the text table's, if it names one; "none": no encoder
+  std::optional<std::string> negative_prompt;  // the text guidance steers away from
   std::optional<int> skip_layers;
   int per_class = 8;
   std::optional<int> steps;
@@ -159,15 +160,19 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
                   encoder->path(), encoder->dim(), m.context_dim);
   }
   const int skip = o.skip_layers.value_or(encoder_only ? 0 : p.table.skip_layers);
-  std::vector<std::string> missing;  // prompts the table lacks, in order, once each
-  for (const std::string& prompt : o.prompts) {
+  std::vector<std::string> wanted = o.prompts;  // the rows' texts, then the negative prompt
+  if (o.negative_prompt) wanted.push_back(*o.negative_prompt);
+  std::vector<std::string> missing;  // texts the table lacks, in order, once each
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    const std::string& prompt = wanted[k];
     if (p.table.Find(prompt)) continue;
     if (!encoder) {
       return Errorf(
-          "--prompt: '{}' is not in the text table '{}' ({} texts), and no text encoder "
+          "{}: '{}' is not in the text table '{}' ({} texts), and no text encoder "
           "embeds new prompts: give one with --text-encoder, or add the prompt to the captions "
           "and embed them again (docs/sampling.md)",
-          prompt, p.table_path, p.table.size());
+          k < o.prompts.size() ? "--prompt" : "--negative-prompt", prompt, p.table_path,
+          p.table.size());
     }
     if (std::find(missing.begin(), missing.end(), prompt) == missing.end())
       missing.push_back(prompt);
@@ -193,9 +198,13 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
     }
     p.ids.push_back(id);
   }
-  // Pretrained weights (Stable Diffusion's) were guided with the empty prompt's embedding;
-  // models trained here with zeros (text dropout).
-  if (ckpt.pretrained && encoder) {
+  // The unconditional text: the negative prompt's; else, for pretrained weights (Stable
+  // Diffusion's), guided with the empty prompt's embedding, that; models trained here were
+  // guided with zeros (text dropout).
+  if (o.negative_prompt) {
+    const float* e = p.table.embedding(*p.table.Find(*o.negative_prompt));
+    p.null_text.assign(e, e + p.table.text_floats());
+  } else if (ckpt.pretrained && encoder) {
     Result<std::vector<float>> empty = encoder->Embed({""}, m.context_length, skip);
     if (!empty.ok()) return empty.status().WithContext("the empty prompt");
     p.null_text = std::move(empty).value();
@@ -357,15 +366,20 @@ int RunSample(const SampleOptions& o) {
     if (!resolved.ok()) return bad(resolved.status().message());
     prompts = std::move(resolved).value();
   } else if (!o.prompts.empty() || !o.caption_ids.empty() || !o.text_table.empty() ||
-             !o.text_encoder.empty() || o.skip_layers) {
+             !o.text_encoder.empty() || o.skip_layers || o.negative_prompt) {
     return bad(
-        "--prompt, --captions, --text-table, --text-encoder and --skip-layers are for "
-        "text-conditional models");
+        "--prompt, --captions, --negative-prompt, --text-table, --text-encoder and "
+        "--skip-layers are for text-conditional models");
   }
   // A text model's "classes" are its prompts, and its null class the unconditional text.
   const int num_rows = text_model ? static_cast<int>(prompts->ids.size()) : m.num_classes;
   const bool has_null_class =
       text_model ? m.context_dropout > 0 : m.num_classes > 0 && m.label_dropout > 0;
+  if (o.negative_prompt && !has_null_class) {
+    return bad(
+        "--negative-prompt steers guidance, and this model has no unconditional text to guide "
+        "with (text_dropout 0)");
+  }
   if (!o.gif.empty() && !m.video) return bad("--gif is for video models (Latte)");
   if (o.gif_delay_cs < 1) return bad("--gif-delay must be positive");
   // An unconditional model draws one row of --per-class samples, label 0.
@@ -528,6 +542,7 @@ int RunSample(const SampleOptions& o) {
       described["text_ids"] = prompts->ids;
       described["text_table"] = prompts->table_path;
       if (!prompts->text_encoder.empty()) described["text_encoder"] = prompts->text_encoder;
+      if (o.negative_prompt) described["negative_prompt"] = *o.negative_prompt;
       for (int64_t& label : raw_labels) {
         if (!prompts->table.labels.empty()) label = prompts->table.labels[prompts->ids[label]];
       }
@@ -578,6 +593,11 @@ DIFFTRAIN_COMMAND(
                       "model folder with its tokenizer, or a Stable Diffusion pipeline's folder "
                       "(default: a --pretrained pipeline's, else the encoder the table was "
                       "embedded with, if difftrain's; `none`: look prompts up only)");
+       app.add_option("--negative-prompt", o->negative_prompt,
+                      "a text model's guidance steers away from this text: its embedding in "
+                      "place of the unconditional one (default: zeros, as text dropout trained "
+                      "the model; for --pretrained weights with a text encoder the empty "
+                      "prompt's, as diffusers)");
        app.add_option("--skip-layers", o->skip_layers,
                       "with a text encoder: the hidden state this many layers before the last "
                       "(default: the table's, else 0)");

@@ -304,11 +304,23 @@ TEST_F(TextSampleTest, TextEncoderEmbedsPromptsTheTableLacks) {
   EXPECT_NE(sample(pretrained, "--cfg 3", "p3.safetensors"),
             sample("--checkpoint " + Q("ckpt"), checkpoint + " --cfg 3", "c3.safetensors"));
 
+  // A negative prompt is the unconditional text: with the empty prompt as the negative one,
+  // the checkpoint samples as the pretrained weights do (guided by the empty prompt).
+  const std::vector<float> negative =
+      sample("--checkpoint " + Q("ckpt"),
+             checkpoint + " --cfg 3 --text-encoder " + Q("bert") + " --negative-prompt ''",
+             "n3.safetensors");
+  EXPECT_EQ(negative, sample(pretrained, "--cfg 3", "p3-again.safetensors"));
+  EXPECT_NE(negative, sample(pretrained, "--cfg 3 --negative-prompt 'a photo of a bag'",
+                             "p3-bag.safetensors"));
+
   struct Case {
     std::string args, message;
   };
   const std::string ckpt = "--checkpoint " + Q("ckpt") + " --out " + Q("bad.png");
   for (const Case& c : std::vector<Case>{
+           {ckpt + " --captions 1 --negative-prompt 'a photo of a boat'",
+            "--negative-prompt: 'a photo of a boat' is not in the text table"},
            {ckpt + " --text-table " + Q("bert_texts.safetensors") +
                 " --text-encoder none --prompt '" + boat + "'",
             "no text encoder embeds new prompts"},
