@@ -238,7 +238,8 @@ int RunVideoEval(const VideoEvalOptions& o) {
               floor.agreement, generated.agreement >= 0.8 ? "met" : "not met");
   std::printf("%-16s %10.3f %10.3f\n", "missing frames", generated.missing_frames,
               floor.missing_frames);
-  std::printf("\nby label: videos, frame accuracy, agreement, track residual px (generated | real)\n");
+  std::printf(
+      "\nby label: videos, frame accuracy, agreement, track residual px (generated | real)\n");
   for (size_t label = 0; label < generated.per_label.size(); ++label) {
     const eval::VideoMeasures& g = generated.per_label[label];
     if (g.videos == 0) continue;
@@ -246,8 +247,7 @@ int RunVideoEval(const VideoEvalOptions& o) {
         label < floor.per_label.size() ? floor.per_label[label] : eval::VideoMeasures{};
     std::printf("%5zu %6lld %6.3f %6.3f %6.3f | %6lld %6.3f %6.3f %6.3f\n", label,
                 static_cast<long long>(g.videos), g.frame_accuracy, g.agreement, g.track_residual,
-                static_cast<long long>(r.videos), r.frame_accuracy, r.agreement,
-                r.track_residual);
+                static_cast<long long>(r.videos), r.frame_accuracy, r.agreement, r.track_residual);
   }
   if (!o.json.empty()) {
     nlohmann::json json = {{"generated", generated.ToJson()},

@@ -73,6 +73,15 @@ Result<ModelRequest> ModelOptions::Request() const {
   return r;
 }
 
+Result<std::optional<int>> ModelOptions::SizeOnly() const {
+  for (const CLI::Option* o : options_) {
+    if (o->count() > 0 && o->get_name() != "--image-size" && o->get_name() != "--input-size")
+      return std::optional<int>();
+  }
+  DT_ASSIGN_OR_RETURN(const ModelRequest r, Request());
+  return r.input_size;
+}
+
 Result<ModelSpec> ModelOptions::Build() const {
   if (!config_.empty()) {
     DT_ASSIGN_OR_RETURN(YAML::Node root, YamlFields::LoadFile(config_));

@@ -23,6 +23,9 @@ class ModelOptions {
   bool given() const;
   // The model the flags describe, checked by its family.
   Result<ModelSpec> Build() const;
+  // The latent side when --image-size or --input-size is the only model flag given (a
+  // pretrained folder's own model at another size); nullopt otherwise.
+  Result<std::optional<int>> SizeOnly() const;
   // The --model name as given ("SD1.5"), or empty with --config.
   std::string requested_name() const { return config_.empty() ? model_ : std::string(); }
   // The named configs of the family of the chosen model (`info --all`).

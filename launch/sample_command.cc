@@ -346,11 +346,14 @@ int RunSample(const SampleOptions& o) {
   Result<SampleSource> loaded = [&]() -> Result<SampleSource> {
     if (!o.checkpoint.empty()) return LoadCheckpointSource(o.checkpoint);
     std::optional<ModelSpec> spec;
+    std::optional<int> latent_size;  // --image-size/--input-size alone: the folder's model
     if (o.model_given) {
+      DT_ASSIGN_OR_RETURN(latent_size, o.model.SizeOnly());
       DT_ASSIGN_OR_RETURN(spec, o.model.Build());
     }
     return LoadPretrainedSource(o.pretrained, std::move(spec),
-                                o.diffusion_given ? std::optional(o.diffusion) : std::nullopt);
+                                o.diffusion_given ? std::optional(o.diffusion) : std::nullopt,
+                                latent_size);
   }();
   if (!loaded.ok()) {
     return bad((o.checkpoint.empty() ? "--pretrained: " : "--checkpoint: ") +

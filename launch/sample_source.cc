@@ -94,12 +94,14 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
 }
 
 Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional<ModelSpec> model,
-                                          std::optional<DiffusionConfig> diffusion) {
+                                          std::optional<DiffusionConfig> diffusion,
+                                          std::optional<int> latent_size) {
   SampleSource c;
   c.pretrained = true;
   DT_ASSIGN_OR_RETURN(c.path, InitialWeightsFile(path));
   DT_ASSIGN_OR_RETURN(const DiffusersFolder folder, ReadDiffusersFolder(c.path));
   c.pipeline = folder.pipeline;
+  if (latent_size && folder.model) model.reset();
   if (!model && !folder.model) {
     return Errorf(
         "needs the model: '{}' has no UNet2DConditionModel config.json beside it; give "
@@ -107,6 +109,11 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
         c.path);
   }
   c.model = model ? std::move(*model) : *folder.model;
+  if (!model && latent_size) {
+    nlohmann::json config = c.model.config;
+    config["sample_size"] = *latent_size;
+    DT_ASSIGN_OR_RETURN(c.model, ModelSpecFromJson(c.model.family, config));
+  }
   if (!model) spdlog::info("the model: {} (config.json beside {})", c.model.name(), c.path);
   c.diffusion = diffusion.value_or(folder.diffusion.value_or(DiffusionConfig{}));
   if (!diffusion && folder.diffusion) {

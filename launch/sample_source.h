@@ -49,10 +49,13 @@ Result<SampleSource> LoadCheckpointSource(const std::string& path);
 
 // Weights at `path` (the forms checkpoint.init_from takes: docs/job-spec.md) for `model`,
 // sampled with `diffusion`; where either is not given, the diffusers folder's (above), the
-// model required, the diffusion DiT's defaults without a scheduler config. The file is read
-// whole; its tensors are checked when the model is filled (FillModelWeights).
+// model required, the diffusion DiT's defaults without a scheduler config. `latent_size`
+// (the size flags given alone) resizes the folder's model (its sample_size) where the folder
+// has one, in place of `model`. The file is read whole; its tensors are
+// checked when the model is filled (FillModelWeights).
 Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional<ModelSpec> model,
-                                          std::optional<DiffusionConfig> diffusion);
+                                          std::optional<DiffusionConfig> diffusion,
+                                          std::optional<int> latent_size = std::nullopt);
 
 // Fills `model`'s whole parameter arena with the source's weights: a checkpoint shard's
 // EMA (`ema`) or trained weights; pretrained weights as they are (a difftrain shard among them

@@ -258,6 +258,12 @@ TEST_F(UNetInitFromTest, APipelineFolderSamplesAsItsPartsGivenByFlags) {
     EXPECT_EQ(ReferenceTensor(alone, tensor), ReferenceTensor(flags, tensor));
   }
 
+  // --input-size alone samples the folder's model at another size.
+  const io::SafetensorsFile smaller =
+      sample("--pretrained " + ShellQuote(pipeline.string()) + " --input-size 4", "smaller");
+  EXPECT_EQ(nlohmann::json::parse(smaller.metadata().at("config"))["sample_size"], 4);
+  EXPECT_EQ(ReferenceTensor(smaller, "images").size(), 2u * 4 * 4 * 4);
+
   // What the folder says and difftrain does not implement is refused, naming the file.
   std::ofstream(pipeline / "scheduler" / "scheduler_config.json")
       << R"({"beta_schedule": "sigmoid"})";
