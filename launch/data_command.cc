@@ -129,16 +129,20 @@ int RunVerify(const std::string& dir) {
   if (!verified.ok()) return ReportBadInput("data verify", verified.message());
   const TextTable* texts = (*folder)->texts();
   const std::optional<LatentFolderVae>& vae = (*folder)->vae();
-  std::printf(
-      "%s: %lld samples of %d×%d×%d, %d classes, %lld shards%s%s, checksums good\n", dir.c_str(),
-      static_cast<long long>((*folder)->size()), (*folder)->channels(), (*folder)->height(),
-      (*folder)->width(), (*folder)->num_classes(), static_cast<long long>((*folder)->num_shards()),
-      texts ? fmt::format(", {} texts of {}×{}", texts->size(), texts->length, texts->dim).c_str()
-            : "",
-      vae ? fmt::format(", encoded by the VAE {} ({}, scaled by {})", vae->path, vae->posterior,
-                        vae->scaling_factor)
-                .c_str()
-          : "");
+  std::printf("%s: %lld samples of %d×%d×%d, %d classes, %lld shards%s%s, checksums good\n",
+              dir.c_str(), static_cast<long long>((*folder)->size()), (*folder)->channels(),
+              (*folder)->height(), (*folder)->width(), (*folder)->num_classes(),
+              static_cast<long long>((*folder)->num_shards()),
+              texts ? fmt::format(", {} texts of {}×{}{}", texts->size(), texts->length, texts->dim,
+                                  texts->text_encoder.empty()
+                                      ? std::string()
+                                      : " embedded by the text encoder " + texts->text_encoder)
+                          .c_str()
+                    : "",
+              vae ? fmt::format(", encoded by the VAE {} ({}, scaled by {})", vae->path,
+                                vae->posterior, vae->scaling_factor)
+                        .c_str()
+                  : "");
   return kExitOk;
 }
 

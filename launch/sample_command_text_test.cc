@@ -255,6 +255,15 @@ TEST_F(TextSampleTest, TextEncoderEmbedsPromptsTheTableLacks) {
   for (size_t i = 0; i < row->size(); ++i)
     EXPECT_NEAR((*row)[i], table->embedding(42)[i], 1e-5) << i;
 
+  // Packed with the images, the table keeps its record, and `data verify` says it.
+  r = RunDifftrain("data pack --dataset fashion_mnist --split test --limit 8 --text-table " +
+                   Q("bert_texts.safetensors") + " --out " + Q("bert_data"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunDifftrain("data verify " + Q("bert_data"));
+  EXPECT_NE(r.output.find("60 texts of 4×8 embedded by the text encoder " + File("bert")),
+            std::string::npos)
+      << r.output;
+
   const std::string boat = "a photo of a boat";
   const std::string table_args = "--cfg 3 --text-table " + Q("bert_texts.safetensors");
   const io::SafetensorsFile embedded =
