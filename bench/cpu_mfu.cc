@@ -24,6 +24,7 @@
 
 #include <omp.h>
 
+#include "bench/median.h"
 #include "model/cpu/gemm.h"
 #include "model/dit/family.h"
 #include "model/family/family.h"
@@ -39,10 +40,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 // The sgemm ceiling: a large square single-precision GEMM, best of the repeats is not
 // used — the median is, as for the model.

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/median.h"
+
 #include "model/cuda/common.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/device_query.h"
@@ -62,11 +64,6 @@ class EventTimer {
   cudaStream_t stream_;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
-
-inline double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // The GPUs cuda::QueryDevices finds; none, after printing "<program>: no usable GPU: <why>".
 inline std::vector<cuda::DeviceProperties> GpusOrSayWhy(const char* program) {

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "bench/median.h"
 #include "model/text/embedder.h"
 
 namespace difftrain {
@@ -19,10 +20,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 int Run(const std::string& path, int length, int count, int repeats) {
   Result<TextEmbedder> embedder = TextEmbedder::Load(path);

@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/median.h"
 #include "model/tensor/rng.h"
 #include "model/vae/vae.h"
 
@@ -17,10 +18,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 int Run(const std::string& path, int size, int batch, int repeats) {
   Result<Vae> vae = Vae::Load(path);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -10,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/io/checkpoint.h"
+#include "model/io/posix_file.h"
 #include "model/tensor/buffer.h"
 #include "model/train/initial_weights.h"
 #include "model/train/trainer.h"
@@ -57,9 +57,9 @@ namespace {
 Result<std::optional<nlohmann::json>> ReadJsonIfThere(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return std::optional<nlohmann::json>();
-  std::ifstream in(path);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!in || j.is_discarded()) return Errorf("'{}' is not JSON", path.string());
+  DT_ASSIGN_OR_RETURN(const std::string text, io::ReadWholeFile(path.string()));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Errorf("'{}' is not JSON", path.string());
   return std::optional<nlohmann::json>(std::move(j));
 }
 

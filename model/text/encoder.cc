@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -208,17 +207,9 @@ const float* TextEncoder::W(const std::string& name) const {
 Result<TextEncoder> TextEncoder::Load(const std::string& path) {
   DT_ASSIGN_OR_RETURN(const auto files, EncoderFiles(path));
   const auto& [weights_path, config_path] = files;
-  std::ifstream config_file(config_path);
-  if (!config_file) {
-    return Errorf(
-        "text encoder '{}': cannot read its config '{}' (transformers writes config.json beside "
-        "the weights)",
-        path, config_path.string());
-  }
-  const nlohmann::json json =
-      nlohmann::json::parse(config_file, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded())
-    return Errorf("text encoder config '{}' is not JSON", config_path.string());
+  DT_ASSIGN_OR_RETURN(
+      const nlohmann::json json,
+      ReadModelConfigJson("text encoder", path, config_path.string(), "transformers"));
   Result<TextEncoderConfig> config = TextEncoderConfig::FromJson(json);
   if (!config.ok())
     return config.status().WithContext(
@@ -272,6 +263,7 @@ Status TextEncoder::Encode(const std::vector<text::Tokens>& texts, int skip_laye
   const EmbeddingNames e = Embeddings(c);
   const float* tokens = W(e.tokens);
   const float* positions = W(e.positions);
+  const float* type = bert ? W(e.types) : nullptr;  // BERT's token type 0
   std::vector<float> x(size_t(rows) * D);
   for (int n = 0; n < N; ++n) {
     for (int l = 0; l < L; ++l) {
@@ -281,7 +273,6 @@ Status TextEncoder::Encode(const std::vector<text::Tokens>& texts, int skip_laye
       for (int d = 0; d < D; ++d)
         row[d] = token[d] + position[d];
       if (bert) {
-        const float* type = W(e.types);  // token type 0
         for (int d = 0; d < D; ++d)
           row[d] += type[d];
       }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <unordered_set>
 
@@ -128,6 +129,18 @@ Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& gl
   }
   if (!shard) std::copy(params, params + global.total(), ema);
   return Status::Ok();
+}
+
+Result<nlohmann::json> ReadModelConfigJson(const std::string& kind, const std::string& path,
+                                           const std::string& config, const char* writer) {
+  std::ifstream file(config);
+  if (!file) {
+    return Errorf("{} '{}': cannot read its config '{}' ({} writes config.json beside the weights)",
+                  kind, path, config, writer);
+  }
+  nlohmann::json json = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return Errorf("{} config '{}' is not JSON", kind, config);
+  return json;
 }
 
 Result<std::vector<float>> ReadInferenceWeights(const io::SafetensorsFile& file,

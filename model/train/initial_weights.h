@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 #include "model/family/family.h"
 #include "model/io/safetensors.h"
@@ -49,6 +51,12 @@ Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& gl
 Result<std::vector<float>> ReadInferenceWeights(const io::SafetensorsFile& file,
                                                 const TensorTable& spelled,
                                                 const std::string& what);
+
+// The config.json beside an inference model's weights, as JSON. Errors name the model
+// (`kind` "VAE", "text encoder", and its `path`), the file, and who writes it (`writer`:
+// "diffusers", "transformers").
+Result<nlohmann::json> ReadModelConfigJson(const std::string& kind, const std::string& path,
+                                           const std::string& config, const char* writer);
 
 // The launcher's check of a job's init_from against its model (header only, no model built):
 // the path resolves and the file holds the model's tensors.

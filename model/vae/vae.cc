@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include <fmt/format.h>
@@ -289,16 +288,8 @@ TensorTable Vae::Tensors(const VaeConfig& config) {
 Result<Vae> Vae::Load(const std::string& path) {
   DT_ASSIGN_OR_RETURN(const auto files, VaeFiles(path));
   const auto& [weights_path, config_path] = files;
-  std::ifstream config_file(config_path);
-  if (!config_file) {
-    return Errorf(
-        "VAE '{}': cannot read its config '{}' (diffusers writes config.json beside "
-        "the weights)",
-        path, config_path.string());
-  }
-  const nlohmann::json json =
-      nlohmann::json::parse(config_file, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) return Errorf("VAE config '{}' is not JSON", config_path.string());
+  DT_ASSIGN_OR_RETURN(const nlohmann::json json,
+                      ReadModelConfigJson("VAE", path, config_path.string(), "diffusers"));
   Result<VaeConfig> config = VaeConfig::FromJson(json);
   if (!config.ok())
     return config.status().WithContext(fmt::format("VAE config '{}'", config_path.string()));
