@@ -17,6 +17,9 @@
 #include "common/log.h"
 #include "launch/command.h"
 #include "launch/model_options.h"
+#include "launch/sample_files.h"
+#include "launch/sample_options.h"
+#include "launch/sample_prompts.h"
 #include "launch/sample_source.h"
 #include "model/data/latent_folder.h"
 #include "model/data/text_table.h"
@@ -35,238 +38,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct SampleOptions {
-  std::string checkpoint;
-  std::string pretrained;  // weights to sample from, with the model (and diffusion) flags
-  ModelOptions model;
-  DiffusionConfig diffusion;
-  bool model_given = false, diffusion_given = false;
-  std::vector<int> classes;
-  std::vector<std::string> prompts;
-  std::vector<int64_t> caption_ids;
-  std::string text_table;    // "": the text table of the checkpoint's training data
-  std::string text_encoder;  // "": the text table's, if it names one; "none": no encoder
-  std::optional<std::string> negative_prompt;  // the text guidance steers away from
-  std::optional<int> skip_layers;
-  int per_class = 8;
-  std::optional<int> steps;
-  std::string sampler = "ddpm";
-  std::optional<double> eta;
-  std::optional<double> cfg;
-  std::vector<int> cfg_interval;  // [from, to] in timesteps; empty: every step
-  uint64_t seed = 0;
-  int batch = 16;
-  std::string out;
-  std::string gif;
-  int gif_delay_cs = 12;
-  std::string raw;
-  std::string weights = "ema";
-  std::optional<bool> clip_denoised;
-  std::string vae;  // a diffusers AutoencoderKL decoding a latent model's samples
-  std::string log_level = "info";
-};
-
-// DiT's sample.py defaults: 250 respaced steps and guidance scale 4.
+// DiT's sample.py defaults: 250 respaced steps and guidance scale 4; a diffusers pipeline's
+// (StableDiffusionPipeline.__call__): 50 steps and guidance scale 7.5.
 constexpr int kDefaultSteps = 250;
 constexpr double kDefaultGuidance = 4.0;
-// Black pixels between the images of the grid.
-constexpr int kGridPadding = 2;
-
-// A text model's grid rows: the texts sampled from (rows of `table`).
-struct Prompts {
-  TextTable table;               // with the prompts a text encoder embedded appended
-  std::string table_path;        // "": no table (a pretrained model's prompts, all embedded here)
-  std::vector<int64_t> ids;      // one per row
-  std::string text_encoder;      // the encoder that embedded prompts here, if one did
-  std::vector<float> null_text;  // [L, D]: the unconditional text; empty: zeros
-};
-
-// The text encoder given for the prompts: --text-encoder, else pretrained weights' pipeline
-// if it has a text_encoder/; "" for none (`none` included).
-std::string GivenTextEncoder(const SampleOptions& o, const SampleSource& ckpt) {
-  if (o.text_encoder == "none") return "";
-  if (!o.text_encoder.empty()) return o.text_encoder;
-  std::error_code ec;
-  if (!ckpt.pipeline.empty() && fs::is_directory(fs::path(ckpt.pipeline) / "text_encoder", ec))
-    return ckpt.pipeline;
-  return "";
-}
-
-// The text encoder that embeds prompts the table lacks: the one given (GivenTextEncoder),
-// else the one the table records (data embed --encoder), else none.
-Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const SampleSource& ckpt,
-                                                  const TextTable& table,
-                                                  const std::string& table_path) {
-  if (o.text_encoder == "none") return std::optional<TextEmbedder>();
-  std::string path = GivenTextEncoder(o, ckpt);
-  if (path.empty()) path = table.text_encoder;
-  if (path.empty()) return std::optional<TextEmbedder>();
-  Result<TextEmbedder> embedder = TextEmbedder::Load(path);
-  if (!embedder.ok()) {
-    return embedder.status().WithContext(
-        !o.text_encoder.empty() ? std::string("--text-encoder")
-        : path == table.text_encoder
-            ? fmt::format("the text encoder the text table '{}' was embedded with "
-                          "(--text-encoder none: look prompts up only)",
-                          table_path)
-            : std::string("the pipeline's text encoder"));
-  }
-  return std::optional<TextEmbedder>(std::move(embedder).value());
-}
-
-// The rows a text model samples: each --prompt (found in the text table by its exact text, or
-// embedded by the text encoder) and each --captions id. The table is --text-table, or the one
-// in the folder the checkpoint was trained from; from --pretrained weights with a text encoder
-// it may be none, and the unconditional text is the empty prompt's embedding.
-Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
-                               const SampleSchema& m) {
-  if (!o.classes.empty()) {
-    return Status::Error("--classes: a text-conditional model samples from --prompt or --captions");
-  }
-  if (o.prompts.empty() && o.caption_ids.empty()) {
-    return Status::Error(
-        "a text-conditional model needs --prompt TEXT (repeatable) or --captions "
-        "IDS");
-  }
-  Prompts p;
-  p.table_path = o.text_table;
-  const bool encoder_only = p.table_path.empty() && ckpt.pretrained &&
-                            !GivenTextEncoder(o, ckpt).empty() && o.caption_ids.empty();
-  if (p.table_path.empty() && !encoder_only) {
-    if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty()) {
-      return Status::Error(
-          "--text-table: the checkpoint was not trained on a latent folder with "
-          "texts; give the text table to take the prompts' embeddings from (or, with "
-          "--pretrained, --text-encoder to embed the prompts)");
-    }
-    p.table_path = ckpt.data_path + "/text.safetensors";
-  }
-  if (encoder_only) {
-    p.table.length = m.context_length;
-    p.table.dim = m.context_dim;
-  } else {
-    Result<TextTable> table = ReadTextTable(p.table_path);
-    if (!table.ok()) return table.status().WithContext("--text-table");
-    p.table = std::move(table).value();
-  }
-  if (p.table.length != m.context_length || p.table.dim != m.context_dim) {
-    return Errorf("--text-table: '{}' holds texts of {}x{}, the model takes {}x{}", p.table_path,
-                  p.table.length, p.table.dim, m.context_length, m.context_dim);
-  }
-  DT_ASSIGN_OR_RETURN(std::optional<TextEmbedder> encoder,
-                      PromptEncoder(o, ckpt, p.table, p.table_path));
-  if (encoder && encoder->dim() != m.context_dim) {
-    return Errorf("--text-encoder: '{}' embeds {} features per token, the model takes {}",
-                  encoder->path(), encoder->dim(), m.context_dim);
-  }
-  const int skip = o.skip_layers.value_or(encoder_only ? 0 : p.table.skip_layers);
-  std::vector<std::string> wanted = o.prompts;  // the rows' texts, then the negative prompt
-  if (o.negative_prompt) wanted.push_back(*o.negative_prompt);
-  std::vector<std::string> missing;  // texts the table lacks, in order, once each
-  for (size_t k = 0; k < wanted.size(); ++k) {
-    const std::string& prompt = wanted[k];
-    if (p.table.Find(prompt)) continue;
-    if (!encoder) {
-      return Errorf(
-          "{}: '{}' is not in the text table '{}' ({} texts), and no text encoder "
-          "embeds new prompts: give one with --text-encoder, or add the prompt to the captions "
-          "and embed them again (docs/sampling.md)",
-          k < o.prompts.size() ? "--prompt" : "--negative-prompt", prompt, p.table_path,
-          p.table.size());
-    }
-    if (std::find(missing.begin(), missing.end(), prompt) == missing.end())
-      missing.push_back(prompt);
-  }
-  if (!missing.empty()) {
-    Result<std::vector<float>> embedded = encoder->Embed(missing, m.context_length, skip);
-    if (!embedded.ok()) return embedded.status().WithContext("--prompt");
-    p.table.embeddings.insert(p.table.embeddings.end(), embedded->begin(), embedded->end());
-    for (const std::string& prompt : missing) {
-      p.table.captions.push_back(prompt);
-      if (!p.table.labels.empty()) p.table.labels.push_back(-1);  // names no known class
-      if (!p.table.held_out.empty()) p.table.held_out.push_back(false);
-    }
-    p.text_encoder = encoder->path();
-    spdlog::info("embedded {} prompt(s) with the text encoder '{}' ({})", missing.size(),
-                 encoder->path(), encoder->encoder().config().Describe());
-  }
-  for (const std::string& prompt : o.prompts)
-    p.ids.push_back(*p.table.Find(prompt));
-  for (int64_t id : o.caption_ids) {
-    if (id < 0 || id >= p.table.size()) {
-      return Errorf("--captions: {} is outside the text table's [0, {})", id, p.table.size());
-    }
-    p.ids.push_back(id);
-  }
-  // The unconditional text: the negative prompt's; else, for pretrained weights (Stable
-  // Diffusion's), guided with the empty prompt's embedding, that; models trained here were
-  // guided with zeros (text dropout).
-  if (o.negative_prompt) {
-    const float* e = p.table.embedding(*p.table.Find(*o.negative_prompt));
-    p.null_text.assign(e, e + p.table.text_floats());
-  } else if (ckpt.pretrained && encoder) {
-    Result<std::vector<float>> empty = encoder->Embed({""}, m.context_length, skip);
-    if (!empty.ok()) return empty.status().WithContext("the empty prompt");
-    p.null_text = std::move(empty).value();
-  }
-  return p;
-}
-
-// The shape of N samples of `m`: [N, C, H, W], a video model's [N, F, C, H, W].
-std::vector<int64_t> SamplesShape(int64_t N, const SampleSchema& m) {
-  if (m.video) return {N, m.frames, m.channels, m.height, m.width};
-  return {N, m.channels, m.height, m.width};
-}
-
-// `decoded`, when not empty, holds the samples through the VAE, shaped as `pictures` says.
-Status WriteRaw(const std::string& path, const std::vector<float>& images,
-                const std::vector<float>& decoded, const SampleSchema& pictures,
-                const std::vector<int64_t>& labels, const ModelSpec& model,
-                const nlohmann::json& how) {
-  const SampleSchema m = FamilyOf(model).Samples(model);
-  io::SafetensorsWriter file;
-  const int64_t N = static_cast<int64_t>(labels.size());
-  file.AddF32("images", SamplesShape(N, m), images.data());
-  if (!decoded.empty()) file.AddF32("decoded", SamplesShape(N, pictures), decoded.data());
-  file.Add("labels", io::DType::kI64, {N}, labels.data());
-  file.SetMetadata("format", "difftrain-samples");
-  file.SetMetadata("version", "1");
-  file.SetMetadata("family", model.family);
-  file.SetMetadata("config", model.config.dump());
-  file.SetMetadata("sampling", how.dump());
-  return file.WriteAtomic(path);
-}
-
-// A video model's samples: `filmstrip`, a PNG of one row of frames per video, and `gif`, an
-// animated GIF whose frame f is the grid (`columns` videos a row) of every video's frame f.
-Status WriteVideos(const std::string& filmstrip, const std::string& gif, int delay_cs,
-                   const std::vector<float>& videos, int N, int columns, const SampleSchema& m) {
-  const size_t frame = size_t(m.channels) * m.height * m.width;
-  if (!filmstrip.empty()) {
-    DT_RETURN_IF_ERROR(io::WriteImageGrid(filmstrip, videos.data(), N * m.frames, m.channels,
-                                          m.height, m.width, m.frames, kGridPadding));
-    spdlog::info("wrote {}", filmstrip);
-  }
-  if (gif.empty()) return Status::Ok();
-  std::vector<io::PngImage> grids;
-  std::vector<float> frames(N * frame);
-  for (int f = 0; f < m.frames; ++f) {
-    for (int n = 0; n < N; ++n) {
-      std::copy_n(videos.data() + (size_t(n) * m.frames + f) * frame, frame,
-                  frames.data() + n * frame);
-    }
-    DT_ASSIGN_OR_RETURN(io::PngImage grid, io::MakeImageGrid(frames.data(), N, m.channels, m.height,
-                                                             m.width, columns, kGridPadding));
-    grids.push_back(std::move(grid));
-  }
-  std::vector<const uint8_t*> pixels;
-  for (const io::PngImage& g : grids)
-    pixels.push_back(g.pixels.data());
-  DT_RETURN_IF_ERROR(
-      io::WriteGif(gif, pixels, grids[0].width, grids[0].height, m.channels, delay_cs));
-  spdlog::info("wrote {}", gif);
-  return Status::Ok();
-}
+constexpr int kPipelineSteps = 50;
+constexpr double kPipelineGuidance = 7.5;
 
 // The VAE that decodes the samples: --vae's; without it, for a PNG or GIF, the one the
 // checkpoint's training data (a latent folder) was encoded with, as its index.json names it;
@@ -313,19 +90,53 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
   return std::optional<Vae>(std::move(vae).value());
 }
 
-// Decodes `total` samples of `m` (a video's frames one by one, as its latents were encoded)
-// into `pictures` of the returned schema.
-Result<SampleSchema> DecodeSamples(const Vae& vae, const std::vector<float>& samples, int total,
-                                   const SampleSchema& m, std::vector<float>& pictures) {
-  SampleSchema decoded = m;
-  decoded.channels = vae.config().out_channels;
-  decoded.height = m.height * vae.config().downscale();
-  decoded.width = m.width * vae.config().downscale();
-  pictures.resize(size_t(total) * decoded.elements());
-  const int images = total * m.frames;
-  spdlog::info("decoding {} latents through the VAE {}", images, vae.source());
-  DT_RETURN_IF_ERROR(vae.Decode(samples.data(), images, m.height, m.width, pictures.data()));
-  return decoded;
+struct Sampling {
+  std::string name;  // ddpm or ddim
+  SamplerKind kind;
+  TimestepSpacing spacing;
+};
+
+// The sampler a pipeline's scheduler names: its own where difftrain has it, else DDIM.
+std::string PipelineSampler(const std::string& scheduler_class) {
+  if (scheduler_class == "DDPMScheduler") return "ddpm";
+  if (scheduler_class == "PNDMScheduler") return "pndm";
+  if (scheduler_class != "DDIMScheduler") {
+    spdlog::info(
+        "the pipeline's scheduler is {}, which difftrain does not have: sampling with DDIM",
+        scheduler_class.empty() ? "unnamed" : scheduler_class);
+  }
+  return "ddim";
+}
+
+// The sampler and its timestep spacing: the flags, else a pipeline's scheduler's (spaced as its
+// config says), else DiT's (DDPM, respaced; PNDM, which needs a diffusers spacing, leading). A
+// spacing flag keeps the scheduler's other keys, as diffusers' from_config(config,
+// timestep_spacing=…).
+Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& source) {
+  Sampling c;
+  c.name = o.sampler        ? *o.sampler
+           : source.spacing ? PipelineSampler(source.scheduler_class)
+                            : "ddpm";
+  Result<SamplerKind> kind = ParseSamplerKind(c.name);
+  if (!kind.ok()) return kind.status().WithContext("--sampler");
+  c.kind = *kind;
+  if (o.eta && c.kind != SamplerKind::kDdim)
+    return Status::Error("--eta is for --sampler ddim only");
+  c.spacing = source.spacing.value_or(TimestepSpacing{});
+  if (o.timestep_spacing == "respace") {
+    c.spacing = TimestepSpacing{};
+  } else if (o.timestep_spacing) {
+    c.spacing.kind = *o.timestep_spacing;
+  }
+  if (c.kind == SamplerKind::kPndm && !c.spacing.diffusers() && !o.timestep_spacing)
+    c.spacing.kind = "leading";
+  if (o.steps_offset) c.spacing.steps_offset = *o.steps_offset;
+  if (o.set_alpha_to_one) c.spacing.set_alpha_to_one = *o.set_alpha_to_one;
+  if (Status s = c.spacing.Validate(); !s.ok()) {
+    return s.WithContext(o.timestep_spacing || !source.spacing ? "--timestep-spacing"
+                                                               : "the pipeline's scheduler");
+  }
+  return c;
 }
 
 int RunSample(const SampleOptions& o) {
@@ -335,10 +146,6 @@ int RunSample(const SampleOptions& o) {
     return bad("give --out (a PNG grid), --gif (a video model's), --raw, or several");
   if (o.per_class < 1) return bad(fmt::format("--per-class must be positive, got {}", o.per_class));
   if (o.batch < 1) return bad(fmt::format("--batch must be positive, got {}", o.batch));
-  Result<SamplerKind> kind = ParseSamplerKind(o.sampler);
-  if (!kind.ok()) return bad("--sampler: " + kind.status().message());
-  if (o.eta && *kind != SamplerKind::kDdim) return bad("--eta is for --sampler ddim only");
-
   if (o.checkpoint.empty() == o.pretrained.empty())
     return bad("give --checkpoint (a difftrain checkpoint) or --pretrained (weights)");
   if (!o.checkpoint.empty() && (o.model_given || o.diffusion_given))
@@ -360,6 +167,10 @@ int RunSample(const SampleOptions& o) {
                loaded.status().message());
   }
   const SampleSource& ckpt = *loaded;
+  const Result<Sampling> sampling = ChooseSampling(o, ckpt);
+  if (!sampling.ok()) return bad(sampling.status().message());
+  const SamplerKind kind = sampling->kind;
+  const bool pipeline_defaults = ckpt.spacing.has_value();
   const ModelFamily& family = FamilyOf(ckpt.model);
   const SampleSchema m = family.Samples(ckpt.model);
   const bool text_model = m.context_length > 0;
@@ -413,10 +224,13 @@ int RunSample(const SampleOptions& o) {
 
   const GaussianDiffusion diffusion(ckpt.diffusion);
   SamplerOptions options;
-  options.kind = *kind;
-  options.steps = o.steps.value_or(std::min(kDefaultSteps, diffusion.steps()));
+  options.kind = kind;
+  options.steps = o.steps.value_or(
+      std::min(pipeline_defaults ? kPipelineSteps : kDefaultSteps, diffusion.steps()));
+  options.spacing = sampling->spacing;
   options.eta = o.eta.value_or(0.0);
-  options.cfg_scale = o.cfg.value_or(has_null_class ? kDefaultGuidance : 1.0);
+  options.cfg_scale = o.cfg.value_or(
+      has_null_class ? (pipeline_defaults ? kPipelineGuidance : kDefaultGuidance) : 1.0);
   if (!o.cfg_interval.empty()) {
     if (o.cfg_interval.size() != 2) {
       return bad(fmt::format("--cfg-interval takes two timesteps FROM,TO, got {} values",
@@ -430,7 +244,7 @@ int RunSample(const SampleOptions& o) {
   // (Pretrained weights say nothing of their data: 1- or 3-channel samples are taken for pixels.)
   const bool latents =
       ckpt.pretrained ? m.channels != 1 && m.channels != 3 : ckpt.data_kind == "latent_folder";
-  options.clip_denoised = o.clip_denoised.value_or(!latents);
+  options.clip_denoised = o.clip_denoised.value_or(!latents && kind != SamplerKind::kPndm);
   options.seed = o.seed;
   DenoiserShape shape{
       m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? num_rows : -1, m.frames};
@@ -472,20 +286,33 @@ int RunSample(const SampleOptions& o) {
     labels[k] = classes[k / o.per_class];
   const size_t n = m.elements();
   std::vector<float> images(total * n);
+  if (!o.initial_noise.empty()) {
+    if (Status s = ReadInitialNoise(o.initial_noise, total, m, images); !s.ok())
+      return bad("--initial-noise: " + s.message());
+  }
   spdlog::info(
-      "sampling {} images of {} ({}): {} {} steps{}, guidance {}{}, seed {}", total,
+      "sampling {} images of {} ({}): {} {} steps{}{}, guidance {}{}, seed {}", total,
       ckpt.model.name(),
       ckpt.pretrained ? fmt::format("{} weights of {}", o.weights, ckpt.path)
                       : fmt::format("{} weights of step {} in {}", o.weights, ckpt.step, ckpt.path),
-      o.sampler, options.steps,
-      *kind == SamplerKind::kDdim ? fmt::format(" (eta {})", options.eta) : "", options.cfg_scale,
+      sampling->name, options.steps,
+      kind == SamplerKind::kDdim ? fmt::format(" (eta {})", options.eta) : "",
+      options.spacing.diffusers()
+          ? fmt::format(" spaced {} (steps_offset {}, set_alpha_to_one {})", options.spacing.kind,
+                        options.spacing.steps_offset, options.spacing.set_alpha_to_one)
+          : "",
+      options.cfg_scale,
       o.cfg_interval.empty()
           ? ""
           : fmt::format(" at timesteps {}..{}", options.cfg_from, options.cfg_to),
       o.seed);
   for (int first = 0; first < total; first += o.batch) {
     const int B = std::min(o.batch, total - first);
-    sampler->Sample(denoiser, labels.data() + first, B, first, images.data() + first * n);
+    if (o.initial_noise.empty()) {
+      sampler->Sample(denoiser, labels.data() + first, B, first, images.data() + first * n);
+    } else {
+      sampler->Denoise(denoiser, labels.data() + first, B, first, images.data() + first * n);
+    }
     spdlog::info("sampled {}/{}", first + B, total);
   }
 
@@ -518,13 +345,15 @@ int RunSample(const SampleOptions& o) {
   }
   if (!o.raw.empty()) {
     nlohmann::json how = {{"weights", o.weights},
-                          {"sampler", o.sampler},
+                          {"sampler", sampling->name},
                           {"steps", options.steps},
+                          {"timestep_spacing", options.spacing.ToJson()},
                           {"eta", options.eta},
                           {"cfg_scale", options.cfg_scale},
                           {"cfg_interval", o.cfg_interval},
                           {"clip_denoised", options.clip_denoised},
                           {"seed", o.seed}};
+    if (!o.initial_noise.empty()) how["initial_noise"] = o.initial_noise;
     if (ckpt.pretrained) {
       how["pretrained"] = ckpt.path;
       how["diffusion"] = ckpt.diffusion.ToJson();
@@ -607,13 +436,25 @@ DIFFTRAIN_COMMAND(
        app.add_option("--per-class", o->per_class, "samples per class or prompt (grid columns)")
            ->capture_default_str();
        app.add_option("--steps", o->steps,
-                      "sampling steps, respaced from the diffusion's (default 250, or all if "
-                      "fewer)");
-       app.add_option("--sampler", o->sampler, "ddpm or ddim")->capture_default_str();
+                      "sampling steps, spaced over the diffusion's (default 250, or all if "
+                      "fewer; from a pipeline 50)");
+       app.add_option("--sampler", o->sampler,
+                      "ddpm, ddim or pndm (default ddpm; from a pipeline its scheduler's: ddpm "
+                      "for a DDPMScheduler, pndm for a PNDMScheduler, else ddim)");
+       app.add_option("--timestep-spacing", o->timestep_spacing,
+                      "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
+                      "linspace (default: a pipeline's scheduler's, else respace)")
+           ->check(CLI::IsMember({"respace", "leading", "trailing", "linspace"}));
+       app.add_option("--steps-offset", o->steps_offset,
+                      "added to leading's timesteps (default: a pipeline scheduler's "
+                      "steps_offset, else 0)");
+       app.add_option("--set-alpha-to-one", o->set_alpha_to_one,
+                      "with a diffusers spacing, DDIM's last step goes to alpha-bar 1 (true) or "
+                      "to timestep 0's (false) (default: a pipeline scheduler's, else true)");
        app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");
        app.add_option("--cfg", o->cfg,
-                      "classifier-free guidance scale; 1 = none (default 4, or 1 for a model "
-                      "without a null class)");
+                      "classifier-free guidance scale; 1 = none (default 4, from a pipeline "
+                      "7.5; 1 for a model without a null class)");
        app.add_option("--cfg-interval", o->cfg_interval,
                       "guide only the steps whose timestep lies in FROM,TO (e.g. 0,600); "
                       "default: every step")
@@ -635,9 +476,13 @@ DIFFTRAIN_COMMAND(
        app.add_option("--weights", o->weights, "ema or model")
            ->check(CLI::IsMember({"ema", "model"}))
            ->capture_default_str();
+       app.add_option("--initial-noise", o->initial_noise,
+                      "x_T of every sample from this safetensors file, as diffusers pipelines' "
+                      "`latents`: the tensor `noise` (or the file's only one), shaped as --raw's "
+                      "images [N, C, H, W] in grid order (default: drawn from --seed)");
        app.add_option("--clip-denoised", o->clip_denoised,
                       "clip x0 predictions to [-1, 1] every step (default: true, false for "
-                      "models trained on latents)");
+                      "models trained on latents and for pndm)");
        app.add_option("--vae", o->vae,
                       "decode a latent model's samples for --out and --gif (and into --raw's "
                       "`decoded`) with this diffusers AutoencoderKL: its folder, a pipeline's, "

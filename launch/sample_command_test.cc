@@ -106,6 +106,23 @@ TEST_F(SampleCommandTest, WritesGridAndRawSamples) {
   EXPECT_EQ(raw->metadata().at("format"), "difftrain-samples");
 }
 
+// PNDM needs a diffusers spacing: from a checkpoint it takes leading, and its N steps make
+// N + 1 model calls without clipping.
+TEST_F(SampleCommandTest, PndmSamplesWithLeadingSpacing) {
+  const std::string raw = File("pndm.safetensors");
+  const CommandResult r =
+      RunDifftrain("sample --checkpoint " + Ckpt() +
+                   " --classes 1 --per-class 2 --steps 3 --sampler pndm --raw " + ShellQuote(raw));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pndm 3 steps spaced leading"), std::string::npos) << r.output;
+  Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(raw);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  const nlohmann::json how = nlohmann::json::parse(file->metadata().at("sampling"));
+  EXPECT_EQ(how["sampler"], "pndm");
+  EXPECT_EQ(how["timestep_spacing"]["kind"], "leading");
+  EXPECT_EQ(how["clip_denoised"], false);
+}
+
 // A step directory works as well as the checkpoint directory, the batch size does not
 // change the samples, and the same seed gives the same file.
 TEST_F(SampleCommandTest, StepDirectoryBatchSizeAndSeed) {
@@ -141,7 +158,21 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
     std::string args, message;
   };
   const std::string out = " --out " + ShellQuote(File("bad.png"));
+  const std::vector<float> four(4, 0.5f);
+  io::SafetensorsWriter misshapen, unnamed;
+  misshapen.AddF32("noise", {1, 4}, four.data());
+  unnamed.AddF32("a", {4}, four.data());
+  unnamed.AddF32("b", {4}, four.data());
+  ASSERT_TRUE(misshapen.WriteAtomic(File("misshapen.safetensors")).ok());
+  ASSERT_TRUE(unnamed.WriteAtomic(File("unnamed.safetensors")).ok());
   for (const Case& c : std::vector<Case>{
+           {"--checkpoint " + Ckpt() + " --classes 0 --initial-noise " +
+                ShellQuote(File("misshapen.safetensors")) + out,
+            "--initial-noise: safetensors file '" + File("misshapen.safetensors") +
+                "': tensor 'noise' is F32 [1, 4], expected shape [8, 1, 8, 8]"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --initial-noise " +
+                ShellQuote(File("unnamed.safetensors")) + out,
+            "holds 2 tensors and none is named 'noise'"},
            {"--checkpoint /nonexistent --classes 0" + out, "'/nonexistent' is not a directory"},
            {"--checkpoint " + ShellQuote(dir_->string()) + " --classes 0" + out,
             "holds no complete checkpoint"},
@@ -149,6 +180,20 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler euler" + out, "unknown sampler"},
            {"--checkpoint " + Ckpt() + " --classes 0 --steps 5000" + out, "got 5000"},
            {"--checkpoint " + Ckpt() + " --classes 0 --eta 0.5" + out, "--eta is for"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --clip-denoised true" + out,
+            "PNDM does not clip"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --timestep-spacing respace" +
+                out,
+            "PNDM follows diffusers' PNDMScheduler"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --eta 0.3" + out,
+            "--eta is for --sampler ddim only"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --steps-offset 1" + out,
+            "--timestep-spacing: steps_offset and set_alpha_to_one are for diffusers' spacings"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --timestep-spacing karras" + out,
+            "--timestep-spacing"},
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --timestep-spacing leading --steps-offset 999" + out,
+            "outside the diffusion's"},
            {"--checkpoint " + Ckpt() + " --classes 0", "give --out"},
            {"--checkpoint " + Ckpt() + " --classes 0 --weights best" + out, "--weights"},
            {"--checkpoint " + Ckpt() + out, "--classes is required"},

@@ -84,10 +84,15 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
     const fs::path scheduler = pipeline / "scheduler" / "scheduler_config.json";
     DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> schedule, ReadJsonIfThere(scheduler));
     if (schedule) {
+      const std::string where = fmt::format("'{}'", scheduler.string());
       Result<DiffusionConfig> diffusion = DiffusionConfig::FromDiffusersScheduler(*schedule);
-      if (!diffusion.ok())
-        return diffusion.status().WithContext(fmt::format("'{}'", scheduler.string()));
+      if (!diffusion.ok()) return diffusion.status().WithContext(where);
       folder.diffusion = *diffusion;
+      Result<TimestepSpacing> spacing = TimestepSpacing::FromDiffusersScheduler(*schedule);
+      if (!spacing.ok()) return spacing.status().WithContext(where);
+      folder.spacing = *spacing;
+      if (schedule->contains("_class_name") && (*schedule)["_class_name"].is_string())
+        folder.scheduler_class = (*schedule)["_class_name"].get<std::string>();
     }
   }
   return folder;
@@ -101,6 +106,8 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
   DT_ASSIGN_OR_RETURN(c.path, InitialWeightsFile(path));
   DT_ASSIGN_OR_RETURN(const DiffusersFolder folder, ReadDiffusersFolder(c.path));
   c.pipeline = folder.pipeline;
+  c.spacing = folder.spacing;
+  c.scheduler_class = folder.scheduler_class;
   if (latent_size && folder.model) model.reset();
   if (!model && !folder.model) {
     return Errorf(

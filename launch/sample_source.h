@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "model/diffusion/gaussian_diffusion.h"
+#include "model/diffusion/timestep_spacing.h"
 #include "model/family/family.h"
 #include "model/family/model.h"
 #include "model/io/safetensors.h"
@@ -29,16 +30,23 @@ struct SampleSource {
   // Pretrained weights in a diffusers pipeline's unet/: the pipeline's folder, whose
   // text_encoder/ and vae/ sampling takes by default.
   std::string pipeline;
+  // The pipeline's scheduler: its timestep spacing, which sampling follows by default, and
+  // its _class_name (DDIMScheduler, PNDMScheduler …; "" without one).
+  std::optional<TimestepSpacing> spacing;
+  std::string scheduler_class;
 };
 
 // What a diffusers folder says beside the weights file `weights`: the model, from a
 // UNet2DConditionModel's config.json beside it; and where that folder is a pipeline's unet/
-// (the folder above holds model_index.json), the pipeline's folder and the diffusion of its
-// scheduler/scheduler_config.json. Each is empty where the files are not there; a file that
-// is there and says what difftrain does not implement is an error naming it.
+// (the folder above holds model_index.json), the pipeline's folder and the diffusion and
+// timestep spacing of its scheduler/scheduler_config.json. Each is empty where the files are
+// not there; a file that is there and says what difftrain does not implement is an error
+// naming it.
 struct DiffusersFolder {
   std::optional<ModelSpec> model;
   std::optional<DiffusionConfig> diffusion;
+  std::optional<TimestepSpacing> spacing;
+  std::string scheduler_class;
   std::string pipeline;
 };
 Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights);

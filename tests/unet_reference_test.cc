@@ -264,6 +264,29 @@ TEST_F(UNetInitFromTest, APipelineFolderSamplesAsItsPartsGivenByFlags) {
   EXPECT_EQ(nlohmann::json::parse(smaller.metadata().at("config"))["sample_size"], 4);
   EXPECT_EQ(ReferenceTensor(smaller, "images").size(), 2u * 4 * 4 * 4);
 
+  // The scheduler's spacing (SD 2's: leading, steps_offset 1, set_alpha_to_one false) is
+  // sampling's; a spacing flag keeps its other keys. Without flags: diffusers' defaults.
+  EXPECT_EQ(how["timestep_spacing"],
+            nlohmann::json::parse(
+                R"({"kind": "leading", "steps_offset": 1, "set_alpha_to_one": false})"));
+  EXPECT_EQ(how["cfg_scale"], 7.5);
+  const io::SafetensorsFile trailing = sample(
+      "--pretrained " + ShellQuote(pipeline.string()) + " --timestep-spacing trailing", "trailing");
+  EXPECT_EQ(nlohmann::json::parse(trailing.metadata().at("sampling"))["timestep_spacing"],
+            nlohmann::json::parse(
+                R"({"kind": "trailing", "steps_offset": 1, "set_alpha_to_one": false})"));
+  EXPECT_NE(ReferenceTensor(trailing, "images"), ReferenceTensor(alone, "images"));
+  const std::string defaults_raw = (dir_ / "defaults.safetensors").string();
+  r = RunCommand(fmt::format("{} sample --pretrained {} --prompt boat --per-class 1 --raw {} 2>&1",
+                             ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline.string()),
+                             ShellQuote(defaults_raw)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json defaults =
+      nlohmann::json::parse(io::SafetensorsFile::Read(defaults_raw)->metadata().at("sampling"));
+  EXPECT_EQ(defaults["sampler"], "ddim");
+  EXPECT_EQ(defaults["steps"], 50);
+  EXPECT_EQ(defaults["cfg_scale"], 7.5);
+
   // What the folder says and difftrain does not implement is refused, naming the file.
   std::ofstream(pipeline / "scheduler" / "scheduler_config.json")
       << R"({"beta_schedule": "sigmoid"})";

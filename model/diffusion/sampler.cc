@@ -22,21 +22,8 @@ uint64_t StepNoiseCounter(int64_t n) {
 Result<SamplerKind> ParseSamplerKind(const std::string& name) {
   if (name == "ddpm") return SamplerKind::kDdpm;
   if (name == "ddim") return SamplerKind::kDdim;
-  return Errorf("unknown sampler '{}' (expected ddpm or ddim)", name);
-}
-
-std::vector<int> SpaceTimesteps(int T, int N) {
-  DT_CHECK(N >= 1 && N <= T, "cannot keep {} of {} timesteps", N, T);
-  // As respace.py: the position advances by a float stride and each is rounded on its own,
-  // half to even (std::nearbyint in the default rounding mode, like Python's round).
-  const double stride = N == 1 ? 1.0 : static_cast<double>(T - 1) / (N - 1);
-  std::vector<int> kept;
-  double position = 0;
-  for (int i = 0; i < N; ++i) {
-    kept.push_back(static_cast<int>(std::nearbyint(position)));
-    position += stride;
-  }
-  return kept;
+  if (name == "pndm") return SamplerKind::kPndm;
+  return Errorf("unknown sampler '{}' (expected ddpm, ddim or pndm)", name);
 }
 
 Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
@@ -50,8 +37,16 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   if (!(options.eta >= 0 && options.eta <= 1)) {
     return Errorf("eta must be in [0, 1], got {}", options.eta);
   }
-  if (options.kind == SamplerKind::kDdpm && options.eta != 0) {
-    return Status::Error("eta is a DDIM parameter; DDPM has none");
+  if (options.kind != SamplerKind::kDdim && options.eta != 0) {
+    return Status::Error("eta is a DDIM parameter; DDPM and PNDM have none");
+  }
+  if (options.kind == SamplerKind::kPndm && !options.spacing.diffusers()) {
+    return Status::Error(
+        "PNDM follows diffusers' PNDMScheduler: it needs one of its timestep spacings "
+        "(leading, trailing or linspace), not DiT's respacing");
+  }
+  if (options.kind == SamplerKind::kPndm && options.clip_denoised) {
+    return Status::Error("PNDM does not clip its x0 predictions: sample with clip_denoised false");
   }
   if (!(options.cfg_scale >= 0 && std::isfinite(options.cfg_scale))) {
     return Errorf("the guidance scale must be finite and non-negative, got {}", options.cfg_scale);
@@ -66,7 +61,19 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     return Errorf("the guidance interval [{}, {}] must be a non-empty range of timesteps from 0",
                   options.cfg_from, options.cfg_to);
   }
-  return Sampler(diffusion, shape, options);
+  DT_RETURN_IF_ERROR(options.spacing.Validate());
+  std::vector<SamplingStep> diffusers_steps;
+  std::vector<PlmsCall> plms_calls;
+  if (options.spacing.diffusers()) {
+    DT_ASSIGN_OR_RETURN(diffusers_steps,
+                        DiffusersSteps(diffusion.alphas_cumprod(), options.steps, options.spacing,
+                                       options.kind == SamplerKind::kDdim));
+  }
+  if (options.kind == SamplerKind::kPndm) {
+    DT_ASSIGN_OR_RETURN(plms_calls,
+                        PlmsCalls(diffusion.alphas_cumprod(), options.steps, options.spacing));
+  }
+  return Sampler(diffusion, shape, options, std::move(diffusers_steps), std::move(plms_calls));
 }
 
 Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
@@ -92,12 +99,22 @@ Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int leng
 }
 
 Sampler::Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
-                 const SamplerOptions& options)
+                 const SamplerOptions& options, std::vector<SamplingStep> diffusers_steps,
+                 std::vector<PlmsCall> plms_calls)
     : shape_(shape),
       options_(options),
       v_prediction_(!diffusion.predicts_noise()),
       noise_correlation_(diffusion.frame_noise_correlation()),
-      timesteps_(SpaceTimesteps(diffusion.steps(), options.steps)) {
+      plms_calls_(std::move(plms_calls)) {
+  if (options.spacing.diffusers()) {
+    for (const SamplingStep& step : diffusers_steps) {
+      timesteps_.push_back(step.timestep);
+      steps_.push_back(CoefficientsBetween(step.alpha_cumprod, step.alpha_cumprod_prev));
+      betas_.push_back(steps_.back().beta);
+    }
+    return;
+  }
+  timesteps_ = SpaceTimesteps(diffusion.steps(), options.steps);
   // The respaced process (respace.py's SpacedDiffusion): its steps are the kept ᾱ's, and its
   // ᾱ's are recomputed from its β's as a cumulative product, as DiT does.
   const std::vector<double>& base = diffusion.alphas_cumprod();
@@ -125,22 +142,78 @@ void Sampler::Sample(const Denoiser& model, const int32_t* y, int N, int64_t fir
   Denoise(model, y, N, first_index, out);
 }
 
+namespace {
+
+// The model as a step sees it: called at one timestep on N samples, through guidance where it
+// applies (the model then sees [x; x] with labels [y; null]), and read per element.
+class GuidedModel {
+ public:
+  GuidedModel(const Denoiser& model, const DenoiserShape& shape, const SamplerOptions& options,
+              const int32_t* y, int N)
+      : model_(model),
+        options_(options),
+        N_(N),
+        frame_(size_t(shape.channels) * shape.height * shape.width),
+        n_(shape.frames * frame_),
+        out_frame_((shape.learn_sigma ? 2 : 1) * frame_),
+        out_n_(shape.frames * out_frame_),
+        any_guidance_(options.cfg_scale != 1),
+        doubled_(any_guidance_ ? 2 * N * n_ : 0),
+        t_(any_guidance_ ? 2 * N : N),
+        out_(t_.size() * out_n_),
+        labels_(y, y + N) {
+    if (any_guidance_) labels_.resize(2 * N, shape.null_class);
+  }
+
+  // Calls the model at `timestep` on x [N, n].
+  void Run(const float* x, int timestep) {
+    guided_ = any_guidance_ && timestep >= options_.cfg_from && timestep <= options_.cfg_to;
+    std::fill(t_.begin(), t_.end(), static_cast<float>(timestep));
+    if (guided_) {
+      std::copy(x, x + N_ * n_, doubled_.begin());
+      std::copy(x, x + N_ * n_, doubled_.begin() + N_ * n_);
+    }
+    model_(guided_ ? doubled_.data() : x, t_.data(), labels_.data(), guided_ ? 2 * N_ : N_,
+           out_.data());
+  }
+
+  // Sample b's ε (or v) for its element j, guided: guidance is linear, so it combines v's as
+  // it combines ε's.
+  double Output(int b, size_t j) const {
+    const size_t e = OutputIndex(j);
+    const double cond = out_[b * out_n_ + e];
+    if (!guided_) return cond;
+    const double uncond = out_[(N_ + b) * out_n_ + e];
+    return uncond + options_.cfg_scale * (cond - uncond);
+  }
+  // The conditional model's variance output v for sample b's element j (learn_sigma).
+  double Variance(int b, size_t j) const { return out_[b * out_n_ + OutputIndex(j) + frame_]; }
+
+ private:
+  // One frame's model output: ε, then (learn_sigma) v; a sample's frames one after another.
+  size_t OutputIndex(size_t j) const { return (j / frame_) * out_frame_ + j % frame_; }
+
+  const Denoiser& model_;
+  const SamplerOptions& options_;
+  const int N_;
+  const size_t frame_, n_, out_frame_, out_n_;
+  const bool any_guidance_;
+  bool guided_ = false;
+  std::vector<float> doubled_, t_, out_;
+  std::vector<int32_t> labels_;
+};
+
+}  // namespace
+
 void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                       float* x) const {
-  const int C = shape_.channels;
-  const size_t HW = static_cast<size_t>(shape_.height) * shape_.width;
-  const size_t frame = C * HW, n = shape_.frames * frame;
-  // One frame's model output: ε, then (learn_sigma) v; a sample's frames one after another.
-  const size_t out_frame = (shape_.learn_sigma ? 2 : 1) * frame, out_n = shape_.frames * out_frame;
-  const bool any_guidance = options_.cfg_scale != 1;
-  const double g = options_.cfg_scale;
-
-  // At a guided step the model sees [x; x] with labels [y; null].
-  const int max_batch = any_guidance ? 2 * N : N;
-  std::vector<float> doubled(any_guidance ? max_batch * n : 0), t(max_batch),
-      out(max_batch * out_n);
-  std::vector<int32_t> labels(y, y + N);
-  if (any_guidance) labels.resize(max_batch, shape_.null_class);
+  if (options_.kind == SamplerKind::kPndm) {
+    DenoisePlms(model, y, N, x);
+    return;
+  }
+  const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
+  const size_t n = shape_.frames * frame;
+  GuidedModel guided(model, shape_, options_, y, N);
   // Each sample's noise of a stochastic step (DDPM, or DDIM with η > 0), frames correlated as
   // in training.
   const bool stochastic = options_.kind == SamplerKind::kDdpm || options_.eta > 0;
@@ -151,48 +224,35 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
 
   for (int i = static_cast<int>(steps_.size()) - 1; i >= 0; --i) {
     const StepCoefficients& c = steps_[i];
-    const bool guided =
-        any_guidance && timesteps_[i] >= options_.cfg_from && timesteps_[i] <= options_.cfg_to;
-    const int batch = guided ? 2 * N : N;
-    std::fill(t.begin(), t.end(), static_cast<float>(timesteps_[i]));
-    if (guided) {
-      std::copy(x, x + N * n, doubled.begin());
-      std::copy(x, x + N * n, doubled.begin() + N * n);
-    }
-    model(guided ? doubled.data() : x, t.data(), labels.data(), batch, out.data());
-
+    guided.Run(x, timesteps_[i]);
     // DDIM's noise scale σ_i (0 with η = 0) and the ᾱ of the step it goes to.
     const double abar = c.alpha_cumprod, abar_prev = c.alpha_cumprod_prev;
     const double sigma =
         options_.eta * std::sqrt((1 - abar_prev) / (1 - abar)) * std::sqrt(1 - abar / abar_prev);
     const double direction = std::sqrt(std::max(0.0, 1 - abar_prev - sigma * sigma));
+    // DDPM adds noise at every step from a timestep above 0, DDIM wherever σ > 0 (both none
+    // into x_0 when respaced: its last step is at timestep 0 and goes to ᾱ = 1).
+    const bool noisy = options_.kind == SamplerKind::kDdpm ? timesteps_[i] > 0 : sigma > 0;
 #pragma omp parallel for schedule(static)
     for (int b = 0; b < N; ++b) {
       float* xb = x + b * n;
-      const float* cond = out.data() + b * out_n;
-      const float* uncond = out.data() + (N + b) * out_n;
       double* z = step_noise.data() + b * n;
-      if (i > 0 && (options_.kind == SamplerKind::kDdpm || sigma > 0))
-        DrawFrameNoise(rngs[b], noise_correlation_, shape_.frames, frame, z);
+      if (noisy) DrawFrameNoise(rngs[b], noise_correlation_, shape_.frames, frame, z);
       for (size_t j = 0; j < n; ++j) {
-        const size_t e = (j / frame) * out_frame + j % frame;  // ε of element j
-        // Guidance is linear, so it combines v's as it combines ε's.
-        const double guided_out = guided
-                                      ? uncond[e] + g * (static_cast<double>(cond[e]) - uncond[e])
-                                      : static_cast<double>(cond[e]);
-        const double eps = v_prediction_ ? std::sqrt(abar) * guided_out +
-                                               std::sqrt(1 - abar) * static_cast<double>(xb[j])
-                                         : guided_out;
+        const double out = guided.Output(b, j);
+        const double eps =
+            v_prediction_ ? std::sqrt(abar) * out + std::sqrt(1 - abar) * xb[j] : out;
         double x0 = c.PredictX0(xb[j], eps);
         if (options_.clip_denoised) x0 = std::clamp(x0, -1.0, 1.0);
         double next;
         if (options_.kind == SamplerKind::kDdpm) {
           // Ancestral step: the posterior mean at the predicted x0, plus noise of the model's
-          // variance (none into x_0).
+          // variance (none from timestep 0).
           next = c.PosteriorMean(x0, xb[j]);
-          if (i > 0) {
-            const double log_variance = shape_.learn_sigma ? c.LearnedLogVariance(cond[e + frame])
-                                                           : c.posterior_log_variance_clipped;
+          if (noisy) {
+            const double log_variance = shape_.learn_sigma
+                                            ? c.LearnedLogVariance(guided.Variance(b, j))
+                                            : c.posterior_log_variance_clipped;
             next += std::exp(0.5 * log_variance) * z[j];
           }
         } else {
@@ -200,7 +260,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
           const double implied_eps =
               (c.sqrt_recip_alphas_cumprod * xb[j] - x0) / c.sqrt_recipm1_alphas_cumprod;
           next = std::sqrt(abar_prev) * x0 + direction * implied_eps;
-          if (i > 0 && sigma > 0) next += sigma * z[j];
+          if (noisy) next += sigma * z[j];
         }
         xb[j] = static_cast<float>(next);
       }
@@ -209,6 +269,54 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   if (options_.clip_denoised) {
     for (size_t j = 0; j < N * n; ++j)
       x[j] = std::clamp(x[j], -1.0f, 1.0f);
+  }
+}
+
+void Sampler::DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const {
+  const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
+  GuidedModel guided(model, shape_, options_, y, N);
+  // The model's (guided) outputs of the calls so far, the newest last, at most 4 kept; and x
+  // where the first call started, which the second call's step starts from again.
+  std::vector<std::vector<double>> history;
+  std::vector<float> first_x(x, x + N * n);
+  for (size_t k = 0; k < plms_calls_.size(); ++k) {
+    const PlmsCall& call = plms_calls_[k];
+    guided.Run(x, call.timestep);
+    std::vector<double> out(N * n);
+    for (int b = 0; b < N; ++b) {
+      for (size_t j = 0; j < n; ++j)
+        out[b * n + j] = guided.Output(b, j);
+    }
+    if (k == 1) {
+      // The second call corrects the first step: again from its x, with the mean of the two
+      // outputs (a second-order step).
+      for (size_t e = 0; e < out.size(); ++e)
+        out[e] = (out[e] + history.back()[e]) / 2;
+      std::copy(first_x.begin(), first_x.end(), x);
+    } else {
+      if (history.size() == 4) history.erase(history.begin());
+      history.push_back(out);
+      // Adams–Bashforth of the outputs so far, to fourth order.
+      const auto& h = history;
+      const size_t m = h.size();
+      for (size_t e = 0; e < out.size(); ++e) {
+        if (m == 2) {
+          out[e] = (3 * h[1][e] - h[0][e]) / 2;
+        } else if (m == 3) {
+          out[e] = (23 * h[2][e] - 16 * h[1][e] + 5 * h[0][e]) / 12;
+        } else if (m == 4) {
+          out[e] = (55 * h[3][e] - 59 * h[2][e] + 37 * h[1][e] - 9 * h[0][e]) / 24;
+        }
+      }
+    }
+    // PNDM's transfer from ᾱ_t to ᾱ_prev with ε (v-prediction: ε of v at the step's x).
+    const double a = call.alpha_cumprod, a_prev = call.alpha_cumprod_prev;
+    const double sample_coeff = std::sqrt(a_prev / a);
+    const double denominator = a * std::sqrt(1 - a_prev) + std::sqrt(a * (1 - a) * a_prev);
+    for (size_t e = 0; e < out.size(); ++e) {
+      const double eps = v_prediction_ ? std::sqrt(a) * out[e] + std::sqrt(1 - a) * x[e] : out[e];
+      x[e] = static_cast<float>(sample_coeff * x[e] - (a_prev - a) * eps / denominator);
+    }
   }
 }
 

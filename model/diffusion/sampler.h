@@ -5,7 +5,9 @@
 // Respacing (DiT's respace.py, spacing "N"): N timesteps of the T-step process are kept,
 // evenly strided from 0 to T − 1; the respaced process has one step per kept timestep, its
 // ᾱ being the kept ᾱ's, so β'_i = 1 − ᾱ_{k_i} / ᾱ_{k_{i−1}}. The model is called with the
-// original timesteps k_i. N = T is the process itself.
+// original timesteps k_i. N = T is the process itself. Or the timesteps and steps of a
+// diffusers scheduler's spacing (leading, trailing, linspace: timestep_spacing.h), each step
+// from ᾱ_t to its ᾱ_prev, as diffusers' DDPMScheduler and DDIMScheduler step.
 //
 // Guidance: with scale g ≠ 1 every model call runs the conditional and the unconditional
 // model (labels = the null class) in one doubled batch and uses ε = ε_u + g · (ε_c − ε_u)
@@ -25,6 +27,7 @@
 
 #include "common/status.h"
 #include "model/diffusion/gaussian_diffusion.h"
+#include "model/diffusion/timestep_spacing.h"
 #include "model/diffusion/vb_loss.h"
 
 namespace difftrain {
@@ -51,8 +54,10 @@ using TextDenoiser =
 Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
                         std::vector<float> null_text = {});
 
-enum class SamplerKind { kDdpm, kDdim };
-// "ddpm" or "ddim".
+// DDPM (ancestral), DDIM, or PNDM's pseudo linear multistep (diffusers' PNDMScheduler with
+// skip_prk_steps, deterministic; N steps make N + 1 model calls: timestep_spacing.h).
+enum class SamplerKind { kDdpm, kDdim, kPndm };
+// "ddpm", "ddim" or "pndm".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
 
 // What the samplers must know of the model.
@@ -70,9 +75,10 @@ struct DenoiserShape {
 
 struct SamplerOptions {
   SamplerKind kind = SamplerKind::kDdpm;
-  int steps = 250;         // respaced steps N, 1 ≤ N ≤ T
-  double eta = 0.0;        // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
-  double cfg_scale = 1.0;  // guidance scale g; 1 runs the conditional model alone
+  int steps = 250;          // respaced steps N, 1 ≤ N ≤ T
+  TimestepSpacing spacing;  // where the N steps fall (default: DiT's respacing)
+  double eta = 0.0;         // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
+  double cfg_scale = 1.0;   // guidance scale g; 1 runs the conditional model alone
   // Guidance applies only at steps whose (original) timestep lies in [cfg_from, cfg_to];
   // elsewhere the conditional model runs alone (Kynkäänniemi et al. 2024, "Applying
   // guidance in a limited interval"). The default covers every step.
@@ -82,21 +88,22 @@ struct SamplerOptions {
   uint64_t seed = 0;
 };
 
-// DiT's space_timesteps(T, "N"): N timesteps evenly strided over [0, T − 1], each position
-// rounded half to even as Python's round does, in increasing order. Needs 1 ≤ N ≤ T.
-std::vector<int> SpaceTimesteps(int T, int N);
-
 class Sampler {
  public:
   // Errors (for the user to fix): steps outside [1, T], η outside [0, 1] or given to DDPM,
-  // a negative guidance scale, guidance without a null class, an empty guidance interval.
+  // a negative guidance scale, guidance without a null class, an empty guidance interval, a
+  // spacing whose timesteps leave [0, T − 1], PNDM with DiT's respacing, η or clipping.
   static Result<Sampler> Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                                 const SamplerOptions& options);
 
   // The original timesteps kept, increasing; the respaced step i runs at timesteps()[i].
   const std::vector<int>& timesteps() const { return timesteps_; }
-  // The β's of the respaced process, one per kept timestep.
+  // PNDM's model calls, in the order they run (empty for DDPM and DDIM).
+  const std::vector<PlmsCall>& plms_calls() const { return plms_calls_; }
+  // The β's of the respaced process, one per kept timestep (1 − ᾱ_t / ᾱ_prev of each step).
   const std::vector<double>& betas() const { return betas_; }
+  // Each step's coefficients, one per kept timestep: ᾱ_t, ᾱ_prev, the posterior's.
+  const std::vector<StepCoefficients>& coefficients() const { return steps_; }
   const DenoiserShape& shape() const { return shape_; }
   const SamplerOptions& options() const { return options_; }
 
@@ -110,7 +117,11 @@ class Sampler {
 
  private:
   Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
-          const SamplerOptions& options);
+          const SamplerOptions& options, std::vector<SamplingStep> diffusers_steps,
+          std::vector<PlmsCall> plms_calls);
+  // Denoise for PNDM: the calls of plms_calls_, each from the linear multistep combination of
+  // the last (up to 4) guided outputs.
+  void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const;
 
   DenoiserShape shape_;
   SamplerOptions options_;
@@ -120,6 +131,7 @@ class Sampler {
   std::vector<int> timesteps_;
   std::vector<double> betas_;
   std::vector<StepCoefficients> steps_;  // the respaced process's coefficients, per step
+  std::vector<PlmsCall> plms_calls_;
 };
 
 }  // namespace difftrain

@@ -1,5 +1,6 @@
 #include "model/diffusion/vb_loss.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/check.h"
@@ -24,31 +25,47 @@ double SampleVb(const StepCoefficients& c, bool decoder, const float* eps, const
 
 }  // namespace
 
+namespace {
+
+// Every coefficient but the clipped log-variance, from β, ᾱ_t and ᾱ_prev.
+StepCoefficients Coefficients(double beta, double alpha_cumprod, double alpha_cumprod_prev) {
+  StepCoefficients c;
+  c.beta = beta;
+  c.log_beta = std::log(c.beta);
+  c.alpha_cumprod = alpha_cumprod;
+  c.alpha_cumprod_prev = alpha_cumprod_prev;
+  c.sqrt_recip_alphas_cumprod = std::sqrt(1.0 / c.alpha_cumprod);
+  c.sqrt_recipm1_alphas_cumprod = std::sqrt(1.0 / c.alpha_cumprod - 1.0);
+  c.posterior_mean_coef1 = c.beta * std::sqrt(c.alpha_cumprod_prev) / (1.0 - c.alpha_cumprod);
+  c.posterior_mean_coef2 =
+      (1.0 - c.alpha_cumprod_prev) * std::sqrt(1.0 - c.beta) / (1.0 - c.alpha_cumprod);
+  c.posterior_variance = c.beta * (1.0 - c.alpha_cumprod_prev) / (1.0 - c.alpha_cumprod);
+  return c;
+}
+
+}  // namespace
+
 StepCoefficients CoefficientsAt(const std::vector<double>& betas,
                                 const std::vector<double>& alphas_cumprod, int t) {
   const int steps = static_cast<int>(betas.size());
   DT_CHECK(alphas_cumprod.size() == betas.size(), "{} betas but {} alphas_cumprod", steps,
            alphas_cumprod.size());
   DT_CHECK(t >= 0 && t < steps, "timestep {} outside [0, {})", t, steps);
-  auto posterior_variance = [&](int s) {
-    const double prev = s > 0 ? alphas_cumprod[s - 1] : 1.0;
-    return betas[s] * (1.0 - prev) / (1.0 - alphas_cumprod[s]);
+  auto at = [&](int s) {
+    return Coefficients(betas[s], alphas_cumprod[s], s > 0 ? alphas_cumprod[s - 1] : 1.0);
   };
-  StepCoefficients c;
-  c.beta = betas[t];
-  c.log_beta = std::log(c.beta);
-  c.alpha_cumprod = alphas_cumprod[t];
-  c.alpha_cumprod_prev = t > 0 ? alphas_cumprod[t - 1] : 1.0;
-  c.sqrt_recip_alphas_cumprod = std::sqrt(1.0 / c.alpha_cumprod);
-  c.sqrt_recipm1_alphas_cumprod = std::sqrt(1.0 / c.alpha_cumprod - 1.0);
-  c.posterior_mean_coef1 = c.beta * std::sqrt(c.alpha_cumprod_prev) / (1.0 - c.alpha_cumprod);
-  c.posterior_mean_coef2 =
-      (1.0 - c.alpha_cumprod_prev) * std::sqrt(1.0 - c.beta) / (1.0 - c.alpha_cumprod);
-  c.posterior_variance = posterior_variance(t);
+  StepCoefficients c = at(t);
   // β̃_0 is 0; DiT takes β̃_1 in its place. A 1-step schedule has no β̃_1 (DiT's array is
   // empty there); log β_0 stands in, so the learned range collapses to it.
   c.posterior_log_variance_clipped =
-      steps > 1 ? std::log(posterior_variance(t == 0 ? 1 : t)) : c.log_beta;
+      steps > 1 ? std::log(t == 0 ? at(1).posterior_variance : c.posterior_variance) : c.log_beta;
+  return c;
+}
+
+StepCoefficients CoefficientsBetween(double alpha_cumprod, double alpha_cumprod_prev) {
+  StepCoefficients c =
+      Coefficients(1.0 - alpha_cumprod / alpha_cumprod_prev, alpha_cumprod, alpha_cumprod_prev);
+  c.posterior_log_variance_clipped = std::log(std::max(c.posterior_variance, 1e-20));
   return c;
 }
 

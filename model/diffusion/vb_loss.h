@@ -33,6 +33,11 @@ namespace difftrain {
 StepCoefficients CoefficientsAt(const std::vector<double>& betas,
                                 const std::vector<double>& alphas_cumprod, int t);
 
+// The coefficients of one step from ᾱ_t = `alpha_cumprod` to ᾱ_prev = `alpha_cumprod_prev`,
+// as diffusers' DDPM scheduler computes them: β = 1 − ᾱ_t / ᾱ_prev, and the log-variance
+// floor log max(β̃, 1e-20) in place of DiT's clipping.
+StepCoefficients CoefficientsBetween(double alpha_cumprod, double alpha_cumprod_prev);
+
 // The training loss of one micro-batch. `output` is the model output [B, out_channels, HW]
 // (out_channels = 2C with learn_sigma, else C); x0, x_t and noise are [B, C, HW]; t [B].
 // Writes dout = grad_scale · ∂loss/∂output for every output channel and returns the loss.

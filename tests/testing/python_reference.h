@@ -19,6 +19,14 @@
 
 namespace difftrain::testing {
 
+// The last line of a command's output, without its newline (an environment script's python).
+inline std::string LastLine(const std::string& output) {
+  std::string line = output.substr(output.find_last_of('\n', output.size() - 2) + 1);
+  while (!line.empty() && line.back() == '\n')
+    line.pop_back();
+  return line;
+}
+
 // Env names its script (relative to the source tree) and the reference it provides:
 //   struct Env { static constexpr const char* kScript = "…"; static constexpr const char* kName =
 //   "…"; };
@@ -30,10 +38,7 @@ class PythonReference : public ::testing::Test {
     const CommandResult env =
         RunCommand(ShellQuote(std::string(DIFFTRAIN_SOURCE_DIR "/") + Env::kScript) + " 2>&1");
     if (env.exit_code == 0) {
-      python_ = new std::string(
-          env.output.substr(env.output.find_last_of('\n', env.output.size() - 2) + 1));
-      while (!python_->empty() && python_->back() == '\n')
-        python_->pop_back();
+      python_ = new std::string(LastLine(env.output));
     } else {
       skip_reason_ = new std::string(env.output);
     }

@@ -1,0 +1,50 @@
+// The flags of `difftrain sample` (launch/sample_command.cc), which the parts of sampling
+// (sample_prompts.h, sample_command.cc) read.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launch/model_options.h"
+#include "model/diffusion/gaussian_diffusion.h"
+
+namespace difftrain::launch {
+
+struct SampleOptions {
+  std::string checkpoint;
+  std::string pretrained;  // weights to sample from, with the model (and diffusion) flags
+  ModelOptions model;
+  DiffusionConfig diffusion;
+  bool model_given = false, diffusion_given = false;
+  std::vector<int> classes;
+  std::vector<std::string> prompts;
+  std::vector<int64_t> caption_ids;
+  std::string text_table;    // "": the text table of the checkpoint's training data
+  std::string text_encoder;  // "": the text table's, if it names one; "none": no encoder
+  std::optional<std::string> negative_prompt;  // the text guidance steers away from
+  std::optional<int> skip_layers;
+  int per_class = 8;
+  std::optional<int> steps;
+  std::optional<std::string> sampler;
+  std::optional<std::string> timestep_spacing;
+  std::optional<int> steps_offset;
+  std::optional<bool> set_alpha_to_one;
+  std::optional<double> eta;
+  std::optional<double> cfg;
+  std::vector<int> cfg_interval;  // [from, to] in timesteps; empty: every step
+  uint64_t seed = 0;
+  int batch = 16;
+  std::string out;
+  std::string gif;
+  int gif_delay_cs = 12;
+  std::string raw;
+  std::string weights = "ema";
+  std::optional<bool> clip_denoised;
+  std::string initial_noise;  // x_T of every sample; "": drawn from the seed
+  std::string vae;            // a diffusers AutoencoderKL decoding a latent model's samples
+  std::string log_level = "info";
+};
+
+}  // namespace difftrain::launch

@@ -1,0 +1,151 @@
+#include "launch/sample_prompts.h"
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "model/data/latent_folder.h"
+#include "model/text/embedder.h"
+
+namespace difftrain::launch {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The text encoder given for the prompts: --text-encoder, else pretrained weights' pipeline
+// if it has a text_encoder/; "" for none (`none` included).
+std::string GivenTextEncoder(const SampleOptions& o, const SampleSource& ckpt) {
+  if (o.text_encoder == "none") return "";
+  if (!o.text_encoder.empty()) return o.text_encoder;
+  std::error_code ec;
+  if (!ckpt.pipeline.empty() && fs::is_directory(fs::path(ckpt.pipeline) / "text_encoder", ec))
+    return ckpt.pipeline;
+  return "";
+}
+
+// The text encoder that embeds prompts the table lacks: the one given (GivenTextEncoder),
+// else the one the table records (data embed --encoder), else none.
+Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const SampleSource& ckpt,
+                                                  const TextTable& table,
+                                                  const std::string& table_path) {
+  if (o.text_encoder == "none") return std::optional<TextEmbedder>();
+  std::string path = GivenTextEncoder(o, ckpt);
+  if (path.empty()) path = table.text_encoder;
+  if (path.empty()) return std::optional<TextEmbedder>();
+  Result<TextEmbedder> embedder = TextEmbedder::Load(path);
+  if (!embedder.ok()) {
+    return embedder.status().WithContext(
+        !o.text_encoder.empty() ? std::string("--text-encoder")
+        : path == table.text_encoder
+            ? fmt::format("the text encoder the text table '{}' was embedded with "
+                          "(--text-encoder none: look prompts up only)",
+                          table_path)
+            : std::string("the pipeline's text encoder"));
+  }
+  return std::optional<TextEmbedder>(std::move(embedder).value());
+}
+
+}  // namespace
+
+// The rows a text model samples: each --prompt (found in the text table by its exact text, or
+// embedded by the text encoder) and each --captions id. The table is --text-table, or the one
+// in the folder the checkpoint was trained from; from --pretrained weights with a text encoder
+// it may be none, and the unconditional text is the empty prompt's embedding.
+Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
+                               const SampleSchema& m) {
+  if (!o.classes.empty()) {
+    return Status::Error("--classes: a text-conditional model samples from --prompt or --captions");
+  }
+  if (o.prompts.empty() && o.caption_ids.empty()) {
+    return Status::Error(
+        "a text-conditional model needs --prompt TEXT (repeatable) or --captions "
+        "IDS");
+  }
+  Prompts p;
+  p.table_path = o.text_table;
+  const bool encoder_only = p.table_path.empty() && ckpt.pretrained &&
+                            !GivenTextEncoder(o, ckpt).empty() && o.caption_ids.empty();
+  if (p.table_path.empty() && !encoder_only) {
+    if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty()) {
+      return Status::Error(
+          "--text-table: the checkpoint was not trained on a latent folder with "
+          "texts; give the text table to take the prompts' embeddings from (or, with "
+          "--pretrained, --text-encoder to embed the prompts)");
+    }
+    p.table_path = ckpt.data_path + "/text.safetensors";
+  }
+  if (encoder_only) {
+    p.table.length = m.context_length;
+    p.table.dim = m.context_dim;
+  } else {
+    Result<TextTable> table = ReadTextTable(p.table_path);
+    if (!table.ok()) return table.status().WithContext("--text-table");
+    p.table = std::move(table).value();
+  }
+  if (p.table.length != m.context_length || p.table.dim != m.context_dim) {
+    return Errorf("--text-table: '{}' holds texts of {}x{}, the model takes {}x{}", p.table_path,
+                  p.table.length, p.table.dim, m.context_length, m.context_dim);
+  }
+  DT_ASSIGN_OR_RETURN(std::optional<TextEmbedder> encoder,
+                      PromptEncoder(o, ckpt, p.table, p.table_path));
+  if (encoder && encoder->dim() != m.context_dim) {
+    return Errorf("--text-encoder: '{}' embeds {} features per token, the model takes {}",
+                  encoder->path(), encoder->dim(), m.context_dim);
+  }
+  const int skip = o.skip_layers.value_or(encoder_only ? 0 : p.table.skip_layers);
+  std::vector<std::string> wanted = o.prompts;  // the rows' texts, then the negative prompt
+  if (o.negative_prompt) wanted.push_back(*o.negative_prompt);
+  std::vector<std::string> missing;  // texts the table lacks, in order, once each
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    const std::string& prompt = wanted[k];
+    if (p.table.Find(prompt)) continue;
+    if (!encoder) {
+      return Errorf(
+          "{}: '{}' is not in the text table '{}' ({} texts), and no text encoder "
+          "embeds new prompts: give one with --text-encoder, or add the prompt to the captions "
+          "and embed them again (docs/sampling.md)",
+          k < o.prompts.size() ? "--prompt" : "--negative-prompt", prompt, p.table_path,
+          p.table.size());
+    }
+    if (std::find(missing.begin(), missing.end(), prompt) == missing.end())
+      missing.push_back(prompt);
+  }
+  if (!missing.empty()) {
+    Result<std::vector<float>> embedded = encoder->Embed(missing, m.context_length, skip);
+    if (!embedded.ok()) return embedded.status().WithContext("--prompt");
+    p.table.embeddings.insert(p.table.embeddings.end(), embedded->begin(), embedded->end());
+    for (const std::string& prompt : missing) {
+      p.table.captions.push_back(prompt);
+      if (!p.table.labels.empty()) p.table.labels.push_back(-1);  // names no known class
+      if (!p.table.held_out.empty()) p.table.held_out.push_back(false);
+    }
+    p.text_encoder = encoder->path();
+    spdlog::info("embedded {} prompt(s) with the text encoder '{}' ({})", missing.size(),
+                 encoder->path(), encoder->encoder().config().Describe());
+  }
+  for (const std::string& prompt : o.prompts)
+    p.ids.push_back(*p.table.Find(prompt));
+  for (int64_t id : o.caption_ids) {
+    if (id < 0 || id >= p.table.size()) {
+      return Errorf("--captions: {} is outside the text table's [0, {})", id, p.table.size());
+    }
+    p.ids.push_back(id);
+  }
+  // The unconditional text: the negative prompt's; else, for pretrained weights (Stable
+  // Diffusion's), guided with the empty prompt's embedding, that; models trained here were
+  // guided with zeros (text dropout).
+  if (o.negative_prompt) {
+    const float* e = p.table.embedding(*p.table.Find(*o.negative_prompt));
+    p.null_text.assign(e, e + p.table.text_floats());
+  } else if (ckpt.pretrained && encoder) {
+    Result<std::vector<float>> empty = encoder->Embed({""}, m.context_length, skip);
+    if (!empty.ok()) return empty.status().WithContext("the empty prompt");
+    p.null_text = std::move(empty).value();
+  }
+  return p;
+}
+
+}  // namespace difftrain::launch

@@ -1,0 +1,138 @@
+#include "model/diffusion/timestep_spacing.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+
+namespace difftrain {
+
+Status TimestepSpacing::Validate() const {
+  if (kind != "respace" && kind != "leading" && kind != "trailing" && kind != "linspace") {
+    return Errorf("timestep spacing: expected respace, leading, trailing or linspace, found '{}'",
+                  kind);
+  }
+  if (steps_offset < 0) return Errorf("steps_offset must be >= 0, got {}", steps_offset);
+  if (!diffusers() && (steps_offset != 0 || !set_alpha_to_one)) {
+    return Status::Error(
+        "steps_offset and set_alpha_to_one are for diffusers' spacings (leading, trailing, "
+        "linspace); respace ends every sample at alpha-bar 1");
+  }
+  return Status::Ok();
+}
+
+nlohmann::json TimestepSpacing::ToJson() const {
+  nlohmann::json j = {{"kind", kind}};
+  if (diffusers()) {
+    j["steps_offset"] = steps_offset;
+    j["set_alpha_to_one"] = set_alpha_to_one;
+  }
+  return j;
+}
+
+Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::json& json) {
+  if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
+  TimestepSpacing s;
+  try {
+    s.kind = json.value("timestep_spacing", std::string("leading"));
+    if (s.kind == "respace")
+      return Errorf("timestep_spacing: 'respace' is not a diffusers spacing");
+    s.steps_offset = json.value("steps_offset", 0);
+    // Its default is the class's: PNDMScheduler's false, DDIMScheduler's true.
+    const bool pndm = json.contains("_class_name") && json["_class_name"] == "PNDMScheduler";
+    s.set_alpha_to_one = json.value("set_alpha_to_one", !pndm);
+    if (json.value("thresholding", false))
+      return Errorf("thresholding: true (dynamic thresholding) is not supported");
+  } catch (const nlohmann::json::exception& e) {
+    return Errorf("malformed scheduler config: {}", e.what());
+  }
+  DT_RETURN_IF_ERROR(s.Validate());
+  return s;
+}
+
+std::vector<int> SpaceTimesteps(int T, int N) {
+  DT_CHECK(N >= 1 && N <= T, "cannot keep {} of {} timesteps", N, T);
+  // As respace.py: the position advances by a float stride and each is rounded on its own,
+  // half to even (std::nearbyint in the default rounding mode, like Python's round).
+  const double stride = N == 1 ? 1.0 : static_cast<double>(T - 1) / (N - 1);
+  std::vector<int> kept;
+  double position = 0;
+  for (int i = 0; i < N; ++i) {
+    kept.push_back(static_cast<int>(std::nearbyint(position)));
+    position += stride;
+  }
+  return kept;
+}
+
+Result<std::vector<int>> DiffusersTimesteps(int T, int N, const TimestepSpacing& spacing) {
+  DT_RETURN_IF_ERROR(spacing.Validate());
+  DT_CHECK(spacing.diffusers(), "respace is not a diffusers spacing");
+  if (N < 1 || N > T) {
+    return Errorf("sampling steps must be between 1 and the diffusion's {} steps, got {}", T, N);
+  }
+  std::vector<int> kept;
+  if (spacing.kind == "leading") {
+    for (int k = 0; k < N; ++k)
+      kept.push_back(k * (T / N) + spacing.steps_offset);
+  } else if (spacing.kind == "trailing") {
+    // numpy.arange(T, 0, −T/N) fills T + k·δ with δ = (T − T/N) − T. Where rounding makes
+    // it one element longer (N = 61 of 1000, …), diffusers runs a step at timestep −1; the
+    // N timesteps before it are kept here.
+    const double delta = (T - static_cast<double>(T) / N) - T;
+    for (int k = N - 1; k >= 0; --k)
+      kept.push_back(static_cast<int>(std::nearbyint(T + k * delta)) - 1);
+  } else {
+    // numpy.linspace(0, T − 1, N): k · step, the last value exactly T − 1.
+    const double step = N > 1 ? static_cast<double>(T - 1) / (N - 1) : 0;
+    for (int k = 0; k < N; ++k)
+      kept.push_back(k == N - 1 && N > 1 ? T - 1 : static_cast<int>(std::nearbyint(k * step)));
+  }
+  if (kept.back() > T - 1 || kept.front() < 0) {
+    return Errorf(
+        "{} spacing with steps_offset {} puts the timesteps of {} steps in [{}, {}], outside "
+        "the diffusion's [0, {}]",
+        spacing.kind, spacing.steps_offset, N, kept.front(), kept.back(), T - 1);
+  }
+  return kept;
+}
+
+Result<std::vector<SamplingStep>> DiffusersSteps(const std::vector<double>& alphas_cumprod, int N,
+                                                 const TimestepSpacing& spacing, bool ddim) {
+  const int T = static_cast<int>(alphas_cumprod.size());
+  DT_ASSIGN_OR_RETURN(const std::vector<int> kept, DiffusersTimesteps(T, N, spacing));
+  const double final_alpha = ddim && !spacing.set_alpha_to_one ? alphas_cumprod[0] : 1.0;
+  std::vector<SamplingStep> steps;
+  for (int t : kept) {
+    const int prev = t - T / N;
+    steps.push_back({t, alphas_cumprod[t], prev >= 0 ? alphas_cumprod[prev] : final_alpha});
+  }
+  return steps;
+}
+
+Result<std::vector<PlmsCall>> PlmsCalls(const std::vector<double>& alphas_cumprod, int N,
+                                        const TimestepSpacing& spacing) {
+  const int T = static_cast<int>(alphas_cumprod.size());
+  DT_ASSIGN_OR_RETURN(const std::vector<int> kept, DiffusersTimesteps(T, N, spacing));
+  const int stride = T / N;
+  auto abar = [&](int t) {
+    return t >= 0 ? alphas_cumprod[t] : spacing.set_alpha_to_one ? 1.0 : alphas_cumprod[0];
+  };
+  std::vector<int> order = {kept[N - 1]};
+  for (int k = N - 2; k >= 0; --k) {
+    order.push_back(kept[k]);
+    if (k == N - 2) order.push_back(kept[k]);
+  }
+  std::vector<PlmsCall> calls;
+  for (size_t c = 0; c < order.size(); ++c) {
+    const int t = order[c];
+    if (c == 1 && t + stride > T - 1) {
+      return Errorf("PNDM's second call redoes a step from timestep {}, past the diffusion's {}",
+                    t + stride, T - 1);
+    }
+    calls.push_back(c == 1 ? PlmsCall{t, abar(t + stride), abar(t)}
+                           : PlmsCall{t, abar(t), abar(t - stride)});
+  }
+  return calls;
+}
+
+}  // namespace difftrain

@@ -1,0 +1,81 @@
+// Where a sampler's N steps fall on the T timesteps of the diffusion, and where each goes.
+// (PNDM's calls below.)
+//
+// respace (DiT's respace.py, the default): N timesteps evenly strided over [0, T − 1]
+// (SpaceTimesteps); the sampler runs the respaced process, each step going to the kept
+// timestep before it, the last (at timestep 0) to ᾱ = 1.
+//
+// leading, trailing, linspace: the timestep_spacing of diffusers' DDPM and DDIM schedulers
+// (set_timesteps), as a Stable Diffusion pipeline samples:
+//   leading   k · ⌊T/N⌋ + steps_offset for k = 0 … N − 1 (SD's configs: steps_offset 1)
+//   trailing  round(T − k · T/N) − 1, numpy's arange and round (half to even)
+//   linspace  round(k · (T − 1)/(N − 1)), numpy's linspace
+// A step from timestep t goes to ᾱ_{t − ⌊T/N⌋}, as the schedulers' step() computes its
+// previous timestep (where T/N is not whole, trailing and linspace steps skip or overlap
+// the timestep before them, as diffusers'). Below 0 it goes to the final ᾱ: DDIM's is 1 with
+// set_alpha_to_one and ᾱ_0 without (SD's configs: false); DDPM's is always 1.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace difftrain {
+
+struct TimestepSpacing {
+  std::string kind = "respace";  // respace, leading, trailing or linspace
+  int steps_offset = 0;          // added to leading's timesteps
+  bool set_alpha_to_one = true;  // DDIM's final ᾱ: 1, or ᾱ_0
+
+  bool diffusers() const { return kind != "respace"; }
+  // Errors name the key: an unknown kind, a negative offset, an offset or
+  // set_alpha_to_one = false given to respace.
+  Status Validate() const;
+  nlohmann::json ToJson() const;
+  // The sampling keys of a diffusers scheduler config (scheduler_config.json):
+  // timestep_spacing (default leading), steps_offset (0), set_alpha_to_one (the class's
+  // default: false for a PNDMScheduler, else true as DDIM's). Refused by name: thresholding
+  // (dynamic thresholding is not implemented).
+  static Result<TimestepSpacing> FromDiffusersScheduler(const nlohmann::json& json);
+};
+
+// One sampling step: the model sees `timestep`; the step goes from ᾱ_t to ᾱ_prev.
+struct SamplingStep {
+  int timestep = 0;
+  double alpha_cumprod = 0, alpha_cumprod_prev = 1;
+};
+
+// DiT's space_timesteps(T, "N"): N timesteps evenly strided over [0, T − 1], each position
+// rounded half to even as Python's round does, in increasing order. Needs 1 ≤ N ≤ T.
+std::vector<int> SpaceTimesteps(int T, int N);
+
+// The N timesteps a diffusers spacing keeps of T, increasing (diffusers lists them
+// decreasing). Errors: N outside [1, T], a timestep outside [0, T − 1] (leading's offset).
+Result<std::vector<int>> DiffusersTimesteps(int T, int N, const TimestepSpacing& spacing);
+
+// The steps of a diffusers spacing over the diffusion's ᾱ's (`alphas_cumprod`, T of them),
+// increasing in timestep: DDIM's (`ddim`) final ᾱ per set_alpha_to_one, DDPM's 1.
+Result<std::vector<SamplingStep>> DiffusersSteps(const std::vector<double>& alphas_cumprod, int N,
+                                                 const TimestepSpacing& spacing, bool ddim);
+
+// One model call of diffusers' PNDMScheduler with skip_prk_steps (Stable Diffusion 1.x's
+// scheduler; its pseudo linear multistep steps, Liu et al., "Pseudo Numerical Methods for
+// Diffusion Models on Manifolds"): the model sees `timestep`, and the step moves x from ᾱ_t
+// to ᾱ_prev.
+struct PlmsCall {
+  int timestep = 0;
+  double alpha_cumprod = 0, alpha_cumprod_prev = 1;
+};
+
+// PNDM's N + 1 calls for N ≥ 2 steps (1 for N = 1), in the order they run: with the kept
+// timesteps t_0 < … < t_{N−1} (DiffusersTimesteps), t_{N−1}, t_{N−2}, t_{N−2}, t_{N−3}, …,
+// t_0. Each steps from its timestep t to t − ⌊T/N⌋, except the second, which redoes the first
+// step: from t + ⌊T/N⌋ to t (t_{N−1} → t_{N−2} where T/N is whole). Below timestep 0 the
+// final ᾱ of set_alpha_to_one. Errors: DiffusersTimesteps', and a second call past T − 1.
+Result<std::vector<PlmsCall>> PlmsCalls(const std::vector<double>& alphas_cumprod, int N,
+                                        const TimestepSpacing& spacing);
+
+}  // namespace difftrain

@@ -1,0 +1,154 @@
+#include "model/diffusion/timestep_spacing.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/diffusion/gaussian_diffusion.h"
+#include "model/diffusion/vb_loss.h"
+
+namespace difftrain {
+namespace {
+
+TimestepSpacing Spacing(const std::string& kind, int offset = 0, bool alpha_one = true) {
+  TimestepSpacing s;
+  s.kind = kind;
+  s.steps_offset = offset;
+  s.set_alpha_to_one = alpha_one;
+  return s;
+}
+
+std::vector<int> Strided(int first, int stride, int n) {
+  std::vector<int> v;
+  for (int k = 0; k < n; ++k)
+    v.push_back(first + k * stride);
+  return v;
+}
+
+// What diffusers' set_timesteps lists for a 1000-step diffusion (tests/
+// scheduler_reference_test.cc compares every step count with diffusers itself).
+TEST(DiffusersTimestepsTest, KeepsDiffusersTimesteps) {
+  EXPECT_EQ(*DiffusersTimesteps(1000, 50, Spacing("leading", 1)), Strided(1, 20, 50));
+  EXPECT_EQ(*DiffusersTimesteps(1000, 50, Spacing("leading")), Strided(0, 20, 50));
+  EXPECT_EQ(*DiffusersTimesteps(1000, 50, Spacing("trailing")), Strided(19, 20, 50));
+  EXPECT_EQ(*DiffusersTimesteps(1000, 10, Spacing("linspace")),
+            (std::vector<int>{0, 111, 222, 333, 444, 555, 666, 777, 888, 999}));
+  EXPECT_EQ(*DiffusersTimesteps(1000, 3, Spacing("trailing")), (std::vector<int>{332, 666, 999}));
+  EXPECT_EQ(*DiffusersTimesteps(1000, 1, Spacing("linspace")), (std::vector<int>{0}));
+  EXPECT_EQ(*DiffusersTimesteps(1000, 1, Spacing("trailing")), (std::vector<int>{999}));
+  // numpy's arange gives 62 values here; the 61 above −1 are kept.
+  const std::vector<int> trailing61 = *DiffusersTimesteps(1000, 61, Spacing("trailing"));
+  ASSERT_EQ(trailing61.size(), 61u);
+  EXPECT_EQ(trailing61.back(), 999);
+  EXPECT_GE(trailing61.front(), 0);
+}
+
+TEST(DiffusersTimestepsTest, RefusesTimestepsOutsideTheDiffusion) {
+  Result<std::vector<int>> all = DiffusersTimesteps(1000, 1000, Spacing("leading", 1));
+  ASSERT_FALSE(all.ok());
+  EXPECT_NE(all.status().message().find("outside the diffusion's [0, 999]"), std::string::npos)
+      << all.status().message();
+  EXPECT_FALSE(DiffusersTimesteps(1000, 0, Spacing("leading")).ok());
+  EXPECT_FALSE(DiffusersTimesteps(1000, 1001, Spacing("trailing")).ok());
+  EXPECT_TRUE(DiffusersTimesteps(1000, 1000, Spacing("leading")).ok());
+}
+
+TEST(DiffusersStepsTest, GoesBackOneStrideAndEndsAtTheFinalAlpha) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  // 30 trailing steps: 999, 966, 932, …; each goes to t − 33 (⌊1000/30⌋), not to the next.
+  const std::vector<SamplingStep> trailing = *DiffusersSteps(abar, 30, Spacing("trailing"), true);
+  ASSERT_EQ(trailing.size(), 30u);
+  EXPECT_EQ(trailing[29].timestep, 999);
+  EXPECT_EQ(trailing[28].timestep, 966);
+  EXPECT_EQ(trailing[27].timestep, 932);
+  EXPECT_EQ(trailing[28].alpha_cumprod_prev, abar[933]);
+  EXPECT_EQ(trailing[28].alpha_cumprod, abar[966]);
+  EXPECT_EQ(trailing[0].timestep, 32);
+  EXPECT_EQ(trailing[0].alpha_cumprod_prev, 1.0);
+  // DDIM without set_alpha_to_one ends at ᾱ_0; DDPM always at 1.
+  const TimestepSpacing sd = Spacing("leading", 1, false);
+  EXPECT_EQ(DiffusersSteps(abar, 50, sd, /*ddim=*/true)->front().alpha_cumprod_prev, abar[0]);
+  EXPECT_EQ(DiffusersSteps(abar, 50, sd, /*ddim=*/false)->front().alpha_cumprod_prev, 1.0);
+  EXPECT_EQ(DiffusersSteps(abar, 50, sd, true)->at(1).alpha_cumprod_prev, abar[1]);
+}
+
+TEST(PlmsCallsTest, RepeatTheSecondTimestepToRedoTheFirstStep) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  const std::vector<PlmsCall> sd = *PlmsCalls(abar, 50, Spacing("leading", 1, false));
+  ASSERT_EQ(sd.size(), 51u);
+  const std::vector<int> first = {sd[0].timestep, sd[1].timestep, sd[2].timestep, sd[3].timestep};
+  EXPECT_EQ(first, (std::vector<int>{981, 961, 961, 941}));
+  EXPECT_EQ(sd[0].alpha_cumprod, abar[981]);
+  EXPECT_EQ(sd[0].alpha_cumprod_prev, abar[961]);
+  EXPECT_EQ(sd[1].alpha_cumprod, abar[981]);  // the first step again
+  EXPECT_EQ(sd[1].alpha_cumprod_prev, abar[961]);
+  EXPECT_EQ(sd[2].alpha_cumprod, abar[961]);
+  EXPECT_EQ(sd[2].alpha_cumprod_prev, abar[941]);
+  EXPECT_EQ(sd.back().timestep, 1);
+  EXPECT_EQ(sd.back().alpha_cumprod_prev, abar[0]);  // set_alpha_to_one false
+  // linspace's 2 steps, 0 and 999: the second call redoes the step from 0 + 500, as diffusers.
+  const std::vector<PlmsCall> two = *PlmsCalls(abar, 2, Spacing("linspace"));
+  ASSERT_EQ(two.size(), 3u);
+  EXPECT_EQ(two[1].timestep, 0);
+  EXPECT_EQ(two[1].alpha_cumprod, abar[500]);
+  EXPECT_EQ(PlmsCalls(abar, 1, Spacing("leading"))->size(), 1u);
+}
+
+TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
+  // Stable Diffusion 1.5's scheduler_config.json (PNDMScheduler), its sampling keys.
+  Result<TimestepSpacing> sd = TimestepSpacing::FromDiffusersScheduler(nlohmann::json::parse(
+      R"({"_class_name": "PNDMScheduler", "beta_schedule": "scaled_linear",
+          "set_alpha_to_one": false, "skip_prk_steps": true, "steps_offset": 1})"));
+  ASSERT_TRUE(sd.ok()) << sd.status().message();
+  EXPECT_EQ(sd->kind, "leading");
+  EXPECT_EQ(sd->steps_offset, 1);
+  EXPECT_FALSE(sd->set_alpha_to_one);
+  Result<TimestepSpacing> defaults =
+      TimestepSpacing::FromDiffusersScheduler(nlohmann::json::object());
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(
+      defaults->ToJson(),
+      nlohmann::json::parse(R"({"kind": "leading", "steps_offset": 0, "set_alpha_to_one": true})"));
+
+  for (const auto& [json, named] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"timestep_spacing": "karras"})", "'karras'"},
+           {R"({"timestep_spacing": "respace"})", "respace"},
+           {R"({"thresholding": true})", "thresholding"},
+           {R"({"steps_offset": -1})", "steps_offset"},
+           {R"({"steps_offset": "one"})", "malformed"}}) {
+    Result<TimestepSpacing> bad =
+        TimestepSpacing::FromDiffusersScheduler(nlohmann::json::parse(json));
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_NE(bad.status().message().find(named), std::string::npos) << bad.status().message();
+  }
+  EXPECT_FALSE(Spacing("respace", 1).Validate().ok());
+  EXPECT_FALSE(Spacing("respace", 0, false).Validate().ok());
+  EXPECT_EQ(Spacing("respace").ToJson(), nlohmann::json::parse(R"({"kind": "respace"})"));
+}
+
+// Between consecutive timesteps of the schedule, a step's coefficients are the schedule's.
+TEST(CoefficientsBetweenTest, AreTheScheduleCoefficientsBetweenNeighbours) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  for (int t : {1, 2, 500, 999}) {
+    const StepCoefficients at = CoefficientsAt(diffusion.betas(), diffusion.alphas_cumprod(), t);
+    const StepCoefficients between =
+        CoefficientsBetween(diffusion.alphas_cumprod()[t], diffusion.alphas_cumprod()[t - 1]);
+    EXPECT_NEAR(between.beta, at.beta, 1e-12 * at.beta) << t;
+    EXPECT_NEAR(between.posterior_mean_coef1, at.posterior_mean_coef1, 1e-9) << t;
+    EXPECT_NEAR(between.posterior_mean_coef2, at.posterior_mean_coef2, 1e-9) << t;
+    EXPECT_NEAR(between.posterior_log_variance_clipped, at.posterior_log_variance_clipped, 1e-9)
+        << t;
+  }
+  // From timestep 0 to ᾱ = 1 the posterior variance is 0: diffusers floors it at 1e-20.
+  EXPECT_DOUBLE_EQ(
+      CoefficientsBetween(diffusion.alphas_cumprod()[0], 1.0).posterior_log_variance_clipped,
+      std::log(1e-20));
+}
+
+}  // namespace
+}  // namespace difftrain

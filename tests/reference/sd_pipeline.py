@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""diffusers' StableDiffusionPipeline as the reference of `difftrain sample --pretrained
+PIPELINE` (launch/sample_command.cc):
+
+    PYTHON tests/reference/sd_pipeline.py make DIR SEED
+    PYTHON tests/reference/sd_pipeline.py run DIR OUT.safetensors SETTINGS_JSON
+
+PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2 with
+transformers 4.40.2).
+
+make: DIR/text_encoder and DIR/tokenizer hold a CLIP text model and its tokenizer
+(tests/reference/text_encoder.py sd); builds a small UNet2DConditionModel (cross-attention of
+the text model's width) and AutoencoderKL, every parameter moved by 0.1 * N(0, 1) from its
+own initialisation, and a DDIMScheduler as Stable Diffusion 2's 768 px pipeline configures it
+(scaled_linear 0.00085 to 0.012, v_prediction, leading with steps_offset 1, set_alpha_to_one
+false), and writes the whole pipeline into DIR by StableDiffusionPipeline.save_pretrained.
+
+run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
+the scheduler's), scheduler ("ddim" or "pndm") and images; the pipeline is called with latents
+N(0, 1) [images, 4, h, w] (seeded) and output_type "latent", with its scheduler swapped for
+DDIMScheduler.from_config(config, timestep_spacing=spacing), or PNDMScheduler's with
+skip_prk_steps (as SD 1.x's pipelines configure it). OUT:
+  noise    the latents x_T it started from
+  latents  the final latents
+  decoded  vae.decode(latents / scaling_factor).sample, as the pipeline decodes them
+Exit status: 0, or 2 for bad usage.
+"""
+
+import json
+import os
+import sys
+
+import safetensors.torch  # noqa: F401  (before diffusers: its save_pretrained needs it)
+import torch
+from diffusers import (AutoencoderKL, DDIMScheduler, PNDMScheduler, StableDiffusionPipeline,
+                       UNet2DConditionModel)
+from safetensors.torch import save_file
+from transformers import CLIPTextModel, CLIPTokenizer
+
+
+def perturbed(model, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def make(folder, seed):
+    text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
+    tokenizer = CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer"))
+    torch.manual_seed(seed)
+    unet = perturbed(UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, block_out_channels=(8, 16),
+        layers_per_block=1, attention_head_dim=2, norm_num_groups=4,
+        cross_attention_dim=text_encoder.config.hidden_size,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")), seed)
+    vae = perturbed(AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(4, 8),
+        norm_num_groups=2, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2), seed + 1)
+    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                              clip_sample=False, set_alpha_to_one=False, steps_offset=1,
+                              prediction_type="v_prediction")
+    pipeline = StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                       unet=unet, scheduler=scheduler, safety_checker=None,
+                                       feature_extractor=None, requires_safety_checker=False)
+    pipeline.save_pretrained(folder, safe_serialization=True)
+    print(f"saved the pipeline to {folder}")
+    return 0
+
+
+def run(folder, out, settings):
+    pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
+                                                       requires_safety_checker=False)
+    config = dict(pipeline.scheduler.config)
+    if settings.get("spacing"):
+        config["timestep_spacing"] = settings["spacing"]
+    if settings.get("scheduler") == "pndm":
+        pipeline.scheduler = PNDMScheduler.from_config(config, skip_prk_steps=True)
+    else:
+        pipeline.scheduler = DDIMScheduler.from_config(config)
+    unet = pipeline.unet.config
+    generator = torch.Generator().manual_seed(settings.get("seed", 0))
+    noise = torch.randn((settings["images"], unet.in_channels, unet.sample_size, unet.sample_size),
+                        generator=generator)
+    with torch.no_grad():
+        latents = pipeline(prompt=settings["prompt"], negative_prompt=settings["negative_prompt"],
+                           num_images_per_prompt=settings["images"],
+                           num_inference_steps=settings["steps"],
+                           guidance_scale=settings["guidance"], latents=noise.clone(),
+                           output_type="latent").images
+        decoded = pipeline.vae.decode(latents / pipeline.vae.config.scaling_factor).sample
+    save_file({"noise": noise, "latents": latents.contiguous(), "decoded": decoded.contiguous()},
+              out)
+    return 0
+
+
+def main(argv):
+    if len(argv) == 4 and argv[1] == "make":
+        return make(argv[2], int(argv[3]))
+    if len(argv) == 5 and argv[1] == "run":
+        with open(argv[4]) as f:
+            return run(argv[2], argv[3], json.load(f))
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

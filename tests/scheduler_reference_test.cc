@@ -1,0 +1,198 @@
+// Checks difftrain's samplers with a diffusers timestep spacing (model/diffusion/
+// timestep_spacing.h) against diffusers' DDIMScheduler and DDPMScheduler (0.27.2):
+// (and PNDMScheduler's PLMS): tests/reference/schedulers.py lists the timesteps set_timesteps
+// keeps for every step count of a 1000-step diffusion, and runs DDIM and PNDM with a small
+// closed-form model from an x_T it writes;
+// the C++ sampler, its diffusion and spacing read from the same scheduler config, must keep
+// the same timesteps, step between the same ᾱ's, take DDPM's posterior coefficients, and end
+// at the same sample within fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in
+// double; PNDM's reference runs in float64, see schedulers.py): relative L2 ≤ 2e-5, measured
+// 1e-7–1.5e-5. Each diffusers rule dropped in turn was
+// off by far more: the last step to ᾱ = 1 in place of ᾱ_0 4e-4 and 2e-3, steps_offset
+// ignored 1.6e-3 and 4.6e-3, each step to the timestep listed after it (not t − ⌊T/N⌋)
+// 4.9e-2 (trailing) and 0.36 (linspace).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "model/diffusion/sampler.h"
+#include "model/diffusion/timestep_spacing.h"
+#include "model/io/safetensors.h"
+#include "tests/testing/python_reference.h"
+
+namespace difftrain::testing {
+namespace {
+
+constexpr int kT = 1000;
+constexpr double kBound = 2e-5;
+
+using SchedulerReferenceTest = DiffusersReference;
+
+TEST_F(SchedulerReferenceTest, KeepsTheTimestepsOfEverySpacingAndStepCount) {
+  const std::string out = (dir_ / "timesteps.json").string();
+  const CommandResult listed =
+      RunScript("schedulers.py", fmt::format("timesteps {} {}", ShellQuote(out), kT));
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  std::ifstream in(out);
+  const nlohmann::json reference = nlohmann::json::parse(in);
+  int compared = 0, longer = 0;
+  for (const auto& [key, rows] : reference.items()) {
+    SCOPED_TRACE(key);
+    TimestepSpacing spacing;
+    spacing.kind = key.substr(0, key.find('/'));
+    spacing.steps_offset = std::stoi(key.substr(key.find('/') + 1));
+    ASSERT_EQ(rows.size(), size_t(kT));
+    for (int n = 1; n <= kT; ++n) {
+      std::vector<int> want = rows[n - 1].get<std::vector<int>>();
+      std::reverse(want.begin(), want.end());
+      Result<std::vector<int>> got = DiffusersTimesteps(kT, n, spacing);
+      if (want.back() > kT - 1) {
+        // leading with an offset past the last timestep: diffusers lists it; refused here.
+        EXPECT_FALSE(got.ok()) << n;
+        continue;
+      }
+      ASSERT_TRUE(got.ok()) << n << ": " << got.status().message();
+      if (want.size() == size_t(n) + 1 && want.front() == -1) {
+        // trailing where numpy's arange makes one more: diffusers' extra step at −1 is dropped.
+        want.erase(want.begin());
+        ++longer;
+      }
+      EXPECT_EQ(*got, want) << n;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 3 * kT);
+  EXPECT_GT(longer, 0) << "numpy's arange no longer overshoots: the trailing note is stale";
+}
+
+// The model of schedulers.py, in float.
+void ClosedFormModel(const float* x, const float* t, const int32_t*, int B, float* out, size_t n) {
+  for (int b = 0; b < B; ++b) {
+    for (size_t i = 0; i < n; ++i) {
+      const float v = x[b * n + i];
+      out[b * n + i] = 0.9f * std::tanh(v) * (t[b] + 1) / kT + 0.05f * std::sin(3 * v + t[b] / 100);
+    }
+  }
+}
+
+struct SchedulerCase {
+  const char* name;
+  int steps;
+  const char* scheduler;  // scheduler_config.json
+};
+
+TEST_F(SchedulerReferenceTest, StepsAsDdimDdpmAndPndmDo) {
+  const std::vector<SchedulerCase> cases = {
+      // Stable Diffusion 1.x's: leading, steps_offset 1, last step to ᾱ_0.
+      {"sd", 50,
+       R"({"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+           "clip_sample": false, "set_alpha_to_one": false, "steps_offset": 1})"},
+      // SD 2's 768 px model: v-prediction, 25 steps.
+      {"sd_v", 25,
+       R"({"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+           "clip_sample": false, "set_alpha_to_one": false, "steps_offset": 1,
+           "prediction_type": "v_prediction"})"},
+      // T/N not whole: each step goes to t − 33, not to the timestep listed after it.
+      {"trailing", 30,
+       R"({"beta_schedule": "linear", "timestep_spacing": "trailing", "clip_sample": false})"},
+      {"linspace", 7,
+       R"({"beta_schedule": "squaredcos_cap_v2", "timestep_spacing": "linspace",
+           "clip_sample": false})"},
+  };
+  nlohmann::json listed = nlohmann::json::array();
+  for (const SchedulerCase& c : cases) {
+    listed.push_back(
+        {{"name", c.name}, {"steps", c.steps}, {"scheduler", nlohmann::json::parse(c.scheduler)}});
+  }
+  const std::string cases_path = (dir_ / "cases.json").string();
+  std::ofstream(cases_path) << listed.dump();
+  const std::string out = (dir_ / "expected.safetensors").string();
+  const CommandResult made = RunScript(
+      "schedulers.py", fmt::format("steps {} {}", ShellQuote(cases_path), ShellQuote(out)));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  Result<io::SafetensorsFile> expected = io::SafetensorsFile::Read(out);
+  ASSERT_TRUE(expected.ok()) << expected.status().message();
+
+  for (const SchedulerCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const nlohmann::json config = nlohmann::json::parse(c.scheduler);
+    Result<DiffusionConfig> diffusion_config = DiffusionConfig::FromDiffusersScheduler(config);
+    ASSERT_TRUE(diffusion_config.ok()) << diffusion_config.status().message();
+    Result<TimestepSpacing> spacing = TimestepSpacing::FromDiffusersScheduler(config);
+    ASSERT_TRUE(spacing.ok()) << spacing.status().message();
+    const GaussianDiffusion diffusion(*diffusion_config);
+    const std::string name = c.name;
+    const std::vector<float> timesteps = ReferenceTensor(*expected, name + ".timesteps");
+    std::vector<float> x = ReferenceTensor(*expected, name + ".x_T");
+    const std::vector<float> ddim = ReferenceTensor(*expected, name + ".ddim");
+    const std::vector<float> abar = ReferenceTensor(*expected, name + ".ddim_abar");
+    const std::vector<float> ddpm = ReferenceTensor(*expected, name + ".ddpm");
+    ASSERT_EQ(timesteps.size(), size_t(c.steps));
+
+    const DenoiserShape shape{2, 4, 4, /*learn_sigma=*/false, /*null_class=*/-1};
+    SamplerOptions options;
+    options.steps = c.steps;
+    options.spacing = *spacing;
+    options.clip_denoised = false;
+    options.kind = SamplerKind::kDdim;
+    Result<Sampler> sampler = Sampler::Create(diffusion, shape, options);
+    ASSERT_TRUE(sampler.ok()) << sampler.status().message();
+    options.kind = SamplerKind::kDdpm;
+    Result<Sampler> ddpm_sampler = Sampler::Create(diffusion, shape, options);
+    ASSERT_TRUE(ddpm_sampler.ok()) << ddpm_sampler.status().message();
+    for (int k = 0; k < c.steps; ++k) {
+      // diffusers lists the timesteps decreasing, difftrain increasing.
+      const int i = c.steps - 1 - k;
+      EXPECT_EQ(sampler->timesteps()[i], static_cast<int>(timesteps[k])) << k;
+      const StepCoefficients& s = sampler->coefficients()[i];
+      // fp32's cumulative product of 1000 factors drifts by up to 1.3e-5 (cosine, t = 999).
+      EXPECT_NEAR(s.alpha_cumprod, abar[2 * k], 3e-5 * abar[2 * k]) << k;
+      EXPECT_NEAR(s.alpha_cumprod_prev, abar[2 * k + 1], 3e-5 * abar[2 * k + 1]) << k;
+      const StepCoefficients& d = ddpm_sampler->coefficients()[i];
+      EXPECT_NEAR(d.posterior_mean_coef1, ddpm[3 * k], 2e-5 * std::abs(ddpm[3 * k]) + 1e-7) << k;
+      EXPECT_NEAR(d.posterior_mean_coef2, ddpm[3 * k + 1], 2e-5 * std::abs(ddpm[3 * k + 1])) << k;
+      const double variance = std::exp(d.posterior_log_variance_clipped);
+      EXPECT_NEAR(variance, ddpm[3 * k + 2], 2e-5 * ddpm[3 * k + 2]) << k;
+    }
+
+    const size_t n = x.size() / 2;
+    const std::vector<float> initial = x;
+    sampler->Denoise([n](const float* x_t, const float* t, const int32_t* y, int B,
+                         float* out) { ClosedFormModel(x_t, t, y, B, out, n); },
+                     std::vector<int32_t>(2, 0).data(), 2, 0, x.data());
+    EXPECT_LE(RelativeL2(x, ddim), kBound);
+    std::cout << c.name << ": DDIM relative L2 " << RelativeL2(x, ddim) << "\n";
+    EXPECT_GT(RelativeL2(initial, ddim), 0.1) << "the sample is its noise";
+
+    // PNDM from the same x_T.
+    const std::vector<float> pndm = ReferenceTensor(*expected, name + ".pndm");
+    const std::vector<float> pndm_timesteps = ReferenceTensor(*expected, name + ".pndm_timesteps");
+    // As PNDMScheduler.from_config reads the config: set_alpha_to_one defaults to false.
+    nlohmann::json pndm_config = config;
+    pndm_config["_class_name"] = "PNDMScheduler";
+    options.spacing = *TimestepSpacing::FromDiffusersScheduler(pndm_config);
+    options.kind = SamplerKind::kPndm;
+    Result<Sampler> pndm_sampler = Sampler::Create(diffusion, shape, options);
+    ASSERT_TRUE(pndm_sampler.ok()) << pndm_sampler.status().message();
+    ASSERT_EQ(pndm_sampler->plms_calls().size(), pndm_timesteps.size());
+    for (size_t k = 0; k < pndm_timesteps.size(); ++k)
+      EXPECT_EQ(pndm_sampler->plms_calls()[k].timestep, static_cast<int>(pndm_timesteps[k])) << k;
+    x = initial;
+    pndm_sampler->Denoise([n](const float* x_t, const float* t, const int32_t* y, int B,
+                              float* out) { ClosedFormModel(x_t, t, y, B, out, n); },
+                          std::vector<int32_t>(2, 0).data(), 2, 0, x.data());
+    EXPECT_LE(RelativeL2(x, pndm), kBound);
+    std::cout << c.name << ": PNDM relative L2 " << RelativeL2(x, pndm) << "\n";
+  }
+}
+
+}  // namespace
+}  // namespace difftrain::testing
