@@ -100,6 +100,7 @@ struct Sampling {
 std::string PipelineSampler(const std::string& scheduler_class) {
   if (scheduler_class == "DDPMScheduler") return "ddpm";
   if (scheduler_class == "PNDMScheduler") return "pndm";
+  if (scheduler_class == "EulerDiscreteScheduler") return "euler";
   if (scheduler_class != "DDIMScheduler") {
     spdlog::info(
         "the pipeline's scheduler is {}, which difftrain does not have: sampling with DDIM",
@@ -109,7 +110,8 @@ std::string PipelineSampler(const std::string& scheduler_class) {
 }
 
 // The sampler and its timestep spacing: the flags, else a pipeline's scheduler's (spaced as its
-// config says), else DiT's (DDPM, respaced; PNDM, which needs a diffusers spacing, leading). A
+// config says), else DiT's (DDPM, respaced; PNDM and Euler, which need a diffusers spacing, their
+// schedulers' defaults: leading and linspace). A
 // spacing flag keeps the scheduler's other keys, as diffusers' from_config(config,
 // timestep_spacing=…).
 Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& source) {
@@ -128,8 +130,10 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   } else if (o.timestep_spacing) {
     c.spacing.kind = *o.timestep_spacing;
   }
-  if (c.kind == SamplerKind::kPndm && !c.spacing.diffusers() && !o.timestep_spacing)
-    c.spacing.kind = "leading";
+  if (!c.spacing.diffusers() && !o.timestep_spacing) {
+    if (c.kind == SamplerKind::kPndm) c.spacing.kind = "leading";
+    if (c.kind == SamplerKind::kEuler) c.spacing.kind = "linspace";
+  }
   if (o.steps_offset) c.spacing.steps_offset = *o.steps_offset;
   if (o.set_alpha_to_one) c.spacing.set_alpha_to_one = *o.set_alpha_to_one;
   if (Status s = c.spacing.Validate(); !s.ok()) {
@@ -244,7 +248,8 @@ int RunSample(const SampleOptions& o) {
   // (Pretrained weights say nothing of their data: 1- or 3-channel samples are taken for pixels.)
   const bool latents =
       ckpt.pretrained ? m.channels != 1 && m.channels != 3 : ckpt.data_kind == "latent_folder";
-  options.clip_denoised = o.clip_denoised.value_or(!latents && kind != SamplerKind::kPndm);
+  options.clip_denoised = o.clip_denoised.value_or(!latents && kind != SamplerKind::kPndm &&
+                                                   kind != SamplerKind::kEuler);
   options.seed = o.seed;
   DenoiserShape shape{
       m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? num_rows : -1, m.frames};
@@ -439,8 +444,8 @@ DIFFTRAIN_COMMAND(
                       "sampling steps, spaced over the diffusion's (default 250, or all if "
                       "fewer; from a pipeline 50)");
        app.add_option("--sampler", o->sampler,
-                      "ddpm, ddim or pndm (default ddpm; from a pipeline its scheduler's: ddpm "
-                      "for a DDPMScheduler, pndm for a PNDMScheduler, else ddim)");
+                      "ddpm, ddim, pndm or euler (default ddpm; from a pipeline its scheduler's: "
+                      "ddpm, ddim, pndm, euler for an EulerDiscreteScheduler, else ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
                       "linspace (default: a pipeline's scheduler's, else respace)")
@@ -482,7 +487,7 @@ DIFFTRAIN_COMMAND(
                       "images [N, C, H, W] in grid order (default: drawn from --seed)");
        app.add_option("--clip-denoised", o->clip_denoised,
                       "clip x0 predictions to [-1, 1] every step (default: true, false for "
-                      "models trained on latents and for pndm)");
+                      "models trained on latents and for pndm and euler)");
        app.add_option("--vae", o->vae,
                       "decode a latent model's samples for --out and --gif (and into --raw's "
                       "`decoded`) with this diffusers AutoencoderKL: its folder, a pipeline's, "

@@ -5,6 +5,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -106,21 +109,25 @@ TEST_F(SampleCommandTest, WritesGridAndRawSamples) {
   EXPECT_EQ(raw->metadata().at("format"), "difftrain-samples");
 }
 
-// PNDM needs a diffusers spacing: from a checkpoint it takes leading, and its N steps make
-// N + 1 model calls without clipping.
-TEST_F(SampleCommandTest, PndmSamplesWithLeadingSpacing) {
-  const std::string raw = File("pndm.safetensors");
-  const CommandResult r =
-      RunDifftrain("sample --checkpoint " + Ckpt() +
-                   " --classes 1 --per-class 2 --steps 3 --sampler pndm --raw " + ShellQuote(raw));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("pndm 3 steps spaced leading"), std::string::npos) << r.output;
-  Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(raw);
-  ASSERT_TRUE(file.ok()) << file.status().message();
-  const nlohmann::json how = nlohmann::json::parse(file->metadata().at("sampling"));
-  EXPECT_EQ(how["sampler"], "pndm");
-  EXPECT_EQ(how["timestep_spacing"]["kind"], "leading");
-  EXPECT_EQ(how["clip_denoised"], false);
+// PNDM and Euler need a diffusers spacing: from a checkpoint they take their schedulers'
+// defaults (leading, linspace), and sample without clipping.
+TEST_F(SampleCommandTest, PndmAndEulerTakeTheirSchedulersSpacing) {
+  for (const auto& [sampler, spacing] : std::vector<std::pair<std::string, std::string>>{
+           {"pndm", "leading"}, {"euler", "linspace"}}) {
+    SCOPED_TRACE(sampler);
+    const std::string raw = File(sampler + ".safetensors");
+    const CommandResult r = RunDifftrain("sample --checkpoint " + Ckpt() +
+                                         " --classes 1 --per-class 2 --steps 3 --sampler " +
+                                         sampler + " --raw " + ShellQuote(raw));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(sampler + " 3 steps spaced " + spacing), std::string::npos) << r.output;
+    Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(raw);
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    const nlohmann::json how = nlohmann::json::parse(file->metadata().at("sampling"));
+    EXPECT_EQ(how["sampler"], sampler);
+    EXPECT_EQ(how["timestep_spacing"]["kind"], spacing);
+    EXPECT_EQ(how["clip_denoised"], false);
+  }
 }
 
 // A step directory works as well as the checkpoint directory, the batch size does not
@@ -177,7 +184,7 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + ShellQuote(dir_->string()) + " --classes 0" + out,
             "holds no complete checkpoint"},
            {"--checkpoint " + Ckpt() + " --classes 0,10" + out, "class 10 is outside"},
-           {"--checkpoint " + Ckpt() + " --classes 0 --sampler euler" + out, "unknown sampler"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler heun" + out, "unknown sampler"},
            {"--checkpoint " + Ckpt() + " --classes 0 --steps 5000" + out, "got 5000"},
            {"--checkpoint " + Ckpt() + " --classes 0 --eta 0.5" + out, "--eta is for"},
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --clip-denoised true" + out,

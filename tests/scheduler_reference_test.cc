@@ -1,16 +1,16 @@
 // Checks difftrain's samplers with a diffusers timestep spacing (model/diffusion/
-// timestep_spacing.h) against diffusers' DDIMScheduler and DDPMScheduler (0.27.2):
-// (and PNDMScheduler's PLMS): tests/reference/schedulers.py lists the timesteps set_timesteps
-// keeps for every step count of a 1000-step diffusion, and runs DDIM and PNDM with a small
-// closed-form model from an x_T it writes;
-// the C++ sampler, its diffusion and spacing read from the same scheduler config, must keep
-// the same timesteps, step between the same ᾱ's, take DDPM's posterior coefficients, and end
-// at the same sample within fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in
-// double; PNDM's reference runs in float64, see schedulers.py): relative L2 ≤ 2e-5, measured
-// 1e-7–1.5e-5. Each diffusers rule dropped in turn was
-// off by far more: the last step to ᾱ = 1 in place of ᾱ_0 4e-4 and 2e-3, steps_offset
-// ignored 1.6e-3 and 4.6e-3, each step to the timestep listed after it (not t − ⌊T/N⌋)
-// 4.9e-2 (trailing) and 0.36 (linspace).
+// timestep_spacing.h) against diffusers' DDIMScheduler, DDPMScheduler, PNDMScheduler (PLMS)
+// and EulerDiscreteScheduler (0.27.2): tests/reference/schedulers.py lists the timesteps
+// set_timesteps keeps for every step count of a 1000-step diffusion, and runs DDIM, PNDM and
+// Euler with a small closed-form model from an x_T it writes. The C++ samplers, their
+// diffusion and spacing read from the same scheduler config, must keep the same timesteps,
+// step between the same ᾱ's, take DDPM's posterior coefficients, and end at the same sample
+// within fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in double; PNDM's
+// reference runs in float64, see schedulers.py): relative L2 ≤ 2e-5, measured 1.2e-7–1.5e-5.
+// Each diffusers rule dropped in turn was off by far more: the last step to ᾱ = 1 in place of
+// ᾱ_0 4e-4 and 2e-3, steps_offset ignored 1.6e-3 and 4.6e-3, each step to the timestep listed
+// after it (not t − ⌊T/N⌋) 4.9e-2 (trailing) and 0.36 (linspace); PNDM's default of
+// set_alpha_to_one (false) taken as DDIM's 4.8e-5 and 1.4e-3.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -89,7 +89,7 @@ struct SchedulerCase {
   const char* scheduler;  // scheduler_config.json
 };
 
-TEST_F(SchedulerReferenceTest, StepsAsDdimDdpmAndPndmDo) {
+TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
   const std::vector<SchedulerCase> cases = {
       // Stable Diffusion 1.x's: leading, steps_offset 1, last step to ᾱ_0.
       {"sd", 50,
@@ -131,7 +131,7 @@ TEST_F(SchedulerReferenceTest, StepsAsDdimDdpmAndPndmDo) {
     const GaussianDiffusion diffusion(*diffusion_config);
     const std::string name = c.name;
     const std::vector<float> timesteps = ReferenceTensor(*expected, name + ".timesteps");
-    std::vector<float> x = ReferenceTensor(*expected, name + ".x_T");
+    const std::vector<float> x = ReferenceTensor(*expected, name + ".x_T");
     const std::vector<float> ddim = ReferenceTensor(*expected, name + ".ddim");
     const std::vector<float> abar = ReferenceTensor(*expected, name + ".ddim_abar");
     const std::vector<float> ddpm = ReferenceTensor(*expected, name + ".ddpm");
@@ -165,11 +165,18 @@ TEST_F(SchedulerReferenceTest, StepsAsDdimDdpmAndPndmDo) {
 
     const size_t n = x.size() / 2;
     const std::vector<float> initial = x;
-    sampler->Denoise([n](const float* x_t, const float* t, const int32_t* y, int B,
-                         float* out) { ClosedFormModel(x_t, t, y, B, out, n); },
-                     std::vector<int32_t>(2, 0).data(), 2, 0, x.data());
-    EXPECT_LE(RelativeL2(x, ddim), kBound);
-    std::cout << c.name << ": DDIM relative L2 " << RelativeL2(x, ddim) << "\n";
+    // x_T denoised by `s` with the closed-form model, and its distance from diffusers' `want`.
+    const auto denoised_error = [&](const Sampler& s, const std::vector<float>& want,
+                                    const char* what) {
+      std::vector<float> got = initial;
+      s.Denoise([n](const float* x_t, const float* t, const int32_t* y, int B,
+                    float* out) { ClosedFormModel(x_t, t, y, B, out, n); },
+                std::vector<int32_t>(2, 0).data(), 2, 0, got.data());
+      const double error = RelativeL2(got, want);
+      std::cout << c.name << ": " << what << " relative L2 " << error << "\n";
+      return error;
+    };
+    EXPECT_LE(denoised_error(*sampler, ddim, "DDIM"), kBound);
     EXPECT_GT(RelativeL2(initial, ddim), 0.1) << "the sample is its noise";
 
     // PNDM from the same x_T.
@@ -185,12 +192,22 @@ TEST_F(SchedulerReferenceTest, StepsAsDdimDdpmAndPndmDo) {
     ASSERT_EQ(pndm_sampler->plms_calls().size(), pndm_timesteps.size());
     for (size_t k = 0; k < pndm_timesteps.size(); ++k)
       EXPECT_EQ(pndm_sampler->plms_calls()[k].timestep, static_cast<int>(pndm_timesteps[k])) << k;
-    x = initial;
-    pndm_sampler->Denoise([n](const float* x_t, const float* t, const int32_t* y, int B,
-                              float* out) { ClosedFormModel(x_t, t, y, B, out, n); },
-                          std::vector<int32_t>(2, 0).data(), 2, 0, x.data());
-    EXPECT_LE(RelativeL2(x, pndm), kBound);
-    std::cout << c.name << ": PNDM relative L2 " << RelativeL2(x, pndm) << "\n";
+    EXPECT_LE(denoised_error(*pndm_sampler, pndm, "PNDM"), kBound);
+
+    // Euler from the same x_T; its spacing defaults to linspace.
+    const std::vector<float> euler = ReferenceTensor(*expected, name + ".euler");
+    const std::vector<float> euler_timesteps =
+        ReferenceTensor(*expected, name + ".euler_timesteps");
+    nlohmann::json euler_config = config;
+    euler_config["_class_name"] = "EulerDiscreteScheduler";
+    options.spacing = *TimestepSpacing::FromDiffusersScheduler(euler_config);
+    options.kind = SamplerKind::kEuler;
+    Result<Sampler> euler_sampler = Sampler::Create(diffusion, shape, options);
+    ASSERT_TRUE(euler_sampler.ok()) << euler_sampler.status().message();
+    ASSERT_EQ(euler_sampler->euler_steps().size(), euler_timesteps.size());
+    for (size_t k = 0; k < euler_timesteps.size(); ++k)
+      EXPECT_FLOAT_EQ(euler_sampler->euler_steps()[k].timestep, euler_timesteps[k]) << k;
+    EXPECT_LE(denoised_error(*euler_sampler, euler, "Euler"), kBound);
   }
 }
 

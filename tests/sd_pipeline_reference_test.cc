@@ -4,7 +4,7 @@
 // v-prediction DDIMScheduler with leading spacing, steps_offset 1, set_alpha_to_one false),
 // written by the pipeline's save_pretrained, is sampled by both from the same x_T (diffusers'
 // `latents`, difftrain's --initial-noise): the prompt through the tokenizer and text encoder,
-// guidance against the empty or a negative prompt, every DDIM (or PNDM) step and the VAE
+// guidance against the empty or a negative prompt, every DDIM (PNDM, Euler) step and the VAE
 // decoding.
 // Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–2.7e-6); the last step to ᾱ = 1
 // in place of ᾱ_0 alone moves the latents by more than 10 times that.
@@ -117,6 +117,18 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"images", 2},
         {"seed", 2}},
        "--prompt 'a photo of a boat' --sampler pndm --cfg 5 --per-class 2 --steps 8"},
+      // SDXL's scheduler: Euler, here with the pipeline's leading spacing.
+      {"euler",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", "blurry"},
+        {"steps", 9},
+        {"guidance", 6.0},
+        {"spacing", nullptr},
+        {"scheduler", "euler"},
+        {"images", 2},
+        {"seed", 3}},
+       "--prompt 'a photo of a boat' --negative-prompt blurry --sampler euler --cfg 6 "
+       "--per-class 2 --steps 9"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -23,7 +23,8 @@ Result<SamplerKind> ParseSamplerKind(const std::string& name) {
   if (name == "ddpm") return SamplerKind::kDdpm;
   if (name == "ddim") return SamplerKind::kDdim;
   if (name == "pndm") return SamplerKind::kPndm;
-  return Errorf("unknown sampler '{}' (expected ddpm, ddim or pndm)", name);
+  if (name == "euler") return SamplerKind::kEuler;
+  return Errorf("unknown sampler '{}' (expected ddpm, ddim, pndm or euler)", name);
 }
 
 Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
@@ -38,15 +39,19 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     return Errorf("eta must be in [0, 1], got {}", options.eta);
   }
   if (options.kind != SamplerKind::kDdim && options.eta != 0) {
-    return Status::Error("eta is a DDIM parameter; DDPM and PNDM have none");
+    return Status::Error("eta is a DDIM parameter; DDPM, PNDM and Euler have none");
   }
-  if (options.kind == SamplerKind::kPndm && !options.spacing.diffusers()) {
-    return Status::Error(
-        "PNDM follows diffusers' PNDMScheduler: it needs one of its timestep spacings "
-        "(leading, trailing or linspace), not DiT's respacing");
+  const bool multistep = options.kind == SamplerKind::kPndm || options.kind == SamplerKind::kEuler;
+  const bool pndm = options.kind == SamplerKind::kPndm;
+  const char* name = pndm ? "PNDM" : "Euler";
+  if (multistep && !options.spacing.diffusers()) {
+    return Errorf(
+        "{} follows diffusers' {}: it needs one of its timestep spacings (leading, trailing or "
+        "linspace), not DiT's respacing",
+        name, pndm ? "PNDMScheduler" : "EulerDiscreteScheduler");
   }
-  if (options.kind == SamplerKind::kPndm && options.clip_denoised) {
-    return Status::Error("PNDM does not clip its x0 predictions: sample with clip_denoised false");
+  if (multistep && options.clip_denoised) {
+    return Errorf("{} does not clip its x0 predictions: sample with clip_denoised false", name);
   }
   if (!(options.cfg_scale >= 0 && std::isfinite(options.cfg_scale))) {
     return Errorf("the guidance scale must be finite and non-negative, got {}", options.cfg_scale);
@@ -73,7 +78,12 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     DT_ASSIGN_OR_RETURN(plms_calls,
                         PlmsCalls(diffusion.alphas_cumprod(), options.steps, options.spacing));
   }
-  return Sampler(diffusion, shape, options, std::move(diffusers_steps), std::move(plms_calls));
+  Sampler sampler(diffusion, shape, options, std::move(diffusers_steps), std::move(plms_calls));
+  if (options.kind == SamplerKind::kEuler) {
+    DT_ASSIGN_OR_RETURN(sampler.euler_steps_,
+                        EulerSteps(diffusion.alphas_cumprod(), options.steps, options.spacing));
+  }
+  return sampler;
 }
 
 Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
@@ -166,9 +176,9 @@ class GuidedModel {
   }
 
   // Calls the model at `timestep` on x [N, n].
-  void Run(const float* x, int timestep) {
+  void Run(const float* x, float timestep) {
     guided_ = any_guidance_ && timestep >= options_.cfg_from && timestep <= options_.cfg_to;
-    std::fill(t_.begin(), t_.end(), static_cast<float>(timestep));
+    std::fill(t_.begin(), t_.end(), timestep);
     if (guided_) {
       std::copy(x, x + N_ * n_, doubled_.begin());
       std::copy(x, x + N_ * n_, doubled_.begin() + N_ * n_);
@@ -211,6 +221,10 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
     DenoisePlms(model, y, N, x);
     return;
   }
+  if (options_.kind == SamplerKind::kEuler) {
+    DenoiseEuler(model, y, N, x);
+    return;
+  }
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
@@ -224,7 +238,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
 
   for (int i = static_cast<int>(steps_.size()) - 1; i >= 0; --i) {
     const StepCoefficients& c = steps_[i];
-    guided.Run(x, timesteps_[i]);
+    guided.Run(x, static_cast<float>(timesteps_[i]));
     // DDIM's noise scale σ_i (0 with η = 0) and the ᾱ of the step it goes to.
     const double abar = c.alpha_cumprod, abar_prev = c.alpha_cumprod_prev;
     const double sigma =
@@ -281,7 +295,7 @@ void Sampler::DenoisePlms(const Denoiser& model, const int32_t* y, int N, float*
   std::vector<float> first_x(x, x + N * n);
   for (size_t k = 0; k < plms_calls_.size(); ++k) {
     const PlmsCall& call = plms_calls_[k];
-    guided.Run(x, call.timestep);
+    guided.Run(x, static_cast<float>(call.timestep));
     std::vector<double> out(N * n);
     for (int b = 0; b < N; ++b) {
       for (size_t j = 0; j < n; ++j)
@@ -318,6 +332,33 @@ void Sampler::DenoisePlms(const Denoiser& model, const int32_t* y, int N, float*
       x[e] = static_cast<float>(sample_coeff * x[e] - (a_prev - a) * eps / denominator);
     }
   }
+}
+
+void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, float* x) const {
+  const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
+  GuidedModel guided(model, shape_, options_, y, N);
+  const double initial = EulerInitialSigma(euler_steps_, options_.spacing);
+  // x in Euler's scale, √(σ² + 1) times the model's input.
+  std::vector<double> state(x, x + N * n);
+  for (double& v : state)
+    v *= initial;
+  for (const EulerStep& step : euler_steps_) {
+    const double sigma = step.sigma, scale = std::sqrt(sigma * sigma + 1);
+    for (size_t e = 0; e < state.size(); ++e)
+      x[e] = static_cast<float>(state[e] / scale);
+    guided.Run(x, step.timestep);
+    for (int b = 0; b < N; ++b) {
+      for (size_t j = 0; j < n; ++j) {
+        double& v = state[b * n + j];
+        const double out = guided.Output(b, j);
+        const double x0 =
+            v_prediction_ ? out * (-sigma / scale) + v / (scale * scale) : v - sigma * out;
+        v += (v - x0) / sigma * (step.sigma_next - sigma);
+      }
+    }
+  }
+  for (size_t e = 0; e < state.size(); ++e)
+    x[e] = static_cast<float>(state[e]);
 }
 
 }  // namespace difftrain

@@ -54,10 +54,11 @@ using TextDenoiser =
 Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
                         std::vector<float> null_text = {});
 
-// DDPM (ancestral), DDIM, or PNDM's pseudo linear multistep (diffusers' PNDMScheduler with
-// skip_prk_steps, deterministic; N steps make N + 1 model calls: timestep_spacing.h).
-enum class SamplerKind { kDdpm, kDdim, kPndm };
-// "ddpm", "ddim" or "pndm".
+// DDPM (ancestral), DDIM, PNDM's pseudo linear multistep (diffusers' PNDMScheduler with
+// skip_prk_steps; N steps make N + 1 model calls) or Euler (diffusers'
+// EulerDiscreteScheduler, s_churn 0); PNDM and Euler are deterministic (timestep_spacing.h).
+enum class SamplerKind { kDdpm, kDdim, kPndm, kEuler };
+// "ddpm", "ddim", "pndm" or "euler".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
 
 // What the samplers must know of the model.
@@ -92,14 +93,17 @@ class Sampler {
  public:
   // Errors (for the user to fix): steps outside [1, T], η outside [0, 1] or given to DDPM,
   // a negative guidance scale, guidance without a null class, an empty guidance interval, a
-  // spacing whose timesteps leave [0, T − 1], PNDM with DiT's respacing, η or clipping.
+  // spacing whose timesteps leave [0, T − 1], PNDM or Euler with DiT's respacing, η or
+  // clipping.
   static Result<Sampler> Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                                 const SamplerOptions& options);
 
   // The original timesteps kept, increasing; the respaced step i runs at timesteps()[i].
   const std::vector<int>& timesteps() const { return timesteps_; }
-  // PNDM's model calls, in the order they run (empty for DDPM and DDIM).
+  // PNDM's model calls, in the order they run (empty for the others).
   const std::vector<PlmsCall>& plms_calls() const { return plms_calls_; }
+  // Euler's steps, in the order they run (empty for the others).
+  const std::vector<EulerStep>& euler_steps() const { return euler_steps_; }
   // The β's of the respaced process, one per kept timestep (1 − ᾱ_t / ᾱ_prev of each step).
   const std::vector<double>& betas() const { return betas_; }
   // Each step's coefficients, one per kept timestep: ᾱ_t, ᾱ_prev, the posterior's.
@@ -113,6 +117,7 @@ class Sampler {
   void Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
               float* out) const;
   // The same from a given x_T: x [N, C, H, W] holds x_T and is overwritten by the samples.
+  // x_T is N(0, 1) noise, as diffusers pipelines' `latents`: Euler scales it by its initial σ.
   void Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x) const;
 
  private:
@@ -122,6 +127,8 @@ class Sampler {
   // Denoise for PNDM: the calls of plms_calls_, each from the linear multistep combination of
   // the last (up to 4) guided outputs.
   void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const;
+  // Denoise for Euler: the steps of euler_steps_ from x_T scaled by its initial σ.
+  void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, float* x) const;
 
   DenoiserShape shape_;
   SamplerOptions options_;
@@ -132,6 +139,7 @@ class Sampler {
   std::vector<double> betas_;
   std::vector<StepCoefficients> steps_;  // the respaced process's coefficients, per step
   std::vector<PlmsCall> plms_calls_;
+  std::vector<EulerStep> euler_steps_;
 };
 
 }  // namespace difftrain

@@ -470,7 +470,7 @@ TEST_F(SamplerTest, RejectsBadOptions) {
   EXPECT_NE(error(options, shape).find("guidance interval [600, 100]"), std::string::npos);
   options.cfg_from = -1;
   EXPECT_NE(error(options, shape).find("guidance interval [-1, 100]"), std::string::npos);
-  EXPECT_FALSE(ParseSamplerKind("euler").ok());
+  EXPECT_FALSE(ParseSamplerKind("heun").ok());
 }
 
 }  // namespace

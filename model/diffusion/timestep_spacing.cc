@@ -34,15 +34,24 @@ Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::
   if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
   TimestepSpacing s;
   try {
-    s.kind = json.value("timestep_spacing", std::string("leading"));
+    const std::string class_name = json.contains("_class_name") && json["_class_name"].is_string()
+                                       ? json["_class_name"].get<std::string>()
+                                       : std::string();
+    const bool euler = class_name == "EulerDiscreteScheduler";
+    s.kind = json.value("timestep_spacing", std::string(euler ? "linspace" : "leading"));
     if (s.kind == "respace")
       return Errorf("timestep_spacing: 'respace' is not a diffusers spacing");
     s.steps_offset = json.value("steps_offset", 0);
     // Its default is the class's: PNDMScheduler's false, DDIMScheduler's true.
-    const bool pndm = json.contains("_class_name") && json["_class_name"] == "PNDMScheduler";
-    s.set_alpha_to_one = json.value("set_alpha_to_one", !pndm);
+    s.set_alpha_to_one = json.value("set_alpha_to_one", class_name != "PNDMScheduler");
     if (json.value("thresholding", false))
       return Errorf("thresholding: true (dynamic thresholding) is not supported");
+    if (euler && json.value("use_karras_sigmas", false))
+      return Errorf("use_karras_sigmas: true (Karras sigmas) is not supported");
+    if (euler && json.value("interpolation_type", std::string("linear")) != "linear")
+      return Errorf("interpolation_type: only linear is supported");
+    if (euler && json.value("timestep_type", std::string("discrete")) != "discrete")
+      return Errorf("timestep_type: only discrete is supported");
   } catch (const nlohmann::json::exception& e) {
     return Errorf("malformed scheduler config: {}", e.what());
   }
@@ -133,6 +142,37 @@ Result<std::vector<PlmsCall>> PlmsCalls(const std::vector<double>& alphas_cumpro
                            : PlmsCall{t, abar(t), abar(t - stride)});
   }
   return calls;
+}
+
+Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cumprod, int N,
+                                          const TimestepSpacing& spacing) {
+  const int T = static_cast<int>(alphas_cumprod.size());
+  DT_ASSIGN_OR_RETURN(const std::vector<int> kept, DiffusersTimesteps(T, N, spacing));
+  // numpy.interp of σ over the integer timesteps.
+  auto sigma_at = [&](double t) {
+    const int lo = std::clamp(static_cast<int>(std::floor(t)), 0, T - 1);
+    const int hi = std::min(lo + 1, T - 1);
+    auto sigma = [&](int k) { return std::sqrt((1 - alphas_cumprod[k]) / alphas_cumprod[k]); };
+    return sigma(lo) + (t - lo) * (sigma(hi) - sigma(lo));
+  };
+  std::vector<EulerStep> steps;
+  for (int k = N - 1; k >= 0; --k) {
+    // linspace keeps its fractional timesteps here (numpy.linspace's k · step, the last
+    // exactly T − 1), rounded to float32 as diffusers' are.
+    const double step = N > 1 ? (T - 1.0) / (N - 1) : 0.0;
+    const float t = spacing.kind != "linspace" ? static_cast<float>(kept[k])
+                    : k == N - 1 && N > 1      ? static_cast<float>(T - 1)
+                                               : static_cast<float>(k * step);
+    steps.push_back({t, sigma_at(t), 0.0});
+  }
+  for (size_t i = 0; i + 1 < steps.size(); ++i)
+    steps[i].sigma_next = steps[i + 1].sigma;
+  return steps;
+}
+
+double EulerInitialSigma(const std::vector<EulerStep>& steps, const TimestepSpacing& spacing) {
+  const double top = steps.front().sigma;
+  return spacing.kind == "leading" ? std::sqrt(top * top + 1) : top;
 }
 
 }  // namespace difftrain

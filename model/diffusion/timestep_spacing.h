@@ -1,5 +1,5 @@
 // Where a sampler's N steps fall on the T timesteps of the diffusion, and where each goes.
-// (PNDM's calls below.)
+// (PNDM's calls and Euler's steps below.)
 //
 // respace (DiT's respace.py, the default): N timesteps evenly strided over [0, T − 1]
 // (SpaceTimesteps); the sampler runs the respaced process, each step going to the kept
@@ -36,9 +36,11 @@ struct TimestepSpacing {
   Status Validate() const;
   nlohmann::json ToJson() const;
   // The sampling keys of a diffusers scheduler config (scheduler_config.json):
-  // timestep_spacing (default leading), steps_offset (0), set_alpha_to_one (the class's
-  // default: false for a PNDMScheduler, else true as DDIM's). Refused by name: thresholding
-  // (dynamic thresholding is not implemented).
+  // timestep_spacing, steps_offset (0), set_alpha_to_one; the defaults are the class's
+  // (_class_name): timestep_spacing linspace for an EulerDiscreteScheduler, else leading;
+  // set_alpha_to_one false for a PNDMScheduler, else true as DDIM's. Refused by name:
+  // thresholding (dynamic thresholding is not implemented), and an EulerDiscreteScheduler's
+  // use_karras_sigmas, interpolation_type log_linear and timestep_type continuous.
   static Result<TimestepSpacing> FromDiffusersScheduler(const nlohmann::json& json);
 };
 
@@ -77,5 +79,23 @@ struct PlmsCall {
 // final ᾱ of set_alpha_to_one. Errors: DiffusersTimesteps', and a second call past T − 1.
 Result<std::vector<PlmsCall>> PlmsCalls(const std::vector<double>& alphas_cumprod, int N,
                                         const TimestepSpacing& spacing);
+
+// One step of diffusers' EulerDiscreteScheduler (deterministic: s_churn 0), which integrates
+// the probability-flow ODE in σ = √((1 − ᾱ)/ᾱ) with x scaled by √(σ² + 1) from the model's
+// input: the model sees x / √(σ² + 1) at `timestep` (a float: linspace's are fractional), and
+// x moves by (x − x0)/σ · (σ_next − σ).
+struct EulerStep {
+  float timestep = 0;
+  double sigma = 0, sigma_next = 0;
+};
+
+// Euler's N steps, in the order they run: the timesteps of the spacing (linspace's unrounded,
+// as float32: numpy.linspace(0, T − 1, N)), σ interpolated linearly between the diffusion's
+// integer timesteps, the last step to σ = 0.
+Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cumprod, int N,
+                                          const TimestepSpacing& spacing);
+// The σ x_T is scaled by (diffusers' init_noise_sigma): the first step's σ for linspace and
+// trailing, √(σ² + 1) for leading.
+double EulerInitialSigma(const std::vector<EulerStep>& steps, const TimestepSpacing& spacing);
 
 }  // namespace difftrain

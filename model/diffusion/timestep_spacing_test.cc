@@ -99,6 +99,31 @@ TEST(PlmsCallsTest, RepeatTheSecondTimestepToRedoTheFirstStep) {
   EXPECT_EQ(PlmsCalls(abar, 1, Spacing("leading"))->size(), 1u);
 }
 
+TEST(EulerStepsTest, InterpolateSigmaAtTheSpacingsTimesteps) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  auto sigma = [&](int t) { return std::sqrt((1 - abar[t]) / abar[t]); };
+  // linspace's 4 steps: 999, 666, 333, 0, each to the next σ, the last to 0.
+  const std::vector<EulerStep> four = *EulerSteps(abar, 4, Spacing("linspace"));
+  ASSERT_EQ(four.size(), 4u);
+  EXPECT_EQ(four[0].timestep, 999.0f);
+  EXPECT_EQ(four[1].timestep, 666.0f);
+  EXPECT_DOUBLE_EQ(four[0].sigma, sigma(999));
+  EXPECT_DOUBLE_EQ(four[0].sigma_next, sigma(666));
+  EXPECT_EQ(four[3].timestep, 0.0f);
+  EXPECT_EQ(four[3].sigma_next, 0.0);
+  EXPECT_DOUBLE_EQ(EulerInitialSigma(four, Spacing("linspace")), sigma(999));
+  // 7 steps: 999 · k/6 are fractional, σ between its integer neighbours.
+  const std::vector<EulerStep> seven = *EulerSteps(abar, 7, Spacing("linspace"));
+  EXPECT_FLOAT_EQ(seven[1].timestep, 832.5f);
+  EXPECT_NEAR(seven[1].sigma, (sigma(832) + sigma(833)) / 2, 1e-6);
+  // leading scales x_T by √(σ² + 1) of its first step.
+  const std::vector<EulerStep> leading = *EulerSteps(abar, 50, Spacing("leading", 1));
+  EXPECT_EQ(leading[0].timestep, 981.0f);
+  EXPECT_DOUBLE_EQ(EulerInitialSigma(leading, Spacing("leading", 1)),
+                   std::sqrt(sigma(981) * sigma(981) + 1));
+}
+
 TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
   // Stable Diffusion 1.5's scheduler_config.json (PNDMScheduler), its sampling keys.
   Result<TimestepSpacing> sd = TimestepSpacing::FromDiffusersScheduler(nlohmann::json::parse(
@@ -115,7 +140,16 @@ TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
       defaults->ToJson(),
       nlohmann::json::parse(R"({"kind": "leading", "steps_offset": 0, "set_alpha_to_one": true})"));
 
+  // An Euler scheduler's spacing defaults to linspace; its other sigma options are refused.
+  EXPECT_EQ(TimestepSpacing::FromDiffusersScheduler(
+                nlohmann::json::parse(R"({"_class_name": "EulerDiscreteScheduler"})"))
+                ->kind,
+            "linspace");
   for (const auto& [json, named] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"_class_name": "EulerDiscreteScheduler", "use_karras_sigmas": true})",
+            "use_karras_sigmas"},
+           {R"({"_class_name": "EulerDiscreteScheduler", "interpolation_type": "log_linear"})",
+            "interpolation_type"},
            {R"({"timestep_spacing": "karras"})", "'karras'"},
            {R"({"timestep_spacing": "respace"})", "respace"},
            {R"({"thresholding": true})", "thresholding"},

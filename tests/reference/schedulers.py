@@ -23,6 +23,10 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
                    drifts by 1.3e-5 at t = 999, move the 7-step cosine sample by 1.4e-3 from
                    the same run in float64)
   NAME.pndm_timesteps  the N + 1 timesteps it calls the model at
+  NAME.euler       x_T (times init_noise_sigma) denoised by
+                   EulerDiscreteScheduler.from_config(scheduler), its input scaled by
+                   scale_model_input, as StableDiffusionPipeline calls it
+  NAME.euler_timesteps  its N (float) timesteps
   NAME.ddpm        [N, 3] each DDPM step's coefficients of x0 and of x_t in its mean (its
                    step() with zero noise) and its fixed_small variance
 The model (float32, as the C++ test's): out = 0.9 tanh(x) (t + 1) / T + 0.05 sin(3x + t/100),
@@ -37,7 +41,7 @@ import sys
 import numpy as np
 import safetensors.torch  # noqa: F401  (before diffusers)
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, PNDMScheduler
+from diffusers import DDIMScheduler, DDPMScheduler, EulerDiscreteScheduler, PNDMScheduler
 from diffusers.schedulers import scheduling_ddpm
 from safetensors.torch import save_file
 
@@ -119,6 +123,14 @@ def steps(cases_path, out):
             x = pndm.step(model(x, float(t), T), int(t), x).prev_sample
         tensors[f"{name}.pndm"] = x.float()
         tensors[f"{name}.pndm_timesteps"] = pndm.timesteps.to(torch.float32)
+
+        euler = EulerDiscreteScheduler.from_config(config)
+        euler.set_timesteps(n)
+        x = tensors[f"{name}.x_T"] * euler.init_noise_sigma
+        for t in euler.timesteps:
+            x = euler.step(model(euler.scale_model_input(x, t), float(t), T), t, x).prev_sample
+        tensors[f"{name}.euler"] = x
+        tensors[f"{name}.euler_timesteps"] = euler.timesteps.to(torch.float32)
 
         # DDPM's step, its noise zero and the model's output read as x0: the posterior mean's
         # coefficients are the step of (x0 = 1, x_t = 0) and of (x0 = 0, x_t = 1).
