@@ -101,6 +101,7 @@ std::string PipelineSampler(const std::string& scheduler_class) {
   if (scheduler_class == "DDPMScheduler") return "ddpm";
   if (scheduler_class == "PNDMScheduler") return "pndm";
   if (scheduler_class == "EulerDiscreteScheduler") return "euler";
+  if (scheduler_class == "DPMSolverMultistepScheduler") return "dpmsolver";
   if (scheduler_class != "DDIMScheduler") {
     spdlog::info(
         "the pipeline's scheduler is {}, which difftrain does not have: sampling with DDIM",
@@ -132,7 +133,8 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   }
   if (!c.spacing.diffusers() && !o.timestep_spacing) {
     if (c.kind == SamplerKind::kPndm) c.spacing.kind = "leading";
-    if (c.kind == SamplerKind::kEuler) c.spacing.kind = "linspace";
+    if (c.kind == SamplerKind::kEuler || c.kind == SamplerKind::kDpmSolver)
+      c.spacing.kind = "linspace";
   }
   if (o.steps_offset) c.spacing.steps_offset = *o.steps_offset;
   if (o.set_alpha_to_one) c.spacing.set_alpha_to_one = *o.set_alpha_to_one;
@@ -248,8 +250,9 @@ int RunSample(const SampleOptions& o) {
   // (Pretrained weights say nothing of their data: 1- or 3-channel samples are taken for pixels.)
   const bool latents =
       ckpt.pretrained ? m.channels != 1 && m.channels != 3 : ckpt.data_kind == "latent_folder";
-  options.clip_denoised = o.clip_denoised.value_or(!latents && kind != SamplerKind::kPndm &&
-                                                   kind != SamplerKind::kEuler);
+  options.clip_denoised = o.clip_denoised.value_or(
+      kind == SamplerKind::kDdpm || kind == SamplerKind::kDdim ? !latents : false);
+  options.dpm = ckpt.dpm.value_or(DpmSolverOptions{});
   options.seed = o.seed;
   DenoiserShape shape{
       m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? num_rows : -1, m.frames};
@@ -359,6 +362,7 @@ int RunSample(const SampleOptions& o) {
                           {"clip_denoised", options.clip_denoised},
                           {"seed", o.seed}};
     if (!o.initial_noise.empty()) how["initial_noise"] = o.initial_noise;
+    if (kind == SamplerKind::kDpmSolver) how["dpm_solver"] = options.dpm.ToJson();
     if (ckpt.pretrained) {
       how["pretrained"] = ckpt.path;
       how["diffusion"] = ckpt.diffusion.ToJson();
@@ -444,8 +448,9 @@ DIFFTRAIN_COMMAND(
                       "sampling steps, spaced over the diffusion's (default 250, or all if "
                       "fewer; from a pipeline 50)");
        app.add_option("--sampler", o->sampler,
-                      "ddpm, ddim, pndm or euler (default ddpm; from a pipeline its scheduler's: "
-                      "ddpm, ddim, pndm, euler for an EulerDiscreteScheduler, else ddim)");
+                      "ddpm, ddim, pndm, euler or dpmsolver (default ddpm; from a pipeline its "
+                      "scheduler's: DDPM, DDIM, PNDM, EulerDiscrete or DPMSolverMultistep, "
+                      "else ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
                       "linspace (default: a pipeline's scheduler's, else respace)")
@@ -487,7 +492,7 @@ DIFFTRAIN_COMMAND(
                       "images [N, C, H, W] in grid order (default: drawn from --seed)");
        app.add_option("--clip-denoised", o->clip_denoised,
                       "clip x0 predictions to [-1, 1] every step (default: true, false for "
-                      "models trained on latents and for pndm and euler)");
+                      "models trained on latents and for pndm, euler and dpmsolver)");
        app.add_option("--vae", o->vae,
                       "decode a latent model's samples for --out and --gif (and into --raw's "
                       "`decoded`) with this diffusers AutoencoderKL: its folder, a pipeline's, "

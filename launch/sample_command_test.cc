@@ -109,11 +109,11 @@ TEST_F(SampleCommandTest, WritesGridAndRawSamples) {
   EXPECT_EQ(raw->metadata().at("format"), "difftrain-samples");
 }
 
-// PNDM and Euler need a diffusers spacing: from a checkpoint they take their schedulers'
-// defaults (leading, linspace), and sample without clipping.
-TEST_F(SampleCommandTest, PndmAndEulerTakeTheirSchedulersSpacing) {
+// PNDM, Euler and DPM-Solver need a diffusers spacing: from a checkpoint they take their
+// schedulers' defaults (leading, linspace, linspace), and sample without clipping.
+TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
   for (const auto& [sampler, spacing] : std::vector<std::pair<std::string, std::string>>{
-           {"pndm", "leading"}, {"euler", "linspace"}}) {
+           {"pndm", "leading"}, {"euler", "linspace"}, {"dpmsolver", "linspace"}}) {
     SCOPED_TRACE(sampler);
     const std::string raw = File(sampler + ".safetensors");
     const CommandResult r = RunDifftrain("sample --checkpoint " + Ckpt() +

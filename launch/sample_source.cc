@@ -93,6 +93,11 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
       folder.spacing = *spacing;
       if (schedule->contains("_class_name") && (*schedule)["_class_name"].is_string())
         folder.scheduler_class = (*schedule)["_class_name"].get<std::string>();
+      if (folder.scheduler_class == "DPMSolverMultistepScheduler") {
+        Result<DpmSolverOptions> dpm = DpmSolverOptions::FromDiffusersScheduler(*schedule);
+        if (!dpm.ok()) return dpm.status().WithContext(where);
+        folder.dpm = *dpm;
+      }
     }
   }
   return folder;
@@ -108,6 +113,7 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
   c.pipeline = folder.pipeline;
   c.spacing = folder.spacing;
   c.scheduler_class = folder.scheduler_class;
+  c.dpm = folder.dpm;
   if (latent_size && folder.model) model.reset();
   if (!model && !folder.model) {
     return Errorf(

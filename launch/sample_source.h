@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "model/diffusion/dpm_solver.h"
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/diffusion/timestep_spacing.h"
 #include "model/family/family.h"
@@ -34,6 +35,7 @@ struct SampleSource {
   // its _class_name (DDIMScheduler, PNDMScheduler …; "" without one).
   std::optional<TimestepSpacing> spacing;
   std::string scheduler_class;
+  std::optional<DpmSolverOptions> dpm;  // a DPMSolverMultistepScheduler's
 };
 
 // What a diffusers folder says beside the weights file `weights`: the model, from a
@@ -47,6 +49,7 @@ struct DiffusersFolder {
   std::optional<DiffusionConfig> diffusion;
   std::optional<TimestepSpacing> spacing;
   std::string scheduler_class;
+  std::optional<DpmSolverOptions> dpm;
   std::string pipeline;
 };
 Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights);

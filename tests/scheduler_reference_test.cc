@@ -208,6 +208,30 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
     for (size_t k = 0; k < euler_timesteps.size(); ++k)
       EXPECT_FLOAT_EQ(euler_sampler->euler_steps()[k].timestep, euler_timesteps[k]) << k;
     EXPECT_LE(denoised_error(*euler_sampler, euler, "Euler"), kBound);
+
+    // DPM-Solver++ from the same x_T, as configured by default and with heun, σ_min last.
+    nlohmann::json dpm_config = config;
+    dpm_config["_class_name"] = "DPMSolverMultistepScheduler";
+    options.spacing = *TimestepSpacing::FromDiffusersScheduler(dpm_config);
+    options.kind = SamplerKind::kDpmSolver;
+    for (const char* key : {"dpm", "dpm_heun"}) {
+      nlohmann::json variant = dpm_config;
+      if (key == std::string("dpm_heun")) {
+        variant.update(nlohmann::json::parse(
+            R"({"solver_type": "heun", "final_sigmas_type": "sigma_min",
+                "lower_order_final": false})"));
+      }
+      options.dpm = *DpmSolverOptions::FromDiffusersScheduler(variant);
+      Result<Sampler> dpm_sampler = Sampler::Create(diffusion, shape, options);
+      ASSERT_TRUE(dpm_sampler.ok()) << dpm_sampler.status().message();
+      const std::vector<float> dpm_timesteps =
+          ReferenceTensor(*expected, name + "." + key + "_timesteps");
+      ASSERT_EQ(dpm_sampler->dpm_steps().size(), dpm_timesteps.size());
+      for (size_t k = 0; k < dpm_timesteps.size(); ++k)
+        EXPECT_EQ(dpm_sampler->dpm_steps()[k].timestep, static_cast<int>(dpm_timesteps[k])) << k;
+      EXPECT_LE(denoised_error(*dpm_sampler, ReferenceTensor(*expected, name + "." + key), key),
+                kBound);
+    }
   }
 }
 

@@ -4,10 +4,9 @@
 // v-prediction DDIMScheduler with leading spacing, steps_offset 1, set_alpha_to_one false),
 // written by the pipeline's save_pretrained, is sampled by both from the same x_T (diffusers'
 // `latents`, difftrain's --initial-noise): the prompt through the tokenizer and text encoder,
-// guidance against the empty or a negative prompt, every DDIM (PNDM, Euler) step and the VAE
-// decoding.
-// Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–2.7e-6); the last step to ᾱ = 1
-// in place of ᾱ_0 alone moves the latents by more than 10 times that.
+// guidance against the empty or a negative prompt, every DDIM (PNDM, Euler, DPM-Solver++) step and
+// the VAE decoding. Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–2.7e-6); the last step
+// to ᾱ = 1 in place of ᾱ_0 alone moves the latents by more than 10 times that.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -129,6 +128,17 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"seed", 3}},
        "--prompt 'a photo of a boat' --negative-prompt blurry --sampler euler --cfg 6 "
        "--per-class 2 --steps 9"},
+      // DPM-Solver++ 2M, the pipeline's leading spacing.
+      {"dpmsolver",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 12},
+        {"guidance", 7.5},
+        {"spacing", nullptr},
+        {"scheduler", "dpmsolver"},
+        {"images", 2},
+        {"seed", 4}},
+       "--prompt 'a photo of a boat' --sampler dpmsolver --per-class 2 --steps 12"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -24,7 +24,8 @@ Result<SamplerKind> ParseSamplerKind(const std::string& name) {
   if (name == "ddim") return SamplerKind::kDdim;
   if (name == "pndm") return SamplerKind::kPndm;
   if (name == "euler") return SamplerKind::kEuler;
-  return Errorf("unknown sampler '{}' (expected ddpm, ddim, pndm or euler)", name);
+  if (name == "dpmsolver") return SamplerKind::kDpmSolver;
+  return Errorf("unknown sampler '{}' (expected ddpm, ddim, pndm, euler or dpmsolver)", name);
 }
 
 Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
@@ -39,16 +40,22 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     return Errorf("eta must be in [0, 1], got {}", options.eta);
   }
   if (options.kind != SamplerKind::kDdim && options.eta != 0) {
-    return Status::Error("eta is a DDIM parameter; DDPM, PNDM and Euler have none");
+    return Status::Error("eta is a DDIM parameter; DDPM, PNDM, Euler and DPM-Solver have none");
   }
-  const bool multistep = options.kind == SamplerKind::kPndm || options.kind == SamplerKind::kEuler;
-  const bool pndm = options.kind == SamplerKind::kPndm;
-  const char* name = pndm ? "PNDM" : "Euler";
+  const bool multistep = options.kind == SamplerKind::kPndm ||
+                         options.kind == SamplerKind::kEuler ||
+                         options.kind == SamplerKind::kDpmSolver;
+  const char* name = options.kind == SamplerKind::kPndm    ? "PNDM"
+                     : options.kind == SamplerKind::kEuler ? "Euler"
+                                                           : "DPM-Solver";
+  const char* scheduler = options.kind == SamplerKind::kPndm    ? "PNDMScheduler"
+                          : options.kind == SamplerKind::kEuler ? "EulerDiscreteScheduler"
+                                                                : "DPMSolverMultistepScheduler";
   if (multistep && !options.spacing.diffusers()) {
     return Errorf(
         "{} follows diffusers' {}: it needs one of its timestep spacings (leading, trailing or "
         "linspace), not DiT's respacing",
-        name, pndm ? "PNDMScheduler" : "EulerDiscreteScheduler");
+        name, scheduler);
   }
   if (multistep && options.clip_denoised) {
     return Errorf("{} does not clip its x0 predictions: sample with clip_denoised false", name);
@@ -82,6 +89,11 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   if (options.kind == SamplerKind::kEuler) {
     DT_ASSIGN_OR_RETURN(sampler.euler_steps_,
                         EulerSteps(diffusion.alphas_cumprod(), options.steps, options.spacing));
+  }
+  if (options.kind == SamplerKind::kDpmSolver) {
+    DT_ASSIGN_OR_RETURN(
+        sampler.dpm_steps_,
+        DpmSolverSteps(diffusion.alphas_cumprod(), options.steps, options.spacing, options.dpm));
   }
   return sampler;
 }
@@ -225,6 +237,10 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
     DenoiseEuler(model, y, N, x);
     return;
   }
+  if (options_.kind == SamplerKind::kDpmSolver) {
+    DenoiseDpm(model, y, N, x);
+    return;
+  }
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
@@ -359,6 +375,49 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, float
   }
   for (size_t e = 0; e < state.size(); ++e)
     x[e] = static_cast<float>(state[e]);
+}
+
+void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, float* x) const {
+  const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
+  GuidedModel guided(model, shape_, options_, y, N);
+  std::vector<double> state(x, x + N * n), previous(N * n);  // x, and the last step's x0
+  // α = 1/√(σ² + 1), σ_t = σ·α and λ = log α − log σ_t of a step's σ.
+  struct Scale {
+    double alpha, sigma_t, lambda;
+  };
+  const auto scale = [](double sigma) {
+    const double alpha = 1 / std::sqrt(sigma * sigma + 1);
+    return Scale{alpha, sigma * alpha, std::log(alpha) - std::log(sigma * alpha)};
+  };
+  for (const DpmStep& step : dpm_steps_) {
+    guided.Run(x, static_cast<float>(step.timestep));
+    const Scale s = scale(step.sigma);
+    const bool to_data = step.sigma_next == 0;
+    const Scale t = to_data ? Scale{1, 0, 0} : scale(step.sigma_next);
+    const double h = t.lambda - s.lambda, expm = std::exp(-h) - 1;
+    const double r = step.order == 2 ? (s.lambda - scale(step.sigma_prev).lambda) / h : 1;
+    for (int b = 0; b < N; ++b) {
+      for (size_t j = 0; j < n; ++j) {
+        const size_t e = b * n + j;
+        const double out = guided.Output(b, j), v = state[e];
+        const double m =
+            v_prediction_ ? s.alpha * v - s.sigma_t * out : (v - s.sigma_t * out) / s.alpha;
+        if (to_data) {
+          state[e] = m;
+        } else {
+          double next = t.sigma_t / s.sigma_t * v - t.alpha * expm * m;
+          if (step.order == 2) {
+            const double d1 = (m - previous[e]) / r;
+            next += options_.dpm.heun ? t.alpha * (expm / h + 1) * d1 : -0.5 * t.alpha * expm * d1;
+          }
+          state[e] = next;
+        }
+        previous[e] = m;
+      }
+    }
+    for (size_t e = 0; e < state.size(); ++e)
+      x[e] = static_cast<float>(state[e]);
+  }
 }
 
 }  // namespace difftrain

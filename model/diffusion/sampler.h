@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/diffusion/dpm_solver.h"
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/diffusion/timestep_spacing.h"
 #include "model/diffusion/vb_loss.h"
@@ -57,8 +58,9 @@ Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int leng
 // DDPM (ancestral), DDIM, PNDM's pseudo linear multistep (diffusers' PNDMScheduler with
 // skip_prk_steps; N steps make N + 1 model calls) or Euler (diffusers'
 // EulerDiscreteScheduler, s_churn 0); PNDM and Euler are deterministic (timestep_spacing.h).
-enum class SamplerKind { kDdpm, kDdim, kPndm, kEuler };
-// "ddpm", "ddim", "pndm" or "euler".
+// DPM-Solver++ (dpm_solver.h) likewise.
+enum class SamplerKind { kDdpm, kDdim, kPndm, kEuler, kDpmSolver };
+// "ddpm", "ddim", "pndm", "euler" or "dpmsolver".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
 
 // What the samplers must know of the model.
@@ -78,6 +80,7 @@ struct SamplerOptions {
   SamplerKind kind = SamplerKind::kDdpm;
   int steps = 250;          // respaced steps N, 1 ≤ N ≤ T
   TimestepSpacing spacing;  // where the N steps fall (default: DiT's respacing)
+  DpmSolverOptions dpm;     // DPM-Solver++'s order and final steps
   double eta = 0.0;         // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
   double cfg_scale = 1.0;   // guidance scale g; 1 runs the conditional model alone
   // Guidance applies only at steps whose (original) timestep lies in [cfg_from, cfg_to];
@@ -104,6 +107,8 @@ class Sampler {
   const std::vector<PlmsCall>& plms_calls() const { return plms_calls_; }
   // Euler's steps, in the order they run (empty for the others).
   const std::vector<EulerStep>& euler_steps() const { return euler_steps_; }
+  // DPM-Solver++'s steps, in the order they run (empty for the others).
+  const std::vector<DpmStep>& dpm_steps() const { return dpm_steps_; }
   // The β's of the respaced process, one per kept timestep (1 − ᾱ_t / ᾱ_prev of each step).
   const std::vector<double>& betas() const { return betas_; }
   // Each step's coefficients, one per kept timestep: ᾱ_t, ᾱ_prev, the posterior's.
@@ -129,6 +134,8 @@ class Sampler {
   void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const;
   // Denoise for Euler: the steps of euler_steps_ from x_T scaled by its initial σ.
   void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, float* x) const;
+  // Denoise for DPM-Solver++: the steps of dpm_steps_.
+  void DenoiseDpm(const Denoiser& model, const int32_t* y, int N, float* x) const;
 
   DenoiserShape shape_;
   SamplerOptions options_;
@@ -140,6 +147,7 @@ class Sampler {
   std::vector<StepCoefficients> steps_;  // the respaced process's coefficients, per step
   std::vector<PlmsCall> plms_calls_;
   std::vector<EulerStep> euler_steps_;
+  std::vector<DpmStep> dpm_steps_;
 };
 
 }  // namespace difftrain

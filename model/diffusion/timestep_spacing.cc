@@ -38,7 +38,8 @@ Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::
                                        ? json["_class_name"].get<std::string>()
                                        : std::string();
     const bool euler = class_name == "EulerDiscreteScheduler";
-    s.kind = json.value("timestep_spacing", std::string(euler ? "linspace" : "leading"));
+    const bool linspace_default = euler || class_name == "DPMSolverMultistepScheduler";
+    s.kind = json.value("timestep_spacing", std::string(linspace_default ? "linspace" : "leading"));
     if (s.kind == "respace")
       return Errorf("timestep_spacing: 'respace' is not a diffusers spacing");
     s.steps_offset = json.value("steps_offset", 0);

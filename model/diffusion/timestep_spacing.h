@@ -37,7 +37,8 @@ struct TimestepSpacing {
   nlohmann::json ToJson() const;
   // The sampling keys of a diffusers scheduler config (scheduler_config.json):
   // timestep_spacing, steps_offset (0), set_alpha_to_one; the defaults are the class's
-  // (_class_name): timestep_spacing linspace for an EulerDiscreteScheduler, else leading;
+  // (_class_name): timestep_spacing linspace for an EulerDiscreteScheduler or a
+  // DPMSolverMultistepScheduler, else leading;
   // set_alpha_to_one false for a PNDMScheduler, else true as DDIM's. Refused by name:
   // thresholding (dynamic thresholding is not implemented), and an EulerDiscreteScheduler's
   // use_karras_sigmas, interpolation_type log_linear and timestep_type continuous.

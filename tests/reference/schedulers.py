@@ -27,6 +27,11 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
                    EulerDiscreteScheduler.from_config(scheduler), its input scaled by
                    scale_model_input, as StableDiffusionPipeline calls it
   NAME.euler_timesteps  its N (float) timesteps
+  NAME.dpm         x_T denoised by DPMSolverMultistepScheduler.from_config(scheduler)
+                   (dpmsolver++, order 2, midpoint, final σ 0)
+  NAME.dpm_timesteps  its N timesteps
+  NAME.dpm_heun    the same with solver_type heun, final_sigmas_type sigma_min and
+                   lower_order_final false
   NAME.ddpm        [N, 3] each DDPM step's coefficients of x0 and of x_t in its mean (its
                    step() with zero noise) and its fixed_small variance
 The model (float32, as the C++ test's): out = 0.9 tanh(x) (t + 1) / T + 0.05 sin(3x + t/100),
@@ -41,7 +46,8 @@ import sys
 import numpy as np
 import safetensors.torch  # noqa: F401  (before diffusers)
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, EulerDiscreteScheduler, PNDMScheduler
+from diffusers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
+                       EulerDiscreteScheduler, PNDMScheduler)
 from diffusers.schedulers import scheduling_ddpm
 from safetensors.torch import save_file
 
@@ -131,6 +137,17 @@ def steps(cases_path, out):
             x = euler.step(model(euler.scale_model_input(x, t), float(t), T), t, x).prev_sample
         tensors[f"{name}.euler"] = x
         tensors[f"{name}.euler_timesteps"] = euler.timesteps.to(torch.float32)
+
+        for key, extra in (("dpm", {}), ("dpm_heun", {"solver_type": "heun",
+                                                       "final_sigmas_type": "sigma_min",
+                                                       "lower_order_final": False})):
+            dpm = DPMSolverMultistepScheduler.from_config({**config, **extra})
+            dpm.set_timesteps(n)
+            x = tensors[f"{name}.x_T"].clone()
+            for t in dpm.timesteps:
+                x = dpm.step(model(x, float(t), T), t, x).prev_sample
+            tensors[f"{name}.{key}"] = x
+            tensors[f"{name}.{key}_timesteps"] = dpm.timesteps.to(torch.float32)
 
         # DDPM's step, its noise zero and the model's output read as x0: the posterior mean's
         # coefficients are the step of (x0 = 1, x_t = 0) and of (x0 = 0, x_t = 1).

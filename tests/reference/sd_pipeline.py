@@ -16,10 +16,11 @@ own initialisation, and a DDIMScheduler as Stable Diffusion 2's 768 px pipeline 
 false), and writes the whole pipeline into DIR by StableDiffusionPipeline.save_pretrained.
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
-the scheduler's), scheduler ("ddim", "pndm" or "euler") and images; the pipeline is called with latents
+the scheduler's), scheduler ("ddim", "pndm", "euler" or "dpmsolver") and images; the pipeline is called with latents
 N(0, 1) [images, 4, h, w] (seeded) and output_type "latent", with its scheduler swapped for
 DDIMScheduler.from_config(config, timestep_spacing=spacing), PNDMScheduler's with
-skip_prk_steps (as SD 1.x's pipelines configure it) or EulerDiscreteScheduler's. OUT:
+skip_prk_steps (as SD 1.x's pipelines configure it), EulerDiscreteScheduler's or
+DPMSolverMultistepScheduler's. OUT:
   noise    the latents x_T it started from
   latents  the final latents
   decoded  vae.decode(latents / scaling_factor).sample, as the pipeline decodes them
@@ -32,8 +33,9 @@ import sys
 
 import safetensors.torch  # noqa: F401  (before diffusers: its save_pretrained needs it)
 import torch
-from diffusers import (AutoencoderKL, DDIMScheduler, EulerDiscreteScheduler, PNDMScheduler,
-                       StableDiffusionPipeline, UNet2DConditionModel)
+from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler,
+                       EulerDiscreteScheduler, PNDMScheduler, StableDiffusionPipeline,
+                       UNet2DConditionModel)
 from safetensors.torch import save_file
 from transformers import CLIPTextModel, CLIPTokenizer
 
@@ -81,6 +83,8 @@ def run(folder, out, settings):
         pipeline.scheduler = PNDMScheduler.from_config(config, skip_prk_steps=True)
     elif settings.get("scheduler") == "euler":
         pipeline.scheduler = EulerDiscreteScheduler.from_config(config)
+    elif settings.get("scheduler") == "dpmsolver":
+        pipeline.scheduler = DPMSolverMultistepScheduler.from_config(config)
     else:
         pipeline.scheduler = DDIMScheduler.from_config(config)
     unet = pipeline.unet.config

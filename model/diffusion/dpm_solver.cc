@@ -1,0 +1,96 @@
+#include "model/diffusion/dpm_solver.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace difftrain {
+
+nlohmann::json DpmSolverOptions::ToJson() const {
+  return {{"solver_order", order},
+          {"solver_type", heun ? "heun" : "midpoint"},
+          {"lower_order_final", lower_order_final},
+          {"euler_at_final", euler_at_final},
+          {"final_sigmas_type", final_sigma_min ? "sigma_min" : "zero"}};
+}
+
+Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann::json& json) {
+  if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
+  DpmSolverOptions o;
+  try {
+    const std::string algorithm = json.value("algorithm_type", std::string("dpmsolver++"));
+    if (algorithm != "dpmsolver++")
+      return Errorf("algorithm_type: '{}' is not supported (dpmsolver++)", algorithm);
+    o.order = json.value("solver_order", 2);
+    if (o.order != 1 && o.order != 2)
+      return Errorf("solver_order: {} is not supported (1 or 2)", o.order);
+    const std::string type = json.value("solver_type", std::string("midpoint"));
+    if (type != "midpoint" && type != "heun")
+      return Errorf("solver_type: '{}' is not supported (midpoint, heun)", type);
+    o.heun = type == "heun";
+    o.lower_order_final = json.value("lower_order_final", true);
+    o.euler_at_final = json.value("euler_at_final", false);
+    const std::string final_sigmas = json.value("final_sigmas_type", std::string("zero"));
+    if (final_sigmas != "zero" && final_sigmas != "sigma_min")
+      return Errorf("final_sigmas_type: '{}' is not supported (zero, sigma_min)", final_sigmas);
+    o.final_sigma_min = final_sigmas == "sigma_min";
+    if (json.value("use_karras_sigmas", false))
+      return Errorf("use_karras_sigmas: true (Karras sigmas) is not supported");
+    if (json.value("use_lu_lambdas", false)) return Errorf("use_lu_lambdas: true is not supported");
+    if (json.contains("lambda_min_clipped") && json["lambda_min_clipped"].is_number() &&
+        std::isfinite(json["lambda_min_clipped"].get<double>()))
+      return Errorf("lambda_min_clipped: a finite value is not supported");
+    if (json.contains("variance_type") && !json["variance_type"].is_null())
+      return Errorf("variance_type: only null is supported");
+    if (json.value("thresholding", false))
+      return Errorf("thresholding: true (dynamic thresholding) is not supported");
+  } catch (const nlohmann::json::exception& e) {
+    return Errorf("malformed scheduler config: {}", e.what());
+  }
+  return o;
+}
+
+Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cumprod, int N,
+                                            const TimestepSpacing& spacing,
+                                            const DpmSolverOptions& options) {
+  const int T = static_cast<int>(alphas_cumprod.size());
+  DT_RETURN_IF_ERROR(spacing.Validate());
+  if (N < 1 || N > T) {
+    return Errorf("sampling steps must be between 1 and the diffusion's {} steps, got {}", T, N);
+  }
+  // Increasing timesteps: N + 1 points of which timestep 0's is dropped, or trailing's.
+  std::vector<int> kept;
+  if (spacing.kind == "linspace") {
+    const double step = (T - 1.0) / N;
+    for (int k = 1; k <= N; ++k)
+      kept.push_back(k == N ? T - 1 : static_cast<int>(std::nearbyint(k * step)));
+  } else if (spacing.kind == "leading") {
+    if (N + 1 > T) return Errorf("DPM-Solver's leading spacing needs at most {} steps", T - 1);
+    for (int k = 1; k <= N; ++k)
+      kept.push_back(k * (T / (N + 1)) + spacing.steps_offset);
+  } else {
+    DT_ASSIGN_OR_RETURN(kept, DiffusersTimesteps(T, N, spacing));
+  }
+  if (kept.back() > T - 1 || kept.front() < 0) {
+    return Errorf("{} spacing puts DPM-Solver's timesteps of {} steps in [{}, {}], outside [0, {}]",
+                  spacing.kind, N, kept.front(), kept.back(), T - 1);
+  }
+  auto sigma = [&](int t) { return std::sqrt((1 - alphas_cumprod[t]) / alphas_cumprod[t]); };
+  const double final_sigma = options.final_sigma_min ? sigma(0) : 0.0;
+  std::vector<DpmStep> steps;
+  for (int k = N - 1; k >= 0; --k)
+    steps.push_back({kept[k], sigma(kept[k]), 0, 0, 1});
+  for (int k = 0; k < N; ++k) {
+    DpmStep& s = steps[k];
+    s.sigma_next = k + 1 < N ? steps[k + 1].sigma : final_sigma;
+    s.sigma_prev = k > 0 ? steps[k - 1].sigma : 0;
+    const bool last = k == N - 1;
+    const bool lower_final =
+        last && (options.euler_at_final || (options.lower_order_final && N < 15) ||
+                 !options.final_sigma_min);
+    s.order = options.order == 1 || k == 0 || lower_final ? 1 : 2;
+  }
+  return steps;
+}
+
+}  // namespace difftrain

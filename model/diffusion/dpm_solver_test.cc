@@ -1,0 +1,82 @@
+#include "model/diffusion/dpm_solver.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/diffusion/gaussian_diffusion.h"
+
+namespace difftrain {
+namespace {
+
+std::vector<int> Timesteps(const std::vector<DpmStep>& steps) {
+  std::vector<int> t;
+  for (const DpmStep& s : steps)
+    t.push_back(s.timestep);
+  return t;
+}
+
+// DPMSolverMultistepScheduler's own timesteps (N + 1 points, timestep 0's dropped) and its
+// choice of order: the first step and, here, the last of first order.
+TEST(DpmSolverStepsTest, KeepTheSchedulersTimestepsAndOrders) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  TimestepSpacing linspace;
+  linspace.kind = "linspace";
+  const std::vector<DpmStep> four = *DpmSolverSteps(abar, 4, linspace, DpmSolverOptions{});
+  EXPECT_EQ(Timesteps(four), (std::vector<int>{999, 749, 500, 250}));
+  EXPECT_EQ(four[0].order, 1);
+  EXPECT_EQ(four[1].order, 2);
+  EXPECT_EQ(four[2].order, 2);
+  EXPECT_EQ(four[3].order, 1);
+  EXPECT_EQ(four[3].sigma_next, 0.0);
+  EXPECT_EQ(four[1].sigma_prev, four[0].sigma);
+  TimestepSpacing leading;
+  leading.kind = "leading";
+  leading.steps_offset = 1;
+  EXPECT_EQ(Timesteps(*DpmSolverSteps(abar, 4, leading, DpmSolverOptions{})),
+            (std::vector<int>{801, 601, 401, 201}));
+  // σ_min last, without lower_order_final: every step after the first is of second order.
+  DpmSolverOptions second;
+  second.final_sigma_min = true;
+  second.lower_order_final = false;
+  const std::vector<DpmStep> kept = *DpmSolverSteps(abar, 4, linspace, second);
+  EXPECT_EQ(kept[3].order, 2);
+  EXPECT_GT(kept[3].sigma_next, 0.0);
+  DpmSolverOptions first;
+  first.order = 1;
+  const std::vector<DpmStep> first_order = *DpmSolverSteps(abar, 4, linspace, first);
+  for (const DpmStep& s : first_order)
+    EXPECT_EQ(s.order, 1);
+}
+
+TEST(DpmSolverOptionsTest, ReadsAndRefusesByName) {
+  Result<DpmSolverOptions> read = DpmSolverOptions::FromDiffusersScheduler(nlohmann::json::parse(
+      R"({"solver_order": 1, "solver_type": "heun", "final_sigmas_type": "sigma_min",
+          "lower_order_final": false, "euler_at_final": true})"));
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->order, 1);
+  EXPECT_TRUE(read->heun);
+  EXPECT_TRUE(read->final_sigma_min);
+  EXPECT_FALSE(read->lower_order_final);
+  EXPECT_TRUE(read->euler_at_final);
+  for (const auto& [json, named] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"algorithm_type": "sde-dpmsolver++"})", "algorithm_type"},
+           {R"({"solver_order": 3})", "solver_order"},
+           {R"({"solver_type": "bogacki"})", "solver_type"},
+           {R"({"use_karras_sigmas": true})", "use_karras_sigmas"},
+           {R"({"use_lu_lambdas": true})", "use_lu_lambdas"},
+           {R"({"lambda_min_clipped": -5.1})", "lambda_min_clipped"},
+           {R"({"variance_type": "learned_range"})", "variance_type"},
+           {R"({"final_sigmas_type": "one"})", "final_sigmas_type"}}) {
+    Result<DpmSolverOptions> bad =
+        DpmSolverOptions::FromDiffusersScheduler(nlohmann::json::parse(json));
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_NE(bad.status().message().find(named), std::string::npos) << bad.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace difftrain
