@@ -39,6 +39,10 @@ Status DiTConfig::Validate() const {
                   num_classes);
   if (video && num_frames < 1)
     return Errorf("model.num_frames must be positive, got {}", num_frames);
+  // Far beyond any trained DiT (28 blocks): per-block loops (the planner's, the parameter
+  // table's) stay bounded for whatever a job file says.
+  constexpr int kMaxDepth = 4096;
+  if (depth > kMaxDepth) return Errorf("model.depth {} exceeds {} blocks", depth, kMaxDepth);
   if (video && depth % 2 != 0)
     return Errorf(
         "model.depth {} must be even: Latte's blocks come in pairs (spatial, then temporal)",

@@ -44,6 +44,14 @@ TEST(DiTConfigTest, RejectsBadNamesAndShapes) {
   c = *DiTConfigByName("DiT-S/2");
   c.input_size = 31;
   EXPECT_NE(c.Validate().message().find("patch_size"), std::string::npos);
+  // A depth the fuzz target found: `parallel: auto` planned its billion blocks for minutes.
+  c = *DiTConfigByName("DiT-S/2");
+  c.depth = 1000010001;
+  EXPECT_NE(c.Validate().message().find("model.depth 1000010001 exceeds 4096 blocks"),
+            std::string::npos)
+      << c.Validate().message();
+  c.depth = 4096;
+  EXPECT_TRUE(c.Validate().ok());
 }
 
 // Inputs that broke the job-spec fuzz target: the derived sizes are ints, and a shape whose

@@ -101,6 +101,16 @@ Status UNetConfig::Validate() const {
                           {"text_length", text_length}}) {
     if (v <= 0) return Errorf("model.{} must be positive, got {}", field, v);
   }
+  // Far beyond any trained UNet (SD's: 2 resnets a level, 4 levels): the plan's per-layer
+  // loops stay bounded for whatever a job file says.
+  constexpr int kMaxLayersPerBlock = 64, kMaxLevels = 16;
+  if (layers_per_block > kMaxLayersPerBlock) {
+    return Errorf("model.layers_per_block {} exceeds {}", layers_per_block, kMaxLayersPerBlock);
+  }
+  if (block_out_channels.size() > kMaxLevels) {
+    return Errorf("model.block_out_channels has {} levels, more than {}", block_out_channels.size(),
+                  kMaxLevels);
+  }
   if (block_out_channels.empty()) return Status::Error("model.block_out_channels is empty");
   if (down_block_types.size() != block_out_channels.size() ||
       up_block_types.size() != block_out_channels.size()) {

@@ -85,6 +85,15 @@ TEST(UNetFamily, DiffusersKeysInAndOut) {
   Result<ModelSpec> unknown = UNetFamily().FromJson(j);
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("model.addition_time_embed_dim"), std::string::npos);
+
+  // Sizes that would make the plan's per-layer loops unbounded are refused.
+  nlohmann::json deep = Named("SD2-base").ToJson();
+  deep["layers_per_block"] = 65;
+  Result<ModelSpec> too_deep = UNetFamily().FromJson(deep);
+  ASSERT_FALSE(too_deep.ok());
+  EXPECT_NE(too_deep.status().message().find("model.layers_per_block 65 exceeds 64"),
+            std::string::npos)
+      << too_deep.status().message();
 }
 
 TEST(UNetFamily, RefusesModelParallelAxesByName) {
