@@ -76,7 +76,8 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   DT_RETURN_IF_ERROR(options.spacing.Validate());
   std::vector<SamplingStep> diffusers_steps;
   std::vector<PlmsCall> plms_calls;
-  if (options.spacing.diffusers()) {
+  // DPM-Solver keeps timesteps of its own (dpm_steps_); the others step on these.
+  if (options.spacing.diffusers() && options.kind != SamplerKind::kDpmSolver) {
     DT_ASSIGN_OR_RETURN(diffusers_steps,
                         DiffusersSteps(diffusion.alphas_cumprod(), options.steps, options.spacing,
                                        options.kind == SamplerKind::kDdim));

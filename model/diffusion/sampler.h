@@ -101,7 +101,8 @@ class Sampler {
   static Result<Sampler> Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                                 const SamplerOptions& options);
 
-  // The original timesteps kept, increasing; the respaced step i runs at timesteps()[i].
+  // The original timesteps kept, increasing; the respaced step i runs at timesteps()[i]
+  // (DPM-Solver's are in dpm_steps()).
   const std::vector<int>& timesteps() const { return timesteps_; }
   // PNDM's model calls, in the order they run (empty for the others).
   const std::vector<PlmsCall>& plms_calls() const { return plms_calls_; }
