@@ -101,7 +101,10 @@ std::string PipelineSampler(const std::string& scheduler_class) {
   if (scheduler_class == "DDPMScheduler") return "ddpm";
   if (scheduler_class == "PNDMScheduler") return "pndm";
   if (scheduler_class == "EulerDiscreteScheduler") return "euler";
+  if (scheduler_class == "EulerAncestralDiscreteScheduler") return "euler_ancestral";
+  if (scheduler_class == "HeunDiscreteScheduler") return "heun";
   if (scheduler_class == "DPMSolverMultistepScheduler") return "dpmsolver";
+  if (scheduler_class == "UniPCMultistepScheduler") return "unipc";
   if (scheduler_class != "DDIMScheduler") {
     spdlog::info(
         "the pipeline's scheduler is {}, which difftrain does not have: sampling with DDIM",
@@ -111,10 +114,11 @@ std::string PipelineSampler(const std::string& scheduler_class) {
 }
 
 // The sampler and its timestep spacing: the flags, else a pipeline's scheduler's (spaced as its
-// config says), else DiT's (DDPM, respaced; PNDM and Euler, which need a diffusers spacing, their
-// schedulers' defaults: leading and linspace). A
-// spacing flag keeps the scheduler's other keys, as diffusers' from_config(config,
-// timestep_spacing=…).
+// config says), else DiT's (DDPM, respaced; PNDM, Euler, Heun, DPM-Solver and UniPC, which need
+// a diffusers spacing, their schedulers' defaults: leading for PNDM, else linspace). A spacing
+// flag keeps the scheduler's other keys, as diffusers' from_config(config, timestep_spacing=…).
+// A pipeline's Karras σ's stay with a sampler that has them and are dropped for one that has
+// not (DDIM, PNDM …), as from_config drops keys a class does not take.
 Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& source) {
   Sampling c;
   c.name = o.sampler        ? *o.sampler
@@ -133,8 +137,23 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   }
   if (!c.spacing.diffusers() && !o.timestep_spacing) {
     if (c.kind == SamplerKind::kPndm) c.spacing.kind = "leading";
-    if (c.kind == SamplerKind::kEuler || c.kind == SamplerKind::kDpmSolver)
+    if (c.kind == SamplerKind::kEuler || c.kind == SamplerKind::kEulerAncestral ||
+        c.kind == SamplerKind::kHeun || c.kind == SamplerKind::kDpmSolver ||
+        c.kind == SamplerKind::kUniPc)
       c.spacing.kind = "linspace";
+  }
+  const bool has_karras = c.kind == SamplerKind::kEuler || c.kind == SamplerKind::kHeun ||
+                          c.kind == SamplerKind::kDpmSolver || c.kind == SamplerKind::kUniPc;
+  if (!has_karras && !o.karras_sigmas) c.spacing.karras = false;
+  if (c.kind != SamplerKind::kEuler || !c.spacing.karras)
+    c.spacing.sigma_min = c.spacing.sigma_max = 0;
+  if (o.karras_sigmas) {
+    if (*o.karras_sigmas && !has_karras) {
+      return Status::Error(
+          "--karras-sigmas: Karras sigmas are for --sampler euler, heun, dpmsolver and unipc");
+    }
+    c.spacing.karras = *o.karras_sigmas;
+    if (!c.spacing.karras) c.spacing.sigma_min = c.spacing.sigma_max = 0;
   }
   if (o.steps_offset) c.spacing.steps_offset = *o.steps_offset;
   if (o.set_alpha_to_one) c.spacing.set_alpha_to_one = *o.set_alpha_to_one;
@@ -253,6 +272,8 @@ int RunSample(const SampleOptions& o) {
   options.clip_denoised = o.clip_denoised.value_or(
       kind == SamplerKind::kDdpm || kind == SamplerKind::kDdim ? !latents : false);
   options.dpm = ckpt.dpm.value_or(DpmSolverOptions{});
+  options.unipc = ckpt.unipc.value_or(UniPcOptions{});
+  options.guidance_rescale = o.guidance_rescale.value_or(0.0);
   options.seed = o.seed;
   DenoiserShape shape{
       m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? num_rows : -1, m.frames};
@@ -306,8 +327,9 @@ int RunSample(const SampleOptions& o) {
       sampling->name, options.steps,
       kind == SamplerKind::kDdim ? fmt::format(" (eta {})", options.eta) : "",
       options.spacing.diffusers()
-          ? fmt::format(" spaced {} (steps_offset {}, set_alpha_to_one {})", options.spacing.kind,
-                        options.spacing.steps_offset, options.spacing.set_alpha_to_one)
+          ? fmt::format(" spaced {} (steps_offset {}, set_alpha_to_one {}){}", options.spacing.kind,
+                        options.spacing.steps_offset, options.spacing.set_alpha_to_one,
+                        options.spacing.karras ? ", Karras sigmas" : "")
           : "",
       options.cfg_scale,
       o.cfg_interval.empty()
@@ -363,6 +385,8 @@ int RunSample(const SampleOptions& o) {
                           {"seed", o.seed}};
     if (!o.initial_noise.empty()) how["initial_noise"] = o.initial_noise;
     if (kind == SamplerKind::kDpmSolver) how["dpm_solver"] = options.dpm.ToJson();
+    if (kind == SamplerKind::kUniPc) how["unipc"] = options.unipc.ToJson();
+    if (options.guidance_rescale != 0) how["guidance_rescale"] = options.guidance_rescale;
     if (ckpt.pretrained) {
       how["pretrained"] = ckpt.path;
       how["diffusion"] = ckpt.diffusion.ToJson();
@@ -448,9 +472,10 @@ DIFFTRAIN_COMMAND(
                       "sampling steps, spaced over the diffusion's (default 250, or all if "
                       "fewer; from a pipeline 50)");
        app.add_option("--sampler", o->sampler,
-                      "ddpm, ddim, pndm, euler or dpmsolver (default ddpm; from a pipeline its "
-                      "scheduler's: DDPM, DDIM, PNDM, EulerDiscrete or DPMSolverMultistep, "
-                      "else ddim)");
+                      "ddpm, ddim, pndm, euler, euler_ancestral, heun, dpmsolver or unipc "
+                      "(default ddpm; from a pipeline its scheduler's: DDPM, DDIM, PNDM, "
+                      "EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, DPMSolverMultistep "
+                      "or UniPCMultistep, else ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
                       "linspace (default: a pipeline's scheduler's, else respace)")
@@ -461,10 +486,17 @@ DIFFTRAIN_COMMAND(
        app.add_option("--set-alpha-to-one", o->set_alpha_to_one,
                       "with a diffusers spacing, DDIM's last step goes to alpha-bar 1 (true) or "
                       "to timestep 0's (false) (default: a pipeline scheduler's, else true)");
+       app.add_option("--karras-sigmas", o->karras_sigmas,
+                      "euler, heun, dpmsolver and unipc step on Karras et al.'s sigmas (true) "
+                      "or the spacing's (false) (default: a pipeline scheduler's "
+                      "use_karras_sigmas, else false)");
        app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");
        app.add_option("--cfg", o->cfg,
                       "classifier-free guidance scale; 1 = none (default 4, from a pipeline "
                       "7.5; 1 for a model without a null class)");
+       app.add_option("--guidance-rescale", o->guidance_rescale,
+                      "phi in [0, 1]: each guided output rescaled toward the conditional "
+                      "output's standard deviation, as diffusers' guidance_rescale (default 0)");
        app.add_option("--cfg-interval", o->cfg_interval,
                       "guide only the steps whose timestep lies in FROM,TO (e.g. 0,600); "
                       "default: every step")

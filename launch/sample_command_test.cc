@@ -109,11 +109,16 @@ TEST_F(SampleCommandTest, WritesGridAndRawSamples) {
   EXPECT_EQ(raw->metadata().at("format"), "difftrain-samples");
 }
 
-// PNDM, Euler and DPM-Solver need a diffusers spacing: from a checkpoint they take their
-// schedulers' defaults (leading, linspace, linspace), and sample without clipping.
+// PNDM, Euler, Heun, DPM-Solver and UniPC need a diffusers spacing: from a checkpoint they
+// take their schedulers' defaults (leading for PNDM, else linspace), and sample without
+// clipping.
 TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
-  for (const auto& [sampler, spacing] : std::vector<std::pair<std::string, std::string>>{
-           {"pndm", "leading"}, {"euler", "linspace"}, {"dpmsolver", "linspace"}}) {
+  for (const auto& [sampler, spacing] :
+       std::vector<std::pair<std::string, std::string>>{{"pndm", "leading"},
+                                                        {"euler", "linspace"},
+                                                        {"heun", "linspace"},
+                                                        {"dpmsolver", "linspace"},
+                                                        {"unipc", "linspace"}}) {
     SCOPED_TRACE(sampler);
     const std::string raw = File(sampler + ".safetensors");
     const CommandResult r = RunDifftrain("sample --checkpoint " + Ckpt() +
@@ -127,7 +132,23 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
     EXPECT_EQ(how["sampler"], sampler);
     EXPECT_EQ(how["timestep_spacing"]["kind"], spacing);
     EXPECT_EQ(how["clip_denoised"], false);
+    EXPECT_EQ(how.contains("unipc"), sampler == "unipc");
   }
+  // Karras σ's and guidance rescale reach the sampler and its record.
+  const std::string raw = File("karras.safetensors");
+  const CommandResult r =
+      RunDifftrain("sample --checkpoint " + Ckpt() +
+                   " --classes 1 --per-class 2 --steps 3 --sampler unipc --karras-sigmas true "
+                   "--guidance-rescale 0.5 --raw " +
+                   ShellQuote(raw));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Karras sigmas"), std::string::npos) << r.output;
+  Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(raw);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  const nlohmann::json how = nlohmann::json::parse(file->metadata().at("sampling"));
+  EXPECT_EQ(how["timestep_spacing"]["karras_sigmas"], true);
+  EXPECT_EQ(how["guidance_rescale"], 0.5);
+  EXPECT_EQ(how["unipc"]["solver_type"], "bh2");
 }
 
 // A step directory works as well as the checkpoint directory, the batch size does not
@@ -184,7 +205,11 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + ShellQuote(dir_->string()) + " --classes 0" + out,
             "holds no complete checkpoint"},
            {"--checkpoint " + Ckpt() + " --classes 0,10" + out, "class 10 is outside"},
-           {"--checkpoint " + Ckpt() + " --classes 0 --sampler heun" + out, "unknown sampler"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler euler_a" + out, "unknown sampler"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --karras-sigmas true" + out,
+            "--karras-sigmas: Karras sigmas are for --sampler euler, heun, dpmsolver and unipc"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --guidance-rescale 1.5" + out,
+            "the guidance rescale must be in [0, 1], got 1.5"},
            {"--checkpoint " + Ckpt() + " --classes 0 --steps 5000" + out, "got 5000"},
            {"--checkpoint " + Ckpt() + " --classes 0 --eta 0.5" + out, "--eta is for"},
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --clip-denoised true" + out,

@@ -31,6 +31,8 @@ struct SampleOptions {
   std::optional<std::string> timestep_spacing;
   std::optional<int> steps_offset;
   std::optional<bool> set_alpha_to_one;
+  std::optional<bool> karras_sigmas;
+  std::optional<double> guidance_rescale;
   std::optional<double> eta;
   std::optional<double> cfg;
   std::vector<int> cfg_interval;  // [from, to] in timesteps; empty: every step

@@ -98,6 +98,11 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
         if (!dpm.ok()) return dpm.status().WithContext(where);
         folder.dpm = *dpm;
       }
+      if (folder.scheduler_class == "UniPCMultistepScheduler") {
+        Result<UniPcOptions> unipc = UniPcOptions::FromDiffusersScheduler(*schedule);
+        if (!unipc.ok()) return unipc.status().WithContext(where);
+        folder.unipc = *unipc;
+      }
     }
   }
   return folder;
@@ -114,6 +119,7 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
   c.spacing = folder.spacing;
   c.scheduler_class = folder.scheduler_class;
   c.dpm = folder.dpm;
+  c.unipc = folder.unipc;
   if (latent_size && folder.model) model.reset();
   if (!model && !folder.model) {
     return Errorf(

@@ -13,6 +13,7 @@
 #include "model/diffusion/dpm_solver.h"
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/diffusion/timestep_spacing.h"
+#include "model/diffusion/unipc.h"
 #include "model/family/family.h"
 #include "model/family/model.h"
 #include "model/io/safetensors.h"
@@ -36,6 +37,7 @@ struct SampleSource {
   std::optional<TimestepSpacing> spacing;
   std::string scheduler_class;
   std::optional<DpmSolverOptions> dpm;  // a DPMSolverMultistepScheduler's
+  std::optional<UniPcOptions> unipc;    // a UniPCMultistepScheduler's
 };
 
 // What a diffusers folder says beside the weights file `weights`: the model, from a
@@ -50,6 +52,7 @@ struct DiffusersFolder {
   std::optional<TimestepSpacing> spacing;
   std::string scheduler_class;
   std::optional<DpmSolverOptions> dpm;
+  std::optional<UniPcOptions> unipc;
   std::string pipeline;
 };
 Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights);

@@ -4,9 +4,10 @@
 // v-prediction DDIMScheduler with leading spacing, steps_offset 1, set_alpha_to_one false),
 // written by the pipeline's save_pretrained, is sampled by both from the same x_T (diffusers'
 // `latents`, difftrain's --initial-noise): the prompt through the tokenizer and text encoder,
-// guidance against the empty or a negative prompt, every DDIM (PNDM, Euler, DPM-Solver++) step and
-// the VAE decoding. Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–2.7e-6); the last step
-// to ᾱ = 1 in place of ᾱ_0 alone moves the latents by more than 10 times that.
+// guidance against the empty or a negative prompt (and its rescale), every DDIM (PNDM, Euler, Heun,
+// DPM-Solver++, UniPC, with Karras σ's) step and the VAE decoding. Within fp32's rounding:
+// relative L2 ≤ 1e-5 (measured 0.8–2.7e-6); the last step to ᾱ = 1 in place of ᾱ_0 alone moves
+// the latents by more than 10 times that, and so does leaving out the guidance rescale.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -139,6 +140,32 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"images", 2},
         {"seed", 4}},
        "--prompt 'a photo of a boat' --sampler dpmsolver --per-class 2 --steps 12"},
+      // Heun: 6 steps, 11 model calls.
+      {"heun",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", "blurry"},
+        {"steps", 6},
+        {"guidance", 4.0},
+        {"spacing", nullptr},
+        {"scheduler", "heun"},
+        {"images", 2},
+        {"seed", 5}},
+       "--prompt 'a photo of a boat' --negative-prompt blurry --sampler heun --cfg 4 "
+       "--per-class 2 --steps 6"},
+      // UniPC on Karras σ's, with guidance rescale.
+      {"unipc_karras_rescale",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 10},
+        {"guidance", 7.5},
+        {"spacing", nullptr},
+        {"scheduler", "unipc"},
+        {"karras", true},
+        {"guidance_rescale", 0.7},
+        {"images", 2},
+        {"seed", 6}},
+       "--prompt 'a photo of a boat' --sampler unipc --karras-sigmas true "
+       "--guidance-rescale 0.7 --per-class 2 --steps 10"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -161,6 +188,15 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
           Sample(pipeline, reference, c.flags + " --set-alpha-to-one true", "off");
       ASSERT_TRUE(off.ok()) << off.status().message();
       EXPECT_GT(RelativeL2(ReferenceTensor(*off, "images"), latents), 10 * kBound);
+    }
+    if (c.name == std::string("unipc_karras_rescale")) {
+      std::string unrescaled = c.flags;
+      unrescaled.erase(unrescaled.find("--guidance-rescale 0.7"), 22);
+      Result<io::SafetensorsFile> off = Sample(pipeline, reference, unrescaled, "unrescaled");
+      ASSERT_TRUE(off.ok()) << off.status().message();
+      const double moved = RelativeL2(ReferenceTensor(*off, "images"), latents);
+      std::cout << "without the guidance rescale: relative L2 latents " << moved << "\n";
+      EXPECT_GT(moved, 10 * kBound);
     }
   }
 }

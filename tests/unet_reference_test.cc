@@ -287,6 +287,31 @@ TEST_F(UNetInitFromTest, APipelineFolderSamplesAsItsPartsGivenByFlags) {
   EXPECT_EQ(defaults["steps"], 50);
   EXPECT_EQ(defaults["cfg_scale"], 7.5);
 
+  // A UniPC scheduler on Karras σ's (its keys as save_pretrained writes them) is the pipeline's
+  // sampler; with --sampler ddim the σ's go, as from_config drops a key DDIM does not take.
+  const std::filesystem::path scheduler_json = pipeline / "scheduler" / "scheduler_config.json";
+  nlohmann::json unipc = nlohmann::json::parse(std::ifstream(scheduler_json));
+  unipc.update(nlohmann::json::parse(
+      R"({"_class_name": "UniPCMultistepScheduler", "use_karras_sigmas": true,
+          "solver_order": 2, "solver_type": "bh1", "predict_x0": true, "solver_p": null,
+          "disable_corrector": [], "lower_order_final": true})"));
+  std::ofstream(scheduler_json) << unipc.dump();
+  const auto sampling_of = [&](const std::string& flags, const std::string& name) {
+    const std::string raw = (dir_ / (name + ".safetensors")).string();
+    const CommandResult s = RunCommand(fmt::format(
+        "{} sample --pretrained {} --prompt boat --per-class 1 --steps 3 {} --raw {} 2>&1",
+        ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline.string()), flags, ShellQuote(raw)));
+    EXPECT_EQ(s.exit_code, 0) << s.output;
+    return nlohmann::json::parse(io::SafetensorsFile::Read(raw)->metadata().at("sampling"));
+  };
+  const nlohmann::json unipc_how = sampling_of("", "unipc");
+  EXPECT_EQ(unipc_how["sampler"], "unipc");
+  EXPECT_EQ(unipc_how["timestep_spacing"]["karras_sigmas"], true);
+  EXPECT_EQ(unipc_how["unipc"]["solver_type"], "bh1");
+  const nlohmann::json ddim_how = sampling_of("--sampler ddim", "unipc_as_ddim");
+  EXPECT_EQ(ddim_how["sampler"], "ddim");
+  EXPECT_FALSE(ddim_how["timestep_spacing"].contains("karras_sigmas"));
+
   // What the folder says and difftrain does not implement is refused, naming the file.
   std::ofstream(pipeline / "scheduler" / "scheduler_config.json")
       << R"({"beta_schedule": "sigmoid"})";

@@ -34,8 +34,6 @@ Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann
     if (final_sigmas != "zero" && final_sigmas != "sigma_min")
       return Errorf("final_sigmas_type: '{}' is not supported (zero, sigma_min)", final_sigmas);
     o.final_sigma_min = final_sigmas == "sigma_min";
-    if (json.value("use_karras_sigmas", false))
-      return Errorf("use_karras_sigmas: true (Karras sigmas) is not supported");
     if (json.value("use_lu_lambdas", false)) return Errorf("use_lu_lambdas: true is not supported");
     if (json.contains("lambda_min_clipped") && json["lambda_min_clipped"].is_number() &&
         std::isfinite(json["lambda_min_clipped"].get<double>()))
@@ -50,9 +48,8 @@ Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann
   return o;
 }
 
-Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cumprod, int N,
-                                            const TimestepSpacing& spacing,
-                                            const DpmSolverOptions& options) {
+Result<MultistepSchedule> MultistepTimesteps(const std::vector<double>& alphas_cumprod, int N,
+                                             const TimestepSpacing& spacing) {
   const int T = static_cast<int>(alphas_cumprod.size());
   DT_RETURN_IF_ERROR(spacing.Validate());
   if (N < 1 || N > T) {
@@ -65,21 +62,44 @@ Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cu
     for (int k = 1; k <= N; ++k)
       kept.push_back(k == N ? T - 1 : static_cast<int>(std::nearbyint(k * step)));
   } else if (spacing.kind == "leading") {
-    if (N + 1 > T) return Errorf("DPM-Solver's leading spacing needs at most {} steps", T - 1);
+    if (N + 1 > T)
+      return Errorf("a leading spacing of these schedulers needs at most {} steps", T - 1);
     for (int k = 1; k <= N; ++k)
       kept.push_back(k * (T / (N + 1)) + spacing.steps_offset);
   } else {
     DT_ASSIGN_OR_RETURN(kept, DiffusersTimesteps(T, N, spacing));
   }
   if (kept.back() > T - 1 || kept.front() < 0) {
-    return Errorf("{} spacing puts DPM-Solver's timesteps of {} steps in [{}, {}], outside [0, {}]",
+    return Errorf("{} spacing puts the timesteps of {} steps in [{}, {}], outside [0, {}]",
                   spacing.kind, N, kept.front(), kept.back(), T - 1);
   }
-  auto sigma = [&](int t) { return std::sqrt((1 - alphas_cumprod[t]) / alphas_cumprod[t]); };
-  const double final_sigma = options.final_sigma_min ? sigma(0) : 0.0;
+  MultistepSchedule schedule;
+  if (spacing.karras) {
+    // Over the whole diffusion, whatever the spacing: from σ_{T−1} down to σ_0.
+    schedule.sigmas =
+        KarrasSigmas(DiffusionSigma(alphas_cumprod, 0), DiffusionSigma(alphas_cumprod, T - 1), N);
+    for (double sigma : schedule.sigmas) {
+      schedule.timesteps.push_back(
+          static_cast<int>(std::nearbyint(SigmaToTimestep(sigma, alphas_cumprod))));
+    }
+    return schedule;
+  }
+  for (int k = N - 1; k >= 0; --k) {
+    schedule.timesteps.push_back(kept[k]);
+    schedule.sigmas.push_back(DiffusionSigma(alphas_cumprod, kept[k]));
+  }
+  return schedule;
+}
+
+Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cumprod, int N,
+                                            const TimestepSpacing& spacing,
+                                            const DpmSolverOptions& options) {
+  DT_ASSIGN_OR_RETURN(const MultistepSchedule schedule,
+                      MultistepTimesteps(alphas_cumprod, N, spacing));
+  const double final_sigma = options.final_sigma_min ? DiffusionSigma(alphas_cumprod, 0) : 0.0;
   std::vector<DpmStep> steps;
-  for (int k = N - 1; k >= 0; --k)
-    steps.push_back({kept[k], sigma(kept[k]), 0, 0, 1});
+  for (int k = 0; k < N; ++k)
+    steps.push_back({schedule.timesteps[k], schedule.sigmas[k], 0, 0, 1});
   for (int k = 0; k < N; ++k) {
     DpmStep& s = steps[k];
     s.sigma_next = k + 1 < N ? steps[k + 1].sigma : final_sigma;

@@ -11,6 +11,8 @@
 //   second order  x' = (σ_t' / σ_t) x − α' (e^{−h} − 1) (m_k + c · D1), D1 = (m_k − m_{k−1}) / r,
 //                 r = (λ_k − λ_{k−1}) / h, c = 1/2 (midpoint) or, for heun, the D1 term is
 //                 + α' ((e^{−h} − 1)/h + 1) D1
+// With use_karras_sigmas (TimestepSpacing::karras) the N σ's are Karras's over the whole
+// diffusion, σ_{T−1} to σ_0, each step at its σ's timestep rounded (MultistepTimesteps).
 // The first step is of first order, and so is the last where final_sigmas_type is zero,
 // euler_at_final is set, or lower_order_final with fewer than 15 steps.
 #pragma once
@@ -32,8 +34,9 @@ struct DpmSolverOptions {
   bool final_sigma_min = false;  // final_sigmas_type sigma_min; else zero
 
   nlohmann::json ToJson() const;
-  // The keys of a DPMSolverMultistepScheduler config. Refused by name: algorithm_type other
-  // than dpmsolver++, solver_order 3, use_karras_sigmas, use_lu_lambdas, a finite
+  // The keys of a DPMSolverMultistepScheduler config (its spacing and use_karras_sigmas are
+  // TimestepSpacing's). Refused by name: algorithm_type other than dpmsolver++, solver_order 3,
+  // use_lu_lambdas, a finite
   // lambda_min_clipped, variance_type, thresholding.
   static Result<DpmSolverOptions> FromDiffusersScheduler(const nlohmann::json& json);
 };
@@ -43,6 +46,17 @@ struct DpmStep {
   double sigma = 0, sigma_next = 0, sigma_prev = 0;  // σ_k, σ_{k+1}, σ_{k−1} (second order)
   int order = 1;
 };
+
+// The timesteps and σ's of DPMSolverMultistepScheduler's and UniPCMultistepScheduler's
+// set_timesteps, in the order they run (decreasing): linspace round(k · (T − 1)/N) and
+// leading k · ⌊T/(N + 1)⌋ + steps_offset for k = 1 … N, trailing as the other schedulers'; or
+// Karras's σ's. Errors: N outside [1, T], a timestep outside the diffusion.
+struct MultistepSchedule {
+  std::vector<int> timesteps;
+  std::vector<double> sigmas;
+};
+Result<MultistepSchedule> MultistepTimesteps(const std::vector<double>& alphas_cumprod, int N,
+                                             const TimestepSpacing& spacing);
 
 // The N steps in the order they run. Errors: N outside [1, T], a timestep outside the
 // diffusion.

@@ -66,7 +66,6 @@ TEST(DpmSolverOptionsTest, ReadsAndRefusesByName) {
            {R"({"algorithm_type": "sde-dpmsolver++"})", "algorithm_type"},
            {R"({"solver_order": 3})", "solver_order"},
            {R"({"solver_type": "bogacki"})", "solver_type"},
-           {R"({"use_karras_sigmas": true})", "use_karras_sigmas"},
            {R"({"use_lu_lambdas": true})", "use_lu_lambdas"},
            {R"({"lambda_min_clipped": -5.1})", "lambda_min_clipped"},
            {R"({"variance_type": "learned_range"})", "variance_type"},

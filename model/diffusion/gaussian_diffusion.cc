@@ -81,8 +81,10 @@ Result<DiffusionConfig> DiffusionConfig::FromDiffusersScheduler(const nlohmann::
   DiffusionConfig c;
   try {
     c.steps = json.value("num_train_timesteps", 1000);
-    c.beta_start = json.value("beta_start", 1e-4);
-    c.beta_end = json.value("beta_end", 0.02);
+    // The class's defaults: HeunDiscreteScheduler's are Stable Diffusion's, the others DDPM's.
+    const bool heun = json.value("_class_name", std::string()) == "HeunDiscreteScheduler";
+    c.beta_start = json.value("beta_start", heun ? 0.00085 : 1e-4);
+    c.beta_end = json.value("beta_end", heun ? 0.012 : 0.02);
     const std::string schedule = json.value("beta_schedule", std::string("linear"));
     if (schedule == "squaredcos_cap_v2") {
       c.schedule = "cosine";

@@ -44,10 +44,11 @@ struct DiffusionConfig {
   // The training process a diffusers scheduler config describes (scheduler_config.json of a
   // pipeline; DDPM, DDIM, PNDM, Euler … share these keys): num_train_timesteps, beta_schedule
   // (linear, scaled_linear, squaredcos_cap_v2 → cosine), beta_start, beta_end and
-  // prediction_type (epsilon, v_prediction → v). Refused by name: trained_betas,
-  // rescale_betas_zero_snr, another schedule or prediction type. The sampling-time keys
-  // (timestep_spacing, steps_offset, clip_sample …) are not read: difftrain's samplers space
-  // steps as DiT does (docs/sampling.md).
+  // prediction_type (epsilon, v_prediction → v), with the class's (_class_name) defaults
+  // (HeunDiscreteScheduler's betas are 0.00085 to 0.012, the others' 1e-4 to 0.02). Refused by
+  // name: trained_betas, rescale_betas_zero_snr, another schedule or prediction type. The
+  // sampling-time keys (timestep_spacing, steps_offset …) are TimestepSpacing's
+  // (timestep_spacing.h) and the solvers'.
   static Result<DiffusionConfig> FromDiffusersScheduler(const nlohmann::json& json);
 };
 

@@ -29,6 +29,7 @@
 #include "model/diffusion/dpm_solver.h"
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/diffusion/timestep_spacing.h"
+#include "model/diffusion/unipc.h"
 #include "model/diffusion/vb_loss.h"
 
 namespace difftrain {
@@ -56,11 +57,15 @@ Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int leng
                         std::vector<float> null_text = {});
 
 // DDPM (ancestral), DDIM, PNDM's pseudo linear multistep (diffusers' PNDMScheduler with
-// skip_prk_steps; N steps make N + 1 model calls) or Euler (diffusers'
-// EulerDiscreteScheduler, s_churn 0); PNDM and Euler are deterministic (timestep_spacing.h).
-// DPM-Solver++ (dpm_solver.h) likewise.
-enum class SamplerKind { kDdpm, kDdim, kPndm, kEuler, kDpmSolver };
-// "ddpm", "ddim", "pndm", "euler" or "dpmsolver".
+// skip_prk_steps; N steps make N + 1 model calls), Euler (diffusers' EulerDiscreteScheduler,
+// s_churn 0), Euler ancestral (EulerAncestralDiscreteScheduler: Euler's steps, each to
+// σ_down = √(σ'² − σ_up²), σ_up = σ'·√(σ² − σ'²)/σ, then noise of σ_up added) or Heun
+// (HeunDiscreteScheduler: Euler's steps, each but the last corrected by a second model call at
+// its end, the mean of the two slopes taken; 2N − 1 calls); PNDM, Euler and Heun are
+// deterministic (timestep_spacing.h). DPM-Solver++ (dpm_solver.h) and UniPC
+// (unipc.h) likewise.
+enum class SamplerKind { kDdpm, kDdim, kPndm, kEuler, kEulerAncestral, kHeun, kDpmSolver, kUniPc };
+// "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "dpmsolver" or "unipc".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
 
 // What the samplers must know of the model.
@@ -81,6 +86,7 @@ struct SamplerOptions {
   int steps = 250;          // respaced steps N, 1 ≤ N ≤ T
   TimestepSpacing spacing;  // where the N steps fall (default: DiT's respacing)
   DpmSolverOptions dpm;     // DPM-Solver++'s order and final steps
+  UniPcOptions unipc;       // UniPC's order, B(h) and correctors
   double eta = 0.0;         // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
   double cfg_scale = 1.0;   // guidance scale g; 1 runs the conditional model alone
   // Guidance applies only at steps whose (original) timestep lies in [cfg_from, cfg_to];
@@ -88,6 +94,8 @@ struct SamplerOptions {
   // guidance in a limited interval"). The default covers every step.
   int cfg_from = 0;
   int cfg_to = std::numeric_limits<int>::max();
+  // φ of guidance rescale, in [0, 1]: 0 leaves the guided output as it is (guided_model.h).
+  double guidance_rescale = 0;
   bool clip_denoised = true;  // clip every x0 prediction, and the final sample, to [−1, 1]
   uint64_t seed = 0;
 };
@@ -96,8 +104,9 @@ class Sampler {
  public:
   // Errors (for the user to fix): steps outside [1, T], η outside [0, 1] or given to DDPM,
   // a negative guidance scale, guidance without a null class, an empty guidance interval, a
-  // spacing whose timesteps leave [0, T − 1], PNDM or Euler with DiT's respacing, η or
-  // clipping.
+  // spacing whose timesteps leave [0, T − 1], PNDM, Euler, Heun, DPM-Solver or UniPC with
+  // DiT's respacing, η or clipping, Karras σ's for DDPM, DDIM or PNDM, a guidance rescale
+  // outside [0, 1].
   static Result<Sampler> Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                                 const SamplerOptions& options);
 
@@ -106,10 +115,12 @@ class Sampler {
   const std::vector<int>& timesteps() const { return timesteps_; }
   // PNDM's model calls, in the order they run (empty for the others).
   const std::vector<PlmsCall>& plms_calls() const { return plms_calls_; }
-  // Euler's steps, in the order they run (empty for the others).
+  // Euler's (ancestral's) and Heun's steps, in the order they run (empty for the others).
   const std::vector<EulerStep>& euler_steps() const { return euler_steps_; }
   // DPM-Solver++'s steps, in the order they run (empty for the others).
   const std::vector<DpmStep>& dpm_steps() const { return dpm_steps_; }
+  // UniPC's steps, in the order they run (empty for the others).
+  const std::vector<UniPcStep>& unipc_steps() const { return unipc_steps_; }
   // The β's of the respaced process, one per kept timestep (1 − ᾱ_t / ᾱ_prev of each step).
   const std::vector<double>& betas() const { return betas_; }
   // Each step's coefficients, one per kept timestep: ᾱ_t, ᾱ_prev, the posterior's.
@@ -123,7 +134,8 @@ class Sampler {
   void Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
               float* out) const;
   // The same from a given x_T: x [N, C, H, W] holds x_T and is overwritten by the samples.
-  // x_T is N(0, 1) noise, as diffusers pipelines' `latents`: Euler scales it by its initial σ.
+  // x_T is N(0, 1) noise, as diffusers pipelines' `latents`: Euler and Heun scale it by their
+  // initial σ.
   void Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x) const;
 
  private:
@@ -133,10 +145,14 @@ class Sampler {
   // Denoise for PNDM: the calls of plms_calls_, each from the linear multistep combination of
   // the last (up to 4) guided outputs.
   void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const;
-  // Denoise for Euler: the steps of euler_steps_ from x_T scaled by its initial σ.
-  void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, float* x) const;
+  // Denoise for Euler, Euler ancestral and Heun: the steps of euler_steps_ from x_T scaled by
+  // its initial σ; Euler ancestral's noise from the samples' step noise streams.
+  void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
+                    float* x) const;
   // Denoise for DPM-Solver++: the steps of dpm_steps_.
   void DenoiseDpm(const Denoiser& model, const int32_t* y, int N, float* x) const;
+  // Denoise for UniPC: the steps of unipc_steps_.
+  void DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float* x) const;
 
   DenoiserShape shape_;
   SamplerOptions options_;
@@ -149,6 +165,7 @@ class Sampler {
   std::vector<PlmsCall> plms_calls_;
   std::vector<EulerStep> euler_steps_;
   std::vector<DpmStep> dpm_steps_;
+  std::vector<UniPcStep> unipc_steps_;
 };
 
 }  // namespace difftrain

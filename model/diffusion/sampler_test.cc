@@ -128,12 +128,16 @@ TEST_F(SamplerTest, ShapesRangeAndDeterminism) {
 
 // Sample n's noise is addressed by n: drawing in batches of any size gives the same samples.
 TEST_F(SamplerTest, SamplesDoNotDependOnTheBatch) {
-  for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim}) {
+  for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kEulerAncestral}) {
     SamplerOptions options;
     options.kind = kind;
     options.steps = 10;
     options.eta = kind == SamplerKind::kDdim ? 1.0 : 0.0;
     options.cfg_scale = 2.5;
+    if (kind == SamplerKind::kEulerAncestral) {
+      options.spacing.kind = "linspace";
+      options.clip_denoised = false;
+    }
     const Sampler sampler = Make(options);
     const std::vector<int32_t> labels = {3, 1, 4, 1, 0, 2};
     const std::vector<float> whole = Draw(sampler, Toy(), labels);
@@ -147,6 +151,9 @@ TEST_F(SamplerTest, SamplesDoNotDependOnTheBatch) {
     EXPECT_EQ(pieces, whole);
     const std::vector<float> third = Draw(sampler, Toy(), {labels[3]}, 3);
     EXPECT_TRUE(std::equal(third.begin(), third.end(), whole.begin() + 3 * kN));
+    // The stochastic samplers' seed reaches every sample.
+    options.seed = 1;
+    EXPECT_NE(Draw(Make(options), Toy(), {labels[3]}, 3), third);
   }
 }
 
@@ -470,7 +477,77 @@ TEST_F(SamplerTest, RejectsBadOptions) {
   EXPECT_NE(error(options, shape).find("guidance interval [600, 100]"), std::string::npos);
   options.cfg_from = -1;
   EXPECT_NE(error(options, shape).find("guidance interval [-1, 100]"), std::string::npos);
-  EXPECT_FALSE(ParseSamplerKind("heun").ok());
+  EXPECT_FALSE(ParseSamplerKind("euler_a").ok());
+  options = {};
+  options.clip_denoised = false;
+  options.spacing.kind = "leading";
+  options.spacing.karras = true;
+  options.kind = SamplerKind::kPndm;
+  EXPECT_NE(error(options, shape).find("Karras sigmas are for"), std::string::npos);
+  options.kind = SamplerKind::kDdim;
+  EXPECT_NE(error(options, shape).find("Karras sigmas are for"), std::string::npos);
+  for (SamplerKind k :
+       {SamplerKind::kEuler, SamplerKind::kHeun, SamplerKind::kDpmSolver, SamplerKind::kUniPc}) {
+    options.kind = k;
+    EXPECT_EQ(error(options, shape), "ok");
+  }
+  options.guidance_rescale = 1.5;
+  EXPECT_NE(error(options, shape).find("guidance rescale must be in [0, 1]"), std::string::npos);
+  options = {};
+  options.kind = SamplerKind::kUniPc;
+  options.clip_denoised = false;
+  EXPECT_NE(error(options, shape).find("UniPCMultistepScheduler"), std::string::npos);
+}
+
+// Guidance rescale scales each sample's guided output to φ · std(cond)/std(guided) + 1 − φ of
+// itself: at φ = 1 the guided output has the conditional output's standard deviation.
+TEST_F(SamplerTest, GuidanceRescaleMatchesTheConditionalDeviation) {
+  SamplerOptions options;
+  options.kind = SamplerKind::kDdim;
+  options.steps = 1;
+  options.cfg_scale = 5;
+  options.clip_denoised = false;
+  // A model whose conditional output is x and whose unconditional output is x/2 + 0.3.
+  std::vector<float> seen;
+  const Denoiser affine = [&](const float* x, const float*, const int32_t* y, int B, float* out) {
+    for (int b = 0; b < B; ++b) {
+      for (size_t j = 0; j < kN; ++j) {
+        const float v = x[(b % (B / 2)) * kN + j];
+        out[b * 2 * kN + j] = y[b] == kNumClasses ? v / 2 + 0.3f : v;
+        out[b * 2 * kN + kN + j] = 0;
+      }
+    }
+  };
+  std::vector<float> x(kN);
+  for (size_t j = 0; j < kN; ++j)
+    x[j] = std::sin(0.7f * j);
+  const auto deviation = [](const std::vector<double>& v) {
+    double mean = 0, square = 0;
+    for (double e : v)
+      mean += e;
+    mean /= v.size();
+    for (double e : v)
+      square += (e - mean) * (e - mean);
+    return std::sqrt(square / (v.size() - 1));
+  };
+  std::vector<double> cond(x.begin(), x.end()), guided(kN);
+  for (size_t j = 0; j < kN; ++j)
+    guided[j] = (x[j] / 2 + 0.3) + 5 * (x[j] - (x[j] / 2 + 0.3));
+  for (double phi : {0.0, 0.7, 1.0}) {
+    options.guidance_rescale = phi;
+    Result<Sampler> sampler = Sampler::Create(diffusion, {kC, kH, kW, true, kNumClasses}, options);
+    ASSERT_TRUE(sampler.ok()) << sampler.status().message();
+    // One DDIM step from timestep 0 to ᾱ = 1 returns x0 = (x − √(1 − ᾱ) ε)/√ᾱ: ε is read back.
+    std::vector<float> got = x;
+    const int32_t label = 1;
+    sampler->Denoise(affine, &label, 1, 0, got.data());
+    const StepCoefficients& c = sampler->coefficients()[0];
+    const double factor = phi * deviation(cond) / deviation(guided) + 1 - phi;
+    for (size_t j = 0; j < kN; j += 7) {
+      const double eps = guided[j] * factor;
+      EXPECT_NEAR(got[j], c.PredictX0(x[j], eps), 1e-4) << phi << " " << j;
+    }
+  }
 }
 
 }  // namespace

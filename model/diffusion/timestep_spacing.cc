@@ -18,6 +18,16 @@ Status TimestepSpacing::Validate() const {
         "steps_offset and set_alpha_to_one are for diffusers' spacings (leading, trailing, "
         "linspace); respace ends every sample at alpha-bar 1");
   }
+  if (!diffusers() && karras) {
+    return Status::Error(
+        "Karras sigmas are for diffusers' spacings (leading, trailing, linspace), not respace");
+  }
+  if (!(sigma_min >= 0) || !(sigma_max >= 0))
+    return Errorf("sigma_min {} and sigma_max {} must be >= 0", sigma_min, sigma_max);
+  if (!karras && (sigma_min != 0 || sigma_max != 0))
+    return Status::Error("sigma_min and sigma_max bound Karras sigmas: give them with karras");
+  if (sigma_min != 0 && sigma_max != 0 && sigma_min >= sigma_max)
+    return Errorf("sigma_min {} must be below sigma_max {}", sigma_min, sigma_max);
   return Status::Ok();
 }
 
@@ -27,6 +37,9 @@ nlohmann::json TimestepSpacing::ToJson() const {
     j["steps_offset"] = steps_offset;
     j["set_alpha_to_one"] = set_alpha_to_one;
   }
+  if (karras) j["karras_sigmas"] = true;
+  if (sigma_min != 0) j["sigma_min"] = sigma_min;
+  if (sigma_max != 0) j["sigma_max"] = sigma_max;
   return j;
 }
 
@@ -38,7 +51,10 @@ Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::
                                        ? json["_class_name"].get<std::string>()
                                        : std::string();
     const bool euler = class_name == "EulerDiscreteScheduler";
-    const bool linspace_default = euler || class_name == "DPMSolverMultistepScheduler";
+    const bool heun = class_name == "HeunDiscreteScheduler";
+    const bool karras_class = euler || heun || class_name == "DPMSolverMultistepScheduler" ||
+                              class_name == "UniPCMultistepScheduler";
+    const bool linspace_default = karras_class || class_name == "EulerAncestralDiscreteScheduler";
     s.kind = json.value("timestep_spacing", std::string(linspace_default ? "linspace" : "leading"));
     if (s.kind == "respace")
       return Errorf("timestep_spacing: 'respace' is not a diffusers spacing");
@@ -47,8 +63,18 @@ Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::
     s.set_alpha_to_one = json.value("set_alpha_to_one", class_name != "PNDMScheduler");
     if (json.value("thresholding", false))
       return Errorf("thresholding: true (dynamic thresholding) is not supported");
-    if (euler && json.value("use_karras_sigmas", false))
-      return Errorf("use_karras_sigmas: true (Karras sigmas) is not supported");
+    // null is the signature's default of use_karras_sigmas, sigma_min and sigma_max.
+    const auto number_or_null = [&](const char* key) {
+      return json.contains(key) && !json[key].is_null() ? json[key].get<double>() : 0.0;
+    };
+    s.karras = karras_class && json.contains("use_karras_sigmas") &&
+               !json["use_karras_sigmas"].is_null() && json["use_karras_sigmas"].get<bool>();
+    if (euler && s.karras) {
+      s.sigma_min = number_or_null("sigma_min");
+      s.sigma_max = number_or_null("sigma_max");
+    }
+    if (heun && json.value("clip_sample", false))
+      return Errorf("clip_sample: true is not supported (Heun's x0 predictions are not clipped)");
     if (euler && json.value("interpolation_type", std::string("linear")) != "linear")
       return Errorf("interpolation_type: only linear is supported");
     if (euler && json.value("timestep_type", std::string("discrete")) != "discrete")
@@ -153,8 +179,8 @@ Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cump
   auto sigma_at = [&](double t) {
     const int lo = std::clamp(static_cast<int>(std::floor(t)), 0, T - 1);
     const int hi = std::min(lo + 1, T - 1);
-    auto sigma = [&](int k) { return std::sqrt((1 - alphas_cumprod[k]) / alphas_cumprod[k]); };
-    return sigma(lo) + (t - lo) * (sigma(hi) - sigma(lo));
+    return DiffusionSigma(alphas_cumprod, lo) +
+           (t - lo) * (DiffusionSigma(alphas_cumprod, hi) - DiffusionSigma(alphas_cumprod, lo));
   };
   std::vector<EulerStep> steps;
   for (int k = N - 1; k >= 0; --k) {
@@ -166,9 +192,45 @@ Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cump
                                                : static_cast<float>(k * step);
     steps.push_back({t, sigma_at(t), 0.0});
   }
+  if (spacing.karras) {
+    const std::vector<double> sigmas =
+        KarrasSigmas(spacing.sigma_min > 0 ? spacing.sigma_min : steps.back().sigma,
+                     spacing.sigma_max > 0 ? spacing.sigma_max : steps.front().sigma, N);
+    for (int k = 0; k < N; ++k)
+      steps[k] = {static_cast<float>(SigmaToTimestep(sigmas[k], alphas_cumprod)), sigmas[k], 0.0};
+  }
   for (size_t i = 0; i + 1 < steps.size(); ++i)
     steps[i].sigma_next = steps[i + 1].sigma;
   return steps;
+}
+
+std::vector<double> KarrasSigmas(double sigma_min, double sigma_max, int N) {
+  constexpr double kRho = 7.0;
+  const double min_inv_rho = std::pow(sigma_min, 1 / kRho);
+  const double max_inv_rho = std::pow(sigma_max, 1 / kRho);
+  std::vector<double> sigmas;
+  for (int k = 0; k < N; ++k) {
+    // numpy.linspace(0, 1, N): k · (1/(N − 1)), the last exactly 1.
+    const double ramp = N == 1 ? 0.0 : k == N - 1 ? 1.0 : k * (1.0 / (N - 1));
+    sigmas.push_back(std::pow(max_inv_rho + ramp * (min_inv_rho - max_inv_rho), kRho));
+  }
+  return sigmas;
+}
+
+double SigmaToTimestep(double sigma, const std::vector<double>& alphas_cumprod) {
+  const int T = static_cast<int>(alphas_cumprod.size());
+  DT_CHECK(T >= 2, "a diffusion of {} steps", T);
+  const double log_sigma = std::log(std::max(sigma, 1e-10));
+  // The last timestep whose log σ is at most log_sigma (σ grows with t), at most T − 2.
+  int lo = 0;
+  for (int k = 0; k < T; ++k) {
+    if (log_sigma >= std::log(DiffusionSigma(alphas_cumprod, k))) lo = k;
+  }
+  lo = std::min(lo, T - 2);
+  const double low = std::log(DiffusionSigma(alphas_cumprod, lo));
+  const double high = std::log(DiffusionSigma(alphas_cumprod, lo + 1));
+  const double w = std::clamp((low - log_sigma) / (low - high), 0.0, 1.0);
+  return (1 - w) * lo + w * (lo + 1);
 }
 
 double EulerInitialSigma(const std::vector<EulerStep>& steps, const TimestepSpacing& spacing) {

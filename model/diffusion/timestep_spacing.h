@@ -16,6 +16,7 @@
 // set_alpha_to_one and ᾱ_0 without (SD's configs: false); DDPM's is always 1.
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -29,19 +30,28 @@ struct TimestepSpacing {
   std::string kind = "respace";  // respace, leading, trailing or linspace
   int steps_offset = 0;          // added to leading's timesteps
   bool set_alpha_to_one = true;  // DDIM's final ᾱ: 1, or ᾱ_0
+  // use_karras_sigmas (Euler, Heun, DPM-Solver++, UniPC): the steps' σ's are Karras et al.'s
+  // schedule (KarrasSigmas) and each step's timestep the one its σ falls at
+  // (SigmaToTimestep), as those schedulers' set_timesteps replace the spacing's.
+  bool karras = false;
+  // EulerDiscreteScheduler's sigma_min and sigma_max, the ends of its Karras σ's; 0: the σ's of
+  // the spacing's first and last timesteps.
+  double sigma_min = 0, sigma_max = 0;
 
   bool diffusers() const { return kind != "respace"; }
-  // Errors name the key: an unknown kind, a negative offset, an offset or
-  // set_alpha_to_one = false given to respace.
+  // Errors name the key: an unknown kind, a negative offset, an offset,
+  // set_alpha_to_one = false or Karras σ's given to respace, sigma_min or sigma_max without
+  // Karras σ's, negative or crossed.
   Status Validate() const;
   nlohmann::json ToJson() const;
   // The sampling keys of a diffusers scheduler config (scheduler_config.json):
   // timestep_spacing, steps_offset (0), set_alpha_to_one; the defaults are the class's
-  // (_class_name): timestep_spacing linspace for an EulerDiscreteScheduler or a
-  // DPMSolverMultistepScheduler, else leading;
-  // set_alpha_to_one false for a PNDMScheduler, else true as DDIM's. Refused by name:
-  // thresholding (dynamic thresholding is not implemented), and an EulerDiscreteScheduler's
-  // use_karras_sigmas, interpolation_type log_linear and timestep_type continuous.
+  // (_class_name): timestep_spacing linspace for the Euler, Euler ancestral, Heun,
+  // DPM-Solver multistep and UniPC schedulers, else leading; set_alpha_to_one false for a
+  // PNDMScheduler, else true as DDIM's; use_karras_sigmas where the class has it (Euler, Heun,
+  // DPM-Solver, UniPC), and an Euler's sigma_min and sigma_max with it. Refused by name:
+  // thresholding (dynamic thresholding is not implemented), an EulerDiscreteScheduler's
+  // interpolation_type log_linear and timestep_type continuous, a Heun's clip_sample.
   static Result<TimestepSpacing> FromDiffusersScheduler(const nlohmann::json& json);
 };
 
@@ -81,6 +91,21 @@ struct PlmsCall {
 Result<std::vector<PlmsCall>> PlmsCalls(const std::vector<double>& alphas_cumprod, int N,
                                         const TimestepSpacing& spacing);
 
+// σ = √((1 − ᾱ_t)/ᾱ_t) at timestep t: the noise-to-signal ratio the σ-space samplers
+// (Euler, Heun, DPM-Solver++, UniPC) step in.
+inline double DiffusionSigma(const std::vector<double>& alphas_cumprod, int t) {
+  return std::sqrt((1 - alphas_cumprod[t]) / alphas_cumprod[t]);
+}
+
+// Karras et al.'s σ's ("Elucidating the Design Space of Diffusion-Based Generative Models",
+// ρ = 7): N of them from sigma_max down to sigma_min, evenly spaced in σ^(1/ρ).
+std::vector<double> KarrasSigmas(double sigma_min, double sigma_max, int N);
+
+// The (fractional) timestep where the diffusion's σ = √((1 − ᾱ)/ᾱ) equals `sigma`, log σ
+// interpolated linearly between integer timesteps, clamped to [0, T − 1] (diffusers'
+// _sigma_to_t).
+double SigmaToTimestep(double sigma, const std::vector<double>& alphas_cumprod);
+
 // One step of diffusers' EulerDiscreteScheduler (deterministic: s_churn 0), which integrates
 // the probability-flow ODE in σ = √((1 − ᾱ)/ᾱ) with x scaled by √(σ² + 1) from the model's
 // input: the model sees x / √(σ² + 1) at `timestep` (a float: linspace's are fractional), and
@@ -92,7 +117,9 @@ struct EulerStep {
 
 // Euler's N steps, in the order they run: the timesteps of the spacing (linspace's unrounded,
 // as float32: numpy.linspace(0, T − 1, N)), σ interpolated linearly between the diffusion's
-// integer timesteps, the last step to σ = 0.
+// integer timesteps, the last step to σ = 0. With Karras σ's: N of them from the first
+// step's σ (or sigma_max) to the last's (or sigma_min), each at its SigmaToTimestep (float32,
+// unrounded). diffusers' HeunDiscreteScheduler takes the same steps.
 Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cumprod, int N,
                                           const TimestepSpacing& spacing);
 // The σ x_T is scaled by (diffusers' init_noise_sigma): the first step's σ for linspace and

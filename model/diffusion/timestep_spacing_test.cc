@@ -146,8 +146,10 @@ TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
                 ->kind,
             "linspace");
   for (const auto& [json, named] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"_class_name": "EulerDiscreteScheduler", "use_karras_sigmas": true})",
-            "use_karras_sigmas"},
+           {R"({"_class_name": "HeunDiscreteScheduler", "clip_sample": true})", "clip_sample"},
+           {R"({"_class_name": "EulerDiscreteScheduler", "use_karras_sigmas": true,
+                "sigma_min": 2, "sigma_max": 1})",
+            "sigma_min 2 must be below sigma_max 1"},
            {R"({"_class_name": "EulerDiscreteScheduler", "interpolation_type": "log_linear"})",
             "interpolation_type"},
            {R"({"timestep_spacing": "karras"})", "'karras'"},
@@ -163,6 +165,69 @@ TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
   EXPECT_FALSE(Spacing("respace", 1).Validate().ok());
   EXPECT_FALSE(Spacing("respace", 0, false).Validate().ok());
   EXPECT_EQ(Spacing("respace").ToJson(), nlohmann::json::parse(R"({"kind": "respace"})"));
+  TimestepSpacing respaced_karras;
+  respaced_karras.karras = true;
+  EXPECT_FALSE(respaced_karras.Validate().ok());
+  TimestepSpacing bounds_alone = Spacing("linspace");
+  bounds_alone.sigma_max = 10;
+  EXPECT_FALSE(bounds_alone.Validate().ok());
+
+  // use_karras_sigmas where the class has it; an Euler's σ bounds with it.
+  Result<TimestepSpacing> euler = TimestepSpacing::FromDiffusersScheduler(nlohmann::json::parse(
+      R"({"_class_name": "EulerDiscreteScheduler", "use_karras_sigmas": true,
+          "sigma_min": null, "sigma_max": 14.6})"));
+  ASSERT_TRUE(euler.ok()) << euler.status().message();
+  EXPECT_TRUE(euler->karras);
+  EXPECT_EQ(euler->sigma_min, 0);
+  EXPECT_EQ(euler->sigma_max, 14.6);
+  EXPECT_EQ(euler->ToJson()["karras_sigmas"], true);
+  for (const char* name :
+       {"HeunDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler"}) {
+    Result<TimestepSpacing> read = TimestepSpacing::FromDiffusersScheduler(
+        {{"_class_name", name}, {"use_karras_sigmas", true}, {"sigma_max", 3}});
+    ASSERT_TRUE(read.ok()) << name << ": " << read.status().message();
+    EXPECT_TRUE(read->karras) << name;
+    EXPECT_EQ(read->kind, "linspace") << name;
+    EXPECT_EQ(read->sigma_max, 0) << name << ": only Euler's config has sigma_max";
+  }
+  // A class without Karras σ's ignores the key, as diffusers does.
+  EXPECT_FALSE(TimestepSpacing::FromDiffusersScheduler(
+                   {{"_class_name", "DDIMScheduler"}, {"use_karras_sigmas", true}})
+                   ->karras);
+}
+
+// Karras's σ's run from σ_max to σ_min evenly in σ^(1/7); each sits at the timestep whose σ it
+// is, log σ interpolated.
+TEST(KarrasSigmasTest, SpanTheRangeAndMapBackToTheirTimesteps) {
+  const std::vector<double> sigmas = KarrasSigmas(0.03, 14.6, 5);
+  ASSERT_EQ(sigmas.size(), 5u);
+  EXPECT_DOUBLE_EQ(sigmas.front(), 14.6);
+  EXPECT_NEAR(sigmas.back(), 0.03, 1e-15);
+  EXPECT_NEAR(std::pow(sigmas[2], 1 / 7.0), (std::pow(14.6, 1 / 7.0) + std::pow(0.03, 1 / 7.0)) / 2,
+              1e-12);
+  ASSERT_EQ(KarrasSigmas(0.03, 14.6, 1).size(), 1u);
+  EXPECT_DOUBLE_EQ(KarrasSigmas(0.03, 14.6, 1)[0], 14.6);
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  for (int t : {0, 1, 250, 998, 999})
+    EXPECT_NEAR(SigmaToTimestep(DiffusionSigma(abar, t), abar), t, 1e-9) << t;
+  const double half =
+      std::exp((std::log(DiffusionSigma(abar, 500)) + std::log(DiffusionSigma(abar, 501))) / 2);
+  EXPECT_NEAR(SigmaToTimestep(half, abar), 500.5, 1e-9);
+  EXPECT_EQ(SigmaToTimestep(1e-6, abar), 0);
+  EXPECT_EQ(SigmaToTimestep(1e6, abar), 999);
+
+  // Euler's Karras steps: from the spacing's first σ to its last, at their timesteps.
+  TimestepSpacing spacing = Spacing("linspace");
+  spacing.karras = true;
+  const std::vector<EulerStep> steps = *EulerSteps(abar, 10, spacing);
+  EXPECT_DOUBLE_EQ(steps.front().sigma, DiffusionSigma(abar, 999));
+  EXPECT_NEAR(steps.back().sigma, DiffusionSigma(abar, 0), 1e-12);
+  EXPECT_EQ(steps.back().sigma_next, 0);
+  for (const EulerStep& s : steps)
+    EXPECT_NEAR(s.timestep, SigmaToTimestep(s.sigma, abar), 1e-3);
+  spacing.sigma_max = 100;
+  EXPECT_DOUBLE_EQ(EulerSteps(abar, 10, spacing)->front().sigma, 100);
 }
 
 // Between consecutive timesteps of the schedule, a step's coefficients are the schedule's.

@@ -34,6 +34,15 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
                    lower_order_final false
   NAME.ddpm        [N, 3] each DDPM step's coefficients of x0 and of x_t in its mean (its
                    step() with zero noise) and its fixed_small variance
+  NAME.KEY         for each {"key", "class", "extra", "noise"} of the case's "runs" (a class of
+                   RUNS, configured by the case's scheduler updated with extra, its σ's
+                   made from ᾱ's computed in float64, Heun's samples in float64): x_T
+                   (times init_noise_sigma) denoised
+                   as StableDiffusionPipeline runs a scheduler, the model called on
+                   scale_model_input(x, t) at each of its timesteps; the optional noise, a
+                   safetensors file whose "noise" [N, 2, 2, 4, 4] holds each step's noise,
+                   is what EulerAncestralDiscreteScheduler.step draws
+  NAME.KEY_calls   the timesteps it called the model at, in order
 The model (float32, as the C++ test's): out = 0.9 tanh(x) (t + 1) / T + 0.05 sin(3x + t/100),
 read as ε or v by the scheduler's prediction_type.
 Exit status: 0, or 2 for bad usage.
@@ -47,9 +56,10 @@ import numpy as np
 import safetensors.torch  # noqa: F401  (before diffusers)
 import torch
 from diffusers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
-                       EulerDiscreteScheduler, PNDMScheduler)
-from diffusers.schedulers import scheduling_ddpm
-from safetensors.torch import save_file
+                       EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
+                       HeunDiscreteScheduler, PNDMScheduler, UniPCMultistepScheduler)
+from diffusers.schedulers import scheduling_ddpm, scheduling_euler_ancestral_discrete
+from safetensors.torch import load_file, save_file
 
 # DDPMScheduler.step's noise: zeros, so that a step is its posterior mean.
 scheduling_ddpm.randn_tensor = lambda shape, **kwargs: torch.zeros(shape)
@@ -57,6 +67,9 @@ scheduling_ddpm.randn_tensor = lambda shape, **kwargs: torch.zeros(shape)
 SPACINGS = {"leading/0": ("leading", 0), "leading/1": ("leading", 1),
             "trailing/0": ("trailing", 0), "linspace/0": ("linspace", 0)}
 DDIM_ONLY = ("set_alpha_to_one",)
+RUNS = {c.__name__: c for c in (EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
+                                HeunDiscreteScheduler, DPMSolverMultistepScheduler,
+                                UniPCMultistepScheduler)}
 
 
 def timesteps(out, T):
@@ -148,6 +161,31 @@ def steps(cases_path, out):
                 x = dpm.step(model(x, float(t), T), t, x).prev_sample
             tensors[f"{name}.{key}"] = x
             tensors[f"{name}.{key}_timesteps"] = dpm.timesteps.to(torch.float32)
+
+        for run in case.get("runs", []):
+            scheduler = RUNS[run["class"]].from_config({**config, **run.get("extra", {})})
+            # Its σ's from ᾱ's computed in float64, as PNDM's above: the cosine schedule's fp32
+            # ᾱ_999 moves σ_max, and the 7-step Heun sample by 1.8e-3.
+            scheduler.alphas_cumprod = alphas_cumprod64(dict(scheduler.config))
+            scheduler.set_timesteps(n)
+            if "noise" in run:
+                # A stochastic scheduler's step noise, the C++ sampler's: one tensor a step.
+                noise = list(load_file(run["noise"])["noise"].unbind(0))
+                scheduling_euler_ancestral_discrete.randn_tensor = \
+                    lambda shape, **kwargs: noise.pop(0).reshape(shape)
+            x = tensors[f"{name}.x_T"] * scheduler.init_noise_sigma
+            if run["class"] == "HeunDiscreteScheduler":
+                # In float64: its steps' x0 = x − σ ε cancels in fp32 where x is σ_max ≈ 2e4
+                # times x_T (the cosine schedule), its second call's slope amplifies it by
+                # σ/σ' (fp32: 6.2e-5 off the 7-step cosine sample).
+                x = x.double()
+            calls = []
+            for t in scheduler.timesteps:
+                calls.append(float(t))
+                x_in = scheduler.scale_model_input(x, t)
+                x = scheduler.step(model(x_in, float(t), T), t, x).prev_sample
+            tensors[f"{name}.{run['key']}"] = x.float()
+            tensors[f"{name}.{run['key']}_calls"] = torch.tensor(calls, dtype=torch.float32)
 
         # DDPM's step, its noise zero and the model's output read as x0: the posterior mean's
         # coefficients are the step of (x0 = 1, x_t = 0) and of (x0 = 0, x_t = 1).

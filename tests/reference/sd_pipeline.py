@@ -16,11 +16,13 @@ own initialisation, and a DDIMScheduler as Stable Diffusion 2's 768 px pipeline 
 false), and writes the whole pipeline into DIR by StableDiffusionPipeline.save_pretrained.
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
-the scheduler's), scheduler ("ddim", "pndm", "euler" or "dpmsolver") and images; the pipeline is called with latents
-N(0, 1) [images, 4, h, w] (seeded) and output_type "latent", with its scheduler swapped for
-DDIMScheduler.from_config(config, timestep_spacing=spacing), PNDMScheduler's with
-skip_prk_steps (as SD 1.x's pipelines configure it), EulerDiscreteScheduler's or
-DPMSolverMultistepScheduler's. OUT:
+the scheduler's), scheduler ("ddim", "pndm", "euler", "heun", "dpmsolver" or "unipc"), karras
+(optional: use_karras_sigmas), guidance_rescale (optional, default 0) and images; the pipeline
+is called with latents N(0, 1) [images, 4, h, w] (seeded) and output_type "latent", with its
+scheduler swapped for DDIMScheduler.from_config(config, timestep_spacing=spacing),
+PNDMScheduler's with skip_prk_steps (as SD 1.x's pipelines configure it), or
+EulerDiscreteScheduler's, HeunDiscreteScheduler's, DPMSolverMultistepScheduler's or
+UniPCMultistepScheduler's. OUT:
   noise    the latents x_T it started from
   latents  the final latents
   decoded  vae.decode(latents / scaling_factor).sample, as the pipeline decodes them
@@ -34,8 +36,8 @@ import sys
 import safetensors.torch  # noqa: F401  (before diffusers: its save_pretrained needs it)
 import torch
 from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler,
-                       EulerDiscreteScheduler, PNDMScheduler, StableDiffusionPipeline,
-                       UNet2DConditionModel)
+                       EulerDiscreteScheduler, HeunDiscreteScheduler, PNDMScheduler,
+                       StableDiffusionPipeline, UNet2DConditionModel, UniPCMultistepScheduler)
 from safetensors.torch import save_file
 from transformers import CLIPTextModel, CLIPTokenizer
 
@@ -79,12 +81,14 @@ def run(folder, out, settings):
     config = dict(pipeline.scheduler.config)
     if settings.get("spacing"):
         config["timestep_spacing"] = settings["spacing"]
+    if settings.get("karras"):
+        config["use_karras_sigmas"] = True
+    classes = {"euler": EulerDiscreteScheduler, "heun": HeunDiscreteScheduler,
+               "dpmsolver": DPMSolverMultistepScheduler, "unipc": UniPCMultistepScheduler}
     if settings.get("scheduler") == "pndm":
         pipeline.scheduler = PNDMScheduler.from_config(config, skip_prk_steps=True)
-    elif settings.get("scheduler") == "euler":
-        pipeline.scheduler = EulerDiscreteScheduler.from_config(config)
-    elif settings.get("scheduler") == "dpmsolver":
-        pipeline.scheduler = DPMSolverMultistepScheduler.from_config(config)
+    elif settings.get("scheduler") in classes:
+        pipeline.scheduler = classes[settings["scheduler"]].from_config(config)
     else:
         pipeline.scheduler = DDIMScheduler.from_config(config)
     unet = pipeline.unet.config
@@ -96,6 +100,7 @@ def run(folder, out, settings):
                            num_images_per_prompt=settings["images"],
                            num_inference_steps=settings["steps"],
                            guidance_scale=settings["guidance"], latents=noise.clone(),
+                           guidance_rescale=settings.get("guidance_rescale", 0.0),
                            output_type="latent").images
         decoded = pipeline.vae.decode(latents / pipeline.vae.config.scaling_factor).sample
     save_file({"noise": noise, "latents": latents.contiguous(), "decoded": decoded.contiguous()},

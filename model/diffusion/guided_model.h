@@ -1,0 +1,64 @@
+// The samplers' shared parts: the noise streams of a sample, and the model as a sampler's step
+// sees it (sampler.cc and multistep_samplers.cc): called at one
+// timestep on N samples, through classifier-free guidance where it applies (the model then
+// sees [x; x] with labels [y; null]), and read per element.
+//
+// Guidance rescale (Lin et al., "Common Diffusion Noise Schedules and Sample Steps are
+// Flawed", §3.4; diffusers' guidance_rescale φ): a guided output g of sample b is scaled by
+// φ · std(cond_b)/std(g_b) + 1 − φ, the standard deviations (unbiased) over the sample's ε
+// (or v) channels, as StableDiffusionPipeline's rescale_noise_cfg.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/diffusion/sampler.h"
+
+namespace difftrain {
+
+// The Rng counters (RngStream::kSample) of sample n: one stream for x_T, one for the noise of
+// its steps.
+inline uint64_t InitialNoiseCounter(int64_t n) {
+  return 2 * static_cast<uint64_t>(n);
+}
+inline uint64_t StepNoiseCounter(int64_t n) {
+  return 2 * static_cast<uint64_t>(n) + 1;
+}
+
+class GuidedModel {
+ public:
+  GuidedModel(const Denoiser& model, const DenoiserShape& shape, const SamplerOptions& options,
+              const int32_t* y, int N);
+
+  // Calls the model at `timestep` on x [N, n].
+  void Run(const float* x, float timestep);
+
+  // Sample b's ε (or v) for its element j, guided: guidance is linear, so it combines v's as
+  // it combines ε's.
+  double Output(int b, size_t j) const {
+    const size_t e = OutputIndex(j);
+    const double cond = out_[b * out_n_ + e];
+    if (!guided_) return cond;
+    const double uncond = out_[(N_ + b) * out_n_ + e];
+    return (uncond + options_.cfg_scale * (cond - uncond)) * rescale_[b];
+  }
+  // The conditional model's variance output v for sample b's element j (learn_sigma).
+  double Variance(int b, size_t j) const { return out_[b * out_n_ + OutputIndex(j) + frame_]; }
+
+ private:
+  // One frame's model output: ε, then (learn_sigma) v; a sample's frames one after another.
+  size_t OutputIndex(size_t j) const { return (j / frame_) * out_frame_ + j % frame_; }
+
+  const Denoiser& model_;
+  const SamplerOptions& options_;
+  const int N_;
+  const size_t frame_, n_, out_frame_, out_n_;
+  const bool any_guidance_;
+  bool guided_ = false;
+  std::vector<float> doubled_, t_, out_;
+  std::vector<int32_t> labels_;
+  std::vector<double> rescale_;  // each sample's guidance rescale factor; 1 without
+};
+
+}  // namespace difftrain

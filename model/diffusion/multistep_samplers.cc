@@ -1,0 +1,233 @@
+// The samplers of diffusers' deterministic schedulers: PNDM, Euler and Heun, DPM-Solver++ and
+// UniPC (sampler.h; their steps in timestep_spacing.h, dpm_solver.h and unipc.h).
+#include <cmath>
+#include <deque>
+#include <vector>
+
+#include "model/diffusion/guided_model.h"
+#include "model/diffusion/sampler.h"
+#include "model/tensor/rng.h"
+
+namespace difftrain {
+
+void Sampler::DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const {
+  const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
+  GuidedModel guided(model, shape_, options_, y, N);
+  // The model's (guided) outputs of the calls so far, the newest last, at most 4 kept; and x
+  // where the first call started, which the second call's step starts from again.
+  std::vector<std::vector<double>> history;
+  std::vector<float> first_x(x, x + N * n);
+  for (size_t k = 0; k < plms_calls_.size(); ++k) {
+    const PlmsCall& call = plms_calls_[k];
+    guided.Run(x, static_cast<float>(call.timestep));
+    std::vector<double> out(N * n);
+    for (int b = 0; b < N; ++b) {
+      for (size_t j = 0; j < n; ++j)
+        out[b * n + j] = guided.Output(b, j);
+    }
+    if (k == 1) {
+      // The second call corrects the first step: again from its x, with the mean of the two
+      // outputs (a second-order step).
+      for (size_t e = 0; e < out.size(); ++e)
+        out[e] = (out[e] + history.back()[e]) / 2;
+      std::copy(first_x.begin(), first_x.end(), x);
+    } else {
+      if (history.size() == 4) history.erase(history.begin());
+      history.push_back(out);
+      // Adams–Bashforth of the outputs so far, to fourth order.
+      const auto& h = history;
+      const size_t m = h.size();
+      for (size_t e = 0; e < out.size(); ++e) {
+        if (m == 2) {
+          out[e] = (3 * h[1][e] - h[0][e]) / 2;
+        } else if (m == 3) {
+          out[e] = (23 * h[2][e] - 16 * h[1][e] + 5 * h[0][e]) / 12;
+        } else if (m == 4) {
+          out[e] = (55 * h[3][e] - 59 * h[2][e] + 37 * h[1][e] - 9 * h[0][e]) / 24;
+        }
+      }
+    }
+    // PNDM's transfer from ᾱ_t to ᾱ_prev with ε (v-prediction: ε of v at the step's x).
+    const double a = call.alpha_cumprod, a_prev = call.alpha_cumprod_prev;
+    const double sample_coeff = std::sqrt(a_prev / a);
+    const double denominator = a * std::sqrt(1 - a_prev) + std::sqrt(a * (1 - a) * a_prev);
+    for (size_t e = 0; e < out.size(); ++e) {
+      const double eps = v_prediction_ ? std::sqrt(a) * out[e] + std::sqrt(1 - a) * x[e] : out[e];
+      x[e] = static_cast<float>(sample_coeff * x[e] - (a_prev - a) * eps / denominator);
+    }
+  }
+}
+
+void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
+                           float* x) const {
+  const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
+  const size_t n = shape_.frames * frame;
+  GuidedModel guided(model, shape_, options_, y, N);
+  const double initial = EulerInitialSigma(euler_steps_, options_.spacing);
+  // x in Euler's scale, √(σ² + 1) times the model's input.
+  std::vector<double> state(x, x + N * n);
+  for (double& v : state)
+    v *= initial;
+  // The slope (x − x0)/σ of the ODE at σ, from the model called on `at` (in Euler's scale).
+  std::vector<double> slope(N * n), predicted(N * n);
+  const auto slopes = [&](const std::vector<double>& at, double sigma, float timestep,
+                          bool average) {
+    const double scale = std::sqrt(sigma * sigma + 1);
+    for (size_t e = 0; e < at.size(); ++e)
+      x[e] = static_cast<float>(at[e] / scale);
+    guided.Run(x, timestep);
+    for (int b = 0; b < N; ++b) {
+      for (size_t j = 0; j < n; ++j) {
+        const size_t e = b * n + j;
+        const double out = guided.Output(b, j), v = at[e];
+        const double x0 =
+            v_prediction_ ? out * (-sigma / scale) + v / (scale * scale) : v - sigma * out;
+        const double d = (v - x0) / sigma;
+        slope[e] = average ? (slope[e] + d) / 2 : d;
+      }
+    }
+  };
+  const bool heun = options_.kind == SamplerKind::kHeun;
+  const bool ancestral = options_.kind == SamplerKind::kEulerAncestral;
+  std::vector<Rng> rngs;
+  std::vector<double> noise(ancestral ? frame * shape_.frames : 0);
+  for (int b = 0; ancestral && b < N; ++b)
+    rngs.emplace_back(options_.seed, RngStream::kSample, StepNoiseCounter(first_index + b));
+  for (size_t k = 0; k < euler_steps_.size(); ++k) {
+    const EulerStep& step = euler_steps_[k];
+    double dt = step.sigma_next - step.sigma, up = 0;
+    if (ancestral) {
+      // To σ_down deterministically, then up to σ' with fresh noise of σ_up.
+      const double s = step.sigma, s_next = step.sigma_next;
+      up = std::sqrt(s_next * s_next * (s * s - s_next * s_next) / (s * s));
+      dt = std::sqrt(s_next * s_next - up * up) - s;
+    }
+    slopes(state, step.sigma, step.timestep, /*average=*/false);
+    if (heun && step.sigma_next > 0) {
+      // Heun's correction: the slope again at the Euler step's end (at the next step's
+      // timestep), and the step taken with the mean of the two.
+      for (size_t e = 0; e < state.size(); ++e)
+        predicted[e] = state[e] + slope[e] * dt;
+      slopes(predicted, step.sigma_next, euler_steps_[k + 1].timestep, /*average=*/true);
+    }
+    for (size_t e = 0; e < state.size(); ++e)
+      state[e] += slope[e] * dt;
+    for (int b = 0; up > 0 && b < N; ++b) {
+      DrawFrameNoise(rngs[b], noise_correlation_, shape_.frames, frame, noise.data());
+      for (size_t j = 0; j < n; ++j)
+        state[b * n + j] += up * noise[j];
+    }
+  }
+  for (size_t e = 0; e < state.size(); ++e)
+    x[e] = static_cast<float>(state[e]);
+}
+
+void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, float* x) const {
+  const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
+  GuidedModel guided(model, shape_, options_, y, N);
+  std::vector<double> state(x, x + N * n), previous(N * n);  // x, and the last step's x0
+  // α = 1/√(σ² + 1), σ_t = σ·α and λ = log α − log σ_t of a step's σ.
+  struct Scale {
+    double alpha, sigma_t, lambda;
+  };
+  const auto scale = [](double sigma) {
+    const double alpha = 1 / std::sqrt(sigma * sigma + 1);
+    return Scale{alpha, sigma * alpha, std::log(alpha) - std::log(sigma * alpha)};
+  };
+  for (const DpmStep& step : dpm_steps_) {
+    guided.Run(x, static_cast<float>(step.timestep));
+    const Scale s = scale(step.sigma);
+    const bool to_data = step.sigma_next == 0;
+    const Scale t = to_data ? Scale{1, 0, 0} : scale(step.sigma_next);
+    const double h = t.lambda - s.lambda, expm = std::exp(-h) - 1;
+    const double r = step.order == 2 ? (s.lambda - scale(step.sigma_prev).lambda) / h : 1;
+    for (int b = 0; b < N; ++b) {
+      for (size_t j = 0; j < n; ++j) {
+        const size_t e = b * n + j;
+        const double out = guided.Output(b, j), v = state[e];
+        const double m =
+            v_prediction_ ? s.alpha * v - s.sigma_t * out : (v - s.sigma_t * out) / s.alpha;
+        if (to_data) {
+          state[e] = m;
+        } else {
+          double next = t.sigma_t / s.sigma_t * v - t.alpha * expm * m;
+          if (step.order == 2) {
+            const double d1 = (m - previous[e]) / r;
+            next += options_.dpm.heun ? t.alpha * (expm / h + 1) * d1 : -0.5 * t.alpha * expm * d1;
+          }
+          state[e] = next;
+        }
+        previous[e] = m;
+      }
+    }
+    for (size_t e = 0; e < state.size(); ++e)
+      x[e] = static_cast<float>(state[e]);
+  }
+}
+
+void Sampler::DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float* x) const {
+  const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
+  GuidedModel guided(model, shape_, options_, y, N);
+  std::vector<double> state(x, x + N * n);
+  // The model's x0's of the steps so far, the newest first (up to the solver's order), with
+  // their σ's; and x before the last predictor, where its corrector starts again.
+  std::deque<std::vector<double>> x0s;
+  std::deque<double> x0_sigmas;
+  std::vector<double> last_state, current(N * n);
+  const auto lambda = [](double sigma) { return -std::log(sigma); };
+  const auto alpha = [](double sigma) { return 1 / std::sqrt(sigma * sigma + 1); };
+  // One step of order p from σ_s (x0s's newest, m_0) to σ_t, from x, with the newer x0
+  // `corrected` for a corrector: x' = (σ_t α_t)/(σ_s α_s) x − α_t (e^{−h} − 1) m_0 − α_t B(h)
+  // Σ ρ_i D_i.
+  const auto step_from = [&](const std::vector<double>& from, double sigma_s, double sigma_t, int p,
+                             const std::vector<double>* corrected) {
+    const double h = lambda(sigma_t) - lambda(sigma_s);
+    if (h == 0) return from;  // Karras's repeated last σ: nothing to step
+    std::vector<double> r;
+    for (int i = 1; i < p; ++i)
+      r.push_back((lambda(x0_sigmas[i]) - lambda(sigma_s)) / h);
+    if (corrected) r.push_back(1.0);
+    const std::vector<double> rho = UniPcRhos(r, -h, options_.unipc.bh2, corrected != nullptr);
+    const double a_t = alpha(sigma_t), a_s = alpha(sigma_s);
+    const double ratio = (sigma_t * a_t) / (sigma_s * a_s), h_phi_1 = std::expm1(-h);
+    const double B = options_.unipc.bh2 ? h_phi_1 : -h;
+    const std::vector<double>& m0 = x0s[0];
+    std::vector<double> to(from.size());
+    for (size_t e = 0; e < from.size(); ++e) {
+      double residual = 0;
+      for (int i = 1; i < p; ++i)
+        residual += rho[i - 1] * (x0s[i][e] - m0[e]) / r[i - 1];
+      if (corrected) residual += rho.back() * ((*corrected)[e] - m0[e]);
+      to[e] = ratio * from[e] - a_t * h_phi_1 * m0[e] - a_t * B * residual;
+    }
+    return to;
+  };
+  for (size_t k = 0; k < unipc_steps_.size(); ++k) {
+    const UniPcStep& step = unipc_steps_[k];
+    guided.Run(x, static_cast<float>(step.timestep));
+    const double a = alpha(step.sigma), s = step.sigma * a;
+    for (int b = 0; b < N; ++b) {
+      for (size_t j = 0; j < n; ++j) {
+        const size_t e = b * n + j;
+        const double out = guided.Output(b, j), v = state[e];
+        current[e] = v_prediction_ ? a * v - s * out : (v - s * out) / a;
+      }
+    }
+    if (step.corrector) {
+      // The last step again, from where it started, with this call's x0 as well.
+      state = step_from(last_state, x0_sigmas[0], step.sigma, unipc_steps_[k - 1].order, &current);
+    }
+    x0s.push_front(current);
+    x0_sigmas.push_front(step.sigma);
+    if (static_cast<int>(x0s.size()) > options_.unipc.order) {
+      x0s.pop_back();
+      x0_sigmas.pop_back();
+    }
+    last_state = state;
+    state = step_from(state, step.sigma, step.sigma_next, step.order, nullptr);
+    for (size_t e = 0; e < state.size(); ++e)
+      x[e] = static_cast<float>(state[e]);
+  }
+}
+
+}  // namespace difftrain
