@@ -98,18 +98,9 @@ struct Sampling {
 
 // The sampler a pipeline's scheduler names: its own where difftrain has it, else DDIM.
 std::string PipelineSampler(const std::string& scheduler_class) {
-  if (scheduler_class == "DDPMScheduler") return "ddpm";
-  if (scheduler_class == "PNDMScheduler") return "pndm";
-  if (scheduler_class == "EulerDiscreteScheduler") return "euler";
-  if (scheduler_class == "EulerAncestralDiscreteScheduler") return "euler_ancestral";
-  if (scheduler_class == "HeunDiscreteScheduler") return "heun";
-  if (scheduler_class == "DPMSolverMultistepScheduler") return "dpmsolver";
-  if (scheduler_class == "UniPCMultistepScheduler") return "unipc";
-  if (scheduler_class != "DDIMScheduler") {
-    spdlog::info(
-        "the pipeline's scheduler is {}, which difftrain does not have: sampling with DDIM",
-        scheduler_class.empty() ? "unnamed" : scheduler_class);
-  }
+  if (std::optional<std::string> sampler = SamplerOfScheduler(scheduler_class)) return *sampler;
+  spdlog::info("the pipeline's scheduler is {}, which difftrain does not have: sampling with DDIM",
+               scheduler_class.empty() ? "unnamed" : scheduler_class);
   return "ddim";
 }
 

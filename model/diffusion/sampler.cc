@@ -2,25 +2,61 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/check.h"
 #include "model/diffusion/guided_model.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {
+namespace {
+
+// Each sampler: its flag name, its name in messages, and the diffusers scheduler it follows.
+struct SamplerNames {
+  SamplerKind kind;
+  const char* flag;
+  const char* name;
+  const char* scheduler;
+};
+constexpr SamplerNames kSamplers[] = {
+    {SamplerKind::kDdpm, "ddpm", "DDPM", "DDPMScheduler"},
+    {SamplerKind::kDdim, "ddim", "DDIM", "DDIMScheduler"},
+    {SamplerKind::kPndm, "pndm", "PNDM", "PNDMScheduler"},
+    {SamplerKind::kEuler, "euler", "Euler", "EulerDiscreteScheduler"},
+    {SamplerKind::kEulerAncestral, "euler_ancestral", "Euler ancestral",
+     "EulerAncestralDiscreteScheduler"},
+    {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler"},
+    {SamplerKind::kDpmSolver, "dpmsolver", "DPM-Solver", "DPMSolverMultistepScheduler"},
+    {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler"},
+};
+
+const SamplerNames& NamesOf(SamplerKind kind) {
+  for (const SamplerNames& s : kSamplers) {
+    if (s.kind == kind) return s;
+  }
+  DT_CHECK(false, "sampler kind {}", static_cast<int>(kind));
+  return kSamplers[0];
+}
+
+}  // namespace
+
 Result<SamplerKind> ParseSamplerKind(const std::string& name) {
-  if (name == "ddpm") return SamplerKind::kDdpm;
-  if (name == "ddim") return SamplerKind::kDdim;
-  if (name == "pndm") return SamplerKind::kPndm;
-  if (name == "euler") return SamplerKind::kEuler;
-  if (name == "euler_ancestral") return SamplerKind::kEulerAncestral;
-  if (name == "heun") return SamplerKind::kHeun;
-  if (name == "dpmsolver") return SamplerKind::kDpmSolver;
-  if (name == "unipc") return SamplerKind::kUniPc;
-  return Errorf(
-      "unknown sampler '{}' (expected ddpm, ddim, pndm, euler, euler_ancestral, heun, dpmsolver "
-      "or unipc)",
-      name);
+  std::vector<std::string> flags;
+  for (const SamplerNames& s : kSamplers) {
+    if (name == s.flag) return s.kind;
+    flags.push_back(s.flag);
+  }
+  return Errorf("unknown sampler '{}' (expected {})", name, fmt::join(flags, ", "));
+}
+
+std::optional<std::string> SamplerOfScheduler(const std::string& scheduler_class) {
+  for (const SamplerNames& s : kSamplers) {
+    if (scheduler_class == s.scheduler) return std::string(s.flag);
+  }
+  return std::nullopt;
 }
 
 Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
@@ -46,18 +82,8 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   }
   const SamplerKind kind = options.kind;
   const bool multistep = kind != SamplerKind::kDdpm && kind != SamplerKind::kDdim;
-  const char* name = kind == SamplerKind::kPndm        ? "PNDM"
-                     : kind == SamplerKind::kEuler     ? "Euler"
-                     : ancestral                       ? "Euler ancestral"
-                     : kind == SamplerKind::kHeun      ? "Heun"
-                     : kind == SamplerKind::kDpmSolver ? "DPM-Solver"
-                                                       : "UniPC";
-  const char* scheduler = kind == SamplerKind::kPndm        ? "PNDMScheduler"
-                          : kind == SamplerKind::kEuler     ? "EulerDiscreteScheduler"
-                          : ancestral                       ? "EulerAncestralDiscreteScheduler"
-                          : kind == SamplerKind::kHeun      ? "HeunDiscreteScheduler"
-                          : kind == SamplerKind::kDpmSolver ? "DPMSolverMultistepScheduler"
-                                                            : "UniPCMultistepScheduler";
+  const char* name = NamesOf(kind).name;
+  const char* scheduler = NamesOf(kind).scheduler;
   if (options.spacing.karras && (!multistep || kind == SamplerKind::kPndm)) {
     return Status::Error(
         "Karras sigmas are for the euler, heun, dpmsolver and unipc samplers, as diffusers' "

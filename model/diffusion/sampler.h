@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,11 @@ Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int leng
 enum class SamplerKind { kDdpm, kDdim, kPndm, kEuler, kEulerAncestral, kHeun, kDpmSolver, kUniPc };
 // "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "dpmsolver" or "unipc".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
+// The sampler (its name above) that follows a diffusers scheduler class (_class_name:
+// DDPMScheduler, DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler,
+// EulerAncestralDiscreteScheduler, HeunDiscreteScheduler, DPMSolverMultistepScheduler,
+// UniPCMultistepScheduler); none for another.
+std::optional<std::string> SamplerOfScheduler(const std::string& scheduler_class);
 
 // What the samplers must know of the model.
 struct DenoiserShape {
