@@ -126,15 +126,8 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   } else if (o.timestep_spacing) {
     c.spacing.kind = *o.timestep_spacing;
   }
-  if (!c.spacing.diffusers() && !o.timestep_spacing) {
-    if (c.kind == SamplerKind::kPndm) c.spacing.kind = "leading";
-    if (c.kind == SamplerKind::kEuler || c.kind == SamplerKind::kEulerAncestral ||
-        c.kind == SamplerKind::kHeun || c.kind == SamplerKind::kDpmSolver ||
-        c.kind == SamplerKind::kUniPc)
-      c.spacing.kind = "linspace";
-  }
-  const bool has_karras = c.kind == SamplerKind::kEuler || c.kind == SamplerKind::kHeun ||
-                          c.kind == SamplerKind::kDpmSolver || c.kind == SamplerKind::kUniPc;
+  if (!c.spacing.diffusers() && !o.timestep_spacing) c.spacing.kind = DefaultSpacing(c.kind);
+  const bool has_karras = TakesKarrasSigmas(c.kind);
   if (!has_karras && !o.karras_sigmas) c.spacing.karras = false;
   if (c.kind != SamplerKind::kEuler || !c.spacing.karras)
     c.spacing.sigma_min = c.spacing.sigma_max = 0;

@@ -14,23 +14,28 @@
 namespace difftrain {
 namespace {
 
-// Each sampler: its flag name, its name in messages, and the diffusers scheduler it follows.
+// Each sampler: its flag name, its name in messages, the diffusers scheduler it follows, the
+// spacing it takes without one given (its scheduler's default; DDPM and DDIM: DiT's), and
+// whether it has Karras σ's.
 struct SamplerNames {
   SamplerKind kind;
   const char* flag;
   const char* name;
   const char* scheduler;
+  const char* spacing;
+  bool karras;
 };
 constexpr SamplerNames kSamplers[] = {
-    {SamplerKind::kDdpm, "ddpm", "DDPM", "DDPMScheduler"},
-    {SamplerKind::kDdim, "ddim", "DDIM", "DDIMScheduler"},
-    {SamplerKind::kPndm, "pndm", "PNDM", "PNDMScheduler"},
-    {SamplerKind::kEuler, "euler", "Euler", "EulerDiscreteScheduler"},
+    {SamplerKind::kDdpm, "ddpm", "DDPM", "DDPMScheduler", "respace", false},
+    {SamplerKind::kDdim, "ddim", "DDIM", "DDIMScheduler", "respace", false},
+    {SamplerKind::kPndm, "pndm", "PNDM", "PNDMScheduler", "leading", false},
+    {SamplerKind::kEuler, "euler", "Euler", "EulerDiscreteScheduler", "linspace", true},
     {SamplerKind::kEulerAncestral, "euler_ancestral", "Euler ancestral",
-     "EulerAncestralDiscreteScheduler"},
-    {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler"},
-    {SamplerKind::kDpmSolver, "dpmsolver", "DPM-Solver", "DPMSolverMultistepScheduler"},
-    {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler"},
+     "EulerAncestralDiscreteScheduler", "linspace", false},
+    {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler", "linspace", true},
+    {SamplerKind::kDpmSolver, "dpmsolver", "DPM-Solver", "DPMSolverMultistepScheduler", "linspace",
+     true},
+    {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", true},
 };
 
 const SamplerNames& NamesOf(SamplerKind kind) {
@@ -50,6 +55,14 @@ Result<SamplerKind> ParseSamplerKind(const std::string& name) {
     flags.push_back(s.flag);
   }
   return Errorf("unknown sampler '{}' (expected {})", name, fmt::join(flags, ", "));
+}
+
+std::string DefaultSpacing(SamplerKind kind) {
+  return NamesOf(kind).spacing;
+}
+
+bool TakesKarrasSigmas(SamplerKind kind) {
+  return NamesOf(kind).karras;
 }
 
 std::optional<std::string> SamplerOfScheduler(const std::string& scheduler_class) {
@@ -74,20 +87,15 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     return Status::Error(
         "eta is a DDIM parameter; DDPM, PNDM, Euler, Heun, DPM-Solver and UniPC have none");
   }
-  const bool ancestral = options.kind == SamplerKind::kEulerAncestral;
-  if (ancestral && options.spacing.karras) {
-    return Status::Error(
-        "Karras sigmas are for the euler, heun, dpmsolver and unipc samplers; diffusers' "
-        "EulerAncestralDiscreteScheduler has none");
-  }
   const SamplerKind kind = options.kind;
-  const bool multistep = kind != SamplerKind::kDdpm && kind != SamplerKind::kDdim;
+  const bool multistep = DefaultSpacing(kind) != "respace";
   const char* name = NamesOf(kind).name;
   const char* scheduler = NamesOf(kind).scheduler;
-  if (options.spacing.karras && (!multistep || kind == SamplerKind::kPndm)) {
-    return Status::Error(
+  if (options.spacing.karras && !TakesKarrasSigmas(kind)) {
+    return Errorf(
         "Karras sigmas are for the euler, heun, dpmsolver and unipc samplers, as diffusers' "
-        "use_karras_sigmas");
+        "use_karras_sigmas; {} has none",
+        scheduler);
   }
   if (!(options.guidance_rescale >= 0 && options.guidance_rescale <= 1)) {
     return Errorf("the guidance rescale must be in [0, 1], got {}", options.guidance_rescale);
@@ -129,7 +137,8 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
                         PlmsCalls(diffusion.alphas_cumprod(), options.steps, options.spacing));
   }
   Sampler sampler(diffusion, shape, options, std::move(diffusers_steps), std::move(plms_calls));
-  if (kind == SamplerKind::kEuler || kind == SamplerKind::kHeun || ancestral) {
+  if (kind == SamplerKind::kEuler || kind == SamplerKind::kHeun ||
+      kind == SamplerKind::kEulerAncestral) {
     DT_ASSIGN_OR_RETURN(sampler.euler_steps_,
                         EulerSteps(diffusion.alphas_cumprod(), options.steps, options.spacing));
   }

@@ -68,6 +68,12 @@ Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int leng
 enum class SamplerKind { kDdpm, kDdim, kPndm, kEuler, kEulerAncestral, kHeun, kDpmSolver, kUniPc };
 // "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "dpmsolver" or "unipc".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
+// The spacing a sampler takes where none is given: DiT's respacing ("respace") for DDPM and
+// DDIM, its scheduler's default for the others (leading for PNDM, else linspace).
+std::string DefaultSpacing(SamplerKind kind);
+// Whether a sampler can step on Karras σ's (TimestepSpacing::karras): Euler, Heun,
+// DPM-Solver++ and UniPC, as their schedulers' use_karras_sigmas.
+bool TakesKarrasSigmas(SamplerKind kind);
 // The sampler (its name above) that follows a diffusers scheduler class (_class_name:
 // DDPMScheduler, DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler,
 // EulerAncestralDiscreteScheduler, HeunDiscreteScheduler, DPMSolverMultistepScheduler,
