@@ -105,8 +105,8 @@ std::string PipelineSampler(const std::string& scheduler_class) {
 }
 
 // The sampler and its timestep spacing: the flags, else a pipeline's scheduler's (spaced as its
-// config says), else DiT's (DDPM, respaced; PNDM, Euler, Heun, DPM-Solver and UniPC, which need
-// a diffusers spacing, their schedulers' defaults: leading for PNDM, else linspace). A spacing
+// config says), else the sampler's default (DefaultSpacing: DiT's respacing for DDPM and DDIM,
+// else its scheduler's default spacing, leading for PNDM, linspace for the others). A spacing
 // flag keeps the scheduler's other keys, as diffusers' from_config(config, timestep_spacing=…).
 // A pipeline's Karras σ's stay with a sampler that has them and are dropped for one that has
 // not (DDIM, PNDM …), as from_config drops keys a class does not take.
@@ -134,7 +134,7 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   if (o.karras_sigmas) {
     if (*o.karras_sigmas && !has_karras) {
       return Status::Error(
-          "--karras-sigmas: Karras sigmas are for --sampler euler, heun, dpmsolver and unipc");
+          "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, dpmsolver and unipc");
     }
     c.spacing.karras = *o.karras_sigmas;
     if (!c.spacing.karras) c.spacing.sigma_min = c.spacing.sigma_max = 0;
@@ -456,10 +456,10 @@ DIFFTRAIN_COMMAND(
                       "sampling steps, spaced over the diffusion's (default 250, or all if "
                       "fewer; from a pipeline 50)");
        app.add_option("--sampler", o->sampler,
-                      "ddpm, ddim, pndm, euler, euler_ancestral, heun, dpmsolver or unipc "
+                      "ddpm, ddim, pndm, euler, euler_ancestral, heun, lms, dpmsolver or unipc "
                       "(default ddpm; from a pipeline its scheduler's: DDPM, DDIM, PNDM, "
-                      "EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, DPMSolverMultistep "
-                      "or UniPCMultistep, else ddim)");
+                      "EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, LMSDiscrete, "
+                      "DPMSolverMultistep or UniPCMultistep, else ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
                       "linspace (default: a pipeline's scheduler's, else respace)")
@@ -471,7 +471,7 @@ DIFFTRAIN_COMMAND(
                       "with a diffusers spacing, DDIM's last step goes to alpha-bar 1 (true) or "
                       "to timestep 0's (false) (default: a pipeline scheduler's, else true)");
        app.add_option("--karras-sigmas", o->karras_sigmas,
-                      "euler, heun, dpmsolver and unipc step on Karras et al.'s sigmas (true) "
+                      "euler, heun, lms, dpmsolver and unipc step on Karras et al.'s sigmas (true) "
                       "or the spacing's (false) (default: a pipeline scheduler's "
                       "use_karras_sigmas, else false)");
        app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");

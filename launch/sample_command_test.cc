@@ -109,14 +109,16 @@ TEST_F(SampleCommandTest, WritesGridAndRawSamples) {
   EXPECT_EQ(raw->metadata().at("format"), "difftrain-samples");
 }
 
-// PNDM, Euler, Heun, DPM-Solver and UniPC need a diffusers spacing: from a checkpoint they
-// take their schedulers' defaults (leading for PNDM, else linspace), and sample without
-// clipping.
+// PNDM, Euler (ancestral), Heun, LMS, DPM-Solver and UniPC need a diffusers spacing: from a
+// checkpoint they take their schedulers' defaults (leading for PNDM, else linspace), and sample
+// without clipping.
 TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
   for (const auto& [sampler, spacing] :
        std::vector<std::pair<std::string, std::string>>{{"pndm", "leading"},
                                                         {"euler", "linspace"},
+                                                        {"euler_ancestral", "linspace"},
                                                         {"heun", "linspace"},
+                                                        {"lms", "linspace"},
                                                         {"dpmsolver", "linspace"},
                                                         {"unipc", "linspace"}}) {
     SCOPED_TRACE(sampler);
@@ -207,7 +209,8 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + " --classes 0,10" + out, "class 10 is outside"},
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler euler_a" + out, "unknown sampler"},
            {"--checkpoint " + Ckpt() + " --classes 0 --karras-sigmas true" + out,
-            "--karras-sigmas: Karras sigmas are for --sampler euler, heun, dpmsolver and unipc"},
+            "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, dpmsolver and "
+            "unipc"},
            {"--checkpoint " + Ckpt() + " --classes 0 --guidance-rescale 1.5" + out,
             "the guidance rescale must be in [0, 1], got 1.5"},
            {"--checkpoint " + Ckpt() + " --classes 0 --steps 5000" + out, "got 5000"},

@@ -13,6 +13,9 @@ packages=(
   # tests use, and PMIx for Slurm's `srun --mpi=pmix` (slurm-wlm-basic-plugins' mpi_pmix).
   libopenmpi-dev openmpi-bin libpmix2
   python3-torch python3-numpy dataset-fashion-mnist
+  # diffusers' LMSDiscreteScheduler integrates its coefficients with scipy (the sampler
+  # reference, tests/reference/schedulers.py).
+  python3-scipy
   # An independent GIF decoder for the tests of difftrain's GIF writer (model/io/gif.h).
   python3-pil
   # The metrics tests (tests/metrics): a real Prometheus server and promtool.
@@ -31,7 +34,7 @@ packages=(
 # DIFFTRAIN_DEPS=build: only what compiling difftrain needs (the container image's build
 # stage), without the packages that only tests and tools use.
 if [[ "${DIFFTRAIN_DEPS:-all}" == build ]]; then
-  test_only=" clang-format python3-torch python3-numpy python3-pil dataset-fashion-mnist prometheus \
+  test_only=" clang-format python3-torch python3-numpy python3-scipy python3-pil dataset-fashion-mnist prometheus \
 slurm-wlm munge clang libclang-rt-14-dev podman buildah runc mmdebstrap python3-venv \
 python3-pip unzip "
   for i in "${!packages[@]}"; do

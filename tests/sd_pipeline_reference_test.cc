@@ -5,7 +5,8 @@
 // written by the pipeline's save_pretrained, is sampled by both from the same x_T (diffusers'
 // `latents`, difftrain's --initial-noise): the prompt through the tokenizer and text encoder,
 // guidance against the empty or a negative prompt (and its rescale), every DDIM (PNDM, Euler, Heun,
-// DPM-Solver++, UniPC, with Karras σ's) step and the VAE decoding. Within fp32's rounding:
+// DPM-Solver++, UniPC, with Karras σ's; LMS; Euler ancestral with difftrain's step noise) step and
+// the VAE decoding. Within fp32's rounding:
 // relative L2 ≤ 1e-5 (measured 0.8–2.7e-6); the last step to ᾱ = 1 in place of ᾱ_0 alone moves
 // the latents by more than 10 times that, and so does leaving out the guidance rescale.
 #include <gtest/gtest.h>
@@ -18,7 +19,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "model/diffusion/guided_model.h"
 #include "model/io/safetensors.h"
+#include "model/tensor/rng.h"
 #include "tests/testing/python_reference.h"
 
 namespace difftrain::testing {
@@ -166,10 +169,57 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"seed", 6}},
        "--prompt 'a photo of a boat' --sampler unipc --karras-sigmas true "
        "--guidance-rescale 0.7 --per-class 2 --steps 10"},
+      // LMS (a Stable Diffusion 1.x choice): 8 steps, the last 4 slopes combined.
+      {"lms",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 8},
+        {"guidance", 7.5},
+        {"spacing", nullptr},
+        {"scheduler", "lms"},
+        {"images", 2},
+        {"seed", 7}},
+       "--prompt 'a photo of a boat' --sampler lms --per-class 2 --steps 8"},
+      // Euler ancestral ("Euler a"), 9 steps: diffusers' step noise is the noise difftrain's
+      // sampler draws from --seed (StepNoise below).
+      {"euler_ancestral",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", "blurry"},
+        {"steps", 9},
+        {"guidance", 6.0},
+        {"spacing", nullptr},
+        {"scheduler", "euler_ancestral"},
+        {"images", 2},
+        {"seed", 8}},
+       "--prompt 'a photo of a boat' --negative-prompt blurry --sampler euler_ancestral --cfg 6 "
+       "--per-class 2 --steps 9 --seed 5"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const std::string reference = Reference(pipeline, c.settings, std::string(c.name) + "_want");
+    nlohmann::json settings = c.settings;
+    if (settings["scheduler"] == "euler_ancestral") {
+      // The noise `difftrain sample --seed 5` draws at each step for samples 0 and 1 (their
+      // step noise streams, sampler.h), each [4, h, w] of the UNet's latents; none at the last.
+      const nlohmann::json unet =
+          nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
+      const int steps = settings["steps"], images = settings["images"];
+      const size_t n = 4 * unet["sample_size"].get<size_t>() * unet["sample_size"].get<size_t>();
+      std::vector<float> noise(size_t(steps) * images * n, 0.0f);
+      std::vector<double> z(n);
+      for (int b = 0; b < images; ++b) {
+        Rng rng(5, RngStream::kSample, StepNoiseCounter(b));
+        for (int k = 0; k + 1 < steps; ++k) {
+          DrawFrameNoise(rng, 0.0, 1, n, z.data());
+          std::copy(z.begin(), z.end(), noise.begin() + (size_t(k) * images + b) * n);
+        }
+      }
+      io::SafetensorsWriter file;
+      file.AddF32("noise", {steps, images, int64_t(n)}, noise.data());
+      const std::string path = (dir_ / "step_noise.safetensors").string();
+      ASSERT_TRUE(file.WriteAtomic(path).ok());
+      settings["step_noise"] = path;
+    }
+    const std::string reference = Reference(pipeline, settings, std::string(c.name) + "_want");
     Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(reference);
     ASSERT_TRUE(want.ok()) << want.status().message();
     Result<io::SafetensorsFile> got = Sample(pipeline, reference, c.flags, c.name);

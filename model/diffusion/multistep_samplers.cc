@@ -89,6 +89,9 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
   };
   const bool heun = options_.kind == SamplerKind::kHeun;
   const bool ancestral = options_.kind == SamplerKind::kEulerAncestral;
+  // LMS: the slopes of the steps so far, the newest first, the last 4 kept.
+  constexpr int kLmsOrder = 4;
+  std::deque<std::vector<double>> lms_slopes;
   std::vector<Rng> rngs;
   std::vector<double> noise(ancestral ? frame * shape_.frames : 0);
   for (int b = 0; ancestral && b < N; ++b)
@@ -109,6 +112,17 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
       for (size_t e = 0; e < state.size(); ++e)
         predicted[e] = state[e] + slope[e] * dt;
       slopes(predicted, step.sigma_next, euler_steps_[k + 1].timestep, /*average=*/true);
+    }
+    if (options_.kind == SamplerKind::kLms) {
+      lms_slopes.push_front(slope);
+      if (static_cast<int>(lms_slopes.size()) > kLmsOrder) lms_slopes.pop_back();
+      const int order = static_cast<int>(lms_slopes.size());
+      for (int j = 0; j < order; ++j) {
+        const double c = LmsCoefficient(euler_steps_, static_cast<int>(k), order, j);
+        for (size_t e = 0; e < state.size(); ++e)
+          state[e] += c * lms_slopes[j][e];
+      }
+      continue;
     }
     for (size_t e = 0; e < state.size(); ++e)
       state[e] += slope[e] * dt;

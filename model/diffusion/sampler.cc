@@ -33,6 +33,7 @@ constexpr SamplerNames kSamplers[] = {
     {SamplerKind::kEulerAncestral, "euler_ancestral", "Euler ancestral",
      "EulerAncestralDiscreteScheduler", "linspace", false},
     {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler", "linspace", true},
+    {SamplerKind::kLms, "lms", "LMS", "LMSDiscreteScheduler", "linspace", true},
     {SamplerKind::kDpmSolver, "dpmsolver", "DPM-Solver", "DPMSolverMultistepScheduler", "linspace",
      true},
     {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", true},
@@ -84,8 +85,7 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     return Errorf("eta must be in [0, 1], got {}", options.eta);
   }
   if (options.kind != SamplerKind::kDdim && options.eta != 0) {
-    return Status::Error(
-        "eta is a DDIM parameter; DDPM, PNDM, Euler, Heun, DPM-Solver and UniPC have none");
+    return Status::Error("eta is a DDIM parameter; the other samplers have none");
   }
   const SamplerKind kind = options.kind;
   const bool multistep = DefaultSpacing(kind) != "respace";
@@ -93,7 +93,7 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   const char* scheduler = NamesOf(kind).scheduler;
   if (options.spacing.karras && !TakesKarrasSigmas(kind)) {
     return Errorf(
-        "Karras sigmas are for the euler, heun, dpmsolver and unipc samplers, as diffusers' "
+        "Karras sigmas are for the euler, heun, lms, dpmsolver and unipc samplers, as diffusers' "
         "use_karras_sigmas; {} has none",
         scheduler);
   }
@@ -138,7 +138,7 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   }
   Sampler sampler(diffusion, shape, options, std::move(diffusers_steps), std::move(plms_calls));
   if (kind == SamplerKind::kEuler || kind == SamplerKind::kHeun ||
-      kind == SamplerKind::kEulerAncestral) {
+      kind == SamplerKind::kEulerAncestral || kind == SamplerKind::kLms) {
     DT_ASSIGN_OR_RETURN(sampler.euler_steps_,
                         EulerSteps(diffusion.alphas_cumprod(), options.steps, options.spacing));
   }
@@ -227,7 +227,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
     return;
   }
   if (options_.kind == SamplerKind::kEuler || options_.kind == SamplerKind::kHeun ||
-      options_.kind == SamplerKind::kEulerAncestral) {
+      options_.kind == SamplerKind::kEulerAncestral || options_.kind == SamplerKind::kLms) {
     DenoiseEuler(model, y, N, first_index, x);
     return;
   }

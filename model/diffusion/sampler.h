@@ -62,21 +62,33 @@ Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int leng
 // s_churn 0), Euler ancestral (EulerAncestralDiscreteScheduler: Euler's steps, each to
 // σ_down = √(σ'² − σ_up²), σ_up = σ'·√(σ² − σ'²)/σ, then noise of σ_up added) or Heun
 // (HeunDiscreteScheduler: Euler's steps, each but the last corrected by a second model call at
-// its end, the mean of the two slopes taken; 2N − 1 calls); PNDM, Euler and Heun are
-// deterministic (timestep_spacing.h). DPM-Solver++ (dpm_solver.h) and UniPC
-// (unipc.h) likewise.
-enum class SamplerKind { kDdpm, kDdim, kPndm, kEuler, kEulerAncestral, kHeun, kDpmSolver, kUniPc };
-// "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "dpmsolver" or "unipc".
+// its end, the mean of the two slopes taken; 2N − 1 calls) or LMS (LMSDiscreteScheduler:
+// Euler's steps, each with the linear multistep combination of the last 4 slopes,
+// LmsCoefficient); PNDM, Euler, Heun and LMS are deterministic (timestep_spacing.h). DPM-Solver++
+// (dpm_solver.h) and UniPC (unipc.h) likewise.
+enum class SamplerKind {
+  kDdpm,
+  kDdim,
+  kPndm,
+  kEuler,
+  kEulerAncestral,
+  kHeun,
+  kLms,
+  kDpmSolver,
+  kUniPc
+};
+// "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "lms", "dpmsolver" or "unipc".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
 // The spacing a sampler takes where none is given: DiT's respacing ("respace") for DDPM and
 // DDIM, its scheduler's default for the others (leading for PNDM, else linspace).
 std::string DefaultSpacing(SamplerKind kind);
-// Whether a sampler can step on Karras σ's (TimestepSpacing::karras): Euler, Heun,
+// Whether a sampler can step on Karras σ's (TimestepSpacing::karras): Euler, Heun, LMS,
 // DPM-Solver++ and UniPC, as their schedulers' use_karras_sigmas.
 bool TakesKarrasSigmas(SamplerKind kind);
 // The sampler (its name above) that follows a diffusers scheduler class (_class_name:
 // DDPMScheduler, DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler,
-// EulerAncestralDiscreteScheduler, HeunDiscreteScheduler, DPMSolverMultistepScheduler,
+// EulerAncestralDiscreteScheduler, HeunDiscreteScheduler, LMSDiscreteScheduler,
+// DPMSolverMultistepScheduler,
 // UniPCMultistepScheduler); none for another.
 std::optional<std::string> SamplerOfScheduler(const std::string& scheduler_class);
 
@@ -127,7 +139,7 @@ class Sampler {
   const std::vector<int>& timesteps() const { return timesteps_; }
   // PNDM's model calls, in the order they run (empty for the others).
   const std::vector<PlmsCall>& plms_calls() const { return plms_calls_; }
-  // Euler's (ancestral's) and Heun's steps, in the order they run (empty for the others).
+  // Euler's (ancestral's), Heun's and LMS's steps, in the order they run (empty for the others).
   const std::vector<EulerStep>& euler_steps() const { return euler_steps_; }
   // DPM-Solver++'s steps, in the order they run (empty for the others).
   const std::vector<DpmStep>& dpm_steps() const { return dpm_steps_; }
@@ -157,7 +169,7 @@ class Sampler {
   // Denoise for PNDM: the calls of plms_calls_, each from the linear multistep combination of
   // the last (up to 4) guided outputs.
   void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const;
-  // Denoise for Euler, Euler ancestral and Heun: the steps of euler_steps_ from x_T scaled by
+  // Denoise for Euler, Euler ancestral, Heun and LMS: the steps of euler_steps_ from x_T scaled by
   // its initial σ; Euler ancestral's noise from the samples' step noise streams.
   void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                     float* x) const;

@@ -52,7 +52,8 @@ Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::
                                        : std::string();
     const bool euler = class_name == "EulerDiscreteScheduler";
     const bool heun = class_name == "HeunDiscreteScheduler";
-    const bool karras_class = euler || heun || class_name == "DPMSolverMultistepScheduler" ||
+    const bool karras_class = euler || heun || class_name == "LMSDiscreteScheduler" ||
+                              class_name == "DPMSolverMultistepScheduler" ||
                               class_name == "UniPCMultistepScheduler";
     const bool linspace_default = karras_class || class_name == "EulerAncestralDiscreteScheduler";
     s.kind = json.value("timestep_spacing", std::string(linspace_default ? "linspace" : "leading"));
@@ -231,6 +232,25 @@ double SigmaToTimestep(double sigma, const std::vector<double>& alphas_cumprod) 
   const double high = std::log(DiffusionSigma(alphas_cumprod, lo + 1));
   const double w = std::clamp((low - log_sigma) / (low - high), 0.0, 1.0);
   return (1 - w) * lo + w * (lo + 1);
+}
+
+double LmsCoefficient(const std::vector<EulerStep>& steps, int k, int order, int j) {
+  DT_CHECK(k >= 0 && k < static_cast<int>(steps.size()) && order >= 1 && order <= k + 1 && j >= 0 &&
+               j < order,
+           "LMS coefficient of step {} (order {}, slope {})", k, order, j);
+  const auto basis = [&](double tau) {
+    double product = 1;
+    for (int m = 0; m < order; ++m) {
+      if (m == j) continue;
+      product *= (tau - steps[k - m].sigma) / (steps[k - j].sigma - steps[k - m].sigma);
+    }
+    return product;
+  };
+  // The basis polynomial has degree order − 1 ≤ 3 (diffusers' order is 4): 3-point
+  // Gauss–Legendre, exact to degree 5, integrates it exactly.
+  const double a = steps[k].sigma, b = steps[k].sigma_next;
+  const double mid = (a + b) / 2, half = (b - a) / 2, node = half * std::sqrt(0.6);
+  return half * (5 * basis(mid - node) + 8 * basis(mid) + 5 * basis(mid + node)) / 9;
 }
 
 double EulerInitialSigma(const std::vector<EulerStep>& steps, const TimestepSpacing& spacing) {

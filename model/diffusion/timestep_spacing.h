@@ -30,7 +30,7 @@ struct TimestepSpacing {
   std::string kind = "respace";  // respace, leading, trailing or linspace
   int steps_offset = 0;          // added to leading's timesteps
   bool set_alpha_to_one = true;  // DDIM's final ᾱ: 1, or ᾱ_0
-  // use_karras_sigmas (Euler, Heun, DPM-Solver++, UniPC): the steps' σ's are Karras et al.'s
+  // use_karras_sigmas (Euler, Heun, LMS, DPM-Solver++, UniPC): the steps' σ's are Karras et al.'s
   // schedule (KarrasSigmas) and each step's timestep the one its σ falls at
   // (SigmaToTimestep), as those schedulers' set_timesteps replace the spacing's.
   bool karras = false;
@@ -46,10 +46,10 @@ struct TimestepSpacing {
   nlohmann::json ToJson() const;
   // The sampling keys of a diffusers scheduler config (scheduler_config.json):
   // timestep_spacing, steps_offset (0), set_alpha_to_one; the defaults are the class's
-  // (_class_name): timestep_spacing linspace for the Euler, Euler ancestral, Heun,
+  // (_class_name): timestep_spacing linspace for the Euler, Euler ancestral, Heun, LMS,
   // DPM-Solver multistep and UniPC schedulers, else leading; set_alpha_to_one false for a
   // PNDMScheduler, else true as DDIM's; use_karras_sigmas where the class has it (Euler, Heun,
-  // DPM-Solver, UniPC), and an Euler's sigma_min and sigma_max with it. Refused by name:
+  // LMS, DPM-Solver, UniPC), and an Euler's sigma_min and sigma_max with it. Refused by name:
   // thresholding (dynamic thresholding is not implemented), an EulerDiscreteScheduler's
   // interpolation_type log_linear and timestep_type continuous, a Heun's clip_sample.
   static Result<TimestepSpacing> FromDiffusersScheduler(const nlohmann::json& json);
@@ -119,9 +119,16 @@ struct EulerStep {
 // as float32: numpy.linspace(0, T − 1, N)), σ interpolated linearly between the diffusion's
 // integer timesteps, the last step to σ = 0. With Karras σ's: N of them from the first
 // step's σ (or sigma_max) to the last's (or sigma_min), each at its SigmaToTimestep (float32,
-// unrounded). diffusers' HeunDiscreteScheduler takes the same steps.
+// unrounded). diffusers' HeunDiscreteScheduler, EulerAncestralDiscreteScheduler (without Karras
+// σ's) and LMSDiscreteScheduler take the same steps.
 Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cumprod, int N,
                                           const TimestepSpacing& spacing);
+// The coefficient of the slope of step k − j (j < order ≤ k + 1) in LMS's step k (diffusers'
+// LMSDiscreteScheduler.get_lms_coefficient): the integral from σ_k to σ_{k+1} (0 after the
+// last step) of the Lagrange basis polynomial through σ_k, …, σ_{k−order+1} that is 1 at
+// σ_{k−j}.
+double LmsCoefficient(const std::vector<EulerStep>& steps, int k, int order, int j);
+
 // The σ x_T is scaled by (diffusers' init_noise_sigma): the first step's σ for linspace and
 // trailing, √(σ² + 1) for leading.
 double EulerInitialSigma(const std::vector<EulerStep>& steps, const TimestepSpacing& spacing);

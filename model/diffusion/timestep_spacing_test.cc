@@ -1,5 +1,6 @@
 #include "model/diffusion/timestep_spacing.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -228,6 +229,29 @@ TEST(KarrasSigmasTest, SpanTheRangeAndMapBackToTheirTimesteps) {
     EXPECT_NEAR(s.timestep, SigmaToTimestep(s.sigma, abar), 1e-3);
   spacing.sigma_max = 100;
   EXPECT_DOUBLE_EQ(EulerSteps(abar, 10, spacing)->front().sigma, 100);
+}
+
+// LMS's coefficients integrate the Lagrange basis over the step: at order 1 the step's dσ; at
+// any order they sum to it (the basis sums to 1) and integrate the slopes' σ's exactly.
+TEST(LmsCoefficientTest, IntegrateTheLagrangeBasis) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<EulerStep> steps =
+      *EulerSteps(diffusion.alphas_cumprod(), 8, Spacing("linspace"));
+  for (int k = 0; k < 8; ++k) {
+    const double a = steps[k].sigma, b = steps[k].sigma_next;
+    EXPECT_NEAR(LmsCoefficient(steps, k, 1, 0), b - a, 1e-12 * std::abs(b - a));
+    const int order = std::min(k + 1, 4);
+    double sum = 0, moment = 0;
+    for (int j = 0; j < order; ++j) {
+      sum += LmsCoefficient(steps, k, order, j);
+      moment += LmsCoefficient(steps, k, order, j) * steps[k - j].sigma;
+    }
+    EXPECT_NEAR(sum, b - a, 1e-9 * std::abs(b - a)) << k;
+    // Σ_j c_j σ_{k−j} = ∫ τ dτ from order 2, the basis reproducing the polynomial τ.
+    if (order >= 2) {
+      EXPECT_NEAR(moment, (b * b - a * a) / 2, 1e-9 * std::abs(b * b - a * a)) << k;
+    }
+  }
 }
 
 // Between consecutive timesteps of the schedule, a step's coefficients are the schedule's.

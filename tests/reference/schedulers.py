@@ -57,7 +57,8 @@ import safetensors.torch  # noqa: F401  (before diffusers)
 import torch
 from diffusers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
                        EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
-                       HeunDiscreteScheduler, PNDMScheduler, UniPCMultistepScheduler)
+                       HeunDiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
+                       UniPCMultistepScheduler)
 from diffusers.schedulers import scheduling_ddpm, scheduling_euler_ancestral_discrete
 from safetensors.torch import load_file, save_file
 
@@ -68,8 +69,8 @@ SPACINGS = {"leading/0": ("leading", 0), "leading/1": ("leading", 1),
             "trailing/0": ("trailing", 0), "linspace/0": ("linspace", 0)}
 DDIM_ONLY = ("set_alpha_to_one",)
 RUNS = {c.__name__: c for c in (EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
-                                HeunDiscreteScheduler, DPMSolverMultistepScheduler,
-                                UniPCMultistepScheduler)}
+                                HeunDiscreteScheduler, LMSDiscreteScheduler,
+                                DPMSolverMultistepScheduler, UniPCMultistepScheduler)}
 
 
 def timesteps(out, T):

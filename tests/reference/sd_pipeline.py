@@ -16,13 +16,15 @@ own initialisation, and a DDIMScheduler as Stable Diffusion 2's 768 px pipeline 
 false), and writes the whole pipeline into DIR by StableDiffusionPipeline.save_pretrained.
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
-the scheduler's), scheduler ("ddim", "pndm", "euler", "heun", "dpmsolver" or "unipc"), karras
-(optional: use_karras_sigmas), guidance_rescale (optional, default 0) and images; the pipeline
+the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
+"dpmsolver" or "unipc"), karras (optional: use_karras_sigmas), guidance_rescale (optional,
+default 0), step_noise (optional: a safetensors file whose "noise" [steps, images, 4, h, w]
+EulerAncestralDiscreteScheduler.step draws in place of its own) and images; the pipeline
 is called with latents N(0, 1) [images, 4, h, w] (seeded) and output_type "latent", with its
 scheduler swapped for DDIMScheduler.from_config(config, timestep_spacing=spacing),
 PNDMScheduler's with skip_prk_steps (as SD 1.x's pipelines configure it), or
-EulerDiscreteScheduler's, HeunDiscreteScheduler's, DPMSolverMultistepScheduler's or
-UniPCMultistepScheduler's. OUT:
+EulerDiscreteScheduler's, EulerAncestralDiscreteScheduler's, HeunDiscreteScheduler's,
+LMSDiscreteScheduler's, DPMSolverMultistepScheduler's or UniPCMultistepScheduler's. OUT:
   noise    the latents x_T it started from
   latents  the final latents
   decoded  vae.decode(latents / scaling_factor).sample, as the pipeline decodes them
@@ -36,9 +38,11 @@ import sys
 import safetensors.torch  # noqa: F401  (before diffusers: its save_pretrained needs it)
 import torch
 from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler,
-                       EulerDiscreteScheduler, HeunDiscreteScheduler, PNDMScheduler,
+                       EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
+                       HeunDiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
                        StableDiffusionPipeline, UNet2DConditionModel, UniPCMultistepScheduler)
-from safetensors.torch import save_file
+from diffusers.schedulers import scheduling_euler_ancestral_discrete
+from safetensors.torch import load_file, save_file
 from transformers import CLIPTextModel, CLIPTokenizer
 
 
@@ -83,8 +87,13 @@ def run(folder, out, settings):
         config["timestep_spacing"] = settings["spacing"]
     if settings.get("karras"):
         config["use_karras_sigmas"] = True
-    classes = {"euler": EulerDiscreteScheduler, "heun": HeunDiscreteScheduler,
+    classes = {"euler": EulerDiscreteScheduler, "euler_ancestral": EulerAncestralDiscreteScheduler,
+               "heun": HeunDiscreteScheduler, "lms": LMSDiscreteScheduler,
                "dpmsolver": DPMSolverMultistepScheduler, "unipc": UniPCMultistepScheduler}
+    if settings.get("step_noise"):
+        step_noise = list(load_file(settings["step_noise"])["noise"].unbind(0))
+        scheduling_euler_ancestral_discrete.randn_tensor = \
+            lambda shape, **kwargs: step_noise.pop(0).reshape(shape)
     if settings.get("scheduler") == "pndm":
         pipeline.scheduler = PNDMScheduler.from_config(config, skip_prk_steps=True)
     elif settings.get("scheduler") in classes:
