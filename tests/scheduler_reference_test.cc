@@ -144,6 +144,15 @@ const std::vector<SchedulerRun>& Runs() {
       {"lms_karras", "LMSDiscreteScheduler", SamplerKind::kLms, R"({"use_karras_sigmas": true})"},
       {"dpm_karras", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver,
        R"({"use_karras_sigmas": true})", "linspace"},
+      {"dpm_3", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver, R"({"solver_order": 3})"},
+      {"dpm_3_final", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver,
+       R"({"solver_order": 3, "lower_order_final": false, "final_sigmas_type": "sigma_min"})"},
+      {"dpm_sde", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver,
+       R"({"algorithm_type": "sde-dpmsolver++"})", "", true},
+      {"dpm_sde_heun_karras", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver,
+       R"({"algorithm_type": "sde-dpmsolver++", "solver_type": "heun",
+           "use_karras_sigmas": true})",
+       "linspace", true},
       {"unipc", "UniPCMultistepScheduler", SamplerKind::kUniPc, "{}"},
       {"unipc_leading", "UniPCMultistepScheduler", SamplerKind::kUniPc,
        R"({"timestep_spacing": "leading", "steps_offset": 1})"},
@@ -332,8 +341,11 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
       run_options.kind = r.kind;
       run_options.seed = kSeed;
       run_options.spacing = *run_spacing;
-      if (r.kind == SamplerKind::kDpmSolver)
-        run_options.dpm = *DpmSolverOptions::FromDiffusersScheduler(run_config);
+      if (r.kind == SamplerKind::kDpmSolver) {
+        Result<DpmSolverOptions> dpm = DpmSolverOptions::FromDiffusersScheduler(run_config);
+        ASSERT_TRUE(dpm.ok()) << dpm.status().message();
+        run_options.dpm = *dpm;
+      }
       if (r.kind == SamplerKind::kUniPc) {
         Result<UniPcOptions> unipc = UniPcOptions::FromDiffusersScheduler(run_config);
         ASSERT_TRUE(unipc.ok()) << unipc.status().message();

@@ -7,7 +7,8 @@
 namespace difftrain {
 
 nlohmann::json DpmSolverOptions::ToJson() const {
-  return {{"solver_order", order},
+  return {{"algorithm_type", sde ? "sde-dpmsolver++" : "dpmsolver++"},
+          {"solver_order", order},
           {"solver_type", heun ? "heun" : "midpoint"},
           {"lower_order_final", lower_order_final},
           {"euler_at_final", euler_at_final},
@@ -19,11 +20,19 @@ Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann
   DpmSolverOptions o;
   try {
     const std::string algorithm = json.value("algorithm_type", std::string("dpmsolver++"));
-    if (algorithm != "dpmsolver++")
-      return Errorf("algorithm_type: '{}' is not supported (dpmsolver++)", algorithm);
+    if (algorithm != "dpmsolver++" && algorithm != "sde-dpmsolver++") {
+      return Errorf("algorithm_type: '{}' is not supported (dpmsolver++, sde-dpmsolver++)",
+                    algorithm);
+    }
+    o.sde = algorithm == "sde-dpmsolver++";
     o.order = json.value("solver_order", 2);
-    if (o.order != 1 && o.order != 2)
-      return Errorf("solver_order: {} is not supported (1 or 2)", o.order);
+    if (o.order < 1 || o.order > 3)
+      return Errorf("solver_order: {} is not supported (1, 2 or 3)", o.order);
+    if (o.sde && o.order == 3) {
+      return Errorf(
+          "solver_order: 3 with sde-dpmsolver++ is not supported (diffusers' third-order step "
+          "has no noise)");
+    }
     const std::string type = json.value("solver_type", std::string("midpoint"));
     if (type != "midpoint" && type != "heun")
       return Errorf("solver_type: '{}' is not supported (midpoint, heun)", type);
@@ -104,11 +113,14 @@ Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cu
     DpmStep& s = steps[k];
     s.sigma_next = k + 1 < N ? steps[k + 1].sigma : final_sigma;
     s.sigma_prev = k > 0 ? steps[k - 1].sigma : 0;
-    const bool last = k == N - 1;
+    s.sigma_prev2 = k > 1 ? steps[k - 2].sigma : 0;
     const bool lower_final =
-        last && (options.euler_at_final || (options.lower_order_final && N < 15) ||
-                 !options.final_sigma_min);
-    s.order = options.order == 1 || k == 0 || lower_final ? 1 : 2;
+        k == N - 1 && (options.euler_at_final || (options.lower_order_final && N < 15) ||
+                       !options.final_sigma_min);
+    const bool lower_second = k == N - 2 && options.lower_order_final && N < 15;
+    s.order = options.order == 1 || k < 1 || lower_final    ? 1
+              : options.order == 2 || k < 2 || lower_second ? 2
+                                                            : 3;
   }
   return steps;
 }

@@ -1,6 +1,7 @@
 // diffusers' DPMSolverMultistepScheduler with algorithm_type dpmsolver++ (Lu et al.,
 // "DPM-Solver++: Fast Solver for Guided Sampling of Diffusion Probabilistic Models"):
-// deterministic multistep steps on the data prediction x0, of first or second order.
+// deterministic multistep steps on the data prediction x0, of first, second or third order; or
+// with sde-dpmsolver++, the stochastic steps of first or second order ("DPM++ 2M SDE").
 //
 // Its N timesteps are its own (set_timesteps): linspace round(k · (T − 1)/N) and leading
 // k · ⌊T/(N + 1)⌋ + steps_offset for k = 1 … N (N + 1 points, timestep 0's dropped), trailing
@@ -11,10 +12,18 @@
 //   second order  x' = (σ_t' / σ_t) x − α' (e^{−h} − 1) (m_k + c · D1), D1 = (m_k − m_{k−1}) / r,
 //                 r = (λ_k − λ_{k−1}) / h, c = 1/2 (midpoint) or, for heun, the D1 term is
 //                 + α' ((e^{−h} − 1)/h + 1) D1
+//   third order   x' = (σ_t' / σ_t) x − α' (e^{−h} − 1) m_k + α' ((e^{−h} − 1)/h + 1) D1
+//                 − α' ((e^{−h} − 1 + h)/h² − 1/2) D2, with D1_0 = (m_k − m_{k−1})/r0,
+//                 D1_1 = (m_{k−1} − m_{k−2})/r1 (r1 = (λ_{k−1} − λ_{k−2})/h),
+//                 D1 = D1_0 + r0/(r0 + r1) (D1_0 − D1_1), D2 = (D1_0 − D1_1)/(r0 + r1)
+//   SDE           x' = (σ_t' / σ_t) e^{−h} x + α' (1 − e^{−2h}) (m_k [+ c · D1])
+//                 + σ_t' √(1 − e^{−2h}) z, c = 1/2 (midpoint) or, for heun, the D1 term is
+//                 α' ((1 − e^{−2h})/(−2h) + 1) D1; z the sample's step noise
 // With use_karras_sigmas (TimestepSpacing::karras) the N σ's are Karras's over the whole
 // diffusion, σ_{T−1} to σ_0, each step at its σ's timestep rounded (MultistepTimesteps).
 // The first step is of first order, and so is the last where final_sigmas_type is zero,
-// euler_at_final is set, or lower_order_final with fewer than 15 steps.
+// euler_at_final is set, or lower_order_final with fewer than 15 steps; the second (and with
+// lower_order_final and fewer than 15 steps the one before last) is at most of second order.
 #pragma once
 
 #include <vector>
@@ -27,23 +36,25 @@
 namespace difftrain {
 
 struct DpmSolverOptions {
-  int order = 2;      // solver_order: 1 or 2
+  int order = 2;      // solver_order: 1, 2, or (not with sde) 3
   bool heun = false;  // solver_type heun; else midpoint
+  bool sde = false;   // algorithm_type sde-dpmsolver++; else dpmsolver++
   bool lower_order_final = true;
   bool euler_at_final = false;
   bool final_sigma_min = false;  // final_sigmas_type sigma_min; else zero
 
   nlohmann::json ToJson() const;
   // The keys of a DPMSolverMultistepScheduler config (its spacing and use_karras_sigmas are
-  // TimestepSpacing's). Refused by name: algorithm_type other than dpmsolver++, solver_order 3,
-  // use_lu_lambdas, a finite
+  // TimestepSpacing's). Refused by name: algorithm_type other than dpmsolver++ and
+  // sde-dpmsolver++, solver_order above 3 (or 3 with sde-dpmsolver++), use_lu_lambdas, a finite
   // lambda_min_clipped, variance_type, thresholding.
   static Result<DpmSolverOptions> FromDiffusersScheduler(const nlohmann::json& json);
 };
 
 struct DpmStep {
   int timestep = 0;
-  double sigma = 0, sigma_next = 0, sigma_prev = 0;  // σ_k, σ_{k+1}, σ_{k−1} (second order)
+  double sigma = 0, sigma_next = 0;
+  double sigma_prev = 0, sigma_prev2 = 0;  // σ_{k−1} (second order), σ_{k−2} (third)
   int order = 1;
 };
 

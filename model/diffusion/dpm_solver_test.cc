@@ -45,6 +45,21 @@ TEST(DpmSolverStepsTest, KeepTheSchedulersTimestepsAndOrders) {
   const std::vector<DpmStep> kept = *DpmSolverSteps(abar, 4, linspace, second);
   EXPECT_EQ(kept[3].order, 2);
   EXPECT_GT(kept[3].sigma_next, 0.0);
+  // Third order from the third step; with lower_order_final and fewer than 15 steps the one
+  // before last is of second order and the last of first.
+  DpmSolverOptions third;
+  third.order = 3;
+  const auto orders = [](const std::vector<DpmStep>& steps) {
+    std::vector<int> o;
+    for (const DpmStep& s : steps)
+      o.push_back(s.order);
+    return o;
+  };
+  const std::vector<DpmStep> six = *DpmSolverSteps(abar, 6, linspace, third);
+  EXPECT_EQ(orders(six), (std::vector<int>{1, 2, 3, 3, 2, 1}));
+  EXPECT_EQ(orders(*DpmSolverSteps(abar, 16, linspace, third)),
+            (std::vector<int>{1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1}));
+  EXPECT_EQ(six[3].sigma_prev2, six[1].sigma);
   DpmSolverOptions first;
   first.order = 1;
   const std::vector<DpmStep> first_order = *DpmSolverSteps(abar, 4, linspace, first);
@@ -63,8 +78,9 @@ TEST(DpmSolverOptionsTest, ReadsAndRefusesByName) {
   EXPECT_FALSE(read->lower_order_final);
   EXPECT_TRUE(read->euler_at_final);
   for (const auto& [json, named] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"algorithm_type": "sde-dpmsolver++"})", "algorithm_type"},
-           {R"({"solver_order": 3})", "solver_order"},
+           {R"({"algorithm_type": "dpmsolver"})", "algorithm_type"},
+           {R"({"solver_order": 4})", "solver_order"},
+           {R"({"algorithm_type": "sde-dpmsolver++", "solver_order": 3})", "has no noise"},
            {R"({"solver_type": "bogacki"})", "solver_type"},
            {R"({"use_lu_lambdas": true})", "use_lu_lambdas"},
            {R"({"lambda_min_clipped": -5.1})", "lambda_min_clipped"},

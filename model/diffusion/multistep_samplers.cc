@@ -136,10 +136,18 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
     x[e] = static_cast<float>(state[e]);
 }
 
-void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, float* x) const {
+void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
+                         float* x) const {
   const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
   GuidedModel guided(model, shape_, options_, y, N);
-  std::vector<double> state(x, x + N * n), previous(N * n);  // x, and the last step's x0
+  const size_t frame = n / shape_.frames;
+  // x, and the last two steps' x0's.
+  std::vector<double> state(x, x + N * n), previous(N * n), previous2(N * n);
+  // The SDE's noise, from the samples' step noise streams.
+  std::vector<Rng> rngs;
+  std::vector<double> noise(options_.dpm.sde ? N * n : 0);
+  for (int b = 0; options_.dpm.sde && b < N; ++b)
+    rngs.emplace_back(options_.seed, RngStream::kSample, StepNoiseCounter(first_index + b));
   // α = 1/√(σ² + 1), σ_t = σ·α and λ = log α − log σ_t of a step's σ.
   struct Scale {
     double alpha, sigma_t, lambda;
@@ -154,23 +162,41 @@ void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, float* 
     const bool to_data = step.sigma_next == 0;
     const Scale t = to_data ? Scale{1, 0, 0} : scale(step.sigma_next);
     const double h = t.lambda - s.lambda, expm = std::exp(-h) - 1;
-    const double r = step.order == 2 ? (s.lambda - scale(step.sigma_prev).lambda) / h : 1;
+    const double lambda_prev = step.order >= 2 ? scale(step.sigma_prev).lambda : 0;
+    const double r0 = step.order >= 2 ? (s.lambda - lambda_prev) / h : 1;
+    const double r1 = step.order == 3 ? (lambda_prev - scale(step.sigma_prev2).lambda) / h : 1;
+    // The SDE's factors: e^{−h}, 1 − e^{−2h}.
+    const double decay = std::exp(-h), spread = -std::expm1(-2 * h);
+    const bool noisy = options_.dpm.sde && !to_data;
+    for (int b = 0; noisy && b < N; ++b)
+      DrawFrameNoise(rngs[b], noise_correlation_, shape_.frames, frame, noise.data() + b * n);
     for (int b = 0; b < N; ++b) {
       for (size_t j = 0; j < n; ++j) {
         const size_t e = b * n + j;
         const double out = guided.Output(b, j), v = state[e];
         const double m =
             v_prediction_ ? s.alpha * v - s.sigma_t * out : (v - s.sigma_t * out) / s.alpha;
-        if (to_data) {
-          state[e] = m;
-        } else {
-          double next = t.sigma_t / s.sigma_t * v - t.alpha * expm * m;
+        const double d1 = step.order >= 2 ? (m - previous[e]) / r0 : 0;
+        double next = m;  // to σ = 0: the data prediction itself
+        if (noisy) {
+          next = t.sigma_t / s.sigma_t * decay * v + t.alpha * spread * m +
+                 t.sigma_t * std::sqrt(spread) * noise[e];
           if (step.order == 2) {
-            const double d1 = (m - previous[e]) / r;
-            next += options_.dpm.heun ? t.alpha * (expm / h + 1) * d1 : -0.5 * t.alpha * expm * d1;
+            next += options_.dpm.heun ? t.alpha * (spread / (-2 * h) + 1) * d1
+                                      : 0.5 * t.alpha * spread * d1;
           }
-          state[e] = next;
+        } else if (!to_data) {
+          next = t.sigma_t / s.sigma_t * v - t.alpha * expm * m;
+          if (step.order == 2) {
+            next += options_.dpm.heun ? t.alpha * (expm / h + 1) * d1 : -0.5 * t.alpha * expm * d1;
+          } else if (step.order == 3) {
+            const double d1_1 = (previous[e] - previous2[e]) / r1;
+            const double D1 = d1 + r0 / (r0 + r1) * (d1 - d1_1), D2 = (d1 - d1_1) / (r0 + r1);
+            next += t.alpha * (expm / h + 1) * D1 - t.alpha * ((expm + h) / (h * h) - 0.5) * D2;
+          }
         }
+        state[e] = next;
+        previous2[e] = previous[e];
         previous[e] = m;
       }
     }

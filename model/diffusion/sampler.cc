@@ -232,7 +232,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
     return;
   }
   if (options_.kind == SamplerKind::kDpmSolver) {
-    DenoiseDpm(model, y, N, x);
+    DenoiseDpm(model, y, N, first_index, x);
     return;
   }
   if (options_.kind == SamplerKind::kUniPc) {

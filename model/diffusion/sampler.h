@@ -173,8 +173,10 @@ class Sampler {
   // its initial σ; Euler ancestral's noise from the samples' step noise streams.
   void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                     float* x) const;
-  // Denoise for DPM-Solver++: the steps of dpm_steps_.
-  void DenoiseDpm(const Denoiser& model, const int32_t* y, int N, float* x) const;
+  // Denoise for DPM-Solver++: the steps of dpm_steps_; the SDE's noise from the samples' step
+  // noise streams.
+  void DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
+                  float* x) const;
   // Denoise for UniPC: the steps of unipc_steps_.
   void DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float* x) const;
 

@@ -41,7 +41,7 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
                    as StableDiffusionPipeline runs a scheduler, the model called on
                    scale_model_input(x, t) at each of its timesteps; the optional noise, a
                    safetensors file whose "noise" [N, 2, 2, 4, 4] holds each step's noise,
-                   is what EulerAncestralDiscreteScheduler.step draws
+                   is what the scheduler's step draws (Euler ancestral, DPM-Solver's SDE)
   NAME.KEY_calls   the timesteps it called the model at, in order
 The model (float32, as the C++ test's): out = 0.9 tanh(x) (t + 1) / T + 0.05 sin(3x + t/100),
 read as ε or v by the scheduler's prediction_type.
@@ -59,7 +59,7 @@ from diffusers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler
                        EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
                        HeunDiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
                        UniPCMultistepScheduler)
-from diffusers.schedulers import scheduling_ddpm, scheduling_euler_ancestral_discrete
+from diffusers.schedulers import scheduling_ddpm
 from safetensors.torch import load_file, save_file
 
 # DDPMScheduler.step's noise: zeros, so that a step is its posterior mean.
@@ -172,7 +172,7 @@ def steps(cases_path, out):
             if "noise" in run:
                 # A stochastic scheduler's step noise, the C++ sampler's: one tensor a step.
                 noise = list(load_file(run["noise"])["noise"].unbind(0))
-                scheduling_euler_ancestral_discrete.randn_tensor = \
+                sys.modules[type(scheduler).__module__].randn_tensor = \
                     lambda shape, **kwargs: noise.pop(0).reshape(shape)
             x = tensors[f"{name}.x_T"] * scheduler.init_noise_sigma
             if run["class"] == "HeunDiscreteScheduler":
