@@ -1,12 +1,16 @@
 // Checks difftrain's samplers with a diffusers timestep spacing (model/diffusion/
-// timestep_spacing.h) against diffusers' DDIMScheduler, DDPMScheduler, PNDMScheduler (PLMS)
-// and EulerDiscreteScheduler (0.27.2): tests/reference/schedulers.py lists the timesteps
-// set_timesteps keeps for every step count of a 1000-step diffusion, and runs DDIM, PNDM and
-// Euler with a small closed-form model from an x_T it writes. The C++ samplers, their
-// diffusion and spacing read from the same scheduler config, must keep the same timesteps,
-// step between the same ᾱ's, take DDPM's posterior coefficients, and end at the same sample
-// within fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in double; PNDM's
-// reference runs in float64, see schedulers.py): relative L2 ≤ 2e-5, measured 1.2e-7–1.5e-5.
+// timestep_spacing.h) against diffusers' (0.27.2) DDIMScheduler, DDPMScheduler, PNDMScheduler
+// (PLMS), EulerDiscreteScheduler, DPMSolverMultistepScheduler and, as "runs" (Runs() below, each
+// with the model calls' timesteps compared too), EulerAncestralDiscreteScheduler,
+// HeunDiscreteScheduler, LMSDiscreteScheduler, UniPCMultistepScheduler, Karras σ's, DPM-Solver++
+// of third order and its SDE: tests/reference/schedulers.py lists the timesteps set_timesteps
+// keeps for every step count of a 1000-step diffusion, and runs each scheduler with a small
+// closed-form model from an x_T it writes (the stochastic ones with difftrain's step noise). The
+// C++ samplers, their diffusion and spacing read from the same scheduler config, must keep the same
+// timesteps, step between the same ᾱ's, take DDPM's posterior coefficients, and end at the same
+// sample within fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in double; PNDM's
+// reference runs in float64, see schedulers.py): relative L2 ≤ 2e-5, measured 4e-8–1.5e-5
+// (and the amplified cosine Heun run below).
 // Each diffusers rule dropped in turn was off by far more: the last step to ᾱ = 1 in place of
 // ᾱ_0 4e-4 and 2e-3, steps_offset ignored 1.6e-3 and 4.6e-3, each step to the timestep listed
 // after it (not t − ⌊T/N⌋) 4.9e-2 (trailing) and 0.36 (linspace); PNDM's default of
