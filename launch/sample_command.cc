@@ -128,17 +128,14 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   }
   if (!c.spacing.diffusers() && !o.timestep_spacing) c.spacing.kind = DefaultSpacing(c.kind);
   const bool has_karras = TakesKarrasSigmas(c.kind);
-  if (!has_karras && !o.karras_sigmas) c.spacing.karras = false;
+  if (o.karras_sigmas.value_or(false) && !has_karras) {
+    return Status::Error(
+        "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, dpmsolver and unipc");
+  }
+  c.spacing.karras = o.karras_sigmas.value_or(c.spacing.karras && has_karras);
+  // sigma_min and sigma_max are EulerDiscreteScheduler's keys.
   if (c.kind != SamplerKind::kEuler || !c.spacing.karras)
     c.spacing.sigma_min = c.spacing.sigma_max = 0;
-  if (o.karras_sigmas) {
-    if (*o.karras_sigmas && !has_karras) {
-      return Status::Error(
-          "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, dpmsolver and unipc");
-    }
-    c.spacing.karras = *o.karras_sigmas;
-    if (!c.spacing.karras) c.spacing.sigma_min = c.spacing.sigma_max = 0;
-  }
   if (o.steps_offset) c.spacing.steps_offset = *o.steps_offset;
   if (o.set_alpha_to_one) c.spacing.set_alpha_to_one = *o.set_alpha_to_one;
   if (Status s = c.spacing.Validate(); !s.ok()) {

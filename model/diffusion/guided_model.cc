@@ -5,6 +5,13 @@
 
 namespace difftrain {
 
+std::vector<Rng> StepNoiseStreams(uint64_t seed, int64_t first_index, int N) {
+  std::vector<Rng> rngs;
+  for (int b = 0; b < N; ++b)
+    rngs.emplace_back(seed, RngStream::kSample, StepNoiseCounter(first_index + b));
+  return rngs;
+}
+
 GuidedModel::GuidedModel(const Denoiser& model, const DenoiserShape& shape,
                          const SamplerOptions& options, const int32_t* y, int N)
     : model_(model),

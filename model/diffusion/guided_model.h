@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/diffusion/sampler.h"
+#include "model/tensor/rng.h"
 
 namespace difftrain {
 
@@ -25,6 +26,8 @@ inline uint64_t InitialNoiseCounter(int64_t n) {
 inline uint64_t StepNoiseCounter(int64_t n) {
   return 2 * static_cast<uint64_t>(n) + 1;
 }
+// The step noise streams of samples first_index … first_index + N − 1.
+std::vector<Rng> StepNoiseStreams(uint64_t seed, int64_t first_index, int N);
 
 class GuidedModel {
  public:

@@ -1,5 +1,6 @@
-// The samplers of diffusers' deterministic schedulers: PNDM, Euler and Heun, DPM-Solver++ and
-// UniPC (sampler.h; their steps in timestep_spacing.h, dpm_solver.h and unipc.h).
+// The samplers that follow diffusers' schedulers beyond DDPM and DDIM: PNDM; Euler, Euler
+// ancestral, Heun and LMS on Euler's steps; DPM-Solver++ (and its SDE); UniPC (sampler.h; their
+// steps in timestep_spacing.h, dpm_solver.h and unipc.h).
 #include <cmath>
 #include <deque>
 #include <vector>
@@ -92,10 +93,8 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
   // LMS: the slopes of the steps so far, the newest first, the last 4 kept.
   constexpr int kLmsOrder = 4;
   std::deque<std::vector<double>> lms_slopes;
-  std::vector<Rng> rngs;
-  std::vector<double> noise(ancestral ? frame * shape_.frames : 0);
-  for (int b = 0; ancestral && b < N; ++b)
-    rngs.emplace_back(options_.seed, RngStream::kSample, StepNoiseCounter(first_index + b));
+  std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, ancestral ? N : 0);
+  std::vector<double> noise(ancestral ? n : 0);
   for (size_t k = 0; k < euler_steps_.size(); ++k) {
     const EulerStep& step = euler_steps_[k];
     double dt = step.sigma_next - step.sigma, up = 0;
@@ -144,10 +143,8 @@ void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t
   // x, and the last two steps' x0's.
   std::vector<double> state(x, x + N * n), previous(N * n), previous2(N * n);
   // The SDE's noise, from the samples' step noise streams.
-  std::vector<Rng> rngs;
+  std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, options_.dpm.sde ? N : 0);
   std::vector<double> noise(options_.dpm.sde ? N * n : 0);
-  for (int b = 0; options_.dpm.sde && b < N; ++b)
-    rngs.emplace_back(options_.seed, RngStream::kSample, StepNoiseCounter(first_index + b));
   // α = 1/√(σ² + 1), σ_t = σ·α and λ = log α − log σ_t of a step's σ.
   struct Scale {
     double alpha, sigma_t, lambda;

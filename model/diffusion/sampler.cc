@@ -222,23 +222,11 @@ void Sampler::Sample(const Denoiser& model, const int32_t* y, int N, int64_t fir
 
 void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                       float* x) const {
-  if (options_.kind == SamplerKind::kPndm) {
-    DenoisePlms(model, y, N, x);
-    return;
-  }
-  if (options_.kind == SamplerKind::kEuler || options_.kind == SamplerKind::kHeun ||
-      options_.kind == SamplerKind::kEulerAncestral || options_.kind == SamplerKind::kLms) {
-    DenoiseEuler(model, y, N, first_index, x);
-    return;
-  }
-  if (options_.kind == SamplerKind::kDpmSolver) {
-    DenoiseDpm(model, y, N, first_index, x);
-    return;
-  }
-  if (options_.kind == SamplerKind::kUniPc) {
-    DenoiseUniPc(model, y, N, x);
-    return;
-  }
+  // The samplers of diffusers' other schedulers, each on the steps Create made for it.
+  if (!plms_calls_.empty()) return DenoisePlms(model, y, N, x);
+  if (!euler_steps_.empty()) return DenoiseEuler(model, y, N, first_index, x);
+  if (!dpm_steps_.empty()) return DenoiseDpm(model, y, N, first_index, x);
+  if (!unipc_steps_.empty()) return DenoiseUniPc(model, y, N, x);
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
@@ -246,9 +234,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   // in training.
   const bool stochastic = options_.kind == SamplerKind::kDdpm || options_.eta > 0;
   std::vector<double> step_noise(stochastic ? N * n : 0);
-  std::vector<Rng> rngs;
-  for (int b = 0; b < N; ++b)
-    rngs.emplace_back(options_.seed, RngStream::kSample, StepNoiseCounter(first_index + b));
+  std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, N);
 
   for (int i = static_cast<int>(steps_.size()) - 1; i >= 0; --i) {
     const StepCoefficients& c = steps_[i];
