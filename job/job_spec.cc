@@ -179,7 +179,8 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .String("loss_weighting", c.diffusion.loss_weighting)
       .Double("min_snr_gamma", c.diffusion.min_snr_gamma)
       .String("prediction", c.diffusion.prediction)
-      .Double("frame_noise_correlation", c.diffusion.frame_noise_correlation);
+      .Double("frame_noise_correlation", c.diffusion.frame_noise_correlation)
+      .Bool("zero_terminal_snr", c.diffusion.zero_terminal_snr);
   DT_RETURN_IF_ERROR(diffusion.Finish());
   if (c.diffusion.frame_noise_correlation != 0 && !FamilyOf(c.model).Samples(c.model).video) {
     return Errorf(

@@ -365,6 +365,30 @@ TEST_F(JobSpecTest, FrameNoiseCorrelationIsForVideoModels) {
   EXPECT_NE(image.status().message().find("not videos"), std::string::npos);
 }
 
+// Zero terminal SNR is read, shipped to the ranks, and refused without v-prediction, naming the
+// key.
+TEST_F(JobSpecTest, ZeroTerminalSnrNeedsVPrediction) {
+  constexpr const char* kJob =
+      "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2,\n"
+      "        num_heads: 4, num_classes: 10}\n"
+      "batch: {global: 8}\n";
+  Result<TrainConfig> v = TrainConfig::FromYamlFile(
+      Write(std::string(kJob) +
+            "diffusion: {learn_sigma_loss: false, prediction: v, zero_terminal_snr: true}\n"));
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_TRUE(v->diffusion.zero_terminal_snr);
+  Result<DiffusionConfig> shipped = DiffusionConfig::FromJson(v->diffusion.ToJson());
+  ASSERT_TRUE(shipped.ok());
+  EXPECT_TRUE(shipped->zero_terminal_snr);
+
+  Result<TrainConfig> eps = TrainConfig::FromYamlFile(
+      Write(std::string(kJob) + "diffusion: {zero_terminal_snr: true}\n"));
+  ASSERT_FALSE(eps.ok());
+  EXPECT_NE(eps.status().message().find("diffusion.zero_terminal_snr needs prediction v"),
+            std::string::npos)
+      << eps.status().message();
+}
+
 // The fuzzer's entry point: the text of a job file parses as the file does, and its errors name
 // the source given with the line and column.
 TEST_F(JobSpecTest, TextParsesAsTheFileAndErrorsNameTheSource) {

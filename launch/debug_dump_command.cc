@@ -1,5 +1,8 @@
 // `difftrain debug-dump`: one training step's inputs, output, loss and every gradient in one
 // safetensors file, for checking against a reference implementation (docs/formats.md).
+#include <algorithm>
+
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "launch/command.h"
@@ -18,6 +21,7 @@ struct DebugDumpOptions {
   bool random_weights = false;
   std::string init_from;  // the weights to start from (checkpoint.init_from's forms)
   DiffusionConfig diffusion;
+  std::vector<int64_t> timesteps;  // the batch's, one per sample; empty: drawn as in training
   std::string out;
 };
 
@@ -52,6 +56,25 @@ int RunDebugDump(const DebugDumpOptions& o) {
   MicroBatch batch;
   Status made = trainer.MakeMicroBatch(0, o.batch, batch);
   if (!made.ok()) return ReportBadInput("debug-dump", made.message());
+  if (!o.timesteps.empty()) {
+    if (o.timesteps.size() != size_t(o.batch)) {
+      return ReportBadInput("debug-dump", fmt::format("--timesteps: {} given for a batch of {}",
+                                                      o.timesteps.size(), o.batch));
+    }
+    for (int64_t t : o.timesteps) {
+      if (t < 0 || t >= o.diffusion.steps) {
+        return ReportBadInput(
+            "debug-dump", fmt::format("--timesteps: {} is outside [0, {})", t, o.diffusion.steps));
+      }
+    }
+    // The batch again at these timesteps: x_t from the same x0 and noise.
+    batch.t = o.timesteps;
+    std::transform(batch.t.begin(), batch.t.end(), batch.t_float.begin(),
+                   [](int64_t t) { return static_cast<float>(t); });
+    GaussianDiffusion(o.diffusion)
+        .QSample(batch.x_t.data(), batch.x0.data(), batch.noise.data(), batch.t.data(), o.batch,
+                 batch.x0.size() / o.batch);
+  }
   std::memset(trainer.model().grads(), 0, trainer.model().num_params() * sizeof(float));
   const float loss = static_cast<float>(trainer.ForwardBackward(batch, 1.0f));
 
@@ -112,6 +135,10 @@ DIFFTRAIN_COMMAND(kDebugDump,
                                     "checkpoint.init_from")
                          ->excludes("--random-weights");
                      AddDiffusionOptions(app, o->diffusion);
+                     app.add_option("--timesteps", o->timesteps,
+                                    "the batch's timesteps, one per sample: 999,500,0 "
+                                    "(default: drawn as training draws them)")
+                         ->delimiter(',');
                      app.add_option("--out", o->out, "output .safetensors file")->required();
                      return [o] { return RunDebugDump(*o); };
                    }});

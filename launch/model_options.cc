@@ -40,7 +40,10 @@ std::vector<CLI::Option*> AddDiffusionOptions(CLI::App& app, DiffusionConfig& di
       app.add_option("--beta-start", diffusion.beta_start)->capture_default_str(),
       app.add_option("--beta-end", diffusion.beta_end)->capture_default_str(),
       app.add_option("--prediction", diffusion.prediction, "what the model predicts: epsilon or v")
-          ->capture_default_str()};
+          ->capture_default_str(),
+      app.add_flag("--zero-terminal-snr", diffusion.zero_terminal_snr,
+                   "the schedule rescaled to zero terminal SNR (diffusers' "
+                   "rescale_betas_zero_snr; needs --prediction v)")};
 }
 
 Result<ModelRequest> ModelOptions::Request() const {

@@ -43,8 +43,8 @@ class ModelOptions {
   std::vector<CLI::Option*> options_;
 };
 
-// --schedule, --beta-start, --beta-end and --prediction, into `diffusion` (debug-dump, sample
-// --pretrained); the options, to tell whether any was given.
+// --schedule, --beta-start, --beta-end, --prediction and --zero-terminal-snr, into `diffusion`
+// (debug-dump, sample --pretrained); the options, to tell whether any was given.
 std::vector<CLI::Option*> AddDiffusionOptions(CLI::App& app, DiffusionConfig& diffusion);
 
 // Images are encoded by the Stable Diffusion VAE into latents 8× smaller per side.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
@@ -145,6 +146,49 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   return c;
 }
 
+// DPM-Solver++'s or UniPC's options, as the chosen class's from_config takes them: the
+// pipeline scheduler's keys (none from a checkpoint), --solver-order, --solver-type and
+// --algorithm-type over them. Those flags with another sampler are refused.
+Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, SamplerKind kind,
+                           SamplerOptions& options) {
+  const bool dpm = kind == SamplerKind::kDpmSolver, unipc = kind == SamplerKind::kUniPc;
+  if ((o.solver_order || o.solver_type) && !dpm && !unipc)
+    return Status::Error("--solver-order and --solver-type are for --sampler dpmsolver and unipc");
+  if (o.algorithm_type && !dpm) return Status::Error("--algorithm-type is for --sampler dpmsolver");
+  if (!dpm && !unipc) return Status::Ok();
+  // The flags name the chosen solver's own values (a pipeline's config may hold another
+  // class's, which from_config maps).
+  const std::vector<std::string> types =
+      dpm ? std::vector<std::string>{"midpoint", "heun"} : std::vector<std::string>{"bh1", "bh2"};
+  if (o.solver_type && std::find(types.begin(), types.end(), *o.solver_type) == types.end()) {
+    return Errorf("--solver-type: '{}' is not one of the {} solver's ({})", *o.solver_type,
+                  dpm ? "dpmsolver" : "unipc", fmt::join(types, ", "));
+  }
+  if (o.algorithm_type && *o.algorithm_type != "dpmsolver++" &&
+      *o.algorithm_type != "sde-dpmsolver++") {
+    return Errorf("--algorithm-type: expected dpmsolver++ or sde-dpmsolver++, found '{}'",
+                  *o.algorithm_type);
+  }
+  nlohmann::json config = source.scheduler_config;
+  if (o.solver_order) config["solver_order"] = *o.solver_order;
+  if (o.solver_type) config["solver_type"] = *o.solver_type;
+  if (o.algorithm_type) config["algorithm_type"] = *o.algorithm_type;
+  const std::string where =
+      o.solver_order || o.solver_type || o.algorithm_type
+          ? "--solver-order, --solver-type or --algorithm-type"
+          : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline);
+  if (dpm) {
+    Result<DpmSolverOptions> read = DpmSolverOptions::FromDiffusersScheduler(config);
+    if (!read.ok()) return read.status().WithContext(where);
+    options.dpm = *read;
+  } else {
+    Result<UniPcOptions> read = UniPcOptions::FromDiffusersScheduler(config);
+    if (!read.ok()) return read.status().WithContext(where);
+    options.unipc = *read;
+  }
+  return Status::Ok();
+}
+
 int RunSample(const SampleOptions& o) {
   auto bad = [](const std::string& message) { return ReportBadInput("sample", message); };
   if (Status s = SetupLogging(o.log_level); !s.ok()) return bad(s.message());
@@ -252,8 +296,7 @@ int RunSample(const SampleOptions& o) {
       ckpt.pretrained ? m.channels != 1 && m.channels != 3 : ckpt.data_kind == "latent_folder";
   options.clip_denoised = o.clip_denoised.value_or(
       kind == SamplerKind::kDdpm || kind == SamplerKind::kDdim ? !latents : false);
-  options.dpm = ckpt.dpm.value_or(DpmSolverOptions{});
-  options.unipc = ckpt.unipc.value_or(UniPcOptions{});
+  if (Status s = ChooseSolverOptions(o, ckpt, kind, options); !s.ok()) return bad(s.message());
   options.guidance_rescale = o.guidance_rescale.value_or(0.0);
   options.seed = o.seed;
   DenoiserShape shape{
@@ -471,6 +514,15 @@ DIFFTRAIN_COMMAND(
                       "euler, heun, lms, dpmsolver and unipc step on Karras et al.'s sigmas (true) "
                       "or the spacing's (false) (default: a pipeline scheduler's "
                       "use_karras_sigmas, else false)");
+       app.add_option("--solver-order", o->solver_order,
+                      "dpmsolver's and unipc's order: 1, 2 or 3 (DPM++ 3M; not with the SDE) "
+                      "(default: a pipeline scheduler's solver_order, else 2)");
+       app.add_option("--solver-type", o->solver_type,
+                      "dpmsolver: midpoint or heun; unipc: bh1 or bh2 (default: a pipeline "
+                      "scheduler's solver_type, else midpoint and bh2)");
+       app.add_option("--algorithm-type", o->algorithm_type,
+                      "dpmsolver: dpmsolver++ or sde-dpmsolver++ (DPM++ 2M SDE) (default: a "
+                      "pipeline scheduler's algorithm_type, else dpmsolver++)");
        app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");
        app.add_option("--cfg", o->cfg,
                       "classifier-free guidance scale; 1 = none (default 4, from a pipeline "

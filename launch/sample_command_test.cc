@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -151,6 +152,35 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
   EXPECT_EQ(how["timestep_spacing"]["karras_sigmas"], true);
   EXPECT_EQ(how["guidance_rescale"], 0.5);
   EXPECT_EQ(how["unipc"]["solver_type"], "bh2");
+
+  // The solvers' flags reach the sampler and its record: DPM++ 3M with heun's corrections,
+  // DPM++ 2M SDE, UniPC bh1 of order 1.
+  for (const auto& [flags, key, want] :
+       std::vector<std::tuple<std::string, std::string, nlohmann::json>>{
+           {"--sampler dpmsolver --solver-order 3 --solver-type heun",
+            "dpm_solver",
+            {{"solver_order", 3}, {"solver_type", "heun"}, {"algorithm_type", "dpmsolver++"}}},
+           {"--sampler dpmsolver --algorithm-type sde-dpmsolver++",
+            "dpm_solver",
+            {{"solver_order", 2},
+             {"solver_type", "midpoint"},
+             {"algorithm_type", "sde-dpmsolver++"}}},
+           {"--sampler unipc --solver-order 1 --solver-type bh1",
+            "unipc",
+            {{"solver_order", 1}, {"solver_type", "bh1"}}}}) {
+    SCOPED_TRACE(flags);
+    const std::string solver_raw = File("solver.safetensors");
+    const CommandResult solved =
+        RunDifftrain("sample --checkpoint " + Ckpt() + " --classes 1 --per-class 2 --steps 3 " +
+                     flags + " --raw " + ShellQuote(solver_raw));
+    ASSERT_EQ(solved.exit_code, 0) << solved.output;
+    Result<io::SafetensorsFile> solver_file = io::SafetensorsFile::Read(solver_raw);
+    ASSERT_TRUE(solver_file.ok()) << solver_file.status().message();
+    const nlohmann::json record =
+        nlohmann::json::parse(solver_file->metadata().at("sampling"))[key];
+    for (const auto& [name, value] : want.items())
+      EXPECT_EQ(record[name], value) << name << " in " << record.dump();
+  }
 }
 
 // A step directory works as well as the checkpoint directory, the batch size does not
@@ -211,6 +241,22 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + " --classes 0 --karras-sigmas true" + out,
             "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, dpmsolver and "
             "unipc"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --solver-order 3" + out,
+            "--solver-order and --solver-type are for --sampler dpmsolver and unipc"},
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --sampler unipc --algorithm-type "
+                "sde-dpmsolver++" +
+                out,
+            "--algorithm-type is for --sampler dpmsolver"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler unipc --solver-type heun" + out,
+            "--solver-type: 'heun' is not one of the unipc solver's (bh1, bh2)"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler dpmsolver --solver-order 4" + out,
+            "--solver-order, --solver-type or --algorithm-type: solver_order: 4 is not supported"},
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --sampler dpmsolver --solver-order 3 --algorithm-type "
+                "sde-dpmsolver++" +
+                out,
+            "solver_order: 3 with sde-dpmsolver++ is not supported"},
            {"--checkpoint " + Ckpt() + " --classes 0 --guidance-rescale 1.5" + out,
             "the guidance rescale must be in [0, 1], got 1.5"},
            {"--checkpoint " + Ckpt() + " --classes 0 --steps 5000" + out, "got 5000"},

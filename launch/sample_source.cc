@@ -93,16 +93,7 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
       folder.spacing = *spacing;
       if (schedule->contains("_class_name") && (*schedule)["_class_name"].is_string())
         folder.scheduler_class = (*schedule)["_class_name"].get<std::string>();
-      if (folder.scheduler_class == "DPMSolverMultistepScheduler") {
-        Result<DpmSolverOptions> dpm = DpmSolverOptions::FromDiffusersScheduler(*schedule);
-        if (!dpm.ok()) return dpm.status().WithContext(where);
-        folder.dpm = *dpm;
-      }
-      if (folder.scheduler_class == "UniPCMultistepScheduler") {
-        Result<UniPcOptions> unipc = UniPcOptions::FromDiffusersScheduler(*schedule);
-        if (!unipc.ok()) return unipc.status().WithContext(where);
-        folder.unipc = *unipc;
-      }
+      folder.scheduler_config = *schedule;
     }
   }
   return folder;
@@ -118,8 +109,7 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
   c.pipeline = folder.pipeline;
   c.spacing = folder.spacing;
   c.scheduler_class = folder.scheduler_class;
-  c.dpm = folder.dpm;
-  c.unipc = folder.unipc;
+  c.scheduler_config = folder.scheduler_config;
   if (latent_size && folder.model) model.reset();
   if (!model && !folder.model) {
     return Errorf(

@@ -36,8 +36,9 @@ struct SampleSource {
   // its _class_name (DDIMScheduler, PNDMScheduler …; "" without one).
   std::optional<TimestepSpacing> spacing;
   std::string scheduler_class;
-  std::optional<DpmSolverOptions> dpm;  // a DPMSolverMultistepScheduler's
-  std::optional<UniPcOptions> unipc;    // a UniPCMultistepScheduler's
+  // Its scheduler_config.json ({} without one): the DPM-Solver++ and UniPC samplers read their
+  // options from it, as the class chosen would take them from_config.
+  nlohmann::json scheduler_config = nlohmann::json::object();
 };
 
 // What a diffusers folder says beside the weights file `weights`: the model, from a
@@ -51,8 +52,7 @@ struct DiffusersFolder {
   std::optional<DiffusionConfig> diffusion;
   std::optional<TimestepSpacing> spacing;
   std::string scheduler_class;
-  std::optional<DpmSolverOptions> dpm;
-  std::optional<UniPcOptions> unipc;
+  nlohmann::json scheduler_config = nlohmann::json::object();
   std::string pipeline;
 };
 Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights);

@@ -102,10 +102,10 @@ struct SchedulerRun {
   const char* class_name;
   SamplerKind kind;
   const char* extra;
-  // A case diffusers cannot run it on: DPM-Solver's and UniPC's Karras timesteps of the 7-step
-  // cosine case start 999, 999, and their step() then starts at the second of the two
-  // (index_for_timestep) and steps past the last σ.
-  const char* not_on = "";
+  // Cases diffusers cannot run it on: DPM-Solver's and UniPC's Karras timesteps of the 7-step
+  // cosine case (and DPM-Solver's of zero terminal SNR) start 999, 999, and their step() then
+  // starts at the second of the two (index_for_timestep) and steps past the last σ.
+  std::vector<std::string> not_on = {};
   // A stochastic scheduler: diffusers' step draws the noise the C++ sampler draws (StepNoise).
   bool noisy = false;
 };
@@ -133,10 +133,18 @@ const std::vector<SchedulerRun>& Runs() {
        R"({"use_karras_sigmas": true})"},
       {"euler_karras_bounds", "EulerDiscreteScheduler", SamplerKind::kEuler,
        R"({"use_karras_sigmas": true, "sigma_min": 0.1, "sigma_max": 10.0})"},
-      {"euler_ancestral", "EulerAncestralDiscreteScheduler", SamplerKind::kEulerAncestral, "{}", "",
+      {"euler_ancestral",
+       "EulerAncestralDiscreteScheduler",
+       SamplerKind::kEulerAncestral,
+       "{}",
+       {},
        true},
-      {"euler_ancestral_leading", "EulerAncestralDiscreteScheduler", SamplerKind::kEulerAncestral,
-       R"({"timestep_spacing": "leading", "steps_offset": 1})", "", true},
+      {"euler_ancestral_leading",
+       "EulerAncestralDiscreteScheduler",
+       SamplerKind::kEulerAncestral,
+       R"({"timestep_spacing": "leading", "steps_offset": 1})",
+       {},
+       true},
       {"heun", "HeunDiscreteScheduler", SamplerKind::kHeun, "{}"},
       {"heun_leading", "HeunDiscreteScheduler", SamplerKind::kHeun,
        R"({"timestep_spacing": "leading", "steps_offset": 1})"},
@@ -146,27 +154,48 @@ const std::vector<SchedulerRun>& Runs() {
       {"lms_leading", "LMSDiscreteScheduler", SamplerKind::kLms,
        R"({"timestep_spacing": "leading", "steps_offset": 1})"},
       {"lms_karras", "LMSDiscreteScheduler", SamplerKind::kLms, R"({"use_karras_sigmas": true})"},
-      {"dpm_karras", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver,
-       R"({"use_karras_sigmas": true})", "linspace"},
+      {"dpm_karras",
+       "DPMSolverMultistepScheduler",
+       SamplerKind::kDpmSolver,
+       R"({"use_karras_sigmas": true})",
+       {"linspace", "zero_snr"}},
       {"dpm_3", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver, R"({"solver_order": 3})"},
       {"dpm_3_final", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver,
        R"({"solver_order": 3, "lower_order_final": false, "final_sigmas_type": "sigma_min"})"},
-      {"dpm_sde", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver,
-       R"({"algorithm_type": "sde-dpmsolver++"})", "", true},
-      {"dpm_sde_heun_karras", "DPMSolverMultistepScheduler", SamplerKind::kDpmSolver,
+      {"dpm_sde",
+       "DPMSolverMultistepScheduler",
+       SamplerKind::kDpmSolver,
+       R"({"algorithm_type": "sde-dpmsolver++"})",
+       {},
+       true},
+      {"dpm_sde_heun_karras",
+       "DPMSolverMultistepScheduler",
+       SamplerKind::kDpmSolver,
        R"({"algorithm_type": "sde-dpmsolver++", "solver_type": "heun",
            "use_karras_sigmas": true})",
-       "linspace", true},
+       {"linspace", "zero_snr"},
+       true},
       {"unipc", "UniPCMultistepScheduler", SamplerKind::kUniPc, "{}"},
       {"unipc_leading", "UniPCMultistepScheduler", SamplerKind::kUniPc,
        R"({"timestep_spacing": "leading", "steps_offset": 1})"},
       {"unipc_bh1_3", "UniPCMultistepScheduler", SamplerKind::kUniPc,
        R"({"solver_type": "bh1", "solver_order": 3, "lower_order_final": false,
            "disable_corrector": [1]})"},
-      {"unipc_karras", "UniPCMultistepScheduler", SamplerKind::kUniPc,
-       R"({"use_karras_sigmas": true})", "linspace"},
+      {"unipc_karras",
+       "UniPCMultistepScheduler",
+       SamplerKind::kUniPc,
+       R"({"use_karras_sigmas": true})",
+       {"linspace"}},
   };
   return runs;
+}
+
+// The schedulers diffusers 0.27.2 gives rescale_betas_zero_snr (its DDPM and DDIM schedulers
+// too); Heun, LMS, UniPC and PNDM ignore the key there.
+bool RescalesToZeroSnr(const std::string& class_name) {
+  return class_name == "EulerDiscreteScheduler" ||
+         class_name == "EulerAncestralDiscreteScheduler" ||
+         class_name == "DPMSolverMultistepScheduler";
 }
 
 TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
@@ -186,12 +215,24 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
       {"linspace", 7,
        R"({"beta_schedule": "squaredcos_cap_v2", "timestep_spacing": "linspace",
            "clip_sample": false})"},
+      // Zero terminal SNR as Lin et al. sample it: v-prediction, trailing, the first step at
+      // ᾱ = 0 (DDPM, DDIM) or 2^-24 (σ ≈ 4096: Euler, DPM-Solver).
+      {"zero_snr", 25,
+       R"({"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+           "clip_sample": false, "set_alpha_to_one": false, "timestep_spacing": "trailing",
+           "prediction_type": "v_prediction", "rescale_betas_zero_snr": true})"},
+  };
+  // A run on a case diffusers runs it on: not on a case whose rescaled β's its class ignores.
+  const auto runs_on = [](const SchedulerRun& r, const SchedulerCase& c) {
+    return std::find(r.not_on.begin(), r.not_on.end(), c.name) == r.not_on.end() &&
+           (!nlohmann::json::parse(c.scheduler).value("rescale_betas_zero_snr", false) ||
+            RescalesToZeroSnr(r.class_name));
   };
   nlohmann::json listed = nlohmann::json::array();
   for (const SchedulerCase& c : cases) {
     nlohmann::json runs = nlohmann::json::array();
     for (const SchedulerRun& r : Runs()) {
-      if (r.not_on == std::string(c.name)) continue;
+      if (!runs_on(r, c)) continue;
       runs.push_back(
           {{"key", r.key}, {"class", r.class_name}, {"extra", nlohmann::json::parse(r.extra)}});
       if (r.noisy) {
@@ -275,30 +316,38 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
     EXPECT_LE(denoised_error(*sampler, ddim, "DDIM"), kBound);
     EXPECT_GT(RelativeL2(initial, ddim), 0.1) << "the sample is its noise";
 
-    // PNDM from the same x_T.
-    const std::vector<float> pndm = ReferenceTensor(*expected, name + ".pndm");
-    const std::vector<float> pndm_timesteps = ReferenceTensor(*expected, name + ".pndm_timesteps");
-    // As PNDMScheduler.from_config reads the config: set_alpha_to_one defaults to false.
-    nlohmann::json pndm_config = config;
-    pndm_config["_class_name"] = "PNDMScheduler";
-    options.spacing = *TimestepSpacing::FromDiffusersScheduler(pndm_config);
-    options.kind = SamplerKind::kPndm;
-    Result<Sampler> pndm_sampler = Sampler::Create(diffusion, shape, options);
-    ASSERT_TRUE(pndm_sampler.ok()) << pndm_sampler.status().message();
-    ASSERT_EQ(pndm_sampler->plms_calls().size(), pndm_timesteps.size());
-    for (size_t k = 0; k < pndm_timesteps.size(); ++k)
-      EXPECT_EQ(pndm_sampler->plms_calls()[k].timestep, static_cast<int>(pndm_timesteps[k])) << k;
-    EXPECT_LE(denoised_error(*pndm_sampler, pndm, "PNDM"), kBound);
+    // The sampler of a scheduler class configured by the case's config, its spacing read as
+    // the class's from_config reads it (its defaults).
+    const auto class_sampler = [&](const char* class_name, SamplerKind kind) {
+      nlohmann::json class_config = config;
+      class_config["_class_name"] = class_name;
+      options.spacing = *TimestepSpacing::FromDiffusersScheduler(class_config);
+      options.kind = kind;
+      return Sampler::Create(diffusion, shape, options);
+    };
+    if (diffusion_config->zero_terminal_snr) {
+      // The first step from ᾱ = 0 exactly, x0 = −v there.
+      EXPECT_EQ(sampler->coefficients().back().alpha_cumprod, 0.0);
+      EXPECT_EQ(sampler->timesteps().back(), kT - 1);
+    } else {
+      // PNDM from the same x_T (PNDMScheduler does not rescale its β's).
+      const std::vector<float> pndm = ReferenceTensor(*expected, name + ".pndm");
+      const std::vector<float> pndm_timesteps =
+          ReferenceTensor(*expected, name + ".pndm_timesteps");
+      // As PNDMScheduler.from_config reads the config: set_alpha_to_one defaults to false.
+      Result<Sampler> pndm_sampler = class_sampler("PNDMScheduler", SamplerKind::kPndm);
+      ASSERT_TRUE(pndm_sampler.ok()) << pndm_sampler.status().message();
+      ASSERT_EQ(pndm_sampler->plms_calls().size(), pndm_timesteps.size());
+      for (size_t k = 0; k < pndm_timesteps.size(); ++k)
+        EXPECT_EQ(pndm_sampler->plms_calls()[k].timestep, static_cast<int>(pndm_timesteps[k])) << k;
+      EXPECT_LE(denoised_error(*pndm_sampler, pndm, "PNDM"), kBound);
+    }
 
     // Euler from the same x_T; its spacing defaults to linspace.
     const std::vector<float> euler = ReferenceTensor(*expected, name + ".euler");
     const std::vector<float> euler_timesteps =
         ReferenceTensor(*expected, name + ".euler_timesteps");
-    nlohmann::json euler_config = config;
-    euler_config["_class_name"] = "EulerDiscreteScheduler";
-    options.spacing = *TimestepSpacing::FromDiffusersScheduler(euler_config);
-    options.kind = SamplerKind::kEuler;
-    Result<Sampler> euler_sampler = Sampler::Create(diffusion, shape, options);
+    Result<Sampler> euler_sampler = class_sampler("EulerDiscreteScheduler", SamplerKind::kEuler);
     ASSERT_TRUE(euler_sampler.ok()) << euler_sampler.status().message();
     ASSERT_EQ(euler_sampler->euler_steps().size(), euler_timesteps.size());
     for (size_t k = 0; k < euler_timesteps.size(); ++k)
@@ -332,7 +381,7 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
     // The runs: each configured from the case's config updated as diffusers' from_config, the
     // model's calls recorded.
     for (const SchedulerRun& r : Runs()) {
-      if (r.not_on == name) continue;
+      if (!runs_on(r, c)) continue;
       SCOPED_TRACE(r.key);
       nlohmann::json run_config = config;
       run_config.update(nlohmann::json::parse(r.extra));

@@ -73,8 +73,8 @@ TEST_P(UNetReferenceTest, DebugDumpMatchesDiffusers) {
 
 // Conv and linear projections, one and several heads (a number or one per block), two levels
 // and SD's four-level ladder (attention in the first three, a plain last block, 2 layers per
-// block), epsilon- and v-prediction with the scaled linear schedule, text dropout, PyTorch's
-// own initialisation and random weights.
+// block), epsilon- and v-prediction with the scaled linear schedule (and rescaled to zero
+// terminal SNR), text dropout, PyTorch's own initialisation and random weights.
 INSTANTIATE_TEST_SUITE_P(
     TinyConfigs, UNetReferenceTest,
     ::testing::Values(
@@ -110,6 +110,17 @@ INSTANTIATE_TEST_SUITE_P(
                  "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012 "
                  "--prediction v",
                  true, 4},
+        // Zero terminal SNR, at its last timestep (x_t the noise, the v target −x0) and two
+        // others: x_t and the loss from diffusers' rescale_zero_terminal_snr.
+        UNetCase{"VPredictionZeroTerminalSnr",
+                 "{name: unet, block_out_channels: [4, 8], layers_per_block: 1, "
+                 "attention_head_dim: 2, cross_attention_dim: 8, norm_num_groups: 2, "
+                 "down_block_types: [CrossAttnDownBlock2D, DownBlock2D], "
+                 "up_block_types: [UpBlock2D, CrossAttnUpBlock2D], sample_size: 8, "
+                 "text_length: 5}",
+                 "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012 "
+                 "--prediction v --zero-terminal-snr --timesteps 999,998,500",
+                 true, 6},
         UNetCase{"PyTorchInitialisation",
                  "{name: unet, block_out_channels: [4, 8], layers_per_block: 1, "
                  "attention_head_dim: 2, cross_attention_dim: 8, norm_num_groups: 4, "
@@ -311,6 +322,23 @@ TEST_F(UNetInitFromTest, APipelineFolderSamplesAsItsPartsGivenByFlags) {
   const nlohmann::json ddim_how = sampling_of("--sampler ddim", "unipc_as_ddim");
   EXPECT_EQ(ddim_how["sampler"], "ddim");
   EXPECT_FALSE(ddim_how["timestep_spacing"].contains("karras_sigmas"));
+  // Read by DPM-Solver as its from_config reads UniPC's keys: the order kept, bh1 → midpoint;
+  // the solver flags over them.
+  const nlohmann::json dpm_how = sampling_of("--sampler dpmsolver", "unipc_as_dpm");
+  EXPECT_EQ(dpm_how["dpm_solver"]["solver_order"], 2);
+  EXPECT_EQ(dpm_how["dpm_solver"]["solver_type"], "midpoint");
+  const nlohmann::json flags_how = sampling_of("--solver-order 1 --solver-type bh2", "unipc_flags");
+  EXPECT_EQ(flags_how["unipc"]["solver_order"], 1);
+  EXPECT_EQ(flags_how["unipc"]["solver_type"], "bh2");
+
+  // A scheduler rescaled to zero terminal SNR (a v model's) samples from ᾱ = 0 and says so.
+  unipc.update(nlohmann::json::parse(
+      R"({"_class_name": "DDIMScheduler", "prediction_type": "v_prediction",
+          "rescale_betas_zero_snr": true, "timestep_spacing": "trailing"})"));
+  std::ofstream(scheduler_json) << unipc.dump();
+  const nlohmann::json zero_how = sampling_of("", "zero_snr");
+  EXPECT_EQ(zero_how["diffusion"]["zero_terminal_snr"], true);
+  EXPECT_EQ(zero_how["timestep_spacing"]["kind"], "trailing");
 
   // What the folder says and difftrain does not implement is refused, naming the file.
   std::ofstream(pipeline / "scheduler" / "scheduler_config.json")

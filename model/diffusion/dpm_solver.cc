@@ -19,7 +19,8 @@ Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann
   if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
   DpmSolverOptions o;
   try {
-    const std::string algorithm = json.value("algorithm_type", std::string("dpmsolver++"));
+    std::string algorithm = json.value("algorithm_type", std::string("dpmsolver++"));
+    if (algorithm == "deis") algorithm = "dpmsolver++";  // DEIS's, as the constructor reads it
     if (algorithm != "dpmsolver++" && algorithm != "sde-dpmsolver++") {
       return Errorf("algorithm_type: '{}' is not supported (dpmsolver++, sde-dpmsolver++)",
                     algorithm);
@@ -33,7 +34,9 @@ Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann
           "solver_order: 3 with sde-dpmsolver++ is not supported (diffusers' third-order step "
           "has no noise)");
     }
-    const std::string type = json.value("solver_type", std::string("midpoint"));
+    std::string type = json.value("solver_type", std::string("midpoint"));
+    // UniPC's and DEIS's solver types read as midpoint, as the class's constructor reads them.
+    if (type == "bh1" || type == "bh2" || type == "logrho") type = "midpoint";
     if (type != "midpoint" && type != "heun")
       return Errorf("solver_type: '{}' is not supported (midpoint, heun)", type);
     o.heun = type == "heun";

@@ -77,6 +77,20 @@ TEST(DpmSolverOptionsTest, ReadsAndRefusesByName) {
   EXPECT_TRUE(read->final_sigma_min);
   EXPECT_FALSE(read->lower_order_final);
   EXPECT_TRUE(read->euler_at_final);
+  // Another class's config, as DPMSolverMultistepScheduler.from_config reads it: UniPC's bh2 and
+  // DEIS's logrho are midpoint, DEIS's algorithm dpmsolver++.
+  for (const char* json : {R"({"solver_type": "bh2", "solver_order": 3})",
+                           R"({"solver_type": "logrho", "algorithm_type": "deis"})"}) {
+    Result<DpmSolverOptions> other =
+        DpmSolverOptions::FromDiffusersScheduler(nlohmann::json::parse(json));
+    ASSERT_TRUE(other.ok()) << json << ": " << other.status().message();
+    EXPECT_FALSE(other->heun);
+    EXPECT_FALSE(other->sde);
+  }
+  EXPECT_EQ(DpmSolverOptions::FromDiffusersScheduler(
+                nlohmann::json::parse(R"({"solver_type": "bh2", "solver_order": 3})"))
+                ->order,
+            3);
   for (const auto& [json, named] : std::vector<std::pair<std::string, std::string>>{
            {R"({"algorithm_type": "dpmsolver"})", "algorithm_type"},
            {R"({"solver_order": 4})", "solver_order"},

@@ -18,6 +18,25 @@ double CosineAlphaBar(double t) {
 }
 constexpr double kCosineMaxBeta = 0.999;
 
+// Lin et al.'s Algorithm 1 (diffusers' rescale_zero_terminal_snr): √ᾱ_t − √ᾱ_{T−1}, scaled back
+// to √ᾱ_0 at t = 0, and the β's of those ᾱ's. The last β is 1: ᾱ_{T−1} is exactly 0.
+void RescaleToZeroTerminalSnr(std::vector<double>& betas) {
+  const size_t n = betas.size();
+  std::vector<double> root(n);
+  double cumprod = 1;
+  for (size_t i = 0; i < n; ++i) {
+    cumprod *= 1 - betas[i];
+    root[i] = std::sqrt(cumprod);
+  }
+  const double first = root[0], last = root[n - 1];
+  for (size_t i = 0; i < n; ++i) {
+    const double rescaled = (root[i] - last) * (first / (first - last));
+    root[i] = rescaled * rescaled;  // now ᾱ_i
+  }
+  for (size_t i = n; i-- > 0;)
+    betas[i] = 1 - (i > 0 ? root[i] / root[i - 1] : root[0]);
+}
+
 }  // namespace
 
 Status DiffusionConfig::Validate() const {
@@ -41,6 +60,14 @@ Status DiffusionConfig::Validate() const {
     return Errorf("diffusion.frame_noise_correlation: expected a number in [0, 1), found {}",
                   frame_noise_correlation);
   }
+  if (zero_terminal_snr && steps < 2) {
+    return Status::Error("diffusion.zero_terminal_snr needs at least 2 steps");
+  }
+  if (zero_terminal_snr && prediction != "v") {
+    return Status::Error(
+        "diffusion.zero_terminal_snr needs prediction v: at the last timestep x_t is pure noise, "
+        "from which ε-prediction cannot tell x0 (Lin et al. 2024)");
+  }
   if (!(min_snr_gamma > 0)) {
     return Errorf("diffusion.min_snr_gamma: expected a positive number, found {}", min_snr_gamma);
   }
@@ -55,7 +82,8 @@ nlohmann::json DiffusionConfig::ToJson() const {
           {"loss_weighting", loss_weighting},
           {"min_snr_gamma", min_snr_gamma},
           {"prediction", prediction},
-          {"frame_noise_correlation", frame_noise_correlation}};
+          {"frame_noise_correlation", frame_noise_correlation},
+          {"zero_terminal_snr", zero_terminal_snr}};
 }
 
 Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
@@ -69,6 +97,7 @@ Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
     c.min_snr_gamma = json.value("min_snr_gamma", c.min_snr_gamma);
     c.prediction = json.value("prediction", c.prediction);
     c.frame_noise_correlation = json.value("frame_noise_correlation", c.frame_noise_correlation);
+    c.zero_terminal_snr = json.value("zero_terminal_snr", c.zero_terminal_snr);
   } catch (const nlohmann::json::exception& e) {
     return Errorf("malformed diffusion config: {}", e.what());
   }
@@ -105,8 +134,13 @@ Result<DiffusionConfig> DiffusionConfig::FromDiffusersScheduler(const nlohmann::
     }
     if (json.contains("trained_betas") && !json["trained_betas"].is_null())
       return Errorf("trained_betas: a schedule given as a list is not supported");
-    if (json.value("rescale_betas_zero_snr", false))
-      return Errorf("rescale_betas_zero_snr: true is not supported");
+    c.zero_terminal_snr = json.value("rescale_betas_zero_snr", false);
+    if (c.zero_terminal_snr && c.prediction != "v") {
+      return Errorf(
+          "rescale_betas_zero_snr: true needs prediction_type v_prediction (at the last timestep "
+          "x_t is pure noise, from which '{}' cannot tell x0)",
+          prediction);
+    }
   } catch (const nlohmann::json::exception& e) {
     return Errorf("malformed scheduler config: {}", e.what());
   }
@@ -120,7 +154,6 @@ GaussianDiffusion::GaussianDiffusion(const DiffusionConfig& config) : config_(co
   const int n = config.steps;
   betas_.resize(n);
   alphas_cumprod_.resize(n);
-  double cumprod = 1.0;
   for (int i = 0; i < n; ++i) {
     if (config.schedule == "cosine") {
       betas_[i] = std::min(1.0 - CosineAlphaBar(static_cast<double>(i + 1) / n) /
@@ -136,6 +169,10 @@ GaussianDiffusion::GaussianDiffusion(const DiffusionConfig& config) : config_(co
       betas_[i] = n == 1 ? config.beta_start
                          : config.beta_start + (config.beta_end - config.beta_start) * i / (n - 1);
     }
+  }
+  if (config.zero_terminal_snr) RescaleToZeroTerminalSnr(betas_);
+  double cumprod = 1.0;
+  for (int i = 0; i < n; ++i) {
     cumprod *= 1.0 - betas_[i];
     alphas_cumprod_[i] = cumprod;
   }

@@ -36,6 +36,11 @@ struct DiffusionConfig {
   // Videos only: the correlation ρ in [0, 1) between the noise of a sample's frames at the
   // same position, in training (q_sample) and sampling alike; 0: independent noise.
   double frame_noise_correlation = 0;
+  // The schedule rescaled to zero terminal SNR (Lin et al., "Common Diffusion Noise Schedules
+  // and Sample Steps are Flawed"; diffusers' rescale_betas_zero_snr): √ᾱ_t shifted so that
+  // √ᾱ_{T−1} is 0 and scaled so that √ᾱ_0 is kept, the β's recomputed from it. The last
+  // timestep is then pure noise, from which only v can be predicted: needs prediction v.
+  bool zero_terminal_snr = false;
 
   Status Validate() const;
   nlohmann::json ToJson() const;
@@ -44,9 +49,9 @@ struct DiffusionConfig {
   // The training process a diffusers scheduler config describes (scheduler_config.json of a
   // pipeline; DDPM, DDIM, PNDM, Euler … share these keys): num_train_timesteps, beta_schedule
   // (linear, scaled_linear, squaredcos_cap_v2 → cosine), beta_start, beta_end and
-  // prediction_type (epsilon, v_prediction → v), with the class's (_class_name) defaults
-  // (HeunDiscreteScheduler's betas are 0.00085 to 0.012, the others' 1e-4 to 0.02). Refused by
-  // name: trained_betas, rescale_betas_zero_snr, another schedule or prediction type. The
+  // prediction_type (epsilon, v_prediction → v) and rescale_betas_zero_snr, with the class's
+  // (_class_name) defaults (HeunDiscreteScheduler's betas are 0.00085 to 0.012, the others' 1e-4
+  // to 0.02). Refused by name: trained_betas, another schedule or prediction type. The
   // sampling-time keys (timestep_spacing, steps_offset …) are TimestepSpacing's
   // (timestep_spacing.h) and the solvers'.
   static Result<DiffusionConfig> FromDiffusersScheduler(const nlohmann::json& json);

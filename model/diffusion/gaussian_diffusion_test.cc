@@ -119,6 +119,43 @@ TEST(GaussianDiffusionTest, WeightedMseScalesEachSamplesLossAndGradient) {
   EXPECT_FLOAT_EQ(dout[3], 0);
 }
 
+// Zero terminal SNR (Lin et al.'s Algorithm 1): √ᾱ_t moved linearly so that the last is 0 and
+// the first kept, which leaves every other ᾱ between, in order; the last β is 1.
+TEST(GaussianDiffusionTest, ZeroTerminalSnrEndsInPureNoise) {
+  for (const char* schedule : {"linear", "scaled_linear", "cosine"}) {
+    SCOPED_TRACE(schedule);
+    DiffusionConfig config;
+    config.schedule = schedule;
+    config.prediction = "v";
+    const GaussianDiffusion plain(config);
+    config.zero_terminal_snr = true;
+    const GaussianDiffusion zero(config);
+    const std::vector<double>&a = plain.alphas_cumprod(), &z = zero.alphas_cumprod();
+    EXPECT_EQ(z.back(), 0.0);
+    EXPECT_EQ(zero.betas().back(), 1.0);
+    EXPECT_GT(a.back(), 0.0);
+    EXPECT_NEAR(z.front(), a.front(), 1e-15);
+    // √ᾱ' is an affine map of √ᾱ: equal steps in √ᾱ stay equal in proportion.
+    const double scale =
+        (std::sqrt(z[500]) - std::sqrt(z[0])) / (std::sqrt(a[500]) - std::sqrt(a[0]));
+    for (int t = 1; t < config.steps; ++t) {
+      ASSERT_LT(z[t], z[t - 1]) << t;
+      ASSERT_LE(z[t], a[t]) << t;
+      ASSERT_NEAR(std::sqrt(z[t]) - std::sqrt(z[0]), scale * (std::sqrt(a[t]) - std::sqrt(a[0])),
+                  1e-12)
+          << t;
+    }
+    // x_t at the last timestep is the noise, and the v target −x0.
+    const float x0[2] = {0.5f, -0.25f}, noise[2] = {1.5f, 2.0f};
+    const int64_t last = config.steps - 1;
+    float x_t[2], target[2];
+    zero.QSample(x_t, x0, noise, &last, 1, 2);
+    zero.Target(target, x0, noise, &last, 1, 2);
+    EXPECT_EQ(x_t[0], noise[0]);
+    EXPECT_EQ(target[1], -x0[1]);
+  }
+}
+
 TEST(DiffusionConfigTest, BadChoicesNameTheField) {
   DiffusionConfig config;
   config.schedule = "sigmoid";
@@ -132,6 +169,14 @@ TEST(DiffusionConfigTest, BadChoicesNameTheField) {
   config.min_snr_gamma = 0;
   EXPECT_EQ(config.Validate().message(),
             "diffusion.min_snr_gamma: expected a positive number, found 0");
+  config = {};
+  config.zero_terminal_snr = true;
+  EXPECT_EQ(config.Validate().message().rfind("diffusion.zero_terminal_snr needs prediction v", 0),
+            0u)
+      << config.Validate().message();
+  config.prediction = "v";
+  config.steps = 1;
+  EXPECT_EQ(config.Validate().message(), "diffusion.zero_terminal_snr needs at least 2 steps");
 }
 
 TEST(DiffusionConfigTest, JsonRoundTrips) {
@@ -140,6 +185,8 @@ TEST(DiffusionConfigTest, JsonRoundTrips) {
   config.loss_weighting = "min_snr";
   config.min_snr_gamma = 3;
   config.frame_noise_correlation = 0.25;
+  config.prediction = "v";
+  config.zero_terminal_snr = true;
   Result<DiffusionConfig> back = DiffusionConfig::FromJson(config.ToJson());
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->ToJson(), config.ToJson());
@@ -148,6 +195,7 @@ TEST(DiffusionConfigTest, JsonRoundTrips) {
       DiffusionConfig::FromJson({{"steps", 1000}, {"beta_start", 1e-4}, {"beta_end", 0.02}});
   ASSERT_TRUE(old.ok());
   EXPECT_EQ(old->schedule, "linear");
+  EXPECT_FALSE(old->zero_terminal_snr);
   EXPECT_FALSE(DiffusionConfig::FromJson({{"steps", "many"}}).ok());
 }
 
@@ -222,12 +270,18 @@ TEST(DiffusersSchedulerTest, ReadsTheTrainingProcess) {
   EXPECT_EQ(c->schedule, "cosine");
   EXPECT_EQ(c->steps, 500);
   EXPECT_EQ(c->prediction, "epsilon");
+  EXPECT_FALSE(c->zero_terminal_snr);
+  c = DiffusionConfig::FromDiffusersScheduler(nlohmann::json::parse(
+      R"({"prediction_type": "v_prediction", "rescale_betas_zero_snr": true})"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_TRUE(c->zero_terminal_snr);
 
   for (const auto& [json, message] : std::vector<std::pair<const char*, const char*>>{
            {R"({"beta_schedule": "sigmoid"})", "beta_schedule: 'sigmoid' is not supported"},
            {R"({"prediction_type": "sample"})", "prediction_type: 'sample' is not supported"},
            {R"({"trained_betas": [0.1, 0.2]})", "trained_betas"},
-           {R"({"rescale_betas_zero_snr": true})", "rescale_betas_zero_snr"},
+           {R"({"rescale_betas_zero_snr": true})",
+            "rescale_betas_zero_snr: true needs prediction_type v_prediction"},
            {R"({"num_train_timesteps": "many"})", "malformed scheduler config"},
        }) {
     Result<DiffusionConfig> bad =

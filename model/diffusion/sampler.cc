@@ -123,6 +123,11 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
                   options.cfg_from, options.cfg_to);
   }
   DT_RETURN_IF_ERROR(options.spacing.Validate());
+  // DDPM and DDIM step from ᾱ = 0 (zero terminal SNR) as they are; the others divide by ᾱ_t
+  // (PNDM) or step in σ = √((1 − ᾱ)/ᾱ), and take 2^−24 in its place, as diffusers' Euler and
+  // DPM-Solver schedulers do with rescale_betas_zero_snr.
+  std::vector<double> abar = diffusion.alphas_cumprod();
+  if (abar.back() == 0) abar.back() = std::ldexp(1.0, -24);
   std::vector<SamplingStep> diffusers_steps;
   std::vector<PlmsCall> plms_calls;
   // DPM-Solver and UniPC keep timesteps of their own; the others step on these.
@@ -133,23 +138,20 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
                                        options.kind == SamplerKind::kDdim));
   }
   if (options.kind == SamplerKind::kPndm) {
-    DT_ASSIGN_OR_RETURN(plms_calls,
-                        PlmsCalls(diffusion.alphas_cumprod(), options.steps, options.spacing));
+    DT_ASSIGN_OR_RETURN(plms_calls, PlmsCalls(abar, options.steps, options.spacing));
   }
   Sampler sampler(diffusion, shape, options, std::move(diffusers_steps), std::move(plms_calls));
   if (kind == SamplerKind::kEuler || kind == SamplerKind::kHeun ||
       kind == SamplerKind::kEulerAncestral || kind == SamplerKind::kLms) {
-    DT_ASSIGN_OR_RETURN(sampler.euler_steps_,
-                        EulerSteps(diffusion.alphas_cumprod(), options.steps, options.spacing));
+    DT_ASSIGN_OR_RETURN(sampler.euler_steps_, EulerSteps(abar, options.steps, options.spacing));
   }
   if (options.kind == SamplerKind::kDpmSolver) {
-    DT_ASSIGN_OR_RETURN(
-        sampler.dpm_steps_,
-        DpmSolverSteps(diffusion.alphas_cumprod(), options.steps, options.spacing, options.dpm));
+    DT_ASSIGN_OR_RETURN(sampler.dpm_steps_,
+                        DpmSolverSteps(abar, options.steps, options.spacing, options.dpm));
   }
   if (kind == SamplerKind::kUniPc) {
-    DT_ASSIGN_OR_RETURN(sampler.unipc_steps_, UniPcSteps(diffusion.alphas_cumprod(), options.steps,
-                                                         options.spacing, options.unipc));
+    DT_ASSIGN_OR_RETURN(sampler.unipc_steps_,
+                        UniPcSteps(abar, options.steps, options.spacing, options.unipc));
   }
   return sampler;
 }
@@ -241,6 +243,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
     guided.Run(x, static_cast<float>(timesteps_[i]));
     // DDIM's noise scale σ_i (0 with η = 0) and the ᾱ of the step it goes to.
     const double abar = c.alpha_cumprod, abar_prev = c.alpha_cumprod_prev;
+    const double sqrt_abar = std::sqrt(abar), sqrt_one_minus_abar = std::sqrt(1 - abar);
     const double sigma =
         options_.eta * std::sqrt((1 - abar_prev) / (1 - abar)) * std::sqrt(1 - abar / abar_prev);
     const double direction = std::sqrt(std::max(0.0, 1 - abar_prev - sigma * sigma));
@@ -254,9 +257,9 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
       if (noisy) DrawFrameNoise(rngs[b], noise_correlation_, shape_.frames, frame, z);
       for (size_t j = 0; j < n; ++j) {
         const double out = guided.Output(b, j);
-        const double eps =
-            v_prediction_ ? std::sqrt(abar) * out + std::sqrt(1 - abar) * xb[j] : out;
-        double x0 = c.PredictX0(xb[j], eps);
+        // x0 of v = √ᾱ·ε − √(1 − ᾱ)·x0 holds at ᾱ = 0 too (zero terminal SNR), x0 of ε does not.
+        double x0 =
+            v_prediction_ ? sqrt_abar * xb[j] - sqrt_one_minus_abar * out : c.PredictX0(xb[j], out);
         if (options_.clip_denoised) x0 = std::clamp(x0, -1.0, 1.0);
         double next;
         if (options_.kind == SamplerKind::kDdpm) {
@@ -271,8 +274,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
           }
         } else {
           // DDIM: the ε implied by the (clipped) x0, then x_prev = √ᾱ' x0 + √(1 − ᾱ' − σ²) ε.
-          const double implied_eps =
-              (c.sqrt_recip_alphas_cumprod * xb[j] - x0) / c.sqrt_recipm1_alphas_cumprod;
+          const double implied_eps = c.PredictEps(xb[j], x0);
           next = std::sqrt(abar_prev) * x0 + direction * implied_eps;
           if (noisy) next += sigma * z[j];
         }

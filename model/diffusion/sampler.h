@@ -154,7 +154,10 @@ class Sampler {
 
   // Draws samples first_index, ..., first_index + N − 1 with labels y [N] into out
   // [N, C, H, W]. The model is called with batches of N (2N at guided steps). A model of
-  // v-prediction has its (guided) output turned into ε = √ᾱ_t·v + √(1 − ᾱ_t)·x_t at each step.
+  // v-prediction has its (guided) output read as x0 = √ᾱ_t·x_t − √(1 − ᾱ_t)·v (DDPM, DDIM) or
+  // as ε = √ᾱ_t·v + √(1 − ᾱ_t)·x_t (the others) at each step. A diffusion with zero terminal
+  // SNR (ᾱ_{T−1} = 0) is sampled from ᾱ = 0 by DDPM and DDIM, by the others from 2^−24 in its
+  // place, as diffusers' Euler and DPM-Solver schedulers with rescale_betas_zero_snr.
   void Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
               float* out) const;
   // The same from a given x_T: x [N, C, H, W] holds x_T and is overwritten by the samples.

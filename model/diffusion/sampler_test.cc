@@ -208,6 +208,62 @@ TEST_F(SamplerTest, PerfectDenoiserRecoversThePointMass) {
   }
 }
 
+// Zero terminal SNR: the first step is from ᾱ = 0, where x_t is pure noise and only v tells
+// x0 (x0 = −v). Every sampler lands on the point mass of a perfect v-model: DDPM and DDIM
+// from ᾱ = 0 itself, the others from 2^−24 in its place (σ ≈ 4096), as diffusers'. Two land
+// near it by design, as diffusers' do without zero terminal SNR too: PNDM averages the raw v's
+// of its first two calls (at x_999 and x_949) before reading them as ε at x_999, UniPC's last
+// step stays at the last timestep's σ (t = 49 here, σ ≈ 0.07).
+TEST_F(SamplerTest, ZeroTerminalSnrSamplersRecoverThePointMass) {
+  DiffusionConfig config;
+  config.prediction = "v";
+  config.zero_terminal_snr = true;
+  const GaussianDiffusion zero(config);
+  ASSERT_EQ(zero.alphas_cumprod().back(), 0.0);
+  std::vector<float> x0(kN);
+  for (size_t j = 0; j < kN; ++j)
+    x0[j] = 0.9f * std::cos(0.7f * j);
+  std::vector<float> first_calls;
+  // v = √ᾱ·ε − √(1 − ᾱ)·x0 of the exact ε = (x_t − √ᾱ·x0)/√(1 − ᾱ); −x0 at ᾱ = 0.
+  const Denoiser perfect_v = [&](const float* x_t, const float* t, const int32_t*, int B,
+                                 float* out) {
+    first_calls.push_back(t[0]);
+    for (int b = 0; b < B; ++b) {
+      const double abar = zero.alphas_cumprod()[std::lround(t[b])];
+      for (size_t j = 0; j < kN; ++j) {
+        const double eps = (x_t[b * kN + j] - std::sqrt(abar) * x0[j]) / std::sqrt(1 - abar);
+        out[b * kN + j] = static_cast<float>(std::sqrt(abar) * eps - std::sqrt(1 - abar) * x0[j]);
+      }
+    }
+  };
+  const DenoiserShape shape{kC, kH, kW, /*learn_sigma=*/false, kNumClasses};
+  for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kPndm,
+                           SamplerKind::kEuler, SamplerKind::kEulerAncestral, SamplerKind::kHeun,
+                           SamplerKind::kLms, SamplerKind::kDpmSolver, SamplerKind::kUniPc}) {
+    for (const char* spacing : {"respace", "trailing"}) {
+      SamplerOptions options;
+      options.kind = kind;
+      options.steps = 20;
+      options.seed = 3;
+      options.spacing.kind = spacing;
+      if (DefaultSpacing(kind) != "respace") {
+        if (options.spacing.kind == "respace") continue;  // diffusers' samplers: trailing only
+        options.clip_denoised = false;
+      }
+      SCOPED_TRACE(std::string(spacing) + " " + std::to_string(static_cast<int>(kind)));
+      Result<Sampler> sampler = Sampler::Create(zero, shape, options);
+      ASSERT_TRUE(sampler.ok()) << sampler.status().message();
+      first_calls.clear();
+      const std::vector<float> x = Draw(*sampler, perfect_v, {0, 1});
+      ASSERT_FALSE(first_calls.empty());
+      EXPECT_EQ(first_calls.front(), 999.0f);  // both spacings start at the last timestep
+      const bool near = kind == SamplerKind::kPndm || kind == SamplerKind::kUniPc;
+      for (size_t k = 0; k < x.size(); ++k)
+        ASSERT_NEAR(x[k], x0[k % kN], near ? 3e-2 : 1e-4) << k;
+    }
+  }
+}
+
 // A model of v-prediction is sampled through the ε its output implies at each step: the v
 // of the toy model's ε, sampled from a v-prediction diffusion, gives the toy model's samples
 // (DDIM and DDPM, with guidance, whose combination of v's is that of the ε's).

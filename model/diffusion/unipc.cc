@@ -55,7 +55,9 @@ Result<UniPcOptions> UniPcOptions::FromDiffusersScheduler(const nlohmann::json& 
     o.order = json.value("solver_order", 2);
     if (o.order < 1 || o.order > 3)
       return Errorf("solver_order: {} is not supported (1, 2 or 3)", o.order);
-    const std::string type = json.value("solver_type", std::string("bh2"));
+    std::string type = json.value("solver_type", std::string("bh2"));
+    // DPM-Solver's and DEIS's solver types read as bh2, as the class's constructor reads them.
+    if (type == "midpoint" || type == "heun" || type == "logrho") type = "bh2";
     if (type != "bh1" && type != "bh2")
       return Errorf("solver_type: '{}' is not supported (bh1, bh2)", type);
     o.bh2 = type == "bh2";

@@ -100,6 +100,13 @@ TEST(UniPcOptionsTest, ReadsAndRefusesByName) {
   EXPECT_FALSE(read->lower_order_final);
   EXPECT_EQ(read->disable_corrector, (std::vector<int>{0, 2}));
   EXPECT_EQ(read->ToJson()["solver_type"], "bh1");
+  // DPM-Solver's solver types, as UniPCMultistepScheduler.from_config reads them: bh2.
+  for (const char* type : {"midpoint", "heun", "logrho"}) {
+    nlohmann::json other = {{"solver_type", type}};
+    Result<UniPcOptions> mapped = UniPcOptions::FromDiffusersScheduler(other);
+    ASSERT_TRUE(mapped.ok()) << type << ": " << mapped.status().message();
+    EXPECT_TRUE(mapped->bh2) << type;
+  }
   for (const auto& [json, named] : std::vector<std::pair<std::string, std::string>>{
            {R"({"solver_order": 4})", "solver_order"},
            {R"({"solver_type": "bh3"})", "solver_type"},

@@ -31,6 +31,12 @@ struct StepCoefficients {
   DT_HOST_DEVICE double PredictX0(double x_t, double eps) const {
     return sqrt_recip_alphas_cumprod * x_t - sqrt_recipm1_alphas_cumprod * eps;
   }
+  // The ε that x_t and x0 imply (DiT's _predict_eps_from_xstart); x_t itself where ᾱ_t = 0
+  // (zero terminal SNR: x_t is the noise).
+  DT_HOST_DEVICE double PredictEps(double x_t, double x0) const {
+    return alpha_cumprod > 0 ? (sqrt_recip_alphas_cumprod * x_t - x0) / sqrt_recipm1_alphas_cumprod
+                             : x_t;
+  }
   DT_HOST_DEVICE double PosteriorMean(double x0, double x_t) const {
     return posterior_mean_coef1 * x0 + posterior_mean_coef2 * x_t;
   }

@@ -70,9 +70,11 @@ def parse_metadata(metadata):
     config.pop("name", None)  # descriptive only ("DiT-S/2" or "custom")
     diffusion = _json_object(metadata, "diffusion", DIFFUSION_KEYS,
                              optional={"loss_weighting", "min_snr_gamma", "prediction",
-                                       "frame_noise_correlation"})
+                                       "frame_noise_correlation", "zero_terminal_snr"})
     if diffusion["schedule"] != "linear":
         raise MalformedDump(f"diffusion schedule {diffusion['schedule']!r}: only 'linear' is known")
+    if diffusion.get("zero_terminal_snr", False):
+        raise MalformedDump("zero_terminal_snr: only the plain schedule is known")
     if diffusion.get("prediction", "epsilon") != "epsilon":
         raise MalformedDump(f"prediction {diffusion['prediction']!r}: only 'epsilon' is known")
     if diffusion.get("loss_weighting", "uniform") != "uniform":

@@ -9,7 +9,8 @@ the inputs (x0, noise, t, the text embedding after dropout, x_t), the output, th
 and every parameter's gradient; its "config" metadata holds UNet2DConditionModel's keys plus
 difftrain's own (name, text_length, text_dropout). The checker builds
 UNet2DConditionModel(**config) in float64, loads the parameters with
-load_state_dict(strict=True), recomputes x_t from the diffusion metadata, runs forward and
+load_state_dict(strict=True), recomputes x_t from the diffusion metadata (its schedule
+rescaled by diffusers' rescale_zero_terminal_snr where zero_terminal_snr), runs forward and
 backward on the dump's x_t, t and text, and compares each tensor.
 
 Error measure: ||a - b|| / ||b|| (L2 norms, b the float64 reference). Where the reference
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 import diffusers.models.embeddings
 from diffusers import UNet2DConditionModel
+from diffusers.schedulers import scheduling_ddpm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_np  # noqa: E402
@@ -68,12 +70,18 @@ diffusers.models.embeddings.get_timestep_embedding = timestep_embedding_float64
 
 
 def betas(diffusion):
+    """The schedule's β's in float64; with zero_terminal_snr rescaled by diffusers' own
+    rescale_zero_terminal_snr (rescale_betas_zero_snr)."""
     steps, lo, hi = diffusion["steps"], diffusion["beta_start"], diffusion["beta_end"]
     if diffusion["schedule"] == "linear":
-        return np.linspace(lo, hi, steps, dtype=np.float64)
-    if diffusion["schedule"] == "scaled_linear":
-        return np.linspace(lo ** 0.5, hi ** 0.5, steps, dtype=np.float64) ** 2
-    raise MalformedDump(f"schedule {diffusion['schedule']!r}: only linear and scaled_linear")
+        b = np.linspace(lo, hi, steps, dtype=np.float64)
+    elif diffusion["schedule"] == "scaled_linear":
+        b = np.linspace(lo ** 0.5, hi ** 0.5, steps, dtype=np.float64) ** 2
+    else:
+        raise MalformedDump(f"schedule {diffusion['schedule']!r}: only linear and scaled_linear")
+    if diffusion.get("zero_terminal_snr", False):
+        b = scheduling_ddpm.rescale_zero_terminal_snr(torch.from_numpy(b)).numpy()
+    return b
 
 
 def error(actual, expected, scale=0.0):

@@ -17,7 +17,7 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
   NAME.x_T         [2, 2, 4, 4] N(0, 1) (seeded by the case's index)
   NAME.ddim        x_T denoised by DDIMScheduler.step (eta 0) with the model below
   NAME.ddim_abar   [N, 2] each DDIM step's ᾱ_t and ᾱ_prev (final_alpha_cumprod below 0)
-  NAME.pndm        x_T denoised by PNDMScheduler.from_config(scheduler, skip_prk_steps=True),
+  NAME.pndm        (not with rescale_betas_zero_snr, which PNDM lacks) x_T denoised by PNDMScheduler.from_config(scheduler, skip_prk_steps=True),
                    in float64 with the schedule's ᾱ's computed in float64 (PNDM's transfer
                    scales x by √(ᾱ_prev/ᾱ_t): diffusers' fp32 ᾱ's, whose cumulative product
                    drifts by 1.3e-5 at t = 999, move the 7-step cosine sample by 1.4e-3 from
@@ -36,7 +36,8 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
                    step() with zero noise) and its fixed_small variance
   NAME.KEY         for each {"key", "class", "extra", "noise"} of the case's "runs" (a class of
                    RUNS, configured by the case's scheduler updated with extra, its σ's
-                   made from ᾱ's computed in float64, Heun's samples in float64): x_T
+                   made from ᾱ's computed in float64, the last 2^-24 with
+                   rescale_betas_zero_snr, Heun's samples in float64): x_T
                    (times init_noise_sigma) denoised
                    as StableDiffusionPipeline runs a scheduler, the model called on
                    scale_model_input(x, t) at each of its timesteps; the optional noise, a
@@ -102,7 +103,10 @@ def alphas_cumprod64(config):
             return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
         betas = np.array([min(1 - alpha_bar((i + 1) / T) / alpha_bar(i / T), 0.999)
                           for i in range(T)])
-    return torch.from_numpy(np.cumprod(1.0 - betas))
+    betas = torch.from_numpy(np.asarray(betas, dtype=np.float64))
+    if config.get("rescale_betas_zero_snr", False):
+        betas = scheduling_ddpm.rescale_zero_terminal_snr(betas)
+    return torch.cumprod(1.0 - betas, dim=0)
 
 
 def model(x, t, T):
@@ -133,16 +137,18 @@ def steps(cases_path, out):
         tensors[f"{name}.ddim"] = x
         tensors[f"{name}.ddim_abar"] = torch.tensor(abar, dtype=torch.float32)
 
-        pndm = PNDMScheduler.from_config({**config, "skip_prk_steps": True})
-        pndm.set_timesteps(n)
-        pndm.alphas_cumprod = alphas_cumprod64(config)
-        pndm.final_alpha_cumprod = (torch.tensor(1.0, dtype=torch.float64)
-                                    if pndm.config.set_alpha_to_one else pndm.alphas_cumprod[0])
-        x = tensors[f"{name}.x_T"].double()
-        for t in pndm.timesteps:
-            x = pndm.step(model(x, float(t), T), int(t), x).prev_sample
-        tensors[f"{name}.pndm"] = x.float()
-        tensors[f"{name}.pndm_timesteps"] = pndm.timesteps.to(torch.float32)
+        # PNDMScheduler has no rescale_betas_zero_snr.
+        if not config.get("rescale_betas_zero_snr", False):
+            pndm = PNDMScheduler.from_config({**config, "skip_prk_steps": True})
+            pndm.set_timesteps(n)
+            pndm.alphas_cumprod = alphas_cumprod64(config)
+            pndm.final_alpha_cumprod = (torch.tensor(1.0, dtype=torch.float64)
+                                        if pndm.config.set_alpha_to_one else pndm.alphas_cumprod[0])
+            x = tensors[f"{name}.x_T"].double()
+            for t in pndm.timesteps:
+                x = pndm.step(model(x, float(t), T), int(t), x).prev_sample
+            tensors[f"{name}.pndm"] = x.float()
+            tensors[f"{name}.pndm_timesteps"] = pndm.timesteps.to(torch.float32)
 
         euler = EulerDiscreteScheduler.from_config(config)
         euler.set_timesteps(n)
@@ -168,6 +174,8 @@ def steps(cases_path, out):
             # Its σ's from ᾱ's computed in float64, as PNDM's above: the cosine schedule's fp32
             # ᾱ_999 moves σ_max, and the 7-step Heun sample by 1.8e-3.
             scheduler.alphas_cumprod = alphas_cumprod64(dict(scheduler.config))
+            if scheduler.config.get("rescale_betas_zero_snr", False):
+                scheduler.alphas_cumprod[-1] = 2**-24  # as the class's __init__ does
             scheduler.set_timesteps(n)
             if "noise" in run:
                 # A stochastic scheduler's step noise, the C++ sampler's: one tensor a step.
