@@ -130,8 +130,7 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   if (!c.spacing.diffusers() && !o.timestep_spacing) c.spacing.kind = DefaultSpacing(c.kind);
   const bool has_karras = TakesKarrasSigmas(c.kind);
   if (o.karras_sigmas.value_or(false) && !has_karras) {
-    return Status::Error(
-        "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, dpmsolver and unipc");
+    return Errorf("--karras-sigmas: Karras sigmas are for --sampler {}", KarrasSamplerNames());
   }
   c.spacing.karras = o.karras_sigmas.value_or(c.spacing.karras && has_karras);
   // sigma_min and sigma_max are EulerDiscreteScheduler's keys.
@@ -496,10 +495,12 @@ DIFFTRAIN_COMMAND(
                       "sampling steps, spaced over the diffusion's (default 250, or all if "
                       "fewer; from a pipeline 50)");
        app.add_option("--sampler", o->sampler,
-                      "ddpm, ddim, pndm, euler, euler_ancestral, heun, lms, dpmsolver or unipc "
+                      "ddpm, ddim, pndm, euler, euler_ancestral, heun, lms, kdpm2, "
+                      "kdpm2_ancestral, dpmsolver or unipc "
                       "(default ddpm; from a pipeline its scheduler's: DDPM, DDIM, PNDM, "
                       "EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, LMSDiscrete, "
-                      "DPMSolverMultistep or UniPCMultistep, else ddim)");
+                      "KDPM2Discrete, KDPM2AncestralDiscrete, DPMSolverMultistep or "
+                      "UniPCMultistep, else ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
                       "linspace (default: a pipeline's scheduler's, else respace)")
@@ -511,7 +512,8 @@ DIFFTRAIN_COMMAND(
                       "with a diffusers spacing, DDIM's last step goes to alpha-bar 1 (true) or "
                       "to timestep 0's (false) (default: a pipeline scheduler's, else true)");
        app.add_option("--karras-sigmas", o->karras_sigmas,
-                      "euler, heun, lms, dpmsolver and unipc step on Karras et al.'s sigmas (true) "
+                      "euler, heun, lms, kdpm2(_ancestral), dpmsolver and unipc step on Karras "
+                      "et al.'s sigmas (true) "
                       "or the spacing's (false) (default: a pipeline scheduler's "
                       "use_karras_sigmas, else false)");
        app.add_option("--solver-order", o->solver_order,

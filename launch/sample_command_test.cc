@@ -120,6 +120,8 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
                                                         {"euler_ancestral", "linspace"},
                                                         {"heun", "linspace"},
                                                         {"lms", "linspace"},
+                                                        {"kdpm2", "linspace"},
+                                                        {"kdpm2_ancestral", "linspace"},
                                                         {"dpmsolver", "linspace"},
                                                         {"unipc", "linspace"}}) {
     SCOPED_TRACE(sampler);
@@ -239,8 +241,8 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + " --classes 0,10" + out, "class 10 is outside"},
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler euler_a" + out, "unknown sampler"},
            {"--checkpoint " + Ckpt() + " --classes 0 --karras-sigmas true" + out,
-            "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, dpmsolver and "
-            "unipc"},
+            "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, kdpm2, "
+            "kdpm2_ancestral, dpmsolver, unipc"},
            {"--checkpoint " + Ckpt() + " --classes 0 --solver-order 3" + out,
             "--solver-order and --solver-type are for --sampler dpmsolver and unipc"},
            {"--checkpoint " + Ckpt() +

@@ -2,8 +2,9 @@
 // timestep_spacing.h) against diffusers' (0.27.2) DDIMScheduler, DDPMScheduler, PNDMScheduler
 // (PLMS), EulerDiscreteScheduler, DPMSolverMultistepScheduler and, as "runs" (Runs() below, each
 // with the model calls' timesteps compared too), EulerAncestralDiscreteScheduler,
-// HeunDiscreteScheduler, LMSDiscreteScheduler, UniPCMultistepScheduler, Karras σ's, DPM-Solver++
-// of third order and its SDE: tests/reference/schedulers.py lists the timesteps set_timesteps
+// HeunDiscreteScheduler, LMSDiscreteScheduler, KDPM2DiscreteScheduler,
+// KDPM2AncestralDiscreteScheduler, UniPCMultistepScheduler, Karras σ's, DPM-Solver++ of third
+// order and its SDE: tests/reference/schedulers.py lists the timesteps set_timesteps
 // keeps for every step count of a 1000-step diffusion, and runs each scheduler with a small
 // closed-form model from an x_T it writes (the stochastic ones with difftrain's step noise). The
 // C++ samplers, their diffusion and spacing read from the same scheduler config, must keep the same
@@ -102,9 +103,11 @@ struct SchedulerRun {
   const char* class_name;
   SamplerKind kind;
   const char* extra;
-  // Cases diffusers cannot run it on: DPM-Solver's and UniPC's Karras timesteps of the 7-step
-  // cosine case (and DPM-Solver's of zero terminal SNR) start 999, 999, and their step() then
-  // starts at the second of the two (index_for_timestep) and steps past the last σ.
+  // Cases diffusers cannot run it on: DPM-Solver's, UniPC's and KDPM2's Karras timesteps of the
+  // 7-step cosine case (and DPM-Solver's of zero terminal SNR) list 999 twice, and their step()
+  // then starts at the second (index_for_timestep) and steps past the last σ; KDPM2
+  // ancestral's first σ_down there is √(σ'² − σ_up²) with σ_up = σ'·(1 − 2e-8), in fp32 the
+  // root of a rounding error, NaN (σ_max ≈ 2e4).
   std::vector<std::string> not_on = {};
   // A stochastic scheduler: diffusers' step draws the noise the C++ sampler draws (StepNoise).
   bool noisy = false;
@@ -154,6 +157,26 @@ const std::vector<SchedulerRun>& Runs() {
       {"lms_leading", "LMSDiscreteScheduler", SamplerKind::kLms,
        R"({"timestep_spacing": "leading", "steps_offset": 1})"},
       {"lms_karras", "LMSDiscreteScheduler", SamplerKind::kLms, R"({"use_karras_sigmas": true})"},
+      {"kdpm2", "KDPM2DiscreteScheduler", SamplerKind::kKdpm2, "{}"},
+      {"kdpm2_leading", "KDPM2DiscreteScheduler", SamplerKind::kKdpm2,
+       R"({"timestep_spacing": "leading", "steps_offset": 1})"},
+      {"kdpm2_karras",
+       "KDPM2DiscreteScheduler",
+       SamplerKind::kKdpm2,
+       R"({"use_karras_sigmas": true})",
+       {"linspace"}},
+      {"kdpm2_ancestral",
+       "KDPM2AncestralDiscreteScheduler",
+       SamplerKind::kKdpm2Ancestral,
+       "{}",
+       {"linspace"},
+       true},
+      {"kdpm2_ancestral_karras",
+       "KDPM2AncestralDiscreteScheduler",
+       SamplerKind::kKdpm2Ancestral,
+       R"({"use_karras_sigmas": true})",
+       {"linspace"},
+       true},
       {"dpm_karras",
        "DPMSolverMultistepScheduler",
        SamplerKind::kDpmSolver,

@@ -5,10 +5,10 @@
 // written by the pipeline's save_pretrained, is sampled by both from the same x_T (diffusers'
 // `latents`, difftrain's --initial-noise): the prompt through the tokenizer and text encoder,
 // guidance against the empty or a negative prompt (and its rescale), every DDIM (PNDM, Euler, Heun,
-// DPM-Solver++, UniPC, with Karras σ's; LMS; Euler ancestral with difftrain's step noise) step and
-// the VAE decoding. Within fp32's rounding:
-// relative L2 ≤ 1e-5 (measured 0.8–2.7e-6); the last step to ᾱ = 1 in place of ᾱ_0 alone moves
-// the latents by more than 10 times that, and so does leaving out the guidance rescale.
+// DPM-Solver++, UniPC, KDPM2, with Karras σ's; LMS; Euler ancestral with difftrain's step noise)
+// step and the VAE decoding. Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–3.3e-6); the
+// last step to ᾱ = 1 in place of ᾱ_0 alone moves the latents by more than 10 times that, and so
+// does leaving out the guidance rescale.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -180,6 +180,19 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"images", 2},
         {"seed", 7}},
        "--prompt 'a photo of a boat' --sampler lms --per-class 2 --steps 8"},
+      // KDPM2 ("DPM2 Karras"): 7 steps on Karras σ's, 13 model calls, 6 of them at midpoints.
+      {"kdpm2_karras",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 7},
+        {"guidance", 7.5},
+        {"spacing", nullptr},
+        {"scheduler", "kdpm2"},
+        {"karras", true},
+        {"images", 2},
+        {"seed", 9}},
+       "--prompt 'a photo of a boat' --sampler kdpm2 --karras-sigmas true --per-class 2 "
+       "--steps 7"},
       // Euler ancestral ("Euler a"), 9 steps: diffusers' step noise is the noise difftrain's
       // sampler draws from --seed (StepNoise below).
       {"euler_ancestral",

@@ -271,6 +271,16 @@ TEST(DiffusersSchedulerTest, ReadsTheTrainingProcess) {
   EXPECT_EQ(c->steps, 500);
   EXPECT_EQ(c->prediction, "epsilon");
   EXPECT_FALSE(c->zero_terminal_snr);
+  // The class's default betas: Heun's and KDPM2's are Stable Diffusion's, DDIM's DDPM's.
+  for (const auto& [name, start] :
+       std::vector<std::pair<std::string, double>>{{"HeunDiscreteScheduler", 0.00085},
+                                                   {"KDPM2DiscreteScheduler", 0.00085},
+                                                   {"KDPM2AncestralDiscreteScheduler", 0.00085},
+                                                   {"DDIMScheduler", 1e-4}}) {
+    c = DiffusionConfig::FromDiffusersScheduler({{"_class_name", name}});
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_EQ(c->beta_start, start) << name;
+  }
   c = DiffusionConfig::FromDiffusersScheduler(nlohmann::json::parse(
       R"({"prediction_type": "v_prediction", "rescale_betas_zero_snr": true})"));
   ASSERT_TRUE(c.ok()) << c.status().message();

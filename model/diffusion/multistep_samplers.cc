@@ -89,7 +89,8 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
     }
   };
   const bool heun = options_.kind == SamplerKind::kHeun;
-  const bool ancestral = options_.kind == SamplerKind::kEulerAncestral;
+  const bool ancestral = options_.kind == SamplerKind::kEulerAncestral ||
+                         options_.kind == SamplerKind::kKdpm2Ancestral;
   // LMS: the slopes of the steps so far, the newest first, the last 4 kept.
   constexpr int kLmsOrder = 4;
   std::deque<std::vector<double>> lms_slopes;
@@ -101,10 +102,16 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
     if (ancestral) {
       // To σ_down deterministically, then up to σ' with fresh noise of σ_up.
       const double s = step.sigma, s_next = step.sigma_next;
-      up = std::sqrt(s_next * s_next * (s * s - s_next * s_next) / (s * s));
+      up = AncestralSigmaUp(s, s_next);
       dt = std::sqrt(s_next * s_next - up * up) - s;
     }
     slopes(state, step.sigma, step.timestep, /*average=*/false);
+    if (step.sigma_mid > 0) {
+      // KDPM2: an Euler half step to the midpoint, and the step taken with the slope there.
+      for (size_t e = 0; e < state.size(); ++e)
+        predicted[e] = state[e] + slope[e] * (step.sigma_mid - step.sigma);
+      slopes(predicted, step.sigma_mid, step.timestep_mid, /*average=*/false);
+    }
     if (heun && step.sigma_next > 0) {
       // Heun's correction: the slope again at the Euler step's end (at the next step's
       // timestep), and the step taken with the mean of the two.

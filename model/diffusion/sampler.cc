@@ -34,6 +34,9 @@ constexpr SamplerNames kSamplers[] = {
      "EulerAncestralDiscreteScheduler", "linspace", false},
     {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler", "linspace", true},
     {SamplerKind::kLms, "lms", "LMS", "LMSDiscreteScheduler", "linspace", true},
+    {SamplerKind::kKdpm2, "kdpm2", "KDPM2", "KDPM2DiscreteScheduler", "linspace", true},
+    {SamplerKind::kKdpm2Ancestral, "kdpm2_ancestral", "KDPM2 ancestral",
+     "KDPM2AncestralDiscreteScheduler", "linspace", true},
     {SamplerKind::kDpmSolver, "dpmsolver", "DPM-Solver", "DPMSolverMultistepScheduler", "linspace",
      true},
     {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", true},
@@ -66,6 +69,14 @@ bool TakesKarrasSigmas(SamplerKind kind) {
   return NamesOf(kind).karras;
 }
 
+std::string KarrasSamplerNames() {
+  std::vector<std::string> names;
+  for (const SamplerNames& s : kSamplers) {
+    if (s.karras) names.push_back(s.flag);
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 std::optional<std::string> SamplerOfScheduler(const std::string& scheduler_class) {
   for (const SamplerNames& s : kSamplers) {
     if (scheduler_class == s.scheduler) return std::string(s.flag);
@@ -93,9 +104,8 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   const char* scheduler = NamesOf(kind).scheduler;
   if (options.spacing.karras && !TakesKarrasSigmas(kind)) {
     return Errorf(
-        "Karras sigmas are for the euler, heun, lms, dpmsolver and unipc samplers, as diffusers' "
-        "use_karras_sigmas; {} has none",
-        scheduler);
+        "Karras sigmas are for the {} samplers, as diffusers' use_karras_sigmas; {} has none",
+        KarrasSamplerNames(), scheduler);
   }
   if (!(options.guidance_rescale >= 0 && options.guidance_rescale <= 1)) {
     return Errorf("the guidance rescale must be in [0, 1], got {}", options.guidance_rescale);
@@ -144,6 +154,10 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   if (kind == SamplerKind::kEuler || kind == SamplerKind::kHeun ||
       kind == SamplerKind::kEulerAncestral || kind == SamplerKind::kLms) {
     DT_ASSIGN_OR_RETURN(sampler.euler_steps_, EulerSteps(abar, options.steps, options.spacing));
+  }
+  if (kind == SamplerKind::kKdpm2 || kind == SamplerKind::kKdpm2Ancestral) {
+    DT_ASSIGN_OR_RETURN(sampler.euler_steps_, Kdpm2Steps(abar, options.steps, options.spacing,
+                                                         kind == SamplerKind::kKdpm2Ancestral));
   }
   if (options.kind == SamplerKind::kDpmSolver) {
     DT_ASSIGN_OR_RETURN(sampler.dpm_steps_,

@@ -64,8 +64,11 @@ Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int leng
 // (HeunDiscreteScheduler: Euler's steps, each but the last corrected by a second model call at
 // its end, the mean of the two slopes taken; 2N − 1 calls) or LMS (LMSDiscreteScheduler:
 // Euler's steps, each with the linear multistep combination of the last 4 slopes,
-// LmsCoefficient); PNDM, Euler, Heun and LMS are deterministic (timestep_spacing.h). DPM-Solver++
-// (dpm_solver.h) and UniPC (unipc.h) likewise.
+// LmsCoefficient) or KDPM2 (KDPM2DiscreteScheduler, k-diffusion's DPM2: each step but the last
+// takes the slope at its midpoint σ_mid = √(σ·σ'), reached by an Euler half step; 2N − 1 calls)
+// or KDPM2 ancestral (KDPM2AncestralDiscreteScheduler: the same to σ_down, the midpoint
+// √(σ·σ_down), then noise of σ_up); PNDM, Euler, Heun, LMS and KDPM2 are deterministic
+// (timestep_spacing.h). DPM-Solver++ (dpm_solver.h) and UniPC (unipc.h) likewise.
 enum class SamplerKind {
   kDdpm,
   kDdim,
@@ -74,21 +77,26 @@ enum class SamplerKind {
   kEulerAncestral,
   kHeun,
   kLms,
+  kKdpm2,
+  kKdpm2Ancestral,
   kDpmSolver,
   kUniPc
 };
-// "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "lms", "dpmsolver" or "unipc".
+// "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "lms", "kdpm2",
+// "kdpm2_ancestral", "dpmsolver" or "unipc".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
 // The spacing a sampler takes where none is given: DiT's respacing ("respace") for DDPM and
 // DDIM, its scheduler's default for the others (leading for PNDM, else linspace).
 std::string DefaultSpacing(SamplerKind kind);
-// Whether a sampler can step on Karras σ's (TimestepSpacing::karras): Euler, Heun, LMS,
-// DPM-Solver++ and UniPC, as their schedulers' use_karras_sigmas.
+// Whether a sampler can step on Karras σ's (TimestepSpacing::karras): Euler, Heun, LMS, KDPM2
+// (ancestral too), DPM-Solver++ and UniPC, as their schedulers' use_karras_sigmas.
 bool TakesKarrasSigmas(SamplerKind kind);
+// Those samplers' names, "euler, heun, …", for messages.
+std::string KarrasSamplerNames();
 // The sampler (its name above) that follows a diffusers scheduler class (_class_name:
 // DDPMScheduler, DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler,
 // EulerAncestralDiscreteScheduler, HeunDiscreteScheduler, LMSDiscreteScheduler,
-// DPMSolverMultistepScheduler,
+// KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler, DPMSolverMultistepScheduler,
 // UniPCMultistepScheduler); none for another.
 std::optional<std::string> SamplerOfScheduler(const std::string& scheduler_class);
 
@@ -139,7 +147,8 @@ class Sampler {
   const std::vector<int>& timesteps() const { return timesteps_; }
   // PNDM's model calls, in the order they run (empty for the others).
   const std::vector<PlmsCall>& plms_calls() const { return plms_calls_; }
-  // Euler's (ancestral's), Heun's and LMS's steps, in the order they run (empty for the others).
+  // Euler's (ancestral's), Heun's, LMS's and KDPM2's (ancestral's) steps, in the order they run
+  // (empty for the others).
   const std::vector<EulerStep>& euler_steps() const { return euler_steps_; }
   // DPM-Solver++'s steps, in the order they run (empty for the others).
   const std::vector<DpmStep>& dpm_steps() const { return dpm_steps_; }
@@ -172,8 +181,9 @@ class Sampler {
   // Denoise for PNDM: the calls of plms_calls_, each from the linear multistep combination of
   // the last (up to 4) guided outputs.
   void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const;
-  // Denoise for Euler, Euler ancestral, Heun and LMS: the steps of euler_steps_ from x_T scaled by
-  // its initial σ; Euler ancestral's noise from the samples' step noise streams.
+  // Denoise for Euler, Euler ancestral, Heun, LMS and KDPM2 (ancestral): the steps of
+  // euler_steps_ from x_T scaled by its initial σ; the ancestral samplers' noise from the
+  // samples' step noise streams.
   void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                     float* x) const;
   // Denoise for DPM-Solver++: the steps of dpm_steps_; the SDE's noise from the samples' step

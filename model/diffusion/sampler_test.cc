@@ -237,9 +237,10 @@ TEST_F(SamplerTest, ZeroTerminalSnrSamplersRecoverThePointMass) {
     }
   };
   const DenoiserShape shape{kC, kH, kW, /*learn_sigma=*/false, kNumClasses};
-  for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kPndm,
-                           SamplerKind::kEuler, SamplerKind::kEulerAncestral, SamplerKind::kHeun,
-                           SamplerKind::kLms, SamplerKind::kDpmSolver, SamplerKind::kUniPc}) {
+  for (SamplerKind kind :
+       {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kPndm, SamplerKind::kEuler,
+        SamplerKind::kEulerAncestral, SamplerKind::kHeun, SamplerKind::kLms, SamplerKind::kKdpm2,
+        SamplerKind::kKdpm2Ancestral, SamplerKind::kDpmSolver, SamplerKind::kUniPc}) {
     for (const char* spacing : {"respace", "trailing"}) {
       SamplerOptions options;
       options.kind = kind;
@@ -543,7 +544,8 @@ TEST_F(SamplerTest, RejectsBadOptions) {
   options.kind = SamplerKind::kDdim;
   EXPECT_NE(error(options, shape).find("Karras sigmas are for"), std::string::npos);
   for (SamplerKind k :
-       {SamplerKind::kEuler, SamplerKind::kHeun, SamplerKind::kDpmSolver, SamplerKind::kUniPc}) {
+       {SamplerKind::kEuler, SamplerKind::kHeun, SamplerKind::kKdpm2, SamplerKind::kKdpm2Ancestral,
+        SamplerKind::kDpmSolver, SamplerKind::kUniPc}) {
     options.kind = k;
     EXPECT_EQ(error(options, shape), "ok");
   }

@@ -52,9 +52,10 @@ Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::
                                        : std::string();
     const bool euler = class_name == "EulerDiscreteScheduler";
     const bool heun = class_name == "HeunDiscreteScheduler";
-    const bool karras_class = euler || heun || class_name == "LMSDiscreteScheduler" ||
-                              class_name == "DPMSolverMultistepScheduler" ||
-                              class_name == "UniPCMultistepScheduler";
+    const bool karras_class =
+        euler || heun || class_name == "LMSDiscreteScheduler" ||
+        class_name == "KDPM2DiscreteScheduler" || class_name == "KDPM2AncestralDiscreteScheduler" ||
+        class_name == "DPMSolverMultistepScheduler" || class_name == "UniPCMultistepScheduler";
     const bool linspace_default = karras_class || class_name == "EulerAncestralDiscreteScheduler";
     s.kind = json.value("timestep_spacing", std::string(linspace_default ? "linspace" : "leading"));
     if (s.kind == "respace")
@@ -202,6 +203,25 @@ Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cump
   }
   for (size_t i = 0; i + 1 < steps.size(); ++i)
     steps[i].sigma_next = steps[i + 1].sigma;
+  return steps;
+}
+
+Result<std::vector<EulerStep>> Kdpm2Steps(const std::vector<double>& alphas_cumprod, int N,
+                                          const TimestepSpacing& spacing, bool ancestral) {
+  DT_ASSIGN_OR_RETURN(std::vector<EulerStep> steps, EulerSteps(alphas_cumprod, N, spacing));
+  for (EulerStep& s : steps) {
+    // KDPM2's Karras timesteps are rounded (numpy's round, half to even), Euler's are not.
+    if (spacing.karras) s.timestep = std::nearbyint(s.timestep);
+    if (s.sigma_next == 0) continue;  // the last step: Euler's, to x0
+    double to = s.sigma_next;
+    if (ancestral) {
+      const double up = AncestralSigmaUp(s.sigma, s.sigma_next);
+      to = std::sqrt(s.sigma_next * s.sigma_next - up * up);
+    }
+    // exp of the mean of the logs, as diffusers' log-space lerp.
+    s.sigma_mid = std::exp(0.5 * (std::log(s.sigma) + std::log(to)));
+    s.timestep_mid = static_cast<float>(SigmaToTimestep(s.sigma_mid, alphas_cumprod));
+  }
   return steps;
 }
 

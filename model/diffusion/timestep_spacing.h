@@ -113,7 +113,17 @@ double SigmaToTimestep(double sigma, const std::vector<double>& alphas_cumprod);
 struct EulerStep {
   float timestep = 0;
   double sigma = 0, sigma_next = 0;
+  // KDPM2's midpoint (Kdpm2Steps), 0 where there is none, and the timestep the model sees it at.
+  double sigma_mid = 0;
+  float timestep_mid = 0;
 };
+
+// σ_up of an ancestral step from σ to σ' (Euler ancestral's, KDPM2 ancestral's): the noise
+// added at its end, σ'·√(σ² − σ'²)/σ; the deterministic part goes to σ_down = √(σ'² − σ_up²).
+inline double AncestralSigmaUp(double sigma, double sigma_next) {
+  return std::sqrt(sigma_next * sigma_next * (sigma * sigma - sigma_next * sigma_next) /
+                   (sigma * sigma));
+}
 
 // Euler's N steps, in the order they run: the timesteps of the spacing (linspace's unrounded,
 // as float32: numpy.linspace(0, T − 1, N)), σ interpolated linearly between the diffusion's
@@ -123,6 +133,12 @@ struct EulerStep {
 // σ's) and LMSDiscreteScheduler take the same steps.
 Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cumprod, int N,
                                           const TimestepSpacing& spacing);
+// KDPM2's N steps (diffusers' KDPM2DiscreteScheduler, k-diffusion's DPM2): Euler's, with
+// Karras timesteps rounded, and each step but the last with its midpoint σ_mid, the geometric
+// mean of σ and σ' (ancestral: of σ and σ_down), at its SigmaToTimestep (unrounded).
+Result<std::vector<EulerStep>> Kdpm2Steps(const std::vector<double>& alphas_cumprod, int N,
+                                          const TimestepSpacing& spacing, bool ancestral);
+
 // The coefficient of the slope of step k − j (j < order ≤ k + 1) in LMS's step k (diffusers'
 // LMSDiscreteScheduler.get_lms_coefficient): the integral from σ_k to σ_{k+1} (0 after the
 // last step) of the Lagrange basis polynomial through σ_k, …, σ_{k−order+1} that is 1 at

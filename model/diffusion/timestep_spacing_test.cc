@@ -125,6 +125,43 @@ TEST(EulerStepsTest, InterpolateSigmaAtTheSpacingsTimesteps) {
                    std::sqrt(sigma(981) * sigma(981) + 1));
 }
 
+// KDPM2's midpoints: the geometric mean of σ and σ' (ancestral: of σ and σ_down), where the
+// diffusion's σ is that; none on the last step; Karras timesteps rounded, the midpoints' not.
+TEST(Kdpm2StepsTest, MidpointsAreGeometricMeansInSigma) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  for (bool ancestral : {false, true}) {
+    SCOPED_TRACE(ancestral);
+    const std::vector<EulerStep> steps = *Kdpm2Steps(abar, 5, Spacing("linspace"), ancestral);
+    const std::vector<EulerStep> euler = *EulerSteps(abar, 5, Spacing("linspace"));
+    ASSERT_EQ(steps.size(), 5u);
+    for (size_t k = 0; k + 1 < steps.size(); ++k) {
+      const EulerStep& s = steps[k];
+      EXPECT_EQ(s.timestep, euler[k].timestep);
+      EXPECT_EQ(s.sigma_next, euler[k].sigma_next);
+      const double up = AncestralSigmaUp(s.sigma, s.sigma_next);
+      const double to = ancestral ? std::sqrt(s.sigma_next * s.sigma_next - up * up) : s.sigma_next;
+      EXPECT_NEAR(s.sigma_mid, std::sqrt(s.sigma * to), 1e-12 * s.sigma);
+      if (!ancestral) {
+        EXPECT_GT(s.timestep_mid, euler[k + 1].timestep);
+      }
+      EXPECT_LT(s.timestep_mid, s.timestep);
+      // The model sees the midpoint where the diffusion's σ is σ_mid.
+      const int lo = static_cast<int>(std::floor(s.timestep_mid));
+      EXPECT_GE(s.sigma_mid, DiffusionSigma(abar, lo));
+      EXPECT_LE(s.sigma_mid, DiffusionSigma(abar, lo + 1));
+    }
+    EXPECT_EQ(steps.back().sigma_mid, 0.0);
+    EXPECT_EQ(steps.back().sigma_next, 0.0);
+  }
+  TimestepSpacing karras = Spacing("linspace");
+  karras.karras = true;
+  const Result<std::vector<EulerStep>> rounded = Kdpm2Steps(abar, 6, karras, false);
+  ASSERT_TRUE(rounded.ok()) << rounded.status().message();
+  for (const EulerStep& s : *rounded)
+    EXPECT_EQ(s.timestep, std::nearbyint(s.timestep));
+}
+
 TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
   // Stable Diffusion 1.5's scheduler_config.json (PNDMScheduler), its sampling keys.
   Result<TimestepSpacing> sd = TimestepSpacing::FromDiffusersScheduler(nlohmann::json::parse(

@@ -37,12 +37,13 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
   NAME.KEY         for each {"key", "class", "extra", "noise"} of the case's "runs" (a class of
                    RUNS, configured by the case's scheduler updated with extra, its σ's
                    made from ᾱ's computed in float64, the last 2^-24 with
-                   rescale_betas_zero_snr, Heun's samples in float64): x_T
+                   rescale_betas_zero_snr, Heun's and KDPM2's samples in float64): x_T
                    (times init_noise_sigma) denoised
                    as StableDiffusionPipeline runs a scheduler, the model called on
                    scale_model_input(x, t) at each of its timesteps; the optional noise, a
                    safetensors file whose "noise" [N, 2, 2, 4, 4] holds each step's noise,
-                   is what the scheduler's step draws (Euler ancestral, DPM-Solver's SDE)
+                   is what the scheduler's step draws (Euler ancestral, DPM-Solver's SDE; KDPM2
+                   ancestral draws at every call and adds each second call's draw)
   NAME.KEY_calls   the timesteps it called the model at, in order
 The model (float32, as the C++ test's): out = 0.9 tanh(x) (t + 1) / T + 0.05 sin(3x + t/100),
 read as ε or v by the scheduler's prediction_type.
@@ -58,7 +59,8 @@ import safetensors.torch  # noqa: F401  (before diffusers)
 import torch
 from diffusers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
                        EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
-                       HeunDiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
+                       HeunDiscreteScheduler, KDPM2AncestralDiscreteScheduler,
+                       KDPM2DiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
                        UniPCMultistepScheduler)
 from diffusers.schedulers import scheduling_ddpm
 from safetensors.torch import load_file, save_file
@@ -71,6 +73,7 @@ SPACINGS = {"leading/0": ("leading", 0), "leading/1": ("leading", 1),
 DDIM_ONLY = ("set_alpha_to_one",)
 RUNS = {c.__name__: c for c in (EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
                                 HeunDiscreteScheduler, LMSDiscreteScheduler,
+                                KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                                 DPMSolverMultistepScheduler, UniPCMultistepScheduler)}
 
 
@@ -180,10 +183,14 @@ def steps(cases_path, out):
             if "noise" in run:
                 # A stochastic scheduler's step noise, the C++ sampler's: one tensor a step.
                 noise = list(load_file(run["noise"])["noise"].unbind(0))
+                if run["class"] == "KDPM2AncestralDiscreteScheduler":
+                    # Its step() draws at every call and adds the draw at each second one.
+                    noise = [z for step in noise for z in (torch.zeros_like(step), step)]
                 sys.modules[type(scheduler).__module__].randn_tensor = \
                     lambda shape, **kwargs: noise.pop(0).reshape(shape)
             x = tensors[f"{name}.x_T"] * scheduler.init_noise_sigma
-            if run["class"] == "HeunDiscreteScheduler":
+            if run["class"] in ("HeunDiscreteScheduler", "KDPM2DiscreteScheduler",
+                                "KDPM2AncestralDiscreteScheduler"):
                 # In float64: its steps' x0 = x − σ ε cancels in fp32 where x is σ_max ≈ 2e4
                 # times x_T (the cosine schedule), its second call's slope amplifies it by
                 # σ/σ' (fp32: 6.2e-5 off the 7-step cosine sample).
