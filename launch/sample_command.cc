@@ -559,7 +559,7 @@ DIFFTRAIN_COMMAND(
                       "images [N, C, H, W] in grid order (default: drawn from --seed)");
        app.add_option("--clip-denoised", o->clip_denoised,
                       "clip x0 predictions to [-1, 1] every step (default: true, false for "
-                      "models trained on latents and for pndm, euler and dpmsolver)");
+                      "models trained on latents and for every sampler but ddpm and ddim)");
        app.add_option("--vae", o->vae,
                       "decode a latent model's samples for --out and --gif (and into --raw's "
                       "`decoded`) with this diffusers AutoencoderKL: its folder, a pipeline's, "
