@@ -101,9 +101,9 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
     double dt = step.sigma_next - step.sigma, up = 0;
     if (ancestral) {
       // To σ_down deterministically, then up to σ' with fresh noise of σ_up.
-      const double s = step.sigma, s_next = step.sigma_next;
-      up = AncestralSigmaUp(s, s_next);
-      dt = std::sqrt(s_next * s_next - up * up) - s;
+      const AncestralSigmas split = SplitAncestralStep(step.sigma, step.sigma_next);
+      up = split.up;
+      dt = split.down - step.sigma;
     }
     slopes(state, step.sigma, step.timestep, /*average=*/false);
     if (step.sigma_mid > 0) {

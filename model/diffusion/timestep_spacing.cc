@@ -213,11 +213,7 @@ Result<std::vector<EulerStep>> Kdpm2Steps(const std::vector<double>& alphas_cump
     // KDPM2's Karras timesteps are rounded (numpy's round, half to even), Euler's are not.
     if (spacing.karras) s.timestep = std::nearbyint(s.timestep);
     if (s.sigma_next == 0) continue;  // the last step: Euler's, to x0
-    double to = s.sigma_next;
-    if (ancestral) {
-      const double up = AncestralSigmaUp(s.sigma, s.sigma_next);
-      to = std::sqrt(s.sigma_next * s.sigma_next - up * up);
-    }
+    const double to = ancestral ? SplitAncestralStep(s.sigma, s.sigma_next).down : s.sigma_next;
     // exp of the mean of the logs, as diffusers' log-space lerp.
     s.sigma_mid = std::exp(0.5 * (std::log(s.sigma) + std::log(to)));
     s.timestep_mid = static_cast<float>(SigmaToTimestep(s.sigma_mid, alphas_cumprod));

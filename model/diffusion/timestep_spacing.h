@@ -118,11 +118,15 @@ struct EulerStep {
   float timestep_mid = 0;
 };
 
-// σ_up of an ancestral step from σ to σ' (Euler ancestral's, KDPM2 ancestral's): the noise
-// added at its end, σ'·√(σ² − σ'²)/σ; the deterministic part goes to σ_down = √(σ'² − σ_up²).
-inline double AncestralSigmaUp(double sigma, double sigma_next) {
-  return std::sqrt(sigma_next * sigma_next * (sigma * sigma - sigma_next * sigma_next) /
-                   (sigma * sigma));
+// An ancestral step from σ to σ' (Euler ancestral's, KDPM2 ancestral's) goes deterministically
+// to σ_down = √(σ'² − σ_up²), then adds noise of σ_up = σ'·√(σ² − σ'²)/σ.
+struct AncestralSigmas {
+  double up, down;
+};
+inline AncestralSigmas SplitAncestralStep(double sigma, double sigma_next) {
+  const double up = std::sqrt(sigma_next * sigma_next * (sigma * sigma - sigma_next * sigma_next) /
+                              (sigma * sigma));
+  return {up, std::sqrt(sigma_next * sigma_next - up * up)};
 }
 
 // Euler's N steps, in the order they run: the timesteps of the spacing (linspace's unrounded,

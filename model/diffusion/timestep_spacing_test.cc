@@ -139,7 +139,7 @@ TEST(Kdpm2StepsTest, MidpointsAreGeometricMeansInSigma) {
       const EulerStep& s = steps[k];
       EXPECT_EQ(s.timestep, euler[k].timestep);
       EXPECT_EQ(s.sigma_next, euler[k].sigma_next);
-      const double up = AncestralSigmaUp(s.sigma, s.sigma_next);
+      const double up = SplitAncestralStep(s.sigma, s.sigma_next).up;
       const double to = ancestral ? std::sqrt(s.sigma_next * s.sigma_next - up * up) : s.sigma_next;
       EXPECT_NEAR(s.sigma_mid, std::sqrt(s.sigma * to), 1e-12 * s.sigma);
       if (!ancestral) {
