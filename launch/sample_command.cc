@@ -99,7 +99,8 @@ struct Sampling {
 
 // The sampler a pipeline's scheduler names: its own where difftrain has it, else DDIM.
 std::string PipelineSampler(const std::string& scheduler_class) {
-  if (std::optional<std::string> sampler = SamplerOfScheduler(scheduler_class)) return *sampler;
+  if (std::optional<SamplerKind> sampler = SamplerOfScheduler(scheduler_class))
+    return SamplerFlag(*sampler);
   spdlog::info("the pipeline's scheduler is {}, which difftrain does not have: sampling with DDIM",
                scheduler_class.empty() ? "unnamed" : scheduler_class);
   return "ddim";
@@ -128,6 +129,14 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
     c.spacing.kind = *o.timestep_spacing;
   }
   if (!c.spacing.diffusers() && !o.timestep_spacing) c.spacing.kind = DefaultSpacing(c.kind);
+  if (HasLinspaceOnly(c.kind)) {
+    // Its class has no timestep_spacing: a pipeline's is ignored, as from_config ignores it.
+    if (o.timestep_spacing && *o.timestep_spacing != DefaultSpacing(c.kind)) {
+      return Errorf("--timestep-spacing: --sampler {} ({}) spaces its steps by {} only", c.name,
+                    SchedulerClassOf(c.kind), DefaultSpacing(c.kind));
+    }
+    c.spacing.kind = DefaultSpacing(c.kind);
+  }
   const bool has_karras = TakesKarrasSigmas(c.kind);
   if (o.karras_sigmas.value_or(false) && !has_karras) {
     return Errorf("--karras-sigmas: Karras sigmas are for --sampler {}", KarrasSamplerNames());
@@ -150,10 +159,16 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
 // --algorithm-type over them. Those flags with another sampler are refused.
 Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, SamplerKind kind,
                            SamplerOptions& options) {
-  const bool dpm = kind == SamplerKind::kDpmSolver, unipc = kind == SamplerKind::kUniPc;
-  if ((o.solver_order || o.solver_type) && !dpm && !unipc)
-    return Status::Error("--solver-order and --solver-type are for --sampler dpmsolver and unipc");
-  if (o.algorithm_type && !dpm) return Status::Error("--algorithm-type is for --sampler dpmsolver");
+  const bool singlestep = kind == SamplerKind::kDpmSolverSinglestep;
+  const bool dpm = kind == SamplerKind::kDpmSolver || singlestep;
+  const bool unipc = kind == SamplerKind::kUniPc;
+  if ((o.solver_order || o.solver_type) && !dpm && !unipc) {
+    return Status::Error(
+        "--solver-order and --solver-type are for --sampler dpmsolver, dpmsolver_singlestep and "
+        "unipc");
+  }
+  if (o.algorithm_type && !dpm)
+    return Status::Error("--algorithm-type is for --sampler dpmsolver and dpmsolver_singlestep");
   if (!dpm && !unipc) return Status::Ok();
   // The flags name the chosen solver's own values (a pipeline's config may hold another
   // class's, which from_config maps).
@@ -161,7 +176,7 @@ Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, S
       dpm ? std::vector<std::string>{"midpoint", "heun"} : std::vector<std::string>{"bh1", "bh2"};
   if (o.solver_type && std::find(types.begin(), types.end(), *o.solver_type) == types.end()) {
     return Errorf("--solver-type: '{}' is not one of the {} solver's ({})", *o.solver_type,
-                  dpm ? "dpmsolver" : "unipc", fmt::join(types, ", "));
+                  SamplerFlag(kind), fmt::join(types, ", "));
   }
   if (o.algorithm_type && *o.algorithm_type != "dpmsolver++" &&
       *o.algorithm_type != "sde-dpmsolver++") {
@@ -177,7 +192,7 @@ Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, S
           ? "--solver-order, --solver-type or --algorithm-type"
           : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline);
   if (dpm) {
-    Result<DpmSolverOptions> read = DpmSolverOptions::FromDiffusersScheduler(config);
+    Result<DpmSolverOptions> read = DpmSolverOptions::FromDiffusersScheduler(config, singlestep);
     if (!read.ok()) return read.status().WithContext(where);
     options.dpm = *read;
   } else {
@@ -407,7 +422,8 @@ int RunSample(const SampleOptions& o) {
                           {"clip_denoised", options.clip_denoised},
                           {"seed", o.seed}};
     if (!o.initial_noise.empty()) how["initial_noise"] = o.initial_noise;
-    if (kind == SamplerKind::kDpmSolver) how["dpm_solver"] = options.dpm.ToJson();
+    if (kind == SamplerKind::kDpmSolver || kind == SamplerKind::kDpmSolverSinglestep)
+      how["dpm_solver"] = options.dpm.ToJson();
     if (kind == SamplerKind::kUniPc) how["unipc"] = options.unipc.ToJson();
     if (options.guidance_rescale != 0) how["guidance_rescale"] = options.guidance_rescale;
     if (ckpt.pretrained) {
@@ -496,14 +512,15 @@ DIFFTRAIN_COMMAND(
                       "fewer; from a pipeline 50)");
        app.add_option("--sampler", o->sampler,
                       "ddpm, ddim, pndm, euler, euler_ancestral, heun, lms, kdpm2, "
-                      "kdpm2_ancestral, dpmsolver or unipc "
+                      "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep or unipc "
                       "(default ddpm; from a pipeline its scheduler's: DDPM, DDIM, PNDM, "
                       "EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, LMSDiscrete, "
-                      "KDPM2Discrete, KDPM2AncestralDiscrete, DPMSolverMultistep or "
-                      "UniPCMultistep, else ddim)");
+                      "KDPM2Discrete, KDPM2AncestralDiscrete, DPMSolverMultistep, "
+                      "DPMSolverSinglestep or UniPCMultistep, else ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
-                      "linspace (default: a pipeline's scheduler's, else respace)")
+                      "linspace (default: a pipeline's scheduler's, else respace; "
+                      "dpmsolver_singlestep: linspace only)")
            ->check(CLI::IsMember({"respace", "leading", "trailing", "linspace"}));
        app.add_option("--steps-offset", o->steps_offset,
                       "added to leading's timesteps (default: a pipeline scheduler's "
@@ -512,18 +529,22 @@ DIFFTRAIN_COMMAND(
                       "with a diffusers spacing, DDIM's last step goes to alpha-bar 1 (true) or "
                       "to timestep 0's (false) (default: a pipeline scheduler's, else true)");
        app.add_option("--karras-sigmas", o->karras_sigmas,
-                      "euler, heun, lms, kdpm2(_ancestral), dpmsolver and unipc step on Karras "
+                      "euler, heun, lms, kdpm2(_ancestral), dpmsolver(_singlestep) and unipc step "
+                      "on Karras "
                       "et al.'s sigmas (true) "
                       "or the spacing's (false) (default: a pipeline scheduler's "
                       "use_karras_sigmas, else false)");
        app.add_option("--solver-order", o->solver_order,
-                      "dpmsolver's and unipc's order: 1, 2 or 3 (DPM++ 3M; not with the SDE) "
+                      "dpmsolver's, dpmsolver_singlestep's and unipc's order: 1, 2 or 3 (DPM++ "
+                      "3M; not with the SDE) "
                       "(default: a pipeline scheduler's solver_order, else 2)");
        app.add_option("--solver-type", o->solver_type,
-                      "dpmsolver: midpoint or heun; unipc: bh1 or bh2 (default: a pipeline "
+                      "dpmsolver(_singlestep): midpoint or heun; unipc: bh1 or bh2 (default: a "
+                      "pipeline "
                       "scheduler's solver_type, else midpoint and bh2)");
        app.add_option("--algorithm-type", o->algorithm_type,
-                      "dpmsolver: dpmsolver++ or sde-dpmsolver++ (DPM++ 2M SDE) (default: a "
+                      "dpmsolver: dpmsolver++ or sde-dpmsolver++ (DPM++ 2M SDE); "
+                      "dpmsolver_singlestep: dpmsolver++ (default: a "
                       "pipeline scheduler's algorithm_type, else dpmsolver++)");
        app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");
        app.add_option("--cfg", o->cfg,

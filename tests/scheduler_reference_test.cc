@@ -3,8 +3,9 @@
 // (PLMS), EulerDiscreteScheduler, DPMSolverMultistepScheduler and, as "runs" (Runs() below, each
 // with the model calls' timesteps compared too), EulerAncestralDiscreteScheduler,
 // HeunDiscreteScheduler, LMSDiscreteScheduler, KDPM2DiscreteScheduler,
-// KDPM2AncestralDiscreteScheduler, UniPCMultistepScheduler, Karras σ's, DPM-Solver++ of third
-// order and its SDE: tests/reference/schedulers.py lists the timesteps set_timesteps
+// KDPM2AncestralDiscreteScheduler, UniPCMultistepScheduler, DPMSolverSinglestepScheduler
+// (second and third order, midpoint and heun), Karras σ's, DPM-Solver++ of third order and its
+// SDE: tests/reference/schedulers.py lists the timesteps set_timesteps
 // keeps for every step count of a 1000-step diffusion, and runs each scheduler with a small
 // closed-form model from an x_T it writes (the stochastic ones with difftrain's step noise). The
 // C++ samplers, their diffusion and spacing read from the same scheduler config, must keep the same
@@ -198,6 +199,19 @@ const std::vector<SchedulerRun>& Runs() {
            "use_karras_sigmas": true})",
        {"linspace", "zero_snr"},
        true},
+      {"dpm_single", "DPMSolverSinglestepScheduler", SamplerKind::kDpmSolverSinglestep, "{}"},
+      // Third order to σ_0: with a final σ of 0 a step count 2 more than a multiple of 3 (the
+      // 50-step case's) ends on a second-order step to λ = ∞, inf in diffusers, refused here.
+      {"dpm_single_3", "DPMSolverSinglestepScheduler", SamplerKind::kDpmSolverSinglestep,
+       R"({"solver_order": 3, "final_sigmas_type": "sigma_min"})"},
+      {"dpm_single_3_heun", "DPMSolverSinglestepScheduler", SamplerKind::kDpmSolverSinglestep,
+       R"({"solver_order": 3, "solver_type": "heun", "final_sigmas_type": "sigma_min",
+           "lower_order_final": true})"},
+      {"dpm_single_heun_karras",
+       "DPMSolverSinglestepScheduler",
+       SamplerKind::kDpmSolverSinglestep,
+       R"({"solver_type": "heun", "use_karras_sigmas": true})",
+       {"linspace"}},
       {"unipc", "UniPCMultistepScheduler", SamplerKind::kUniPc, "{}"},
       {"unipc_leading", "UniPCMultistepScheduler", SamplerKind::kUniPc,
        R"({"timestep_spacing": "leading", "steps_offset": 1})"},
@@ -417,8 +431,9 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
       run_options.kind = r.kind;
       run_options.seed = kSeed;
       run_options.spacing = *run_spacing;
-      if (r.kind == SamplerKind::kDpmSolver) {
-        Result<DpmSolverOptions> dpm = DpmSolverOptions::FromDiffusersScheduler(run_config);
+      if (r.kind == SamplerKind::kDpmSolver || r.kind == SamplerKind::kDpmSolverSinglestep) {
+        Result<DpmSolverOptions> dpm = DpmSolverOptions::FromDiffusersScheduler(
+            run_config, r.kind == SamplerKind::kDpmSolverSinglestep);
         ASSERT_TRUE(dpm.ok()) << dpm.status().message();
         run_options.dpm = *dpm;
       }

@@ -5,7 +5,8 @@
 // written by the pipeline's save_pretrained, is sampled by both from the same x_T (diffusers'
 // `latents`, difftrain's --initial-noise): the prompt through the tokenizer and text encoder,
 // guidance against the empty or a negative prompt (and its rescale), every DDIM (PNDM, Euler, Heun,
-// DPM-Solver++, UniPC, KDPM2, with Karras σ's; LMS; Euler ancestral with difftrain's step noise)
+// DPM-Solver++ multistep and singlestep, UniPC, KDPM2, with Karras σ's; LMS; Euler ancestral with
+// difftrain's step noise)
 // step and the VAE decoding. Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–3.3e-6); the
 // last step to ᾱ = 1 in place of ᾱ_0 alone moves the latents by more than 10 times that, and so
 // does leaving out the guidance rescale.
@@ -193,6 +194,18 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"seed", 9}},
        "--prompt 'a photo of a boat' --sampler kdpm2 --karras-sigmas true --per-class 2 "
        "--steps 7"},
+      // DPM-Solver++ singlestep, 9 steps in groups of 2 (the last alone): its linspace
+      // spacing, not the pipeline's leading, which DPMSolverSinglestepScheduler has no key for.
+      {"dpmsolver_singlestep",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 9},
+        {"guidance", 7.5},
+        {"spacing", nullptr},
+        {"scheduler", "dpmsolver_singlestep"},
+        {"images", 2},
+        {"seed", 10}},
+       "--prompt 'a photo of a boat' --sampler dpmsolver_singlestep --per-class 2 --steps 9"},
       // Euler ancestral ("Euler a"), 9 steps: diffusers' step noise is the noise difftrain's
       // sampler draws from --seed (StepNoise below).
       {"euler_ancestral",

@@ -340,6 +340,20 @@ TEST_F(UNetInitFromTest, APipelineFolderSamplesAsItsPartsGivenByFlags) {
   EXPECT_EQ(zero_how["diffusion"]["zero_terminal_snr"], true);
   EXPECT_EQ(zero_how["timestep_spacing"]["kind"], "trailing");
 
+  // A DPMSolverSinglestepScheduler is the pipeline's sampler; its spacing is linspace whatever
+  // timestep_spacing the config holds (the class has no such key), its options the config's.
+  unipc.update(nlohmann::json::parse(
+      R"({"_class_name": "DPMSolverSinglestepScheduler", "rescale_betas_zero_snr": false,
+          "timestep_spacing": "leading", "solver_order": 3,
+          "final_sigmas_type": "sigma_min"})"));
+  std::ofstream(scheduler_json) << unipc.dump();
+  const nlohmann::json single_how = sampling_of("", "singlestep");
+  EXPECT_EQ(single_how["sampler"], "dpmsolver_singlestep");
+  EXPECT_EQ(single_how["timestep_spacing"]["kind"], "linspace");
+  EXPECT_EQ(single_how["dpm_solver"]["solver_order"], 3);
+  EXPECT_EQ(single_how["dpm_solver"]["final_sigmas_type"], "sigma_min");
+  EXPECT_EQ(single_how["dpm_solver"]["lower_order_final"], true);  // as the config above holds
+
   // What the folder says and difftrain does not implement is refused, naming the file.
   std::ofstream(pipeline / "scheduler" / "scheduler_config.json")
       << R"({"beta_schedule": "sigmoid"})";

@@ -1,8 +1,11 @@
 #include "model/diffusion/dpm_solver.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <string>
+
+#include "common/check.h"
 
 namespace difftrain {
 
@@ -15,15 +18,21 @@ nlohmann::json DpmSolverOptions::ToJson() const {
           {"final_sigmas_type", final_sigma_min ? "sigma_min" : "zero"}};
 }
 
-Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann::json& json) {
+Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann::json& json,
+                                                                  bool singlestep) {
   if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
   DpmSolverOptions o;
   try {
     std::string algorithm = json.value("algorithm_type", std::string("dpmsolver++"));
     if (algorithm == "deis") algorithm = "dpmsolver++";  // DEIS's, as the constructor reads it
+    if (singlestep && algorithm == "sde-dpmsolver++") {
+      return Errorf(
+          "algorithm_type: 'sde-dpmsolver++' is DPMSolverMultistepScheduler's; the singlestep "
+          "solver has dpmsolver++ only");
+    }
     if (algorithm != "dpmsolver++" && algorithm != "sde-dpmsolver++") {
-      return Errorf("algorithm_type: '{}' is not supported (dpmsolver++, sde-dpmsolver++)",
-                    algorithm);
+      return Errorf("algorithm_type: '{}' is not supported (dpmsolver++{})", algorithm,
+                    singlestep ? "" : ", sde-dpmsolver++");
     }
     o.sde = algorithm == "sde-dpmsolver++";
     o.order = json.value("solver_order", 2);
@@ -40,7 +49,7 @@ Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann
     if (type != "midpoint" && type != "heun")
       return Errorf("solver_type: '{}' is not supported (midpoint, heun)", type);
     o.heun = type == "heun";
-    o.lower_order_final = json.value("lower_order_final", true);
+    o.lower_order_final = json.value("lower_order_final", !singlestep);
     o.euler_at_final = json.value("euler_at_final", false);
     const std::string final_sigmas = json.value("final_sigmas_type", std::string("zero"));
     if (final_sigmas != "zero" && final_sigmas != "sigma_min")
@@ -124,6 +133,117 @@ Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cu
     s.order = options.order == 1 || k < 1 || lower_final    ? 1
               : options.order == 2 || k < 2 || lower_second ? 2
                                                             : 3;
+  }
+  return steps;
+}
+
+namespace {
+
+// diffusers' get_order_list: the order of each of the N steps.
+std::vector<int> SinglestepOrders(int N, int order, bool lower_order_final) {
+  std::vector<int> group;
+  for (int i = 1; i <= order; ++i)
+    group.push_back(i);
+  std::vector<int> orders;
+  const auto repeat = [&](int groups) {
+    for (int g = 0; g < groups; ++g)
+      orders.insert(orders.end(), group.begin(), group.end());
+  };
+  const auto append = [&](std::initializer_list<int> tail) {
+    orders.insert(orders.end(), tail.begin(), tail.end());
+  };
+  if (order == 1) return std::vector<int>(N, 1);
+  if (!lower_order_final) {
+    repeat(N / order);
+  } else if (order == 2) {
+    if (N % 2 == 0) {
+      repeat(N / 2 - 1);
+      append({1, 1});
+    } else {
+      repeat(N / 2);
+      append({1});
+    }
+  } else if (N % 3 == 0) {
+    repeat(N / 3 - 1);
+    append({1, 2, 1});
+  } else {
+    repeat(N / 3);
+    if (N % 3 == 1) append({1});
+    if (N % 3 == 2) append({1, 2});
+  }
+  return orders;
+}
+
+}  // namespace
+
+Result<std::vector<DpmSinglestep>> DpmSolverSinglestepSteps(
+    const std::vector<double>& alphas_cumprod, int N, const TimestepSpacing& spacing,
+    const DpmSolverOptions& options) {
+  if (spacing.kind != "linspace") {
+    return Errorf(
+        "DPMSolverSinglestepScheduler spaces its steps by linspace only, not {} (it has no "
+        "timestep_spacing)",
+        spacing.kind);
+  }
+  DT_ASSIGN_OR_RETURN(const MultistepSchedule schedule,
+                      MultistepTimesteps(alphas_cumprod, N, spacing));
+  // As set_timesteps: lower_order_final where N is not a multiple of the order, or the last σ is
+  // 0.
+  const bool lower_order_final =
+      options.lower_order_final || N % options.order != 0 || !options.final_sigma_min;
+  const std::vector<int> orders = SinglestepOrders(N, options.order, lower_order_final);
+  DT_CHECK(orders.size() == size_t(N), "{} orders for {} steps", orders.size(), N);
+  std::vector<double> sigmas = schedule.sigmas;
+  sigmas.push_back(options.final_sigma_min ? DiffusionSigma(alphas_cumprod, 0) : 0.0);
+  if (sigmas.back() == 0 && orders.back() > 1) {
+    return Errorf(
+        "DPM-Solver singlestep of order {} with {} steps ends on a step of order {} to σ = 0, "
+        "which diffusers computes as inf: take final_sigmas_type sigma_min, order 2, or a step "
+        "count that is not 2 more than a multiple of 3",
+        options.order, N, orders.back());
+  }
+  // α = 1/√(σ² + 1), σ_t = σ·α, λ = log α − log σ_t.
+  const auto alpha = [](double sigma) { return 1 / std::sqrt(sigma * sigma + 1); };
+  const auto lambda = [&](double sigma) {
+    return std::log(alpha(sigma)) - std::log(sigma * alpha(sigma));
+  };
+  std::vector<DpmSinglestep> steps;
+  for (int k = 0; k < N; ++k) {
+    DpmSinglestep s;
+    s.timestep = schedule.timesteps[k];
+    s.sigma = sigmas[k];
+    s.order = orders[k];
+    const double anchor = sigmas[k - (s.order - 1)], next = sigmas[k + 1];
+    if (next == 0) {
+      // To the data: its x0 (first order only, above).
+      s.x0[0] = 1;
+      steps.push_back(s);
+      continue;
+    }
+    const double a = alpha(next), h = lambda(next) - lambda(anchor), expm = std::exp(-h) - 1;
+    const double E = a * expm, F = a * (expm / h + 1), G = a * ((expm + h) / (h * h) - 0.5);
+    s.from_anchor = next * a / (anchor * alpha(anchor));
+    if (s.order == 1) {
+      s.x0[0] = -E;
+    } else if (s.order == 2) {
+      const double r0 = (lambda(sigmas[k]) - lambda(anchor)) / h;
+      // −E m_1 + c (m_0 − m_1)/r_0, c = −E/2 (midpoint) or F (heun).
+      const double c = (options.heun ? F : -E / 2) / r0;
+      s.x0[0] = c;
+      s.x0[1] = -E - c;
+    } else {
+      const double r0 = (lambda(sigmas[k]) - lambda(anchor)) / h;
+      const double r1 = (lambda(sigmas[k - 1]) - lambda(anchor)) / h;
+      // The differences as coefficients of (m_0, m_1, m_2).
+      const double d1_0[3] = {0, 1 / r1, -1 / r1}, d1_1[3] = {1 / r0, 0, -1 / r0};
+      for (int i = 0; i < 3; ++i) {
+        const double d1 = (r0 * d1_0[i] - r1 * d1_1[i]) / (r0 - r1);
+        const double d2 = 2 * (d1_1[i] - d1_0[i]) / (r0 - r1);
+        s.x0[i] = options.heun ? F * d1 - G * d2 : F * d1_1[i];
+      }
+      s.x0[2] -= E;
+    }
+    steps.push_back(s);
   }
   return steps;
 }

@@ -44,11 +44,14 @@ struct DpmSolverOptions {
   bool final_sigma_min = false;  // final_sigmas_type sigma_min; else zero
 
   nlohmann::json ToJson() const;
-  // The keys of a DPMSolverMultistepScheduler config (its spacing and use_karras_sigmas are
-  // TimestepSpacing's). Refused by name: algorithm_type other than dpmsolver++ and
-  // sde-dpmsolver++, solver_order above 3 (or 3 with sde-dpmsolver++), use_lu_lambdas, a finite
-  // lambda_min_clipped, variance_type, thresholding.
-  static Result<DpmSolverOptions> FromDiffusersScheduler(const nlohmann::json& json);
+  // The keys of a DPMSolverMultistepScheduler config, or with `singlestep` a
+  // DPMSolverSinglestepScheduler's (its spacing and use_karras_sigmas are TimestepSpacing's).
+  // Refused by name: algorithm_type other than dpmsolver++ and (multistep) sde-dpmsolver++,
+  // solver_order above 3 (or 3 with sde-dpmsolver++), use_lu_lambdas, a finite
+  // lambda_min_clipped, variance_type, thresholding. The singlestep class's lower_order_final
+  // defaults to false.
+  static Result<DpmSolverOptions> FromDiffusersScheduler(const nlohmann::json& json,
+                                                         bool singlestep = false);
 };
 
 struct DpmStep {
@@ -74,5 +77,42 @@ Result<MultistepSchedule> MultistepTimesteps(const std::vector<double>& alphas_c
 Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cumprod, int N,
                                             const TimestepSpacing& spacing,
                                             const DpmSolverOptions& options);
+
+// diffusers' DPMSolverSinglestepScheduler (dpmsolver++; Lu et al.'s singlestep DPM-Solver):
+// its steps come in groups of `order` model calls, each step of the group from the group's
+// first x (the anchor, at σ_a): the first of first order, the second of second order from the
+// anchor's x0 and the first step's, the third of third order. So a group of order 2 takes x
+// from σ_a to σ_{a+2} with two model calls. Its timesteps are linspace's, its σ's as the
+// multistep solver's (Karras's too), and the final σ 0 or σ_0 (final_sigmas_type).
+// The orders: groups of [1, 2] ([1, 2, 3]) for solver_order 2 (3); with lower_order_final
+// (forced where the final σ is 0 or N is not a multiple of the order) the last group is cut:
+// order 2 ends [1, 1] for even N and [1] for odd; order 3 ends [1, 2, 1] (…, [1, 2], [1]) for
+// N % 3 = 0, [1] for 1 and [1, 2] for 2.
+// With x0's m_0 (this step's), m_1, m_2 (the steps' before it in the group) and h = λ' − λ_a,
+// r_i = (λ_{s_i} − λ_a)/h, E = α'(e^{−h} − 1), F = α'((e^{−h} − 1)/h + 1),
+// G = α'((e^{−h} − 1 + h)/h² − 1/2):
+//   first order   x' = (σ_t'/σ_t) x − E m_0 (x' = m_0 where σ' = 0)
+//   second order  D1 = (m_0 − m_1)/r_0; x' = (σ_t'/σ_ta) x_a − E m_1 − E/2 D1 (midpoint)
+//                 or + F D1 (heun)
+//   third order   D1_0 = (m_1 − m_2)/r_1, D1_1 = (m_0 − m_2)/r_0,
+//                 D1 = (r_0 D1_0 − r_1 D1_1)/(r_0 − r_1), D2 = 2 (D1_1 − D1_0)/(r_0 − r_1);
+//                 x' = (σ_t'/σ_ta) x_a − E m_2 + F D1_1 (midpoint) or + F D1 − G D2 (heun)
+// Each is a linear combination, kept as its coefficients.
+struct DpmSinglestep {
+  int timestep = 0;
+  double sigma = 0;
+  int order = 1;
+  // x' = from_anchor · x_a + x0[0] · m_0 + x0[1] · m_1 + x0[2] · m_2 (x_a: this step's x at
+  // order 1).
+  double from_anchor = 0;
+  double x0[3] = {0, 0, 0};
+};
+
+// The N steps in the order they run. Errors: N outside [1, T]; solver_order 3 with N % 3 = 2
+// and a final σ of 0, whose last step (of second order to λ = ∞) diverges (diffusers' is
+// inf).
+Result<std::vector<DpmSinglestep>> DpmSolverSinglestepSteps(
+    const std::vector<double>& alphas_cumprod, int N, const TimestepSpacing& spacing,
+    const DpmSolverOptions& options);
 
 }  // namespace difftrain

@@ -1,5 +1,6 @@
 #include "model/diffusion/dpm_solver.h"
 
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,11 +12,20 @@
 namespace difftrain {
 namespace {
 
-std::vector<int> Timesteps(const std::vector<DpmStep>& steps) {
+// Each step's timestep, and each step's order (DpmStep's and DpmSinglestep's).
+template <typename Step>
+std::vector<int> Timesteps(const std::vector<Step>& steps) {
   std::vector<int> t;
-  for (const DpmStep& s : steps)
+  for (const Step& s : steps)
     t.push_back(s.timestep);
   return t;
+}
+template <typename Step>
+std::vector<int> Orders(const std::vector<Step>& steps) {
+  std::vector<int> o;
+  for (const Step& s : steps)
+    o.push_back(s.order);
+  return o;
 }
 
 // DPMSolverMultistepScheduler's own timesteps (N + 1 points, timestep 0's dropped) and its
@@ -49,15 +59,9 @@ TEST(DpmSolverStepsTest, KeepTheSchedulersTimestepsAndOrders) {
   // before last is of second order and the last of first.
   DpmSolverOptions third;
   third.order = 3;
-  const auto orders = [](const std::vector<DpmStep>& steps) {
-    std::vector<int> o;
-    for (const DpmStep& s : steps)
-      o.push_back(s.order);
-    return o;
-  };
   const std::vector<DpmStep> six = *DpmSolverSteps(abar, 6, linspace, third);
-  EXPECT_EQ(orders(six), (std::vector<int>{1, 2, 3, 3, 2, 1}));
-  EXPECT_EQ(orders(*DpmSolverSteps(abar, 16, linspace, third)),
+  EXPECT_EQ(Orders(six), (std::vector<int>{1, 2, 3, 3, 2, 1}));
+  EXPECT_EQ(Orders(*DpmSolverSteps(abar, 16, linspace, third)),
             (std::vector<int>{1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1}));
   EXPECT_EQ(six[3].sigma_prev2, six[1].sigma);
   DpmSolverOptions first;
@@ -104,6 +108,86 @@ TEST(DpmSolverOptionsTest, ReadsAndRefusesByName) {
         DpmSolverOptions::FromDiffusersScheduler(nlohmann::json::parse(json));
     ASSERT_FALSE(bad.ok()) << json;
     EXPECT_NE(bad.status().message().find(named), std::string::npos) << bad.status().message();
+  }
+}
+
+// DPMSolverSinglestepScheduler's get_order_list, with lower_order_final as its set_timesteps
+// forces it (a final σ of 0, or N not a multiple of the order), and its linspace timesteps.
+TEST(DpmSolverSinglestepTest, KeepsTheSchedulersOrdersAndTimesteps) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  TimestepSpacing linspace;
+  linspace.kind = "linspace";
+  DpmSolverOptions second = *DpmSolverOptions::FromDiffusersScheduler(nlohmann::json::object(),
+                                                                      /*singlestep=*/true);
+  EXPECT_FALSE(second.lower_order_final);  // the class's default
+  const std::vector<DpmSinglestep> five = *DpmSolverSinglestepSteps(abar, 5, linspace, second);
+  EXPECT_EQ(Orders(five), (std::vector<int>{1, 2, 1, 2, 1}));
+  EXPECT_EQ(Timesteps(five), (std::vector<int>{999, 799, 599, 400, 200}));
+  // Even N with a final σ of 0: lower_order_final forced, the last group cut to [1, 1].
+  EXPECT_EQ(Orders(*DpmSolverSinglestepSteps(abar, 8, linspace, second)),
+            (std::vector<int>{1, 2, 1, 2, 1, 2, 1, 1}));
+  second.final_sigma_min = true;
+  EXPECT_EQ(Orders(*DpmSolverSinglestepSteps(abar, 8, linspace, second)),
+            (std::vector<int>{1, 2, 1, 2, 1, 2, 1, 2}));
+  DpmSolverOptions third = second;
+  third.order = 3;
+  EXPECT_EQ(Orders(*DpmSolverSinglestepSteps(abar, 9, linspace, third)),
+            (std::vector<int>{1, 2, 3, 1, 2, 3, 1, 2, 3}));
+  EXPECT_EQ(Orders(*DpmSolverSinglestepSteps(abar, 7, linspace, third)),
+            (std::vector<int>{1, 2, 3, 1, 2, 3, 1}));
+  third.lower_order_final = true;
+  EXPECT_EQ(Orders(*DpmSolverSinglestepSteps(abar, 9, linspace, third)),
+            (std::vector<int>{1, 2, 3, 1, 2, 3, 1, 2, 1}));
+  EXPECT_EQ(Orders(*DpmSolverSinglestepSteps(abar, 8, linspace, third)),
+            (std::vector<int>{1, 2, 3, 1, 2, 3, 1, 2}));
+  // The same to σ = 0 ends on a second-order step to λ = ∞: refused.
+  third.final_sigma_min = false;
+  Result<std::vector<DpmSinglestep>> diverges = DpmSolverSinglestepSteps(abar, 8, linspace, third);
+  ASSERT_FALSE(diverges.ok());
+  EXPECT_NE(diverges.status().message().find("to σ = 0"), std::string::npos)
+      << diverges.status().message();
+  TimestepSpacing leading;
+  leading.kind = "leading";
+  Result<std::vector<DpmSinglestep>> spaced = DpmSolverSinglestepSteps(abar, 8, leading, second);
+  ASSERT_FALSE(spaced.ok());
+  EXPECT_NE(spaced.status().message().find("linspace only"), std::string::npos);
+}
+
+// Every step is exact where the model's x0 is one point c: from x_a = α_a c + σ_a z it lands on
+// α' c + σ' z (the coefficients of z: σ'/σ_a; of c: α'). Also the first step of each group
+// equals the multistep solver's first-order step.
+TEST(DpmSolverSinglestepTest, StepsAreExactForAConstantX0) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  TimestepSpacing spacing;
+  spacing.kind = "linspace";
+  for (int order : {1, 2, 3}) {
+    for (bool heun : {false, true}) {
+      for (bool karras : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << order << heun << karras);
+        DpmSolverOptions o;
+        o.order = order;
+        o.heun = heun;
+        o.final_sigma_min = true;
+        spacing.karras = karras;
+        const std::vector<DpmSinglestep> steps = *DpmSolverSinglestepSteps(abar, 12, spacing, o);
+        for (size_t k = 0; k < steps.size(); ++k) {
+          const DpmSinglestep& s = steps[k];
+          const double sigma_a = steps[k + 1 - s.order].sigma;
+          const double next =
+              k + 1 < steps.size() ? steps[k + 1].sigma : std::sqrt(1 / abar[0] - 1);
+          const double alpha_a = 1 / std::sqrt(sigma_a * sigma_a + 1);
+          const double alpha_next = 1 / std::sqrt(next * next + 1);
+          EXPECT_NEAR(s.from_anchor, next * alpha_next / (sigma_a * alpha_a), 1e-12) << k;
+          EXPECT_NEAR(s.from_anchor * alpha_a + s.x0[0] + s.x0[1] + s.x0[2], alpha_next, 1e-12)
+              << k;
+          // Only the group's x0's so far enter.
+          for (int i = s.order; i < 3; ++i)
+            EXPECT_EQ(s.x0[i], 0.0) << k;
+        }
+      }
+    }
   }
 }
 

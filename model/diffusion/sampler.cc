@@ -5,85 +5,12 @@
 #include <optional>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "common/check.h"
 #include "model/diffusion/guided_model.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {
-namespace {
-
-// Each sampler: its flag name, its name in messages, the diffusers scheduler it follows, the
-// spacing it takes without one given (its scheduler's default; DDPM and DDIM: DiT's), and
-// whether it has Karras σ's.
-struct SamplerNames {
-  SamplerKind kind;
-  const char* flag;
-  const char* name;
-  const char* scheduler;
-  const char* spacing;
-  bool karras;
-};
-constexpr SamplerNames kSamplers[] = {
-    {SamplerKind::kDdpm, "ddpm", "DDPM", "DDPMScheduler", "respace", false},
-    {SamplerKind::kDdim, "ddim", "DDIM", "DDIMScheduler", "respace", false},
-    {SamplerKind::kPndm, "pndm", "PNDM", "PNDMScheduler", "leading", false},
-    {SamplerKind::kEuler, "euler", "Euler", "EulerDiscreteScheduler", "linspace", true},
-    {SamplerKind::kEulerAncestral, "euler_ancestral", "Euler ancestral",
-     "EulerAncestralDiscreteScheduler", "linspace", false},
-    {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler", "linspace", true},
-    {SamplerKind::kLms, "lms", "LMS", "LMSDiscreteScheduler", "linspace", true},
-    {SamplerKind::kKdpm2, "kdpm2", "KDPM2", "KDPM2DiscreteScheduler", "linspace", true},
-    {SamplerKind::kKdpm2Ancestral, "kdpm2_ancestral", "KDPM2 ancestral",
-     "KDPM2AncestralDiscreteScheduler", "linspace", true},
-    {SamplerKind::kDpmSolver, "dpmsolver", "DPM-Solver", "DPMSolverMultistepScheduler", "linspace",
-     true},
-    {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", true},
-};
-
-const SamplerNames& NamesOf(SamplerKind kind) {
-  for (const SamplerNames& s : kSamplers) {
-    if (s.kind == kind) return s;
-  }
-  DT_CHECK(false, "sampler kind {}", static_cast<int>(kind));
-  return kSamplers[0];
-}
-
-}  // namespace
-
-Result<SamplerKind> ParseSamplerKind(const std::string& name) {
-  std::vector<std::string> flags;
-  for (const SamplerNames& s : kSamplers) {
-    if (name == s.flag) return s.kind;
-    flags.push_back(s.flag);
-  }
-  return Errorf("unknown sampler '{}' (expected {})", name, fmt::join(flags, ", "));
-}
-
-std::string DefaultSpacing(SamplerKind kind) {
-  return NamesOf(kind).spacing;
-}
-
-bool TakesKarrasSigmas(SamplerKind kind) {
-  return NamesOf(kind).karras;
-}
-
-std::string KarrasSamplerNames() {
-  std::vector<std::string> names;
-  for (const SamplerNames& s : kSamplers) {
-    if (s.karras) names.push_back(s.flag);
-  }
-  return fmt::format("{}", fmt::join(names, ", "));
-}
-
-std::optional<std::string> SamplerOfScheduler(const std::string& scheduler_class) {
-  for (const SamplerNames& s : kSamplers) {
-    if (scheduler_class == s.scheduler) return std::string(s.flag);
-  }
-  return std::nullopt;
-}
-
 Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                                 const SamplerOptions& options) {
   DT_CHECK(shape.channels > 0 && shape.height > 0 && shape.width > 0, "bad shape {}x{}x{}",
@@ -100,8 +27,8 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   }
   const SamplerKind kind = options.kind;
   const bool multistep = DefaultSpacing(kind) != "respace";
-  const char* name = NamesOf(kind).name;
-  const char* scheduler = NamesOf(kind).scheduler;
+  const std::string name = SamplerName(kind);
+  const std::string scheduler = SchedulerClassOf(kind);
   if (options.spacing.karras && !TakesKarrasSigmas(kind)) {
     return Errorf(
         "Karras sigmas are for the {} samplers, as diffusers' use_karras_sigmas; {} has none",
@@ -140,9 +67,13 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   if (abar.back() == 0) abar.back() = std::ldexp(1.0, -24);
   std::vector<SamplingStep> diffusers_steps;
   std::vector<PlmsCall> plms_calls;
+  if (kind == SamplerKind::kDpmSolverSinglestep && options.dpm.sde) {
+    return Status::Error(
+        "DPM-Solver singlestep has no SDE (sde-dpmsolver++ is the multistep solver's)");
+  }
   // DPM-Solver and UniPC keep timesteps of their own; the others step on these.
   if (options.spacing.diffusers() && kind != SamplerKind::kDpmSolver &&
-      kind != SamplerKind::kUniPc) {
+      kind != SamplerKind::kDpmSolverSinglestep && kind != SamplerKind::kUniPc) {
     DT_ASSIGN_OR_RETURN(diffusers_steps,
                         DiffusersSteps(diffusion.alphas_cumprod(), options.steps, options.spacing,
                                        options.kind == SamplerKind::kDdim));
@@ -162,6 +93,11 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   if (options.kind == SamplerKind::kDpmSolver) {
     DT_ASSIGN_OR_RETURN(sampler.dpm_steps_,
                         DpmSolverSteps(abar, options.steps, options.spacing, options.dpm));
+  }
+  if (kind == SamplerKind::kDpmSolverSinglestep) {
+    DT_ASSIGN_OR_RETURN(
+        sampler.dpm_singlesteps_,
+        DpmSolverSinglestepSteps(abar, options.steps, options.spacing, options.dpm));
   }
   if (kind == SamplerKind::kUniPc) {
     DT_ASSIGN_OR_RETURN(sampler.unipc_steps_,
@@ -242,6 +178,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   if (!plms_calls_.empty()) return DenoisePlms(model, y, N, x);
   if (!euler_steps_.empty()) return DenoiseEuler(model, y, N, first_index, x);
   if (!dpm_steps_.empty()) return DenoiseDpm(model, y, N, first_index, x);
+  if (!dpm_singlesteps_.empty()) return DenoiseDpmSinglestep(model, y, N, x);
   if (!unipc_steps_.empty()) return DenoiseUniPc(model, y, N, x);
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;

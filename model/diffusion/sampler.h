@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "model/diffusion/dpm_solver.h"
 #include "model/diffusion/gaussian_diffusion.h"
+#include "model/diffusion/sampler_kind.h"
 #include "model/diffusion/timestep_spacing.h"
 #include "model/diffusion/unipc.h"
 #include "model/diffusion/vb_loss.h"
@@ -57,49 +58,6 @@ using TextDenoiser =
 Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
                         std::vector<float> null_text = {});
 
-// DDPM (ancestral), DDIM, PNDM's pseudo linear multistep (diffusers' PNDMScheduler with
-// skip_prk_steps; N steps make N + 1 model calls), Euler (diffusers' EulerDiscreteScheduler,
-// s_churn 0), Euler ancestral (EulerAncestralDiscreteScheduler: Euler's steps, each to
-// σ_down = √(σ'² − σ_up²), σ_up = σ'·√(σ² − σ'²)/σ, then noise of σ_up added) or Heun
-// (HeunDiscreteScheduler: Euler's steps, each but the last corrected by a second model call at
-// its end, the mean of the two slopes taken; 2N − 1 calls) or LMS (LMSDiscreteScheduler:
-// Euler's steps, each with the linear multistep combination of the last 4 slopes,
-// LmsCoefficient) or KDPM2 (KDPM2DiscreteScheduler, k-diffusion's DPM2: each step but the last
-// takes the slope at its midpoint σ_mid = √(σ·σ'), reached by an Euler half step; 2N − 1 calls)
-// or KDPM2 ancestral (KDPM2AncestralDiscreteScheduler: the same to σ_down, the midpoint
-// √(σ·σ_down), then noise of σ_up); PNDM, Euler, Heun, LMS and KDPM2 are deterministic
-// (timestep_spacing.h). DPM-Solver++ (dpm_solver.h) and UniPC (unipc.h) likewise.
-enum class SamplerKind {
-  kDdpm,
-  kDdim,
-  kPndm,
-  kEuler,
-  kEulerAncestral,
-  kHeun,
-  kLms,
-  kKdpm2,
-  kKdpm2Ancestral,
-  kDpmSolver,
-  kUniPc
-};
-// "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "lms", "kdpm2",
-// "kdpm2_ancestral", "dpmsolver" or "unipc".
-Result<SamplerKind> ParseSamplerKind(const std::string& name);
-// The spacing a sampler takes where none is given: DiT's respacing ("respace") for DDPM and
-// DDIM, its scheduler's default for the others (leading for PNDM, else linspace).
-std::string DefaultSpacing(SamplerKind kind);
-// Whether a sampler can step on Karras σ's (TimestepSpacing::karras): Euler, Heun, LMS, KDPM2
-// (ancestral too), DPM-Solver++ and UniPC, as their schedulers' use_karras_sigmas.
-bool TakesKarrasSigmas(SamplerKind kind);
-// Those samplers' names, "euler, heun, …", for messages.
-std::string KarrasSamplerNames();
-// The sampler (its name above) that follows a diffusers scheduler class (_class_name:
-// DDPMScheduler, DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler,
-// EulerAncestralDiscreteScheduler, HeunDiscreteScheduler, LMSDiscreteScheduler,
-// KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler, DPMSolverMultistepScheduler,
-// UniPCMultistepScheduler); none for another.
-std::optional<std::string> SamplerOfScheduler(const std::string& scheduler_class);
-
 // What the samplers must know of the model.
 struct DenoiserShape {
   int channels = 4;
@@ -117,7 +75,7 @@ struct SamplerOptions {
   SamplerKind kind = SamplerKind::kDdpm;
   int steps = 250;          // respaced steps N, 1 ≤ N ≤ T
   TimestepSpacing spacing;  // where the N steps fall (default: DiT's respacing)
-  DpmSolverOptions dpm;     // DPM-Solver++'s order and final steps
+  DpmSolverOptions dpm;     // DPM-Solver++'s (multistep, singlestep) order and final steps
   UniPcOptions unipc;       // UniPC's order, B(h) and correctors
   double eta = 0.0;         // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
   double cfg_scale = 1.0;   // guidance scale g; 1 runs the conditional model alone
@@ -152,6 +110,8 @@ class Sampler {
   const std::vector<EulerStep>& euler_steps() const { return euler_steps_; }
   // DPM-Solver++'s steps, in the order they run (empty for the others).
   const std::vector<DpmStep>& dpm_steps() const { return dpm_steps_; }
+  // DPM-Solver++ singlestep's steps, in the order they run (empty for the others).
+  const std::vector<DpmSinglestep>& dpm_singlesteps() const { return dpm_singlesteps_; }
   // UniPC's steps, in the order they run (empty for the others).
   const std::vector<UniPcStep>& unipc_steps() const { return unipc_steps_; }
   // The β's of the respaced process, one per kept timestep (1 − ᾱ_t / ᾱ_prev of each step).
@@ -190,6 +150,8 @@ class Sampler {
   // noise streams.
   void DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                   float* x) const;
+  // Denoise for DPM-Solver++ singlestep: the steps of dpm_singlesteps_.
+  void DenoiseDpmSinglestep(const Denoiser& model, const int32_t* y, int N, float* x) const;
   // Denoise for UniPC: the steps of unipc_steps_.
   void DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float* x) const;
 
@@ -204,6 +166,7 @@ class Sampler {
   std::vector<PlmsCall> plms_calls_;
   std::vector<EulerStep> euler_steps_;
   std::vector<DpmStep> dpm_steps_;
+  std::vector<DpmSinglestep> dpm_singlesteps_;
   std::vector<UniPcStep> unipc_steps_;
 };
 

@@ -240,13 +240,16 @@ TEST_F(SamplerTest, ZeroTerminalSnrSamplersRecoverThePointMass) {
   for (SamplerKind kind :
        {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kPndm, SamplerKind::kEuler,
         SamplerKind::kEulerAncestral, SamplerKind::kHeun, SamplerKind::kLms, SamplerKind::kKdpm2,
-        SamplerKind::kKdpm2Ancestral, SamplerKind::kDpmSolver, SamplerKind::kUniPc}) {
+        SamplerKind::kKdpm2Ancestral, SamplerKind::kDpmSolver, SamplerKind::kDpmSolverSinglestep,
+        SamplerKind::kUniPc}) {
     for (const char* spacing : {"respace", "trailing"}) {
       SamplerOptions options;
       options.kind = kind;
       options.steps = 20;
       options.seed = 3;
-      options.spacing.kind = spacing;
+      // DPM-Solver singlestep has linspace only, which starts at T − 1 too.
+      options.spacing.kind =
+          HasLinspaceOnly(kind) && spacing != std::string("respace") ? "linspace" : spacing;
       if (DefaultSpacing(kind) != "respace") {
         if (options.spacing.kind == "respace") continue;  // diffusers' samplers: trailing only
         options.clip_denoised = false;
@@ -549,6 +552,14 @@ TEST_F(SamplerTest, RejectsBadOptions) {
     options.kind = k;
     EXPECT_EQ(error(options, shape), "ok");
   }
+  // DPM-Solver singlestep: linspace only, no SDE.
+  options.kind = SamplerKind::kDpmSolverSinglestep;
+  EXPECT_NE(error(options, shape).find("linspace only, not leading"), std::string::npos);
+  options.spacing.kind = "linspace";
+  EXPECT_EQ(error(options, shape), "ok");
+  options.dpm.sde = true;
+  EXPECT_NE(error(options, shape).find("DPM-Solver singlestep has no SDE"), std::string::npos);
+  options.dpm.sde = false;
   options.guidance_rescale = 1.5;
   EXPECT_NE(error(options, shape).find("guidance rescale must be in [0, 1]"), std::string::npos);
   options = {};

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "common/check.h"
+#include "model/diffusion/sampler_kind.h"
 
 namespace difftrain {
 
@@ -52,12 +54,15 @@ Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::
                                        : std::string();
     const bool euler = class_name == "EulerDiscreteScheduler";
     const bool heun = class_name == "HeunDiscreteScheduler";
-    const bool karras_class =
-        euler || heun || class_name == "LMSDiscreteScheduler" ||
-        class_name == "KDPM2DiscreteScheduler" || class_name == "KDPM2AncestralDiscreteScheduler" ||
-        class_name == "DPMSolverMultistepScheduler" || class_name == "UniPCMultistepScheduler";
-    const bool linspace_default = karras_class || class_name == "EulerAncestralDiscreteScheduler";
-    s.kind = json.value("timestep_spacing", std::string(linspace_default ? "linspace" : "leading"));
+    // The class's defaults (sampler_kind.h): DDPM's and DDIM's is leading (difftrain's
+    // default for them is DiT's respacing), as an unknown class's.
+    const std::optional<SamplerKind> sampler = SamplerOfScheduler(class_name);
+    const bool karras_class = sampler && TakesKarrasSigmas(*sampler);
+    const std::string class_spacing =
+        sampler && DefaultSpacing(*sampler) != "respace" ? DefaultSpacing(*sampler) : "leading";
+    // A class with one spacing has no timestep_spacing key: from_config ignores one given.
+    s.kind = sampler && HasLinspaceOnly(*sampler) ? class_spacing
+                                                  : json.value("timestep_spacing", class_spacing);
     if (s.kind == "respace")
       return Errorf("timestep_spacing: 'respace' is not a diffusers spacing");
     s.steps_offset = json.value("steps_offset", 0);

@@ -219,8 +219,8 @@ TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
   EXPECT_EQ(euler->sigma_min, 0);
   EXPECT_EQ(euler->sigma_max, 14.6);
   EXPECT_EQ(euler->ToJson()["karras_sigmas"], true);
-  for (const char* name :
-       {"HeunDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler"}) {
+  for (const char* name : {"HeunDiscreteScheduler", "DPMSolverMultistepScheduler",
+                           "DPMSolverSinglestepScheduler", "UniPCMultistepScheduler"}) {
     Result<TimestepSpacing> read = TimestepSpacing::FromDiffusersScheduler(
         {{"_class_name", name}, {"use_karras_sigmas", true}, {"sigma_max", 3}});
     ASSERT_TRUE(read.ok()) << name << ": " << read.status().message();
@@ -228,6 +228,11 @@ TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
     EXPECT_EQ(read->kind, "linspace") << name;
     EXPECT_EQ(read->sigma_max, 0) << name << ": only Euler's config has sigma_max";
   }
+  // DPMSolverSinglestepScheduler has no timestep_spacing: linspace whatever the config says.
+  Result<TimestepSpacing> singlestep = TimestepSpacing::FromDiffusersScheduler(
+      {{"_class_name", "DPMSolverSinglestepScheduler"}, {"timestep_spacing", "leading"}});
+  ASSERT_TRUE(singlestep.ok()) << singlestep.status().message();
+  EXPECT_EQ(singlestep->kind, "linspace");
   // A class without Karras σ's ignores the key, as diffusers does.
   EXPECT_FALSE(TimestepSpacing::FromDiffusersScheduler(
                    {{"_class_name", "DDIMScheduler"}, {"use_karras_sigmas", true}})

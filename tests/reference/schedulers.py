@@ -58,7 +58,7 @@ import numpy as np
 import safetensors.torch  # noqa: F401  (before diffusers)
 import torch
 from diffusers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
-                       EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
+                       DPMSolverSinglestepScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
                        HeunDiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                        KDPM2DiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
                        UniPCMultistepScheduler)
@@ -74,7 +74,8 @@ DDIM_ONLY = ("set_alpha_to_one",)
 RUNS = {c.__name__: c for c in (EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
                                 HeunDiscreteScheduler, LMSDiscreteScheduler,
                                 KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler,
-                                DPMSolverMultistepScheduler, UniPCMultistepScheduler)}
+                                DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
+                                UniPCMultistepScheduler)}
 
 
 def timesteps(out, T):

@@ -17,15 +17,15 @@ false), and writes the whole pipeline into DIR by StableDiffusionPipeline.save_p
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
-"kdpm2", "dpmsolver" or "unipc"), karras (optional: use_karras_sigmas), guidance_rescale (optional,
+"kdpm2", "dpmsolver", "dpmsolver_singlestep" or "unipc"), karras (optional: use_karras_sigmas), guidance_rescale (optional,
 default 0), step_noise (optional: a safetensors file whose "noise" [steps, images, 4, h, w]
 EulerAncestralDiscreteScheduler.step draws in place of its own) and images; the pipeline
 is called with latents N(0, 1) [images, 4, h, w] (seeded) and output_type "latent", with its
 scheduler swapped for DDIMScheduler.from_config(config, timestep_spacing=spacing),
 PNDMScheduler's with skip_prk_steps (as SD 1.x's pipelines configure it), or
 EulerDiscreteScheduler's, EulerAncestralDiscreteScheduler's, HeunDiscreteScheduler's,
-LMSDiscreteScheduler's, KDPM2DiscreteScheduler's, DPMSolverMultistepScheduler's or
-UniPCMultistepScheduler's. OUT:
+LMSDiscreteScheduler's, KDPM2DiscreteScheduler's, DPMSolverMultistepScheduler's,
+DPMSolverSinglestepScheduler's or UniPCMultistepScheduler's. OUT:
   noise    the latents x_T it started from
   latents  the final latents
   decoded  vae.decode(latents / scaling_factor).sample, as the pipeline decodes them
@@ -39,6 +39,7 @@ import sys
 import safetensors.torch  # noqa: F401  (before diffusers: its save_pretrained needs it)
 import torch
 from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler,
+                       DPMSolverSinglestepScheduler,
                        EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
                        HeunDiscreteScheduler, KDPM2DiscreteScheduler, LMSDiscreteScheduler,
                        PNDMScheduler,
@@ -92,7 +93,9 @@ def run(folder, out, settings):
     classes = {"euler": EulerDiscreteScheduler, "euler_ancestral": EulerAncestralDiscreteScheduler,
                "heun": HeunDiscreteScheduler, "lms": LMSDiscreteScheduler,
                "kdpm2": KDPM2DiscreteScheduler,
-               "dpmsolver": DPMSolverMultistepScheduler, "unipc": UniPCMultistepScheduler}
+               "dpmsolver": DPMSolverMultistepScheduler,
+               "dpmsolver_singlestep": DPMSolverSinglestepScheduler,
+               "unipc": UniPCMultistepScheduler}
     if settings.get("step_noise"):
         step_noise = list(load_file(settings["step_noise"])["noise"].unbind(0))
         scheduling_euler_ancestral_discrete.randn_tensor = \
