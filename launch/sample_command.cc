@@ -154,35 +154,52 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   return c;
 }
 
-// DPM-Solver++'s or UniPC's options, as the chosen class's from_config takes them: the
-// pipeline scheduler's keys (none from a checkpoint), --solver-order, --solver-type and
-// --algorithm-type over them. Those flags with another sampler are refused.
+// The solvers' flags: each solver's own solver types and algorithm types (none: no flag).
+struct SolverFlags {
+  SamplerKind kind;
+  std::vector<std::string> types, algorithms;
+};
+const std::vector<SolverFlags>& Solvers() {
+  static const std::vector<SolverFlags> solvers = {
+      {SamplerKind::kDpmSolver, {"midpoint", "heun"}, {"dpmsolver++", "sde-dpmsolver++"}},
+      {SamplerKind::kDpmSolverSinglestep, {"midpoint", "heun"}, {"dpmsolver++"}},
+      {SamplerKind::kDeis, {"logrho"}, {"deis"}},
+      {SamplerKind::kUniPc, {"bh1", "bh2"}, {}},
+  };
+  return solvers;
+}
+
+// DPM-Solver++'s (multistep, singlestep), DEIS's or UniPC's options, as the chosen class's
+// from_config takes them: the pipeline scheduler's keys (none from a checkpoint),
+// --solver-order, --solver-type and --algorithm-type over them. Those flags with another
+// sampler are refused.
 Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, SamplerKind kind,
                            SamplerOptions& options) {
-  const bool singlestep = kind == SamplerKind::kDpmSolverSinglestep;
-  const bool dpm = kind == SamplerKind::kDpmSolver || singlestep;
-  const bool unipc = kind == SamplerKind::kUniPc;
-  if ((o.solver_order || o.solver_type) && !dpm && !unipc) {
-    return Status::Error(
-        "--solver-order and --solver-type are for --sampler dpmsolver, dpmsolver_singlestep and "
-        "unipc");
+  const SolverFlags* solver = nullptr;
+  std::vector<std::string> with_order, with_algorithm;
+  for (const SolverFlags& s : Solvers()) {
+    if (s.kind == kind) solver = &s;
+    with_order.push_back(SamplerFlag(s.kind));
+    if (!s.algorithms.empty()) with_algorithm.push_back(SamplerFlag(s.kind));
   }
-  if (o.algorithm_type && !dpm)
-    return Status::Error("--algorithm-type is for --sampler dpmsolver and dpmsolver_singlestep");
-  if (!dpm && !unipc) return Status::Ok();
+  if ((o.solver_order || o.solver_type) && !solver) {
+    return Errorf("--solver-order and --solver-type are for --sampler {}",
+                  fmt::join(with_order, ", "));
+  }
+  if (o.algorithm_type && (!solver || solver->algorithms.empty()))
+    return Errorf("--algorithm-type is for --sampler {}", fmt::join(with_algorithm, ", "));
+  if (!solver) return Status::Ok();
   // The flags name the chosen solver's own values (a pipeline's config may hold another
   // class's, which from_config maps).
-  const std::vector<std::string> types =
-      dpm ? std::vector<std::string>{"midpoint", "heun"} : std::vector<std::string>{"bh1", "bh2"};
-  if (o.solver_type && std::find(types.begin(), types.end(), *o.solver_type) == types.end()) {
-    return Errorf("--solver-type: '{}' is not one of the {} solver's ({})", *o.solver_type,
-                  SamplerFlag(kind), fmt::join(types, ", "));
-  }
-  if (o.algorithm_type && *o.algorithm_type != "dpmsolver++" &&
-      *o.algorithm_type != "sde-dpmsolver++") {
-    return Errorf("--algorithm-type: expected dpmsolver++ or sde-dpmsolver++, found '{}'",
-                  *o.algorithm_type);
-  }
+  const auto check = [&](const char* flag, const std::optional<std::string>& value,
+                         const std::vector<std::string>& allowed) -> Status {
+    if (!value || std::find(allowed.begin(), allowed.end(), *value) != allowed.end())
+      return Status::Ok();
+    return Errorf("{}: '{}' is not one of the {} solver's ({})", flag, *value, SamplerFlag(kind),
+                  fmt::join(allowed, ", "));
+  };
+  DT_RETURN_IF_ERROR(check("--solver-type", o.solver_type, solver->types));
+  DT_RETURN_IF_ERROR(check("--algorithm-type", o.algorithm_type, solver->algorithms));
   nlohmann::json config = source.scheduler_config;
   if (o.solver_order) config["solver_order"] = *o.solver_order;
   if (o.solver_type) config["solver_type"] = *o.solver_type;
@@ -191,16 +208,21 @@ Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, S
       o.solver_order || o.solver_type || o.algorithm_type
           ? "--solver-order, --solver-type or --algorithm-type"
           : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline);
-  if (dpm) {
-    Result<DpmSolverOptions> read = DpmSolverOptions::FromDiffusersScheduler(config, singlestep);
-    if (!read.ok()) return read.status().WithContext(where);
-    options.dpm = *read;
-  } else {
-    Result<UniPcOptions> read = UniPcOptions::FromDiffusersScheduler(config);
-    if (!read.ok()) return read.status().WithContext(where);
-    options.unipc = *read;
+  const auto read = [&](auto parsed, auto& into) -> Status {
+    if (!parsed.ok()) return parsed.status().WithContext(where);
+    into = *parsed;
+    return Status::Ok();
+  };
+  switch (kind) {
+    case SamplerKind::kDeis:
+      return read(DeisOptions::FromDiffusersScheduler(config), options.deis);
+    case SamplerKind::kUniPc:
+      return read(UniPcOptions::FromDiffusersScheduler(config), options.unipc);
+    default:
+      return read(DpmSolverOptions::FromDiffusersScheduler(
+                      config, kind == SamplerKind::kDpmSolverSinglestep),
+                  options.dpm);
   }
-  return Status::Ok();
 }
 
 int RunSample(const SampleOptions& o) {
@@ -424,6 +446,7 @@ int RunSample(const SampleOptions& o) {
     if (!o.initial_noise.empty()) how["initial_noise"] = o.initial_noise;
     if (kind == SamplerKind::kDpmSolver || kind == SamplerKind::kDpmSolverSinglestep)
       how["dpm_solver"] = options.dpm.ToJson();
+    if (kind == SamplerKind::kDeis) how["deis"] = options.deis.ToJson();
     if (kind == SamplerKind::kUniPc) how["unipc"] = options.unipc.ToJson();
     if (options.guidance_rescale != 0) how["guidance_rescale"] = options.guidance_rescale;
     if (ckpt.pretrained) {
@@ -512,11 +535,11 @@ DIFFTRAIN_COMMAND(
                       "fewer; from a pipeline 50)");
        app.add_option("--sampler", o->sampler,
                       "ddpm, ddim, pndm, euler, euler_ancestral, heun, lms, kdpm2, "
-                      "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep or unipc "
+                      "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, deis or unipc "
                       "(default ddpm; from a pipeline its scheduler's: DDPM, DDIM, PNDM, "
                       "EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, LMSDiscrete, "
                       "KDPM2Discrete, KDPM2AncestralDiscrete, DPMSolverMultistep, "
-                      "DPMSolverSinglestep or UniPCMultistep, else ddim)");
+                      "DPMSolverSinglestep, DEISMultistep or UniPCMultistep, else ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
                       "linspace (default: a pipeline's scheduler's, else respace; "
@@ -529,23 +552,20 @@ DIFFTRAIN_COMMAND(
                       "with a diffusers spacing, DDIM's last step goes to alpha-bar 1 (true) or "
                       "to timestep 0's (false) (default: a pipeline scheduler's, else true)");
        app.add_option("--karras-sigmas", o->karras_sigmas,
-                      "euler, heun, lms, kdpm2(_ancestral), dpmsolver(_singlestep) and unipc step "
-                      "on Karras "
-                      "et al.'s sigmas (true) "
-                      "or the spacing's (false) (default: a pipeline scheduler's "
-                      "use_karras_sigmas, else false)");
+                      "euler, heun, lms, kdpm2(_ancestral), dpmsolver(_singlestep), deis and "
+                      "unipc step on Karras et al.'s sigmas (true) or the spacing's (false) "
+                      "(default: a pipeline scheduler's use_karras_sigmas, else false)");
        app.add_option("--solver-order", o->solver_order,
-                      "dpmsolver's, dpmsolver_singlestep's and unipc's order: 1, 2 or 3 (DPM++ "
-                      "3M; not with the SDE) "
-                      "(default: a pipeline scheduler's solver_order, else 2)");
+                      "the order of dpmsolver(_singlestep), deis and unipc: 1, 2 or 3 (DPM++ 3M; "
+                      "not with the SDE) (default: a pipeline scheduler's solver_order, else 2)");
        app.add_option("--solver-type", o->solver_type,
-                      "dpmsolver(_singlestep): midpoint or heun; unipc: bh1 or bh2 (default: a "
-                      "pipeline "
-                      "scheduler's solver_type, else midpoint and bh2)");
+                      "dpmsolver(_singlestep): midpoint or heun; deis: logrho; unipc: bh1 or bh2 "
+                      "(default: a pipeline scheduler's solver_type, else midpoint, logrho and "
+                      "bh2)");
        app.add_option("--algorithm-type", o->algorithm_type,
                       "dpmsolver: dpmsolver++ or sde-dpmsolver++ (DPM++ 2M SDE); "
-                      "dpmsolver_singlestep: dpmsolver++ (default: a "
-                      "pipeline scheduler's algorithm_type, else dpmsolver++)");
+                      "dpmsolver_singlestep: dpmsolver++; deis: deis (default: a pipeline "
+                      "scheduler's algorithm_type, else dpmsolver++ and deis)");
        app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");
        app.add_option("--cfg", o->cfg,
                       "classifier-free guidance scale; 1 = none (default 4, from a pipeline "

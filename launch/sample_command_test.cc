@@ -124,6 +124,7 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
                                                         {"kdpm2_ancestral", "linspace"},
                                                         {"dpmsolver", "linspace"},
                                                         {"dpmsolver_singlestep", "linspace"},
+                                                        {"deis", "linspace"},
                                                         {"unipc", "linspace"}}) {
     SCOPED_TRACE(sampler);
     const std::string raw = File(sampler + ".safetensors");
@@ -171,6 +172,9 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
            {"--sampler unipc --solver-order 1 --solver-type bh1",
             "unipc",
             {{"solver_order", 1}, {"solver_type", "bh1"}}},
+           {"--sampler deis --solver-order 3 --algorithm-type deis",
+            "deis",
+            {{"solver_order", 3}, {"solver_type", "logrho"}, {"lower_order_final", true}}},
            // Its class's default lower_order_final is false (forced true by a final σ of 0).
            {"--sampler dpmsolver_singlestep --solver-order 3 --solver-type heun",
             "dpm_solver",
@@ -232,81 +236,84 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
   unnamed.AddF32("b", {4}, four.data());
   ASSERT_TRUE(misshapen.WriteAtomic(File("misshapen.safetensors")).ok());
   ASSERT_TRUE(unnamed.WriteAtomic(File("unnamed.safetensors")).ok());
-  for (
-      const Case& c : std::vector<Case>{
-          {"--checkpoint " + Ckpt() + " --classes 0 --initial-noise " +
-               ShellQuote(File("misshapen.safetensors")) + out,
-           "--initial-noise: safetensors file '" + File("misshapen.safetensors") +
-               "': tensor 'noise' is F32 [1, 4], expected shape [8, 1, 8, 8]"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --initial-noise " +
-               ShellQuote(File("unnamed.safetensors")) + out,
-           "holds 2 tensors and none is named 'noise'"},
-          {"--checkpoint /nonexistent --classes 0" + out, "'/nonexistent' is not a directory"},
-          {"--checkpoint " + ShellQuote(dir_->string()) + " --classes 0" + out,
-           "holds no complete checkpoint"},
-          {"--checkpoint " + Ckpt() + " --classes 0,10" + out, "class 10 is outside"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --sampler euler_a" + out, "unknown sampler"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --karras-sigmas true" + out,
-           "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, kdpm2, "
-           "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, unipc"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --solver-order 3" + out,
-           "--solver-order and --solver-type are for --sampler dpmsolver, dpmsolver_singlestep and "
-           "unipc"},
-          {"--checkpoint " + Ckpt() +
-               " --classes 0 --sampler unipc --algorithm-type "
-               "sde-dpmsolver++" +
-               out,
-           "--algorithm-type is for --sampler dpmsolver"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --sampler unipc --solver-type heun" + out,
-           "--solver-type: 'heun' is not one of the unipc solver's (bh1, bh2)"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --sampler dpmsolver --solver-order 4" + out,
-           "--solver-order, --solver-type or --algorithm-type: solver_order: 4 is not supported"},
-          {"--checkpoint " + Ckpt() +
-               " --classes 0 --sampler dpmsolver --solver-order 3 --algorithm-type "
-               "sde-dpmsolver++" +
-               out,
-           "solver_order: 3 with sde-dpmsolver++ is not supported"},
-          {"--checkpoint " + Ckpt() +
-               " --classes 0 --sampler dpmsolver_singlestep --algorithm-type sde-dpmsolver++" + out,
-           "'sde-dpmsolver++' is DPMSolverMultistepScheduler's; the singlestep solver has "
-           "dpmsolver++ only"},
-          {"--checkpoint " + Ckpt() +
-               " --classes 0 --sampler dpmsolver_singlestep --timestep-spacing trailing" + out,
-           "--timestep-spacing: --sampler dpmsolver_singlestep (DPMSolverSinglestepScheduler) "
-           "spaces its steps by linspace only"},
-          {"--checkpoint " + Ckpt() +
-               " --classes 0 --sampler dpmsolver_singlestep --solver-order 3 --steps 5" + out,
-           "ends on a step of order 2 to σ = 0"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --guidance-rescale 1.5" + out,
-           "the guidance rescale must be in [0, 1], got 1.5"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --steps 5000" + out, "got 5000"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --eta 0.5" + out, "--eta is for"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --clip-denoised true" + out,
-           "PNDM does not clip"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --timestep-spacing respace" +
-               out,
-           "PNDM follows diffusers' PNDMScheduler"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --eta 0.3" + out,
-           "--eta is for --sampler ddim only"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --steps-offset 1" + out,
-           "--timestep-spacing: steps_offset and set_alpha_to_one are for diffusers' spacings"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --timestep-spacing karras" + out,
-           "--timestep-spacing"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --timestep-spacing leading --steps-offset 999" +
-               out,
-           "outside the diffusion's"},
-          {"--checkpoint " + Ckpt() + " --classes 0", "give --out"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --weights best" + out, "--weights"},
-          {"--checkpoint " + Ckpt() + out, "--classes is required"},
-          {"--checkpoint " + Ckpt() + " --classes 0 --gif " + ShellQuote(File("x.gif")),
-           "--gif is for video models"},
-          // More samples a call than the machine holds: an error, not an abort or an OOM kill.
-          {"--checkpoint " + Ckpt() +
-               " --classes 0 --per-class 100000000 --batch 100000000 "
-               "--steps 2 --raw " +
-               ShellQuote(File("huge.safetensors")),
-           "out of host memory: an allocation needs more than the"},
-      }) {
+  for (const Case& c : std::vector<Case>{
+           {"--checkpoint " + Ckpt() + " --classes 0 --initial-noise " +
+                ShellQuote(File("misshapen.safetensors")) + out,
+            "--initial-noise: safetensors file '" + File("misshapen.safetensors") +
+                "': tensor 'noise' is F32 [1, 4], expected shape [8, 1, 8, 8]"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --initial-noise " +
+                ShellQuote(File("unnamed.safetensors")) + out,
+            "holds 2 tensors and none is named 'noise'"},
+           {"--checkpoint /nonexistent --classes 0" + out, "'/nonexistent' is not a directory"},
+           {"--checkpoint " + ShellQuote(dir_->string()) + " --classes 0" + out,
+            "holds no complete checkpoint"},
+           {"--checkpoint " + Ckpt() + " --classes 0,10" + out, "class 10 is outside"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler euler_a" + out, "unknown sampler"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --karras-sigmas true" + out,
+            "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, kdpm2, "
+            "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, deis, unipc"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --solver-order 3" + out,
+            "--solver-order and --solver-type are for --sampler dpmsolver, dpmsolver_singlestep, "
+            "deis, "
+            "unipc"},
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --sampler unipc --algorithm-type "
+                "sde-dpmsolver++" +
+                out,
+            "--algorithm-type is for --sampler dpmsolver, dpmsolver_singlestep, deis"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler unipc --solver-type heun" + out,
+            "--solver-type: 'heun' is not one of the unipc solver's (bh1, bh2)"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler dpmsolver --solver-order 4" + out,
+            "--solver-order, --solver-type or --algorithm-type: solver_order: 4 is not supported"},
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --sampler dpmsolver --solver-order 3 --algorithm-type "
+                "sde-dpmsolver++" +
+                out,
+            "solver_order: 3 with sde-dpmsolver++ is not supported"},
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --sampler dpmsolver_singlestep --algorithm-type sde-dpmsolver++" +
+                out,
+            "--algorithm-type: 'sde-dpmsolver++' is not one of the dpmsolver_singlestep solver's "
+            "(dpmsolver++)"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler deis --solver-type midpoint" + out,
+            "--solver-type: 'midpoint' is not one of the deis solver's (logrho)"},
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --sampler dpmsolver_singlestep --timestep-spacing trailing" + out,
+            "--timestep-spacing: --sampler dpmsolver_singlestep (DPMSolverSinglestepScheduler) "
+            "spaces its steps by linspace only"},
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --sampler dpmsolver_singlestep --solver-order 3 --steps 5" + out,
+            "ends on a step of order 2 to σ = 0"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --guidance-rescale 1.5" + out,
+            "the guidance rescale must be in [0, 1], got 1.5"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --steps 5000" + out, "got 5000"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --eta 0.5" + out, "--eta is for"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --clip-denoised true" + out,
+            "PNDM does not clip"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --timestep-spacing respace" +
+                out,
+            "PNDM follows diffusers' PNDMScheduler"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --eta 0.3" + out,
+            "--eta is for --sampler ddim only"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --steps-offset 1" + out,
+            "--timestep-spacing: steps_offset and set_alpha_to_one are for diffusers' spacings"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --timestep-spacing karras" + out,
+            "--timestep-spacing"},
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --timestep-spacing leading --steps-offset 999" + out,
+            "outside the diffusion's"},
+           {"--checkpoint " + Ckpt() + " --classes 0", "give --out"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --weights best" + out, "--weights"},
+           {"--checkpoint " + Ckpt() + out, "--classes is required"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --gif " + ShellQuote(File("x.gif")),
+            "--gif is for video models"},
+           // More samples a call than the machine holds: an error, not an abort or an OOM kill.
+           {"--checkpoint " + Ckpt() +
+                " --classes 0 --per-class 100000000 --batch 100000000 "
+                "--steps 2 --raw " +
+                ShellQuote(File("huge.safetensors")),
+            "out of host memory: an allocation needs more than the"},
+       }) {
     const CommandResult r = RunDifftrain("sample " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;

@@ -32,7 +32,8 @@ struct SampleOptions {
   std::optional<int> steps_offset;
   std::optional<bool> set_alpha_to_one;
   std::optional<bool> karras_sigmas;
-  // DPM-Solver++'s and UniPC's solver_order, solver_type; DPM-Solver++'s algorithm_type.
+  // DPM-Solver++'s (multistep, singlestep), DEIS's and UniPC's solver_order, solver_type;
+  // DPM-Solver++'s and DEIS's algorithm_type.
   std::optional<int> solver_order;
   std::optional<std::string> solver_type, algorithm_type;
   std::optional<double> guidance_rescale;

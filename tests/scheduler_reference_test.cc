@@ -4,18 +4,17 @@
 // with the model calls' timesteps compared too), EulerAncestralDiscreteScheduler,
 // HeunDiscreteScheduler, LMSDiscreteScheduler, KDPM2DiscreteScheduler,
 // KDPM2AncestralDiscreteScheduler, UniPCMultistepScheduler, DPMSolverSinglestepScheduler
-// (second and third order, midpoint and heun), Karras σ's, DPM-Solver++ of third order and its
-// SDE: tests/reference/schedulers.py lists the timesteps set_timesteps
-// keeps for every step count of a 1000-step diffusion, and runs each scheduler with a small
-// closed-form model from an x_T it writes (the stochastic ones with difftrain's step noise). The
-// C++ samplers, their diffusion and spacing read from the same scheduler config, must keep the same
-// timesteps, step between the same ᾱ's, take DDPM's posterior coefficients, and end at the same
-// sample within fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in double; PNDM's
-// reference runs in float64, see schedulers.py): relative L2 ≤ 2e-5, measured 4e-8–1.5e-5
-// (and the amplified cosine Heun run below).
-// Each diffusers rule dropped in turn was off by far more: the last step to ᾱ = 1 in place of
-// ᾱ_0 4e-4 and 2e-3, steps_offset ignored 1.6e-3 and 4.6e-3, each step to the timestep listed
-// after it (not t − ⌊T/N⌋) 4.9e-2 (trailing) and 0.36 (linspace); PNDM's default of
+// (second and third order, midpoint and heun), DEISMultistepScheduler, Karras σ's, DPM-Solver++ of
+// third order and its SDE: tests/reference/schedulers.py lists the timesteps set_timesteps keeps
+// for every step count of a 1000-step diffusion, and runs each scheduler with a small closed-form
+// model from an x_T it writes (the stochastic ones with difftrain's step noise). The C++ samplers,
+// their diffusion and spacing read from the same scheduler config, must keep the same timesteps,
+// step between the same ᾱ's, take DDPM's posterior coefficients, and end at the same sample within
+// fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in double; PNDM's reference runs in
+// float64, see schedulers.py): relative L2 ≤ 2e-5, measured 4e-8–1.5e-5 (and the amplified cosine
+// Heun run below). Each diffusers rule dropped in turn was off by far more: the last step to ᾱ = 1
+// in place of ᾱ_0 4e-4 and 2e-3, steps_offset ignored 1.6e-3 and 4.6e-3, each step to the timestep
+// listed after it (not t − ⌊T/N⌋) 4.9e-2 (trailing) and 0.36 (linspace); PNDM's default of
 // set_alpha_to_one (false) taken as DDIM's 4.8e-5 (trailing, against diffusers in fp32).
 #include <gtest/gtest.h>
 
@@ -211,6 +210,16 @@ const std::vector<SchedulerRun>& Runs() {
        "DPMSolverSinglestepScheduler",
        SamplerKind::kDpmSolverSinglestep,
        R"({"solver_type": "heun", "use_karras_sigmas": true})",
+       {"linspace"}},
+      {"deis", "DEISMultistepScheduler", SamplerKind::kDeis, "{}"},
+      {"deis_leading", "DEISMultistepScheduler", SamplerKind::kDeis,
+       R"({"timestep_spacing": "leading", "steps_offset": 1})"},
+      {"deis_3", "DEISMultistepScheduler", SamplerKind::kDeis,
+       R"({"solver_order": 3, "lower_order_final": false})"},
+      {"deis_karras",
+       "DEISMultistepScheduler",
+       SamplerKind::kDeis,
+       R"({"use_karras_sigmas": true, "solver_order": 3})",
        {"linspace"}},
       {"unipc", "UniPCMultistepScheduler", SamplerKind::kUniPc, "{}"},
       {"unipc_leading", "UniPCMultistepScheduler", SamplerKind::kUniPc,
@@ -436,6 +445,11 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
             run_config, r.kind == SamplerKind::kDpmSolverSinglestep);
         ASSERT_TRUE(dpm.ok()) << dpm.status().message();
         run_options.dpm = *dpm;
+      }
+      if (r.kind == SamplerKind::kDeis) {
+        Result<DeisOptions> deis = DeisOptions::FromDiffusersScheduler(run_config);
+        ASSERT_TRUE(deis.ok()) << deis.status().message();
+        run_options.deis = *deis;
       }
       if (r.kind == SamplerKind::kUniPc) {
         Result<UniPcOptions> unipc = UniPcOptions::FromDiffusersScheduler(run_config);

@@ -5,11 +5,10 @@
 // written by the pipeline's save_pretrained, is sampled by both from the same x_T (diffusers'
 // `latents`, difftrain's --initial-noise): the prompt through the tokenizer and text encoder,
 // guidance against the empty or a negative prompt (and its rescale), every DDIM (PNDM, Euler, Heun,
-// DPM-Solver++ multistep and singlestep, UniPC, KDPM2, with Karras σ's; LMS; Euler ancestral with
-// difftrain's step noise)
-// step and the VAE decoding. Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–3.3e-6); the
-// last step to ᾱ = 1 in place of ᾱ_0 alone moves the latents by more than 10 times that, and so
-// does leaving out the guidance rescale.
+// DPM-Solver++ multistep and singlestep, DEIS, UniPC, KDPM2, with Karras σ's; LMS; Euler ancestral
+// with difftrain's step noise) step and the VAE decoding. Within fp32's rounding: relative L2 ≤
+// 1e-5 (measured 0.8–3.3e-6); the last step to ᾱ = 1 in place of ᾱ_0 alone moves the latents by
+// more than 10 times that, and so does leaving out the guidance rescale.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -206,6 +205,18 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"images", 2},
         {"seed", 10}},
        "--prompt 'a photo of a boat' --sampler dpmsolver_singlestep --per-class 2 --steps 9"},
+      // DEIS, 10 steps on the pipeline's leading spacing (steps_offset 1), which its class has.
+      {"deis",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", "blurry"},
+        {"steps", 10},
+        {"guidance", 5.0},
+        {"spacing", nullptr},
+        {"scheduler", "deis"},
+        {"images", 2},
+        {"seed", 11}},
+       "--prompt 'a photo of a boat' --negative-prompt blurry --sampler deis --cfg 5 "
+       "--per-class 2 --steps 10"},
       // Euler ancestral ("Euler a"), 9 steps: diffusers' step noise is the noise difftrain's
       // sampler draws from --seed (StepNoise below).
       {"euler_ancestral",

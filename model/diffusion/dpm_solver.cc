@@ -176,9 +176,9 @@ std::vector<int> SinglestepOrders(int N, int order, bool lower_order_final) {
 
 }  // namespace
 
-Result<std::vector<DpmSinglestep>> DpmSolverSinglestepSteps(
-    const std::vector<double>& alphas_cumprod, int N, const TimestepSpacing& spacing,
-    const DpmSolverOptions& options) {
+Result<std::vector<LinearStep>> DpmSolverSinglestepSteps(const std::vector<double>& alphas_cumprod,
+                                                         int N, const TimestepSpacing& spacing,
+                                                         const DpmSolverOptions& options) {
   if (spacing.kind != "linspace") {
     return Errorf(
         "DPMSolverSinglestepScheduler spaces its steps by linspace only, not {} (it has no "
@@ -207,30 +207,31 @@ Result<std::vector<DpmSinglestep>> DpmSolverSinglestepSteps(
   const auto lambda = [&](double sigma) {
     return std::log(alpha(sigma)) - std::log(sigma * alpha(sigma));
   };
-  std::vector<DpmSinglestep> steps;
+  std::vector<LinearStep> steps;
   for (int k = 0; k < N; ++k) {
-    DpmSinglestep s;
+    LinearStep s;
     s.timestep = schedule.timesteps[k];
     s.sigma = sigmas[k];
     s.order = orders[k];
+    s.restart = s.order == 1;
     const double anchor = sigmas[k - (s.order - 1)], next = sigmas[k + 1];
     if (next == 0) {
       // To the data: its x0 (first order only, above).
-      s.x0[0] = 1;
+      s.outputs[0] = 1;
       steps.push_back(s);
       continue;
     }
     const double a = alpha(next), h = lambda(next) - lambda(anchor), expm = std::exp(-h) - 1;
     const double E = a * expm, F = a * (expm / h + 1), G = a * ((expm + h) / (h * h) - 0.5);
-    s.from_anchor = next * a / (anchor * alpha(anchor));
+    s.from_x = next * a / (anchor * alpha(anchor));
     if (s.order == 1) {
-      s.x0[0] = -E;
+      s.outputs[0] = -E;
     } else if (s.order == 2) {
       const double r0 = (lambda(sigmas[k]) - lambda(anchor)) / h;
       // −E m_1 + c (m_0 − m_1)/r_0, c = −E/2 (midpoint) or F (heun).
       const double c = (options.heun ? F : -E / 2) / r0;
-      s.x0[0] = c;
-      s.x0[1] = -E - c;
+      s.outputs[0] = c;
+      s.outputs[1] = -E - c;
     } else {
       const double r0 = (lambda(sigmas[k]) - lambda(anchor)) / h;
       const double r1 = (lambda(sigmas[k - 1]) - lambda(anchor)) / h;
@@ -239,9 +240,9 @@ Result<std::vector<DpmSinglestep>> DpmSolverSinglestepSteps(
       for (int i = 0; i < 3; ++i) {
         const double d1 = (r0 * d1_0[i] - r1 * d1_1[i]) / (r0 - r1);
         const double d2 = 2 * (d1_1[i] - d1_0[i]) / (r0 - r1);
-        s.x0[i] = options.heun ? F * d1 - G * d2 : F * d1_1[i];
+        s.outputs[i] = options.heun ? F * d1 - G * d2 : F * d1_1[i];
       }
-      s.x0[2] -= E;
+      s.outputs[2] -= E;
     }
     steps.push_back(s);
   }

@@ -97,22 +97,28 @@ Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cu
 //   third order   D1_0 = (m_1 − m_2)/r_1, D1_1 = (m_0 − m_2)/r_0,
 //                 D1 = (r_0 D1_0 − r_1 D1_1)/(r_0 − r_1), D2 = 2 (D1_1 − D1_0)/(r_0 − r_1);
 //                 x' = (σ_t'/σ_ta) x_a − E m_2 + F D1_1 (midpoint) or + F D1 − G D2 (heun)
-// Each is a linear combination, kept as its coefficients.
-struct DpmSinglestep {
+// Each is a linear combination (LinearStep): its x_a restarts at the group's first step, its
+// outputs are x0's.
+//
+// A step that is a linear combination of an x and the model's outputs so far:
+// x' = from_x · x_from + outputs[0] · o_0 + outputs[1] · o_1 + outputs[2] · o_2, o_0 this step's
+// (guided) model output turned into x0 (DPM-Solver singlestep) or ε (DEIS, deis.h), o_1 and o_2
+// the two steps' before it; x_from is this step's x where `restart` is set, else the x of the
+// last step that set it.
+struct LinearStep {
   int timestep = 0;
   double sigma = 0;
   int order = 1;
-  // x' = from_anchor · x_a + x0[0] · m_0 + x0[1] · m_1 + x0[2] · m_2 (x_a: this step's x at
-  // order 1).
-  double from_anchor = 0;
-  double x0[3] = {0, 0, 0};
+  bool restart = true;
+  double from_x = 0;
+  double outputs[3] = {0, 0, 0};
 };
 
 // The N steps in the order they run. Errors: N outside [1, T]; solver_order 3 with N % 3 = 2
 // and a final σ of 0, whose last step (of second order to λ = ∞) diverges (diffusers' is
 // inf).
-Result<std::vector<DpmSinglestep>> DpmSolverSinglestepSteps(
-    const std::vector<double>& alphas_cumprod, int N, const TimestepSpacing& spacing,
-    const DpmSolverOptions& options);
+Result<std::vector<LinearStep>> DpmSolverSinglestepSteps(const std::vector<double>& alphas_cumprod,
+                                                         int N, const TimestepSpacing& spacing,
+                                                         const DpmSolverOptions& options);
 
 }  // namespace difftrain

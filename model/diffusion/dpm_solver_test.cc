@@ -12,7 +12,7 @@
 namespace difftrain {
 namespace {
 
-// Each step's timestep, and each step's order (DpmStep's and DpmSinglestep's).
+// Each step's timestep, and each step's order (DpmStep's and LinearStep's).
 template <typename Step>
 std::vector<int> Timesteps(const std::vector<Step>& steps) {
   std::vector<int> t;
@@ -121,7 +121,7 @@ TEST(DpmSolverSinglestepTest, KeepsTheSchedulersOrdersAndTimesteps) {
   DpmSolverOptions second = *DpmSolverOptions::FromDiffusersScheduler(nlohmann::json::object(),
                                                                       /*singlestep=*/true);
   EXPECT_FALSE(second.lower_order_final);  // the class's default
-  const std::vector<DpmSinglestep> five = *DpmSolverSinglestepSteps(abar, 5, linspace, second);
+  const std::vector<LinearStep> five = *DpmSolverSinglestepSteps(abar, 5, linspace, second);
   EXPECT_EQ(Orders(five), (std::vector<int>{1, 2, 1, 2, 1}));
   EXPECT_EQ(Timesteps(five), (std::vector<int>{999, 799, 599, 400, 200}));
   // Even N with a final σ of 0: lower_order_final forced, the last group cut to [1, 1].
@@ -143,13 +143,13 @@ TEST(DpmSolverSinglestepTest, KeepsTheSchedulersOrdersAndTimesteps) {
             (std::vector<int>{1, 2, 3, 1, 2, 3, 1, 2}));
   // The same to σ = 0 ends on a second-order step to λ = ∞: refused.
   third.final_sigma_min = false;
-  Result<std::vector<DpmSinglestep>> diverges = DpmSolverSinglestepSteps(abar, 8, linspace, third);
+  Result<std::vector<LinearStep>> diverges = DpmSolverSinglestepSteps(abar, 8, linspace, third);
   ASSERT_FALSE(diverges.ok());
   EXPECT_NE(diverges.status().message().find("to σ = 0"), std::string::npos)
       << diverges.status().message();
   TimestepSpacing leading;
   leading.kind = "leading";
-  Result<std::vector<DpmSinglestep>> spaced = DpmSolverSinglestepSteps(abar, 8, leading, second);
+  Result<std::vector<LinearStep>> spaced = DpmSolverSinglestepSteps(abar, 8, leading, second);
   ASSERT_FALSE(spaced.ok());
   EXPECT_NE(spaced.status().message().find("linspace only"), std::string::npos);
 }
@@ -171,20 +171,21 @@ TEST(DpmSolverSinglestepTest, StepsAreExactForAConstantX0) {
         o.heun = heun;
         o.final_sigma_min = true;
         spacing.karras = karras;
-        const std::vector<DpmSinglestep> steps = *DpmSolverSinglestepSteps(abar, 12, spacing, o);
+        const std::vector<LinearStep> steps = *DpmSolverSinglestepSteps(abar, 12, spacing, o);
         for (size_t k = 0; k < steps.size(); ++k) {
-          const DpmSinglestep& s = steps[k];
+          const LinearStep& s = steps[k];
           const double sigma_a = steps[k + 1 - s.order].sigma;
           const double next =
               k + 1 < steps.size() ? steps[k + 1].sigma : std::sqrt(1 / abar[0] - 1);
           const double alpha_a = 1 / std::sqrt(sigma_a * sigma_a + 1);
           const double alpha_next = 1 / std::sqrt(next * next + 1);
-          EXPECT_NEAR(s.from_anchor, next * alpha_next / (sigma_a * alpha_a), 1e-12) << k;
-          EXPECT_NEAR(s.from_anchor * alpha_a + s.x0[0] + s.x0[1] + s.x0[2], alpha_next, 1e-12)
+          EXPECT_NEAR(s.from_x, next * alpha_next / (sigma_a * alpha_a), 1e-12) << k;
+          EXPECT_NEAR(s.from_x * alpha_a + s.outputs[0] + s.outputs[1] + s.outputs[2], alpha_next,
+                      1e-12)
               << k;
           // Only the group's x0's so far enter.
           for (int i = s.order; i < 3; ++i)
-            EXPECT_EQ(s.x0[i], 0.0) << k;
+            EXPECT_EQ(s.outputs[i], 0.0) << k;
         }
       }
     }

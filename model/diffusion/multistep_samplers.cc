@@ -1,6 +1,7 @@
 // The samplers that follow diffusers' schedulers beyond DDPM and DDIM: PNDM; Euler, Euler
 // ancestral, Heun and LMS on Euler's steps; DPM-Solver++ (and its SDE), multistep and
-// singlestep; UniPC (sampler.h; their steps in timestep_spacing.h, dpm_solver.h and unipc.h).
+// singlestep; DEIS; UniPC (sampler.h; their steps in timestep_spacing.h, dpm_solver.h, deis.h
+// and unipc.h).
 #include <cmath>
 #include <deque>
 #include <utility>
@@ -210,26 +211,33 @@ void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t
   }
 }
 
-void Sampler::DenoiseDpmSinglestep(const Denoiser& model, const int32_t* y, int N, float* x) const {
+void Sampler::DenoiseLinear(const Denoiser& model, const int32_t* y, int N, float* x) const {
   const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
   GuidedModel guided(model, shape_, options_, y, N);
-  // x at the group's first step (its anchor), and the group's x0's so far, the newest first.
-  std::vector<double> state(x, x + N * n), anchor(N * n);
-  std::vector<double> x0s[3] = {std::vector<double>(N * n), std::vector<double>(N * n),
-                                std::vector<double>(N * n)};
-  for (const DpmSinglestep& step : dpm_singlesteps_) {
+  // DEIS integrates ε's, DPM-Solver++ x0's.
+  const bool to_eps = options_.kind == SamplerKind::kDeis;
+  // x where the steps restarted last, and the outputs so far, the newest first.
+  std::vector<double> state(x, x + N * n), from(N * n);
+  std::vector<double> outputs[3] = {std::vector<double>(N * n), std::vector<double>(N * n),
+                                    std::vector<double>(N * n)};
+  for (const LinearStep& step : linear_steps_) {
     guided.Run(x, static_cast<float>(step.timestep));
     const double a = 1 / std::sqrt(step.sigma * step.sigma + 1), s = step.sigma * a;
-    std::swap(x0s[2], x0s[1]);
-    std::swap(x0s[1], x0s[0]);
-    if (step.order == 1) anchor = state;
+    std::swap(outputs[2], outputs[1]);
+    std::swap(outputs[1], outputs[0]);
+    if (step.restart) from = state;
     for (int b = 0; b < N; ++b) {
       for (size_t j = 0; j < n; ++j) {
         const size_t e = b * n + j;
         const double out = guided.Output(b, j), v = state[e];
-        x0s[0][e] = v_prediction_ ? a * v - s * out : (v - s * out) / a;
-        state[e] = step.from_anchor * anchor[e] + step.x0[0] * x0s[0][e] + step.x0[1] * x0s[1][e] +
-                   step.x0[2] * x0s[2][e];
+        double& o = outputs[0][e];
+        if (to_eps) {
+          o = v_prediction_ ? a * out + s * v : out;
+        } else {
+          o = v_prediction_ ? a * v - s * out : (v - s * out) / a;
+        }
+        state[e] = step.from_x * from[e] + step.outputs[0] * o + step.outputs[1] * outputs[1][e] +
+                   step.outputs[2] * outputs[2][e];
       }
     }
     for (size_t e = 0; e < state.size(); ++e)

@@ -71,9 +71,10 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     return Status::Error(
         "DPM-Solver singlestep has no SDE (sde-dpmsolver++ is the multistep solver's)");
   }
-  // DPM-Solver and UniPC keep timesteps of their own; the others step on these.
+  // DPM-Solver, DEIS and UniPC keep timesteps of their own; the others step on these.
   if (options.spacing.diffusers() && kind != SamplerKind::kDpmSolver &&
-      kind != SamplerKind::kDpmSolverSinglestep && kind != SamplerKind::kUniPc) {
+      kind != SamplerKind::kDpmSolverSinglestep && kind != SamplerKind::kDeis &&
+      kind != SamplerKind::kUniPc) {
     DT_ASSIGN_OR_RETURN(diffusers_steps,
                         DiffusersSteps(diffusion.alphas_cumprod(), options.steps, options.spacing,
                                        options.kind == SamplerKind::kDdim));
@@ -96,8 +97,12 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   }
   if (kind == SamplerKind::kDpmSolverSinglestep) {
     DT_ASSIGN_OR_RETURN(
-        sampler.dpm_singlesteps_,
+        sampler.linear_steps_,
         DpmSolverSinglestepSteps(abar, options.steps, options.spacing, options.dpm));
+  }
+  if (kind == SamplerKind::kDeis) {
+    DT_ASSIGN_OR_RETURN(sampler.linear_steps_,
+                        DeisSteps(abar, options.steps, options.spacing, options.deis));
   }
   if (kind == SamplerKind::kUniPc) {
     DT_ASSIGN_OR_RETURN(sampler.unipc_steps_,
@@ -178,7 +183,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   if (!plms_calls_.empty()) return DenoisePlms(model, y, N, x);
   if (!euler_steps_.empty()) return DenoiseEuler(model, y, N, first_index, x);
   if (!dpm_steps_.empty()) return DenoiseDpm(model, y, N, first_index, x);
-  if (!dpm_singlesteps_.empty()) return DenoiseDpmSinglestep(model, y, N, x);
+  if (!linear_steps_.empty()) return DenoiseLinear(model, y, N, x);
   if (!unipc_steps_.empty()) return DenoiseUniPc(model, y, N, x);
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;

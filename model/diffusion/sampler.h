@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/diffusion/deis.h"
 #include "model/diffusion/dpm_solver.h"
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/diffusion/sampler_kind.h"
@@ -76,6 +77,7 @@ struct SamplerOptions {
   int steps = 250;          // respaced steps N, 1 ≤ N ≤ T
   TimestepSpacing spacing;  // where the N steps fall (default: DiT's respacing)
   DpmSolverOptions dpm;     // DPM-Solver++'s (multistep, singlestep) order and final steps
+  DeisOptions deis;         // DEIS's order and final steps
   UniPcOptions unipc;       // UniPC's order, B(h) and correctors
   double eta = 0.0;         // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
   double cfg_scale = 1.0;   // guidance scale g; 1 runs the conditional model alone
@@ -110,8 +112,8 @@ class Sampler {
   const std::vector<EulerStep>& euler_steps() const { return euler_steps_; }
   // DPM-Solver++'s steps, in the order they run (empty for the others).
   const std::vector<DpmStep>& dpm_steps() const { return dpm_steps_; }
-  // DPM-Solver++ singlestep's steps, in the order they run (empty for the others).
-  const std::vector<DpmSinglestep>& dpm_singlesteps() const { return dpm_singlesteps_; }
+  // DPM-Solver++ singlestep's and DEIS's steps, in the order they run (empty for the others).
+  const std::vector<LinearStep>& linear_steps() const { return linear_steps_; }
   // UniPC's steps, in the order they run (empty for the others).
   const std::vector<UniPcStep>& unipc_steps() const { return unipc_steps_; }
   // The β's of the respaced process, one per kept timestep (1 − ᾱ_t / ᾱ_prev of each step).
@@ -150,8 +152,9 @@ class Sampler {
   // noise streams.
   void DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                   float* x) const;
-  // Denoise for DPM-Solver++ singlestep: the steps of dpm_singlesteps_.
-  void DenoiseDpmSinglestep(const Denoiser& model, const int32_t* y, int N, float* x) const;
+  // Denoise for DPM-Solver++ singlestep and DEIS: the steps of linear_steps_, on x0's and on
+  // ε's.
+  void DenoiseLinear(const Denoiser& model, const int32_t* y, int N, float* x) const;
   // Denoise for UniPC: the steps of unipc_steps_.
   void DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float* x) const;
 
@@ -166,7 +169,7 @@ class Sampler {
   std::vector<PlmsCall> plms_calls_;
   std::vector<EulerStep> euler_steps_;
   std::vector<DpmStep> dpm_steps_;
-  std::vector<DpmSinglestep> dpm_singlesteps_;
+  std::vector<LinearStep> linear_steps_;
   std::vector<UniPcStep> unipc_steps_;
 };
 

@@ -38,6 +38,7 @@ constexpr SamplerRow kSamplers[] = {
      false, true},
     {SamplerKind::kDpmSolverSinglestep, "dpmsolver_singlestep", "DPM-Solver singlestep",
      "DPMSolverSinglestepScheduler", "linspace", true, true},
+    {SamplerKind::kDeis, "deis", "DEIS", "DEISMultistepScheduler", "linspace", false, true},
     {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", false, true},
 };
 

@@ -219,8 +219,9 @@ TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
   EXPECT_EQ(euler->sigma_min, 0);
   EXPECT_EQ(euler->sigma_max, 14.6);
   EXPECT_EQ(euler->ToJson()["karras_sigmas"], true);
-  for (const char* name : {"HeunDiscreteScheduler", "DPMSolverMultistepScheduler",
-                           "DPMSolverSinglestepScheduler", "UniPCMultistepScheduler"}) {
+  for (const char* name :
+       {"HeunDiscreteScheduler", "DPMSolverMultistepScheduler", "DPMSolverSinglestepScheduler",
+        "DEISMultistepScheduler", "UniPCMultistepScheduler"}) {
     Result<TimestepSpacing> read = TimestepSpacing::FromDiffusersScheduler(
         {{"_class_name", name}, {"use_karras_sigmas", true}, {"sigma_max", 3}});
     ASSERT_TRUE(read.ok()) << name << ": " << read.status().message();

@@ -37,7 +37,8 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
   NAME.KEY         for each {"key", "class", "extra", "noise"} of the case's "runs" (a class of
                    RUNS, configured by the case's scheduler updated with extra, its σ's
                    made from ᾱ's computed in float64, the last 2^-24 with
-                   rescale_betas_zero_snr, Heun's and KDPM2's samples in float64): x_T
+                   rescale_betas_zero_snr, Heun's and KDPM2's samples and DEIS's σ's and
+                   samples in float64): x_T
                    (times init_noise_sigma) denoised
                    as StableDiffusionPipeline runs a scheduler, the model called on
                    scale_model_input(x, t) at each of its timesteps; the optional noise, a
@@ -57,7 +58,8 @@ import sys
 import numpy as np
 import safetensors.torch  # noqa: F401  (before diffusers)
 import torch
-from diffusers import (DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler,
+from diffusers import (DDIMScheduler, DDPMScheduler, DEISMultistepScheduler,
+                       DPMSolverMultistepScheduler,
                        DPMSolverSinglestepScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
                        HeunDiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                        KDPM2DiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
@@ -75,7 +77,7 @@ RUNS = {c.__name__: c for c in (EulerDiscreteScheduler, EulerAncestralDiscreteSc
                                 HeunDiscreteScheduler, LMSDiscreteScheduler,
                                 KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                                 DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
-                                UniPCMultistepScheduler)}
+                                DEISMultistepScheduler, UniPCMultistepScheduler)}
 
 
 def timesteps(out, T):
@@ -195,6 +197,12 @@ def steps(cases_path, out):
                 # In float64: its steps' x0 = x − σ ε cancels in fp32 where x is σ_max ≈ 2e4
                 # times x_T (the cosine schedule), its second call's slope amplifies it by
                 # σ/σ' (fp32: 6.2e-5 off the 7-step cosine sample).
+                x = x.double()
+            if run["class"] == "DEISMultistepScheduler":
+                # Its σ's, and so its coefficients, in float64: each is the difference of two
+                # antiderivatives (ind_fn) many times its size, which cancels in fp32 (the
+                # 50-step SD sample of order 3 lands 1.0e-4 off diffusers' own float64 run).
+                scheduler.sigmas = scheduler.sigmas.double()
                 x = x.double()
             calls = []
             for t in scheduler.timesteps:

@@ -17,7 +17,7 @@ false), and writes the whole pipeline into DIR by StableDiffusionPipeline.save_p
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
-"kdpm2", "dpmsolver", "dpmsolver_singlestep" or "unipc"), karras (optional: use_karras_sigmas), guidance_rescale (optional,
+"kdpm2", "dpmsolver", "dpmsolver_singlestep", "deis" or "unipc"), karras (optional: use_karras_sigmas), guidance_rescale (optional,
 default 0), step_noise (optional: a safetensors file whose "noise" [steps, images, 4, h, w]
 EulerAncestralDiscreteScheduler.step draws in place of its own) and images; the pipeline
 is called with latents N(0, 1) [images, 4, h, w] (seeded) and output_type "latent", with its
@@ -25,7 +25,7 @@ scheduler swapped for DDIMScheduler.from_config(config, timestep_spacing=spacing
 PNDMScheduler's with skip_prk_steps (as SD 1.x's pipelines configure it), or
 EulerDiscreteScheduler's, EulerAncestralDiscreteScheduler's, HeunDiscreteScheduler's,
 LMSDiscreteScheduler's, KDPM2DiscreteScheduler's, DPMSolverMultistepScheduler's,
-DPMSolverSinglestepScheduler's or UniPCMultistepScheduler's. OUT:
+DPMSolverSinglestepScheduler's, DEISMultistepScheduler's or UniPCMultistepScheduler's. OUT:
   noise    the latents x_T it started from
   latents  the final latents
   decoded  vae.decode(latents / scaling_factor).sample, as the pipeline decodes them
@@ -38,7 +38,8 @@ import sys
 
 import safetensors.torch  # noqa: F401  (before diffusers: its save_pretrained needs it)
 import torch
-from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler,
+from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
+                       DPMSolverMultistepScheduler,
                        DPMSolverSinglestepScheduler,
                        EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
                        HeunDiscreteScheduler, KDPM2DiscreteScheduler, LMSDiscreteScheduler,
@@ -95,6 +96,7 @@ def run(folder, out, settings):
                "kdpm2": KDPM2DiscreteScheduler,
                "dpmsolver": DPMSolverMultistepScheduler,
                "dpmsolver_singlestep": DPMSolverSinglestepScheduler,
+               "deis": DEISMultistepScheduler,
                "unipc": UniPCMultistepScheduler}
     if settings.get("step_noise"):
         step_noise = list(load_file(settings["step_noise"])["noise"].unbind(0))
