@@ -535,11 +535,13 @@ DIFFTRAIN_COMMAND(
                       "fewer; from a pipeline 50)");
        app.add_option("--sampler", o->sampler,
                       "ddpm, ddim, pndm, euler, euler_ancestral, heun, lms, kdpm2, "
-                      "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, deis or unipc "
+                      "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, dpmsolver_sde, deis or "
+                      "unipc "
                       "(default ddpm; from a pipeline its scheduler's: DDPM, DDIM, PNDM, "
                       "EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, LMSDiscrete, "
                       "KDPM2Discrete, KDPM2AncestralDiscrete, DPMSolverMultistep, "
-                      "DPMSolverSinglestep, DEISMultistep or UniPCMultistep, else ddim)");
+                      "DPMSolverSinglestep, DPMSolverSDE, DEISMultistep or UniPCMultistep, else "
+                      "ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
                       "linspace (default: a pipeline's scheduler's, else respace; "
@@ -552,8 +554,8 @@ DIFFTRAIN_COMMAND(
                       "with a diffusers spacing, DDIM's last step goes to alpha-bar 1 (true) or "
                       "to timestep 0's (false) (default: a pipeline scheduler's, else true)");
        app.add_option("--karras-sigmas", o->karras_sigmas,
-                      "euler, heun, lms, kdpm2(_ancestral), dpmsolver(_singlestep), deis and "
-                      "unipc step on Karras et al.'s sigmas (true) or the spacing's (false) "
+                      "euler, heun, lms, kdpm2(_ancestral), dpmsolver(_singlestep, _sde), deis "
+                      "and unipc step on Karras et al.'s sigmas (true) or the spacing's (false) "
                       "(default: a pipeline scheduler's use_karras_sigmas, else false)");
        app.add_option("--solver-order", o->solver_order,
                       "the order of dpmsolver(_singlestep), deis and unipc: 1, 2 or 3 (DPM++ 3M; "

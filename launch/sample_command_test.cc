@@ -124,6 +124,7 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
                                                         {"kdpm2_ancestral", "linspace"},
                                                         {"dpmsolver", "linspace"},
                                                         {"dpmsolver_singlestep", "linspace"},
+                                                        {"dpmsolver_sde", "linspace"},
                                                         {"deis", "linspace"},
                                                         {"unipc", "linspace"}}) {
     SCOPED_TRACE(sampler);
@@ -251,7 +252,7 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler euler_a" + out, "unknown sampler"},
            {"--checkpoint " + Ckpt() + " --classes 0 --karras-sigmas true" + out,
             "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, kdpm2, "
-            "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, deis, unipc"},
+            "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, dpmsolver_sde, deis, unipc"},
            {"--checkpoint " + Ckpt() + " --classes 0 --solver-order 3" + out,
             "--solver-order and --solver-type are for --sampler dpmsolver, dpmsolver_singlestep, "
             "deis, "

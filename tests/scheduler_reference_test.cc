@@ -109,22 +109,26 @@ struct SchedulerRun {
   // ancestral's first σ_down there is √(σ'² − σ_up²) with σ_up = σ'·(1 − 2e-8), in fp32 the
   // root of a rounding error, NaN (σ_max ≈ 2e4).
   std::vector<std::string> not_on = {};
-  // A stochastic scheduler: diffusers' step draws the noise the C++ sampler draws (StepNoise).
-  bool noisy = false;
+  // A stochastic scheduler's draws a step (0: deterministic): diffusers' step draws the noise the
+  // C++ sampler draws (StepNoise).
+  int draws = 0;
 };
 
 constexpr uint64_t kSeed = 7;
 
 // The noise the sampler's N steps draw for samples 0 and 1 (seed kSeed; sampler.h's step noise
-// streams, one draw of a sample's n values a step but the last, which adds none): [N, 2, n].
-std::vector<float> StepNoise(int N, size_t n) {
-  std::vector<float> noise(size_t(N) * 2 * n, 0.0f);
+// streams, `draws` draws of a sample's n values a step but the last, which adds none):
+// [N, draws, 2, n].
+std::vector<float> StepNoise(int N, int draws, size_t n) {
+  std::vector<float> noise(size_t(N) * draws * 2 * n, 0.0f);
   std::vector<double> z(n);
   for (int b = 0; b < 2; ++b) {
     Rng rng(kSeed, RngStream::kSample, StepNoiseCounter(b));
     for (int k = 0; k + 1 < N; ++k) {
-      DrawFrameNoise(rng, 0.0, 1, n, z.data());
-      std::copy(z.begin(), z.end(), noise.begin() + (size_t(k) * 2 + b) * n);
+      for (int d = 0; d < draws; ++d) {
+        DrawFrameNoise(rng, 0.0, 1, n, z.data());
+        std::copy(z.begin(), z.end(), noise.begin() + ((size_t(k) * draws + d) * 2 + b) * n);
+      }
     }
   }
   return noise;
@@ -141,13 +145,13 @@ const std::vector<SchedulerRun>& Runs() {
        SamplerKind::kEulerAncestral,
        "{}",
        {},
-       true},
+       1},
       {"euler_ancestral_leading",
        "EulerAncestralDiscreteScheduler",
        SamplerKind::kEulerAncestral,
        R"({"timestep_spacing": "leading", "steps_offset": 1})",
        {},
-       true},
+       1},
       {"heun", "HeunDiscreteScheduler", SamplerKind::kHeun, "{}"},
       {"heun_leading", "HeunDiscreteScheduler", SamplerKind::kHeun,
        R"({"timestep_spacing": "leading", "steps_offset": 1})"},
@@ -170,13 +174,13 @@ const std::vector<SchedulerRun>& Runs() {
        SamplerKind::kKdpm2Ancestral,
        "{}",
        {"linspace"},
-       true},
+       1},
       {"kdpm2_ancestral_karras",
        "KDPM2AncestralDiscreteScheduler",
        SamplerKind::kKdpm2Ancestral,
        R"({"use_karras_sigmas": true})",
        {"linspace"},
-       true},
+       1},
       {"dpm_karras",
        "DPMSolverMultistepScheduler",
        SamplerKind::kDpmSolver,
@@ -190,14 +194,14 @@ const std::vector<SchedulerRun>& Runs() {
        SamplerKind::kDpmSolver,
        R"({"algorithm_type": "sde-dpmsolver++"})",
        {},
-       true},
+       1},
       {"dpm_sde_heun_karras",
        "DPMSolverMultistepScheduler",
        SamplerKind::kDpmSolver,
        R"({"algorithm_type": "sde-dpmsolver++", "solver_type": "heun",
            "use_karras_sigmas": true})",
        {"linspace", "zero_snr"},
-       true},
+       1},
       {"dpm_single", "DPMSolverSinglestepScheduler", SamplerKind::kDpmSolverSinglestep, "{}"},
       // Third order to σ_0: with a final σ of 0 a step count 2 more than a multiple of 3 (the
       // 50-step case's) ends on a second-order step to λ = ∞, inf in diffusers, refused here.
@@ -221,6 +225,20 @@ const std::vector<SchedulerRun>& Runs() {
        SamplerKind::kDeis,
        R"({"use_karras_sigmas": true, "solver_order": 3})",
        {"linspace"}},
+      // DPM++ SDE: two draws a step, the Brownian increments of its two half steps.
+      {"dpm_sde_single", "DPMSolverSDEScheduler", SamplerKind::kDpmSolverSde, "{}", {}, 2},
+      {"dpm_sde_single_leading",
+       "DPMSolverSDEScheduler",
+       SamplerKind::kDpmSolverSde,
+       R"({"timestep_spacing": "leading", "steps_offset": 1})",
+       {},
+       2},
+      {"dpm_sde_single_karras",
+       "DPMSolverSDEScheduler",
+       SamplerKind::kDpmSolverSde,
+       R"({"use_karras_sigmas": true})",
+       {"linspace"},
+       2},
       {"unipc", "UniPCMultistepScheduler", SamplerKind::kUniPc, "{}"},
       {"unipc_leading", "UniPCMultistepScheduler", SamplerKind::kUniPc,
        R"({"timestep_spacing": "leading", "steps_offset": 1})"},
@@ -281,10 +299,10 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
       if (!runs_on(r, c)) continue;
       runs.push_back(
           {{"key", r.key}, {"class", r.class_name}, {"extra", nlohmann::json::parse(r.extra)}});
-      if (r.noisy) {
-        const std::vector<float> noise = StepNoise(c.steps, 2 * 4 * 4);
+      if (r.draws > 0) {
+        const std::vector<float> noise = StepNoise(c.steps, r.draws, 2 * 4 * 4);
         io::SafetensorsWriter file;
-        file.AddF32("noise", {c.steps, 2, 2, 4, 4}, noise.data());
+        file.AddF32("noise", {c.steps, r.draws, 2, 2, 4, 4}, noise.data());
         const std::string path = (dir_ / fmt::format("{}_{}.safetensors", c.name, r.key)).string();
         ASSERT_TRUE(file.WriteAtomic(path).ok());
         runs.back()["noise"] = path;

@@ -1,7 +1,7 @@
 // The samplers that follow diffusers' schedulers beyond DDPM and DDIM: PNDM; Euler, Euler
 // ancestral, Heun and LMS on Euler's steps; DPM-Solver++ (and its SDE), multistep and
-// singlestep; DEIS; UniPC (sampler.h; their steps in timestep_spacing.h, dpm_solver.h, deis.h
-// and unipc.h).
+// singlestep; DPM-Solver SDE; DEIS; UniPC (sampler.h; their steps in timestep_spacing.h,
+// dpm_solver.h, deis.h and unipc.h).
 #include <cmath>
 #include <deque>
 #include <utility>
@@ -12,6 +12,34 @@
 #include "model/tensor/rng.h"
 
 namespace difftrain {
+namespace {
+
+// The x0's the guided model implies at `at` (x in Euler's scale, √(σ² + 1) times the model's
+// input; N samples of n) and σ: the model runs on x = at/√(σ² + 1), its output read as ε or v.
+void EulerX0(GuidedModel& guided, bool v_prediction, const std::vector<double>& at, double sigma,
+             float timestep, int N, size_t n, float* x, std::vector<double>& x0) {
+  const double scale = std::sqrt(sigma * sigma + 1);
+  for (size_t e = 0; e < at.size(); ++e)
+    x[e] = static_cast<float>(at[e] / scale);
+  guided.Run(x, timestep);
+  for (int b = 0; b < N; ++b) {
+    for (size_t j = 0; j < n; ++j) {
+      const size_t e = b * n + j;
+      const double out = guided.Output(b, j), v = at[e];
+      x0[e] = v_prediction ? out * (-sigma / scale) + v / (scale * scale) : v - sigma * out;
+    }
+  }
+}
+
+// x_T [count] in Euler's scale, √(σ² + 1) times the model's input: times the initial σ.
+std::vector<double> InEulerScale(const float* x, size_t count, double initial) {
+  std::vector<double> state(x, x + count);
+  for (double& v : state)
+    v *= initial;
+  return state;
+}
+
+}  // namespace
 
 void Sampler::DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const {
   const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
@@ -66,28 +94,16 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
-  const double initial = EulerInitialSigma(euler_steps_, options_.spacing);
-  // x in Euler's scale, √(σ² + 1) times the model's input.
-  std::vector<double> state(x, x + N * n);
-  for (double& v : state)
-    v *= initial;
+  std::vector<double> state =
+      InEulerScale(x, N * n, EulerInitialSigma(euler_steps_, options_.spacing));
   // The slope (x − x0)/σ of the ODE at σ, from the model called on `at` (in Euler's scale).
-  std::vector<double> slope(N * n), predicted(N * n);
+  std::vector<double> slope(N * n), predicted(N * n), x0(N * n);
   const auto slopes = [&](const std::vector<double>& at, double sigma, float timestep,
                           bool average) {
-    const double scale = std::sqrt(sigma * sigma + 1);
-    for (size_t e = 0; e < at.size(); ++e)
-      x[e] = static_cast<float>(at[e] / scale);
-    guided.Run(x, timestep);
-    for (int b = 0; b < N; ++b) {
-      for (size_t j = 0; j < n; ++j) {
-        const size_t e = b * n + j;
-        const double out = guided.Output(b, j), v = at[e];
-        const double x0 =
-            v_prediction_ ? out * (-sigma / scale) + v / (scale * scale) : v - sigma * out;
-        const double d = (v - x0) / sigma;
-        slope[e] = average ? (slope[e] + d) / 2 : d;
-      }
+    EulerX0(guided, v_prediction_, at, sigma, timestep, N, n, x, x0);
+    for (size_t e = 0; e < at.size(); ++e) {
+      const double d = (at[e] - x0[e]) / sigma;
+      slope[e] = average ? (slope[e] + d) / 2 : d;
     }
   };
   const bool heun = options_.kind == SamplerKind::kHeun;
@@ -139,6 +155,52 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
       for (size_t j = 0; j < n; ++j)
         state[b * n + j] += up * noise[j];
     }
+  }
+  for (size_t e = 0; e < state.size(); ++e)
+    x[e] = static_cast<float>(state[e]);
+}
+
+void Sampler::DenoiseDpmSde(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
+                            float* x) const {
+  const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
+  const size_t n = shape_.frames * frame;
+  GuidedModel guided(model, shape_, options_, y, N);
+  std::vector<double> state =
+      InEulerScale(x, N * n, EulerInitialSigma(euler_steps_, options_.spacing));
+  std::vector<double> x0(N * n), mid(N * n);
+  // Each step's two draws: the Brownian increments over [σ_mid, σ] and [σ', σ_mid], each over
+  // the root of its length.
+  std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, N);
+  std::vector<double> z1(N * n), z2(N * n);
+  for (const EulerStep& step : euler_steps_) {
+    const double sigma = step.sigma;
+    EulerX0(guided, v_prediction_, state, sigma, step.timestep, N, n, x, x0);
+    if (step.sigma_next == 0) {
+      state = x0;  // Euler's last step, to σ = 0
+      continue;
+    }
+    for (int b = 0; b < N; ++b) {
+      DrawFrameNoise(rngs[b], noise_correlation_, shape_.frames, frame, z1.data() + b * n);
+      DrawFrameNoise(rngs[b], noise_correlation_, shape_.frames, frame, z2.data() + b * n);
+    }
+    // An ancestral step from x at σ to σ_to, with x0 and the noise `z` of σ_up: deterministic
+    // to σ_down, (σ_down/σ) x + (1 − σ_down/σ) x0, then σ_up z.
+    const auto ancestral = [&](double to, const std::vector<double>& z, std::vector<double>& into) {
+      const AncestralSigmas split = SplitAncestralStep(sigma, to);
+      const double keep = split.down / sigma;
+      for (size_t e = 0; e < state.size(); ++e)
+        into[e] = keep * state[e] + (1 - keep) * x0[e] + split.up * z[e];
+    };
+    ancestral(step.sigma_mid, z1, mid);
+    EulerX0(guided, v_prediction_, mid, step.sigma_mid, step.timestep_mid, N, n, x, x0);
+    // The increment over [σ', σ] is the sum of the two, the first shared with the midpoint's
+    // (diffusers draws both from one Brownian tree).
+    const double first = std::sqrt(sigma - step.sigma_mid);
+    const double second = std::sqrt(step.sigma_mid - step.sigma_next);
+    const double whole = std::sqrt(sigma - step.sigma_next);
+    for (size_t e = 0; e < z2.size(); ++e)
+      z2[e] = (first * z1[e] + second * z2[e]) / whole;
+    ancestral(step.sigma_next, z2, state);
   }
   for (size_t e = 0; e < state.size(); ++e)
     x[e] = static_cast<float>(state[e]);

@@ -95,6 +95,9 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     DT_ASSIGN_OR_RETURN(sampler.dpm_steps_,
                         DpmSolverSteps(abar, options.steps, options.spacing, options.dpm));
   }
+  if (kind == SamplerKind::kDpmSolverSde) {
+    DT_ASSIGN_OR_RETURN(sampler.euler_steps_, DpmSdeSteps(abar, options.steps, options.spacing));
+  }
   if (kind == SamplerKind::kDpmSolverSinglestep) {
     DT_ASSIGN_OR_RETURN(
         sampler.linear_steps_,
@@ -181,6 +184,8 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
                       float* x) const {
   // The samplers of diffusers' other schedulers, each on the steps Create made for it.
   if (!plms_calls_.empty()) return DenoisePlms(model, y, N, x);
+  if (options_.kind == SamplerKind::kDpmSolverSde)
+    return DenoiseDpmSde(model, y, N, first_index, x);
   if (!euler_steps_.empty()) return DenoiseEuler(model, y, N, first_index, x);
   if (!dpm_steps_.empty()) return DenoiseDpm(model, y, N, first_index, x);
   if (!linear_steps_.empty()) return DenoiseLinear(model, y, N, x);

@@ -107,8 +107,8 @@ class Sampler {
   const std::vector<int>& timesteps() const { return timesteps_; }
   // PNDM's model calls, in the order they run (empty for the others).
   const std::vector<PlmsCall>& plms_calls() const { return plms_calls_; }
-  // Euler's (ancestral's), Heun's, LMS's and KDPM2's (ancestral's) steps, in the order they run
-  // (empty for the others).
+  // Euler's (ancestral's), Heun's, LMS's, KDPM2's (ancestral's) and DPM-Solver SDE's steps, in
+  // the order they run (empty for the others).
   const std::vector<EulerStep>& euler_steps() const { return euler_steps_; }
   // DPM-Solver++'s steps, in the order they run (empty for the others).
   const std::vector<DpmStep>& dpm_steps() const { return dpm_steps_; }
@@ -148,6 +148,10 @@ class Sampler {
   // samples' step noise streams.
   void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                     float* x) const;
+  // Denoise for DPM-Solver SDE: the steps of euler_steps_, each two ancestral half steps on
+  // Brownian noise from the samples' step noise streams.
+  void DenoiseDpmSde(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
+                     float* x) const;
   // Denoise for DPM-Solver++: the steps of dpm_steps_; the SDE's noise from the samples' step
   // noise streams.
   void DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t first_index,

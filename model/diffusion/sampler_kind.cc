@@ -38,6 +38,8 @@ constexpr SamplerRow kSamplers[] = {
      false, true},
     {SamplerKind::kDpmSolverSinglestep, "dpmsolver_singlestep", "DPM-Solver singlestep",
      "DPMSolverSinglestepScheduler", "linspace", true, true},
+    {SamplerKind::kDpmSolverSde, "dpmsolver_sde", "DPM-Solver SDE", "DPMSolverSDEScheduler",
+     "linspace", false, true},
     {SamplerKind::kDeis, "deis", "DEIS", "DEISMultistepScheduler", "linspace", false, true},
     {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", false, true},
 };

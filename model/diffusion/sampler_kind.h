@@ -12,9 +12,11 @@
 // LmsCoefficient) or KDPM2 (KDPM2DiscreteScheduler, k-diffusion's DPM2: each step but the last
 // takes the slope at its midpoint σ_mid = √(σ·σ'), reached by an Euler half step; 2N − 1 calls)
 // or KDPM2 ancestral (KDPM2AncestralDiscreteScheduler: the same to σ_down, the midpoint
-// √(σ·σ_down), then noise of σ_up); PNDM, Euler, Heun, LMS and KDPM2 are deterministic
-// (timestep_spacing.h). DPM-Solver++ multistep and singlestep (dpm_solver.h), DEIS (deis.h)
-// and UniPC (unipc.h) likewise.
+// √(σ·σ_down), then noise of σ_up) or DPM-Solver SDE (DPMSolverSDEScheduler, k-diffusion's DPM++
+// SDE: two ancestral half steps, to the midpoint √(σ·σ') and from σ again to σ' with the
+// midpoint's x0, on Brownian noise; 2N − 1 calls); PNDM, Euler, Heun, LMS and KDPM2 are
+// deterministic (timestep_spacing.h). DPM-Solver++ multistep and singlestep (dpm_solver.h), DEIS
+// (deis.h) and UniPC (unipc.h) likewise.
 #pragma once
 
 #include <optional>
@@ -36,12 +38,13 @@ enum class SamplerKind {
   kKdpm2Ancestral,
   kDpmSolver,
   kDpmSolverSinglestep,
+  kDpmSolverSde,
   kDeis,
   kUniPc
 };
 
 // "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "lms", "kdpm2",
-// "kdpm2_ancestral", "dpmsolver", "dpmsolver_singlestep", "deis" or "unipc".
+// "kdpm2_ancestral", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis" or "unipc".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
 // Its name in messages: "DDPM", "Euler ancestral", "DPM-Solver singlestep" …
 std::string SamplerName(SamplerKind kind);
@@ -54,7 +57,7 @@ std::string DefaultSpacing(SamplerKind kind);
 // and has no timestep_spacing key (nor steps_offset).
 bool HasLinspaceOnly(SamplerKind kind);
 // Whether a sampler can step on Karras σ's (TimestepSpacing::karras): Euler, Heun, LMS, KDPM2
-// (ancestral too), DPM-Solver++ (multistep and singlestep), DEIS and UniPC, as their
+// (ancestral too), DPM-Solver++ (multistep, singlestep, SDE), DEIS and UniPC, as their
 // schedulers' use_karras_sigmas.
 bool TakesKarrasSigmas(SamplerKind kind);
 // Those samplers' names, "euler, heun, …", for messages.
@@ -63,7 +66,7 @@ std::string KarrasSamplerNames();
 // DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
 // HeunDiscreteScheduler, LMSDiscreteScheduler, KDPM2DiscreteScheduler,
 // KDPM2AncestralDiscreteScheduler, DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
-// DEISMultistepScheduler, UniPCMultistepScheduler); none for another.
+// DPMSolverSDEScheduler, DEISMultistepScheduler, UniPCMultistepScheduler); none for another.
 std::optional<SamplerKind> SamplerOfScheduler(const std::string& scheduler_class);
 // Its flag name ("euler_ancestral"), as ParseSamplerKind reads it.
 std::string SamplerFlag(SamplerKind kind);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -128,13 +129,14 @@ TEST_F(SamplerTest, ShapesRangeAndDeterminism) {
 
 // Sample n's noise is addressed by n: drawing in batches of any size gives the same samples.
 TEST_F(SamplerTest, SamplesDoNotDependOnTheBatch) {
-  for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kEulerAncestral}) {
+  for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kEulerAncestral,
+                           SamplerKind::kDpmSolverSde}) {
     SamplerOptions options;
     options.kind = kind;
     options.steps = 10;
     options.eta = kind == SamplerKind::kDdim ? 1.0 : 0.0;
     options.cfg_scale = 2.5;
-    if (kind == SamplerKind::kEulerAncestral) {
+    if (DefaultSpacing(kind) != "respace") {
       options.spacing.kind = "linspace";
       options.clip_denoised = false;
     }
@@ -154,6 +156,51 @@ TEST_F(SamplerTest, SamplesDoNotDependOnTheBatch) {
     // The stochastic samplers' seed reaches every sample.
     options.seed = 1;
     EXPECT_NE(Draw(Make(options), Toy(), {labels[3]}, 3), third);
+  }
+}
+
+// The stochastic samplers sample the data's distribution: with the exact denoiser of Gaussian
+// data N(0, s²) (E[x0 | x_t] = √ᾱ s² x_t/(ᾱ s² + 1 − ᾱ)), DPM-Solver SDE's samples have variance
+// s² within 3% after 100 steps (measured 0.2452 for 0.25; 0.2155 at 20 steps, 0.2491 at 300),
+// Euler ancestral's, of first order, after 999 (0.2472; 0.2211 at 100). DPM-Solver SDE's second
+// noise shares its first half with the midpoint's (one Brownian path); drawn independently it
+// gives 0.2213 at 100 steps. The standard error of a variance here is 0.7%.
+TEST_F(SamplerTest, StochasticSamplersSampleAGaussiansVariance) {
+  constexpr double kS2 = 0.25;
+  const std::vector<double>& abar_t = diffusion.alphas_cumprod();
+  // σ at a fractional timestep as the samplers interpolate it, and ᾱ = 1/(σ² + 1) there.
+  const Denoiser exact = [&](const float* x_t, const float* t, const int32_t*, int B, float* out) {
+    for (int b = 0; b < B; ++b) {
+      const int lo = std::min(static_cast<int>(std::floor(t[b])), 998);
+      const double w = t[b] - lo;
+      const double sigma =
+          (1 - w) * std::sqrt(1 / abar_t[lo] - 1) + w * std::sqrt(1 / abar_t[lo + 1] - 1);
+      const double abar = 1 / (sigma * sigma + 1);
+      for (size_t j = 0; j < kN; ++j) {
+        const double x = x_t[b * kN + j];
+        const double x0 = std::sqrt(abar) * kS2 * x / (abar * kS2 + 1 - abar);
+        out[b * kN + j] = static_cast<float>((x - std::sqrt(abar) * x0) / std::sqrt(1 - abar));
+      }
+    }
+  };
+  for (const auto& [kind, steps] : std::vector<std::pair<SamplerKind, int>>{
+           {SamplerKind::kEulerAncestral, 999}, {SamplerKind::kDpmSolverSde, 100}}) {
+    SCOPED_TRACE(SamplerName(kind));
+    SamplerOptions options;
+    options.kind = kind;
+    options.steps = steps;
+    options.spacing.kind = "linspace";
+    options.clip_denoised = false;
+    const Sampler sampler = Make(options, /*learn_sigma=*/false);
+    const std::vector<float> x = Draw(sampler, exact, std::vector<int32_t>(2000, 0));
+    double sum = 0, square = 0;
+    for (float v : x) {
+      sum += v;
+      square += double(v) * v;
+    }
+    const double mean = sum / x.size(), variance = square / x.size() - mean * mean;
+    EXPECT_NEAR(mean, 0.0, 0.02);
+    EXPECT_NEAR(variance, kS2, 0.03 * kS2);
   }
 }
 
@@ -241,7 +288,7 @@ TEST_F(SamplerTest, ZeroTerminalSnrSamplersRecoverThePointMass) {
        {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kPndm, SamplerKind::kEuler,
         SamplerKind::kEulerAncestral, SamplerKind::kHeun, SamplerKind::kLms, SamplerKind::kKdpm2,
         SamplerKind::kKdpm2Ancestral, SamplerKind::kDpmSolver, SamplerKind::kDpmSolverSinglestep,
-        SamplerKind::kDeis, SamplerKind::kUniPc}) {
+        SamplerKind::kDpmSolverSde, SamplerKind::kDeis, SamplerKind::kUniPc}) {
     for (const char* spacing : {"respace", "trailing"}) {
       SamplerOptions options;
       options.kind = kind;
@@ -548,9 +595,9 @@ TEST_F(SamplerTest, RejectsBadOptions) {
   EXPECT_NE(error(options, shape).find("Karras sigmas are for"), std::string::npos);
   options.kind = SamplerKind::kDdim;
   EXPECT_NE(error(options, shape).find("Karras sigmas are for"), std::string::npos);
-  for (SamplerKind k :
-       {SamplerKind::kEuler, SamplerKind::kHeun, SamplerKind::kKdpm2, SamplerKind::kKdpm2Ancestral,
-        SamplerKind::kDpmSolver, SamplerKind::kDeis, SamplerKind::kUniPc}) {
+  for (SamplerKind k : {SamplerKind::kEuler, SamplerKind::kHeun, SamplerKind::kKdpm2,
+                        SamplerKind::kKdpm2Ancestral, SamplerKind::kDpmSolver,
+                        SamplerKind::kDpmSolverSde, SamplerKind::kDeis, SamplerKind::kUniPc}) {
     options.kind = k;
     EXPECT_EQ(error(options, shape), "ok");
   }

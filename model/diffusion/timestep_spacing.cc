@@ -211,18 +211,38 @@ Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cump
   return steps;
 }
 
-Result<std::vector<EulerStep>> Kdpm2Steps(const std::vector<double>& alphas_cumprod, int N,
-                                          const TimestepSpacing& spacing, bool ancestral) {
-  DT_ASSIGN_OR_RETURN(std::vector<EulerStep> steps, EulerSteps(alphas_cumprod, N, spacing));
+namespace {
+
+// Each step but the last gets its midpoint: the geometric mean of σ and σ' (of σ and σ_down
+// where `to_down`), exp of the mean of the logs as diffusers' log-space lerp, at its
+// SigmaToTimestep (unrounded).
+void AddMidpoints(const std::vector<double>& alphas_cumprod, bool to_down,
+                  std::vector<EulerStep>& steps) {
   for (EulerStep& s : steps) {
-    // KDPM2's Karras timesteps are rounded (numpy's round, half to even), Euler's are not.
-    if (spacing.karras) s.timestep = std::nearbyint(s.timestep);
     if (s.sigma_next == 0) continue;  // the last step: Euler's, to x0
-    const double to = ancestral ? SplitAncestralStep(s.sigma, s.sigma_next).down : s.sigma_next;
-    // exp of the mean of the logs, as diffusers' log-space lerp.
+    const double to = to_down ? SplitAncestralStep(s.sigma, s.sigma_next).down : s.sigma_next;
     s.sigma_mid = std::exp(0.5 * (std::log(s.sigma) + std::log(to)));
     s.timestep_mid = static_cast<float>(SigmaToTimestep(s.sigma_mid, alphas_cumprod));
   }
+}
+
+}  // namespace
+
+Result<std::vector<EulerStep>> Kdpm2Steps(const std::vector<double>& alphas_cumprod, int N,
+                                          const TimestepSpacing& spacing, bool ancestral) {
+  DT_ASSIGN_OR_RETURN(std::vector<EulerStep> steps, EulerSteps(alphas_cumprod, N, spacing));
+  // KDPM2's Karras timesteps are rounded (numpy's round, half to even), Euler's are not.
+  for (EulerStep& s : steps) {
+    if (spacing.karras) s.timestep = std::nearbyint(s.timestep);
+  }
+  AddMidpoints(alphas_cumprod, ancestral, steps);
+  return steps;
+}
+
+Result<std::vector<EulerStep>> DpmSdeSteps(const std::vector<double>& alphas_cumprod, int N,
+                                           const TimestepSpacing& spacing) {
+  DT_ASSIGN_OR_RETURN(std::vector<EulerStep> steps, EulerSteps(alphas_cumprod, N, spacing));
+  AddMidpoints(alphas_cumprod, /*to_down=*/false, steps);
   return steps;
 }
 

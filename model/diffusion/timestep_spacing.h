@@ -113,7 +113,8 @@ double SigmaToTimestep(double sigma, const std::vector<double>& alphas_cumprod);
 struct EulerStep {
   float timestep = 0;
   double sigma = 0, sigma_next = 0;
-  // KDPM2's midpoint (Kdpm2Steps), 0 where there is none, and the timestep the model sees it at.
+  // KDPM2's and DPM-Solver SDE's midpoint (Kdpm2Steps, DpmSdeSteps), 0 where there is none,
+  // and the timestep the model sees it at.
   double sigma_mid = 0;
   float timestep_mid = 0;
 };
@@ -142,6 +143,11 @@ Result<std::vector<EulerStep>> EulerSteps(const std::vector<double>& alphas_cump
 // mean of σ and σ' (ancestral: of σ and σ_down), at its SigmaToTimestep (unrounded).
 Result<std::vector<EulerStep>> Kdpm2Steps(const std::vector<double>& alphas_cumprod, int N,
                                           const TimestepSpacing& spacing, bool ancestral);
+// DPM-Solver SDE's N steps (diffusers' DPMSolverSDEScheduler, k-diffusion's DPM++ SDE): Euler's
+// (Karras timesteps unrounded), each step but the last with its midpoint σ_mid, the geometric
+// mean of σ and σ', at its SigmaToTimestep (unrounded).
+Result<std::vector<EulerStep>> DpmSdeSteps(const std::vector<double>& alphas_cumprod, int N,
+                                           const TimestepSpacing& spacing);
 
 // The coefficient of the slope of step k − j (j < order ≤ k + 1) in LMS's step k (diffusers'
 // LMSDiscreteScheduler.get_lms_coefficient): the integral from σ_k to σ_{k+1} (0 after the

@@ -160,6 +160,16 @@ TEST(Kdpm2StepsTest, MidpointsAreGeometricMeansInSigma) {
   ASSERT_TRUE(rounded.ok()) << rounded.status().message();
   for (const EulerStep& s : *rounded)
     EXPECT_EQ(s.timestep, std::nearbyint(s.timestep));
+  // DPM-Solver SDE's: KDPM2's midpoints, its Karras timesteps as Euler's (unrounded).
+  const std::vector<EulerStep> sde = *DpmSdeSteps(abar, 6, karras);
+  const std::vector<EulerStep> euler_karras = *EulerSteps(abar, 6, karras);
+  bool fractional = false;
+  for (size_t k = 0; k < sde.size(); ++k) {
+    EXPECT_EQ(sde[k].timestep, euler_karras[k].timestep);
+    EXPECT_EQ(sde[k].sigma_mid, (*rounded)[k].sigma_mid);
+    fractional |= sde[k].timestep != std::nearbyint(sde[k].timestep);
+  }
+  EXPECT_TRUE(fractional);
 }
 
 TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
@@ -221,7 +231,7 @@ TEST(TimestepSpacingTest, ReadsASchedulerConfig) {
   EXPECT_EQ(euler->ToJson()["karras_sigmas"], true);
   for (const char* name :
        {"HeunDiscreteScheduler", "DPMSolverMultistepScheduler", "DPMSolverSinglestepScheduler",
-        "DEISMultistepScheduler", "UniPCMultistepScheduler"}) {
+        "DEISMultistepScheduler", "DPMSolverSDEScheduler", "UniPCMultistepScheduler"}) {
     Result<TimestepSpacing> read = TimestepSpacing::FromDiffusersScheduler(
         {{"_class_name", name}, {"use_karras_sigmas", true}, {"sigma_max", 3}});
     ASSERT_TRUE(read.ok()) << name << ": " << read.status().message();

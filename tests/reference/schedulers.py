@@ -44,7 +44,9 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
                    scale_model_input(x, t) at each of its timesteps; the optional noise, a
                    safetensors file whose "noise" [N, 2, 2, 4, 4] holds each step's noise,
                    is what the scheduler's step draws (Euler ancestral, DPM-Solver's SDE; KDPM2
-                   ancestral draws at every call and adds each second call's draw)
+                   ancestral draws at every call and adds each second call's draw;
+                   DPMSolverSDEScheduler's [N, 2, 2, 2, 4, 4] are each step's two Brownian
+                   increments, StepBrownian)
   NAME.KEY_calls   the timesteps it called the model at, in order
 The model (float32, as the C++ test's): out = 0.9 tanh(x) (t + 1) / T + 0.05 sin(3x + t/100),
 read as ε or v by the scheduler's prediction_type.
@@ -54,6 +56,7 @@ Exit status: 0, or 2 for bad usage.
 import json
 import math
 import sys
+import types
 
 import numpy as np
 import safetensors.torch  # noqa: F401  (before diffusers)
@@ -65,6 +68,11 @@ from diffusers import (DDIMScheduler, DDPMScheduler, DEISMultistepScheduler,
                        KDPM2DiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
                        UniPCMultistepScheduler)
 from diffusers.schedulers import scheduling_ddpm
+
+# DPMSolverSDEScheduler's module imports torchsde for its Brownian tree, which the runs replace by
+# difftrain's noise (StepBrownian below): a stand-in module lets it import without torchsde.
+sys.modules.setdefault("torchsde", types.ModuleType("torchsde"))
+from diffusers.schedulers.scheduling_dpmsolver_sde import DPMSolverSDEScheduler  # noqa: E402
 from safetensors.torch import load_file, save_file
 
 # DDPMScheduler.step's noise: zeros, so that a step is its posterior mean.
@@ -77,7 +85,8 @@ RUNS = {c.__name__: c for c in (EulerDiscreteScheduler, EulerAncestralDiscreteSc
                                 HeunDiscreteScheduler, LMSDiscreteScheduler,
                                 KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                                 DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
-                                DEISMultistepScheduler, UniPCMultistepScheduler)}
+                                DEISMultistepScheduler, DPMSolverSDEScheduler,
+                                UniPCMultistepScheduler)}
 
 
 def timesteps(out, T):
@@ -113,6 +122,26 @@ def alphas_cumprod64(config):
     if config.get("rescale_betas_zero_snr", False):
         betas = scheduling_ddpm.rescale_zero_terminal_snr(betas)
     return torch.cumprod(1.0 - betas, dim=0)
+
+
+class StepBrownian:
+    """DPMSolverSDEScheduler's noise sampler, its Brownian tree's normalized increments
+    (W(b) − W(a))/√|b − a| made from a step's two draws z1, z2 (the increments over [σ_mid, σ]
+    and [σ', σ_mid], each normalized): its first call of a step (σ → σ_mid) returns z1, its
+    second (σ → σ') the increment over both, (√(σ − σ_mid) z1 + √(σ_mid − σ') z2)/√(σ − σ')."""
+
+    def __init__(self, noise):
+        self.steps = list(noise.unbind(0))
+        self.mid = None
+
+    def __call__(self, sigma, sigma_next):
+        if self.mid is None:
+            self.z1, self.z2 = self.steps.pop(0).unbind(0)
+            self.mid = sigma_next
+            return self.z1
+        first, second = (sigma - self.mid).sqrt(), (self.mid - sigma_next).sqrt()
+        self.mid = None
+        return (first * self.z1 + second * self.z2) / (sigma - sigma_next).sqrt()
 
 
 def model(x, t, T):
@@ -183,7 +212,9 @@ def steps(cases_path, out):
             if scheduler.config.get("rescale_betas_zero_snr", False):
                 scheduler.alphas_cumprod[-1] = 2**-24  # as the class's __init__ does
             scheduler.set_timesteps(n)
-            if "noise" in run:
+            if "noise" in run and run["class"] == "DPMSolverSDEScheduler":
+                scheduler.noise_sampler = StepBrownian(load_file(run["noise"])["noise"])
+            elif "noise" in run:
                 # A stochastic scheduler's step noise, the C++ sampler's: one tensor a step.
                 noise = list(load_file(run["noise"])["noise"].unbind(0))
                 if run["class"] == "KDPM2AncestralDiscreteScheduler":
