@@ -6,9 +6,9 @@
 // `latents`, difftrain's --initial-noise): the prompt through the tokenizer and text encoder,
 // guidance against the empty or a negative prompt (and its rescale), every DDIM (PNDM, Euler, Heun,
 // DPM-Solver++ multistep and singlestep, DEIS, UniPC, KDPM2, with Karras σ's; LMS; Euler ancestral
-// with difftrain's step noise) step and the VAE decoding. Within fp32's rounding: relative L2 ≤
-// 1e-5 (measured 0.8–3.3e-6); the last step to ᾱ = 1 in place of ᾱ_0 alone moves the latents by
-// more than 10 times that, and so does leaving out the guidance rescale.
+// and DPM++ SDE Karras with difftrain's step noise) step and the VAE decoding. Within fp32's
+// rounding: relative L2 ≤ 1e-5 (measured 0.8–4.2e-6); the last step to ᾱ = 1 in place of ᾱ_0 alone
+// moves the latents by more than 10 times that, and so does leaving out the guidance rescale.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -217,6 +217,20 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"seed", 11}},
        "--prompt 'a photo of a boat' --negative-prompt blurry --sampler deis --cfg 5 "
        "--per-class 2 --steps 10"},
+      // DPM++ SDE Karras: 7 steps, 13 model calls, two ancestral half steps each, diffusers'
+      // Brownian tree replaced by the noise difftrain's sampler draws (StepNoise below).
+      {"dpmsolver_sde_karras",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 7},
+        {"guidance", 7.5},
+        {"spacing", nullptr},
+        {"scheduler", "dpmsolver_sde"},
+        {"karras", true},
+        {"images", 2},
+        {"seed", 12}},
+       "--prompt 'a photo of a boat' --sampler dpmsolver_sde --karras-sigmas true --per-class 2 "
+       "--steps 7 --seed 5"},
       // Euler ancestral ("Euler a"), 9 steps: diffusers' step noise is the noise difftrain's
       // sampler draws from --seed (StepNoise below).
       {"euler_ancestral",
@@ -234,24 +248,29 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     nlohmann::json settings = c.settings;
-    if (settings["scheduler"] == "euler_ancestral") {
+    if (settings["scheduler"] == "euler_ancestral" || settings["scheduler"] == "dpmsolver_sde") {
       // The noise `difftrain sample --seed 5` draws at each step for samples 0 and 1 (their
-      // step noise streams, sampler.h), each [4, h, w] of the UNet's latents; none at the last.
+      // step noise streams, sampler.h), each [4, h, w] of the UNet's latents, one draw a step
+      // (DPM++ SDE: two); none at the last.
       const nlohmann::json unet =
           nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
       const int steps = settings["steps"], images = settings["images"];
+      const int draws = settings["scheduler"] == "dpmsolver_sde" ? 2 : 1;
       const size_t n = 4 * unet["sample_size"].get<size_t>() * unet["sample_size"].get<size_t>();
-      std::vector<float> noise(size_t(steps) * images * n, 0.0f);
+      std::vector<float> noise(size_t(steps) * draws * images * n, 0.0f);
       std::vector<double> z(n);
       for (int b = 0; b < images; ++b) {
         Rng rng(5, RngStream::kSample, StepNoiseCounter(b));
         for (int k = 0; k + 1 < steps; ++k) {
-          DrawFrameNoise(rng, 0.0, 1, n, z.data());
-          std::copy(z.begin(), z.end(), noise.begin() + (size_t(k) * images + b) * n);
+          for (int d = 0; d < draws; ++d) {
+            DrawFrameNoise(rng, 0.0, 1, n, z.data());
+            std::copy(z.begin(), z.end(),
+                      noise.begin() + ((size_t(k) * draws + d) * images + b) * n);
+          }
         }
       }
       io::SafetensorsWriter file;
-      file.AddF32("noise", {steps, images, int64_t(n)}, noise.data());
+      file.AddF32("noise", {steps, draws, images, int64_t(n)}, noise.data());
       const std::string path = (dir_ / "step_noise.safetensors").string();
       ASSERT_TRUE(file.WriteAtomic(path).ok());
       settings["step_noise"] = path;

@@ -114,9 +114,9 @@ struct LinearStep {
   double outputs[3] = {0, 0, 0};
 };
 
-// The N steps in the order they run. Errors: N outside [1, T]; solver_order 3 with N % 3 = 2
-// and a final σ of 0, whose last step (of second order to λ = ∞) diverges (diffusers' is
-// inf).
+// The N steps in the order they run. Errors: a spacing other than linspace, N outside [1, T];
+// solver_order 3 with N % 3 = 2 and a final σ of 0, whose last step (of second order to
+// λ = ∞) diverges (diffusers' is inf).
 Result<std::vector<LinearStep>> DpmSolverSinglestepSteps(const std::vector<double>& alphas_cumprod,
                                                          int N, const TimestepSpacing& spacing,
                                                          const DpmSolverOptions& options);

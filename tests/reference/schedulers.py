@@ -56,7 +56,6 @@ Exit status: 0, or 2 for bad usage.
 import json
 import math
 import sys
-import types
 
 import numpy as np
 import safetensors.torch  # noqa: F401  (before diffusers)
@@ -68,11 +67,10 @@ from diffusers import (DDIMScheduler, DDPMScheduler, DEISMultistepScheduler,
                        KDPM2DiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
                        UniPCMultistepScheduler)
 from diffusers.schedulers import scheduling_ddpm
+from step_brownian import StepBrownian, dpm_solver_sde_module
 
-# DPMSolverSDEScheduler's module imports torchsde for its Brownian tree, which the runs replace by
-# difftrain's noise (StepBrownian below): a stand-in module lets it import without torchsde.
-sys.modules.setdefault("torchsde", types.ModuleType("torchsde"))
-from diffusers.schedulers.scheduling_dpmsolver_sde import DPMSolverSDEScheduler  # noqa: E402
+# Its Brownian tree replaced by difftrain's noise (StepBrownian), without torchsde.
+DPMSolverSDEScheduler = dpm_solver_sde_module().DPMSolverSDEScheduler
 from safetensors.torch import load_file, save_file
 
 # DDPMScheduler.step's noise: zeros, so that a step is its posterior mean.
@@ -122,26 +120,6 @@ def alphas_cumprod64(config):
     if config.get("rescale_betas_zero_snr", False):
         betas = scheduling_ddpm.rescale_zero_terminal_snr(betas)
     return torch.cumprod(1.0 - betas, dim=0)
-
-
-class StepBrownian:
-    """DPMSolverSDEScheduler's noise sampler, its Brownian tree's normalized increments
-    (W(b) − W(a))/√|b − a| made from a step's two draws z1, z2 (the increments over [σ_mid, σ]
-    and [σ', σ_mid], each normalized): its first call of a step (σ → σ_mid) returns z1, its
-    second (σ → σ') the increment over both, (√(σ − σ_mid) z1 + √(σ_mid − σ') z2)/√(σ − σ')."""
-
-    def __init__(self, noise):
-        self.steps = list(noise.unbind(0))
-        self.mid = None
-
-    def __call__(self, sigma, sigma_next):
-        if self.mid is None:
-            self.z1, self.z2 = self.steps.pop(0).unbind(0)
-            self.mid = sigma_next
-            return self.z1
-        first, second = (sigma - self.mid).sqrt(), (self.mid - sigma_next).sqrt()
-        self.mid = None
-        return (first * self.z1 + second * self.z2) / (sigma - sigma_next).sqrt()
 
 
 def model(x, t, T):

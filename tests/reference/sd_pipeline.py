@@ -17,15 +17,18 @@ false), and writes the whole pipeline into DIR by StableDiffusionPipeline.save_p
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
-"kdpm2", "dpmsolver", "dpmsolver_singlestep", "deis" or "unipc"), karras (optional: use_karras_sigmas), guidance_rescale (optional,
-default 0), step_noise (optional: a safetensors file whose "noise" [steps, images, 4, h, w]
-EulerAncestralDiscreteScheduler.step draws in place of its own) and images; the pipeline
+"kdpm2", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis" or "unipc"), karras
+(optional: use_karras_sigmas), guidance_rescale (optional, default 0), step_noise (optional: a
+safetensors file whose "noise" [steps, 1, images, 4, h, w] EulerAncestralDiscreteScheduler.step
+draws in place of its own, or [steps, 2, images, 4, h, w], the two draws a step from which
+DPMSolverSDEScheduler's Brownian increments are made, step_brownian.py) and images; the pipeline
 is called with latents N(0, 1) [images, 4, h, w] (seeded) and output_type "latent", with its
 scheduler swapped for DDIMScheduler.from_config(config, timestep_spacing=spacing),
 PNDMScheduler's with skip_prk_steps (as SD 1.x's pipelines configure it), or
 EulerDiscreteScheduler's, EulerAncestralDiscreteScheduler's, HeunDiscreteScheduler's,
 LMSDiscreteScheduler's, KDPM2DiscreteScheduler's, DPMSolverMultistepScheduler's,
-DPMSolverSinglestepScheduler's, DEISMultistepScheduler's or UniPCMultistepScheduler's. OUT:
+DPMSolverSinglestepScheduler's, DPMSolverSDEScheduler's, DEISMultistepScheduler's or
+UniPCMultistepScheduler's. OUT:
   noise    the latents x_T it started from
   latents  the final latents
   decoded  vae.decode(latents / scaling_factor).sample, as the pipeline decodes them
@@ -46,6 +49,7 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        PNDMScheduler,
                        StableDiffusionPipeline, UNet2DConditionModel, UniPCMultistepScheduler)
 from diffusers.schedulers import scheduling_euler_ancestral_discrete
+from step_brownian import StepBrownian, dpm_solver_sde_module
 from safetensors.torch import load_file, save_file
 from transformers import CLIPTextModel, CLIPTokenizer
 
@@ -97,8 +101,14 @@ def run(folder, out, settings):
                "dpmsolver": DPMSolverMultistepScheduler,
                "dpmsolver_singlestep": DPMSolverSinglestepScheduler,
                "deis": DEISMultistepScheduler,
+               "dpmsolver_sde": dpm_solver_sde_module().DPMSolverSDEScheduler,
                "unipc": UniPCMultistepScheduler}
-    if settings.get("step_noise"):
+    if settings.get("step_noise") and settings.get("scheduler") == "dpmsolver_sde":
+        step_noise = load_file(settings["step_noise"])["noise"]
+        dpm_solver_sde_module().BrownianTreeNoiseSampler = \
+            lambda x, *args, **kwargs: StepBrownian(step_noise.reshape(
+                step_noise.shape[:2] + x.shape))
+    elif settings.get("step_noise"):
         step_noise = list(load_file(settings["step_noise"])["noise"].unbind(0))
         scheduling_euler_ancestral_discrete.randn_tensor = \
             lambda shape, **kwargs: step_noise.pop(0).reshape(shape)
