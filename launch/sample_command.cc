@@ -158,36 +158,40 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
 struct SolverFlags {
   SamplerKind kind;
   std::vector<std::string> types, algorithms;
+  bool final_sigmas;  // takes final_sigmas_type
 };
 const std::vector<SolverFlags>& Solvers() {
   static const std::vector<SolverFlags> solvers = {
-      {SamplerKind::kDpmSolver, {"midpoint", "heun"}, {"dpmsolver++", "sde-dpmsolver++"}},
-      {SamplerKind::kDpmSolverSinglestep, {"midpoint", "heun"}, {"dpmsolver++"}},
-      {SamplerKind::kDeis, {"logrho"}, {"deis"}},
-      {SamplerKind::kUniPc, {"bh1", "bh2"}, {}},
+      {SamplerKind::kDpmSolver, {"midpoint", "heun"}, {"dpmsolver++", "sde-dpmsolver++"}, true},
+      {SamplerKind::kDpmSolverSinglestep, {"midpoint", "heun"}, {"dpmsolver++"}, true},
+      {SamplerKind::kDeis, {"logrho"}, {"deis"}, false},
+      {SamplerKind::kUniPc, {"bh1", "bh2"}, {}, false},
   };
   return solvers;
 }
 
 // DPM-Solver++'s (multistep, singlestep), DEIS's or UniPC's options, as the chosen class's
 // from_config takes them: the pipeline scheduler's keys (none from a checkpoint),
-// --solver-order, --solver-type and --algorithm-type over them. Those flags with another
-// sampler are refused.
+// --solver-order, --solver-type, --algorithm-type, --final-sigmas-type and --lower-order-final
+// over them. Those flags with a sampler that has not the key are refused.
 Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, SamplerKind kind,
                            SamplerOptions& options) {
   const SolverFlags* solver = nullptr;
-  std::vector<std::string> with_order, with_algorithm;
+  std::vector<std::string> with_order, with_algorithm, with_final;
   for (const SolverFlags& s : Solvers()) {
     if (s.kind == kind) solver = &s;
     with_order.push_back(SamplerFlag(s.kind));
     if (!s.algorithms.empty()) with_algorithm.push_back(SamplerFlag(s.kind));
+    if (s.final_sigmas) with_final.push_back(SamplerFlag(s.kind));
   }
-  if ((o.solver_order || o.solver_type) && !solver) {
-    return Errorf("--solver-order and --solver-type are for --sampler {}",
+  if ((o.solver_order || o.solver_type || o.lower_order_final) && !solver) {
+    return Errorf("--solver-order, --solver-type and --lower-order-final are for --sampler {}",
                   fmt::join(with_order, ", "));
   }
   if (o.algorithm_type && (!solver || solver->algorithms.empty()))
     return Errorf("--algorithm-type is for --sampler {}", fmt::join(with_algorithm, ", "));
+  if (o.final_sigmas_type && (!solver || !solver->final_sigmas))
+    return Errorf("--final-sigmas-type is for --sampler {}", fmt::join(with_final, ", "));
   if (!solver) return Status::Ok();
   // The flags name the chosen solver's own values (a pipeline's config may hold another
   // class's, which from_config maps).
@@ -204,10 +208,21 @@ Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, S
   if (o.solver_order) config["solver_order"] = *o.solver_order;
   if (o.solver_type) config["solver_type"] = *o.solver_type;
   if (o.algorithm_type) config["algorithm_type"] = *o.algorithm_type;
+  if (o.final_sigmas_type) config["final_sigmas_type"] = *o.final_sigmas_type;
+  if (o.lower_order_final) config["lower_order_final"] = *o.lower_order_final;
+  // An error names the flags given, else the pipeline's file.
+  std::vector<std::string> given;
+  for (const auto& [flag, set] : std::vector<std::pair<const char*, bool>>{
+           {"--solver-order", o.solver_order.has_value()},
+           {"--solver-type", o.solver_type.has_value()},
+           {"--algorithm-type", o.algorithm_type.has_value()},
+           {"--final-sigmas-type", o.final_sigmas_type.has_value()},
+           {"--lower-order-final", o.lower_order_final.has_value()}}) {
+    if (set) given.push_back(flag);
+  }
   const std::string where =
-      o.solver_order || o.solver_type || o.algorithm_type
-          ? "--solver-order, --solver-type or --algorithm-type"
-          : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline);
+      !given.empty() ? fmt::format("{}", fmt::join(given, ", "))
+                     : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline);
   const auto read = [&](auto parsed, auto& into) -> Status {
     if (!parsed.ok()) return parsed.status().WithContext(where);
     into = *parsed;
@@ -568,6 +583,15 @@ DIFFTRAIN_COMMAND(
                       "dpmsolver: dpmsolver++ or sde-dpmsolver++ (DPM++ 2M SDE); "
                       "dpmsolver_singlestep: dpmsolver++; deis: deis (default: a pipeline "
                       "scheduler's algorithm_type, else dpmsolver++ and deis)");
+       app.add_option("--final-sigmas-type", o->final_sigmas_type,
+                      "dpmsolver(_singlestep): the last step goes to sigma 0 (zero) or to "
+                      "timestep 0's (sigma_min) (default: a pipeline scheduler's "
+                      "final_sigmas_type, else zero)")
+           ->check(CLI::IsMember({"zero", "sigma_min"}));
+       app.add_option("--lower-order-final", o->lower_order_final,
+                      "dpmsolver(_singlestep), deis and unipc: lower the order of the last "
+                      "steps (true) or not (false) (default: a pipeline scheduler's "
+                      "lower_order_final, else true; dpmsolver_singlestep false)");
        app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");
        app.add_option("--cfg", o->cfg,
                       "classifier-free guidance scale; 1 = none (default 4, from a pipeline "

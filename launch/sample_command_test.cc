@@ -176,6 +176,12 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
            {"--sampler deis --solver-order 3 --algorithm-type deis",
             "deis",
             {{"solver_order", 3}, {"solver_type", "logrho"}, {"lower_order_final", true}}},
+           {"--sampler dpmsolver --final-sigmas-type sigma_min --lower-order-final false",
+            "dpm_solver",
+            {{"final_sigmas_type", "sigma_min"}, {"lower_order_final", false}}},
+           {"--sampler dpmsolver_singlestep --solver-order 3 --final-sigmas-type sigma_min",
+            "dpm_solver",
+            {{"solver_order", 3}, {"final_sigmas_type", "sigma_min"}}},
            // Its class's default lower_order_final is false (forced true by a final σ of 0).
            {"--sampler dpmsolver_singlestep --solver-order 3 --solver-type heun",
             "dpm_solver",
@@ -254,9 +260,12 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
             "--karras-sigmas: Karras sigmas are for --sampler euler, heun, lms, kdpm2, "
             "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, dpmsolver_sde, deis, unipc"},
            {"--checkpoint " + Ckpt() + " --classes 0 --solver-order 3" + out,
-            "--solver-order and --solver-type are for --sampler dpmsolver, dpmsolver_singlestep, "
-            "deis, "
-            "unipc"},
+            "--solver-order, --solver-type and --lower-order-final are for --sampler dpmsolver, "
+            "dpmsolver_singlestep, deis, unipc"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler deis --final-sigmas-type zero" + out,
+            "--final-sigmas-type is for --sampler dpmsolver, dpmsolver_singlestep"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler unipc --final-sigmas-type one" + out,
+            "--final-sigmas-type: one not in {zero,sigma_min}"},
            {"--checkpoint " + Ckpt() +
                 " --classes 0 --sampler unipc --algorithm-type "
                 "sde-dpmsolver++" +
@@ -265,7 +274,7 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler unipc --solver-type heun" + out,
             "--solver-type: 'heun' is not one of the unipc solver's (bh1, bh2)"},
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler dpmsolver --solver-order 4" + out,
-            "--solver-order, --solver-type or --algorithm-type: solver_order: 4 is not supported"},
+            "--solver-order: solver_order: 4 is not supported"},
            {"--checkpoint " + Ckpt() +
                 " --classes 0 --sampler dpmsolver --solver-order 3 --algorithm-type "
                 "sde-dpmsolver++" +

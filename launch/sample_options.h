@@ -36,6 +36,9 @@ struct SampleOptions {
   // DPM-Solver++'s and DEIS's algorithm_type.
   std::optional<int> solver_order;
   std::optional<std::string> solver_type, algorithm_type;
+  // DPM-Solver++'s (multistep, singlestep) final_sigmas_type; the four's lower_order_final.
+  std::optional<std::string> final_sigmas_type;
+  std::optional<bool> lower_order_final;
   std::optional<double> guidance_rescale;
   std::optional<double> eta;
   std::optional<double> cfg;
