@@ -71,10 +71,8 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     return Status::Error(
         "DPM-Solver singlestep has no SDE (sde-dpmsolver++ is the multistep solver's)");
   }
-  // DPM-Solver, DEIS and UniPC keep timesteps of their own; the others step on these.
-  if (options.spacing.diffusers() && kind != SamplerKind::kDpmSolver &&
-      kind != SamplerKind::kDpmSolverSinglestep && kind != SamplerKind::kDeis &&
-      kind != SamplerKind::kUniPc) {
+  // The samplers that keep timesteps of their own do not step on these.
+  if (options.spacing.diffusers() && !KeepsItsOwnTimesteps(kind)) {
     DT_ASSIGN_OR_RETURN(diffusers_steps,
                         DiffusersSteps(diffusion.alphas_cumprod(), options.steps, options.spacing,
                                        options.kind == SamplerKind::kDdim));

@@ -12,7 +12,8 @@ namespace {
 
 // Each sampler: its flag name, its name in messages, the diffusers scheduler it follows, the
 // spacing it takes without one given (its scheduler's default; DDPM and DDIM: DiT's), whether
-// that is its only spacing, and whether it has Karras σ's.
+// that is its only spacing, whether it has Karras σ's, and whether it keeps timesteps of its
+// own (the multistep solvers' set_timesteps: N + 1 points, timestep 0's dropped).
 struct SamplerRow {
   SamplerKind kind;
   const char* flag;
@@ -21,27 +22,31 @@ struct SamplerRow {
   const char* spacing;
   bool spacing_only;
   bool karras;
+  bool own_timesteps;
 };
 constexpr SamplerRow kSamplers[] = {
-    {SamplerKind::kDdpm, "ddpm", "DDPM", "DDPMScheduler", "respace", false, false},
-    {SamplerKind::kDdim, "ddim", "DDIM", "DDIMScheduler", "respace", false, false},
-    {SamplerKind::kPndm, "pndm", "PNDM", "PNDMScheduler", "leading", false, false},
-    {SamplerKind::kEuler, "euler", "Euler", "EulerDiscreteScheduler", "linspace", false, true},
+    {SamplerKind::kDdpm, "ddpm", "DDPM", "DDPMScheduler", "respace", false, false, false},
+    {SamplerKind::kDdim, "ddim", "DDIM", "DDIMScheduler", "respace", false, false, false},
+    {SamplerKind::kPndm, "pndm", "PNDM", "PNDMScheduler", "leading", false, false, false},
+    {SamplerKind::kEuler, "euler", "Euler", "EulerDiscreteScheduler", "linspace", false, true,
+     false},
     {SamplerKind::kEulerAncestral, "euler_ancestral", "Euler ancestral",
-     "EulerAncestralDiscreteScheduler", "linspace", false, false},
-    {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler", "linspace", false, true},
-    {SamplerKind::kLms, "lms", "LMS", "LMSDiscreteScheduler", "linspace", false, true},
-    {SamplerKind::kKdpm2, "kdpm2", "KDPM2", "KDPM2DiscreteScheduler", "linspace", false, true},
+     "EulerAncestralDiscreteScheduler", "linspace", false, false, false},
+    {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler", "linspace", false, true, false},
+    {SamplerKind::kLms, "lms", "LMS", "LMSDiscreteScheduler", "linspace", false, true, false},
+    {SamplerKind::kKdpm2, "kdpm2", "KDPM2", "KDPM2DiscreteScheduler", "linspace", false, true,
+     false},
     {SamplerKind::kKdpm2Ancestral, "kdpm2_ancestral", "KDPM2 ancestral",
-     "KDPM2AncestralDiscreteScheduler", "linspace", false, true},
+     "KDPM2AncestralDiscreteScheduler", "linspace", false, true, false},
     {SamplerKind::kDpmSolver, "dpmsolver", "DPM-Solver", "DPMSolverMultistepScheduler", "linspace",
-     false, true},
+     false, true, true},
     {SamplerKind::kDpmSolverSinglestep, "dpmsolver_singlestep", "DPM-Solver singlestep",
-     "DPMSolverSinglestepScheduler", "linspace", true, true},
+     "DPMSolverSinglestepScheduler", "linspace", true, true, true},
     {SamplerKind::kDpmSolverSde, "dpmsolver_sde", "DPM-Solver SDE", "DPMSolverSDEScheduler",
-     "linspace", false, true},
-    {SamplerKind::kDeis, "deis", "DEIS", "DEISMultistepScheduler", "linspace", false, true},
-    {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", false, true},
+     "linspace", false, true, false},
+    {SamplerKind::kDeis, "deis", "DEIS", "DEISMultistepScheduler", "linspace", false, true, true},
+    {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", false, true,
+     true},
 };
 
 const SamplerRow& RowOf(SamplerKind kind) {
@@ -85,6 +90,10 @@ bool HasLinspaceOnly(SamplerKind kind) {
 
 bool TakesKarrasSigmas(SamplerKind kind) {
   return RowOf(kind).karras;
+}
+
+bool KeepsItsOwnTimesteps(SamplerKind kind) {
+  return RowOf(kind).own_timesteps;
 }
 
 std::string KarrasSamplerNames() {

@@ -60,6 +60,9 @@ bool HasLinspaceOnly(SamplerKind kind);
 // (ancestral too), DPM-Solver++ (multistep, singlestep, SDE), DEIS and UniPC, as their
 // schedulers' use_karras_sigmas.
 bool TakesKarrasSigmas(SamplerKind kind);
+// Whether it keeps timesteps of its own rather than a spacing's (DiffusersTimesteps): DPM-Solver++
+// (multistep, singlestep), DEIS and UniPC (MultistepTimesteps, dpm_solver.h).
+bool KeepsItsOwnTimesteps(SamplerKind kind);
 // Those samplers' names, "euler, heun, …", for messages.
 std::string KarrasSamplerNames();
 // The sampler that follows a diffusers scheduler class (_class_name: DDPMScheduler,
