@@ -45,6 +45,7 @@ constexpr int kDefaultSteps = 250;
 constexpr double kDefaultGuidance = 4.0;
 constexpr int kPipelineSteps = 50;
 constexpr double kPipelineGuidance = 7.5;
+constexpr int kLcmSteps = 4;  // LatentConsistencyModelPipeline's num_inference_steps
 
 // The VAE that decodes the samples: --vae's; without it, for a PNG or GIF, the one the
 // checkpoint's training data (a latent folder) was encoded with, as its index.json names it;
@@ -129,11 +130,12 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
     c.spacing.kind = *o.timestep_spacing;
   }
   if (!c.spacing.diffusers() && !o.timestep_spacing) c.spacing.kind = DefaultSpacing(c.kind);
-  if (HasLinspaceOnly(c.kind)) {
-    // Its class has no timestep_spacing: a pipeline's is ignored, as from_config ignores it.
+  if (HasOneSpacing(c.kind)) {
+    // Its class has no timestep_spacing, or ignores it: a pipeline's is ignored, as the class
+    // ignores it.
     if (o.timestep_spacing && *o.timestep_spacing != DefaultSpacing(c.kind)) {
-      return Errorf("--timestep-spacing: --sampler {} ({}) spaces its steps by {} only", c.name,
-                    SchedulerClassOf(c.kind), DefaultSpacing(c.kind));
+      return Errorf("--timestep-spacing: --sampler {} ({}) places its steps {} only", c.name,
+                    SchedulerClassOf(c.kind), OneSpacingWords(c.kind));
     }
     c.spacing.kind = DefaultSpacing(c.kind);
   }
@@ -240,6 +242,28 @@ Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, S
   }
 }
 
+// LCM's options: the pipeline scheduler's keys (none from a checkpoint), with
+// --original-inference-steps over them; the flag is refused with another sampler.
+Status ChooseLcmOptions(const SampleOptions& o, const SampleSource& source, SamplerKind kind,
+                        SamplerOptions& options) {
+  if (kind != SamplerKind::kLcm) {
+    if (o.original_inference_steps)
+      return Status::Error("--original-inference-steps is for --sampler lcm");
+    return Status::Ok();
+  }
+  nlohmann::json config = source.scheduler_config;
+  if (o.original_inference_steps) config["original_inference_steps"] = *o.original_inference_steps;
+  Result<LcmOptions> lcm = LcmOptions::FromDiffusersScheduler(config);
+  if (!lcm.ok()) {
+    return lcm.status().WithContext(
+        o.original_inference_steps
+            ? std::string("--original-inference-steps")
+            : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline));
+  }
+  options.lcm = *lcm;
+  return Status::Ok();
+}
+
 int RunSample(const SampleOptions& o) {
   auto bad = [](const std::string& message) { return ReportBadInput("sample", message); };
   if (Status s = SetupLogging(o.log_level); !s.ok()) return bad(s.message());
@@ -326,8 +350,10 @@ int RunSample(const SampleOptions& o) {
   const GaussianDiffusion diffusion(ckpt.diffusion);
   SamplerOptions options;
   options.kind = kind;
-  options.steps = o.steps.value_or(
-      std::min(pipeline_defaults ? kPipelineSteps : kDefaultSteps, diffusion.steps()));
+  options.steps = o.steps.value_or(std::min(kind == SamplerKind::kLcm ? kLcmSteps
+                                            : pipeline_defaults       ? kPipelineSteps
+                                                                      : kDefaultSteps,
+                                            diffusion.steps()));
   options.spacing = sampling->spacing;
   options.eta = o.eta.value_or(0.0);
   options.cfg_scale = o.cfg.value_or(
@@ -348,6 +374,7 @@ int RunSample(const SampleOptions& o) {
   options.clip_denoised = o.clip_denoised.value_or(
       kind == SamplerKind::kDdpm || kind == SamplerKind::kDdim ? !latents : false);
   if (Status s = ChooseSolverOptions(o, ckpt, kind, options); !s.ok()) return bad(s.message());
+  if (Status s = ChooseLcmOptions(o, ckpt, kind, options); !s.ok()) return bad(s.message());
   options.guidance_rescale = o.guidance_rescale.value_or(0.0);
   options.seed = o.seed;
   DenoiserShape shape{
@@ -401,7 +428,9 @@ int RunSample(const SampleOptions& o) {
                       : fmt::format("{} weights of step {} in {}", o.weights, ckpt.step, ckpt.path),
       sampling->name, options.steps,
       kind == SamplerKind::kDdim ? fmt::format(" (eta {})", options.eta) : "",
-      options.spacing.diffusers()
+      kind == SamplerKind::kLcm
+          ? fmt::format(" of the distillation's {} timesteps", options.lcm.original_steps)
+      : options.spacing.diffusers()
           ? fmt::format(" spaced {} (steps_offset {}, set_alpha_to_one {}){}", options.spacing.kind,
                         options.spacing.steps_offset, options.spacing.set_alpha_to_one,
                         options.spacing.karras ? ", Karras sigmas" : "")
@@ -463,6 +492,7 @@ int RunSample(const SampleOptions& o) {
       how["dpm_solver"] = options.dpm.ToJson();
     if (kind == SamplerKind::kDeis) how["deis"] = options.deis.ToJson();
     if (kind == SamplerKind::kUniPc) how["unipc"] = options.unipc.ToJson();
+    if (kind == SamplerKind::kLcm) how["lcm"] = options.lcm.ToJson();
     if (options.guidance_rescale != 0) how["guidance_rescale"] = options.guidance_rescale;
     if (ckpt.pretrained) {
       how["pretrained"] = ckpt.path;
@@ -547,20 +577,19 @@ DIFFTRAIN_COMMAND(
            ->capture_default_str();
        app.add_option("--steps", o->steps,
                       "sampling steps, spaced over the diffusion's (default 250, or all if "
-                      "fewer; from a pipeline 50)");
+                      "fewer; from a pipeline 50; lcm 4)");
        app.add_option("--sampler", o->sampler,
                       "ddpm, ddim, pndm, euler, euler_ancestral, heun, lms, kdpm2, "
-                      "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, dpmsolver_sde, deis or "
-                      "unipc "
-                      "(default ddpm; from a pipeline its scheduler's: DDPM, DDIM, PNDM, "
-                      "EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, LMSDiscrete, "
+                      "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, dpmsolver_sde, deis, "
+                      "unipc or lcm (default ddpm; from a pipeline its scheduler's: DDPM, DDIM, "
+                      "PNDM, EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, LMSDiscrete, "
                       "KDPM2Discrete, KDPM2AncestralDiscrete, DPMSolverMultistep, "
-                      "DPMSolverSinglestep, DPMSolverSDE, DEISMultistep or UniPCMultistep, else "
-                      "ddim)");
+                      "DPMSolverSinglestep, DPMSolverSDE, DEISMultistep, UniPCMultistep or LCM, "
+                      "else ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
                       "linspace (default: a pipeline's scheduler's, else respace; "
-                      "dpmsolver_singlestep: linspace only)")
+                      "dpmsolver_singlestep: linspace only; lcm: none, its own timesteps)")
            ->check(CLI::IsMember({"respace", "leading", "trailing", "linspace"}));
        app.add_option("--steps-offset", o->steps_offset,
                       "added to leading's timesteps (default: a pipeline scheduler's "
@@ -592,6 +621,10 @@ DIFFTRAIN_COMMAND(
                       "dpmsolver(_singlestep), deis and unipc: lower the order of the last "
                       "steps (true) or not (false) (default: a pipeline scheduler's "
                       "lower_order_final, else true; dpmsolver_singlestep false)");
+       app.add_option("--original-inference-steps", o->original_inference_steps,
+                      "lcm: the steps of the schedule the model was distilled on, of which "
+                      "--steps are taken (default: a pipeline scheduler's "
+                      "original_inference_steps, else 50)");
        app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");
        app.add_option("--cfg", o->cfg,
                       "classifier-free guidance scale; 1 = none (default 4, from a pipeline "

@@ -142,6 +142,14 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
     EXPECT_EQ(how["clip_denoised"], false);
     EXPECT_EQ(how.contains("unipc"), sampler == "unipc");
   }
+  // LCM takes 4 steps (LatentConsistencyModelPipeline's) of its own timesteps by default.
+  const CommandResult lcm = RunDifftrain("sample --checkpoint " + Ckpt() +
+                                         " --classes 1 --per-class 2 --sampler lcm --raw " +
+                                         ShellQuote(File("lcm.safetensors")));
+  ASSERT_EQ(lcm.exit_code, 0) << lcm.output;
+  EXPECT_NE(lcm.output.find("lcm 4 steps of the distillation's 50 timesteps"), std::string::npos)
+      << lcm.output;
+
   // Karras σ's and guidance rescale reach the sampler and its record.
   const std::string raw = File("karras.safetensors");
   const CommandResult r =
@@ -182,6 +190,9 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
            {"--sampler dpmsolver_singlestep --solver-order 3 --final-sigmas-type sigma_min",
             "dpm_solver",
             {{"solver_order", 3}, {"final_sigmas_type", "sigma_min"}}},
+           {"--sampler lcm --original-inference-steps 20",
+            "lcm",
+            {{"original_inference_steps", 20}, {"timestep_scaling", 10}}},
            // Its class's default lower_order_final is false (forced true by a final σ of 0).
            {"--sampler dpmsolver_singlestep --solver-order 3 --solver-type heun",
             "dpm_solver",
@@ -290,7 +301,19 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() +
                 " --classes 0 --sampler dpmsolver_singlestep --timestep-spacing trailing" + out,
             "--timestep-spacing: --sampler dpmsolver_singlestep (DPMSolverSinglestepScheduler) "
-            "spaces its steps by linspace only"},
+            "places its steps by linspace only"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler lcm --timestep-spacing trailing" +
+                out,
+            "--timestep-spacing: --sampler lcm (LCMScheduler) places its steps on the "
+            "distillation's original_inference_steps timesteps only"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler lcm --steps 60" + out,
+            "LCM takes 1 to original_inference_steps = 50 steps"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler lcm --original-inference-steps 0" +
+                out,
+            "--original-inference-steps: original_inference_steps must be positive, got 0"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler ddim --original-inference-steps 8" +
+                out,
+            "--original-inference-steps is for --sampler lcm"},
            {"--checkpoint " + Ckpt() +
                 " --classes 0 --sampler dpmsolver_singlestep --solver-order 3 --steps 5" + out,
             "ends on a step of order 2 to σ = 0"},

@@ -39,6 +39,7 @@ struct SampleOptions {
   // DPM-Solver++'s (multistep, singlestep) final_sigmas_type; the four's lower_order_final.
   std::optional<std::string> final_sigmas_type;
   std::optional<bool> lower_order_final;
+  std::optional<int> original_inference_steps;  // LCM's distillation schedule
   std::optional<double> guidance_rescale;
   std::optional<double> eta;
   std::optional<double> cfg;

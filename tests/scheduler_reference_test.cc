@@ -4,18 +4,19 @@
 // with the model calls' timesteps compared too), EulerAncestralDiscreteScheduler,
 // HeunDiscreteScheduler, LMSDiscreteScheduler, KDPM2DiscreteScheduler,
 // KDPM2AncestralDiscreteScheduler, UniPCMultistepScheduler, DPMSolverSinglestepScheduler
-// (second and third order, midpoint and heun), DEISMultistepScheduler, Karras σ's, DPM-Solver++ of
-// third order and its SDE: tests/reference/schedulers.py lists the timesteps set_timesteps keeps
-// for every step count of a 1000-step diffusion, and runs each scheduler with a small closed-form
-// model from an x_T it writes (the stochastic ones with difftrain's step noise). The C++ samplers,
-// their diffusion and spacing read from the same scheduler config, must keep the same timesteps,
-// step between the same ᾱ's, take DDPM's posterior coefficients, and end at the same sample within
-// fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in double; PNDM's reference runs in
-// float64, see schedulers.py): relative L2 ≤ 2e-5, measured 4e-8–1.5e-5 (and the amplified cosine
-// Heun run below). Each diffusers rule dropped in turn was off by far more: the last step to ᾱ = 1
-// in place of ᾱ_0 4e-4 and 2e-3, steps_offset ignored 1.6e-3 and 4.6e-3, each step to the timestep
-// listed after it (not t − ⌊T/N⌋) 4.9e-2 (trailing) and 0.36 (linspace); PNDM's default of
-// set_alpha_to_one (false) taken as DDIM's 4.8e-5 (trailing, against diffusers in fp32).
+// (second and third order, midpoint and heun), DEISMultistepScheduler, LCMScheduler, Karras σ's,
+// DPM-Solver++ of third order and its SDE: tests/reference/schedulers.py lists the timesteps
+// set_timesteps keeps for every step count of a 1000-step diffusion, and runs each scheduler with a
+// small closed-form model from an x_T it writes (the stochastic ones with difftrain's step noise).
+// The C++ samplers, their diffusion and spacing read from the same scheduler config, must keep the
+// same timesteps, step between the same ᾱ's, take DDPM's posterior coefficients, and end at the
+// same sample within fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in double; PNDM's
+// reference runs in float64, see schedulers.py): relative L2 ≤ 2e-5, measured 4e-8–1.5e-5 (and the
+// amplified cosine Heun run below). Each diffusers rule dropped in turn was off by far more: the
+// last step to ᾱ = 1 in place of ᾱ_0 4e-4 and 2e-3, steps_offset ignored 1.6e-3 and 4.6e-3, each
+// step to the timestep listed after it (not t − ⌊T/N⌋) 4.9e-2 (trailing) and 0.36 (linspace);
+// PNDM's default of set_alpha_to_one (false) taken as DDIM's 4.8e-5 (trailing, against diffusers in
+// fp32).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -250,6 +251,16 @@ const std::vector<SchedulerRun>& Runs() {
        SamplerKind::kUniPc,
        R"({"use_karras_sigmas": true})",
        {"linspace"}},
+      // LCM: its own timesteps (a subset of the distillation's 50, or 40 of stride 25), one
+      // draw a step but the last; a timestep scaling of 0.01 makes the boundary condition's
+      // c_skip 0.1 at timestep 149 (at 10, the default, below 1e-5 from timestep 19 up).
+      {"lcm", "LCMScheduler", SamplerKind::kLcm, "{}", {}, 1},
+      {"lcm_40",
+       "LCMScheduler",
+       SamplerKind::kLcm,
+       R"({"original_inference_steps": 40, "timestep_scaling": 0.01})",
+       {"sd"},
+       1},
   };
   return runs;
 }
@@ -259,7 +270,7 @@ const std::vector<SchedulerRun>& Runs() {
 bool RescalesToZeroSnr(const std::string& class_name) {
   return class_name == "EulerDiscreteScheduler" ||
          class_name == "EulerAncestralDiscreteScheduler" ||
-         class_name == "DPMSolverMultistepScheduler";
+         class_name == "DPMSolverMultistepScheduler" || class_name == "LCMScheduler";
 }
 
 TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
@@ -473,6 +484,11 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
         Result<UniPcOptions> unipc = UniPcOptions::FromDiffusersScheduler(run_config);
         ASSERT_TRUE(unipc.ok()) << unipc.status().message();
         run_options.unipc = *unipc;
+      }
+      if (r.kind == SamplerKind::kLcm) {
+        Result<LcmOptions> lcm = LcmOptions::FromDiffusersScheduler(run_config);
+        ASSERT_TRUE(lcm.ok()) << lcm.status().message();
+        run_options.lcm = *lcm;
       }
       const GaussianDiffusion run_process(*run_diffusion);
       Result<Sampler> run_sampler = Sampler::Create(run_process, shape, run_options);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "model/diffusion/sampler_kind.h"
 #include "model/tensor/rng.h"
 
 namespace difftrain {
@@ -110,15 +111,11 @@ Result<DiffusionConfig> DiffusionConfig::FromDiffusersScheduler(const nlohmann::
   DiffusionConfig c;
   try {
     c.steps = json.value("num_train_timesteps", 1000);
-    // The class's defaults: the Heun, KDPM2 (ancestral) and DPM-Solver SDE schedulers' are
-    // Stable Diffusion's, the others DDPM's.
-    const std::string class_name = json.value("_class_name", std::string());
-    const bool sd_betas =
-        class_name == "HeunDiscreteScheduler" || class_name == "KDPM2DiscreteScheduler" ||
-        class_name == "KDPM2AncestralDiscreteScheduler" || class_name == "DPMSolverSDEScheduler";
-    c.beta_start = json.value("beta_start", sd_betas ? 0.00085 : 1e-4);
-    c.beta_end = json.value("beta_end", sd_betas ? 0.012 : 0.02);
-    const std::string schedule = json.value("beta_schedule", std::string("linear"));
+    // The class's defaults (sampler_kind.h).
+    const BetaDefaults defaults = DiffusersBetaDefaults(json.value("_class_name", std::string()));
+    c.beta_start = json.value("beta_start", defaults.start);
+    c.beta_end = json.value("beta_end", defaults.end);
+    const std::string schedule = json.value("beta_schedule", defaults.schedule);
     if (schedule == "squaredcos_cap_v2") {
       c.schedule = "cosine";
     } else if (schedule == "linear" || schedule == "scaled_linear") {

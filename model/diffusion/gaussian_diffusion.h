@@ -50,10 +50,10 @@ struct DiffusionConfig {
   // pipeline; DDPM, DDIM, PNDM, Euler … share these keys): num_train_timesteps, beta_schedule
   // (linear, scaled_linear, squaredcos_cap_v2 → cosine), beta_start, beta_end and
   // prediction_type (epsilon, v_prediction → v) and rescale_betas_zero_snr, with the class's
-  // (_class_name) defaults (the betas of HeunDiscreteScheduler, KDPM2DiscreteScheduler,
-  // KDPM2AncestralDiscreteScheduler and DPMSolverSDEScheduler are 0.00085 to 0.012, the others'
-  // 1e-4 to 0.02). Refused by name: trained_betas, another schedule or prediction type. The
-  // sampling-time keys (timestep_spacing, steps_offset …) are TimestepSpacing's
+  // (_class_name) defaults (DiffusersBetaDefaults, sampler_kind.h: LCMScheduler's are
+  // scaled_linear, the Heun, KDPM2 (ancestral) and DPM-Solver SDE schedulers' 0.00085 to 0.012,
+  // the others' 1e-4 to 0.02). Refused by name: trained_betas, another schedule or prediction
+  // type. The sampling-time keys (timestep_spacing, steps_offset …) are TimestepSpacing's
   // (timestep_spacing.h) and the solvers'.
   static Result<DiffusionConfig> FromDiffusersScheduler(const nlohmann::json& json);
 };

@@ -80,6 +80,12 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   if (options.kind == SamplerKind::kPndm) {
     DT_ASSIGN_OR_RETURN(plms_calls, PlmsCalls(abar, options.steps, options.spacing));
   }
+  if (kind == SamplerKind::kLcm) {
+    // Its x0 of ε divides by √ᾱ_t: at ᾱ = 0 (zero terminal SNR) a v-prediction model only, as
+    // DDIM steps from there.
+    DT_ASSIGN_OR_RETURN(diffusers_steps,
+                        LcmSteps(diffusion.alphas_cumprod(), options.steps, options.lcm));
+  }
   Sampler sampler(diffusion, shape, options, std::move(diffusers_steps), std::move(plms_calls));
   if (kind == SamplerKind::kEuler || kind == SamplerKind::kHeun ||
       kind == SamplerKind::kEulerAncestral || kind == SamplerKind::kLms) {
@@ -191,9 +197,10 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
-  // Each sample's noise of a stochastic step (DDPM, or DDIM with η > 0), frames correlated as
-  // in training.
-  const bool stochastic = options_.kind == SamplerKind::kDdpm || options_.eta > 0;
+  const bool lcm = options_.kind == SamplerKind::kLcm;
+  // Each sample's noise of a stochastic step (DDPM, LCM, or DDIM with η > 0), frames correlated
+  // as in training.
+  const bool stochastic = options_.kind == SamplerKind::kDdpm || lcm || options_.eta > 0;
   std::vector<double> step_noise(stochastic ? N * n : 0);
   std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, N);
 
@@ -207,8 +214,14 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
         options_.eta * std::sqrt((1 - abar_prev) / (1 - abar)) * std::sqrt(1 - abar / abar_prev);
     const double direction = std::sqrt(std::max(0.0, 1 - abar_prev - sigma * sigma));
     // DDPM adds noise at every step from a timestep above 0, DDIM wherever σ > 0 (both none
-    // into x_0 when respaced: its last step is at timestep 0 and goes to ᾱ = 1).
-    const bool noisy = options_.kind == SamplerKind::kDdpm ? timesteps_[i] > 0 : sigma > 0;
+    // into x_0 when respaced: its last step is at timestep 0 and goes to ᾱ = 1), LCM at every
+    // step but the last.
+    const bool noisy = options_.kind == SamplerKind::kDdpm ? timesteps_[i] > 0
+                       : lcm                               ? i > 0
+                                                           : sigma > 0;
+    // LCM's boundary condition at t (1 and 0 for the others: their x0 as it is).
+    const double c_out = lcm ? options_.lcm.OutCoefficient(timesteps_[i]) : 1;
+    const double c_skip = lcm ? options_.lcm.SkipCoefficient(timesteps_[i]) : 0;
 #pragma omp parallel for schedule(static)
     for (int b = 0; b < N; ++b) {
       float* xb = x + b * n;
@@ -221,7 +234,12 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
             v_prediction_ ? sqrt_abar * xb[j] - sqrt_one_minus_abar * out : c.PredictX0(xb[j], out);
         if (options_.clip_denoised) x0 = std::clamp(x0, -1.0, 1.0);
         double next;
-        if (options_.kind == SamplerKind::kDdpm) {
+        if (lcm) {
+          // The consistency model's x0, noised afresh to ᾱ' (the last step's ᾱ' is 1).
+          const double denoised = c_out * x0 + c_skip * xb[j];
+          next = std::sqrt(abar_prev) * denoised;
+          if (noisy) next += std::sqrt(1 - abar_prev) * z[j];
+        } else if (options_.kind == SamplerKind::kDdpm) {
           // Ancestral step: the posterior mean at the predicted x0, plus noise of the model's
           // variance (none from timestep 0).
           next = c.PosteriorMean(x0, xb[j]);

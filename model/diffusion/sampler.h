@@ -30,6 +30,7 @@
 #include "model/diffusion/deis.h"
 #include "model/diffusion/dpm_solver.h"
 #include "model/diffusion/gaussian_diffusion.h"
+#include "model/diffusion/lcm.h"
 #include "model/diffusion/sampler_kind.h"
 #include "model/diffusion/timestep_spacing.h"
 #include "model/diffusion/unipc.h"
@@ -79,6 +80,7 @@ struct SamplerOptions {
   DpmSolverOptions dpm;     // DPM-Solver++'s (multistep, singlestep) order and final steps
   DeisOptions deis;         // DEIS's order and final steps
   UniPcOptions unipc;       // UniPC's order, B(h) and correctors
+  LcmOptions lcm;           // LCM's distillation schedule and boundary condition
   double eta = 0.0;         // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
   double cfg_scale = 1.0;   // guidance scale g; 1 runs the conditional model alone
   // Guidance applies only at steps whose (original) timestep lies in [cfg_from, cfg_to];
@@ -103,7 +105,8 @@ class Sampler {
                                 const SamplerOptions& options);
 
   // The original timesteps kept, increasing; the respaced step i runs at timesteps()[i]
-  // (DPM-Solver's are in dpm_steps()).
+  // (DPM-Solver's are in dpm_steps(); LCM's are here, each step going to the ᾱ of the one
+  // below).
   const std::vector<int>& timesteps() const { return timesteps_; }
   // PNDM's model calls, in the order they run (empty for the others).
   const std::vector<PlmsCall>& plms_calls() const { return plms_calls_; }

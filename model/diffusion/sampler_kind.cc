@@ -11,42 +11,53 @@ namespace difftrain {
 namespace {
 
 // Each sampler: its flag name, its name in messages, the diffusers scheduler it follows, the
-// spacing it takes without one given (its scheduler's default; DDPM and DDIM: DiT's), whether
-// that is its only spacing, whether it has Karras σ's, and whether it keeps timesteps of its
-// own (the multistep solvers' set_timesteps: N + 1 points, timestep 0's dropped).
+// spacing it takes without one given (its scheduler's default; DDPM and DDIM: DiT's), where its
+// steps fall when that is its only spacing (else null), whether it has Karras σ's, whether it
+// keeps timesteps of its own (the multistep solvers' set_timesteps: N + 1 points, timestep 0's
+// dropped; LCM's distillation schedule), and its class's default β's.
+enum class Betas { kDdpm, kSd, kSdScaled };
 struct SamplerRow {
   SamplerKind kind;
   const char* flag;
   const char* name;
   const char* scheduler;
   const char* spacing;
-  bool spacing_only;
+  const char* one_spacing;
   bool karras;
   bool own_timesteps;
+  Betas betas;
 };
 constexpr SamplerRow kSamplers[] = {
-    {SamplerKind::kDdpm, "ddpm", "DDPM", "DDPMScheduler", "respace", false, false, false},
-    {SamplerKind::kDdim, "ddim", "DDIM", "DDIMScheduler", "respace", false, false, false},
-    {SamplerKind::kPndm, "pndm", "PNDM", "PNDMScheduler", "leading", false, false, false},
-    {SamplerKind::kEuler, "euler", "Euler", "EulerDiscreteScheduler", "linspace", false, true,
-     false},
+    {SamplerKind::kDdpm, "ddpm", "DDPM", "DDPMScheduler", "respace", nullptr, false, false,
+     Betas::kDdpm},
+    {SamplerKind::kDdim, "ddim", "DDIM", "DDIMScheduler", "respace", nullptr, false, false,
+     Betas::kDdpm},
+    {SamplerKind::kPndm, "pndm", "PNDM", "PNDMScheduler", "leading", nullptr, false, false,
+     Betas::kDdpm},
+    {SamplerKind::kEuler, "euler", "Euler", "EulerDiscreteScheduler", "linspace", nullptr, true,
+     false, Betas::kDdpm},
     {SamplerKind::kEulerAncestral, "euler_ancestral", "Euler ancestral",
-     "EulerAncestralDiscreteScheduler", "linspace", false, false, false},
-    {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler", "linspace", false, true, false},
-    {SamplerKind::kLms, "lms", "LMS", "LMSDiscreteScheduler", "linspace", false, true, false},
-    {SamplerKind::kKdpm2, "kdpm2", "KDPM2", "KDPM2DiscreteScheduler", "linspace", false, true,
-     false},
+     "EulerAncestralDiscreteScheduler", "linspace", nullptr, false, false, Betas::kDdpm},
+    {SamplerKind::kHeun, "heun", "Heun", "HeunDiscreteScheduler", "linspace", nullptr, true, false,
+     Betas::kSd},
+    {SamplerKind::kLms, "lms", "LMS", "LMSDiscreteScheduler", "linspace", nullptr, true, false,
+     Betas::kDdpm},
+    {SamplerKind::kKdpm2, "kdpm2", "KDPM2", "KDPM2DiscreteScheduler", "linspace", nullptr, true,
+     false, Betas::kSd},
     {SamplerKind::kKdpm2Ancestral, "kdpm2_ancestral", "KDPM2 ancestral",
-     "KDPM2AncestralDiscreteScheduler", "linspace", false, true, false},
+     "KDPM2AncestralDiscreteScheduler", "linspace", nullptr, true, false, Betas::kSd},
     {SamplerKind::kDpmSolver, "dpmsolver", "DPM-Solver", "DPMSolverMultistepScheduler", "linspace",
-     false, true, true},
+     nullptr, true, true, Betas::kDdpm},
     {SamplerKind::kDpmSolverSinglestep, "dpmsolver_singlestep", "DPM-Solver singlestep",
-     "DPMSolverSinglestepScheduler", "linspace", true, true, true},
+     "DPMSolverSinglestepScheduler", "linspace", "by linspace", true, true, Betas::kDdpm},
     {SamplerKind::kDpmSolverSde, "dpmsolver_sde", "DPM-Solver SDE", "DPMSolverSDEScheduler",
-     "linspace", false, true, false},
-    {SamplerKind::kDeis, "deis", "DEIS", "DEISMultistepScheduler", "linspace", false, true, true},
-    {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", false, true,
-     true},
+     "linspace", nullptr, true, false, Betas::kSd},
+    {SamplerKind::kDeis, "deis", "DEIS", "DEISMultistepScheduler", "linspace", nullptr, true, true,
+     Betas::kDdpm},
+    {SamplerKind::kUniPc, "unipc", "UniPC", "UniPCMultistepScheduler", "linspace", nullptr, true,
+     true, Betas::kDdpm},
+    {SamplerKind::kLcm, "lcm", "LCM", "LCMScheduler", "leading",
+     "on the distillation's original_inference_steps timesteps", false, true, Betas::kSdScaled},
 };
 
 const SamplerRow& RowOf(SamplerKind kind) {
@@ -84,8 +95,13 @@ std::string DefaultSpacing(SamplerKind kind) {
   return RowOf(kind).spacing;
 }
 
-bool HasLinspaceOnly(SamplerKind kind) {
-  return RowOf(kind).spacing_only;
+bool HasOneSpacing(SamplerKind kind) {
+  return RowOf(kind).one_spacing != nullptr;
+}
+
+std::string OneSpacingWords(SamplerKind kind) {
+  const char* words = RowOf(kind).one_spacing;
+  return words != nullptr ? words : "";
 }
 
 bool TakesKarrasSigmas(SamplerKind kind) {
@@ -109,6 +125,13 @@ std::optional<SamplerKind> SamplerOfScheduler(const std::string& scheduler_class
     if (scheduler_class == s.scheduler) return s.kind;
   }
   return std::nullopt;
+}
+
+BetaDefaults DiffusersBetaDefaults(const std::string& scheduler_class) {
+  const std::optional<SamplerKind> sampler = SamplerOfScheduler(scheduler_class);
+  const Betas betas = sampler ? RowOf(*sampler).betas : Betas::kDdpm;
+  if (betas == Betas::kDdpm) return {};
+  return {0.00085, 0.012, betas == Betas::kSd ? "linear" : "scaled_linear"};
 }
 
 }  // namespace difftrain

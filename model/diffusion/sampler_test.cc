@@ -130,7 +130,7 @@ TEST_F(SamplerTest, ShapesRangeAndDeterminism) {
 // Sample n's noise is addressed by n: drawing in batches of any size gives the same samples.
 TEST_F(SamplerTest, SamplesDoNotDependOnTheBatch) {
   for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kEulerAncestral,
-                           SamplerKind::kDpmSolverSde}) {
+                           SamplerKind::kDpmSolverSde, SamplerKind::kLcm}) {
     SamplerOptions options;
     options.kind = kind;
     options.steps = 10;
@@ -288,15 +288,16 @@ TEST_F(SamplerTest, ZeroTerminalSnrSamplersRecoverThePointMass) {
        {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kPndm, SamplerKind::kEuler,
         SamplerKind::kEulerAncestral, SamplerKind::kHeun, SamplerKind::kLms, SamplerKind::kKdpm2,
         SamplerKind::kKdpm2Ancestral, SamplerKind::kDpmSolver, SamplerKind::kDpmSolverSinglestep,
-        SamplerKind::kDpmSolverSde, SamplerKind::kDeis, SamplerKind::kUniPc}) {
+        SamplerKind::kDpmSolverSde, SamplerKind::kDeis, SamplerKind::kUniPc, SamplerKind::kLcm}) {
     for (const char* spacing : {"respace", "trailing"}) {
       SamplerOptions options;
       options.kind = kind;
       options.steps = 20;
       options.seed = 3;
-      // DPM-Solver singlestep has linspace only, which starts at T − 1 too.
+      // DPM-Solver singlestep has linspace only, which starts at T − 1 too (LCM's timesteps
+      // likewise).
       options.spacing.kind =
-          HasLinspaceOnly(kind) && spacing != std::string("respace") ? "linspace" : spacing;
+          HasOneSpacing(kind) && spacing != std::string("respace") ? DefaultSpacing(kind) : spacing;
       if (DefaultSpacing(kind) != "respace") {
         if (options.spacing.kind == "respace") continue;  // diffusers' samplers: trailing only
         options.clip_denoised = false;

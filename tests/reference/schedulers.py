@@ -37,13 +37,13 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
   NAME.KEY         for each {"key", "class", "extra", "noise"} of the case's "runs" (a class of
                    RUNS, configured by the case's scheduler updated with extra, its σ's
                    made from ᾱ's computed in float64, the last 2^-24 with
-                   rescale_betas_zero_snr, Heun's and KDPM2's samples and DEIS's σ's and
+                   rescale_betas_zero_snr where the class does so (not LCM), Heun's and KDPM2's samples and DEIS's σ's and
                    samples in float64): x_T
                    (times init_noise_sigma) denoised
                    as StableDiffusionPipeline runs a scheduler, the model called on
                    scale_model_input(x, t) at each of its timesteps; the optional noise, a
                    safetensors file whose "noise" [N, 2, 2, 4, 4] holds each step's noise,
-                   is what the scheduler's step draws (Euler ancestral, DPM-Solver's SDE; KDPM2
+                   is what the scheduler's step draws (Euler ancestral, LCM, DPM-Solver's SDE; KDPM2
                    ancestral draws at every call and adds each second call's draw;
                    DPMSolverSDEScheduler's [N, 2, 2, 2, 4, 4] are each step's two Brownian
                    increments, StepBrownian)
@@ -64,8 +64,8 @@ from diffusers import (DDIMScheduler, DDPMScheduler, DEISMultistepScheduler,
                        DPMSolverMultistepScheduler,
                        DPMSolverSinglestepScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
                        HeunDiscreteScheduler, KDPM2AncestralDiscreteScheduler,
-                       KDPM2DiscreteScheduler, LMSDiscreteScheduler, PNDMScheduler,
-                       UniPCMultistepScheduler)
+                       KDPM2DiscreteScheduler, LCMScheduler, LMSDiscreteScheduler,
+                       PNDMScheduler, UniPCMultistepScheduler)
 from diffusers.schedulers import scheduling_ddpm
 from step_brownian import StepBrownian, dpm_solver_sde_module
 
@@ -79,12 +79,15 @@ scheduling_ddpm.randn_tensor = lambda shape, **kwargs: torch.zeros(shape)
 SPACINGS = {"leading/0": ("leading", 0), "leading/1": ("leading", 1),
             "trailing/0": ("trailing", 0), "linspace/0": ("linspace", 0)}
 DDIM_ONLY = ("set_alpha_to_one",)
+# The classes whose __init__ puts 2^-24 in place of a zero ᾱ at the last timestep.
+PATCH_LAST_ALPHA = ("EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler",
+                    "DPMSolverMultistepScheduler")
 RUNS = {c.__name__: c for c in (EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
                                 HeunDiscreteScheduler, LMSDiscreteScheduler,
                                 KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                                 DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
                                 DEISMultistepScheduler, DPMSolverSDEScheduler,
-                                UniPCMultistepScheduler)}
+                                UniPCMultistepScheduler, LCMScheduler)}
 
 
 def timesteps(out, T):
@@ -187,7 +190,8 @@ def steps(cases_path, out):
             # Its σ's from ᾱ's computed in float64, as PNDM's above: the cosine schedule's fp32
             # ᾱ_999 moves σ_max, and the 7-step Heun sample by 1.8e-3.
             scheduler.alphas_cumprod = alphas_cumprod64(dict(scheduler.config))
-            if scheduler.config.get("rescale_betas_zero_snr", False):
+            if scheduler.config.get("rescale_betas_zero_snr", False) and \
+                    run["class"] in PATCH_LAST_ALPHA:
                 scheduler.alphas_cumprod[-1] = 2**-24  # as the class's __init__ does
             scheduler.set_timesteps(n)
             if "noise" in run and run["class"] == "DPMSolverSDEScheduler":

@@ -1,0 +1,79 @@
+#include "model/diffusion/lcm.h"
+
+#include <cmath>
+#include <string>
+
+namespace difftrain {
+namespace {
+
+constexpr double kSigmaData = 0.5;  // the consistency model's σ_data
+
+}  // namespace
+
+Status LcmOptions::Validate() const {
+  if (original_steps < 1)
+    return Errorf("original_inference_steps must be positive, got {}", original_steps);
+  if (!(timestep_scaling > 0 && std::isfinite(timestep_scaling)))
+    return Errorf("timestep_scaling must be positive, got {}", timestep_scaling);
+  return Status::Ok();
+}
+
+nlohmann::json LcmOptions::ToJson() const {
+  return {{"original_inference_steps", original_steps}, {"timestep_scaling", timestep_scaling}};
+}
+
+Result<LcmOptions> LcmOptions::FromDiffusersScheduler(const nlohmann::json& json) {
+  if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
+  LcmOptions o;
+  try {
+    o.original_steps = json.value("original_inference_steps", o.original_steps);
+    o.timestep_scaling = json.value("timestep_scaling", o.timestep_scaling);
+    if (json.value("clip_sample", false))
+      return Errorf("clip_sample: true is not supported (LCM's x0 predictions are not clipped)");
+  } catch (const nlohmann::json::exception& e) {
+    return Errorf("malformed scheduler config: {}", e.what());
+  }
+  DT_RETURN_IF_ERROR(o.Validate());
+  return o;
+}
+
+double LcmOptions::SkipCoefficient(int t) const {
+  const double s = t * timestep_scaling;
+  return kSigmaData * kSigmaData / (s * s + kSigmaData * kSigmaData);
+}
+
+double LcmOptions::OutCoefficient(int t) const {
+  const double s = t * timestep_scaling;
+  return s / std::sqrt(s * s + kSigmaData * kSigmaData);
+}
+
+Result<std::vector<SamplingStep>> LcmSteps(const std::vector<double>& alphas_cumprod, int N,
+                                           const LcmOptions& options) {
+  DT_RETURN_IF_ERROR(options.Validate());
+  const int T = static_cast<int>(alphas_cumprod.size());
+  const int original = options.original_steps;
+  if (original > T) {
+    return Errorf("original_inference_steps {} exceeds the diffusion's {} timesteps", original, T);
+  }
+  if (N < 1 || N > original) {
+    return Errorf(
+        "LCM takes 1 to original_inference_steps = {} steps (its timesteps are a subset of "
+        "the distillation's {}), got {}",
+        original, original, N);
+  }
+  const int stride = T / original;
+  const double index_step = static_cast<double>(original) / N;  // numpy.linspace's step
+  std::vector<int> kept(N);  // decreasing, as diffusers lists them
+  for (int j = 0; j < N; ++j) {
+    const int index = static_cast<int>(std::floor(j * index_step));
+    kept[j] = (original - index) * stride - 1;
+  }
+  std::vector<SamplingStep> steps;
+  for (int j = N - 1; j >= 0; --j) {
+    const int t = kept[j];
+    steps.push_back({t, alphas_cumprod[t], j + 1 < N ? alphas_cumprod[kept[j + 1]] : 1.0});
+  }
+  return steps;
+}
+
+}  // namespace difftrain

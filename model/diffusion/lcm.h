@@ -1,0 +1,48 @@
+// diffusers' LCMScheduler (Luo et al., "Latent Consistency Models"): a few-step sampler for a
+// model distilled to be consistent, i.e. to map any x_t of a trajectory to its x0 in one call.
+// Each step takes the model's x0 prediction, mixed with x_t by the consistency model's
+// boundary condition at the step's timestep t (scaled s = t · timestep_scaling, σ_data = 0.5),
+//   denoised = c_out · x0 + c_skip · x_t,  c_skip = σ_data² / (s² + σ_data²),
+//                                           c_out = s / √(s² + σ_data²),
+// and noises it afresh to the next step's timestep,
+//   x' = √ᾱ' · denoised + √(1 − ᾱ') · z,
+// the last step's x' being `denoised` itself (its ᾱ' = 1, no noise).
+//
+// Its timesteps are its own, not a timestep spacing's: the distillation ran on the
+// `original_steps` timesteps i · ⌊T/original_steps⌋ − 1 (i = 1 … original_steps); N of them,
+// from the top, are taken at the indices ⌊j · original_steps/N⌋, j = 0 … N − 1 (numpy's
+// linspace without its end point), so N ≤ original_steps.
+#pragma once
+
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "model/diffusion/timestep_spacing.h"
+
+namespace difftrain {
+
+struct LcmOptions {
+  int original_steps = 50;       // original_inference_steps: the distillation's schedule
+  double timestep_scaling = 10;  // t's scale in the boundary condition
+
+  // Errors name the key: original_inference_steps below 1, timestep_scaling not positive.
+  Status Validate() const;
+  nlohmann::json ToJson() const;
+  // original_inference_steps and timestep_scaling of an LCMScheduler config (their defaults
+  // where absent). Refused by name: clip_sample true (x0 predictions are not clipped).
+  static Result<LcmOptions> FromDiffusersScheduler(const nlohmann::json& json);
+
+  // The boundary condition's coefficients at timestep t.
+  double SkipCoefficient(int t) const;
+  double OutCoefficient(int t) const;
+};
+
+// The N steps over the diffusion's ᾱ's (`alphas_cumprod`, T of them), increasing in timestep,
+// each going to the ᾱ of the step below it, the lowest to 1. Errors: original_steps above T,
+// N outside [1, original_steps].
+Result<std::vector<SamplingStep>> LcmSteps(const std::vector<double>& alphas_cumprod, int N,
+                                           const LcmOptions& options);
+
+}  // namespace difftrain
