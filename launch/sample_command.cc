@@ -22,6 +22,7 @@
 #include "launch/sample_options.h"
 #include "launch/sample_prompts.h"
 #include "launch/sample_source.h"
+#include "model/cpu/embed.h"
 #include "model/data/latent_folder.h"
 #include "model/data/text_table.h"
 #include "model/diffusion/sampler.h"
@@ -46,6 +47,8 @@ constexpr double kDefaultGuidance = 4.0;
 constexpr int kPipelineSteps = 50;
 constexpr double kPipelineGuidance = 7.5;
 constexpr int kLcmSteps = 4;  // LatentConsistencyModelPipeline's num_inference_steps
+// LatentConsistencyModelPipeline's guidance_scale, for a model that embeds it.
+constexpr double kEmbeddedGuidance = 8.5;
 
 // The VAE that decodes the samples: --vae's; without it, for a PNG or GIF, the one the
 // checkpoint's training data (a latent folder) was encoded with, as its index.json names it;
@@ -358,6 +361,22 @@ int RunSample(const SampleOptions& o) {
   options.eta = o.eta.value_or(0.0);
   options.cfg_scale = o.cfg.value_or(
       has_null_class ? (pipeline_defaults ? kPipelineGuidance : kDefaultGuidance) : 1.0);
+  // A guidance-distilled model takes the scale as an embedding in one conditional pass, as
+  // LatentConsistencyModelPipeline runs it: no unconditional model to guide against.
+  std::vector<float> guidance_embedding;
+  const double embedded_guidance = o.cfg.value_or(kEmbeddedGuidance);
+  if (m.guidance_embedding_dim > 0) {
+    if (o.negative_prompt || o.guidance_rescale || !o.cfg_interval.empty()) {
+      return bad(
+          "--negative-prompt, --guidance-rescale and --cfg-interval steer classifier-free "
+          "guidance, and this model takes its guidance scale as an embedding "
+          "(time_cond_proj_dim): --cfg alone sets it");
+    }
+    guidance_embedding.resize(m.guidance_embedding_dim);
+    cpu::GuidanceScaleEmbedding(guidance_embedding.data(), embedded_guidance,
+                                m.guidance_embedding_dim);
+    options.cfg_scale = 1;
+  }
   if (!o.cfg_interval.empty()) {
     if (o.cfg_interval.size() != 2) {
       return bad(fmt::format("--cfg-interval takes two timesteps FROM,TO, got {} values",
@@ -388,10 +407,18 @@ int RunSample(const SampleOptions& o) {
   if (Status s = FillModelWeights(ckpt, o.weights == "ema", model); !s.ok())
     return bad((ckpt.pretrained ? "--pretrained: " : "--checkpoint: ") + s.message());
   const size_t out_floats = m.output_elements();
-  auto forward = [&model, out_floats](const float* x_t, const float* t, const int32_t* y,
-                                      const float* context, int B, float* out) {
+  std::vector<float> guidance_rows;  // the guidance embedding, once per sample of a batch
+  auto forward = [&model, out_floats, &guidance_embedding, &guidance_rows](
+                     const float* x_t, const float* t, const int32_t* y, const float* context,
+                     int B, float* out) {
     model.Reserve(B, 1);
-    const Status s = model.Forward(0, ModelInputs{x_t, t, y, context}, nullptr, nullptr);
+    const size_t dim = guidance_embedding.size();
+    for (size_t row = guidance_rows.size() / std::max<size_t>(dim, 1); row < size_t(B); ++row)
+      guidance_rows.insert(guidance_rows.end(), guidance_embedding.begin(),
+                           guidance_embedding.end());
+    const Status s =
+        model.Forward(0, ModelInputs{x_t, t, y, context, dim > 0 ? guidance_rows.data() : nullptr},
+                      nullptr, nullptr);
     DT_CHECK(s.ok(), "{}", s.message());
     std::memcpy(out, model.output(0), B * out_floats * sizeof(float));
   };
@@ -435,8 +462,9 @@ int RunSample(const SampleOptions& o) {
                         options.spacing.steps_offset, options.spacing.set_alpha_to_one,
                         options.spacing.karras ? ", Karras sigmas" : "")
           : "",
-      options.cfg_scale,
-      o.cfg_interval.empty()
+      guidance_embedding.empty() ? options.cfg_scale : embedded_guidance,
+      !guidance_embedding.empty() ? " (embedded)"
+      : o.cfg_interval.empty()
           ? ""
           : fmt::format(" at timesteps {}..{}", options.cfg_from, options.cfg_to),
       o.seed);
@@ -494,6 +522,7 @@ int RunSample(const SampleOptions& o) {
     if (kind == SamplerKind::kUniPc) how["unipc"] = options.unipc.ToJson();
     if (kind == SamplerKind::kLcm) how["lcm"] = options.lcm.ToJson();
     if (options.guidance_rescale != 0) how["guidance_rescale"] = options.guidance_rescale;
+    if (!guidance_embedding.empty()) how["embedded_guidance"] = embedded_guidance;
     if (ckpt.pretrained) {
       how["pretrained"] = ckpt.path;
       how["diffusion"] = ckpt.diffusion.ToJson();

@@ -9,6 +9,7 @@
 // and DPM++ SDE Karras with difftrain's step noise) step and the VAE decoding. Within fp32's
 // rounding: relative L2 ≤ 1e-5 (measured 0.8–4.2e-6); the last step to ᾱ = 1 in place of ᾱ_0 alone
 // moves the latents by more than 10 times that, and so does leaving out the guidance rescale.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -39,15 +40,17 @@ class SdPipelineReferenceTest : public DiffusersReference {
     return env.exit_code == 0 ? LastLine(env.output) : "";
   }
 
-  // The pipeline folder; its text half made by `text_python`.
-  std::string MakePipeline(const std::string& text_python) {
+  // The pipeline folder ("sd": StableDiffusionPipeline, "lcm": LatentConsistencyModelPipeline);
+  // its text half made by `text_python`.
+  std::string MakePipeline(const std::string& text_python, const std::string& kind = "sd") {
     const CommandResult text =
         RunCommand(fmt::format("{} {} sd {} 2 '[\"x\"]' 3 2>&1", ShellQuote(text_python),
                                ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/text_encoder.py"),
                                ShellQuote(dir_.string())));
     EXPECT_EQ(text.exit_code, 0) << text.output;
-    const std::string pipeline = (dir_ / "pipeline").string();
-    const CommandResult made = RunScript("sd_pipeline.py", "make " + ShellQuote(pipeline) + " 5");
+    const std::string pipeline = (dir_ / "pipeline").string();  // text_encoder.py's
+    const CommandResult made =
+        RunScript("sd_pipeline.py", "make " + ShellQuote(pipeline) + " 5 " + kind);
     EXPECT_EQ(made.exit_code, 0) << made.output;
     return text.exit_code == 0 && made.exit_code == 0 ? pipeline : "";
   }
@@ -63,6 +66,31 @@ class SdPipelineReferenceTest : public DiffusersReference {
         fmt::format("run {} {} {}", ShellQuote(pipeline), ShellQuote(out), ShellQuote(json)));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return out;
+  }
+
+  // The noise `difftrain sample --seed 5` draws at each step for samples 0 … images − 1 (their
+  // step noise streams, sampler.h), each [4, h, w] of the UNet's latents, `draws` draws a step;
+  // none at the last. Written for sd_pipeline.py's step_noise; its path.
+  std::string WriteStepNoise(const std::string& pipeline, int steps, int images, int draws) {
+    const nlohmann::json unet =
+        nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
+    const size_t n = 4 * unet["sample_size"].get<size_t>() * unet["sample_size"].get<size_t>();
+    std::vector<float> noise(size_t(steps) * draws * images * n, 0.0f);
+    std::vector<double> z(n);
+    for (int b = 0; b < images; ++b) {
+      Rng rng(5, RngStream::kSample, StepNoiseCounter(b));
+      for (int k = 0; k + 1 < steps; ++k) {
+        for (int d = 0; d < draws; ++d) {
+          DrawFrameNoise(rng, 0.0, 1, n, z.data());
+          std::copy(z.begin(), z.end(), noise.begin() + ((size_t(k) * draws + d) * images + b) * n);
+        }
+      }
+    }
+    io::SafetensorsWriter file;
+    file.AddF32("noise", {steps, draws, images, int64_t(n)}, noise.data());
+    const std::string path = (dir_ / "step_noise.safetensors").string();
+    EXPECT_TRUE(file.WriteAtomic(path).ok());
+    return path;
   }
 
   // difftrain's samples from `noise` with `flags` into `name`.safetensors.
@@ -249,31 +277,9 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
     SCOPED_TRACE(c.name);
     nlohmann::json settings = c.settings;
     if (settings["scheduler"] == "euler_ancestral" || settings["scheduler"] == "dpmsolver_sde") {
-      // The noise `difftrain sample --seed 5` draws at each step for samples 0 and 1 (their
-      // step noise streams, sampler.h), each [4, h, w] of the UNet's latents, one draw a step
-      // (DPM++ SDE: two); none at the last.
-      const nlohmann::json unet =
-          nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
-      const int steps = settings["steps"], images = settings["images"];
-      const int draws = settings["scheduler"] == "dpmsolver_sde" ? 2 : 1;
-      const size_t n = 4 * unet["sample_size"].get<size_t>() * unet["sample_size"].get<size_t>();
-      std::vector<float> noise(size_t(steps) * draws * images * n, 0.0f);
-      std::vector<double> z(n);
-      for (int b = 0; b < images; ++b) {
-        Rng rng(5, RngStream::kSample, StepNoiseCounter(b));
-        for (int k = 0; k + 1 < steps; ++k) {
-          for (int d = 0; d < draws; ++d) {
-            DrawFrameNoise(rng, 0.0, 1, n, z.data());
-            std::copy(z.begin(), z.end(),
-                      noise.begin() + ((size_t(k) * draws + d) * images + b) * n);
-          }
-        }
-      }
-      io::SafetensorsWriter file;
-      file.AddF32("noise", {steps, draws, images, int64_t(n)}, noise.data());
-      const std::string path = (dir_ / "step_noise.safetensors").string();
-      ASSERT_TRUE(file.WriteAtomic(path).ok());
-      settings["step_noise"] = path;
+      // One draw a step (DPM++ SDE: two).
+      settings["step_noise"] = WriteStepNoise(pipeline, settings["steps"], settings["images"],
+                                              settings["scheduler"] == "dpmsolver_sde" ? 2 : 1);
     }
     const std::string reference = Reference(pipeline, settings, std::string(c.name) + "_want");
     Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(reference);
@@ -305,6 +311,77 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
       EXPECT_GT(moved, 10 * kBound);
     }
   }
+}
+
+// A guidance-distilled (LCM) pipeline: LatentConsistencyModelPipeline's UNet takes the guidance
+// scale as an embedding (time_cond_proj_dim) in one conditional pass, its LCMScheduler steps on
+// the distillation's timesteps with fresh noise at each (difftrain's, as above). The pipeline's
+// defaults (LCM, 4 steps, guidance 8.5) and flags over them; the same sample with guidance 1
+// (w = 0, an embedding of sin 0 and cos 1) moves, so the embedding reaches the model.
+TEST_F(SdPipelineReferenceTest, SamplesAsLatentConsistencyModelPipeline) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python, "lcm");
+  ASSERT_FALSE(pipeline.empty());
+  struct Case {
+    const char* name;
+    nlohmann::json settings;  // sd_pipeline.py run's
+    std::string flags;        // the same for difftrain sample
+  };
+  const std::vector<Case> cases = {
+      {"lcm_defaults",
+       {{"prompt", "a photo of a boat"}, {"steps", 4}, {"guidance", 8.5}, {"images", 2}},
+       "--prompt 'a photo of a boat' --per-class 2 --seed 5"},
+      {"lcm_30",
+       {{"prompt", "a photo of a boat"},
+        {"steps", 6},
+        {"guidance", 2.0},
+        {"original_inference_steps", 30},
+        {"images", 2},
+        {"seed", 1}},
+       "--prompt 'a photo of a boat' --per-class 2 --steps 6 --cfg 2 "
+       "--original-inference-steps 30 --seed 5"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    nlohmann::json settings = c.settings;
+    settings["step_noise"] = WriteStepNoise(pipeline, settings["steps"], settings["images"], 1);
+    const std::string reference = Reference(pipeline, settings, std::string(c.name) + "_want");
+    Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(reference);
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    Result<io::SafetensorsFile> got = Sample(pipeline, reference, c.flags, c.name);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    const std::vector<float> latents = ReferenceTensor(*want, "latents");
+    const double latents_error = RelativeL2(ReferenceTensor(*got, "images"), latents);
+    const double decoded_error =
+        RelativeL2(ReferenceTensor(*got, "decoded"), ReferenceTensor(*want, "decoded"));
+    std::cout << c.name << ": relative L2 latents " << latents_error << ", decoded "
+              << decoded_error << "\n";
+    EXPECT_LE(latents_error, kBound);
+    EXPECT_LE(decoded_error, kBound);
+    EXPECT_GT(RelativeL2(ReferenceTensor(*want, "noise"), latents), 0.1) << "nothing was denoised";
+    const nlohmann::json how = nlohmann::json::parse(got->metadata().at("sampling"));
+    EXPECT_EQ(how["sampler"], "lcm");
+    EXPECT_EQ(how["embedded_guidance"], settings["guidance"]);
+    EXPECT_EQ(how["cfg_scale"], 1.0);
+  }
+  Result<io::SafetensorsFile> want =
+      io::SafetensorsFile::Read((dir_ / "lcm_defaults_want.safetensors").string());
+  ASSERT_TRUE(want.ok());
+  Result<io::SafetensorsFile> unguided =
+      Sample(pipeline, (dir_ / "lcm_defaults_want.safetensors").string(),
+             cases[0].flags + " --cfg 1", "lcm_unguided");
+  ASSERT_TRUE(unguided.ok()) << unguided.status().message();
+  const double moved =
+      RelativeL2(ReferenceTensor(*unguided, "images"), ReferenceTensor(*want, "latents"));
+  std::cout << "guidance 1 in place of 8.5: relative L2 latents " << moved << "\n";
+  EXPECT_GT(moved, 10 * kBound);
+  // Classifier-free guidance's flags have nothing to steer.
+  const CommandResult refused = RunCommand(fmt::format(
+      "{} sample --pretrained {} --prompt boat --negative-prompt blurry --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote((dir_ / "x.st").string())));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, ::testing::HasSubstr("takes its guidance scale as an embedding"));
 }
 
 }  // namespace

@@ -121,6 +121,20 @@ void TimestepFrequencies(T* out, const T* t, int B, int dim) {
   }
 }
 
+void GuidanceScaleEmbedding(float* out, double scale, int dim) {
+  DT_CHECK(dim >= 4, "a guidance scale embedding of {} features (at least 4)", dim);
+  const int half = dim / 2;
+  // Each operation rounded to float32, as torch's float32 tensors are.
+  const float w = static_cast<float>(scale - 1) * 1000.0f;
+  const float step = std::log(10000.0f) / static_cast<float>(half - 1);
+  for (int k = 0; k < half; ++k) {
+    const float arg = w * std::exp(static_cast<float>(k) * -step);
+    out[k] = std::sin(arg);
+    out[half + k] = std::cos(arg);
+  }
+  if (dim % 2 == 1) out[dim - 1] = 0;
+}
+
 template <typename T>
 void EmbeddingForward(T* out, const T* table, const int32_t* labels, int B, int D) {
   for (int b = 0; b < B; ++b) {

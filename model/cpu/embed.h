@@ -34,6 +34,14 @@ void SinCos1DEmbedding(float* out, int length, int D);
 template <typename T>
 void TimestepFrequencies(T* out, const T* t, int B, int dim);
 
+// The embedding of a guidance scale g that a guidance-distilled model (LCM) takes, as
+// diffusers' LatentConsistencyModelPipeline.get_guidance_scale_embedding makes it for
+// w = g − 1: [sin(1000w·f_k)…, cos(1000w·f_k)…] with f_k = exp(−k·ln(10⁴)/(dim/2 − 1)),
+// k < dim/2, and a 0 after them for an odd dim. In float32 as the pipeline computes it (at
+// 1000w ≈ 7500 float32's phase is off by up to 5e-4, and the model was distilled with it).
+// Needs dim ≥ 4.
+void GuidanceScaleEmbedding(float* out, double scale, int dim);
+
 // Label embedding: out[b] = table[labels[b]] ([B, D]); backward adds dout[b] into row labels[b].
 template <typename T>
 void EmbeddingForward(T* out, const T* table, const int32_t* labels, int B, int D);

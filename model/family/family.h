@@ -56,6 +56,10 @@ struct SampleSchema {
   int context_dim = 0;
   // Probability that a sample's text embedding becomes the unconditional one (all zeros).
   double context_dropout = 0;
+  // A guidance-distilled model (an LCM UNet's time_cond_proj_dim) takes the guidance scale as
+  // an embedding of this width (ModelInputs::guidance) in place of classifier-free guidance;
+  // 0: none.
+  int guidance_embedding_dim = 0;
 
   bool learn_sigma() const { return out_channels == 2 * channels; }
   size_t elements() const { return size_t(frames) * channels * height * width; }

@@ -66,6 +66,9 @@ struct ModelInputs {
   const float* t = nullptr;        // [B] timesteps, as floats
   const int32_t* y = nullptr;      // [B] labels (num_classes: the null class); class-conditional
   const float* context = nullptr;  // [B, L, D] text embeddings; text-conditional families
+  // [B, guidance_embedding_dim] the guidance scale's embedding, for a model distilled with
+  // guidance in it (SampleSchema::guidance_embedding_dim); null: none, as in training.
+  const float* guidance = nullptr;
 };
 
 // The communicators of a shard's tensor- and context-parallel groups; null for a group of one.

@@ -40,7 +40,6 @@ const std::map<std::string, json>& FixedKeys() {
       {"class_embed_type", nullptr},
       {"addition_embed_type", nullptr},
       {"encoder_hid_dim", nullptr},
-      {"time_cond_proj_dim", nullptr},
       {"projection_class_embeddings_input_dim", nullptr},
       {"class_embeddings_concat", false},
       {"cross_attention_norm", nullptr},
@@ -154,6 +153,12 @@ Status UNetConfig::Validate() const {
   }
   if (text_dropout < 0 || text_dropout >= 1)
     return Errorf("model.text_dropout must be in [0, 1), got {}", text_dropout);
+  if (time_cond_proj_dim < 0 || (time_cond_proj_dim > 0 && time_cond_proj_dim < 4)) {
+    return Errorf(
+        "model.time_cond_proj_dim must be at least 4 (the guidance embedding's sin and cos "
+        "halves of 2 or more frequencies) or null, got {}",
+        time_cond_proj_dim);
+  }
   return Status::Ok();
 }
 
@@ -172,6 +177,7 @@ nlohmann::json UNetConfig::ToJson() const {
             {"upcast_attention", upcast_attention},
             {"text_length", text_length},
             {"text_dropout", text_dropout}};
+  if (time_cond_proj_dim > 0) j["time_cond_proj_dim"] = time_cond_proj_dim;
   if (attention_head_dim.size() == 1) {
     j["attention_head_dim"] = attention_head_dim[0];
   } else {
@@ -217,6 +223,8 @@ Result<UNetConfig> UNetConfig::FromJson(const json& j) {
         c.text_length = value.get<int>();
       else if (key == "text_dropout")
         c.text_dropout = value.get<double>();
+      else if (key == "time_cond_proj_dim")
+        c.time_cond_proj_dim = value.is_null() ? 0 : value.get<int>();
       else {
         auto fixed = FixedKeys().find(key);
         if (fixed == FixedKeys().end())

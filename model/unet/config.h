@@ -41,6 +41,10 @@ struct UNetConfig {
   bool upcast_attention = false;  // fp16 only: no effect in fp32
   int text_length = 77;
   double text_dropout = 0.1;
+  // A guidance-distilled model's (LCM's) guidance-scale embedding width: time_embedding's
+  // cond_proj, Linear(time_cond_proj_dim → block_out_channels[0], no bias), adds the embedding's
+  // projection to the timestep features (diffusers' timestep_cond); 0: none (null in JSON).
+  int time_cond_proj_dim = 0;
 
   int levels() const { return static_cast<int>(block_out_channels.size()); }
   int time_embed_dim() const { return 4 * block_out_channels[0]; }

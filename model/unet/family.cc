@@ -106,6 +106,7 @@ class UNetFamilyImpl final : public ModelFamily {
     s.context_length = c.text_length;
     s.context_dim = c.cross_attention_dim;
     s.context_dropout = c.text_dropout;
+    s.guidance_embedding_dim = c.time_cond_proj_dim;
     return s;
   }
 

@@ -13,6 +13,8 @@ class PlanBuilder {
   void Build() {
     const int C0 = c_.block_out_channels[0], S = c_.sample_size;
     AddLinear("time_embedding.linear_1.", C0, c_.time_embed_dim());
+    if (c_.time_cond_proj_dim > 0)
+      AddLinear("time_embedding.cond_proj.", c_.time_cond_proj_dim, C0, /*bias=*/false);
     AddLinear("time_embedding.linear_2.", c_.time_embed_dim(), c_.time_embed_dim());
     int h = NewValue(c_.in_channels, S);
     h = Conv("conv_in.", h, C0, 1);

@@ -18,8 +18,10 @@ namespace difftrain {
 struct UNet::Layout {
   std::vector<size_t> value_offsets, grad_offsets;  // in a slot; in the backward area
   size_t tfreq = 0, t1 = 0, t1_silu = 0, temb = 0, temb_silu = 0;  // in a slot
-  size_t dtemb_silu = 0, dtemb = 0, dt1_silu = 0, dt1 = 0;         // in the backward area
-  size_t slot = 0, backward = 0, workspace = 0;                    // floats
+  size_t tcond = 0;  // in a slot: cond_proj's output (time_cond_proj_dim > 0)
+  size_t dtemb_silu = 0, dtemb = 0, dt1_silu = 0, dt1 = 0;  // in the backward area
+  size_t dtfreq = 0;                             // in the backward area (time_cond_proj_dim > 0)
+  size_t slot = 0, backward = 0, workspace = 0;  // floats
 };
 
 namespace {
@@ -81,6 +83,7 @@ void UNet::Reserve(int B, int slots, bool recompute) {
   layout_ = PlanLayout(config_, plan_, B, recompute, &layers_);
   acts_ = Buffer<float>(layout_->slot * slots + layout_->backward + layout_->workspace);
   contexts_.assign(slots, nullptr);
+  guidances_.assign(slots, nullptr);
   batch_ = B;
   slots_ = slots;
   recompute_ = recompute;
@@ -111,6 +114,9 @@ Status UNet::Forward(int slot, const ModelInputs& inputs, const float*, float*) 
   DT_CHECK(inputs.context != nullptr, "the UNet needs inputs.context (text embeddings)");
   const Layout& l = *layout_;
   contexts_[slot] = inputs.context;
+  DT_CHECK(inputs.guidance == nullptr || config_.time_cond_proj_dim > 0,
+           "a guidance embedding for a UNet without time_cond_proj_dim");
+  guidances_[slot] = inputs.guidance;
   const UNetRun r = Run(slot);
   float* acts = r.acts;
   const int B = batch_, C0 = config_.block_out_channels[0], E = config_.time_embed_dim();
@@ -120,6 +126,14 @@ Status UNet::Forward(int slot, const ModelInputs& inputs, const float*, float*) 
   const float* P = params_.data();
   const auto offset = [&](const char* name) { return plan_.table.Find(name)->offset; };
   cpu::TimestepFrequencies(acts + l.tfreq, inputs.t, B, C0);
+  if (inputs.guidance != nullptr) {
+    // A guidance-distilled model's timestep_cond: its projection joins the features.
+    cpu::LinearForward(acts + l.tcond, inputs.guidance,
+                       P + offset("time_embedding.cond_proj.weight"),
+                       static_cast<const float*>(nullptr), B, config_.time_cond_proj_dim, C0);
+    for (size_t i = 0; i < size_t(B) * C0; ++i)
+      acts[l.tfreq + i] += acts[l.tcond + i];
+  }
   cpu::LinearForward(acts + l.t1, acts + l.tfreq, P + offset("time_embedding.linear_1.weight"),
                      P + offset("time_embedding.linear_1.bias"), B, C0, E);
   cpu::SiluForward(acts + l.t1_silu, acts + l.t1, size_t(B) * E);
@@ -159,10 +173,17 @@ Status UNet::Backward(int slot, const float* output_grad, float*, const Gradient
                       G + offset("time_embedding.linear_2.bias"), back + l.dtemb, acts + l.t1_silu,
                       P + offset("time_embedding.linear_2.weight"), B, E, E);
   cpu::SiluBackward(back + l.dt1, back + l.dt1_silu, acts + l.t1, size_t(B) * E);
-  cpu::LinearBackward<float>(nullptr, G + offset("time_embedding.linear_1.weight"),
-                             G + offset("time_embedding.linear_1.bias"), back + l.dt1,
-                             acts + l.tfreq, P + offset("time_embedding.linear_1.weight"), B, C0,
-                             E);
+  // The features are data, and so their gradient is needed only for cond_proj's weight.
+  const float* guidance = guidances_[slot];
+  cpu::LinearBackward<float>(
+      guidance != nullptr ? back + l.dtfreq : nullptr, G + offset("time_embedding.linear_1.weight"),
+      G + offset("time_embedding.linear_1.bias"), back + l.dt1, acts + l.tfreq,
+      P + offset("time_embedding.linear_1.weight"), B, C0, E);
+  if (guidance != nullptr) {
+    cpu::LinearBackward<float>(
+        nullptr, G + offset("time_embedding.cond_proj.weight"), nullptr, back + l.dtfreq, guidance,
+        P + offset("time_embedding.cond_proj.weight"), B, config_.time_cond_proj_dim, C0);
+  }
   if (ready) ready(0);
   return Status::Ok();
 }
@@ -189,6 +210,10 @@ std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& pl
   l->dtemb = back.Take(E);
   l->dt1_silu = back.Take(E);
   l->dt1 = back.Take(E);
+  if (c.time_cond_proj_dim > 0) {
+    l->tcond = slot.Take(size_t(B) * c.block_out_channels[0]);
+    l->dtfreq = back.Take(size_t(B) * c.block_out_channels[0]);
+  }
   // Every layer's temporaries start where the gradients end: they share the rest. With
   // recomputation its activations likewise share the workspace.
   size_t scratch = 0;

@@ -62,8 +62,9 @@ class UNet : public Model {
   // Bytes Reserve(B, slots, recompute) allocates.
   static size_t ActivationBytes(const UNetConfig& config, int B, int slots, bool recompute);
 
-  // Reads x_t [B, in_channels, S, S], t [B] and context [B, text_length, cross_attention_dim];
-  // the output is [B, out_channels, S, S].
+  // Reads x_t [B, in_channels, S, S], t [B], context [B, text_length, cross_attention_dim] and,
+  // for a model with time_cond_proj_dim, the optional guidance [B, time_cond_proj_dim]; the
+  // output is [B, out_channels, S, S].
   Status Forward(int slot, const ModelInputs& inputs, const float* input, float* output) override;
   const float* output(int slot) const override;
   Status Backward(int slot, const float* output_grad, float* input_grad,
@@ -88,6 +89,7 @@ class UNet : public Model {
   // Each slot's text embedding, which backward reads again (the caller keeps its inputs until
   // the micro-batch's backward).
   std::vector<const float*> contexts_;
+  std::vector<const float*> guidances_;  // each slot's guidance embedding, or null
   // slots × the slot size, then the backward scratch, then (recomputing) the workspace
   Buffer<float> acts_;
 };

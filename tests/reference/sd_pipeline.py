@@ -2,7 +2,7 @@
 """diffusers' StableDiffusionPipeline as the reference of `difftrain sample --pretrained
 PIPELINE` (launch/sample_command.cc):
 
-    PYTHON tests/reference/sd_pipeline.py make DIR SEED
+    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm]
     PYTHON tests/reference/sd_pipeline.py run DIR OUT.safetensors SETTINGS_JSON
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2 with
@@ -14,6 +14,8 @@ the text model's width) and AutoencoderKL, every parameter moved by 0.1 * N(0, 1
 own initialisation, and a DDIMScheduler as Stable Diffusion 2's 768 px pipeline configures it
 (scaled_linear 0.00085 to 0.012, v_prediction, leading with steps_offset 1, set_alpha_to_one
 false), and writes the whole pipeline into DIR by StableDiffusionPipeline.save_pretrained.
+With `lcm`, a LatentConsistencyModelPipeline instead: the UNet guidance-distilled in shape
+(time_cond_proj_dim 8), an LCMScheduler (scaled_linear, epsilon, 50 original steps).
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
@@ -32,6 +34,9 @@ UniPCMultistepScheduler's. OUT:
   noise    the latents x_T it started from
   latents  the final latents
   decoded  vae.decode(latents / scaling_factor).sample, as the pipeline decodes them
+An LCM pipeline runs as LatentConsistencyModelPipeline (its LCMScheduler, guidance embedded,
+no negative prompt), with the optional original_inference_steps of SETTINGS_JSON; its step noise
+[steps, 1, images, 4, h, w] is what LCMScheduler.step draws.
 Exit status: 0, or 2 for bad usage.
 """
 
@@ -45,10 +50,11 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        DPMSolverMultistepScheduler,
                        DPMSolverSinglestepScheduler,
                        EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
-                       HeunDiscreteScheduler, KDPM2DiscreteScheduler, LMSDiscreteScheduler,
+                       HeunDiscreteScheduler, KDPM2DiscreteScheduler,
+                       LatentConsistencyModelPipeline, LCMScheduler, LMSDiscreteScheduler,
                        PNDMScheduler,
                        StableDiffusionPipeline, UNet2DConditionModel, UniPCMultistepScheduler)
-from diffusers.schedulers import scheduling_euler_ancestral_discrete
+from diffusers.schedulers import scheduling_euler_ancestral_discrete, scheduling_lcm
 from step_brownian import StepBrownian, dpm_solver_sde_module
 from safetensors.torch import load_file, save_file
 from transformers import CLIPTextModel, CLIPTokenizer
@@ -62,7 +68,7 @@ def perturbed(model, seed):
     return model
 
 
-def make(folder, seed):
+def make(folder, seed, kind):
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
     tokenizer = CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer"))
     torch.manual_seed(seed)
@@ -71,7 +77,8 @@ def make(folder, seed):
         layers_per_block=1, attention_head_dim=2, norm_num_groups=4,
         cross_attention_dim=text_encoder.config.hidden_size,
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")), seed)
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        time_cond_proj_dim=8 if kind == "lcm" else None), seed)
     vae = perturbed(AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(4, 8),
         norm_num_groups=2, down_block_types=("DownEncoderBlock2D",) * 2,
@@ -79,15 +86,44 @@ def make(folder, seed):
     scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
                               clip_sample=False, set_alpha_to_one=False, steps_offset=1,
                               prediction_type="v_prediction")
-    pipeline = StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                                       unet=unet, scheduler=scheduler, safety_checker=None,
-                                       feature_extractor=None, requires_safety_checker=False)
+    pipeline_class = StableDiffusionPipeline
+    if kind == "lcm":
+        scheduler = LCMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                 original_inference_steps=50)
+        pipeline_class = LatentConsistencyModelPipeline
+    pipeline = pipeline_class(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              unet=unet, scheduler=scheduler, safety_checker=None,
+                              feature_extractor=None, requires_safety_checker=False)
     pipeline.save_pretrained(folder, safe_serialization=True)
     print(f"saved the pipeline to {folder}")
     return 0
 
 
+def run_lcm(folder, out, settings):
+    pipeline = LatentConsistencyModelPipeline.from_pretrained(folder, safety_checker=None,
+                                                              requires_safety_checker=False)
+    step_noise = list(load_file(settings["step_noise"])["noise"].unbind(0))
+    scheduling_lcm.randn_tensor = lambda shape, **kwargs: step_noise.pop(0).reshape(shape)
+    unet = pipeline.unet.config
+    generator = torch.Generator().manual_seed(settings.get("seed", 0))
+    noise = torch.randn((settings["images"], unet.in_channels, unet.sample_size, unet.sample_size),
+                        generator=generator)
+    with torch.no_grad():
+        latents = pipeline(prompt=settings["prompt"], num_images_per_prompt=settings["images"],
+                           num_inference_steps=settings["steps"],
+                           original_inference_steps=settings.get("original_inference_steps"),
+                           guidance_scale=settings["guidance"], latents=noise.clone(),
+                           output_type="latent").images
+        decoded = pipeline.vae.decode(latents / pipeline.vae.config.scaling_factor).sample
+    save_file({"noise": noise, "latents": latents.contiguous(), "decoded": decoded.contiguous()},
+              out)
+    return 0
+
+
 def run(folder, out, settings):
+    with open(os.path.join(folder, "model_index.json")) as f:
+        if json.load(f)["_class_name"] == "LatentConsistencyModelPipeline":
+            return run_lcm(folder, out, settings)
     pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
                                                        requires_safety_checker=False)
     config = dict(pipeline.scheduler.config)
@@ -136,8 +172,8 @@ def run(folder, out, settings):
 
 
 def main(argv):
-    if len(argv) == 4 and argv[1] == "make":
-        return make(argv[2], int(argv[3]))
+    if len(argv) in (4, 5) and argv[1] == "make" and argv[4:] in ([], ["sd"], ["lcm"]):
+        return make(argv[2], int(argv[3]), argv[4] if len(argv) == 5 else "sd")
     if len(argv) == 5 and argv[1] == "run":
         with open(argv[4]) as f:
             return run(argv[2], argv[3], json.load(f))
