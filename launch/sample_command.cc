@@ -46,7 +46,9 @@ constexpr int kDefaultSteps = 250;
 constexpr double kDefaultGuidance = 4.0;
 constexpr int kPipelineSteps = 50;
 constexpr double kPipelineGuidance = 7.5;
-constexpr int kLcmSteps = 4;  // LatentConsistencyModelPipeline's num_inference_steps
+// LatentConsistencyModelPipeline's num_inference_steps; TCD's too, as its model cards sample.
+constexpr int kLcmSteps = 4;
+constexpr double kTcdGamma = 0.3;  // TCDScheduler.step's eta
 // LatentConsistencyModelPipeline's guidance_scale, for a model that embeds it.
 constexpr double kEmbeddedGuidance = 8.5;
 
@@ -124,8 +126,8 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   Result<SamplerKind> kind = ParseSamplerKind(c.name);
   if (!kind.ok()) return kind.status().WithContext("--sampler");
   c.kind = *kind;
-  if (o.eta && c.kind != SamplerKind::kDdim)
-    return Status::Error("--eta is for --sampler ddim only");
+  if (o.eta && c.kind != SamplerKind::kDdim && c.kind != SamplerKind::kTcd)
+    return Status::Error("--eta is for --sampler ddim and tcd (its gamma) only");
   c.spacing = source.spacing.value_or(TimestepSpacing{});
   if (o.timestep_spacing == "respace") {
     c.spacing = TimestepSpacing{};
@@ -245,13 +247,13 @@ Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, S
   }
 }
 
-// LCM's options: the pipeline scheduler's keys (none from a checkpoint), with
+// LCM's and TCD's options: the pipeline scheduler's keys (none from a checkpoint), with
 // --original-inference-steps over them; the flag is refused with another sampler.
 Status ChooseLcmOptions(const SampleOptions& o, const SampleSource& source, SamplerKind kind,
                         SamplerOptions& options) {
-  if (kind != SamplerKind::kLcm) {
+  if (kind != SamplerKind::kLcm && kind != SamplerKind::kTcd) {
     if (o.original_inference_steps)
-      return Status::Error("--original-inference-steps is for --sampler lcm");
+      return Status::Error("--original-inference-steps is for --sampler lcm and tcd");
     return Status::Ok();
   }
   nlohmann::json config = source.scheduler_config;
@@ -353,12 +355,13 @@ int RunSample(const SampleOptions& o) {
   const GaussianDiffusion diffusion(ckpt.diffusion);
   SamplerOptions options;
   options.kind = kind;
-  options.steps = o.steps.value_or(std::min(kind == SamplerKind::kLcm ? kLcmSteps
-                                            : pipeline_defaults       ? kPipelineSteps
-                                                                      : kDefaultSteps,
+  const bool distilled = kind == SamplerKind::kLcm || kind == SamplerKind::kTcd;
+  options.steps = o.steps.value_or(std::min(distilled           ? kLcmSteps
+                                            : pipeline_defaults ? kPipelineSteps
+                                                                : kDefaultSteps,
                                             diffusion.steps()));
   options.spacing = sampling->spacing;
-  options.eta = o.eta.value_or(0.0);
+  options.eta = o.eta.value_or(kind == SamplerKind::kTcd ? kTcdGamma : 0.0);
   options.cfg_scale = o.cfg.value_or(
       has_null_class ? (pipeline_defaults ? kPipelineGuidance : kDefaultGuidance) : 1.0);
   // A guidance-distilled model takes the scale as an embedding in one conditional pass, as
@@ -454,9 +457,10 @@ int RunSample(const SampleOptions& o) {
       ckpt.pretrained ? fmt::format("{} weights of {}", o.weights, ckpt.path)
                       : fmt::format("{} weights of step {} in {}", o.weights, ckpt.step, ckpt.path),
       sampling->name, options.steps,
-      kind == SamplerKind::kDdim ? fmt::format(" (eta {})", options.eta) : "",
-      kind == SamplerKind::kLcm
-          ? fmt::format(" of the distillation's {} timesteps", options.lcm.original_steps)
+      kind == SamplerKind::kDdim  ? fmt::format(" (eta {})", options.eta)
+      : kind == SamplerKind::kTcd ? fmt::format(" (gamma {})", options.eta)
+                                  : "",
+      distilled ? fmt::format(" of the distillation's {} timesteps", options.lcm.original_steps)
       : options.spacing.diffusers()
           ? fmt::format(" spaced {} (steps_offset {}, set_alpha_to_one {}){}", options.spacing.kind,
                         options.spacing.steps_offset, options.spacing.set_alpha_to_one,
@@ -520,7 +524,7 @@ int RunSample(const SampleOptions& o) {
       how["dpm_solver"] = options.dpm.ToJson();
     if (kind == SamplerKind::kDeis) how["deis"] = options.deis.ToJson();
     if (kind == SamplerKind::kUniPc) how["unipc"] = options.unipc.ToJson();
-    if (kind == SamplerKind::kLcm) how["lcm"] = options.lcm.ToJson();
+    if (distilled) how["lcm"] = options.lcm.ToJson();
     if (options.guidance_rescale != 0) how["guidance_rescale"] = options.guidance_rescale;
     if (!guidance_embedding.empty()) how["embedded_guidance"] = embedded_guidance;
     if (ckpt.pretrained) {
@@ -606,19 +610,19 @@ DIFFTRAIN_COMMAND(
            ->capture_default_str();
        app.add_option("--steps", o->steps,
                       "sampling steps, spaced over the diffusion's (default 250, or all if "
-                      "fewer; from a pipeline 50; lcm 4)");
+                      "fewer; from a pipeline 50; lcm and tcd 4)");
        app.add_option("--sampler", o->sampler,
                       "ddpm, ddim, pndm, euler, euler_ancestral, heun, lms, kdpm2, "
                       "kdpm2_ancestral, dpmsolver, dpmsolver_singlestep, dpmsolver_sde, deis, "
-                      "unipc or lcm (default ddpm; from a pipeline its scheduler's: DDPM, DDIM, "
-                      "PNDM, EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, LMSDiscrete, "
-                      "KDPM2Discrete, KDPM2AncestralDiscrete, DPMSolverMultistep, "
-                      "DPMSolverSinglestep, DPMSolverSDE, DEISMultistep, UniPCMultistep or LCM, "
-                      "else ddim)");
+                      "unipc, lcm or tcd (default ddpm; from a pipeline its scheduler's: DDPM, "
+                      "DDIM, PNDM, EulerDiscrete, EulerAncestralDiscrete, HeunDiscrete, "
+                      "LMSDiscrete, KDPM2Discrete, KDPM2AncestralDiscrete, DPMSolverMultistep, "
+                      "DPMSolverSinglestep, DPMSolverSDE, DEISMultistep, UniPCMultistep, LCM or "
+                      "TCD, else ddim)");
        app.add_option("--timestep-spacing", o->timestep_spacing,
                       "where the steps fall: respace (DiT's), or diffusers' leading, trailing or "
                       "linspace (default: a pipeline's scheduler's, else respace; "
-                      "dpmsolver_singlestep: linspace only; lcm: none, its own timesteps)")
+                      "dpmsolver_singlestep: linspace only; lcm, tcd: none, their own timesteps)")
            ->check(CLI::IsMember({"respace", "leading", "trailing", "linspace"}));
        app.add_option("--steps-offset", o->steps_offset,
                       "added to leading's timesteps (default: a pipeline scheduler's "
@@ -651,13 +655,16 @@ DIFFTRAIN_COMMAND(
                       "steps (true) or not (false) (default: a pipeline scheduler's "
                       "lower_order_final, else true; dpmsolver_singlestep false)");
        app.add_option("--original-inference-steps", o->original_inference_steps,
-                      "lcm: the steps of the schedule the model was distilled on, of which "
+                      "lcm, tcd: the steps of the schedule the model was distilled on, of which "
                       "--steps are taken (default: a pipeline scheduler's "
                       "original_inference_steps, else 50)");
-       app.add_option("--eta", o->eta, "DDIM eta in [0, 1] (default 0: deterministic)");
+       app.add_option("--eta", o->eta,
+                      "DDIM's eta in [0, 1] (default 0: deterministic); TCD's gamma in [0, 1] "
+                      "(default 0.3)");
        app.add_option("--cfg", o->cfg,
                       "classifier-free guidance scale; 1 = none (default 4, from a pipeline "
-                      "7.5; 1 for a model without a null class)");
+                      "7.5; 1 for a model without a null class; a guidance-distilled model's "
+                      "embedded scale 8.5)");
        app.add_option("--guidance-rescale", o->guidance_rescale,
                       "phi in [0, 1]: each guided output rescaled toward the conditional "
                       "output's standard deviation, as diffusers' guidance_rescale (default 0)");

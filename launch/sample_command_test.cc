@@ -149,6 +149,14 @@ TEST_F(SampleCommandTest, MultistepSamplersTakeTheirSchedulersSpacing) {
   ASSERT_EQ(lcm.exit_code, 0) << lcm.output;
   EXPECT_NE(lcm.output.find("lcm 4 steps of the distillation's 50 timesteps"), std::string::npos)
       << lcm.output;
+  // TCD likewise, with γ 0.3 (TCDScheduler.step's) unless --eta says otherwise.
+  const CommandResult tcd = RunDifftrain("sample --checkpoint " + Ckpt() +
+                                         " --classes 1 --per-class 2 --sampler tcd --raw " +
+                                         ShellQuote(File("tcd.safetensors")));
+  ASSERT_EQ(tcd.exit_code, 0) << tcd.output;
+  EXPECT_NE(tcd.output.find("tcd 4 steps (gamma 0.3) of the distillation's 50 timesteps"),
+            std::string::npos)
+      << tcd.output;
 
   // Karras σ's and guidance rescale reach the sampler and its record.
   const std::string raw = File("karras.safetensors");
@@ -327,7 +335,9 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
                 out,
             "PNDM follows diffusers' PNDMScheduler"},
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler pndm --eta 0.3" + out,
-            "--eta is for --sampler ddim only"},
+            "--eta is for --sampler ddim and tcd (its gamma) only"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --sampler tcd --eta 1.5" + out,
+            "eta must be in [0, 1], got 1.5"},
            {"--checkpoint " + Ckpt() + " --classes 0 --steps-offset 1" + out,
             "--timestep-spacing: steps_offset and set_alpha_to_one are for diffusers' spacings"},
            {"--checkpoint " + Ckpt() + " --classes 0 --timestep-spacing karras" + out,

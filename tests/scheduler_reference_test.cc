@@ -4,7 +4,8 @@
 // with the model calls' timesteps compared too), EulerAncestralDiscreteScheduler,
 // HeunDiscreteScheduler, LMSDiscreteScheduler, KDPM2DiscreteScheduler,
 // KDPM2AncestralDiscreteScheduler, UniPCMultistepScheduler, DPMSolverSinglestepScheduler
-// (second and third order, midpoint and heun), DEISMultistepScheduler, LCMScheduler, Karras σ's,
+// (second and third order, midpoint and heun), DEISMultistepScheduler, LCMScheduler, TCDScheduler,
+// Karras σ's,
 // DPM-Solver++ of third order and its SDE: tests/reference/schedulers.py lists the timesteps
 // set_timesteps keeps for every step count of a 1000-step diffusion, and runs each scheduler with a
 // small closed-form model from an x_T it writes (the stochastic ones with difftrain's step noise).
@@ -23,6 +24,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -113,6 +115,8 @@ struct SchedulerRun {
   // A stochastic scheduler's draws a step (0: deterministic): diffusers' step draws the noise the
   // C++ sampler draws (StepNoise).
   int draws = 0;
+  // The step's eta (TCD's γ; SamplerOptions::eta), or none.
+  std::optional<double> eta = std::nullopt;
 };
 
 constexpr uint64_t kSeed = 7;
@@ -261,6 +265,17 @@ const std::vector<SchedulerRun>& Runs() {
        R"({"original_inference_steps": 40, "timestep_scaling": 0.01})",
        {"sd"},
        1},
+      // TCD: LCM's timesteps, each step through ⌊(1 − γ)·t'⌋; γ = 0 is deterministic (DDIM's
+      // steps ending at timestep 0's noise level).
+      {"tcd", "TCDScheduler", SamplerKind::kTcd, "{}", {}, 1, 0.3},
+      {"tcd_0", "TCDScheduler", SamplerKind::kTcd, "{}", {}, 0, 0.0},
+      {"tcd_40",
+       "TCDScheduler",
+       SamplerKind::kTcd,
+       R"({"original_inference_steps": 40})",
+       {"sd"},
+       1,
+       0.7},
   };
   return runs;
 }
@@ -270,7 +285,8 @@ const std::vector<SchedulerRun>& Runs() {
 bool RescalesToZeroSnr(const std::string& class_name) {
   return class_name == "EulerDiscreteScheduler" ||
          class_name == "EulerAncestralDiscreteScheduler" ||
-         class_name == "DPMSolverMultistepScheduler" || class_name == "LCMScheduler";
+         class_name == "DPMSolverMultistepScheduler" || class_name == "LCMScheduler" ||
+         class_name == "TCDScheduler";
 }
 
 TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
@@ -310,6 +326,7 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
       if (!runs_on(r, c)) continue;
       runs.push_back(
           {{"key", r.key}, {"class", r.class_name}, {"extra", nlohmann::json::parse(r.extra)}});
+      if (r.eta) runs.back()["eta"] = *r.eta;
       if (r.draws > 0) {
         const std::vector<float> noise = StepNoise(c.steps, r.draws, 2 * 4 * 4);
         io::SafetensorsWriter file;
@@ -485,7 +502,8 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
         ASSERT_TRUE(unipc.ok()) << unipc.status().message();
         run_options.unipc = *unipc;
       }
-      if (r.kind == SamplerKind::kLcm) {
+      if (r.eta) run_options.eta = *r.eta;
+      if (r.kind == SamplerKind::kLcm || r.kind == SamplerKind::kTcd) {
         Result<LcmOptions> lcm = LcmOptions::FromDiffusersScheduler(run_config);
         ASSERT_TRUE(lcm.ok()) << lcm.status().message();
         run_options.lcm = *lcm;

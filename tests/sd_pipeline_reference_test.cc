@@ -6,9 +6,11 @@
 // `latents`, difftrain's --initial-noise): the prompt through the tokenizer and text encoder,
 // guidance against the empty or a negative prompt (and its rescale), every DDIM (PNDM, Euler, Heun,
 // DPM-Solver++ multistep and singlestep, DEIS, UniPC, KDPM2, with Karras σ's; LMS; Euler ancestral
-// and DPM++ SDE Karras with difftrain's step noise) step and the VAE decoding. Within fp32's
-// rounding: relative L2 ≤ 1e-5 (measured 0.8–4.2e-6); the last step to ᾱ = 1 in place of ᾱ_0 alone
-// moves the latents by more than 10 times that, and so does leaving out the guidance rescale.
+// and DPM++ SDE Karras with difftrain's step noise; TCD with γ 0.3 likewise) step and the VAE
+// decoding; and a latent consistency model's pipeline (LatentConsistencyModelPipeline: LCM,
+// guidance embedded) likewise. Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–4.2e-6);
+// the last step to ᾱ = 1 in place of ᾱ_0 alone moves the latents by more than 10 times that, and so
+// does leaving out the guidance rescale.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -259,6 +261,19 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"seed", 12}},
        "--prompt 'a photo of a boat' --sampler dpmsolver_sde --karras-sigmas true --per-class 2 "
        "--steps 7 --seed 5"},
+      // TCD, 4 steps of γ 0.3 (TCDScheduler.step's eta, difftrain's default): its own
+      // timesteps, the pipeline's eta and step noise difftrain's.
+      {"tcd",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 4},
+        {"guidance", 3.0},
+        {"spacing", nullptr},
+        {"scheduler", "tcd"},
+        {"eta", 0.3},
+        {"images", 2},
+        {"seed", 13}},
+       "--prompt 'a photo of a boat' --sampler tcd --cfg 3 --per-class 2 --seed 5"},
       // Euler ancestral ("Euler a"), 9 steps: diffusers' step noise is the noise difftrain's
       // sampler draws from --seed (StepNoise below).
       {"euler_ancestral",
@@ -276,7 +291,8 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     nlohmann::json settings = c.settings;
-    if (settings["scheduler"] == "euler_ancestral" || settings["scheduler"] == "dpmsolver_sde") {
+    if (settings["scheduler"] == "euler_ancestral" || settings["scheduler"] == "dpmsolver_sde" ||
+        settings["scheduler"] == "tcd") {
       // One draw a step (DPM++ SDE: two).
       settings["step_noise"] = WriteStepNoise(pipeline, settings["steps"], settings["images"],
                                               settings["scheduler"] == "dpmsolver_sde" ? 2 : 1);

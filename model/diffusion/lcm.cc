@@ -76,4 +76,21 @@ Result<std::vector<SamplingStep>> LcmSteps(const std::vector<double>& alphas_cum
   return steps;
 }
 
+Result<std::vector<TcdStep>> TcdSteps(const std::vector<double>& alphas_cumprod, int N,
+                                      const LcmOptions& options, double gamma) {
+  if (!(gamma >= 0 && gamma <= 1))
+    return Errorf("TCD's gamma (eta) must be in [0, 1], got {}", gamma);
+  DT_ASSIGN_OR_RETURN(std::vector<SamplingStep> lcm, LcmSteps(alphas_cumprod, N, options));
+  std::vector<TcdStep> steps;
+  for (size_t i = 0; i < lcm.size(); ++i) {
+    const int next = i == 0 ? 0 : lcm[i - 1].timestep;
+    // torch: (1 − γ) · t' in float32, floored.
+    const int s =
+        static_cast<int>(std::floor(static_cast<float>(1 - gamma) * static_cast<float>(next)));
+    steps.push_back(
+        {lcm[i].timestep, lcm[i].alpha_cumprod, alphas_cumprod[next], alphas_cumprod[s]});
+  }
+  return steps;
+}
+
 }  // namespace difftrain

@@ -12,6 +12,15 @@
 // `original_steps` timesteps i · ⌊T/original_steps⌋ − 1 (i = 1 … original_steps); N of them,
 // from the top, are taken at the indices ⌊j · original_steps/N⌋, j = 0 … N − 1 (numpy's
 // linspace without its end point), so N ≤ original_steps.
+//
+// diffusers' TCDScheduler (Zheng et al., "Trajectory Consistency Distillation") steps on the
+// same timesteps, without the boundary condition, by a strategic stochastic step of γ (the
+// pipeline's `eta`): from t, with x0 and ε read from the model's output, to s = ⌊(1 − γ)·t'⌋
+// below the next timestep t' (0 after the last),
+//   x_s = √ᾱ_s · x0 + √(1 − ᾱ_s) · ε,
+// and with γ > 0 but for the last step noised back up to t',
+//   x' = √(ᾱ'/ᾱ_s) · x_s + √(1 − ᾱ'/ᾱ_s) · z;
+// the last step's x' is x_s at s = 0 (timestep 0's noise level, not x0). γ = 0 is DDIM's step.
 #pragma once
 
 #include <vector>
@@ -44,5 +53,18 @@ struct LcmOptions {
 // N outside [1, original_steps].
 Result<std::vector<SamplingStep>> LcmSteps(const std::vector<double>& alphas_cumprod, int N,
                                            const LcmOptions& options);
+
+// One TCD step: the model sees `timestep`; x0 and ε go to ᾱ_s (at s = ⌊(1 − γ)·t'⌋, the product
+// in float32 as the scheduler computes it), then, noised, to ᾱ' (timestep t's, the lowest's
+// timestep 0's).
+struct TcdStep {
+  int timestep = 0;
+  double alpha_cumprod = 0, alpha_cumprod_prev = 1, alpha_cumprod_s = 1;
+};
+
+// TCD's N steps, increasing in timestep: LcmSteps' timesteps. Errors: LcmSteps', γ outside
+// [0, 1].
+Result<std::vector<TcdStep>> TcdSteps(const std::vector<double>& alphas_cumprod, int N,
+                                      const LcmOptions& options, double gamma);
 
 }  // namespace difftrain

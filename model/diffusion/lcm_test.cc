@@ -69,6 +69,30 @@ TEST(LcmStepsTest, RefusesStepsOffItsSchedule) {
   EXPECT_FALSE(LcmSteps(abar, 4, o).ok());
 }
 
+// TCD steps on LCM's timesteps, each through s = ⌊(1 − γ)·t'⌋ below the next one, the last to
+// timestep 0 (ᾱ_0, not 1); γ = 0 goes straight to t'.
+TEST(LcmStepsTest, TcdStepsThroughItsIntermediateTimesteps) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  Result<std::vector<TcdStep>> tcd = TcdSteps(abar, 4, LcmOptions{}, 0.3);
+  ASSERT_TRUE(tcd.ok()) << tcd.status().message();
+  const std::vector<int> t = {259, 499, 759, 999}, next = {0, 259, 499, 759},
+                         s = {0, 181, 349, 531};
+  ASSERT_EQ(tcd->size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ((*tcd)[i].timestep, t[i]);
+    EXPECT_EQ((*tcd)[i].alpha_cumprod, abar[t[i]]);
+    EXPECT_EQ((*tcd)[i].alpha_cumprod_prev, abar[next[i]]);
+    EXPECT_EQ((*tcd)[i].alpha_cumprod_s, abar[s[i]]) << i;
+  }
+  Result<std::vector<TcdStep>> straight = TcdSteps(abar, 4, LcmOptions{}, 0);
+  ASSERT_TRUE(straight.ok());
+  for (const TcdStep& step : *straight)
+    EXPECT_EQ(step.alpha_cumprod_s, step.alpha_cumprod_prev);
+  EXPECT_FALSE(TcdSteps(abar, 4, LcmOptions{}, 1.5).ok());
+  EXPECT_FALSE(TcdSteps(abar, 51, LcmOptions{}, 0.3).ok());
+}
+
 // The boundary condition: at t = 0 the model's output is ignored (c_skip 1, c_out 0); above, its
 // coefficients at s = t · timestep_scaling. And the config keys, with their defaults.
 TEST(LcmOptionsTest, BoundaryConditionAndConfig) {

@@ -22,8 +22,8 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   if (!(options.eta >= 0 && options.eta <= 1)) {
     return Errorf("eta must be in [0, 1], got {}", options.eta);
   }
-  if (options.kind != SamplerKind::kDdim && options.eta != 0) {
-    return Status::Error("eta is a DDIM parameter; the other samplers have none");
+  if (options.kind != SamplerKind::kDdim && options.kind != SamplerKind::kTcd && options.eta != 0) {
+    return Status::Error("eta is a DDIM and TCD (gamma) parameter; the other samplers have none");
   }
   const SamplerKind kind = options.kind;
   const bool multistep = DefaultSpacing(kind) != "respace";
@@ -86,7 +86,18 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
     DT_ASSIGN_OR_RETURN(diffusers_steps,
                         LcmSteps(diffusion.alphas_cumprod(), options.steps, options.lcm));
   }
+  std::vector<double> tcd_alpha_cumprod_s;
+  if (kind == SamplerKind::kTcd) {
+    DT_ASSIGN_OR_RETURN(
+        std::vector<TcdStep> tcd,
+        TcdSteps(diffusion.alphas_cumprod(), options.steps, options.lcm, options.eta));
+    for (const TcdStep& s : tcd) {
+      diffusers_steps.push_back({s.timestep, s.alpha_cumprod, s.alpha_cumprod_prev});
+      tcd_alpha_cumprod_s.push_back(s.alpha_cumprod_s);
+    }
+  }
   Sampler sampler(diffusion, shape, options, std::move(diffusers_steps), std::move(plms_calls));
+  sampler.tcd_alpha_cumprod_s_ = std::move(tcd_alpha_cumprod_s);
   if (kind == SamplerKind::kEuler || kind == SamplerKind::kHeun ||
       kind == SamplerKind::kEulerAncestral || kind == SamplerKind::kLms) {
     DT_ASSIGN_OR_RETURN(sampler.euler_steps_, EulerSteps(abar, options.steps, options.spacing));
@@ -197,9 +208,9 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
-  const bool lcm = options_.kind == SamplerKind::kLcm;
-  // Each sample's noise of a stochastic step (DDPM, LCM, or DDIM with η > 0), frames correlated
-  // as in training.
+  const bool lcm = options_.kind == SamplerKind::kLcm, tcd = options_.kind == SamplerKind::kTcd;
+  // Each sample's noise of a stochastic step (DDPM, LCM, or DDIM and TCD with η > 0), frames
+  // correlated as in training.
   const bool stochastic = options_.kind == SamplerKind::kDdpm || lcm || options_.eta > 0;
   std::vector<double> step_noise(stochastic ? N * n : 0);
   std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, N);
@@ -210,15 +221,18 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
     // DDIM's noise scale σ_i (0 with η = 0) and the ᾱ of the step it goes to.
     const double abar = c.alpha_cumprod, abar_prev = c.alpha_cumprod_prev;
     const double sqrt_abar = std::sqrt(abar), sqrt_one_minus_abar = std::sqrt(1 - abar);
-    const double sigma =
-        options_.eta * std::sqrt((1 - abar_prev) / (1 - abar)) * std::sqrt(1 - abar / abar_prev);
+    const double sigma = tcd ? 0
+                             : options_.eta * std::sqrt((1 - abar_prev) / (1 - abar)) *
+                                   std::sqrt(1 - abar / abar_prev);
     const double direction = std::sqrt(std::max(0.0, 1 - abar_prev - sigma * sigma));
     // DDPM adds noise at every step from a timestep above 0, DDIM wherever σ > 0 (both none
     // into x_0 when respaced: its last step is at timestep 0 and goes to ᾱ = 1), LCM at every
     // step but the last.
     const bool noisy = options_.kind == SamplerKind::kDdpm ? timesteps_[i] > 0
                        : lcm                               ? i > 0
+                       : tcd                               ? i > 0 && options_.eta > 0
                                                            : sigma > 0;
+    const double abar_s = tcd ? tcd_alpha_cumprod_s_[i] : 0;  // TCD's intermediate ᾱ
     // LCM's boundary condition at t (1 and 0 for the others: their x0 as it is).
     const double c_out = lcm ? options_.lcm.OutCoefficient(timesteps_[i]) : 1;
     const double c_skip = lcm ? options_.lcm.SkipCoefficient(timesteps_[i]) : 0;
@@ -239,6 +253,13 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
           const double denoised = c_out * x0 + c_skip * xb[j];
           next = std::sqrt(abar_prev) * denoised;
           if (noisy) next += std::sqrt(1 - abar_prev) * z[j];
+        } else if (tcd) {
+          // x0 and the model's ε (of v: the ε it implies) to ᾱ_s, then noised back up to ᾱ'.
+          const double eps = v_prediction_ ? sqrt_abar * out + sqrt_one_minus_abar * xb[j] : out;
+          next = std::sqrt(abar_s) * x0 + std::sqrt(1 - abar_s) * eps;
+          if (noisy) {
+            next = std::sqrt(abar_prev / abar_s) * next + std::sqrt(1 - abar_prev / abar_s) * z[j];
+          }
         } else if (options_.kind == SamplerKind::kDdpm) {
           // Ancestral step: the posterior mean at the predicted x0, plus noise of the model's
           // variance (none from timestep 0).

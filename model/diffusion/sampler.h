@@ -81,7 +81,7 @@ struct SamplerOptions {
   DeisOptions deis;         // DEIS's order and final steps
   UniPcOptions unipc;       // UniPC's order, B(h) and correctors
   LcmOptions lcm;           // LCM's distillation schedule and boundary condition
-  double eta = 0.0;         // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like
+  double eta = 0.0;         // DDIM's η: 0 is deterministic given x_T, 1 is DDPM-like; TCD's γ
   double cfg_scale = 1.0;   // guidance scale g; 1 runs the conditional model alone
   // Guidance applies only at steps whose (original) timestep lies in [cfg_from, cfg_to];
   // elsewhere the conditional model runs alone (Kynkäänniemi et al. 2024, "Applying
@@ -96,7 +96,8 @@ struct SamplerOptions {
 
 class Sampler {
  public:
-  // Errors (for the user to fix): steps outside [1, T], η outside [0, 1] or given to DDPM,
+  // Errors (for the user to fix): steps outside [1, T], η outside [0, 1] or given to another
+  // sampler than DDIM and TCD,
   // a negative guidance scale, guidance without a null class, an empty guidance interval, a
   // spacing whose timesteps leave [0, T − 1], PNDM, Euler, Heun, DPM-Solver or UniPC with
   // DiT's respacing, η or clipping, Karras σ's for DDPM, DDIM or PNDM, a guidance rescale
@@ -178,6 +179,7 @@ class Sampler {
   std::vector<DpmStep> dpm_steps_;
   std::vector<LinearStep> linear_steps_;
   std::vector<UniPcStep> unipc_steps_;
+  std::vector<double> tcd_alpha_cumprod_s_;  // TCD's ᾱ_s, one per kept timestep
 };
 
 }  // namespace difftrain

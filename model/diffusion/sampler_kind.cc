@@ -58,6 +58,8 @@ constexpr SamplerRow kSamplers[] = {
      true, Betas::kDdpm},
     {SamplerKind::kLcm, "lcm", "LCM", "LCMScheduler", "leading",
      "on the distillation's original_inference_steps timesteps", false, true, Betas::kSdScaled},
+    {SamplerKind::kTcd, "tcd", "TCD", "TCDScheduler", "leading",
+     "on the distillation's original_inference_steps timesteps", false, true, Betas::kSdScaled},
 };
 
 const SamplerRow& RowOf(SamplerKind kind) {

@@ -16,7 +16,7 @@
 // SDE: two ancestral half steps, to the midpoint √(σ·σ') and from σ again to σ' with the
 // midpoint's x0, on Brownian noise; 2N − 1 calls); PNDM, Euler, Heun, LMS and KDPM2 are
 // deterministic (timestep_spacing.h). DPM-Solver++ multistep and singlestep (dpm_solver.h), DEIS
-// (deis.h), UniPC (unipc.h) and LCM (LCMScheduler, lcm.h) likewise.
+// (deis.h), UniPC (unipc.h), LCM and TCD (LCMScheduler, TCDScheduler: lcm.h) likewise.
 #pragma once
 
 #include <optional>
@@ -41,12 +41,13 @@ enum class SamplerKind {
   kDpmSolverSde,
   kDeis,
   kUniPc,
-  kLcm
+  kLcm,
+  kTcd
 };
 
 // "ddpm", "ddim", "pndm", "euler", "euler_ancestral", "heun", "lms", "kdpm2",
-// "kdpm2_ancestral", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis", "unipc" or
-// "lcm".
+// "kdpm2_ancestral", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis", "unipc",
+// "lcm" or "tcd".
 Result<SamplerKind> ParseSamplerKind(const std::string& name);
 // Its name in messages: "DDPM", "Euler ancestral", "DPM-Solver singlestep" …
 std::string SamplerName(SamplerKind kind);
@@ -56,8 +57,8 @@ std::string SchedulerClassOf(SamplerKind kind);
 // DDIM, its scheduler's default for the others (leading for PNDM, else linspace).
 std::string DefaultSpacing(SamplerKind kind);
 // Whether it has that spacing only: DPMSolverSinglestepScheduler spaces its steps by linspace
-// and has no timestep_spacing key (nor steps_offset); LCMScheduler has the key and ignores it,
-// its steps falling on the distillation's timesteps (lcm.h).
+// and has no timestep_spacing key (nor steps_offset); LCMScheduler and TCDScheduler have the key
+// and ignore it, their steps falling on the distillation's timesteps (lcm.h).
 bool HasOneSpacing(SamplerKind kind);
 // Where such a sampler's steps fall, for messages: "by linspace" …
 std::string OneSpacingWords(SamplerKind kind);
@@ -66,7 +67,8 @@ std::string OneSpacingWords(SamplerKind kind);
 // schedulers' use_karras_sigmas.
 bool TakesKarrasSigmas(SamplerKind kind);
 // Whether it keeps timesteps of its own rather than a spacing's (DiffusersTimesteps): DPM-Solver++
-// (multistep, singlestep), DEIS and UniPC (MultistepTimesteps, dpm_solver.h), LCM (LcmSteps).
+// (multistep, singlestep), DEIS and UniPC (MultistepTimesteps, dpm_solver.h), LCM and TCD
+// (LcmSteps, TcdSteps).
 bool KeepsItsOwnTimesteps(SamplerKind kind);
 // Those samplers' names, "euler, heun, …", for messages.
 std::string KarrasSamplerNames();
@@ -74,13 +76,13 @@ std::string KarrasSamplerNames();
 // DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
 // HeunDiscreteScheduler, LMSDiscreteScheduler, KDPM2DiscreteScheduler,
 // KDPM2AncestralDiscreteScheduler, DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
-// DPMSolverSDEScheduler, DEISMultistepScheduler, UniPCMultistepScheduler, LCMScheduler); none
-// for another.
+// DPMSolverSDEScheduler, DEISMultistepScheduler, UniPCMultistepScheduler, LCMScheduler,
+// TCDScheduler); none for another.
 std::optional<SamplerKind> SamplerOfScheduler(const std::string& scheduler_class);
 // The β schedule a diffusers scheduler class takes where its config names none: DDPM's
 // (linear from 1e-4 to 0.02) for most and an unknown class, Stable Diffusion's ends (0.00085 to
 // 0.012, linear) for the Heun, KDPM2 (ancestral) and DPM-Solver SDE schedulers, and scaled_linear
-// between those for LCMScheduler.
+// between those for LCMScheduler and TCDScheduler.
 struct BetaDefaults {
   double start = 1e-4, end = 0.02;
   std::string schedule = "linear";  // diffusers' beta_schedule

@@ -130,11 +130,11 @@ TEST_F(SamplerTest, ShapesRangeAndDeterminism) {
 // Sample n's noise is addressed by n: drawing in batches of any size gives the same samples.
 TEST_F(SamplerTest, SamplesDoNotDependOnTheBatch) {
   for (SamplerKind kind : {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kEulerAncestral,
-                           SamplerKind::kDpmSolverSde, SamplerKind::kLcm}) {
+                           SamplerKind::kDpmSolverSde, SamplerKind::kLcm, SamplerKind::kTcd}) {
     SamplerOptions options;
     options.kind = kind;
     options.steps = 10;
-    options.eta = kind == SamplerKind::kDdim ? 1.0 : 0.0;
+    options.eta = kind == SamplerKind::kDdim ? 1.0 : kind == SamplerKind::kTcd ? 0.3 : 0.0;
     options.cfg_scale = 2.5;
     if (DefaultSpacing(kind) != "respace") {
       options.spacing.kind = "linspace";
@@ -288,7 +288,8 @@ TEST_F(SamplerTest, ZeroTerminalSnrSamplersRecoverThePointMass) {
        {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kPndm, SamplerKind::kEuler,
         SamplerKind::kEulerAncestral, SamplerKind::kHeun, SamplerKind::kLms, SamplerKind::kKdpm2,
         SamplerKind::kKdpm2Ancestral, SamplerKind::kDpmSolver, SamplerKind::kDpmSolverSinglestep,
-        SamplerKind::kDpmSolverSde, SamplerKind::kDeis, SamplerKind::kUniPc, SamplerKind::kLcm}) {
+        SamplerKind::kDpmSolverSde, SamplerKind::kDeis, SamplerKind::kUniPc, SamplerKind::kLcm,
+        SamplerKind::kTcd}) {
     for (const char* spacing : {"respace", "trailing"}) {
       SamplerOptions options;
       options.kind = kind;
@@ -309,9 +310,9 @@ TEST_F(SamplerTest, ZeroTerminalSnrSamplersRecoverThePointMass) {
       const std::vector<float> x = Draw(*sampler, perfect_v, {0, 1});
       ASSERT_FALSE(first_calls.empty());
       EXPECT_EQ(first_calls.front(), 999.0f);  // both spacings start at the last timestep
-      // PNDM, UniPC and DEIS end at σ_0, x0 plus σ_0 ≈ 0.01 times the noise left.
-      const bool near =
-          kind == SamplerKind::kPndm || kind == SamplerKind::kUniPc || kind == SamplerKind::kDeis;
+      // PNDM, UniPC, DEIS and TCD end at σ_0, x0 plus σ_0 ≈ 0.01 times the noise left.
+      const bool near = kind == SamplerKind::kPndm || kind == SamplerKind::kUniPc ||
+                        kind == SamplerKind::kDeis || kind == SamplerKind::kTcd;
       for (size_t k = 0; k < x.size(); ++k)
         ASSERT_NEAR(x[k], x0[k % kN], near ? 3e-2 : 1e-4) << k;
     }

@@ -62,7 +62,7 @@ Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::
         sampler && DefaultSpacing(*sampler) != "respace" ? DefaultSpacing(*sampler) : "leading";
     // A class with one spacing has no timestep_spacing key: from_config ignores one given.
     s.kind = sampler && HasOneSpacing(*sampler) ? class_spacing
-                                                  : json.value("timestep_spacing", class_spacing);
+                                                : json.value("timestep_spacing", class_spacing);
     if (s.kind == "respace")
       return Errorf("timestep_spacing: 'respace' is not a diffusers spacing");
     s.steps_offset = json.value("steps_offset", 0);

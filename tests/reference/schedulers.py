@@ -34,7 +34,7 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
                    lower_order_final false
   NAME.ddpm        [N, 3] each DDPM step's coefficients of x0 and of x_t in its mean (its
                    step() with zero noise) and its fixed_small variance
-  NAME.KEY         for each {"key", "class", "extra", "noise"} of the case's "runs" (a class of
+  NAME.KEY         for each {"key", "class", "extra", "noise", "eta"} of the case's "runs" (a class of
                    RUNS, configured by the case's scheduler updated with extra, its σ's
                    made from ᾱ's computed in float64, the last 2^-24 with
                    rescale_betas_zero_snr where the class does so (not LCM), Heun's and KDPM2's samples and DEIS's σ's and
@@ -43,10 +43,10 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
                    as StableDiffusionPipeline runs a scheduler, the model called on
                    scale_model_input(x, t) at each of its timesteps; the optional noise, a
                    safetensors file whose "noise" [N, 2, 2, 4, 4] holds each step's noise,
-                   is what the scheduler's step draws (Euler ancestral, LCM, DPM-Solver's SDE; KDPM2
+                   is what the scheduler's step draws (Euler ancestral, LCM, TCD, DPM-Solver's SDE; KDPM2
                    ancestral draws at every call and adds each second call's draw;
                    DPMSolverSDEScheduler's [N, 2, 2, 2, 4, 4] are each step's two Brownian
-                   increments, StepBrownian)
+                   increments, StepBrownian); the optional eta is the step's (TCD's γ)
   NAME.KEY_calls   the timesteps it called the model at, in order
 The model (float32, as the C++ test's): out = 0.9 tanh(x) (t + 1) / T + 0.05 sin(3x + t/100),
 read as ε or v by the scheduler's prediction_type.
@@ -65,7 +65,7 @@ from diffusers import (DDIMScheduler, DDPMScheduler, DEISMultistepScheduler,
                        DPMSolverSinglestepScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
                        HeunDiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                        KDPM2DiscreteScheduler, LCMScheduler, LMSDiscreteScheduler,
-                       PNDMScheduler, UniPCMultistepScheduler)
+                       PNDMScheduler, TCDScheduler, UniPCMultistepScheduler)
 from diffusers.schedulers import scheduling_ddpm
 from step_brownian import StepBrownian, dpm_solver_sde_module
 
@@ -87,7 +87,7 @@ RUNS = {c.__name__: c for c in (EulerDiscreteScheduler, EulerAncestralDiscreteSc
                                 KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                                 DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
                                 DEISMultistepScheduler, DPMSolverSDEScheduler,
-                                UniPCMultistepScheduler, LCMScheduler)}
+                                UniPCMultistepScheduler, LCMScheduler, TCDScheduler)}
 
 
 def timesteps(out, T):
@@ -221,7 +221,8 @@ def steps(cases_path, out):
             for t in scheduler.timesteps:
                 calls.append(float(t))
                 x_in = scheduler.scale_model_input(x, t)
-                x = scheduler.step(model(x_in, float(t), T), t, x).prev_sample
+                x = scheduler.step(model(x_in, float(t), T), t, x,
+                                   **({"eta": run["eta"]} if "eta" in run else {})).prev_sample
             tensors[f"{name}.{run['key']}"] = x.float()
             tensors[f"{name}.{run['key']}_calls"] = torch.tensor(calls, dtype=torch.float32)
 

@@ -19,8 +19,9 @@ With `lcm`, a LatentConsistencyModelPipeline instead: the UNet guidance-distille
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
-"kdpm2", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis" or "unipc"), karras
-(optional: use_karras_sigmas), guidance_rescale (optional, default 0), step_noise (optional: a
+"kdpm2", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis", "unipc" or "tcd"), karras
+(optional: use_karras_sigmas), guidance_rescale (optional, default 0), eta (optional, default
+0: the pipeline's, DDIM's η or TCD's γ), step_noise (optional: a
 safetensors file whose "noise" [steps, 1, images, 4, h, w] EulerAncestralDiscreteScheduler.step
 draws in place of its own, or [steps, 2, images, 4, h, w], the two draws a step from which
 DPMSolverSDEScheduler's Brownian increments are made, step_brownian.py) and images; the pipeline
@@ -29,8 +30,8 @@ scheduler swapped for DDIMScheduler.from_config(config, timestep_spacing=spacing
 PNDMScheduler's with skip_prk_steps (as SD 1.x's pipelines configure it), or
 EulerDiscreteScheduler's, EulerAncestralDiscreteScheduler's, HeunDiscreteScheduler's,
 LMSDiscreteScheduler's, KDPM2DiscreteScheduler's, DPMSolverMultistepScheduler's,
-DPMSolverSinglestepScheduler's, DPMSolverSDEScheduler's, DEISMultistepScheduler's or
-UniPCMultistepScheduler's. OUT:
+DPMSolverSinglestepScheduler's, DPMSolverSDEScheduler's, DEISMultistepScheduler's,
+UniPCMultistepScheduler's or TCDScheduler's (a TCD step's noise the step_noise). OUT:
   noise    the latents x_T it started from
   latents  the final latents
   decoded  vae.decode(latents / scaling_factor).sample, as the pipeline decodes them
@@ -52,9 +53,9 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
                        HeunDiscreteScheduler, KDPM2DiscreteScheduler,
                        LatentConsistencyModelPipeline, LCMScheduler, LMSDiscreteScheduler,
-                       PNDMScheduler,
-                       StableDiffusionPipeline, UNet2DConditionModel, UniPCMultistepScheduler)
-from diffusers.schedulers import scheduling_euler_ancestral_discrete, scheduling_lcm
+                       PNDMScheduler, StableDiffusionPipeline, TCDScheduler,
+                       UNet2DConditionModel, UniPCMultistepScheduler)
+from diffusers.schedulers import scheduling_lcm
 from step_brownian import StepBrownian, dpm_solver_sde_module
 from safetensors.torch import load_file, save_file
 from transformers import CLIPTextModel, CLIPTokenizer
@@ -138,22 +139,23 @@ def run(folder, out, settings):
                "dpmsolver_singlestep": DPMSolverSinglestepScheduler,
                "deis": DEISMultistepScheduler,
                "dpmsolver_sde": dpm_solver_sde_module().DPMSolverSDEScheduler,
-               "unipc": UniPCMultistepScheduler}
+               "unipc": UniPCMultistepScheduler, "tcd": TCDScheduler}
     if settings.get("step_noise") and settings.get("scheduler") == "dpmsolver_sde":
         step_noise = load_file(settings["step_noise"])["noise"]
         dpm_solver_sde_module().BrownianTreeNoiseSampler = \
             lambda x, *args, **kwargs: StepBrownian(step_noise.reshape(
                 step_noise.shape[:2] + x.shape))
-    elif settings.get("step_noise"):
-        step_noise = list(load_file(settings["step_noise"])["noise"].unbind(0))
-        scheduling_euler_ancestral_discrete.randn_tensor = \
-            lambda shape, **kwargs: step_noise.pop(0).reshape(shape)
     if settings.get("scheduler") == "pndm":
         pipeline.scheduler = PNDMScheduler.from_config(config, skip_prk_steps=True)
     elif settings.get("scheduler") in classes:
         pipeline.scheduler = classes[settings["scheduler"]].from_config(config)
     else:
         pipeline.scheduler = DDIMScheduler.from_config(config)
+    if settings.get("step_noise") and settings.get("scheduler") != "dpmsolver_sde":
+        # What the scheduler's step draws (Euler ancestral's, TCD's): one tensor a step.
+        step_noise = list(load_file(settings["step_noise"])["noise"].unbind(0))
+        sys.modules[type(pipeline.scheduler).__module__].randn_tensor = \
+            lambda shape, **kwargs: step_noise.pop(0).reshape(shape)
     unet = pipeline.unet.config
     generator = torch.Generator().manual_seed(settings.get("seed", 0))
     noise = torch.randn((settings["images"], unet.in_channels, unet.sample_size, unet.sample_size),
@@ -164,7 +166,7 @@ def run(folder, out, settings):
                            num_inference_steps=settings["steps"],
                            guidance_scale=settings["guidance"], latents=noise.clone(),
                            guidance_rescale=settings.get("guidance_rescale", 0.0),
-                           output_type="latent").images
+                           eta=settings.get("eta", 0.0), output_type="latent").images
         decoded = pipeline.vae.decode(latents / pipeline.vae.config.scaling_factor).sample
     save_file({"noise": noise, "latents": latents.contiguous(), "decoded": decoded.contiguous()},
               out)
