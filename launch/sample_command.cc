@@ -29,6 +29,7 @@
 #include "model/family/family.h"
 #include "model/io/checkpoint.h"
 #include "model/io/gif.h"
+#include "model/io/lora.h"
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
 #include "model/text/embedder.h"
@@ -409,6 +410,13 @@ int RunSample(const SampleOptions& o) {
   Model& model = **created;
   if (Status s = FillModelWeights(ckpt, o.weights == "ema", model); !s.ok())
     return bad((ckpt.pretrained ? "--pretrained: " : "--checkpoint: ") + s.message());
+  for (const std::string& lora : o.loras) {
+    Result<io::LoraFused> fused =
+        io::FuseLora(lora, o.lora_scale, model.global_parameter_table(), model.params());
+    if (!fused.ok()) return bad("--lora: " + fused.status().message());
+    spdlog::info("fused the LoRA {} into {} modules (rank up to {}) at scale {}", lora,
+                 fused->modules, fused->rank, o.lora_scale);
+  }
   const size_t out_floats = m.output_elements();
   std::vector<float> guidance_rows;  // the guidance embedding, once per sample of a batch
   auto forward = [&model, out_floats, &guidance_embedding, &guidance_rows](
@@ -527,6 +535,10 @@ int RunSample(const SampleOptions& o) {
     if (distilled) how["lcm"] = options.lcm.ToJson();
     if (options.guidance_rescale != 0) how["guidance_rescale"] = options.guidance_rescale;
     if (!guidance_embedding.empty()) how["embedded_guidance"] = embedded_guidance;
+    if (!o.loras.empty()) {
+      how["lora"] = o.loras;
+      how["lora_scale"] = o.lora_scale;
+    }
     if (ckpt.pretrained) {
       how["pretrained"] = ckpt.path;
       how["diffusion"] = ckpt.diffusion.ToJson();
@@ -702,6 +714,13 @@ DIFFTRAIN_COMMAND(
                       "or its safetensors file (default for --out/--gif: a --pretrained "
                       "pipeline's vae/, else the VAE the training data was packed with, if its "
                       "index names one; `none`: no decoding)");
+       app.add_option("--lora", o->loras,
+                      "fuse this LoRA (a safetensors file of diffusers', peft's or kohya's keys: "
+                      "LCM-LoRA, TCD-LoRA, a style) into the model's weights before sampling; "
+                      "repeat it to fuse several");
+       app.add_option("--lora-scale", o->lora_scale,
+                      "each LoRA's update is scaled by this (diffusers' fuse_lora lora_scale)")
+           ->capture_default_str();
        app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")
            ->capture_default_str();
        // With --pretrained: the model and the diffusion the weights were trained with.

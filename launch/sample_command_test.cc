@@ -319,6 +319,8 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler lcm --original-inference-steps 0" +
                 out,
             "--original-inference-steps: original_inference_steps must be positive, got 0"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --lora /nonexistent.safetensors" + out,
+            "--lora: "},
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler ddim --original-inference-steps 8" +
                 out,
             "--original-inference-steps is for --sampler lcm"},

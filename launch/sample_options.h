@@ -52,8 +52,10 @@ struct SampleOptions {
   std::string raw;
   std::string weights = "ema";
   std::optional<bool> clip_denoised;
-  std::string initial_noise;  // x_T of every sample; "": drawn from the seed
-  std::string vae;            // a diffusers AutoencoderKL decoding a latent model's samples
+  std::string initial_noise;       // x_T of every sample; "": drawn from the seed
+  std::string vae;                 // a diffusers AutoencoderKL decoding a latent model's samples
+  std::vector<std::string> loras;  // LoRA files fused into the model's weights (model/io/lora.h)
+  double lora_scale = 1.0;
   std::string log_level = "info";
 };
 

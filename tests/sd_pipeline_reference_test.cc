@@ -113,12 +113,31 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
   if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
   const std::string pipeline = MakePipeline(text_python);
   ASSERT_FALSE(pipeline.empty());
+  // A kohya LoRA of the pipeline's UNet (tests/reference/lora.py).
+  const std::string lora_dir = (dir_ / "lora").string();
+  const CommandResult lora = RunScript(
+      "lora.py", fmt::format("make {} {} 6", ShellQuote(pipeline + "/unet"), ShellQuote(lora_dir)));
+  ASSERT_EQ(lora.exit_code, 0) << lora.output;
+  const std::string kohya = lora_dir + "/kohya.safetensors";
   struct Case {
     const char* name;
     nlohmann::json settings;  // sd_pipeline.py run's
     std::string flags;        // the same for difftrain sample
   };
   const std::vector<Case> cases = {
+      // A kohya LoRA fused at 0.7 (diffusers' reading of it, fused as peft does).
+      {"lora",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 6},
+        {"guidance", 5.0},
+        {"spacing", nullptr},
+        {"lora", kohya},
+        {"lora_scale", 0.7},
+        {"images", 2},
+        {"seed", 14}},
+       "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 6 --lora " + ShellQuote(kohya) +
+           " --lora-scale 0.7"},
       // The pipeline's own scheduler, guided against the empty prompt.
       {"scheduler",
        {{"prompt", "a photo of a boat"},
@@ -316,6 +335,15 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
           Sample(pipeline, reference, c.flags + " --set-alpha-to-one true", "off");
       ASSERT_TRUE(off.ok()) << off.status().message();
       EXPECT_GT(RelativeL2(ReferenceTensor(*off, "images"), latents), 10 * kBound);
+    }
+    if (c.name == std::string("lora")) {
+      std::string plain = c.flags;
+      plain.erase(plain.find(" --lora "));
+      Result<io::SafetensorsFile> off = Sample(pipeline, reference, plain, "no_lora");
+      ASSERT_TRUE(off.ok()) << off.status().message();
+      const double moved = RelativeL2(ReferenceTensor(*off, "images"), latents);
+      std::cout << "without the LoRA: relative L2 latents " << moved << "\n";
+      EXPECT_GT(moved, 10 * kBound);
     }
     if (c.name == std::string("unipc_karras_rescale")) {
       std::string unrescaled = c.flags;

@@ -21,7 +21,8 @@ run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, 
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
 "kdpm2", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis", "unipc" or "tcd"), karras
 (optional: use_karras_sigmas), guidance_rescale (optional, default 0), eta (optional, default
-0: the pipeline's, DDIM's η or TCD's γ), step_noise (optional: a
+0: the pipeline's, DDIM's η or TCD's γ), lora and lora_scale (optional: a LoRA file fused into
+the UNet as tests/reference/lora.py fuses it), step_noise (optional: a
 safetensors file whose "noise" [steps, 1, images, 4, h, w] EulerAncestralDiscreteScheduler.step
 draws in place of its own, or [steps, 2, images, 4, h, w], the two draws a step from which
 DPMSolverSDEScheduler's Brownian increments are made, step_brownian.py) and images; the pipeline
@@ -56,6 +57,7 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        PNDMScheduler, StableDiffusionPipeline, TCDScheduler,
                        UNet2DConditionModel, UniPCMultistepScheduler)
 from diffusers.schedulers import scheduling_lcm
+from lora import fuse_into
 from step_brownian import StepBrownian, dpm_solver_sde_module
 from safetensors.torch import load_file, save_file
 from transformers import CLIPTextModel, CLIPTokenizer
@@ -127,6 +129,11 @@ def run(folder, out, settings):
             return run_lcm(folder, out, settings)
     pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
                                                        requires_safety_checker=False)
+    if settings.get("lora"):
+        # Fused as diffusers reads the file (tests/reference/lora.py).
+        state = {k: v.double() for k, v in pipeline.unet.state_dict().items()}
+        fuse_into(state, settings["lora"], settings.get("lora_scale", 1.0))
+        pipeline.unet.load_state_dict({k: v.float() for k, v in state.items()})
     config = dict(pipeline.scheduler.config)
     if settings.get("spacing"):
         config["timestep_spacing"] = settings["spacing"]

@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""LoRA files in kohya's, peft's and diffusers' older key forms, and diffusers' reading of them
+fused into a UNet: the reference of difftrain's FuseLora (model/io/lora.h).
+
+    PYTHON tests/reference/lora.py unet UNET_DIR SEED
+    PYTHON tests/reference/lora.py make UNET_DIR OUT_DIR SEED
+    PYTHON tests/reference/lora.py fuse UNET_DIR LORA SCALE OUT.safetensors
+
+PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2).
+
+unet: a small UNet2DConditionModel (two levels, cross-attention of 12 features, 8x8 latents),
+every parameter moved by 0.1 * N(0, 1), written by save_pretrained into UNET_DIR.
+make: for the UNet2DConditionModel of UNET_DIR (its config.json), random LoRAs of every Linear
+and Conv2d in its down, mid and up blocks (kohya's reach; 3x3 convolutions as LoCon: a 3x3
+down, a 1x1 up), ranks 4 and 2 by turns, written as
+  OUT_DIR/kohya.safetensors     lora_unet_….lora_down.weight / lora_up.weight (F16) and alpha
+                                (1, 2 or 8 by turns)
+  OUT_DIR/diffusers.safetensors the same converted by diffusers' own kohya conversion (its
+                                attention processors' …processor.to_q_lora.down.weight and
+                                …conv1.lora.down.weight forms), without alphas
+  OUT_DIR/peft.safetensors      unet.MODULE.lora_A.weight / lora_B.weight (F32) of the same
+                                modules plus conv_in and time_embedding.linear_1, no alphas
+fuse: the UNet's weights with LORA fused at SCALE into OUT.safetensors (F32, every parameter),
+diffusers' way: the file read by LoraLoaderMixin.lora_state_dict (its kohya conversion), the
+UNet's part converted by convert_unet_state_dict_to_peft (the names peft's layers take), each
+module's weight W += SCALE · alpha/rank · B·A (peft's delta weight: over the flattened input
+and kernel), alpha the file's where it has one, else the rank, in float64.
+Exit status: 0, or 2 for bad usage.
+"""
+
+import os
+import sys
+
+import safetensors.torch  # noqa: F401  (before diffusers)
+import torch
+from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+from diffusers.loaders.lora_conversion_utils import _convert_kohya_lora_to_diffusers
+from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
+from safetensors.torch import save_file
+
+BLOCKS = ("down_blocks.", "mid_block.", "up_blocks.")
+
+
+def adapted_modules(unet, everywhere):
+    """The Linear and Conv2d modules a LoRA adapts, by name."""
+    return [(name, module) for name, module in unet.named_modules()
+            if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d))
+            and (everywhere or name.startswith(BLOCKS))]
+
+
+def small_unet(unet_dir, seed):
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, block_out_channels=(8, 16),
+        layers_per_block=1, attention_head_dim=2, norm_num_groups=4, cross_attention_dim=12,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
+    with torch.no_grad():
+        for p in unet.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    unet.save_pretrained(unet_dir, safe_serialization=True)
+    return 0
+
+
+def make(unet_dir, out_dir, seed):
+    unet = UNet2DConditionModel.from_pretrained(unet_dir)
+    generator = torch.Generator().manual_seed(seed)
+    kohya, peft = {}, {}
+    for i, (name, module) in enumerate(adapted_modules(unet, everywhere=True)):
+        rank = 4 if i % 2 == 0 else 2
+        if isinstance(module, torch.nn.Linear):
+            down = torch.randn((rank, module.in_features), generator=generator)
+            up = torch.randn((module.out_features, rank), generator=generator)
+        else:
+            kh, kw = module.kernel_size
+            down = torch.randn((rank, module.in_channels, kh, kw), generator=generator)
+            up = torch.randn((module.out_channels, rank, 1, 1), generator=generator)
+        down, up = 0.3 * down, 0.3 * up
+        peft[f"unet.{name}.lora_A.weight"] = down
+        peft[f"unet.{name}.lora_B.weight"] = up
+        if name.startswith(BLOCKS):
+            base = "lora_unet_" + name.replace(".", "_")
+            kohya[f"{base}.lora_down.weight"] = down.half()
+            kohya[f"{base}.lora_up.weight"] = up.half()
+            kohya[f"{base}.alpha"] = torch.tensor((1.0, 2.0, 8.0)[i % 3]).half()
+    converted, _ = _convert_kohya_lora_to_diffusers(dict(kohya))
+    os.makedirs(out_dir, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in kohya.items()}, os.path.join(out_dir, "kohya.safetensors"))
+    save_file({k: v.contiguous() for k, v in converted.items()},
+              os.path.join(out_dir, "diffusers.safetensors"))
+    save_file({k: v.contiguous() for k, v in peft.items()}, os.path.join(out_dir, "peft.safetensors"))
+    print(f"{len(kohya) // 3} kohya modules, {len(peft) // 2} peft modules in {out_dir}")
+    return 0
+
+
+def fuse_into(state_dict, lora, scale):
+    """Fuses LORA (a file) at SCALE into the UNet STATE_DICT (modified in place, float64)."""
+    lora_state, alphas = StableDiffusionPipeline.lora_state_dict(lora)
+    if any(k.startswith("unet.") for k in lora_state):
+        lora_state = {k[len("unet."):]: v for k, v in lora_state.items() if k.startswith("unet.")}
+    lora_state = convert_unet_state_dict_to_peft(lora_state)
+    alphas = convert_unet_state_dict_to_peft(
+        {k[len("unet."):]: v for k, v in (alphas or {}).items() if k.startswith("unet.")})
+    # As diffusers' get_peft_kwargs names an alpha's module.
+    module_alpha = {k.split(".lora_A.")[0].replace(".alpha", ""): v for k, v in alphas.items()}
+    modules = sorted({k.split(".lora_A.")[0] for k in lora_state if ".lora_A." in k})
+    for module in modules:
+        a = lora_state[f"{module}.lora_A.weight"].double()
+        b = lora_state[f"{module}.lora_B.weight"].double()
+        rank = b.shape[1]
+        alpha = module_alpha.get(module, rank)
+        weight = state_dict[f"{module}.weight"]
+        delta = (b.flatten(1) @ a.flatten(1)).reshape(weight.shape)
+        state_dict[f"{module}.weight"] = weight.double() + scale * alpha / rank * delta
+    return len(modules)
+
+
+def fuse(unet_dir, lora, scale, out):
+    unet = UNet2DConditionModel.from_pretrained(unet_dir)
+    state = {k: v.double() for k, v in unet.state_dict().items()}
+    fused = fuse_into(state, lora, scale)
+    save_file({k: v.float().contiguous() for k, v in state.items()}, out)
+    print(f"fused {fused} modules of {lora}")
+    return 0
+
+
+def main(argv):
+    if len(argv) == 4 and argv[1] == "unet":
+        return small_unet(argv[2], int(argv[3]))
+    if len(argv) == 5 and argv[1] == "make":
+        return make(argv[2], argv[3], int(argv[4]))
+    if len(argv) == 6 and argv[1] == "fuse":
+        return fuse(argv[2], argv[3], float(argv[4]), argv[5])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
