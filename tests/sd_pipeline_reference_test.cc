@@ -16,6 +16,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,37 @@ class SdPipelineReferenceTest : public DiffusersReference {
     const std::string path = (dir_ / "step_noise.safetensors").string();
     EXPECT_TRUE(file.WriteAtomic(path).ok());
     return path;
+  }
+
+  // Case `name` sampled by diffusers (`settings`) and by difftrain (`flags`) from the same x_T:
+  // the final latents and their decoding must agree within kBound, and differ from x_T.
+  // diffusers' file and final latents, and difftrain's file.
+  struct Compared {
+    std::string reference;
+    std::vector<float> latents;
+    std::optional<io::SafetensorsFile> got;
+  };
+  Compared Compare(const std::string& pipeline, const nlohmann::json& settings,
+                   const std::string& flags, const std::string& name) {
+    Compared c;
+    c.reference = Reference(pipeline, settings, name + "_want");
+    Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(c.reference);
+    EXPECT_TRUE(want.ok()) << want.status().message();
+    Result<io::SafetensorsFile> got = Sample(pipeline, c.reference, flags, name);
+    EXPECT_TRUE(got.ok()) << got.status().message();
+    if (!want.ok() || !got.ok()) return c;
+    c.latents = ReferenceTensor(*want, "latents");
+    const double latents_error = RelativeL2(ReferenceTensor(*got, "images"), c.latents);
+    const double decoded_error =
+        RelativeL2(ReferenceTensor(*got, "decoded"), ReferenceTensor(*want, "decoded"));
+    std::cout << name << ": relative L2 latents " << latents_error << ", decoded " << decoded_error
+              << "\n";
+    EXPECT_LE(latents_error, kBound);
+    EXPECT_LE(decoded_error, kBound);
+    EXPECT_GT(RelativeL2(ReferenceTensor(*want, "noise"), c.latents), 0.1)
+        << "nothing was denoised";
+    c.got = std::move(got).value();
+    return c;
   }
 
   // difftrain's samples from `noise` with `flags` into `name`.safetensors.
@@ -316,20 +348,10 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
       settings["step_noise"] = WriteStepNoise(pipeline, settings["steps"], settings["images"],
                                               settings["scheduler"] == "dpmsolver_sde" ? 2 : 1);
     }
-    const std::string reference = Reference(pipeline, settings, std::string(c.name) + "_want");
-    Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(reference);
-    ASSERT_TRUE(want.ok()) << want.status().message();
-    Result<io::SafetensorsFile> got = Sample(pipeline, reference, c.flags, c.name);
-    ASSERT_TRUE(got.ok()) << got.status().message();
-    const std::vector<float> latents = ReferenceTensor(*want, "latents");
-    const double latents_error = RelativeL2(ReferenceTensor(*got, "images"), latents);
-    const double decoded_error =
-        RelativeL2(ReferenceTensor(*got, "decoded"), ReferenceTensor(*want, "decoded"));
-    EXPECT_LE(latents_error, kBound);
-    EXPECT_LE(decoded_error, kBound);
-    std::cout << c.name << ": relative L2 latents " << latents_error << ", decoded "
-              << decoded_error << "\n";
-    EXPECT_GT(RelativeL2(ReferenceTensor(*want, "noise"), latents), 0.1) << "nothing was denoised";
+    const Compared compared = Compare(pipeline, settings, c.flags, c.name);
+    ASSERT_TRUE(compared.got.has_value());
+    const std::string& reference = compared.reference;
+    const std::vector<float>& latents = compared.latents;
     if (c.name == std::string("scheduler")) {
       Result<io::SafetensorsFile> off =
           Sample(pipeline, reference, c.flags + " --set-alpha-to-one true", "off");
@@ -390,21 +412,9 @@ TEST_F(SdPipelineReferenceTest, SamplesAsLatentConsistencyModelPipeline) {
     SCOPED_TRACE(c.name);
     nlohmann::json settings = c.settings;
     settings["step_noise"] = WriteStepNoise(pipeline, settings["steps"], settings["images"], 1);
-    const std::string reference = Reference(pipeline, settings, std::string(c.name) + "_want");
-    Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(reference);
-    ASSERT_TRUE(want.ok()) << want.status().message();
-    Result<io::SafetensorsFile> got = Sample(pipeline, reference, c.flags, c.name);
-    ASSERT_TRUE(got.ok()) << got.status().message();
-    const std::vector<float> latents = ReferenceTensor(*want, "latents");
-    const double latents_error = RelativeL2(ReferenceTensor(*got, "images"), latents);
-    const double decoded_error =
-        RelativeL2(ReferenceTensor(*got, "decoded"), ReferenceTensor(*want, "decoded"));
-    std::cout << c.name << ": relative L2 latents " << latents_error << ", decoded "
-              << decoded_error << "\n";
-    EXPECT_LE(latents_error, kBound);
-    EXPECT_LE(decoded_error, kBound);
-    EXPECT_GT(RelativeL2(ReferenceTensor(*want, "noise"), latents), 0.1) << "nothing was denoised";
-    const nlohmann::json how = nlohmann::json::parse(got->metadata().at("sampling"));
+    const Compared compared = Compare(pipeline, settings, c.flags, c.name);
+    ASSERT_TRUE(compared.got.has_value());
+    const nlohmann::json how = nlohmann::json::parse(compared.got->metadata().at("sampling"));
     EXPECT_EQ(how["sampler"], "lcm");
     EXPECT_EQ(how["embedded_guidance"], settings["guidance"]);
     EXPECT_EQ(how["cfg_scale"], 1.0);

@@ -56,7 +56,6 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        LatentConsistencyModelPipeline, LCMScheduler, LMSDiscreteScheduler,
                        PNDMScheduler, StableDiffusionPipeline, TCDScheduler,
                        UNet2DConditionModel, UniPCMultistepScheduler)
-from diffusers.schedulers import scheduling_lcm
 from lora import fuse_into
 from step_brownian import StepBrownian, dpm_solver_sde_module
 from safetensors.torch import load_file, save_file
@@ -102,11 +101,17 @@ def make(folder, seed, kind):
     return 0
 
 
-def run_lcm(folder, out, settings):
-    pipeline = LatentConsistencyModelPipeline.from_pretrained(folder, safety_checker=None,
-                                                              requires_safety_checker=False)
-    step_noise = list(load_file(settings["step_noise"])["noise"].unbind(0))
-    scheduling_lcm.randn_tensor = lambda shape, **kwargs: step_noise.pop(0).reshape(shape)
+def draw_step_noise(pipeline, path):
+    """What the pipeline scheduler's step draws (Euler ancestral's, TCD's, LCM's): the tensors of
+    PATH's "noise", one a step."""
+    step_noise = list(load_file(path)["noise"].unbind(0))
+    sys.modules[type(pipeline.scheduler).__module__].randn_tensor = \
+        lambda shape, **kwargs: step_noise.pop(0).reshape(shape)
+
+
+def sample(pipeline, out, settings, **call):
+    """Runs the pipeline from seeded latents N(0, 1) with the settings' prompt, images, steps and
+    guidance and `call`'s other arguments; writes OUT."""
     unet = pipeline.unet.config
     generator = torch.Generator().manual_seed(settings.get("seed", 0))
     noise = torch.randn((settings["images"], unet.in_channels, unet.sample_size, unet.sample_size),
@@ -114,13 +119,20 @@ def run_lcm(folder, out, settings):
     with torch.no_grad():
         latents = pipeline(prompt=settings["prompt"], num_images_per_prompt=settings["images"],
                            num_inference_steps=settings["steps"],
-                           original_inference_steps=settings.get("original_inference_steps"),
                            guidance_scale=settings["guidance"], latents=noise.clone(),
-                           output_type="latent").images
+                           output_type="latent", **call).images
         decoded = pipeline.vae.decode(latents / pipeline.vae.config.scaling_factor).sample
     save_file({"noise": noise, "latents": latents.contiguous(), "decoded": decoded.contiguous()},
               out)
     return 0
+
+
+def run_lcm(folder, out, settings):
+    pipeline = LatentConsistencyModelPipeline.from_pretrained(folder, safety_checker=None,
+                                                              requires_safety_checker=False)
+    draw_step_noise(pipeline, settings["step_noise"])
+    return sample(pipeline, out, settings,
+                  original_inference_steps=settings.get("original_inference_steps"))
 
 
 def run(folder, out, settings):
@@ -159,25 +171,10 @@ def run(folder, out, settings):
     else:
         pipeline.scheduler = DDIMScheduler.from_config(config)
     if settings.get("step_noise") and settings.get("scheduler") != "dpmsolver_sde":
-        # What the scheduler's step draws (Euler ancestral's, TCD's): one tensor a step.
-        step_noise = list(load_file(settings["step_noise"])["noise"].unbind(0))
-        sys.modules[type(pipeline.scheduler).__module__].randn_tensor = \
-            lambda shape, **kwargs: step_noise.pop(0).reshape(shape)
-    unet = pipeline.unet.config
-    generator = torch.Generator().manual_seed(settings.get("seed", 0))
-    noise = torch.randn((settings["images"], unet.in_channels, unet.sample_size, unet.sample_size),
-                        generator=generator)
-    with torch.no_grad():
-        latents = pipeline(prompt=settings["prompt"], negative_prompt=settings["negative_prompt"],
-                           num_images_per_prompt=settings["images"],
-                           num_inference_steps=settings["steps"],
-                           guidance_scale=settings["guidance"], latents=noise.clone(),
-                           guidance_rescale=settings.get("guidance_rescale", 0.0),
-                           eta=settings.get("eta", 0.0), output_type="latent").images
-        decoded = pipeline.vae.decode(latents / pipeline.vae.config.scaling_factor).sample
-    save_file({"noise": noise, "latents": latents.contiguous(), "decoded": decoded.contiguous()},
-              out)
-    return 0
+        draw_step_noise(pipeline, settings["step_noise"])
+    return sample(pipeline, out, settings, negative_prompt=settings["negative_prompt"],
+                  guidance_rescale=settings.get("guidance_rescale", 0.0),
+                  eta=settings.get("eta", 0.0))
 
 
 def main(argv):
