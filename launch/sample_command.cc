@@ -411,10 +411,14 @@ int RunSample(const SampleOptions& o) {
   if (Status s = FillModelWeights(ckpt, o.weights == "ema", model); !s.ok())
     return bad((ckpt.pretrained ? "--pretrained: " : "--checkpoint: ") + s.message());
   for (const std::string& lora : o.loras) {
-    Result<io::LoraFused> fused =
-        io::FuseLora(lora, o.lora_scale, model.global_parameter_table(), model.params());
+    const bool text_fused = prompts && prompts->lora_text_encoder;
+    Result<io::LoraFused> fused = io::FuseLora(
+        lora, o.lora_scale, {{io::kLoraUNet, &model.global_parameter_table(), model.params()}},
+        text_fused ? std::vector<std::string>{io::kLoraTextEncoder} : std::vector<std::string>{},
+        "difftrain fuses only where the prompts are all embedded by a text encoder (--pretrained "
+        "PIPELINE without --text-table or --captions)");
     if (!fused.ok()) return bad("--lora: " + fused.status().message());
-    spdlog::info("fused the LoRA {} into {} modules (rank up to {}) at scale {}", lora,
+    spdlog::info("fused the LoRA {} into {} modules of the model (rank up to {}) at scale {}", lora,
                  fused->modules, fused->rank, o.lora_scale);
   }
   const size_t out_floats = m.output_elements();
@@ -716,8 +720,9 @@ DIFFTRAIN_COMMAND(
                       "index names one; `none`: no decoding)");
        app.add_option("--lora", o->loras,
                       "fuse this LoRA (a safetensors file of diffusers', peft's or kohya's keys: "
-                      "LCM-LoRA, TCD-LoRA, a style) into the model's weights before sampling; "
-                      "repeat it to fuse several");
+                      "LCM-LoRA, TCD-LoRA, a style) into the model's weights before sampling, "
+                      "its text encoder part into a pipeline's text encoder; repeat it to fuse "
+                      "several");
        app.add_option("--lora-scale", o->lora_scale,
                       "each LoRA's update is scaled by this (diffusers' fuse_lora lora_scale)")
            ->capture_default_str();

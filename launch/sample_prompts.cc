@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "model/data/latent_folder.h"
+#include "model/io/lora.h"
 #include "model/text/embedder.h"
 
 namespace difftrain::launch {
@@ -94,6 +95,21 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   if (encoder && encoder->dim() != m.context_dim) {
     return Errorf("--text-encoder: '{}' embeds {} features per token, the model takes {}",
                   encoder->path(), encoder->dim(), m.context_dim);
+  }
+  // A LoRA's text encoder part, where every prompt is embedded by the encoder (the UNet's part
+  // is fused with the model).
+  if (encoder && encoder_only && !o.loras.empty()) {
+    TextEncoder& e = encoder->encoder();
+    for (const std::string& lora : o.loras) {
+      Result<io::LoraFused> fused = io::FuseLora(
+          lora, o.lora_scale, {{io::kLoraTextEncoder, &e.tensors(), e.weights()}}, {io::kLoraUNet});
+      if (!fused.ok()) return fused.status().WithContext("--lora");
+      if (fused->modules > 0) {
+        spdlog::info("fused the LoRA {} into {} modules of the text encoder (rank up to {})", lora,
+                     fused->modules, fused->rank);
+      }
+    }
+    p.lora_text_encoder = true;
   }
   const int skip = o.skip_layers.value_or(encoder_only ? 0 : p.table.skip_layers);
   std::vector<std::string> wanted = o.prompts;  // the rows' texts, then the negative prompt

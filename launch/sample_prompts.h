@@ -21,6 +21,9 @@ struct Prompts {
   std::vector<int64_t> ids;      // one per row
   std::string text_encoder;      // the encoder that embedded prompts here, if one did
   std::vector<float> null_text;  // [L, D]: the unconditional text; empty: zeros
+  // Whether the text encoder took the --lora files' text encoder parts (the prompts are all
+  // embedded by it): the UNet's fusing passes those over.
+  bool lora_text_encoder = false;
 };
 
 // The rows a text model samples: each --prompt (found in the text table by its exact text, or

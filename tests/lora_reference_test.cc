@@ -58,7 +58,8 @@ TEST_F(LoraReferenceTest, FusesAsDiffusersReadsEachForm) {
     Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(want_path);
     ASSERT_TRUE(want.ok()) << want.status().message();
     std::vector<float> got = weights;
-    Result<io::LoraFused> fused = io::FuseLora(lora, 0.8, plan.table, got.data());
+    Result<io::LoraFused> fused =
+        io::FuseLora(lora, 0.8, {{io::kLoraUNet, &plan.table, got.data()}});
     ASSERT_TRUE(fused.ok()) << fused.status().message();
     EXPECT_EQ(fused->modules, modules);
     EXPECT_EQ(fused->rank, 4);

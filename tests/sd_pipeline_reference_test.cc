@@ -145,10 +145,11 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
   if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
   const std::string pipeline = MakePipeline(text_python);
   ASSERT_FALSE(pipeline.empty());
-  // A kohya LoRA of the pipeline's UNet (tests/reference/lora.py).
+  // A kohya LoRA of the pipeline's UNet and text encoder (tests/reference/lora.py).
   const std::string lora_dir = (dir_ / "lora").string();
   const CommandResult lora = RunScript(
-      "lora.py", fmt::format("make {} {} 6", ShellQuote(pipeline + "/unet"), ShellQuote(lora_dir)));
+      "lora.py", fmt::format("make {} {} 6 {}", ShellQuote(pipeline + "/unet"),
+                             ShellQuote(lora_dir), ShellQuote(pipeline + "/text_encoder")));
   ASSERT_EQ(lora.exit_code, 0) << lora.output;
   const std::string kohya = lora_dir + "/kohya.safetensors";
   struct Case {

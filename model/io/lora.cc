@@ -1,10 +1,10 @@
 #include "model/io/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
 #include <unordered_map>
-#include <vector>
 
 #include <fmt/format.h>
 
@@ -13,12 +13,33 @@
 namespace difftrain::io {
 namespace {
 
+enum class Part { kDown, kUp, kAlpha };
+
+// What a key names: its component, the module it adapts there, and which tensor it is.
+struct LoraKey {
+  std::string component, module;
+  Part part;
+};
+
 // One adapted module's tensors, by their keys in the file.
 struct LoraModule {
   std::string down, up, alpha;
 };
 
-enum class Part { kDown, kUp, kAlpha };
+// Each component's key prefixes: diffusers' and kohya's.
+struct Component {
+  const char* name;
+  const char* prefix;
+  std::vector<const char*> kohya;
+};
+const std::vector<Component>& Components() {
+  static const std::vector<Component> components = {
+      {kLoraUNet, "unet.", {"lora_unet_"}},
+      {kLoraTextEncoder, "text_encoder.", {"lora_te_", "lora_te1_"}},
+      {"text_encoder_2", "text_encoder_2.", {"lora_te2_"}},
+  };
+  return components;
+}
 
 // The suffixes of the diffusers and peft forms, and the part each names.
 constexpr std::pair<const char*, Part> kSuffixes[] = {
@@ -36,60 +57,66 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// An attention processor's name (…attn1.processor.to_q_lora) as its module's (…attn1.to_q).
-std::string ProcessorModule(std::string name) {
-  const std::string processor = ".processor.";
-  const size_t at = name.find(processor);
-  if (at == std::string::npos) return name;
-  name.replace(at, processor.size(), ".");
-  name.resize(name.size() - std::string("_lora").size());
-  if (EndsWith(name, ".to_out")) name += ".0";
-  return name;
+// An attention processor's name as its module's: the UNet's …attn1.processor.to_q_lora is
+// …attn1.to_q (to_out_lora: to_out.0), the text encoder's …self_attn.to_q_lora …self_attn.q_proj
+// (to_out_lora: out_proj). Empty when `name` is not one.
+std::string ProcessorModule(const std::string& component, const std::string& name) {
+  static const std::map<std::string, std::pair<std::string, std::string>> kProjections = {
+      {"to_q_lora", {"to_q", "q_proj"}},
+      {"to_k_lora", {"to_k", "k_proj"}},
+      {"to_v_lora", {"to_v", "v_proj"}},
+      {"to_out_lora", {"to_out.0", "out_proj"}}};
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return "";
+  const auto projection = kProjections.find(name.substr(dot + 1));
+  if (projection == kProjections.end()) return "";
+  std::string parent = name.substr(0, dot);
+  if (component == kLoraUNet) {
+    if (!EndsWith(parent, ".processor")) return "";
+    parent.resize(parent.size() - std::string(".processor").size());
+    return parent + "." + projection->second.first;
+  }
+  return parent + "." + projection->second.second;
 }
 
-// The module and part key `key` names, or an error naming it. `kohya` maps a kohya base name
-// (lora_unet_…) to its module.
-Result<std::pair<std::string, Part>> Classify(
-    const std::string& key, const std::unordered_map<std::string, std::string>& kohya) {
-  for (const char* text :
-       {"lora_te_", "lora_te1_", "lora_te2_", "text_encoder.", "text_encoder_2."}) {
-    if (key.starts_with(text)) {
-      return Errorf(
-          "'{}' adapts the text encoder, and difftrain applies a LoRA to the UNet only (use a "
-          "LoRA without its text encoder part)",
-          key);
+// What `key` names; `kohya` maps each target's kohya base names (lora_unet_…) to their modules.
+Result<LoraKey> Classify(const std::string& key,
+                         const std::unordered_map<std::string, std::string>& kohya) {
+  for (const Component& c : Components()) {
+    for (const char* prefix : c.kohya) {
+      if (!key.starts_with(prefix)) continue;
+      const size_t dot = key.find('.');
+      const std::string base = key.substr(0, dot);
+      const std::string suffix = dot == std::string::npos ? "" : key.substr(dot);
+      const std::optional<Part> part = suffix == ".lora_down.weight" ? std::optional(Part::kDown)
+                                       : suffix == ".lora_up.weight" ? std::optional(Part::kUp)
+                                       : suffix == ".alpha"          ? std::optional(Part::kAlpha)
+                                                                     : std::nullopt;
+      if (!part) {
+        return Errorf("'{}': not a kohya LoRA key (lora_down.weight, lora_up.weight, alpha)", key);
+      }
+      const auto module = kohya.find(base);
+      return LoraKey{c.name, module == kohya.end() ? base : module->second, *part};
     }
   }
-  if (key.starts_with("lora_unet_")) {
-    const size_t dot = key.find('.');
-    const std::string base = key.substr(0, dot),
-                      suffix = dot == std::string::npos ? "" : key.substr(dot);
-    const std::optional<Part> part = suffix == ".lora_down.weight" ? std::optional(Part::kDown)
-                                     : suffix == ".lora_up.weight" ? std::optional(Part::kUp)
-                                     : suffix == ".alpha"          ? std::optional(Part::kAlpha)
-                                                                   : std::nullopt;
-    if (!part)
-      return Errorf("'{}': not a kohya LoRA key (lora_down.weight, lora_up.weight, alpha)", key);
-    const auto module = kohya.find(base);
-    if (module == kohya.end()) {
-      return Errorf(
-          "'{}': the model has no module '{}' (kohya's name of a diffusers module, '.' as '_')",
-          key, base.substr(std::string("lora_unet_").size()));
+  std::string component = kLoraUNet, name = key;
+  for (const Component& c : Components()) {
+    if (key.starts_with(c.prefix)) {
+      component = c.name;
+      name = key.substr(std::string(c.prefix).size());
     }
-    return std::pair{module->second, *part};
   }
-  std::string name = key.starts_with("unet.") ? key.substr(5) : key;
   for (const auto& [suffix, part] : kSuffixes) {
     if (EndsWith(name, suffix))
-      return std::pair{name.substr(0, name.size() - std::string(suffix).size()), part};
+      return LoraKey{component, name.substr(0, name.size() - std::string(suffix).size()), part};
   }
-  // The attention processors' form: …processor.to_q_lora.down.weight.
+  // The attention processors' form: ….to_q_lora.down.weight.
   for (const auto& [suffix, part] :
-       {std::pair{".down.weight", Part::kDown}, {".up.weight", Part::kUp}}) {
-    if (EndsWith(name, suffix) && name.find(".processor.") != std::string::npos) {
-      const std::string module = name.substr(0, name.size() - std::string(suffix).size());
-      if (EndsWith(module, "_lora")) return std::pair{ProcessorModule(module), part};
-    }
+       {std::pair{".down.weight", Part::kDown}, std::pair{".up.weight", Part::kUp}}) {
+    if (!EndsWith(name, suffix)) continue;
+    const std::string module =
+        ProcessorModule(component, name.substr(0, name.size() - std::string(suffix).size()));
+    if (!module.empty()) return LoraKey{component, module, part};
   }
   return Errorf(
       "'{}': not a LoRA key difftrain reads (MODULE.lora_A.weight/lora_B.weight, "
@@ -104,85 +131,109 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// W += factor · up·down over `out` rows of `in` (the flattened input and kernel).
+void AddProduct(float* W, const std::vector<float>& up, const std::vector<float>& down, int64_t out,
+                int64_t rank, int64_t in, double factor) {
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t j = 0; j < in; ++j) {
+      double delta = 0;
+      for (int64_t r = 0; r < rank; ++r)
+        delta += double(up[o * rank + r]) * down[r * in + j];
+      W[o * in + j] = static_cast<float>(W[o * in + j] + factor * delta);
+    }
+  }
+}
+
 }  // namespace
 
-Result<LoraFused> FuseLora(const std::string& path, double scale, const TensorTable& table,
-                           float* params) {
+Result<LoraFused> FuseLora(const std::string& path, double scale,
+                           const std::vector<LoraTarget>& targets,
+                           const std::vector<std::string>& skipped, const std::string& elsewhere) {
   if (!std::isfinite(scale)) return Errorf("the LoRA scale must be finite, got {}", scale);
   DT_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
   const auto error = [&](const std::string& message) {
     return Errorf("LoRA file '{}': {}", path, message);
   };
+  // Each target's kohya names: lora_unet_ (lora_te_, lora_te1_) + the module, '.' as '_'.
   std::unordered_map<std::string, std::string> kohya;
-  for (const TensorSpec& t : table.tensors()) {
-    if (!EndsWith(t.name, ".weight")) continue;
-    std::string module = t.name.substr(0, t.name.size() - 7), flat = module;
-    for (char& c : flat)
-      if (c == '.') c = '_';
-    kohya.emplace("lora_unet_" + flat, module);
+  for (const LoraTarget& t : targets) {
+    for (const Component& c : Components()) {
+      if (c.name != t.component) continue;
+      for (const TensorSpec& spec : t.table->tensors()) {
+        if (!EndsWith(spec.name, ".weight")) continue;
+        const std::string module = spec.name.substr(0, spec.name.size() - 7);
+        std::string flat = module;
+        std::replace(flat.begin(), flat.end(), '.', '_');
+        for (const char* prefix : c.kohya)
+          kohya.emplace(prefix + flat, module);
+      }
+    }
   }
-  std::map<std::string, LoraModule> modules;  // in name order: a deterministic fusing order
+  // Per target, its modules in name order (a deterministic fusing order).
+  std::map<std::string, std::map<std::string, LoraModule>> modules;
   for (const std::string& key : file.Names()) {
-    Result<std::pair<std::string, Part>> named = Classify(key, kohya);
+    Result<LoraKey> named = Classify(key, kohya);
     if (!named.ok()) return error(named.status().message());
-    LoraModule& m = modules[named->first];
-    std::string& slot = named->second == Part::kDown ? m.down
-                        : named->second == Part::kUp ? m.up
-                                                     : m.alpha;
+    if (std::find(skipped.begin(), skipped.end(), named->component) != skipped.end()) continue;
+    const bool targeted = std::any_of(targets.begin(), targets.end(), [&](const LoraTarget& t) {
+      return t.component == named->component;
+    });
+    if (!targeted) {
+      return error(fmt::format("'{}' adapts the {}, which {}", key,
+                               named->component == kLoraUNet ? "UNet" : named->component,
+                               elsewhere.empty() ? "is not fused here" : elsewhere));
+    }
+    LoraModule& m = modules[named->component][named->module];
+    std::string& slot = named->part == Part::kDown ? m.down
+                        : named->part == Part::kUp ? m.up
+                                                   : m.alpha;
     if (!slot.empty()) return error(fmt::format("'{}' and '{}' name the same tensor", slot, key));
     slot = key;
   }
-  if (modules.empty()) return error("holds no tensors");
+  if (file.Names().empty()) return error("holds no tensors");
   LoraFused fused;
-  for (const auto& [module, m] : modules) {
-    if (m.down.empty() || m.up.empty()) {
-      return error(fmt::format("module '{}' has {} without {}", module,
-                               m.down.empty() ? m.up : m.down,
-                               m.down.empty() ? "its down (A) matrix" : "its up (B) matrix"));
-    }
-    const TensorSpec* w = table.Find(module + ".weight");
-    if (w == nullptr) {
-      return error(fmt::format("'{}': the model has no module '{}' (no parameter '{}.weight')",
-                               m.down, module, module));
-    }
-    const TensorView& down = *file.Find(m.down);
-    const TensorView& up = *file.Find(m.up);
-    const int64_t rank = down.shape.empty() ? 0 : down.shape[0];
-    const int64_t out = w->shape[0],
-                  in = static_cast<int64_t>(w->numel) / std::max<int64_t>(out, 1);
-    if (rank < 1 || Numel(down.shape) != rank * in || up.shape.size() < 2 || up.shape[0] != out ||
-        up.shape[1] != rank || Numel(up.shape) != out * rank) {
-      return error(fmt::format("module '{}': down {} and up {} do not make its weight {}", module,
-                               ShapeString(down.shape), ShapeString(up.shape),
-                               ShapeString(w->shape)));
-    }
-    std::vector<float> a(rank * in), b(out * rank);
-    DT_RETURN_IF_ERROR(file.CopyAsF32(m.down, down.shape, a.data()));
-    DT_RETURN_IF_ERROR(file.CopyAsF32(m.up, up.shape, b.data()));
-    double alpha = static_cast<double>(rank);
-    if (!m.alpha.empty()) {
-      const TensorView& view = *file.Find(m.alpha);
-      if (Numel(view.shape) != 1) {
-        return error(
-            fmt::format("'{}' is {}, expected one number", m.alpha, ShapeString(view.shape)));
+  for (const LoraTarget& target : targets) {
+    for (const auto& [module, m] : modules[target.component]) {
+      if (m.down.empty() || m.up.empty()) {
+        return error(fmt::format("module '{}' has {} without {}", module,
+                                 m.down.empty() ? m.up : m.down,
+                                 m.down.empty() ? "its down (A) matrix" : "its up (B) matrix"));
       }
-      float value = 0;
-      DT_RETURN_IF_ERROR(file.CopyAsF32(m.alpha, view.shape, &value));
-      alpha = value;
-    }
-    const double factor = scale * alpha / static_cast<double>(rank);
-    float* W = params + w->offset;
-#pragma omp parallel for schedule(static)
-    for (int64_t o = 0; o < out; ++o) {
-      for (int64_t j = 0; j < in; ++j) {
-        double delta = 0;
-        for (int64_t r = 0; r < rank; ++r)
-          delta += double(b[o * rank + r]) * a[r * in + j];
-        W[o * in + j] = static_cast<float>(W[o * in + j] + factor * delta);
+      const TensorSpec* w = target.table->Find(module + ".weight");
+      if (w == nullptr) {
+        return error(fmt::format("'{}': the {} has no module '{}' (no parameter '{}.weight')",
+                                 m.down, target.component, module, module));
       }
+      const TensorView& down = *file.Find(m.down);
+      const TensorView& up = *file.Find(m.up);
+      const int64_t rank = down.shape.empty() ? 0 : down.shape[0];
+      const int64_t out = w->shape[0];
+      const int64_t in = static_cast<int64_t>(w->numel) / std::max<int64_t>(out, 1);
+      if (rank < 1 || Numel(down.shape) != rank * in || up.shape.size() < 2 || up.shape[0] != out ||
+          up.shape[1] != rank || Numel(up.shape) != out * rank) {
+        return error(fmt::format("module '{}': down {} and up {} do not make its weight {}", module,
+                                 ShapeString(down.shape), ShapeString(up.shape),
+                                 ShapeString(w->shape)));
+      }
+      std::vector<float> a(rank * in), b(out * rank);
+      DT_RETURN_IF_ERROR(file.CopyAsF32(m.down, down.shape, a.data()));
+      DT_RETURN_IF_ERROR(file.CopyAsF32(m.up, up.shape, b.data()));
+      double alpha = static_cast<double>(rank);
+      if (!m.alpha.empty()) {
+        const TensorView& view = *file.Find(m.alpha);
+        if (Numel(view.shape) != 1) {
+          return error(
+              fmt::format("'{}' is {}, expected one number", m.alpha, ShapeString(view.shape)));
+        }
+        float value = 0;
+        DT_RETURN_IF_ERROR(file.CopyAsF32(m.alpha, view.shape, &value));
+        alpha = value;
+      }
+      AddProduct(target.params + w->offset, b, a, out, rank, in, scale * alpha / rank);
+      ++fused.modules;
+      fused.rank = std::max<int>(fused.rank, static_cast<int>(rank));
     }
-    ++fused.modules;
-    fused.rank = std::max<int>(fused.rank, static_cast<int>(rank));
   }
   return fused;
 }

@@ -38,6 +38,10 @@ class LoraTest : public ::testing::Test {
     EXPECT_TRUE(writer.WriteAtomic(path).ok());
     return path;
   }
+  // The UNet target of `params`.
+  std::vector<LoraTarget> UNet(std::vector<float>& params) const {
+    return {{kLoraUNet, &table_, params.data()}};
+  }
   // The weight of `name` after fusing: a copy of the arena.
   std::vector<float> Weight(const std::vector<float>& params, const std::string& name) const {
     const TensorSpec* t = table_.Find(name);
@@ -83,7 +87,7 @@ TEST_F(LoraTest, EveryKeyFormFusesTheSameUpdate) {
     w.AddF32(down, {2, 4}, a_.data());
     w.AddF32(up, {3, 2}, b_.data());
     std::vector<float> params = params_;
-    Result<LoraFused> fused = FuseLora(Write(w, "form.safetensors"), 0.5, table_, params.data());
+    Result<LoraFused> fused = FuseLora(Write(w, "form.safetensors"), 0.5, UNet(params));
     ASSERT_TRUE(fused.ok()) << fused.status().message();
     EXPECT_EQ(fused->modules, 1);
     EXPECT_EQ(fused->rank, 2);
@@ -111,7 +115,7 @@ TEST_F(LoraTest, AlphaLoConAndProcessorsToOut) {
   w.AddF32("unet.blocks.0.attn1.processor.to_out_lora.down.weight", {1, 3}, out_a.data());
   w.AddF32("unet.blocks.0.attn1.processor.to_out_lora.up.weight", {2, 1}, out_b.data());
   std::vector<float> params = params_;
-  Result<LoraFused> fused = FuseLora(Write(w, "locon.safetensors"), 2.0, table_, params.data());
+  Result<LoraFused> fused = FuseLora(Write(w, "locon.safetensors"), 2.0, UNet(params));
   ASSERT_TRUE(fused.ok()) << fused.status().message();
   EXPECT_EQ(fused->modules, 2);
   EXPECT_EQ(
@@ -129,14 +133,17 @@ TEST_F(LoraTest, RefusesByName) {
   };
   const std::vector<Case> cases = {
       {{{"lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight", {2, 4}}},
-       "adapts the text encoder"},
+       "adapts the text_encoder, which is not fused here"},
       {{{"text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight", {2, 4}}},
-       "adapts the text encoder"},
-      {{{"lora_unet_input_blocks_4_1_proj_in.lora_down.weight", {2, 4}}},
-       "the model has no module 'input_blocks_4_1_proj_in'"},
+       "adapts the text_encoder, which is not fused here"},
+      {{{"lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight", {2, 4}}},
+       "adapts the text_encoder_2"},
+      {{{"lora_unet_input_blocks_4_1_proj_in.lora_down.weight", {2, 4}},
+        {"lora_unet_input_blocks_4_1_proj_in.lora_up.weight", {3, 2}}},
+       "the unet has no module 'lora_unet_input_blocks_4_1_proj_in'"},
       {{{"unet.blocks.0.attn9.to_q.lora_A.weight", {2, 4}},
         {"unet.blocks.0.attn9.to_q.lora_B.weight", {3, 2}}},
-       "the model has no module 'blocks.0.attn9.to_q'"},
+       "the unet has no module 'blocks.0.attn9.to_q'"},
       {{{"unet.blocks.0.attn1.to_q.lora_A.weight", {2, 4}}}, "without its up (B) matrix"},
       {{{"unet.blocks.0.attn1.to_q.lora_A.weight", {2, 5}},
         {"unet.blocks.0.attn1.to_q.lora_B.weight", {3, 2}}},
@@ -161,12 +168,54 @@ TEST_F(LoraTest, RefusesByName) {
     }
     const std::string path = Write(w, "bad.safetensors");
     std::vector<float> params = params_;
-    Result<LoraFused> fused = FuseLora(path, 1.0, table_, params.data());
+    Result<LoraFused> fused = FuseLora(path, 1.0, UNet(params));
     ASSERT_FALSE(fused.ok());
     EXPECT_THAT(fused.status().message(), HasSubstr(c.message));
     EXPECT_THAT(fused.status().message(), HasSubstr(path));
   }
-  EXPECT_FALSE(FuseLora((dir_ / "missing.safetensors").string(), 1.0, table_, params_.data()).ok());
+  EXPECT_FALSE(FuseLora((dir_ / "missing.safetensors").string(), 1.0, UNet(params_)).ok());
+}
+
+// A file of both components: each target takes its own keys (the text encoder's attention
+// processors' to_q_lora is q_proj, to_out_lora out_proj; kohya's lora_te_), a skipped component
+// is passed over, and one neither targeted nor skipped is refused with the caller's reason.
+TEST_F(LoraTest, ComponentsTakeTheirOwnKeys) {
+  TensorTable text;
+  text.Add("text_model.encoder.layers.0.self_attn.q_proj.weight", {3, 4});
+  text.Add("text_model.encoder.layers.0.self_attn.out_proj.weight", {2, 3});
+  std::vector<float> text_params(text.total(), 0.25f);
+  const std::vector<float> out_a = {1, 0, -1}, out_b = {2, 3};
+  SafetensorsWriter w;
+  w.AddF32("unet.blocks.0.attn1.to_q.lora_A.weight", {2, 4}, a_.data());
+  w.AddF32("unet.blocks.0.attn1.to_q.lora_B.weight", {3, 2}, b_.data());
+  w.AddF32("lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight", {2, 4},
+           a_.data());
+  w.AddF32("lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight", {3, 2},
+           b_.data());
+  w.AddF32("text_encoder.text_model.encoder.layers.0.self_attn.to_out_lora.down.weight", {1, 3},
+           out_a.data());
+  w.AddF32("text_encoder.text_model.encoder.layers.0.self_attn.to_out_lora.up.weight", {2, 1},
+           out_b.data());
+  const std::string path = Write(w, "both.safetensors");
+  std::vector<float> params = params_, encoder = text_params;
+  Result<LoraFused> unet = FuseLora(path, 1.0, UNet(params), {kLoraTextEncoder});
+  ASSERT_TRUE(unet.ok()) << unet.status().message();
+  EXPECT_EQ(unet->modules, 1);
+  Result<LoraFused> te =
+      FuseLora(path, 1.0, {{kLoraTextEncoder, &text, encoder.data()}}, {kLoraUNet});
+  ASSERT_TRUE(te.ok()) << te.status().message();
+  EXPECT_EQ(te->modules, 2);
+  EXPECT_EQ(std::vector<float>(encoder.begin(), encoder.begin() + 12),
+            Expected(std::vector<float>(text_params.begin(), text_params.begin() + 12), b_, a_, 3,
+                     2, 4, 1.0));
+  EXPECT_EQ(std::vector<float>(encoder.begin() + 12, encoder.end()),
+            Expected(std::vector<float>(text_params.begin() + 12, text_params.end()), out_b, out_a,
+                     2, 1, 3, 1.0));
+  Result<LoraFused> refused =
+      FuseLora(path, 1.0, UNet(params), {}, "the prompts come from a table");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("adapts the text_encoder, which the prompts come from a table"));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ class TextEmbedder {
                std::string path);
 
   const TextEncoder& encoder() const { return encoder_; }
+  TextEncoder& encoder() { return encoder_; }
   const text::Tokenizer& tokenizer() const { return *tokenizer_; }
   const std::string& path() const { return path_; }
   int dim() const { return encoder_.config().hidden_size; }

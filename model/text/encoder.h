@@ -36,6 +36,8 @@ class TextEncoder {
 
   const TextEncoderConfig& config() const { return config_; }
   const TensorTable& tensors() const { return table_; }
+  // The weights, laid out by tensors() (a LoRA fuses into them).
+  float* weights() { return weights_.data(); }
   // The file the weights came from ("" when built from memory).
   const std::string& source() const { return source_; }
 

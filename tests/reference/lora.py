@@ -3,7 +3,7 @@
 fused into a UNet: the reference of difftrain's FuseLora (model/io/lora.h).
 
     PYTHON tests/reference/lora.py unet UNET_DIR SEED
-    PYTHON tests/reference/lora.py make UNET_DIR OUT_DIR SEED
+    PYTHON tests/reference/lora.py make UNET_DIR OUT_DIR SEED [TEXT_ENCODER_DIR]
     PYTHON tests/reference/lora.py fuse UNET_DIR LORA SCALE OUT.safetensors
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2).
@@ -20,7 +20,10 @@ down, a 1x1 up), ranks 4 and 2 by turns, written as
                                 …conv1.lora.down.weight forms), without alphas
   OUT_DIR/peft.safetensors      unet.MODULE.lora_A.weight / lora_B.weight (F32) of the same
                                 modules plus conv_in and time_embedding.linear_1, no alphas
-fuse: the UNet's weights with LORA fused at SCALE into OUT.safetensors (F32, every parameter),
+With TEXT_ENCODER_DIR (a CLIPTextModel folder), the kohya and peft files also adapt its
+attention and MLP Linears (lora_te_…, text_encoder.…; rank 2, kohya's alpha 4 for all of
+them: diffusers gives a text encoder's modules the alpha of their layer, not their own).
+fuse: the UNet's weights with LORA's UNet part fused at SCALE into OUT.safetensors (F32, every parameter),
 diffusers' way: the file read by LoraLoaderMixin.lora_state_dict (its kohya conversion), the
 UNet's part converted by convert_unet_state_dict_to_peft (the names peft's layers take), each
 module's weight W += SCALE · alpha/rank · B·A (peft's delta weight: over the flattened input
@@ -35,8 +38,10 @@ import safetensors.torch  # noqa: F401  (before diffusers)
 import torch
 from diffusers import StableDiffusionPipeline, UNet2DConditionModel
 from diffusers.loaders.lora_conversion_utils import _convert_kohya_lora_to_diffusers
-from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
+from diffusers.utils.state_dict_utils import (convert_state_dict_to_peft,
+                                              convert_unet_state_dict_to_peft)
 from safetensors.torch import save_file
+from transformers import CLIPTextModel
 
 BLOCKS = ("down_blocks.", "mid_block.", "up_blocks.")
 
@@ -62,10 +67,22 @@ def small_unet(unet_dir, seed):
     return 0
 
 
-def make(unet_dir, out_dir, seed):
+def make(unet_dir, out_dir, seed, text_encoder_dir=None):
     unet = UNet2DConditionModel.from_pretrained(unet_dir)
     generator = torch.Generator().manual_seed(seed)
     kohya, peft = {}, {}
+    if text_encoder_dir:
+        encoder = CLIPTextModel.from_pretrained(text_encoder_dir)
+        for name, module in encoder.named_modules():
+            if isinstance(module, torch.nn.Linear) and (".self_attn." in name or ".mlp." in name):
+                down = 0.3 * torch.randn((2, module.in_features), generator=generator)
+                up = 0.3 * torch.randn((module.out_features, 2), generator=generator)
+                peft[f"text_encoder.{name}.lora_A.weight"] = down
+                peft[f"text_encoder.{name}.lora_B.weight"] = up
+                base = "lora_te_" + name.replace(".", "_")
+                kohya[f"{base}.lora_down.weight"] = down.half()
+                kohya[f"{base}.lora_up.weight"] = up.half()
+                kohya[f"{base}.alpha"] = torch.tensor(4.0).half()
     for i, (name, module) in enumerate(adapted_modules(unet, everywhere=True)):
         rank = 4 if i % 2 == 0 else 2
         if isinstance(module, torch.nn.Linear):
@@ -83,7 +100,8 @@ def make(unet_dir, out_dir, seed):
             kohya[f"{base}.lora_down.weight"] = down.half()
             kohya[f"{base}.lora_up.weight"] = up.half()
             kohya[f"{base}.alpha"] = torch.tensor((1.0, 2.0, 8.0)[i % 3]).half()
-    converted, _ = _convert_kohya_lora_to_diffusers(dict(kohya))
+    converted, _ = _convert_kohya_lora_to_diffusers(
+        {k: v for k, v in kohya.items() if k.startswith("lora_unet_")})
     os.makedirs(out_dir, exist_ok=True)
     save_file({k: v.contiguous() for k, v in kohya.items()}, os.path.join(out_dir, "kohya.safetensors"))
     save_file({k: v.contiguous() for k, v in converted.items()},
@@ -93,9 +111,35 @@ def make(unet_dir, out_dir, seed):
     return 0
 
 
-def fuse_into(state_dict, lora, scale):
-    """Fuses LORA (a file) at SCALE into the UNet STATE_DICT (modified in place, float64)."""
+def fuse_text_encoder(state_dict, lora, scale):
+    """Fuses LORA's text encoder part at SCALE into the CLIPTextModel STATE_DICT (in place,
+    float64); the number of modules."""
     lora_state, alphas = StableDiffusionPipeline.lora_state_dict(lora)
+    prefix = "text_encoder."
+    lora_state = {k[len(prefix):]: v for k, v in lora_state.items() if k.startswith(prefix)}
+    if not lora_state:
+        return 0
+    if not any("lora_A" in k for k in lora_state):
+        lora_state = convert_state_dict_to_peft(lora_state)
+    values = {v for k, v in (alphas or {}).items() if k.startswith(prefix)}
+    assert len(values) <= 1, "diffusers takes one alpha for a text encoder's layer"
+    alpha = values.pop() if values else None
+    modules = sorted({k.split(".lora_A.")[0] for k in lora_state if ".lora_A." in k})
+    for module in modules:
+        a = lora_state[f"{module}.lora_A.weight"].double()
+        b = lora_state[f"{module}.lora_B.weight"].double()
+        rank = b.shape[1]
+        weight = state_dict[f"{module}.weight"]
+        state_dict[f"{module}.weight"] = \
+            weight.double() + scale * (alpha or rank) / rank * (b @ a).reshape(weight.shape)
+    return len(modules)
+
+
+def fuse_into(state_dict, lora, scale):
+    """Fuses LORA's UNet part (a file) at SCALE into the UNet STATE_DICT (modified in place,
+    float64); the number of modules."""
+    lora_state, alphas = StableDiffusionPipeline.lora_state_dict(lora)
+    lora_state = {k: v for k, v in lora_state.items() if not k.startswith("text_encoder")}
     if any(k.startswith("unet.") for k in lora_state):
         lora_state = {k[len("unet."):]: v for k, v in lora_state.items() if k.startswith("unet.")}
     lora_state = convert_unet_state_dict_to_peft(lora_state)
@@ -127,8 +171,8 @@ def fuse(unet_dir, lora, scale, out):
 def main(argv):
     if len(argv) == 4 and argv[1] == "unet":
         return small_unet(argv[2], int(argv[3]))
-    if len(argv) == 5 and argv[1] == "make":
-        return make(argv[2], argv[3], int(argv[4]))
+    if len(argv) in (5, 6) and argv[1] == "make":
+        return make(argv[2], argv[3], int(argv[4]), argv[5] if len(argv) == 6 else None)
     if len(argv) == 6 and argv[1] == "fuse":
         return fuse(argv[2], argv[3], float(argv[4]), argv[5])
     print(__doc__, file=sys.stderr)

@@ -56,7 +56,7 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        LatentConsistencyModelPipeline, LCMScheduler, LMSDiscreteScheduler,
                        PNDMScheduler, StableDiffusionPipeline, TCDScheduler,
                        UNet2DConditionModel, UniPCMultistepScheduler)
-from lora import fuse_into
+from lora import fuse_into, fuse_text_encoder
 from step_brownian import StepBrownian, dpm_solver_sde_module
 from safetensors.torch import load_file, save_file
 from transformers import CLIPTextModel, CLIPTokenizer
@@ -143,9 +143,12 @@ def run(folder, out, settings):
                                                        requires_safety_checker=False)
     if settings.get("lora"):
         # Fused as diffusers reads the file (tests/reference/lora.py).
-        state = {k: v.double() for k, v in pipeline.unet.state_dict().items()}
-        fuse_into(state, settings["lora"], settings.get("lora_scale", 1.0))
-        pipeline.unet.load_state_dict({k: v.float() for k, v in state.items()})
+        scale = settings.get("lora_scale", 1.0)
+        for model, fuse in ((pipeline.unet, fuse_into),
+                            (pipeline.text_encoder, fuse_text_encoder)):
+            state = {k: v.double() for k, v in model.state_dict().items()}
+            fuse(state, settings["lora"], scale)
+            model.load_state_dict({k: v.float() for k, v in state.items()})
     config = dict(pipeline.scheduler.config)
     if settings.get("spacing"):
         config["timestep_spacing"] = settings["spacing"]
