@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "model/cpu/gemm.h"
 #include "model/io/safetensors.h"
 
 namespace difftrain::io {
@@ -131,18 +132,13 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// W += factor · up·down over `out` rows of `in` (the flattened input and kernel).
+// W += factor · up·down over `out` rows of `in` (the flattened input and kernel), in float32 on
+// BLAS as peft's merge computes it (a float64 loop took 8.5 times as long: docs/benchmarks.md).
 void AddProduct(float* W, const std::vector<float>& up, const std::vector<float>& down, int64_t out,
                 int64_t rank, int64_t in, double factor) {
-#pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t j = 0; j < in; ++j) {
-      double delta = 0;
-      for (int64_t r = 0; r < rank; ++r)
-        delta += double(up[o * rank + r]) * down[r * in + j];
-      W[o * in + j] = static_cast<float>(W[o * in + j] + factor * delta);
-    }
-  }
+  cpu::Gemm(false, false, static_cast<int>(out), static_cast<int>(in), static_cast<int>(rank),
+            static_cast<float>(factor), up.data(), static_cast<int>(rank), down.data(),
+            static_cast<int>(in), 1.0f, W, static_cast<int>(in));
 }
 
 }  // namespace

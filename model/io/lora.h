@@ -4,6 +4,7 @@
 // with down [rank, in] and up [out, rank] for a Linear, and down [rank, in, kh, kw] and
 // up [out, rank, 1, 1] for a convolution (kohya's LoCon), the product taken over the flattened
 // in × kh × kw. alpha is the file's (kohya's `.alpha`); without one it is the rank (a factor 1).
+// The product is added in float32 on BLAS, as peft's merge adds it.
 //
 // A file adapts components, each named by its keys' prefix: the UNet (unet., kohya's
 // lora_unet_; keys without a prefix are the UNet's too) and the text encoder (text_encoder.,
