@@ -29,6 +29,7 @@ struct DumpCase {
   // gradients exactly zero.
   bool random_weights;
   int seed;
+  const char* diffusion = "";  // debug-dump's diffusion flags
 };
 
 // Names the case in gtest's messages instead of dumping its bytes.
@@ -72,20 +73,29 @@ TEST_P(DitReferenceTest, DebugDumpMatchesReference) {
   const DumpCase& c = GetParam();
   DumpAndCheck(
       fmt::format("--depth {} --hidden 64 --heads 4 --patch {} --input-size {} --in-channels 4 "
-                  "--num-classes 10 --learn-sigma {} --seed {} --batch 3 {}",
+                  "--num-classes 10 --learn-sigma {} --seed {} --batch 3 {} {}",
                   c.depth, c.patch, c.input_size, c.learn_sigma, c.seed,
-                  c.random_weights ? "--random-weights" : ""));
+                  c.random_weights ? "--random-weights" : "", c.diffusion));
 }
 
 // Together the cases cover learn_sigma on and off, patch 2 and 4, input 8 and 16, 2 and 3
-// blocks, and DiT's own initialisation.
+// blocks, DiT's own initialisation, and v-prediction on the scaled linear schedule rescaled to
+// zero terminal SNR and on the cosine one.
 INSTANTIATE_TEST_SUITE_P(
     TinyConfigs, DitReferenceTest,
     ::testing::Values(DumpCase{"Patch2Input8LearnSigma", 2, 8, 2, true, true, 1},
                       DumpCase{"Patch2Input8NoSigma", 2, 8, 2, false, true, 2},
                       DumpCase{"Patch4Input16ThreeBlocks", 4, 16, 3, true, true, 3},
                       DumpCase{"Patch2Input16NoSigma", 2, 16, 2, false, true, 4},
-                      DumpCase{"DitInitPatch4Input8ThreeBlocks", 4, 8, 3, true, false, 5}),
+                      DumpCase{"DitInitPatch4Input8ThreeBlocks", 4, 8, 3, true, false, 5},
+                      // v-prediction on Stable Diffusion's schedule rescaled to zero terminal
+                      // SNR, the last timestep (x_t the noise, v = −x0) among the batch's.
+                      DumpCase{"VPredictionZeroSnrScaledLinear", 2, 8, 2, false, true, 6,
+                               "--prediction v --zero-terminal-snr --schedule scaled_linear "
+                               "--beta-start 0.00085 --beta-end 0.012 --timesteps 999,412,3"},
+                      // v-prediction with learn_sigma on the cosine schedule.
+                      DumpCase{"VPredictionCosineLearnSigma", 2, 8, 2, true, true, 7,
+                               "--prediction v --schedule cosine"}),
     [](const ::testing::TestParamInfo<DumpCase>& info) { return std::string(info.param.name); });
 
 // checkpoint.init_from with PyTorch's weights: the reference DiT's state_dict (pos_embed
@@ -119,7 +129,8 @@ TEST_F(DitInitFromTest, AReferenceStateDictLoadsExactlyAndItsStepMatches) {
 }
 
 // Latte: a named config and custom shapes, covering patch 2, 4 and 8, 1, 4 and 8 frames,
-// with and without classes (and the null class), learn_sigma on and off, two block pairs.
+// with and without classes (and the null class), learn_sigma on and off, two block pairs,
+// v-prediction on a zero terminal SNR schedule.
 struct LatteCase {
   const char* name;
   const char* flags;
@@ -151,7 +162,13 @@ INSTANTIATE_TEST_SUITE_P(
                   "--frames 4 --num-classes 5 --class-dropout 0 --seed 3"},
         LatteCase{"Patch2Frames1LearnSigma",
                   "--model latte --patch 2 --hidden 48 --heads 3 --depth 2 --input-size 8 "
-                  "--frames 1 --num-classes 3 --seed 4"}),
+                  "--frames 1 --num-classes 3 --seed 4"},
+        // A video model of v-prediction on a zero terminal SNR schedule.
+        LatteCase{"VPredictionZeroSnr",
+                  "--model latte --patch 2 --hidden 64 --heads 4 --depth 2 --input-size 8 "
+                  "--frames 4 --num-classes 3 --learn-sigma false --prediction v "
+                  "--zero-terminal-snr --schedule scaled_linear --beta-start 0.00085 "
+                  "--beta-end 0.012 --seed 5 --timesteps 999,20"}),
     [](const ::testing::TestParamInfo<LatteCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -4,10 +4,12 @@
     /usr/bin/python3 tests/reference/check_debug_dump.py FILE [--tol 1e-5]
 
 The dump holds one training step: the parameters, the inputs (x0, noise, t, y, x_t), the
-model output, the epsilon-MSE loss and every parameter's gradient. The checker rebuilds the
+model output, the MSE loss of its prediction (epsilon, or v = sqrt(abar) noise -
+sqrt(1 - abar) x0 with "prediction" v) and every parameter's gradient. The checker rebuilds the
 model of the dump's family (metadata "family": dit, the default, or latte) in float64 from
-the dump's config and parameters, recomputes x_t with its own beta schedule, runs forward
-and backward on the dump's x_t, t and y, and compares each tensor.
+the dump's config and parameters, recomputes x_t with its own beta schedule (linear,
+scaled_linear or cosine, with zero_terminal_snr rescaled as Lin et al.'s Algorithm 1), runs
+forward and backward on the dump's x_t, t and y, and compares each tensor.
 
 Error measure: ||a - b|| / ||b|| (L2 norms, b the float64 reference). Where ||b|| is
 exactly 0, a relative error means nothing, and the absolute ||a - b|| is used instead,
@@ -57,6 +59,39 @@ class MalformedDump(Exception):
     """The dump cannot be checked: not a dump, or a tensor is missing or misshapen."""
 
 
+def scaled_linear_betas(steps, beta_start, beta_end):
+    """Stable Diffusion's betas: evenly spaced in sqrt(beta), squared."""
+    return np.linspace(math.sqrt(beta_start), math.sqrt(beta_end), steps, dtype=np.float64) ** 2
+
+
+def cosine_betas(steps, beta_start, beta_end):
+    """Nichol & Dhariwal's cosine schedule (DiT's "squaredcos_cap_v2"): 1 - abar((i+1)/T) /
+    abar(i/T), abar(s) = cos((s + 0.008)/1.008 * pi/2)^2, each capped at 0.999."""
+    abar = lambda s: math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2  # noqa: E731
+    return np.array([min(1 - abar((i + 1) / steps) / abar(i / steps), 0.999)
+                     for i in range(steps)], dtype=np.float64)
+
+
+SCHEDULES = {"linear": dit_torch.linear_beta_schedule, "scaled_linear": scaled_linear_betas,
+             "cosine": cosine_betas}
+
+
+def zero_terminal_snr(betas):
+    """Lin et al.'s Algorithm 1: sqrt(abar) shifted to 0 at the last step and scaled to keep
+    the first, in float64."""
+    root = np.sqrt(np.cumprod(1.0 - betas))
+    first, last = root[0], root[-1]
+    abar = ((root - last) * first / (first - last)) ** 2
+    return 1.0 - np.concatenate([abar[:1], abar[1:] / abar[:-1]])
+
+
+def schedule(diffusion):
+    """The dump's betas, float64."""
+    betas = SCHEDULES[diffusion["schedule"]](diffusion["steps"], diffusion["beta_start"],
+                                             diffusion["beta_end"])
+    return zero_terminal_snr(betas) if diffusion.get("zero_terminal_snr", False) else betas
+
+
 def parse_metadata(metadata):
     """Returns (Family, its config, diffusion dict) from the header metadata."""
     if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
@@ -71,12 +106,11 @@ def parse_metadata(metadata):
     diffusion = _json_object(metadata, "diffusion", DIFFUSION_KEYS,
                              optional={"loss_weighting", "min_snr_gamma", "prediction",
                                        "frame_noise_correlation", "zero_terminal_snr"})
-    if diffusion["schedule"] != "linear":
-        raise MalformedDump(f"diffusion schedule {diffusion['schedule']!r}: only 'linear' is known")
-    if diffusion.get("zero_terminal_snr", False):
-        raise MalformedDump("zero_terminal_snr: only the plain schedule is known")
-    if diffusion.get("prediction", "epsilon") != "epsilon":
-        raise MalformedDump(f"prediction {diffusion['prediction']!r}: only 'epsilon' is known")
+    if diffusion["schedule"] not in SCHEDULES:
+        raise MalformedDump(f"diffusion schedule {diffusion['schedule']!r}: known are "
+                            f"{sorted(SCHEDULES)}")
+    if diffusion.get("prediction", "epsilon") not in ("epsilon", "v"):
+        raise MalformedDump(f"prediction {diffusion['prediction']!r}: known are epsilon and v")
     if diffusion.get("loss_weighting", "uniform") != "uniform":
         raise MalformedDump(f"loss weighting {diffusion['loss_weighting']!r}: only 'uniform' is known "
                             "(check_vb_loss.py checks the weighted loss)")
@@ -161,13 +195,18 @@ def labels(tensors):
     return np.zeros(tensors["input.t"].shape, dtype=np.int64)
 
 
-def reference_step(family, model, tensors):
+def reference_step(family, model, tensors, betas, prediction):
     """Runs forward and backward on the dump's inputs; returns name -> float64 tensor for
     output, loss and every grad.*."""
     as64 = lambda name: torch.from_numpy(tensors[name]).to(torch.float64)  # noqa: E731
-    output = model(as64("input.x_t"), torch.from_numpy(tensors["input.t"]).long(),
-                   torch.from_numpy(labels(tensors)).long())
-    loss = family.loss(output, as64("input.noise"))
+    t = torch.from_numpy(tensors["input.t"]).long()
+    output = model(as64("input.x_t"), t, torch.from_numpy(labels(tensors)).long())
+    target = as64("input.noise")
+    if prediction == "v":
+        # v = sqrt(abar) noise - sqrt(1 - abar) x0, per sample.
+        abar = torch.from_numpy(np.cumprod(1.0 - betas))[t].reshape((-1,) + (1,) * (target.dim() - 1))
+        target = abar.sqrt() * target - (1 - abar).sqrt() * as64("input.x0")
+    loss = family.loss(output, target)
     loss.backward()
     result = {"output": output.detach(), "loss": loss.detach().reshape(1)}
     result.update({f"grad.{name}": p.grad for name, p in model.named_parameters() if p.requires_grad})
@@ -194,7 +233,7 @@ def check(path, tol):
     model.load_state_dict({name: torch.from_numpy(tensors[name]) for name in model.state_dict()})
 
     # Every comparison, as (name, value in the dump, float64 reference value).
-    betas = dit_torch.linear_beta_schedule(diffusion["steps"], diffusion["beta_start"], diffusion["beta_end"])
+    betas = schedule(diffusion)
     x_t = dit_torch.q_sample(torch.from_numpy(tensors["input.x0"]), torch.from_numpy(tensors["input.noise"]),
                              torch.from_numpy(t).long(), betas)
     grid_size = cfg.input_size // cfg.patch_size
@@ -204,7 +243,8 @@ def check(path, tol):
         temp_embed = latte_torch.get_1d_sincos_temp_embed(cfg.hidden_size, cfg.num_frames)[None]
         comparisons.append(("temp_embed", tensors["temp_embed"], temp_embed))
     comparisons += [(name, tensors[name], value)
-                    for name, value in reference_step(family, model, tensors).items()]
+                    for name, value in reference_step(family, model, tensors, betas,
+                                                      diffusion.get("prediction", "epsilon")).items()]
 
     print(f"{path}: seed {metadata.get('seed', '?')}, batch {batch}, config {metadata['config']}")
     width = max(len(name) for name, _, _ in comparisons)
