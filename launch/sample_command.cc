@@ -277,6 +277,10 @@ int RunSample(const SampleOptions& o) {
     return bad("give --out (a PNG grid), --gif (a video model's), --raw, or several");
   if (o.per_class < 1) return bad(fmt::format("--per-class must be positive, got {}", o.per_class));
   if (o.batch < 1) return bad(fmt::format("--batch must be positive, got {}", o.batch));
+  if (o.lora_scales.size() > 1 && o.lora_scales.size() != o.loras.size()) {
+    return bad(fmt::format("--lora-scale: give one scale, or one per --lora ({}), got {}",
+                           o.loras.size(), o.lora_scales.size()));
+  }
   if (o.checkpoint.empty() == o.pretrained.empty())
     return bad("give --checkpoint (a difftrain checkpoint) or --pretrained (weights)");
   if (!o.checkpoint.empty() && (o.model_given || o.diffusion_given))
@@ -410,16 +414,17 @@ int RunSample(const SampleOptions& o) {
   Model& model = **created;
   if (Status s = FillModelWeights(ckpt, o.weights == "ema", model); !s.ok())
     return bad((ckpt.pretrained ? "--pretrained: " : "--checkpoint: ") + s.message());
-  for (const std::string& lora : o.loras) {
+  for (size_t i = 0; i < o.loras.size(); ++i) {
+    const std::string& lora = o.loras[i];
     const bool text_fused = prompts && prompts->lora_text_encoder;
     Result<io::LoraFused> fused = io::FuseLora(
-        lora, o.lora_scale, {{io::kLoraUNet, &model.global_parameter_table(), model.params()}},
+        lora, o.LoraScale(i), {{io::kLoraUNet, &model.global_parameter_table(), model.params()}},
         text_fused ? std::vector<std::string>{io::kLoraTextEncoder} : std::vector<std::string>{},
         "difftrain fuses only where the prompts are all embedded by a text encoder (--pretrained "
         "PIPELINE without --text-table or --captions)");
     if (!fused.ok()) return bad("--lora: " + fused.status().message());
     spdlog::info("fused the LoRA {} into {} modules of the model (rank up to {}) at scale {}", lora,
-                 fused->modules, fused->rank, o.lora_scale);
+                 fused->modules, fused->rank, o.LoraScale(i));
   }
   const size_t out_floats = m.output_elements();
   std::vector<float> guidance_rows;  // the guidance embedding, once per sample of a batch
@@ -541,7 +546,10 @@ int RunSample(const SampleOptions& o) {
     if (!guidance_embedding.empty()) how["embedded_guidance"] = embedded_guidance;
     if (!o.loras.empty()) {
       how["lora"] = o.loras;
-      how["lora_scale"] = o.lora_scale;
+      std::vector<double> scales;
+      for (size_t i = 0; i < o.loras.size(); ++i)
+        scales.push_back(o.LoraScale(i));
+      how["lora_scale"] = scales;
     }
     if (ckpt.pretrained) {
       how["pretrained"] = ckpt.path;
@@ -723,9 +731,10 @@ DIFFTRAIN_COMMAND(
                       "LCM-LoRA, TCD-LoRA, a style) into the model's weights before sampling, "
                       "its text encoder part into a pipeline's text encoder; repeat it to fuse "
                       "several");
-       app.add_option("--lora-scale", o->lora_scale,
-                      "each LoRA's update is scaled by this (diffusers' fuse_lora lora_scale)")
-           ->capture_default_str();
+       app.add_option("--lora-scale", o->lora_scales,
+                      "the LoRAs' scales (diffusers' fuse_lora lora_scale): one for all, or one "
+                      "per --lora in order (default 1)")
+           ->delimiter(',');
        app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")
            ->capture_default_str();
        // With --pretrained: the model and the diffusion the weights were trained with.

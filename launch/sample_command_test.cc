@@ -321,6 +321,8 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
             "--original-inference-steps: original_inference_steps must be positive, got 0"},
            {"--checkpoint " + Ckpt() + " --classes 0 --lora /nonexistent.safetensors" + out,
             "--lora: "},
+           {"--checkpoint " + Ckpt() + " --classes 0 --lora a.safetensors --lora-scale 0.5,1" + out,
+            "--lora-scale: give one scale, or one per --lora (1), got 2"},
            {"--checkpoint " + Ckpt() + " --classes 0 --sampler ddim --original-inference-steps 8" +
                 out,
             "--original-inference-steps is for --sampler lcm"},

@@ -55,7 +55,13 @@ struct SampleOptions {
   std::string initial_noise;       // x_T of every sample; "": drawn from the seed
   std::string vae;                 // a diffusers AutoencoderKL decoding a latent model's samples
   std::vector<std::string> loras;  // LoRA files fused into the model's weights (model/io/lora.h)
-  double lora_scale = 1.0;
+  // Their scales: none (1 each), one for all, or one per LoRA in order (LoraScale).
+  std::vector<double> lora_scales;
+
+  // The scale of LoRA `i` (lora_scales checked by RunSample).
+  double LoraScale(size_t i) const {
+    return lora_scales.empty() ? 1.0 : lora_scales[lora_scales.size() == 1 ? 0 : i];
+  }
   std::string log_level = "info";
 };
 

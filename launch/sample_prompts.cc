@@ -100,9 +100,11 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   // is fused with the model).
   if (encoder && encoder_only && !o.loras.empty()) {
     TextEncoder& e = encoder->encoder();
-    for (const std::string& lora : o.loras) {
-      Result<io::LoraFused> fused = io::FuseLora(
-          lora, o.lora_scale, {{io::kLoraTextEncoder, &e.tensors(), e.weights()}}, {io::kLoraUNet});
+    for (size_t i = 0; i < o.loras.size(); ++i) {
+      const std::string& lora = o.loras[i];
+      Result<io::LoraFused> fused =
+          io::FuseLora(lora, o.LoraScale(i), {{io::kLoraTextEncoder, &e.tensors(), e.weights()}},
+                       {io::kLoraUNet});
       if (!fused.ok()) return fused.status().WithContext("--lora");
       if (fused->modules > 0) {
         spdlog::info("fused the LoRA {} into {} modules of the text encoder (rank up to {})", lora,

@@ -151,26 +151,27 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
       "lora.py", fmt::format("make {} {} 6 {}", ShellQuote(pipeline + "/unet"),
                              ShellQuote(lora_dir), ShellQuote(pipeline + "/text_encoder")));
   ASSERT_EQ(lora.exit_code, 0) << lora.output;
-  const std::string kohya = lora_dir + "/kohya.safetensors";
+  const std::string kohya = lora_dir + "/kohya.safetensors", peft = lora_dir + "/peft.safetensors";
   struct Case {
     const char* name;
     nlohmann::json settings;  // sd_pipeline.py run's
     std::string flags;        // the same for difftrain sample
   };
   const std::vector<Case> cases = {
-      // A kohya LoRA fused at 0.7 (diffusers' reading of it, fused as peft does).
+      // A kohya LoRA at 0.7 and a peft one at 0.3, of the UNet and the text encoder (diffusers'
+      // reading of each, fused as peft does).
       {"lora",
        {{"prompt", "a photo of a boat"},
         {"negative_prompt", nullptr},
         {"steps", 6},
         {"guidance", 5.0},
         {"spacing", nullptr},
-        {"lora", kohya},
-        {"lora_scale", 0.7},
+        {"lora", {kohya, peft}},
+        {"lora_scale", {0.7, 0.3}},
         {"images", 2},
         {"seed", 14}},
        "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 6 --lora " + ShellQuote(kohya) +
-           " --lora-scale 0.7"},
+           " --lora " + ShellQuote(peft) + " --lora-scale 0.7,0.3"},
       // The pipeline's own scheduler, guided against the empty prompt.
       {"scheduler",
        {{"prompt", "a photo of a boat"},

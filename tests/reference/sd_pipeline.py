@@ -21,8 +21,9 @@ run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, 
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
 "kdpm2", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis", "unipc" or "tcd"), karras
 (optional: use_karras_sigmas), guidance_rescale (optional, default 0), eta (optional, default
-0: the pipeline's, DDIM's η or TCD's γ), lora and lora_scale (optional: a LoRA file fused into
-the UNet as tests/reference/lora.py fuses it), step_noise (optional: a
+0: the pipeline's, DDIM's η or TCD's γ), lora and lora_scale (optional: lists of LoRA files and
+their scales, fused into the UNet and the text encoder in turn as tests/reference/lora.py fuses
+them), step_noise (optional: a
 safetensors file whose "noise" [steps, 1, images, 4, h, w] EulerAncestralDiscreteScheduler.step
 draws in place of its own, or [steps, 2, images, 4, h, w], the two draws a step from which
 DPMSolverSDEScheduler's Brownian increments are made, step_brownian.py) and images; the pipeline
@@ -141,13 +142,12 @@ def run(folder, out, settings):
             return run_lcm(folder, out, settings)
     pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
                                                        requires_safety_checker=False)
-    if settings.get("lora"):
+    for lora, scale in zip(settings.get("lora", []), settings.get("lora_scale", [])):
         # Fused as diffusers reads the file (tests/reference/lora.py).
-        scale = settings.get("lora_scale", 1.0)
         for model, fuse in ((pipeline.unet, fuse_into),
                             (pipeline.text_encoder, fuse_text_encoder)):
             state = {k: v.double() for k, v in model.state_dict().items()}
-            fuse(state, settings["lora"], scale)
+            fuse(state, lora, scale)
             model.load_state_dict({k: v.float() for k, v in state.items()})
     config = dict(pipeline.scheduler.config)
     if settings.get("spacing"):
