@@ -11,6 +11,7 @@
 #include "model/cpu/activation.h"
 #include "model/cpu/attention.h"
 #include "model/cpu/conv2d.h"
+#include "model/cpu/winograd.h"
 #include "model/cpu/groupnorm.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/upsample.h"
@@ -103,7 +104,12 @@ class Pass {
     const float* w = Param(name + ".weight", {out, x.C, K, K});
     const float* b = Param(name + ".bias", {out});
     Map y(out, s.Ho(), s.Wo(), !building());
-    if (!building()) cpu::Conv2dForward(y.v.data(), x.v.data(), w, b, s);
+    // 3×3 convolutions of stride 1 by Winograd's F(2×2, 3×3): 2.25 times fewer multiplies.
+    if (!building() && cpu::WinogradTakes(s)) {
+      cpu::Conv2dForwardWinograd(y.v.data(), x.v.data(), w, b, s);
+    } else if (!building()) {
+      cpu::Conv2dForward(y.v.data(), x.v.data(), w, b, s);
+    }
     return y;
   }
 
