@@ -5,7 +5,8 @@
 // with d the tile's 4×4 input patch and g the 3×3 kernel, so the C·9 multiply-adds an output
 // costs become 16 per tile, 4 an output: the channel sums are 16 GEMMs, one per position ξ of
 // the 4×4 transform, weight U_ξ [Co, C] times input V_ξ [C, tiles], on OpenBLAS; the transforms
-// (adds and halvings) run in the element type. 2.25 times fewer multiplies than im2col's
+// (adds and halvings) run in the element type, the samples' tile rows in passes that keep the
+// transformed operands near the caches. 2.25 times fewer multiplies than im2col's
 // GEMM; Stable Diffusion's VAE decoder at 256 px spends most of its time in such convolutions
 // (docs/benchmarks.md). Equal to Conv2dForward up to rounding (the transforms' few extra adds:
 // fp32 results within ~1e-6 of each other, relative), not bit for bit, so training, whose

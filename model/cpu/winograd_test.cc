@@ -51,6 +51,10 @@ TEST(WinogradTest, EqualsTheIm2colConvolution) {
       {3, 5, 1, 9, 2, 3, 1, 1},      // one row
       // 35 tile rows of 129 tiles, taken in passes of 31 (kChunkFloats), the last partial.
       {1, 32, 69, 258, 32, 3, 1, 1},
+      // 3 samples of 5 tile rows in passes of 31 rows: every sample in one pass.
+      {3, 32, 9, 258, 32, 3, 1, 1},
+      // 4 samples of 35 tile rows: passes that end inside a sample and start in the next.
+      {4, 32, 69, 258, 32, 3, 1, 1},
   };
   for (const Conv2dShape& s : shapes) {
     SCOPED_TRACE(::testing::Message()
