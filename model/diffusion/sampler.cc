@@ -227,13 +227,13 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
     const double direction = std::sqrt(std::max(0.0, 1 - abar_prev - sigma * sigma));
     // DDPM adds noise at every step from a timestep above 0, DDIM wherever σ > 0 (both none
     // into x_0 when respaced: its last step is at timestep 0 and goes to ᾱ = 1), LCM at every
-    // step but the last.
+    // step but the last, TCD likewise with γ > 0.
     const bool noisy = options_.kind == SamplerKind::kDdpm ? timesteps_[i] > 0
                        : lcm                               ? i > 0
                        : tcd                               ? i > 0 && options_.eta > 0
                                                            : sigma > 0;
     const double abar_s = tcd ? tcd_alpha_cumprod_s_[i] : 0;  // TCD's intermediate ᾱ
-    // LCM's boundary condition at t (1 and 0 for the others: their x0 as it is).
+    // LCM's boundary condition at t (unused by the others).
     const double c_out = lcm ? options_.lcm.OutCoefficient(timesteps_[i]) : 1;
     const double c_skip = lcm ? options_.lcm.SkipCoefficient(timesteps_[i]) : 0;
 #pragma omp parallel for schedule(static)

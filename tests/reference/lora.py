@@ -111,6 +111,22 @@ def make(unet_dir, out_dir, seed, text_encoder_dir=None):
     return 0
 
 
+def add_products(state_dict, lora_state, alpha_of, scale):
+    """W += SCALE · alpha/rank · B·A (over the flattened input and kernel, peft's delta weight)
+    in float64 for each module of the peft-named LORA_STATE, alpha_of(module, rank) its alpha;
+    the number of modules."""
+    modules = sorted({k.split(".lora_A.")[0] for k in lora_state if ".lora_A." in k})
+    for module in modules:
+        a = lora_state[f"{module}.lora_A.weight"].double()
+        b = lora_state[f"{module}.lora_B.weight"].double()
+        rank = b.shape[1]
+        weight = state_dict[f"{module}.weight"]
+        delta = (b.flatten(1) @ a.flatten(1)).reshape(weight.shape)
+        state_dict[f"{module}.weight"] = \
+            weight.double() + scale * alpha_of(module, rank) / rank * delta
+    return len(modules)
+
+
 def fuse_text_encoder(state_dict, lora, scale):
     """Fuses LORA's text encoder part at SCALE into the CLIPTextModel STATE_DICT (in place,
     float64); the number of modules."""
@@ -124,15 +140,7 @@ def fuse_text_encoder(state_dict, lora, scale):
     values = {v for k, v in (alphas or {}).items() if k.startswith(prefix)}
     assert len(values) <= 1, "diffusers takes one alpha for a text encoder's layer"
     alpha = values.pop() if values else None
-    modules = sorted({k.split(".lora_A.")[0] for k in lora_state if ".lora_A." in k})
-    for module in modules:
-        a = lora_state[f"{module}.lora_A.weight"].double()
-        b = lora_state[f"{module}.lora_B.weight"].double()
-        rank = b.shape[1]
-        weight = state_dict[f"{module}.weight"]
-        state_dict[f"{module}.weight"] = \
-            weight.double() + scale * (alpha or rank) / rank * (b @ a).reshape(weight.shape)
-    return len(modules)
+    return add_products(state_dict, lora_state, lambda module, rank: alpha or rank, scale)
 
 
 def fuse_into(state_dict, lora, scale):
@@ -147,16 +155,8 @@ def fuse_into(state_dict, lora, scale):
         {k[len("unet."):]: v for k, v in (alphas or {}).items() if k.startswith("unet.")})
     # As diffusers' get_peft_kwargs names an alpha's module.
     module_alpha = {k.split(".lora_A.")[0].replace(".alpha", ""): v for k, v in alphas.items()}
-    modules = sorted({k.split(".lora_A.")[0] for k in lora_state if ".lora_A." in k})
-    for module in modules:
-        a = lora_state[f"{module}.lora_A.weight"].double()
-        b = lora_state[f"{module}.lora_B.weight"].double()
-        rank = b.shape[1]
-        alpha = module_alpha.get(module, rank)
-        weight = state_dict[f"{module}.weight"]
-        delta = (b.flatten(1) @ a.flatten(1)).reshape(weight.shape)
-        state_dict[f"{module}.weight"] = weight.double() + scale * alpha / rank * delta
-    return len(modules)
+    return add_products(state_dict, lora_state,
+                        lambda module, rank: module_alpha.get(module, rank), scale)
 
 
 def fuse(unet_dir, lora, scale, out):
