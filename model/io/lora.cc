@@ -53,11 +53,6 @@ constexpr std::pair<const char*, Part> kSuffixes[] = {
     {".alpha", Part::kAlpha},
 };
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // An attention processor's name as its module's: the UNet's …attn1.processor.to_q_lora is
 // …attn1.to_q (to_out_lora: to_out.0), the text encoder's …self_attn.to_q_lora …self_attn.q_proj
 // (to_out_lora: out_proj). Empty when `name` is not one.
@@ -73,7 +68,7 @@ std::string ProcessorModule(const std::string& component, const std::string& nam
   if (projection == kProjections.end()) return "";
   std::string parent = name.substr(0, dot);
   if (component == kLoraUNet) {
-    if (!EndsWith(parent, ".processor")) return "";
+    if (!parent.ends_with(".processor")) return "";
     parent.resize(parent.size() - std::string(".processor").size());
     return parent + "." + projection->second.first;
   }
@@ -108,13 +103,13 @@ Result<LoraKey> Classify(const std::string& key,
     }
   }
   for (const auto& [suffix, part] : kSuffixes) {
-    if (EndsWith(name, suffix))
+    if (name.ends_with(suffix))
       return LoraKey{component, name.substr(0, name.size() - std::string(suffix).size()), part};
   }
   // The attention processors' form: ….to_q_lora.down.weight.
   for (const auto& [suffix, part] :
        {std::pair{".down.weight", Part::kDown}, std::pair{".up.weight", Part::kUp}}) {
-    if (!EndsWith(name, suffix)) continue;
+    if (!name.ends_with(suffix)) continue;
     const std::string module =
         ProcessorModule(component, name.substr(0, name.size() - std::string(suffix).size()));
     if (!module.empty()) return LoraKey{component, module, part};
@@ -157,7 +152,7 @@ Result<LoraFused> FuseLora(const std::string& path, double scale,
     for (const Component& c : Components()) {
       if (c.name != t.component) continue;
       for (const TensorSpec& spec : t.table->tensors()) {
-        if (!EndsWith(spec.name, ".weight")) continue;
+        if (!spec.name.ends_with(".weight")) continue;
         const std::string module = spec.name.substr(0, spec.name.size() - 7);
         std::string flat = module;
         std::replace(flat.begin(), flat.end(), '.', '_');
