@@ -19,12 +19,12 @@
 #include "launch/command.h"
 #include "launch/model_options.h"
 #include "launch/sample_files.h"
+#include "launch/sample_image.h"
 #include "launch/sample_options.h"
 #include "launch/sample_prompts.h"
 #include "launch/sample_sampler.h"
 #include "launch/sample_source.h"
 #include "model/cpu/embed.h"
-#include "model/data/latent_folder.h"
 #include "model/data/text_table.h"
 #include "model/diffusion/sampler.h"
 #include "model/family/family.h"
@@ -40,8 +40,6 @@
 namespace difftrain::launch {
 namespace {
 
-namespace fs = std::filesystem;
-
 // DiT's sample.py defaults: 250 respaced steps and guidance scale 4; a diffusers pipeline's
 // (StableDiffusionPipeline.__call__): 50 steps and guidance scale 7.5.
 constexpr int kDefaultSteps = 250;
@@ -53,51 +51,8 @@ constexpr int kLcmSteps = 4;
 constexpr double kTcdGamma = 0.3;  // TCDScheduler.step's eta
 // LatentConsistencyModelPipeline's guidance_scale, for a model that embeds it.
 constexpr double kEmbeddedGuidance = 8.5;
-
-// The VAE that decodes the samples: --vae's; without it, for a PNG or GIF, the one the
-// checkpoint's training data (a latent folder) was encoded with, as its index.json names it;
-// none with `--vae none`. Checked against the model's samples (its latents) and, for a PNG or
-// GIF, its images' channels; nullopt when there is none.
-Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSource& ckpt,
-                                         const SampleSchema& m) {
-  std::string path = o.vae;
-  if (path == "none") return std::optional<Vae>();
-  std::error_code ec;
-  if (path.empty() && !ckpt.pipeline.empty() && (!o.out.empty() || !o.gif.empty()) &&
-      fs::is_directory(fs::path(ckpt.pipeline) / "vae", ec)) {
-    path = ckpt.pipeline;
-    spdlog::info("decoding with the pipeline's VAE: {}/vae", path);
-  }
-  if (path.empty()) {
-    if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty() ||
-        (o.out.empty() && o.gif.empty())) {
-      return std::optional<Vae>();
-    }
-    Result<std::optional<LatentFolderVae>> encoded = ReadLatentFolderVae(ckpt.data_path);
-    if (!encoded.ok() || !*encoded) return std::optional<Vae>();  // nothing says which
-    path = (*encoded)->path;
-    if (!fs::exists(path, ec)) {
-      return Errorf(
-          "--vae: the checkpoint's training data '{}' was encoded by the VAE '{}', which is not "
-          "there: give --vae PATH, or --vae none for the latents themselves",
-          ckpt.data_path, path);
-    }
-    spdlog::info("decoding with the VAE the training data was encoded with: {} (from {}/{})", path,
-                 ckpt.data_path, kLatentFolderIndex);
-  }
-  Result<Vae> vae = Vae::Load(path);
-  if (!vae.ok()) return vae.status().WithContext("--vae");
-  const VaeConfig& c = vae->config();
-  if (c.latent_channels != m.channels) {
-    return Errorf("--vae: '{}' decodes latents of {} channels and this model makes {}",
-                  vae->source(), c.latent_channels, m.channels);
-  }
-  if ((!o.out.empty() || !o.gif.empty()) && c.out_channels != 1 && c.out_channels != 3) {
-    return Errorf("--vae: a PNG needs 1 or 3 channels and '{}' decodes {}", vae->source(),
-                  c.out_channels);
-  }
-  return std::optional<Vae>(std::move(vae).value());
-}
+// StableDiffusionImg2ImgPipeline's strength.
+constexpr double kImageStrength = 0.8;
 
 int RunSample(const SampleOptions& o) {
   auto bad = [](const std::string& message) { return ReportBadInput("sample", message); };
@@ -159,6 +114,8 @@ int RunSample(const SampleOptions& o) {
         "with (text_dropout 0)");
   }
   if (!o.gif.empty() && !m.video) return bad("--gif is for video models (Latte)");
+  if (!o.images.empty() && m.video) return bad("--image is for image models, not videos");
+  if (o.strength && o.images.empty()) return bad("--strength is for sampling from --image");
   if (o.gif_delay_cs < 1) return bad("--gif-delay must be positive");
   // An unconditional model draws one row of --per-class samples, label 0.
   std::vector<int> classes = o.classes;
@@ -233,6 +190,15 @@ int RunSample(const SampleOptions& o) {
   if (Status s = ChooseLcmOptions(o, ckpt, kind, options); !s.ok()) return bad(s.message());
   options.guidance_rescale = o.guidance_rescale.value_or(0.0);
   options.seed = o.seed;
+  const double strength = o.strength.value_or(kImageStrength);
+  if (!o.images.empty()) {
+    // A guidance-distilled LCM's image pipeline (LatentConsistencyModelImg2ImgPipeline) takes
+    // its steps from the strength's part of the schedule; the others run the strength's part
+    // of the steps (StableDiffusionImg2ImgPipeline).
+    const bool in_schedule = kind == SamplerKind::kLcm && m.guidance_embedding_dim > 0;
+    options.strength = in_schedule ? 1.0 : strength;
+    if (in_schedule) options.lcm.strength = strength;
+  }
   DenoiserShape shape{
       m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? num_rows : -1, m.frames};
   Result<Sampler> sampler = Sampler::Create(diffusion, shape, options);
@@ -293,6 +259,14 @@ int RunSample(const SampleOptions& o) {
     labels[k] = classes[k / o.per_class];
   const size_t n = m.elements();
   std::vector<float> images(total * n);
+  std::vector<float> start;  // image to image: x0 of every sample
+  if (!o.images.empty()) {
+    Result<std::vector<float>> read =
+        ReadStartImages(o.images, m, *vae ? &**vae : nullptr, static_cast<int>(classes.size()),
+                        o.per_class, o.seed);
+    if (!read.ok()) return bad("--image: " + read.status().message());
+    start = std::move(read).value();
+  }
   if (!o.initial_noise.empty()) {
     if (Status s = ReadInitialNoise(o.initial_noise, total, m, images); !s.ok())
       return bad("--initial-noise: " + s.message());
@@ -318,12 +292,22 @@ int RunSample(const SampleOptions& o) {
           ? ""
           : fmt::format(" at timesteps {}..{}", options.cfg_from, options.cfg_to),
       o.seed);
+  if (!start.empty()) {
+    spdlog::info("from {} at strength {}: {} of the steps, from timestep {}",
+                 fmt::join(o.images, ", "), strength, sampler->steps_run(),
+                 sampler->start_timestep());
+  }
   for (int first = 0; first < total; first += o.batch) {
     const int B = std::min(o.batch, total - first);
-    if (o.initial_noise.empty()) {
-      sampler->Sample(denoiser, labels.data() + first, B, first, images.data() + first * n);
+    float* x = images.data() + first * n;
+    if (start.empty() && o.initial_noise.empty()) {
+      sampler->Sample(denoiser, labels.data() + first, B, first, x);
+    } else if (o.initial_noise.empty()) {
+      sampler->SampleFrom(denoiser, labels.data() + first, B, first, start.data() + first * n, x);
     } else {
-      sampler->Denoise(denoiser, labels.data() + first, B, first, images.data() + first * n);
+      // From --initial-noise's x_T, or its noise on the images.
+      if (!start.empty()) sampler->AddNoise(start.data() + first * n, x, B * n, x);
+      sampler->Denoise(denoiser, labels.data() + first, B, first, x);
     }
     spdlog::info("sampled {}/{}", first + B, total);
   }
@@ -366,6 +350,10 @@ int RunSample(const SampleOptions& o) {
                           {"clip_denoised", options.clip_denoised},
                           {"seed", o.seed}};
     if (!o.initial_noise.empty()) how["initial_noise"] = o.initial_noise;
+    if (!start.empty()) {
+      how["image"] = o.images;
+      how["strength"] = strength;
+    }
     if (kind == SamplerKind::kDpmSolver || kind == SamplerKind::kDpmSolverSinglestep)
       how["dpm_solver"] = options.dpm.ToJson();
     if (kind == SamplerKind::kDeis) how["deis"] = options.deis.ToJson();
@@ -546,6 +534,15 @@ DIFFTRAIN_COMMAND(
                       "x_T of every sample from this safetensors file, as diffusers pipelines' "
                       "`latents`: the tensor `noise` (or the file's only one), shaped as --raw's "
                       "images [N, C, H, W] in grid order (default: drawn from --seed)");
+       app.add_option("--image", o->images,
+                      "image to image: start from this picture (PNG or JPEG; stretched to the "
+                      "samples' size and, for a latent model, encoded by the VAE) or safetensors "
+                      "file of x0's (--raw's images); one for all samples, one per row or one per "
+                      "sample (repeat it), as diffusers' StableDiffusionImg2ImgPipeline");
+       app.add_option("--strength", o->strength,
+                      "with --image: how far up the schedule the image is noised, in (0, 1]; "
+                      "the last ⌊steps × strength⌋ steps run (a guidance-distilled LCM: its "
+                      "steps from that part of the schedule) (default 0.8)");
        app.add_option("--clip-denoised", o->clip_denoised,
                       "clip x0 predictions to [-1, 1] every step (default: true, false for "
                       "models trained on latents and for every sampler but ddpm and ddim)");

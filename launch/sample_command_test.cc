@@ -67,6 +67,14 @@ class SampleCommandTest : public ::testing::Test {
 
   static std::string Ckpt() { return ShellQuote((*dir_ / "ckpt").string()); }
   static std::string File(const std::string& name) { return (*dir_ / name).string(); }
+  // A `width` × `height` gradient picture of `channels` (1 or 3) at File(name); its path.
+  static std::string Picture(const std::string& name, int width, int height, int channels) {
+    std::vector<uint8_t> pixels(size_t(width) * height * channels);
+    for (size_t i = 0; i < pixels.size(); ++i)
+      pixels[i] = static_cast<uint8_t>((i * 37 + i / (width * channels) * 11) % 256);
+    EXPECT_TRUE(io::WritePng(File(name), pixels.data(), width, height, channels).ok());
+    return File(name);
+  }
 
   static std::filesystem::path* dir_;
   static CommandResult* train_;
@@ -262,7 +270,23 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
   unnamed.AddF32("b", {4}, four.data());
   ASSERT_TRUE(misshapen.WriteAtomic(File("misshapen.safetensors")).ok());
   ASSERT_TRUE(unnamed.WriteAtomic(File("unnamed.safetensors")).ok());
+  const std::string picture = " --image " + ShellQuote(Picture("bad_start.png", 8, 8, 1));
   for (const Case& c : std::vector<Case>{
+           {"--checkpoint " + Ckpt() + " --classes 0 --strength 0.5" + out,
+            "--strength is for sampling from --image"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --steps 10 --strength 1.5" + picture + out,
+            "the strength must be in (0, 1], got 1.5"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --steps 10 --strength 0.05" + picture + out,
+            "strength 0.05 runs ⌊10 × 0.05⌋ = 0 of the 10 steps"},
+           {"--checkpoint " + Ckpt() + " --classes 0,1 --per-class 3" + picture + picture +
+                picture + out,
+            "--image: 3 images for 2 rows of 3 samples: give one for all, one per row (2) or one "
+            "per sample (6)"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --image " +
+                ShellQuote(File("misshapen.safetensors")) + out,
+            "--image: '" + File("misshapen.safetensors") +
+                "': tensor 'noise' is [1, 4], and this model's samples are [K, 1, 8, 8]"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --image /nonexistent.png" + out, "--image: "},
            {"--checkpoint " + Ckpt() + " --classes 0 --initial-noise " +
                 ShellQuote(File("misshapen.safetensors")) + out,
             "--initial-noise: safetensors file '" + File("misshapen.safetensors") +
@@ -365,6 +389,65 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
   }
+}
+
+// Image to image from a checkpoint of a pixel model: a picture is converted to the model's
+// channels and stretched to its size, so it samples as the same x0 given as a tensor does; one
+// picture per row starts each row from its own (the first row as from its picture alone); the
+// samples' noise does not depend on the batch; a strength changes them.
+TEST_F(SampleCommandTest, StartsFromImages) {
+  const std::string grey = Picture("start_grey.png", 8, 8, 1);
+  const std::string colour = Picture("start_rgb.png", 12, 10, 3);  // stretched, to luma
+  auto sample = [&](const std::string& args, const std::string& name) {
+    const CommandResult r =
+        RunDifftrain("sample --checkpoint " + Ckpt() +
+                     " --classes 1,2 --per-class 2 --sampler ddim --steps 10 --seed 3 " + args +
+                     " --raw " + ShellQuote(File(name)));
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+    Result<io::SafetensorsFile> raw = io::SafetensorsFile::Read(File(name));
+    EXPECT_TRUE(raw.ok()) << raw.status().message();
+    std::vector<float> values(4 * 64);
+    if (raw.ok()) {
+      EXPECT_TRUE(raw->CopyF32("images", {4, 1, 8, 8}, values.data()).ok());
+    }
+    return std::make_pair(values, r.output);
+  };
+  const auto [from_grey, log] = sample("--image " + ShellQuote(grey) + " --strength 0.5", "g.st");
+  EXPECT_NE(log.find("at strength 0.5: 5 of the steps, from timestep 444"), std::string::npos)
+      << log;
+  Result<io::SafetensorsFile> raw = io::SafetensorsFile::Read(File("g.st"));
+  ASSERT_TRUE(raw.ok());
+  const nlohmann::json how = nlohmann::json::parse(raw->metadata().at("sampling"));
+  EXPECT_EQ(how["strength"], 0.5);
+  EXPECT_EQ(how["image"], nlohmann::json::array({grey}));
+
+  // The picture as x0's: its pixels, x/255 · 2 − 1.
+  Result<io::PngImage> png = io::ReadPng(grey);
+  ASSERT_TRUE(png.ok());
+  std::vector<float> x0(64);
+  for (size_t i = 0; i < x0.size(); ++i)
+    x0[i] = 2.0f * (png->pixels[i] / 255.0f) - 1.0f;
+  io::SafetensorsWriter tensor;
+  tensor.AddF32("images", {1, 1, 8, 8}, x0.data());
+  ASSERT_TRUE(tensor.WriteAtomic(File("start.safetensors")).ok());
+  EXPECT_EQ(
+      sample("--image " + ShellQuote(File("start.safetensors")) + " --strength 0.5", "t.st").first,
+      from_grey);
+
+  const std::vector<float> per_row =
+      sample("--image " + ShellQuote(grey) + " --image " + ShellQuote(colour) + " --strength 0.5",
+             "rows.st")
+          .first;
+  for (size_t k = 0; k < 2 * 64; ++k)
+    ASSERT_NEAR(per_row[k], from_grey[k], 1e-5) << k;
+  EXPECT_NE(std::vector<float>(per_row.begin() + 128, per_row.end()),
+            std::vector<float>(from_grey.begin() + 128, from_grey.end()));
+
+  const std::vector<float> batch_one =
+      sample("--image " + ShellQuote(grey) + " --strength 0.5 --batch 1", "b1.st").first;
+  for (size_t k = 0; k < batch_one.size(); ++k)
+    ASSERT_NEAR(batch_one[k], from_grey[k], 1e-4) << k;
+  EXPECT_NE(sample("--image " + ShellQuote(grey) + " --strength 0.8", "s8.st").first, from_grey);
 }
 
 // An unconditional Latte of 3 frames: one row of videos, a filmstrip of one row of frames per
@@ -589,6 +672,42 @@ TEST(LatentSampleTest, DecodesWithTheVaeTheTrainingDataWasPackedWith) {
   r = RunDifftrain(sample + "--vae " + ShellQuote(dir + "/moved") + " --out " +
                    ShellQuote(dir + "/moved.png"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  // Image to image: a 32 × 32 picture through the VAE's encoder (a draw of its posterior from
+  // the seed), as its latents given as a tensor.
+  std::vector<uint8_t> pixels(32 * 32);
+  for (size_t i = 0; i < pixels.size(); ++i)
+    pixels[i] = static_cast<uint8_t>(i * 7 % 256);
+  ASSERT_TRUE(io::WritePng(dir + "/start.png", pixels.data(), 32, 32, 1).ok());
+  const std::string image = sample + "--seed 4 --strength 0.5 --image ";
+  r = RunDifftrain(image + ShellQuote(dir + "/start.png") + " --vae " + ShellQuote(dir + "/moved") +
+                   " --raw " + ShellQuote(dir + "/from_png.st"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<Vae> vae = Vae::Load(dir + "/moved");
+  ASSERT_TRUE(vae.ok()) << vae.status().message();
+  std::vector<float> x(pixels.size()), latents(4 * 16 * 16);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = 2.0f * (pixels[i] / 255.0f) - 1.0f;
+  ASSERT_TRUE(vae->Encode(x.data(), 1, 32, 32, VaePosterior::kSample, 4, 0, latents.data()).ok());
+  io::SafetensorsWriter encoded;
+  encoded.AddF32("latents", {4, 16, 16}, latents.data());
+  ASSERT_TRUE(encoded.WriteAtomic(dir + "/start.safetensors").ok());
+  r = RunDifftrain(image + ShellQuote(dir + "/start.safetensors") + " --vae none --raw " +
+                   ShellQuote(dir + "/from_latents.st"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<io::SafetensorsFile> from_png = io::SafetensorsFile::Read(dir + "/from_png.st");
+  Result<io::SafetensorsFile> from_latents = io::SafetensorsFile::Read(dir + "/from_latents.st");
+  ASSERT_TRUE(from_png.ok() && from_latents.ok());
+  std::vector<float> a(4 * 4 * 16 * 16), b(a.size());
+  ASSERT_TRUE(from_png->CopyF32("images", {4, 4, 16, 16}, a.data()).ok());
+  ASSERT_TRUE(from_latents->CopyF32("images", {4, 4, 16, 16}, b.data()).ok());
+  EXPECT_EQ(a, b);
+  r = RunDifftrain(image + ShellQuote(dir + "/start.png") + " --vae none --raw " +
+                   ShellQuote(dir + "/none.st"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is a picture and this model samples latents of 4 channels: give --vae"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace

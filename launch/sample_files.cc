@@ -31,16 +31,19 @@ Status WriteRaw(const std::string& path, const std::vector<float>& images,
   return file.WriteAtomic(path);
 }
 
+Result<std::string> TensorNamedOrOnly(const io::SafetensorsFile& file, const std::string& name) {
+  if (file.Find(name) != nullptr) return name;
+  if (file.Names().size() != 1) {
+    return Errorf("'{}' holds {} tensors and none is named '{}'", file.path(), file.Names().size(),
+                  name);
+  }
+  return file.Names()[0];
+}
+
 Status ReadInitialNoise(const std::string& path, int total, const SampleSchema& m,
                         std::vector<float>& x) {
   DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(path));
-  std::string name = "noise";
-  if (file.Find(name) == nullptr) {
-    if (file.Names().size() != 1) {
-      return Errorf("'{}' holds {} tensors and none is named 'noise'", path, file.Names().size());
-    }
-    name = file.Names()[0];
-  }
+  DT_ASSIGN_OR_RETURN(const std::string name, TensorNamedOrOnly(file, "noise"));
   return file.CopyAsF32(name, SamplesShape(total, m), x.data());
 }
 

@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "model/family/family.h"
+#include "model/io/safetensors.h"
 #include "model/vae/vae.h"
 
 namespace difftrain::launch {
@@ -27,6 +28,10 @@ Status WriteRaw(const std::string& path, const std::vector<float>& images,
                 const std::vector<float>& decoded, const SampleSchema& pictures,
                 const std::vector<int64_t>& labels, const ModelSpec& model,
                 const nlohmann::json& how);
+
+// The tensor `name` of `file`, else its only one; an error naming the file where it has
+// neither.
+Result<std::string> TensorNamedOrOnly(const io::SafetensorsFile& file, const std::string& name);
 
 // x_T of `total` samples of `m` (--initial-noise): the file's tensor `noise`, else its only
 // one, of any float dtype, shaped as the samples are in --raw.

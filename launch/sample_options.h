@@ -52,7 +52,11 @@ struct SampleOptions {
   std::string raw;
   std::string weights = "ema";
   std::optional<bool> clip_denoised;
-  std::string initial_noise;       // x_T of every sample; "": drawn from the seed
+  std::string initial_noise;  // x_T of every sample; "": drawn from the seed
+  // Image to image: the images sampling starts from (launch/sample_image.h), and how far up
+  // the schedule they are noised (default 0.8, as diffusers').
+  std::vector<std::string> images;
+  std::optional<double> strength;
   std::string vae;                 // a diffusers AutoencoderKL decoding a latent model's samples
   std::vector<std::string> loras;  // LoRA files fused into the model's weights (model/io/lora.h)
   // Their scales: none (1 each), one for all, or one per LoRA in order (LoraScale).

@@ -96,6 +96,26 @@ class SdPipelineReferenceTest : public DiffusersReference {
     return path;
   }
 
+  // K latents [K, 4, h, w] of the UNet's size (smooth, of about the scale of SD's scaled
+  // latents) as "images" of a safetensors file, for image to image; its path.
+  std::string WriteStartLatents(const std::string& pipeline, int K) {
+    const nlohmann::json unet =
+        nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
+    const int64_t side = unet["sample_size"].get<int64_t>();
+    std::vector<float> latents(K * 4 * side * side);
+    Rng rng(21, RngStream::kSample, 0);
+    for (size_t i = 0; i < latents.size(); ++i) {
+      const double x = double(i % side) / side, y = double(i / side % side) / side;
+      latents[i] =
+          static_cast<float>(std::sin(4 * x + 3 * y + i / (side * side)) + 0.3 * rng.Normal());
+    }
+    io::SafetensorsWriter file;
+    file.AddF32("images", {K, 4, side, side}, latents.data());
+    const std::string path = (dir_ / fmt::format("start{}.safetensors", K)).string();
+    EXPECT_TRUE(file.WriteAtomic(path).ok());
+    return path;
+  }
+
   // Case `name` sampled by diffusers (`settings`) and by difftrain (`flags`) from the same x_T:
   // the final latents and their decoding must agree within kBound, and differ from x_T.
   // diffusers' file and final latents, and difftrain's file.
@@ -381,16 +401,109 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
   }
 }
 
+// Image to image as StableDiffusionImg2ImgPipeline: the image's latents (one for both samples,
+// or one each) noised to the first of the last ⌊steps × strength⌋ steps by the scheduler's
+// add_noise (diffusers' noise the samples' x_T, --initial-noise), then those steps, the
+// multistep solvers warming up from there (set_begin_index): DDIM, PNDM (from its second
+// timestep too, whose repeated call diffusers makes), Euler on Karras σ's, Heun, LMS (whose
+// first step takes the leading coefficient of a higher order, as diffusers' zip), KDPM2,
+// DPM-Solver++ multistep and singlestep (starting inside a group of 2), DEIS, UniPC, Euler
+// ancestral and TCD with difftrain's step noise. A strength of 1 differs from sampling x_T.
+TEST_F(SdPipelineReferenceTest, StartsFromAnImageAsStableDiffusionImg2ImgPipeline) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python);
+  ASSERT_FALSE(pipeline.empty());
+  const std::string one = WriteStartLatents(pipeline, 1), two = WriteStartLatents(pipeline, 2);
+  struct Case {
+    const char* scheduler;
+    int steps;
+    double strength;
+    int run;  // ⌊steps × strength⌋
+    std::string flags;
+  };
+  const std::vector<Case> cases = {
+      {"ddim", 10, 0.6, 6, ""},
+      {"pndm", 8, 0.75, 6, ""},
+      {"pndm", 8, 0.875, 7, ""},
+      {"euler", 8, 0.5, 4, "--karras-sigmas true"},
+      {"heun", 6, 0.5, 3, ""},
+      {"lms", 10, 0.7, 7, ""},
+      {"kdpm2", 6, 0.67, 4, ""},
+      {"dpmsolver", 10, 0.6, 6, ""},
+      {"dpmsolver_singlestep", 10, 0.7, 7, ""},
+      {"deis", 10, 0.6, 6, ""},
+      {"unipc", 10, 0.6, 6, ""},
+      {"euler_ancestral", 8, 0.5, 4, "--seed 5"},
+      {"tcd", 4, 0.5, 2, "--seed 5"},
+  };
+  int seed = 30;
+  for (const Case& c : cases) {
+    const std::string name = fmt::format("image_{}_{}", c.scheduler, c.run);
+    SCOPED_TRACE(name);
+    const std::string& image = seed % 2 ? two : one;
+    nlohmann::json settings = {{"prompt", "a photo of a boat"},
+                               {"negative_prompt", nullptr},
+                               {"steps", c.steps},
+                               {"guidance", 5.0},
+                               {"spacing", nullptr},
+                               {"scheduler", c.scheduler},
+                               {"image", image},
+                               {"strength", c.strength},
+                               {"images", 2},
+                               {"seed", seed++}};
+    if (c.scheduler == std::string("tcd")) settings["eta"] = 0.3;
+    if (c.flags.find("--karras-sigmas true") != std::string::npos) settings["karras"] = true;
+    if (c.scheduler == std::string("euler_ancestral") || c.scheduler == std::string("tcd"))
+      settings["step_noise"] = WriteStepNoise(pipeline, c.run, 2, 1);
+    const std::string flags = fmt::format(
+        "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --sampler {} --steps {} --image {} "
+        "--strength {} {}",
+        c.scheduler, c.steps, ShellQuote(image), c.strength, c.flags);
+    const Compared compared = Compare(pipeline, settings, flags, name);
+    ASSERT_TRUE(compared.got.has_value());
+    const nlohmann::json how = nlohmann::json::parse(compared.got->metadata().at("sampling"));
+    EXPECT_EQ(how["strength"], c.strength);
+    EXPECT_EQ(how["image"], nlohmann::json::array({image}));
+  }
+  // At strength 1 the image is still there (√ᾱ of the first timestep, not 0).
+  Result<io::SafetensorsFile> full =
+      Sample(pipeline, (dir_ / "image_ddim_6_want.safetensors").string(),
+             "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 10 --image " +
+                 ShellQuote(one) + " --strength 1",
+             "image_full");
+  ASSERT_TRUE(full.ok()) << full.status().message();
+  Result<io::SafetensorsFile> plain =
+      Sample(pipeline, (dir_ / "image_ddim_6_want.safetensors").string(),
+             "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 10", "image_none");
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  const double moved =
+      RelativeL2(ReferenceTensor(*full, "images"), ReferenceTensor(*plain, "images"));
+  std::cout << "strength 1 against x_T alone: relative L2 latents " << moved << "\n";
+  EXPECT_GT(moved, 10 * kBound);
+  // A strength that leaves no step.
+  const CommandResult refused = RunCommand(fmt::format(
+      "{} sample --pretrained {} --prompt boat --steps 10 --image {} --strength 0.05 --raw {} "
+      "2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote(one),
+      ShellQuote((dir_ / "x.st").string())));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, ::testing::HasSubstr("= 0 of the 10 steps"));
+}
+
 // A guidance-distilled (LCM) pipeline: LatentConsistencyModelPipeline's UNet takes the guidance
 // scale as an embedding (time_cond_proj_dim) in one conditional pass, its LCMScheduler steps on
 // the distillation's timesteps with fresh noise at each (difftrain's, as above). The pipeline's
 // defaults (LCM, 4 steps, guidance 8.5) and flags over them; the same sample with guidance 1
-// (w = 0, an embedding of sin 0 and cos 1) moves, so the embedding reaches the model.
+// (w = 0, an embedding of sin 0 and cos 1) moves, so the embedding reaches the model. From an
+// image as LatentConsistencyModelImg2ImgPipeline: 4 steps of the first ⌊50 × 0.6⌋ timesteps of
+// the distillation's schedule.
 TEST_F(SdPipelineReferenceTest, SamplesAsLatentConsistencyModelPipeline) {
   const std::string text_python = TextPython();
   if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
   const std::string pipeline = MakePipeline(text_python, "lcm");
   ASSERT_FALSE(pipeline.empty());
+  const std::string start = WriteStartLatents(pipeline, 1);
   struct Case {
     const char* name;
     nlohmann::json settings;  // sd_pipeline.py run's
@@ -409,6 +522,16 @@ TEST_F(SdPipelineReferenceTest, SamplesAsLatentConsistencyModelPipeline) {
         {"seed", 1}},
        "--prompt 'a photo of a boat' --per-class 2 --steps 6 --cfg 2 "
        "--original-inference-steps 30 --seed 5"},
+      {"lcm_image",
+       {{"prompt", "a photo of a boat"},
+        {"steps", 4},
+        {"guidance", 8.5},
+        {"image", start},
+        {"strength", 0.6},
+        {"images", 2},
+        {"seed", 2}},
+       "--prompt 'a photo of a boat' --per-class 2 --image " + ShellQuote(start) +
+           " --strength 0.6 --seed 5"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

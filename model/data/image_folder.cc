@@ -88,6 +88,16 @@ void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop c
   }
 }
 
+void PrepareStretched(const io::PngImage& image, int width, int height, int channels, float* out) {
+  const io::PngImage resized =
+      io::Resize(WithChannels(image, channels), width, height, io::ResampleFilter::kLanczos);
+  const size_t plane = size_t(width) * height;
+  for (size_t i = 0; i < plane; ++i) {
+    for (int c = 0; c < channels; ++c)
+      out[c * plane + i] = 2.0f * (resized.pixels[i * channels + c] / 255.0f) - 1.0f;
+  }
+}
+
 Result<std::unique_ptr<ImageFolderDataset>> ImageFolderDataset::Open(const std::string& dir,
                                                                      int size, int channels,
                                                                      ImageCrop crop) {

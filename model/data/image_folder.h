@@ -59,4 +59,10 @@ class ImageFolderDataset : public Dataset {
 // Steps 1–3 above for one decoded image: `out` is channels × size × size.
 void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop crop, float* out);
 
+// An image to image pipeline's input, as diffusers' VaeImageProcessor.preprocess(image, height,
+// width) makes it: step 1 above, then stretched (no crop) to width × height with Pillow's
+// LANCZOS where its size differs, then 2·(x/255) − 1 in float32. `out` is channels × height ×
+// width.
+void PrepareStretched(const io::PngImage& image, int width, int height, int channels, float* out);
+
 }  // namespace difftrain

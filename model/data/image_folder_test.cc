@@ -99,6 +99,29 @@ TEST_F(ImageFolderPillowTest, PreparesImagesAsPillowDoes) {
   }
 }
 
+// diffusers' image to image input (VaeImageProcessor.preprocess to a size): Pillow's LANCZOS
+// bytes, shrinking one side and enlarging the other (or both), RGB and grey, and its
+// 2·(x/255) − 1.
+TEST_F(ImageFolderPillowTest, StretchesAsDiffusersImageProcessor) {
+  Result<std::unique_ptr<ImageFolderDataset>> d =
+      ImageFolderDataset::Open(dir() + "/images", kSize, 3);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  const int width = kSize + 3, height = kSize - 2;
+  for (int channels : {3, 1}) {
+    const size_t n = size_t(channels) * width * height;
+    for (int64_t k = 0; k < (*d)->size(); ++k) {
+      SCOPED_TRACE((*d)->file(k) + (channels == 3 ? " rgb" : " grey"));
+      Result<io::PngImage> image = io::ReadImage((*d)->file(k));
+      ASSERT_TRUE(image.ok()) << image.status().message();
+      std::vector<float> got(n);
+      PrepareStretched(*image, width, height, channels, got.data());
+      const std::vector<float> want =
+          Expected((channels == 3 ? "stretch.rgb." : "stretch.grey.") + std::to_string(k), n);
+      EXPECT_EQ(got, want);
+    }
+  }
+}
+
 TEST(ImageFolderTest, AFolderWithoutSubfoldersIsUnlabelled) {
   TempDir temp("image_folder_flat");
   const std::vector<uint8_t> pixels(4 * 6 * 3, 200);

@@ -56,14 +56,14 @@ Result<DeisOptions> DeisOptions::FromDiffusersScheduler(const nlohmann::json& js
 
 Result<std::vector<LinearStep>> DeisSteps(const std::vector<double>& alphas_cumprod, int N,
                                           const TimestepSpacing& spacing,
-                                          const DeisOptions& options) {
+                                          const DeisOptions& options, int begin) {
   // DPM-Solver's steps with σ_0 last give DEIS's timesteps, σ's and orders.
   DpmSolverOptions dpm;
   dpm.order = options.order;
   dpm.lower_order_final = options.lower_order_final;
   dpm.final_sigma_min = true;
   DT_ASSIGN_OR_RETURN(const std::vector<DpmStep> dpm_steps,
-                      DpmSolverSteps(alphas_cumprod, N, spacing, dpm));
+                      DpmSolverSteps(alphas_cumprod, N, spacing, dpm, begin));
   const auto alpha = [](double sigma) { return 1 / std::sqrt(sigma * sigma + 1); };
   std::vector<LinearStep> steps;
   for (const DpmStep& d : dpm_steps) {

@@ -39,9 +39,10 @@ struct DeisOptions {
 };
 
 // The N steps in the order they run, each a linear combination of its x and the ε's
-// (LinearStep, restart set). Errors: MultistepTimesteps'.
+// (LinearStep, restart set); from step `begin` the orders warm up as DpmSolverSteps'.
+// Errors: MultistepTimesteps'.
 Result<std::vector<LinearStep>> DeisSteps(const std::vector<double>& alphas_cumprod, int N,
                                           const TimestepSpacing& spacing,
-                                          const DeisOptions& options);
+                                          const DeisOptions& options, int begin = 0);
 
 }  // namespace difftrain

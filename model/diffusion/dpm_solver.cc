@@ -1,5 +1,6 @@
 #include "model/diffusion/dpm_solver.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -114,7 +115,7 @@ Result<MultistepSchedule> MultistepTimesteps(const std::vector<double>& alphas_c
 
 Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cumprod, int N,
                                             const TimestepSpacing& spacing,
-                                            const DpmSolverOptions& options) {
+                                            const DpmSolverOptions& options, int begin) {
   DT_ASSIGN_OR_RETURN(const MultistepSchedule schedule,
                       MultistepTimesteps(alphas_cumprod, N, spacing));
   const double final_sigma = options.final_sigma_min ? DiffusionSigma(alphas_cumprod, 0) : 0.0;
@@ -130,9 +131,12 @@ Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cu
         k == N - 1 && (options.euler_at_final || (options.lower_order_final && N < 15) ||
                        !options.final_sigma_min);
     const bool lower_second = k == N - 2 && options.lower_order_final && N < 15;
-    s.order = options.order == 1 || k < 1 || lower_final    ? 1
-              : options.order == 2 || k < 2 || lower_second ? 2
-                                                            : 3;
+    // The x0's there are before this step's: from `begin` on (all before it, for the steps
+    // before it).
+    const int earlier = k < begin ? k : k - begin;
+    s.order = options.order == 1 || earlier < 1 || lower_final    ? 1
+              : options.order == 2 || earlier < 2 || lower_second ? 2
+                                                                  : 3;
   }
   return steps;
 }
@@ -178,7 +182,8 @@ std::vector<int> SinglestepOrders(int N, int order, bool lower_order_final) {
 
 Result<std::vector<LinearStep>> DpmSolverSinglestepSteps(const std::vector<double>& alphas_cumprod,
                                                          int N, const TimestepSpacing& spacing,
-                                                         const DpmSolverOptions& options) {
+                                                         const DpmSolverOptions& options,
+                                                         int begin) {
   if (spacing.kind != "linspace") {
     return Errorf(
         "DPMSolverSinglestepScheduler spaces its steps by linspace only, not {} (it has no "
@@ -191,8 +196,10 @@ Result<std::vector<LinearStep>> DpmSolverSinglestepSteps(const std::vector<doubl
   // 0.
   const bool lower_order_final =
       options.lower_order_final || N % options.order != 0 || !options.final_sigma_min;
-  const std::vector<int> orders = SinglestepOrders(N, options.order, lower_order_final);
+  std::vector<int> orders = SinglestepOrders(N, options.order, lower_order_final);
   DT_CHECK(orders.size() == size_t(N), "{} orders for {} steps", orders.size(), N);
+  for (int k = begin; k < N; ++k)
+    orders[k] = std::min(orders[k], k - begin + 1);
   std::vector<double> sigmas = schedule.sigmas;
   sigmas.push_back(options.final_sigma_min ? DiffusionSigma(alphas_cumprod, 0) : 0.0);
   if (sigmas.back() == 0 && orders.back() > 1) {

@@ -72,11 +72,13 @@ struct MultistepSchedule {
 Result<MultistepSchedule> MultistepTimesteps(const std::vector<double>& alphas_cumprod, int N,
                                              const TimestepSpacing& spacing);
 
-// The N steps in the order they run. Errors: N outside [1, T], a timestep outside the
-// diffusion.
+// The N steps in the order they run. Sampling that starts at step `begin` (image to image)
+// warms the order up from there, as diffusers' lower_order_nums counts from set_begin_index;
+// the steps before it are listed as they would be without. Errors: N outside [1, T], a
+// timestep outside the diffusion.
 Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cumprod, int N,
                                             const TimestepSpacing& spacing,
-                                            const DpmSolverOptions& options);
+                                            const DpmSolverOptions& options, int begin = 0);
 
 // diffusers' DPMSolverSinglestepScheduler (dpmsolver++; Lu et al.'s singlestep DPM-Solver):
 // its steps come in groups of `order` model calls, each step of the group from the group's
@@ -98,7 +100,9 @@ Result<std::vector<DpmStep>> DpmSolverSteps(const std::vector<double>& alphas_cu
 //                 D1 = (r_0 D1_0 − r_1 D1_1)/(r_0 − r_1), D2 = 2 (D1_1 − D1_0)/(r_0 − r_1);
 //                 x' = (σ_t'/σ_ta) x_a − E m_2 + F D1_1 (midpoint) or + F D1 − G D2 (heun)
 // Each is a linear combination (LinearStep): its x_a restarts at the group's first step, its
-// outputs are x0's.
+// outputs are x0's. Sampling that starts at step `begin` (image to image) has no x0's before
+// it: a step's order is lowered to the x0's there are (k − begin + 1 at step k), restarting
+// where it becomes 1, as diffusers' step lowers it where model_outputs[−order] is None.
 //
 // A step that is a linear combination of an x and the model's outputs so far:
 // x' = from_x · x_from + outputs[0] · o_0 + outputs[1] · o_1 + outputs[2] · o_2, o_0 this step's
@@ -119,6 +123,7 @@ struct LinearStep {
 // λ = ∞) diverges (diffusers' is inf).
 Result<std::vector<LinearStep>> DpmSolverSinglestepSteps(const std::vector<double>& alphas_cumprod,
                                                          int N, const TimestepSpacing& spacing,
-                                                         const DpmSolverOptions& options);
+                                                         const DpmSolverOptions& options,
+                                                         int begin = 0);
 
 }  // namespace difftrain

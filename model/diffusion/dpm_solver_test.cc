@@ -71,6 +71,38 @@ TEST(DpmSolverStepsTest, KeepTheSchedulersTimestepsAndOrders) {
     EXPECT_EQ(s.order, 1);
 }
 
+// From a later step (image to image) the order warms up from there, as lower_order_nums counts
+// from set_begin_index; the singlestep solver lowers a step inside a group to the x0's there
+// are, restarting its anchor where that is 1.
+TEST(DpmSolverStepsTest, WarmUpFromTheFirstStepThatRuns) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  TimestepSpacing linspace;
+  linspace.kind = "linspace";
+  DpmSolverOptions third;
+  third.order = 3;
+  third.final_sigma_min = true;
+  third.lower_order_final = false;
+  const std::vector<int> multistep = Orders(*DpmSolverSteps(abar, 20, linspace, third, 4));
+  EXPECT_EQ(std::vector<int>(multistep.begin() + 4, multistep.begin() + 8),
+            (std::vector<int>{1, 2, 3, 3}));
+  EXPECT_EQ(std::vector<int>(multistep.begin(), multistep.begin() + 4),
+            (std::vector<int>{1, 2, 3, 3}));  // the steps before it, as without
+  DpmSolverOptions second;
+  const std::vector<LinearStep> full = *DpmSolverSinglestepSteps(abar, 10, linspace, second);
+  EXPECT_EQ(Orders(full), (std::vector<int>{1, 2, 1, 2, 1, 2, 1, 2, 1, 1}));
+  const std::vector<LinearStep> later = *DpmSolverSinglestepSteps(abar, 10, linspace, second, 3);
+  const std::vector<int> later_orders = Orders(later);
+  EXPECT_EQ(std::vector<int>(later_orders.begin() + 3, later_orders.end()),
+            (std::vector<int>{1, 1, 2, 1, 2, 1, 1}));
+  // A first-order step from its own x at σ_3 to σ_4, of its own x0 alone.
+  EXPECT_TRUE(later[3].restart);
+  EXPECT_EQ(later[3].outputs[1], 0.0);
+  const auto sigma_t = [](double sigma) { return sigma / std::sqrt(sigma * sigma + 1); };
+  EXPECT_NEAR(later[3].from_x, sigma_t(later[4].sigma) / sigma_t(later[3].sigma), 1e-12);
+  EXPECT_NE(full[3].from_x, later[3].from_x);  // the group's anchor was σ_2
+}
+
 TEST(DpmSolverOptionsTest, ReadsAndRefusesByName) {
   Result<DpmSolverOptions> read = DpmSolverOptions::FromDiffusersScheduler(nlohmann::json::parse(
       R"({"solver_order": 1, "solver_type": "heun", "final_sigmas_type": "sigma_min",

@@ -15,11 +15,16 @@ Status LcmOptions::Validate() const {
     return Errorf("original_inference_steps must be positive, got {}", original_steps);
   if (!(timestep_scaling > 0 && std::isfinite(timestep_scaling)))
     return Errorf("timestep_scaling must be positive, got {}", timestep_scaling);
+  if (!(strength > 0 && strength <= 1))
+    return Errorf("the strength must be in (0, 1], got {}", strength);
   return Status::Ok();
 }
 
 nlohmann::json LcmOptions::ToJson() const {
-  return {{"original_inference_steps", original_steps}, {"timestep_scaling", timestep_scaling}};
+  nlohmann::json json = {{"original_inference_steps", original_steps},
+                         {"timestep_scaling", timestep_scaling}};
+  if (strength != 1) json["strength"] = strength;
+  return json;
 }
 
 Result<LcmOptions> LcmOptions::FromDiffusersScheduler(const nlohmann::json& json) {
@@ -55,6 +60,14 @@ Result<std::vector<SamplingStep>> LcmSteps(const std::vector<double>& alphas_cum
   if (original > T) {
     return Errorf("original_inference_steps {} exceeds the diffusion's {} timesteps", original, T);
   }
+  // The schedule's timesteps (all the distillation's, or its strength's part of them).
+  const int schedule = static_cast<int>(original * options.strength);
+  if (options.strength < 1 && (N < 1 || N > schedule)) {
+    return Errorf(
+        "LCM at strength {} takes its steps from the first {} of the distillation's {} timesteps: "
+        "1 to {} steps, got {} (lower --steps or raise --strength)",
+        options.strength, schedule, original, schedule, N);
+  }
   if (N < 1 || N > original) {
     return Errorf(
         "LCM takes 1 to original_inference_steps = {} steps (its timesteps are a subset of "
@@ -62,11 +75,11 @@ Result<std::vector<SamplingStep>> LcmSteps(const std::vector<double>& alphas_cum
         original, original, N);
   }
   const int stride = T / original;
-  const double index_step = static_cast<double>(original) / N;  // numpy.linspace's step
+  const double index_step = static_cast<double>(schedule) / N;  // numpy.linspace's step
   std::vector<int> kept(N);  // decreasing, as diffusers lists them
   for (int j = 0; j < N; ++j) {
     const int index = static_cast<int>(std::floor(j * index_step));
-    kept[j] = (original - index) * stride - 1;
+    kept[j] = (schedule - index) * stride - 1;
   }
   std::vector<SamplingStep> steps;
   for (int j = N - 1; j >= 0; --j) {

@@ -11,7 +11,9 @@
 // Its timesteps are its own, not a timestep spacing's: the distillation ran on the
 // `original_steps` timesteps i · ⌊T/original_steps⌋ − 1 (i = 1 … original_steps); N of them,
 // from the top, are taken at the indices ⌊j · original_steps/N⌋, j = 0 … N − 1 (numpy's
-// linspace without its end point), so N ≤ original_steps.
+// linspace without its end point), so N ≤ original_steps. LatentConsistencyModelImg2ImgPipeline
+// spends its strength here (`strength`): the schedule is the first ⌊original_steps·strength⌋
+// of those timesteps, N of them taken from its top likewise.
 //
 // diffusers' TCDScheduler (Zheng et al., "Trajectory Consistency Distillation") steps on the
 // same timesteps, without the boundary condition, by a strategic stochastic step of γ (the
@@ -35,8 +37,12 @@ namespace difftrain {
 struct LcmOptions {
   int original_steps = 50;       // original_inference_steps: the distillation's schedule
   double timestep_scaling = 10;  // t's scale in the boundary condition
+  // The part of the distillation's schedule the N steps are taken from (image to image as
+  // LatentConsistencyModelImg2ImgPipeline, which passes its strength to set_timesteps), (0, 1].
+  double strength = 1;
 
-  // Errors name the key: original_inference_steps below 1, timestep_scaling not positive.
+  // Errors name the key: original_inference_steps below 1, timestep_scaling not positive, a
+  // strength outside (0, 1].
   Status Validate() const;
   nlohmann::json ToJson() const;
   // original_inference_steps and timestep_scaling of an LCMScheduler config (their defaults
@@ -50,7 +56,7 @@ struct LcmOptions {
 
 // The N steps over the diffusion's ᾱ's (`alphas_cumprod`, T of them), increasing in timestep,
 // each going to the ᾱ of the step below it, the lowest to 1. Errors: original_steps above T,
-// N outside [1, original_steps].
+// N outside [1, ⌊original_steps·strength⌋].
 Result<std::vector<SamplingStep>> LcmSteps(const std::vector<double>& alphas_cumprod, int N,
                                            const LcmOptions& options);
 

@@ -69,6 +69,27 @@ TEST(LcmStepsTest, RefusesStepsOffItsSchedule) {
   EXPECT_FALSE(LcmSteps(abar, 4, o).ok());
 }
 
+// LatentConsistencyModelImg2ImgPipeline's strength: N steps from the top of the first
+// ⌊original_steps × strength⌋ timesteps of the schedule (30 of 50 at 0.6: 599 down).
+TEST(LcmStepsTest, StrengthTakesTheStepsFromThePartOfTheSchedule) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  const std::vector<double>& abar = diffusion.alphas_cumprod();
+  LcmOptions o;
+  o.strength = 0.6;
+  const std::vector<SamplingStep> steps = *LcmSteps(abar, 4, o);
+  std::vector<int> t;
+  for (const SamplingStep& s : steps)
+    t.push_back(s.timestep);
+  EXPECT_EQ(t, (std::vector<int>{159, 299, 459, 599}));
+  Result<std::vector<SamplingStep>> many = LcmSteps(abar, 31, o);
+  ASSERT_FALSE(many.ok());
+  EXPECT_NE(many.status().message().find("from the first 30 of the distillation's 50"),
+            std::string::npos)
+      << many.status().message();
+  o.strength = 0;
+  EXPECT_FALSE(LcmSteps(abar, 4, o).ok());
+}
+
 // TCD steps on LCM's timesteps, each through s = ⌊(1 − γ)·t'⌋ below the next one, the last to
 // timestep 0 (ᾱ_0, not 1); γ = 0 goes straight to t'.
 TEST(LcmStepsTest, TcdStepsThroughItsIntermediateTimesteps) {

@@ -2,6 +2,7 @@
 // ancestral, Heun and LMS on Euler's steps; DPM-Solver++ (and its SDE), multistep and
 // singlestep; DPM-Solver SDE; DEIS; UniPC (sampler.h; their steps in timestep_spacing.h,
 // dpm_solver.h, deis.h and unipc.h).
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <utility>
@@ -94,8 +95,7 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
-  std::vector<double> state =
-      InEulerScale(x, N * n, EulerInitialSigma(euler_steps_, options_.spacing));
+  std::vector<double> state = InEulerScale(x, N * n, InitialScale());
   // The slope (x − x0)/σ of the ODE at σ, from the model called on `at` (in Euler's scale).
   std::vector<double> slope(N * n), predicted(N * n), x0(N * n);
   const auto slopes = [&](const std::vector<double>& at, double sigma, float timestep,
@@ -114,7 +114,7 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
   std::deque<std::vector<double>> lms_slopes;
   std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, ancestral ? N : 0);
   std::vector<double> noise(ancestral ? n : 0);
-  for (size_t k = 0; k < euler_steps_.size(); ++k) {
+  for (size_t k = begin_; k < euler_steps_.size(); ++k) {
     const EulerStep& step = euler_steps_[k];
     double dt = step.sigma_next - step.sigma, up = 0;
     if (ancestral) {
@@ -140,8 +140,11 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
     if (options_.kind == SamplerKind::kLms) {
       lms_slopes.push_front(slope);
       if (static_cast<int>(lms_slopes.size()) > kLmsOrder) lms_slopes.pop_back();
-      const int order = static_cast<int>(lms_slopes.size());
-      for (int j = 0; j < order; ++j) {
+      // The coefficients of the order the step's index allows, as many of them as there are
+      // slopes: from a later first step (image to image) the leading ones alone, as
+      // diffusers' zip of its coefficients and derivatives takes them.
+      const int order = std::min(static_cast<int>(k) + 1, kLmsOrder);
+      for (int j = 0; j < std::min(order, static_cast<int>(lms_slopes.size())); ++j) {
         const double c = LmsCoefficient(euler_steps_, static_cast<int>(k), order, j);
         for (size_t e = 0; e < state.size(); ++e)
           state[e] += c * lms_slopes[j][e];
@@ -165,14 +168,14 @@ void Sampler::DenoiseDpmSde(const Denoiser& model, const int32_t* y, int N, int6
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
-  std::vector<double> state =
-      InEulerScale(x, N * n, EulerInitialSigma(euler_steps_, options_.spacing));
+  std::vector<double> state = InEulerScale(x, N * n, InitialScale());
   std::vector<double> x0(N * n), mid(N * n);
   // Each step's two draws: the Brownian increments over [σ_mid, σ] and [σ', σ_mid], each over
   // the root of its length.
   std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, N);
   std::vector<double> z1(N * n), z2(N * n);
-  for (const EulerStep& step : euler_steps_) {
+  for (size_t k = begin_; k < euler_steps_.size(); ++k) {
+    const EulerStep& step = euler_steps_[k];
     const double sigma = step.sigma;
     EulerX0(guided, v_prediction_, state, sigma, step.timestep, N, n, x, x0);
     if (step.sigma_next == 0) {
@@ -224,7 +227,8 @@ void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t
     const double alpha = 1 / std::sqrt(sigma * sigma + 1);
     return Scale{alpha, sigma * alpha, std::log(alpha) - std::log(sigma * alpha)};
   };
-  for (const DpmStep& step : dpm_steps_) {
+  for (size_t k = begin_; k < dpm_steps_.size(); ++k) {
+    const DpmStep& step = dpm_steps_[k];
     guided.Run(x, static_cast<float>(step.timestep));
     const Scale s = scale(step.sigma);
     const bool to_data = step.sigma_next == 0;
@@ -282,7 +286,8 @@ void Sampler::DenoiseLinear(const Denoiser& model, const int32_t* y, int N, floa
   std::vector<double> state(x, x + N * n), from(N * n);
   std::vector<double> outputs[3] = {std::vector<double>(N * n), std::vector<double>(N * n),
                                     std::vector<double>(N * n)};
-  for (const LinearStep& step : linear_steps_) {
+  for (size_t k = begin_; k < linear_steps_.size(); ++k) {
+    const LinearStep& step = linear_steps_[k];
     guided.Run(x, static_cast<float>(step.timestep));
     const double a = 1 / std::sqrt(step.sigma * step.sigma + 1), s = step.sigma * a;
     std::swap(outputs[2], outputs[1]);
@@ -344,7 +349,7 @@ void Sampler::DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float
     }
     return to;
   };
-  for (size_t k = 0; k < unipc_steps_.size(); ++k) {
+  for (size_t k = begin_; k < unipc_steps_.size(); ++k) {
     const UniPcStep& step = unipc_steps_[k];
     guided.Run(x, static_cast<float>(step.timestep));
     const double a = alpha(step.sigma), s = step.sigma * a;

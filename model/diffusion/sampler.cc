@@ -60,6 +60,25 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
                   options.cfg_from, options.cfg_to);
   }
   DT_RETURN_IF_ERROR(options.spacing.Validate());
+  // Image to image: the steps from `begin` on run (get_timesteps' t_start).
+  int begin = 0;
+  if (options.strength) {
+    const double strength = *options.strength;
+    if (!(strength > 0 && strength <= 1))
+      return Errorf("the strength must be in (0, 1], got {}", strength);
+    const int kept = std::min(static_cast<int>(options.steps * strength), options.steps);
+    if (kept < 1) {
+      return Errorf(
+          "strength {} runs ⌊{} × {}⌋ = 0 of the {} steps: raise the strength or the steps",
+          strength, options.steps, strength, options.steps);
+    }
+    begin = options.steps - kept;
+  }
+  if (options.lcm.strength != 1 && !(kind == SamplerKind::kLcm && options.strength)) {
+    return Status::Error(
+        "the strength of LCM's schedule is for LCM sampling from an image (as "
+        "LatentConsistencyModelImg2ImgPipeline)");
+  }
   // DDPM and DDIM step from ᾱ = 0 (zero terminal SNR) as they are; the others divide by ᾱ_t
   // (PNDM) or step in σ = √((1 − ᾱ)/ᾱ), and take 2^−24 in its place, as diffusers' Euler and
   // DPM-Solver schedulers do with rescale_betas_zero_snr.
@@ -78,7 +97,7 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
                                        options.kind == SamplerKind::kDdim));
   }
   if (options.kind == SamplerKind::kPndm) {
-    DT_ASSIGN_OR_RETURN(plms_calls, PlmsCalls(abar, options.steps, options.spacing));
+    DT_ASSIGN_OR_RETURN(plms_calls, PlmsCalls(abar, options.steps, options.spacing, begin));
   }
   if (kind == SamplerKind::kLcm) {
     // Its x0 of ε divides by √ᾱ_t: at ᾱ = 0 (zero terminal SNR) a v-prediction model only, as
@@ -108,7 +127,7 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   }
   if (options.kind == SamplerKind::kDpmSolver) {
     DT_ASSIGN_OR_RETURN(sampler.dpm_steps_,
-                        DpmSolverSteps(abar, options.steps, options.spacing, options.dpm));
+                        DpmSolverSteps(abar, options.steps, options.spacing, options.dpm, begin));
   }
   if (kind == SamplerKind::kDpmSolverSde) {
     DT_ASSIGN_OR_RETURN(sampler.euler_steps_, DpmSdeSteps(abar, options.steps, options.spacing));
@@ -116,17 +135,80 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   if (kind == SamplerKind::kDpmSolverSinglestep) {
     DT_ASSIGN_OR_RETURN(
         sampler.linear_steps_,
-        DpmSolverSinglestepSteps(abar, options.steps, options.spacing, options.dpm));
+        DpmSolverSinglestepSteps(abar, options.steps, options.spacing, options.dpm, begin));
   }
   if (kind == SamplerKind::kDeis) {
     DT_ASSIGN_OR_RETURN(sampler.linear_steps_,
-                        DeisSteps(abar, options.steps, options.spacing, options.deis));
+                        DeisSteps(abar, options.steps, options.spacing, options.deis, begin));
   }
   if (kind == SamplerKind::kUniPc) {
     DT_ASSIGN_OR_RETURN(sampler.unipc_steps_,
-                        UniPcSteps(abar, options.steps, options.spacing, options.unipc));
+                        UniPcSteps(abar, options.steps, options.spacing, options.unipc, begin));
   }
+  sampler.SetStart(diffusion.alphas_cumprod(), begin);
   return sampler;
+}
+
+void Sampler::SetStart(const std::vector<double>& alphas_cumprod, int begin) {
+  // PNDM's calls are made from `begin` on already.
+  begin_ = plms_calls_.empty() ? begin : 0;
+  steps_run_ = options_.steps - begin;
+  // The σ samplers' add_noise reads the first step's σ (Karras's too), the others ᾱ at its
+  // timestep.
+  std::optional<double> sigma;
+  bool euler_scale = false;
+  if (!plms_calls_.empty()) {
+    start_timestep_ = plms_calls_.front().timestep;
+  } else if (!euler_steps_.empty()) {
+    sigma = euler_steps_[begin].sigma;
+    euler_scale = true;
+    start_timestep_ = static_cast<int>(std::lround(euler_steps_[begin].timestep));
+  } else if (!dpm_steps_.empty()) {
+    sigma = dpm_steps_[begin].sigma;
+    start_timestep_ = dpm_steps_[begin].timestep;
+  } else if (!linear_steps_.empty()) {
+    sigma = linear_steps_[begin].sigma;
+    start_timestep_ = linear_steps_[begin].timestep;
+  } else if (!unipc_steps_.empty()) {
+    sigma = unipc_steps_[begin].sigma;
+    start_timestep_ = unipc_steps_[begin].timestep;
+  } else {
+    start_timestep_ = timesteps_[timesteps_.size() - 1 - begin];
+  }
+  if (!sigma) {
+    const double abar = alphas_cumprod[start_timestep_];
+    start_signal_ = std::sqrt(abar);
+    start_noise_ = std::sqrt(1 - abar);
+  } else if (euler_scale) {
+    start_signal_ = 1;
+    start_noise_ = *sigma;
+  } else {
+    start_signal_ = 1 / std::sqrt(*sigma * *sigma + 1);
+    start_noise_ = *sigma * start_signal_;
+  }
+}
+
+double Sampler::InitialScale() const {
+  return options_.strength ? 1.0 : EulerInitialSigma(euler_steps_, options_.spacing);
+}
+
+void Sampler::AddNoise(const float* x0, const float* noise, size_t count, float* out) const {
+  DT_CHECK(options_.strength.has_value(), "AddNoise is for sampling from an image (a strength)");
+  for (size_t e = 0; e < count; ++e)
+    out[e] = static_cast<float>(start_signal_ * x0[e] + start_noise_ * noise[e]);
+}
+
+void Sampler::SampleFrom(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
+                         const float* x0, float* out) const {
+  const size_t n =
+      static_cast<size_t>(shape_.frames) * shape_.channels * shape_.height * shape_.width;
+  std::vector<float> noise(n);
+  for (int b = 0; b < N; ++b) {
+    Rng rng(options_.seed, RngStream::kSample, InitialNoiseCounter(first_index + b));
+    DrawFrameNoise(rng, noise_correlation_, shape_.frames, n / shape_.frames, noise.data());
+    AddNoise(x0 + b * n, noise.data(), n, out + b * n);
+  }
+  Denoise(model, y, N, first_index, out);
 }
 
 Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
@@ -186,6 +268,7 @@ Sampler::Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
 
 void Sampler::Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                      float* out) const {
+  DT_CHECK(!options_.strength, "a sampler of a strength samples from images (SampleFrom)");
   const size_t n =
       static_cast<size_t>(shape_.frames) * shape_.channels * shape_.height * shape_.width;
   for (int b = 0; b < N; ++b) {
@@ -215,7 +298,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   std::vector<double> step_noise(stochastic ? N * n : 0);
   std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, N);
 
-  for (int i = static_cast<int>(steps_.size()) - 1; i >= 0; --i) {
+  for (int i = static_cast<int>(steps_.size()) - 1 - begin_; i >= 0; --i) {
     const StepCoefficients& c = steps_[i];
     guided.Run(x, static_cast<float>(timesteps_[i]));
     // DDIM's noise scale σ_i (0 with η = 0) and the ᾱ of the step it goes to.

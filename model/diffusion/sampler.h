@@ -14,9 +14,15 @@
 // for every ε channel (DiT guides its first 3 channels only, an artefact of its 4-channel
 // latents; see docs/sampling.md); the variance channels are the conditional model's.
 //
-// Randomness: sample n (its global index, whatever batch it is drawn in) takes x_T from
-// Rng(seed, kSample, 2n) and its per-step noise from Rng(seed, kSample, 2n + 1), so a
-// sample does not depend on the batch size or on the other samples of its batch.
+// Image to image (diffusers' StableDiffusionImg2ImgPipeline; SamplerOptions::strength): of the
+// N steps the last ⌊N·strength⌋ run, from an image x0 noised to the first of them as the
+// scheduler's add_noise does (AddNoise); the multistep solvers' orders warm up from there, as
+// diffusers' do from set_begin_index.
+//
+// Randomness: sample n (its global index, whatever batch it is drawn in) takes x_T (or the
+// noise added to its image) from Rng(seed, kSample, 2n) and its per-step noise from
+// Rng(seed, kSample, 2n + 1), so a sample does not depend on the batch size or on the other
+// samples of its batch.
 #pragma once
 
 #include <cstdint>
@@ -92,6 +98,11 @@ struct SamplerOptions {
   double guidance_rescale = 0;
   bool clip_denoised = true;  // clip every x0 prediction, and the final sample, to [−1, 1]
   uint64_t seed = 0;
+  // Image to image: sampling starts from an image (AddNoise) and runs the last ⌊N·strength⌋
+  // of the N steps, strength in (0, 1]; nullopt: from x_T, every step. (A guidance-distilled
+  // LCM's image pipeline spends its strength on the schedule instead: LcmOptions::strength,
+  // with strength 1 here.)
+  std::optional<double> strength;
 };
 
 class Sampler {
@@ -101,7 +112,7 @@ class Sampler {
   // a negative guidance scale, guidance without a null class, an empty guidance interval, a
   // spacing whose timesteps leave [0, T − 1], PNDM, Euler, Heun, DPM-Solver or UniPC with
   // DiT's respacing, η or clipping, Karras σ's for DDPM, DDIM or PNDM, a guidance rescale
-  // outside [0, 1].
+  // outside [0, 1], a strength outside (0, 1] or one that leaves no step.
   static Result<Sampler> Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                                 const SamplerOptions& options);
 
@@ -126,6 +137,12 @@ class Sampler {
   const std::vector<StepCoefficients>& coefficients() const { return steps_; }
   const DenoiserShape& shape() const { return shape_; }
   const SamplerOptions& options() const { return options_; }
+  // The steps that run: all N, or with a strength the last ⌊N·strength⌋ (first_step() is the
+  // index, in the order the steps run, of the first of them).
+  int steps_run() const { return steps_run_; }
+  int first_step() const { return begin_; }
+  // The timestep the first step that runs sees (an image is noised to it).
+  int start_timestep() const { return start_timestep_; }
 
   // Draws samples first_index, ..., first_index + N − 1 with labels y [N] into out
   // [N, C, H, W]. The model is called with batches of N (2N at guided steps). A model of
@@ -138,12 +155,29 @@ class Sampler {
   // The same from a given x_T: x [N, C, H, W] holds x_T and is overwritten by the samples.
   // x_T is N(0, 1) noise, as diffusers pipelines' `latents`: Euler and Heun scale it by their
   // initial σ.
+  // With a strength, x holds AddNoise's output (an image noised to the first step) instead.
   void Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x) const;
+
+  // Image to image (with a strength): `count` floats of images x0 (as the model samples them:
+  // scaled latents, or pixels in [−1, 1]) noised to the first step that runs, as its diffusers
+  // scheduler's add_noise: out = a·x0 + s·noise with a = √ᾱ_t, s = √(1 − ᾱ_t) at the step's
+  // timestep (DDPM, DDIM, PNDM, LCM, TCD), or at its σ: a = 1/√(σ² + 1), s = σ·a (DPM-Solver,
+  // DEIS, UniPC) or, in Euler's scale, a = 1, s = σ (Euler, Heun, LMS, KDPM2, DPM-Solver SDE).
+  void AddNoise(const float* x0, const float* noise, size_t count, float* out) const;
+  // Image to image from the samples' own noise: x0 [N, C, H, W] of samples first_index, …
+  // noised by AddNoise with noise from their x_T streams, then denoised into out.
+  void SampleFrom(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
+                  const float* x0, float* out) const;
 
  private:
   Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
           const SamplerOptions& options, std::vector<SamplingStep> diffusers_steps,
           std::vector<PlmsCall> plms_calls);
+  // What Euler's samplers scale x by: x_T by the initial σ, an image noised by AddNoise (in
+  // Euler's scale already) by 1.
+  double InitialScale() const;
+  // begin_, steps_run_ and the start: the first step's timestep and add_noise's a and s.
+  void SetStart(const std::vector<double>& alphas_cumprod, int begin);
   // Denoise for PNDM: the calls of plms_calls_, each from the linear multistep combination of
   // the last (up to 4) guided outputs.
   void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const;
@@ -180,6 +214,9 @@ class Sampler {
   std::vector<LinearStep> linear_steps_;
   std::vector<UniPcStep> unipc_steps_;
   std::vector<double> tcd_alpha_cumprod_s_;  // TCD's ᾱ_s, one per kept timestep
+  // The steps that run (image to image: from begin_, in run order), and AddNoise's a and s.
+  int begin_ = 0, steps_run_ = 0, start_timestep_ = 0;
+  double start_signal_ = 0, start_noise_ = 1;
 };
 
 }  // namespace difftrain

@@ -255,6 +255,65 @@ TEST_F(SamplerTest, PerfectDenoiserRecoversThePointMass) {
   }
 }
 
+// Image to image: an image noised as its scheduler's add_noise (√ᾱ_t at the first step's
+// timestep, σ in Euler's scale, α and σα of DPM-Solver's σ) and the last ⌊N·strength⌋ steps
+// of a perfect denoiser land on it; a strength that leaves no step, or none in (0, 1], is an
+// error, and so is LCM's schedule strength without an image.
+TEST_F(SamplerTest, StartsFromAnImageNoisedToItsFirstStep) {
+  std::vector<float> x0(kN), noise(kN);
+  for (size_t j = 0; j < kN; ++j) {
+    x0[j] = 0.9f * std::cos(0.7f * j);
+    noise[j] = std::sin(1.3f * j);
+  }
+  TimestepSpacing leading;
+  leading.kind = "leading";
+  struct Case {
+    SamplerKind kind;
+    TimestepSpacing spacing;
+  };
+  for (const Case& c :
+       {Case{SamplerKind::kDdim, TimestepSpacing{}}, Case{SamplerKind::kEuler, leading},
+        Case{SamplerKind::kDpmSolver, leading}}) {
+    SCOPED_TRACE(SamplerName(c.kind));
+    SamplerOptions options;
+    options.kind = c.kind;
+    options.spacing = c.spacing;
+    options.steps = 20;
+    options.strength = 0.4;
+    options.clip_denoised = false;
+    const Sampler sampler = Make(options, false);
+    EXPECT_EQ(sampler.steps_run(), 8);
+    EXPECT_EQ(sampler.first_step(), 12);
+    std::vector<float> x(kN);
+    sampler.AddNoise(x0.data(), noise.data(), kN, x.data());
+    const double abar = diffusion.alphas_cumprod()[sampler.start_timestep()];
+    const double sigma = std::sqrt((1 - abar) / abar);
+    const double a = c.kind == SamplerKind::kEuler ? 1 : std::sqrt(abar);
+    const double s = c.kind == SamplerKind::kEuler ? sigma : std::sqrt(1 - abar);
+    for (size_t j = 0; j < kN; ++j)
+      ASSERT_NEAR(x[j], a * x0[j] + s * noise[j], 1e-5) << j;
+    const int32_t label = 0;
+    sampler.Denoise(Perfect(x0, false), &label, 1, 0, x.data());
+    for (size_t j = 0; j < kN; ++j)
+      ASSERT_NEAR(x[j], x0[j], 1e-3) << j;
+  }
+  SamplerOptions options;
+  options.steps = 10;
+  for (double bad : {0.0, 0.05, 1.5}) {
+    options.strength = bad;
+    EXPECT_FALSE(Sampler::Create(diffusion, DenoiserShape{kC, kH, kW, true, -1}, options).ok())
+        << bad;
+  }
+  options.strength.reset();
+  options.kind = SamplerKind::kLcm;
+  options.spacing.kind = "leading";
+  options.clip_denoised = false;
+  options.lcm.strength = 0.5;
+  Result<Sampler> lcm = Sampler::Create(diffusion, DenoiserShape{kC, kH, kW, true, -1}, options);
+  ASSERT_FALSE(lcm.ok());
+  EXPECT_NE(lcm.status().message().find("for LCM sampling from an image"), std::string::npos);
+}
+
 // Zero terminal SNR: the first step is from ᾱ = 0, where x_t is pure noise and only v tells
 // x0 (x0 = −v). Every sampler lands on the point mass of a perfect v-model: DDPM and DDIM
 // from ᾱ = 0 itself, the others from 2^−24 in its place (σ ≈ 4096), as diffusers'. Two land

@@ -153,7 +153,7 @@ Result<std::vector<SamplingStep>> DiffusersSteps(const std::vector<double>& alph
 }
 
 Result<std::vector<PlmsCall>> PlmsCalls(const std::vector<double>& alphas_cumprod, int N,
-                                        const TimestepSpacing& spacing) {
+                                        const TimestepSpacing& spacing, int begin) {
   const int T = static_cast<int>(alphas_cumprod.size());
   DT_ASSIGN_OR_RETURN(const std::vector<int> kept, DiffusersTimesteps(T, N, spacing));
   const int stride = T / N;
@@ -165,6 +165,9 @@ Result<std::vector<PlmsCall>> PlmsCalls(const std::vector<double>& alphas_cumpro
     order.push_back(kept[k]);
     if (k == N - 2) order.push_back(kept[k]);
   }
+  DT_CHECK(begin >= 0 && size_t(begin) < order.size(), "PNDM from call {} of {}", begin,
+           order.size());
+  order.erase(order.begin(), order.begin() + begin);
   std::vector<PlmsCall> calls;
   for (size_t c = 0; c < order.size(); ++c) {
     const int t = order[c];

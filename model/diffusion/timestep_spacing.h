@@ -87,9 +87,13 @@ struct PlmsCall {
 // timesteps t_0 < … < t_{N−1} (DiffusersTimesteps), t_{N−1}, t_{N−2}, t_{N−2}, t_{N−3}, …,
 // t_0. Each steps from its timestep t to t − ⌊T/N⌋, except the second, which redoes the first
 // step: from t + ⌊T/N⌋ to t (t_{N−1} → t_{N−2} where T/N is whole). Below timestep 0 the
-// final ᾱ of set_alpha_to_one. Errors: DiffusersTimesteps', and a second call past T − 1.
+// final ᾱ of set_alpha_to_one. Sampling that starts at step `begin` (image to image) makes the
+// calls from the begin-th of these timesteps on, the second of them redoing the first's step as
+// above, as PNDMScheduler's counter does from set_begin_index (at begin 1 the repeated t_{N−2}
+// makes that second call step from t_{N−1} to t_{N−2} again, as diffusers'). Errors:
+// DiffusersTimesteps', and a second call past T − 1.
 Result<std::vector<PlmsCall>> PlmsCalls(const std::vector<double>& alphas_cumprod, int N,
-                                        const TimestepSpacing& spacing);
+                                        const TimestepSpacing& spacing, int begin = 0);
 
 // σ = √((1 − ᾱ_t)/ᾱ_t) at timestep t: the noise-to-signal ratio the σ-space samplers
 // (Euler, Heun, DPM-Solver++, UniPC) step in.

@@ -98,6 +98,19 @@ TEST(PlmsCallsTest, RepeatTheSecondTimestepToRedoTheFirstStep) {
   EXPECT_EQ(two[1].timestep, 0);
   EXPECT_EQ(two[1].alpha_cumprod, abar[500]);
   EXPECT_EQ(PlmsCalls(abar, 1, Spacing("leading"))->size(), 1u);
+  // From a later timestep (image to image) the calls are the list's from there, the second
+  // again redoing the first's step; from the second timestep that redoes 981 → 961 (diffusers'
+  // counter on the repeated 961).
+  const std::vector<PlmsCall> later = *PlmsCalls(abar, 50, Spacing("leading", 1, false), 3);
+  ASSERT_EQ(later.size(), 48u);
+  EXPECT_EQ(later[0].timestep, 941);
+  EXPECT_EQ(later[0].alpha_cumprod_prev, abar[921]);
+  EXPECT_EQ(later[1].timestep, 921);
+  EXPECT_EQ(later[1].alpha_cumprod, abar[941]);
+  EXPECT_EQ(later[1].alpha_cumprod_prev, abar[921]);
+  const std::vector<PlmsCall> second = *PlmsCalls(abar, 50, Spacing("leading", 1, false), 1);
+  EXPECT_EQ(second[1].timestep, 961);
+  EXPECT_EQ(second[1].alpha_cumprod, abar[981]);
 }
 
 TEST(EulerStepsTest, InterpolateSigmaAtTheSpacingsTimesteps) {

@@ -78,7 +78,7 @@ Result<UniPcOptions> UniPcOptions::FromDiffusersScheduler(const nlohmann::json& 
 
 Result<std::vector<UniPcStep>> UniPcSteps(const std::vector<double>& alphas_cumprod, int N,
                                           const TimestepSpacing& spacing,
-                                          const UniPcOptions& options) {
+                                          const UniPcOptions& options, int begin) {
   DT_ASSIGN_OR_RETURN(const MultistepSchedule schedule,
                       MultistepTimesteps(alphas_cumprod, N, spacing));
   const double final_sigma =
@@ -92,10 +92,10 @@ Result<std::vector<UniPcStep>> UniPcSteps(const std::vector<double>& alphas_cump
     // As step(): the configured order, lowered to the steps left (lower_order_final), and to
     // the x0's there are so far.
     const int order = options.lower_order_final ? std::min(options.order, N - k) : options.order;
-    s.order = std::min(order, k + 1);
-    s.corrector =
-        k > 0 && std::find(options.disable_corrector.begin(), options.disable_corrector.end(),
-                           k - 1) == options.disable_corrector.end();
+    s.order = std::min(order, k < begin ? k + 1 : k - begin + 1);
+    s.corrector = k > 0 && k != begin &&
+                  std::find(options.disable_corrector.begin(), options.disable_corrector.end(),
+                            k - 1) == options.disable_corrector.end();
     steps.push_back(s);
   }
   return steps;

@@ -43,10 +43,12 @@ struct UniPcStep {
   bool corrector = false;  // a corrector of the last step runs before this one's predictor
 };
 
-// The N steps in the order they run. Errors: MultistepTimesteps'.
+// The N steps in the order they run. Sampling that starts at step `begin` (image to image)
+// warms the order up from there and runs no corrector at it, as diffusers' from
+// set_begin_index. Errors: MultistepTimesteps'.
 Result<std::vector<UniPcStep>> UniPcSteps(const std::vector<double>& alphas_cumprod, int N,
                                           const TimestepSpacing& spacing,
-                                          const UniPcOptions& options);
+                                          const UniPcOptions& options, int begin = 0);
 
 // The ρ's of a predictor (corrector = false; r's: r_1 … r_{p−1}) or a corrector (r's: r_1 …
 // r_{p−1}, then 1) of order p = r's size + 1 (predictor) or r's size (corrector), for the

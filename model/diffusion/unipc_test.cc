@@ -50,6 +50,25 @@ TEST(UniPcStepsTest, OrdersCorrectorsAndTheFinalSigma) {
   EXPECT_NEAR(karras.back().sigma, DiffusionSigma(abar, 0), 1e-12);
 }
 
+// From a later step (image to image) the order warms up again and the first step runs no
+// corrector, as diffusers' lower_order_nums and last_sample from set_begin_index; the final
+// steps lower as before.
+TEST(UniPcStepsTest, WarmUpFromTheFirstStepThatRuns) {
+  const GaussianDiffusion diffusion(DiffusionConfig{});
+  UniPcOptions options;
+  options.order = 3;
+  const std::vector<UniPcStep> steps =
+      *UniPcSteps(diffusion.alphas_cumprod(), 8, Linspace(), options, 3);
+  std::vector<int> orders;
+  std::vector<bool> correctors;
+  for (size_t k = 3; k < steps.size(); ++k) {
+    orders.push_back(steps[k].order);
+    correctors.push_back(steps[k].corrector);
+  }
+  EXPECT_EQ(orders, (std::vector<int>{1, 2, 3, 2, 1}));
+  EXPECT_EQ(correctors, (std::vector<bool>{false, true, true, true, true}));
+}
+
 // The ρ's solve the order conditions Σ_k ρ_k r_k^(i−1) = b_i, b_i = i! φ_{i+1}(hh)·hh / B(h)
 // with φ_1(z) = (e^z − 1)/z and φ_{k+1}(z) = (φ_k(z) − 1/k!)/z.
 TEST(UniPcRhosTest, SolveTheOrderConditions) {

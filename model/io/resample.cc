@@ -24,6 +24,40 @@ double BicubicWeight(double x) {
   return 0.0;
 }
 
+double Sinc(double x) {
+  if (x == 0.0) return 1.0;
+  x *= M_PI;
+  return std::sin(x) / x;
+}
+
+double LanczosWeight(double x) {
+  return x >= -3.0 && x < 3.0 ? Sinc(x) * Sinc(x / 3) : 0.0;
+}
+
+double Support(ResampleFilter filter) {
+  switch (filter) {
+    case ResampleFilter::kBox:
+      return 0.5;
+    case ResampleFilter::kBicubic:
+      return 2.0;
+    case ResampleFilter::kLanczos:
+      return 3.0;
+  }
+  return 0.0;
+}
+
+double Weight(ResampleFilter filter, double x) {
+  switch (filter) {
+    case ResampleFilter::kBox:
+      return BoxWeight(x);
+    case ResampleFilter::kBicubic:
+      return BicubicWeight(x);
+    case ResampleFilter::kLanczos:
+      return LanczosWeight(x);
+  }
+  return 0.0;
+}
+
 // The taps of one output pixel of a pass: input pixels [first, first + weights.size()).
 struct Taps {
   int first = 0;
@@ -33,7 +67,7 @@ struct Taps {
 std::vector<Taps> PassTaps(int in, int out, ResampleFilter filter) {
   const double scale = static_cast<double>(static_cast<float>(in)) / out;
   const double widen = std::max(scale, 1.0);
-  const double support = (filter == ResampleFilter::kBox ? 0.5 : 2.0) * widen;
+  const double support = Support(filter) * widen;
   std::vector<Taps> taps(out);
   for (int j = 0; j < out; ++j) {
     const double centre = (j + 0.5) * scale;
@@ -43,7 +77,7 @@ std::vector<Taps> PassTaps(int in, int out, ResampleFilter filter) {
     double total = 0;
     for (int i = first; i < end; ++i) {
       const double x = (i - centre + 0.5) / widen;
-      w.push_back(filter == ResampleFilter::kBox ? BoxWeight(x) : BicubicWeight(x));
+      w.push_back(Weight(filter, x));
       total += w.back();
     }
     taps[j].first = first;

@@ -1,6 +1,7 @@
 // Resizing 8-bit images the way Pillow's Image.resize does, byte for byte: the preprocessing
 // of DiT (center_crop_arr: BOX halvings, then BICUBIC) and of torchvision pipelines runs on
-// PIL images, so a dataset prepared here equals theirs.
+// PIL images, so a dataset prepared here equals theirs; diffusers' VaeImageProcessor resizes
+// with LANCZOS.
 //
 // Pillow's rule (libImaging/Resample.c semantics): separable, the horizontal pass first, each
 // pass rounded to bytes. Output pixel j of a pass covers centre c = (j + 0.5)·in/out; with the
@@ -17,6 +18,7 @@ namespace difftrain::io {
 enum class ResampleFilter {
   kBox,      // 1 inside (−½, ½]: the mean of the pixels whose centres fall in the footprint
   kBicubic,  // Keys' cubic convolution with a = −0.5, support 2
+  kLanczos,  // sinc(x)·sinc(x/3) inside [−3, 3), support 3 (diffusers' image processor's)
 };
 
 // `image` (any channel count, 8-bit) resized to width × height. A dimension that keeps its

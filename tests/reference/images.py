@@ -13,7 +13,12 @@ paths):
                                        (offsets rounded down), resize((SIZE, SIZE), BOX)
   dit.rgb.k      F32 [3, SIZE, SIZE]   convert("RGB"), DiT's center_crop_arr (train.py)
   square.grey.k, dit.grey.k            the same from convert("L")
-each through ToTensor and Normalize(0.5, 0.5) as DiT's transform: (x/255 - 0.5)/0.5 in float32.
+each through ToTensor and Normalize(0.5, 0.5) as DiT's transform: (x/255 - 0.5)/0.5 in float32;
+and as diffusers' VaeImageProcessor.preprocess(image, height, width) prepares an image to
+image pipeline's input,
+  stretch.rgb.k  F32 [3, SIZE - 2, SIZE + 3]   convert("RGB"), resize((SIZE + 3, SIZE - 2),
+                                               LANCZOS), 2 · (x/255) - 1 in float32
+  stretch.grey.k                               the same from convert("L").
 Exit status: 0, or 2 for bad usage.
 """
 
@@ -81,6 +86,13 @@ def normalised(image):
     return (x.transpose(2, 0, 1) / np.float32(255) - np.float32(0.5)) / np.float32(0.5)
 
 
+def stretched(image, size):
+    x = np.asarray(image.resize((size + 3, size - 2), Image.LANCZOS)).astype(np.float32)
+    if x.ndim == 2:
+        x = x[..., None]
+    return np.float32(2.0) * (x.transpose(2, 0, 1) / np.float32(255.0)) - np.float32(1.0)
+
+
 def make(out, size):
     rng = np.random.default_rng(0)
     expected = {}
@@ -113,6 +125,7 @@ def make(out, size):
             converted = image.convert(mode)
             expected[f"square.{key}.{k}"] = normalised(square_crop(converted, size))
             expected[f"dit.{key}.{k}"] = normalised(center_crop_arr(converted, size))
+            expected[f"stretch.{key}.{k}"] = np.ascontiguousarray(stretched(converted, size))
         k += 1
     safetensors_np.write(os.path.join(out, "expected.safetensors"), expected)
 

@@ -40,6 +40,11 @@ UniPCMultistepScheduler's or TCDScheduler's (a TCD step's noise the step_noise).
 An LCM pipeline runs as LatentConsistencyModelPipeline (its LCMScheduler, guidance embedded,
 no negative prompt), with the optional original_inference_steps of SETTINGS_JSON; its step noise
 [steps, 1, images, 4, h, w] is what LCMScheduler.step draws.
+Image to image: with "image" (a safetensors file whose "images" [1 or images, 4, h, w] are
+latents, which the pipelines take as they are) and "strength" in SETTINGS_JSON, the pipeline
+runs as StableDiffusionImg2ImgPipeline (an LCM one as LatentConsistencyModelImg2ImgPipeline) of
+the same components, the noise its prepare_latents adds to the image the seeded N(0, 1) that
+OUT's "noise" holds.
 Exit status: 0, or 2 for bad usage.
 """
 
@@ -54,9 +59,10 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        DPMSolverSinglestepScheduler,
                        EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
                        HeunDiscreteScheduler, KDPM2DiscreteScheduler,
+                       LatentConsistencyModelImg2ImgPipeline,
                        LatentConsistencyModelPipeline, LCMScheduler, LMSDiscreteScheduler,
-                       PNDMScheduler, StableDiffusionPipeline, TCDScheduler,
-                       UNet2DConditionModel, UniPCMultistepScheduler)
+                       PNDMScheduler, StableDiffusionImg2ImgPipeline, StableDiffusionPipeline,
+                       TCDScheduler, UNet2DConditionModel, UniPCMultistepScheduler)
 from lora import fuse_into, fuse_text_encoder
 from step_brownian import StepBrownian, dpm_solver_sde_module
 from safetensors.torch import load_file, save_file
@@ -111,17 +117,27 @@ def draw_step_noise(pipeline, path):
 
 
 def sample(pipeline, out, settings, **call):
-    """Runs the pipeline from seeded latents N(0, 1) with the settings' prompt, images, steps and
-    guidance and `call`'s other arguments; writes OUT."""
+    """Runs the pipeline from seeded latents N(0, 1) (image to image: the settings' image with
+    that noise added) with the settings' prompt, images, steps and guidance and `call`'s other
+    arguments; writes OUT."""
     unet = pipeline.unet.config
     generator = torch.Generator().manual_seed(settings.get("seed", 0))
     noise = torch.randn((settings["images"], unet.in_channels, unet.sample_size, unet.sample_size),
                         generator=generator)
+    if settings.get("image"):
+        image_class = (LatentConsistencyModelImg2ImgPipeline
+                       if isinstance(pipeline, LatentConsistencyModelPipeline)
+                       else StableDiffusionImg2ImgPipeline)
+        pipeline = image_class(**pipeline.components)
+        sys.modules[image_class.__module__].randn_tensor = lambda shape, **kwargs: noise.clone()
+        call.update(image=load_file(settings["image"])["images"], strength=settings["strength"])
+    else:
+        call.update(latents=noise.clone())
     with torch.no_grad():
         latents = pipeline(prompt=settings["prompt"], num_images_per_prompt=settings["images"],
                            num_inference_steps=settings["steps"],
-                           guidance_scale=settings["guidance"], latents=noise.clone(),
-                           output_type="latent", **call).images
+                           guidance_scale=settings["guidance"], output_type="latent",
+                           **call).images
         decoded = pipeline.vae.decode(latents / pipeline.vae.config.scaling_factor).sample
     save_file({"noise": noise, "latents": latents.contiguous(), "decoded": decoded.contiguous()},
               out)

@@ -1,0 +1,148 @@
+#include "launch/sample_image.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "launch/sample_files.h"
+#include "model/data/image_folder.h"
+#include "model/data/latent_folder.h"
+#include "model/io/image.h"
+#include "model/io/safetensors.h"
+
+namespace difftrain::launch {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The x0's of a safetensors file, appended to `x0`: its tensor `images`, else its only one.
+Status ReadImagesTensor(const std::string& path, const SampleSchema& m, std::vector<float>& x0) {
+  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(path));
+  DT_ASSIGN_OR_RETURN(const std::string name, TensorNamedOrOnly(file, "images"));
+  std::vector<int64_t> shape = file.Find(name)->shape;
+  const std::vector<int64_t> one = {m.channels, m.height, m.width};
+  if (shape.size() == 3) shape.insert(shape.begin(), 1);
+  if (shape.size() != 4 || !std::equal(one.begin(), one.end(), shape.begin() + 1)) {
+    return Errorf(
+        "'{}': tensor '{}' is [{}], and this model's samples are [K, {}, {}, {}] (or one of "
+        "them, [{}, {}, {}])",
+        path, name, fmt::join(file.Find(name)->shape, ", "), m.channels, m.height, m.width,
+        m.channels, m.height, m.width);
+  }
+  const size_t n = m.elements(), first = x0.size();
+  x0.resize(first + shape[0] * n);
+  return file.CopyAsF32(name, file.Find(name)->shape, x0.data() + first);
+}
+
+}  // namespace
+
+Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSource& ckpt,
+                                         const SampleSchema& m) {
+  // Pictures to write or to encode.
+  const bool pictures = !o.out.empty() || !o.gif.empty() ||
+                        std::any_of(o.images.begin(), o.images.end(),
+                                    [](const std::string& p) { return !IsSafetensorsPath(p); });
+  std::string path = o.vae;
+  if (path == "none") return std::optional<Vae>();
+  std::error_code ec;
+  if (path.empty() && !ckpt.pipeline.empty() && pictures &&
+      fs::is_directory(fs::path(ckpt.pipeline) / "vae", ec)) {
+    path = ckpt.pipeline;
+    spdlog::info("decoding with the pipeline's VAE: {}/vae", path);
+  }
+  if (path.empty()) {
+    if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty() || !pictures) {
+      return std::optional<Vae>();
+    }
+    Result<std::optional<LatentFolderVae>> encoded = ReadLatentFolderVae(ckpt.data_path);
+    if (!encoded.ok() || !*encoded) return std::optional<Vae>();  // nothing says which
+    path = (*encoded)->path;
+    if (!fs::exists(path, ec)) {
+      return Errorf(
+          "--vae: the checkpoint's training data '{}' was encoded by the VAE '{}', which is not "
+          "there: give --vae PATH, or --vae none for the latents themselves",
+          ckpt.data_path, path);
+    }
+    spdlog::info("decoding with the VAE the training data was encoded with: {} (from {}/{})", path,
+                 ckpt.data_path, kLatentFolderIndex);
+  }
+  Result<Vae> vae = Vae::Load(path);
+  if (!vae.ok()) return vae.status().WithContext("--vae");
+  const VaeConfig& c = vae->config();
+  if (c.latent_channels != m.channels) {
+    return Errorf("--vae: '{}' decodes latents of {} channels and this model makes {}",
+                  vae->source(), c.latent_channels, m.channels);
+  }
+  if ((!o.out.empty() || !o.gif.empty()) && c.out_channels != 1 && c.out_channels != 3) {
+    return Errorf("--vae: a PNG needs 1 or 3 channels and '{}' decodes {}", vae->source(),
+                  c.out_channels);
+  }
+  return std::optional<Vae>(std::move(vae).value());
+}
+
+bool IsSafetensorsPath(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  return ext == ".safetensors";
+}
+
+Result<std::vector<float>> ReadStartImages(const std::vector<std::string>& paths,
+                                           const SampleSchema& m, const Vae* vae, int rows,
+                                           int per_class, uint64_t seed) {
+  const size_t n = m.elements();
+  const int f = vae ? vae->config().downscale() : 1;
+  const int channels = vae ? vae->config().in_channels : m.channels;
+  const int height = m.height * f, width = m.width * f;
+  std::vector<float> x0;  // every file's images, in order
+  uint64_t pictures = 0;
+  for (const std::string& path : paths) {
+    if (IsSafetensorsPath(path)) {
+      DT_RETURN_IF_ERROR(ReadImagesTensor(path, m, x0));
+      continue;
+    }
+    if (!vae && m.channels != 1 && m.channels != 3) {
+      return Errorf(
+          "'{}' is a picture and this model samples latents of {} channels: give --vae (a "
+          "diffusers AutoencoderKL) to encode it, or its latents as a safetensors file",
+          path, m.channels);
+    }
+    DT_ASSIGN_OR_RETURN(const io::PngImage image, io::ReadImage(path));
+    if (image.width < 1 || image.height < 1) return Errorf("'{}' is empty", path);
+    if (image.width != width || image.height != height) {
+      spdlog::info("--image: {} is {}x{}: stretched to the samples' {}x{}", path, image.width,
+                   image.height, width, height);
+    }
+    std::vector<float> pixels(size_t(channels) * height * width);
+    PrepareStretched(image, width, height, channels, pixels.data());
+    const size_t first = x0.size();
+    x0.resize(first + n);
+    if (vae) {
+      DT_RETURN_IF_ERROR(vae->Encode(pixels.data(), 1, height, width, VaePosterior::kSample, seed,
+                                     pictures, x0.data() + first)
+                             .WithContext(fmt::format("encoding '{}'", path)));
+    } else {
+      std::copy(pixels.begin(), pixels.end(), x0.begin() + first);
+    }
+    ++pictures;
+  }
+  const int64_t K = static_cast<int64_t>(x0.size() / n), total = int64_t(rows) * per_class;
+  if (K != 1 && K != rows && K != total) {
+    return Errorf(
+        "{} images for {} rows of {} samples: give one for all, one per row ({}) or one per "
+        "sample ({})",
+        K, rows, per_class, rows, total);
+  }
+  std::vector<float> start(total * n);
+  for (int64_t k = 0; k < total; ++k) {
+    const int64_t from = K == 1 ? 0 : K == total ? k : k / per_class;
+    std::copy_n(x0.begin() + from * n, n, start.begin() + k * n);
+  }
+  return start;
+}
+
+}  // namespace difftrain::launch

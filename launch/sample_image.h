@@ -1,0 +1,47 @@
+// The VAE of `difftrain sample` (docs/sampling.md), and for image to image (--image) the
+// images sampling starts from, as x0 of every sample, the way diffusers'
+// StableDiffusionImg2ImgPipeline prepares its `image`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "launch/sample_options.h"
+#include "launch/sample_source.h"
+#include "model/family/family.h"
+#include "model/vae/vae.h"
+
+namespace difftrain::launch {
+
+// The VAE that decodes the samples and encodes --image's pictures: --vae's; without it, where
+// there are pictures to write (a PNG or GIF) or to encode, a --pretrained pipeline's vae/, else
+// the one the checkpoint's training data (a latent folder) was encoded with, as its index.json
+// names it; none with `--vae none`. Checked against the model's samples (its latents) and, for
+// a PNG or GIF, its images' channels; nullopt when there is none.
+Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSource& ckpt,
+                                         const SampleSchema& m);
+
+// Whether `path` names a safetensors file (x0's as they are) rather than a picture.
+bool IsSafetensorsPath(const std::string& path);
+
+// x0 of each of `rows` × `per_class` samples of the image model `m` (sample k in row
+// k / per_class), [total, C, H, W], from the files `paths` in order:
+//   - a picture (PNG or JPEG) is converted to the VAE's input channels (without one, the
+//     model's) and stretched to the samples' size (the model's, times the VAE's downscale) as
+//     VaeImageProcessor.preprocess(image, height, width) does (model/data/image_folder.h),
+//     then, for a latent model, encoded by `vae`: a draw of its posterior, picture i (counted
+//     over all the files) from Rng(seed, kVae, i), times its scaling factor, as the pipeline's
+//     retrieve_latents;
+//   - a safetensors file holds x0's as the model samples them (scaled latents, as the
+//     pipeline takes a 4-channel `image` tensor; --raw's `images`): its tensor `images`, else
+//     its only one, [K, C, H, W] or [C, H, W], of any float dtype.
+// K images in all serve one for every sample (K = 1), one per row (K = rows) or one per sample
+// (K = rows × per_class). Errors name the file and what does not fit.
+Result<std::vector<float>> ReadStartImages(const std::vector<std::string>& paths,
+                                           const SampleSchema& m, const Vae* vae, int rows,
+                                           int per_class, uint64_t seed);
+
+}  // namespace difftrain::launch
