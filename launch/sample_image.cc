@@ -49,6 +49,10 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
   std::string path = o.vae;
   if (path == "none") return std::optional<Vae>();
   std::error_code ec;
+  if (path.empty() && ckpt.single_file_vae && pictures) {
+    path = ckpt.path;
+    spdlog::info("decoding with the checkpoint's own VAE: {}", path);
+  }
   if (path.empty() && !ckpt.pipeline.empty() && pictures &&
       fs::is_directory(fs::path(ckpt.pipeline) / "vae", ec)) {
     path = ckpt.pipeline;

@@ -17,7 +17,8 @@
 namespace difftrain::launch {
 
 // The VAE that decodes the samples and encodes --image's pictures: --vae's; without it, where
-// there are pictures to write (a PNG or GIF) or to encode, a --pretrained pipeline's vae/, else
+// there are pictures to write (a PNG or GIF) or to encode, an original Stable Diffusion
+// checkpoint's own (first_stage_model), a --pretrained pipeline's vae/, else
 // the one the checkpoint's training data (a latent folder) was encoded with, as its index.json
 // names it; none with `--vae none`. Checked against the model's samples (its latents) and, for
 // a PNG or GIF, its images' channels; nullopt when there is none.

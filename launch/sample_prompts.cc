@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "model/data/latent_folder.h"
+#include "model/io/ldm_checkpoint.h"
 #include "model/io/lora.h"
 #include "model/text/embedder.h"
 
@@ -36,7 +37,22 @@ Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const 
   std::string path = GivenTextEncoder(o, ckpt);
   if (path.empty()) path = table.text_encoder;
   if (path.empty()) return std::optional<TextEmbedder>();
-  Result<TextEmbedder> embedder = TextEmbedder::Load(path);
+  // An original Stable Diffusion checkpoint's own CLIP text model (SD 1.x), with the config and
+  // tokenizer of the encoder given, which the file lacks.
+  const bool own =
+      ckpt.single_file && path != table.text_encoder && io::HasLdmClipTextModel(*ckpt.file);
+  if (ckpt.single_file && !own && path != table.text_encoder) {
+    spdlog::info(
+        "{} holds no CLIP text model (SD 2.x's OpenCLIP is not read): the prompts are "
+        "embedded by {} with its own weights",
+        ckpt.path, path);
+  }
+  Result<TextEmbedder> embedder = TextEmbedder::Load(path, own ? ckpt.path : "");
+  if (own && embedder.ok()) {
+    spdlog::info(
+        "the text encoder: {}'s own (cond_stage_model), with the config and tokenizer of {}",
+        ckpt.path, path);
+  }
   if (!embedder.ok()) {
     return embedder.status().WithContext(
         !o.text_encoder.empty() ? std::string("--text-encoder")
@@ -70,6 +86,12 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   const bool encoder_only = p.table_path.empty() && ckpt.pretrained &&
                             !GivenTextEncoder(o, ckpt).empty() && o.caption_ids.empty();
   if (p.table_path.empty() && !encoder_only) {
+    if (ckpt.single_file) {
+      return Status::Error(
+          "--text-encoder: an original Stable Diffusion checkpoint holds no tokenizer or text "
+          "encoder config; give --text-encoder (a CLIP text model's folder or a Stable Diffusion "
+          "pipeline's, whose config and tokenizer take the checkpoint's own CLIP weights)");
+    }
     if (ckpt.data_kind != "latent_folder" || ckpt.data_path.empty()) {
       return Status::Error(
           "--text-table: the checkpoint was not trained on a latent folder with "

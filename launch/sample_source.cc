@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/io/checkpoint.h"
+#include "model/io/ldm_checkpoint.h"
 #include "model/io/posix_file.h"
 #include "model/tensor/buffer.h"
 #include "model/train/initial_weights.h"
@@ -63,6 +64,50 @@ Result<std::optional<nlohmann::json>> ReadJsonIfThere(const fs::path& path) {
   return std::optional<nlohmann::json>(std::move(j));
 }
 
+// The diffusion, spacing and sampler of a scheduler config `schedule` (read from `where`).
+Status ReadScheduler(const nlohmann::json& schedule, const std::string& where,
+                     DiffusersFolder& folder) {
+  Result<DiffusionConfig> diffusion = DiffusionConfig::FromDiffusersScheduler(schedule);
+  if (!diffusion.ok()) return diffusion.status().WithContext(where);
+  folder.diffusion = *diffusion;
+  Result<TimestepSpacing> spacing = TimestepSpacing::FromDiffusersScheduler(schedule);
+  if (!spacing.ok()) return spacing.status().WithContext(where);
+  folder.spacing = *spacing;
+  if (schedule.contains("_class_name") && schedule["_class_name"].is_string())
+    folder.scheduler_class = schedule["_class_name"].get<std::string>();
+  folder.scheduler_config = schedule;
+  return Status::Ok();
+}
+
+// The scheduler diffusers' from_single_file gives an original Stable Diffusion checkpoint
+// (its SCHEDULER_DEFAULT_CONFIG, as create_scheduler_from_ldm sets it for SD 1.x/2.x).
+const nlohmann::json& SingleFileScheduler() {
+  static const nlohmann::json kScheduler = {{"_class_name", "DDIMScheduler"},
+                                            {"num_train_timesteps", 1000},
+                                            {"beta_schedule", "scaled_linear"},
+                                            {"beta_start", 0.00085},
+                                            {"beta_end", 0.012},
+                                            {"prediction_type", "epsilon"},
+                                            {"clip_sample", false},
+                                            {"set_alpha_to_one", false},
+                                            {"steps_offset", 1},
+                                            {"timestep_spacing", "leading"}};
+  return kScheduler;
+}
+
+// What an original Stable Diffusion checkpoint (`file`) says of itself: its UNet, from its
+// tensors, and diffusers' single-file scheduler.
+Result<DiffusersFolder> ReadSingleFile(const io::SafetensorsFile& file) {
+  DiffusersFolder folder;
+  DT_ASSIGN_OR_RETURN(nlohmann::json unet, io::LdmUNetConfig(file));
+  unet["name"] = "unet";
+  Result<ModelSpec> spec = ModelSpecFromJson("unet", unet);
+  if (!spec.ok()) return spec.status().WithContext(fmt::format("'{}'", file.path()));
+  folder.model = std::move(spec).value();
+  DT_RETURN_IF_ERROR(ReadScheduler(SingleFileScheduler(), "the single-file scheduler", folder));
+  return folder;
+}
+
 }  // namespace
 
 Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
@@ -84,16 +129,7 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
     const fs::path scheduler = pipeline / "scheduler" / "scheduler_config.json";
     DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> schedule, ReadJsonIfThere(scheduler));
     if (schedule) {
-      const std::string where = fmt::format("'{}'", scheduler.string());
-      Result<DiffusionConfig> diffusion = DiffusionConfig::FromDiffusersScheduler(*schedule);
-      if (!diffusion.ok()) return diffusion.status().WithContext(where);
-      folder.diffusion = *diffusion;
-      Result<TimestepSpacing> spacing = TimestepSpacing::FromDiffusersScheduler(*schedule);
-      if (!spacing.ok()) return spacing.status().WithContext(where);
-      folder.spacing = *spacing;
-      if (schedule->contains("_class_name") && (*schedule)["_class_name"].is_string())
-        folder.scheduler_class = (*schedule)["_class_name"].get<std::string>();
-      folder.scheduler_config = *schedule;
+      DT_RETURN_IF_ERROR(ReadScheduler(*schedule, fmt::format("'{}'", scheduler.string()), folder));
     }
   }
   return folder;
@@ -105,7 +141,11 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
   SampleSource c;
   c.pretrained = true;
   DT_ASSIGN_OR_RETURN(c.path, InitialWeightsFile(path));
-  DT_ASSIGN_OR_RETURN(const DiffusersFolder folder, ReadDiffusersFolder(c.path));
+  DT_ASSIGN_OR_RETURN(c.file, io::SafetensorsFile::Read(c.path));
+  c.single_file = io::IsLdmCheckpoint(*c.file);
+  c.single_file_vae = c.single_file && io::HasLdmVae(*c.file);
+  DT_ASSIGN_OR_RETURN(const DiffusersFolder folder,
+                      c.single_file ? ReadSingleFile(*c.file) : ReadDiffusersFolder(c.path));
   c.pipeline = folder.pipeline;
   c.spacing = folder.spacing;
   c.scheduler_class = folder.scheduler_class;
@@ -113,8 +153,9 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
   if (latent_size && folder.model) model.reset();
   if (!model && !folder.model) {
     return Errorf(
-        "needs the model: '{}' has no UNet2DConditionModel config.json beside it; give "
-        "--model NAME (with --image-size or --input-size) or --config JOB.yaml",
+        "needs the model: '{}' has no UNet2DConditionModel config.json beside it and is no "
+        "original Stable Diffusion checkpoint; give --model NAME (with --image-size or "
+        "--input-size) or --config JOB.yaml",
         c.path);
   }
   c.model = model ? std::move(*model) : *folder.model;
@@ -123,13 +164,24 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
     config["sample_size"] = *latent_size;
     DT_ASSIGN_OR_RETURN(c.model, ModelSpecFromJson(c.model.family, config));
   }
-  if (!model) spdlog::info("the model: {} (config.json beside {})", c.model.name(), c.path);
+  if (!model) {
+    spdlog::info(
+        "the model: {} ({} {})", c.model.name(),
+        c.single_file ? "read from the tensors of the original checkpoint" : "config.json beside",
+        c.path);
+  }
+  if (c.single_file && !model) {
+    spdlog::info("its UNet config: {} (heads as Stable Diffusion's; --config to say otherwise)",
+                 c.model.config.dump());
+  }
   c.diffusion = diffusion.value_or(folder.diffusion.value_or(DiffusionConfig{}));
   if (!diffusion && folder.diffusion) {
-    spdlog::info("the diffusion: {}'s scheduler/scheduler_config.json", folder.pipeline);
+    spdlog::info("the diffusion: {}",
+                 c.single_file ? "Stable Diffusion's, as diffusers' from_single_file (epsilon: "
+                                 "give --prediction v for a v model)"
+                               : folder.pipeline + "'s scheduler/scheduler_config.json");
   }
   DT_RETURN_IF_ERROR(c.diffusion.Validate());
-  DT_ASSIGN_OR_RETURN(c.file, io::SafetensorsFile::Read(c.path));
   return c;
 }
 

@@ -39,6 +39,11 @@ struct SampleSource {
   // Its scheduler_config.json ({} without one): the DPM-Solver++ and UniPC samplers read their
   // options from it, as the class chosen would take them from_config.
   nlohmann::json scheduler_config = nlohmann::json::object();
+  // Pretrained weights in an original Stable Diffusion checkpoint (model/io/ldm_checkpoint.h):
+  // its UNet's config read from its tensors, the scheduler diffusers' from_single_file gives
+  // it; and whether it holds a VAE, which sampling takes by default.
+  bool single_file = false;
+  bool single_file_vae = false;
 };
 
 // What a diffusers folder says beside the weights file `weights`: the model, from a
@@ -62,8 +67,10 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights);
 Result<SampleSource> LoadCheckpointSource(const std::string& path);
 
 // Weights at `path` (the forms checkpoint.init_from takes: docs/job-spec.md) for `model`,
-// sampled with `diffusion`; where either is not given, the diffusers folder's (above), the
-// model required, the diffusion DiT's defaults without a scheduler config. `latent_size`
+// sampled with `diffusion`; where either is not given, the diffusers folder's (above) or an
+// original Stable Diffusion checkpoint's (its UNet from its tensors, diffusers' single-file
+// DDIM scheduler), the model required, the diffusion DiT's defaults without a scheduler
+// config. `latent_size`
 // (the size flags given alone) resizes the folder's model (its sample_size) where the folder
 // has one, in place of `model`. The file is read whole; its tensors are
 // checked when the model is filled (FillModelWeights).

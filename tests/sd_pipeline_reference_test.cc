@@ -8,7 +8,9 @@
 // DPM-Solver++ multistep and singlestep, DEIS, UniPC, KDPM2, with Karras σ's; LMS; Euler ancestral
 // and DPM++ SDE Karras with difftrain's step noise; TCD with γ 0.3 likewise) step and the VAE
 // decoding; and a latent consistency model's pipeline (LatentConsistencyModelPipeline: LCM,
-// guidance embedded) likewise. Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–4.2e-6);
+// guidance embedded) likewise; image to image (StableDiffusionImg2ImgPipeline, every scheduler
+// from its begin index); an original single-file checkpoint of a pipeline (its
+// from_single_file reading). Within fp32's rounding: relative L2 ≤ 1e-5 (measured 0.8–4.2e-6);
 // the last step to ᾱ = 1 in place of ᾱ_0 alone moves the latents by more than 10 times that, and so
 // does leaving out the guidance rescale.
 #include <gmock/gmock.h>
@@ -118,6 +120,7 @@ class SdPipelineReferenceTest : public DiffusersReference {
 
   // Case `name` sampled by diffusers (`settings`) and by difftrain (`flags`) from the same x_T:
   // the final latents and their decoding must agree within kBound, and differ from x_T.
+  // difftrain samples `pretrained` where it is given, else the pipeline itself.
   // diffusers' file and final latents, and difftrain's file.
   struct Compared {
     std::string reference;
@@ -125,12 +128,14 @@ class SdPipelineReferenceTest : public DiffusersReference {
     std::optional<io::SafetensorsFile> got;
   };
   Compared Compare(const std::string& pipeline, const nlohmann::json& settings,
-                   const std::string& flags, const std::string& name) {
+                   const std::string& flags, const std::string& name,
+                   const std::string& pretrained = "") {
     Compared c;
     c.reference = Reference(pipeline, settings, name + "_want");
     Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(c.reference);
     EXPECT_TRUE(want.ok()) << want.status().message();
-    Result<io::SafetensorsFile> got = Sample(pipeline, c.reference, flags, name);
+    Result<io::SafetensorsFile> got =
+        Sample(pretrained.empty() ? pipeline : pretrained, c.reference, flags, name);
     EXPECT_TRUE(got.ok()) << got.status().message();
     if (!want.ok() || !got.ok()) return c;
     c.latents = ReferenceTensor(*want, "latents");
@@ -490,6 +495,74 @@ TEST_F(SdPipelineReferenceTest, StartsFromAnImageAsStableDiffusionImg2ImgPipelin
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_THAT(refused.output, ::testing::HasSubstr("= 0 of the 10 steps"));
 }
+
+// An original Stable Diffusion checkpoint (one model.safetensors in the CompVis layout) of a
+// pipeline, written by tests/reference/ldm_checkpoint.py and read back by diffusers'
+// from_single_file as that pipeline's UNet and VAE: difftrain samples the file (its UNet's
+// config from its tensors, its own VAE, diffusers' single-file DDIM scheduler, its own CLIP
+// text model with the config and tokenizer of --text-encoder, here another CLIP of other
+// weights) as diffusers samples the pipeline. SD 1.x's layout (8 heads, convolutional
+// projections) and SD 2.x's (heads of 64 channels, linear projections). Fine-tuning starts from
+// the file too.
+class SingleFileReferenceTest : public SdPipelineReferenceTest,
+                                public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(SingleFileReferenceTest, SamplesAsDiffusersSamplesThePipeline) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python, GetParam());
+  ASSERT_FALSE(pipeline.empty());
+  const std::string single = (dir_ / "model.safetensors").string();
+  const CommandResult written =
+      RunScript("ldm_checkpoint.py", "write " + ShellQuote(pipeline) + " " + ShellQuote(single));
+  ASSERT_EQ(written.exit_code, 0) << written.output;
+  // A text encoder of the same config and tokenizer and other weights: the file's own must win.
+  const CommandResult other =
+      RunCommand(fmt::format("{} {} sd {} 2 '[\"x\"]' 9 2>&1", ShellQuote(text_python),
+                             ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/text_encoder.py"),
+                             ShellQuote((dir_ / "other").string())));
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  const std::string other_encoder = (dir_ / "other" / "pipeline").string();
+  const nlohmann::json settings = {{"prompt", "a photo of a boat"},
+                                   {"negative_prompt", nullptr},
+                                   {"steps", 8},
+                                   {"guidance", 5.0},
+                                   {"spacing", nullptr},
+                                   {"images", 2},
+                                   {"seed", 40}};
+  const Compared compared = Compare(pipeline, settings,
+                                    "--text-encoder " + ShellQuote(other_encoder) +
+                                        " --input-size 8 --prompt 'a photo of a boat' --cfg 5 "
+                                        "--per-class 2 --steps 8",
+                                    std::string("single_file_") + GetParam(), single);
+  ASSERT_TRUE(compared.got.has_value());
+  const nlohmann::json how = nlohmann::json::parse(compared.got->metadata().at("sampling"));
+  EXPECT_EQ(how["sampler"], "ddim");
+  EXPECT_EQ(how["vae"], single);
+
+  // Fine-tuning starts from it too (checkpoint.init_from, as `debug-dump --init-from` takes
+  // it): the model the sample's config names holds the pipeline's UNet, tensor for tensor.
+  std::ofstream(dir_ / "job.yaml") << "model: " << compared.got->metadata().at("config") << "\n";
+  const std::string dump = (dir_ / "init.safetensors").string();
+  const CommandResult dumped = RunCommand(
+      fmt::format("{} debug-dump --config {} --seed 1 --batch 2 --init-from {} --out {} 2>&1",
+                  ShellQuote(DIFFTRAIN_BINARY), ShellQuote((dir_ / "job.yaml").string()),
+                  ShellQuote(single), ShellQuote(dump)));
+  ASSERT_EQ(dumped.exit_code, 0) << dumped.output;
+  // Without a text encoder's folder there is no tokenizer to embed the prompt with.
+  const CommandResult refused = RunCommand(fmt::format(
+      "{} sample --pretrained {} --input-size 8 --prompt boat --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(single), ShellQuote((dir_ / "x.st").string())));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output,
+              ::testing::HasSubstr("an original Stable Diffusion checkpoint holds no tokenizer"));
+  const CommandResult same =
+      RunScript("init_weights.py",
+                "compare-diffusers " + ShellQuote(pipeline + "/unet") + " " + ShellQuote(dump));
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, SingleFileReferenceTest, ::testing::Values("ldm1", "ldm2"));
 
 // A guidance-distilled (LCM) pipeline: LatentConsistencyModelPipeline's UNet takes the guidance
 // scale as an embedding (time_cond_proj_dim) in one conditional pass, its LCMScheduler steps on

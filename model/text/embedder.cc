@@ -14,9 +14,10 @@ namespace fs = std::filesystem;
 // Texts encoded at once: [64, 77, 768] floats of activations per buffer at most.
 constexpr size_t kChunk = 64;
 
-// Where the tokenizer of the encoder at `path` is (see TextEmbedder::Load).
-fs::path TokenizerFolder(const std::string& path, const std::string& weights) {
-  const fs::path encoder_dir = fs::path(weights).parent_path();
+// Where the tokenizer of the encoder at `path` (its config.json `config`) is (see
+// TextEmbedder::Load).
+fs::path TokenizerFolder(const std::string& path, const std::string& config) {
+  const fs::path encoder_dir = fs::path(config).parent_path();
   std::error_code ec;
   const auto has_tokenizer = [&](const fs::path& dir) {
     return fs::is_regular_file(dir / "tokenizer.json", ec) ||
@@ -35,9 +36,9 @@ TextEmbedder::TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Toke
                            std::string path)
     : encoder_(std::move(encoder)), tokenizer_(std::move(tokenizer)), path_(std::move(path)) {}
 
-Result<TextEmbedder> TextEmbedder::Load(const std::string& path) {
-  DT_ASSIGN_OR_RETURN(TextEncoder encoder, TextEncoder::Load(path));
-  const fs::path folder = TokenizerFolder(path, encoder.source());
+Result<TextEmbedder> TextEmbedder::Load(const std::string& path, const std::string& weights) {
+  DT_ASSIGN_OR_RETURN(TextEncoder encoder, TextEncoder::Load(path, weights));
+  const fs::path folder = TokenizerFolder(path, encoder.config_source());
   std::shared_ptr<const text::Tokenizer> tokenizer;
   try {
     tokenizer = text::LoadTokenizer(folder);

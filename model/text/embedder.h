@@ -18,8 +18,9 @@ class TextEmbedder {
  public:
   // The encoder at `path` (TextEncoder::Load) and its tokenizer: in the same folder
   // (all-MiniLM-L6-v2's), in tokenizer/ of a diffusers pipeline's folder, or in ../tokenizer of
-  // an encoder folder that is a pipeline's text_encoder/ (Stable Diffusion's).
-  static Result<TextEmbedder> Load(const std::string& path);
+  // an encoder folder that is a pipeline's text_encoder/ (Stable Diffusion's). With `weights`,
+  // the encoder's weights from that file (TextEncoder::Load).
+  static Result<TextEmbedder> Load(const std::string& path, const std::string& weights = "");
   TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Tokenizer> tokenizer,
                std::string path);
 

@@ -11,6 +11,7 @@
 #include "model/cpu/activation.h"
 #include "model/cpu/layernorm.h"
 #include "model/cpu/linear.h"
+#include "model/io/ldm_checkpoint.h"
 #include "model/io/safetensors.h"
 #include "model/train/initial_weights.h"
 
@@ -204,9 +205,10 @@ const float* TextEncoder::W(const std::string& name) const {
   return weights_.data() + t->offset;
 }
 
-Result<TextEncoder> TextEncoder::Load(const std::string& path) {
+Result<TextEncoder> TextEncoder::Load(const std::string& path, const std::string& weights_from) {
   DT_ASSIGN_OR_RETURN(const auto files, EncoderFiles(path));
-  const auto& [weights_path, config_path] = files;
+  const auto& [found_weights, config_path] = files;
+  const std::string weights_path = weights_from.empty() ? found_weights.string() : weights_from;
   DT_ASSIGN_OR_RETURN(
       const nlohmann::json json,
       ReadModelConfigJson("text encoder", path, config_path.string(), "transformers"));
@@ -217,19 +219,22 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path) {
 
   TensorTable table = Tensors(*config);
   DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(weights_path));
-  // BERT's task models (BertForMaskedLM …) keep the encoder under "bert.".
-  const std::string prefix = config->kind == TextEncoderKind::kBert &&
-                                     file.Find(table.tensors()[0].name) == nullptr &&
-                                     file.Find("bert." + table.tensors()[0].name) != nullptr
-                                 ? "bert."
-                                 : "";
+  // BERT's task models (BertForMaskedLM …) keep the encoder under "bert.", an original Stable
+  // Diffusion checkpoint its CLIP text model under "cond_stage_model.transformer.".
+  std::string prefix;
+  for (const char* under : {"bert.", io::kLdmClipPrefix}) {
+    if (file.Find(table.tensors()[0].name) == nullptr &&
+        file.Find(under + table.tensors()[0].name) != nullptr)
+      prefix = under;
+  }
   TensorTable spelled;  // the table under the names the file uses
   for (const TensorSpec& t : table.tensors())
     spelled.Add(prefix + t.name, t.shape);
   DT_ASSIGN_OR_RETURN(std::vector<float> weights,
                       ReadInferenceWeights(file, spelled, fmt::format("text encoder '{}'", path)));
   TextEncoder encoder(std::move(table), *config, std::move(weights));
-  encoder.source_ = weights_path.string();
+  encoder.source_ = weights_path;
+  encoder.config_source_ = config_path.string();
   return encoder;
 }
 

@@ -29,8 +29,11 @@ class TextEncoder {
   // The weights at `path`: a transformers folder (config.json and model.safetensors, else
   // model.fp16.safetensors), a diffusers pipeline's folder holding one in text_encoder/, or the
   // safetensors file itself with config.json beside it. BERT's names may carry the "bert."
-  // prefix of its task models. Errors name the file and what is missing or misshapen.
-  static Result<TextEncoder> Load(const std::string& path);
+  // prefix of its task models. With `weights`, the model of `path`'s config takes its weights
+  // from that safetensors file instead: an original Stable Diffusion checkpoint's CLIP text
+  // model (under "cond_stage_model.transformer.", model/io/ldm_checkpoint.h). Errors name the
+  // file and what is missing or misshapen.
+  static Result<TextEncoder> Load(const std::string& path, const std::string& weights = "");
   // A model of `config` with `weights` laid out as Tensors(config) (tests).
   TextEncoder(TextEncoderConfig config, std::vector<float> weights);
 
@@ -40,6 +43,8 @@ class TextEncoder {
   float* weights() { return weights_.data(); }
   // The file the weights came from ("" when built from memory).
   const std::string& source() const { return source_; }
+  // The config.json it was built from ("" when built from memory): its folder is the encoder's.
+  const std::string& config_source() const { return config_source_; }
 
   // N texts of L tokens each (L <= max_positions, ids in [0, vocab_size)) → out [N, L, D]: the
   // hidden state after all layers but the last `skip_layers` (CLIP: then its final LayerNorm,
@@ -57,6 +62,7 @@ class TextEncoder {
   TensorTable table_;
   std::vector<float> weights_;
   std::string source_;
+  std::string config_source_;
 };
 
 }  // namespace difftrain

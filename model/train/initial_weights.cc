@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "model/io/checkpoint.h"
+#include "model/io/ldm_checkpoint.h"
 
 namespace difftrain {
 namespace {
@@ -93,9 +94,23 @@ Result<std::string> InitialWeightsFile(const std::string& path) {
       path);
 }
 
+Result<TensorTable> SpelledAsTheFile(const io::SafetensorsFile& file, const TensorTable& global) {
+  if (!io::IsLdmCheckpoint(file) || global.Find("conv_in.weight") == nullptr) return global;
+  std::vector<std::string> names;
+  for (const TensorSpec& t : global.tensors())
+    names.push_back(t.name);
+  Result<std::vector<std::string>> ldm = io::LdmUNetNames(names);
+  if (!ldm.ok()) return ldm.status().WithContext(fmt::format("'{}'", file.path()));
+  TensorTable spelled;
+  for (size_t i = 0; i < names.size(); ++i)
+    spelled.Add((*ldm)[i], global.tensors()[i].shape);
+  return spelled;
+}
+
 Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& file,
-                                                     const TensorTable& global,
+                                                     const TensorTable& model,
                                                      const std::vector<std::string>& ignored) {
+  DT_ASSIGN_OR_RETURN(const TensorTable global, SpelledAsTheFile(file, model));
   const bool shard = IsCheckpointShard(file);
   std::vector<std::string> problems;
   for (const TensorSpec& t : global.tensors()) {
@@ -120,8 +135,9 @@ Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& 
   return unused;
 }
 
-Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& global, float* params,
+Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& model, float* params,
                           float* ema) {
+  DT_ASSIGN_OR_RETURN(const TensorTable global, SpelledAsTheFile(file, model));
   const bool shard = IsCheckpointShard(file);
   for (const TensorSpec& t : global.tensors()) {
     DT_RETURN_IF_ERROR(file.CopyAsF32(t.name, t.shape, params + t.offset));

@@ -4,7 +4,8 @@
 // A run that resumes its own checkpoint never reads it: resuming wins.
 //
 // Tensors are matched by the reference state-dict names every family already uses (DiT's,
-// Latte's, diffusers' for the UNet; docs/formats.md) and must have the model's shapes; any
+// Latte's, diffusers' for the UNet; docs/formats.md), a UNet's also by the names of an original
+// Stable Diffusion checkpoint (model/io/ldm_checkpoint.h), and must have the model's shapes; any
 // floating-point dtype is taken (F16, BF16, F32 exactly, F64 rounded). Tensors the model does
 // not have are left alone and named in a warning; a missing or misshapen one is an error.
 #pragma once
@@ -27,6 +28,10 @@ namespace difftrain {
 // directory is a difftrain checkpoint directory, or shard 0 of the step a step directory
 // (`.../step-00000020`) holds. The error says what was looked for.
 Result<std::string> InitialWeightsFile(const std::string& path);
+
+// The model's table `global` under the names `file` uses: an original Stable Diffusion
+// checkpoint's for a UNet's (SpelledAsTheFile), else as it is; laid out alike.
+Result<TensorTable> SpelledAsTheFile(const io::SafetensorsFile& file, const TensorTable& global);
 
 // Whether `file` (its header suffices) holds every tensor of `global`, the whole model's
 // parameters, under its name and shape as a floating-point tensor. The error names the file,

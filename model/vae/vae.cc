@@ -11,10 +11,11 @@
 #include "model/cpu/activation.h"
 #include "model/cpu/attention.h"
 #include "model/cpu/conv2d.h"
-#include "model/cpu/winograd.h"
 #include "model/cpu/groupnorm.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/upsample.h"
+#include "model/cpu/winograd.h"
+#include "model/io/ldm_checkpoint.h"
 #include "model/io/safetensors.h"
 #include "model/tensor/rng.h"
 #include "model/train/initial_weights.h"
@@ -241,7 +242,8 @@ std::string DeprecatedName(const std::string& name) {
   return "";
 }
 
-// The weights file and config.json that `path` names (see Vae::Load).
+// The weights file and config.json that `path` names (see Vae::Load; an original Stable
+// Diffusion checkpoint has no config.json).
 Result<std::pair<fs::path, fs::path>> VaeFiles(const std::string& path) {
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) {
@@ -294,19 +296,39 @@ TensorTable Vae::Tensors(const VaeConfig& config) {
 Result<Vae> Vae::Load(const std::string& path) {
   DT_ASSIGN_OR_RETURN(const auto files, VaeFiles(path));
   const auto& [weights_path, config_path] = files;
-  DT_ASSIGN_OR_RETURN(const nlohmann::json json,
-                      ReadModelConfigJson("VAE", path, config_path.string(), "diffusers"));
+  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(weights_path));
+  // An original Stable Diffusion checkpoint holds its VAE without a config.json.
+  const bool ldm = io::HasLdmVae(file);
+  std::string config_from = config_path.string();
+  nlohmann::json json;
+  if (ldm) {
+    DT_ASSIGN_OR_RETURN(json, io::LdmVaeConfig(file));
+    config_from = weights_path.string() + "'s first_stage_model";
+  } else {
+    DT_ASSIGN_OR_RETURN(json, ReadModelConfigJson("VAE", path, config_path.string(), "diffusers"));
+  }
   Result<VaeConfig> config = VaeConfig::FromJson(json);
-  if (!config.ok())
-    return config.status().WithContext(fmt::format("VAE config '{}'", config_path.string()));
+  if (!config.ok()) return config.status().WithContext(fmt::format("VAE config '{}'", config_from));
 
   TensorTable table = Tensors(*config);
-  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(weights_path));
-  TensorTable spelled;  // the table under the names the file uses
-  for (const TensorSpec& t : table.tensors()) {
+  std::vector<std::string> names;
+  for (const TensorSpec& t : table.tensors())
+    names.push_back(t.name);
+  if (ldm) names = io::LdmVaeNames(names);
+  TensorTable
+      spelled;  // the table under the names (and, for 1×1 convolutions, shapes) the file uses
+  for (size_t i = 0; i < names.size(); ++i) {
+    const TensorSpec& t = table.tensors()[i];
     const std::string before = DeprecatedName(t.name);
-    const bool renamed = file.Find(t.name) == nullptr && !before.empty() && file.Find(before);
-    spelled.Add(renamed ? before : t.name, t.shape);
+    const bool renamed =
+        !ldm && file.Find(t.name) == nullptr && !before.empty() && file.Find(before);
+    const std::string& name = renamed ? before : names[i];
+    // The original attention's q, k, v and proj_out are 1×1 convolutions: [C, C, 1, 1].
+    const io::TensorView* in_file = file.Find(name);
+    const bool conv = ldm && in_file && in_file->shape.size() == 4 && t.shape.size() == 2 &&
+                      in_file->shape[0] == t.shape[0] && in_file->shape[1] == t.shape[1] &&
+                      in_file->shape[2] == 1 && in_file->shape[3] == 1;
+    spelled.Add(name, conv ? in_file->shape : t.shape);
   }
   DT_ASSIGN_OR_RETURN(std::vector<float> weights,
                       ReadInferenceWeights(file, spelled, fmt::format("VAE '{}'", path)));

@@ -34,9 +34,11 @@ class Vae {
  public:
   // The weights at `path`: a diffusers AutoencoderKL folder (config.json and
   // diffusion_pytorch_model.safetensors, else its .fp16 variant), a pipeline's folder holding
-  // one in vae/, or the safetensors file itself with config.json beside it. The mid block's
-  // attention may use the names of diffusers' older checkpoints (query, key, value,
-  // proj_attn). Errors name the file and what is missing or misshapen.
+  // one in vae/, or the safetensors file itself with config.json beside it, or an original
+  // Stable Diffusion checkpoint holding one (first_stage_model.*, its config read from its
+  // tensors: model/io/ldm_checkpoint.h). The mid block's attention may use the names of
+  // diffusers' older checkpoints (query, key, value, proj_attn). Errors name the file and what
+  // is missing or misshapen.
   static Result<Vae> Load(const std::string& path);
   // A model of `config` with `weights` read by name (tests; the tensors of Tensors()).
   Vae(VaeConfig config, std::vector<float> weights);

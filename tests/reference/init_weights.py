@@ -19,7 +19,8 @@ pos_embed included) to FILE in float32, as DiT's released weights look saved as 
 save-diffusers: UNet2DConditionModel, cast to float16 and written by save_pretrained(DIR,
 variant="fp16"), as a pipeline's unet/ folder holds it.
 compare-*: every tensor of the saved model equals the dump's tensor of the same name exactly
-(float16 to float32 is exact); compare-diffusers also fails a dump parameter the model lacks.
+(float16 to float32 is exact); compare-diffusers (of the fp16 variant where DIR has one, else
+of the float32 weights) also fails a dump parameter the model lacks.
 save-scheduler: a DDIMScheduler as Stable Diffusion 2's pipelines configure it (scaled_linear
 from 0.00085 to 0.012, v_prediction, steps_offset 1), written by save_pretrained(DIR), as a
 pipeline's scheduler/ folder holds it.
@@ -107,7 +108,9 @@ def compare_dit(path, dump):
 
 
 def compare_diffusers(folder, dump):
-    unet = unet_class().from_pretrained(folder, variant="fp16", torch_dtype=torch.float16)
+    fp16 = os.path.exists(os.path.join(folder, "diffusion_pytorch_model.fp16.safetensors"))
+    unet = unet_class().from_pretrained(folder, variant="fp16" if fp16 else None,
+                                        torch_dtype=torch.float16 if fp16 else torch.float32)
     saved = {name: value.float().numpy() for name, value in unet.state_dict().items()}
     tensors, _ = safetensors_np.read(dump)
     params = {n for n in tensors if not n.startswith(("input.", "grad.")) and n not in ("output", "loss")}

@@ -2,7 +2,7 @@
 """diffusers' StableDiffusionPipeline as the reference of `difftrain sample --pretrained
 PIPELINE` (launch/sample_command.cc):
 
-    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm]
+    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm|ldm1|ldm2]
     PYTHON tests/reference/sd_pipeline.py run DIR OUT.safetensors SETTINGS_JSON
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2 with
@@ -15,7 +15,12 @@ own initialisation, and a DDIMScheduler as Stable Diffusion 2's 768 px pipeline 
 (scaled_linear 0.00085 to 0.012, v_prediction, leading with steps_offset 1, set_alpha_to_one
 false), and writes the whole pipeline into DIR by StableDiffusionPipeline.save_pretrained.
 With `lcm`, a LatentConsistencyModelPipeline instead: the UNet guidance-distilled in shape
-(time_cond_proj_dim 8), an LCMScheduler (scaled_linear, epsilon, 50 original steps).
+(time_cond_proj_dim 8), an LCMScheduler (scaled_linear, epsilon, 50 original steps). With
+`ldm1` or `ldm2`, one an original Stable Diffusion checkpoint can hold (ldm_checkpoint.py):
+GroupNorm of 32 in the UNet (channels 32, 64; 8 heads, SD 1.x's convolutional projections) or
+(`ldm2`: channels 64, 128, heads of 64 channels, SD 2.x's linear projections) and the VAE
+(channels 32, 64), and the scheduler diffusers' from_single_file gives one (DDIM, epsilon,
+leading, steps_offset 1, set_alpha_to_one false).
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
@@ -81,20 +86,29 @@ def make(folder, seed, kind):
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
     tokenizer = CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer"))
     torch.manual_seed(seed)
+    shape = dict(block_out_channels=(8, 16), attention_head_dim=2, norm_num_groups=4)
+    vae_shape = dict(block_out_channels=(4, 8), norm_num_groups=2)
+    if kind == "ldm1":
+        shape = dict(block_out_channels=(32, 64), attention_head_dim=8, norm_num_groups=32)
+    if kind == "ldm2":
+        shape = dict(block_out_channels=(64, 128), attention_head_dim=(1, 2), norm_num_groups=32,
+                     use_linear_projection=True)
+    if kind.startswith("ldm"):
+        vae_shape = dict(block_out_channels=(32, 64), norm_num_groups=32)
     unet = perturbed(UNet2DConditionModel(
-        sample_size=8, in_channels=4, out_channels=4, block_out_channels=(8, 16),
-        layers_per_block=1, attention_head_dim=2, norm_num_groups=4,
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
         cross_attention_dim=text_encoder.config.hidden_size,
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        time_cond_proj_dim=8 if kind == "lcm" else None), seed)
+        time_cond_proj_dim=8 if kind == "lcm" else None, **shape), seed)
     vae = perturbed(AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(4, 8),
-        norm_num_groups=2, down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2), seed + 1)
+        in_channels=3, out_channels=3, latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, **vae_shape), seed + 1)
     scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
                               clip_sample=False, set_alpha_to_one=False, steps_offset=1,
-                              prediction_type="v_prediction")
+                              prediction_type="epsilon" if kind.startswith("ldm")
+                              else "v_prediction")
     pipeline_class = StableDiffusionPipeline
     if kind == "lcm":
         scheduler = LCMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
@@ -197,7 +211,8 @@ def run(folder, out, settings):
 
 
 def main(argv):
-    if len(argv) in (4, 5) and argv[1] == "make" and argv[4:] in ([], ["sd"], ["lcm"]):
+    if len(argv) in (4, 5) and argv[1] == "make" and argv[4:] in (
+            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"]):
         return make(argv[2], int(argv[3]), argv[4] if len(argv) == 5 else "sd")
     if len(argv) == 5 and argv[1] == "run":
         with open(argv[4]) as f:

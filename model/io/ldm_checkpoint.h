@@ -1,0 +1,72 @@
+// Stable Diffusion's original single-file checkpoints: the CompVis latent-diffusion layout that
+// SD 1.x/2.x releases, A1111 and most fine-tunes ship as one model.safetensors, the UNet under
+// model.diffusion_model.*, the VAE under first_stage_model.*, the text encoder under
+// cond_stage_model.*. The weights are diffusers' own under other names; this maps diffusers'
+// names (the names difftrain's UNet and VAE use) to the file's, as diffusers'
+// convert_ldm_unet_checkpoint and convert_ldm_vae_checkpoint map them the other way, and reads
+// the models' configs from the tensors' names and shapes, since the file holds none.
+//
+// UNet (L resnets a down level, L + 1 an up level):
+//   conv_in → input_blocks.0.0, time_embedding.linear_1/2 → time_embed.0/2,
+//   down_blocks.b.resnets.l → input_blocks.(1 + b(L+1) + l).0, .attentions.l → ….1,
+//   down_blocks.b.downsamplers.0.conv → input_blocks.((b+1)(L+1)).0.op,
+//   mid_block.resnets.0, attentions.0, resnets.1 → middle_block.0, 1, 2,
+//   up_blocks.b.resnets.l → output_blocks.(b(L+1) + l).0, .attentions.l → ….1,
+//   up_blocks.b.upsamplers.0.conv → output_blocks.(b(L+1) + L).(2 with attention, else 1).conv,
+//   conv_norm_out, conv_out → out.0, out.2; within a resnet norm1, conv1, time_emb_proj, norm2,
+//   conv2, conv_shortcut → in_layers.0, in_layers.2, emb_layers.1, out_layers.0, out_layers.3,
+//   skip_connection; a transformer's names are the same in both.
+// VAE (n levels): encoder.down_blocks.i.resnets.j → encoder.down.i.block.j,
+//   downsamplers.0.conv → downsample.conv; decoder.up_blocks.i → decoder.up.(n − 1 − i),
+//   upsamplers.0.conv → upsample.conv; mid_block.resnets.0/1 → mid.block_1/2;
+//   mid_block.attentions.0.group_norm, to_q, to_k, to_v, to_out.0 → mid.attn_1.norm, q, k, v,
+//   proj_out (1×1 convolutions there: [C, C, 1, 1] for diffusers' [C, C]); conv_norm_out →
+//   norm_out; conv_shortcut → nin_shortcut.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "model/io/safetensors.h"
+
+namespace difftrain::io {
+
+inline constexpr char kLdmUNetPrefix[] = "model.diffusion_model.";
+inline constexpr char kLdmVaePrefix[] = "first_stage_model.";
+// SD 1.x's CLIP text model, under transformers' own names after this prefix.
+inline constexpr char kLdmClipPrefix[] = "cond_stage_model.transformer.";
+
+// Whether `file` (its header suffices) holds an LDM UNet (model.diffusion_model.*), an LDM VAE
+// (first_stage_model.*), and SD 1.x's CLIP text model (cond_stage_model.transformer.text_model.*;
+// SD 2.x's OpenCLIP under cond_stage_model.model.* is not it).
+bool IsLdmCheckpoint(const SafetensorsFile& file);
+bool HasLdmVae(const SafetensorsFile& file);
+bool HasLdmClipTextModel(const SafetensorsFile& file);
+
+// The file's name of each UNet tensor diffusers names `names` (a UNet2DConditionModel's
+// parameters: its layers per block and which up blocks attend are read from the names
+// themselves). Errors name a tensor the layout has no place for (time_cond_proj_dim's
+// cond_proj, class and addition embeddings).
+Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& names);
+
+// The UNet2DConditionModel config.json of the file's UNet: in and out channels, channels per
+// level, resnets per level, which levels attend, the cross-attention width, transformer depth
+// and linear or convolutional projections from the tensors; what the tensors cannot say, as
+// Stable Diffusion's configs have it: 8 heads (SD 1.x, convolutional projections) or heads of
+// 64 channels (SD 2.x, linear projections), GroupNorm of 32, sample_size 64 (512 px). Errors
+// say what is missing or uneven.
+Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file);
+
+// The file's name of each VAE tensor diffusers' AutoencoderKL names `names` (its levels read
+// from the names).
+std::vector<std::string> LdmVaeNames(const std::vector<std::string>& names);
+
+// The AutoencoderKL config.json of the file's VAE: channels per level, resnets per level, image
+// and latent channels from the tensors; GroupNorm of 32 and scaling_factor 0.18215, as Stable
+// Diffusion's.
+Result<nlohmann::json> LdmVaeConfig(const SafetensorsFile& file);
+
+}  // namespace difftrain::io

@@ -1,0 +1,177 @@
+// The original Stable Diffusion layout's names and configs (diffusers' reading of the same file
+// is tests/sd_pipeline_reference_test.cc's SingleFileReferenceTest): a UNet's and a VAE's
+// tensors written under their original names read back as the same config and, through
+// Vae::Load and the initial-weights reader, the same weights.
+#include "model/io/ldm_checkpoint.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/temp_dir.h"
+#include "model/family/family.h"
+#include "model/train/initial_weights.h"
+#include "model/vae/vae.h"
+#include "model/vae/vae_testing.h"
+
+namespace difftrain::io {
+namespace {
+
+TEST(LdmCheckpointTest, NamesTheUNetsTensorsAsTheOriginal) {
+  const std::vector<std::string> names = {
+      "conv_in.weight",
+      "time_embedding.linear_2.bias",
+      "down_blocks.0.resnets.0.norm1.weight",  // two resnets a down level
+      "down_blocks.0.resnets.1.time_emb_proj.weight",
+      "down_blocks.0.attentions.1.transformer_blocks.0.attn2.to_k.weight",
+      "down_blocks.0.downsamplers.0.conv.weight",
+      "down_blocks.1.resnets.0.conv_shortcut.bias",
+      "mid_block.resnets.1.norm2.weight",
+      "mid_block.attentions.0.proj_out.bias",
+      "up_blocks.0.resnets.2.conv1.weight",
+      "up_blocks.0.upsamplers.0.conv.bias",
+      "up_blocks.1.attentions.2.norm.weight",
+      "up_blocks.1.upsamplers.0.conv.weight",
+      "conv_norm_out.weight",
+      "conv_out.bias"};
+  Result<std::vector<std::string>> ldm = LdmUNetNames(names);
+  ASSERT_TRUE(ldm.ok()) << ldm.status().message();
+  const std::string p = kLdmUNetPrefix;
+  EXPECT_EQ(*ldm, (std::vector<std::string>{
+                      p + "input_blocks.0.0.weight", p + "time_embed.2.bias",
+                      p + "input_blocks.1.0.in_layers.0.weight",
+                      p + "input_blocks.2.0.emb_layers.1.weight",
+                      p + "input_blocks.2.1.transformer_blocks.0.attn2.to_k.weight",
+                      p + "input_blocks.3.0.op.weight", p + "input_blocks.4.0.skip_connection.bias",
+                      p + "middle_block.2.out_layers.0.weight", p + "middle_block.1.proj_out.bias",
+                      p + "output_blocks.2.0.in_layers.2.weight",
+                      p + "output_blocks.2.1.conv.bias",  // up block 0 has no attention
+                      p + "output_blocks.5.1.norm.weight",
+                      p + "output_blocks.5.2.conv.weight",  // after its attention
+                      p + "out.0.weight", p + "out.2.bias"}));
+  Result<std::vector<std::string>> lcm = LdmUNetNames({"time_embedding.cond_proj.weight"});
+  ASSERT_FALSE(lcm.ok());
+  EXPECT_NE(lcm.status().message().find("'time_embedding.cond_proj.weight' has no place"),
+            std::string::npos)
+      << lcm.status().message();
+}
+
+// A UNet's tensors under their original names (zeros) give back its config: SD 1.x's shape
+// (convolutional projections, 8 heads) and SD 2.x's (linear, heads of 64 channels); the
+// initial-weights reader finds every tensor of the model in the file.
+TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
+  for (const bool linear : {false, true}) {
+    SCOPED_TRACE(linear ? "SD 2.x" : "SD 1.x");
+    const nlohmann::json config = {
+        {"name", "unet"},
+        {"sample_size", 64},
+        {"in_channels", 4},
+        {"out_channels", 4},
+        {"block_out_channels",
+         linear ? std::vector<int>{64, 128, 128} : std::vector<int>{32, 64, 64}},
+        {"layers_per_block", 2},
+        {"down_block_types", {"CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"}},
+        {"up_block_types", {"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"}},
+        {"cross_attention_dim", 24},
+        {"attention_head_dim",
+         linear ? nlohmann::json(std::vector<int>{1, 2, 2}) : nlohmann::json(8)},
+        {"use_linear_projection", linear},
+        {"transformer_layers_per_block", 1},
+        {"norm_num_groups", 32}};
+    Result<ModelSpec> spec = ModelSpecFromJson("unet", config);
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    Result<ModelPartition> whole = FamilyOf(*spec).Partition(*spec, LayoutShape{}, 0, 0, 0);
+    ASSERT_TRUE(whole.ok()) << whole.status().message();
+    const TensorTable& table = whole->parameters.table;
+    std::vector<std::string> names;
+    for (const TensorSpec& t : table.tensors())
+      names.push_back(t.name);
+    Result<std::vector<std::string>> ldm = LdmUNetNames(names);
+    ASSERT_TRUE(ldm.ok()) << ldm.status().message();
+    SafetensorsWriter writer;
+    const std::vector<float> zeros(table.total(), 0.0f);
+    for (size_t i = 0; i < names.size(); ++i)
+      writer.AddF32((*ldm)[i], table.tensors()[i].shape, zeros.data());
+    TempDir dir("ldm_unet");
+    ASSERT_TRUE(writer.WriteAtomic(dir.path() + "/model.safetensors").ok());
+    Result<SafetensorsFile> file = SafetensorsFile::Read(dir.path() + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    EXPECT_TRUE(IsLdmCheckpoint(*file));
+    EXPECT_FALSE(HasLdmVae(*file));
+    Result<nlohmann::json> read = LdmUNetConfig(*file);
+    ASSERT_TRUE(read.ok()) << read.status().message();
+    for (const char* key :
+         {"in_channels", "out_channels", "block_out_channels", "layers_per_block",
+          "down_block_types", "up_block_types", "cross_attention_dim", "attention_head_dim",
+          "use_linear_projection", "transformer_layers_per_block"}) {
+      EXPECT_EQ((*read)[key], config[key]) << key;
+    }
+    Result<std::vector<std::string>> unused = CheckInitialWeights(*file, table);
+    ASSERT_TRUE(unused.ok()) << unused.status().message();
+    EXPECT_TRUE(unused->empty());
+  }
+  // SDXL's (and the upscaler's) label embedding has no diffusers config here.
+  SafetensorsWriter sdxl;
+  const float zero = 0;
+  sdxl.AddF32(std::string(kLdmUNetPrefix) + "input_blocks.0.0.weight", {1}, &zero);
+  sdxl.AddF32(std::string(kLdmUNetPrefix) + "label_emb.0.0.weight", {1}, &zero);
+  TempDir dir("ldm_sdxl");
+  ASSERT_TRUE(sdxl.WriteAtomic(dir.path() + "/sdxl.safetensors").ok());
+  Result<SafetensorsFile> file = SafetensorsFile::Read(dir.path() + "/sdxl.safetensors");
+  ASSERT_TRUE(file.ok());
+  Result<nlohmann::json> refused = LdmUNetConfig(*file);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("label_emb: SDXL"), std::string::npos)
+      << refused.status().message();
+}
+
+// A VAE's tensors under their original names, its attention as 1×1 convolutions: Vae::Load
+// reads the config from them and decodes as the same VAE from diffusers' names does.
+TEST(LdmCheckpointTest, LoadsTheVaeOfAnOriginalCheckpoint) {
+  const nlohmann::json config = {{"block_out_channels", {32, 64}},
+                                 {"layers_per_block", 2},
+                                 {"latent_channels", 4},
+                                 {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D"}},
+                                 {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D"}}};
+  Result<VaeConfig> c = VaeConfig::FromJson(config);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const TensorTable table = Vae::Tensors(*c);
+  const std::vector<float> weights = testing::RandomVaeWeights(table, 3);
+  std::vector<std::string> names;
+  for (const TensorSpec& t : table.tensors())
+    names.push_back(t.name);
+  const std::vector<std::string> ldm = LdmVaeNames(names);
+  SafetensorsWriter writer;
+  const std::vector<float> zeros(8, 0.0f);
+  writer.AddF32(std::string(kLdmUNetPrefix) + "input_blocks.0.0.weight", {8}, zeros.data());
+  int convolutions = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const TensorSpec& t = table.tensors()[i];
+    std::vector<int64_t> shape = t.shape;
+    if (ldm[i].find(".mid.attn_1.") != std::string::npos && shape.size() == 2) {
+      shape.insert(shape.end(), {1, 1});
+      ++convolutions;
+    }
+    writer.AddF32(ldm[i], shape, weights.data() + t.offset);
+  }
+  EXPECT_EQ(convolutions, 8);  // q, k, v, proj_out of the encoder's and the decoder's
+  TempDir dir("ldm_vae");
+  ASSERT_TRUE(writer.WriteAtomic(dir.path() + "/model.safetensors").ok());
+  Result<Vae> loaded = Vae::Load(dir.path() + "/model.safetensors");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  EXPECT_EQ(loaded->config().block_out_channels, (std::vector<int>{32, 64}));
+  EXPECT_EQ(loaded->config().layers_per_block, 2);
+  EXPECT_DOUBLE_EQ(loaded->config().scaling_factor, 0.18215);
+  const Vae direct(*c, weights);
+  std::vector<float> latents(4 * 4 * 4), a(3 * 8 * 8), b(a.size());
+  for (size_t i = 0; i < latents.size(); ++i)
+    latents[i] = static_cast<float>(std::sin(0.7 * i));
+  ASSERT_TRUE(loaded->Decode(latents.data(), 1, 4, 4, a.data()).ok());
+  ASSERT_TRUE(direct.Decode(latents.data(), 1, 4, 4, b.data()).ok());
+  EXPECT_EQ(a, b);
+}
+
+}  // namespace
+}  // namespace difftrain::io
