@@ -39,13 +39,11 @@ Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const 
   if (path.empty()) return std::optional<TextEmbedder>();
   // An original Stable Diffusion checkpoint's own CLIP text model (SD 1.x), with the config and
   // tokenizer of the encoder given, which the file lacks.
-  const bool own =
-      ckpt.single_file && path != table.text_encoder && io::HasLdmClipTextModel(*ckpt.file);
+  const bool own = ckpt.single_file && path != table.text_encoder &&
+                   (io::HasLdmClipTextModel(*ckpt.file) || io::HasLdmOpenClipTextModel(*ckpt.file));
   if (ckpt.single_file && !own && path != table.text_encoder) {
-    spdlog::info(
-        "{} holds no CLIP text model (SD 2.x's OpenCLIP is not read): the prompts are "
-        "embedded by {} with its own weights",
-        ckpt.path, path);
+    spdlog::info("{} holds no text model: the prompts are embedded by {} with its own weights",
+                 ckpt.path, path);
   }
   Result<TextEmbedder> embedder = TextEmbedder::Load(path, own ? ckpt.path : "");
   if (own && embedder.ok()) {

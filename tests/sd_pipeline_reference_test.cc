@@ -499,11 +499,12 @@ TEST_F(SdPipelineReferenceTest, StartsFromAnImageAsStableDiffusionImg2ImgPipelin
 // An original Stable Diffusion checkpoint (one model.safetensors in the CompVis layout) of a
 // pipeline, written by tests/reference/ldm_checkpoint.py and read back by diffusers'
 // from_single_file as that pipeline's UNet and VAE: difftrain samples the file (its UNet's
-// config from its tensors, its own VAE, diffusers' single-file DDIM scheduler, its own CLIP
-// text model with the config and tokenizer of --text-encoder, here another CLIP of other
-// weights) as diffusers samples the pipeline. SD 1.x's layout (8 heads, convolutional
-// projections) and SD 2.x's (heads of 64 channels, linear projections). Fine-tuning starts from
-// the file too.
+// config from its tensors, its own VAE, diffusers' single-file DDIM scheduler, its own text
+// model with the config and tokenizer of --text-encoder, here another CLIP of other weights) as
+// diffusers samples the pipeline. SD 1.x's layout (8 heads, convolutional projections, the CLIP
+// text model under transformers' names) and SD 2.x's (heads of 64 channels, linear projections,
+// the text model as OpenCLIP's, q, k and v in one in_proj). Fine-tuning starts from the file
+// too.
 class SingleFileReferenceTest : public SdPipelineReferenceTest,
                                 public ::testing::WithParamInterface<const char*> {};
 
@@ -513,8 +514,11 @@ TEST_P(SingleFileReferenceTest, SamplesAsDiffusersSamplesThePipeline) {
   const std::string pipeline = MakePipeline(text_python, GetParam());
   ASSERT_FALSE(pipeline.empty());
   const std::string single = (dir_ / "model.safetensors").string();
+  // SD 2.x's file holds its text model as OpenCLIP's.
+  const bool sd2 = GetParam() == std::string("ldm2");
   const CommandResult written =
-      RunScript("ldm_checkpoint.py", "write " + ShellQuote(pipeline) + " " + ShellQuote(single));
+      RunScript("ldm_checkpoint.py", "write " + ShellQuote(pipeline) + " " + ShellQuote(single) +
+                                         (sd2 ? " openclip" : ""));
   ASSERT_EQ(written.exit_code, 0) << written.output;
   // A text encoder of the same config and tokenizer and other weights: the file's own must win.
   const CommandResult other =

@@ -136,6 +136,40 @@ bool HasLdmClipTextModel(const SafetensorsFile& file) {
          nullptr;
 }
 
+bool HasLdmOpenClipTextModel(const SafetensorsFile& file) {
+  return file.Find(std::string(kLdmOpenClipPrefix) +
+                   "transformer.resblocks.0.attn.in_proj_weight") != nullptr;
+}
+
+std::optional<LdmTensorPart> LdmOpenClipTensor(const std::string& name, int64_t hidden) {
+  if (std::optional<std::string> top =
+          Renamed(name, {{"text_model.embeddings.token_embedding", "token_embedding"},
+                         {"text_model.final_layer_norm", "ln_final"}})) {
+    return LdmTensorPart{*top};
+  }
+  if (name == "text_model.embeddings.position_embedding.weight")
+    return LdmTensorPart{"positional_embedding"};
+  std::optional<Indexed> layer = After(name, "text_model.encoder.layers.");
+  if (!layer) return std::nullopt;
+  const std::string block = fmt::format("transformer.resblocks.{}.", layer->index);
+  const std::string& rest = layer->rest;
+  const std::string_view projections[] = {"self_attn.q_proj.", "self_attn.k_proj.",
+                                          "self_attn.v_proj."};
+  for (int j = 0; j < 3; ++j) {
+    if (rest.starts_with(projections[j])) {
+      const std::string kind = rest.substr(projections[j].size());  // weight or bias
+      return LdmTensorPart{block + "attn.in_proj_" + kind, j * hidden, hidden};
+    }
+  }
+  std::optional<std::string> renamed = Renamed(rest, {{"self_attn.out_proj", "attn.out_proj"},
+                                                      {"layer_norm1", "ln_1"},
+                                                      {"layer_norm2", "ln_2"},
+                                                      {"mlp.fc1", "mlp.c_fc"},
+                                                      {"mlp.fc2", "mlp.c_proj"}});
+  if (!renamed) return std::nullopt;
+  return LdmTensorPart{block + *renamed};
+}
+
 Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& names) {
   const int L = static_cast<int>(Indices(names, "down_blocks.0.resnets.").size());
   std::set<int> up_attends;

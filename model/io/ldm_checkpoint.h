@@ -24,6 +24,8 @@
 //   norm_out; conv_shortcut → nin_shortcut.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,8 +38,10 @@ namespace difftrain::io {
 
 inline constexpr char kLdmUNetPrefix[] = "model.diffusion_model.";
 inline constexpr char kLdmVaePrefix[] = "first_stage_model.";
-// SD 1.x's CLIP text model, under transformers' own names after this prefix.
+// SD 1.x's CLIP text model, under transformers' own names after this prefix; SD 2.x's OpenCLIP
+// text model under OpenCLIP's names after the other.
 inline constexpr char kLdmClipPrefix[] = "cond_stage_model.transformer.";
+inline constexpr char kLdmOpenClipPrefix[] = "cond_stage_model.model.";
 
 // Whether `file` (its header suffices) holds an LDM UNet (model.diffusion_model.*), an LDM VAE
 // (first_stage_model.*), and SD 1.x's CLIP text model (cond_stage_model.transformer.text_model.*;
@@ -45,6 +49,20 @@ inline constexpr char kLdmClipPrefix[] = "cond_stage_model.transformer.";
 bool IsLdmCheckpoint(const SafetensorsFile& file);
 bool HasLdmVae(const SafetensorsFile& file);
 bool HasLdmClipTextModel(const SafetensorsFile& file);
+bool HasLdmOpenClipTextModel(const SafetensorsFile& file);
+
+// Where SD 2.x's OpenCLIP text model (after kLdmOpenClipPrefix) holds the tensor transformers'
+// CLIPTextModel names `name` (hidden size `hidden`): token_embedding, positional_embedding,
+// ln_final; per layer ln_1, ln_2, attn.out_proj, mlp.c_fc, mlp.c_proj, and q, k, v as rows
+// [0, D), [D, 2D), [2D, 3D) of attn.in_proj, as diffusers'
+// create_text_encoder_from_open_clip_checkpoint splits them. nullopt for a name it has no place
+// for.
+struct LdmTensorPart {
+  std::string name;
+  int64_t first_row = 0;
+  int64_t rows = -1;  // -1: the whole tensor
+};
+std::optional<LdmTensorPart> LdmOpenClipTensor(const std::string& name, int64_t hidden);
 
 // The file's name of each UNet tensor diffusers names `names` (a UNet2DConditionModel's
 // parameters: its layers per block and which up blocks attend are read from the names

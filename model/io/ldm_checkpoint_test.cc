@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/temp_dir.h"
@@ -56,6 +57,28 @@ TEST(LdmCheckpointTest, NamesTheUNetsTensorsAsTheOriginal) {
   EXPECT_NE(lcm.status().message().find("'time_embedding.cond_proj.weight' has no place"),
             std::string::npos)
       << lcm.status().message();
+}
+
+// SD 2.x's OpenCLIP text model: q, k and v are thirds of each layer's in_proj.
+TEST(LdmCheckpointTest, FindsTheClipTensorsInOpenClipsNames) {
+  const auto part = [](const std::string& name) {
+    std::optional<LdmTensorPart> p = LdmOpenClipTensor(name, 32);
+    return p ? fmt::format("{} {} {}", p->name, p->first_row, p->rows) : std::string("none");
+  };
+  EXPECT_EQ(part("text_model.embeddings.token_embedding.weight"), "token_embedding.weight 0 -1");
+  EXPECT_EQ(part("text_model.embeddings.position_embedding.weight"), "positional_embedding 0 -1");
+  EXPECT_EQ(part("text_model.encoder.layers.3.self_attn.k_proj.weight"),
+            "transformer.resblocks.3.attn.in_proj_weight 32 32");
+  EXPECT_EQ(part("text_model.encoder.layers.0.self_attn.v_proj.bias"),
+            "transformer.resblocks.0.attn.in_proj_bias 64 32");
+  EXPECT_EQ(part("text_model.encoder.layers.1.self_attn.out_proj.bias"),
+            "transformer.resblocks.1.attn.out_proj.bias 0 -1");
+  EXPECT_EQ(part("text_model.encoder.layers.1.mlp.fc2.weight"),
+            "transformer.resblocks.1.mlp.c_proj.weight 0 -1");
+  EXPECT_EQ(part("text_model.encoder.layers.1.layer_norm1.weight"),
+            "transformer.resblocks.1.ln_1.weight 0 -1");
+  EXPECT_EQ(part("text_model.final_layer_norm.bias"), "ln_final.bias 0 -1");
+  EXPECT_EQ(part("text_projection.weight"), "none");
 }
 
 // A UNet's tensors under their original names (zeros) give back its config: SD 1.x's shape

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
+#include <unordered_set>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "common/check.h"
@@ -152,6 +155,41 @@ Result<std::pair<fs::path, fs::path>> EncoderFiles(const std::string& path) {
       path);
 }
 
+// The weights of `table` (a CLIP text model of hidden size D) from SD 2.x's OpenCLIP text model
+// in an original Stable Diffusion checkpoint (io::LdmOpenClipTensor: q, k and v are row ranges
+// of each layer's in_proj). Errors name the file and the tensor missing or misshapen.
+Result<std::vector<float>> ReadOpenClip(const io::SafetensorsFile& file, const TensorTable& table,
+                                        int64_t D) {
+  std::vector<float> weights(table.total()), whole;
+  std::unordered_set<std::string> used;
+  for (const TensorSpec& t : table.tensors()) {
+    const std::optional<io::LdmTensorPart> part = io::LdmOpenClipTensor(t.name, D);
+    DT_CHECK(part.has_value(), "no OpenCLIP tensor for '{}'", t.name);
+    const std::string name = io::kLdmOpenClipPrefix + part->name;
+    used.insert(name);
+    float* dst = weights.data() + t.offset;
+    if (part->rows < 0) {
+      DT_RETURN_IF_ERROR(file.CopyAsF32(name, t.shape, dst));
+      continue;
+    }
+    // A third of in_proj: [3D, D] (its rows D × D) or [3D].
+    std::vector<int64_t> shape = t.shape;
+    shape[0] = 3 * D;
+    whole.resize(t.numel * 3);
+    DT_RETURN_IF_ERROR(file.CopyAsF32(name, shape, whole.data()));
+    const size_t row = t.numel / t.shape[0];
+    std::copy_n(whole.begin() + part->first_row * row, t.numel, dst);
+  }
+  size_t unused = 0;
+  for (const std::string& name : file.Names())
+    unused += name.starts_with(io::kLdmOpenClipPrefix) && !used.contains(name);
+  spdlog::info(
+      "text encoder: SD 2.x's OpenCLIP text model of '{}' ({} of its tensors not read: its "
+      "text_projection and the layers past the config's)",
+      file.path(), unused);
+  return weights;
+}
+
 }  // namespace
 
 TextEncoder::TextEncoder(TextEncoderConfig config, std::vector<float> weights)
@@ -227,11 +265,17 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path, const std::string
         file.Find(under + table.tensors()[0].name) != nullptr)
       prefix = under;
   }
-  TensorTable spelled;  // the table under the names the file uses
-  for (const TensorSpec& t : table.tensors())
-    spelled.Add(prefix + t.name, t.shape);
-  DT_ASSIGN_OR_RETURN(std::vector<float> weights,
-                      ReadInferenceWeights(file, spelled, fmt::format("text encoder '{}'", path)));
+  std::vector<float> weights;
+  if (config->kind == TextEncoderKind::kClip && file.Find(table.tensors()[0].name) == nullptr &&
+      io::HasLdmOpenClipTextModel(file)) {
+    DT_ASSIGN_OR_RETURN(weights, ReadOpenClip(file, table, config->hidden_size));
+  } else {
+    TensorTable spelled;  // the table under the names the file uses
+    for (const TensorSpec& t : table.tensors())
+      spelled.Add(prefix + t.name, t.shape);
+    DT_ASSIGN_OR_RETURN(
+        weights, ReadInferenceWeights(file, spelled, fmt::format("text encoder '{}'", path)));
+  }
   TextEncoder encoder(std::move(table), *config, std::move(weights));
   encoder.source_ = weights_path;
   encoder.config_source_ = config_path.string();

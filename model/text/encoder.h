@@ -31,8 +31,9 @@ class TextEncoder {
   // safetensors file itself with config.json beside it. BERT's names may carry the "bert."
   // prefix of its task models. With `weights`, the model of `path`'s config takes its weights
   // from that safetensors file instead: an original Stable Diffusion checkpoint's CLIP text
-  // model (under "cond_stage_model.transformer.", model/io/ldm_checkpoint.h). Errors name the
-  // file and what is missing or misshapen.
+  // model (SD 1.x's under "cond_stage_model.transformer.", SD 2.x's OpenCLIP under
+  // "cond_stage_model.model.", model/io/ldm_checkpoint.h). Errors name the file and what is
+  // missing or misshapen.
   static Result<TextEncoder> Load(const std::string& path, const std::string& weights = "");
   // A model of `config` with `weights` laid out as Tensors(config) (tests).
   TextEncoder(TextEncoderConfig config, std::vector<float> weights);

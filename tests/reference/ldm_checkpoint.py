@@ -3,18 +3,23 @@
 model.safetensors) made of a diffusers pipeline, and diffusers' own reading of it, the reference
 of difftrain's (model/io/ldm_checkpoint.h):
 
-    PYTHON tests/reference/ldm_checkpoint.py write PIPELINE OUT.safetensors
+    PYTHON tests/reference/ldm_checkpoint.py write PIPELINE OUT.safetensors [openclip]
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2).
 
 PIPELINE is a StableDiffusionPipeline folder whose UNet and VAE the layout holds
 (sd_pipeline.py make … ldm1|ldm2). OUT gets the UNet under model.diffusion_model.*, the VAE under
 first_stage_model.* (its attention's q, k, v and proj_out as 1x1 convolutions, as the original
-holds them) and the CLIP text model under cond_stage_model.transformer.*, renamed here; OUT.yaml
-gets the original config that says the same model. The file is then read back by diffusers'
+holds them) and the CLIP text model under cond_stage_model.transformer.* (SD 1.x's), or with
+`openclip` as SD 2.x's OpenCLIP text model under cond_stage_model.model.* (each layer's q, k, v
+as one in_proj, ln_1, ln_2, c_fc, c_proj, positional_embedding, ln_final, and a text_projection
+[D, D] of random values, which a CLIPTextModel does not use), renamed here; OUT.yaml gets the
+original config that says the same model. The file is then read back by diffusers'
 StableDiffusionPipeline.from_single_file(OUT, original_config_file=OUT.yaml) (its
 convert_ldm_unet_checkpoint and convert_ldm_vae_checkpoint), whose UNet and VAE must equal the
-pipeline's tensor for tensor: so OUT is what diffusers takes for this pipeline.
+pipeline's tensor for tensor, and the OpenCLIP text model by diffusers'
+create_text_encoder_from_open_clip_checkpoint, which must give the pipeline's text model: so
+OUT is what diffusers takes for this pipeline.
 Exit status: 0; 1 when diffusers reads back other weights; 2 for bad usage.
 """
 
@@ -130,7 +135,28 @@ def original_config(pipeline):
                        "target": "ldm.modules.encoders.modules.FrozenCLIPEmbedder"}}}}
 
 
-def write(folder, out):
+def open_clip(text_encoder):
+    """The CLIPTextModel's tensors as SD 2.x's OpenCLIP text model names them."""
+    state = text_encoder.state_dict()
+    hidden = text_encoder.config.hidden_size
+    tensors = {"token_embedding.weight": state["text_model.embeddings.token_embedding.weight"],
+               "positional_embedding": state["text_model.embeddings.position_embedding.weight"],
+               "ln_final.weight": state["text_model.final_layer_norm.weight"],
+               "ln_final.bias": state["text_model.final_layer_norm.bias"],
+               "text_projection": torch.randn(hidden, hidden)}
+    for i in range(text_encoder.config.num_hidden_layers):
+        layer, block = f"text_model.encoder.layers.{i}.", f"transformer.resblocks.{i}."
+        for kind in ("weight", "bias"):
+            tensors[block + f"attn.in_proj_{kind}"] = torch.cat(
+                [state[layer + f"self_attn.{x}_proj.{kind}"] for x in "qkv"])
+            for old, new in (("self_attn.out_proj", "attn.out_proj"), ("layer_norm1", "ln_1"),
+                             ("layer_norm2", "ln_2"), ("mlp.fc1", "mlp.c_fc"),
+                             ("mlp.fc2", "mlp.c_proj")):
+                tensors[block + f"{new}.{kind}"] = state[layer + f"{old}.{kind}"]
+    return tensors
+
+
+def write(folder, out, openclip=False):
     pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
                                                        requires_safety_checker=False)
     unet = pipeline.unet.state_dict()
@@ -145,8 +171,12 @@ def write(folder, out):
         if ".mid.attn_1." in name and v.ndim == 2:
             v = v[:, :, None, None]  # 1x1 convolutions in the original
         tensors["first_stage_model." + name] = v
-    for k, v in pipeline.text_encoder.state_dict().items():
-        tensors["cond_stage_model.transformer." + k] = v
+    if openclip:
+        for k, v in open_clip(pipeline.text_encoder).items():
+            tensors["cond_stage_model.model." + k] = v
+    else:
+        for k, v in pipeline.text_encoder.state_dict().items():
+            tensors["cond_stage_model.transformer." + k] = v
     save_file({k: v.contiguous() for k, v in tensors.items()}, out)
     config = out + ".yaml"
     with open(config, "w") as f:
@@ -165,6 +195,17 @@ def write(folder, out):
             if not torch.equal(want[k], got[k]):
                 print(f"{what}: diffusers reads back another {k}", file=sys.stderr)
                 return 1
+    if openclip:
+        from diffusers.loaders.single_file_utils import \
+            create_text_encoder_from_open_clip_checkpoint
+        read_text = create_text_encoder_from_open_clip_checkpoint(
+            os.path.join(folder, "text_encoder"), tensors, local_files_only=True).state_dict()
+        want = pipeline.text_encoder.state_dict()
+        if want.keys() != read_text.keys() or any(
+                not torch.equal(want[k], read_text[k]) for k in want):
+            print("text encoder: diffusers reads back another OpenCLIP text model",
+                  file=sys.stderr)
+            return 1
     for key in ("cross_attention_dim", "attention_head_dim", "use_linear_projection",
                 "block_out_channels", "layers_per_block"):
         if read.unet.config[key] != pipeline.unet.config[key]:
@@ -176,8 +217,8 @@ def write(folder, out):
 
 
 def main(argv):
-    if len(argv) == 4 and argv[1] == "write":
-        return write(argv[2], argv[3])
+    if len(argv) in (4, 5) and argv[1] == "write" and argv[4:] in ([], ["openclip"]):
+        return write(argv[2], argv[3], len(argv) == 5)
     print(__doc__, file=sys.stderr)
     return 2
 
