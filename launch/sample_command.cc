@@ -204,7 +204,7 @@ int RunSample(const SampleOptions& o) {
   Result<Sampler> sampler = Sampler::Create(diffusion, shape, options);
   if (!sampler.ok()) return bad(sampler.status().message());
 
-  Result<std::unique_ptr<Model>> created = family.Create(ckpt.model);
+  Result<std::unique_ptr<Model>> created = family.CreateForInference(ckpt.model);
   if (!created.ok()) return bad("--checkpoint: " + created.status().message());
   Model& model = **created;
   if (Status s = FillModelWeights(ckpt, o.weights == "ema", model); !s.ok())

@@ -74,7 +74,9 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
     spdlog::info("decoding with the VAE the training data was encoded with: {} (from {}/{})", path,
                  ckpt.data_path, kLatentFolderIndex);
   }
-  Result<Vae> vae = Vae::Load(path);
+  // The checkpoint's own VAE from the file already read.
+  Result<Vae> vae =
+      ckpt.single_file_vae && path == ckpt.path ? Vae::Load(*ckpt.file) : Vae::Load(path);
   if (!vae.ok()) return vae.status().WithContext("--vae");
   const VaeConfig& c = vae->config();
   if (c.latent_channels != m.channels) {

@@ -45,7 +45,7 @@ Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const 
     spdlog::info("{} holds no text model: the prompts are embedded by {} with its own weights",
                  ckpt.path, path);
   }
-  Result<TextEmbedder> embedder = TextEmbedder::Load(path, own ? ckpt.path : "");
+  Result<TextEmbedder> embedder = TextEmbedder::Load(path, own ? &*ckpt.file : nullptr);
   if (own && embedder.ok()) {
     spdlog::info(
         "the text encoder: {}'s own (cond_stage_model), with the config and tokenizer of {}",

@@ -11,7 +11,6 @@
 #include "model/io/checkpoint.h"
 #include "model/io/ldm_checkpoint.h"
 #include "model/io/posix_file.h"
-#include "model/tensor/buffer.h"
 #include "model/train/initial_weights.h"
 #include "model/train/trainer.h"
 
@@ -141,7 +140,7 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
   SampleSource c;
   c.pretrained = true;
   DT_ASSIGN_OR_RETURN(c.path, InitialWeightsFile(path));
-  DT_ASSIGN_OR_RETURN(c.file, io::SafetensorsFile::Read(c.path));
+  DT_ASSIGN_OR_RETURN(c.file, io::SafetensorsFile::Map(c.path));
   c.single_file = io::IsLdmCheckpoint(*c.file);
   c.single_file_vae = c.single_file && io::HasLdmVae(*c.file);
   DT_ASSIGN_OR_RETURN(const DiffusersFolder folder,
@@ -197,11 +196,7 @@ Status FillModelWeights(const SampleSource& source, bool ema, Model& model) {
     spdlog::info("{}: {} tensor(s) the model does not have were not read, e.g. {}",
                  source.file->path(), unused.size(), unused[0]);
   }
-  Buffer<float> weights(global.total()), averaged(global.total());
-  DT_RETURN_IF_ERROR(ReadInitialWeights(*source.file, global, weights.data(), averaged.data()));
-  const float* chosen = ema ? averaged.data() : weights.data();
-  std::copy(chosen, chosen + global.total(), model.params());
-  return Status::Ok();
+  return ReadPretrainedWeights(*source.file, global, ema, model.params());
 }
 
 }  // namespace difftrain::launch

@@ -124,6 +124,11 @@ class ModelFamily {
                                                 const LayoutShape& layout = {}, int tp_rank = 0,
                                                 int cp_rank = 0, int stage = 0,
                                                 const ModelComms& comms = {}) const = 0;
+  // A whole model that only runs forward (sampling): the family may leave out its gradient
+  // arena (as large as the parameters'), whose Backward then fails a check.
+  virtual Result<std::unique_ptr<Model>> CreateForInference(const ModelSpec& spec) const {
+    return Create(spec);
+  }
 
   // The family's GPU step (train.device cuda) on GPU `device`; by default, an error saying
   // the family has none.

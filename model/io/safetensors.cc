@@ -1,6 +1,12 @@
 #include "model/io/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <bit>
@@ -404,21 +410,56 @@ Status SafetensorsWriter::WriteAtomic(const std::string& path) const {
 
 Result<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
   DT_ASSIGN_OR_RETURN(InputFile in, InputFile::Open(path));
+  uint64_t size = in.size();
+  std::shared_ptr<uint8_t[]> buffer = std::make_unique_for_overwrite<uint8_t[]>(size);
+  DT_RETURN_IF_ERROR(in.Read(buffer.get(), size));
+  return FromBytes(path, std::shared_ptr<const uint8_t>(buffer, buffer.get()), size,
+                   /*digest=*/true);
+}
+
+Result<SafetensorsFile> SafetensorsFile::Map(const std::string& path) {
+  // Where it cannot be opened or mapped, Read says why as it always does.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Read(path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Read(path);
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    return Read(path);  // too short to map; Read says what is wrong
+  }
+  void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (mapped == MAP_FAILED)
+    return FileError(path, fmt::format("cannot map: {}", std::strerror(err)));
+  std::shared_ptr<const uint8_t> bytes(
+      static_cast<const uint8_t*>(mapped),
+      [size](const uint8_t* p) { ::munmap(const_cast<uint8_t*>(p), size); });
+  return FromBytes(path, std::move(bytes), size, /*digest=*/false);
+}
+
+Result<SafetensorsFile> SafetensorsFile::FromBytes(const std::string& path,
+                                                   std::shared_ptr<const uint8_t> whole,
+                                                   uint64_t size, bool digest) {
   SafetensorsFile file;
   file.path_ = path;
-  uint64_t size = in.size();
-  file.buffer_ = std::make_unique_for_overwrite<uint8_t[]>(size);
-  const uint8_t* bytes = file.buffer_.get();
-  DT_RETURN_IF_ERROR(in.Read(file.buffer_.get(), size));
-
+  file.bytes_ = std::move(whole);
+  const uint8_t* bytes = file.bytes_.get();
   DT_ASSIGN_OR_RETURN(uint64_t header_bytes, HeaderLength(path, bytes, size));
   std::string_view header(reinterpret_cast<const char*>(bytes) + 8, header_bytes);
   const uint8_t* data = bytes + 8 + header_bytes;
   uint64_t data_bytes = size - 8 - header_bytes;
   DT_ASSIGN_OR_RETURN(Layout layout, ParseLayout(path, header, data_bytes));
-  uint32_t data_crc = Crc32(0, data, data_bytes);
-  DT_RETURN_IF_ERROR(CheckDataCrc(path, layout.metadata, data_crc));
-  file.digest_ = CombineDigest(size, Crc32(0, bytes, 8 + header_bytes), data_crc, data_bytes);
+  if (digest || layout.metadata.contains(std::string(kCrc32Key))) {
+    uint32_t data_crc = Crc32(0, data, data_bytes);
+    DT_RETURN_IF_ERROR(CheckDataCrc(path, layout.metadata, data_crc));
+    if (digest)
+      file.digest_ = CombineDigest(size, Crc32(0, bytes, 8 + header_bytes), data_crc, data_bytes);
+  }
 
   file.metadata_ = std::move(layout.metadata);
   for (Layout::Tensor& t : layout.tensors) {

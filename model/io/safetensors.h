@@ -111,6 +111,11 @@ struct FileDigest {
 class SafetensorsFile {
  public:
   static Result<SafetensorsFile> Read(const std::string& path);
+  // The same over a read-only memory map of the file instead of a copy: weights of another
+  // origin read once (pretrained weights, a VAE, a text encoder), which need no digest. The data
+  // is checked against `difftrain.crc32` where the file has it; digest() is empty. The file must
+  // not shrink while it is mapped (difftrain replaces files by renaming, which keeps it).
+  static Result<SafetensorsFile> Map(const std::string& path);
   // Validates `path` exactly as Read does while streaming it in pieces, so a checkpoint of
   // many gigabytes can be checked without holding it in memory.
   static Result<FileDigest> Verify(const std::string& path);
@@ -133,14 +138,19 @@ class SafetensorsFile {
   // fp32: F16 and BF16 exactly, F64 rounded to nearest. Other dtypes are an error naming it.
   Status CopyAsF32(const std::string& name, const std::vector<int64_t>& expected_shape,
                    float* dst) const;
-  bool has_data() const { return buffer_ != nullptr; }
+  bool has_data() const { return bytes_ != nullptr; }
   const FileDigest& digest() const { return digest_; }
 
  private:
   SafetensorsFile() = default;
+  // The file of `size` bytes at `whole`: validated; its digest computed where asked.
+  static Result<SafetensorsFile> FromBytes(const std::string& path,
+                                           std::shared_ptr<const uint8_t> whole, uint64_t size,
+                                           bool digest);
 
   std::string path_;
-  std::unique_ptr<uint8_t[]> buffer_;
+  // The whole file: a heap copy (Read) or a memory map (Map), released with it.
+  std::shared_ptr<const uint8_t> bytes_;
   std::map<std::string, std::string> metadata_;
   std::vector<std::string> names_;
   std::vector<TensorView> views_;  // parallel to names_

@@ -72,6 +72,9 @@ class SafetensorsTest : public ::testing::Test {
     Result<FileDigest> verify = SafetensorsFile::Verify(path);
     ASSERT_FALSE(verify.ok());
     EXPECT_EQ(verify.status().message(), read.status().message());
+    Result<SafetensorsFile> mapped = SafetensorsFile::Map(path);
+    ASSERT_FALSE(mapped.ok());
+    EXPECT_EQ(mapped.status().message(), read.status().message());
   }
 
   TempDir temp_{"safetensors_test"};
@@ -129,6 +132,27 @@ TEST_F(SafetensorsTest, RoundTripsEveryDTypeAndMetadata) {
 
 // Regression: zlib's crc32 returns its initial value for a null buffer, so an empty tensor
 // added without a data pointer used to reset the checksum of everything before it.
+// A memory map reads what Read reads (the checksum checked where the file has one), without a
+// digest.
+TEST_F(SafetensorsTest, MapReadsWhatReadReads) {
+  const std::string path = WriteSample();
+  Result<SafetensorsFile> read = SafetensorsFile::Read(path);
+  Result<SafetensorsFile> mapped = SafetensorsFile::Map(path);
+  ASSERT_TRUE(read.ok() && mapped.ok());
+  EXPECT_EQ(mapped->Names(), read->Names());
+  EXPECT_EQ(mapped->metadata(), read->metadata());
+  for (const std::string& name : read->Names()) {
+    const TensorView* a = read->Find(name);
+    const TensorView* b = mapped->Find(name);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(a->shape, b->shape);
+    ASSERT_EQ(a->bytes, b->bytes);
+    EXPECT_EQ(std::memcmp(a->data, b->data, a->bytes), 0) << name;
+  }
+  EXPECT_EQ(mapped->digest().bytes, 0u);
+  EXPECT_EQ(read->digest().bytes, fs::file_size(path));
+}
+
 TEST_F(SafetensorsTest, EmptyTensorWithoutDataKeepsTheChecksum) {
   SafetensorsWriter writer;
   writer.AddF32("a", {6}, a_.data());

@@ -36,7 +36,8 @@ TextEmbedder::TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Toke
                            std::string path)
     : encoder_(std::move(encoder)), tokenizer_(std::move(tokenizer)), path_(std::move(path)) {}
 
-Result<TextEmbedder> TextEmbedder::Load(const std::string& path, const std::string& weights) {
+Result<TextEmbedder> TextEmbedder::Load(const std::string& path,
+                                        const io::SafetensorsFile* weights) {
   DT_ASSIGN_OR_RETURN(TextEncoder encoder, TextEncoder::Load(path, weights));
   const fs::path folder = TokenizerFolder(path, encoder.config_source());
   std::shared_ptr<const text::Tokenizer> tokenizer;

@@ -20,7 +20,8 @@ class TextEmbedder {
   // (all-MiniLM-L6-v2's), in tokenizer/ of a diffusers pipeline's folder, or in ../tokenizer of
   // an encoder folder that is a pipeline's text_encoder/ (Stable Diffusion's). With `weights`,
   // the encoder's weights from that file (TextEncoder::Load).
-  static Result<TextEmbedder> Load(const std::string& path, const std::string& weights = "");
+  static Result<TextEmbedder> Load(const std::string& path,
+                                   const io::SafetensorsFile* weights = nullptr);
   TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Tokenizer> tokenizer,
                std::string path);
 

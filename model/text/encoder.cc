@@ -137,7 +137,8 @@ void Attention(float* out, const float* q, const float* k, const float* v, int N
 }
 
 // The weights file and config.json that `path` names (see TextEncoder::Load).
-Result<std::pair<fs::path, fs::path>> EncoderFiles(const std::string& path) {
+// With `config_only`, a folder's config.json alone will do (the weights come from elsewhere).
+Result<std::pair<fs::path, fs::path>> EncoderFiles(const std::string& path, bool config_only) {
   std::error_code ec;
   if (fs::is_regular_file(path, ec))
     return std::pair(fs::path(path), fs::path(path).parent_path() / "config.json");
@@ -148,6 +149,10 @@ Result<std::pair<fs::path, fs::path>> EncoderFiles(const std::string& path) {
       const fs::path file = fs::path(path) / sub / name;
       if (fs::is_regular_file(file, ec)) return std::pair(file, file.parent_path() / "config.json");
     }
+  }
+  for (const char* sub : {"", "text_encoder"}) {
+    const fs::path config = fs::path(path) / sub / "config.json";
+    if (config_only && fs::is_regular_file(config, ec)) return std::pair(fs::path(), config);
   }
   return Errorf(
       "text encoder '{}': a directory with no model.safetensors (or its .fp16 variant; in it or "
@@ -243,10 +248,10 @@ const float* TextEncoder::W(const std::string& name) const {
   return weights_.data() + t->offset;
 }
 
-Result<TextEncoder> TextEncoder::Load(const std::string& path, const std::string& weights_from) {
-  DT_ASSIGN_OR_RETURN(const auto files, EncoderFiles(path));
-  const auto& [found_weights, config_path] = files;
-  const std::string weights_path = weights_from.empty() ? found_weights.string() : weights_from;
+Result<TextEncoder> TextEncoder::Load(const std::string& path,
+                                      const io::SafetensorsFile* weights_from) {
+  DT_ASSIGN_OR_RETURN(const auto files, EncoderFiles(path, weights_from != nullptr));
+  const auto& [weights_path, config_path] = files;
   DT_ASSIGN_OR_RETURN(
       const nlohmann::json json,
       ReadModelConfigJson("text encoder", path, config_path.string(), "transformers"));
@@ -256,7 +261,11 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path, const std::string
         fmt::format("text encoder config '{}'", config_path.string()));
 
   TensorTable table = Tensors(*config);
-  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(weights_path));
+  std::optional<io::SafetensorsFile> read;
+  if (!weights_from) {
+    DT_ASSIGN_OR_RETURN(read, io::SafetensorsFile::Map(weights_path));
+  }
+  const io::SafetensorsFile& file = weights_from ? *weights_from : *read;
   // BERT's task models (BertForMaskedLM …) keep the encoder under "bert.", an original Stable
   // Diffusion checkpoint its CLIP text model under "cond_stage_model.transformer.".
   std::string prefix;
@@ -277,7 +286,7 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path, const std::string
         weights, ReadInferenceWeights(file, spelled, fmt::format("text encoder '{}'", path)));
   }
   TextEncoder encoder(std::move(table), *config, std::move(weights));
-  encoder.source_ = weights_path;
+  encoder.source_ = file.path();
   encoder.config_source_ = config_path.string();
   return encoder;
 }

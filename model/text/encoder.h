@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/io/safetensors.h"
 #include "model/tensor/tensor_table.h"
 #include "model/text/config.h"
 #include "model/text/tokenizer.h"
@@ -30,11 +31,12 @@ class TextEncoder {
   // model.fp16.safetensors), a diffusers pipeline's folder holding one in text_encoder/, or the
   // safetensors file itself with config.json beside it. BERT's names may carry the "bert."
   // prefix of its task models. With `weights`, the model of `path`'s config takes its weights
-  // from that safetensors file instead: an original Stable Diffusion checkpoint's CLIP text
-  // model (SD 1.x's under "cond_stage_model.transformer.", SD 2.x's OpenCLIP under
+  // from that safetensors file (already read) instead: an original Stable Diffusion checkpoint's
+  // CLIP text model (SD 1.x's under "cond_stage_model.transformer.", SD 2.x's OpenCLIP under
   // "cond_stage_model.model.", model/io/ldm_checkpoint.h). Errors name the file and what is
   // missing or misshapen.
-  static Result<TextEncoder> Load(const std::string& path, const std::string& weights = "");
+  static Result<TextEncoder> Load(const std::string& path,
+                                  const io::SafetensorsFile* weights = nullptr);
   // A model of `config` with `weights` laid out as Tensors(config) (tests).
   TextEncoder(TextEncoderConfig config, std::vector<float> weights);
 

@@ -147,6 +147,15 @@ Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& mo
   return Status::Ok();
 }
 
+Status ReadPretrainedWeights(const io::SafetensorsFile& file, const TensorTable& model, bool ema,
+                             float* params) {
+  DT_ASSIGN_OR_RETURN(const TensorTable global, SpelledAsTheFile(file, model));
+  const std::string prefix = ema && IsCheckpointShard(file) ? "ema." : "";
+  for (const TensorSpec& t : global.tensors())
+    DT_RETURN_IF_ERROR(file.CopyAsF32(prefix + t.name, t.shape, params + t.offset));
+  return Status::Ok();
+}
+
 Result<nlohmann::json> ReadModelConfigJson(const std::string& kind, const std::string& path,
                                            const std::string& config, const char* writer) {
   std::ifstream file(config);

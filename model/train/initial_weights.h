@@ -49,6 +49,11 @@ Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& 
 Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& global, float* params,
                           float* ema);
 
+// The same into one arena: a difftrain checkpoint shard's EMA (`ema`) or weights, any other
+// file's weights (what sampling from pretrained weights reads, without a second arena).
+Status ReadPretrainedWeights(const io::SafetensorsFile& file, const TensorTable& global, bool ema,
+                             float* params);
+
 // An inference model's weights (the VAE, a text encoder) from `file`: the tensors of `spelled`
 // (the model's table under the names the file uses), checked as CheckInitialWeights checks
 // them, into one arena laid out as `spelled`. The file's tensors the model does not use are

@@ -145,6 +145,9 @@ class UNetFamilyImpl final : public ModelFamily {
     DT_RETURN_IF_ERROR(ValidateLayout(spec, l));
     return std::unique_ptr<Model>(std::make_unique<UNet>(UNetConfigOf(spec)));
   }
+  Result<std::unique_ptr<Model>> CreateForInference(const ModelSpec& spec) const override {
+    return std::unique_ptr<Model>(std::make_unique<UNet>(UNetConfigOf(spec), /*gradients=*/false));
+  }
 
   // The bf16 step of model/unet/cuda (docs/cuda.md), where the CUDA backend was built.
   Result<std::unique_ptr<GpuStep>> CreateGpuStep(const TrainConfig& config,

@@ -34,8 +34,11 @@ std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& pl
 
 }  // namespace
 
-UNet::UNet(const UNetConfig& config)
-    : config_(config), plan_(config), params_(plan_.table.total()), grads_(plan_.table.total()) {
+UNet::UNet(const UNetConfig& config, bool gradients)
+    : config_(config),
+      plan_(config),
+      params_(plan_.table.total()),
+      grads_(gradients ? plan_.table.total() : 0) {
   sharded_.table = plan_.table;
   sharded_.fragments = {{0, 0, plan_.table.total()}};
   sharded_.split.assign(plan_.table.tensors().size(), false);
@@ -146,6 +149,7 @@ Status UNet::Forward(int slot, const ModelInputs& inputs, const float*, float*) 
 }
 
 Status UNet::Backward(int slot, const float* output_grad, float*, const GradientsReady& ready) {
+  DT_CHECK(grads_.size() > 0, "a UNet made for inference has no gradients");
   const Layout& l = *layout_;
   UNetRun r = Run(slot);
   const float* acts = r.acts;

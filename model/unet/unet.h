@@ -38,7 +38,8 @@ struct UNetRun;
 
 class UNet : public Model {
  public:
-  explicit UNet(const UNetConfig& config);
+  // Without `gradients` no gradient arena is made (sampling): Backward fails a check.
+  explicit UNet(const UNetConfig& config, bool gradients = true);
   ~UNet() override;
 
   const UNetConfig& config() const { return config_; }

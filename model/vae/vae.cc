@@ -296,16 +296,28 @@ TensorTable Vae::Tensors(const VaeConfig& config) {
 Result<Vae> Vae::Load(const std::string& path) {
   DT_ASSIGN_OR_RETURN(const auto files, VaeFiles(path));
   const auto& [weights_path, config_path] = files;
-  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(weights_path));
+  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Map(weights_path));
+  return FromFile(file, path, config_path.string());
+}
+
+Result<Vae> Vae::Load(const io::SafetensorsFile& file) {
+  return FromFile(file, file.path(), "");
+}
+
+Result<Vae> Vae::FromFile(const io::SafetensorsFile& file, const std::string& path,
+                          const std::string& config_path) {
   // An original Stable Diffusion checkpoint holds its VAE without a config.json.
   const bool ldm = io::HasLdmVae(file);
-  std::string config_from = config_path.string();
+  std::string config_from = config_path;
   nlohmann::json json;
   if (ldm) {
     DT_ASSIGN_OR_RETURN(json, io::LdmVaeConfig(file));
-    config_from = weights_path.string() + "'s first_stage_model";
+    config_from = file.path() + "'s first_stage_model";
+  } else if (config_path.empty()) {
+    return Errorf("VAE '{}': no first_stage_model of an original Stable Diffusion checkpoint",
+                  file.path());
   } else {
-    DT_ASSIGN_OR_RETURN(json, ReadModelConfigJson("VAE", path, config_path.string(), "diffusers"));
+    DT_ASSIGN_OR_RETURN(json, ReadModelConfigJson("VAE", path, config_path, "diffusers"));
   }
   Result<VaeConfig> config = VaeConfig::FromJson(json);
   if (!config.ok()) return config.status().WithContext(fmt::format("VAE config '{}'", config_from));
@@ -333,7 +345,7 @@ Result<Vae> Vae::Load(const std::string& path) {
   DT_ASSIGN_OR_RETURN(std::vector<float> weights,
                       ReadInferenceWeights(file, spelled, fmt::format("VAE '{}'", path)));
   Vae vae(std::move(table), *config, std::move(weights));
-  vae.source_ = weights_path.string();
+  vae.source_ = file.path();
   return vae;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/io/safetensors.h"
 #include "model/tensor/tensor_table.h"
 #include "model/vae/config.h"
 
@@ -40,6 +41,8 @@ class Vae {
   // diffusers' older checkpoints (query, key, value, proj_attn). Errors name the file and what
   // is missing or misshapen.
   static Result<Vae> Load(const std::string& path);
+  // The VAE of an original Stable Diffusion checkpoint already read (its first_stage_model).
+  static Result<Vae> Load(const io::SafetensorsFile& file);
   // A model of `config` with `weights` read by name (tests; the tensors of Tensors()).
   Vae(VaeConfig config, std::vector<float> weights);
 
@@ -64,6 +67,10 @@ class Vae {
   static TensorTable Tensors(const VaeConfig& config);
 
  private:
+  // The model `file` holds (read from `path`; `config_path`, its config.json, "" for an original
+  // Stable Diffusion checkpoint's VAE).
+  static Result<Vae> FromFile(const io::SafetensorsFile& file, const std::string& path,
+                              const std::string& config_path);
   // `table` is Tensors(config), already made.
   Vae(TensorTable table, const VaeConfig& config, std::vector<float> weights);
 
