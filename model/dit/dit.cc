@@ -209,7 +209,7 @@ void DiT::VisitScratch(const DiTConfig& c, const DiTShard& s, int B, bool recomp
 
 DiT::DiT(const DiTConfig& config) : DiT(config, DiTShard::Whole(config), DiTComms{}) {}
 
-DiT::DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms)
+DiT::DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms, bool gradients)
     : config_(config), shard_(shard), comms_(comms) {
   Status valid = config_.Validate();
   DT_CHECK(valid.ok(), "{}", valid.message());
@@ -223,7 +223,7 @@ DiT::DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms)
            "parameter table and parameter count disagree");
   p_ = DiTParams::Bind(sharded_.table, shard_);
   params_ = Buffer<float>(num_params());
-  grads_ = Buffer<float>(num_params());
+  grads_ = Buffer<float>(gradients ? num_params() : 0);
   if (shard_.first_stage()) {
     pos_embed_ = Buffer<float>(static_cast<size_t>(config_.tokens()) * config_.hidden_size);
     cpu::SinCos2DPositionEmbedding(pos_embed_.data(), config_.grid(), config_.hidden_size);
@@ -485,6 +485,7 @@ Status DiT::BlockForward(int i, Acts& a) {
 
 Status DiT::Backward(int slot, const float* output_grad, float* input_grad,
                      const GradientsReady& ready) {
+  DT_CHECK(grads_.size() > 0, "a DiT made for inference has no gradients");
   auto report = [&](size_t from) {
     if (ready) ready(from);
   };

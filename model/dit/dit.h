@@ -47,7 +47,8 @@ class DiT : public Model {
   // The whole model, one process.
   explicit DiT(const DiTConfig& config);
   // One rank's shard; the comms' sizes must match the shard's tp and cp.
-  DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms);
+  // Without `gradients` no gradient arena is made (sampling): Backward fails a check.
+  DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms, bool gradients = true);
 
   const DiTConfig& config() const { return config_; }
   const DiTShard& shard() const { return shard_; }

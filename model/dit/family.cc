@@ -167,6 +167,11 @@ class TransformerFamily final : public ModelFamily {
                                                          stage, l.stage_blocks));
     return std::unique_ptr<Model>(std::make_unique<DiT>(c, shard, comms));
   }
+  Result<std::unique_ptr<Model>> CreateForInference(const ModelSpec& spec) const override {
+    const DiTConfig c = DiTConfigOf(spec);
+    return std::unique_ptr<Model>(
+        std::make_unique<DiT>(c, DiTShard::Whole(c), DiTComms{}, /*gradients=*/false));
+  }
 
   Result<std::unique_ptr<GpuStep>> CreateGpuStep(const TrainConfig& config,
                                                  int device) const override {
