@@ -200,15 +200,20 @@ void Sampler::AddNoise(const float* x0, const float* noise, size_t count, float*
 
 void Sampler::SampleFrom(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                          const float* x0, float* out) const {
+  const size_t count =
+      size_t(N) * shape_.frames * shape_.channels * size_t(shape_.height) * shape_.width;
+  DrawInitialNoise(N, first_index, out);  // the noise, in place: AddNoise reads it elementwise
+  AddNoise(x0, out, count, out);
+  Denoise(model, y, N, first_index, out);
+}
+
+void Sampler::DrawInitialNoise(int N, int64_t first_index, float* out) const {
   const size_t n =
       static_cast<size_t>(shape_.frames) * shape_.channels * shape_.height * shape_.width;
-  std::vector<float> noise(n);
   for (int b = 0; b < N; ++b) {
     Rng rng(options_.seed, RngStream::kSample, InitialNoiseCounter(first_index + b));
-    DrawFrameNoise(rng, noise_correlation_, shape_.frames, n / shape_.frames, noise.data());
-    AddNoise(x0 + b * n, noise.data(), n, out + b * n);
+    DrawFrameNoise(rng, noise_correlation_, shape_.frames, n / shape_.frames, out + b * n);
   }
-  Denoise(model, y, N, first_index, out);
 }
 
 Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
@@ -269,12 +274,7 @@ Sampler::Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
 void Sampler::Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
                      float* out) const {
   DT_CHECK(!options_.strength, "a sampler of a strength samples from images (SampleFrom)");
-  const size_t n =
-      static_cast<size_t>(shape_.frames) * shape_.channels * shape_.height * shape_.width;
-  for (int b = 0; b < N; ++b) {
-    Rng rng(options_.seed, RngStream::kSample, InitialNoiseCounter(first_index + b));
-    DrawFrameNoise(rng, noise_correlation_, shape_.frames, n / shape_.frames, out + b * n);
-  }
+  DrawInitialNoise(N, first_index, out);
   Denoise(model, y, N, first_index, out);
 }
 

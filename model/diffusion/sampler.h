@@ -173,6 +173,8 @@ class Sampler {
   Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
           const SamplerOptions& options, std::vector<SamplingStep> diffusers_steps,
           std::vector<PlmsCall> plms_calls);
+  // x_T (or the noise an image takes) of samples first_index, … into out: their x_T streams.
+  void DrawInitialNoise(int N, int64_t first_index, float* out) const;
   // What Euler's samplers scale x by: x_T by the initial σ, an image noised by AddNoise (in
   // Euler's scale already) by 1.
   double InitialScale() const;

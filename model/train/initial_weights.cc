@@ -135,24 +135,20 @@ Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& 
   return unused;
 }
 
-Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& model, float* params,
-                          float* ema) {
-  DT_ASSIGN_OR_RETURN(const TensorTable global, SpelledAsTheFile(file, model));
-  const bool shard = IsCheckpointShard(file);
-  for (const TensorSpec& t : global.tensors()) {
-    DT_RETURN_IF_ERROR(file.CopyAsF32(t.name, t.shape, params + t.offset));
-    if (shard) DT_RETURN_IF_ERROR(file.CopyAsF32("ema." + t.name, t.shape, ema + t.offset));
-  }
-  if (!shard) std::copy(params, params + global.total(), ema);
-  return Status::Ok();
-}
-
 Status ReadPretrainedWeights(const io::SafetensorsFile& file, const TensorTable& model, bool ema,
                              float* params) {
   DT_ASSIGN_OR_RETURN(const TensorTable global, SpelledAsTheFile(file, model));
   const std::string prefix = ema && IsCheckpointShard(file) ? "ema." : "";
   for (const TensorSpec& t : global.tensors())
     DT_RETURN_IF_ERROR(file.CopyAsF32(prefix + t.name, t.shape, params + t.offset));
+  return Status::Ok();
+}
+
+Status ReadInitialWeights(const io::SafetensorsFile& file, const TensorTable& model, float* params,
+                          float* ema) {
+  DT_RETURN_IF_ERROR(ReadPretrainedWeights(file, model, /*ema=*/false, params));
+  if (IsCheckpointShard(file)) return ReadPretrainedWeights(file, model, /*ema=*/true, ema);
+  std::copy(params, params + model.total(), ema);
   return Status::Ok();
 }
 

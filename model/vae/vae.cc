@@ -327,8 +327,8 @@ Result<Vae> Vae::FromFile(const io::SafetensorsFile& file, const std::string& pa
   for (const TensorSpec& t : table.tensors())
     names.push_back(t.name);
   if (ldm) names = io::LdmVaeNames(names);
-  TensorTable
-      spelled;  // the table under the names (and, for 1×1 convolutions, shapes) the file uses
+  // The table under the names (and, for 1×1 convolutions, shapes) the file uses.
+  TensorTable spelled;
   for (size_t i = 0; i < names.size(); ++i) {
     const TensorSpec& t = table.tensors()[i];
     const std::string before = DeprecatedName(t.name);
