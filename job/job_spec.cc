@@ -34,6 +34,13 @@ Status TrainConfig::Validate(int dp) const {
   if (data.kind == "latent_folder" && data.path.empty()) {
     return Status::Error("data.path: required for data.kind latent_folder");
   }
+  if (const int c = FamilyOf(model).Samples(model).conditioning_channels; c > 0) {
+    return Errorf(
+        "model: the {} model takes {} conditioning channels besides the {} it samples (an "
+        "inpainting UNet: in_channels > out_channels), which difftrain samples from (`difftrain "
+        "sample --mask`) but does not train",
+        model.name(), c, FamilyOf(model).Samples(model).channels);
+  }
   if (learn_sigma_loss && !FamilyOf(model).Samples(model).learn_sigma()) {
     return Status::Error(
         "diffusion.learn_sigma_loss needs model.learn_sigma: true (the variance channels)");

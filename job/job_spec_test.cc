@@ -335,6 +335,20 @@ TEST_F(JobSpecTest, AnImageFolderIsPackedFirst) {
       << c.status().message();
 }
 
+// An inpainting UNet (more input channels than it samples) samples only: its job is refused.
+TEST_F(JobSpecTest, AnInpaintingUNetIsNotTrained) {
+  std::ifstream file(std::string(DIFFTRAIN_SOURCE_DIR) + "/jobs/unet-fashion.yaml");
+  std::string unet((std::istreambuf_iterator<char>(file)), {});
+  ASSERT_NE(unet.find("  in_channels: 1\n"), std::string::npos);
+  ASSERT_TRUE(TrainConfig::FromYamlText(unet, "unet.yaml").ok());
+  unet.replace(unet.find("  in_channels: 1\n"), 16, "  in_channels: 3\n");
+  Result<TrainConfig> c = TrainConfig::FromYamlText(unet, "unet.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("takes 2 conditioning channels besides the 1 it samples"),
+            std::string::npos)
+      << c.status().message();
+}
+
 TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
   Result<TrainConfig> c = TrainConfig::FromYamlFile(Write("model: {name: DiT-M/3}\n"));
   ASSERT_FALSE(c.ok());

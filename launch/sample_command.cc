@@ -51,8 +51,9 @@ constexpr int kLcmSteps = 4;
 constexpr double kTcdGamma = 0.3;  // TCDScheduler.step's eta
 // LatentConsistencyModelPipeline's guidance_scale, for a model that embeds it.
 constexpr double kEmbeddedGuidance = 8.5;
-// StableDiffusionImg2ImgPipeline's strength.
+// StableDiffusionImg2ImgPipeline's strength, and StableDiffusionInpaintPipeline's.
 constexpr double kImageStrength = 0.8;
+constexpr double kInpaintStrength = 1.0;
 
 int RunSample(const SampleOptions& o) {
   auto bad = [](const std::string& message) { return ReportBadInput("sample", message); };
@@ -116,6 +117,14 @@ int RunSample(const SampleOptions& o) {
   if (!o.gif.empty() && !m.video) return bad("--gif is for video models (Latte)");
   if (!o.images.empty() && m.video) return bad("--image is for image models, not videos");
   if (o.strength && o.images.empty()) return bad("--strength is for sampling from --image");
+  const bool inpainting = !o.masks.empty();
+  if (inpainting && o.images.empty()) return bad("--mask is for inpainting an --image");
+  if (m.conditioning_channels > 0 && !inpainting) {
+    return bad(fmt::format(
+        "the {} model takes {} conditioning channels besides the {} it samples (an inpainting "
+        "UNet): give the --image to paint and its --mask",
+        ckpt.model.name(), m.conditioning_channels, m.channels));
+  }
   if (o.gif_delay_cs < 1) return bad("--gif-delay must be positive");
   // An unconditional model draws one row of --per-class samples, label 0.
   std::vector<int> classes = o.classes;
@@ -190,8 +199,11 @@ int RunSample(const SampleOptions& o) {
   if (Status s = ChooseLcmOptions(o, ckpt, kind, options); !s.ok()) return bad(s.message());
   options.guidance_rescale = o.guidance_rescale.value_or(0.0);
   options.seed = o.seed;
-  const double strength = o.strength.value_or(kImageStrength);
-  if (!o.images.empty()) {
+  const double strength = o.strength.value_or(inpainting ? kInpaintStrength : kImageStrength);
+  if (inpainting) {
+    // StableDiffusionInpaintPipeline at strength 1 starts from x_T itself, not the image noised.
+    if (strength != 1) options.strength = strength;
+  } else if (!o.images.empty()) {
     // A guidance-distilled LCM's image pipeline (LatentConsistencyModelImg2ImgPipeline) takes
     // its steps from the strength's part of the schedule; the others run the strength's part
     // of the steps (StableDiffusionImg2ImgPipeline).
@@ -223,14 +235,30 @@ int RunSample(const SampleOptions& o) {
   }
   const size_t out_floats = m.output_elements();
   std::vector<float> guidance_rows;  // the guidance embedding, once per sample of a batch
-  auto forward = [&model, out_floats, &guidance_embedding, &guidance_rows](
-                     const float* x_t, const float* t, const int32_t* y, const float* context,
+  // An inpainting UNet's input: each row's x_t, then its sample's conditioning channels (the
+  // batch's, one per sample; a guided call's two halves are the same samples).
+  const size_t sampled_floats = m.elements(),
+               conditioning_floats = m.input_elements() - m.elements();
+  const float* conditioning = nullptr;
+  int conditioned_samples = 0;
+  std::vector<float> model_input;
+  auto forward = [&](const float* x_t, const float* t, const int32_t* y, const float* context,
                      int B, float* out) {
     model.Reserve(B, 1);
     const size_t dim = guidance_embedding.size();
     for (size_t row = guidance_rows.size() / std::max<size_t>(dim, 1); row < size_t(B); ++row)
       guidance_rows.insert(guidance_rows.end(), guidance_embedding.begin(),
                            guidance_embedding.end());
+    if (conditioning_floats > 0) {
+      model_input.resize(B * (sampled_floats + conditioning_floats));
+      for (int r = 0; r < B; ++r) {
+        float* row = model_input.data() + r * (sampled_floats + conditioning_floats);
+        std::copy_n(x_t + r * sampled_floats, sampled_floats, row);
+        std::copy_n(conditioning + (r % conditioned_samples) * conditioning_floats,
+                    conditioning_floats, row + sampled_floats);
+      }
+      x_t = model_input.data();
+    }
     const Status s =
         model.Forward(0, ModelInputs{x_t, t, y, context, dim > 0 ? guidance_rows.data() : nullptr},
                       nullptr, nullptr);
@@ -267,6 +295,24 @@ int RunSample(const SampleOptions& o) {
     if (!read.ok()) return bad("--image: " + read.status().message());
     start = std::move(read).value();
   }
+  // Inpainting: each sample's mask and, for an inpainting UNet, its conditioning channels (the
+  // mask, then the masked image's latents).
+  InpaintInputs inpaint;
+  std::vector<float> conditioning_rows;
+  if (inpainting) {
+    Result<InpaintInputs> read =
+        ReadInpaintInputs(o.masks, o.images, m, *vae ? &**vae : nullptr,
+                          static_cast<int>(classes.size()), o.per_class, o.seed);
+    if (!read.ok()) return bad(read.status().message());
+    inpaint = std::move(read).value();
+    const size_t plane = size_t(m.height) * m.width;
+    for (int k = 0; k < total && conditioning_floats > 0; ++k) {
+      conditioning_rows.insert(conditioning_rows.end(), inpaint.mask.begin() + k * plane,
+                               inpaint.mask.begin() + (k + 1) * plane);
+      conditioning_rows.insert(conditioning_rows.end(), inpaint.masked.begin() + k * n,
+                               inpaint.masked.begin() + (k + 1) * n);
+    }
+  }
   if (!o.initial_noise.empty()) {
     if (Status s = ReadInitialNoise(o.initial_noise, total, m, images); !s.ok())
       return bad("--initial-noise: " + s.message());
@@ -292,22 +338,45 @@ int RunSample(const SampleOptions& o) {
           ? ""
           : fmt::format(" at timesteps {}..{}", options.cfg_from, options.cfg_to),
       o.seed);
-  if (!start.empty()) {
+  if (options.strength) {
     spdlog::info("from {} at strength {}: {} of the steps, from timestep {}",
                  fmt::join(o.images, ", "), strength, sampler->steps_run(),
                  sampler->start_timestep());
   }
+  if (inpainting) {
+    spdlog::info("inpainting {} where {} is white{}", fmt::join(o.images, ", "),
+                 fmt::join(o.masks, ", "),
+                 conditioning_floats > 0 ? ", the model seeing the mask and the masked image"
+                                         : ", the image kept elsewhere at every step");
+  }
+  std::vector<float> noise;  // an inpainting batch's x_T (--initial-noise)
   for (int first = 0; first < total; first += o.batch) {
     const int B = std::min(o.batch, total - first);
     float* x = images.data() + first * n;
-    if (start.empty() && o.initial_noise.empty()) {
-      sampler->Sample(denoiser, labels.data() + first, B, first, x);
+    conditioning = conditioning_rows.empty()
+                       ? nullptr
+                       : conditioning_rows.data() + first * conditioning_floats;
+    conditioned_samples = B;
+    // A model of the sampled channels alone inpaints by keeping the image outside the mask.
+    std::optional<KeptImage> kept;
+    if (inpainting && conditioning_floats == 0) {
+      kept = KeptImage{start.data() + first * n,
+                       inpaint.mask.data() + first * size_t(m.height) * m.width, nullptr};
+      if (!o.initial_noise.empty()) {
+        noise.assign(x, x + B * n);
+        kept->noise = noise.data();
+      }
+    }
+    const KeptImage* keep = kept ? &*kept : nullptr;
+    if (!options.strength && o.initial_noise.empty()) {
+      sampler->Sample(denoiser, labels.data() + first, B, first, x, keep);
     } else if (o.initial_noise.empty()) {
-      sampler->SampleFrom(denoiser, labels.data() + first, B, first, start.data() + first * n, x);
+      sampler->SampleFrom(denoiser, labels.data() + first, B, first, start.data() + first * n, x,
+                          keep);
     } else {
       // From --initial-noise's x_T, or its noise on the images.
-      if (!start.empty()) sampler->AddNoise(start.data() + first * n, x, B * n, x);
-      sampler->Denoise(denoiser, labels.data() + first, B, first, x);
+      if (options.strength) sampler->AddNoise(start.data() + first * n, x, B * n, x);
+      sampler->Denoise(denoiser, labels.data() + first, B, first, x, keep);
     }
     spdlog::info("sampled {}/{}", first + B, total);
   }
@@ -354,6 +423,7 @@ int RunSample(const SampleOptions& o) {
       how["image"] = o.images;
       how["strength"] = strength;
     }
+    if (inpainting) how["mask"] = o.masks;
     if (kind == SamplerKind::kDpmSolver || kind == SamplerKind::kDpmSolverSinglestep)
       how["dpm_solver"] = options.dpm.ToJson();
     if (kind == SamplerKind::kDeis) how["deis"] = options.deis.ToJson();
@@ -542,7 +612,14 @@ DIFFTRAIN_COMMAND(
        app.add_option("--strength", o->strength,
                       "with --image: how far up the schedule the image is noised, in (0, 1]; "
                       "the last ⌊steps × strength⌋ steps run (a guidance-distilled LCM: its "
-                      "steps from that part of the schedule) (default 0.8)");
+                      "steps from that part of the schedule) (default 0.8; inpainting 1: from "
+                      "x_T)");
+       app.add_option("--mask", o->masks,
+                      "inpainting: paint --image where this picture is white (binarised at "
+                      "half), as diffusers' StableDiffusionInpaintPipeline: an inpainting UNet "
+                      "(9 input channels) sees the mask and the masked image, any other model's "
+                      "samples keep the image outside the mask at every step; one for all "
+                      "samples, one per row or one per sample (repeat it)");
        app.add_option("--clip-denoised", o->clip_denoised,
                       "clip x0 predictions to [-1, 1] every step (default: true, false for "
                       "models trained on latents and for every sampler but ddpm and ddim)");

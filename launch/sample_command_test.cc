@@ -10,10 +10,12 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "common/temp_dir.h"
+#include "model/data/image_folder.h"
 #include "model/data/latent_folder.h"
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
@@ -448,6 +450,72 @@ TEST_F(SampleCommandTest, StartsFromImages) {
   for (size_t k = 0; k < batch_one.size(); ++k)
     ASSERT_NEAR(batch_one[k], from_grey[k], 1e-4) << k;
   EXPECT_NE(sample("--image " + ShellQuote(grey) + " --strength 0.8", "s8.st").first, from_grey);
+}
+
+// Inpainting a pixel model (DiT's: no conditioning channels): the samples keep the picture
+// exactly where the mask is black (clipped DDIM and DDPM, with a mask of another size, binarised
+// at half), and are painted where it is white; one mask per row; at strength 1 (the default)
+// from x_T, below from the picture noised. A mask without an image, a mask as a tensor and a
+// wrong number of masks are refused.
+TEST_F(SampleCommandTest, InpaintsAPictureOutsideItsMask) {
+  const std::string picture = Picture("paint.png", 8, 8, 1);
+  std::vector<uint8_t> left(12 * 12), right(12 * 12);
+  for (int y = 0; y < 12; ++y) {
+    for (int x = 0; x < 12; ++x) {
+      left[y * 12 + x] = x < 6 ? 255 : 0;
+      right[y * 12 + x] = x >= 6 && y >= 3 ? 230 : 20;
+    }
+  }
+  ASSERT_TRUE(io::WritePng(File("left.png"), left.data(), 12, 12, 1).ok());
+  ASSERT_TRUE(io::WritePng(File("right.png"), right.data(), 12, 12, 1).ok());
+  std::vector<float> x0(64), painted_left(64), painted_right(64);
+  PrepareStretched(*io::ReadPng(picture), 8, 8, 1, x0.data());
+  PrepareMask(*io::ReadPng(File("left.png")), 8, 8, painted_left.data());
+  PrepareMask(*io::ReadPng(File("right.png")), 8, 8, painted_right.data());
+  for (const char* sampler : {"ddim", "ddpm"}) {
+    for (const std::string strength : {"", " --strength 0.6"}) {
+      SCOPED_TRACE(sampler + strength);
+      const std::string raw = File(fmt::format("paint_{}{}.st", sampler, strength.size()));
+      const CommandResult r = RunDifftrain(
+          "sample --checkpoint " + Ckpt() + " --classes 1,2 --per-class 2 --steps 10 --seed 3 " +
+          "--sampler " + sampler + " --image " + ShellQuote(picture) + " --mask " +
+          ShellQuote(File("left.png")) + " --mask " + ShellQuote(File("right.png")) + strength +
+          " --raw " + ShellQuote(raw));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find("the image kept elsewhere at every step"), std::string::npos);
+      Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(raw);
+      ASSERT_TRUE(file.ok());
+      std::vector<float> x(4 * 64);
+      ASSERT_TRUE(file->CopyF32("images", {4, 1, 8, 8}, x.data()).ok());
+      size_t painted = 0;
+      for (int k = 0; k < 4; ++k) {
+        const std::vector<float>& mask = k < 2 ? painted_left : painted_right;
+        for (size_t i = 0; i < 64; ++i) {
+          if (mask[i] == 0) {
+            ASSERT_EQ(x[k * 64 + i], x0[i]) << k << " " << i;
+          } else {
+            painted += x[k * 64 + i] != x0[i];
+          }
+        }
+      }
+      EXPECT_GT(painted, 100u);
+    }
+  }
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--mask " + ShellQuote(File("left.png")), "--mask is for inpainting an --image"},
+           {"--image " + ShellQuote(picture) + " --mask " + ShellQuote(File("raw.safetensors")),
+            "a mask is a picture (PNG or JPEG)"},
+           {"--image " + ShellQuote(picture) + " --mask " + ShellQuote(File("left.png")) +
+                " --mask " + ShellQuote(File("left.png")) + " --mask " +
+                ShellQuote(File("left.png")),
+            "3 masks for 2 rows of 2 samples"},
+       }) {
+    const CommandResult r =
+        RunDifftrain("sample --checkpoint " + Ckpt() + " --classes 1,2 --per-class 2 --steps 4 " +
+                     args + " --raw " + ShellQuote(File("bad.st")));
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  }
 }
 
 // An unconditional Latte of 3 frames: one row of videos, a filmstrip of one row of frames per

@@ -19,23 +19,64 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The x0's of a safetensors file, appended to `x0`: its tensor `images`, else its only one.
-Status ReadImagesTensor(const std::string& path, const SampleSchema& m, std::vector<float>& x0) {
+// The x0's of a safetensors file, appended to `x0`: its tensor `name`; for "images", else its
+// only one.
+Status ReadImagesTensor(const std::string& path, const SampleSchema& m, const std::string& name,
+                        std::vector<float>& x0) {
   DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(path));
-  DT_ASSIGN_OR_RETURN(const std::string name, TensorNamedOrOnly(file, "images"));
-  std::vector<int64_t> shape = file.Find(name)->shape;
+  std::string found = name;
+  if (name == "images") {
+    DT_ASSIGN_OR_RETURN(found, TensorNamedOrOnly(file, "images"));
+  } else if (!file.Find(name)) {
+    return Errorf("'{}' has no tensor '{}'", path, name);
+  }
+  std::vector<int64_t> shape = file.Find(found)->shape;
   const std::vector<int64_t> one = {m.channels, m.height, m.width};
   if (shape.size() == 3) shape.insert(shape.begin(), 1);
   if (shape.size() != 4 || !std::equal(one.begin(), one.end(), shape.begin() + 1)) {
     return Errorf(
         "'{}': tensor '{}' is [{}], and this model's samples are [K, {}, {}, {}] (or one of "
         "them, [{}, {}, {}])",
-        path, name, fmt::join(file.Find(name)->shape, ", "), m.channels, m.height, m.width,
+        path, found, fmt::join(file.Find(found)->shape, ", "), m.channels, m.height, m.width,
         m.channels, m.height, m.width);
   }
   const size_t n = m.elements(), first = x0.size();
   x0.resize(first + shape[0] * n);
-  return file.CopyAsF32(name, file.Find(name)->shape, x0.data() + first);
+  return file.CopyAsF32(found, file.Find(found)->shape, x0.data() + first);
+}
+
+// K items of n floats (`what`) for rows × per_class samples: one for all (K = 1), one per row
+// (K = rows) or one per sample (K = rows × per_class); sample k's in order.
+Result<std::vector<float>> PerSample(const std::vector<float>& items, size_t n, int rows,
+                                     int per_class, const char* what) {
+  const int64_t K = static_cast<int64_t>(items.size() / n), total = int64_t(rows) * per_class;
+  if (K != 1 && K != rows && K != total) {
+    return Errorf(
+        "{} {} for {} rows of {} samples: give one for all, one per row ({}) or one per "
+        "sample ({})",
+        K, what, rows, per_class, rows, total);
+  }
+  std::vector<float> out(total * n);
+  for (int64_t k = 0; k < total; ++k) {
+    const int64_t from = K == 1 ? 0 : K == total ? k : k / per_class;
+    std::copy_n(items.begin() + from * n, n, out.begin() + k * n);
+  }
+  return out;
+}
+
+// A picture of `path` as VaeImageProcessor prepares it (PrepareStretched), appended to `pixels`.
+Status ReadPicture(const std::string& path, int width, int height, int channels,
+                   std::vector<float>& pixels) {
+  DT_ASSIGN_OR_RETURN(const io::PngImage image, io::ReadImage(path));
+  if (image.width < 1 || image.height < 1) return Errorf("'{}' is empty", path);
+  if (image.width != width || image.height != height) {
+    spdlog::info("--image: {} is {}x{}: stretched to the samples' {}x{}", path, image.width,
+                 image.height, width, height);
+  }
+  const size_t first = pixels.size();
+  pixels.resize(first + size_t(channels) * height * width);
+  PrepareStretched(image, width, height, channels, pixels.data() + first);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -108,7 +149,7 @@ Result<std::vector<float>> ReadStartImages(const std::vector<std::string>& paths
   uint64_t pictures = 0;
   for (const std::string& path : paths) {
     if (IsSafetensorsPath(path)) {
-      DT_RETURN_IF_ERROR(ReadImagesTensor(path, m, x0));
+      DT_RETURN_IF_ERROR(ReadImagesTensor(path, m, "images", x0));
       continue;
     }
     if (!vae && m.channels != 1 && m.channels != 3) {
@@ -117,14 +158,8 @@ Result<std::vector<float>> ReadStartImages(const std::vector<std::string>& paths
           "diffusers AutoencoderKL) to encode it, or its latents as a safetensors file",
           path, m.channels);
     }
-    DT_ASSIGN_OR_RETURN(const io::PngImage image, io::ReadImage(path));
-    if (image.width < 1 || image.height < 1) return Errorf("'{}' is empty", path);
-    if (image.width != width || image.height != height) {
-      spdlog::info("--image: {} is {}x{}: stretched to the samples' {}x{}", path, image.width,
-                   image.height, width, height);
-    }
-    std::vector<float> pixels(size_t(channels) * height * width);
-    PrepareStretched(image, width, height, channels, pixels.data());
+    std::vector<float> pixels;
+    DT_RETURN_IF_ERROR(ReadPicture(path, width, height, channels, pixels));
     const size_t first = x0.size();
     x0.resize(first + n);
     if (vae) {
@@ -136,19 +171,90 @@ Result<std::vector<float>> ReadStartImages(const std::vector<std::string>& paths
     }
     ++pictures;
   }
-  const int64_t K = static_cast<int64_t>(x0.size() / n), total = int64_t(rows) * per_class;
-  if (K != 1 && K != rows && K != total) {
-    return Errorf(
-        "{} images for {} rows of {} samples: give one for all, one per row ({}) or one per "
-        "sample ({})",
-        K, rows, per_class, rows, total);
+  return PerSample(x0, n, rows, per_class, "images");
+}
+
+Result<InpaintInputs> ReadInpaintInputs(const std::vector<std::string>& masks,
+                                        const std::vector<std::string>& images,
+                                        const SampleSchema& m, const Vae* vae, int rows,
+                                        int per_class, uint64_t seed) {
+  const int f = vae ? vae->config().downscale() : 1;
+  const int height = m.height * f, width = m.width * f;
+  const size_t pixel_plane = size_t(height) * width, plane = size_t(m.height) * m.width;
+  std::vector<float> files;  // each mask's pixels
+  for (const std::string& path : masks) {
+    if (IsSafetensorsPath(path))
+      return Errorf("--mask '{}': a mask is a picture (PNG or JPEG), white where painted", path);
+    Result<io::PngImage> image = io::ReadImage(path);
+    if (!image.ok()) return image.status().WithContext("--mask");
+    if (image->width < 1 || image->height < 1) return Errorf("--mask '{}' is empty", path);
+    if (image->width != width || image->height != height) {
+      spdlog::info("--mask: {} is {}x{}: stretched to the samples' {}x{}", path, image->width,
+                   image->height, width, height);
+    }
+    files.resize(files.size() + pixel_plane);
+    PrepareMask(*image, width, height, files.data() + files.size() - pixel_plane);
   }
-  std::vector<float> start(total * n);
+  Result<std::vector<float>> pixel_masks = PerSample(files, pixel_plane, rows, per_class, "masks");
+  if (!pixel_masks.ok()) return pixel_masks.status().WithContext("--mask");
+  const int64_t total = int64_t(rows) * per_class;
+  InpaintInputs in;
+  in.mask.resize(total * plane);
   for (int64_t k = 0; k < total; ++k) {
-    const int64_t from = K == 1 ? 0 : K == total ? k : k / per_class;
-    std::copy_n(x0.begin() + from * n, n, start.begin() + k * n);
+    for (int y = 0; y < m.height; ++y) {
+      for (int x = 0; x < m.width; ++x) {
+        in.mask[k * plane + y * m.width + x] =
+            (*pixel_masks)[k * pixel_plane + size_t(y) * f * width + size_t(x) * f];
+      }
+    }
   }
-  return start;
+  if (m.conditioning_channels == 0) return in;
+  if (m.conditioning_channels != 1 + m.channels) {
+    return Errorf(
+        "--mask: the model takes {} conditioning channels, and an inpainting model 1 + {} (the "
+        "mask and the masked image's latents)",
+        m.conditioning_channels, m.channels);
+  }
+  // The masked image: from the --image files' tensors, or encoded from their pictures.
+  const auto tensor = [](const std::string& path) { return IsSafetensorsPath(path); };
+  const size_t n = m.elements();
+  std::vector<float> masked;
+  if (std::all_of(images.begin(), images.end(), tensor)) {
+    for (const std::string& path : images)
+      DT_RETURN_IF_ERROR(ReadImagesTensor(path, m, "masked_image_latents", masked)
+                             .WithContext("--image (an inpainting model's masked image)"));
+    DT_ASSIGN_OR_RETURN(in.masked, PerSample(masked, n, rows, per_class, "masked images"));
+    return in;
+  }
+  if (std::any_of(images.begin(), images.end(), tensor)) {
+    return Status::Error(
+        "--image: an inpainting model's images are all pictures (the masked image is made of "
+        "each) or all safetensors files (each with its masked_image_latents), not a mix");
+  }
+  const int channels = vae ? vae->config().in_channels : m.channels;
+  std::vector<float> pictures;
+  for (const std::string& path : images)
+    DT_RETURN_IF_ERROR(ReadPicture(path, width, height, channels, pictures));
+  DT_ASSIGN_OR_RETURN(std::vector<float> pixels,
+                      PerSample(pictures, channels * pixel_plane, rows, per_class, "images"));
+  for (int64_t k = 0; k < total; ++k) {
+    for (size_t c = 0; c < size_t(channels); ++c) {
+      for (size_t i = 0; i < pixel_plane; ++i) {
+        if ((*pixel_masks)[k * pixel_plane + i] >= 0.5f) {
+          pixels[(k * channels + c) * pixel_plane + i] = 0.0f;
+        }
+      }
+    }
+  }
+  if (!vae) {
+    in.masked = std::move(pixels);
+    return in;
+  }
+  in.masked.resize(total * n);
+  DT_RETURN_IF_ERROR(vae->Encode(pixels.data(), static_cast<int>(total), height, width,
+                                 VaePosterior::kSample, seed, uint64_t{1} << 32, in.masked.data())
+                         .WithContext("encoding the masked images"));
+  return in;
 }
 
 }  // namespace difftrain::launch

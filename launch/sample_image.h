@@ -45,4 +45,24 @@ Result<std::vector<float>> ReadStartImages(const std::vector<std::string>& paths
                                            const SampleSchema& m, const Vae* vae, int rows,
                                            int per_class, uint64_t seed);
 
+// Inpainting (--mask), as diffusers' StableDiffusionInpaintPipeline prepares its mask_image and
+// masked image for `rows` × `per_class` samples of `m`:
+//   - each mask, a picture, becomes a binary mask of the samples' pixel size
+//     (model/data/image_folder.h's PrepareMask: 1 where painted), one for all samples, one per
+//     row or one per sample; `mask` is it at the samples' size, [total, h, w], picked by
+//     torch's nearest interpolation (pixel ⌊i·f⌋ of row and column i, f the VAE's downscale);
+//   - for a model with conditioning channels (an inpainting UNet: 1 + channels of them) the
+//     masked image, the picture (--image) with 0 where the mask paints ((x)·(mask < 0.5) in
+//     [−1, 1]), encoded as ReadStartImages encodes pictures (sample k's draw from counter
+//     2³² + k) into `masked` [total, channels, h, w]; from --image safetensors files, their
+//     tensor `masked_image_latents` (diffusers' argument of that name), shaped as `images`.
+struct InpaintInputs {
+  std::vector<float> mask;
+  std::vector<float> masked;
+};
+Result<InpaintInputs> ReadInpaintInputs(const std::vector<std::string>& masks,
+                                        const std::vector<std::string>& images,
+                                        const SampleSchema& m, const Vae* vae, int rows,
+                                        int per_class, uint64_t seed);
+
 }  // namespace difftrain::launch

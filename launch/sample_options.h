@@ -57,6 +57,8 @@ struct SampleOptions {
   // the schedule they are noised (default 0.8, as diffusers').
   std::vector<std::string> images;
   std::optional<double> strength;
+  // Inpainting: the masks of the images (white: painted).
+  std::vector<std::string> masks;
   std::string vae;                 // a diffusers AutoencoderKL decoding a latent model's samples
   std::vector<std::string> loras;  // LoRA files fused into the model's weights (model/io/lora.h)
   // Their scales: none (1 each), one for all, or one per LoRA in order (LoraScale).

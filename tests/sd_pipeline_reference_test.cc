@@ -20,14 +20,19 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "model/data/image_folder.h"
 #include "model/diffusion/guided_model.h"
+#include "model/io/image.h"
+#include "model/io/png.h"
 #include "model/io/safetensors.h"
 #include "model/tensor/rng.h"
+#include "model/vae/vae.h"
 #include "tests/testing/python_reference.h"
 
 namespace difftrain::testing {
@@ -100,7 +105,7 @@ class SdPipelineReferenceTest : public DiffusersReference {
 
   // K latents [K, 4, h, w] of the UNet's size (smooth, of about the scale of SD's scaled
   // latents) as "images" of a safetensors file, for image to image; its path.
-  std::string WriteStartLatents(const std::string& pipeline, int K) {
+  std::string WriteStartLatents(const std::string& pipeline, int K, bool masked = false) {
     const nlohmann::json unet =
         nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
     const int64_t side = unet["sample_size"].get<int64_t>();
@@ -113,7 +118,14 @@ class SdPipelineReferenceTest : public DiffusersReference {
     }
     io::SafetensorsWriter file;
     file.AddF32("images", {K, 4, side, side}, latents.data());
-    const std::string path = (dir_ / fmt::format("start{}.safetensors", K)).string();
+    // An inpainting UNet's masked image: other latents of the same kind.
+    std::vector<float> other(latents.size());
+    for (size_t i = 0; i < other.size(); ++i)
+      other[i] = static_cast<float>(std::cos(3 * double(i % side) / side + i / side % 5) +
+                                    0.3 * rng.Normal());
+    if (masked) file.AddF32("masked_image_latents", {K, 4, side, side}, other.data());
+    const std::string path =
+        (dir_ / fmt::format("start{}{}.safetensors", K, masked ? "_masked" : "")).string();
     EXPECT_TRUE(file.WriteAtomic(path).ok());
     return path;
   }
@@ -150,6 +162,44 @@ class SdPipelineReferenceTest : public DiffusersReference {
         << "nothing was denoised";
     c.got = std::move(got).value();
     return c;
+  }
+
+  // A case of sampling from an image (image to image, inpainting): the scheduler, its steps
+  // and strength, the steps that run, difftrain's flags beyond the common ones.
+  struct ImageCase {
+    const char* scheduler;
+    int steps;
+    double strength;
+    int run;  // ⌊steps × strength⌋ (inpainting at strength 1: steps)
+    std::string flags;
+  };
+  // Its settings for sd_pipeline.py (guidance 5, 2 samples from `image`), with the step noise
+  // of the samplers that draw, and its flags for difftrain (`extra` after the image).
+  std::pair<nlohmann::json, std::string> ImageCaseRun(const std::string& pipeline,
+                                                      const ImageCase& c, const std::string& image,
+                                                      int seed, const std::string& extra = "") {
+    nlohmann::json settings = {{"prompt", "a photo of a boat"},
+                               {"negative_prompt", nullptr},
+                               {"steps", c.steps},
+                               {"guidance", 5.0},
+                               {"spacing", nullptr},
+                               {"scheduler", c.scheduler},
+                               {"image", image},
+                               {"strength", c.strength},
+                               {"images", 2},
+                               {"seed", seed}};
+    const std::string scheduler = c.scheduler;
+    if (scheduler == "tcd") settings["eta"] = 0.3;
+    if (c.flags.find("--karras-sigmas true") != std::string::npos) settings["karras"] = true;
+    if (scheduler == "euler_ancestral" || scheduler == "tcd" || scheduler == "dpmsolver_sde") {
+      settings["step_noise"] =
+          WriteStepNoise(pipeline, c.run, 2, scheduler == "dpmsolver_sde" ? 2 : 1);
+    }
+    const std::string flags = fmt::format(
+        "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --sampler {} --steps {} --image {} "
+        "{} --strength {} {}",
+        c.scheduler, c.steps, ShellQuote(image), extra, c.strength, c.flags);
+    return {settings, flags};
   }
 
   // difftrain's samples from `noise` with `flags` into `name`.safetensors.
@@ -420,14 +470,7 @@ TEST_F(SdPipelineReferenceTest, StartsFromAnImageAsStableDiffusionImg2ImgPipelin
   const std::string pipeline = MakePipeline(text_python);
   ASSERT_FALSE(pipeline.empty());
   const std::string one = WriteStartLatents(pipeline, 1), two = WriteStartLatents(pipeline, 2);
-  struct Case {
-    const char* scheduler;
-    int steps;
-    double strength;
-    int run;  // ⌊steps × strength⌋
-    std::string flags;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<ImageCase> cases = {
       {"ddim", 10, 0.6, 6, ""},
       {"pndm", 8, 0.75, 6, ""},
       {"pndm", 8, 0.875, 7, ""},
@@ -443,28 +486,11 @@ TEST_F(SdPipelineReferenceTest, StartsFromAnImageAsStableDiffusionImg2ImgPipelin
       {"tcd", 4, 0.5, 2, "--seed 5"},
   };
   int seed = 30;
-  for (const Case& c : cases) {
+  for (const ImageCase& c : cases) {
     const std::string name = fmt::format("image_{}_{}", c.scheduler, c.run);
     SCOPED_TRACE(name);
     const std::string& image = seed % 2 ? two : one;
-    nlohmann::json settings = {{"prompt", "a photo of a boat"},
-                               {"negative_prompt", nullptr},
-                               {"steps", c.steps},
-                               {"guidance", 5.0},
-                               {"spacing", nullptr},
-                               {"scheduler", c.scheduler},
-                               {"image", image},
-                               {"strength", c.strength},
-                               {"images", 2},
-                               {"seed", seed++}};
-    if (c.scheduler == std::string("tcd")) settings["eta"] = 0.3;
-    if (c.flags.find("--karras-sigmas true") != std::string::npos) settings["karras"] = true;
-    if (c.scheduler == std::string("euler_ancestral") || c.scheduler == std::string("tcd"))
-      settings["step_noise"] = WriteStepNoise(pipeline, c.run, 2, 1);
-    const std::string flags = fmt::format(
-        "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --sampler {} --steps {} --image {} "
-        "--strength {} {}",
-        c.scheduler, c.steps, ShellQuote(image), c.strength, c.flags);
+    const auto [settings, flags] = ImageCaseRun(pipeline, c, image, seed++);
     const Compared compared = Compare(pipeline, settings, flags, name);
     ASSERT_TRUE(compared.got.has_value());
     const nlohmann::json how = nlohmann::json::parse(compared.got->metadata().at("sampling"));
@@ -495,6 +521,150 @@ TEST_F(SdPipelineReferenceTest, StartsFromAnImageAsStableDiffusionImg2ImgPipelin
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_THAT(refused.output, ::testing::HasSubstr("= 0 of the 10 steps"));
 }
+
+// A mask picture of width × height (not the pipeline's 16 × 16, so stretched): a white disc
+// with soft edges on black, in colour, moved by `shift`; its path.
+std::string WriteMask(const std::filesystem::path& dir, int width, int height, double shift) {
+  std::vector<uint8_t> pixels(size_t(width) * height * 3);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      const double dx = x - width * (0.4 + shift), dy = y - height * 0.55;
+      const double inside =
+          std::clamp(1.2 - std::sqrt(dx * dx + dy * dy) / (0.3 * width), 0.0, 1.0);
+      for (int c = 0; c < 3; ++c)
+        pixels[(size_t(y) * width + x) * 3 + c] =
+            static_cast<uint8_t>(255 * inside * (1 - 0.2 * c));
+    }
+  }
+  const std::string path = (dir / fmt::format("mask{}.png", shift)).string();
+  EXPECT_TRUE(io::WritePng(path, pixels.data(), width, height, 3).ok());
+  return path;
+}
+
+// Inpainting as StableDiffusionInpaintPipeline, with the SD pipeline's 4-channel UNet ("sd":
+// after every step the latents outside the mask are the image's, noised by the scheduler's
+// add_noise to the next timestep, and after the last the image's own) and with an inpainting
+// UNet of 9 input channels ("inpaint": the latents, the mask and the masked image's latents).
+// The mask a picture of another size with soft edges (diffusers' resize, binarisation and
+// nearest interpolation); strength 1 (from x_T, the pipeline's default) and below (the image
+// noised to the first step that runs); one mask for all samples or one each; every scheduler.
+class InpaintReferenceTest : public SdPipelineReferenceTest,
+                             public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(InpaintReferenceTest, InpaintsAsStableDiffusionInpaintPipeline) {
+  const std::string kind = GetParam();
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python, kind);
+  ASSERT_FALSE(pipeline.empty());
+  const bool nine = kind == "inpaint";
+  const std::string one = WriteStartLatents(pipeline, 1, nine);
+  const std::string two = WriteStartLatents(pipeline, 2, nine);
+  const std::string mask = WriteMask(dir_, 20, 18, 0.0), other = WriteMask(dir_, 20, 18, 0.25);
+  std::vector<ImageCase> cases = {
+      {"ddim", 8, 1.0, 8, ""},      {"ddim", 10, 0.6, 6, ""},
+      {"dpmsolver", 8, 1.0, 8, ""}, {"euler", 8, 0.75, 6, "--karras-sigmas true"},
+      {"pndm", 8, 1.0, 8, ""},
+  };
+  if (!nine) {
+    const std::vector<ImageCase> more = {
+        {"pndm", 8, 0.75, 6, ""},
+        {"heun", 6, 1.0, 6, ""},
+        {"lms", 8, 1.0, 8, ""},
+        {"kdpm2", 6, 1.0, 6, ""},
+        {"kdpm2", 6, 0.67, 4, "--karras-sigmas true"},
+        {"dpmsolver_singlestep", 9, 1.0, 9, ""},
+        {"deis", 8, 0.75, 6, ""},
+        {"unipc", 8, 1.0, 8, ""},
+        {"euler_ancestral", 8, 1.0, 8, "--seed 5"},
+        {"dpmsolver_sde", 6, 1.0, 6, "--seed 5 --karras-sigmas true"},
+        {"tcd", 4, 1.0, 4, "--seed 5"},
+    };
+    cases.insert(cases.end(), more.begin(), more.end());
+  }
+  int seed = 50;
+  for (const ImageCase& c : cases) {
+    const std::string name = fmt::format("{}_{}_{}", kind, c.scheduler, c.run);
+    SCOPED_TRACE(name);
+    // Odd seeds: an image and a mask per sample (diffusers takes one mask_image for all: the
+    // second sample's is the first's, here given twice).
+    const bool each = seed % 2;
+    const std::string& image = each ? two : one;
+    std::string masks = "--mask " + ShellQuote(mask);
+    if (each) masks += " --mask " + ShellQuote(mask);
+    auto [settings, flags] = ImageCaseRun(pipeline, c, image, seed++, masks);
+    settings["mask"] = mask;
+    const Compared compared = Compare(pipeline, settings, flags, name);
+    ASSERT_TRUE(compared.got.has_value());
+    const nlohmann::json how = nlohmann::json::parse(compared.got->metadata().at("sampling"));
+    EXPECT_EQ(how["strength"], c.strength);
+    EXPECT_EQ(how["mask"].size(), each ? 2u : 1u);
+  }
+  // Another mask moves the samples; so does (for the inpainting UNet) another masked image.
+  const std::string noise = (dir_ / fmt::format("{}_ddim_8_want.safetensors", kind)).string();
+  const std::string flags =
+      "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --sampler ddim --steps 8 --image " +
+      ShellQuote(one) + " --mask " + ShellQuote(other);
+  Result<io::SafetensorsFile> moved = Sample(pipeline, noise, flags, kind + "_other_mask");
+  ASSERT_TRUE(moved.ok()) << moved.status().message();
+  Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(noise);
+  ASSERT_TRUE(want.ok());
+  const double other_mask =
+      RelativeL2(ReferenceTensor(*moved, "images"), ReferenceTensor(*want, "latents"));
+  std::cout << kind << ": another mask moves the latents by " << other_mask << "\n";
+  EXPECT_GT(other_mask, 10 * kBound);
+  if (nine) {
+    // Pictures: the image and, per sample, the image masked (0 where painted) encoded by the
+    // pipeline's VAE (draws 0 and 2³² + k of the seed) sample as those latents given as tensors.
+    const std::string picture = (dir_ / "picture.png").string();
+    std::vector<uint8_t> rgb(18 * 20 * 3);
+    for (size_t i = 0; i < rgb.size(); ++i)
+      rgb[i] = static_cast<uint8_t>((i * 29 + i / 60 * 13) % 256);
+    ASSERT_TRUE(io::WritePng(picture, rgb.data(), 20, 18, 3).ok());
+    Result<Vae> vae = Vae::Load(pipeline + "/vae");
+    ASSERT_TRUE(vae.ok()) << vae.status().message();
+    std::vector<float> pixels(3 * 16 * 16), painted(16 * 16), masked(2 * pixels.size());
+    PrepareStretched(*io::ReadImage(picture), 16, 16, 3, pixels.data());
+    PrepareMask(*io::ReadImage(mask), 16, 16, painted.data());
+    for (size_t e = 0; e < masked.size(); ++e)
+      masked[e] = painted[e % painted.size()] >= 0.5f ? 0.0f : pixels[e % pixels.size()];
+    std::vector<float> x0(4 * 8 * 8), masked_latents(2 * x0.size());
+    ASSERT_TRUE(vae->Encode(pixels.data(), 1, 16, 16, VaePosterior::kSample, 7, 0, x0.data()).ok());
+    ASSERT_TRUE(vae->Encode(masked.data(), 2, 16, 16, VaePosterior::kSample, 7, uint64_t{1} << 32,
+                            masked_latents.data())
+                    .ok());
+    io::SafetensorsWriter encoded;
+    encoded.AddF32("images", {1, 4, 8, 8}, x0.data());
+    encoded.AddF32("masked_image_latents", {2, 4, 8, 8}, masked_latents.data());
+    const std::string latents = (dir_ / "picture.safetensors").string();
+    ASSERT_TRUE(encoded.WriteAtomic(latents).ok());
+    const std::string picture_flags =
+        "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 6 --strength 0.5 --seed 7 "
+        "--mask " +
+        ShellQuote(mask) + " --image ";
+    Result<io::SafetensorsFile> from_picture =
+        Sample(pipeline, noise, picture_flags + ShellQuote(picture), "from_picture");
+    Result<io::SafetensorsFile> from_latents =
+        Sample(pipeline, noise, picture_flags + ShellQuote(latents), "from_latents");
+    ASSERT_TRUE(from_picture.ok() && from_latents.ok());
+    const double picture_error = RelativeL2(ReferenceTensor(*from_picture, "images"),
+                                            ReferenceTensor(*from_latents, "images"));
+    std::cout << "the picture against its encodings: relative L2 " << picture_error << "\n";
+    EXPECT_LE(picture_error, 1e-6);
+  }
+  // Without its mask an inpainting UNet has nothing to see; a mask wants an image.
+  const CommandResult unmasked =
+      RunCommand(fmt::format("{} sample --pretrained {} --prompt boat --steps 2 {} --raw {} 2>&1",
+                             ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline),
+                             nine ? "--image " + ShellQuote(one) : "--mask " + ShellQuote(mask),
+                             ShellQuote((dir_ / "x.st").string())));
+  EXPECT_EQ(unmasked.exit_code, 2) << unmasked.output;
+  EXPECT_THAT(unmasked.output,
+              ::testing::HasSubstr(nine ? "give the --image to paint and its --mask"
+                                        : "--mask is for inpainting an --image"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Unets, InpaintReferenceTest, ::testing::Values("sd", "inpaint"));
 
 // An original Stable Diffusion checkpoint (one model.safetensors in the CompVis layout) of a
 // pipeline, written by tests/reference/ldm_checkpoint.py and read back by diffusers'

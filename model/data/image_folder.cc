@@ -98,6 +98,14 @@ void PrepareStretched(const io::PngImage& image, int width, int height, int chan
   }
 }
 
+void PrepareMask(const io::PngImage& image, int width, int height, float* out) {
+  const io::PngImage resized = io::Resize(WithChannels(image, image.channels >= 3 ? 3 : 1), width,
+                                          height, io::ResampleFilter::kLanczos);
+  const io::PngImage grey = WithChannels(resized, 1);
+  for (size_t i = 0; i < grey.pixels.size(); ++i)
+    out[i] = grey.pixels[i] / 255.0f >= 0.5f ? 1.0f : 0.0f;
+}
+
 Result<std::unique_ptr<ImageFolderDataset>> ImageFolderDataset::Open(const std::string& dir,
                                                                      int size, int channels,
                                                                      ImageCrop crop) {

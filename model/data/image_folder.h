@@ -65,4 +65,11 @@ void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop c
 // width.
 void PrepareStretched(const io::PngImage& image, int width, int height, int channels, float* out);
 
+// An inpainting pipeline's mask, as diffusers' mask processor (VaeImageProcessor with
+// do_convert_grayscale, do_binarize, no normalisation) makes it: stretched to width × height with
+// Pillow's LANCZOS in the image's own colours (grey or RGB; an alpha channel is dropped first),
+// converted to PIL's "L" luma, then 1 where x/255 ≥ 0.5 (to be painted), 0 elsewhere. `out` is
+// height × width.
+void PrepareMask(const io::PngImage& image, int width, int height, float* out);
+
 }  // namespace difftrain

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -120,6 +121,27 @@ TEST_F(ImageFolderPillowTest, StretchesAsDiffusersImageProcessor) {
       EXPECT_EQ(got, want);
     }
   }
+}
+
+TEST_F(ImageFolderPillowTest, PreparesMasksAsDiffusersMaskProcessor) {
+  Result<std::unique_ptr<ImageFolderDataset>> d =
+      ImageFolderDataset::Open(dir() + "/images", kSize, 3);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  const int width = kSize + 3, height = kSize - 2;
+  const size_t n = size_t(width) * height;
+  size_t painted = 0;
+  for (int64_t k = 0; k < (*d)->size(); ++k) {
+    SCOPED_TRACE((*d)->file(k));
+    Result<io::PngImage> image = io::ReadImage((*d)->file(k));
+    ASSERT_TRUE(image.ok()) << image.status().message();
+    std::vector<float> got(n);
+    PrepareMask(*image, width, height, got.data());
+    EXPECT_EQ(got, Expected("mask." + std::to_string(k), n));
+    painted += std::count(got.begin(), got.end(), 1.0f);
+  }
+  // Both halves of a binary mask occur.
+  EXPECT_GT(painted, 0u);
+  EXPECT_LT(painted, n * (*d)->size());
 }
 
 TEST(ImageFolderTest, AFolderWithoutSubfoldersIsUnlabelled) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/check.h"
+
 namespace difftrain {
 
 std::vector<Rng> StepNoiseStreams(uint64_t seed, int64_t first_index, int N) {
@@ -10,6 +12,14 @@ std::vector<Rng> StepNoiseStreams(uint64_t seed, int64_t first_index, int N) {
   for (int b = 0; b < N; ++b)
     rngs.emplace_back(seed, RngStream::kSample, StepNoiseCounter(first_index + b));
   return rngs;
+}
+
+ImageKeeper::ImageKeeper(const KeptImage* keep, const DenoiserShape& shape, int N)
+    : keep_(keep),
+      N_(N),
+      plane_(size_t(shape.height) * shape.width),
+      n_(size_t(shape.frames) * shape.channels * plane_) {
+  DT_CHECK(!keep || (keep->x0 && keep->mask && keep->noise), "a kept image without its parts");
 }
 
 GuidedModel::GuidedModel(const Denoiser& model, const DenoiserShape& shape,

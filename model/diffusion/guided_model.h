@@ -9,6 +9,7 @@
 // (or v) channels, as StableDiffusionPipeline's rescale_noise_cfg.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -28,6 +29,63 @@ inline uint64_t StepNoiseCounter(int64_t n) {
 }
 // The step noise streams of samples first_index … first_index + N − 1.
 std::vector<Rng> StepNoiseStreams(uint64_t seed, int64_t first_index, int N);
+
+// A noise level as add_noise makes it: x = signal·x0 + noise·z.
+struct NoiseLevel {
+  double signal = 1, noise = 0;
+};
+// At ᾱ (DDPM, DDIM, PNDM, LCM, TCD: at a timestep).
+inline NoiseLevel AtAlphaCumprod(double alpha_cumprod) {
+  return {std::sqrt(alpha_cumprod), std::sqrt(1 - alpha_cumprod)};
+}
+// At σ, in the VP scale of DPM-Solver, DEIS and UniPC: α = 1/√(σ² + 1), σ·α.
+inline NoiseLevel AtSigma(double sigma) {
+  const double alpha = 1 / std::sqrt(sigma * sigma + 1);
+  return {alpha, sigma * alpha};
+}
+// At σ in Euler's scale (Euler, Heun, LMS, KDPM2, DPM-Solver SDE): x0 + σ·z.
+inline NoiseLevel AtEulerSigma(double sigma) {
+  return {1, sigma};
+}
+
+// A sampler's side of KeptImage (sampler.h): Keep before each model call (the first does
+// nothing: the samples start from their x_T or their noised image) and Finish after the last
+// step. Without an image, nothing.
+class ImageKeeper {
+ public:
+  ImageKeeper(const KeptImage* keep, const DenoiserShape& shape, int N);
+
+  // Whether x was blended (a loop with a second copy of x blends that too).
+  template <typename T>
+  bool Keep(T* x, NoiseLevel level) {
+    const bool blend = keep_ && started_;
+    started_ = true;
+    if (blend) Blend(x, level);
+    return blend;
+  }
+  template <typename T>
+  void Finish(T* x) {
+    if (keep_) Blend(x, NoiseLevel{1, 0});
+  }
+  // x outside the mask := the image at `level`.
+  template <typename T>
+  void Blend(T* x, NoiseLevel level) const {
+    for (int b = 0; b < N_; ++b) {
+      for (size_t j = 0; j < n_; ++j) {
+        const size_t e = b * n_ + j;
+        if (keep_->mask[b * plane_ + j % plane_] < 0.5f) {
+          x[e] = static_cast<T>(level.signal * keep_->x0[e] + level.noise * keep_->noise[e]);
+        }
+      }
+    }
+  }
+
+ private:
+  const KeptImage* keep_;
+  const int N_;
+  const size_t plane_, n_;
+  bool started_ = false;
+};
 
 class GuidedModel {
  public:

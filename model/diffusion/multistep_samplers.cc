@@ -42,7 +42,8 @@ std::vector<double> InEulerScale(const float* x, size_t count, double initial) {
 
 }  // namespace
 
-void Sampler::DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const {
+void Sampler::DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x,
+                          ImageKeeper& keeper) const {
   const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
   GuidedModel guided(model, shape_, options_, y, N);
   // The model's (guided) outputs of the calls so far, the newest last, at most 4 kept; and x
@@ -51,6 +52,8 @@ void Sampler::DenoisePlms(const Denoiser& model, const int32_t* y, int N, float*
   std::vector<float> first_x(x, x + N * n);
   for (size_t k = 0; k < plms_calls_.size(); ++k) {
     const PlmsCall& call = plms_calls_[k];
+    // The second call's timestep is its step's end (it redoes the first step).
+    keeper.Keep(x, AtAlphaCumprod(k == 1 ? call.alpha_cumprod_prev : call.alpha_cumprod));
     guided.Run(x, static_cast<float>(call.timestep));
     std::vector<double> out(N * n);
     for (int b = 0; b < N; ++b) {
@@ -88,10 +91,11 @@ void Sampler::DenoisePlms(const Denoiser& model, const int32_t* y, int N, float*
       x[e] = static_cast<float>(sample_coeff * x[e] - (a_prev - a) * eps / denominator);
     }
   }
+  keeper.Finish(x);
 }
 
 void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                           float* x) const {
+                           float* x, ImageKeeper& keeper) const {
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
@@ -123,11 +127,15 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
       up = split.up;
       dt = split.down - step.sigma;
     }
+    keeper.Keep(state.data(), AtEulerSigma(step.sigma));
     slopes(state, step.sigma, step.timestep, /*average=*/false);
     if (step.sigma_mid > 0) {
-      // KDPM2: an Euler half step to the midpoint, and the step taken with the slope there.
+      // KDPM2: an Euler half step to the midpoint, and the step taken with the slope there. (An
+      // inpainting image is noised to the step's end for the midpoint, as diffusers' add_noise
+      // reads its σ's there.)
       for (size_t e = 0; e < state.size(); ++e)
         predicted[e] = state[e] + slope[e] * (step.sigma_mid - step.sigma);
+      keeper.Keep(predicted.data(), AtEulerSigma(step.sigma_next));
       slopes(predicted, step.sigma_mid, step.timestep_mid, /*average=*/false);
     }
     if (heun && step.sigma_next > 0) {
@@ -135,6 +143,7 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
       // timestep), and the step taken with the mean of the two.
       for (size_t e = 0; e < state.size(); ++e)
         predicted[e] = state[e] + slope[e] * dt;
+      keeper.Keep(predicted.data(), AtEulerSigma(step.sigma_next));
       slopes(predicted, step.sigma_next, euler_steps_[k + 1].timestep, /*average=*/true);
     }
     if (options_.kind == SamplerKind::kLms) {
@@ -159,12 +168,13 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
         state[b * n + j] += up * noise[j];
     }
   }
+  keeper.Finish(state.data());
   for (size_t e = 0; e < state.size(); ++e)
     x[e] = static_cast<float>(state[e]);
 }
 
 void Sampler::DenoiseDpmSde(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                            float* x) const {
+                            float* x, ImageKeeper& keeper) const {
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
@@ -177,6 +187,7 @@ void Sampler::DenoiseDpmSde(const Denoiser& model, const int32_t* y, int N, int6
   for (size_t k = begin_; k < euler_steps_.size(); ++k) {
     const EulerStep& step = euler_steps_[k];
     const double sigma = step.sigma;
+    keeper.Keep(state.data(), AtEulerSigma(sigma));
     EulerX0(guided, v_prediction_, state, sigma, step.timestep, N, n, x, x0);
     if (step.sigma_next == 0) {
       state = x0;  // Euler's last step, to σ = 0
@@ -195,6 +206,7 @@ void Sampler::DenoiseDpmSde(const Denoiser& model, const int32_t* y, int N, int6
         into[e] = keep * state[e] + (1 - keep) * x0[e] + split.up * z[e];
     };
     ancestral(step.sigma_mid, z1, mid);
+    keeper.Keep(mid.data(), AtEulerSigma(step.sigma_next));  // diffusers' σ there, as KDPM2's
     EulerX0(guided, v_prediction_, mid, step.sigma_mid, step.timestep_mid, N, n, x, x0);
     // The increment over [σ', σ] is the sum of the two, the first shared with the midpoint's
     // (diffusers draws both from one Brownian tree).
@@ -205,12 +217,13 @@ void Sampler::DenoiseDpmSde(const Denoiser& model, const int32_t* y, int N, int6
       z2[e] = (first * z1[e] + second * z2[e]) / whole;
     ancestral(step.sigma_next, z2, state);
   }
+  keeper.Finish(state.data());
   for (size_t e = 0; e < state.size(); ++e)
     x[e] = static_cast<float>(state[e]);
 }
 
 void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                         float* x) const {
+                         float* x, ImageKeeper& keeper) const {
   const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
   GuidedModel guided(model, shape_, options_, y, N);
   const size_t frame = n / shape_.frames;
@@ -229,6 +242,7 @@ void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t
   };
   for (size_t k = begin_; k < dpm_steps_.size(); ++k) {
     const DpmStep& step = dpm_steps_[k];
+    if (keeper.Keep(state.data(), AtSigma(step.sigma))) keeper.Blend(x, AtSigma(step.sigma));
     guided.Run(x, static_cast<float>(step.timestep));
     const Scale s = scale(step.sigma);
     const bool to_data = step.sigma_next == 0;
@@ -275,9 +289,11 @@ void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t
     for (size_t e = 0; e < state.size(); ++e)
       x[e] = static_cast<float>(state[e]);
   }
+  keeper.Finish(x);
 }
 
-void Sampler::DenoiseLinear(const Denoiser& model, const int32_t* y, int N, float* x) const {
+void Sampler::DenoiseLinear(const Denoiser& model, const int32_t* y, int N, float* x,
+                            ImageKeeper& keeper) const {
   const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
   GuidedModel guided(model, shape_, options_, y, N);
   // DEIS integrates ε's, DPM-Solver++ x0's.
@@ -288,6 +304,7 @@ void Sampler::DenoiseLinear(const Denoiser& model, const int32_t* y, int N, floa
                                     std::vector<double>(N * n)};
   for (size_t k = begin_; k < linear_steps_.size(); ++k) {
     const LinearStep& step = linear_steps_[k];
+    if (keeper.Keep(state.data(), AtSigma(step.sigma))) keeper.Blend(x, AtSigma(step.sigma));
     guided.Run(x, static_cast<float>(step.timestep));
     const double a = 1 / std::sqrt(step.sigma * step.sigma + 1), s = step.sigma * a;
     std::swap(outputs[2], outputs[1]);
@@ -310,9 +327,11 @@ void Sampler::DenoiseLinear(const Denoiser& model, const int32_t* y, int N, floa
     for (size_t e = 0; e < state.size(); ++e)
       x[e] = static_cast<float>(state[e]);
   }
+  keeper.Finish(x);
 }
 
-void Sampler::DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float* x) const {
+void Sampler::DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float* x,
+                           ImageKeeper& keeper) const {
   const size_t n = size_t(shape_.frames) * shape_.channels * shape_.height * shape_.width;
   GuidedModel guided(model, shape_, options_, y, N);
   std::vector<double> state(x, x + N * n);
@@ -351,6 +370,7 @@ void Sampler::DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float
   };
   for (size_t k = begin_; k < unipc_steps_.size(); ++k) {
     const UniPcStep& step = unipc_steps_[k];
+    if (keeper.Keep(state.data(), AtSigma(step.sigma))) keeper.Blend(x, AtSigma(step.sigma));
     guided.Run(x, static_cast<float>(step.timestep));
     const double a = alpha(step.sigma), s = step.sigma * a;
     for (int b = 0; b < N; ++b) {
@@ -375,6 +395,7 @@ void Sampler::DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float
     for (size_t e = 0; e < state.size(); ++e)
       x[e] = static_cast<float>(state[e]);
   }
+  keeper.Finish(x);
 }
 
 }  // namespace difftrain

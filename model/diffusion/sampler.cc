@@ -175,17 +175,11 @@ void Sampler::SetStart(const std::vector<double>& alphas_cumprod, int begin) {
   } else {
     start_timestep_ = timesteps_[timesteps_.size() - 1 - begin];
   }
-  if (!sigma) {
-    const double abar = alphas_cumprod[start_timestep_];
-    start_signal_ = std::sqrt(abar);
-    start_noise_ = std::sqrt(1 - abar);
-  } else if (euler_scale) {
-    start_signal_ = 1;
-    start_noise_ = *sigma;
-  } else {
-    start_signal_ = 1 / std::sqrt(*sigma * *sigma + 1);
-    start_noise_ = *sigma * start_signal_;
-  }
+  const NoiseLevel start = !sigma        ? AtAlphaCumprod(alphas_cumprod[start_timestep_])
+                           : euler_scale ? AtEulerSigma(*sigma)
+                                         : AtSigma(*sigma);
+  start_signal_ = start.signal;
+  start_noise_ = start.noise;
 }
 
 double Sampler::InitialScale() const {
@@ -199,12 +193,26 @@ void Sampler::AddNoise(const float* x0, const float* noise, size_t count, float*
 }
 
 void Sampler::SampleFrom(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                         const float* x0, float* out) const {
+                         const float* x0, float* out, const KeptImage* keep) const {
   const size_t count =
       size_t(N) * shape_.frames * shape_.channels * size_t(shape_.height) * shape_.width;
   DrawInitialNoise(N, first_index, out);  // the noise, in place: AddNoise reads it elementwise
+  std::vector<float> noise;
+  KeptImage kept;
+  if (keep) keep = WithNoise(*keep, out, count, noise, kept);
   AddNoise(x0, out, count, out);
-  Denoise(model, y, N, first_index, out);
+  Denoise(model, y, N, first_index, out, keep);
+}
+
+const KeptImage* Sampler::WithNoise(const KeptImage& keep, const float* drawn, size_t count,
+                                    std::vector<float>& noise, KeptImage& kept) const {
+  DT_CHECK(shape_.frames == 1, "inpainting is for images");
+  kept = keep;
+  if (!kept.noise) {
+    noise.assign(drawn, drawn + count);
+    kept.noise = noise.data();
+  }
+  return &kept;
 }
 
 void Sampler::DrawInitialNoise(int N, int64_t first_index, float* out) const {
@@ -272,22 +280,29 @@ Sampler::Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
 }
 
 void Sampler::Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                     float* out) const {
+                     float* out, const KeptImage* keep) const {
   DT_CHECK(!options_.strength, "a sampler of a strength samples from images (SampleFrom)");
   DrawInitialNoise(N, first_index, out);
-  Denoise(model, y, N, first_index, out);
+  std::vector<float> noise;
+  KeptImage kept;
+  if (keep) {
+    const size_t count = size_t(N) * shape_.channels * size_t(shape_.height) * shape_.width;
+    keep = WithNoise(*keep, out, count, noise, kept);
+  }
+  Denoise(model, y, N, first_index, out, keep);
 }
 
-void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                      float* x) const {
+void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x,
+                      const KeptImage* keep) const {
+  ImageKeeper keeper(keep, shape_, N);
   // The samplers of diffusers' other schedulers, each on the steps Create made for it.
-  if (!plms_calls_.empty()) return DenoisePlms(model, y, N, x);
+  if (!plms_calls_.empty()) return DenoisePlms(model, y, N, x, keeper);
   if (options_.kind == SamplerKind::kDpmSolverSde)
-    return DenoiseDpmSde(model, y, N, first_index, x);
-  if (!euler_steps_.empty()) return DenoiseEuler(model, y, N, first_index, x);
-  if (!dpm_steps_.empty()) return DenoiseDpm(model, y, N, first_index, x);
-  if (!linear_steps_.empty()) return DenoiseLinear(model, y, N, x);
-  if (!unipc_steps_.empty()) return DenoiseUniPc(model, y, N, x);
+    return DenoiseDpmSde(model, y, N, first_index, x, keeper);
+  if (!euler_steps_.empty()) return DenoiseEuler(model, y, N, first_index, x, keeper);
+  if (!dpm_steps_.empty()) return DenoiseDpm(model, y, N, first_index, x, keeper);
+  if (!linear_steps_.empty()) return DenoiseLinear(model, y, N, x, keeper);
+  if (!unipc_steps_.empty()) return DenoiseUniPc(model, y, N, x, keeper);
   const size_t frame = size_t(shape_.channels) * shape_.height * shape_.width;
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
@@ -300,6 +315,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
 
   for (int i = static_cast<int>(steps_.size()) - 1 - begin_; i >= 0; --i) {
     const StepCoefficients& c = steps_[i];
+    keeper.Keep(x, AtAlphaCumprod(c.alpha_cumprod));
     guided.Run(x, static_cast<float>(timesteps_[i]));
     // DDIM's noise scale σ_i (0 with η = 0) and the ᾱ of the step it goes to.
     const double abar = c.alpha_cumprod, abar_prev = c.alpha_cumprod_prev;
@@ -363,6 +379,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
       }
     }
   }
+  keeper.Finish(x);
   if (options_.clip_denoised) {
     for (size_t j = 0; j < N * n; ++j)
       x[j] = std::clamp(x[j], -1.0f, 1.0f);

@@ -19,6 +19,11 @@
 // scheduler's add_noise does (AddNoise); the multistep solvers' orders warm up from there, as
 // diffusers' do from set_begin_index.
 //
+// Inpainting with a model of the sampled channels alone (diffusers' StableDiffusionInpaintPipeline
+// with a 4-channel UNet; KeptImage): before every model call but the first, x outside the mask
+// becomes the image noised (with the sample's own x_T noise) to the level that call sees, as the
+// scheduler's add_noise at the pipeline's next timestep; after the last step, the image itself.
+//
 // Randomness: sample n (its global index, whatever batch it is drawn in) takes x_T (or the
 // noise added to its image) from Rng(seed, kSample, 2n) and its per-step noise from
 // Rng(seed, kSample, 2n + 1), so a sample does not depend on the batch size or on the other
@@ -43,6 +48,8 @@
 #include "model/diffusion/vb_loss.h"
 
 namespace difftrain {
+
+class ImageKeeper;  // guided_model.h
 
 // The model as the samplers call it: x_t [B, C, H, W] (a video model's [B, F, C, H, W]),
 // timesteps t [B] (the original timesteps of the diffusion, as floats), labels y [B]; writes
@@ -105,6 +112,13 @@ struct SamplerOptions {
   std::optional<double> strength;
 };
 
+// The image an inpainting sampler keeps outside its mask (images only, N samples).
+struct KeptImage {
+  const float* x0 = nullptr;     // [N, C, H, W]: the image, as the model samples it
+  const float* mask = nullptr;   // [N, H, W]: 1 where the sampler paints, 0 where x0 stays
+  const float* noise = nullptr;  // [N, C, H, W]: its noise; null: the samples' x_T draws
+};
+
 class Sampler {
  public:
   // Errors (for the user to fix): steps outside [1, T], η outside [0, 1] or given to another
@@ -150,13 +164,15 @@ class Sampler {
   // as ε = √ᾱ_t·v + √(1 − ᾱ_t)·x_t (the others) at each step. A diffusion with zero terminal
   // SNR (ᾱ_{T−1} = 0) is sampled from ᾱ = 0 by DDPM and DDIM, by the others from 2^−24 in its
   // place, as diffusers' Euler and DPM-Solver schedulers with rescale_betas_zero_snr.
-  void Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-              float* out) const;
+  // With `keep`, the samples are painted into its image outside its mask.
+  void Sample(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* out,
+              const KeptImage* keep = nullptr) const;
   // The same from a given x_T: x [N, C, H, W] holds x_T and is overwritten by the samples.
   // x_T is N(0, 1) noise, as diffusers pipelines' `latents`: Euler and Heun scale it by their
   // initial σ.
   // With a strength, x holds AddNoise's output (an image noised to the first step) instead.
-  void Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x) const;
+  void Denoise(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x,
+               const KeptImage* keep = nullptr) const;
 
   // Image to image (with a strength): `count` floats of images x0 (as the model samples them:
   // scaled latents, or pixels in [−1, 1]) noised to the first step that runs, as its diffusers
@@ -167,12 +183,16 @@ class Sampler {
   // Image to image from the samples' own noise: x0 [N, C, H, W] of samples first_index, …
   // noised by AddNoise with noise from their x_T streams, then denoised into out.
   void SampleFrom(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                  const float* x0, float* out) const;
+                  const float* x0, float* out, const KeptImage* keep = nullptr) const;
 
  private:
   Sampler(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
           const SamplerOptions& options, std::vector<SamplingStep> diffusers_steps,
           std::vector<PlmsCall> plms_calls);
+  // `keep` with its noise: where it has none, `count` floats of `drawn` (the x_T draws) copied
+  // into `noise`; `kept` holds the result.
+  const KeptImage* WithNoise(const KeptImage& keep, const float* drawn, size_t count,
+                             std::vector<float>& noise, KeptImage& kept) const;
   // x_T (or the noise an image takes) of samples first_index, … into out: their x_T streams.
   void DrawInitialNoise(int N, int64_t first_index, float* out) const;
   // What Euler's samplers scale x by: x_T by the initial σ, an image noised by AddNoise (in
@@ -182,25 +202,28 @@ class Sampler {
   void SetStart(const std::vector<double>& alphas_cumprod, int begin);
   // Denoise for PNDM: the calls of plms_calls_, each from the linear multistep combination of
   // the last (up to 4) guided outputs.
-  void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x) const;
+  void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x,
+                   ImageKeeper& keeper) const;
   // Denoise for Euler, Euler ancestral, Heun, LMS and KDPM2 (ancestral): the steps of
   // euler_steps_ from x_T scaled by its initial σ; the ancestral samplers' noise from the
   // samples' step noise streams.
-  void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                    float* x) const;
+  void DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x,
+                    ImageKeeper& keeper) const;
   // Denoise for DPM-Solver SDE: the steps of euler_steps_, each two ancestral half steps on
   // Brownian noise from the samples' step noise streams.
-  void DenoiseDpmSde(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                     float* x) const;
+  void DenoiseDpmSde(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x,
+                     ImageKeeper& keeper) const;
   // Denoise for DPM-Solver++: the steps of dpm_steps_; the SDE's noise from the samples' step
   // noise streams.
-  void DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t first_index,
-                  float* x) const;
+  void DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t first_index, float* x,
+                  ImageKeeper& keeper) const;
   // Denoise for DPM-Solver++ singlestep and DEIS: the steps of linear_steps_, on x0's and on
   // ε's.
-  void DenoiseLinear(const Denoiser& model, const int32_t* y, int N, float* x) const;
+  void DenoiseLinear(const Denoiser& model, const int32_t* y, int N, float* x,
+                     ImageKeeper& keeper) const;
   // Denoise for UniPC: the steps of unipc_steps_.
-  void DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float* x) const;
+  void DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float* x,
+                    ImageKeeper& keeper) const;
 
   DenoiserShape shape_;
   SamplerOptions options_;

@@ -14,6 +14,22 @@ namespace {
 constexpr int kC = 2, kH = 3, kW = 3;
 constexpr size_t kN = kC * kH * kW;
 constexpr int kNumClasses = 5;
+constexpr SamplerKind kEverySampler[] = {SamplerKind::kDdpm,
+                                         SamplerKind::kDdim,
+                                         SamplerKind::kPndm,
+                                         SamplerKind::kEuler,
+                                         SamplerKind::kEulerAncestral,
+                                         SamplerKind::kHeun,
+                                         SamplerKind::kLms,
+                                         SamplerKind::kKdpm2,
+                                         SamplerKind::kKdpm2Ancestral,
+                                         SamplerKind::kDpmSolver,
+                                         SamplerKind::kDpmSolverSinglestep,
+                                         SamplerKind::kDpmSolverSde,
+                                         SamplerKind::kDeis,
+                                         SamplerKind::kUniPc,
+                                         SamplerKind::kLcm,
+                                         SamplerKind::kTcd};
 
 // A smooth made-up model whose ε depends on x_t, t and the label, and whose v varies in
 // (−1, 1): enough to tell conditional from unconditional and one timestep from another.
@@ -314,6 +330,67 @@ TEST_F(SamplerTest, StartsFromAnImageNoisedToItsFirstStep) {
   EXPECT_NE(lcm.status().message().find("for LCM sampling from an image"), std::string::npos);
 }
 
+// Inpainting with a model of the sampled channels alone (KeptImage), every sampler: a mask that
+// paints everything samples as no mask does, bit for bit; outside a partial mask the samples end
+// on the image itself; and from the second model call on, the model sees the image there noised
+// to the call's level with the sample's own x_T (DDIM: √ᾱ_t·x0 + √(1 − ᾱ_t)·z).
+TEST_F(SamplerTest, InpaintingKeepsTheImageOutsideItsMask) {
+  const int N = 2;
+  std::vector<float> x0(N * kN), all(N * kH * kW, 1.0f), half(N * kH * kW);
+  for (size_t j = 0; j < x0.size(); ++j)
+    x0[j] = 0.8f * std::cos(0.9f * j);
+  for (size_t j = 0; j < half.size(); ++j)
+    half[j] = j % 3 == 1 ? 1.0f : 0.0f;
+  const std::vector<int32_t> labels = {1, 3};
+  for (SamplerKind kind : kEverySampler) {
+    SCOPED_TRACE(SamplerName(kind));
+    SamplerOptions options;
+    options.kind = kind;
+    options.steps = 8;
+    options.seed = 4;
+    options.cfg_scale = 2;
+    options.spacing.kind = DefaultSpacing(kind) == "respace" ? "leading" : DefaultSpacing(kind);
+    options.clip_denoised = false;
+    const Sampler sampler = Make(options, false);
+    const Denoiser toy = Toy(false);
+    const std::vector<float> plain = Draw(sampler, toy, labels);
+    std::vector<float> x(N * kN);
+    KeptImage everything{x0.data(), all.data(), nullptr};
+    sampler.Sample(toy, labels.data(), N, 0, x.data(), &everything);
+    EXPECT_EQ(x, plain);
+    // From given x_T's z, which are also the image's noise; the second call's inputs (the
+    // conditional half of the guided batch).
+    std::vector<float> z(N * kN);
+    for (size_t e = 0; e < z.size(); ++e)
+      z[e] = std::sin(2.1f * e + 0.3f);
+    int calls = 0;
+    std::vector<float> second;
+    const Denoiser watched = [&](const float* x_t, const float* t, const int32_t* y, int B,
+                                 float* out) {
+      if (calls++ == 1) second.assign(x_t, x_t + N * kN);
+      toy(x_t, t, y, B, out);
+    };
+    KeptImage kept{x0.data(), half.data(), z.data()};
+    x = z;
+    sampler.Denoise(watched, labels.data(), N, 0, x.data(), &kept);
+    ASSERT_EQ(second.size(), N * kN);
+    // DDIM's second call is at the second highest of its timesteps.
+    const std::vector<int>& t = sampler.timesteps();
+    const double abar =
+        kind == SamplerKind::kDdim ? diffusion.alphas_cumprod()[t[t.size() - 2]] : 0;
+    for (size_t e = 0; e < x.size(); ++e) {
+      if (half[e / kN * kH * kW + e % (kH * kW)] == 0) {
+        ASSERT_EQ(x[e], x0[e]) << e;
+        if (kind == SamplerKind::kDdim) {
+          ASSERT_FLOAT_EQ(second[e], std::sqrt(abar) * x0[e] + std::sqrt(1 - abar) * z[e]) << e;
+        }
+      } else {
+        ASSERT_NE(x[e], x0[e]) << e;
+      }
+    }
+  }
+}
+
 // Zero terminal SNR: the first step is from ᾱ = 0, where x_t is pure noise and only v tells
 // x0 (x0 = −v). Every sampler lands on the point mass of a perfect v-model: DDPM and DDIM
 // from ᾱ = 0 itself, the others from 2^−24 in its place (σ ≈ 4096), as diffusers'. Two land
@@ -343,12 +420,7 @@ TEST_F(SamplerTest, ZeroTerminalSnrSamplersRecoverThePointMass) {
     }
   };
   const DenoiserShape shape{kC, kH, kW, /*learn_sigma=*/false, kNumClasses};
-  for (SamplerKind kind :
-       {SamplerKind::kDdpm, SamplerKind::kDdim, SamplerKind::kPndm, SamplerKind::kEuler,
-        SamplerKind::kEulerAncestral, SamplerKind::kHeun, SamplerKind::kLms, SamplerKind::kKdpm2,
-        SamplerKind::kKdpm2Ancestral, SamplerKind::kDpmSolver, SamplerKind::kDpmSolverSinglestep,
-        SamplerKind::kDpmSolverSde, SamplerKind::kDeis, SamplerKind::kUniPc, SamplerKind::kLcm,
-        SamplerKind::kTcd}) {
+  for (SamplerKind kind : kEverySampler) {
     for (const char* spacing : {"respace", "trailing"}) {
       SamplerOptions options;
       options.kind = kind;

@@ -49,7 +49,10 @@ struct SampleSchema {
   int frames = 1;
   bool video = false;  // samples are videos [frames, C, H, W], even of one frame
   int channels = 4, height = 32, width = 32;
-  int out_channels = 4;      // of the model's output, per frame (2 × channels: learned σ)
+  int out_channels = 4;  // of the model's output, per frame (2 × channels: learned σ)
+  // The model's input has these channels after the sampled ones, which the pipeline fills (an
+  // inpainting UNet's mask and masked image latents: 1 + channels); 0: none.
+  int conditioning_channels = 0;
   int num_classes = 0;       // labels in [0, num_classes); 0: no labels
   double label_dropout = 0;  // probability that a label becomes the null class (num_classes)
   int context_length = 0;    // text embedding [context_length, context_dim]; 0: none
@@ -64,6 +67,10 @@ struct SampleSchema {
   bool learn_sigma() const { return out_channels == 2 * channels; }
   size_t elements() const { return size_t(frames) * channels * height * width; }
   size_t output_elements() const { return size_t(frames) * out_channels * height * width; }
+  // Of the model's input: the sampled channels and the conditioning ones.
+  size_t input_elements() const {
+    return size_t(frames) * (channels + conditioning_channels) * height * width;
+  }
 };
 
 // A rank's share of a model under a layout: its place, its parameters, its fixed tensors.

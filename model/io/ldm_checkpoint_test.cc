@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -85,12 +86,13 @@ TEST(LdmCheckpointTest, FindsTheClipTensorsInOpenClipsNames) {
 // (convolutional projections, 8 heads) and SD 2.x's (linear, heads of 64 channels); the
 // initial-weights reader finds every tensor of the model in the file.
 TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
-  for (const bool linear : {false, true}) {
-    SCOPED_TRACE(linear ? "SD 2.x" : "SD 1.x");
+  // SD 1.x, SD 2.x, and SD 1.x's inpainting UNet (sd-v1-5-inpainting: 9 input channels).
+  for (const auto& [linear, in_channels] : {std::pair{false, 4}, {true, 4}, {false, 9}}) {
+    SCOPED_TRACE(fmt::format("{} in_channels {}", linear ? "SD 2.x" : "SD 1.x", in_channels));
     const nlohmann::json config = {
         {"name", "unet"},
         {"sample_size", 64},
-        {"in_channels", 4},
+        {"in_channels", in_channels},
         {"out_channels", 4},
         {"block_out_channels",
          linear ? std::vector<int>{64, 128, 128} : std::vector<int>{32, 64, 64}},
@@ -131,6 +133,9 @@ TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
           "use_linear_projection", "transformer_layers_per_block"}) {
       EXPECT_EQ((*read)[key], config[key]) << key;
     }
+    Result<ModelSpec> read_spec = ModelSpecFromJson("unet", *read);
+    ASSERT_TRUE(read_spec.ok()) << read_spec.status().message();
+    EXPECT_EQ(FamilyOf(*read_spec).Samples(*read_spec).conditioning_channels, in_channels - 4);
     Result<std::vector<std::string>> unused = CheckInitialWeights(*file, table);
     ASSERT_TRUE(unused.ok()) << unused.status().message();
     EXPECT_TRUE(unused->empty());

@@ -100,7 +100,11 @@ class UNetFamilyImpl final : public ModelFamily {
   SampleSchema Samples(const ModelSpec& spec) const override {
     const UNetConfig c = UNetConfigOf(spec);
     SampleSchema s;
-    s.channels = c.in_channels;
+    // A UNet of more input than output channels (not a learned σ's 2×) samples out_channels and
+    // takes the rest as conditioning (an inpainting UNet's 9 = 4 + mask + masked image's 4).
+    const bool conditioned = c.in_channels > c.out_channels;
+    s.channels = conditioned ? c.out_channels : c.in_channels;
+    s.conditioning_channels = conditioned ? c.in_channels - c.out_channels : 0;
     s.out_channels = c.out_channels;
     s.height = s.width = c.sample_size;
     s.context_length = c.text_length;

@@ -19,6 +19,10 @@ image pipeline's input,
   stretch.rgb.k  F32 [3, SIZE - 2, SIZE + 3]   convert("RGB"), resize((SIZE + 3, SIZE - 2),
                                                LANCZOS), 2 · (x/255) - 1 in float32
   stretch.grey.k                               the same from convert("L").
+and as its inpainting pipelines' mask processor prepares a mask (resize in the image's own
+colours, then grey and binarised; alpha dropped first),
+  mask.k         F32 [SIZE - 2, SIZE + 3]      convert("RGB" or "L"), resize((SIZE + 3, SIZE - 2),
+                                               LANCZOS), convert("L"), x/255 >= 0.5 as 1, else 0
 Exit status: 0, or 2 for bad usage.
 """
 
@@ -93,6 +97,13 @@ def stretched(image, size):
     return np.float32(2.0) * (x.transpose(2, 0, 1) / np.float32(255.0)) - np.float32(1.0)
 
 
+def masked(image, size):
+    colour = image.mode in ("RGB", "RGBA")
+    grey = image.convert("RGB" if colour else "L").resize((size + 3, size - 2), Image.LANCZOS)
+    x = np.asarray(grey.convert("L")).astype(np.float32) / np.float32(255.0)
+    return np.ascontiguousarray((x >= 0.5).astype(np.float32))
+
+
 def make(out, size):
     rng = np.random.default_rng(0)
     expected = {}
@@ -126,6 +137,7 @@ def make(out, size):
             expected[f"square.{key}.{k}"] = normalised(square_crop(converted, size))
             expected[f"dit.{key}.{k}"] = normalised(center_crop_arr(converted, size))
             expected[f"stretch.{key}.{k}"] = np.ascontiguousarray(stretched(converted, size))
+        expected[f"mask.{k}"] = masked(image, size)
         k += 1
     safetensors_np.write(os.path.join(out, "expected.safetensors"), expected)
 

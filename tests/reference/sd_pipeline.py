@@ -2,7 +2,7 @@
 """diffusers' StableDiffusionPipeline as the reference of `difftrain sample --pretrained
 PIPELINE` (launch/sample_command.cc):
 
-    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm|ldm1|ldm2]
+    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm|ldm1|ldm2|inpaint]
     PYTHON tests/reference/sd_pipeline.py run DIR OUT.safetensors SETTINGS_JSON
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2 with
@@ -20,7 +20,8 @@ With `lcm`, a LatentConsistencyModelPipeline instead: the UNet guidance-distille
 GroupNorm of 32 in the UNet (channels 32, 64; 8 heads, SD 1.x's convolutional projections) or
 (`ldm2`: channels 64, 128, heads of 64 channels, SD 2.x's linear projections) and the VAE
 (channels 32, 64), and the scheduler diffusers' from_single_file gives one (DDIM, epsilon,
-leading, steps_offset 1, set_alpha_to_one false).
+leading, steps_offset 1, set_alpha_to_one false). With `inpaint`, the UNet an inpainting
+pipeline has: 9 input channels (the latents, the mask and the masked image's latents), 4 out.
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
@@ -50,6 +51,10 @@ latents, which the pipelines take as they are) and "strength" in SETTINGS_JSON, 
 runs as StableDiffusionImg2ImgPipeline (an LCM one as LatentConsistencyModelImg2ImgPipeline) of
 the same components, the noise its prepare_latents adds to the image the seeded N(0, 1) that
 OUT's "noise" holds.
+Inpainting: with "mask" (a picture) besides "image" and "strength", the pipeline runs as
+StableDiffusionInpaintPipeline, its masked_image_latents the image file's tensor of that name
+(else, for a 4-channel UNet, which does not read them, its images), the noise its prepare_latents
+draws OUT's "noise".
 Exit status: 0, or 2 for bad usage.
 """
 
@@ -66,10 +71,12 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        HeunDiscreteScheduler, KDPM2DiscreteScheduler,
                        LatentConsistencyModelImg2ImgPipeline,
                        LatentConsistencyModelPipeline, LCMScheduler, LMSDiscreteScheduler,
-                       PNDMScheduler, StableDiffusionImg2ImgPipeline, StableDiffusionPipeline,
+                       PNDMScheduler, StableDiffusionImg2ImgPipeline,
+                       StableDiffusionInpaintPipeline, StableDiffusionPipeline,
                        TCDScheduler, UNet2DConditionModel, UniPCMultistepScheduler)
 from lora import fuse_into, fuse_text_encoder
 from step_brownian import StepBrownian, dpm_solver_sde_module
+from PIL import Image
 from safetensors.torch import load_file, save_file
 from transformers import CLIPTextModel, CLIPTokenizer
 
@@ -96,7 +103,8 @@ def make(folder, seed, kind):
     if kind.startswith("ldm"):
         vae_shape = dict(block_out_channels=(32, 64), norm_num_groups=32)
     unet = perturbed(UNet2DConditionModel(
-        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+        sample_size=8, in_channels=9 if kind == "inpaint" else 4, out_channels=4,
+        layers_per_block=1,
         cross_attention_dim=text_encoder.config.hidden_size,
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
@@ -136,9 +144,17 @@ def sample(pipeline, out, settings, **call):
     arguments; writes OUT."""
     unet = pipeline.unet.config
     generator = torch.Generator().manual_seed(settings.get("seed", 0))
-    noise = torch.randn((settings["images"], unet.in_channels, unet.sample_size, unet.sample_size),
+    noise = torch.randn((settings["images"], unet.out_channels, unet.sample_size, unet.sample_size),
                         generator=generator)
-    if settings.get("image"):
+    if settings.get("mask"):
+        pipeline = StableDiffusionInpaintPipeline(**pipeline.components)
+        sys.modules[StableDiffusionInpaintPipeline.__module__].randn_tensor = \
+            lambda shape, **kwargs: noise.clone()
+        images = load_file(settings["image"])
+        call.update(image=images["images"], mask_image=Image.open(settings["mask"]),
+                    masked_image_latents=images.get("masked_image_latents", images["images"]),
+                    strength=settings["strength"])
+    elif settings.get("image"):
         image_class = (LatentConsistencyModelImg2ImgPipeline
                        if isinstance(pipeline, LatentConsistencyModelPipeline)
                        else StableDiffusionImg2ImgPipeline)
@@ -212,7 +228,7 @@ def run(folder, out, settings):
 
 def main(argv):
     if len(argv) in (4, 5) and argv[1] == "make" and argv[4:] in (
-            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"]):
+            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"], ["inpaint"]):
         return make(argv[2], int(argv[3]), argv[4] if len(argv) == 5 else "sd")
     if len(argv) == 5 and argv[1] == "run":
         with open(argv[4]) as f:
