@@ -144,8 +144,8 @@ def sample(pipeline, out, settings, **call):
     arguments; writes OUT."""
     unet = pipeline.unet.config
     generator = torch.Generator().manual_seed(settings.get("seed", 0))
-    noise = torch.randn((settings["images"], unet.out_channels, unet.sample_size, unet.sample_size),
-                        generator=generator)
+    side = unet.sample_size
+    noise = torch.randn((settings["images"], unet.out_channels, side, side), generator=generator)
     if settings.get("mask"):
         pipeline = StableDiffusionInpaintPipeline(**pipeline.components)
         sys.modules[StableDiffusionInpaintPipeline.__module__].randn_tensor = \
