@@ -34,6 +34,12 @@ Status TrainConfig::Validate(int dp) const {
   if (data.kind == "latent_folder" && data.path.empty()) {
     return Status::Error("data.path: required for data.kind latent_folder");
   }
+  if (const SampleSchema s = FamilyOf(model).Samples(model); s.height != s.width) {
+    return Errorf(
+        "model: the {} model's samples are {}x{} (height x width): difftrain trains square "
+        "samples; other sizes are for sampling (`difftrain sample --height --width`)",
+        model.name(), s.height, s.width);
+  }
   if (const int c = FamilyOf(model).Samples(model).conditioning_channels; c > 0) {
     return Errorf(
         "model: the {} model takes {} conditioning channels besides the {} it samples (an "

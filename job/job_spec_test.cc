@@ -349,6 +349,21 @@ TEST_F(JobSpecTest, AnInpaintingUNetIsNotTrained) {
       << c.status().message();
 }
 
+// Nor is a non-square one (diffusers' sample_size [height, width]), which samples only.
+TEST_F(JobSpecTest, ANonSquareUNetIsNotTrained) {
+  std::ifstream file(std::string(DIFFTRAIN_SOURCE_DIR) + "/jobs/unet-fashion.yaml");
+  std::string unet((std::istreambuf_iterator<char>(file)), {});
+  const std::string side = "  sample_size: 32\n";
+  ASSERT_NE(unet.find(side), std::string::npos);
+  unet.replace(unet.find(side), side.size(), "  sample_size: [32, 16]\n");
+  Result<TrainConfig> c = TrainConfig::FromYamlText(unet, "unet.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(
+      c.status().message().find("samples are 32x16 (height x width): difftrain trains square"),
+      std::string::npos)
+      << c.status().message();
+}
+
 TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
   Result<TrainConfig> c = TrainConfig::FromYamlFile(Write("model: {name: DiT-M/3}\n"));
   ASSERT_FALSE(c.ok());

@@ -86,13 +86,13 @@ int RunSample(const SampleOptions& o) {
     return bad((o.checkpoint.empty() ? "--pretrained: " : "--checkpoint: ") +
                loaded.status().message());
   }
-  const SampleSource& ckpt = *loaded;
+  SampleSource& ckpt = *loaded;
   const Result<Sampling> sampling = ChooseSampling(o, ckpt);
   if (!sampling.ok()) return bad(sampling.status().message());
   const SamplerKind kind = sampling->kind;
   const bool pipeline_defaults = ckpt.spacing.has_value();
   const ModelFamily& family = FamilyOf(ckpt.model);
-  const SampleSchema m = family.Samples(ckpt.model);
+  SampleSchema m = family.Samples(ckpt.model);
   const bool text_model = m.context_length > 0;
   std::optional<Prompts> prompts;
   if (text_model) {
@@ -145,6 +145,27 @@ int RunSample(const SampleOptions& o) {
   }
   Result<std::optional<Vae>> vae = LoadSampleVae(o, ckpt, m);
   if (!vae.ok()) return bad(vae.status().message());
+  if (o.height || o.width) {
+    // Pixels, as diffusers' height and width: the latents are the VAE's downscale smaller.
+    if (!*vae && m.channels != 1 && m.channels != 3) {
+      return bad(
+          "--height/--width are pixels, and this model samples latents without a VAE to say "
+          "their scale: give --vae");
+    }
+    const int f = *vae ? (*vae)->config().downscale() : 1;
+    const int height = o.height.value_or(m.height * f), width = o.width.value_or(m.width * f);
+    if (height < 1 || width < 1 || height % f != 0 || width % f != 0) {
+      return bad(fmt::format(
+          "--height/--width: {}x{} pixels, and the samples' sides must be positive multiples of "
+          "the VAE's downscale {}",
+          height, width, f));
+    }
+    Result<ModelSpec> resized = family.Resized(ckpt.model, height / f, width / f);
+    if (!resized.ok()) return bad("--height/--width: " + resized.status().message());
+    ckpt.model = std::move(resized).value();
+    m = family.Samples(ckpt.model);
+    spdlog::info("sampling {}x{} pixels ({}x{} latents)", width, height, m.width, m.height);
+  }
   if ((!o.out.empty() || !o.gif.empty()) && !*vae && m.channels != 1 && m.channels != 3) {
     return bad(fmt::format(
         "--out: a PNG needs 1 or 3 channels and this model makes {} (latents: decode them "
@@ -620,6 +641,11 @@ DIFFTRAIN_COMMAND(
                       "(9 input channels) sees the mask and the masked image, any other model's "
                       "samples keep the image outside the mask at every step; one for all "
                       "samples, one per row or one per sample (repeat it)");
+       app.add_option("--height", o->height,
+                      "the samples' height in pixels, as diffusers' height (default: the "
+                      "model's; a UNet samples at any multiple of the VAE's downscale times "
+                      "2^(levels - 1))");
+       app.add_option("--width", o->width, "the samples' width in pixels, likewise");
        app.add_option("--clip-denoised", o->clip_denoised,
                       "clip x0 predictions to [-1, 1] every step (default: true, false for "
                       "models trained on latents and for every sampler but ddpm and ddim)");

@@ -289,6 +289,11 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
             "--image: '" + File("misshapen.safetensors") +
                 "': tensor 'noise' is [1, 4], and this model's samples are [K, 1, 8, 8]"},
            {"--checkpoint " + Ckpt() + " --classes 0 --image /nonexistent.png" + out, "--image: "},
+           {"--checkpoint " + Ckpt() + " --classes 0 --height 16" + out,
+            "--height/--width: the dit family samples at its model's size only (8x8 latents)"},
+           {"--checkpoint " + Ckpt() + " --classes 0 --width 0" + out,
+            "--height/--width: 8x0 pixels, and the samples' sides must be positive multiples of "
+            "the VAE's downscale 1"},
            {"--checkpoint " + Ckpt() + " --classes 0 --initial-noise " +
                 ShellQuote(File("misshapen.safetensors")) + out,
             "--initial-noise: safetensors file '" + File("misshapen.safetensors") +

@@ -57,6 +57,8 @@ struct SampleOptions {
   // the schedule they are noised (default 0.8, as diffusers').
   std::vector<std::string> images;
   std::optional<double> strength;
+  // The samples' size in pixels (diffusers' height and width): the model resized to it.
+  std::optional<int> height, width;
   // Inpainting: the masks of the images (white: painted).
   std::vector<std::string> masks;
   std::string vae;                 // a diffusers AutoencoderKL decoding a latent model's samples

@@ -267,6 +267,33 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"seed", 1}},
        "--prompt 'a photo of a boat' --negative-prompt 'blurry, dark' --cfg 3 "
        "--timestep-spacing trailing --per-class 3 --steps 7"},
+      // A portrait, 24 × 16 pixels (12 × 8 latents) from the 16 × 16 UNet: diffusers' height and
+      // width.
+      {"portrait",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 6},
+        {"guidance", 4.0},
+        {"spacing", nullptr},
+        {"height", 24},
+        {"width", 16},
+        {"images", 2},
+        {"seed", 12}},
+       "--prompt 'a photo of a boat' --cfg 4 --per-class 2 --steps 6 --height 24 --width 16"},
+      // The same wide, with Euler.
+      {"landscape_euler",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 6},
+        {"guidance", 4.0},
+        {"spacing", nullptr},
+        {"scheduler", "euler"},
+        {"height", 16},
+        {"width", 32},
+        {"images", 2},
+        {"seed", 13}},
+       "--prompt 'a photo of a boat' --cfg 4 --per-class 2 --steps 6 --sampler euler "
+       "--width 32"},
       // SD 1.x's scheduler: PNDM's pseudo linear multistep.
       {"pndm",
        {{"prompt", "a photo of a boat"},

@@ -109,6 +109,10 @@ class ModelFamily {
   // A config as checkpoints and debug dumps carry it, checked.
   virtual Result<ModelSpec> FromJson(const nlohmann::json& config) const = 0;
 
+  // The same model (the same parameters) sampling at another latent size, height × width; by
+  // default an error saying the family samples at its own size only.
+  virtual Result<ModelSpec> Resized(const ModelSpec& spec, int height, int width) const;
+
   virtual ModelCost Cost(const ModelSpec& spec) const = 0;
   virtual SampleSchema Samples(const ModelSpec& spec) const = 0;
 

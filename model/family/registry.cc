@@ -35,6 +35,12 @@ bool ModelFamily::Knows(const std::string& config_name) const {
   return std::find(names.begin(), names.end(), config_name) != names.end();
 }
 
+Result<ModelSpec> ModelFamily::Resized(const ModelSpec& spec, int, int) const {
+  const SampleSchema s = Samples(spec);
+  return Errorf("the {} family samples at its model's size only ({}x{} latents)", name(), s.height,
+                s.width);
+}
+
 Result<std::unique_ptr<GpuStep>> ModelFamily::CreateGpuStep(const TrainConfig&, int) const {
   return Errorf("train.device cuda: the {} family has no GPU step yet (train it on the cpu)",
                 name());

@@ -145,11 +145,15 @@ Status UNetConfig::Validate() const {
   }
   if (heads(levels() - 1) <= 0 || block_out_channels.back() % heads(levels() - 1) != 0)
     return Errorf("model.attention_head_dim: the mid block's heads must divide its channels");
-  if (sample_size % (1 << (levels() - 1)) != 0) {
-    return Errorf(
-        "model.sample_size {} must be divisible by 2^{} (one halving per down block "
-        "but the last)",
-        sample_size, levels() - 1);
+  if (sample_width < 0)
+    return Errorf("model.sample_size: the width must be positive, got {}", sample_width);
+  for (const int side : {sample_size, width()}) {
+    if (side % (1 << (levels() - 1)) != 0) {
+      return Errorf(
+          "model.sample_size {} must be divisible by 2^{} (one halving per down block "
+          "but the last)",
+          side, levels() - 1);
+    }
   }
   if (text_dropout < 0 || text_dropout >= 1)
     return Errorf("model.text_dropout must be in [0, 1), got {}", text_dropout);
@@ -164,7 +168,8 @@ Status UNetConfig::Validate() const {
 
 nlohmann::json UNetConfig::ToJson() const {
   json j = {{"name", name},
-            {"sample_size", sample_size},
+            {"sample_size", width() == sample_size ? json(sample_size)
+                                                   : json(std::vector<int>{sample_size, width()})},
             {"in_channels", in_channels},
             {"out_channels", out_channels},
             {"block_out_channels", block_out_channels},
@@ -194,7 +199,15 @@ Result<UNetConfig> UNetConfig::FromJson(const json& j) {
       if (key.starts_with("_")) continue;
       if (key == "name")
         c.name = value.get<std::string>();
-      else if (key == "sample_size")
+      else if (key == "sample_size" && value.is_array()) {
+        // diffusers' [height, width]
+        const std::vector<int> size = value.get<std::vector<int>>();
+        if (size.size() != 2)
+          return Errorf("model.sample_size: expected a side or [height, width], found {}",
+                        value.dump());
+        c.sample_size = size[0];
+        c.sample_width = size[0] == size[1] ? 0 : size[1];
+      } else if (key == "sample_size")
         c.sample_size = value.get<int>();
       else if (key == "in_channels")
         c.in_channels = value.get<int>();

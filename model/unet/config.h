@@ -25,7 +25,9 @@ inline constexpr const char* kUp = "UpBlock2D";
 
 struct UNetConfig {
   std::string name = "unet";
-  int sample_size = 64;  // latent height = width
+  int sample_size = 64;  // latent height (and width, unless sample_width is set)
+  // A non-square latent's width: diffusers' sample_size [height, width]; 0: square.
+  int sample_width = 0;
   int in_channels = 4;
   int out_channels = 4;
   std::vector<int> block_out_channels = {320, 640, 1280, 1280};
@@ -47,6 +49,7 @@ struct UNetConfig {
   int time_cond_proj_dim = 0;
 
   int levels() const { return static_cast<int>(block_out_channels.size()); }
+  int width() const { return sample_width > 0 ? sample_width : sample_size; }
   int time_embed_dim() const { return 4 * block_out_channels[0]; }
   // Heads of the transformers of down block i (and of the up block that mirrors it).
   int heads(int level) const {

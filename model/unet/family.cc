@@ -91,6 +91,13 @@ class UNetFamilyImpl final : public ModelFamily {
     return UNetSpec(c);
   }
 
+  Result<ModelSpec> Resized(const ModelSpec& spec, int height, int width) const override {
+    nlohmann::json config = spec.config;
+    config["sample_size"] =
+        height == width ? nlohmann::json(height) : nlohmann::json(std::vector<int>{height, width});
+    return FromJson(config);
+  }
+
   ModelCost Cost(const ModelSpec& spec) const override {
     const UNetConfig c = UNetConfigOf(spec);
     const int64_t n = ParameterCount(c);
@@ -106,7 +113,8 @@ class UNetFamilyImpl final : public ModelFamily {
     s.channels = conditioned ? c.out_channels : c.in_channels;
     s.conditioning_channels = conditioned ? c.in_channels - c.out_channels : 0;
     s.out_channels = c.out_channels;
-    s.height = s.width = c.sample_size;
+    s.height = c.sample_size;
+    s.width = c.width();
     s.context_length = c.text_length;
     s.context_dim = c.cross_attention_dim;
     s.context_dropout = c.text_dropout;

@@ -11,12 +11,12 @@ class PlanBuilder {
   PlanBuilder(const UNetConfig& c, UNetPlan& p) : c_(c), p_(p) {}
 
   void Build() {
-    const int C0 = c_.block_out_channels[0], S = c_.sample_size;
+    const int C0 = c_.block_out_channels[0];
     AddLinear("time_embedding.linear_1.", C0, c_.time_embed_dim());
     if (c_.time_cond_proj_dim > 0)
       AddLinear("time_embedding.cond_proj.", c_.time_cond_proj_dim, C0, /*bias=*/false);
     AddLinear("time_embedding.linear_2.", c_.time_embed_dim(), c_.time_embed_dim());
-    int h = NewValue(c_.in_channels, S);
+    int h = NewValue(c_.in_channels, c_.sample_size, c_.width());
     h = Conv("conv_in.", h, C0, 1);
     skips_.push_back(h);
     for (int i = 0; i < c_.levels(); ++i) {
@@ -50,14 +50,17 @@ class PlanBuilder {
       if (level > 0) h = UpsampleConv(block + "upsamplers.0.conv.", h);
     }
     DT_CHECK(skips_.empty(), "{} skips left over", skips_.size());
-    Node({UNetNodeKind::kOutput, "", {h}, NewValue(c_.out_channels, p_.values[h].H)});
+    Node({UNetNodeKind::kOutput,
+          "",
+          {h},
+          NewValue(c_.out_channels, p_.values[h].H, p_.values[h].W)});
     AddNorm("conv_norm_out.", C0);
     AddConv("conv_out.", C0, c_.out_channels, 3);
   }
 
  private:
-  int NewValue(int C, int size) {
-    p_.values.push_back({C, size, size});
+  int NewValue(int C, int H, int W) {
+    p_.values.push_back({C, H, W});
     return static_cast<int>(p_.values.size()) - 1;
   }
   void Add(const std::string& name, std::vector<int64_t> shape) { p_.table.Add(name, shape); }
@@ -81,13 +84,17 @@ class PlanBuilder {
   int Conv(const std::string& prefix, int in, int C, int stride) {
     const UNetValue& v = p_.values[in];
     AddConv(prefix, v.C, C, 3);
-    return Node({UNetNodeKind::kConv, prefix, {in}, NewValue(C, (v.H - 1) / stride + 1), stride});
+    return Node({UNetNodeKind::kConv,
+                 prefix,
+                 {in},
+                 NewValue(C, (v.H - 1) / stride + 1, (v.W - 1) / stride + 1),
+                 stride});
   }
 
   int UpsampleConv(const std::string& prefix, int in) {
     const UNetValue& v = p_.values[in];
     AddConv(prefix, v.C, v.C, 3);
-    return Node({UNetNodeKind::kUpsampleConv, prefix, {in}, NewValue(v.C, 2 * v.H)});
+    return Node({UNetNodeKind::kUpsampleConv, prefix, {in}, NewValue(v.C, 2 * v.H, 2 * v.W)});
   }
 
   int Resnet(const std::string& prefix, std::vector<int> inputs, int C) {
@@ -100,8 +107,8 @@ class PlanBuilder {
     AddNorm(prefix + "norm2.", C);
     AddConv(prefix + "conv2.", C, C, 3);
     if (Cin != C) AddConv(prefix + "conv_shortcut.", Cin, C, 1);
-    const int size = p_.values[inputs[0]].H;
-    return Node({UNetNodeKind::kResnet, prefix, std::move(inputs), NewValue(C, size)});
+    const UNetValue v = p_.values[inputs[0]];
+    return Node({UNetNodeKind::kResnet, prefix, std::move(inputs), NewValue(C, v.H, v.W)});
   }
 
   int Transformer(const std::string& prefix, int in, int level) {
@@ -128,7 +135,7 @@ class PlanBuilder {
     AddLinear(b + "ff.net.2.", 4 * C, C);
     Add(prefix + "proj_out.weight", projection);
     Add(prefix + "proj_out.bias", {C});
-    UNetNode n{UNetNodeKind::kTransformer, prefix, {in}, NewValue(C, v.H)};
+    UNetNode n{UNetNodeKind::kTransformer, prefix, {in}, NewValue(C, v.H, v.W)};
     n.heads = c_.heads(level);
     return Node(std::move(n));
   }

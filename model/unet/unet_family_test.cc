@@ -120,6 +120,52 @@ TEST(UNetFamily, RequestsOverrideSampleSizeAndCheckShapes) {
   EXPECT_FALSE(ModelSpecFromRequest(r).ok());
 }
 
+// Resized to height × width (sampling at another size): the same parameters, diffusers'
+// sample_size [height, width] in the config (a side where square), the plan's values
+// H × W with every halving; sides the down blocks cannot halve are refused, and so is
+// resizing a DiT.
+TEST(UNetFamily, ResizesToNonSquareSamples) {
+  ModelRequest r;
+  r.name = "SD1.5";
+  r.input_size = 16;
+  Result<ModelSpec> spec = ModelSpecFromRequest(r);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  const ModelFamily& family = FamilyOf(*spec);
+  Result<ModelSpec> wide = family.Resized(*spec, 16, 40);
+  ASSERT_TRUE(wide.ok()) << wide.status().message();
+  EXPECT_EQ(wide->config["sample_size"], nlohmann::json::array({16, 40}));
+  const SampleSchema s = family.Samples(*wide);
+  EXPECT_EQ(s.height, 16);
+  EXPECT_EQ(s.width, 40);
+  EXPECT_EQ(family.Cost(*wide).parameters, family.Cost(*spec).parameters);
+  const UNetPlan plan(UNetConfigOf(*wide));
+  const UNetValue& deepest = plan.values[plan.nodes[plan.nodes.size() / 2].output];
+  EXPECT_EQ(deepest.W * 16, deepest.H * 40) << deepest.H << "x" << deepest.W;
+  Result<ModelSpec> read = family.FromJson(wide->config);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(*read, *wide);
+  Result<ModelSpec> square = family.Resized(*wide, 24, 24);
+  ASSERT_TRUE(square.ok());
+  EXPECT_EQ(square->config["sample_size"], 24);
+  Result<ModelSpec> odd = family.Resized(*spec, 16, 36);  // 36 is not divisible by 2^3
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("sample_size 36 must be divisible by 2^3"),
+            std::string::npos)
+      << odd.status().message();
+  nlohmann::json bad = spec->config;
+  bad["sample_size"] = {16};
+  EXPECT_FALSE(family.FromJson(bad).ok());
+  ModelRequest dit;
+  dit.name = "DiT-S/2";
+  Result<ModelSpec> dit_spec = ModelSpecFromRequest(dit);
+  ASSERT_TRUE(dit_spec.ok());
+  Result<ModelSpec> refused = FamilyOf(*dit_spec).Resized(*dit_spec, 16, 32);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("the dit family samples at its model's size only"),
+            std::string::npos)
+      << refused.status().message();
+}
+
 // Backward adds into the gradients (two passes give twice one, up to rounding), and reports
 // gradient ranges final from offsets that only decrease, ending at 0.
 TEST(UNetModel, GradientsAccumulateAndReadyOffsetsDecrease) {

@@ -51,6 +51,7 @@ latents, which the pipelines take as they are) and "strength" in SETTINGS_JSON, 
 runs as StableDiffusionImg2ImgPipeline (an LCM one as LatentConsistencyModelImg2ImgPipeline) of
 the same components, the noise its prepare_latents adds to the image the seeded N(0, 1) that
 OUT's "noise" holds.
+With "height" and "width" (pixels), the pipeline samples at that size.
 Inpainting: with "mask" (a picture) besides "image" and "strength", the pipeline runs as
 StableDiffusionInpaintPipeline, its masked_image_latents the image file's tensor of that name
 (else, for a 4-channel UNet, which does not read them, its images), the noise its prepare_latents
@@ -144,8 +145,13 @@ def sample(pipeline, out, settings, **call):
     arguments; writes OUT."""
     unet = pipeline.unet.config
     generator = torch.Generator().manual_seed(settings.get("seed", 0))
-    side = unet.sample_size
-    noise = torch.randn((settings["images"], unet.out_channels, side, side), generator=generator)
+    scale = 2 ** (len(pipeline.vae.config.block_out_channels) - 1)
+    height = settings.get("height", unet.sample_size * scale) // scale
+    width = settings.get("width", unet.sample_size * scale) // scale
+    noise = torch.randn((settings["images"], unet.out_channels, height, width),
+                        generator=generator)
+    if settings.get("height"):
+        call.update(height=settings["height"], width=settings["width"])
     if settings.get("mask"):
         pipeline = StableDiffusionInpaintPipeline(**pipeline.components)
         sys.modules[StableDiffusionInpaintPipeline.__module__].randn_tensor = \
