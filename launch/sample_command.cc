@@ -100,10 +100,11 @@ int RunSample(const SampleOptions& o) {
     if (!resolved.ok()) return bad(resolved.status().message());
     prompts = std::move(resolved).value();
   } else if (!o.prompts.empty() || !o.caption_ids.empty() || !o.text_table.empty() ||
-             !o.text_encoder.empty() || o.skip_layers || o.negative_prompt) {
+             !o.text_encoder.empty() || o.skip_layers || o.negative_prompt ||
+             !o.textual_inversions.empty()) {
     return bad(
-        "--prompt, --captions, --negative-prompt, --text-table, --text-encoder and "
-        "--skip-layers are for text-conditional models");
+        "--prompt, --captions, --negative-prompt, --text-table, --text-encoder, --skip-layers "
+        "and --textual-inversion are for text-conditional models");
   }
   // A text model's "classes" are its prompts, and its null class the unconditional text.
   const int num_rows = text_model ? static_cast<int>(prompts->ids.size()) : m.num_classes;
@@ -660,6 +661,14 @@ DIFFTRAIN_COMMAND(
                       "LCM-LoRA, TCD-LoRA, a style) into the model's weights before sampling, "
                       "its text encoder part into a pipeline's text encoder; repeat it to fuse "
                       "several");
+       app.add_option("--textual-inversion", o->textual_inversions,
+                      "load this textual inversion embedding (a safetensors file of one tensor, "
+                      "[D] or [n, D]: diffusers' learned_embeds, A1111's) into the text encoder "
+                      "as a new token, as diffusers' load_textual_inversion; repeat it for "
+                      "several");
+       app.add_option("--textual-inversion-token", o->inversion_tokens,
+                      "the tokens of the --textual-inversion files, one each in order "
+                      "(default: the file's tensor's name, diffusers' token)");
        app.add_option("--lora-scale", o->lora_scales,
                       "the LoRAs' scales (diffusers' fuse_lora lora_scale): one for all, or one "
                       "per --lora in order (default 1)")

@@ -63,6 +63,9 @@ struct SampleOptions {
   std::vector<std::string> masks;
   std::string vae;                 // a diffusers AutoencoderKL decoding a latent model's samples
   std::vector<std::string> loras;  // LoRA files fused into the model's weights (model/io/lora.h)
+  // Textual inversion embeddings loaded into the text encoder, and their tokens (none, or one
+  // per file; empty: the file's tensor's name).
+  std::vector<std::string> textual_inversions, inversion_tokens;
   // Their scales: none (1 each), one for all, or one per LoRA in order (LoraScale).
   std::vector<double> lora_scales;
 

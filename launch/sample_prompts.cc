@@ -133,6 +133,26 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
     }
     p.lora_text_encoder = true;
   }
+  if (!o.textual_inversions.empty()) {
+    // New tokens: every prompt must be embedded with them.
+    if (!encoder || !encoder_only) {
+      return Status::Error(
+          "--textual-inversion: its tokens reach the prompts through a text encoder that embeds "
+          "every prompt (--pretrained PIPELINE or --text-encoder, without --text-table or "
+          "--captions)");
+    }
+    if (!o.inversion_tokens.empty() && o.inversion_tokens.size() != o.textual_inversions.size()) {
+      return Errorf("--textual-inversion-token: give one per --textual-inversion ({}), got {}",
+                    o.textual_inversions.size(), o.inversion_tokens.size());
+    }
+    for (size_t i = 0; i < o.textual_inversions.size(); ++i) {
+      DT_RETURN_IF_ERROR(encoder->LoadTextualInversion(
+          o.textual_inversions[i], o.inversion_tokens.empty() ? "" : o.inversion_tokens[i]));
+      const auto& [token, vectors] = encoder->inversions().back();
+      spdlog::info("textual inversion {}: the token {} ({} vector{})", o.textual_inversions[i],
+                   token, vectors, vectors == 1 ? "" : "s");
+    }
+  }
   const int skip = o.skip_layers.value_or(encoder_only ? 0 : p.table.skip_layers);
   std::vector<std::string> wanted = o.prompts;  // the rows' texts, then the negative prompt
   if (o.negative_prompt) wanted.push_back(*o.negative_prompt);

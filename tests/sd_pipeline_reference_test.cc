@@ -549,6 +549,65 @@ TEST_F(SdPipelineReferenceTest, StartsFromAnImageAsStableDiffusionImg2ImgPipelin
   EXPECT_THAT(refused.output, ::testing::HasSubstr("= 0 of the 10 steps"));
 }
 
+// Textual inversion as diffusers' load_textual_inversion: a one-vector embedding in diffusers'
+// form (its tensor named by its token) and a three-vector one in A1111's (emb_params, its token
+// given), in the prompt and in the negative prompt, where the three-vector token stands for
+// itself and its _1 and _2 (maybe_convert_prompt). Without the files the tokens are plain text
+// and the samples move; a token the vocabulary has is refused.
+TEST_F(SdPipelineReferenceTest, LoadsTextualInversionsAsDiffusers) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python);
+  ASSERT_FALSE(pipeline.empty());
+  const int D = nlohmann::json::parse(std::ifstream(pipeline + "/text_encoder/config.json"))
+                    .at("hidden_size")
+                    .get<int>();
+  std::vector<float> one(D), three(3 * D);
+  for (int i = 0; i < D; ++i)
+    one[i] = static_cast<float>(std::sin(0.7 * i) * 0.8);
+  for (size_t i = 0; i < three.size(); ++i)
+    three[i] = static_cast<float>(std::cos(0.3 * i + 1) * 0.6);
+  io::SafetensorsWriter diffusers_form, a1111_form;
+  diffusers_form.AddF32("<boat-style>", {D}, one.data());
+  a1111_form.AddF32("emb_params", {3, D}, three.data());
+  const std::string style = (dir_ / "learned_embeds.safetensors").string();
+  const std::string ship = (dir_ / "ship.safetensors").string();
+  ASSERT_TRUE(diffusers_form.WriteAtomic(style).ok());
+  ASSERT_TRUE(a1111_form.WriteAtomic(ship).ok());
+  const nlohmann::json settings = {
+      {"prompt", "a photo of <boat-style> and <ship>, sailing"},
+      {"negative_prompt", "blurry <ship>"},
+      {"steps", 6},
+      {"guidance", 5.0},
+      {"spacing", nullptr},
+      {"textual_inversion", nlohmann::json::array({nlohmann::json::array({style, nullptr}),
+                                                   nlohmann::json::array({ship, "<ship>"})})},
+      {"images", 2},
+      {"seed", 15}};
+  const std::string prompts =
+      "--prompt 'a photo of <boat-style> and <ship>, sailing' --negative-prompt 'blurry <ship>' "
+      "--cfg 5 --per-class 2 --steps 6";
+  const std::string flags = prompts + " --textual-inversion " + ShellQuote(style) +
+                            " --textual-inversion " + ShellQuote(ship) +
+                            " --textual-inversion-token '<boat-style>' "
+                            "--textual-inversion-token '<ship>'";
+  const Compared compared = Compare(pipeline, settings, flags, "textual_inversion");
+  ASSERT_TRUE(compared.got.has_value());
+  Result<io::SafetensorsFile> plain =
+      Sample(pipeline, compared.reference, prompts, "textual_inversion_none");
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  const double moved = RelativeL2(ReferenceTensor(*plain, "images"), compared.latents);
+  std::cout << "without the embeddings: relative L2 latents " << moved << "\n";
+  EXPECT_GT(moved, 10 * kBound);
+  const CommandResult refused = RunCommand(
+      fmt::format("{} sample --pretrained {} --prompt boat --steps 2 --textual-inversion {} "
+                  "--textual-inversion-token '<|endoftext|>' --raw {} 2>&1",
+                  ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote(style),
+                  ShellQuote((dir_ / "x.st").string())));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, ::testing::HasSubstr("the token '<|endoftext|>' is already in"));
+}
+
 // A mask picture of width × height (not the pipeline's 16 × 16, so stretched): a white disc
 // with soft edges on black, in colour, moved by `shift`; its path.
 std::string WriteMask(const std::filesystem::path& dir, int width, int height, double shift) {

@@ -313,6 +313,23 @@ std::vector<int32_t> ClipBpeTokenizer::PieceIds(std::string_view text) const {
   return ids;
 }
 
+std::vector<int32_t> ClipBpeTokenizer::AddTokens(const std::vector<std::string>& tokens) {
+  std::vector<int32_t> ids;
+  for (const std::string& token : tokens) {
+    const std::u32string content = DecodeUtf8(token);
+    const bool added = std::any_of(specials_.begin(), specials_.end(),
+                                   [&](const Special& s) { return s.content == content; });
+    if (content.empty() || added || vocab_.contains(token)) {
+      throw std::invalid_argument(
+          fmt::format("the token '{}' is {} the tokenizer's vocabulary: choose another", token,
+                      content.empty() ? "empty, not a token of" : "already in"));
+    }
+    ids.push_back(vocab_size_++);
+    specials_.push_back({content, ids.back()});
+  }
+  return ids;
+}
+
 Tokens ClipBpeTokenizer::Encode(std::string_view text, int length) const {
   return FrameTokens(PieceIds(text), length, bos_id_, eos_id_, pad_id_);
 }

@@ -52,6 +52,12 @@ class ClipBpeTokenizer : public Tokenizer {
   std::vector<std::string> Words(std::string_view text) const;
   std::vector<std::string> Bpe(std::string_view word) const;
 
+  // Textual inversion's new tokens (transformers' add_tokens): cut out of texts as the special
+  // tokens are (step 1), with the next ids, vocab_size() on, which grows by their number; their
+  // ids. Throws std::invalid_argument for an empty token, or one the vocabulary or the added
+  // tokens hold already (which diffusers' load_textual_inversion refuses too).
+  std::vector<int32_t> AddTokens(const std::vector<std::string>& tokens);
+
   int32_t bos_id() const { return bos_id_; }
   int32_t eos_id() const { return eos_id_; }
   int32_t pad_id() const { return pad_id_; }

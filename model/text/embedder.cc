@@ -5,6 +5,9 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "model/text/clip_bpe.h"
 
 namespace difftrain {
 namespace {
@@ -54,6 +57,72 @@ Result<TextEmbedder> TextEmbedder::Load(const std::string& path,
   return TextEmbedder(std::move(encoder), std::move(tokenizer), path);
 }
 
+Status TextEmbedder::LoadTextualInversion(const std::string& file, const std::string& token) {
+  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile read, io::SafetensorsFile::Read(file));
+  const std::vector<std::string> names = read.Names();
+  if (names.size() != 1) {
+    return Errorf(
+        "textual inversion '{}': holds {} tensors; an embedding file holds one ([D] or [n, D]: "
+        "diffusers' learned_embeds, A1111's emb_params)",
+        file, names.size());
+  }
+  const std::vector<int64_t> shape = read.Find(names[0])->shape;
+  const int64_t D = dim();
+  if (shape.empty() || shape.size() > 2 || shape.back() != D || shape.front() < 1) {
+    return Errorf(
+        "textual inversion '{}': tensor '{}' is [{}], and the text encoder '{}' embeds tokens "
+        "of {} ([{}] or [n, {}])",
+        file, names[0], fmt::join(shape, ", "), path_, D, D, D);
+  }
+  const int n = shape.size() == 2 ? static_cast<int>(shape[0]) : 1;
+  std::vector<float> rows(size_t(n) * D);
+  DT_RETURN_IF_ERROR(read.CopyAsF32(names[0], shape, rows.data()));
+  const std::string name = token.empty() ? names[0] : token;
+  std::vector<std::string> tokens = {name};
+  for (int i = 1; i < n; ++i)
+    tokens.push_back(fmt::format("{}_{}", name, i));
+  const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(tokenizer_.get());
+  if (!clip) {
+    return Errorf("textual inversion '{}': the text encoder '{}' has no CLIP tokenizer", file,
+                  path_);
+  }
+  auto grown = std::make_shared<text::ClipBpeTokenizer>(*clip);
+  std::vector<int32_t> ids;
+  try {
+    ids = grown->AddTokens(tokens);
+  } catch (const std::invalid_argument& e) {
+    return Errorf("textual inversion '{}': {}", file, e.what());
+  }
+  DT_RETURN_IF_ERROR(encoder_.SetTokenEmbeddings(grown->vocab_size(), ids, rows.data())
+                         .WithContext(fmt::format("textual inversion '{}'", file)));
+  tokenizer_ = std::move(grown);
+  inversions_.emplace_back(name, n);
+  inversion_ids_.push_back(ids[0]);
+  return Status::Ok();
+}
+
+std::string TextEmbedder::SpellInversions(std::string text) const {
+  const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(tokenizer_.get());
+  if (!clip || inversions_.empty()) return text;
+  const std::vector<int32_t> pieces = clip->PieceIds(text);
+  for (size_t k = 0; k < inversions_.size(); ++k) {
+    const auto& [token, n] = inversions_[k];
+    if (n < 2 || std::find(pieces.begin(), pieces.end(), inversion_ids_[k]) == pieces.end())
+      continue;
+    std::string spelled = token;
+    for (int i = 1; i < n; ++i)
+      spelled += fmt::format(" {}_{}", token, i);
+    std::string out;
+    size_t from = 0;
+    for (size_t at = text.find(token); at != std::string::npos; at = text.find(token, from)) {
+      out += text.substr(from, at - from) + spelled;
+      from = at + token.size();
+    }
+    text = out + text.substr(from);
+  }
+  return text;
+}
+
 Result<std::vector<float>> TextEmbedder::Embed(const std::vector<std::string>& texts, int length,
                                                int skip_layers) const {
   const int max = encoder_.config().max_positions;
@@ -67,7 +136,7 @@ Result<std::vector<float>> TextEmbedder::Embed(const std::vector<std::string>& t
     std::vector<text::Tokens> tokens;
     for (size_t k = first; k < first + count; ++k) {
       try {
-        tokens.push_back(tokenizer_->Encode(texts[k], length));
+        tokens.push_back(tokenizer_->Encode(SpellInversions(texts[k]), length));
       } catch (const std::exception& e) {
         return Errorf("text {} ('{}'): {}", k, texts[k], e.what());
       }

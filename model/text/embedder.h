@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -31,8 +32,22 @@ class TextEmbedder {
   const std::string& path() const { return path_; }
   int dim() const { return encoder_.config().hidden_size; }
 
-  // texts (UTF-8) → [K, length, D]: each tokenized to `length` ids (start, pieces, end,
-  // padding) and encoded (TextEncoder::Encode with skip_layers). Errors name the text.
+  // Textual inversion, as diffusers' load_textual_inversion: the safetensors `file` holds one
+  // tensor, an embedding [D] or several [n, D] (diffusers' learned_embeds.safetensors names it
+  // by its token; A1111's embeddings name it emb_params); it becomes the token `token` (empty:
+  // the tensor's name), and n > 1 the tokens token, token_1, …, token_{n−1}, appended to the
+  // tokenizer and the encoder's token embeddings. Errors name the file: not one tensor, D not
+  // the encoder's width, a token the tokenizer has, a tokenizer other than CLIP's.
+  Status LoadTextualInversion(const std::string& file, const std::string& token);
+  // The tokens textual inversion added, with their vectors' count.
+  const std::vector<std::pair<std::string, int>>& inversions() const { return inversions_; }
+  // `text` with every multi-vector token the tokenizer cuts out of it spelled out in full ("<x>"
+  // → "<x> <x>_1 <x>_2", every occurrence), as diffusers' maybe_convert_prompt; Embed does it.
+  std::string SpellInversions(std::string text) const;
+
+  // texts (UTF-8) → [K, length, D]: each (with its inversions spelled) tokenized to `length`
+  // ids (start, pieces, end, padding) and encoded (TextEncoder::Encode with skip_layers). Errors
+  // name the text.
   Result<std::vector<float>> Embed(const std::vector<std::string>& texts, int length,
                                    int skip_layers) const;
 
@@ -44,6 +59,8 @@ class TextEmbedder {
   TextEncoder encoder_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   std::string path_;
+  std::vector<std::pair<std::string, int>> inversions_;
+  std::vector<int32_t> inversion_ids_;  // the first id of each
 };
 
 }  // namespace difftrain

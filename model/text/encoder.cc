@@ -291,6 +291,32 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path,
   return encoder;
 }
 
+Status TextEncoder::SetTokenEmbeddings(int vocab_size, const std::vector<int32_t>& ids,
+                                       const float* rows) {
+  if (config_.kind != TextEncoderKind::kClip)
+    return Status::Error("text encoder: new token embeddings are for CLIP text models");
+  TextEncoderConfig c = config_;
+  c.vocab_size = vocab_size;
+  TensorTable table = Tensors(c);
+  std::vector<float> weights(table.total(), 0.0f);
+  for (const TensorSpec& t : table.tensors()) {
+    const TensorSpec* old = table_.Find(t.name);
+    std::copy_n(weights_.begin() + old->offset, std::min(old->numel, t.numel),
+                weights.begin() + t.offset);
+  }
+  const size_t D = c.hidden_size;
+  float* tokens = weights.data() + table.Find(Embeddings(c).tokens)->offset;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      return Errorf("text encoder: token id {} is outside [0, {})", ids[i], vocab_size);
+    std::copy_n(rows + i * D, D, tokens + ids[i] * D);
+  }
+  config_ = c;
+  table_ = std::move(table);
+  weights_ = std::move(weights);
+  return Status::Ok();
+}
+
 Status TextEncoder::Encode(const std::vector<text::Tokens>& texts, int skip_layers,
                            float* out) const {
   const TextEncoderConfig& c = config_;

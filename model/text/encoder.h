@@ -54,6 +54,12 @@ class TextEncoder {
   // as diffusers' clip_skip takes it). skip_layers 0 is the last hidden state.
   Status Encode(const std::vector<text::Tokens>& texts, int skip_layers, float* out) const;
 
+  // CLIP's token embedding table resized to `vocab_size` rows, as transformers'
+  // resize_token_embeddings (rows kept up to the smaller size; new ones zero), then rows `ids`
+  // set to `rows` [ids.size(), hidden_size] (textual inversion). Errors: not CLIP, an id outside
+  // the new table.
+  Status SetTokenEmbeddings(int vocab_size, const std::vector<int32_t>& ids, const float* rows);
+
   // The tensors a model of `config` has, under transformers' state-dict names.
   static TensorTable Tensors(const TextEncoderConfig& config);
 

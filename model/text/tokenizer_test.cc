@@ -227,6 +227,22 @@ TEST_F(ClipBpeTest, TruncatesAndPadsWithTheConfiguredToken) {
   EXPECT_EQ(ClipBpeTokenizer::Load(dir_ / "config")->pad_id(), 0);
 }
 
+// Textual inversion's tokens: the next ids, cut out of the text as special tokens (the longest
+// where one begins another); a token the vocabulary or the added tokens have is refused.
+TEST_F(ClipBpeTest, AddedTokensTakeTheNextIds) {
+  WriteClip(dir_);
+  auto tok = ClipBpeTokenizer::Load(dir_);
+  EXPECT_EQ(tok->AddTokens({"<x>", "<x>_1"}), (std::vector<int32_t>{24, 25}));
+  EXPECT_EQ(tok->vocab_size(), 26);
+  EXPECT_EQ(tok->PieceIds("low <x>_1 <x>low"), (std::vector<int32_t>{12, 25, 24, 12}));
+  EXPECT_THAT(Thrown<std::invalid_argument>([&] { tok->AddTokens({"<x>"}); }),
+              HasSubstr("the token '<x>' is already in"));
+  EXPECT_THAT(Thrown<std::invalid_argument>([&] { tok->AddTokens({"low</w>"}); }),
+              HasSubstr("the token 'low</w>' is already in"));
+  EXPECT_THROW(tok->AddTokens({""}), std::invalid_argument);
+  EXPECT_EQ(tok->vocab_size(), 26);
+}
+
 TEST(LoadTokenizerTest, DispatchesOnTheFolder) {
   TempDir temp("tokenizer_test");
   const fs::path dir = temp.path();

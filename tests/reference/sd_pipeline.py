@@ -51,7 +51,9 @@ latents, which the pipelines take as they are) and "strength" in SETTINGS_JSON, 
 runs as StableDiffusionImg2ImgPipeline (an LCM one as LatentConsistencyModelImg2ImgPipeline) of
 the same components, the noise its prepare_latents adds to the image the seeded N(0, 1) that
 OUT's "noise" holds.
-With "height" and "width" (pixels), the pipeline samples at that size.
+With "height" and "width" (pixels), the pipeline samples at that size. With
+"textual_inversion" (a list of [file, token or null]), each is loaded first by the pipeline's
+load_textual_inversion.
 Inpainting: with "mask" (a picture) besides "image" and "strength", the pipeline runs as
 StableDiffusionInpaintPipeline, its masked_image_latents the image file's tensor of that name
 (else, for a 4-channel UNet, which does not read them, its images), the noise its prepare_latents
@@ -194,6 +196,8 @@ def run(folder, out, settings):
             return run_lcm(folder, out, settings)
     pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
                                                        requires_safety_checker=False)
+    for inversion, token in settings.get("textual_inversion", []):
+        pipeline.load_textual_inversion(inversion, token=token)
     for lora, scale in zip(settings.get("lora", []), settings.get("lora_scale", [])):
         # Fused as diffusers reads the file (tests/reference/lora.py).
         for model, fuse in ((pipeline.unet, fuse_into),
