@@ -644,6 +644,20 @@ TEST_F(SampleCommandTest, PretrainedWeightsSampleAsTheirCheckpoint) {
       images("--pretrained " + ShellQuote(File("dit.safetensors")) + model, "plain.safetensors"),
       ema);
   EXPECT_EQ(images("--pretrained " + Ckpt() + model, "dir.safetensors"), ema);
+  // `difftrain export --format state-dict` writes that file (the EMA weights, pos_embed too); a
+  // DiT has no diffusers or single-file form here.
+  CommandResult exported =
+      RunDifftrain("export --checkpoint " + Ckpt() + " --format state-dict --out " +
+                   ShellQuote(File("exported.safetensors")));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_EQ(images("--pretrained " + ShellQuote(File("exported.safetensors")) + model,
+                   "exported-samples.safetensors"),
+            ema);
+  exported =
+      RunDifftrain("export --checkpoint " + Ckpt() + " --out " + ShellQuote(File("exported-dir")));
+  EXPECT_EQ(exported.exit_code, 2) << exported.output;
+  EXPECT_NE(exported.output.find("--format diffusers is for the unet family"), std::string::npos)
+      << exported.output;
   const std::vector<float> trained =
       images("--checkpoint " + Ckpt() + " --weights model", "ckpt-model.safetensors");
   EXPECT_NE(trained, ema);

@@ -81,7 +81,10 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   }
   Prompts p;
   p.table_path = o.text_table;
-  const bool encoder_only = p.table_path.empty() && ckpt.pretrained &&
+  // Every prompt embedded by the encoder: from pretrained weights, or from a checkpoint whose
+  // training data had no text table (synthetic texts).
+  const bool tableless = ckpt.data_kind != "latent_folder" || ckpt.data_path.empty();
+  const bool encoder_only = p.table_path.empty() && (ckpt.pretrained || tableless) &&
                             !GivenTextEncoder(o, ckpt).empty() && o.caption_ids.empty();
   if (p.table_path.empty() && !encoder_only) {
     if (ckpt.single_file) {

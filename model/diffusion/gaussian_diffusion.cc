@@ -106,6 +106,22 @@ Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
   return c;
 }
 
+nlohmann::json DiffusionConfig::ToDiffusersScheduler() const {
+  return {{"_class_name", "DDIMScheduler"},
+          {"_diffusers_version", "0.27.2"},
+          {"num_train_timesteps", steps},
+          {"beta_schedule", schedule == "cosine" ? "squaredcos_cap_v2" : schedule},
+          {"beta_start", beta_start},
+          {"beta_end", beta_end},
+          {"prediction_type", prediction == "v" ? "v_prediction" : prediction},
+          {"rescale_betas_zero_snr", zero_terminal_snr},
+          {"clip_sample", false},
+          {"set_alpha_to_one", false},
+          {"steps_offset", zero_terminal_snr ? 0 : 1},
+          {"timestep_spacing", zero_terminal_snr ? "trailing" : "leading"},
+          {"trained_betas", nullptr}};
+}
+
 Result<DiffusionConfig> DiffusionConfig::FromDiffusersScheduler(const nlohmann::json& json) {
   if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
   DiffusionConfig c;

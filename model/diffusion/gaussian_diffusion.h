@@ -56,6 +56,11 @@ struct DiffusionConfig {
   // type. The sampling-time keys (timestep_spacing, steps_offset …) are TimestepSpacing's
   // (timestep_spacing.h) and the solvers'.
   static Result<DiffusionConfig> FromDiffusersScheduler(const nlohmann::json& json);
+  // The inverse, as a pipeline that samples this process ships it: a DDIMScheduler's config
+  // (diffusers 0.27.2) with these keys, as Stable Diffusion's configure the rest (no clipping,
+  // set_alpha_to_one false, leading spacing with steps_offset 1; with zero terminal SNR trailing
+  // spacing, steps_offset 0, as Lin et al. sample). FromDiffusersScheduler reads it back as this.
+  nlohmann::json ToDiffusersScheduler() const;
 };
 
 class GaussianDiffusion {

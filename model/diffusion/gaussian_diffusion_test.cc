@@ -1,4 +1,5 @@
 #include "model/diffusion/gaussian_diffusion.h"
+#include "model/diffusion/timestep_spacing.h"
 
 #include <cmath>
 #include <string>
@@ -298,6 +299,36 @@ TEST(DiffusersSchedulerTest, ReadsTheTrainingProcess) {
         DiffusionConfig::FromDiffusersScheduler(nlohmann::json::parse(json));
     ASSERT_FALSE(bad.ok()) << json;
     EXPECT_NE(bad.status().message().find(message), std::string::npos) << bad.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace difftrain
+
+namespace difftrain {
+namespace {
+
+// A process written as a pipeline's scheduler config reads back as itself, every schedule and
+// prediction, with zero terminal SNR; training-only fields stay out of it.
+TEST(DiffusionConfigTest, WrittenAsADiffusersSchedulerReadsBack) {
+  for (const char* schedule : {"linear", "scaled_linear", "cosine"}) {
+    for (const bool v : {false, true}) {
+      DiffusionConfig c;
+      c.schedule = schedule;
+      c.steps = 500;
+      c.beta_start = 0.00085;
+      c.beta_end = 0.012;
+      c.prediction = v ? "v" : "epsilon";
+      c.zero_terminal_snr = v;
+      const nlohmann::json written = c.ToDiffusersScheduler();
+      EXPECT_FALSE(written.contains("loss_weighting"));
+      Result<DiffusionConfig> read = DiffusionConfig::FromDiffusersScheduler(written);
+      ASSERT_TRUE(read.ok()) << read.status().message();
+      EXPECT_EQ(read->ToJson(), c.ToJson()) << written.dump();
+      Result<TimestepSpacing> spacing = TimestepSpacing::FromDiffusersScheduler(written);
+      ASSERT_TRUE(spacing.ok()) << spacing.status().message();
+      EXPECT_EQ(spacing->kind, v ? "trailing" : "leading");
+    }
   }
 }
 

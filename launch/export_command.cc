@@ -1,0 +1,271 @@
+// `difftrain export`: a checkpoint's model written in the forms other tools load
+// (docs/export.md): a diffusers folder (UNet2DConditionModel and its scheduler, or a whole
+// Stable Diffusion pipeline around a base pipeline's other parts), an original single-file
+// checkpoint (A1111, ComfyUI, diffusers' from_single_file), or the bare state dict of any family.
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+#include "launch/command.h"
+#include "launch/sample_source.h"
+#include "model/family/family.h"
+#include "model/io/ldm_checkpoint.h"
+#include "model/io/safetensors.h"
+
+namespace difftrain::launch {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ExportOptions {
+  std::string checkpoint, out, format = "diffusers", pipeline, weights = "ema", log_level = "info";
+};
+
+// The diffusers version the written configs name (the one the project checks against).
+constexpr char kDiffusersVersion[] = "0.27.2";
+
+Status WriteJson(const fs::path& path, const nlohmann::json& json) {
+  std::ofstream out(path);
+  out << json.dump(2) << "\n";
+  out.close();
+  if (!out) return Errorf("cannot write '{}'", path.string());
+  return Status::Ok();
+}
+
+// The names of the model's parameters (diffusers' for the UNet).
+std::vector<std::string> ParameterNames(const Model& model) {
+  std::vector<std::string> names;
+  for (const TensorSpec& t : model.global_parameter_table().tensors())
+    names.push_back(t.name);
+  return names;
+}
+
+// The model's parameters (under `names`) and fixed tensors, as F32, into `file`.
+void AddModelTensors(const Model& model, const float* params, const std::vector<std::string>& names,
+                     io::SafetensorsWriter& file) {
+  const std::vector<TensorSpec>& tensors = model.global_parameter_table().tensors();
+  for (size_t i = 0; i < tensors.size(); ++i)
+    file.AddF32(names[i], tensors[i].shape, params + tensors[i].offset);
+  for (const FixedTensor& f : model.fixed_tensors())
+    file.AddF32(f.name, f.shape, f.data);
+}
+
+// The UNet's config.json for diffusers: the config's diffusers keys (without difftrain's name,
+// text_length and text_dropout), the class and the version.
+nlohmann::json DiffusersUNetConfig(const ModelSpec& spec) {
+  nlohmann::json config = spec.config;
+  for (const char* own : {"name", "text_length", "text_dropout"})
+    config.erase(own);
+  config["_class_name"] = "UNet2DConditionModel";
+  config["_diffusers_version"] = kDiffusersVersion;
+  return config;
+}
+
+// The safetensors file of a pipeline part's folder (`names` in order of preference).
+Result<std::string> PartFile(const fs::path& folder, std::initializer_list<const char*> names) {
+  std::error_code ec;
+  for (const char* name : names) {
+    if (fs::is_regular_file(folder / name, ec)) return (folder / name).string();
+  }
+  return Errorf("'{}' holds no {}", folder.string(), *names.begin());
+}
+
+// --pipeline's scheduler where it describes the checkpoint's diffusion, else the checkpoint's
+// own DDIMScheduler config.
+Status WriteScheduler(const SampleSource& source, const fs::path& base, const fs::path& out) {
+  std::error_code ec;
+  const fs::path config = base / "scheduler" / "scheduler_config.json";
+  if (!base.empty() && fs::is_regular_file(config, ec)) {
+    std::ifstream in(config);
+    const nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
+    Result<DiffusionConfig> theirs = DiffusionConfig::FromDiffusersScheduler(json);
+    const DiffusionConfig& ours = source.diffusion;
+    if (theirs.ok() && theirs->steps == ours.steps && theirs->schedule == ours.schedule &&
+        theirs->beta_start == ours.beta_start && theirs->beta_end == ours.beta_end &&
+        theirs->prediction == ours.prediction &&
+        theirs->zero_terminal_snr == ours.zero_terminal_snr) {
+      return Status::Ok();  // copied with the rest
+    }
+    spdlog::info("{}'s scheduler does not describe the checkpoint's diffusion: writing its own",
+                 base.string());
+  }
+  fs::create_directories(out / "scheduler", ec);
+  return WriteJson(out / "scheduler" / "scheduler_config.json",
+                   source.diffusion.ToDiffusersScheduler());
+}
+
+// --format diffusers into the folder `out`: unet/ and scheduler/, and with a base pipeline
+// its other parts and model_index.json.
+Status WriteDiffusers(const ExportOptions& o, const SampleSource& source, const Model& model,
+                      const float* params, const fs::path& out) {
+  const fs::path base = o.pipeline;
+  std::error_code ec;
+  if (!base.empty()) {
+    if (!fs::is_regular_file(base / "model_index.json", ec))
+      return Errorf("--pipeline '{}' is no diffusers pipeline (no model_index.json)", o.pipeline);
+    for (const fs::directory_entry& entry : fs::directory_iterator(base, ec)) {
+      if (entry.path().filename() == "unet") continue;
+      fs::copy(entry.path(), out / entry.path().filename(), fs::copy_options::recursive, ec);
+      if (ec) return Errorf("copying '{}': {}", entry.path().string(), ec.message());
+    }
+  }
+  fs::create_directories(out / "unet", ec);
+  DT_RETURN_IF_ERROR(WriteJson(out / "unet" / "config.json", DiffusersUNetConfig(source.model)));
+  io::SafetensorsWriter file;
+  AddModelTensors(model, params, ParameterNames(model), file);
+  file.SetMetadata("format", "pt");
+  DT_RETURN_IF_ERROR(
+      file.WriteAtomic((out / "unet" / "diffusion_pytorch_model.safetensors").string()));
+  return WriteScheduler(source, base, out);
+}
+
+// --format single-file into the file `out`: the UNet under the original names, and with a
+// base pipeline its VAE (attention as 1×1 convolutions) and CLIP text model.
+Status WriteSingleFile(const ExportOptions& o, const Model& model, const float* params,
+                       const std::string& out) {
+  DT_ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                      io::LdmUNetNames(ParameterNames(model)));
+  io::SafetensorsWriter file;
+  AddModelTensors(model, params, names, file);
+  std::vector<io::SafetensorsFile> parts;  // the base's files, mapped until written
+  std::vector<std::vector<int64_t>> shapes;
+  if (!o.pipeline.empty()) {
+    const fs::path base = o.pipeline;
+    std::ifstream text_config(base / "text_encoder" / "config.json");
+    const nlohmann::json text = nlohmann::json::parse(text_config, nullptr, false);
+    if (text.is_discarded() || text.value("hidden_act", "") != "quick_gelu") {
+      return Errorf(
+          "--pipeline '{}': its text encoder is not CLIP ViT-L's (hidden_act quick_gelu: SD "
+          "1.x's); an SD 2.x pipeline's OpenCLIP text model is not written in the original "
+          "layout here: export --format diffusers",
+          o.pipeline);
+    }
+    DT_ASSIGN_OR_RETURN(const std::string vae,
+                        PartFile(base / "vae", {"diffusion_pytorch_model.safetensors",
+                                                "diffusion_pytorch_model.fp16.safetensors"}));
+    DT_ASSIGN_OR_RETURN(
+        const std::string clip,
+        PartFile(base / "text_encoder", {"model.safetensors", "model.fp16.safetensors"}));
+    for (const std::string& path : {vae, clip}) {
+      DT_ASSIGN_OR_RETURN(io::SafetensorsFile mapped, io::SafetensorsFile::Map(path));
+      parts.push_back(std::move(mapped));
+    }
+    const std::vector<std::string> vae_names = io::LdmVaeNames(parts[0].Names());
+    shapes.reserve(parts[0].Names().size());
+    for (size_t i = 0; i < vae_names.size(); ++i) {
+      const io::TensorView* t = parts[0].Find(parts[0].Names()[i]);
+      shapes.push_back(t->shape);
+      // The original's attention is 1×1 convolutions.
+      if (vae_names[i].find(".mid.attn_1.") != std::string::npos && t->shape.size() == 2) {
+        shapes.back().push_back(1);
+        shapes.back().push_back(1);
+      }
+      file.Add(vae_names[i], t->dtype, shapes.back(), t->data);
+    }
+    for (const std::string& name : parts[1].Names()) {
+      const io::TensorView* t = parts[1].Find(name);
+      file.Add(io::kLdmClipPrefix + name, t->dtype, t->shape, t->data);
+    }
+  }
+  file.SetMetadata("format", "pt");
+  return file.WriteAtomic(out);
+}
+
+int RunExport(const ExportOptions& o) {
+  auto bad = [](const std::string& message) { return ReportBadInput("export", message); };
+  if (Status s = SetupLogging(o.log_level); !s.ok()) return bad(s.message());
+  if (o.checkpoint.empty() || o.out.empty()) return bad("give --checkpoint DIR and --out PATH");
+  Result<SampleSource> source = LoadCheckpointSource(o.checkpoint);
+  if (!source.ok()) return bad("--checkpoint: " + source.status().message());
+  const ModelFamily& family = FamilyOf(source->model);
+  if (o.format != "state-dict" && source->model.family != "unet") {
+    return bad(fmt::format(
+        "--format {} is for the unet family (Stable Diffusion's UNet); a {} model's weights are "
+        "written as --format state-dict",
+        o.format, source->model.family));
+  }
+  if (o.format == "state-dict" && !o.pipeline.empty())
+    return bad("--pipeline is for --format diffusers and single-file");
+  Result<std::unique_ptr<Model>> created = family.CreateForInference(source->model);
+  if (!created.ok()) return bad("--checkpoint: " + created.status().message());
+  Model& model = **created;
+  if (Status s = FillModelWeights(*source, o.weights == "ema", model); !s.ok())
+    return bad("--checkpoint: " + s.message());
+
+  std::error_code ec;
+  const fs::path out = o.out;
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
+    return bad(fmt::format("--out '{}' exists: export writes a new file or folder", o.out));
+  Status written;
+  if (o.format == "diffusers") {
+    // Built beside, then renamed: a failed export leaves no half folder under --out.
+    const fs::path partial = out.string() + ".partial";
+    fs::remove_all(partial, ec);
+    fs::create_directories(partial, ec);
+    written = WriteDiffusers(o, *source, model, model.params(), partial);
+    if (written.ok()) {
+      fs::remove(out, ec);
+      fs::rename(partial, out, ec);
+      if (ec) written = Errorf("renaming '{}' to '{}': {}", partial.string(), o.out, ec.message());
+    }
+    if (!written.ok()) fs::remove_all(partial, ec);
+  } else if (o.format == "single-file") {
+    written = WriteSingleFile(o, model, model.params(), o.out);
+  } else {
+    io::SafetensorsWriter file;
+    AddModelTensors(model, model.params(), ParameterNames(model), file);
+    file.SetMetadata("format", "pt");
+    written = file.WriteAtomic(o.out);
+  }
+  if (!written.ok()) {
+    spdlog::error("{}", written.message());
+    return kExitJobFailed;
+  }
+  spdlog::info("wrote {} ({} weights of {}, step {}, as {})", o.out, o.weights,
+               source->model.name(), source->step, o.format);
+  return kExitOk;
+}
+
+}  // namespace
+
+DIFFTRAIN_COMMAND(
+    kExport,
+    {"export", "Write a checkpoint's model for diffusers, A1111/ComfyUI or as a state dict",
+     [](CLI::App& app) {
+       auto o = std::make_shared<ExportOptions>();
+       app.add_option("--checkpoint", o->checkpoint,
+                      "checkpoint directory (its newest complete step) or one step directory")
+           ->required();
+       app.add_option("--out", o->out,
+                      "the folder (diffusers) or safetensors file (single-file, state-dict) to "
+                      "write; it must not exist")
+           ->required();
+       app.add_option("--format", o->format,
+                      "diffusers: a UNet2DConditionModel folder in unet/ and its DDIMScheduler "
+                      "in scheduler/ (a whole pipeline with --pipeline); single-file: an "
+                      "original Stable Diffusion checkpoint; state-dict: the model's tensors "
+                      "under difftrain's names (any family)")
+           ->check(CLI::IsMember({"diffusers", "single-file", "state-dict"}))
+           ->capture_default_str();
+       app.add_option("--pipeline", o->pipeline,
+                      "a Stable Diffusion pipeline folder whose other parts (text encoder, "
+                      "tokenizer, VAE, scheduler) go with the UNet: a diffusers pipeline, or the "
+                      "VAE and CLIP text model of a single file");
+       app.add_option("--weights", o->weights, "ema or model")
+           ->check(CLI::IsMember({"ema", "model"}))
+           ->capture_default_str();
+       app.add_option("--log-level", o->log_level, "trace|debug|info|warn|error|off")
+           ->capture_default_str();
+       return [o] { return RunExport(*o); };
+     }});
+
+}  // namespace difftrain::launch

@@ -1,0 +1,137 @@
+// Checks `difftrain export` against diffusers (0.27.2): a UNet fine-tuned here from a small
+// Stable Diffusion 1.x style pipeline (tests/reference/sd_pipeline.py make … ldm1) for two steps
+// is exported
+//   - as a diffusers pipeline around the base's other parts: diffusers' StableDiffusionPipeline
+//     loads it and samples what `difftrain sample --checkpoint` samples of the checkpoint (and
+//     `sample --pretrained` of the export), the same x_T, prompt, negative prompt and DDIM steps;
+//   - as an original single-file checkpoint with the base's VAE and CLIP text model: tensor for
+//     tensor the file tests/reference/ldm_checkpoint.py writes of the exported pipeline, which
+//     diffusers' from_single_file reads back as that pipeline;
+//   - as a state dict: the exported UNet's tensors under the same names.
+// And refusals: another family as diffusers, an --out that exists, an SD 2.x text model in a
+// single file.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "model/io/safetensors.h"
+#include "tests/testing/python_reference.h"
+#include "tests/testing/sd_pipeline.h"
+
+namespace difftrain::testing {
+namespace {
+
+using ExportReferenceTest = SdPipelineReferenceTest;
+
+// The tensors of two safetensors files are the same: names, shapes and values (as F32).
+void ExpectSameTensors(const std::string& got_path, const std::string& want_path) {
+  Result<io::SafetensorsFile> got = io::SafetensorsFile::Read(got_path);
+  Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(want_path);
+  ASSERT_TRUE(got.ok() && want.ok());
+  std::vector<std::string> got_names = got->Names(), want_names = want->Names();
+  std::sort(got_names.begin(), got_names.end());
+  std::sort(want_names.begin(), want_names.end());
+  ASSERT_EQ(got_names, want_names);
+  for (const std::string& name : want_names) {
+    const std::vector<int64_t>& shape = want->Find(name)->shape;
+    ASSERT_EQ(got->Find(name)->shape, shape) << name;
+    EXPECT_EQ(ReferenceTensor(*got, name), ReferenceTensor(*want, name)) << name;
+  }
+}
+
+TEST_F(ExportReferenceTest, ExportsWhatDiffusersAndOriginalCheckpointsLoad) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string base = MakePipeline(text_python, "ldm1");
+  ASSERT_FALSE(base.empty());
+  // Two training steps from the base's UNet, on synthetic latents and texts.
+  nlohmann::json unet = nlohmann::json::parse(std::ifstream(base + "/unet/config.json"));
+  unet["name"] = "unet";
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string job = (dir_ / "job.yaml").string();
+  std::ofstream(job) << "model: " << unet.dump() << "\n"
+                     << "diffusion: {schedule: scaled_linear, beta_start: 0.00085, beta_end: "
+                        "0.012}\n"
+                     << "data: {kind: synthetic}\n"
+                     << "batch: {micro: 2, global: 2}\n"
+                     << "optimizer: {lr: 0.001}\n"
+                     << "train: {steps: 2, log_every: 1}\n"
+                     << "checkpoint: {dir: " << ckpt << ", every: 2, init_from: " << base
+                     << "/unet}\n";
+  const CommandResult trained =
+      RunCommand(fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), job));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto do_export = [&](const std::string& args) {
+    return RunCommand(fmt::format("{} export --checkpoint {} --weights model {} 2>&1",
+                                  ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), args));
+  };
+  const std::string exported = (dir_ / "exported").string();
+  CommandResult r = do_export("--out " + ShellQuote(exported) + " --pipeline " + ShellQuote(base));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  // diffusers samples the export as difftrain the checkpoint (and the export).
+  const nlohmann::json settings = {{"prompt", "a photo of a boat"},
+                                   {"negative_prompt", "blurry"},
+                                   {"steps", 6},
+                                   {"guidance", 5.0},
+                                   {"spacing", nullptr},
+                                   {"images", 2},
+                                   {"seed", 3}};
+  const std::string prompt =
+      "--prompt 'a photo of a boat' --negative-prompt blurry --cfg 5 --per-class 2 --steps 6";
+  const Compared compared = Compare(exported, settings, prompt, "exported");
+  ASSERT_TRUE(compared.got.has_value());
+  const std::string raw = (dir_ / "from_checkpoint.safetensors").string();
+  r = RunCommand(fmt::format(
+      "{} sample --checkpoint {} --weights model --text-encoder {} --initial-noise {} {} "
+      "--sampler ddim --timestep-spacing leading --steps-offset 1 --set-alpha-to-one false "
+      "--clip-denoised false --vae none --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), ShellQuote(base),
+      ShellQuote(compared.reference), prompt, ShellQuote(raw)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<io::SafetensorsFile> from_checkpoint = io::SafetensorsFile::Read(raw);
+  ASSERT_TRUE(from_checkpoint.ok());
+  const double checkpoint_error =
+      RelativeL2(ReferenceTensor(*from_checkpoint, "images"), compared.latents);
+  std::cout << "the checkpoint against diffusers' run of its export: relative L2 "
+            << checkpoint_error << "\n";
+  EXPECT_LE(checkpoint_error, kBound);
+  // The base itself samples otherwise: the export holds the trained UNet.
+  Result<io::SafetensorsFile> from_base = Sample(base, compared.reference, prompt, "from_base");
+  ASSERT_TRUE(from_base.ok());
+  const double trained_away = RelativeL2(ReferenceTensor(*from_base, "images"), compared.latents);
+  std::cout << "the base pipeline against the export: relative L2 " << trained_away << "\n";
+  EXPECT_GT(trained_away, 10 * kBound);
+
+  // The single file: what ldm_checkpoint.py writes of the export (and diffusers reads back).
+  const std::string single = (dir_ / "single.safetensors").string();
+  r = do_export("--format single-file --out " + ShellQuote(single) + " --pipeline " +
+                ShellQuote(base));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string written = (dir_ / "written.safetensors").string();
+  const CommandResult wrote =
+      RunScript("ldm_checkpoint.py", "write " + ShellQuote(exported) + " " + ShellQuote(written));
+  ASSERT_EQ(wrote.exit_code, 0) << wrote.output;
+  ExpectSameTensors(single, written);
+
+  // The state dict: the export's UNet tensors.
+  const std::string state = (dir_ / "state.safetensors").string();
+  r = do_export("--format state-dict --out " + ShellQuote(state));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectSameTensors(state, exported + "/unet/diffusion_pytorch_model.safetensors");
+
+  r = do_export("--out " + ShellQuote(exported));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("exists: export writes a new file or folder"));
+}
+
+}  // namespace
+}  // namespace difftrain::testing

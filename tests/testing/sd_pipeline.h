@@ -1,0 +1,206 @@
+// The fixture of the tests that check `difftrain sample` against diffusers' Stable Diffusion
+// pipelines (tests/sd_pipeline_reference_test.cc, tests/export_reference_test.cc): a small
+// pipeline made by tests/reference/sd_pipeline.py, diffusers' runs of it, and difftrain's.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "model/diffusion/guided_model.h"
+#include "model/io/safetensors.h"
+#include "model/tensor/rng.h"
+#include "tests/testing/python_reference.h"
+
+namespace difftrain::testing {
+
+inline constexpr double kBound = 1e-5;
+
+class SdPipelineReferenceTest : public DiffusersReference {
+ protected:
+  // The python of the text encoder's environment (scripts/text_encoder_env.sh); "" when PyPI
+  // cannot be reached.
+  static std::string TextPython() {
+    const CommandResult env = RunCommand(
+        ShellQuote(DIFFTRAIN_SOURCE_DIR "/scripts/text_encoder_env.sh") + " 2>/dev/null");
+    return env.exit_code == 0 ? LastLine(env.output) : "";
+  }
+
+  // The pipeline folder ("sd": StableDiffusionPipeline, "lcm": LatentConsistencyModelPipeline;
+  // sd_pipeline.py make's kinds); its text half made by `text_python`, SD 1.x's (quick GELU) for
+  // "ldm1", else SD 2.x's.
+  std::string MakePipeline(const std::string& text_python, const std::string& kind = "sd") {
+    const CommandResult text =
+        RunCommand(fmt::format("{} {} sd {} {} '[\"x\"]' 3 2>&1", ShellQuote(text_python),
+                               ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/text_encoder.py"),
+                               ShellQuote(dir_.string()), kind == "ldm1" ? 1 : 2));
+    EXPECT_EQ(text.exit_code, 0) << text.output;
+    const std::string pipeline = (dir_ / "pipeline").string();  // text_encoder.py's
+    const CommandResult made =
+        RunScript("sd_pipeline.py", "make " + ShellQuote(pipeline) + " 5 " + kind);
+    EXPECT_EQ(made.exit_code, 0) << made.output;
+    return text.exit_code == 0 && made.exit_code == 0 ? pipeline : "";
+  }
+
+  // diffusers' run of `settings` into `name`.safetensors; its path.
+  std::string Reference(const std::string& pipeline, const nlohmann::json& settings,
+                        const std::string& name) {
+    const std::string json = (dir_ / (name + ".json")).string();
+    std::ofstream(json) << settings.dump();
+    const std::string out = (dir_ / (name + ".safetensors")).string();
+    const CommandResult r = RunScript(
+        "sd_pipeline.py",
+        fmt::format("run {} {} {}", ShellQuote(pipeline), ShellQuote(out), ShellQuote(json)));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return out;
+  }
+
+  // The noise `difftrain sample --seed 5` draws at each step for samples 0 … images − 1 (their
+  // step noise streams, sampler.h), each [4, h, w] of the UNet's latents, `draws` draws a step;
+  // none at the last. Written for sd_pipeline.py's step_noise; its path.
+  std::string WriteStepNoise(const std::string& pipeline, int steps, int images, int draws) {
+    const nlohmann::json unet =
+        nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
+    const size_t n = 4 * unet["sample_size"].get<size_t>() * unet["sample_size"].get<size_t>();
+    std::vector<float> noise(size_t(steps) * draws * images * n, 0.0f);
+    std::vector<double> z(n);
+    for (int b = 0; b < images; ++b) {
+      Rng rng(5, RngStream::kSample, StepNoiseCounter(b));
+      for (int k = 0; k + 1 < steps; ++k) {
+        for (int d = 0; d < draws; ++d) {
+          DrawFrameNoise(rng, 0.0, 1, n, z.data());
+          std::copy(z.begin(), z.end(), noise.begin() + ((size_t(k) * draws + d) * images + b) * n);
+        }
+      }
+    }
+    io::SafetensorsWriter file;
+    file.AddF32("noise", {steps, draws, images, int64_t(n)}, noise.data());
+    const std::string path = (dir_ / "step_noise.safetensors").string();
+    EXPECT_TRUE(file.WriteAtomic(path).ok());
+    return path;
+  }
+
+  // K latents [K, 4, h, w] of the UNet's size (smooth, of about the scale of SD's scaled
+  // latents) as "images" of a safetensors file, for image to image; its path.
+  std::string WriteStartLatents(const std::string& pipeline, int K, bool masked = false) {
+    const nlohmann::json unet =
+        nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
+    const int64_t side = unet["sample_size"].get<int64_t>();
+    std::vector<float> latents(K * 4 * side * side);
+    Rng rng(21, RngStream::kSample, 0);
+    for (size_t i = 0; i < latents.size(); ++i) {
+      const double x = double(i % side) / side, y = double(i / side % side) / side;
+      latents[i] =
+          static_cast<float>(std::sin(4 * x + 3 * y + i / (side * side)) + 0.3 * rng.Normal());
+    }
+    io::SafetensorsWriter file;
+    file.AddF32("images", {K, 4, side, side}, latents.data());
+    // An inpainting UNet's masked image: other latents of the same kind.
+    std::vector<float> other(latents.size());
+    for (size_t i = 0; i < other.size(); ++i)
+      other[i] = static_cast<float>(std::cos(3 * double(i % side) / side + i / side % 5) +
+                                    0.3 * rng.Normal());
+    if (masked) file.AddF32("masked_image_latents", {K, 4, side, side}, other.data());
+    const std::string path =
+        (dir_ / fmt::format("start{}{}.safetensors", K, masked ? "_masked" : "")).string();
+    EXPECT_TRUE(file.WriteAtomic(path).ok());
+    return path;
+  }
+
+  // Case `name` sampled by diffusers (`settings`) and by difftrain (`flags`) from the same x_T:
+  // the final latents and their decoding must agree within kBound, and differ from x_T.
+  // difftrain samples `pretrained` where it is given, else the pipeline itself.
+  // diffusers' file and final latents, and difftrain's file.
+  struct Compared {
+    std::string reference;
+    std::vector<float> latents;
+    std::optional<io::SafetensorsFile> got;
+  };
+  Compared Compare(const std::string& pipeline, const nlohmann::json& settings,
+                   const std::string& flags, const std::string& name,
+                   const std::string& pretrained = "") {
+    Compared c;
+    c.reference = Reference(pipeline, settings, name + "_want");
+    Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(c.reference);
+    EXPECT_TRUE(want.ok()) << want.status().message();
+    Result<io::SafetensorsFile> got =
+        Sample(pretrained.empty() ? pipeline : pretrained, c.reference, flags, name);
+    EXPECT_TRUE(got.ok()) << got.status().message();
+    if (!want.ok() || !got.ok()) return c;
+    c.latents = ReferenceTensor(*want, "latents");
+    const double latents_error = RelativeL2(ReferenceTensor(*got, "images"), c.latents);
+    const double decoded_error =
+        RelativeL2(ReferenceTensor(*got, "decoded"), ReferenceTensor(*want, "decoded"));
+    std::cout << name << ": relative L2 latents " << latents_error << ", decoded " << decoded_error
+              << "\n";
+    EXPECT_LE(latents_error, kBound);
+    EXPECT_LE(decoded_error, kBound);
+    EXPECT_GT(RelativeL2(ReferenceTensor(*want, "noise"), c.latents), 0.1)
+        << "nothing was denoised";
+    c.got = std::move(got).value();
+    return c;
+  }
+
+  // A case of sampling from an image (image to image, inpainting): the scheduler, its steps
+  // and strength, the steps that run, difftrain's flags beyond the common ones.
+  struct ImageCase {
+    const char* scheduler;
+    int steps;
+    double strength;
+    int run;  // ⌊steps × strength⌋ (inpainting at strength 1: steps)
+    std::string flags;
+  };
+  // Its settings for sd_pipeline.py (guidance 5, 2 samples from `image`), with the step noise
+  // of the samplers that draw, and its flags for difftrain (`extra` after the image).
+  std::pair<nlohmann::json, std::string> ImageCaseRun(const std::string& pipeline,
+                                                      const ImageCase& c, const std::string& image,
+                                                      int seed, const std::string& extra = "") {
+    nlohmann::json settings = {{"prompt", "a photo of a boat"},
+                               {"negative_prompt", nullptr},
+                               {"steps", c.steps},
+                               {"guidance", 5.0},
+                               {"spacing", nullptr},
+                               {"scheduler", c.scheduler},
+                               {"image", image},
+                               {"strength", c.strength},
+                               {"images", 2},
+                               {"seed", seed}};
+    const std::string scheduler = c.scheduler;
+    if (scheduler == "tcd") settings["eta"] = 0.3;
+    if (c.flags.find("--karras-sigmas true") != std::string::npos) settings["karras"] = true;
+    if (scheduler == "euler_ancestral" || scheduler == "tcd" || scheduler == "dpmsolver_sde") {
+      settings["step_noise"] =
+          WriteStepNoise(pipeline, c.run, 2, scheduler == "dpmsolver_sde" ? 2 : 1);
+    }
+    const std::string flags = fmt::format(
+        "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --sampler {} --steps {} --image {} "
+        "{} --strength {} {}",
+        c.scheduler, c.steps, ShellQuote(image), extra, c.strength, c.flags);
+    return {settings, flags};
+  }
+
+  // difftrain's samples from `noise` with `flags` into `name`.safetensors.
+  Result<io::SafetensorsFile> Sample(const std::string& pipeline, const std::string& noise,
+                                     const std::string& flags, const std::string& name) {
+    const std::string raw = (dir_ / (name + ".safetensors")).string();
+    const CommandResult r = RunCommand(
+        fmt::format("{} sample --pretrained {} --initial-noise {} {} --out {} --raw {} 2>&1",
+                    ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote(noise), flags,
+                    ShellQuote((dir_ / (name + ".png")).string()), ShellQuote(raw)));
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    return io::SafetensorsFile::Read(raw);
+  }
+};
+
+}  // namespace difftrain::testing
