@@ -2,6 +2,9 @@
 // (docs/export.md): a diffusers folder (UNet2DConditionModel and its scheduler, or a whole
 // Stable Diffusion pipeline around a base pipeline's other parts), an original single-file
 // checkpoint (A1111, ComfyUI, diffusers' from_single_file), or the bare state dict of any family.
+#include <bit>
+#include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -20,6 +23,7 @@
 #include "model/family/family.h"
 #include "model/io/ldm_checkpoint.h"
 #include "model/io/safetensors.h"
+#include "model/simt/simt.h"
 
 namespace difftrain::launch {
 namespace {
@@ -27,7 +31,43 @@ namespace {
 namespace fs = std::filesystem;
 
 struct ExportOptions {
-  std::string checkpoint, out, format = "diffusers", pipeline, weights = "ema", log_level = "info";
+  std::string checkpoint, out, format = "diffusers", pipeline, weights = "ema", dtype = "fp32",
+                               log_level = "info";
+};
+
+// A safetensors file being written, its tensors in one dtype: F32 as given, F16 or BF16
+// rounded to nearest even (kept here until written).
+class TensorSink {
+ public:
+  explicit TensorSink(const std::string& dtype)
+      : dtype_(dtype == "fp16"   ? io::DType::kF16
+               : dtype == "bf16" ? io::DType::kBF16
+                                 : io::DType::kF32) {
+    file_.SetMetadata("format", "pt");
+  }
+  void Add(const std::string& name, const std::vector<int64_t>& shape, const float* data) {
+    if (dtype_ == io::DType::kF32) return file_.AddF32(name, shape, data);
+    size_t n = 1;
+    for (int64_t d : shape)
+      n *= static_cast<size_t>(d);
+    std::vector<uint16_t>& bits = halves_.emplace_back(n);
+    for (size_t i = 0; i < n; ++i) {
+      bits[i] = dtype_ == io::DType::kF16 ? std::bit_cast<uint16_t>(static_cast<_Float16>(data[i]))
+                                          : simt::FloatToBf16(data[i]);
+    }
+    file_.Add(name, dtype_, shape, bits.data());
+  }
+  // A tensor of another file, as it is stored there (its dtype).
+  void AddStored(const io::TensorView& t, const std::string& name,
+                 const std::vector<int64_t>& shape) {
+    file_.Add(name, t.dtype, shape, t.data);
+  }
+  Status Write(const std::string& path) const { return file_.WriteAtomic(path); }
+
+ private:
+  io::DType dtype_;
+  io::SafetensorsWriter file_;
+  std::deque<std::vector<uint16_t>> halves_;
 };
 
 // The diffusers version the written configs name (the one the project checks against).
@@ -49,14 +89,14 @@ std::vector<std::string> ParameterNames(const Model& model) {
   return names;
 }
 
-// The model's parameters (under `names`) and fixed tensors, as F32, into `file`.
+// The model's parameters (under `names`) and fixed tensors into `file`.
 void AddModelTensors(const Model& model, const float* params, const std::vector<std::string>& names,
-                     io::SafetensorsWriter& file) {
+                     TensorSink& file) {
   const std::vector<TensorSpec>& tensors = model.global_parameter_table().tensors();
   for (size_t i = 0; i < tensors.size(); ++i)
-    file.AddF32(names[i], tensors[i].shape, params + tensors[i].offset);
+    file.Add(names[i], tensors[i].shape, params + tensors[i].offset);
   for (const FixedTensor& f : model.fixed_tensors())
-    file.AddF32(f.name, f.shape, f.data);
+    file.Add(f.name, f.shape, f.data);
 }
 
 // The UNet's config.json for diffusers: the config's diffusers keys (without difftrain's name,
@@ -120,11 +160,9 @@ Status WriteDiffusers(const ExportOptions& o, const SampleSource& source, const 
   }
   fs::create_directories(out / "unet", ec);
   DT_RETURN_IF_ERROR(WriteJson(out / "unet" / "config.json", DiffusersUNetConfig(source.model)));
-  io::SafetensorsWriter file;
+  TensorSink file(o.dtype);
   AddModelTensors(model, params, ParameterNames(model), file);
-  file.SetMetadata("format", "pt");
-  DT_RETURN_IF_ERROR(
-      file.WriteAtomic((out / "unet" / "diffusion_pytorch_model.safetensors").string()));
+  DT_RETURN_IF_ERROR(file.Write((out / "unet" / "diffusion_pytorch_model.safetensors").string()));
   return WriteScheduler(source, base, out);
 }
 
@@ -134,7 +172,7 @@ Status WriteSingleFile(const ExportOptions& o, const Model& model, const float* 
                        const std::string& out) {
   DT_ASSIGN_OR_RETURN(const std::vector<std::string> names,
                       io::LdmUNetNames(ParameterNames(model)));
-  io::SafetensorsWriter file;
+  TensorSink file(o.dtype);
   AddModelTensors(model, params, names, file);
   std::vector<io::SafetensorsFile> parts;  // the base's files, mapped until written
   std::vector<std::vector<int64_t>> shapes;
@@ -169,15 +207,13 @@ Status WriteSingleFile(const ExportOptions& o, const Model& model, const float* 
         shapes.back().push_back(1);
         shapes.back().push_back(1);
       }
-      file.Add(vae_names[i], t->dtype, shapes.back(), t->data);
+      file.AddStored(*t, vae_names[i], shapes.back());
     }
     for (const std::string& name : parts[1].Names()) {
-      const io::TensorView* t = parts[1].Find(name);
-      file.Add(io::kLdmClipPrefix + name, t->dtype, t->shape, t->data);
+      file.AddStored(*parts[1].Find(name), io::kLdmClipPrefix + name, parts[1].Find(name)->shape);
     }
   }
-  file.SetMetadata("format", "pt");
-  return file.WriteAtomic(out);
+  return file.Write(out);
 }
 
 int RunExport(const ExportOptions& o) {
@@ -221,17 +257,16 @@ int RunExport(const ExportOptions& o) {
   } else if (o.format == "single-file") {
     written = WriteSingleFile(o, model, model.params(), o.out);
   } else {
-    io::SafetensorsWriter file;
+    TensorSink file(o.dtype);
     AddModelTensors(model, model.params(), ParameterNames(model), file);
-    file.SetMetadata("format", "pt");
-    written = file.WriteAtomic(o.out);
+    written = file.Write(o.out);
   }
   if (!written.ok()) {
     spdlog::error("{}", written.message());
     return kExitJobFailed;
   }
-  spdlog::info("wrote {} ({} weights of {}, step {}, as {})", o.out, o.weights,
-               source->model.name(), source->step, o.format);
+  spdlog::info("wrote {} ({} weights of {}, step {}, as {} in {})", o.out, o.weights,
+               source->model.name(), source->step, o.format, o.dtype);
   return kExitOk;
 }
 
@@ -260,6 +295,11 @@ DIFFTRAIN_COMMAND(
                       "a Stable Diffusion pipeline folder whose other parts (text encoder, "
                       "tokenizer, VAE, scheduler) go with the UNet: a diffusers pipeline, or the "
                       "VAE and CLIP text model of a single file");
+       app.add_option("--dtype", o->dtype,
+                      "the UNet's (the model's) tensors: fp32, or fp16 or bf16 rounded to "
+                      "nearest even (--pipeline's parts keep their own)")
+           ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+           ->capture_default_str();
        app.add_option("--weights", o->weights, "ema or model")
            ->check(CLI::IsMember({"ema", "model"}))
            ->capture_default_str();

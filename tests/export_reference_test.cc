@@ -128,6 +128,35 @@ TEST_F(ExportReferenceTest, ExportsWhatDiffusersAndOriginalCheckpointsLoad) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ExpectSameTensors(state, exported + "/unet/diffusion_pytorch_model.safetensors");
 
+  // The UNet in fp16: diffusers loads the halves and samples them as difftrain does, their
+  // rounding moves the samples a little; the single file is ldm_checkpoint.py's of that export,
+  // its UNet in F16 (the base's parts as the base stores them, F32).
+  const std::string half = (dir_ / "exported16").string();
+  r = do_export("--dtype fp16 --out " + ShellQuote(half) + " --pipeline " + ShellQuote(base));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Compared halves = Compare(half, settings, prompt, "exported16");
+  ASSERT_TRUE(halves.got.has_value());
+  const double rounding = RelativeL2(halves.latents, compared.latents);
+  std::cout << "fp16 against fp32 weights: relative L2 " << rounding << "\n";
+  EXPECT_GT(rounding, 0);
+  EXPECT_LT(rounding, 1e-2);
+  const std::string single16 = (dir_ / "single16.safetensors").string();
+  r = do_export("--dtype fp16 --format single-file --out " + ShellQuote(single16) + " --pipeline " +
+                ShellQuote(base));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string written16 = (dir_ / "written16.safetensors").string();
+  const CommandResult wrote16 =
+      RunScript("ldm_checkpoint.py", "write " + ShellQuote(half) + " " + ShellQuote(written16));
+  ASSERT_EQ(wrote16.exit_code, 0) << wrote16.output;
+  ExpectSameTensors(single16, written16);
+  Result<io::SafetensorsFile> read16 = io::SafetensorsFile::Read(single16);
+  ASSERT_TRUE(read16.ok());
+  for (const std::string& name : read16->Names()) {
+    ASSERT_EQ(read16->Find(name)->dtype,
+              name.starts_with("model.diffusion_model.") ? io::DType::kF16 : io::DType::kF32)
+        << name;
+  }
+
   r = do_export("--out " + ShellQuote(exported));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("exists: export writes a new file or folder"));

@@ -91,7 +91,7 @@ inline std::vector<float> ReferenceTensor(const io::SafetensorsFile& file, const
   for (int64_t d : t->shape)
     n *= d;
   std::vector<float> v(n);
-  EXPECT_TRUE(file.CopyF32(name, t->shape, v.data()).ok()) << name;
+  EXPECT_TRUE(file.CopyAsF32(name, t->shape, v.data()).ok()) << name;
   if (shape != nullptr) *shape = t->shape;
   return v;
 }
