@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "model/data/captions.h"
 #include "model/data/dataset.h"
+#include "model/data/image_folder.h"
 #include "model/data/latent_folder.h"
 #include "model/data/text_table.h"
 #include "model/io/posix_file.h"
@@ -35,7 +37,12 @@ struct PackOptions {
   int64_t per_shard = 8192;
   int64_t limit = 0;       // 0: every sample
   std::string text_table;  // a caption of its class for every sample, from this table
-  std::string vae;         // encode the samples through this AutoencoderKL
+  // An image folder's own captions embedded by this text encoder, at this length.
+  std::string text_encoder;
+  int text_length = 77;
+  int skip_layers = 0;
+  std::string caption_column = "text";
+  std::string vae;  // encode the samples through this AutoencoderKL
   std::string posterior = "sample";
   bool channels_given = false;
   bool image_size_given = false;
@@ -69,6 +76,40 @@ Result<std::unique_ptr<Dataset>> EncodeWithVae(std::unique_ptr<Dataset> source,
   return std::unique_ptr<Dataset>(std::move(encoded).value());
 }
 
+// The image folder `source` with its own captions (metadata.jsonl or sidecar files), each
+// distinct one embedded once by --text-encoder.
+Result<std::unique_ptr<Dataset>> WithOwnCaptions(std::unique_ptr<Dataset> source,
+                                                 const PackOptions& o) {
+  const auto* folder = dynamic_cast<const ImageFolderDataset*>(source.get());
+  if (!folder) {
+    return Errorf(
+        "--text-encoder embeds an image folder's own captions (--dataset image_folder); "
+        "{} takes its captions from --text-table",
+        o.dataset.kind);
+  }
+  if (!o.text_table.empty()) return Status::Error("give --text-table or --text-encoder, not both");
+  DT_ASSIGN_OR_RETURN(const std::vector<std::string> captions,
+                      ReadImageCaptions(*folder, o.dataset.path, o.caption_column));
+  std::vector<std::string> distinct;
+  std::map<std::string, int64_t> index;
+  std::vector<int64_t> ids;
+  for (const std::string& caption : captions) {
+    const auto [at, added] = index.emplace(caption, static_cast<int64_t>(distinct.size()));
+    if (added) distinct.push_back(caption);
+    ids.push_back(at->second);
+  }
+  Result<TextEmbedder> embedder = TextEmbedder::Load(o.text_encoder);
+  if (!embedder.ok()) return embedder.status().WithContext("--text-encoder");
+  spdlog::info("embedding {} distinct captions of {} images with {}", distinct.size(),
+               captions.size(), o.text_encoder);
+  Result<TextTable> table = embedder->EmbedTable(distinct, o.text_length, o.skip_layers);
+  if (!table.ok()) return table.status().WithContext("--text-encoder");
+  DT_ASSIGN_OR_RETURN(
+      std::unique_ptr<CaptionedDataset> captioned,
+      CaptionedDataset::WithTexts(std::move(source), std::move(table).value(), std::move(ids)));
+  return std::unique_ptr<Dataset>(std::move(captioned));
+}
+
 int RunPack(PackOptions o) {
   if (o.per_shard < 1) return ReportBadInput("data pack", "--per-shard must be positive");
   if (o.limit < 0) return ReportBadInput("data pack", "--limit must not be negative");
@@ -97,6 +138,11 @@ int RunPack(PackOptions o) {
       return ReportBadInput("data pack", "--text-table: " + captioned.status().message());
     }
     source = std::unique_ptr<Dataset>(std::move(captioned).value());
+  }
+  if (!o.text_encoder.empty()) {
+    Result<std::unique_ptr<Dataset>> captioned = WithOwnCaptions(std::move(source).value(), o);
+    if (!captioned.ok()) return ReportBadInput("data pack", captioned.status().message());
+    source = std::move(captioned);
   }
   std::optional<LatentFolderVae> encoded_by;
   if (!o.vae.empty()) {
@@ -240,6 +286,20 @@ std::function<int()> SetupData(CLI::App& app) {
   pack->add_option("--text-table", o.text_table,
                    "pair every sample with a training caption of its class from this text table "
                    "(data captions + data embed or scripts/text_encoder.py)");
+  pack->add_option("--text-encoder", o.text_encoder,
+                   "image_folder: embed each image's own caption (DIR/metadata.jsonl, as "
+                   "diffusers' train_text_to_image reads it, else IMAGE.txt or IMAGE.caption "
+                   "beside it) with this text encoder: a transformers folder or a Stable "
+                   "Diffusion pipeline's");
+  pack->add_option("--text-length", o.text_length,
+                   "with --text-encoder: tokens per caption (a UNet's text_length)")
+      ->capture_default_str();
+  pack->add_option("--skip-layers", o.skip_layers,
+                   "with --text-encoder: the hidden state this many layers before the last")
+      ->capture_default_str();
+  pack->add_option("--caption-column", o.caption_column,
+                   "with --text-encoder: metadata.jsonl's caption key")
+      ->capture_default_str();
   pack->add_option("--crop", o.dataset.crop,
                    "image_folder: dit (DiT's center_crop_arr: BOX halvings, BICUBIC, centre "
                    "crop) or square (the centred square, then BOX)")

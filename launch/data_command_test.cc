@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/temp_dir.h"
 #include "model/data/dataset.h"
@@ -15,6 +16,8 @@
 #include "model/data/latent_folder.h"
 #include "model/data/moving_fashion_mnist.h"
 #include "model/io/png.h"
+#include "model/text/embedder.h"
+#include "model/text/text_testing.h"
 #include "model/vae/encoded_dataset.h"
 #include "model/vae/vae_testing.h"
 #include "tests/testing/run_command.h"
@@ -206,6 +209,73 @@ std::string ImageFolder(const std::string& dir) {
         io::WritePng(klass + "/" + std::to_string(k) + ".png", pixels.data(), w, h, c).ok());
   }
   return dir;
+}
+
+// An image folder's own captions (`data pack --text-encoder`): from metadata.jsonl, as
+// diffusers' train_text_to_image reads an imagefolder, or from IMAGE.txt / IMAGE.caption sidecar
+// files (kohya's); each distinct caption embedded once, as the encoder embeds it, and each
+// sample paired with its own. An image without a caption, or another dataset, is refused.
+TEST_F(DataCommandTest, PacksAnImageFolderWithItsOwnCaptions) {
+  const std::string images = ImageFolder(dir_ + "/images");
+  const std::string encoder = dir_ + "/encoder";
+  ASSERT_EQ(testing::WriteTextEncoderFolder(encoder, 8, 3), "");
+  const std::vector<std::string> captions = {"a red boot", "a boot in the rain", "a coat",
+                                             "a red boot", "a long coat"};
+  const std::vector<std::string> files = {"boots/0.png", "boots/1.png", "coats/2.png",
+                                          "coats/3.png", "coats/4.png"};
+  {
+    std::ofstream jsonl(images + "/metadata.jsonl");
+    for (int k = 4; k >= 0; --k)  // any order
+      jsonl << nlohmann::json{{"file_name", files[k]}, {"text", captions[k]}}.dump() << "\n";
+  }
+  const std::string pack = "--dataset image_folder --path " + ShellQuote(images) +
+                           " --image-size 16 --text-encoder " + ShellQuote(encoder) +
+                           " --text-length 12";
+  std::unique_ptr<LatentFolderDataset> packed = Pack(pack);
+  ASSERT_NE(packed, nullptr);
+  const auto expect_captions = [&](const LatentFolderDataset& folder) {
+    const TextTable* texts = folder.texts();
+    ASSERT_NE(texts, nullptr);
+    EXPECT_EQ(texts->captions, (std::vector<std::string>{"a red boot", "a boot in the rain",
+                                                         "a coat", "a long coat"}));
+    EXPECT_EQ(texts->length, 12);
+    Result<TextEmbedder> embedder = TextEmbedder::Load(encoder);
+    ASSERT_TRUE(embedder.ok()) << embedder.status().message();
+    Result<std::vector<float>> want = embedder->Embed(texts->captions, 12, 0);
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(texts->embeddings, *want);
+    for (int64_t i = 0; i < folder.size(); ++i)
+      EXPECT_EQ(texts->captions[folder.TextId(i)], captions[i]) << i;
+  };
+  expect_captions(*packed);
+  packed.reset();
+  fs::remove_all(dir_ + "/out");
+
+  // Sidecar files in place of metadata.jsonl (trailing newlines dropped).
+  fs::remove(images + "/metadata.jsonl");
+  for (size_t k = 0; k < files.size(); ++k) {
+    fs::path sidecar = images + "/" + files[k];
+    sidecar.replace_extension(k % 2 ? ".caption" : ".txt");
+    std::ofstream(sidecar) << captions[k] << "\n";
+  }
+  packed = Pack(pack);
+  ASSERT_NE(packed, nullptr);
+  expect_captions(*packed);
+  packed.reset();
+  fs::remove_all(dir_ + "/out");
+
+  fs::remove(images + "/coats/3.caption");
+  CommandResult r = RunDifftrain("data pack " + pack + " --out " + Out());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the image '" + images + "/coats/3.png' has no caption"),
+            std::string::npos)
+      << r.output;
+  r = RunDifftrain("data pack --dataset fashion_mnist --split test --limit 4 --text-encoder " +
+                   ShellQuote(encoder) + " --out " + Out());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--text-encoder embeds an image folder's own captions"),
+            std::string::npos)
+      << r.output;
 }
 
 // `data pack --vae`: an image folder (and a video dataset, frame by frame) packed as the

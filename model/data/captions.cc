@@ -38,6 +38,19 @@ TextTable FashionMnistCaptions() {
   return t;
 }
 
+Result<std::unique_ptr<CaptionedDataset>> CaptionedDataset::WithTexts(
+    std::unique_ptr<Dataset> images, TextTable texts, std::vector<int64_t> text_ids) {
+  if (static_cast<int64_t>(text_ids.size()) != images->size()) {
+    return Errorf("{} text ids for {} samples", text_ids.size(), images->size());
+  }
+  for (int64_t id : text_ids) {
+    if (id < 0 || id >= texts.size())
+      return Errorf("text id {} is outside the table's [0, {})", id, texts.size());
+  }
+  return std::unique_ptr<CaptionedDataset>(
+      new CaptionedDataset(std::move(images), std::move(texts), std::move(text_ids)));
+}
+
 Result<std::unique_ptr<CaptionedDataset>> CaptionedDataset::Create(std::unique_ptr<Dataset> images,
                                                                    TextTable texts) {
   if (images->unbounded()) return Status::Error("captioned data need a bounded image dataset");

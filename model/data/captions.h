@@ -30,6 +30,11 @@ class CaptionedDataset : public Dataset {
   // Errors: `texts` has no labels, or has no training text for a class of `images`.
   static Result<std::unique_ptr<CaptionedDataset>> Create(std::unique_ptr<Dataset> images,
                                                           TextTable texts);
+  // Sample i with text text_ids[i] of `texts` (an image folder's own captions). Errors: a count
+  // or an id that does not fit.
+  static Result<std::unique_ptr<CaptionedDataset>> WithTexts(std::unique_ptr<Dataset> images,
+                                                             TextTable texts,
+                                                             std::vector<int64_t> text_ids);
 
   int64_t size() const override { return images_->size(); }
   int channels() const override { return images_->channels(); }

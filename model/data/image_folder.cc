@@ -1,10 +1,15 @@
 #include "model/data/image_folder.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "model/io/image.h"
 #include "model/io/resample.h"
@@ -96,6 +101,62 @@ void PrepareStretched(const io::PngImage& image, int width, int height, int chan
     for (int c = 0; c < channels; ++c)
       out[c * plane + i] = 2.0f * (resized.pixels[i * channels + c] / 255.0f) - 1.0f;
   }
+}
+
+Result<std::vector<std::string>> ReadImageCaptions(const ImageFolderDataset& folder,
+                                                   const std::string& dir,
+                                                   const std::string& column) {
+  const auto key = [](const fs::path& p) { return fs::weakly_canonical(p).string(); };
+  const auto trimmed = [](std::string text) {
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+      text.pop_back();
+    return text;
+  };
+  std::error_code ec;
+  const fs::path metadata = fs::path(dir) / "metadata.jsonl";
+  std::map<std::string, std::string> listed;  // by the image's canonical path
+  const bool jsonl = fs::is_regular_file(metadata, ec);
+  if (jsonl) {
+    std::ifstream in(metadata);
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+      if (!row.is_object() || !row.contains("file_name") || !row["file_name"].is_string() ||
+          !row.contains(column) || !row[column].is_string()) {
+        return Errorf(
+            "'{}' line {}: expected a JSON object with the strings \"file_name\" and \"{}\"",
+            metadata.string(), number, column);
+      }
+      listed[key(fs::path(dir) / row["file_name"].get<std::string>())] = row[column];
+    }
+  }
+  std::vector<std::string> captions;
+  for (int64_t i = 0; i < folder.size(); ++i) {
+    const fs::path image = folder.file(i);
+    if (jsonl) {
+      const auto found = listed.find(key(image));
+      if (found == listed.end())
+        return Errorf("'{}' has no line for the image '{}'", metadata.string(), image.string());
+      captions.push_back(found->second);
+      continue;
+    }
+    std::optional<std::string> caption;
+    for (const char* extension : {".txt", ".caption"}) {
+      fs::path sidecar = image;
+      sidecar.replace_extension(extension);
+      if (!fs::is_regular_file(sidecar, ec)) continue;
+      std::ifstream in(sidecar);
+      caption = trimmed(std::string(std::istreambuf_iterator<char>(in), {}));
+      break;
+    }
+    if (!caption) {
+      return Errorf("the image '{}' has no caption: no {} and no {} or .caption file beside it",
+                    image.string(), metadata.string(), image.stem().string() + ".txt");
+    }
+    captions.push_back(*caption);
+  }
+  return captions;
 }
 
 void PrepareMask(const io::PngImage& image, int width, int height, float* out) {

@@ -56,6 +56,16 @@ class ImageFolderDataset : public Dataset {
   std::vector<int32_t> labels_;
 };
 
+// The caption of each of `folder`'s images (in its order), as fine-tuning scripts read an
+// image folder's captions: from DIR/metadata.jsonl where there is one (Hugging Face datasets'
+// imagefolder, diffusers' train_text_to_image: one JSON object a line, "file_name" relative to
+// DIR and the caption under `column`), else from each image's sidecar file beside it, IMAGE.txt
+// or IMAGE.caption (kohya's sd-scripts), trailing whitespace dropped. Errors name the image
+// without a caption, or the line that says what cannot be read.
+Result<std::vector<std::string>> ReadImageCaptions(const ImageFolderDataset& folder,
+                                                   const std::string& dir,
+                                                   const std::string& column = "text");
+
 // Steps 1–3 above for one decoded image: `out` is channels × size × size.
 void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop crop, float* out);
 
