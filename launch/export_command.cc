@@ -4,9 +4,11 @@
 // checkpoint (A1111, ComfyUI, diffusers' from_single_file), or the bare state dict of any family.
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,12 +64,18 @@ class TensorSink {
                  const std::vector<int64_t>& shape) {
     file_.Add(name, t.dtype, shape, t.data);
   }
+  // Bytes of `dtype` kept here until written.
+  void AddOwned(const std::string& name, io::DType dtype, const std::vector<int64_t>& shape,
+                std::vector<uint8_t> bytes) {
+    file_.Add(name, dtype, shape, owned_.emplace_back(std::move(bytes)).data());
+  }
   Status Write(const std::string& path) const { return file_.WriteAtomic(path); }
 
  private:
   io::DType dtype_;
   io::SafetensorsWriter file_;
   std::deque<std::vector<uint16_t>> halves_;
+  std::deque<std::vector<uint8_t>> owned_;
 };
 
 // The diffusers version the written configs name (the one the project checks against).
@@ -166,6 +174,41 @@ Status WriteDiffusers(const ExportOptions& o, const SampleSource& source, const 
   return WriteScheduler(source, base, out);
 }
 
+// SD 2.x's text model (a CLIPTextModel of `hidden` features) into `file` as the original holds
+// its OpenCLIP model: each layer's q, k and v rows of one in_proj (bytes of the stored dtype),
+// the rest renamed (model/io/ldm_checkpoint.h's LdmOpenClipTensor, read backwards).
+Status AddOpenClip(const io::SafetensorsFile& clip, int64_t hidden, TensorSink& file) {
+  struct Merged {
+    io::DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<std::string, Merged> merged;
+  for (const std::string& name : clip.Names()) {
+    const io::TensorView* t = clip.Find(name);
+    std::optional<io::LdmTensorPart> part = io::LdmOpenClipTensor(name, hidden);
+    if (!part) return Errorf("the text encoder's '{}' has no place in OpenCLIP's layout", name);
+    const std::string ldm = io::kLdmOpenClipPrefix + part->name;
+    if (part->rows < 0) {
+      file.AddStored(*t, ldm, t->shape);
+      continue;
+    }
+    Merged& m = merged[ldm];
+    const uint64_t row_bytes = t->bytes / part->rows;
+    if (m.bytes.empty()) {
+      m.dtype = t->dtype;
+      m.shape = t->shape;
+      m.shape[0] = 3 * hidden;
+      m.bytes.resize(3 * hidden * row_bytes);
+    }
+    if (t->dtype != m.dtype) return Errorf("'{}': q, k and v of other dtypes", ldm);
+    std::memcpy(m.bytes.data() + part->first_row * row_bytes, t->data, t->bytes);
+  }
+  for (auto& [name, m] : merged)
+    file.AddOwned(name, m.dtype, m.shape, std::move(m.bytes));
+  return Status::Ok();
+}
+
 // --format single-file into the file `out`: the UNet under the original names, and with a
 // base pipeline its VAE (attention as 1×1 convolutions) and CLIP text model.
 Status WriteSingleFile(const ExportOptions& o, const Model& model, const float* params,
@@ -178,15 +221,15 @@ Status WriteSingleFile(const ExportOptions& o, const Model& model, const float* 
   std::vector<std::vector<int64_t>> shapes;
   if (!o.pipeline.empty()) {
     const fs::path base = o.pipeline;
+    // SD 1.x's CLIP ViT-L (quick GELU) as transformers names it; SD 2.x's OpenCLIP ViT-H (GELU)
+    // in OpenCLIP's layout.
     std::ifstream text_config(base / "text_encoder" / "config.json");
     const nlohmann::json text = nlohmann::json::parse(text_config, nullptr, false);
-    if (text.is_discarded() || text.value("hidden_act", "") != "quick_gelu") {
-      return Errorf(
-          "--pipeline '{}': its text encoder is not CLIP ViT-L's (hidden_act quick_gelu: SD "
-          "1.x's); an SD 2.x pipeline's OpenCLIP text model is not written in the original "
-          "layout here: export --format diffusers",
-          o.pipeline);
+    if (text.is_discarded() || !text.contains("hidden_act") || !text.contains("hidden_size")) {
+      return Errorf("--pipeline '{}': text_encoder/config.json is no CLIP text model's config",
+                    o.pipeline);
     }
+    const bool openclip = text["hidden_act"] == "gelu";
     DT_ASSIGN_OR_RETURN(const std::string vae,
                         PartFile(base / "vae", {"diffusion_pytorch_model.safetensors",
                                                 "diffusion_pytorch_model.fp16.safetensors"}));
@@ -209,8 +252,12 @@ Status WriteSingleFile(const ExportOptions& o, const Model& model, const float* 
       }
       file.AddStored(*t, vae_names[i], shapes.back());
     }
-    for (const std::string& name : parts[1].Names()) {
-      file.AddStored(*parts[1].Find(name), io::kLdmClipPrefix + name, parts[1].Find(name)->shape);
+    if (openclip) {
+      DT_RETURN_IF_ERROR(AddOpenClip(parts[1], text["hidden_size"].get<int64_t>(), file));
+    } else {
+      for (const std::string& name : parts[1].Names()) {
+        file.AddStored(*parts[1].Find(name), io::kLdmClipPrefix + name, parts[1].Find(name)->shape);
+      }
     }
   }
   return file.Write(out);

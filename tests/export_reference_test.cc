@@ -4,12 +4,13 @@
 //   - as a diffusers pipeline around the base's other parts: diffusers' StableDiffusionPipeline
 //     loads it and samples what `difftrain sample --checkpoint` samples of the checkpoint (and
 //     `sample --pretrained` of the export), the same x_T, prompt, negative prompt and DDIM steps;
-//   - as an original single-file checkpoint with the base's VAE and CLIP text model: tensor for
-//     tensor the file tests/reference/ldm_checkpoint.py writes of the exported pipeline, which
-//     diffusers' from_single_file reads back as that pipeline;
+//   - as an original single-file checkpoint with the base's VAE and CLIP text model (an SD 2.x
+//     base's in OpenCLIP's layout): tensor for tensor the file tests/reference/ldm_checkpoint.py
+//     writes of the exported pipeline, which diffusers' from_single_file reads back as that
+//     pipeline;
 //   - as a state dict: the exported UNet's tensors under the same names.
-// And refusals: another family as diffusers, an --out that exists, an SD 2.x text model in a
-// single file.
+// In fp32 and fp16. And a refusal: an --out that exists (another family as diffusers:
+// launch/sample_command_test.cc).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -29,15 +30,45 @@
 namespace difftrain::testing {
 namespace {
 
-using ExportReferenceTest = SdPipelineReferenceTest;
+class ExportReferenceTest : public SdPipelineReferenceTest {
+ protected:
+  // Two training steps from `base`'s UNet, on synthetic latents and texts: the checkpoint's
+  // directory, or "" on failure.
+  std::string Train(const std::string& base) {
+    nlohmann::json unet = nlohmann::json::parse(std::ifstream(base + "/unet/config.json"));
+    unet["name"] = "unet";
+    const std::string ckpt = (dir_ / "ckpt").string();
+    const std::string job = (dir_ / "job.yaml").string();
+    std::ofstream(job) << "model: " << unet.dump() << "\n"
+                       << "diffusion: {schedule: scaled_linear, beta_start: 0.00085, beta_end: "
+                          "0.012}\n"
+                       << "data: {kind: synthetic}\n"
+                       << "batch: {micro: 2, global: 2}\n"
+                       << "optimizer: {lr: 0.001}\n"
+                       << "train: {steps: 2, log_every: 1}\n"
+                       << "checkpoint: {dir: " << ckpt << ", every: 2, init_from: " << base
+                       << "/unet}\n";
+    const CommandResult trained =
+        RunCommand(fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), job));
+    EXPECT_EQ(trained.exit_code, 0) << trained.output;
+    return trained.exit_code == 0 ? ckpt : "";
+  }
+  CommandResult Export(const std::string& ckpt, const std::string& args) {
+    return RunCommand(fmt::format("{} export --checkpoint {} --weights model {} 2>&1",
+                                  ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), args));
+  }
+};
 
-// The tensors of two safetensors files are the same: names, shapes and values (as F32).
-void ExpectSameTensors(const std::string& got_path, const std::string& want_path) {
+// The tensors of two safetensors files are the same: names, shapes and values (as F32), but
+// for `except`, which only the second has.
+void ExpectSameTensors(const std::string& got_path, const std::string& want_path,
+                       const std::string& except = "") {
   Result<io::SafetensorsFile> got = io::SafetensorsFile::Read(got_path);
   Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(want_path);
   ASSERT_TRUE(got.ok() && want.ok());
   std::vector<std::string> got_names = got->Names(), want_names = want->Names();
   std::sort(got_names.begin(), got_names.end());
+  std::erase(want_names, except);
   std::sort(want_names.begin(), want_names.end());
   ASSERT_EQ(got_names, want_names);
   for (const std::string& name : want_names) {
@@ -52,27 +83,9 @@ TEST_F(ExportReferenceTest, ExportsWhatDiffusersAndOriginalCheckpointsLoad) {
   if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
   const std::string base = MakePipeline(text_python, "ldm1");
   ASSERT_FALSE(base.empty());
-  // Two training steps from the base's UNet, on synthetic latents and texts.
-  nlohmann::json unet = nlohmann::json::parse(std::ifstream(base + "/unet/config.json"));
-  unet["name"] = "unet";
-  const std::string ckpt = (dir_ / "ckpt").string();
-  const std::string job = (dir_ / "job.yaml").string();
-  std::ofstream(job) << "model: " << unet.dump() << "\n"
-                     << "diffusion: {schedule: scaled_linear, beta_start: 0.00085, beta_end: "
-                        "0.012}\n"
-                     << "data: {kind: synthetic}\n"
-                     << "batch: {micro: 2, global: 2}\n"
-                     << "optimizer: {lr: 0.001}\n"
-                     << "train: {steps: 2, log_every: 1}\n"
-                     << "checkpoint: {dir: " << ckpt << ", every: 2, init_from: " << base
-                     << "/unet}\n";
-  const CommandResult trained =
-      RunCommand(fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), job));
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  const auto do_export = [&](const std::string& args) {
-    return RunCommand(fmt::format("{} export --checkpoint {} --weights model {} 2>&1",
-                                  ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), args));
-  };
+  const std::string ckpt = Train(base);
+  ASSERT_FALSE(ckpt.empty());
+  const auto do_export = [&](const std::string& args) { return Export(ckpt, args); };
   const std::string exported = (dir_ / "exported").string();
   CommandResult r = do_export("--out " + ShellQuote(exported) + " --pipeline " + ShellQuote(base));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -160,6 +173,32 @@ TEST_F(ExportReferenceTest, ExportsWhatDiffusersAndOriginalCheckpointsLoad) {
   r = do_export("--out " + ShellQuote(exported));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("exists: export writes a new file or folder"));
+}
+
+// An SD 2.x style base (OpenCLIP's text model, GELU): the single file holds the text model in
+// OpenCLIP's layout (each layer's q, k, v as one in_proj), as ldm_checkpoint.py writes it of the
+// exported pipeline (whose read-back by diffusers' create_text_encoder_from_open_clip_checkpoint
+// gives the pipeline's text model), but for the text_projection a CLIPTextModel does not hold.
+TEST_F(ExportReferenceTest, WritesAnSd2TextModelInOpenClipsLayout) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string base = MakePipeline(text_python, "ldm2");
+  ASSERT_FALSE(base.empty());
+  const std::string ckpt = Train(base);
+  ASSERT_FALSE(ckpt.empty());
+  const std::string exported = (dir_ / "exported").string();
+  CommandResult r =
+      Export(ckpt, "--out " + ShellQuote(exported) + " --pipeline " + ShellQuote(base));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string single = (dir_ / "single.safetensors").string();
+  r = Export(
+      ckpt, "--format single-file --out " + ShellQuote(single) + " --pipeline " + ShellQuote(base));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string written = (dir_ / "written.safetensors").string();
+  const CommandResult wrote = RunScript("ldm_checkpoint.py", "write " + ShellQuote(exported) + " " +
+                                                                 ShellQuote(written) + " openclip");
+  ASSERT_EQ(wrote.exit_code, 0) << wrote.output;
+  ExpectSameTensors(single, written, "cond_stage_model.model.text_projection");
 }
 
 }  // namespace
