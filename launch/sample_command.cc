@@ -146,26 +146,12 @@ int RunSample(const SampleOptions& o) {
   }
   Result<std::optional<Vae>> vae = LoadSampleVae(o, ckpt, m);
   if (!vae.ok()) return bad(vae.status().message());
-  if (o.height || o.width) {
-    // Pixels, as diffusers' height and width: the latents are the VAE's downscale smaller.
-    if (!*vae && m.channels != 1 && m.channels != 3) {
-      return bad(
-          "--height/--width are pixels, and this model samples latents without a VAE to say "
-          "their scale: give --vae");
-    }
-    const int f = *vae ? (*vae)->config().downscale() : 1;
-    const int height = o.height.value_or(m.height * f), width = o.width.value_or(m.width * f);
-    if (height < 1 || width < 1 || height % f != 0 || width % f != 0) {
-      return bad(fmt::format(
-          "--height/--width: {}x{} pixels, and the samples' sides must be positive multiples of "
-          "the VAE's downscale {}",
-          height, width, f));
-    }
-    Result<ModelSpec> resized = family.Resized(ckpt.model, height / f, width / f);
-    if (!resized.ok()) return bad("--height/--width: " + resized.status().message());
-    ckpt.model = std::move(resized).value();
+  Result<std::optional<ModelSpec>> resized =
+      ResizedForSampling(o, ckpt.model, m, *vae ? &**vae : nullptr);
+  if (!resized.ok()) return bad(resized.status().message());
+  if (*resized) {
+    ckpt.model = std::move(**resized);
     m = family.Samples(ckpt.model);
-    spdlog::info("sampling {}x{} pixels ({}x{} latents)", width, height, m.width, m.height);
   }
   if ((!o.out.empty() || !o.gif.empty()) && !*vae && m.channels != 1 && m.channels != 3) {
     return bad(fmt::format(

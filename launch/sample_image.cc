@@ -131,6 +131,57 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
   return std::optional<Vae>(std::move(vae).value());
 }
 
+Result<std::optional<ModelSpec>> ResizedForSampling(const SampleOptions& o, const ModelSpec& spec,
+                                                    const SampleSchema& m, const Vae* vae) {
+  const ModelFamily& family = FamilyOf(spec);
+  const int f = vae ? vae->config().downscale() : 1;
+  if (o.height || o.width) {
+    if (!vae && m.channels != 1 && m.channels != 3) {
+      return Status::Error(
+          "--height/--width are pixels, and this model samples latents without a VAE to say "
+          "their scale: give --vae");
+    }
+    const int height = o.height.value_or(m.height * f), width = o.width.value_or(m.width * f);
+    if (height < 1 || width < 1 || height % f != 0 || width % f != 0) {
+      return Errorf(
+          "--height/--width: {}x{} pixels, and the samples' sides must be positive multiples of "
+          "the VAE's downscale {}",
+          height, width, f);
+    }
+    Result<ModelSpec> resized = family.Resized(spec, height / f, width / f);
+    if (!resized.ok()) return resized.status().WithContext("--height/--width");
+    spdlog::info("sampling {}x{} pixels ({}x{} latents)", width, height, width / f, height / f);
+    return std::optional<ModelSpec>(std::move(resized).value());
+  }
+  if (o.images.empty() || IsSafetensorsPath(o.images[0]) || m.video)
+    return std::optional<ModelSpec>();
+  if (!vae && m.channels != 1 && m.channels != 3)
+    return std::optional<ModelSpec>();  // refused when read
+  // The first picture's size, in latents rounded down to one the family samples.
+  Result<io::PngImage> picture = io::ReadImage(o.images[0]);
+  if (!picture.ok()) return picture.status().WithContext("--image");
+  int height = picture->height / f, width = picture->width / f;
+  if (height == m.height && width == m.width) return std::optional<ModelSpec>();
+  if (!family.Resized(spec, m.height, m.width).ok())
+    return std::optional<ModelSpec>();  // not resizable
+  // Each side rounded down on its own to one the family takes (a UNet's sides halve a bounded
+  // number of times: at most 2^(levels − 1) − 1 steps down).
+  const auto largest = [&](int side, bool rows) {
+    for (int s = side; s > 0 && s > side - 1024; --s) {
+      if (family.Resized(spec, rows ? s : m.height, rows ? m.width : s).ok()) return s;
+    }
+    return 0;
+  };
+  height = largest(height, true);
+  width = largest(width, false);
+  if (height == 0 || width == 0 || (height == m.height && width == m.width))
+    return std::optional<ModelSpec>();
+  DT_ASSIGN_OR_RETURN(ModelSpec resized, family.Resized(spec, height, width));
+  spdlog::info("sampling at {}'s size: {}x{} pixels ({}x{} latents; --height/--width to choose)",
+               o.images[0], width * f, height * f, width, height);
+  return std::optional<ModelSpec>(std::move(resized));
+}
+
 bool IsSafetensorsPath(const std::string& path) {
   std::string ext = std::filesystem::path(path).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),

@@ -25,6 +25,17 @@ namespace difftrain::launch {
 Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSource& ckpt,
                                          const SampleSchema& m);
 
+// The model `spec` (samples `m`) resized for sampling, as diffusers' pipelines size their
+// samples: to --height × --width pixels (each defaulting to the model's), else, from an --image
+// picture, to the first picture's size (diffusers' img2img and inpainting pipelines sample at
+// their image's size) where the family can be resized, rounded down to the nearest size it
+// samples (a multiple of the VAE's downscale times 2^(levels − 1) for a UNet: of 64 pixels for
+// Stable Diffusion, where diffusers rounds to 8); nullopt: the model's own size. The latents
+// are the VAE's downscale smaller than the pixels (none for a pixel model). Errors: a size a
+// family or VAE cannot take, --height/--width for latents without a VAE.
+Result<std::optional<ModelSpec>> ResizedForSampling(const SampleOptions& o, const ModelSpec& spec,
+                                                    const SampleSchema& m, const Vae* vae);
+
 // Whether `path` names a safetensors file (x0's as they are) rather than a picture.
 bool IsSafetensorsPath(const std::string& path);
 

@@ -363,6 +363,35 @@ TEST_F(SdPipelineReferenceTest, StartsFromAnImageAsStableDiffusionImg2ImgPipelin
       RelativeL2(ReferenceTensor(*full, "images"), ReferenceTensor(*plain, "images"));
   std::cout << "strength 1 against x_T alone: relative L2 latents " << moved << "\n";
   EXPECT_GT(moved, 10 * kBound);
+  // A picture samples at its own size, as diffusers' img2img pipeline does, rounded down to
+  // one the UNet takes (35 × 26 pixels: latents 17 × 13 → 16 × 12, 32 × 24 pixels), as given by
+  // --height/--width.
+  {
+    const std::string picture = (dir_ / "wide.png").string();
+    std::vector<uint8_t> rgb(26 * 35 * 3);
+    for (size_t i = 0; i < rgb.size(); ++i)
+      rgb[i] = static_cast<uint8_t>((i * 13 + i / 105 * 7) % 256);
+    ASSERT_TRUE(io::WritePng(picture, rgb.data(), 35, 26, 3).ok());
+    const auto run = [&](const std::string& flags, const std::string& name) {
+      const std::string raw = (dir_ / (name + ".safetensors")).string();
+      const CommandResult r = RunCommand(fmt::format(
+          "{} sample --pretrained {} --prompt boat --steps 4 --per-class 2 --image {} {} --raw {} "
+          "2>&1",
+          ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote(picture), flags,
+          ShellQuote(raw)));
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      return std::make_pair(r.output, io::SafetensorsFile::Read(raw));
+    };
+    const auto [log, own] = run("", "own_size");
+    EXPECT_THAT(log, ::testing::HasSubstr("'s size: 32x24 pixels (16x12 latents"));
+    ASSERT_TRUE(own.ok());
+    std::vector<int64_t> shape;
+    const std::vector<float> latents = ReferenceTensor(*own, "images", &shape);
+    EXPECT_EQ(shape, (std::vector<int64_t>{2, 4, 12, 16}));
+    const auto [given_log, given] = run("--height 24 --width 32", "given_size");
+    ASSERT_TRUE(given.ok());
+    EXPECT_EQ(ReferenceTensor(*given, "images"), latents);
+  }
   // A strength that leaves no step.
   const CommandResult refused = RunCommand(fmt::format(
       "{} sample --pretrained {} --prompt boat --steps 10 --image {} --strength 0.05 --raw {} "
@@ -550,7 +579,7 @@ TEST_P(InpaintReferenceTest, InpaintsAsStableDiffusionInpaintPipeline) {
     ASSERT_TRUE(encoded.WriteAtomic(latents).ok());
     const std::string picture_flags =
         "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 6 --strength 0.5 --seed 7 "
-        "--mask " +
+        "--height 16 --width 16 --mask " +
         ShellQuote(mask) + " --image ";
     Result<io::SafetensorsFile> from_picture =
         Sample(pipeline, noise, picture_flags + ShellQuote(picture), "from_picture");
