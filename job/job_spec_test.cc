@@ -335,6 +335,15 @@ TEST_F(JobSpecTest, AnImageFolderIsPackedFirst) {
       << c.status().message();
 }
 
+// The fine-tuning example (docs/finetuning.md) is a valid job: SD 1.5 from a pipeline's UNet.
+TEST_F(JobSpecTest, TheFineTuningExampleIsValid) {
+  Result<TrainConfig> c =
+      TrainConfig::FromYamlFile(std::string(DIFFTRAIN_SOURCE_DIR) + "/jobs/sd15-finetune.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->model.name(), "SD1.5");
+  EXPECT_EQ(c->checkpoint.init_from, "stable-diffusion-v1-5/unet");
+}
+
 // An inpainting UNet (more input channels than it samples) samples only: its job is refused.
 TEST_F(JobSpecTest, AnInpaintingUNetIsNotTrained) {
   std::ifstream file(std::string(DIFFTRAIN_SOURCE_DIR) + "/jobs/unet-fashion.yaml");
