@@ -123,9 +123,12 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
   }
   std::error_code ec;
   const fs::path pipeline = dir.parent_path();
-  if (dir.filename() == "unet" && fs::is_regular_file(pipeline / "model_index.json", ec)) {
-    folder.pipeline = pipeline.string();
-    const fs::path scheduler = pipeline / "scheduler" / "scheduler_config.json";
+  // A pipeline's unet/ (model_index.json above it), or a UNet with its scheduler beside it
+  // (`difftrain export` without --pipeline): the scheduler describes the diffusion.
+  const fs::path scheduler = pipeline / "scheduler" / "scheduler_config.json";
+  const bool in_pipeline = fs::is_regular_file(pipeline / "model_index.json", ec);
+  if (dir.filename() == "unet" && (in_pipeline || fs::is_regular_file(scheduler, ec))) {
+    if (in_pipeline) folder.pipeline = pipeline.string();
     DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> schedule, ReadJsonIfThere(scheduler));
     if (schedule) {
       DT_RETURN_IF_ERROR(ReadScheduler(*schedule, fmt::format("'{}'", scheduler.string()), folder));
@@ -178,7 +181,9 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
     spdlog::info("the diffusion: {}",
                  c.single_file ? "Stable Diffusion's, as diffusers' from_single_file (epsilon: "
                                  "give --prediction v for a v model)"
-                               : folder.pipeline + "'s scheduler/scheduler_config.json");
+                               : (fs::path(c.path).parent_path().parent_path() / "scheduler" /
+                                  "scheduler_config.json")
+                                     .string());
   }
   DT_RETURN_IF_ERROR(c.diffusion.Validate());
   return c;

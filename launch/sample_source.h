@@ -47,9 +47,10 @@ struct SampleSource {
 };
 
 // What a diffusers folder says beside the weights file `weights`: the model, from a
-// UNet2DConditionModel's config.json beside it; and where that folder is a pipeline's unet/
-// (the folder above holds model_index.json), the pipeline's folder and the diffusion and
-// timestep spacing of its scheduler/scheduler_config.json. Each is empty where the files are
+// UNet2DConditionModel's config.json beside it; where that folder is a pipeline's unet/
+// (the folder above holds model_index.json), the pipeline's folder; and where the folder above
+// it holds scheduler/scheduler_config.json (a pipeline, or `difftrain export`'s UNet), the
+// diffusion and timestep spacing it describes. Each is empty where the files are
 // not there; a file that is there and says what difftrain does not implement is an error
 // naming it.
 struct DiffusersFolder {

@@ -124,6 +124,19 @@ TEST_F(ExportReferenceTest, ExportsWhatDiffusersAndOriginalCheckpointsLoad) {
   std::cout << "the base pipeline against the export: relative L2 " << trained_away << "\n";
   EXPECT_GT(trained_away, 10 * kBound);
 
+  // Without --pipeline: unet/ and scheduler/, which `sample --pretrained` reads as the
+  // checkpoint's model and diffusion (its DDIM config: leading, steps_offset 1), sampling as the
+  // checkpoint does, bit for bit.
+  const std::string bare = (dir_ / "bare").string();
+  r = do_export("--out " + ShellQuote(bare));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(bare + "/model_index.json"));
+  Result<io::SafetensorsFile> from_bare = Sample(
+      bare, compared.reference,
+      prompt + " --text-encoder " + ShellQuote(base) + " --vae " + ShellQuote(base), "from_bare");
+  ASSERT_TRUE(from_bare.ok());
+  EXPECT_EQ(ReferenceTensor(*from_bare, "images"), ReferenceTensor(*from_checkpoint, "images"));
+
   // The single file: what ldm_checkpoint.py writes of the export (and diffusers reads back).
   const std::string single = (dir_ / "single.safetensors").string();
   r = do_export("--format single-file --out " + ShellQuote(single) + " --pipeline " +
