@@ -78,9 +78,6 @@ class TensorSink {
   std::deque<std::vector<uint8_t>> owned_;
 };
 
-// The diffusers version the written configs name (the one the project checks against).
-constexpr char kDiffusersVersion[] = "0.27.2";
-
 Status WriteJson(const fs::path& path, const nlohmann::json& json) {
   std::ofstream out(path);
   out << json.dump(2) << "\n";
@@ -105,17 +102,6 @@ void AddModelTensors(const Model& model, const float* params, const std::vector<
     file.Add(names[i], tensors[i].shape, params + tensors[i].offset);
   for (const FixedTensor& f : model.fixed_tensors())
     file.Add(f.name, f.shape, f.data);
-}
-
-// The UNet's config.json for diffusers: the config's diffusers keys (without difftrain's name,
-// text_length and text_dropout), the class and the version.
-nlohmann::json DiffusersUNetConfig(const ModelSpec& spec) {
-  nlohmann::json config = spec.config;
-  for (const char* own : {"name", "text_length", "text_dropout"})
-    config.erase(own);
-  config["_class_name"] = "UNet2DConditionModel";
-  config["_diffusers_version"] = kDiffusersVersion;
-  return config;
 }
 
 // The safetensors file of a pipeline part's folder (`names` in order of preference).
@@ -167,7 +153,9 @@ Status WriteDiffusers(const ExportOptions& o, const SampleSource& source, const 
     }
   }
   fs::create_directories(out / "unet", ec);
-  DT_RETURN_IF_ERROR(WriteJson(out / "unet" / "config.json", DiffusersUNetConfig(source.model)));
+  DT_ASSIGN_OR_RETURN(const nlohmann::json config,
+                      FamilyOf(source.model).DiffusersConfig(source.model));
+  DT_RETURN_IF_ERROR(WriteJson(out / "unet" / "config.json", config));
   TensorSink file(o.dtype);
   AddModelTensors(model, params, ParameterNames(model), file);
   DT_RETURN_IF_ERROR(file.Write((out / "unet" / "diffusion_pytorch_model.safetensors").string()));
@@ -211,10 +199,8 @@ Status AddOpenClip(const io::SafetensorsFile& clip, int64_t hidden, TensorSink& 
 
 // --format single-file into the file `out`: the UNet under the original names, and with a
 // base pipeline its VAE (attention as 1×1 convolutions) and CLIP text model.
-Status WriteSingleFile(const ExportOptions& o, const Model& model, const float* params,
-                       const std::string& out) {
-  DT_ASSIGN_OR_RETURN(const std::vector<std::string> names,
-                      io::LdmUNetNames(ParameterNames(model)));
+Status WriteSingleFile(const ExportOptions& o, const std::vector<std::string>& names,
+                       const Model& model, const float* params, const std::string& out) {
   TensorSink file(o.dtype);
   AddModelTensors(model, params, names, file);
   std::vector<io::SafetensorsFile> parts;  // the base's files, mapped until written
@@ -270,17 +256,21 @@ int RunExport(const ExportOptions& o) {
   Result<SampleSource> source = LoadCheckpointSource(o.checkpoint);
   if (!source.ok()) return bad("--checkpoint: " + source.status().message());
   const ModelFamily& family = FamilyOf(source->model);
-  if (o.format != "state-dict" && source->model.family != "unet") {
-    return bad(fmt::format(
-        "--format {} is for the unet family (Stable Diffusion's UNet); a {} model's weights are "
-        "written as --format state-dict",
-        o.format, source->model.family));
-  }
   if (o.format == "state-dict" && !o.pipeline.empty())
     return bad("--pipeline is for --format diffusers and single-file");
   Result<std::unique_ptr<Model>> created = family.CreateForInference(source->model);
   if (!created.ok()) return bad("--checkpoint: " + created.status().message());
   Model& model = **created;
+  // What the family has of the form asked for.
+  std::vector<std::string> single_file_names;
+  if (o.format == "diffusers") {
+    if (Result<nlohmann::json> c = family.DiffusersConfig(source->model); !c.ok())
+      return bad("--format diffusers: " + c.status().message());
+  } else if (o.format == "single-file") {
+    Result<std::vector<std::string>> names = family.SingleFileNames(ParameterNames(model));
+    if (!names.ok()) return bad("--format single-file: " + names.status().message());
+    single_file_names = std::move(names).value();
+  }
   if (Status s = FillModelWeights(*source, o.weights == "ema", model); !s.ok())
     return bad("--checkpoint: " + s.message());
 
@@ -302,7 +292,7 @@ int RunExport(const ExportOptions& o) {
     }
     if (!written.ok()) fs::remove_all(partial, ec);
   } else if (o.format == "single-file") {
-    written = WriteSingleFile(o, model, model.params(), o.out);
+    written = WriteSingleFile(o, single_file_names, model, model.params(), o.out);
   } else {
     TensorSink file(o.dtype);
     AddModelTensors(model, model.params(), ParameterNames(model), file);

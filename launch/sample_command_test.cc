@@ -656,7 +656,8 @@ TEST_F(SampleCommandTest, PretrainedWeightsSampleAsTheirCheckpoint) {
   exported =
       RunDifftrain("export --checkpoint " + Ckpt() + " --out " + ShellQuote(File("exported-dir")));
   EXPECT_EQ(exported.exit_code, 2) << exported.output;
-  EXPECT_NE(exported.output.find("--format diffusers is for the unet family"), std::string::npos)
+  EXPECT_NE(exported.output.find("--format diffusers: the dit family has no diffusers form here"),
+            std::string::npos)
       << exported.output;
   const std::vector<float> trained =
       images("--checkpoint " + Ckpt() + " --weights model", "ckpt-model.safetensors");

@@ -113,6 +113,13 @@ class ModelFamily {
   // default an error saying the family samples at its own size only.
   virtual Result<ModelSpec> Resized(const ModelSpec& spec, int height, int width) const;
 
+  // Export (`difftrain export`): the model's config.json in diffusers' form (its class and
+  // keys), and the names an original single-file checkpoint gives the tensors named `names`; by
+  // default an error saying the family has no such form.
+  virtual Result<nlohmann::json> DiffusersConfig(const ModelSpec& spec) const;
+  virtual Result<std::vector<std::string>> SingleFileNames(
+      const std::vector<std::string>& names) const;
+
   virtual ModelCost Cost(const ModelSpec& spec) const = 0;
   virtual SampleSchema Samples(const ModelSpec& spec) const = 0;
 

@@ -41,6 +41,21 @@ Result<ModelSpec> ModelFamily::Resized(const ModelSpec& spec, int, int) const {
                 s.width);
 }
 
+Result<nlohmann::json> ModelFamily::DiffusersConfig(const ModelSpec&) const {
+  return Errorf(
+      "the {} family has no diffusers form here (the unet family's is UNet2DConditionModel): "
+      "export its state dict",
+      name());
+}
+
+Result<std::vector<std::string>> ModelFamily::SingleFileNames(
+    const std::vector<std::string>&) const {
+  return Errorf(
+      "the {} family has no original single-file form (Stable Diffusion's UNet has): export its "
+      "state dict",
+      name());
+}
+
 Result<std::unique_ptr<GpuStep>> ModelFamily::CreateGpuStep(const TrainConfig&, int) const {
   return Errorf("train.device cuda: the {} family has no GPU step yet (train it on the cpu)",
                 name());

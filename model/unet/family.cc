@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/check.h"
+#include "model/io/ldm_checkpoint.h"
 #include "model/train/gpu_step.h"
 #include "model/unet/unet.h"
 #ifdef DIFFTRAIN_HAVE_CUDA
@@ -96,6 +97,21 @@ class UNetFamilyImpl final : public ModelFamily {
     config["sample_size"] =
         height == width ? nlohmann::json(height) : nlohmann::json(std::vector<int>{height, width});
     return FromJson(config);
+  }
+
+  // diffusers' UNet2DConditionModel config: the spec's keys without difftrain's own.
+  Result<nlohmann::json> DiffusersConfig(const ModelSpec& spec) const override {
+    nlohmann::json config = spec.config;
+    for (const char* own : {"name", "text_length", "text_dropout"})
+      config.erase(own);
+    config["_class_name"] = "UNet2DConditionModel";
+    config["_diffusers_version"] = "0.27.2";
+    return config;
+  }
+
+  Result<std::vector<std::string>> SingleFileNames(
+      const std::vector<std::string>& names) const override {
+    return io::LdmUNetNames(names);
   }
 
   ModelCost Cost(const ModelSpec& spec) const override {
