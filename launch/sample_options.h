@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "launch/model_options.h"
 #include "model/diffusion/gaussian_diffusion.h"
 
@@ -61,11 +63,11 @@ struct SampleOptions {
   std::optional<int> height, width;
   // Inpainting: the masks of the images (white: painted).
   std::vector<std::string> masks;
-  std::string vae;                 // a diffusers AutoencoderKL decoding a latent model's samples
-  std::vector<std::string> loras;  // LoRA files fused into the model's weights (model/io/lora.h)
+  std::string vae;  // a diffusers AutoencoderKL decoding a latent model's samples
   // Textual inversion embeddings loaded into the text encoder, and their tokens (none, or one
   // per file; empty: the file's tensor's name).
   std::vector<std::string> textual_inversions, inversion_tokens;
+  std::vector<std::string> loras;  // LoRA files fused into the model's weights (model/io/lora.h)
   // Their scales: none (1 each), one for all, or one per LoRA in order (LoraScale).
   std::vector<double> lora_scales;
 
@@ -75,5 +77,9 @@ struct SampleOptions {
   }
   std::string log_level = "info";
 };
+
+// Declares the flags on `app` (launch/sample_options.cc); the diffusion flags' options, which
+// say whether any was given.
+std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o);
 
 }  // namespace difftrain::launch
