@@ -122,11 +122,8 @@ Status WriteScheduler(const SampleSource& source, const fs::path& base, const fs
     std::ifstream in(config);
     const nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
     Result<DiffusionConfig> theirs = DiffusionConfig::FromDiffusersScheduler(json);
-    const DiffusionConfig& ours = source.diffusion;
-    if (theirs.ok() && theirs->steps == ours.steps && theirs->schedule == ours.schedule &&
-        theirs->beta_start == ours.beta_start && theirs->beta_end == ours.beta_end &&
-        theirs->prediction == ours.prediction &&
-        theirs->zero_terminal_snr == ours.zero_terminal_snr) {
+    // The same process: the same scheduler keys written of it.
+    if (theirs.ok() && theirs->ToDiffusersScheduler() == source.diffusion.ToDiffusersScheduler()) {
       return Status::Ok();  // copied with the rest
     }
     spdlog::info("{}'s scheduler does not describe the checkpoint's diffusion: writing its own",
