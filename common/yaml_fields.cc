@@ -95,6 +95,24 @@ YamlFields& YamlFields::IntList(const std::string& key, std::vector<int>& out) {
   return *this;
 }
 
+YamlFields& YamlFields::StringList(const std::string& key, std::vector<std::string>& out) {
+  read_.insert(key);
+  if (!status_.ok() || !Has(key)) return *this;
+  const YAML::Node value = node_[key];
+  std::vector<std::string> list;
+  bool scalars = value.IsSequence();
+  for (size_t i = 0; scalars && i < value.size(); ++i) {
+    scalars = value[i].IsScalar();
+    if (scalars) list.push_back(value[i].Scalar());
+  }
+  if (!scalars) {
+    status_ = Errorf("{}: {}: expected a list of names", Where(value), FieldPath(key));
+    return *this;
+  }
+  out = std::move(list);
+  return *this;
+}
+
 YamlFields YamlFields::Section(const std::string& key) {
   read_.insert(key);
   YAML::Node child = Has(key) ? node_[key] : YAML::Node();

@@ -28,6 +28,7 @@ class YamlFields {
   YamlFields& Bool(const std::string& key, bool& out);
   YamlFields& String(const std::string& key, std::string& out);
   YamlFields& IntList(const std::string& key, std::vector<int>& out);
+  YamlFields& StringList(const std::string& key, std::vector<std::string>& out);
   // A nested mapping; absent gives a null node that reads as "all defaults".
   YamlFields Section(const std::string& key);
   bool Has(const std::string& key) const;

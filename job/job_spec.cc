@@ -15,10 +15,36 @@ Result<int> TrainConfig::DataParallelSize(int world) const {
   return dp;
 }
 
+Status TrainConfig::ValidateLora() const {
+  // The adapters are one replicated arena beside the model's: layouts that split the model's
+  // weights (tp, pp) or shard the moments (ZeRO-1) do not apply, nor the GPU step yet.
+  const std::pair<const char*, bool> unsupported[] = {{"parallel.tp > 1", parallel.tp > 1},
+                                                      {"parallel.pp > 1", parallel.pp > 1},
+                                                      {"parallel.zero1", parallel.zero1},
+                                                      {"train.device cuda", device == "cuda"}};
+  for (const auto& [what, set] : unsupported) {
+    if (set) {
+      return Errorf(
+          "{}: lora trains on the CPU in data and context parallel layouts; not with {}{}",
+          cluster.Where("lora.rank"), what,
+          device_automatic && device == "cuda" ? " (train.device auto found a GPU: set "
+                                                 "train.device: cpu)"
+                                               : "");
+    }
+  }
+  DT_ASSIGN_OR_RETURN(const ModelPartition whole, FamilyOf(model).Partition(model, {}, 0, 0, 0));
+  Result<std::vector<LoraModule>> modules = LoraModulesOf(lora, whole.parameters.table);
+  if (!modules.ok()) {
+    return Errorf("{}: {}", cluster.Where("lora.targets"), modules.status().message());
+  }
+  return Status::Ok();
+}
+
 Status TrainConfig::Validate(int dp) const {
   DT_RETURN_IF_ERROR(ModelSpecFromJson(model.family, model.config).status());
   DT_RETURN_IF_ERROR(diffusion.Validate());
   DT_RETURN_IF_ERROR(optimizer.Validate());
+  DT_RETURN_IF_ERROR(lora.Validate());
   if (data.kind == "image_folder") {
     return Status::Error(
         "data.kind: image_folder is read by `difftrain data pack`, not by training: pack the "
@@ -105,6 +131,9 @@ Status TrainConfig::Validate(int dp) const {
         cluster.Where("train.precision"),
         device_automatic ? " (train.device auto found no GPU)" : "");
   }
+  if (lora.enabled()) {
+    DT_RETURN_IF_ERROR(ValidateLora());
+  }
   if (device == "cuda") {
     // What the GPU step does not do yet (docs/cuda.md).
     const std::pair<const char*, bool> unsupported[] = {{"parallel.tp > 1", parallel.tp > 1},
@@ -134,6 +163,7 @@ nlohmann::json TrainConfig::ToJson() const {
           {"diffusion", diffusion.ToJson()},
           {"learn_sigma_loss", learn_sigma_loss},
           {"optimizer", optimizer.ToJson()},
+          {"lora", lora.ToJson()},
           {"batch", {{"micro", micro_batch}, {"global", global_batch}}},
           {"train",
            {{"steps", steps},
@@ -214,6 +244,13 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Double("ema_decay", c.optimizer.ema_decay);
   DT_RETURN_IF_ERROR(opt.Finish());
 
+  YamlFields lora = top.Section("lora");
+  lora.Int("rank", c.lora.rank).Double("alpha", c.lora.alpha).StringList("targets", c.lora.targets);
+  DT_RETURN_IF_ERROR(lora.Finish());
+  if (top.Has("lora") && !lora.Has("rank")) {
+    return top.ErrorAt("lora", "lora.rank: required (the adapters' rank, e.g. 4)");
+  }
+
   YamlFields batch = top.Section("batch");
   batch.Int("micro", c.micro_batch);
   c.global_batch = c.micro_batch;  // default: no accumulation
@@ -270,6 +307,7 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   c.cluster.Locate(parallel, "parallel", {"tp", "backend"});
   c.cluster.Locate(train, "train", {"device", "precision"});
   c.cluster.Locate(ckpt, "checkpoint", {"init_from"});
+  c.cluster.Locate(lora, "lora", {"rank", "targets"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
   c.micro_batch_given = batch.Has("micro");
@@ -299,6 +337,13 @@ Status ResolveJob(TrainConfig& c, const PlanDevice& device) {
   if (c.device == "auto") c.device_automatic = true;
   if (c.device_automatic) c.device = !device.gpu.empty() && kCudaBackend ? "cuda" : "cpu";
   if (!c.parallel.automatic) return c.device_automatic ? c.Validate() : Status::Ok();
+  if (c.lora.enabled()) {
+    // The planner's memory and time models are of whole-model training.
+    return Errorf(
+        "{}: parallel: auto plans whole-model training; a lora job names its layout "
+        "(parallel: {{dp: N}}, or none for one process)",
+        c.cluster.Where("parallel"));
+  }
   const std::optional<int> micro =
       c.micro_batch_given ? std::optional<int>(c.micro_batch) : std::nullopt;
   Result<PlannedLayout> chosen =

@@ -20,6 +20,7 @@
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/family/family.h"
 #include "model/optim/adamw.h"
+#include "model/train/lora_adapters.h"
 #include "model/train/planner.h"
 
 namespace difftrain {
@@ -74,6 +75,9 @@ struct TrainConfig {
   // the variance channels (model/diffusion/vb_loss.h). Off: ε-MSE alone.
   bool learn_sigma_loss = false;
   OptimizerConfig optimizer;
+  // lora.rank > 0: the model's target modules train as low-rank adapters, every weight else
+  // frozen (model/train/lora_adapters.h); the CPU, data and context parallel layouts.
+  LoraConfig lora;
   int micro_batch = 8;
   int global_batch = 8;           // = micro_batch × data-parallel size × accumulation steps
   bool micro_batch_given = true;  // batch.micro was in the file (`parallel: auto` keeps it)
@@ -104,6 +108,8 @@ struct TrainConfig {
   // Every field and the batch arithmetic; the message shows the arithmetic when it fails.
   Status Validate(int dp = 1) const;
   nlohmann::json ToJson() const;
+  // lora against the layout, the device and the model's modules.
+  Status ValidateLora() const;
 
   // Reads and checks a job file. A `parallel: auto` job comes back unresolved (automatic set,
   // the layout not chosen): see ResolveJob.

@@ -342,6 +342,15 @@ TEST_F(JobSpecTest, TheFineTuningExampleIsValid) {
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->model.name(), "SD1.5");
   EXPECT_EQ(c->checkpoint.init_from, "stable-diffusion-v1-5/unet");
+  // And its LoRA version: adapters of every attention projection of SD 1.5's UNet.
+  c = TrainConfig::FromYamlFile(std::string(DIFFTRAIN_SOURCE_DIR) + "/jobs/sd15-lora.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ASSERT_EQ(c->lora.rank, 4);
+  const Result<ModelPartition> whole = FamilyOf(c->model).Partition(c->model, {}, 0, 0, 0);
+  ASSERT_TRUE(whole.ok());
+  Result<std::vector<LoraModule>> modules = LoraModulesOf(c->lora, whole->parameters.table);
+  ASSERT_TRUE(modules.ok());
+  EXPECT_EQ(modules->size(), 16u * 2 * 4);  // 16 transformer blocks, 2 attentions, q k v out
 }
 
 // An inpainting UNet (more input channels than it samples) samples only: its job is refused.

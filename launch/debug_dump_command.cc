@@ -1,6 +1,7 @@
 // `difftrain debug-dump`: one training step's inputs, output, loss and every gradient in one
 // safetensors file, for checking against a reference implementation (docs/formats.md).
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -22,6 +23,7 @@ struct DebugDumpOptions {
   std::string init_from;  // the weights to start from (checkpoint.init_from's forms)
   DiffusionConfig diffusion;
   std::vector<int64_t> timesteps;  // the batch's, one per sample; empty: drawn as in training
+  LoraConfig lora;                 // LoRA adapters: their gradients instead of the model's
   std::string out;
 };
 
@@ -41,13 +43,22 @@ int RunDebugDump(const DebugDumpOptions& o) {
   config.seed = o.seed;
   config.micro_batch = config.global_batch = o.batch;
   config.diffusion = o.diffusion;
+  config.lora = o.lora;
   if (Status valid = o.diffusion.Validate(); !valid.ok()) {
     return ReportBadInput("debug-dump", valid.message());
+  }
+  if (Status valid = config.lora.Validate(); !valid.ok()) {
+    return ReportBadInput("debug-dump", valid.message());
+  }
+  if (config.lora.enabled()) {
+    if (Status valid = config.ValidateLora(); !valid.ok()) {
+      return ReportBadInput("debug-dump", valid.message());
+    }
   }
   const SampleSchema x = FamilyOf(*model).Samples(*model);
   Trainer trainer(config, std::make_unique<SyntheticDataset>(o.seed, x.channels, x.height,
                                                              x.num_classes, x.frames));
-  if (o.random_weights) trainer.model().InitializeRandom(o.seed);
+  if (o.random_weights) trainer.InitializeRandom(o.seed);
   if (!o.init_from.empty()) {
     Result<std::string> from = InitializeFromWeights(trainer, o.init_from);
     if (!from.ok()) return ReportBadInput("debug-dump", "--init-from: " + from.status().message());
@@ -81,8 +92,16 @@ int RunDebugDump(const DebugDumpOptions& o) {
   const int64_t B = o.batch;
   io::SafetensorsWriter file;
   const Model& m = trainer.model();
+  // With LoRA the model's weights are the frozen ones, the adapters beside them.
+  LoraAdapters* lora = trainer.lora();
+  std::map<std::string, const float*> frozen;
+  if (lora != nullptr) {
+    for (const LoraModule& module : lora->modules())
+      frozen[module.name + ".weight"] = lora->base() + module.base;
+  }
   for (const TensorSpec& t : m.parameter_table().tensors()) {
-    file.AddF32(t.name, t.shape, m.params() + t.offset);
+    const auto base = frozen.find(t.name);
+    file.AddF32(t.name, t.shape, base != frozen.end() ? base->second : m.params() + t.offset);
   }
   for (const FixedTensor& f : m.fixed_tensors())
     file.AddF32(f.name, f.shape, f.data);
@@ -97,8 +116,16 @@ int RunDebugDump(const DebugDumpOptions& o) {
   file.AddF32("input.x_t", BatchShape(B, x, x.channels), batch.x_t.data());
   file.AddF32("output", BatchShape(B, x, x.out_channels), trainer.last_output());
   file.AddF32("loss", {1}, &loss);
-  for (const TensorSpec& t : m.parameter_table().tensors()) {
-    file.AddF32("grad." + t.name, t.shape, trainer.model().grads() + t.offset);
+  if (lora != nullptr) {
+    lora->Gradients(trainer.model().grads());
+    for (const TensorSpec& t : lora->table().tensors()) {
+      file.AddF32("lora." + t.name, t.shape, lora->params() + t.offset);
+      file.AddF32("grad.lora." + t.name, t.shape, lora->grads() + t.offset);
+    }
+    file.SetMetadata("lora", config.lora.ToJson().dump());
+  } else {
+    for (const TensorSpec& t : m.parameter_table().tensors())
+      file.AddF32("grad." + t.name, t.shape, trainer.model().grads() + t.offset);
   }
   file.SetMetadata("format", "difftrain-debug-dump");
   file.SetMetadata("version", "1");
@@ -138,6 +165,15 @@ DIFFTRAIN_COMMAND(kDebugDump,
                      app.add_option("--timesteps", o->timesteps,
                                     "the batch's timesteps, one per sample: 999,500,0 "
                                     "(default: drawn as training draws them)")
+                         ->delimiter(',');
+                     app.add_option("--lora-rank", o->lora.rank,
+                                    "train LoRA adapters of this rank: the dump holds their "
+                                    "gradients (`lora.`, `grad.lora.`), the model's weights "
+                                    "frozen");
+                     app.add_option("--lora-alpha", o->lora.alpha,
+                                    "the adapters' alpha (default: the rank)");
+                     app.add_option("--lora-targets", o->lora.targets,
+                                    "the modules adapted (default to_q,to_k,to_v,to_out.0)")
                          ->delimiter(',');
                      app.add_option("--out", o->out, "output .safetensors file")->required();
                      return [o] { return RunDebugDump(*o); };

@@ -1,7 +1,8 @@
 // `difftrain export`: a checkpoint's model written in the forms other tools load
 // (docs/export.md): a diffusers folder (UNet2DConditionModel and its scheduler, or a whole
 // Stable Diffusion pipeline around a base pipeline's other parts), an original single-file
-// checkpoint (A1111, ComfyUI, diffusers' from_single_file), or the bare state dict of any family.
+// checkpoint (A1111, ComfyUI, diffusers' from_single_file), the bare state dict of any family, or
+// a LoRA run's adapters as a LoRA file.
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -26,6 +27,7 @@
 #include "model/io/ldm_checkpoint.h"
 #include "model/io/safetensors.h"
 #include "model/simt/simt.h"
+#include "model/train/lora_adapters.h"
 
 namespace difftrain::launch {
 namespace {
@@ -246,6 +248,51 @@ Status WriteSingleFile(const ExportOptions& o, const std::vector<std::string>& n
   return file.Write(out);
 }
 
+// A LoRA run's adapters (model/train/lora_adapters.h) as the LoRA file diffusers'
+// train_text_to_image_lora.py saves and load_lora_weights reads: each adapted module M as
+// `unet.M.lora.down.weight` (A) and `unet.M.lora.up.weight` (B), without the `unet.` prefix for
+// a family without a diffusers form (which `sample --lora` reads as the model's); alpha / rank
+// folded into B, as the file holds no alphas.
+Status WriteLora(const ExportOptions& o, const SampleSource& source, bool diffusers_names) {
+  const io::SafetensorsFile& shard = *source.file;
+  const auto lora = shard.metadata().find("lora");
+  const nlohmann::json config = nlohmann::json::parse(lora->second, nullptr, false);
+  if (!config.is_object() || !config.value("rank", nlohmann::json()).is_number_integer() ||
+      !config.value("alpha", nlohmann::json()).is_number()) {
+    return Errorf("'{}': malformed 'lora' metadata {}", shard.path(), lora->second);
+  }
+  LoraConfig adapters;
+  adapters.rank = config["rank"].get<int>();
+  adapters.alpha = config["alpha"].get<double>();
+  const std::string prefix = o.weights == "ema" ? "ema.lora." : "lora.";
+  const std::string component = diffusers_names ? "unet." : "";
+  TensorSink file(o.dtype);
+  std::deque<std::vector<float>> arenas;
+  for (const std::string& name : shard.Names()) {
+    if (!name.starts_with(prefix) || name.starts_with("lora.base.") ||
+        !name.ends_with(".lora_A.weight")) {
+      continue;
+    }
+    const std::string module = name.substr(prefix.size(), name.size() - prefix.size() - 14);
+    const std::string up = prefix + module + ".lora_B.weight";
+    const io::TensorView* a = shard.Find(name);
+    const io::TensorView* b = shard.Find(up);
+    if (b == nullptr) return Errorf("'{}': '{}' without '{}'", shard.path(), name, up);
+    std::vector<float>& down = arenas.emplace_back(a->bytes / sizeof(float));
+    std::vector<float>& upper = arenas.emplace_back(b->bytes / sizeof(float));
+    DT_RETURN_IF_ERROR(shard.CopyF32(name, a->shape, down.data()));
+    DT_RETURN_IF_ERROR(shard.CopyF32(up, b->shape, upper.data()));
+    if (adapters.scale() != 1) {
+      for (float& v : upper)
+        v = static_cast<float>(v * adapters.scale());
+    }
+    file.Add(component + module + ".lora.down.weight", a->shape, down.data());
+    file.Add(component + module + ".lora.up.weight", b->shape, upper.data());
+  }
+  if (arenas.empty()) return Errorf("'{}': holds no '{}' adapters", shard.path(), prefix);
+  return file.Write(o.out);
+}
+
 int RunExport(const ExportOptions& o) {
   auto bad = [](const std::string& message) { return ReportBadInput("export", message); };
   if (Status s = SetupLogging(o.log_level); !s.ok()) return bad(s.message());
@@ -253,8 +300,26 @@ int RunExport(const ExportOptions& o) {
   Result<SampleSource> source = LoadCheckpointSource(o.checkpoint);
   if (!source.ok()) return bad("--checkpoint: " + source.status().message());
   const ModelFamily& family = FamilyOf(source->model);
-  if (o.format == "state-dict" && !o.pipeline.empty())
+  if ((o.format == "state-dict" || o.format == "lora") && !o.pipeline.empty())
     return bad("--pipeline is for --format diffusers and single-file");
+  std::error_code ec;
+  const fs::path out = o.out;
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
+    return bad(fmt::format("--out '{}' exists: export writes a new file or folder", o.out));
+  if (o.format == "lora") {
+    if (!source->file->metadata().contains("lora")) {
+      return bad(
+          "--format lora: the checkpoint trained the whole model, not LoRA adapters (the job's "
+          "lora section); export it as diffusers, single-file or state-dict");
+    }
+    if (Status s = WriteLora(o, *source, family.DiffusersConfig(source->model).ok()); !s.ok()) {
+      spdlog::error("{}", s.message());
+      return kExitJobFailed;
+    }
+    spdlog::info("wrote {} ({} LoRA adapters of {}, step {}, in {})", o.out, o.weights,
+                 source->model.name(), source->step, o.dtype);
+    return kExitOk;
+  }
   Result<std::unique_ptr<Model>> created = family.CreateForInference(source->model);
   if (!created.ok()) return bad("--checkpoint: " + created.status().message());
   Model& model = **created;
@@ -271,10 +336,6 @@ int RunExport(const ExportOptions& o) {
   if (Status s = FillModelWeights(*source, o.weights == "ema", model); !s.ok())
     return bad("--checkpoint: " + s.message());
 
-  std::error_code ec;
-  const fs::path out = o.out;
-  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
-    return bad(fmt::format("--out '{}' exists: export writes a new file or folder", o.out));
   Status written;
   if (o.format == "diffusers") {
     // Built beside, then renamed: a failed export leaves no half folder under --out.
@@ -322,8 +383,9 @@ DIFFTRAIN_COMMAND(
                       "diffusers: a UNet2DConditionModel folder in unet/ and its DDIMScheduler "
                       "in scheduler/ (a whole pipeline with --pipeline); single-file: an "
                       "original Stable Diffusion checkpoint; state-dict: the model's tensors "
-                      "under difftrain's names (any family)")
-           ->check(CLI::IsMember({"diffusers", "single-file", "state-dict"}))
+                      "under difftrain's names (any family); lora: a LoRA run's adapters as "
+                      "diffusers' LoRA file (load_lora_weights, `sample --lora`)")
+           ->check(CLI::IsMember({"diffusers", "single-file", "state-dict", "lora"}))
            ->capture_default_str();
        app.add_option("--pipeline", o->pipeline,
                       "a Stable Diffusion pipeline folder whose other parts (text encoder, "

@@ -68,6 +68,18 @@ class SampleCommandTest : public ::testing::Test {
   void SetUp() override { ASSERT_EQ(train_->exit_code, 0) << train_->output; }
 
   static std::string Ckpt() { return ShellQuote((*dir_ / "ckpt").string()); }
+  // Four DDIM samples (classes 1, 2) of the model `args` names, through file `raw`.
+  static std::vector<float> Images(const std::string& args, const std::string& raw) {
+    const CommandResult r = RunDifftrain(
+        "sample --classes 1,2 --per-class 2 --sampler ddim "
+        "--steps 3 --raw " +
+        ShellQuote(File(raw)) + " " + args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+    Result<io::SafetensorsFile> f = io::SafetensorsFile::Read(File(raw));
+    std::vector<float> x(4 * 8 * 8);
+    EXPECT_TRUE(f.ok() && f->CopyF32("images", {4, 1, 8, 8}, x.data()).ok());
+    return x;
+  }
   static std::string File(const std::string& name) { return (*dir_ / name).string(); }
   // A `width` × `height` gradient picture of `channels` (1 or 3) at File(name); its path.
   static std::string Picture(const std::string& name, int width, int height, int channels) {
@@ -628,17 +640,7 @@ TEST_F(SampleCommandTest, PretrainedWeightsSampleAsTheirCheckpoint) {
   const std::string model =
       " --model custom --input-size 8 --patch 2 --in-channels 1 --hidden 32 --depth 2 "
       "--heads 4 --num-classes 10";
-  const auto images = [](const std::string& args, const std::string& raw) {
-    const CommandResult r = RunDifftrain(
-        "sample --classes 1,2 --per-class 2 --sampler ddim "
-        "--steps 3 --raw " +
-        ShellQuote(File(raw)) + " " + args);
-    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
-    Result<io::SafetensorsFile> f = io::SafetensorsFile::Read(File(raw));
-    std::vector<float> x(4 * 8 * 8);
-    EXPECT_TRUE(f.ok() && f->CopyF32("images", {4, 1, 8, 8}, x.data()).ok());
-    return x;
-  };
+  const auto images = &SampleCommandTest::Images;
   const std::vector<float> ema = images("--checkpoint " + Ckpt(), "ckpt-ema.safetensors");
   EXPECT_EQ(
       images("--pretrained " + ShellQuote(File("dit.safetensors")) + model, "plain.safetensors"),
@@ -794,6 +796,52 @@ TEST(LatentSampleTest, DecodesWithTheVaeTheTrainingDataWasPackedWith) {
                    ShellQuote(dir + "/none.st"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("is a picture and this model samples latents of 4 channels: give --vae"),
+            std::string::npos)
+      << r.output;
+}
+
+// A LoRA run (the job's lora section) from pretrained weights: its checkpoint samples the
+// adapters fused; `export --format lora` writes the adapters as a LoRA file (no `unet.` prefix:
+// a DiT has no diffusers form) which `sample --lora` fuses into those weights to the same
+// samples, bit for bit. A whole-model checkpoint has no adapters to export.
+TEST_F(SampleCommandTest, ALoraRunExportsWhatSampleFusesIntoItsBase) {
+  CommandResult r =
+      RunDifftrain("export --checkpoint " + Ckpt() + " --weights model --format state-dict --out " +
+                   ShellQuote(File("lora-base.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::filesystem::path job = *dir_ / "lora-job.yaml";
+  std::ofstream(job) << kTinyJob << "optimizer: {lr: 0.01}\n"
+                     << "lora: {rank: 2, targets: [qkv, final_layer.linear, adaLN_modulation.1]}\n"
+                     << "checkpoint: {dir: " << File("lora-ckpt")
+                     << ", init_from: " << File("lora-base.safetensors") << "}\n";
+  r = RunDifftrain("train --config " + ShellQuote(job.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string lora_ckpt = ShellQuote(File("lora-ckpt"));
+  r = RunDifftrain("export --checkpoint " + lora_ckpt + " --weights model --format lora --out " +
+                   ShellQuote(File("adapters.safetensors")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<io::SafetensorsFile> adapters = io::SafetensorsFile::Read(File("adapters.safetensors"));
+  ASSERT_TRUE(adapters.ok());
+  EXPECT_EQ(adapters->Names().size(), 2u * (2 + 1 + 3));  // qkv ×2, the final linear, 3 adaLNs
+  ASSERT_NE(adapters->Find("blocks.1.attn.qkv.lora.down.weight"), nullptr);
+  EXPECT_EQ(adapters->Find("blocks.1.attn.qkv.lora.up.weight")->shape,
+            (std::vector<int64_t>{96, 2}));
+
+  const std::string model =
+      " --model custom --input-size 8 --patch 2 --in-channels 1 --hidden 32 --depth 2 "
+      "--heads 4 --num-classes 10";
+  const std::vector<float> trained =
+      Images("--checkpoint " + lora_ckpt + " --weights model", "lora-trained.safetensors");
+  const std::string base = "--pretrained " + ShellQuote(File("lora-base.safetensors")) + model;
+  EXPECT_EQ(Images(base + " --lora " + ShellQuote(File("adapters.safetensors")),
+                   "lora-fused.safetensors"),
+            trained);
+  EXPECT_NE(Images(base, "lora-base-samples.safetensors"), trained);
+
+  r = RunDifftrain("export --checkpoint " + Ckpt() + " --format lora --out " +
+                   ShellQuote(File("none.safetensors")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the checkpoint trained the whole model, not LoRA adapters"),
             std::string::npos)
       << r.output;
 }

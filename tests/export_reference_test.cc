@@ -8,7 +8,9 @@
 //     base's in OpenCLIP's layout): tensor for tensor the file tests/reference/ldm_checkpoint.py
 //     writes of the exported pipeline, which diffusers' from_single_file reads back as that
 //     pipeline;
-//   - as a state dict: the exported UNet's tensors under the same names.
+//   - as a state dict: the exported UNet's tensors under the same names;
+//   - of a LoRA run, as its LoRA file, which diffusers reads and fuses into the base pipeline to
+//     sample what the run's checkpoint samples.
 // In fp32 and fp16. And a refusal: an --out that exists (another family as diffusers:
 // launch/sample_command_test.cc).
 #include <gmock/gmock.h>
@@ -30,11 +32,24 @@
 namespace difftrain::testing {
 namespace {
 
+// The samples the tests compare: diffusers' pipeline's settings and difftrain's flags for them.
+constexpr const char* kPrompt =
+    "--prompt 'a photo of a boat' --negative-prompt blurry --cfg 5 --per-class 2 --steps 6";
+
 class ExportReferenceTest : public SdPipelineReferenceTest {
  protected:
+  static nlohmann::json Settings() {
+    return {{"prompt", "a photo of a boat"},
+            {"negative_prompt", "blurry"},
+            {"steps", 6},
+            {"guidance", 5.0},
+            {"spacing", nullptr},
+            {"images", 2},
+            {"seed", 3}};
+  }
   // Two training steps from `base`'s UNet, on synthetic latents and texts: the checkpoint's
   // directory, or "" on failure.
-  std::string Train(const std::string& base) {
+  std::string Train(const std::string& base, const std::string& sections = "") {
     nlohmann::json unet = nlohmann::json::parse(std::ifstream(base + "/unet/config.json"));
     unet["name"] = "unet";
     const std::string ckpt = (dir_ / "ckpt").string();
@@ -47,11 +62,26 @@ class ExportReferenceTest : public SdPipelineReferenceTest {
                        << "optimizer: {lr: 0.001}\n"
                        << "train: {steps: 2, log_every: 1}\n"
                        << "checkpoint: {dir: " << ckpt << ", every: 2, init_from: " << base
-                       << "/unet}\n";
+                       << "/unet}\n"
+                       << sections;
     const CommandResult trained =
         RunCommand(fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), job));
     EXPECT_EQ(trained.exit_code, 0) << trained.output;
     return trained.exit_code == 0 ? ckpt : "";
+  }
+  // `sample --checkpoint` of `ckpt`'s trained weights as diffusers' DDIM pipeline samples: the
+  // text encoder of `base`, the x_T of `reference`, `prompt`'s flags; the latents, into `raw`.
+  Result<io::SafetensorsFile> SampleCheckpoint(const std::string& ckpt, const std::string& base,
+                                               const std::string& reference,
+                                               const std::string& prompt, const std::string& raw) {
+    const CommandResult r = RunCommand(fmt::format(
+        "{} sample --checkpoint {} --weights model --text-encoder {} --initial-noise {} {} "
+        "--sampler ddim --timestep-spacing leading --steps-offset 1 --set-alpha-to-one false "
+        "--clip-denoised false --vae none --raw {} 2>&1",
+        ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), ShellQuote(base), ShellQuote(reference),
+        prompt, ShellQuote(raw)));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return io::SafetensorsFile::Read(raw);
   }
   CommandResult Export(const std::string& ckpt, const std::string& args) {
     return RunCommand(fmt::format("{} export --checkpoint {} --weights model {} 2>&1",
@@ -91,26 +121,12 @@ TEST_F(ExportReferenceTest, ExportsWhatDiffusersAndOriginalCheckpointsLoad) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
   // diffusers samples the export as difftrain the checkpoint (and the export).
-  const nlohmann::json settings = {{"prompt", "a photo of a boat"},
-                                   {"negative_prompt", "blurry"},
-                                   {"steps", 6},
-                                   {"guidance", 5.0},
-                                   {"spacing", nullptr},
-                                   {"images", 2},
-                                   {"seed", 3}};
-  const std::string prompt =
-      "--prompt 'a photo of a boat' --negative-prompt blurry --cfg 5 --per-class 2 --steps 6";
+  const nlohmann::json settings = Settings();
+  const std::string prompt = kPrompt;
   const Compared compared = Compare(exported, settings, prompt, "exported");
   ASSERT_TRUE(compared.got.has_value());
-  const std::string raw = (dir_ / "from_checkpoint.safetensors").string();
-  r = RunCommand(fmt::format(
-      "{} sample --checkpoint {} --weights model --text-encoder {} --initial-noise {} {} "
-      "--sampler ddim --timestep-spacing leading --steps-offset 1 --set-alpha-to-one false "
-      "--clip-denoised false --vae none --raw {} 2>&1",
-      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), ShellQuote(base),
-      ShellQuote(compared.reference), prompt, ShellQuote(raw)));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  Result<io::SafetensorsFile> from_checkpoint = io::SafetensorsFile::Read(raw);
+  Result<io::SafetensorsFile> from_checkpoint = SampleCheckpoint(
+      ckpt, base, compared.reference, prompt, (dir_ / "from_checkpoint.safetensors").string());
   ASSERT_TRUE(from_checkpoint.ok());
   const double checkpoint_error =
       RelativeL2(ReferenceTensor(*from_checkpoint, "images"), compared.latents);
@@ -186,6 +202,50 @@ TEST_F(ExportReferenceTest, ExportsWhatDiffusersAndOriginalCheckpointsLoad) {
   r = do_export("--out " + ShellQuote(exported));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("exists: export writes a new file or folder"));
+}
+
+// A LoRA run from the base's UNet (diffusers' train_text_to_image_lora.py's targets, the
+// attention projections, at rank 4 and alpha 8): `export --format lora` writes the file
+// diffusers' lora_state_dict reads (tests/reference/lora.py fuses it), and the base pipeline
+// with it samples what `sample --checkpoint` samples of the run, which the base alone does not.
+TEST_F(ExportReferenceTest, ALoraRunExportsWhatDiffusersLoads) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string base = MakePipeline(text_python, "ldm1");
+  ASSERT_FALSE(base.empty());
+  const std::string ckpt = Train(base, "lora: {rank: 4, alpha: 8}\n");
+  ASSERT_FALSE(ckpt.empty());
+  const std::string lora = (dir_ / "pytorch_lora_weights.safetensors").string();
+  CommandResult r = Export(ckpt, "--format lora --out " + ShellQuote(lora));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(lora);
+  ASSERT_TRUE(file.ok());
+  EXPECT_NE(file->Find("unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0.lora."
+                       "up.weight"),
+            nullptr);
+
+  nlohmann::json settings = Settings();
+  settings["lora"] = nlohmann::json::array({lora});
+  settings["lora_scale"] = nlohmann::json::array({1.0});
+  const std::string prompt = kPrompt;
+  // difftrain's side of Compare: the base with the exported file fused (`sample --lora`).
+  const Compared compared =
+      Compare(base, settings, prompt + " --lora " + ShellQuote(lora), "lora_fused");
+  ASSERT_TRUE(compared.got.has_value());
+  Result<io::SafetensorsFile> from_checkpoint = SampleCheckpoint(
+      ckpt, base, compared.reference, prompt, (dir_ / "lora_checkpoint.safetensors").string());
+  ASSERT_TRUE(from_checkpoint.ok());
+  const double checkpoint_error =
+      RelativeL2(ReferenceTensor(*from_checkpoint, "images"), compared.latents);
+  std::cout << "the LoRA run's checkpoint against diffusers' base pipeline with its LoRA file: "
+               "relative L2 "
+            << checkpoint_error << "\n";
+  EXPECT_LE(checkpoint_error, kBound);
+  Result<io::SafetensorsFile> from_base = Sample(base, compared.reference, prompt, "lora_base");
+  ASSERT_TRUE(from_base.ok());
+  const double trained_away = RelativeL2(ReferenceTensor(*from_base, "images"), compared.latents);
+  std::cout << "the base pipeline against it: relative L2 " << trained_away << "\n";
+  EXPECT_GT(trained_away, 10 * kBound);
 }
 
 // An SD 2.x style base (OpenCLIP's text model, GELU): the single file holds the text model in

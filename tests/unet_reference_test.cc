@@ -12,6 +12,7 @@
 #include <fstream>
 #include <ostream>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,14 @@ constexpr UNetCase kCheckerCase{
     "text_length: 5}",
     "", true, 1};
 
+// SD's four-level ladder, small: attention in the first three levels, a plain last one.
+constexpr const char* kSdLadder =
+    "{name: unet, block_out_channels: [8, 16, 16, 32], layers_per_block: 2, "
+    "attention_head_dim: [2, 2, 4, 4], cross_attention_dim: 8, norm_num_groups: 4, "
+    "down_block_types: [CrossAttnDownBlock2D, CrossAttnDownBlock2D, CrossAttnDownBlock2D, "
+    "DownBlock2D], up_block_types: [UpBlock2D, CrossAttnUpBlock2D, CrossAttnUpBlock2D, "
+    "CrossAttnUpBlock2D], sample_size: 8, text_length: 4}";
+
 // The UNet's tests also dump a training step of difftrain's model.
 class UNetReference : public DiffusersReference {
  protected:
@@ -67,7 +76,13 @@ class UNetReferenceTest : public UNetReference, public ::testing::WithParamInter
 TEST_P(UNetReferenceTest, DebugDumpMatchesDiffusers) {
   const std::string dump = Dump(GetParam());
   ASSERT_FALSE(dump.empty());
-  const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(dump));
+  // A LoRA's gradients are few tensors of alike size, each with fp32's rounding of the model's
+  // weight gradients (1e-6 to 1e-5 relative), none large and exact to dominate the sum as the
+  // model's biggest gradients do: all together they are within 1e-5 (a wrong adapter, scale or
+  // kernel layout is off by 1e-3 or more).
+  const bool lora = std::string_view(GetParam().diffusion).find("--lora-rank") != std::string::npos;
+  const CommandResult checked =
+      RunScript("check_unet_dump.py", ShellQuote(dump) + (lora ? " --tol-all 1e-5" : ""));
   EXPECT_EQ(checked.exit_code, 0) << checked.output;
 }
 
@@ -93,14 +108,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "up_block_types: [CrossAttnUpBlock2D, CrossAttnUpBlock2D], sample_size: 4, "
                  "text_length: 3}",
                  "", true, 2},
-        UNetCase{"SDLadder",
-                 "{name: unet, block_out_channels: [8, 16, 16, 32], layers_per_block: 2, "
-                 "attention_head_dim: [2, 2, 4, 4], cross_attention_dim: 8, norm_num_groups: 4, "
-                 "down_block_types: [CrossAttnDownBlock2D, CrossAttnDownBlock2D, "
-                 "CrossAttnDownBlock2D, DownBlock2D], up_block_types: [UpBlock2D, "
-                 "CrossAttnUpBlock2D, CrossAttnUpBlock2D, CrossAttnUpBlock2D], "
-                 "sample_size: 8, text_length: 4}",
-                 "", true, 3},
+        UNetCase{"SDLadder", kSdLadder, "", true, 3},
         UNetCase{"VPredictionTextDropout",
                  "{name: unet, block_out_channels: [8, 16], layers_per_block: 2, "
                  "attention_head_dim: [1, 2], cross_attention_dim: 6, norm_num_groups: 4, "
@@ -126,7 +134,17 @@ INSTANTIATE_TEST_SUITE_P(
                  "attention_head_dim: 2, cross_attention_dim: 8, norm_num_groups: 4, "
                  "down_block_types: [CrossAttnDownBlock2D, DownBlock2D], "
                  "up_block_types: [UpBlock2D, CrossAttnUpBlock2D], sample_size: 8}",
-                 "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012", false, 5}),
+                 "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012", false, 5},
+        // LoRA training (random A and B): the adapters' gradients against peft's LoRA layers
+        // beside the frozen modules. diffusers' training script's targets (every attention
+        // projection) at alpha = rank; Linear and convolution targets (3×3 resnet convs, 1×1
+        // projections) at alpha 2·rank.
+        UNetCase{"LoraAttentionProjections", kSdLadder, "--lora-rank 2", true, 3},
+        UNetCase{"LoraConvolutionsAndAlpha", kSdLadder,
+                 "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012 "
+                 "--lora-rank 3 --lora-alpha 6 "
+                 "--lora-targets proj_in,proj_out,conv1,ff.net.2,attn2.to_k",
+                 true, 3}),
     [](const ::testing::TestParamInfo<UNetCase>& info) { return std::string(info.param.name); });
 
 // The checker can fail, on each of its two bounds: a dump with one gradient 1e-3 off (far
@@ -146,6 +164,25 @@ TEST_F(UNetCheckerTest, FailsADumpWithOneGradientOff) {
   EXPECT_EQ(checked.exit_code, 1) << checked.output;
   EXPECT_THAT(checked.output,
               ::testing::ContainsRegex("grad\\.conv_in\\.weight  rel [0-9.e+-]+  FAIL"));
+}
+
+// A LoRA dump whose adapters' scale is not alpha / rank (the dump says alpha 4, its gradients
+// are of alpha 2) fails every adapter's gradient.
+TEST_F(UNetCheckerTest, FailsALoraDumpOfAnotherAlpha) {
+  UNetCase c = kCheckerCase;
+  c.diffusion = "--lora-rank 2 --lora-alpha 2";
+  const std::string dump = Dump(c);
+  ASSERT_FALSE(dump.empty());
+  const std::string off = (dir_ / "off.safetensors").string();
+  const CommandResult perturbed =
+      RunScript("perturb_dump.py", ShellQuote(dump) + " " + ShellQuote(off) + " --metadata lora " +
+                                       ShellQuote(R"({"rank": 2, "alpha": 4.0, "targets": []})"));
+  ASSERT_EQ(perturbed.exit_code, 0) << perturbed.output;
+  const CommandResult checked =
+      RunScript("check_unet_dump.py", ShellQuote(off) + " --tol-all 1e-5");
+  EXPECT_EQ(checked.exit_code, 1) << checked.output;
+  EXPECT_THAT(checked.output, ::testing::ContainsRegex("grad\\.lora\\..*lora_A\\.weight  rel "
+                                                       "[0-9.e+-]+  FAIL"));
 }
 
 TEST_F(UNetCheckerTest, FailsADumpWithEveryGradientSlightlyOff) {

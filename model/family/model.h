@@ -119,6 +119,12 @@ class Model {
                          float* output) = 0;
   virtual const float* output(int slot) const = 0;
 
+  // The parameters whose gradients the caller does not need (LoRA's frozen weights: their
+  // offsets in this rank's arena, each a tensor's first element). A family may skip computing
+  // them in Backward, leaving those gradients as they are; the others stay bit for bit what they
+  // would be. The default computes everything.
+  virtual void SkipGradients(std::vector<size_t> tensor_offsets) {}
+
   // Called during Backward with an offset o: the gradients of the arena range [o, end) are
   // final; o only decreases and the last call has o = 0.
   using GradientsReady = std::function<void(size_t from)>;

@@ -19,6 +19,7 @@ enum class RngStream : uint64_t {
   kSample = 4,  // sampling (generation)
   kText = 5,    // synthetic text embeddings (text-conditional families)
   kVae = 6,     // drawing from a VAE posterior (encoding images into latents)
+  kLora = 7,    // LoRA adapters' initialisation (model/train/lora_adapters.h)
 };
 
 // xoshiro256** seeded through splitmix64 from (seed, stream, counter).

@@ -129,7 +129,11 @@ Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& 
   std::vector<std::string> unused;
   for (const std::string& name : file.Names()) {
     if (global.Find(name) != nullptr || skip.contains(name)) continue;
-    if (shard && (name.starts_with("ema.") || name.starts_with("optim."))) continue;
+    // A shard's EMA, moments and a LoRA run's adapters and frozen weights (its model tensors
+    // hold them fused).
+    if (shard &&
+        (name.starts_with("ema.") || name.starts_with("optim.") || name.starts_with("lora.")))
+      continue;
     unused.push_back(name);
   }
   return unused;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <unordered_set>
 
 #include "common/check.h"
 #include "model/diffusion/vb_loss.h"
@@ -178,15 +179,30 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
       schema_(FamilyOf(config.model).Samples(config.model)),
       model_(CreateModel(config, parallel)),
       diffusion_(config.diffusion),
-      whole_{{0, model_->num_params()}},
-      ema_(model_->num_params()),
       gpu_(std::move(gpu)) {
   Status valid = config.Validate(dp_size());
   DT_CHECK(valid.ok(), "{}", valid.message());
   DT_CHECK((config.device == "cuda") == (gpu_ != nullptr), "train.device {} with{} a GpuStep",
            config.device, gpu_ ? "" : "out");
-  // On the GPU the gradients are averaged on the device (StepOnGpu), not by GradientSync.
-  if (parallel.dp_cp != nullptr && !gpu_) {
+  if (config.lora.enabled()) {
+    // Validate refused the layouts that split the model, so this rank's table is the whole's.
+    Result<LoraAdapters> adapters = LoraAdapters::Create(config.lora, model_->parameter_table());
+    DT_CHECK(adapters.ok(), "{}", adapters.status().message());
+    lora_ = std::make_unique<LoraAdapters>(std::move(adapters).value());
+    // The frozen weights' gradients are not needed: only the targets' (the chain rule's input).
+    std::unordered_set<size_t> targets;
+    for (const LoraModule& m : lora_->modules())
+      targets.insert(m.weight);
+    std::vector<size_t> frozen;
+    for (const TensorSpec& t : model_->parameter_table().tensors())
+      if (!targets.contains(t.offset)) frozen.push_back(t.offset);
+    model_->SkipGradients(std::move(frozen));
+  }
+  whole_ = {{0, trained_elements()}};
+  ema_ = Buffer<float>(trained_elements());
+  // On the GPU the gradients are averaged on the device (StepOnGpu), not by GradientSync; a
+  // LoRA's adapters' gradients in one all-reduce (ApplyUpdate).
+  if (parallel.dp_cp != nullptr && !gpu_ && !lora_) {
     sync_ = std::make_unique<parallel::GradientSync>(*parallel.dp_cp, model_->num_params(),
                                                      parallel.bucket_elements, parallel.zero1,
                                                      parallel.overlap);
@@ -202,7 +218,7 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
     const TensorSpec& t = sharded.table.tensors()[i];
     if (coords_.tp == 0 || sharded.split[i]) counted.push_back({t.offset, t.offset + t.numel});
   }
-  norm_ranges_ = Intersect(owned(), counted);
+  norm_ranges_ = lora_ ? whole_ : Intersect(owned(), counted);
   micro_batches_ = config.AccumulationSteps(dp_size());
   slots_ = parallel::InFlightMicroBatches(model_->placement().pp, model_->placement().stage,
                                           micro_batches_);
@@ -211,7 +227,12 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   // On the GPU the host model keeps only the checkpoint's copy of the parameters.
   if (!gpu_) model_->Reserve(config.micro_batch, slots_, config.recompute);
   model_->InitializeReference(config.seed);
-  std::memcpy(ema_.data(), model_->params(), ema_.bytes());
+  if (lora_) {
+    lora_->Initialize(config.seed);
+    lora_->SetBase(model_->params());
+    lora_->Apply(lora_->params(), model_->params());
+  }
+  std::memcpy(ema_.data(), trained_params(), ema_.bytes());
   if (gpu_) {
     gpu_->UploadState(model_->params(), ema_.data(), nullptr, nullptr);
     ahead_ = std::make_unique<BatchAhead<MicroBatch>>([this](int64_t first, MicroBatch& batch) {
@@ -222,6 +243,17 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
 
 Trainer::~Trainer() = default;
 
+void Trainer::InitializeRandom(uint64_t seed) {
+  model_->InitializeRandom(seed);
+  if (lora_) {
+    lora_->InitializeRandom(seed);
+    lora_->SetBase(model_->params());
+    lora_->Apply(lora_->params(), model_->params());
+  }
+  std::memcpy(ema_.data(), trained_params(), ema_.bytes());
+  gpu_stale_ = gpu_ != nullptr;
+}
+
 const std::vector<parallel::Range>& Trainer::owned() const {
   return sync_ ? sync_->owned() : whole_;
 }
@@ -231,6 +263,10 @@ MemoryBytes Trainer::memory() const {
   MemoryBytes m;
   m.parameters = model_->num_params() * sizeof(float) + model_->fixed_bytes();
   m.gradients = model_->num_params() * sizeof(float);
+  if (lora_) {  // the adapters and the frozen copy of their weights
+    m.parameters += (lora_->size() + lora_->base_size()) * sizeof(float);
+    m.gradients += lora_->size() * sizeof(float);
+  }
   m.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
   m.ema = ema_.bytes();
   m.activations = model_->activation_bytes();
@@ -437,12 +473,25 @@ StepStats Trainer::StepOn(const MicroBatch& batch) {
 
 Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
   StepStats stats;
-  float* params = model_->params();
-  const float* grads = model_->grads();
+  float* params = trained_params();
+  const float* grads = trained_grads();
   if (sync_) {
     Result<double> waited = sync_->Finish();
     if (!waited.ok()) return waited.status();
     stats.comm_wait_seconds = *waited;
+  }
+  if (lora_) {
+    // The adapters' gradients from this rank's, averaged: linear in the model's, so the same
+    // as from the averaged model gradients, for a fraction of the bytes.
+    lora_->Gradients(model_->grads());
+    if (parallel_.dp_cp != nullptr) {
+      const auto start = std::chrono::steady_clock::now();
+      DT_RETURN_IF_ERROR(
+          parallel_.dp_cp->AllReduce(lora_->grads(), lora_->size(), parallel::ReduceOp::kAvg)
+              .WithContext("averaging the LoRA adapters' gradients"));
+      stats.comm_wait_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
   }
   double sum_squares = 0;
   for (const parallel::Range& r : norm_ranges_)
@@ -472,7 +521,8 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
     moment += r.size();
   }
   if (sync_) DT_RETURN_IF_ERROR(sync_->GatherParameters(params));
-  EmaUpdate(ema_.data(), params, model_->num_params(), config_.optimizer.ema_decay);
+  if (lora_) lora_->Apply(lora_->params(), model_->params());
+  EmaUpdate(ema_.data(), params, trained_elements(), config_.optimizer.ema_decay);
   ++step_;
   samples_seen_ += samples;
   stats.step = step_;

@@ -2,6 +2,11 @@
 // a model of any family (model/family/family.h), alone or as one rank of a tensor × context ×
 // data × pipeline parallel layout.
 //
+// With job.lora the trained parameters are the LoRA adapters of the model's target modules
+// (model/train/lora_adapters.h), the rest of the model frozen: the optimizer, the gradient norm
+// and clipping, the EMA and the gradient average work on the adapters' arena (the "trained
+// arena"), the model computing with W0 + s·B·A after every update.
+//
 // Every random draw is addressed by the global index n of the training sample: sample n's
 // image comes from the data loader (a permutation per epoch, from the seed), and its
 // timestep, label dropout, text dropout and noise from Rng(seed, kNoise, n); a text-conditional
@@ -36,6 +41,7 @@
 #include "model/tensor/buffer.h"
 #include "model/train/batch_ahead.h"
 #include "model/train/gpu_step.h"
+#include "model/train/lora_adapters.h"
 
 namespace difftrain {
 
@@ -160,12 +166,19 @@ class Trainer : private parallel::PipelineStage {
   Result<std::vector<std::string>> InitializeFrom(const io::SafetensorsFile& file);
   // Elements of AdamW moments this rank holds (its owned ranges).
   size_t optimizer_elements() const { return owned_elements_; }
+  // Draws every parameter at random (Model::InitializeRandom), a LoRA's B as well
+  // (LoraAdapters::InitializeRandom): a debug dump's weights, whose gradients vanish nowhere.
+  void InitializeRandom(uint64_t seed);
+  // The LoRA adapters the run trains; null when it trains the whole model.
+  const LoraAdapters* lora() const { return lora_.get(); }
+  LoraAdapters* lora() { return lora_.get(); }
 
   // The GPU the model computes on; null on the CPU.
   const GpuStep* gpu() const { return gpu_.get(); }
   Model& model() { return *model_; }
   const Model& model() const { return *model_; }
   const SampleSchema& schema() const { return schema_; }
+  // The EMA of the trained arena: the model's parameters, or with LoRA the adapters'.
   const float* ema() const { return ema_.data(); }
   const float* last_output() const { return last_output_; }
   const TrainConfig& config() const { return config_; }
@@ -199,6 +212,19 @@ class Trainer : private parallel::PipelineStage {
   Status Backward(int micro, const float* output_grad, float* input_grad) override;
   // Rank 0: the whole-model arenas of the checkpoint, from every member of its replica.
   Status GatherCheckpoint(const float* moments, const float* moments_sq);
+  // The whole model and its EMA (saved_[0], saved_[1]) and the fixed tensors, under the
+  // reference names.
+  void AddSavedModel(io::SafetensorsWriter& shard) const;
+  // A LoRA run's checkpoint (rank 0; one replica holds everything): the model and its EMA with
+  // their adapters fused, the frozen target weights, the adapters, their EMA and moments.
+  void AddLoraToCheckpoint(io::SafetensorsWriter& shard);
+  // Any other run's: the model's, EMA's and moments' whole arenas (rank 0), their ranges.
+  Status AddModelToCheckpoint(io::SafetensorsWriter& shard, nlohmann::json& ranges);
+  Status RestoreLora(const io::SafetensorsFile& shard);
+  // The trained arena: the model's parameters and gradients, or the LoRA adapters'.
+  float* trained_params() { return lora_ ? lora_->params() : model_->params(); }
+  const float* trained_grads() const { return lora_ ? lora_->grads() : model_->grads(); }
+  size_t trained_elements() const { return lora_ ? lora_->size() : model_->num_params(); }
 
   TrainConfig config_;
   ParallelOptions parallel_;
@@ -207,9 +233,10 @@ class Trainer : private parallel::PipelineStage {
   DataLoader loader_;
   SampleSchema schema_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<LoraAdapters> lora_;  // job.lora's adapters; null: the whole model trains
   GaussianDiffusion diffusion_;
   std::unique_ptr<parallel::GradientSync> sync_;
-  std::vector<parallel::Range> whole_;  // [0, n): what one process owns
+  std::vector<parallel::Range> whole_;  // [0, n) of the trained arena: what one process owns
   size_t owned_elements_ = 0;
   // Owned ranges this rank adds to the squared gradient norm: tensor-parallel replicas
   // count once, on tp rank 0.

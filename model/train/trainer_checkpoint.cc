@@ -74,7 +74,66 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
   return Status::Ok();
 }
 
+void Trainer::AddSavedModel(io::SafetensorsWriter& shard) const {
+  const TensorTable& global = model_->global_parameter_table();
+  for (const TensorSpec& t : global.tensors())
+    shard.AddF32(t.name, t.shape, saved_[0].data() + t.offset);
+  for (const FixedTensor& f : model_->fixed_tensors())
+    shard.AddF32(f.name, f.shape, f.data);
+  for (const TensorSpec& t : global.tensors())
+    shard.AddF32("ema." + t.name, t.shape, saved_[1].data() + t.offset);
+}
+
+void Trainer::AddLoraToCheckpoint(io::SafetensorsWriter& shard) {
+  // The model and its EMA as they sample (the adapters fused: what `sample`, `export` and
+  // init_from read of any checkpoint), the frozen weights the adapters apply to, the adapters.
+  const TensorTable& global = model_->global_parameter_table();
+  saved_[0] = Buffer<float>(global.total());
+  saved_[1] = Buffer<float>(global.total());
+  model_->GatherToGlobal(model_->params(), saved_[0].data());
+  Buffer<float> ema_model(model_->num_params());
+  std::memcpy(ema_model.data(), model_->params(), ema_model.bytes());
+  lora_->Apply(ema_.data(), ema_model.data());
+  model_->GatherToGlobal(ema_model.data(), saved_[1].data());
+  AddSavedModel(shard);
+  for (const LoraModule& m : lora_->modules())
+    shard.AddF32("lora.base." + m.name + ".weight", m.shape, lora_->base() + m.base);
+  for (const TensorSpec& t : lora_->table().tensors()) {
+    shard.AddF32("lora." + t.name, t.shape, lora_->params() + t.offset);
+    shard.AddF32("ema.lora." + t.name, t.shape, ema_.data() + t.offset);
+  }
+  const int64_t total = static_cast<int64_t>(lora_->size());
+  shard.AddF32("optim.exp_avg", {total}, exp_avg_.data());
+  shard.AddF32("optim.exp_avg_sq", {total}, exp_avg_sq_.data());
+}
+
 Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
+  nlohmann::json ranges = nlohmann::json::array();
+  if (lora_) {
+    // Every rank holds the same adapters and moments (no ZeRO-1, no tp or pp): rank 0 writes.
+    if (parallel_.rank == 0) {
+      AddLoraToCheckpoint(shard);
+      ranges.push_back({0, lora_->size()});
+    }
+    shard.SetMetadata("lora", config_.lora.ToJson().dump());
+  } else {
+    DT_RETURN_IF_ERROR(AddModelToCheckpoint(shard, ranges));
+  }
+  shard.SetMetadata("format", "difftrain-checkpoint-shard");
+  shard.SetMetadata("version", "1");
+  shard.SetMetadata("step", std::to_string(step_));
+  shard.SetMetadata("samples_seen", std::to_string(samples_seen_));
+  shard.SetMetadata("seed", std::to_string(config_.seed));
+  shard.SetMetadata("family", config_.model.family);
+  shard.SetMetadata("config", config_.model.config.dump());
+  shard.SetMetadata("train", config_.ToJson().dump());
+  shard.SetMetadata("dp_rank", std::to_string(dp_rank()));
+  shard.SetMetadata("dp_size", std::to_string(dp_size()));
+  shard.SetMetadata("optim.ranges", ranges.dump());
+  return Status::Ok();
+}
+
+Status Trainer::AddModelToCheckpoint(io::SafetensorsWriter& shard, nlohmann::json& ranges) {
   const size_t n = model_->num_params();
   // Rank 0 writes the whole model: the only rank of a data-parallel layout that needs the
   // device's arenas on the host.
@@ -109,31 +168,14 @@ Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
           parallel_.world->Send(arena, n, 0).WithContext("sending the checkpoint to rank 0"));
     }
   }
-  nlohmann::json ranges = nlohmann::json::array();
   if (writer) {
     const TensorTable& global = model_->global_parameter_table();
-    for (const TensorSpec& t : global.tensors())
-      shard.AddF32(t.name, t.shape, saved_[0].data() + t.offset);
-    for (const FixedTensor& f : model_->fixed_tensors())
-      shard.AddF32(f.name, f.shape, f.data);
-    for (const TensorSpec& t : global.tensors())
-      shard.AddF32("ema." + t.name, t.shape, saved_[1].data() + t.offset);
+    AddSavedModel(shard);
     const int64_t total = static_cast<int64_t>(global.total());
     shard.AddF32("optim.exp_avg", {total}, saved_[2].data());
     shard.AddF32("optim.exp_avg_sq", {total}, saved_[3].data());
     ranges.push_back({0, global.total()});
   }
-  shard.SetMetadata("format", "difftrain-checkpoint-shard");
-  shard.SetMetadata("version", "1");
-  shard.SetMetadata("step", std::to_string(step_));
-  shard.SetMetadata("samples_seen", std::to_string(samples_seen_));
-  shard.SetMetadata("seed", std::to_string(config_.seed));
-  shard.SetMetadata("family", config_.model.family);
-  shard.SetMetadata("config", config_.model.config.dump());
-  shard.SetMetadata("train", config_.ToJson().dump());
-  shard.SetMetadata("dp_rank", std::to_string(dp_rank()));
-  shard.SetMetadata("dp_size", std::to_string(dp_size()));
-  shard.SetMetadata("optim.ranges", ranges.dump());
   return Status::Ok();
 }
 
@@ -161,11 +203,19 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
   }
   // The checkpoint holds the whole model: this rank takes its shard of it.
   const TensorTable& global = model_->global_parameter_table();
-  Buffer<float> params(global.total()), ema(global.total());
+  Buffer<float> params(global.total());
   DT_RETURN_IF_ERROR(ReadModelArena(shard, global, /*ema=*/false, params.data()));
-  DT_RETURN_IF_ERROR(ReadModelArena(shard, global, /*ema=*/true, ema.data()));
   model_->ScatterFromGlobal(params.data(), model_->params());
-  model_->ScatterFromGlobal(ema.data(), ema_.data());
+  if (lora_) {
+    DT_RETURN_IF_ERROR(RestoreLora(shard));
+  } else if (meta.contains("lora")) {
+    return Errorf("'{}': checkpoint trained LoRA adapters {} but this run trains the whole model",
+                  shard.path(), meta.at("lora"));
+  } else {
+    Buffer<float> ema(global.total());
+    DT_RETURN_IF_ERROR(ReadModelArena(shard, global, /*ema=*/true, ema.data()));
+    model_->ScatterFromGlobal(ema.data(), ema_.data());
+  }
   gpu_stale_ = gpu_ != nullptr;
   DT_ASSIGN_OR_RETURN(std::string step, field("step"));
   DT_ASSIGN_OR_RETURN(std::string seen, field("samples_seen"));
@@ -182,6 +232,31 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
   return Status::Ok();
 }
 
+Status Trainer::RestoreLora(const io::SafetensorsFile& shard) {
+  const std::string want = config_.lora.ToJson().dump();
+  auto saved = shard.metadata().find("lora");
+  if (saved == shard.metadata().end()) {
+    return Errorf("'{}': checkpoint trained the whole model but this run trains LoRA adapters {}",
+                  shard.path(), want);
+  }
+  if (saved->second != want) {
+    return Errorf("'{}': checkpoint trained LoRA adapters {} but this run's are {}", shard.path(),
+                  saved->second, want);
+  }
+  // The model's arena holds the fused weights; the targets' frozen ones are kept apart.
+  for (const LoraModule& m : lora_->modules()) {
+    DT_RETURN_IF_ERROR(
+        shard.CopyF32("lora.base." + m.name + ".weight", m.shape, model_->params() + m.weight));
+  }
+  lora_->SetBase(model_->params());
+  for (const TensorSpec& t : lora_->table().tensors()) {
+    DT_RETURN_IF_ERROR(shard.CopyF32("lora." + t.name, t.shape, lora_->params() + t.offset));
+    DT_RETURN_IF_ERROR(shard.CopyF32("ema.lora." + t.name, t.shape, ema_.data() + t.offset));
+  }
+  lora_->Apply(lora_->params(), model_->params());
+  return Status::Ok();
+}
+
 Result<std::vector<std::string>> Trainer::InitializeFrom(const io::SafetensorsFile& file) {
   const TensorTable& global = model_->global_parameter_table();
   std::vector<std::string> fixed;
@@ -191,7 +266,13 @@ Result<std::vector<std::string>> Trainer::InitializeFrom(const io::SafetensorsFi
   Buffer<float> params(global.total()), ema(global.total());
   DT_RETURN_IF_ERROR(ReadInitialWeights(file, global, params.data(), ema.data()));
   model_->ScatterFromGlobal(params.data(), model_->params());
-  model_->ScatterFromGlobal(ema.data(), ema_.data());
+  if (lora_) {
+    // The file's weights are the frozen ones; the adapters (B = 0) leave them as they are.
+    lora_->SetBase(model_->params());
+    lora_->Apply(lora_->params(), model_->params());
+  } else {
+    model_->ScatterFromGlobal(ema.data(), ema_.data());
+  }
   gpu_stale_ = gpu_ != nullptr;
   return unused;
 }
@@ -219,6 +300,16 @@ Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {
       m->bytes != held * sizeof(float) || v->bytes != held * sizeof(float)) {
     return Errorf("'{}': optimizer moments do not match its {} elements of 'optim.ranges'",
                   shard.path(), held);
+  }
+  if (lora_) {
+    // The adapters' moments, whole (RestoreModel checked that the adapters are this run's).
+    if (held != lora_->size()) {
+      return Errorf("'{}': {} moments for {} LoRA adapter elements", shard.path(), held,
+                    lora_->size());
+    }
+    std::memcpy(exp_avg_.data(), m->data, m->bytes);
+    std::memcpy(exp_avg_sq_.data(), v->data, v->bytes);
+    return held;
   }
   // Copy every element that a saved range (of the whole-model arena) holds, that a fragment
   // maps into this rank's arena, and that this rank owns.

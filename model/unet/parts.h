@@ -90,7 +90,8 @@ struct Conv {
     cpu::Conv2dForward(out, in, r.P + w, r.P + b, s);
   }
   void Backward(const UNetRun& r, float* din, const float* dout, const float* in) const {
-    cpu::Conv2dBackward(din, r.G + w, r.G + b, dout, in, r.P + w, s);
+    cpu::Conv2dBackward(din, r.Grad(w, size_t(s.Co) * s.C * s.K * s.K), r.Grad(b, s.Co), dout, in,
+                        r.P + w, s);
   }
 };
 
@@ -131,8 +132,8 @@ struct Linear {
     cpu::LinearForward(out, in, r.P + w, has_bias ? r.P + b : nullptr, N, I, O);
   }
   void Backward(const UNetRun& r, float* din, const float* dout, const float* in, int N) const {
-    cpu::LinearBackward<float>(din, r.G + w, nullptr, dout, in, r.P + w, N, I, O);
-    if (has_bias) AddColumnSums(r.G + b, dout, N, O);
+    cpu::LinearBackward<float>(din, r.Grad(w, size_t(I) * O), nullptr, dout, in, r.P + w, N, I, O);
+    if (has_bias && r.Grad(b, O) != nullptr) AddColumnSums(r.G + b, dout, N, O);
   }
 };
 

@@ -1,5 +1,6 @@
 #include "model/unet/unet.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -96,12 +97,26 @@ const float* UNet::output(int slot) const {
   return acts_.data() + slot * layout_->slot + layout_->value_offsets.back();
 }
 
+void UNet::SkipGradients(std::vector<size_t> tensor_offsets) {
+  std::sort(tensor_offsets.begin(), tensor_offsets.end());
+  skipped_.clear();
+  for (const TensorSpec& t : plan_.table.tensors()) {
+    if (!std::binary_search(tensor_offsets.begin(), tensor_offsets.end(), t.offset)) continue;
+    if (!skipped_.empty() && skipped_.back().second == t.offset) {
+      skipped_.back().second += t.numel;
+    } else {
+      skipped_.push_back({t.offset, t.offset + t.numel});
+    }
+  }
+}
+
 UNetRun UNet::Run(int slot) {
   const Layout& l = *layout_;
   UNetRun r;
   r.B = batch_;
   r.P = params_.data();
   r.G = grads_.data();
+  r.skipped = skipped_.empty() ? nullptr : &skipped_;
   r.acts = acts_.data() + slot * l.slot;
   r.scratch = acts_.data() + slots_ * l.slot;
   r.work = recompute_ ? r.scratch + l.backward : r.acts;

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "model/family/model.h"
@@ -70,6 +71,9 @@ class UNet : public Model {
   const float* output(int slot) const override;
   Status Backward(int slot, const float* output_grad, float* input_grad,
                   const GradientsReady& ready = {}) override;
+  // Skips the gradients of the convolutions' and Linear layers' weights and biases (the norms'
+  // and the time embedding's, small tensors, are computed still).
+  void SkipGradients(std::vector<size_t> tensor_offsets) override;
 
   // Where a micro-batch's tensors sit in the activation arena (model/unet/unet.cc).
   struct Layout;
@@ -91,6 +95,8 @@ class UNet : public Model {
   // the micro-batch's backward).
   std::vector<const float*> contexts_;
   std::vector<const float*> guidances_;  // each slot's guidance embedding, or null
+  // SkipGradients' tensors as arena ranges [begin, end), increasing and merged.
+  std::vector<std::pair<size_t, size_t>> skipped_;
   // slots × the slot size, then the backward scratch, then (recomputing) the workspace
   Buffer<float> acts_;
 };

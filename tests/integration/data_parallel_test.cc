@@ -67,6 +67,28 @@ TEST_F(DataParallelTest, EveryLayoutEqualsOneProcess) {
   }
 }
 
+// LoRA training (model/train/lora_adapters.h): the adapters' gradients averaged over the ranks
+// are one process's, and a checkpoint of two ranks resumes on four.
+TEST_F(DataParallelTest, LoraEqualsOneProcessAndResumesInAnotherLayout) {
+  // At DiT's initialisation only the final layer has gradients (its zeros gate the rest).
+  sections_ = "lora: {rank: 2, alpha: 4, targets: [final_layer.linear, adaLN_modulation.1, qkv]}\n";
+  const int global = kMicro * 4;
+  const std::filesystem::path reference = Reference(global);
+  const std::filesystem::path job = WriteJob("lora_dp2_acc2", global, false, kSteps);
+  CommandResult r = RunRanks(job, 2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectSameLosses(Losses(job.parent_path()), Losses(reference), "lora dp2");
+  EXPECT_LE(ParameterDistance(job.parent_path(), reference), 1e-5);
+
+  const std::filesystem::path reshard = WriteJob("lora_reshard", global, false, kSteps);
+  r = RunRanks(reshard, 2, "--steps 5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunRanks(reshard, 4);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from step 5"), std::string::npos) << r.output;
+  EXPECT_LE(ParameterDistance(reshard.parent_path(), reference), 1e-5);
+}
+
 TEST_F(DataParallelTest, CheckpointOfOneLayoutResumesInAnother) {
   // Five steps with dp=2 and ZeRO-1, then five more with dp=4 without it, then with dp=1:
   // the same losses and parameters as ten uninterrupted steps of one process.

@@ -13,6 +13,15 @@ load_state_dict(strict=True), recomputes x_t from the diffusion metadata (its sc
 rescaled by diffusers' rescale_zero_terminal_snr where zero_terminal_snr), runs forward and
 backward on the dump's x_t, t and text, and compares each tensor.
 
+A dump of LoRA training (`debug-dump --lora-rank R`, "lora" metadata: rank, alpha, targets)
+holds the frozen weights under their names, the adapters as `lora.M.lora_A.weight` and
+`lora.M.lora_B.weight`, and only the adapters' gradients (`grad.lora.…`). The checker adds each
+adapter to its module as peft's LoRA layers compute it, beside the frozen module:
+module(x) + alpha/rank · B(A(x)) (for a Conv2d, A a convolution of the module's kernel, stride
+and padding, B a 1×1 one), with the frozen weights not requiring gradients, and compares the
+adapters' gradients; the dump fuses the adapters into the weights instead (model/cpu/low_rank.h),
+so the two are different computations of the same gradient.
+
 Error measure: ||a - b|| / ||b|| (L2 norms, b the float64 reference). Where the reference
 gradient vanishes mathematically (below 1e-9 of the largest), the absolute error relative to
 the largest gradient norm is used. Each tensor must be within --tol, and all gradients
@@ -113,7 +122,8 @@ def check(path, tol, tol_all):
     prediction = diffusion.get("prediction", "epsilon")
     t = torch.from_numpy(tensors["input.t"]).long()
     abar = torch.from_numpy(np.cumprod(1 - betas(diffusion)))[t].reshape(-1, 1, 1, 1)
-    reference = reference_step(config, tensors, t, abar, prediction)
+    lora = json.loads(metadata["lora"]) if "lora" in metadata else None
+    reference = reference_step(config, tensors, t, abar, prediction, lora=lora)
     x0, noise = (torch.from_numpy(tensors[n]).to(torch.float64) for n in ("input.x0", "input.noise"))
     reference["input.x_t"] = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
 
@@ -141,20 +151,54 @@ def check(path, tol, tol_all):
     return not failures
 
 
-def reference_step(config, tensors, t, abar, prediction, dtype=torch.float64):
-    """Output, loss and every gradient of diffusers' UNet on the dump's inputs, in `dtype`."""
+def add_lora(model, tensors, lora, tensor):
+    """peft's LoRA layers beside the frozen modules: each adapted module's output plus
+    alpha/rank · B(A(x)). Returns the adapters, by their dump names."""
+    scale = (lora["alpha"] or lora["rank"]) / lora["rank"]
+    adapters = {}
+    for name in tensors:
+        if not (name.startswith("lora.") and name.endswith(".lora_A.weight")):
+            continue
+        module_name = name[len("lora."):-len(".lora_A.weight")]
+        module = model.get_submodule(module_name)
+        a = torch.nn.Parameter(tensor(name))
+        b = torch.nn.Parameter(tensor(f"lora.{module_name}.lora_B.weight"))
+        adapters[name], adapters[f"lora.{module_name}.lora_B.weight"] = a, b
+
+        def hook(mod, inputs, output, a=a, b=b):
+            x = inputs[0]
+            if isinstance(mod, torch.nn.Conv2d):
+                down = torch.nn.functional.conv2d(x, a, stride=mod.stride, padding=mod.padding)
+                return output + scale * torch.nn.functional.conv2d(down, b)
+            return output + scale * torch.nn.functional.linear(torch.nn.functional.linear(x, a), b)
+
+        module.register_forward_hook(hook)
+    if not adapters:
+        raise MalformedDump("a LoRA dump without lora.*.lora_A.weight tensors")
+    return adapters
+
+
+def reference_step(config, tensors, t, abar, prediction, dtype=torch.float64, lora=None):
+    """Output, loss and every gradient of diffusers' UNet on the dump's inputs, in `dtype`; with
+    `lora`, of its adapters only."""
     model = UNet2DConditionModel(**config).to(dtype)
     # Copies: tensors of the dump's dtype would alias its read-only buffers.
     tensor = lambda name: torch.tensor(tensors[name], dtype=dtype)  # noqa: E731
     state = {name: tensor(name) for name in model.state_dict() if name in tensors}
     model.load_state_dict(state, strict=True)
+    if lora is not None:
+        model.requires_grad_(False)
+        adapters = add_lora(model, tensors, lora, tensor)
     output = model(tensor("input.x_t"), t, encoder_hidden_states=tensor("input.context")).sample
     x0, noise, a = tensor("input.x0"), tensor("input.noise"), abar.to(dtype)
     target = noise if prediction == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
     loss = ((output - target) ** 2).mean()
     loss.backward()
     result = {"output": output.detach().double(), "loss": loss.detach().double().reshape(1)}
-    result.update({f"grad.{name}": p.grad.double() for name, p in model.named_parameters()})
+    if lora is not None:
+        result.update({f"grad.{name}": p.grad.double() for name, p in adapters.items()})
+    else:
+        result.update({f"grad.{name}": p.grad.double() for name, p in model.named_parameters()})
     return result
 
 

@@ -2,10 +2,11 @@
 """Writes a copy of a debug dump with some tensors scaled, for the checkers' own tests.
 
     PYTHON tests/reference/perturb_dump.py IN OUT PREFIX FACTOR
+    PYTHON tests/reference/perturb_dump.py IN OUT --metadata KEY VALUE
 
 Every tensor whose name starts with PREFIX is multiplied by FACTOR (in float64, stored back
 in the tensor's dtype); the rest, and the metadata, are copied unchanged. Exit status 2 when
-no tensor matches."""
+no tensor matches. With --metadata, the tensors are copied and metadata KEY is set to VALUE."""
 
 import sys
 
@@ -13,6 +14,12 @@ import safetensors_np
 
 
 def main(argv):
+    if len(argv) == 5 and argv[2] == "--metadata":
+        tensors, metadata = safetensors_np.read(argv[0])
+        metadata[argv[3]] = argv[4]
+        safetensors_np.write(argv[1], tensors, metadata)
+        print(f"metadata {argv[3]} set to {argv[4]}")
+        return 0
     if len(argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2

@@ -53,7 +53,8 @@ class ParallelTrainingTest : public ::testing::Test {
         << "parallel: {" << (layout.empty() ? "" : layout + ", ")
         << "zero1: " << (zero1 ? "true" : "false")
         << ", bucket_mb: 0.02, timeout_seconds: " << timeout_seconds << "}\n"
-        << "checkpoint: {dir: \"" << (dir / "ckpt").string() << "\", keep: 5}\n";
+        << "checkpoint: {dir: \"" << (dir / "ckpt").string() << "\", keep: 5}\n"
+        << sections_;
     return dir / "job.yaml";
   }
 
@@ -84,7 +85,8 @@ class ParallelTrainingTest : public ::testing::Test {
 
   // A single process (no communicator) training `steps` steps on the same global batch.
   std::filesystem::path Reference(int global, int steps) {
-    const std::string name = "reference_" + std::to_string(global);
+    const std::string name =
+        "reference_" + std::to_string(global) + (sections_.empty() ? "" : "_sections");
     const std::filesystem::path dir = root_ / name;
     if (!std::filesystem::exists(dir / "metrics-0.jsonl")) {
       const std::filesystem::path job = WriteJob(name, global, false, steps);
@@ -146,6 +148,9 @@ class ParallelTrainingTest : public ::testing::Test {
   }
 
   std::filesystem::path root_;
+  // More sections of every job written after it is set ("lora: {rank: 2}\n"), the reference's
+  // too.
+  std::string sections_;
 
  private:
   std::string model_;

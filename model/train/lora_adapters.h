@@ -1,0 +1,103 @@
+// LoRA training (Hu et al. 2021), as diffusers' train_text_to_image_lora.py sets peft up:
+// the weights of the modules `lora.targets` names stay frozen at W0 and the model computes with
+//   W = W0 + (alpha / rank) · B·A,     A [rank, in], B [out, rank]   (model/cpu/low_rank.h),
+// A and B the only parameters trained. A is drawn as peft's init_lora_weights="gaussian" draws
+// it, N(0, (1/rank)²), and B is zero, so training starts at W0 exactly.
+//
+// The family's own forward and backward run unchanged on the model's weights W (any family,
+// any module: a Linear's [out, in] weight, a convolution's as [out, in·kh·kw]); the adapters'
+// gradients follow from the model's gradient of each W by the chain rule. The AdamW moments,
+// gradient clipping, the EMA and the data-parallel gradient average are the adapters' only,
+// and the model is asked to skip its frozen weights' gradients (Model::SkipGradients; the
+// UNet skips its convolutions' and Linear layers', DiT and Latte compute them all): that is
+// what a LoRA saves over a fine-tune of the whole model (docs/finetuning.md).
+//
+// Modules are matched as peft's target_modules match them: a module (a tensor name `M.weight`
+// of two or more dimensions, M the module) is adapted when M is a target or ends with
+// "." + a target (`to_q` adapts every attention's query projection; `attn1.to_q` the
+// self-attention's only). Biases and everything else stay frozen (peft's bias="none").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "model/tensor/buffer.h"
+#include "model/tensor/tensor_table.h"
+
+namespace difftrain {
+
+struct LoraConfig {
+  int rank = 0;      // r; 0: no LoRA (every weight trains)
+  double alpha = 0;  // lora_alpha; 0: the rank (a scale of 1, diffusers' scripts' choice)
+  // diffusers' train_text_to_image_lora.py's target_modules: the attention projections.
+  std::vector<std::string> targets = {"to_q", "to_k", "to_v", "to_out.0"};
+
+  bool enabled() const { return rank > 0; }
+  // alpha / rank.
+  double scale() const { return (alpha > 0 ? alpha : rank) / rank; }
+  Status Validate() const;
+  nlohmann::json ToJson() const;
+};
+
+// One adapted module.
+struct LoraModule {
+  std::string name;            // M: its weight is M.weight
+  std::vector<int64_t> shape;  // the weight's
+  size_t weight = 0;           // the weight's offset in the model's arena
+  int64_t out = 0, in = 0;     // the weight as [out, in] (in: everything after the first axis)
+  size_t a = 0, b = 0;         // A's and B's offsets in the adapters' arena
+  size_t base = 0;             // W0's offset in the frozen copy
+};
+
+// The modules of `table` (a model's parameters) that `config.targets` adapt, in table order. An
+// error when none matches, naming the targets and a few of the model's modules.
+Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const TensorTable& table);
+
+class LoraAdapters {
+ public:
+  // The adapters of `table`'s target modules (LoraModulesOf), zero.
+  static Result<LoraAdapters> Create(const LoraConfig& config, const TensorTable& table);
+
+  // A from Rng(seed, kLora, module) as N(0, (1/rank)²), B zero (peft's "gaussian").
+  void Initialize(uint64_t seed);
+  // A as above and B drawn too, N(0, 1/out): a debug dump's, whose A would otherwise get no
+  // gradient.
+  void InitializeRandom(uint64_t seed);
+
+  // The adapters' arena: every module's A then B, module after module, and its gradients.
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* grads() const { return grads_.data(); }
+  size_t size() const { return params_.size(); }
+  // The arena's tensors: M.lora_A.weight [rank, in…], M.lora_B.weight [out, rank(, 1, 1)]
+  // (peft's names and shapes; a convolution's A has the kernel's shape, B is 1×1).
+  const TensorTable& table() const { return table_; }
+  const std::vector<LoraModule>& modules() const { return modules_; }
+  const LoraConfig& config() const { return config_; }
+  double scale() const { return config_.scale(); }
+
+  // Keeps the target weights of `model_params` as the frozen W0.
+  void SetBase(const float* model_params);
+  // W0 of every module, one after the other (LoraModule::base).
+  const float* base() const { return base_.data(); }
+  float* base() { return base_.data(); }
+  size_t base_size() const { return base_.size(); }
+  // Writes each target's W0 + s·B·A into `model_params`, with A and B from `adapters` (an arena
+  // laid out as params(): the trained adapters or their EMA).
+  void Apply(const float* adapters, float* model_params) const;
+  // The adapters' gradients (grads(), overwritten) from the model's gradients of each W.
+  void Gradients(const float* model_grads);
+
+ private:
+  LoraConfig config_;
+  std::vector<LoraModule> modules_;
+  TensorTable table_;
+  Buffer<float> params_, grads_, base_;
+};
+
+}  // namespace difftrain

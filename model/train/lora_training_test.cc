@@ -1,0 +1,344 @@
+// LoRA training (model/train/lora_adapters.h) in the Trainer: peft's module matching, only the
+// adapters train (every other weight stays bit for bit), the model computes with W0 + s·B·A,
+// the adapters' gradients are the chain rule's of the model's, a LoRA overfits a batch, resuming
+// is bit-identical, and the job's lora section is checked against the layout and the model.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "job/job_spec.h"
+#include "model/train/checkpointing.h"
+#include "model/train/trainer.h"
+#include "tests/testing/tiny_training.h"
+
+namespace difftrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+TrainConfig TinyLora(int rank = 2, double alpha = 0) {
+  TrainConfig c = testing::TinyTrainConfig(/*hidden_size=*/32);
+  c.optimizer.lr = 1e-2;
+  c.seed = 11;
+  c.lora.rank = rank;
+  c.lora.alpha = alpha;
+  c.lora.targets = {"qkv", "attn.proj", "fc2"};
+  return c;
+}
+
+std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& c) {
+  return std::make_unique<Trainer>(c, testing::SyntheticData(c));
+}
+
+std::vector<float> Params(const Trainer& t) {
+  return {t.model().params(), t.model().params() + t.model().num_params()};
+}
+
+TEST(LoraModulesTest, MatchTargetsAsPeftDoes) {
+  TrainConfig c = TinyLora();
+  const auto trainer = MakeTrainer(c);
+  const TensorTable& table = trainer->model().parameter_table();
+  const auto names = [&](std::vector<std::string> targets) {
+    LoraConfig config;
+    config.rank = 1;
+    config.targets = std::move(targets);
+    std::vector<std::string> out;
+    Result<std::vector<LoraModule>> modules = LoraModulesOf(config, table);
+    if (!modules.ok()) return std::vector<std::string>{"error: " + modules.status().message()};
+    for (const LoraModule& m : *modules)
+      out.push_back(m.name);
+    return out;
+  };
+  // The end of a dotted name, whole components only; weights of two or more dimensions (a
+  // convolution's too), never a bias.
+  EXPECT_THAT(names({"qkv"}), ::testing::ElementsAre("blocks.0.attn.qkv", "blocks.1.attn.qkv"));
+  EXPECT_THAT(names({"1.attn.proj", "x_embedder.proj"}),
+              ::testing::ElementsAre("x_embedder.proj", "blocks.1.attn.proj"));
+  EXPECT_THAT(names({"blocks.0.mlp.fc1"}), ::testing::ElementsAre("blocks.0.mlp.fc1"));
+  EXPECT_THAT(names({"kv", "fc"})[0],
+              HasSubstr("error: lora.targets [kv, fc] match no module of the model"));
+  EXPECT_THAT(names({"kv"})[0], HasSubstr("x_embedder.proj, t_embedder.mlp.0"));
+}
+
+TEST(LoraAdaptersTest, ShapesAreThoseOfPeft) {
+  TrainConfig c = TinyLora(3);
+  c.lora.targets = {"x_embedder.proj", "blocks.0.attn.qkv"};
+  auto trainer = MakeTrainer(c);
+  const LoraAdapters& lora = *trainer->lora();
+  ASSERT_EQ(lora.table().tensors().size(), 4u);
+  // A convolution's A has its kernel, its B is 1×1; a Linear's are matrices.
+  EXPECT_EQ(lora.table().Find("x_embedder.proj.lora_A.weight")->shape,
+            (std::vector<int64_t>{3, 4, 2, 2}));
+  EXPECT_EQ(lora.table().Find("x_embedder.proj.lora_B.weight")->shape,
+            (std::vector<int64_t>{32, 3, 1, 1}));
+  EXPECT_EQ(lora.table().Find("blocks.0.attn.qkv.lora_A.weight")->shape,
+            (std::vector<int64_t>{3, 32}));
+  EXPECT_EQ(lora.table().Find("blocks.0.attn.qkv.lora_B.weight")->shape,
+            (std::vector<int64_t>{96, 3}));
+  EXPECT_EQ(trainer->optimizer_elements(), lora.size());
+  // peft's "gaussian": A ~ N(0, (1/r)²), B = 0.
+  const TensorSpec& a = *lora.table().Find("blocks.0.attn.qkv.lora_A.weight");
+  double sum_squares = 0;
+  for (size_t i = 0; i < a.numel; ++i)
+    sum_squares += double(lora.params()[a.offset + i]) * lora.params()[a.offset + i];
+  EXPECT_NEAR(std::sqrt(sum_squares / a.numel), 1.0 / 3, 0.05);
+  const TensorSpec& b = *lora.table().Find("blocks.0.attn.qkv.lora_B.weight");
+  for (size_t i = 0; i < b.numel; ++i)
+    ASSERT_EQ(lora.params()[b.offset + i], 0.0f);
+}
+
+// Only the adapters train: every weight but the targets' stays as it was, bit for bit, and each
+// target is W0 + alpha/rank · B·A of the trained adapters. (From random weights: DiT's own
+// initialisation zeroes the adaLN gates, which leaves the blocks' weights without gradients.)
+TEST(LoraTrainingTest, OnlyTheTargetsChangeAndAsTheirAdaptersSay) {
+  const TrainConfig c = TinyLora(2, /*alpha=*/5);
+  TrainConfig whole = c;
+  whole.lora = {};
+  auto plain = MakeTrainer(whole), trainer = MakeTrainer(c);
+  ASSERT_EQ(Params(*trainer), Params(*plain)) << "B = 0: the model starts at its own weights";
+  trainer->InitializeRandom(5);
+  const LoraAdapters& lora = *trainer->lora();
+  const std::vector<float> before = Params(*trainer);
+  const std::vector<float> base(lora.base(), lora.base() + lora.base_size());
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(trainer->Step().ok());
+  const std::vector<float> after = Params(*trainer);
+  std::vector<bool> targeted(after.size(), false);
+  for (const LoraModule& m : lora.modules()) {
+    ASSERT_EQ(
+        0, std::memcmp(lora.base() + m.base, base.data() + m.base, m.out * m.in * sizeof(float)));
+    double diff = 0, norm = 0, change = 0;
+    for (int64_t o = 0; o < m.out; ++o) {
+      for (int64_t i = 0; i < m.in; ++i) {
+        double product = 0;
+        for (int r = 0; r < 2; ++r)
+          product += double(lora.params()[m.b + o * 2 + r]) * lora.params()[m.a + r * m.in + i];
+        const size_t k = m.weight + o * m.in + i;
+        const double want = base[m.base + o * m.in + i] + 2.5 * product;
+        diff += (after[k] - want) * (after[k] - want);
+        norm += want * want;
+        change += (after[k] - before[k]) * (after[k] - before[k]);
+        targeted[k] = true;
+      }
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-6) << m.name;
+    EXPECT_GT(std::sqrt(change / norm), 1e-4) << m.name << " did not train";
+  }
+  for (size_t k = 0; k < after.size(); ++k) {
+    if (!targeted[k]) {
+      ASSERT_EQ(after[k], before[k]) << "element " << k;
+    }
+  }
+}
+
+// The adapters' gradients are the chain rule's of the loss: central differences of the loss of
+// one fixed batch in A and B (in fp32, so at a few elements with a loose bound; the op itself is
+// checked in double in model/cpu/low_rank_test.cc).
+TEST(LoraTrainingTest, AdapterGradientsAreTheLossGradients) {
+  TrainConfig c = TinyLora(2, 4);
+  c.micro_batch = c.global_batch = 4;
+  testing::EditDiT(c.model, [](DiTConfig& m) { m.class_dropout_prob = 0; });
+  auto trainer = MakeTrainer(c);
+  trainer->InitializeRandom(3);  // B drawn too: A's gradients do not vanish
+  MicroBatch batch;
+  ASSERT_TRUE(trainer->MakeMicroBatch(0, 4, batch).ok());
+  LoraAdapters& lora = *trainer->lora();
+  const auto loss = [&] {
+    lora.Apply(lora.params(), trainer->model().params());
+    std::memset(trainer->model().grads(), 0, trainer->model().num_params() * sizeof(float));
+    return trainer->ForwardBackward(batch, 1.0f);
+  };
+  loss();
+  lora.Gradients(trainer->model().grads());
+  const std::vector<float> analytic(lora.grads(), lora.grads() + lora.size());
+  for (const TensorSpec& t : lora.table().tensors()) {
+    for (size_t i : {size_t{0}, t.numel / 2, t.numel - 1}) {
+      float& x = lora.params()[t.offset + i];
+      const float saved = x, h = 1e-2f;
+      x = saved + h;
+      const double up = loss();
+      x = saved - h;
+      const double down = loss();
+      x = saved;
+      const double numeric = (up - down) / (2.0 * h);
+      EXPECT_NEAR(analytic[t.offset + i], numeric, 2e-3 * std::abs(numeric) + 2e-5)
+          << t.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(LoraTrainingTest, OverfitsAFixedBatch) {
+  TrainConfig c = TinyLora(4);
+  testing::EditDiT(c.model, [](DiTConfig& m) { m.class_dropout_prob = 0; });
+  auto trainer = MakeTrainer(c);
+  trainer->InitializeRandom(2);
+  MicroBatch batch;
+  ASSERT_TRUE(trainer->MakeMicroBatch(0, 8, batch).ok());
+  const double first = trainer->StepOn(batch).loss;
+  double last = first;
+  for (int i = 0; i < 200; ++i)
+    last = trainer->StepOn(batch).loss;
+  EXPECT_LT(last, first / 2) << "loss " << first << " -> " << last;
+}
+
+// A UNet skips the gradients of its frozen weights (Model::SkipGradients): the adapters'
+// gradients are bit for bit those of a backward that computes every gradient.
+TEST(LoraTrainingTest, AUNetSkipsItsFrozenWeightsGradientsAndNothingElse) {
+  TrainConfig c;
+  Result<ModelSpec> unet = ModelSpecFromJson(
+      "unet", nlohmann::json::parse(R"({"name": "unet", "block_out_channels": [4, 8],
+        "layers_per_block": 1, "attention_head_dim": 2, "cross_attention_dim": 8,
+        "norm_num_groups": 2, "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+        "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "sample_size": 8,
+        "text_length": 5})"));
+  ASSERT_TRUE(unet.ok()) << unet.status().message();
+  c.model = *unet;
+  c.micro_batch = c.global_batch = 2;
+  c.lora.rank = 2;
+  c.lora.targets = {"to_q", "to_v", "conv2"};
+  auto trainer = MakeTrainer(c);
+  trainer->InitializeRandom(4);
+  MicroBatch batch;
+  ASSERT_TRUE(trainer->MakeMicroBatch(0, 2, batch).ok());
+  Model& model = trainer->model();
+  LoraAdapters& lora = *trainer->lora();
+  const auto step = [&] {
+    std::memset(model.grads(), 0, model.num_params() * sizeof(float));
+    trainer->ForwardBackward(batch, 1.0f);
+    lora.Gradients(model.grads());
+    return std::vector<float>(lora.grads(), lora.grads() + lora.size());
+  };
+  const TensorSpec& frozen = *model.parameter_table().Find("conv_in.weight");
+  const auto frozen_norm = [&] {
+    double sum = 0;
+    for (size_t i = 0; i < frozen.numel; ++i)
+      sum += std::abs(model.grads()[frozen.offset + i]);
+    return sum;
+  };
+  const std::vector<float> skipping = step();
+  EXPECT_EQ(frozen_norm(), 0.0) << "conv_in's gradient was computed";
+  model.SkipGradients({});
+  const std::vector<float> whole = step();
+  EXPECT_GT(frozen_norm(), 0.0);
+  ASSERT_EQ(skipping.size(), whole.size());
+  for (const TensorSpec& t : lora.table().tensors()) {
+    for (size_t i = 0; i < t.numel; ++i) {
+      if (skipping[t.offset + i] != whole[t.offset + i]) {
+        ADD_FAILURE() << t.name << "[" << i << "]: " << skipping[t.offset + i] << " skipping, "
+                      << whole[t.offset + i] << " computing every gradient";
+        break;
+      }
+    }
+  }
+  double norm = 0;
+  for (float g : whole)
+    norm += std::abs(g);
+  EXPECT_GT(norm, 0.0);
+}
+
+class LoraCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("lora_training_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(LoraCheckpointTest, ResumeIsBitIdentical) {
+  TrainConfig c = TinyLora(3, 6);
+  // At DiT's initialisation only the final layer has gradients (its zeros gate everything).
+  c.lora.targets = {"final_layer.linear", "adaLN_modulation.1", "qkv"};
+  auto straight = MakeTrainer(c);
+  const std::vector<float> initial = Params(*straight);
+  for (int i = 0; i < 8; ++i)
+    ASSERT_TRUE(straight->Step().ok());
+  ASSERT_NE(Params(*straight), initial);
+
+  io::CheckpointStore store(dir_.string(), 2);
+  auto first_half = MakeTrainer(c);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(first_half->Step().ok());
+  ASSERT_TRUE(WriteCheckpointShard(*first_half, store, 0, 1).ok());
+  ASSERT_TRUE(store.Commit(4, 1).ok());
+
+  auto resumed = MakeTrainer(c);
+  Result<std::optional<int64_t>> step = RestoreLatestCheckpoint(*resumed, store);
+  ASSERT_TRUE(step.ok()) << step.status().message();
+  ASSERT_EQ(step->value_or(-1), 4);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(resumed->Step().ok());
+  EXPECT_EQ(Params(*resumed), Params(*straight));
+  const size_t n = straight->lora()->size();
+  EXPECT_EQ(0, std::memcmp(straight->lora()->params(), resumed->lora()->params(), n * 4));
+  EXPECT_EQ(0, std::memcmp(straight->ema(), resumed->ema(), n * 4));
+
+  // The checkpoint's model tensors are the fused weights (what sampling reads), its EMA the
+  // adapters' EMA fused; a run of another rank, or of the whole model, does not resume it.
+  Result<io::SafetensorsFile> shard = store.ReadShard(4, 0, 1);
+  ASSERT_TRUE(shard.ok());
+  const LoraModule& m = first_half->lora()->modules()[0];
+  std::vector<float> fused(m.out * m.in);
+  ASSERT_TRUE(shard->CopyF32(m.name + ".weight", m.shape, fused.data()).ok());
+  EXPECT_EQ(0,
+            std::memcmp(fused.data(), first_half->model().params() + m.weight, fused.size() * 4));
+  EXPECT_NE(shard->Find("lora.base." + m.name + ".weight"), nullptr);
+  EXPECT_NE(shard->Find("ema.lora." + m.name + ".lora_B.weight"), nullptr);
+  TrainConfig other = c;
+  other.lora.rank = 2;
+  auto mismatched = MakeTrainer(other);
+  Result<std::optional<int64_t>> refused = RestoreLatestCheckpoint(*mismatched, store);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("checkpoint trained LoRA adapters"));
+  other.lora = {};
+  auto whole = MakeTrainer(other);
+  refused = RestoreLatestCheckpoint(*whole, store);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("but this run trains the whole model"));
+}
+
+// The job's lora section: parsed, and refused where it does not apply, naming why.
+TEST(LoraJobTest, TheSectionIsReadAndCheckedAgainstTheRun) {
+  const std::string model =
+      "model: {name: custom, input_size: 8, patch_size: 2, in_channels: 4, hidden_size: 32, "
+      "depth: 2, num_heads: 4, num_classes: 10}\n";
+  const auto parse = [&](const std::string& more) {
+    return TrainConfig::FromYamlText(model + "train: {device: cpu}\n" + more, "job.yaml");
+  };
+  Result<TrainConfig> c = parse("lora: {rank: 8, alpha: 16, targets: [qkv, proj]}\n");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->lora.rank, 8);
+  EXPECT_EQ(c->lora.scale(), 2.0);
+  EXPECT_EQ(c->ToJson()["lora"]["targets"], nlohmann::json({"qkv", "proj"}));
+  EXPECT_THAT(parse("lora: {rank: 4}\n").status().message(),
+              HasSubstr("lora.targets [to_q, to_k, to_v, to_out.0] match no module"));
+  EXPECT_THAT(parse("lora: {alpha: 4, targets: [qkv]}\n").status().message(),
+              HasSubstr("lora.rank: required"));
+  EXPECT_THAT(parse("lora: {rank: 4, targets: qkv}\n").status().message(),
+              HasSubstr("lora.targets: expected a list of names"));
+  EXPECT_THAT(parse("lora: {rank: 4, targets: [qkv], dropout: 0.1}\n").status().message(),
+              HasSubstr("dropout"));
+  EXPECT_THAT(parse("lora: {rank: 4, targets: [qkv]}\nparallel: {tp: 2}\n").status().message(),
+              HasSubstr("not with parallel.tp > 1"));
+  EXPECT_THAT(
+      parse("lora: {rank: 4, targets: [qkv]}\nparallel: {zero1: true}\n").status().message(),
+      HasSubstr("not with parallel.zero1"));
+  Result<TrainConfig> gpu = TrainConfig::FromYamlText(
+      model + "train: {device: cuda}\nlora: {rank: 4, targets: [qkv]}\n", "job.yaml");
+  EXPECT_THAT(gpu.status().message(), HasSubstr("not with train.device cuda"));
+  Result<TrainConfig> automatic = TrainConfig::FromYamlText(
+      model + "lora: {rank: 4, targets: [qkv]}\nparallel: auto\n", "job.yaml");
+  ASSERT_TRUE(automatic.ok()) << automatic.status().message();
+  EXPECT_THAT(ResolveJob(*automatic, PlanDevice{}).message(),
+              HasSubstr("a lora job names its layout"));
+}
+
+}  // namespace
+}  // namespace difftrain
