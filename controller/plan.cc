@@ -68,6 +68,15 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
   const double moments = 2 * trainable / (config.parallel.zero1 ? p.dp : 1);
   p.state_bytes_per_rank = static_cast<int64_t>(
       4 * ((3 * trainable + (p.parameters - trainable) + moments) / (p.tp * p.pp)));
+  if (config.lora.enabled()) {
+    // The model's parameters and gradients; the adapters' parameters, gradients, moments and
+    // EMA; the frozen copy of the adapted weights (tp = pp = 1).
+    DT_ASSIGN_OR_RETURN(const ModelPartition whole, family.Partition(config.model, {}, 0, 0, 0));
+    DT_ASSIGN_OR_RETURN(const LoraElements e,
+                        CountLoraElements(config.lora, whole.parameters.table));
+    p.state_bytes_per_rank = static_cast<int64_t>(
+        4 * (p.parameters + trainable + 5 * double(e.adapters) + double(e.frozen)));
+  }
   p.activation_bytes_per_rank = static_cast<int64_t>(family.ActivationBytes(
       config.model, layout, /*stage=*/0, config.micro_batch, 1, config.recompute));
   return p;
@@ -84,10 +93,11 @@ Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int s
   const std::vector<int>& ranks = plan.node_ranks.at(slot);
   double need = 0, largest = 0;
   for (int rank : ranks) {
-    DT_ASSIGN_OR_RETURN(const MemoryBytes m,
-                        PlanMemory(config.model, layout, topology.CoordinatesOf(rank).pp,
-                                   config.micro_batch, plan.accumulation, pc.zero1,
-                                   plan.dp * plan.cp, pc.bucket_elements(), config.recompute));
+    DT_ASSIGN_OR_RETURN(
+        const MemoryBytes m,
+        PlanMemory(config.model, layout, topology.CoordinatesOf(rank).pp, config.micro_batch,
+                   plan.accumulation, pc.zero1, plan.dp * plan.cp, pc.bucket_elements(),
+                   config.recompute, config.lora));
     const double bytes = double(m.total());
     need += bytes;
     largest = std::max(largest, bytes);
@@ -155,7 +165,10 @@ std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
   out += fmt::format(
       "memory per rank (estimate): state {:.1f} MiB (parameters, gradients, EMA, AdamW{}) + "
       "activations {:.1f} MiB (micro-batch {})\n",
-      p.state_bytes_per_rank / 1048576.0, config.parallel.zero1 ? " sharded by ZeRO-1" : "",
+      p.state_bytes_per_rank / 1048576.0,
+      config.lora.enabled()   ? "; EMA and AdamW of the LoRA adapters"
+      : config.parallel.zero1 ? " sharded by ZeRO-1"
+                              : "",
       p.activation_bytes_per_rank / 1048576.0, config.micro_batch);
   out += "placement:\n";
   constexpr int kShownNodes = 16;

@@ -71,6 +71,28 @@ TEST(CheckNodeHostMemoryTest, ANodeShortOfItsRanksArenasNamesNodeRanksAndLimit) 
   EXPECT_THAT(machine.message(), ::testing::Not(HasSubstr("cgroup")));
 }
 
+// A LoRA job's ranks hold the adapters' moments and EMA, not the model's: a node that holds
+// them passes though it could not hold a whole-model run's, and `validate` says so.
+TEST(CheckNodeHostMemoryTest, ALoraJobNeedsItsAdaptersStateOnly) {
+  const TrainConfig whole = Config("{dp: 2}");
+  TrainConfig c = whole;
+  c.lora.rank = 4;
+  c.lora.targets = {"qkv", "proj"};
+  ASSERT_TRUE(c.Validate(2).ok());
+  const JobPlan p = *MakePlan(c);
+  int64_t need = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    Result<MemoryBytes> m = PlanMemory(c.model, {}, 0, c.micro_batch, p.accumulation, false, 2,
+                                       c.parallel.bucket_elements(), c.recompute, c.lora);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    need += int64_t(m->total());
+  }
+  EXPECT_LT(need, TwoRanks(whole, *MakePlan(whole), 0, 0));
+  EXPECT_TRUE(CheckNodeHostMemory(c, p, 0, "n0", need, "").ok());
+  EXPECT_FALSE(CheckNodeHostMemory(c, p, 0, "n0", need - 1, "").ok());
+  EXPECT_LT(p.state_bytes_per_rank, MakePlan(whole)->state_bytes_per_rank);
+}
+
 // Under a pipeline the stages hold different arenas; the node needs their sum.
 TEST(CheckNodeHostMemoryTest, PipelineStagesAreSummedStageByStage) {
   const TrainConfig c = Config("{pp: 2}");

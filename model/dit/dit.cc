@@ -552,7 +552,9 @@ Status DiT::Backward(int slot, const float* output_grad, float* input_grad,
   cpu::LinearBackward<float>(nullptr, G(p_.x_w), G(p_.x_b), s.d_resid, a.patches, P(p_.x_w), N, d.F,
                              D);
   // c = t_emb (+ y_emb).
-  if (c.has_labels()) cpu::EmbeddingBackward(G(p_.y_table), s.d_c, y_[slot].data(), B, D);
+  if (c.has_labels() && G(p_.y_table) != nullptr) {
+    cpu::EmbeddingBackward(G(p_.y_table), s.d_c, y_[slot].data(), B, D);
+  }
   Zero(s.d_t1, size_t(B) * D);
   cpu::LinearBackward(s.d_t1, G(p_.t2_w), G(p_.t2_b), s.d_c, a.t_act, P(p_.t2_w), B, D, D);
   Zero(s.d_t2, size_t(B) * D);

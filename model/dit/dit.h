@@ -100,6 +100,10 @@ class DiT : public Model {
   // first writes the gradient of its input boundary to input_grad.
   Status Backward(int slot, const float* output_grad, float* input_grad,
                   const GradientsReady& ready = {}) override;
+  // Skips the gradients of every Linear layer's weight and bias and of the label embedding.
+  void SkipGradients(std::vector<size_t> tensor_offsets) override {
+    skipped_.Set(sharded_.table, std::move(tensor_offsets));
+  }
 
   // One process, one micro-batch: Forward into slot 0, returning the output.
   const float* Forward(const float* x, const float* t, const int32_t* y, int B);
@@ -154,7 +158,8 @@ class DiT : public Model {
   Status BlockBackward(int l, Acts& a);
 
   float* P(size_t offset) { return params_.data() + offset; }
-  float* G(size_t offset) { return grads_.data() + offset; }
+  // Null for a tensor whose gradient is skipped (SkipGradients).
+  float* G(size_t offset) { return skipped_.Skips(offset, 1) ? nullptr : grads_.data() + offset; }
 
   DiTConfig config_;
   DiTShard shard_;
@@ -162,6 +167,7 @@ class DiT : public Model {
   ShardedParameters sharded_;
   TensorTable global_table_;
   Buffer<float> params_, grads_, pos_embed_;
+  GradientSkips skipped_;     // SkipGradients' tensors
   Buffer<float> temp_embed_;  // Latte's [num_frames, D]; first stage
   DiTParams p_;               // offsets of this shard's parameters (the same in params_ and grads_)
 

@@ -1,8 +1,32 @@
 #include "model/family/model.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <iterator>
 
 namespace difftrain {
+
+void GradientSkips::Set(const TensorTable& table, std::vector<size_t> tensor_offsets) {
+  std::sort(tensor_offsets.begin(), tensor_offsets.end());
+  ranges_.clear();
+  for (const TensorSpec& t : table.tensors()) {
+    if (!std::binary_search(tensor_offsets.begin(), tensor_offsets.end(), t.offset)) continue;
+    if (!ranges_.empty() && ranges_.back().second == t.offset) {
+      ranges_.back().second += t.numel;
+    } else {
+      ranges_.push_back({t.offset, t.offset + t.numel});
+    }
+  }
+}
+
+bool GradientSkips::Skips(size_t offset, size_t n) const {
+  auto after =
+      std::upper_bound(ranges_.begin(), ranges_.end(), std::pair<size_t, size_t>{offset, SIZE_MAX});
+  if (after == ranges_.begin()) return false;
+  const auto& [begin, end] = *std::prev(after);
+  return begin <= offset && offset + n <= end;
+}
 
 size_t Model::fixed_bytes() const {
   size_t bytes = 0;

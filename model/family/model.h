@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -75,6 +76,21 @@ struct ModelInputs {
 struct ModelComms {
   parallel::Comm* tp = nullptr;
   parallel::Comm* cp = nullptr;
+};
+
+// The parameters whose gradients a model skips (Model::SkipGradients): whole tensors of its
+// arena, as increasing merged ranges.
+class GradientSkips {
+ public:
+  // The tensors of `table` at `tensor_offsets` (each a tensor's first element).
+  void Set(const TensorTable& table, std::vector<size_t> tensor_offsets);
+  bool empty() const { return ranges_.empty(); }
+  // Whether every parameter of [offset, offset + n) is skipped: a tensor, or one matrix fused
+  // of several (a UNet's q, k and v).
+  bool Skips(size_t offset, size_t n) const;
+
+ private:
+  std::vector<std::pair<size_t, size_t>> ranges_;
 };
 
 class Model {

@@ -59,6 +59,16 @@ Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const Te
   return modules;
 }
 
+Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTable& table) {
+  DT_ASSIGN_OR_RETURN(const std::vector<LoraModule> modules, LoraModulesOf(config, table));
+  LoraElements n;
+  for (const LoraModule& m : modules) {
+    n.adapters += static_cast<size_t>(config.rank * (m.in + m.out));
+    n.frozen += static_cast<size_t>(m.in * m.out);
+  }
+  return n;
+}
+
 Result<LoraAdapters> LoraAdapters::Create(const LoraConfig& config, const TensorTable& table) {
   DT_RETURN_IF_ERROR(config.Validate());
   if (!config.enabled()) return Status::Error("LoRA adapters need lora.rank > 0");

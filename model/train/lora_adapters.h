@@ -9,7 +9,8 @@
 // gradients follow from the model's gradient of each W by the chain rule. The AdamW moments,
 // gradient clipping, the EMA and the data-parallel gradient average are the adapters' only,
 // and the model is asked to skip its frozen weights' gradients (Model::SkipGradients; the
-// UNet skips its convolutions' and Linear layers', DiT and Latte compute them all): that is
+// UNet skips its convolutions' and Linear layers', DiT and Latte their Linear layers' and label
+// embedding's): that is
 // what a LoRA saves over a fine-tune of the whole model (docs/finetuning.md).
 //
 // Modules are matched as peft's target_modules match them: a module (a tensor name `M.weight`
@@ -56,6 +57,13 @@ struct LoraModule {
 // The modules of `table` (a model's parameters) that `config.targets` adapt, in table order. An
 // error when none matches, naming the targets and a few of the model's modules.
 Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const TensorTable& table);
+
+// The elements a LoRA run keeps beside the model's arenas: its adapters (every module's A and B)
+// and the frozen copy of the adapted weights.
+struct LoraElements {
+  size_t adapters = 0, frozen = 0;
+};
+Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTable& table);
 
 class LoraAdapters {
  public:

@@ -185,25 +185,34 @@ TEST(LoraTrainingTest, OverfitsAFixedBatch) {
   EXPECT_LT(last, first / 2) << "loss " << first << " -> " << last;
 }
 
-// A UNet skips the gradients of its frozen weights (Model::SkipGradients): the adapters'
-// gradients are bit for bit those of a backward that computes every gradient.
-TEST(LoraTrainingTest, AUNetSkipsItsFrozenWeightsGradientsAndNothingElse) {
-  TrainConfig c;
-  Result<ModelSpec> unet = ModelSpecFromJson(
-      "unet", nlohmann::json::parse(R"({"name": "unet", "block_out_channels": [4, 8],
-        "layers_per_block": 1, "attention_head_dim": 2, "cross_attention_dim": 8,
-        "norm_num_groups": 2, "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
-        "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "sample_size": 8,
-        "text_length": 5})"));
-  ASSERT_TRUE(unet.ok()) << unet.status().message();
-  c.model = *unet;
-  c.micro_batch = c.global_batch = 2;
-  c.lora.rank = 2;
-  c.lora.targets = {"to_q", "to_v", "conv2"};
+// What a LoRA run's arenas take is what PlanMemory (the controller's check of a node, `difftrain
+// validate`) says: the adapters' moments and EMA instead of the model's.
+TEST(LoraTrainingTest, PlannedMemoryIsTheTrainersArenas) {
+  const TrainConfig c = TinyLora(3);
+  auto trainer = MakeTrainer(c);
+  const Result<MemoryBytes> plan = PlanMemory(c.model, {}, 0, c.micro_batch, c.AccumulationSteps(),
+                                              false, 1, size_t{1} << 20, false, c.lora);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  const MemoryBytes got = trainer->memory();
+  EXPECT_EQ(plan->parameters, got.parameters);
+  EXPECT_EQ(plan->gradients, got.gradients);
+  EXPECT_EQ(plan->optimizer, got.optimizer);
+  EXPECT_EQ(plan->ema, got.ema);
+  EXPECT_EQ(got.optimizer, 2 * trainer->lora()->size() * sizeof(float));
+  const Result<MemoryBytes> whole = PlanMemory(c.model, {}, 0, c.micro_batch, c.AccumulationSteps(),
+                                               false, 1, size_t{1} << 20, false);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_LT(plan->total(), whole->total());
+}
+
+// A model skips the gradients of its frozen weights (Model::SkipGradients): `frozen`'s is not
+// computed, and the adapters' gradients are bit for bit those of a backward that computes every
+// gradient.
+void ExpectSkippingChangesNoAdapterGradient(const TrainConfig& c, const std::string& frozen_name) {
   auto trainer = MakeTrainer(c);
   trainer->InitializeRandom(4);
   MicroBatch batch;
-  ASSERT_TRUE(trainer->MakeMicroBatch(0, 2, batch).ok());
+  ASSERT_TRUE(trainer->MakeMicroBatch(0, c.micro_batch, batch).ok());
   Model& model = trainer->model();
   LoraAdapters& lora = *trainer->lora();
   const auto step = [&] {
@@ -212,7 +221,7 @@ TEST(LoraTrainingTest, AUNetSkipsItsFrozenWeightsGradientsAndNothingElse) {
     lora.Gradients(model.grads());
     return std::vector<float>(lora.grads(), lora.grads() + lora.size());
   };
-  const TensorSpec& frozen = *model.parameter_table().Find("conv_in.weight");
+  const TensorSpec& frozen = *model.parameter_table().Find(frozen_name);
   const auto frozen_norm = [&] {
     double sum = 0;
     for (size_t i = 0; i < frozen.numel; ++i)
@@ -220,7 +229,7 @@ TEST(LoraTrainingTest, AUNetSkipsItsFrozenWeightsGradientsAndNothingElse) {
     return sum;
   };
   const std::vector<float> skipping = step();
-  EXPECT_EQ(frozen_norm(), 0.0) << "conv_in's gradient was computed";
+  EXPECT_EQ(frozen_norm(), 0.0) << frozen_name << "'s gradient was computed";
   model.SkipGradients({});
   const std::vector<float> whole = step();
   EXPECT_GT(frozen_norm(), 0.0);
@@ -238,6 +247,31 @@ TEST(LoraTrainingTest, AUNetSkipsItsFrozenWeightsGradientsAndNothingElse) {
   for (float g : whole)
     norm += std::abs(g);
   EXPECT_GT(norm, 0.0);
+}
+
+// The UNet's attention projections are fused (q, k and v one matrix): a target among frozen
+// neighbours keeps the whole matrix's gradient.
+TEST(LoraTrainingTest, AUNetSkipsItsFrozenWeightsGradientsAndNothingElse) {
+  TrainConfig c;
+  Result<ModelSpec> unet = ModelSpecFromJson(
+      "unet", nlohmann::json::parse(R"({"name": "unet", "block_out_channels": [4, 8],
+        "layers_per_block": 1, "attention_head_dim": 2, "cross_attention_dim": 8,
+        "norm_num_groups": 2, "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+        "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "sample_size": 8,
+        "text_length": 5})"));
+  ASSERT_TRUE(unet.ok()) << unet.status().message();
+  c.model = *unet;
+  c.micro_batch = c.global_batch = 2;
+  c.lora.rank = 2;
+  c.lora.targets = {"to_q", "to_v", "conv2"};
+  ExpectSkippingChangesNoAdapterGradient(c, "conv_in.weight");
+}
+
+TEST(LoraTrainingTest, ADiTSkipsItsFrozenWeightsGradientsAndNothingElse) {
+  TrainConfig c = TinyLora(2);
+  c.lora.targets = {"qkv", "fc2", "final_layer.linear"};
+  ExpectSkippingChangesNoAdapterGradient(c, "blocks.0.mlp.fc1.weight");
+  ExpectSkippingChangesNoAdapterGradient(c, "y_embedder.embedding_table.weight");
 }
 
 class LoraCheckpointTest : public ::testing::Test {

@@ -62,7 +62,7 @@ std::vector<parallel::Range> Intersect(const std::vector<parallel::Range>& a,
 
 Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout, int stage,
                                int micro_batch, int micro_batches, bool zero1, int dp_cp,
-                               size_t bucket_elements, bool recompute) {
+                               size_t bucket_elements, bool recompute, const LoraConfig& lora) {
   const ModelFamily& family = FamilyOf(model);
   DT_ASSIGN_OR_RETURN(const ModelPartition part, family.Partition(model, layout, 0, 0, stage));
   const size_t n = part.parameters.table.total();
@@ -75,6 +75,13 @@ Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout
   m.gradients = n * sizeof(float);
   m.optimizer = 2 * owned * sizeof(float);
   m.ema = n * sizeof(float);
+  if (lora.enabled()) {
+    DT_ASSIGN_OR_RETURN(const LoraElements e, CountLoraElements(lora, part.parameters.table));
+    m.parameters += (e.adapters + e.frozen) * sizeof(float);
+    m.gradients += e.adapters * sizeof(float);
+    m.optimizer = 2 * e.adapters * sizeof(float);
+    m.ema = e.adapters * sizeof(float);
+  }
   m.activations = family.ActivationBytes(
       model, layout, stage, micro_batch,
       parallel::InFlightMicroBatches(layout.pp, stage, micro_batches), recompute);
@@ -96,7 +103,7 @@ std::string HostArenasNeeded(const TrainConfig& config, const ParallelOptions& p
   const int stage = t ? t->CoordinatesOf(parallel.rank).pp : 0;
   const Result<MemoryBytes> m =
       PlanMemory(config.model, layout, stage, config.micro_batch, config.AccumulationSteps(dp),
-                 parallel.zero1, dp * cp, parallel.bucket_elements, config.recompute);
+                 parallel.zero1, dp * cp, parallel.bucket_elements, config.recompute, config.lora);
   if (!m.ok()) return whole;
   constexpr double kGiB = double(1ull << 30);
   return fmt::format(

@@ -74,9 +74,11 @@ struct MemoryBytes {
 // keeps min(pp − stage, that) in flight), AdamW moments sharded over a dp-cp group of `dp_cp`
 // ranks with ZeRO-1 (rank 0's share, the largest), gradient buckets of `bucket_elements`,
 // activations recomputed or not.
+// With `lora`, a LoRA run's: the adapters' moments and EMA instead of the model's, the adapters
+// and the frozen copy of their weights beside the model's parameters and gradients.
 Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout, int stage,
                                int micro_batch, int micro_batches, bool zero1, int dp_cp,
-                               size_t bucket_elements, bool recompute);
+                               size_t bucket_elements, bool recompute, const LoraConfig& lora = {});
 
 // The model a checkpoint's shard 0 (or a debug dump) holds: its family (metadata "family";
 // checkpoints written before model families existed hold a DiT) and its config.

@@ -5,14 +5,11 @@
 // backward makes again) and of its temporaries from the scratch space, which all layers share.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
-#include <cstdint>
-#include <iterator>
 #include <memory>
-#include <utility>
 #include <vector>
 
+#include "model/family/model.h"
 #include "model/unet/config.h"
 #include "model/unet/plan.h"
 
@@ -44,19 +41,13 @@ struct UNetRun {
   // Forward again inside backward (activation recomputation): only what the layer's backward
   // reads, not its output value, which is already there.
   bool recomputing = false;
-  // The parameter ranges [begin, end) whose gradients are not wanted (Model::SkipGradients),
-  // increasing and merged.
-  const std::vector<std::pair<size_t, size_t>>* skipped = nullptr;
+  // The parameters whose gradients are not wanted (Model::SkipGradients); null: none.
+  const GradientSkips* skipped = nullptr;
 
   // Where the gradient of the parameters [offset, offset + n) goes (a layer's weight, or one
   // fused matrix of several, as q, k and v); null when all of them are skipped.
   float* Grad(size_t offset, size_t n) const {
-    if (skipped == nullptr) return G + offset;
-    auto after = std::upper_bound(skipped->begin(), skipped->end(),
-                                  std::pair<size_t, size_t>{offset, SIZE_MAX});
-    if (after == skipped->begin()) return G + offset;
-    const auto& [begin, end] = *std::prev(after);
-    return begin <= offset && offset + n <= end ? nullptr : G + offset;
+    return skipped != nullptr && skipped->Skips(offset, n) ? nullptr : G + offset;
   }
   float* value(int id) const { return acts + (*value_offsets)[id]; }
   float* grad(int id) const { return id == 0 ? nullptr : scratch + (*grad_offsets)[id]; }

@@ -1,6 +1,5 @@
 #include "model/unet/unet.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -95,19 +94,6 @@ void UNet::Reserve(int B, int slots, bool recompute) {
 
 const float* UNet::output(int slot) const {
   return acts_.data() + slot * layout_->slot + layout_->value_offsets.back();
-}
-
-void UNet::SkipGradients(std::vector<size_t> tensor_offsets) {
-  std::sort(tensor_offsets.begin(), tensor_offsets.end());
-  skipped_.clear();
-  for (const TensorSpec& t : plan_.table.tensors()) {
-    if (!std::binary_search(tensor_offsets.begin(), tensor_offsets.end(), t.offset)) continue;
-    if (!skipped_.empty() && skipped_.back().second == t.offset) {
-      skipped_.back().second += t.numel;
-    } else {
-      skipped_.push_back({t.offset, t.offset + t.numel});
-    }
-  }
 }
 
 UNetRun UNet::Run(int slot) {

@@ -73,7 +73,9 @@ class UNet : public Model {
                   const GradientsReady& ready = {}) override;
   // Skips the gradients of the convolutions' and Linear layers' weights and biases (the norms'
   // and the time embedding's, small tensors, are computed still).
-  void SkipGradients(std::vector<size_t> tensor_offsets) override;
+  void SkipGradients(std::vector<size_t> tensor_offsets) override {
+    skipped_.Set(plan_.table, std::move(tensor_offsets));
+  }
 
   // Where a micro-batch's tensors sit in the activation arena (model/unet/unet.cc).
   struct Layout;
@@ -95,8 +97,7 @@ class UNet : public Model {
   // the micro-batch's backward).
   std::vector<const float*> contexts_;
   std::vector<const float*> guidances_;  // each slot's guidance embedding, or null
-  // SkipGradients' tensors as arena ranges [begin, end), increasing and merged.
-  std::vector<std::pair<size_t, size_t>> skipped_;
+  GradientSkips skipped_;                // SkipGradients' tensors
   // slots × the slot size, then the backward scratch, then (recomputing) the workspace
   Buffer<float> acts_;
 };
