@@ -25,7 +25,8 @@ Result<SampleSource> LoadCheckpointSource(const std::string& path) {
   c.step = step;
   c.path = store.StepDir(step);
   DT_ASSIGN_OR_RETURN(int world, store.World(step));
-  DT_ASSIGN_OR_RETURN(c.file, store.ReadShard(step, 0, world));
+  // Mapped: sampling and export read the model or its EMA, not the optimizer's moments.
+  DT_ASSIGN_OR_RETURN(c.file, store.MapShard(step, 0, world));
 
   const auto& meta = c.file->metadata();
   auto json_field = [&](const std::string& key) -> Result<nlohmann::json> {

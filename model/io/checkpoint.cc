@@ -287,8 +287,9 @@ Status CommitUnpruned(const std::string& dir, int64_t step, int world) {
   return Publish(dir, step);
 }
 
+// `map`: memory-mapped, checked against the manifest's size and the file's data checksum only.
 Result<SafetensorsFile> ReadCheckedShard(const std::string& step_dir, int64_t step, int rank,
-                                         int world) {
+                                         int world, bool map = false) {
   DT_ASSIGN_OR_RETURN(Manifest manifest, LoadManifest(step_dir, step));
   if (manifest.world != world) {
     return Errorf(
@@ -298,6 +299,12 @@ Result<SafetensorsFile> ReadCheckedShard(const std::string& step_dir, int64_t st
   }
   const ShardRecord& record = manifest.shards[rank];
   std::string path = Join(step_dir, record.file);
+  if (map) {
+    std::error_code ec;
+    const uint64_t bytes = fs::file_size(path, ec);
+    if (!ec) DT_RETURN_IF_ERROR(MatchSize(path, record, bytes));
+    return SafetensorsFile::Map(path);
+  }
   DT_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
   DT_RETURN_IF_ERROR(MatchDigest(path, record, file.digest()));
   return file;
@@ -383,6 +390,16 @@ Result<SafetensorsFile> CheckpointStore::ReadShard(int64_t step, int rank, int w
   if (!shard.ok()) {
     return shard.status().WithContext(
         fmt::format("reading checkpoint step {} shard {} of {}", step, rank, world));
+  }
+  return shard;
+}
+
+Result<SafetensorsFile> CheckpointStore::MapShard(int64_t step, int rank, int world) const {
+  DT_CHECK(rank >= 0 && rank < world, "rank {} world {}", rank, world);
+  Result<SafetensorsFile> shard = ReadCheckedShard(StepDir(step), step, rank, world, true);
+  if (!shard.ok()) {
+    return shard.status().WithContext(
+        fmt::format("mapping checkpoint step {} shard {} of {}", step, rank, world));
   }
   return shard;
 }

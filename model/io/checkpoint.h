@@ -46,6 +46,12 @@ class CheckpointStore {
   // Reads rank `rank`'s shard of a committed step after checking it against the manifest:
   // the manifest's step and world, the shard's size and whole-file checksum.
   Result<SafetensorsFile> ReadShard(int64_t step, int rank, int world) const;
+  // The same shard memory-mapped, for a reader that takes part of it (sampling and export read
+  // the model or its EMA, not the optimizer's moments: a whole fine-tune of SD 1.5 holds 13.7 GB
+  // of which sampling needs 3.4): the manifest's step, world and size, and the data against the
+  // file's own crc32 (SafetensorsFile::Map), not the whole-file checksum, which would read it a
+  // second time.
+  Result<SafetensorsFile> MapShard(int64_t step, int rank, int world) const;
 
   // The number of shards (ranks) a committed step was written by; a run of another size
   // reads all of them to reassemble sharded state.

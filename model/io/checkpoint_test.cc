@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -126,6 +127,26 @@ TEST_F(CheckpointStoreTest, ACorruptShardMakesTheStepIncomplete) {
   EXPECT_NE(shard.status().message().find(Shard(20, 0, 2)), std::string::npos);
   EXPECT_NE(shard.status().message().find("checksum mismatch"), std::string::npos)
       << shard.status().message();
+}
+
+// A mapped shard reads as the read one; a corrupt or truncated one is an error naming it.
+TEST_F(CheckpointStoreTest, AMappedShardIsCheckedAsItIsMapped) {
+  CheckpointStore store(dir_, 3);
+  WriteCheckpoint(store, 10, 2, 1.0f);
+  Result<SafetensorsFile> mapped = store.MapShard(10, 1, 2);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().message();
+  std::vector<float> w(4);
+  ASSERT_TRUE(mapped->CopyF32("w", {4}, w.data()).ok());
+  EXPECT_EQ(w, std::vector<float>(4, 2.0f));
+  FlipLastByte(Shard(10, 0, 2));
+  Result<SafetensorsFile> corrupt = store.MapShard(10, 0, 2);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_THAT(corrupt.status().message(), ::testing::HasSubstr(Shard(10, 0, 2)));
+  EXPECT_THAT(corrupt.status().message(), ::testing::HasSubstr("checksum mismatch"));
+  fs::resize_file(Shard(10, 1, 2), fs::file_size(Shard(10, 1, 2)) - 4);
+  Result<SafetensorsFile> truncated = store.MapShard(10, 1, 2);
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_THAT(truncated.status().message(), ::testing::HasSubstr(Shard(10, 1, 2)));
 }
 
 TEST_F(CheckpointStoreTest, ACorruptManifestMakesTheStepIncomplete) {
