@@ -39,6 +39,14 @@ size_t Model::fixed_bytes() const {
   return bytes;
 }
 
+bool Model::holds_whole_model() const {
+  if (num_params() != global_parameter_table().total()) return false;
+  for (const Fragment& f : sharded().fragments) {
+    if (f.local != f.global) return false;
+  }
+  return true;
+}
+
 void Model::ScatterFromGlobal(const float* global, float* local) const {
   for (const Fragment& f : sharded().fragments)
     std::memcpy(local + f.local, global + f.global, f.length * sizeof(float));

@@ -111,6 +111,10 @@ class Model {
   virtual std::vector<FixedTensor> fixed_tensors() const = 0;
   size_t fixed_bytes() const;
 
+  // Whether this rank's arena is laid out as the whole model's (one process, or data
+  // parallelism alone): its local and global tables are the same, and a whole-model arena can be
+  // read and written in place.
+  bool holds_whole_model() const;
   // Copies this shard's elements out of a whole-model arena, and back into one.
   void ScatterFromGlobal(const float* global, float* local) const;
   void GatherToGlobal(const float* local, float* global) const;

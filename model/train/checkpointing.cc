@@ -20,7 +20,9 @@ Result<std::optional<int64_t>> RestoreLatestCheckpoint(Trainer& trainer,
   DT_ASSIGN_OR_RETURN(int world, store.World(*latest));
   size_t restored = 0;
   for (int rank = 0; rank < world; ++rank) {
-    DT_ASSIGN_OR_RETURN(io::SafetensorsFile shard, store.ReadShard(*latest, rank, world));
+    // Mapped: LatestComplete has just checked every shard's checksum, and a shard read whole
+    // beside the trainer's arenas would double a large model's memory.
+    DT_ASSIGN_OR_RETURN(io::SafetensorsFile shard, store.MapShard(*latest, rank, world));
     if (rank == 0) {
       Status s = trainer.RestoreModel(shard);
       if (!s.ok()) return s.WithContext("restoring checkpoint");

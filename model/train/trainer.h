@@ -244,8 +244,13 @@ class Trainer : private parallel::PipelineStage {
   // count once, on tp rank 0.
   std::vector<parallel::Range> norm_ranges_;
   Buffer<float> ema_, exp_avg_, exp_avg_sq_;
-  Buffer<float> saved_[4];  // rank 0: parameters, EMA and moments of the whole model
-  int slots_ = 1;           // micro-batches in flight on this stage
+  // Rank 0: parameters, EMA and moments of the whole model, gathered into saved_ or, where this
+  // rank's arenas are the whole model's, the arenas themselves (no copies of a model that may
+  // take most of the machine's memory).
+  Buffer<float> saved_[4];
+  const float* saved_view_[4] = {};
+  Buffer<float> zero1_moments_[2];  // a ZeRO-1 rank's whole moments, for its checkpoint
+  int slots_ = 1;                   // micro-batches in flight on this stage
   std::vector<MicroBatch> batches_;
   std::vector<std::vector<float>> douts_;
   mutable std::vector<float> target_;  // Target()'s v

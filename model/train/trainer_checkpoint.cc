@@ -35,9 +35,17 @@ Status ReadModelArena(const io::SafetensorsFile& shard0, const TensorTable& glob
 Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) {
   const size_t n = model_->global_parameter_table().total();
   const float* mine[4] = {model_->params(), ema_.data(), moments, moments_sq};
+  if (model_->holds_whole_model()) {
+    for (int i = 0; i < 4; ++i) {
+      saved_[i] = Buffer<float>();
+      saved_view_[i] = mine[i];
+    }
+    return Status::Ok();
+  }
   for (int i = 0; i < 4; ++i) {
     saved_[i] = Buffer<float>(n);
     model_->GatherToGlobal(mine[i], saved_[i].data());
+    saved_view_[i] = saved_[i].data();
   }
   if (!parallel_.topology) return Status::Ok();
   // Every other tp rank and stage of replica (cp 0, dp 0) sends its four arenas.
@@ -77,24 +85,24 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
 void Trainer::AddSavedModel(io::SafetensorsWriter& shard) const {
   const TensorTable& global = model_->global_parameter_table();
   for (const TensorSpec& t : global.tensors())
-    shard.AddF32(t.name, t.shape, saved_[0].data() + t.offset);
+    shard.AddF32(t.name, t.shape, saved_view_[0] + t.offset);
   for (const FixedTensor& f : model_->fixed_tensors())
     shard.AddF32(f.name, f.shape, f.data);
   for (const TensorSpec& t : global.tensors())
-    shard.AddF32("ema." + t.name, t.shape, saved_[1].data() + t.offset);
+    shard.AddF32("ema." + t.name, t.shape, saved_view_[1] + t.offset);
 }
 
 void Trainer::AddLoraToCheckpoint(io::SafetensorsWriter& shard) {
   // The model and its EMA as they sample (the adapters fused: what `sample`, `export` and
   // init_from read of any checkpoint), the frozen weights the adapters apply to, the adapters.
-  const TensorTable& global = model_->global_parameter_table();
-  saved_[0] = Buffer<float>(global.total());
-  saved_[1] = Buffer<float>(global.total());
-  model_->GatherToGlobal(model_->params(), saved_[0].data());
-  Buffer<float> ema_model(model_->num_params());
-  std::memcpy(ema_model.data(), model_->params(), ema_model.bytes());
-  lora_->Apply(ema_.data(), ema_model.data());
-  model_->GatherToGlobal(ema_model.data(), saved_[1].data());
+  // A LoRA rank holds the whole model (no tp, no pp): its arena is written as it is, beside one
+  // copy with the EMA's adapters fused.
+  DT_CHECK(model_->holds_whole_model(), "a LoRA run's rank holds the whole model");
+  saved_view_[0] = model_->params();
+  saved_[1] = Buffer<float>(model_->num_params());
+  std::memcpy(saved_[1].data(), model_->params(), saved_[1].bytes());
+  lora_->Apply(ema_.data(), saved_[1].data());
+  saved_view_[1] = saved_[1].data();
   AddSavedModel(shard);
   for (const LoraModule& m : lora_->modules())
     shard.AddF32("lora.base." + m.name + ".weight", m.shape, lora_->base() + m.base);
@@ -143,7 +151,9 @@ Status Trainer::AddModelToCheckpoint(io::SafetensorsWriter& shard, nlohmann::jso
   // The whole moments of this rank's shard: with ZeRO-1 every dp-cp rank owns pieces of them.
   const float* moments = exp_avg_.data();
   const float* moments_sq = exp_avg_sq_.data();
-  Buffer<float> whole_m, whole_v;
+  // Kept by the trainer: the shard may write straight from them (GatherCheckpoint).
+  Buffer<float>& whole_m = zero1_moments_[0];
+  Buffer<float>& whole_v = zero1_moments_[1];
   if (sync_ && sync_->zero1()) {
     whole_m = Buffer<float>(n);
     whole_v = Buffer<float>(n);
@@ -172,8 +182,8 @@ Status Trainer::AddModelToCheckpoint(io::SafetensorsWriter& shard, nlohmann::jso
     const TensorTable& global = model_->global_parameter_table();
     AddSavedModel(shard);
     const int64_t total = static_cast<int64_t>(global.total());
-    shard.AddF32("optim.exp_avg", {total}, saved_[2].data());
-    shard.AddF32("optim.exp_avg_sq", {total}, saved_[3].data());
+    shard.AddF32("optim.exp_avg", {total}, saved_view_[2]);
+    shard.AddF32("optim.exp_avg_sq", {total}, saved_view_[3]);
     ranges.push_back({0, global.total()});
   }
   return Status::Ok();
@@ -202,19 +212,25 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
                   shard.path(), seed, config_.seed);
   }
   // The checkpoint holds the whole model: this rank takes its shard of it.
-  const TensorTable& global = model_->global_parameter_table();
-  Buffer<float> params(global.total());
-  DT_RETURN_IF_ERROR(ReadModelArena(shard, global, /*ema=*/false, params.data()));
-  model_->ScatterFromGlobal(params.data(), model_->params());
-  if (lora_) {
-    DT_RETURN_IF_ERROR(RestoreLora(shard));
-  } else if (meta.contains("lora")) {
+  if (!lora_ && meta.contains("lora")) {
     return Errorf("'{}': checkpoint trained LoRA adapters {} but this run trains the whole model",
                   shard.path(), meta.at("lora"));
+  }
+  // Straight into the arenas where they are the whole model's; else through a whole-model copy.
+  const TensorTable& global = model_->global_parameter_table();
+  const bool whole = model_->holds_whole_model();
+  const auto read = [&](bool ema, float* local) -> Status {
+    if (whole) return ReadModelArena(shard, global, ema, local);
+    Buffer<float> arena(global.total());
+    DT_RETURN_IF_ERROR(ReadModelArena(shard, global, ema, arena.data()));
+    model_->ScatterFromGlobal(arena.data(), local);
+    return Status::Ok();
+  };
+  DT_RETURN_IF_ERROR(read(/*ema=*/false, model_->params()));
+  if (lora_) {
+    DT_RETURN_IF_ERROR(RestoreLora(shard));
   } else {
-    Buffer<float> ema(global.total());
-    DT_RETURN_IF_ERROR(ReadModelArena(shard, global, /*ema=*/true, ema.data()));
-    model_->ScatterFromGlobal(ema.data(), ema_.data());
+    DT_RETURN_IF_ERROR(read(/*ema=*/true, ema_.data()));
   }
   gpu_stale_ = gpu_ != nullptr;
   DT_ASSIGN_OR_RETURN(std::string step, field("step"));
@@ -263,14 +279,18 @@ Result<std::vector<std::string>> Trainer::InitializeFrom(const io::SafetensorsFi
   for (const FixedTensor& f : model_->fixed_tensors())
     fixed.push_back(f.name);
   DT_ASSIGN_OR_RETURN(std::vector<std::string> unused, CheckInitialWeights(file, global, fixed));
-  Buffer<float> params(global.total()), ema(global.total());
-  DT_RETURN_IF_ERROR(ReadInitialWeights(file, global, params.data(), ema.data()));
-  model_->ScatterFromGlobal(params.data(), model_->params());
   if (lora_) {
-    // The file's weights are the frozen ones; the adapters (B = 0) leave them as they are.
+    // The file's weights are the frozen ones; the adapters (B = 0) leave them as they are. A
+    // LoRA rank holds the whole model.
+    DT_RETURN_IF_ERROR(ReadPretrainedWeights(file, global, /*ema=*/false, model_->params()));
     lora_->SetBase(model_->params());
     lora_->Apply(lora_->params(), model_->params());
+  } else if (model_->holds_whole_model()) {
+    DT_RETURN_IF_ERROR(ReadInitialWeights(file, global, model_->params(), ema_.data()));
   } else {
+    Buffer<float> params(global.total()), ema(global.total());
+    DT_RETURN_IF_ERROR(ReadInitialWeights(file, global, params.data(), ema.data()));
+    model_->ScatterFromGlobal(params.data(), model_->params());
     model_->ScatterFromGlobal(ema.data(), ema_.data());
   }
   gpu_stale_ = gpu_ != nullptr;
