@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "model/cpu/gemm.h"
+#include "model/cpu/low_rank.h"
 #include "model/io/safetensors.h"
 
 namespace difftrain::io {
@@ -128,12 +128,12 @@ int64_t Numel(const std::vector<int64_t>& shape) {
 }
 
 // W += factor · up·down over `out` rows of `in` (the flattened input and kernel), in float32 on
-// BLAS as peft's merge computes it (a float64 loop took 28 times as long: docs/benchmarks.md).
+// BLAS as peft's merge computes it (a float64 loop took 28 times as long: docs/benchmarks.md):
+// the low-rank weight LoRA training computes (model/cpu/low_rank.h), in place.
 void AddProduct(float* W, const std::vector<float>& up, const std::vector<float>& down, int64_t out,
                 int64_t rank, int64_t in, double factor) {
-  cpu::Gemm(false, false, static_cast<int>(out), static_cast<int>(in), static_cast<int>(rank),
-            static_cast<float>(factor), up.data(), static_cast<int>(rank), down.data(),
-            static_cast<int>(in), 1.0f, W, static_cast<int>(in));
+  cpu::LowRankForward(W, W, down.data(), up.data(), static_cast<int>(out), static_cast<int>(rank),
+                      static_cast<int>(in), static_cast<float>(factor));
 }
 
 }  // namespace

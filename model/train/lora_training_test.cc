@@ -4,12 +4,12 @@
 // is bit-identical, and the job's lora section is checked against the layout and the model.
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/temp_dir.h"
 #include "job/job_spec.h"
 #include "model/train/checkpointing.h"
 #include "model/train/trainer.h"
@@ -274,19 +274,8 @@ TEST(LoraTrainingTest, ADiTSkipsItsFrozenWeightsGradientsAndNothingElse) {
   ExpectSkippingChangesNoAdapterGradient(c, "y_embedder.embedding_table.weight");
 }
 
-class LoraCheckpointTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("lora_training_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::filesystem::path dir_;
-};
-
-TEST_F(LoraCheckpointTest, ResumeIsBitIdentical) {
+TEST(LoraCheckpointTest, ResumeIsBitIdentical) {
+  const TempDir dir("lora_training_test");
   TrainConfig c = TinyLora(3, 6);
   // At DiT's initialisation only the final layer has gradients (its zeros gate everything).
   c.lora.targets = {"final_layer.linear", "adaLN_modulation.1", "qkv"};
@@ -296,7 +285,7 @@ TEST_F(LoraCheckpointTest, ResumeIsBitIdentical) {
     ASSERT_TRUE(straight->Step().ok());
   ASSERT_NE(Params(*straight), initial);
 
-  io::CheckpointStore store(dir_.string(), 2);
+  io::CheckpointStore store(dir.path(), 2);
   auto first_half = MakeTrainer(c);
   for (int i = 0; i < 4; ++i)
     ASSERT_TRUE(first_half->Step().ok());
