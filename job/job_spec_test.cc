@@ -351,6 +351,15 @@ TEST_F(JobSpecTest, TheFineTuningExampleIsValid) {
   Result<std::vector<LoraModule>> modules = LoraModulesOf(c->lora, whole->parameters.table);
   ASSERT_TRUE(modules.ok());
   EXPECT_EQ(modules->size(), 16u * 2 * 4);  // 16 transformer blocks, 2 attentions, q k v out
+  // SDXL's: 70 transformer blocks (2·1 + 2·10 down, 10 mid, 3·10 + 3·2 up).
+  c = TrainConfig::FromYamlFile(std::string(DIFFTRAIN_SOURCE_DIR) + "/jobs/sdxl-lora.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->model.name(), "SDXL");
+  const Result<ModelPartition> xl = FamilyOf(c->model).Partition(c->model, {}, 0, 0, 0);
+  ASSERT_TRUE(xl.ok());
+  modules = LoraModulesOf(c->lora, xl->parameters.table);
+  ASSERT_TRUE(modules.ok());
+  EXPECT_EQ(modules->size(), 70u * 2 * 4);
 }
 
 // An inpainting UNet (more input channels than it samples) samples only: its job is refused.

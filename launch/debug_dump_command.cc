@@ -113,6 +113,10 @@ int RunDebugDump(const DebugDumpOptions& o) {
   if (x.context_length > 0) {
     file.AddF32("input.context", {B, x.context_length, x.context_dim}, batch.context.data());
   }
+  if (x.pooled_text_dim > 0) {
+    file.AddF32("input.pooled_text", {B, x.pooled_text_dim}, batch.pooled_text.data());
+    file.AddF32("input.time_ids", {B, int64_t(x.time_ids.size())}, batch.time_ids.data());
+  }
   file.AddF32("input.x_t", BatchShape(B, x, x.channels), batch.x_t.data());
   file.AddF32("output", BatchShape(B, x, x.out_channels), trainer.last_output());
   file.AddF32("loss", {1}, &loss);

@@ -153,6 +153,8 @@ int RunSample(const SampleOptions& o) {
     ckpt.model = std::move(**resized);
     m = family.Samples(ckpt.model);
   }
+  if (Status s = ChooseTimeIds(o, ckpt, *vae ? &**vae : nullptr, m); !s.ok())
+    return bad(s.message());
   if ((!o.out.empty() || !o.gif.empty()) && !*vae && m.channels != 1 && m.channels != 3) {
     return bad(fmt::format(
         "--out: a PNG needs 1 or 3 channels and this model makes {} (latents: decode them "
@@ -250,6 +252,9 @@ int RunSample(const SampleOptions& o) {
   const float* conditioning = nullptr;
   int conditioned_samples = 0;
   std::vector<float> model_input;
+  const size_t context_floats = size_t(m.context_length) * m.context_dim,
+               pooled_floats = m.pooled_text_dim;
+  std::vector<float> text_rows, pooled_rows, time_id_rows;  // SDXL's inputs, split per row
   auto forward = [&](const float* x_t, const float* t, const int32_t* y, const float* context,
                      int B, float* out) {
     model.Reserve(B, 1);
@@ -267,25 +272,51 @@ int RunSample(const SampleOptions& o) {
       }
       x_t = model_input.data();
     }
-    const Status s =
-        model.Forward(0, ModelInputs{x_t, t, y, context, dim > 0 ? guidance_rows.data() : nullptr},
-                      nullptr, nullptr);
+    ModelInputs inputs{x_t, t, y, context, dim > 0 ? guidance_rows.data() : nullptr};
+    if (pooled_floats > 0) {
+      // SDXL's: each row's text is its [L, D] embedding, then its pooled one; the time ids
+      // are the same for every row.
+      text_rows.resize(B * context_floats);
+      pooled_rows.resize(B * pooled_floats);
+      for (int r = 0; r < B; ++r) {
+        const float* row = context + r * (context_floats + pooled_floats);
+        std::copy_n(row, context_floats, text_rows.data() + r * context_floats);
+        std::copy_n(row + context_floats, pooled_floats, pooled_rows.data() + r * pooled_floats);
+      }
+      for (size_t row = time_id_rows.size() / m.time_ids.size(); row < size_t(B); ++row)
+        time_id_rows.insert(time_id_rows.end(), m.time_ids.begin(), m.time_ids.end());
+      inputs.context = text_rows.data();
+      inputs.pooled_text = pooled_rows.data();
+      inputs.time_ids = time_id_rows.data();
+    }
+    const Status s = model.Forward(0, inputs, nullptr, nullptr);
     DT_CHECK(s.ok(), "{}", s.message());
     std::memcpy(out, model.output(0), B * out_floats * sizeof(float));
   };
   Denoiser denoiser = [&forward](const float* x_t, const float* t, const int32_t* y, int B,
                                  float* out) { forward(x_t, t, y, nullptr, B, out); };
   if (text_model) {
+    // Each prompt's text: its embedding, and an SDXL UNet's pooled one after it.
     std::vector<float> embeddings;
     for (int64_t id : prompts->ids) {
       const float* e = prompts->table.embedding(id);
-      embeddings.insert(embeddings.end(), e, e + prompts->table.text_floats());
+      embeddings.insert(embeddings.end(), e, e + context_floats);
+      if (pooled_floats > 0) {
+        const float* pooled = prompts->table.pooled_embedding(id);
+        embeddings.insert(embeddings.end(), pooled, pooled + pooled_floats);
+      }
+    }
+    std::vector<float> null_text = prompts->null_text;
+    if (pooled_floats > 0 && !null_text.empty()) {
+      std::vector<float> null_pooled = prompts->null_pooled;
+      null_pooled.resize(pooled_floats, 0.0f);
+      null_text.insert(null_text.end(), null_pooled.begin(), null_pooled.end());
     }
     const std::vector<int32_t> no_labels(2 * o.batch, 0);
     denoiser = PromptDenoiser(
         [&forward, &no_labels](const float* x_t, const float* t, const float* context, int B,
                                float* out) { forward(x_t, t, no_labels.data(), context, B, out); },
-        std::move(embeddings), m.context_length, m.context_dim, prompts->null_text);
+        std::move(embeddings), context_floats + pooled_floats, std::move(null_text));
   }
 
   // Sample k (row-major in the grid) is column k % per_class of the row of class k / per_class.

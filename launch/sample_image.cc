@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "launch/sample_files.h"
 #include "model/data/image_folder.h"
@@ -129,6 +131,49 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
                   c.out_channels);
   }
   return std::optional<Vae>(std::move(vae).value());
+}
+
+Status ChooseTimeIds(const SampleOptions& o, const SampleSource& ckpt, const Vae* vae,
+                     SampleSchema& m) {
+  const std::pair<const char*, const std::vector<int>*> flags[] = {
+      {"--original-size", &o.original_size},
+      {"--crop-top-left", &o.crop_top_left},
+      {"--target-size", &o.target_size}};
+  for (const auto& [flag, values] : flags) {
+    if (values->empty()) continue;
+    if (m.time_ids.empty()) {
+      return Errorf(
+          "{}: for SDXL's micro-conditioning (addition_embed_type text_time); this model has none",
+          flag);
+    }
+    if (values->size() != 2 || (*values)[0] < 0 || (*values)[1] < 0) {
+      return Errorf("{}: two non-negative numbers in pixels (H,W or TOP,LEFT), got {}", flag,
+                    fmt::join(*values, ","));
+    }
+  }
+  if (m.time_ids.empty()) return Status::Ok();
+  int f = 8;  // Stable Diffusion's VAEs'
+  std::error_code ec;
+  const fs::path pipeline_vae = fs::path(ckpt.pipeline) / "vae" / "config.json";
+  if (vae != nullptr) {
+    f = vae->config().downscale();
+  } else if (!ckpt.pipeline.empty() && fs::exists(pipeline_vae, ec)) {
+    // Not decoding: the pipeline's VAE still says how large its pictures are.
+    std::ifstream file(pipeline_vae);
+    const nlohmann::json j = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+    Result<VaeConfig> c = VaeConfig::FromJson(j);
+    if (!c.ok()) return c.status().WithContext(pipeline_vae.string());
+    f = c->downscale();
+  }
+  const std::vector<int> size = {m.height * f, m.width * f}, none = {0, 0};
+  m.time_ids.clear();
+  for (const auto& [given, fallback] :
+       {std::pair{&o.original_size, &size}, {&o.crop_top_left, &none}, {&o.target_size, &size}}) {
+    const std::vector<int>& v = given->empty() ? *fallback : *given;
+    m.time_ids.push_back(static_cast<float>(v[0]));
+    m.time_ids.push_back(static_cast<float>(v[1]));
+  }
+  return Status::Ok();
 }
 
 Result<std::optional<ModelSpec>> ResizedForSampling(const SampleOptions& o, const ModelSpec& spec,

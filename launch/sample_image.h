@@ -36,6 +36,14 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
 Result<std::optional<ModelSpec>> ResizedForSampling(const SampleOptions& o, const ModelSpec& spec,
                                                     const SampleSchema& m, const Vae* vae);
 
+// SDXL's time ids (SampleSchema::time_ids: original size, crop top-left, target size, in
+// pixels), as StableDiffusionXLPipeline makes them: --original-size, --crop-top-left and
+// --target-size, each by default the samples' size (the latents times the downscale of `vae`,
+// else of a pipeline's vae/config.json, else 8: Stable Diffusion's) and no crop. Errors: those
+// flags for a model without micro-conditioning, a flag of other than two non-negative numbers.
+Status ChooseTimeIds(const SampleOptions& o, const SampleSource& ckpt, const Vae* vae,
+                     SampleSchema& m);
+
 // Whether `path` names a safetensors file (x0's as they are) rather than a picture.
 bool IsSafetensorsPath(const std::string& path);
 

@@ -149,6 +149,16 @@ std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o) {
                  "model's; a UNet samples at any multiple of the VAE's downscale times "
                  "2^(levels - 1))");
   app.add_option("--width", o.width, "the samples' width in pixels, likewise");
+  app.add_option("--original-size", o.original_size,
+                 "SDXL: H,W in pixels, the original size its time ids give, as diffusers' "
+                 "original_size (default: the samples' size)")
+      ->delimiter(',');
+  app.add_option("--crop-top-left", o.crop_top_left,
+                 "SDXL: TOP,LEFT in pixels, as diffusers' crops_coords_top_left (default 0,0)")
+      ->delimiter(',');
+  app.add_option("--target-size", o.target_size,
+                 "SDXL: H,W in pixels, as diffusers' target_size (default: the samples' size)")
+      ->delimiter(',');
   app.add_option("--clip-denoised", o.clip_denoised,
                  "clip x0 predictions to [-1, 1] every step (default: true, false for "
                  "models trained on latents and for every sampler but ddpm and ddim)");

@@ -61,6 +61,9 @@ struct SampleOptions {
   std::optional<double> strength;
   // The samples' size in pixels (diffusers' height and width): the model resized to it.
   std::optional<int> height, width;
+  // SDXL's micro-conditioning (pixels): the image size the model is told the picture had, the
+  // crop's top-left corner, the size it is told to make; empty: the samples' size, no crop.
+  std::vector<int> original_size, crop_top_left, target_size;
   // Inpainting: the masks of the images (white: painted).
   std::vector<std::string> masks;
   std::string vae;  // a diffusers AutoencoderKL decoding a latent model's samples

@@ -104,6 +104,7 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   if (encoder_only) {
     p.table.length = m.context_length;
     p.table.dim = m.context_dim;
+    p.table.pooled_dim = m.pooled_text_dim;
   } else {
     Result<TextTable> table = ReadTextTable(p.table_path);
     if (!table.ok()) return table.status().WithContext("--text-table");
@@ -113,11 +114,25 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
     return Errorf("--text-table: '{}' holds texts of {}x{}, the model takes {}x{}", p.table_path,
                   p.table.length, p.table.dim, m.context_length, m.context_dim);
   }
+  // SDXL's UNet takes each text's pooled embedding too.
+  if (p.table.pooled_dim != m.pooled_text_dim && m.pooled_text_dim > 0) {
+    return Errorf(
+        "--text-table: '{}' holds no pooled embeddings of {} features (it has {}), which the "
+        "model (SDXL's micro-conditioning) takes with each text; embed its captions with the "
+        "model's text encoders (difftrain data embed --encoder PIPELINE)",
+        p.table_path, m.pooled_text_dim, p.table.pooled_dim);
+  }
   DT_ASSIGN_OR_RETURN(std::optional<TextEmbedder> encoder,
                       PromptEncoder(o, ckpt, p.table, p.table_path));
   if (encoder && encoder->dim() != m.context_dim) {
     return Errorf("--text-encoder: '{}' embeds {} features per token, the model takes {}",
                   encoder->path(), encoder->dim(), m.context_dim);
+  }
+  if (encoder && m.pooled_text_dim > 0 && encoder->pooled_dim() != m.pooled_text_dim) {
+    return Errorf(
+        "--text-encoder: '{}' makes {} pooled features per text, the model takes {} (SDXL's "
+        "text_encoder_2 with its projection: give the SDXL pipeline's folder)",
+        encoder->path(), encoder->pooled_dim(), m.pooled_text_dim);
   }
   // A LoRA's text encoder part, where every prompt is embedded by the encoder (the UNet's part
   // is fused with the model).
@@ -175,9 +190,12 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
       missing.push_back(prompt);
   }
   if (!missing.empty()) {
-    Result<std::vector<float>> embedded = encoder->Embed(missing, m.context_length, skip);
+    Result<TextEmbeddings> embedded = encoder->EmbedWithPooled(missing, m.context_length, skip);
     if (!embedded.ok()) return embedded.status().WithContext("--prompt");
-    p.table.embeddings.insert(p.table.embeddings.end(), embedded->begin(), embedded->end());
+    p.table.embeddings.insert(p.table.embeddings.end(), embedded->hidden.begin(),
+                              embedded->hidden.end());
+    if (m.pooled_text_dim > 0)
+      p.table.pooled.insert(p.table.pooled.end(), embedded->pooled.begin(), embedded->pooled.end());
     for (const std::string& prompt : missing) {
       p.table.captions.push_back(prompt);
       if (!p.table.labels.empty()) p.table.labels.push_back(-1);  // names no known class
@@ -198,10 +216,17 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   // The unconditional text: the negative prompt's; else, for pretrained weights (Stable
   // Diffusion's), guided with the empty prompt's embedding, that; models trained here were
   // guided with zeros (text dropout).
+  // SDXL's pipelines guide with zeros (force_zeros_for_empty_prompt) where no negative prompt
+  // is given.
   if (o.negative_prompt) {
-    const float* e = p.table.embedding(*p.table.Find(*o.negative_prompt));
+    const int64_t negative = *p.table.Find(*o.negative_prompt);
+    const float* e = p.table.embedding(negative);
     p.null_text.assign(e, e + p.table.text_floats());
-  } else if (ckpt.pretrained && encoder) {
+    if (m.pooled_text_dim > 0) {
+      const float* pooled = p.table.pooled_embedding(negative);
+      p.null_pooled.assign(pooled, pooled + m.pooled_text_dim);
+    }
+  } else if (ckpt.pretrained && encoder && m.pooled_text_dim == 0) {
     Result<std::vector<float>> empty = encoder->Embed({""}, m.context_length, skip);
     if (!empty.ok()) return empty.status().WithContext("the empty prompt");
     p.null_text = std::move(empty).value();

@@ -16,11 +16,12 @@ namespace difftrain::launch {
 
 // A text model's grid rows: the texts sampled from (rows of `table`).
 struct Prompts {
-  TextTable table;               // with the prompts a text encoder embedded appended
-  std::string table_path;        // "": no table (a pretrained model's prompts, all embedded here)
-  std::vector<int64_t> ids;      // one per row
-  std::string text_encoder;      // the encoder that embedded prompts here, if one did
-  std::vector<float> null_text;  // [L, D]: the unconditional text; empty: zeros
+  TextTable table;                 // with the prompts a text encoder embedded appended
+  std::string table_path;          // "": no table (a pretrained model's prompts, all embedded here)
+  std::vector<int64_t> ids;        // one per row
+  std::string text_encoder;        // the encoder that embedded prompts here, if one did
+  std::vector<float> null_text;    // [L, D]: the unconditional text; empty: zeros
+  std::vector<float> null_pooled;  // [P]: its pooled embedding (SDXL); empty: zeros
   // Whether the text encoder took the --lora files' text encoder parts (the prompts are all
   // embedded by it): the UNet's fusing passes those over.
   bool lora_text_encoder = false;

@@ -749,5 +749,96 @@ TEST_F(SdPipelineReferenceTest, SamplesAsLatentConsistencyModelPipeline) {
   EXPECT_THAT(refused.output, ::testing::HasSubstr("takes its guidance scale as an embedding"));
 }
 
+// Stable Diffusion XL (StableDiffusionXLPipeline): its two text encoders' penultimate states
+// side by side and the second's pooled embedding, the UNet's micro-conditioning (pooled text
+// and time ids), guidance against zeros (force_zeros_for_empty_prompt) or a negative prompt, its
+// Euler scheduler; the time ids from the samples' size, or from diffusers' original_size,
+// crops_coords_top_left and target_size.
+TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python, "sdxl");
+  ASSERT_FALSE(pipeline.empty());
+  struct Case {
+    const char* name;
+    nlohmann::json settings;  // sd_pipeline.py run's
+    std::string flags;        // the same for difftrain sample
+  };
+  const std::vector<Case> cases = {
+      {"sdxl_defaults",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 8},
+        {"guidance", 5.0},
+        {"spacing", nullptr},
+        {"scheduler", "euler"},
+        {"images", 2},
+        {"seed", 3}},
+       "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 8"},
+      {"sdxl_negative_conditioned",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", "blurry, dark"},
+        {"steps", 6},
+        {"guidance", 4.0},
+        {"spacing", nullptr},
+        {"scheduler", "dpmsolver"},
+        {"original_size", {40, 24}},
+        {"crops_coords_top_left", {4, 2}},
+        {"target_size", {16, 12}},
+        {"images", 2},
+        {"seed", 4}},
+       "--prompt 'a photo of a boat' --negative-prompt 'blurry, dark' --cfg 4 --per-class 2 "
+       "--steps 6 --sampler dpmsolver --original-size 40,24 --crop-top-left 4,2 "
+       "--target-size 16,12"},
+      {"sdxl_portrait",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 6},
+        {"guidance", 5.0},
+        {"spacing", nullptr},
+        {"scheduler", "euler"},
+        {"height", 24},
+        {"width", 16},
+        {"images", 2},
+        {"seed", 5}},
+       "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 6 --height 24 --width 16"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Compared compared = Compare(pipeline, c.settings, c.flags, c.name);
+    ASSERT_TRUE(compared.got.has_value());
+  }
+  // Latents alone (no VAE decoding them): the time ids still take the pipeline's VAE's size.
+  Result<io::SafetensorsFile> want =
+      io::SafetensorsFile::Read((dir_ / "sdxl_defaults_want.safetensors").string());
+  ASSERT_TRUE(want.ok());
+  const std::string raw = (dir_ / "sdxl_latents_only.safetensors").string();
+  const CommandResult sampled = RunCommand(fmt::format(
+      "{} sample --pretrained {} --initial-noise {} {} --raw {} 2>&1", ShellQuote(DIFFTRAIN_BINARY),
+      ShellQuote(pipeline), ShellQuote((dir_ / "sdxl_defaults_want.safetensors").string()),
+      cases[0].flags, ShellQuote(raw)));
+  ASSERT_EQ(sampled.exit_code, 0) << sampled.output;
+  Result<io::SafetensorsFile> latents_only = io::SafetensorsFile::Read(raw);
+  ASSERT_TRUE(latents_only.ok()) << latents_only.status().message();
+  EXPECT_EQ(latents_only->Find("decoded"), nullptr);
+  EXPECT_LE(RelativeL2(ReferenceTensor(*latents_only, "images"), ReferenceTensor(*want, "latents")),
+            kBound);
+  // The micro-conditioning matters: other time ids move the latents far beyond the bound.
+  Result<io::SafetensorsFile> other =
+      Sample(pipeline, (dir_ / "sdxl_defaults_want.safetensors").string(),
+             cases[0].flags + " --original-size 64,64", "sdxl_other_size");
+  ASSERT_TRUE(other.ok()) << other.status().message();
+  const double moved =
+      RelativeL2(ReferenceTensor(*other, "images"), ReferenceTensor(*want, "latents"));
+  std::cout << "original size 64x64 in place of 16x16: relative L2 latents " << moved << "\n";
+  EXPECT_GT(moved, 10 * kBound);
+  // SDXL's flags are refused for a model without micro-conditioning, and malformed ones.
+  const CommandResult malformed = RunCommand(fmt::format(
+      "{} sample --pretrained {} --prompt boat --crop-top-left 1,2,3 --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote((dir_ / "x.st").string())));
+  EXPECT_EQ(malformed.exit_code, 2) << malformed.output;
+  EXPECT_THAT(malformed.output, ::testing::HasSubstr("--crop-top-left: two non-negative numbers"));
+}
+
 }  // namespace
 }  // namespace difftrain::testing

@@ -54,6 +54,18 @@ constexpr const char* kSdLadder =
     "DownBlock2D], up_block_types: [UpBlock2D, CrossAttnUpBlock2D, CrossAttnUpBlock2D, "
     "CrossAttnUpBlock2D], sample_size: 8, text_length: 4}";
 
+// SDXL's shape, small (its micro-conditioning: a 6-feature pooled text, six time ids of 4
+// features each).
+constexpr const char* kSdxlShape =
+    "{name: unet, block_out_channels: [4, 8, 8], layers_per_block: 2, "
+    "attention_head_dim: [1, 2, 2], cross_attention_dim: 6, norm_num_groups: 2, "
+    "use_linear_projection: true, transformer_layers_per_block: [1, 2, 3], "
+    "down_block_types: [DownBlock2D, CrossAttnDownBlock2D, CrossAttnDownBlock2D], "
+    "up_block_types: [CrossAttnUpBlock2D, CrossAttnUpBlock2D, UpBlock2D], "
+    "addition_embed_type: text_time, addition_time_embed_dim: 4, "
+    "projection_class_embeddings_input_dim: 30, sample_size: 8, text_length: 3, "
+    "text_dropout: 0.3}";
+
 // The UNet's tests also dump a training step of difftrain's model.
 class UNetReference : public DiffusersReference {
  protected:
@@ -79,10 +91,12 @@ TEST_P(UNetReferenceTest, DebugDumpMatchesDiffusers) {
   // A LoRA's gradients are few tensors of alike size, each with fp32's rounding of the model's
   // weight gradients (1e-6 to 1e-5 relative), none large and exact to dominate the sum as the
   // model's biggest gradients do: all together they are within 1e-5 (a wrong adapter, scale or
-  // kernel layout is off by 1e-3 or more).
+  // kernel layout is off by 1e-3 or more). Each is within 1e-4: A's gradient s·Bᵀ·∂W can
+  // cancel to 1e-3 of the largest (SDXL's mid-block cross-attention to_q: 1.2e-5 against
+  // 1.5e-2) and then carries ∂W's fp32 rounding as 3e-5 of itself.
   const bool lora = std::string_view(GetParam().diffusion).find("--lora-rank") != std::string::npos;
-  const CommandResult checked =
-      RunScript("check_unet_dump.py", ShellQuote(dump) + (lora ? " --tol-all 1e-5" : ""));
+  const CommandResult checked = RunScript(
+      "check_unet_dump.py", ShellQuote(dump) + (lora ? " --tol 1e-4 --tol-all 1e-5" : ""));
   EXPECT_EQ(checked.exit_code, 0) << checked.output;
 }
 
@@ -129,6 +143,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012 "
                  "--prediction v --zero-terminal-snr --timesteps 999,998,500",
                  true, 6},
+        // SDXL's shape, small: a plain first level, transformers of 2 and 3 blocks (the mid
+        // block's 3, the up blocks' mirrored), linear projections, and its micro-conditioning:
+        // add_embedding of the pooled text (6 features) and the six time ids' sinusoids (4 each,
+        // at 64 px: 64, 64, 0, 0, 64, 64) added to the time embedding; text dropout zeroes both.
+        UNetCase{"SdxlBlocksAndMicroConditioning", kSdxlShape,
+                 "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012", true, 7},
         UNetCase{"PyTorchInitialisation",
                  "{name: unet, block_out_channels: [4, 8], layers_per_block: 1, "
                  "attention_head_dim: 2, cross_attention_dim: 8, norm_num_groups: 4, "
@@ -144,7 +164,9 @@ INSTANTIATE_TEST_SUITE_P(
                  "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012 "
                  "--lora-rank 3 --lora-alpha 6 "
                  "--lora-targets proj_in,proj_out,conv1,ff.net.2,attn2.to_k",
-                 true, 3}),
+                 true, 3},
+        // SDXL's LoRA (train_text_to_image_lora_sdxl.py's targets) in blocks 2 and 3 deep.
+        UNetCase{"LoraSdxl", kSdxlShape, "--lora-rank 2", true, 7}),
     [](const ::testing::TestParamInfo<UNetCase>& info) { return std::string(info.param.name); });
 
 // The checker can fail, on each of its two bounds: a dump with one gradient 1e-3 off (far

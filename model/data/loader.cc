@@ -60,8 +60,10 @@ bool DataLoader::IsFlipped(int64_t sample) const {
   return rng.Uniform() < 0.5;
 }
 
-Status DataLoader::Read(Range range, float* images, int32_t* labels, float* texts) const {
+Status DataLoader::Read(Range range, float* images, int32_t* labels, float* texts,
+                        float* pooled) const {
   const TextTable* table = texts != nullptr ? dataset_.texts() : nullptr;
+  if (table == nullptr || table->pooled_dim == 0) pooled = nullptr;
   const int64_t floats = dataset_.sample_floats();
   const int C = dataset_.channels(), H = dataset_.height(), W = dataset_.width();
   for (int b = 0; b < range.count; ++b) {
@@ -73,8 +75,12 @@ Status DataLoader::Read(Range range, float* images, int32_t* labels, float* text
       return got.WithContext(fmt::format("reading sample {} (dataset index {})", sample, index));
     }
     if (table != nullptr) {
-      std::copy_n(table->embedding(dataset_.TextId(index)), table->text_floats(),
-                  texts + b * table->text_floats());
+      const int64_t text = dataset_.TextId(index);
+      std::copy_n(table->embedding(text), table->text_floats(), texts + b * table->text_floats());
+      if (pooled != nullptr) {
+        std::copy_n(table->pooled_embedding(text), table->pooled_dim,
+                    pooled + int64_t{b} * table->pooled_dim);
+      }
     }
     if (!IsFlipped(sample)) continue;
     for (int row = 0; row < dataset_.frames() * C * H; ++row)
@@ -84,7 +90,7 @@ Status DataLoader::Read(Range range, float* images, int32_t* labels, float* text
 }
 
 Status DataLoader::Fill(int64_t first_sample, int count, float* images, int32_t* labels,
-                        float* texts) {
+                        float* texts, float* pooled) {
   DT_CHECK(first_sample >= 0 && count >= 0, "range of {} samples from {}", count, first_sample);
   const Range range{first_sample, count};
   {
@@ -95,12 +101,14 @@ Status DataLoader::Fill(int64_t first_sample, int count, float* images, int32_t*
       std::copy(ready_.images.begin(), ready_.images.end(), images);
       std::copy(ready_.labels.begin(), ready_.labels.end(), labels);
       if (texts != nullptr) std::copy(ready_.texts.begin(), ready_.texts.end(), texts);
+      if (texts != nullptr && pooled != nullptr)
+        std::copy(ready_.pooled.begin(), ready_.pooled.end(), pooled);
       ready_range_.reset();
       return ready_status_;
     }
     if (queued_ == range) queued_.reset();
   }
-  return Read(range, images, labels, texts);
+  return Read(range, images, labels, texts, pooled);
 }
 
 void DataLoader::Prefetch(int64_t first_sample, int count) {
@@ -137,8 +145,10 @@ void DataLoader::PrefetchLoop() {
     work.labels.resize(static_cast<size_t>(range.count));
     const TextTable* table = dataset_.texts();
     work.texts.resize(table != nullptr ? range.count * table->text_floats() : 0);
+    work.pooled.resize(table != nullptr ? size_t(range.count) * table->pooled_dim : 0);
     Status status = Read(range, work.images.data(), work.labels.data(),
-                         table != nullptr ? work.texts.data() : nullptr);
+                         table != nullptr ? work.texts.data() : nullptr,
+                         work.pooled.empty() ? nullptr : work.pooled.data());
 
     lock.lock();
     running_.reset();

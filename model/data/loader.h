@@ -64,8 +64,9 @@ class DataLoader {
   // to `texts` ([count, L, D]), taking the prefetched result when it is that range (waiting for it
   // if it is still being read) and reading synchronously otherwise. The result is the same either
   // way.
+  // With `pooled` too, and a table with pooled embeddings, those to `pooled` ([count, P]).
   Status Fill(int64_t first_sample, int count, float* images, int32_t* labels,
-              float* texts = nullptr);
+              float* texts = nullptr, float* pooled = nullptr);
   // Starts reading the range in the background (a no-op without prefetch). Only the latest
   // request is kept: one made while another waits replaces it.
   void Prefetch(int64_t first_sample, int count);
@@ -83,11 +84,12 @@ class DataLoader {
   struct Batch {
     std::vector<float> images;
     std::vector<int32_t> labels;
-    std::vector<float> texts;  // [count, L, D] when the dataset has texts
+    std::vector<float> texts;   // [count, L, D] when the dataset has texts
+    std::vector<float> pooled;  // [count, P] when its table has pooled embeddings
   };
 
   // Reads a range; safe to call from the training and the prefetch thread at once.
-  Status Read(Range range, float* images, int32_t* labels, float* texts) const;
+  Status Read(Range range, float* images, int32_t* labels, float* texts, float* pooled) const;
   // perm_e, computed once and kept for the two most recent epochs asked for.
   std::shared_ptr<const std::vector<int64_t>> Permutation(int64_t epoch) const;
   void PrefetchLoop();

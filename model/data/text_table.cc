@@ -12,6 +12,7 @@ namespace difftrain {
 namespace {
 
 constexpr char kEmbeddings[] = "embeddings";
+constexpr char kPooled[] = "pooled";
 
 Status TableError(const std::string& path, const std::string& what) {
   return Errorf("text table '{}': {}", path, what);
@@ -80,6 +81,10 @@ Status TextTable::Validate() const {
     return Errorf("{} embedding floats for {} texts of {}x{}", embeddings.size(), captions.size(),
                   length, dim);
   }
+  if (pooled_dim < 0 || pooled.size() != captions.size() * pooled_dim) {
+    return Errorf("{} pooled floats for {} texts of {}", pooled.size(), captions.size(),
+                  pooled_dim);
+  }
   return Status::Ok();
 }
 
@@ -137,6 +142,16 @@ Result<TextTable> ReadTextTable(const std::string& path) {
   }
   table.embeddings.resize(table.size() * table.text_floats());
   DT_RETURN_IF_ERROR(file.CopyF32(kEmbeddings, view->shape, table.embeddings.data()));
+  if (const io::TensorView* pooled = file.Find(kPooled); pooled != nullptr) {
+    if (pooled->dtype != io::DType::kF32 || pooled->shape.size() != 2 ||
+        pooled->shape[0] != table.size() || pooled->shape[1] < 1 || pooled->shape[1] > INT32_MAX) {
+      return TableError(path,
+                        fmt::format("'pooled' must be F32 [{}, P] with P positive", table.size()));
+    }
+    table.pooled_dim = static_cast<int>(pooled->shape[1]);
+    table.pooled.resize(table.size() * table.pooled_dim);
+    DT_RETURN_IF_ERROR(file.CopyF32(kPooled, pooled->shape, table.pooled.data()));
+  }
   if (Status valid = table.Validate(); !valid.ok()) return TableError(path, valid.message());
   return table;
 }
@@ -145,6 +160,8 @@ Status WriteTextTable(const TextTable& table, const std::string& path) {
   if (Status valid = table.Validate(); !valid.ok()) return TableError(path, valid.message());
   io::SafetensorsWriter writer;
   writer.AddF32(kEmbeddings, {table.size(), table.length, table.dim}, table.embeddings.data());
+  if (table.pooled_dim > 0)
+    writer.AddF32(kPooled, {table.size(), table.pooled_dim}, table.pooled.data());
   writer.SetMetadata("format", std::string(kTextTableFormat));
   writer.SetMetadata("version", "1");
   writer.SetMetadata("encoder", table.encoder);

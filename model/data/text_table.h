@@ -10,6 +10,9 @@
 //                                training (paraphrases to test a model on)]
 //                               ["text_encoder": JSON {"path", "skip_layers"}: the text
 //                                encoder difftrain embedded them with (data embed --encoder)]
+//                      ["pooled" F32 [K, P]: each text's pooled embedding, the projected
+//                       end-of-text state SDXL's UNet adds to its time embedding
+//                       (addition_embed_type text_time, docs/unet.md)]
 //
 // Data carry a text as its row in the table, so a data set whose samples share a few
 // captions stores each embedding once. Texts are embedded once, when the table is made: by
@@ -37,6 +40,8 @@ struct TextTable {
   std::vector<int> labels;            // K, or empty: the texts name no classes
   std::vector<bool> held_out;         // K, or empty: every text is for training
   std::vector<float> embeddings;      // [K, L, D]
+  int pooled_dim = 0;                 // P; 0: the table has no pooled embeddings
+  std::vector<float> pooled;          // [K, P]
   // The text encoder difftrain made the embeddings with (data embed --encoder), so that new
   // texts can be embedded as these were: its path ("" when another encoder made them) and
   // the layers it skipped.
@@ -46,10 +51,12 @@ struct TextTable {
   int64_t size() const { return static_cast<int64_t>(captions.size()); }
   size_t text_floats() const { return size_t(length) * dim; }
   const float* embedding(int64_t k) const { return embeddings.data() + k * text_floats(); }
+  const float* pooled_embedding(int64_t k) const { return pooled.data() + k * pooled_dim; }
   bool is_held_out(int64_t k) const { return !held_out.empty() && held_out[k]; }
   // The row whose caption is `caption` exactly.
   std::optional<int64_t> Find(std::string_view caption) const;
-  // Sizes agree (K captions, labels and flags; K·L·D embeddings) and L, D are positive.
+  // Sizes agree (K captions, labels and flags; K·L·D embeddings; K·P pooled) and L, D are
+  // positive.
   Status Validate() const;
 };
 

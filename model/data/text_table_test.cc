@@ -43,6 +43,45 @@ TEST_F(TextTableTest, WritesAndReadsBack) {
   EXPECT_TRUE(read->is_held_out(2));
 }
 
+// SDXL's tables carry each text's pooled embedding beside its tokens'; a table without them
+// reads as none, and a misshapen one is refused by name.
+TEST_F(TextTableTest, PooledEmbeddingsWriteAndReadBack) {
+  Result<TextTable> table = EmbedWithTokenTable({"a photo of a bag", "a coat"}, 3, 4);
+  ASSERT_TRUE(table.ok());
+  ASSERT_TRUE(WriteTextTable(*table, Path("plain.safetensors")).ok());
+  Result<TextTable> plain = ReadTextTable(Path("plain.safetensors"));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->pooled_dim, 0);
+  EXPECT_TRUE(plain->pooled.empty());
+
+  table->pooled_dim = 5;
+  table->pooled = {1, 2, 3, 4, 5, -1, -2, -3, -4, -5};
+  ASSERT_TRUE(WriteTextTable(*table, Path("pooled.safetensors")).ok());
+  Result<TextTable> read = ReadTextTable(Path("pooled.safetensors"));
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->pooled_dim, 5);
+  EXPECT_EQ(read->pooled, table->pooled);
+  EXPECT_EQ(read->pooled_embedding(1)[4], -5.0f);
+
+  table->pooled.pop_back();
+  const Status short_pooled = WriteTextTable(*table, Path("short.safetensors"));
+  ASSERT_FALSE(short_pooled.ok());
+  EXPECT_NE(short_pooled.message().find("9 pooled floats for 2 texts of 5"), std::string::npos)
+      << short_pooled.message();
+
+  io::SafetensorsFile file = *io::SafetensorsFile::Read(Path("pooled.safetensors"));
+  io::SafetensorsWriter writer;
+  for (const auto& [key, value] : file.metadata())
+    if (key != "difftrain.crc32") writer.SetMetadata(key, value);
+  writer.AddF32("embeddings", {2, 3, 4}, table->embeddings.data());
+  writer.AddF32("pooled", {3, 3}, table->pooled.data());  // three rows for two texts
+  ASSERT_TRUE(writer.WriteAtomic(Path("bad.safetensors")).ok());
+  Result<TextTable> bad = ReadTextTable(Path("bad.safetensors"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'pooled' must be F32 [2, P]"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST_F(TextTableTest, TokenTableEmbedsWordsAndPositions) {
   const int L = 6, D = 8;
   Result<TextTable> t = EmbedWithTokenTable({"A photo of a BAG", "bag photo", "x"}, L, D);

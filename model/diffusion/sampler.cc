@@ -224,13 +224,13 @@ void Sampler::DrawInitialNoise(int N, int64_t first_index, float* out) const {
   }
 }
 
-Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
+Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, size_t text_floats,
                         std::vector<float> null_text) {
-  const size_t text = size_t(length) * dim;
+  const size_t text = text_floats;
   DT_CHECK(text > 0 && !prompts.empty() && prompts.size() % text == 0,
-           "{} prompt floats for texts of {}x{}", prompts.size(), length, dim);
+           "{} prompt floats for texts of {}", prompts.size(), text);
   DT_CHECK(null_text.empty() || null_text.size() == text,
-           "{} floats of the null text for texts of {}x{}", null_text.size(), length, dim);
+           "{} floats of the null text for texts of {}", null_text.size(), text);
   const auto P = static_cast<int32_t>(prompts.size() / text);
   // The null text after the prompts: label P.
   if (null_text.empty()) null_text.assign(text, 0.0f);

@@ -64,13 +64,13 @@ using TextDenoiser =
     std::function<void(const float* x_t, const float* t, const float* context, int B, float* out)>;
 
 // Sampling from prompts: a text model as a Denoiser whose label k < P (the number of
-// prompts) stands for prompt k's embedding, prompts[k] ([L, D] floats each), and whose label
-// P, the null class to give DenoiserShape, for the unconditional embedding: `null_text`
-// ([L, D]; Stable Diffusion's pretrained models take the empty prompt's), or where it is
-// empty all zeros, the embedding that training's text dropout feeds (docs/unet.md). So
-// guidance with text is the samplers' guidance with labels:
-// ε = ε(x, ∅) + g · (ε(x, prompt) − ε(x, ∅)).
-Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, int length, int dim,
+// prompts) stands for prompt k's embedding, prompts[k] (`text_floats` floats each: [L, D], and
+// for SDXL's UNet its pooled embedding after them), and whose label P, the null class to give
+// DenoiserShape, for the unconditional embedding: `null_text` (Stable Diffusion's pretrained
+// models take the empty prompt's), or where it is empty all zeros, the embedding that
+// training's text dropout feeds (docs/unet.md). So guidance with text is the samplers'
+// guidance with labels: ε = ε(x, ∅) + g · (ε(x, prompt) − ε(x, ∅)).
+Denoiser PromptDenoiser(TextDenoiser model, std::vector<float> prompts, size_t text_floats,
                         std::vector<float> null_text = {});
 
 // What the samplers must know of the model.

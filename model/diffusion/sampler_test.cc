@@ -608,7 +608,7 @@ TEST_F(SamplerTest, TextGuidanceCombinesPromptAndUnconditionalText) {
       for (size_t k = 0; k < cond.size(); ++k)
         out[k] = static_cast<float>(uncond[k] + g * (double(cond[k]) - uncond[k]));
     };
-    const Denoiser text = PromptDenoiser(ToyTextModel, prompts, 2, 3, null_text);
+    const Denoiser text = PromptDenoiser(ToyTextModel, prompts, 2 * 3, null_text);
     SamplerOptions options;
     options.kind = SamplerKind::kDdim;
     options.steps = 10;

@@ -63,6 +63,12 @@ struct SampleSchema {
   // an embedding of this width (ModelInputs::guidance) in place of classifier-free guidance;
   // 0: none.
   int guidance_embedding_dim = 0;
+  // SDXL's micro-conditioning: each text also has a pooled embedding of this width
+  // (ModelInputs::pooled_text; zeros where the text is dropped), and each sample the time ids
+  // `time_ids` (ModelInputs::time_ids: original height, width, crop top, left, target height,
+  // width, in pixels; here a whole uncropped image at the model's size); 0 and empty: none.
+  int pooled_text_dim = 0;
+  std::vector<float> time_ids;
 
   bool learn_sigma() const { return out_channels == 2 * channels; }
   size_t elements() const { return size_t(frames) * channels * height * width; }

@@ -70,6 +70,11 @@ struct ModelInputs {
   // [B, guidance_embedding_dim] the guidance scale's embedding, for a model distilled with
   // guidance in it (SampleSchema::guidance_embedding_dim); null: none, as in training.
   const float* guidance = nullptr;
+  // SDXL's micro-conditioning (SampleSchema::pooled_text_dim > 0): [B, pooled_text_dim] the
+  // text's pooled embedding and [B, time_ids] (original height, width, crop top, left, target
+  // height, width, in pixels); null for other models.
+  const float* pooled_text = nullptr;
+  const float* time_ids = nullptr;
 };
 
 // The communicators of a shard's tensor- and context-parallel groups; null for a group of one.

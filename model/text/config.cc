@@ -1,5 +1,7 @@
 #include "model/text/config.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace difftrain {
@@ -24,9 +26,10 @@ void Read(const json& j, const char* key, T* out) {
 }  // namespace
 
 std::string TextEncoderConfig::Describe() const {
-  return fmt::format("{}, {} layers, {} features, {} heads",
+  return fmt::format("{}, {} layers, {} features, {} heads{}",
                      kind == TextEncoderKind::kBert ? "BERT" : "CLIP text", num_layers, hidden_size,
-                     num_heads);
+                     num_heads,
+                     projection_dim > 0 ? fmt::format(", projection to {}", projection_dim) : "");
 }
 
 Status TextEncoderConfig::Validate() const {
@@ -43,6 +46,7 @@ Status TextEncoderConfig::Validate() const {
   if (kind == TextEncoderKind::kBert && type_vocab_size <= 0)
     return Errorf("type_vocab_size must be positive");
   if (!(layer_norm_eps > 0)) return Errorf("layer_norm_eps must be positive");
+  if (projection_dim < 0) return Errorf("projection_dim must not be negative");
   return Status::Ok();
 }
 
@@ -77,6 +81,17 @@ Result<TextEncoderConfig> TextEncoderConfig::FromJson(const json& file) {
       c.max_positions = 77;
       c.layer_norm_eps = 1e-5;
       act = "quick_gelu";
+      Read(*j, "eos_token_id", &c.eos_token_id);
+      const json architectures = file.value("architectures", json::array());
+      if (architectures.is_array() &&
+          std::find(architectures.begin(), architectures.end(), "CLIPTextModelWithProjection") !=
+              architectures.end()) {
+        c.projection_dim = 512;
+        Read(*j, "projection_dim", &c.projection_dim);
+        if (c.projection_dim <= 0)
+          return Errorf("projection_dim: {} (CLIPTextModelWithProjection's must be positive)",
+                        c.projection_dim);
+      }
     } else {
       return Errorf(
           "model_type: '{}' is not a text encoder difftrain runs (bert, clip_text_model, clip)",

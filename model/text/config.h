@@ -4,7 +4,9 @@
 //     scripts/text_encoder.py): post-norm layers, bidirectional attention over the real
 //     tokens (padding masked out), token-type 0 everywhere;
 //   - CLIP's text transformer (model_type "clip_text_model", or "clip" with a text_config;
-//     Stable Diffusion's text_encoder/): pre-norm layers, causal attention, a final LayerNorm.
+//     Stable Diffusion's text_encoder/): pre-norm layers, causal attention, a final LayerNorm;
+//     with a text projection (CLIPTextModelWithProjection, SDXL's text_encoder_2/), the pooled
+//     output: the projected end-of-text state.
 // Keys missing from the file take transformers' defaults, as from_pretrained does.
 #pragma once
 
@@ -35,6 +37,14 @@ struct TextEncoderConfig {
   int type_vocab_size = 2;  // BERT only
   double layer_norm_eps = 1e-12;
   TextActivation activation = TextActivation::kGelu;
+  // CLIP only. The rows of text_projection.weight [P, D]: set where `architectures` names
+  // CLIPTextModelWithProjection (its `projection_dim`, default 512) or the weights hold the
+  // tensor (TextEncoder::Load); 0: no projection, no pooled output.
+  int projection_dim = 0;
+  // CLIP only: the id whose first position the pooled output takes; 2 (the value of configs
+  // written before transformers' PR #24773, SDXL's among them) means the position of the
+  // largest id instead, as transformers keeps it for them.
+  int eos_token_id = 49407;
 
   int head_dim() const { return hidden_size / num_heads; }
   // "BERT, 6 layers, 384 features" and the like.

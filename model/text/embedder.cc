@@ -18,29 +18,26 @@ namespace fs = std::filesystem;
 constexpr size_t kChunk = 64;
 
 // Where the tokenizer of the encoder at `path` (its config.json `config`) is (see
-// TextEmbedder::Load).
+// TextEmbedder::Load): a pipeline's text_encoder_2/ has its own in ../tokenizer_2.
 fs::path TokenizerFolder(const std::string& path, const std::string& config) {
   const fs::path encoder_dir = fs::path(config).parent_path();
+  const std::string sibling =
+      encoder_dir.filename() == "text_encoder_2" ? "tokenizer_2" : "tokenizer";
   std::error_code ec;
   const auto has_tokenizer = [&](const fs::path& dir) {
     return fs::is_regular_file(dir / "tokenizer.json", ec) ||
            fs::is_regular_file(dir / "vocab.json", ec);
   };
   for (const fs::path& dir :
-       {encoder_dir, fs::path(path) / "tokenizer", encoder_dir.parent_path() / "tokenizer"}) {
+       {encoder_dir, fs::path(path) / "tokenizer", encoder_dir.parent_path() / sibling}) {
     if (has_tokenizer(dir)) return dir;
   }
   return encoder_dir;  // LoadTokenizer says what it lacks
 }
 
-}  // namespace
-
-TextEmbedder::TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Tokenizer> tokenizer,
-                           std::string path)
-    : encoder_(std::move(encoder)), tokenizer_(std::move(tokenizer)), path_(std::move(path)) {}
-
-Result<TextEmbedder> TextEmbedder::Load(const std::string& path,
-                                        const io::SafetensorsFile* weights) {
+// The encoder at `path` and its tokenizer (TextEmbedder::Load of one encoder).
+Result<std::pair<TextEncoder, std::shared_ptr<const text::Tokenizer>>> LoadEncoderAndTokenizer(
+    const std::string& path, const io::SafetensorsFile* weights) {
   DT_ASSIGN_OR_RETURN(TextEncoder encoder, TextEncoder::Load(path, weights));
   const fs::path folder = TokenizerFolder(path, encoder.config_source());
   std::shared_ptr<const text::Tokenizer> tokenizer;
@@ -54,10 +51,59 @@ Result<TextEmbedder> TextEmbedder::Load(const std::string& path,
         "text encoder '{}': its tokenizer ({}) has {} ids, the encoder's vocab_size only {}", path,
         folder.string(), tokenizer->vocab_size(), encoder.config().vocab_size);
   }
-  return TextEmbedder(std::move(encoder), std::move(tokenizer), path);
+  return std::pair(std::move(encoder), std::move(tokenizer));
+}
+
+}  // namespace
+
+TextEmbedder::TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Tokenizer> tokenizer,
+                           std::string path)
+    : path_(std::move(path)) {
+  parts_.push_back({std::move(encoder), std::move(tokenizer)});
+}
+
+TextEmbedder::TextEmbedder(std::vector<Part> parts, std::string path)
+    : parts_(std::move(parts)), path_(std::move(path)) {}
+
+Result<TextEmbedder> TextEmbedder::Load(const std::string& path,
+                                        const io::SafetensorsFile* weights) {
+  std::vector<Part> parts;
+  DT_ASSIGN_OR_RETURN(auto first, LoadEncoderAndTokenizer(path, weights));
+  parts.push_back({std::move(first.first), std::move(first.second)});
+  std::error_code ec;
+  const fs::path second = fs::path(path) / "text_encoder_2";
+  if (fs::is_directory(second, ec)) {
+    if (weights != nullptr) {
+      return Errorf(
+          "text encoder '{}': an SDXL pipeline's two text encoders do not take the weights of "
+          "'{}' (an original Stable Diffusion checkpoint's text model)",
+          path, weights->path());
+    }
+    DT_ASSIGN_OR_RETURN(auto part, LoadEncoderAndTokenizer(second.string(), nullptr));
+    if (parts[0].encoder.config().kind != TextEncoderKind::kClip ||
+        part.first.config().kind != TextEncoderKind::kClip) {
+      return Errorf("text encoder '{}': text_encoder/ and text_encoder_2/ must be CLIP text models",
+                    path);
+    }
+    parts.push_back({std::move(part.first), std::move(part.second)});
+  }
+  return TextEmbedder(std::move(parts), path);
+}
+
+int TextEmbedder::dim() const {
+  int D = 0;
+  for (const Part& p : parts_)
+    D += p.encoder.config().hidden_size;
+  return D;
 }
 
 Status TextEmbedder::LoadTextualInversion(const std::string& file, const std::string& token) {
+  if (dual()) {
+    return Errorf(
+        "textual inversion '{}': the text encoder '{}' is SDXL's pair (text_encoder and "
+        "text_encoder_2), whose embeddings carry a clip_l and a clip_g tensor: not supported",
+        file, path_);
+  }
   DT_ASSIGN_OR_RETURN(const io::SafetensorsFile read, io::SafetensorsFile::Read(file));
   const std::vector<std::string> names = read.Names();
   if (names.size() != 1) {
@@ -81,7 +127,8 @@ Status TextEmbedder::LoadTextualInversion(const std::string& file, const std::st
   std::vector<std::string> tokens = {name};
   for (int i = 1; i < n; ++i)
     tokens.push_back(fmt::format("{}_{}", name, i));
-  const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(tokenizer_.get());
+  Part& part = parts_[0];
+  const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(part.tokenizer.get());
   if (!clip) {
     return Errorf("textual inversion '{}': the text encoder '{}' has no CLIP tokenizer", file,
                   path_);
@@ -93,16 +140,16 @@ Status TextEmbedder::LoadTextualInversion(const std::string& file, const std::st
   } catch (const std::invalid_argument& e) {
     return Errorf("textual inversion '{}': {}", file, e.what());
   }
-  DT_RETURN_IF_ERROR(encoder_.SetTokenEmbeddings(grown->vocab_size(), ids, rows.data())
+  DT_RETURN_IF_ERROR(part.encoder.SetTokenEmbeddings(grown->vocab_size(), ids, rows.data())
                          .WithContext(fmt::format("textual inversion '{}'", file)));
-  tokenizer_ = std::move(grown);
+  part.tokenizer = std::move(grown);
   inversions_.emplace_back(name, n);
   inversion_ids_.push_back(ids[0]);
   return Status::Ok();
 }
 
 std::string TextEmbedder::SpellInversions(std::string text) const {
-  const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(tokenizer_.get());
+  const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(parts_[0].tokenizer.get());
   if (!clip || inversions_.empty()) return text;
   const std::vector<int32_t> pieces = clip->PieceIds(text);
   for (size_t k = 0; k < inversions_.size(); ++k) {
@@ -125,23 +172,71 @@ std::string TextEmbedder::SpellInversions(std::string text) const {
 
 Result<std::vector<float>> TextEmbedder::Embed(const std::vector<std::string>& texts, int length,
                                                int skip_layers) const {
-  const int max = encoder_.config().max_positions;
-  if (length < 2 || length > max) {
-    return Errorf("text encoder '{}': texts of {} tokens; it takes 2 to {}", path_, length, max);
+  DT_ASSIGN_OR_RETURN(TextEmbeddings out, Run(texts, length, skip_layers, false));
+  return std::move(out.hidden);
+}
+
+Result<TextEmbeddings> TextEmbedder::EmbedWithPooled(const std::vector<std::string>& texts,
+                                                     int length, int skip_layers) const {
+  return Run(texts, length, skip_layers, pooled_dim() > 0);
+}
+
+Result<TextEmbeddings> TextEmbedder::Run(const std::vector<std::string>& texts, int length,
+                                         int skip_layers, bool pooled) const {
+  for (const Part& p : parts_) {
+    const int max = p.encoder.config().max_positions;
+    if (length < 2 || length > max) {
+      return Errorf("text encoder '{}': texts of {} tokens; it takes 2 to {}", path_, length, max);
+    }
   }
-  const size_t text_floats = size_t(length) * dim();
-  std::vector<float> out(texts.size() * text_floats);
+  // SDXL indexes hidden_states from the penultimate layer's, without the final LayerNorm.
+  const int skip = dual() ? skip_layers + 1 : skip_layers;
+  if (dual()) {
+    int layers = parts_[0].encoder.config().num_layers;
+    for (const Part& p : parts_)
+      layers = std::min(layers, p.encoder.config().num_layers);
+    if (skip_layers < 0 || skip >= layers) {
+      return Errorf(
+          "text encoder '{}': SDXL's encoders take hidden_states[-(skip_layers + 2)]; skip_layers "
+          "{} is outside 0 to {}",
+          path_, skip_layers, layers - 2);
+    }
+  }
+  const int D = dim(), P = pooled ? pooled_dim() : 0;
+  TextEmbeddings out;
+  out.hidden.resize(texts.size() * length * D);
+  out.pooled.resize(texts.size() * P);
+  std::vector<float> part_hidden;
   for (size_t first = 0; first < texts.size(); first += kChunk) {
     const size_t count = std::min(kChunk, texts.size() - first);
-    std::vector<text::Tokens> tokens;
-    for (size_t k = first; k < first + count; ++k) {
-      try {
-        tokens.push_back(tokenizer_->Encode(SpellInversions(texts[k]), length));
-      } catch (const std::exception& e) {
-        return Errorf("text {} ('{}'): {}", k, texts[k], e.what());
+    // Each encoder's [count, L, D_i] beside the others', from column `column` on.
+    int column = 0;
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const Part& p = parts_[i];
+      std::vector<text::Tokens> tokens;
+      for (size_t k = first; k < first + count; ++k) {
+        try {
+          tokens.push_back(p.tokenizer->Encode(SpellInversions(texts[k]), length));
+        } catch (const std::exception& e) {
+          return Errorf("text {} ('{}'): {}", k, texts[k], e.what());
+        }
       }
+      const int Di = p.encoder.config().hidden_size;
+      float* hidden = out.hidden.data() + first * length * D;
+      if (parts_.size() > 1) {
+        part_hidden.resize(count * length * Di);
+        hidden = part_hidden.data();
+      }
+      const bool last = i + 1 == parts_.size();
+      DT_RETURN_IF_ERROR(p.encoder.Encode(tokens, skip, hidden, !dual(),
+                                          last && P > 0 ? out.pooled.data() + first * P : nullptr));
+      if (parts_.size() > 1) {
+        for (size_t row = 0; row < count * length; ++row)
+          std::copy_n(part_hidden.data() + row * Di, Di,
+                      out.hidden.data() + (first * length + row) * D + column);
+      }
+      column += Di;
     }
-    DT_RETURN_IF_ERROR(encoder_.Encode(tokens, skip_layers, out.data() + first * text_floats));
   }
   return out;
 }
@@ -152,11 +247,24 @@ Result<TextTable> TextEmbedder::EmbedTable(const std::vector<std::string>& capti
   table.length = length;
   table.dim = dim();
   table.captions = captions;
-  DT_ASSIGN_OR_RETURN(table.embeddings, Embed(captions, length, skip_layers));
-  table.encoder = fmt::format(
-      "{} ({}){}, L {}, D {}", encoder_.config().Describe(), encoder_.source(),
-      skip_layers > 0 ? fmt::format(", last {} layers skipped", skip_layers) : std::string(),
-      length, dim());
+  DT_ASSIGN_OR_RETURN(TextEmbeddings embedded, EmbedWithPooled(captions, length, skip_layers));
+  table.embeddings = std::move(embedded.hidden);
+  if (pooled_dim() > 0) {
+    table.pooled_dim = pooled_dim();
+    table.pooled = std::move(embedded.pooled);
+  }
+  std::vector<std::string> encoders;
+  for (const Part& p : parts_)
+    encoders.push_back(fmt::format("{} ({})", p.encoder.config().Describe(), p.encoder.source()));
+  std::string skipped;
+  if (dual()) {
+    skipped = fmt::format(", hidden_states[-{}] without the final LayerNorm", skip_layers + 2);
+  } else if (skip_layers > 0) {
+    skipped = fmt::format(", last {} layers skipped", skip_layers);
+  }
+  table.encoder =
+      fmt::format("{}{}, L {}, D {}{}", fmt::join(encoders, " + "), skipped, length, dim(),
+                  pooled_dim() > 0 ? fmt::format(", pooled P {}", pooled_dim()) : std::string());
   table.text_encoder = fs::absolute(path_).lexically_normal().string();
   table.skip_layers = skip_layers;
   return table;

@@ -62,6 +62,18 @@ EmbeddingNames Embeddings(const TextEncoderConfig& c) {
 }
 
 constexpr char kClipFinalNorm[] = "text_model.final_layer_norm";
+constexpr char kClipProjection[] = "text_projection.weight";  // [P, D], no bias
+
+// The position whose state transformers' CLIPTextTransformer pools: the first
+// `eos_token_id`, or (with the legacy id 2) the first of the largest id, as
+// input_ids.argmax(-1) takes it. A text without the id pools position 0, as argmax over
+// zeros does.
+int PooledPosition(const std::vector<int32_t>& ids, int eos_token_id) {
+  if (eos_token_id == 2)
+    return static_cast<int>(std::max_element(ids.begin(), ids.end()) - ids.begin());
+  const auto eos = std::find(ids.begin(), ids.end(), eos_token_id);
+  return eos == ids.end() ? 0 : static_cast<int>(eos - ids.begin());
+}
 
 // LayerNorm with its affine parameters over rows of C: out may be in.
 void AffineLayerNorm(float* out, const float* in, const float* gamma, const float* beta, int N,
@@ -239,6 +251,8 @@ TensorTable TextEncoder::Tensors(const TextEncoderConfig& c) {
     if (c.kind == TextEncoderKind::kBert) norm(l.norm2);
   }
   if (c.kind == TextEncoderKind::kClip) norm(kClipFinalNorm);
+  if (c.kind == TextEncoderKind::kClip && c.projection_dim > 0)
+    table.Add(kClipProjection, {c.projection_dim, D});
   return table;
 }
 
@@ -260,12 +274,22 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path,
     return config.status().WithContext(
         fmt::format("text encoder config '{}'", config_path.string()));
 
-  TensorTable table = Tensors(*config);
   std::optional<io::SafetensorsFile> read;
   if (!weights_from) {
     DT_ASSIGN_OR_RETURN(read, io::SafetensorsFile::Map(weights_path));
   }
   const io::SafetensorsFile& file = weights_from ? *weights_from : *read;
+  // A CLIP text model with its projection (CLIPTextModelWithProjection, or a whole CLIPModel's
+  // text half). An original Stable Diffusion checkpoint's text model is read without one.
+  if (weights_from != nullptr) {
+    config->projection_dim = 0;
+  } else if (const io::TensorView* projection = file.Find(kClipProjection);
+             config->kind == TextEncoderKind::kClip && config->projection_dim == 0 &&
+             projection != nullptr && projection->shape.size() == 2 &&
+             projection->shape[1] == config->hidden_size) {
+    config->projection_dim = static_cast<int>(projection->shape[0]);
+  }
+  TensorTable table = Tensors(*config);
   // BERT's task models (BertForMaskedLM …) keep the encoder under "bert.", an original Stable
   // Diffusion checkpoint its CLIP text model under "cond_stage_model.transformer.".
   std::string prefix;
@@ -317,9 +341,24 @@ Status TextEncoder::SetTokenEmbeddings(int vocab_size, const std::vector<int32_t
   return Status::Ok();
 }
 
-Status TextEncoder::Encode(const std::vector<text::Tokens>& texts, int skip_layers,
-                           float* out) const {
+Status TextEncoder::Encode(const std::vector<text::Tokens>& texts, int skip_layers, float* out,
+                           bool final_norm, float* pooled) const {
+  return Forward(texts, skip_layers, final_norm, out, pooled);
+}
+
+Status TextEncoder::Pool(const std::vector<text::Tokens>& texts, float* out) const {
+  return Forward(texts, 0, true, nullptr, out);
+}
+
+Status TextEncoder::Forward(const std::vector<text::Tokens>& texts, int skip_layers,
+                            bool final_norm, float* hidden, float* pooled) const {
   const TextEncoderConfig& c = config_;
+  if (pooled != nullptr && c.projection_dim == 0) {
+    return Errorf(
+        "text encoder '{}' ({}): no text_projection, so no pooled output (SDXL's text_encoder_2, "
+        "a CLIPTextModelWithProjection, has one)",
+        source_.empty() ? "in memory" : source_, c.Describe());
+  }
   if (texts.empty()) return Status::Ok();
   const int N = static_cast<int>(texts.size());
   const int L = static_cast<int>(texts[0].ids.size());
@@ -374,7 +413,17 @@ Status TextEncoder::Encode(const std::vector<text::Tokens>& texts, int skip_laye
   const auto norm = [&](float* y, const float* in, const std::string& name) {
     AffineLayerNorm(y, in, W(name + ".weight"), W(name + ".bias"), rows, D, c.layer_norm_eps);
   };
-  for (int i = 0; i < c.num_layers - skip_layers; ++i) {
+  // The hidden state asked for, after num_layers − skip_layers layers; the pooled output needs
+  // them all.
+  const int taken = c.num_layers - skip_layers;
+  const auto take_hidden = [&] {
+    if (!bert && final_norm) {
+      norm(hidden, x.data(), kClipFinalNorm);
+    } else {
+      std::copy(x.begin(), x.end(), hidden);
+    }
+  };
+  for (int i = 0; i < (pooled != nullptr ? c.num_layers : taken); ++i) {
     const LayerNames l = Layer(c, i);
     // Attention: BERT over x, then add and normalise; CLIP over norm1(x), then add.
     const float* in = x.data();
@@ -408,12 +457,21 @@ Status TextEncoder::Encode(const std::vector<text::Tokens>& texts, int skip_laye
     for (size_t j = 0; j < x.size(); ++j)
       x[j] += h[j];
     if (bert) norm(x.data(), x.data(), l.norm2);
+    if (i + 1 == taken && hidden != nullptr) take_hidden();
   }
-  if (!bert) {
-    norm(out, x.data(), kClipFinalNorm);
-  } else {
-    std::copy(x.begin(), x.end(), out);
+  if (pooled == nullptr) return Status::Ok();
+
+  // The pooled output: each text's end-of-text row of the last hidden state, through the final
+  // LayerNorm, then the projection (no bias).
+  std::vector<float> ends(size_t(N) * D);
+  for (int n = 0; n < N; ++n) {
+    const int l = PooledPosition(texts[n].ids, c.eos_token_id);
+    std::copy_n(x.data() + (size_t(n) * L + l) * D, D, ends.data() + size_t(n) * D);
   }
+  AffineLayerNorm(ends.data(), ends.data(), W(std::string(kClipFinalNorm) + ".weight"),
+                  W(std::string(kClipFinalNorm) + ".bias"), N, D, c.layer_norm_eps);
+  cpu::LinearForward(pooled, ends.data(), W(kClipProjection), static_cast<const float*>(nullptr), N,
+                     D, c.projection_dim);
   return Status::Ok();
 }
 

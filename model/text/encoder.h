@@ -11,7 +11,9 @@
 //   CLIP:  x = token[id] + position[l];
 //          per layer: x += out(causal attention(LayerNorm1(x)));  x += fc2(act(fc1(LayerNorm2(x))))
 //          then the final LayerNorm. Padding is attended (causally), as Stable Diffusion's
-//          pipelines call it, without a mask.
+//          pipelines call it, without a mask. With a projection (CLIPTextModelWithProjection,
+//          SDXL's text_encoder_2) the pooled output is text_projection(final LayerNorm(x[eos])),
+//          transformers' text_embeds.
 #pragma once
 
 #include <string>
@@ -33,8 +35,10 @@ class TextEncoder {
   // prefix of its task models. With `weights`, the model of `path`'s config takes its weights
   // from that safetensors file (already read) instead: an original Stable Diffusion checkpoint's
   // CLIP text model (SD 1.x's under "cond_stage_model.transformer.", SD 2.x's OpenCLIP under
-  // "cond_stage_model.model.", model/io/ldm_checkpoint.h). Errors name the file and what is
-  // missing or misshapen.
+  // "cond_stage_model.model.", model/io/ldm_checkpoint.h; read without a projection). A CLIP
+  // text model has a projection (projection_dim() > 0) where its config's architectures name
+  // CLIPTextModelWithProjection or its weights hold text_projection.weight [P, D]. Errors name
+  // the file and what is missing or misshapen.
   static Result<TextEncoder> Load(const std::string& path,
                                   const io::SafetensorsFile* weights = nullptr);
   // A model of `config` with `weights` laid out as Tensors(config) (tests).
@@ -51,8 +55,20 @@ class TextEncoder {
 
   // N texts of L tokens each (L <= max_positions, ids in [0, vocab_size)) → out [N, L, D]: the
   // hidden state after all layers but the last `skip_layers` (CLIP: then its final LayerNorm,
-  // as diffusers' clip_skip takes it). skip_layers 0 is the last hidden state.
-  Status Encode(const std::vector<text::Tokens>& texts, int skip_layers, float* out) const;
+  // as Stable Diffusion 1.x/2.x's clip_skip takes it, unless !final_norm: SDXL takes
+  // hidden_states[-(clip_skip + 2)] without it). skip_layers 0 is the last hidden state.
+  // With `pooled`, the same forward pass also writes Pool's output there.
+  Status Encode(const std::vector<text::Tokens>& texts, int skip_layers, float* out,
+                bool final_norm = true, float* pooled = nullptr) const;
+
+  // The pooled output of N texts → out [N, projection_dim()], as transformers'
+  // CLIPTextModelWithProjection computes text_embeds: the last hidden state after the final
+  // LayerNorm at the end-of-text position (the first eos_token_id; with a legacy config's id 2,
+  // the largest id's), through text_projection. Errors: an encoder without a projection, and
+  // Encode's.
+  Status Pool(const std::vector<text::Tokens>& texts, float* out) const;
+  // P, the pooled output's width; 0 when the encoder has no projection.
+  int projection_dim() const { return config_.projection_dim; }
 
   // CLIP's token embedding table resized to `vocab_size` rows, as transformers'
   // resize_token_embeddings (rows kept up to the smaller size; new ones zero), then rows `ids`
@@ -66,6 +82,9 @@ class TextEncoder {
  private:
   TextEncoder(TensorTable table, const TextEncoderConfig& config, std::vector<float> weights);
   const float* W(const std::string& name) const;
+  // Encode and Pool: `hidden` and `pooled` each optional.
+  Status Forward(const std::vector<text::Tokens>& texts, int skip_layers, bool final_norm,
+                 float* hidden, float* pooled) const;
 
   TextEncoderConfig config_;
   TensorTable table_;

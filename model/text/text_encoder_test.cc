@@ -127,6 +127,88 @@ TEST(TextEncoderTest, RefusesWhatItCannotEncode) {
   EXPECT_THAT(s.message(), HasSubstr("text 1 has 3 tokens"));
 }
 
+// The pooled output is the last hidden state (after the final LayerNorm) at the end-of-text
+// position, projected: the first eos_token_id, or with the legacy id 2 the largest id's first
+// position, or position 0 where the id is missing, as transformers' CLIPTextTransformer takes it.
+TEST(TextEncoderTest, ClipPoolsTheProjectedEndOfTextState) {
+  TextEncoderConfig c = Tiny(TextEncoderKind::kClip);
+  c.projection_dim = 3;
+  c.eos_token_id = 7;
+  TextEncoder e = RandomEncoder(c, 6);
+  ASSERT_EQ(e.projection_dim(), 3);
+  const int D = 8, P = 3;
+  const float* projection = e.weights() + e.tensors().Find("text_projection.weight")->offset;
+  const auto project = [&](const std::vector<float>& row) {
+    std::vector<float> out(P, 0.0f);
+    for (int p = 0; p < P; ++p) {
+      for (int d = 0; d < D; ++d)
+        out[p] += projection[p * D + d] * row[d];
+    }
+    return out;
+  };
+  const std::vector<text::Tokens> texts = {Text({1, 7, 19, 7, 3, 3}, 6),
+                                           Text({1, 5, 9, 2, 3, 3}, 6)};
+  const std::vector<float> hidden = Encode(e, texts);
+  std::vector<float> pooled(2 * P), hidden_too(hidden.size()), pooled_too(2 * P);
+  ASSERT_TRUE(e.Pool(texts, pooled.data()).ok());
+  ASSERT_TRUE(e.Encode(texts, 0, hidden_too.data(), true, pooled_too.data()).ok());
+  EXPECT_EQ(hidden_too, hidden);
+  EXPECT_EQ(pooled_too, pooled);
+  const auto expect_pooled = [&](const std::vector<float>& got, int n, int l) {
+    const std::vector<float> want = project(Row(hidden, n * 6 + l, D));
+    for (int p = 0; p < P; ++p)
+      EXPECT_NEAR(got[n * P + p], want[p], 1e-5 * (1 + std::abs(want[p]))) << n << " " << p;
+  };
+  expect_pooled(pooled, 0, 1);  // the first 7
+  expect_pooled(pooled, 1, 0);  // no 7
+  e = RandomEncoder(
+      [&] {
+        TextEncoderConfig legacy = c;
+        legacy.eos_token_id = 2;
+        return legacy;
+      }(),
+      6);
+  ASSERT_TRUE(e.Pool(texts, pooled.data()).ok());
+  expect_pooled(pooled, 0, 2);  // the first 19, the largest id
+  expect_pooled(pooled, 1, 2);  // 9
+}
+
+// SDXL takes the hidden state without the final LayerNorm; Stable Diffusion 1.x/2.x take the
+// final LayerNorm of it.
+TEST(TextEncoderTest, ClipHiddenStateWithoutTheFinalNorm) {
+  TextEncoder e = RandomEncoder(Tiny(TextEncoderKind::kClip), 7);
+  const int L = 6, D = 8;
+  const std::vector<text::Tokens> texts = {Text({1, 5, 7, 2, 3, 3}, L)};
+  std::vector<float> raw(L * D), normed(L * D);
+  ASSERT_TRUE(e.Encode(texts, 1, raw.data(), false).ok());
+  ASSERT_TRUE(e.Encode(texts, 1, normed.data(), true).ok());
+  EXPECT_EQ(normed, Encode(e, texts, 1));
+  EXPECT_NE(raw, normed);
+  const float* gamma = e.weights() + e.tensors().Find("text_model.final_layer_norm.weight")->offset;
+  const float* beta = e.weights() + e.tensors().Find("text_model.final_layer_norm.bias")->offset;
+  for (int l = 0; l < L; ++l) {
+    double mean = 0, var = 0;
+    for (int d = 0; d < D; ++d)
+      mean += raw[l * D + d] / double(D);
+    for (int d = 0; d < D; ++d)
+      var += (raw[l * D + d] - mean) * (raw[l * D + d] - mean) / D;
+    for (int d = 0; d < D; ++d) {
+      const double want = (raw[l * D + d] - mean) / std::sqrt(var + 1e-5) * gamma[d] + beta[d];
+      EXPECT_NEAR(normed[l * D + d], want, 1e-4 * (1 + std::abs(want))) << l << " " << d;
+    }
+  }
+}
+
+TEST(TextEncoderTest, RefusesToPoolWithoutAProjection) {
+  const TextEncoder e = RandomEncoder(Tiny(TextEncoderKind::kClip), 9);
+  EXPECT_EQ(e.projection_dim(), 0);
+  std::vector<float> out(100);
+  const Status s = e.Pool({Text({1, 2}, 2)}, out.data());
+  EXPECT_THAT(s.message(), HasSubstr("no text_projection, so no pooled output"));
+  std::vector<float> hidden(100);
+  EXPECT_FALSE(e.Encode({Text({1, 2}, 2)}, 0, hidden.data(), true, out.data()).ok());
+}
+
 TEST(TextEncoderConfigTest, ReadsTransformersConfigs) {
   Result<TextEncoderConfig> c = TextEncoderConfig::FromJson(nlohmann::json::parse(
       R"({"model_type": "clip_text_model", "hidden_size": 1024, "num_hidden_layers": 23,
@@ -139,6 +221,18 @@ TEST(TextEncoderConfigTest, ReadsTransformersConfigs) {
   EXPECT_EQ(c->max_positions, 77);
   EXPECT_EQ(c->layer_norm_eps, 1e-5);
   EXPECT_EQ(c->Describe(), "CLIP text, 23 layers, 1024 features, 16 heads");
+  EXPECT_EQ(c->projection_dim, 0);  // a CLIPTextModel: projection_dim is not read
+  EXPECT_EQ(c->eos_token_id, 49407);
+  // SDXL's text_encoder_2 (eos_token_id 2, a legacy config's).
+  c = TextEncoderConfig::FromJson(nlohmann::json::parse(
+      R"({"model_type": "clip_text_model", "architectures": ["CLIPTextModelWithProjection"],
+          "hidden_size": 1280, "num_hidden_layers": 32, "num_attention_heads": 20,
+          "intermediate_size": 5120, "hidden_act": "gelu", "projection_dim": 1280,
+          "eos_token_id": 2})"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->projection_dim, 1280);
+  EXPECT_EQ(c->eos_token_id, 2);
+  EXPECT_EQ(c->Describe(), "CLIP text, 32 layers, 1280 features, 20 heads, projection to 1280");
   c = TextEncoderConfig::FromJson(nlohmann::json::parse(
       R"({"model_type": "clip", "text_config": {"hidden_size": 64, "num_attention_heads": 4}})"));
   ASSERT_TRUE(c.ok()) << c.status().message();

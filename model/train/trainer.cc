@@ -156,6 +156,17 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
         "embeddings of {}x{} (text_length x cross_attention_dim)",
         config.data.kind, texts->length, texts->dim, m.context_length, m.context_dim);
   }
+  // SDXL's UNet adds each text's pooled embedding: a table the data carry must have them.
+  if (const TextTable* texts = d.texts();
+      texts != nullptr && m.pooled_text_dim > 0 && texts->pooled_dim != m.pooled_text_dim) {
+    return Errorf(
+        "data: the model takes each text's pooled embedding of {} features (SDXL's "
+        "projection_class_embeddings_input_dim less its time ids'), but the {} texts' table has "
+        "{}; embed the captions with the model's text encoders (difftrain data embed --encoder "
+        "an SDXL pipeline)",
+        m.pooled_text_dim, config.data.kind,
+        texts->pooled_dim == 0 ? std::string("none") : std::to_string(texts->pooled_dim));
+  }
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
   }
@@ -295,10 +306,17 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
   batch.y.resize(B);
   const size_t text = size_t(schema_.context_length) * schema_.context_dim;
   batch.context.resize(B * text);
+  const size_t pooled = schema_.pooled_text_dim;
+  batch.pooled_text.resize(B * pooled);
+  batch.time_ids.resize(pooled > 0 ? B * schema_.time_ids.size() : 0);
+  for (int b = 0; b < B && pooled > 0; ++b)
+    std::copy(schema_.time_ids.begin(), schema_.time_ids.end(),
+              batch.time_ids.begin() + b * schema_.time_ids.size());
   const auto wait_start = std::chrono::steady_clock::now();
   const bool data_texts = text > 0 && data_->texts() != nullptr;
   DT_RETURN_IF_ERROR(loader_.Fill(first, B, batch.x0.data(), batch.y.data(),
-                                  data_texts ? batch.context.data() : nullptr));
+                                  data_texts ? batch.context.data() : nullptr,
+                                  data_texts && pooled > 0 ? batch.pooled_text.data() : nullptr));
   if (loader_seconds != nullptr) {
     *loader_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
@@ -315,14 +333,19 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
     if (text > 0) {
       // The data's text embedding, or a synthetic one (N(0, 1), as NeMo's precached mode
       // feeds), or with probability context_dropout the unconditional one: zeros.
+      // An SDXL UNet's pooled embedding goes with its text.
       float* context = batch.context.data() + b * text;
+      float* pooled_text = batch.pooled_text.data() + b * pooled;
       const bool dropped = rng.Uniform() < schema_.context_dropout;
       if (dropped) {
         std::fill(context, context + text, 0.0f);
+        std::fill(pooled_text, pooled_text + pooled, 0.0f);
       } else if (!data_texts) {
         Rng text_rng(config_.seed, RngStream::kText, static_cast<uint64_t>(first + b));
         for (size_t i = 0; i < text; ++i)
           context[i] = static_cast<float>(text_rng.Normal());
+        for (size_t i = 0; i < pooled; ++i)
+          pooled_text[i] = static_cast<float>(text_rng.Normal());
       }
     }
     DrawFrameNoise(rng, diffusion_.frame_noise_correlation(), schema_.frames, n / schema_.frames,

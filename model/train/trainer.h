@@ -53,9 +53,18 @@ struct MicroBatch {
   std::vector<float> t_float;         // the same, as the model's input
   std::vector<int32_t> y;             // labels after dropout (num_classes = null class)
   std::vector<float> context;         // text embeddings [B, L, D] after dropout; text models
+  // SDXL's micro-conditioning (SampleSchema::pooled_text_dim > 0): the texts' pooled
+  // embeddings [B, P] after dropout and the time ids [B, 6]; empty otherwise.
+  std::vector<float> pooled_text, time_ids;
 
   ModelInputs inputs() const {
-    return {x_t.data(), t_float.data(), y.data(), context.empty() ? nullptr : context.data()};
+    ModelInputs in{x_t.data(), t_float.data(), y.data(),
+                   context.empty() ? nullptr : context.data()};
+    if (!pooled_text.empty()) {
+      in.pooled_text = pooled_text.data();
+      in.time_ids = time_ids.data();
+    }
+    return in;
   }
 };
 

@@ -34,20 +34,16 @@ const std::map<std::string, json>& FixedKeys() {
       {"time_embedding_type", "positional"},
       {"conv_in_kernel", 3},
       {"conv_out_kernel", 3},
-      {"transformer_layers_per_block", 1},
       {"num_attention_heads", nullptr},
       {"num_class_embeds", nullptr},
       {"class_embed_type", nullptr},
-      {"addition_embed_type", nullptr},
       {"encoder_hid_dim", nullptr},
-      {"projection_class_embeddings_input_dim", nullptr},
       {"class_embeddings_concat", false},
       {"cross_attention_norm", nullptr},
       {"attention_type", "default"},
       {"reverse_transformer_layers_per_block", nullptr},
       // The rest of UNet2DConditionModel's signature, as save_pretrained (0.27.2) writes it.
       {"addition_embed_type_num_heads", 64},
-      {"addition_time_embed_dim", nullptr},
       {"encoder_hid_dim_type", nullptr},
       {"mid_block_only_cross_attention", nullptr},
       {"resnet_out_scale_factor", 1.0},
@@ -85,6 +81,23 @@ UNetConfig SD2V() {
   c.name = "SD2-v";
   c.sample_size = 96;
   c.upcast_attention = true;
+  return c;
+}
+
+// stabilityai/stable-diffusion-xl-base-1.0's unet/config.json.
+UNetConfig SDXL() {
+  UNetConfig c;
+  c.name = "SDXL";
+  c.sample_size = 128;
+  c.block_out_channels = {320, 640, 1280};
+  c.down_block_types = {kDown, kCrossAttnDown, kCrossAttnDown};
+  c.up_block_types = {kCrossAttnUp, kCrossAttnUp, kUp};
+  c.attention_head_dim = {5, 10, 20};
+  c.cross_attention_dim = 2048;
+  c.use_linear_projection = true;
+  c.transformer_layers_per_block = {1, 2, 10};
+  c.addition_time_embed_dim = 256;
+  c.projection_class_embeddings_input_dim = 2816;
   return c;
 }
 
@@ -143,6 +156,30 @@ Status UNetConfig::Validate() const {
                     up_block_types[i], kCrossAttnUp, kUp);
     }
   }
+  if (transformer_layers_per_block.size() != 1 &&
+      transformer_layers_per_block.size() != block_out_channels.size()) {
+    return Errorf(
+        "model.transformer_layers_per_block: expected one number or one per block ({}), found {}",
+        block_out_channels.size(), transformer_layers_per_block.size());
+  }
+  constexpr int kMaxTransformerDepth = 64;  // SDXL's deepest is 10
+  for (int depth : transformer_layers_per_block) {
+    if (depth < 1 || depth > kMaxTransformerDepth) {
+      return Errorf("model.transformer_layers_per_block: {} is not in [1, {}]", depth,
+                    kMaxTransformerDepth);
+    }
+  }
+  if (text_time() && pooled_text_dim() <= 0) {
+    return Errorf(
+        "model.projection_class_embeddings_input_dim {} must exceed the {} time ids' "
+        "{}·addition_time_embed_dim = {} (the rest is the pooled text embedding)",
+        projection_class_embeddings_input_dim, kTimeIds, kTimeIds,
+        kTimeIds * addition_time_embed_dim);
+  }
+  if (text_time() && addition_time_embed_dim % 2 != 0) {
+    return Errorf("model.addition_time_embed_dim must be even (cos and sin halves), got {}",
+                  addition_time_embed_dim);
+  }
   if (heads(levels() - 1) <= 0 || block_out_channels.back() % heads(levels() - 1) != 0)
     return Errorf("model.attention_head_dim: the mid block's heads must divide its channels");
   if (sample_width < 0)
@@ -183,6 +220,16 @@ nlohmann::json UNetConfig::ToJson() const {
             {"text_length", text_length},
             {"text_dropout", text_dropout}};
   if (time_cond_proj_dim > 0) j["time_cond_proj_dim"] = time_cond_proj_dim;
+  if (transformer_layers_per_block.size() == 1) {
+    j["transformer_layers_per_block"] = transformer_layers_per_block[0];
+  } else {
+    j["transformer_layers_per_block"] = transformer_layers_per_block;
+  }
+  if (text_time()) {
+    j["addition_embed_type"] = "text_time";
+    j["addition_time_embed_dim"] = addition_time_embed_dim;
+    j["projection_class_embeddings_input_dim"] = projection_class_embeddings_input_dim;
+  }
   if (attention_head_dim.size() == 1) {
     j["attention_head_dim"] = attention_head_dim[0];
   } else {
@@ -194,6 +241,7 @@ nlohmann::json UNetConfig::ToJson() const {
 Result<UNetConfig> UNetConfig::FromJson(const json& j) {
   if (!j.is_object()) return Status::Error("model: the UNet config is not an object");
   UNetConfig c;
+  bool text_time = false;
   try {
     for (const auto& [key, value] : j.items()) {
       if (key.starts_with("_")) continue;
@@ -231,13 +279,32 @@ Result<UNetConfig> UNetConfig::FromJson(const json& j) {
       else if (key == "use_linear_projection")
         c.use_linear_projection = value.get<bool>();
       else if (key == "upcast_attention")
-        c.upcast_attention = value.get<bool>();
+        c.upcast_attention = !value.is_null() && value.get<bool>();  // SDXL's is null
       else if (key == "text_length")
         c.text_length = value.get<int>();
       else if (key == "text_dropout")
         c.text_dropout = value.get<double>();
       else if (key == "time_cond_proj_dim")
         c.time_cond_proj_dim = value.is_null() ? 0 : value.get<int>();
+      else if (key == "transformer_layers_per_block") {
+        if (value.is_array() && !value.empty() && value[0].is_array()) {
+          return Errorf(
+              "model.transformer_layers_per_block: a list per resnet ({}) is not supported; "
+              "one number or one per block",
+              value.dump());
+        }
+        c.transformer_layers_per_block =
+            value.is_array() ? value.get<std::vector<int>>() : std::vector<int>{value.get<int>()};
+      } else if (key == "addition_embed_type") {
+        if (!value.is_null() && value != "text_time") {
+          return Errorf("model.addition_embed_type: only null and \"text_time\" (SDXL's), found {}",
+                        value.dump());
+        }
+        text_time = !value.is_null();
+      } else if (key == "addition_time_embed_dim")
+        c.addition_time_embed_dim = value.is_null() ? 0 : value.get<int>();
+      else if (key == "projection_class_embeddings_input_dim")
+        c.projection_class_embeddings_input_dim = value.is_null() ? 0 : value.get<int>();
       else {
         auto fixed = FixedKeys().find(key);
         if (fixed == FixedKeys().end())
@@ -251,18 +318,27 @@ Result<UNetConfig> UNetConfig::FromJson(const json& j) {
   } catch (const json::exception& e) {
     return Errorf("model: malformed UNet config: {}", e.what());
   }
+  // text_time needs both of its sizes; its sizes mean nothing without it.
+  if (text_time != (c.addition_time_embed_dim > 0) ||
+      text_time != (c.projection_class_embeddings_input_dim > 0)) {
+    return Errorf(
+        "model: addition_embed_type \"text_time\" goes with addition_time_embed_dim and "
+        "projection_class_embeddings_input_dim (SDXL: 256 and 2816), found {}, {} and {}",
+        text_time ? "text_time" : "null", c.addition_time_embed_dim,
+        c.projection_class_embeddings_input_dim);
+  }
   return c;
 }
 
 Result<UNetConfig> UNetConfigByName(const std::string& name) {
-  for (const UNetConfig& c : {SD15(), SD2Base(), SD2V()}) {
+  for (const UNetConfig& c : {SD15(), SD2Base(), SD2V(), SDXL()}) {
     if (c.name == name) return c;
   }
   return Errorf("unknown UNet config '{}' (known: {})", name, fmt::join(UNetConfigNames(), ", "));
 }
 
 std::vector<std::string> UNetConfigNames() {
-  return {"SD1.5", "SD2-base", "SD2-v"};
+  return {"SD1.5", "SD2-base", "SD2-v", "SDXL"};
 }
 
 int64_t ParameterCount(const UNetConfig& c) {
@@ -274,6 +350,7 @@ UNetMacs ForwardMacs(const UNetConfig& c) {
   const double E = c.time_embed_dim();
   UNetMacs m;
   m.linear += c.block_out_channels[0] * E + E * E;  // the time embedding
+  if (c.text_time()) m.linear += c.projection_class_embeddings_input_dim * E + E * E;
   for (const UNetNode& n : plan.nodes) {
     const UNetMacs node = NodeMacs(c, plan, n).forward;
     m.conv += node.conv;

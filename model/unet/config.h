@@ -47,6 +47,18 @@ struct UNetConfig {
   // cond_proj, Linear(time_cond_proj_dim → block_out_channels[0], no bias), adds the embedding's
   // projection to the timestep features (diffusers' timestep_cond); 0: none (null in JSON).
   int time_cond_proj_dim = 0;
+  // BasicTransformerBlocks per transformer of each down level (diffusers'
+  // transformer_layers_per_block: one number or one per level); an up block's transformers have
+  // the depth of the level it mirrors, the mid block's that of the last level (SDXL: 1, 2, 10).
+  std::vector<int> transformer_layers_per_block = {1};
+  // SDXL's micro-conditioning (diffusers' addition_embed_type "text_time"): each of the
+  // kTimeIds numbers (original height, width, crop top, left, target height, width) becomes
+  // addition_time_embed_dim sinusoidal features, the pooled text embedding goes before them,
+  // and add_embedding (Linear(projection_class_embeddings_input_dim → time_embed_dim), SiLU,
+  // Linear) of the whole is added to the time embedding. 0: none (SD 1.x/2.x).
+  int addition_time_embed_dim = 0;
+  int projection_class_embeddings_input_dim = 0;
+  static constexpr int kTimeIds = 6;
 
   int levels() const { return static_cast<int>(block_out_channels.size()); }
   int width() const { return sample_width > 0 ? sample_width : sample_size; }
@@ -54,6 +66,17 @@ struct UNetConfig {
   // Heads of the transformers of down block i (and of the up block that mirrors it).
   int heads(int level) const {
     return attention_head_dim.size() == 1 ? attention_head_dim[0] : attention_head_dim[level];
+  }
+  // Transformer blocks of the transformers of down level `level` (and of its mirror up block).
+  int transformer_depth(int level) const {
+    return transformer_layers_per_block.size() == 1 ? transformer_layers_per_block[0]
+                                                    : transformer_layers_per_block[level];
+  }
+  bool text_time() const { return addition_time_embed_dim > 0; }
+  // The pooled text embedding's width under text_time (SDXL: 2816 − 6·256 = 1280); 0 without.
+  int pooled_text_dim() const {
+    return text_time() ? projection_class_embeddings_input_dim - kTimeIds * addition_time_embed_dim
+                       : 0;
   }
 
   Status Validate() const;

@@ -135,6 +135,14 @@ class UNetFamilyImpl final : public ModelFamily {
     s.context_dim = c.cross_attention_dim;
     s.context_dropout = c.text_dropout;
     s.guidance_embedding_dim = c.time_cond_proj_dim;
+    if (c.text_time()) {
+      // The pixels of an uncropped image whose latents are the model's size: Stable
+      // Diffusion's VAE makes a latent of every 8×8 pixels.
+      constexpr float kVaeScale = 8;
+      const float h = kVaeScale * c.sample_size, w = kVaeScale * c.width();
+      s.pooled_text_dim = c.pooled_text_dim();
+      s.time_ids = {h, w, 0, 0, h, w};
+    }
     return s;
   }
 

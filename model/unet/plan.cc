@@ -16,6 +16,11 @@ class PlanBuilder {
     if (c_.time_cond_proj_dim > 0)
       AddLinear("time_embedding.cond_proj.", c_.time_cond_proj_dim, C0, /*bias=*/false);
     AddLinear("time_embedding.linear_2.", c_.time_embed_dim(), c_.time_embed_dim());
+    if (c_.text_time()) {
+      AddLinear("add_embedding.linear_1.", c_.projection_class_embeddings_input_dim,
+                c_.time_embed_dim());
+      AddLinear("add_embedding.linear_2.", c_.time_embed_dim(), c_.time_embed_dim());
+    }
     int h = NewValue(c_.in_channels, c_.sample_size, c_.width());
     h = Conv("conv_in.", h, C0, 1);
     skips_.push_back(h);
@@ -119,24 +124,28 @@ class PlanBuilder {
     AddNorm(prefix + "norm.", C);
     Add(prefix + "proj_in.weight", projection);
     Add(prefix + "proj_in.bias", {C});
-    const std::string b = prefix + "transformer_blocks.0.";
-    // to_q, to_k and to_v back to back: the self-attention's are one [3C, C] matrix, the
-    // cross-attention's to_k and to_v one [2C, D] matrix (model/unet/unet.h).
-    for (const char* attn : {"attn1.", "attn2."}) {
-      const int kv_in = attn[4] == '1' ? C : D;
-      AddNorm(b + (attn[4] == '1' ? "norm1." : "norm2."), C);
-      AddLinear(b + attn + "to_q.", C, C, false);
-      AddLinear(b + attn + "to_k.", kv_in, C, false);
-      AddLinear(b + attn + "to_v.", kv_in, C, false);
-      AddLinear(b + attn + "to_out.0.", C, C);
+    const int depth = c_.transformer_depth(level);
+    for (int k = 0; k < depth; ++k) {
+      const std::string b = prefix + "transformer_blocks." + std::to_string(k) + ".";
+      // to_q, to_k and to_v back to back: the self-attention's are one [3C, C] matrix, the
+      // cross-attention's to_k and to_v one [2C, D] matrix (model/unet/unet.h).
+      for (const char* attn : {"attn1.", "attn2."}) {
+        const int kv_in = attn[4] == '1' ? C : D;
+        AddNorm(b + (attn[4] == '1' ? "norm1." : "norm2."), C);
+        AddLinear(b + attn + "to_q.", C, C, false);
+        AddLinear(b + attn + "to_k.", kv_in, C, false);
+        AddLinear(b + attn + "to_v.", kv_in, C, false);
+        AddLinear(b + attn + "to_out.0.", C, C);
+      }
+      AddNorm(b + "norm3.", C);
+      AddLinear(b + "ff.net.0.proj.", C, 8 * C);
+      AddLinear(b + "ff.net.2.", 4 * C, C);
     }
-    AddNorm(b + "norm3.", C);
-    AddLinear(b + "ff.net.0.proj.", C, 8 * C);
-    AddLinear(b + "ff.net.2.", 4 * C, C);
     Add(prefix + "proj_out.weight", projection);
     Add(prefix + "proj_out.bias", {C});
     UNetNode n{UNetNodeKind::kTransformer, prefix, {in}, NewValue(C, v.H, v.W)};
     n.heads = c_.heads(level);
+    n.depth = depth;
     return Node(std::move(n));
   }
 
@@ -169,10 +178,11 @@ UNetNodeMacs NodeMacs(const UNetConfig& c, const UNetPlan& plan, const UNetNode&
       m.recomputed = Ci * C * 9 * T + E * C;  // conv1 and the time projection
       break;
     case UNetNodeKind::kTransformer:
-      // proj_in, q/k/v/out of self-attention, q/out of cross-attention, proj_out: 8 C² per
-      // token; GEGLU 12 C²; the text's keys and values 2 C·D per text token.
-      f.linear = 20 * C * C * T + 2 * C * D * L;
-      f.attention = 2 * T * T * C + 2 * T * L * C;
+      // proj_in and proj_out: 2 C² per token; each block's q/k/v/out of self-attention and
+      // q/out of cross-attention 6 C², GEGLU 12 C², the text's keys and values 2 C·D per text
+      // token.
+      f.linear = (2 + 18.0 * n.depth) * C * C * T + n.depth * 2 * C * D * L;
+      f.attention = n.depth * (2 * T * T * C + 2 * T * L * C);
       m.recomputed = f.total() - C * C * T;  // all but proj_out
       break;
   }
@@ -242,8 +252,9 @@ UNetNodeBytes NodeBytes(const UNetPlan& plan, const UNetNode& n) {
       // (6), the input copied to the output (8) and proj_out's tokens added back (12).
       // Backward: dx += dout (12), to tokens (6), to fp32 (6), GEGLU (40), three LayerNorms
       // (14 each), three casts to bf16 (6 each), the zeroed and gathered GroupNorm gradient
-      // (14) and the GroupNorm into dx (24).
-      return {122 * Y, 162 * Y};
+      // (14) and the GroupNorm into dx (24). Each further block: its LayerNorms, adds, GEGLU
+      // and casts again (84 forward, 100 backward).
+      return {(122 + 84.0 * (n.depth - 1)) * Y, (162 + 100.0 * (n.depth - 1)) * Y};
     }
   }
   return {};

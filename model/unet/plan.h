@@ -36,6 +36,7 @@ struct UNetNode {
   int output = 0;
   int stride = 1;  // kConv
   int heads = 0;   // kTransformer
+  int depth = 0;   // kTransformer: its BasicTransformerBlocks
 };
 
 struct UNetPlan {

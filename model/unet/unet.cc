@@ -20,7 +20,10 @@ struct UNet::Layout {
   size_t tfreq = 0, t1 = 0, t1_silu = 0, temb = 0, temb_silu = 0;  // in a slot
   size_t tcond = 0;  // in a slot: cond_proj's output (time_cond_proj_dim > 0)
   size_t dtemb_silu = 0, dtemb = 0, dt1_silu = 0, dt1 = 0;  // in the backward area
-  size_t dtfreq = 0;                             // in the backward area (time_cond_proj_dim > 0)
+  size_t dtfreq = 0;  // in the backward area (time_cond_proj_dim > 0)
+  // text_time: add_embedding's input (pooled text, time ids' features), its hidden layer and
+  // that layer's SiLU, in a slot; their gradients in the backward area.
+  size_t add_in = 0, add1 = 0, add1_silu = 0, dadd1_silu = 0, dadd1 = 0;
   size_t slot = 0, backward = 0, workspace = 0;  // floats
 };
 
@@ -143,6 +146,30 @@ Status UNet::Forward(int slot, const ModelInputs& inputs, const float*, float*) 
   cpu::SiluForward(acts + l.t1_silu, acts + l.t1, size_t(B) * E);
   cpu::LinearForward(acts + l.temb, acts + l.t1_silu, P + offset("time_embedding.linear_2.weight"),
                      P + offset("time_embedding.linear_2.bias"), B, E, E);
+  if (config_.text_time()) {
+    // SDXL's micro-conditioning: add_embedding(pooled text, features of the time ids) joins the
+    // time embedding.
+    DT_CHECK(inputs.pooled_text != nullptr && inputs.time_ids != nullptr,
+             "an SDXL UNet (text_time) needs inputs.pooled_text and inputs.time_ids");
+    const int P_text = config_.pooled_text_dim(),
+              Pin = config_.projection_class_embeddings_input_dim;
+    const int ids = UNetConfig::kTimeIds;
+    for (int b = 0; b < B; ++b) {
+      float* row = acts + l.add_in + size_t(b) * Pin;
+      std::memcpy(row, inputs.pooled_text + size_t(b) * P_text, sizeof(float) * P_text);
+      cpu::TimestepFrequencies(row + P_text, inputs.time_ids + size_t(b) * ids, ids,
+                               config_.addition_time_embed_dim);
+    }
+    cpu::LinearForward(acts + l.add1, acts + l.add_in, P + offset("add_embedding.linear_1.weight"),
+                       P + offset("add_embedding.linear_1.bias"), B, Pin, E);
+    cpu::SiluForward(acts + l.add1_silu, acts + l.add1, size_t(B) * E);
+    // The second layer adds into the time embedding (its bias too).
+    std::vector<float> aug(size_t(B) * E);
+    cpu::LinearForward(aug.data(), acts + l.add1_silu, P + offset("add_embedding.linear_2.weight"),
+                       P + offset("add_embedding.linear_2.bias"), B, E, E);
+    for (size_t i = 0; i < aug.size(); ++i)
+      acts[l.temb + i] += aug[i];
+  }
   cpu::SiluForward(acts + l.temb_silu, acts + l.temb, size_t(B) * E);
   for (const std::unique_ptr<UNetLayer>& layer : layers_)
     layer->Forward(r);
@@ -177,6 +204,19 @@ Status UNet::Backward(int slot, const float* output_grad, float*, const Gradient
   cpu::LinearBackward(back + l.dt1_silu, G + offset("time_embedding.linear_2.weight"),
                       G + offset("time_embedding.linear_2.bias"), back + l.dtemb, acts + l.t1_silu,
                       P + offset("time_embedding.linear_2.weight"), B, E, E);
+  if (config_.text_time()) {
+    // add_embedding's gradients: the time embedding's flows into its second layer too; its
+    // input is data.
+    const int Pin = config_.projection_class_embeddings_input_dim;
+    cpu::LinearBackward(back + l.dadd1_silu, G + offset("add_embedding.linear_2.weight"),
+                        G + offset("add_embedding.linear_2.bias"), back + l.dtemb,
+                        acts + l.add1_silu, P + offset("add_embedding.linear_2.weight"), B, E, E);
+    cpu::SiluBackward(back + l.dadd1, back + l.dadd1_silu, acts + l.add1, size_t(B) * E);
+    cpu::LinearBackward<float>(nullptr, G + offset("add_embedding.linear_1.weight"),
+                               G + offset("add_embedding.linear_1.bias"), back + l.dadd1,
+                               acts + l.add_in, P + offset("add_embedding.linear_1.weight"), B, Pin,
+                               E);
+  }
   cpu::SiluBackward(back + l.dt1, back + l.dt1_silu, acts + l.t1, size_t(B) * E);
   // The features are data, and so their gradient is needed only for cond_proj's weight.
   const float* guidance = guidances_[slot];
@@ -218,6 +258,13 @@ std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& pl
   if (c.time_cond_proj_dim > 0) {
     l->tcond = slot.Take(size_t(B) * c.block_out_channels[0]);
     l->dtfreq = back.Take(size_t(B) * c.block_out_channels[0]);
+  }
+  if (c.text_time()) {
+    l->add_in = slot.Take(size_t(B) * c.projection_class_embeddings_input_dim);
+    l->add1 = slot.Take(E);
+    l->add1_silu = slot.Take(E);
+    l->dadd1_silu = back.Take(E);
+    l->dadd1 = back.Take(E);
   }
   // Every layer's temporaries start where the gradients end: they share the rest. With
   // recomputation its activations likewise share the workspace.

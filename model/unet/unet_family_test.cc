@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -55,6 +56,86 @@ TEST(UNetFamily, StableDiffusionParameterCountsAndNames) {
             (S{1280, 1024}));
 }
 
+// SDXL's UNet as stabilityai/stable-diffusion-xl-base-1.0 holds it: 2,567,463,684
+// parameters under diffusers' names, transformers of 1, 2 and 10 blocks (up blocks mirrored,
+// the mid block's 10), the micro-conditioning's add_embedding; its config.json as the hub has
+// it (upcast_attention null) reads back; the trainer's inputs are a pooled text of 1280 and
+// the time ids of a 1024 px image.
+TEST(UNetFamily, StableDiffusionXL) {
+  const UNetConfig xl = Named("SDXL");
+  const UNetPlan plan(xl);
+  EXPECT_EQ(plan.table.total(), 2'567'463'684u);
+  using S = std::vector<int64_t>;
+  EXPECT_EQ(Shape(plan, "add_embedding.linear_1.weight"), (S{1280, 2816}));
+  EXPECT_EQ(Shape(plan, "add_embedding.linear_2.bias"), (S{1280}));
+  EXPECT_EQ(Shape(plan, "down_blocks.2.attentions.1.transformer_blocks.9.attn2.to_k.weight"),
+            (S{1280, 2048}));
+  EXPECT_EQ(Shape(plan, "down_blocks.1.attentions.0.transformer_blocks.1.ff.net.2.weight"),
+            (S{640, 2560}));
+  EXPECT_TRUE(Shape(plan, "down_blocks.1.attentions.0.transformer_blocks.2.norm1.weight").empty());
+  EXPECT_EQ(Shape(plan, "mid_block.attentions.0.transformer_blocks.9.norm3.weight"), (S{1280}));
+  EXPECT_EQ(Shape(plan, "up_blocks.0.attentions.2.transformer_blocks.9.attn1.to_q.weight"),
+            (S{1280, 1280}));
+  EXPECT_EQ(Shape(plan, "up_blocks.1.attentions.2.transformer_blocks.1.attn1.to_q.weight"),
+            (S{640, 640}));
+  EXPECT_TRUE(Shape(plan, "up_blocks.1.attentions.0.transformer_blocks.2.norm1.weight").empty());
+  EXPECT_TRUE(Shape(plan, "down_blocks.0.attentions.0.norm.weight").empty());
+  EXPECT_EQ(Shape(plan, "up_blocks.0.attentions.0.proj_in.weight"), (S{1280, 1280}));
+
+  nlohmann::json hub = xl.ToJson();
+  hub.erase("name");
+  hub["upcast_attention"] = nullptr;
+  hub["addition_embed_type_num_heads"] = 64;
+  hub["num_attention_heads"] = nullptr;
+  hub["_class_name"] = "UNet2DConditionModel";
+  Result<ModelSpec> spec = UNetFamily().FromJson(hub);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->config["transformer_layers_per_block"], (nlohmann::json{1, 2, 10}));
+  EXPECT_EQ(spec->config["addition_embed_type"], "text_time");
+  const SampleSchema x = UNetFamily().Samples(*spec);
+  EXPECT_EQ(x.pooled_text_dim, 1280);
+  EXPECT_EQ(x.context_dim, 2048);
+  EXPECT_EQ(x.time_ids, (std::vector<float>{1024, 1024, 0, 0, 1024, 1024}));
+  Result<ModelSpec> wide = UNetFamily().Resized(*spec, 96, 160);
+  ASSERT_TRUE(wide.ok());
+  EXPECT_EQ(UNetFamily().Samples(*wide).time_ids, (std::vector<float>{768, 1280, 0, 0, 768, 1280}));
+  EXPECT_EQ(UNetFamily().Samples(UNetSpec(Named("SD1.5"))).pooled_text_dim, 0);
+}
+
+// What SDXL's keys take is checked, and refused by name otherwise.
+TEST(UNetFamily, RefusesMalformedSdxlKeys) {
+  const auto refusal = [](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = Named("SDXL").ToJson();
+    edit(j);
+    Result<ModelSpec> spec = UNetFamily().FromJson(j);
+    return spec.ok() ? std::string("accepted") : spec.status().message();
+  };
+  EXPECT_NE(refusal([](auto& j) {
+              j["transformer_layers_per_block"] = {1, 2};
+            }).find("transformer_layers_per_block: expected one number or one per block (3)"),
+            std::string::npos);
+  EXPECT_NE(refusal([](auto& j) {
+              j["transformer_layers_per_block"] = {{1, 1}, {2, 2}, {3, 3}};
+            }).find("a list per resnet"),
+            std::string::npos);
+  EXPECT_NE(
+      refusal([](auto& j) { j["transformer_layers_per_block"] = 0; }).find("is not in [1, 64]"),
+      std::string::npos);
+  EXPECT_NE(refusal([](auto& j) {
+              j["addition_embed_type"] = "text";
+            }).find("only null and \"text_time\""),
+            std::string::npos);
+  EXPECT_NE(refusal([](auto& j) {
+              j["addition_embed_type"] = nullptr;
+            }).find("goes with addition_time_embed_dim"),
+            std::string::npos);
+  EXPECT_NE(refusal([](auto& j) {
+              j["projection_class_embeddings_input_dim"] = 1536;
+            }).find("must exceed the 6 time ids'"),
+            std::string::npos);
+  EXPECT_EQ(refusal([](auto& j) { j["transformer_layers_per_block"] = 2; }), "accepted");
+}
+
 // MODELS.md's count at 512 px and 77 tokens: conv 209.2, linear 129.4, attention 63.0 G.
 TEST(UNetFamily, ForwardMacsAt512Pixels) {
   const UNetMacs m = ForwardMacs(Named("SD1.5"));
@@ -81,10 +162,10 @@ TEST(UNetFamily, DiffusersKeysInAndOut) {
   EXPECT_NE(other.status().message().find("model.act_fn: only \"silu\""), std::string::npos)
       << other.status().message();
   j["act_fn"] = "silu";
-  j["addition_time_embed_dim"] = 256;
+  j["encoder_hid_dim"] = 256;
   Result<ModelSpec> unknown = UNetFamily().FromJson(j);
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("model.addition_time_embed_dim"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("model.encoder_hid_dim"), std::string::npos);
 
   // Sizes that would make the plan's per-layer loops unbounded are refused.
   nlohmann::json deep = Named("SD2-base").ToJson();
@@ -196,6 +277,47 @@ TEST(UNetModel, GradientsAccumulateAndReadyOffsetsDecrease) {
     nonzero += once[i] != 0;
   }
   EXPECT_EQ(nonzero, once.size());  // every parameter is on a path to the output
+}
+
+// An SDXL-shaped UNet trains on synthetic data (texts and pooled texts N(0, 1), dropped
+// together), and its output depends on the pooled text and the time ids.
+TEST(UNetModel, SdxlMicroConditioningReachesTheOutput) {
+  UNet model(testing::TinySdxlConfig());
+  model.InitializeRandom(4);
+  const int B = 1;
+  model.Reserve(B, 1);
+  std::vector<float> x(4 * 64), t = {300}, context(3 * 6), pooled(4, 0.25f),
+                                ids = {64, 64, 0, 0, 64, 64};
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.3f * i);
+  ModelInputs in{x.data(), t.data(), nullptr, context.data()};
+  in.pooled_text = pooled.data();
+  in.time_ids = ids.data();
+  const auto output = [&] {
+    EXPECT_TRUE(model.Forward(0, in, nullptr, nullptr).ok());
+    return std::vector<float>(model.output(0), model.output(0) + x.size());
+  };
+  const std::vector<float> base = output();
+  pooled[2] = -1;
+  const std::vector<float> other_text = output();
+  pooled[2] = 0.25f;
+  ids[0] = 48;
+  const std::vector<float> other_size = output();
+  EXPECT_NE(base, other_text);
+  EXPECT_NE(base, other_size);
+  ids[0] = 64;
+  EXPECT_EQ(base, output());
+
+  TrainConfig config;
+  config.model = UNetSpec(testing::TinySdxlConfig());
+  config.micro_batch = config.global_batch = 2;
+  const SampleSchema s = UNetFamily().Samples(config.model);
+  Trainer trainer(config, std::make_unique<SyntheticDataset>(1, s.channels, s.height, 0));
+  for (int step = 0; step < 2; ++step) {
+    const Result<StepStats> stats = trainer.Step();
+    ASSERT_TRUE(stats.ok()) << stats.status().message();
+    EXPECT_TRUE(std::isfinite(stats->loss)) << stats->loss;
+  }
 }
 
 // `difftrain info`'s memory model (PlanMemory, through the family) is what a training rank

@@ -30,9 +30,18 @@ std::vector<float> Gradients(const UNetConfig& c, bool recompute) {
     x[i] = std::sin(0.37f * i), dout[i] = std::cos(0.71f * i);
   for (size_t i = 0; i < context.size(); ++i)
     context[i] = std::cos(1.3f * i);
-  const ModelInputs in{x.data(), t.data(), nullptr, context.data()};
+  ModelInputs in{x.data(), t.data(), nullptr, context.data()};
+  // SDXL's micro-conditioning, where the config has it.
+  std::vector<float> pooled(B * c.pooled_text_dim(), 0.5f), time_ids(B * UNetConfig::kTimeIds);
+  for (size_t i = 0; i < time_ids.size(); ++i)
+    time_ids[i] = 64.0f * static_cast<float>(i % 3);
+  if (c.text_time()) {
+    in.pooled_text = pooled.data();
+    in.time_ids = time_ids.data();
+  }
   std::vector<float> x2(x.rbegin(), x.rend());
-  const ModelInputs in2{x2.data(), t.data(), nullptr, context.data()};
+  ModelInputs in2 = in;
+  in2.x_t = x2.data();
   EXPECT_TRUE(model.Forward(0, in, nullptr, nullptr).ok());
   EXPECT_TRUE(model.Forward(1, in2, nullptr, nullptr).ok());
   EXPECT_TRUE(model.Backward(1, dout.data(), nullptr).ok());
@@ -41,12 +50,15 @@ std::vector<float> Gradients(const UNetConfig& c, bool recompute) {
 }
 
 TEST(UNetRecompute, GradientsAreTheSameBits) {
-  for (bool linear : {false, true}) {
-    const std::vector<float> stored = Gradients(testing::TinyUNetConfig(linear), false);
-    const std::vector<float> recomputed = Gradients(testing::TinyUNetConfig(linear), true);
+  for (int kind = 0; kind < 3; ++kind) {
+    const UNetConfig c = kind < 2 ? testing::TinyUNetConfig(kind == 1) : testing::TinySdxlConfig();
+    const std::vector<float> stored = Gradients(c, false);
+    const std::vector<float> recomputed = Gradients(c, true);
     ASSERT_EQ(stored.size(), recomputed.size());
     EXPECT_EQ(std::memcmp(stored.data(), recomputed.data(), stored.size() * sizeof(float)), 0)
-        << (linear ? "linear projections" : "1x1-conv projections");
+        << (kind == 0   ? "1x1-conv projections"
+            : kind == 1 ? "linear projections"
+                        : "SDXL's");
   }
 }
 

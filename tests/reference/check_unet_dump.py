@@ -189,7 +189,12 @@ def reference_step(config, tensors, t, abar, prediction, dtype=torch.float64, lo
     if lora is not None:
         model.requires_grad_(False)
         adapters = add_lora(model, tensors, lora, tensor)
-    output = model(tensor("input.x_t"), t, encoder_hidden_states=tensor("input.context")).sample
+    # SDXL's micro-conditioning (addition_embed_type text_time): the pooled text and time ids.
+    added = None
+    if "input.pooled_text" in tensors:
+        added = {"text_embeds": tensor("input.pooled_text"), "time_ids": tensor("input.time_ids")}
+    output = model(tensor("input.x_t"), t, encoder_hidden_states=tensor("input.context"),
+                   added_cond_kwargs=added).sample
     x0, noise, a = tensor("input.x0"), tensor("input.noise"), abar.to(dtype)
     target = noise if prediction == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
     loss = ((output - target) ** 2).mean()

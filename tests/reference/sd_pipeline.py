@@ -2,7 +2,7 @@
 """diffusers' StableDiffusionPipeline as the reference of `difftrain sample --pretrained
 PIPELINE` (launch/sample_command.cc):
 
-    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm|ldm1|ldm2|inpaint]
+    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm|ldm1|ldm2|inpaint|sdxl]
     PYTHON tests/reference/sd_pipeline.py run DIR OUT.safetensors SETTINGS_JSON
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2 with
@@ -22,6 +22,9 @@ GroupNorm of 32 in the UNet (channels 32, 64; 8 heads, SD 1.x's convolutional pr
 (channels 32, 64), and the scheduler diffusers' from_single_file gives one (DDIM, epsilon,
 leading, steps_offset 1, set_alpha_to_one false). With `inpaint`, the UNet an inpainting
 pipeline has: 9 input channels (the latents, the mask and the masked image's latents), 4 out.
+With `sdxl`, a StableDiffusionXLPipeline: DIR holds its text half (text_encoder.py sdxl); a UNet
+of SDXL's kind (transformers of 1 and 2 blocks, the text_time micro-conditioning), a VAE
+(scaling_factor 0.13025, SDXL's) and SDXL's EulerDiscreteScheduler (leading, steps_offset 1).
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
@@ -51,7 +54,8 @@ latents, which the pipelines take as they are) and "strength" in SETTINGS_JSON, 
 runs as StableDiffusionImg2ImgPipeline (an LCM one as LatentConsistencyModelImg2ImgPipeline) of
 the same components, the noise its prepare_latents adds to the image the seeded N(0, 1) that
 OUT's "noise" holds.
-With "height" and "width" (pixels), the pipeline samples at that size. With
+With "height" and "width" (pixels), the pipeline samples at that size; an SDXL pipeline takes
+"original_size", "crops_coords_top_left" and "target_size" too. With
 "textual_inversion" (a list of [file, token or null]), each is loaded first by the pipeline's
 load_textual_inversion.
 Inpainting: with "mask" (a picture) besides "image" and "strength", the pipeline runs as
@@ -76,12 +80,13 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        LatentConsistencyModelPipeline, LCMScheduler, LMSDiscreteScheduler,
                        PNDMScheduler, StableDiffusionImg2ImgPipeline,
                        StableDiffusionInpaintPipeline, StableDiffusionPipeline,
+                       StableDiffusionXLPipeline,
                        TCDScheduler, UNet2DConditionModel, UniPCMultistepScheduler)
 from lora import fuse_into, fuse_text_encoder
 from step_brownian import StepBrownian, dpm_solver_sde_module
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from transformers import CLIPTextModel, CLIPTokenizer
+from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 
 def perturbed(model, seed):
@@ -92,7 +97,48 @@ def perturbed(model, seed):
     return model
 
 
+def make_sdxl(folder, seed):
+    """StableDiffusionXLPipeline: its text half already in FOLDER (text_encoder.py sdxl), a UNet
+    of SDXL's kind (a plain first level, transformers of 2 blocks, linear projections, the
+    text_time micro-conditioning), a VAE as the others', and SDXL's EulerDiscreteScheduler."""
+    text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
+    text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(
+        os.path.join(folder, "text_encoder_2"))
+    torch.manual_seed(seed)
+    width = text_encoder.config.hidden_size + text_encoder_2.config.hidden_size
+    time_features = 8
+    unet = perturbed(UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=2,
+        block_out_channels=(8, 16), attention_head_dim=(1, 2), norm_num_groups=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        transformer_layers_per_block=(1, 2), use_linear_projection=True,
+        cross_attention_dim=width, addition_embed_type="text_time",
+        addition_time_embed_dim=time_features,
+        projection_class_embeddings_input_dim=text_encoder_2.config.projection_dim
+        + 6 * time_features), seed)
+    vae = perturbed(AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(4, 8), norm_num_groups=2,
+        scaling_factor=0.13025), seed + 1)
+    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012,
+                                       beta_schedule="scaled_linear", steps_offset=1,
+                                       timestep_spacing="leading", prediction_type="epsilon")
+    pipeline = StableDiffusionXLPipeline(
+        vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+        tokenizer=CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer")),
+        tokenizer_2=CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer_2")),
+        unet=unet, scheduler=scheduler, force_zeros_for_empty_prompt=True,
+        add_watermarker=False)
+    pipeline.save_pretrained(folder, safe_serialization=True)
+    print(f"saved the SDXL pipeline to {folder}")
+    return 0
+
+
 def make(folder, seed, kind):
+    if kind == "sdxl":
+        return make_sdxl(folder, seed)
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
     tokenizer = CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer"))
     torch.manual_seed(seed)
@@ -192,10 +238,18 @@ def run_lcm(folder, out, settings):
 
 def run(folder, out, settings):
     with open(os.path.join(folder, "model_index.json")) as f:
-        if json.load(f)["_class_name"] == "LatentConsistencyModelPipeline":
-            return run_lcm(folder, out, settings)
-    pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
-                                                       requires_safety_checker=False)
+        pipeline_class = json.load(f)["_class_name"]
+    if pipeline_class == "LatentConsistencyModelPipeline":
+        return run_lcm(folder, out, settings)
+    call = {}
+    if pipeline_class == "StableDiffusionXLPipeline":
+        pipeline = StableDiffusionXLPipeline.from_pretrained(folder, add_watermarker=False)
+        for key in ("original_size", "crops_coords_top_left", "target_size"):
+            if settings.get(key):
+                call[key] = tuple(settings[key])
+    else:
+        pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
+                                                           requires_safety_checker=False)
     for inversion, token in settings.get("textual_inversion", []):
         pipeline.load_textual_inversion(inversion, token=token)
     for lora, scale in zip(settings.get("lora", []), settings.get("lora_scale", [])):
@@ -233,12 +287,12 @@ def run(folder, out, settings):
         draw_step_noise(pipeline, settings["step_noise"])
     return sample(pipeline, out, settings, negative_prompt=settings["negative_prompt"],
                   guidance_rescale=settings.get("guidance_rescale", 0.0),
-                  eta=settings.get("eta", 0.0))
+                  eta=settings.get("eta", 0.0), **call)
 
 
 def main(argv):
     if len(argv) in (4, 5) and argv[1] == "make" and argv[4:] in (
-            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"], ["inpaint"]):
+            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"], ["inpaint"], ["sdxl"]):
         return make(argv[2], int(argv[3]), argv[4] if len(argv) == 5 else "sd")
     if len(argv) == 5 and argv[1] == "run":
         with open(argv[4]) as f:

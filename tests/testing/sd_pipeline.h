@@ -37,14 +37,18 @@ class SdPipelineReferenceTest : public DiffusersReference {
     return env.exit_code == 0 ? LastLine(env.output) : "";
   }
 
-  // The pipeline folder ("sd": StableDiffusionPipeline, "lcm": LatentConsistencyModelPipeline;
-  // sd_pipeline.py make's kinds); its text half made by `text_python`, SD 1.x's (quick GELU) for
-  // "ldm1", else SD 2.x's.
+  // The pipeline folder ("sd": StableDiffusionPipeline, "lcm": LatentConsistencyModelPipeline,
+  // "sdxl": StableDiffusionXLPipeline; sd_pipeline.py make's kinds); its text half made by
+  // `text_python`, SD 1.x's (quick GELU) for "ldm1", SDXL's two encoders for "sdxl", else SD
+  // 2.x's.
   std::string MakePipeline(const std::string& text_python, const std::string& kind = "sd") {
-    const CommandResult text =
-        RunCommand(fmt::format("{} {} sd {} {} '[\"x\"]' 3 2>&1", ShellQuote(text_python),
-                               ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/text_encoder.py"),
-                               ShellQuote(dir_.string()), kind == "ldm1" ? 1 : 2));
+    // SDXL's text half is its two encoders and tokenizers.
+    const std::string dir = ShellQuote(dir_.string());
+    const std::string text_args =
+        kind == "sdxl" ? "sdxl " + dir : fmt::format("sd {} {}", dir, kind == "ldm1" ? 1 : 2);
+    const CommandResult text = RunCommand(fmt::format(
+        "{} {} {} '[\"x\"]' 3 2>&1", ShellQuote(text_python),
+        ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/text_encoder.py"), text_args));
     EXPECT_EQ(text.exit_code, 0) << text.output;
     const std::string pipeline = (dir_ / "pipeline").string();  // text_encoder.py's
     const CommandResult made =

@@ -117,6 +117,24 @@ Status UNet::Supports(const UNetConfig& c) {
     }
   }
   DT_RETURN_IF_ERROR(multiple_of_8("cross_attention_dim", c.cross_attention_dim));
+  // Written for SD 1.x/2.x: one transformer block per transformer, no micro-conditioning.
+  for (int depth : c.transformer_layers_per_block) {
+    if (depth != 1) {
+      return Errorf(
+          "the CUDA backend's transformers have one block: model.transformer_layers_per_block "
+          "must be 1 (SDXL's [1, 2, 10] trains on the CPU), found {}",
+          depth);
+    }
+  }
+  if (c.text_time()) {
+    return Status::Error(
+        "the CUDA backend has no SDXL micro-conditioning: model.addition_embed_type text_time "
+        "trains on the CPU (train.device: cpu)");
+  }
+  if (c.time_cond_proj_dim > 0) {
+    return Status::Error(
+        "the CUDA backend has no guidance embedding: model.time_cond_proj_dim must be null");
+  }
   if (c.out_channels != c.in_channels) {
     return Errorf(
         "the CUDA backend's loss compares out_channels with the target's in_channels: "
