@@ -248,6 +248,96 @@ TEST_F(ExportReferenceTest, ALoraRunExportsWhatDiffusersLoads) {
   EXPECT_GT(trained_away, 10 * kBound);
 }
 
+// Stable Diffusion XL: a fine-tune of an SDXL pipeline's UNet (its micro-conditioning trained
+// on synthetic pooled texts) exported as a diffusers pipeline around the base's two text
+// encoders, which StableDiffusionXLPipeline.from_pretrained samples as `sample --checkpoint`
+// does; and a LoRA run's adapters as the file diffusers' SDXL LoRA script writes, fused by
+// diffusers into the base as `sample --lora` fuses it. Diffusers' side runs SDXL's Euler.
+class SdxlExportTest : public ExportReferenceTest {
+ protected:
+  static nlohmann::json SdxlSettings() {
+    nlohmann::json settings = Settings();
+    settings["scheduler"] = "euler";
+    return settings;
+  }
+  // `sample --checkpoint` as the pipeline samples: its Euler, and the time ids of its 16 px
+  // pictures (the checkpoint knows no VAE).
+  Result<io::SafetensorsFile> SampleSdxlCheckpoint(const std::string& ckpt, const std::string& base,
+                                                   const std::string& reference,
+                                                   const std::string& raw) {
+    const CommandResult r = RunCommand(fmt::format(
+        "{} sample --checkpoint {} --weights model --text-encoder {} --initial-noise {} {} "
+        "--sampler euler --timestep-spacing leading --steps-offset 1 --original-size 16,16 "
+        "--target-size 16,16 --vae none --raw {} 2>&1",
+        ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), ShellQuote(base), ShellQuote(reference),
+        kPrompt, ShellQuote(raw)));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return io::SafetensorsFile::Read(raw);
+  }
+};
+
+TEST_F(SdxlExportTest, AFineTuneExportsAsAnSdxlPipeline) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string base = MakePipeline(text_python, "sdxl");
+  ASSERT_FALSE(base.empty());
+  const std::string ckpt = Train(base);
+  ASSERT_FALSE(ckpt.empty());
+  const std::string out = (dir_ / "sdxl-finetune").string();
+  CommandResult r = Export(ckpt, fmt::format("--out {} --pipeline {}", ShellQuote(out),
+                                             ShellQuote(base)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(out + "/text_encoder_2/config.json"));
+  const std::string want = Reference(out, SdxlSettings(), "sdxl_export_want");
+  Result<io::SafetensorsFile> reference = io::SafetensorsFile::Read(want);
+  ASSERT_TRUE(reference.ok());
+  Result<io::SafetensorsFile> got = SampleSdxlCheckpoint(
+      ckpt, base, want, (dir_ / "sdxl_checkpoint.safetensors").string());
+  ASSERT_TRUE(got.ok());
+  const double error =
+      RelativeL2(ReferenceTensor(*got, "images"), ReferenceTensor(*reference, "latents"));
+  std::cout << "the exported SDXL pipeline in diffusers against sample --checkpoint: relative L2 "
+            << error << "\n";
+  EXPECT_LE(error, kBound);
+  // An original single file has no SDXL layout here: refused by name, not written wrong.
+  r = Export(ckpt, "--format single-file --out " + ShellQuote((dir_ / "x.safetensors").string()));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("add_embedding"));
+}
+
+TEST_F(SdxlExportTest, ALoraRunExportsWhatDiffusersLoads) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string base = MakePipeline(text_python, "sdxl");
+  ASSERT_FALSE(base.empty());
+  const std::string ckpt = Train(base, "lora: {rank: 4, alpha: 8}\n");
+  ASSERT_FALSE(ckpt.empty());
+  const std::string lora = (dir_ / "pytorch_lora_weights.safetensors").string();
+  CommandResult r = Export(ckpt, "--format lora --out " + ShellQuote(lora));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json settings = SdxlSettings();
+  settings["lora"] = nlohmann::json::array({lora});
+  settings["lora_scale"] = nlohmann::json::array({1.0});
+  const Compared compared = Compare(base, settings, std::string(kPrompt) + " --lora " +
+                                                        ShellQuote(lora),
+                                    "sdxl_lora_fused");
+  ASSERT_TRUE(compared.got.has_value());
+  Result<io::SafetensorsFile> from_checkpoint = SampleSdxlCheckpoint(
+      ckpt, base, compared.reference, (dir_ / "sdxl_lora_checkpoint.safetensors").string());
+  ASSERT_TRUE(from_checkpoint.ok());
+  const double checkpoint_error =
+      RelativeL2(ReferenceTensor(*from_checkpoint, "images"), compared.latents);
+  std::cout << "the SDXL LoRA run's checkpoint against diffusers' base with its LoRA file: "
+               "relative L2 "
+            << checkpoint_error << "\n";
+  EXPECT_LE(checkpoint_error, kBound);
+  Result<io::SafetensorsFile> from_base = Sample(base, compared.reference, kPrompt, "sdxl_base");
+  ASSERT_TRUE(from_base.ok());
+  const double trained_away = RelativeL2(ReferenceTensor(*from_base, "images"), compared.latents);
+  std::cout << "the base SDXL pipeline against it: relative L2 " << trained_away << "\n";
+  EXPECT_GT(trained_away, 10 * kBound);
+}
+
 // An SD 2.x style base (OpenCLIP's text model, GELU): the single file holds the text model in
 // OpenCLIP's layout (each layer's q, k, v as one in_proj), as ldm_checkpoint.py writes it of the
 // exported pipeline (whose read-back by diffusers' create_text_encoder_from_open_clip_checkpoint

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/data/image_folder.h"
+#include "model/data/text_table.h"
 #include "model/diffusion/guided_model.h"
 #include "model/io/image.h"
 #include "model/io/png.h"
@@ -838,6 +839,76 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
       ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote((dir_ / "x.st").string())));
   EXPECT_EQ(malformed.exit_code, 2) << malformed.output;
   EXPECT_THAT(malformed.output, ::testing::HasSubstr("--crop-top-left: two non-negative numbers"));
+}
+
+// SDXL fine-tuning from captioned pictures: `data pack` through the pipeline's VAE and its two
+// text encoders (the table holds each caption's pooled embedding), training from the
+// pipeline's UNet on the packed folder, sampling a prompt the table lacks from the checkpoint;
+// and a table without pooled embeddings refused for SDXL by name.
+TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python, "sdxl");
+  ASSERT_FALSE(pipeline.empty());
+  const std::filesystem::path images = dir_ / "pictures";
+  std::filesystem::create_directories(images);
+  const std::vector<std::string> captions = {"a red boat", "a boat at night", "a red boat"};
+  {
+    std::ofstream jsonl(images / "metadata.jsonl");
+    for (size_t k = 0; k < captions.size(); ++k) {
+      std::vector<uint8_t> pixels(16 * 16 * 3);
+      for (size_t i = 0; i < pixels.size(); ++i)
+        pixels[i] = static_cast<uint8_t>((i * 29 + k * 53) % 251);
+      const std::string file = fmt::format("{}.png", k);
+      ASSERT_TRUE(io::WritePng((images / file).string(), pixels.data(), 16, 16, 3).ok());
+      jsonl << nlohmann::json{{"file_name", file}, {"text", captions[k]}}.dump() << "\n";
+    }
+  }
+  const std::string packed = (dir_ / "packed").string();
+  const CommandResult pack = RunCommand(fmt::format(
+      "{} data pack --dataset image_folder --path {} --image-size 16 --crop square --vae {} "
+      "--text-encoder {} --out {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(images.string()), ShellQuote(pipeline),
+      ShellQuote(pipeline), ShellQuote(packed)));
+  ASSERT_EQ(pack.exit_code, 0) << pack.output;
+  Result<TextTable> table = ReadTextTable(packed + "/text.safetensors");
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  EXPECT_EQ(table->size(), 2);
+  EXPECT_EQ(table->dim, 32 + 48);      // the two encoders' widths
+  EXPECT_EQ(table->pooled_dim, 40);    // text_encoder_2's projection
+  EXPECT_EQ(table->pooled.size(), 2u * 40);
+
+  nlohmann::json unet = nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
+  unet["name"] = "unet";
+  const std::string ckpt = (dir_ / "ckpt").string(), job = (dir_ / "job.yaml").string();
+  std::ofstream(job) << "model: " << unet.dump() << "\n"
+                     << "diffusion: {schedule: scaled_linear, beta_start: 0.00085, beta_end: "
+                        "0.012}\n"
+                     << "data: {kind: latent_folder, path: " << packed << "}\n"
+                     << "batch: {micro: 2, global: 2}\n"
+                     << "train: {steps: 2, log_every: 1}\n"
+                     << "checkpoint: {dir: " << ckpt << ", every: 2, init_from: " << pipeline
+                     << "/unet}\n";
+  const CommandResult trained =
+      RunCommand(fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), job));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string raw = (dir_ / "from_checkpoint.safetensors").string();
+  const CommandResult sampled = RunCommand(fmt::format(
+      "{} sample --checkpoint {} --prompt 'a boat in the fog' --steps 4 --vae none --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), ShellQuote(raw)));
+  ASSERT_EQ(sampled.exit_code, 0) << sampled.output;
+  EXPECT_THAT(sampled.output, ::testing::HasSubstr("embedded 1 prompt(s)"));
+
+  // The same folder with a table of the texts alone is refused for SDXL's UNet.
+  table->pooled_dim = 0;
+  table->pooled.clear();
+  ASSERT_TRUE(WriteTextTable(*table, packed + "/text.safetensors").ok());
+  std::filesystem::remove_all(ckpt);
+  const CommandResult refused =
+      RunCommand(fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), job));
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_THAT(refused.output,
+              ::testing::HasSubstr("the model takes each text's pooled embedding of 40 features"));
 }
 
 }  // namespace
