@@ -69,13 +69,14 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
   p.state_bytes_per_rank = static_cast<int64_t>(
       4 * ((3 * trainable + (p.parameters - trainable) + moments) / (p.tp * p.pp)));
   if (config.lora.enabled()) {
-    // The model's parameters and gradients; the adapters' parameters, gradients, moments and
-    // EMA; the frozen copy of the adapted weights (tp = pp = 1).
+    // The model's parameters; its gradients of the adapted weights and of its vectors (the
+    // rest of its gradient arena is never touched); the adapters' parameters, gradients,
+    // moments and EMA; the frozen copy of the adapted weights (tp = pp = 1).
     DT_ASSIGN_OR_RETURN(const ModelPartition whole, family.Partition(config.model, {}, 0, 0, 0));
     DT_ASSIGN_OR_RETURN(const LoraElements e,
                         CountLoraElements(config.lora, whole.parameters.table));
     p.state_bytes_per_rank = static_cast<int64_t>(
-        4 * (p.parameters + trainable + 5 * double(e.adapters) + double(e.frozen)));
+        4 * (p.parameters + 2 * double(e.frozen) + double(e.vectors) + 5 * double(e.adapters)));
   }
   p.activation_bytes_per_rank = static_cast<int64_t>(family.ActivationBytes(
       config.model, layout, /*stage=*/0, config.micro_batch, 1, config.recompute));

@@ -18,6 +18,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -86,6 +87,44 @@ class ExportReferenceTest : public SdPipelineReferenceTest {
   CommandResult Export(const std::string& ckpt, const std::string& args) {
     return RunCommand(fmt::format("{} export --checkpoint {} --weights model {} 2>&1",
                                   ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), args));
+  }
+  // A LoRA run `ckpt` from `base`'s UNet: `export --format lora` writes the file diffusers'
+  // lora_state_dict reads (tests/reference/lora.py fuses it), and the base pipeline with it
+  // (`settings`) samples what `from_checkpoint` (`sample --checkpoint` of the run, given
+  // diffusers' x_T and the latents' path) samples, which the base alone does not. The file.
+  using CheckpointSampler = std::function<Result<io::SafetensorsFile>(const std::string& reference,
+                                                                      const std::string& raw)>;
+  std::string ExpectLoraFileSamplesAsTheRun(const std::string& base, const std::string& ckpt,
+                                            nlohmann::json settings,
+                                            const CheckpointSampler& from_checkpoint,
+                                            const std::string& name) {
+    const std::string lora = (dir_ / "pytorch_lora_weights.safetensors").string();
+    const CommandResult r = Export(ckpt, "--format lora --out " + ShellQuote(lora));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    settings["lora"] = nlohmann::json::array({lora});
+    settings["lora_scale"] = nlohmann::json::array({1.0});
+    const std::string prompt = kPrompt;
+    // difftrain's side of Compare: the base with the exported file fused (`sample --lora`).
+    const Compared compared =
+        Compare(base, settings, prompt + " --lora " + ShellQuote(lora), name + "_fused");
+    EXPECT_TRUE(compared.got.has_value());
+    if (!compared.got) return lora;
+    Result<io::SafetensorsFile> run =
+        from_checkpoint(compared.reference, (dir_ / (name + "_checkpoint.safetensors")).string());
+    EXPECT_TRUE(run.ok());
+    if (!run.ok()) return lora;
+    const double checkpoint_error = RelativeL2(ReferenceTensor(*run, "images"), compared.latents);
+    std::cout << name << ": the run's checkpoint against diffusers' base pipeline with its LoRA "
+              << "file: relative L2 " << checkpoint_error << "\n";
+    EXPECT_LE(checkpoint_error, kBound);
+    Result<io::SafetensorsFile> from_base =
+        Sample(base, compared.reference, prompt, name + "_base");
+    EXPECT_TRUE(from_base.ok());
+    if (!from_base.ok()) return lora;
+    const double trained_away = RelativeL2(ReferenceTensor(*from_base, "images"), compared.latents);
+    std::cout << name << ": the base pipeline against it: relative L2 " << trained_away << "\n";
+    EXPECT_GT(trained_away, 10 * kBound);
+    return lora;
   }
 };
 
@@ -215,37 +254,17 @@ TEST_F(ExportReferenceTest, ALoraRunExportsWhatDiffusersLoads) {
   ASSERT_FALSE(base.empty());
   const std::string ckpt = Train(base, "lora: {rank: 4, alpha: 8}\n");
   ASSERT_FALSE(ckpt.empty());
-  const std::string lora = (dir_ / "pytorch_lora_weights.safetensors").string();
-  CommandResult r = Export(ckpt, "--format lora --out " + ShellQuote(lora));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string lora = ExpectLoraFileSamplesAsTheRun(
+      base, ckpt, Settings(),
+      [&](const std::string& reference, const std::string& raw) {
+        return SampleCheckpoint(ckpt, base, reference, kPrompt, raw);
+      },
+      "lora");
   Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(lora);
   ASSERT_TRUE(file.ok());
   EXPECT_NE(file->Find("unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0.lora."
                        "up.weight"),
             nullptr);
-
-  nlohmann::json settings = Settings();
-  settings["lora"] = nlohmann::json::array({lora});
-  settings["lora_scale"] = nlohmann::json::array({1.0});
-  const std::string prompt = kPrompt;
-  // difftrain's side of Compare: the base with the exported file fused (`sample --lora`).
-  const Compared compared =
-      Compare(base, settings, prompt + " --lora " + ShellQuote(lora), "lora_fused");
-  ASSERT_TRUE(compared.got.has_value());
-  Result<io::SafetensorsFile> from_checkpoint = SampleCheckpoint(
-      ckpt, base, compared.reference, prompt, (dir_ / "lora_checkpoint.safetensors").string());
-  ASSERT_TRUE(from_checkpoint.ok());
-  const double checkpoint_error =
-      RelativeL2(ReferenceTensor(*from_checkpoint, "images"), compared.latents);
-  std::cout << "the LoRA run's checkpoint against diffusers' base pipeline with its LoRA file: "
-               "relative L2 "
-            << checkpoint_error << "\n";
-  EXPECT_LE(checkpoint_error, kBound);
-  Result<io::SafetensorsFile> from_base = Sample(base, compared.reference, prompt, "lora_base");
-  ASSERT_TRUE(from_base.ok());
-  const double trained_away = RelativeL2(ReferenceTensor(*from_base, "images"), compared.latents);
-  std::cout << "the base pipeline against it: relative L2 " << trained_away << "\n";
-  EXPECT_GT(trained_away, 10 * kBound);
 }
 
 // Stable Diffusion XL: a fine-tune of an SDXL pipeline's UNet (its micro-conditioning trained
@@ -284,15 +303,15 @@ TEST_F(SdxlExportTest, AFineTuneExportsAsAnSdxlPipeline) {
   const std::string ckpt = Train(base);
   ASSERT_FALSE(ckpt.empty());
   const std::string out = (dir_ / "sdxl-finetune").string();
-  CommandResult r = Export(ckpt, fmt::format("--out {} --pipeline {}", ShellQuote(out),
-                                             ShellQuote(base)));
+  CommandResult r =
+      Export(ckpt, fmt::format("--out {} --pipeline {}", ShellQuote(out), ShellQuote(base)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(std::filesystem::exists(out + "/text_encoder_2/config.json"));
   const std::string want = Reference(out, SdxlSettings(), "sdxl_export_want");
   Result<io::SafetensorsFile> reference = io::SafetensorsFile::Read(want);
   ASSERT_TRUE(reference.ok());
-  Result<io::SafetensorsFile> got = SampleSdxlCheckpoint(
-      ckpt, base, want, (dir_ / "sdxl_checkpoint.safetensors").string());
+  Result<io::SafetensorsFile> got =
+      SampleSdxlCheckpoint(ckpt, base, want, (dir_ / "sdxl_checkpoint.safetensors").string());
   ASSERT_TRUE(got.ok());
   const double error =
       RelativeL2(ReferenceTensor(*got, "images"), ReferenceTensor(*reference, "latents"));
@@ -312,30 +331,12 @@ TEST_F(SdxlExportTest, ALoraRunExportsWhatDiffusersLoads) {
   ASSERT_FALSE(base.empty());
   const std::string ckpt = Train(base, "lora: {rank: 4, alpha: 8}\n");
   ASSERT_FALSE(ckpt.empty());
-  const std::string lora = (dir_ / "pytorch_lora_weights.safetensors").string();
-  CommandResult r = Export(ckpt, "--format lora --out " + ShellQuote(lora));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  nlohmann::json settings = SdxlSettings();
-  settings["lora"] = nlohmann::json::array({lora});
-  settings["lora_scale"] = nlohmann::json::array({1.0});
-  const Compared compared = Compare(base, settings, std::string(kPrompt) + " --lora " +
-                                                        ShellQuote(lora),
-                                    "sdxl_lora_fused");
-  ASSERT_TRUE(compared.got.has_value());
-  Result<io::SafetensorsFile> from_checkpoint = SampleSdxlCheckpoint(
-      ckpt, base, compared.reference, (dir_ / "sdxl_lora_checkpoint.safetensors").string());
-  ASSERT_TRUE(from_checkpoint.ok());
-  const double checkpoint_error =
-      RelativeL2(ReferenceTensor(*from_checkpoint, "images"), compared.latents);
-  std::cout << "the SDXL LoRA run's checkpoint against diffusers' base with its LoRA file: "
-               "relative L2 "
-            << checkpoint_error << "\n";
-  EXPECT_LE(checkpoint_error, kBound);
-  Result<io::SafetensorsFile> from_base = Sample(base, compared.reference, kPrompt, "sdxl_base");
-  ASSERT_TRUE(from_base.ok());
-  const double trained_away = RelativeL2(ReferenceTensor(*from_base, "images"), compared.latents);
-  std::cout << "the base SDXL pipeline against it: relative L2 " << trained_away << "\n";
-  EXPECT_GT(trained_away, 10 * kBound);
+  ExpectLoraFileSamplesAsTheRun(
+      base, ckpt, SdxlSettings(),
+      [&](const std::string& reference, const std::string& raw) {
+        return SampleSdxlCheckpoint(ckpt, base, reference, raw);
+      },
+      "sdxl_lora");
 }
 
 // An SD 2.x style base (OpenCLIP's text model, GELU): the single file holds the text model in

@@ -223,7 +223,8 @@ DiT::DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms, 
            "parameter table and parameter count disagree");
   p_ = DiTParams::Bind(sharded_.table, shard_);
   params_ = Buffer<float>(num_params());
-  grads_ = Buffer<float>(gradients ? num_params() : 0);
+  // Touched only where gradients are computed (a LoRA run skips most).
+  grads_ = Buffer<float>(gradients ? num_params() : 0, BufferPages::kOnFirstTouch);
   if (shard_.first_stage()) {
     pos_embed_ = Buffer<float>(static_cast<size_t>(config_.tokens()) * config_.hidden_size);
     cpu::SinCos2DPositionEmbedding(pos_embed_.data(), config_.grid(), config_.hidden_size);

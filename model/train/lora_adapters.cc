@@ -66,6 +66,8 @@ Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTab
     n.adapters += static_cast<size_t>(config.rank * (m.in + m.out));
     n.frozen += static_cast<size_t>(m.in * m.out);
   }
+  for (const TensorSpec& t : table.tensors())
+    if (t.shape.size() < 2) n.vectors += t.numel;
   return n;
 }
 

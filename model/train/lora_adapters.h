@@ -61,7 +61,8 @@ Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const Te
 // The elements a LoRA run keeps beside the model's arenas: its adapters (every module's A and B)
 // and the frozen copy of the adapted weights.
 struct LoraElements {
-  size_t adapters = 0, frozen = 0;
+  size_t adapters = 0, frozen = 0;  // the adapters'; the adapted weights' (frozen copies)
+  size_t vectors = 0;               // the table's tensors of under two dimensions
 };
 Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTable& table);
 

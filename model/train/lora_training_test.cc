@@ -3,16 +3,21 @@
 // the adapters' gradients are the chain rule's of the model's, a LoRA overfits a batch, resuming
 // is bit-identical, and the job's lora section is checked against the layout and the model.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/temp_dir.h"
 #include "job/job_spec.h"
 #include "model/train/checkpointing.h"
 #include "model/train/trainer.h"
+#include "model/unet/family.h"
+#include "model/unet/unet_testing.h"
 #include "tests/testing/tiny_training.h"
 
 namespace difftrain {
@@ -203,6 +208,59 @@ TEST(LoraTrainingTest, PlannedMemoryIsTheTrainersArenas) {
                                                false, 1, size_t{1} << 20, false);
   ASSERT_TRUE(whole.ok());
   EXPECT_LT(plan->total(), whole->total());
+}
+
+// Pages of [data, data + bytes) resident in memory (mincore), and all of them.
+std::pair<size_t, size_t> ResidentPages(const void* data, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(data) / page * page;
+  const size_t pages = (reinterpret_cast<uintptr_t>(data) + bytes - first + page - 1) / page;
+  std::vector<unsigned char> in_core(pages);
+  EXPECT_EQ(mincore(reinterpret_cast<void*>(first), pages * page, in_core.data()), 0);
+  size_t resident = 0;
+  for (unsigned char c : in_core)
+    resident += c & 1;
+  return {resident, pages};
+}
+
+// A LoRA run's gradient arena is written only where the adapters' gradients come from (the
+// targets') and at the vectors: the frozen weights' pages are never touched, so a LoRA of
+// SD 1.5's attention projections does not hold the UNet's whole 3.4 GB gradient arena. A
+// UNet of SD's shape, smaller, with adapters of its self-attention's q and v; the pages
+// resident after two steps are at most those of the zeroed tensors (each with a partial page
+// at either end), and the planned gradients are those tensors' and the adapters'.
+TEST(LoraTrainingTest, TheFrozenWeightsGradientPagesAreNeverTouched) {
+  TrainConfig c;
+  UNetConfig unet = testing::TinyUNetConfig();
+  unet.block_out_channels = {32, 64};
+  unet.attention_head_dim = {4};
+  unet.norm_num_groups = 8;
+  c.model = UNetSpec(unet);
+  c.micro_batch = c.global_batch = 2;
+  c.lora.rank = 2;
+  c.lora.targets = {"attn1.to_q", "attn1.to_v"};
+  auto trainer = MakeTrainer(c);
+  for (int step = 0; step < 2; ++step)
+    ASSERT_TRUE(trainer->Step().ok());
+  Model& model = trainer->model();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t zeroed = 0, bound = 0;
+  for (const TensorSpec& t : model.parameter_table().tensors()) {
+    const bool target = t.name.find("attn1.to_q.") != std::string::npos ||
+                        t.name.find("attn1.to_v.") != std::string::npos;
+    if (!target && t.shape.size() >= 2) continue;
+    zeroed += t.numel;
+    bound += (t.numel * sizeof(float) + page - 1) / page + 1;
+  }
+  const auto [resident, pages] = ResidentPages(model.grads(), model.num_params() * sizeof(float));
+  std::printf("gradient arena: %zu of %zu pages resident (at most %zu)\n", resident, pages, bound);
+  EXPECT_LE(resident, bound);
+  EXPECT_LT(resident, pages / 4);
+  const Result<MemoryBytes> plan = PlanMemory(c.model, {}, 0, c.micro_batch, c.AccumulationSteps(),
+                                              false, 1, size_t{1} << 20, false, c.lora);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->gradients, (zeroed + trainer->lora()->size()) * sizeof(float));
+  EXPECT_EQ(trainer->memory().gradients, plan->gradients);
 }
 
 // A model skips the gradients of its frozen weights (Model::SkipGradients): `frozen`'s is not

@@ -76,9 +76,11 @@ Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout
   m.optimizer = 2 * owned * sizeof(float);
   m.ema = n * sizeof(float);
   if (lora.enabled()) {
+    // The model's gradients of the targets and of its vectors (Trainer::zeroed_), and the
+    // adapters'.
     DT_ASSIGN_OR_RETURN(const LoraElements e, CountLoraElements(lora, part.parameters.table));
     m.parameters += (e.adapters + e.frozen) * sizeof(float);
-    m.gradients += e.adapters * sizeof(float);
+    m.gradients = (e.frozen + e.vectors + e.adapters) * sizeof(float);
     m.optimizer = 2 * e.adapters * sizeof(float);
     m.ema = e.adapters * sizeof(float);
   }
@@ -212,9 +214,22 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
     for (const LoraModule& m : lora_->modules())
       targets.insert(m.weight);
     std::vector<size_t> frozen;
-    for (const TensorSpec& t : model_->parameter_table().tensors())
+    for (const TensorSpec& t : model_->parameter_table().tensors()) {
       if (!targets.contains(t.offset)) frozen.push_back(t.offset);
+      // Zeroed each step: the targets' gradients, which the adapters' come from, and the
+      // vectors (norms, biases) a family may compute whatever it is asked to skip. The rest
+      // of the gradient arena is never written, and its pages never touched.
+      if (targets.contains(t.offset) || t.shape.size() < 2) {
+        if (!zeroed_.empty() && zeroed_.back().end == t.offset) {
+          zeroed_.back().end += t.numel;
+        } else {
+          zeroed_.push_back({t.offset, t.offset + t.numel});
+        }
+      }
+    }
     model_->SkipGradients(std::move(frozen));
+  } else {
+    zeroed_ = {{0, model_->num_params()}};
   }
   whole_ = {{0, trained_elements()}};
   ema_ = Buffer<float>(trained_elements());
@@ -280,7 +295,10 @@ MemoryBytes Trainer::memory() const {
   if (gpu_) return gpu_->memory();
   MemoryBytes m;
   m.parameters = model_->num_params() * sizeof(float) + model_->fixed_bytes();
-  m.gradients = model_->num_params() * sizeof(float);
+  size_t zeroed = 0;  // the model's gradients a step writes
+  for (const parallel::Range& r : zeroed_)
+    zeroed += r.size();
+  m.gradients = zeroed * sizeof(float);
   if (lora_) {  // the adapters and the frozen copy of their weights
     m.parameters += (lora_->size() + lora_->base_size()) * sizeof(float);
     m.gradients += lora_->size() * sizeof(float);
@@ -437,7 +455,7 @@ Result<StepStats> Trainer::Step() {
   grad_scale_ = static_cast<float>(model_->placement().cp) / static_cast<float>(micro_batches_);
   step_loss_ = 0;
   data_wait_seconds_ = 0;
-  std::memset(model_->grads(), 0, model_->num_params() * sizeof(float));
+  ZeroModelGradients();
   DT_RETURN_IF_ERROR(parallel::RunOneForwardOneBackward(parallel_.pp, micro_batches_, *this));
   // Read this rank's slice of the next global batch while the update runs.
   if (model_->placement().first_stage() || model_->placement().last_stage()) {
@@ -494,9 +512,15 @@ Result<StepStats> Trainer::StepOnGpu() {
   return stats;
 }
 
+void Trainer::ZeroModelGradients() {
+  float* grads = model_->grads();
+  for (const parallel::Range& r : zeroed_)
+    std::memset(grads + r.begin, 0, r.size() * sizeof(float));
+}
+
 StepStats Trainer::StepOn(const MicroBatch& batch) {
   DT_CHECK(!parallel_.topology && !gpu_, "StepOn is for one process on the CPU");
-  std::memset(model_->grads(), 0, model_->num_params() * sizeof(float));
+  ZeroModelGradients();
   const double loss = ForwardBackward(batch, 1.0f);
   return *ApplyUpdate(loss, batch.size);
 }

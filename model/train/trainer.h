@@ -208,6 +208,8 @@ class Trainer : private parallel::PipelineStage {
   Status FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* loader_seconds);
   // Clips, updates the owned parameters with AdamW, gathers them (ZeRO-1), updates the
   // EMA and advances the counters.
+  // Zeroes the model's gradients before a step: the ranges `zeroed_`.
+  void ZeroModelGradients();
   Result<StepStats> ApplyUpdate(double loss, int64_t samples);
   // Step on the GPU: the micro-batches one after the other, the gradient all-reduce, the
   // update.
@@ -248,6 +250,9 @@ class Trainer : private parallel::PipelineStage {
   GaussianDiffusion diffusion_;
   std::unique_ptr<parallel::GradientSync> sync_;
   std::vector<parallel::Range> whole_;  // [0, n) of the trained arena: what one process owns
+  // The model's gradients each step zeroes (ZeroModelGradients): all, or a LoRA run's targets'
+  // and vectors (the rest of the arena is never written).
+  std::vector<parallel::Range> zeroed_;
   size_t owned_elements_ = 0;
   // Owned ranges this rank adds to the squared gradient norm: tensor-parallel replicas
   // count once, on tp rank 0.

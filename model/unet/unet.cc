@@ -41,7 +41,8 @@ UNet::UNet(const UNetConfig& config, bool gradients)
     : config_(config),
       plan_(config),
       params_(plan_.table.total()),
-      grads_(gradients ? plan_.table.total() : 0) {
+      // Touched only where gradients are computed (a LoRA run skips most).
+      grads_(gradients ? plan_.table.total() : 0, BufferPages::kOnFirstTouch) {
   sharded_.table = plan_.table;
   sharded_.fragments = {{0, 0, plan_.table.total()}};
   sharded_.split.assign(plan_.table.tensors().size(), false);
@@ -198,35 +199,38 @@ Status UNet::Backward(int slot, const float* output_grad, float*, const Gradient
     if (ready) ready((*it)->first_param);
   }
   const float* P = params_.data();
-  float* G = grads_.data();
   const auto offset = [&](const char* name) { return plan_.table.Find(name)->offset; };
+  // A tensor's gradient, or null where SkipGradients skips it.
+  const auto grad = [&](const char* name) {
+    const TensorSpec* t = plan_.table.Find(name);
+    return skipped_.Skips(t->offset, t->numel) ? nullptr : grads_.data() + t->offset;
+  };
   cpu::SiluBackward(back + l.dtemb, back + l.dtemb_silu, acts + l.temb, size_t(B) * E);
-  cpu::LinearBackward(back + l.dt1_silu, G + offset("time_embedding.linear_2.weight"),
-                      G + offset("time_embedding.linear_2.bias"), back + l.dtemb, acts + l.t1_silu,
+  cpu::LinearBackward(back + l.dt1_silu, grad("time_embedding.linear_2.weight"),
+                      grad("time_embedding.linear_2.bias"), back + l.dtemb, acts + l.t1_silu,
                       P + offset("time_embedding.linear_2.weight"), B, E, E);
   if (config_.text_time()) {
     // add_embedding's gradients: the time embedding's flows into its second layer too; its
     // input is data.
     const int Pin = config_.projection_class_embeddings_input_dim;
-    cpu::LinearBackward(back + l.dadd1_silu, G + offset("add_embedding.linear_2.weight"),
-                        G + offset("add_embedding.linear_2.bias"), back + l.dtemb,
-                        acts + l.add1_silu, P + offset("add_embedding.linear_2.weight"), B, E, E);
+    cpu::LinearBackward(back + l.dadd1_silu, grad("add_embedding.linear_2.weight"),
+                        grad("add_embedding.linear_2.bias"), back + l.dtemb, acts + l.add1_silu,
+                        P + offset("add_embedding.linear_2.weight"), B, E, E);
     cpu::SiluBackward(back + l.dadd1, back + l.dadd1_silu, acts + l.add1, size_t(B) * E);
-    cpu::LinearBackward<float>(nullptr, G + offset("add_embedding.linear_1.weight"),
-                               G + offset("add_embedding.linear_1.bias"), back + l.dadd1,
-                               acts + l.add_in, P + offset("add_embedding.linear_1.weight"), B, Pin,
-                               E);
+    cpu::LinearBackward<float>(nullptr, grad("add_embedding.linear_1.weight"),
+                               grad("add_embedding.linear_1.bias"), back + l.dadd1, acts + l.add_in,
+                               P + offset("add_embedding.linear_1.weight"), B, Pin, E);
   }
   cpu::SiluBackward(back + l.dt1, back + l.dt1_silu, acts + l.t1, size_t(B) * E);
   // The features are data, and so their gradient is needed only for cond_proj's weight.
   const float* guidance = guidances_[slot];
-  cpu::LinearBackward<float>(
-      guidance != nullptr ? back + l.dtfreq : nullptr, G + offset("time_embedding.linear_1.weight"),
-      G + offset("time_embedding.linear_1.bias"), back + l.dt1, acts + l.tfreq,
-      P + offset("time_embedding.linear_1.weight"), B, C0, E);
+  cpu::LinearBackward<float>(guidance != nullptr ? back + l.dtfreq : nullptr,
+                             grad("time_embedding.linear_1.weight"),
+                             grad("time_embedding.linear_1.bias"), back + l.dt1, acts + l.tfreq,
+                             P + offset("time_embedding.linear_1.weight"), B, C0, E);
   if (guidance != nullptr) {
     cpu::LinearBackward<float>(
-        nullptr, G + offset("time_embedding.cond_proj.weight"), nullptr, back + l.dtfreq, guidance,
+        nullptr, grad("time_embedding.cond_proj.weight"), nullptr, back + l.dtfreq, guidance,
         P + offset("time_embedding.cond_proj.weight"), B, config_.time_cond_proj_dim, C0);
   }
   if (ready) ready(0);
