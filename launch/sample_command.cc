@@ -236,7 +236,8 @@ int RunSample(const SampleOptions& o) {
     const bool text_fused = prompts && prompts->lora_text_encoder;
     Result<io::LoraFused> fused = io::FuseLora(
         lora, o.LoraScale(i), {{io::kLoraUNet, &model.global_parameter_table(), model.params()}},
-        text_fused ? std::vector<std::string>{io::kLoraTextEncoder} : std::vector<std::string>{},
+        text_fused ? std::vector<std::string>{io::kLoraTextEncoder, io::kLoraTextEncoder2}
+                   : std::vector<std::string>{},
         "difftrain fuses only where the prompts are all embedded by a text encoder (--pretrained "
         "PIPELINE without --text-table or --captions)");
     if (!fused.ok()) return bad("--lora: " + fused.status().message());

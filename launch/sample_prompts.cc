@@ -138,11 +138,14 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   // is fused with the model).
   if (encoder && encoder_only && !o.loras.empty()) {
     TextEncoder& e = encoder->encoder();
+    // SDXL's second encoder takes the file's lora_te2_ (text_encoder_2.) part.
+    std::vector<io::LoraTarget> text_targets = {{io::kLoraTextEncoder, &e.tensors(), e.weights()}};
+    if (TextEncoder* e2 = encoder->encoder_2(); e2 != nullptr)
+      text_targets.push_back({io::kLoraTextEncoder2, &e2->tensors(), e2->weights()});
     for (size_t i = 0; i < o.loras.size(); ++i) {
       const std::string& lora = o.loras[i];
       Result<io::LoraFused> fused =
-          io::FuseLora(lora, o.LoraScale(i), {{io::kLoraTextEncoder, &e.tensors(), e.weights()}},
-                       {io::kLoraUNet});
+          io::FuseLora(lora, o.LoraScale(i), text_targets, {io::kLoraUNet});
       if (!fused.ok()) return fused.status().WithContext("--lora");
       if (fused->modules > 0) {
         spdlog::info("fused the LoRA {} into {} modules of the text encoder (rank up to {})", lora,

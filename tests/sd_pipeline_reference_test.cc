@@ -760,6 +760,12 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
   if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
   const std::string pipeline = MakePipeline(text_python, "sdxl");
   ASSERT_FALSE(pipeline.empty());
+  // A kohya LoRA as sd-scripts name SDXL's modules (the original layout's input_blocks, …) and
+  // both text encoders' (lora_te1_, lora_te2_), read by diffusers' own conversions.
+  const std::string kohya = (dir_ / "sdxl_kohya.safetensors").string();
+  const CommandResult lora =
+      RunScript("lora.py", fmt::format("sdxl {} {} 8", ShellQuote(pipeline), ShellQuote(kohya)));
+  ASSERT_EQ(lora.exit_code, 0) << lora.output;
   struct Case {
     const char* name;
     nlohmann::json settings;  // sd_pipeline.py run's
@@ -803,12 +809,39 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
         {"images", 2},
         {"seed", 5}},
        "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 6 --height 24 --width 16"},
+      {"sdxl_kohya_lora",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", "blurry"},
+        {"steps", 6},
+        {"guidance", 5.0},
+        {"spacing", nullptr},
+        {"scheduler", "euler"},
+        {"lora", {kohya}},
+        {"lora_scale", {0.8}},
+        {"images", 2},
+        {"seed", 6}},
+       "--prompt 'a photo of a boat' --negative-prompt blurry --cfg 5 --per-class 2 --steps 6 "
+       "--lora " +
+           ShellQuote(kohya) + " --lora-scale 0.8"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const Compared compared = Compare(pipeline, c.settings, c.flags, c.name);
     ASSERT_TRUE(compared.got.has_value());
   }
+  // The LoRA matters: without it the same x_T samples far from diffusers' run with it.
+  Result<io::SafetensorsFile> with_lora =
+      io::SafetensorsFile::Read((dir_ / "sdxl_kohya_lora_want.safetensors").string());
+  ASSERT_TRUE(with_lora.ok());
+  Result<io::SafetensorsFile> without_lora = Sample(
+      pipeline, (dir_ / "sdxl_kohya_lora_want.safetensors").string(),
+      "--prompt 'a photo of a boat' --negative-prompt blurry --cfg 5 --per-class 2 --steps 6",
+      "sdxl_without_lora");
+  ASSERT_TRUE(without_lora.ok()) << without_lora.status().message();
+  const double lora_moved =
+      RelativeL2(ReferenceTensor(*without_lora, "images"), ReferenceTensor(*with_lora, "latents"));
+  std::cout << "without the kohya LoRA: relative L2 latents " << lora_moved << "\n";
+  EXPECT_GT(lora_moved, 10 * kBound);
   // Latents alone (no VAE decoding them): the time ids still take the pipeline's VAE's size.
   Result<io::SafetensorsFile> want =
       io::SafetensorsFile::Read((dir_ / "sdxl_defaults_want.safetensors").string());
@@ -874,8 +907,8 @@ TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
   Result<TextTable> table = ReadTextTable(packed + "/text.safetensors");
   ASSERT_TRUE(table.ok()) << table.status().message();
   EXPECT_EQ(table->size(), 2);
-  EXPECT_EQ(table->dim, 32 + 48);      // the two encoders' widths
-  EXPECT_EQ(table->pooled_dim, 40);    // text_encoder_2's projection
+  EXPECT_EQ(table->dim, 32 + 48);    // the two encoders' widths
+  EXPECT_EQ(table->pooled_dim, 40);  // text_encoder_2's projection
   EXPECT_EQ(table->pooled.size(), 2u * 40);
 
   nlohmann::json unet = nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));

@@ -170,7 +170,7 @@ std::optional<LdmTensorPart> LdmOpenClipTensor(const std::string& name, int64_t 
   return LdmTensorPart{block + *renamed};
 }
 
-Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& names) {
+std::vector<std::optional<std::string>> SgmUNetNames(const std::vector<std::string>& names) {
   const int L = static_cast<int>(Indices(names, "down_blocks.0.resnets.").size());
   std::set<int> up_attends;
   for (const std::string& name : names) {
@@ -178,16 +178,29 @@ Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& na
         b && b->rest.starts_with("attentions."))
       up_attends.insert(b->index);
   }
-  std::vector<std::string> ldm;
+  std::vector<std::optional<std::string>> sgm;
   for (const std::string& name : names) {
-    std::optional<std::string> renamed = LdmUNetName(name, L, up_attends);
-    if (!renamed) {
+    std::optional<std::string> renamed = Renamed(
+        name,
+        {{"add_embedding.linear_1", "label_emb.0.0"}, {"add_embedding.linear_2", "label_emb.0.2"}});
+    sgm.push_back(renamed ? renamed : LdmUNetName(name, L, up_attends));
+  }
+  return sgm;
+}
+
+Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& names) {
+  const std::vector<std::optional<std::string>> sgm = SgmUNetNames(names);
+  std::vector<std::string> ldm;
+  for (size_t i = 0; i < names.size(); ++i) {
+    // SDXL's layout holds its two text encoders under conditioner.embedders, which the
+    // SD 1.x/2.x one does not: an SDXL UNet is refused here, not written half right.
+    if (!sgm[i] || names[i].starts_with("add_embedding.")) {
       return Errorf(
           "the UNet's '{}' has no place in an original Stable Diffusion checkpoint (its layout "
           "holds SD 1.x/2.x UNets: no guidance, class or addition embeddings)",
-          name);
+          names[i]);
     }
-    ldm.push_back(kLdmUNetPrefix + *renamed);
+    ldm.push_back(kLdmUNetPrefix + *sgm[i]);
   }
   return ldm;
 }

@@ -69,6 +69,10 @@ std::optional<LdmTensorPart> LdmOpenClipTensor(const std::string& name, int64_t 
 // themselves). Errors name a tensor the layout has no place for (time_cond_proj_dim's
 // cond_proj, class and addition embeddings).
 Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& names);
+// The same in SDXL's original (SGM) layout too, the addition embedding as its label_emb.0.0 and
+// .0.2, where a name has a place: nullopt for one that has none. What kohya's SDXL LoRAs name
+// their modules by.
+std::vector<std::optional<std::string>> SgmUNetNames(const std::vector<std::string>& names);
 
 // The UNet2DConditionModel config.json of the file's UNet: in and out channels, channels per
 // level, resnets per level, which levels attend, the cross-attention width, transformer depth

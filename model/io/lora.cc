@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "model/cpu/low_rank.h"
+#include "model/io/ldm_checkpoint.h"
 #include "model/io/safetensors.h"
 
 namespace difftrain::io {
@@ -37,7 +38,7 @@ const std::vector<Component>& Components() {
   static const std::vector<Component> components = {
       {kLoraUNet, "unet.", {"lora_unet_"}},
       {kLoraTextEncoder, "text_encoder.", {"lora_te_", "lora_te1_"}},
-      {"text_encoder_2", "text_encoder_2.", {"lora_te2_"}},
+      {kLoraTextEncoder2, "text_encoder_2.", {"lora_te2_"}},
   };
   return components;
 }
@@ -146,18 +147,31 @@ Result<LoraFused> FuseLora(const std::string& path, double scale,
   const auto error = [&](const std::string& message) {
     return Errorf("LoRA file '{}': {}", path, message);
   };
-  // Each target's kohya names: lora_unet_ (lora_te_, lora_te1_) + the module, '.' as '_'.
+  // Each target's kohya names: lora_unet_ (lora_te_, lora_te1_, lora_te2_) + the module, '.'
+  // as '_'; a UNet's modules also by their names in SDXL's original layout (kohya's SDXL LoRAs:
+  // lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q, …_in_layers_2).
   std::unordered_map<std::string, std::string> kohya;
+  const auto flat = [](std::string name) {
+    std::replace(name.begin(), name.end(), '.', '_');
+    return name;
+  };
   for (const LoraTarget& t : targets) {
     for (const Component& c : Components()) {
       if (c.name != t.component) continue;
-      for (const TensorSpec& spec : t.table->tensors()) {
-        if (!spec.name.ends_with(".weight")) continue;
-        const std::string module = spec.name.substr(0, spec.name.size() - 7);
-        std::string flat = module;
-        std::replace(flat.begin(), flat.end(), '.', '_');
-        for (const char* prefix : c.kohya)
-          kohya.emplace(prefix + flat, module);
+      std::vector<std::string> names;
+      for (const TensorSpec& spec : t.table->tensors())
+        names.push_back(spec.name);
+      const std::vector<std::optional<std::string>> sgm =
+          c.name == kLoraUNet ? SgmUNetNames(names)
+                              : std::vector<std::optional<std::string>>(names.size());
+      for (size_t i = 0; i < names.size(); ++i) {
+        if (!names[i].ends_with(".weight")) continue;
+        const std::string module = names[i].substr(0, names[i].size() - 7);
+        for (const char* prefix : c.kohya) {
+          kohya.emplace(prefix + flat(module), module);
+          if (sgm[i] && sgm[i]->ends_with(".weight"))
+            kohya.emplace(prefix + flat(sgm[i]->substr(0, sgm[i]->size() - 7)), module);
+        }
       }
     }
   }

@@ -39,6 +39,7 @@ namespace difftrain::io {
 
 inline constexpr const char* kLoraUNet = "unet";
 inline constexpr const char* kLoraTextEncoder = "text_encoder";
+inline constexpr const char* kLoraTextEncoder2 = "text_encoder_2";  // SDXL's second
 
 // A component to fuse into: its name (kLoraUNet, kLoraTextEncoder) and its parameters.
 struct LoraTarget {

@@ -45,6 +45,7 @@ class TextEmbedder {
   const text::Tokenizer& tokenizer() const { return *parts_[0].tokenizer; }
   // SDXL's text_encoder_2 and tokenizer_2; nullptr for a single encoder.
   const TextEncoder* encoder_2() const { return dual() ? &parts_[1].encoder : nullptr; }
+  TextEncoder* encoder_2() { return dual() ? &parts_[1].encoder : nullptr; }
   const text::Tokenizer* tokenizer_2() const {
     return dual() ? parts_[1].tokenizer.get() : nullptr;
   }

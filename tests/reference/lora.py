@@ -5,6 +5,7 @@ fused into a UNet: the reference of difftrain's FuseLora (model/io/lora.h).
     PYTHON tests/reference/lora.py unet UNET_DIR SEED
     PYTHON tests/reference/lora.py make UNET_DIR OUT_DIR SEED [TEXT_ENCODER_DIR]
     PYTHON tests/reference/lora.py fuse UNET_DIR LORA SCALE OUT.safetensors
+    PYTHON tests/reference/lora.py sdxl PIPELINE_DIR OUT.safetensors SEED
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2).
 
@@ -28,6 +29,12 @@ diffusers' way: the file read by LoraLoaderMixin.lora_state_dict (its kohya conv
 UNet's part converted by convert_unet_state_dict_to_peft (the names peft's layers take), each
 module's weight W += SCALE · alpha/rank · B·A (peft's delta weight: over the flattened input
 and kernel), alpha the file's where it has one, else the rank, in float64.
+sdxl: a kohya LoRA of an SDXL pipeline (StableDiffusionXLPipeline's folder) as kohya's
+sd-scripts name SDXL's modules, by the original (SGM) layout: lora_unet_input_blocks_4_1_
+transformer_blocks_0_attn1_to_q, …_in_layers_2 (every Linear of the transformers and the
+resnets' convolutions and time projections, ranks 4 and 2, alphas 1, 2 or 8 by turns, F16),
+and lora_te1_/lora_te2_ of both text encoders' attention and MLP Linears (rank 2, alpha 4).
+diffusers reads it back by its own SGM and kohya conversions (fuse_into with the UNet's config).
 Exit status: 0, or 2 for bad usage.
 """
 
@@ -111,6 +118,64 @@ def make(unet_dir, out_dir, seed, text_encoder_dir=None):
     return 0
 
 
+def sgm_module(name, layers, up_attends):
+    """SDXL's original (SGM) name of the diffusers UNet module NAME (of a resnet or a
+    transformer), as kohya's sd-scripts spell SDXL's modules."""
+    resnet = {"conv1": "in_layers.2", "time_emb_proj": "emb_layers.1", "conv2": "out_layers.3",
+              "conv_shortcut": "skip_connection"}
+    parts = name.split(".")
+    if parts[0] == "mid_block":
+        index = {"resnets.0": 0, "attentions.0": 1, "resnets.1": 2}[".".join(parts[1:3])]
+        rest = parts[3:]
+        return ".".join(["middle_block", str(index)] + ([resnet[rest[0]]] if parts[1] == "resnets"
+                                                         else rest))
+    block, kind, layer, rest = int(parts[1]), parts[2], int(parts[3]), parts[4:]
+    inner = "0" if kind == "resnets" else "1"
+    rest = [resnet[rest[0]]] if kind == "resnets" else rest
+    if parts[0] == "down_blocks":
+        return ".".join(["input_blocks", str(1 + block * (layers + 1) + layer), inner] + rest)
+    return ".".join(["output_blocks", str(block * (layers + 1) + layer), inner] + rest)
+
+
+def make_sdxl(pipeline_dir, out, seed):
+    from transformers import CLIPTextModelWithProjection
+    unet = UNet2DConditionModel.from_pretrained(os.path.join(pipeline_dir, "unet"))
+    generator = torch.Generator().manual_seed(seed)
+    kohya = {}
+    for prefix, encoder in (("lora_te1_", CLIPTextModel.from_pretrained(
+            os.path.join(pipeline_dir, "text_encoder"))), ("lora_te2_",
+            CLIPTextModelWithProjection.from_pretrained(
+                os.path.join(pipeline_dir, "text_encoder_2")))):
+        for name, module in encoder.named_modules():
+            if isinstance(module, torch.nn.Linear) and (".self_attn." in name or ".mlp." in name):
+                base = prefix + name.replace(".", "_")
+                kohya[f"{base}.lora_down.weight"] = (0.3 * torch.randn(
+                    (2, module.in_features), generator=generator)).half()
+                kohya[f"{base}.lora_up.weight"] = (0.3 * torch.randn(
+                    (module.out_features, 2), generator=generator)).half()
+                kohya[f"{base}.alpha"] = torch.tensor(4.0).half()
+    up_attends = {i for i, t in enumerate(unet.config.up_block_types) if "CrossAttn" in t}
+    modules = [(n, m) for n, m in adapted_modules(unet, everywhere=False)
+               if ".resnets." in n or ".attentions." in n]
+    for i, (name, module) in enumerate(modules):
+        rank = 4 if i % 2 == 0 else 2
+        if isinstance(module, torch.nn.Linear):
+            down = torch.randn((rank, module.in_features), generator=generator)
+            up = torch.randn((module.out_features, rank), generator=generator)
+        else:
+            kh, kw = module.kernel_size
+            down = torch.randn((rank, module.in_channels, kh, kw), generator=generator)
+            up = torch.randn((module.out_channels, rank, 1, 1), generator=generator)
+        base = "lora_unet_" + sgm_module(name, unet.config.layers_per_block, up_attends).replace(
+            ".", "_")
+        kohya[f"{base}.lora_down.weight"] = (0.3 * down).half()
+        kohya[f"{base}.lora_up.weight"] = (0.3 * up).half()
+        kohya[f"{base}.alpha"] = torch.tensor((1.0, 2.0, 8.0)[i % 3]).half()
+    save_file({k: v.contiguous() for k, v in kohya.items()}, out)
+    print(f"{len(kohya) // 3} kohya modules of an SDXL pipeline in {out}")
+    return 0
+
+
 def add_products(state_dict, lora_state, alpha_of, scale):
     """W += SCALE · alpha/rank · B·A (over the flattened input and kernel, peft's delta weight)
     in float64 for each module of the peft-named LORA_STATE, alpha_of(module, rank) its alpha;
@@ -127,11 +192,10 @@ def add_products(state_dict, lora_state, alpha_of, scale):
     return len(modules)
 
 
-def fuse_text_encoder(state_dict, lora, scale):
-    """Fuses LORA's text encoder part at SCALE into the CLIPTextModel STATE_DICT (in place,
-    float64); the number of modules."""
+def fuse_text_encoder(state_dict, lora, scale, prefix="text_encoder."):
+    """Fuses LORA's text encoder part (PREFIX: SDXL's second is text_encoder_2.) at SCALE into
+    the CLIPTextModel STATE_DICT (in place, float64); the number of modules."""
     lora_state, alphas = StableDiffusionPipeline.lora_state_dict(lora)
-    prefix = "text_encoder."
     lora_state = {k[len(prefix):]: v for k, v in lora_state.items() if k.startswith(prefix)}
     if not lora_state:
         return 0
@@ -143,10 +207,11 @@ def fuse_text_encoder(state_dict, lora, scale):
     return add_products(state_dict, lora_state, lambda module, rank: alpha or rank, scale)
 
 
-def fuse_into(state_dict, lora, scale):
+def fuse_into(state_dict, lora, scale, unet_config=None):
     """Fuses LORA's UNet part (a file) at SCALE into the UNet STATE_DICT (modified in place,
-    float64); the number of modules."""
-    lora_state, alphas = StableDiffusionPipeline.lora_state_dict(lora)
+    float64); the number of modules. With UNET_CONFIG, kohya's SDXL names (the original layout's)
+    are mapped as diffusers' SDXL pipeline maps them."""
+    lora_state, alphas = StableDiffusionPipeline.lora_state_dict(lora, unet_config=unet_config)
     lora_state = {k: v for k, v in lora_state.items() if not k.startswith("text_encoder")}
     if any(k.startswith("unet.") for k in lora_state):
         lora_state = {k[len("unet."):]: v for k, v in lora_state.items() if k.startswith("unet.")}
@@ -173,6 +238,8 @@ def main(argv):
         return small_unet(argv[2], int(argv[3]))
     if len(argv) in (5, 6) and argv[1] == "make":
         return make(argv[2], argv[3], int(argv[4]), argv[5] if len(argv) == 6 else None)
+    if len(argv) == 5 and argv[1] == "sdxl":
+        return make_sdxl(argv[2], argv[3], int(argv[4]))
     if len(argv) == 6 and argv[1] == "fuse":
         return fuse(argv[2], argv[3], float(argv[4]), argv[5])
     print(__doc__, file=sys.stderr)

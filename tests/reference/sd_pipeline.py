@@ -253,9 +253,16 @@ def run(folder, out, settings):
     for inversion, token in settings.get("textual_inversion", []):
         pipeline.load_textual_inversion(inversion, token=token)
     for lora, scale in zip(settings.get("lora", []), settings.get("lora_scale", [])):
-        # Fused as diffusers reads the file (tests/reference/lora.py).
-        for model, fuse in ((pipeline.unet, fuse_into),
-                            (pipeline.text_encoder, fuse_text_encoder)):
+        # Fused as diffusers reads the file (tests/reference/lora.py); SDXL's with its UNet's
+        # config (kohya's original-layout names) and its second text encoder.
+        xl = pipeline_class == "StableDiffusionXLPipeline"
+        parts = [(pipeline.unet, lambda s, f, k: fuse_into(
+                     s, f, k, unet_config=pipeline.unet.config if xl else None)),
+                 (pipeline.text_encoder, fuse_text_encoder)]
+        if xl:
+            parts.append((pipeline.text_encoder_2, lambda s, f, k: fuse_text_encoder(
+                s, f, k, prefix="text_encoder_2.")))
+        for model, fuse in parts:
             state = {k: v.double() for k, v in model.state_dict().items()}
             fuse(state, lora, scale)
             model.load_state_dict({k: v.float() for k, v in state.items()})
