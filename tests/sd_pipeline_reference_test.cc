@@ -762,6 +762,7 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
   ASSERT_FALSE(pipeline.empty());
   // A kohya LoRA as sd-scripts name SDXL's modules (the original layout's input_blocks, …) and
   // both text encoders' (lora_te1_, lora_te2_), read by diffusers' own conversions.
+  const std::string start = WriteStartLatents(pipeline, 1);
   const std::string kohya = (dir_ / "sdxl_kohya.safetensors").string();
   const CommandResult lora =
       RunScript("lora.py", fmt::format("sdxl {} {} 8", ShellQuote(pipeline), ShellQuote(kohya)));
@@ -809,6 +810,20 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
         {"images", 2},
         {"seed", 5}},
        "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 6 --height 24 --width 16"},
+      // Image to image (StableDiffusionXLImg2ImgPipeline): its default strength 0.3.
+      {"sdxl_image",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 10},
+        {"guidance", 5.0},
+        {"spacing", nullptr},
+        {"scheduler", "euler"},
+        {"image", start},
+        {"strength", 0.3},
+        {"images", 2},
+        {"seed", 7}},
+       "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 10 --image " +
+           ShellQuote(start)},
       {"sdxl_kohya_lora",
        {{"prompt", "a photo of a boat"},
         {"negative_prompt", "blurry"},

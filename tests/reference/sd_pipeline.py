@@ -51,7 +51,8 @@ no negative prompt), with the optional original_inference_steps of SETTINGS_JSON
 [steps, 1, images, 4, h, w] is what LCMScheduler.step draws.
 Image to image: with "image" (a safetensors file whose "images" [1 or images, 4, h, w] are
 latents, which the pipelines take as they are) and "strength" in SETTINGS_JSON, the pipeline
-runs as StableDiffusionImg2ImgPipeline (an LCM one as LatentConsistencyModelImg2ImgPipeline) of
+runs as StableDiffusionImg2ImgPipeline (an LCM one as LatentConsistencyModelImg2ImgPipeline, an
+SDXL one as StableDiffusionXLImg2ImgPipeline) of
 the same components, the noise its prepare_latents adds to the image the seeded N(0, 1) that
 OUT's "noise" holds.
 With "height" and "width" (pixels), the pipeline samples at that size; an SDXL pipeline takes
@@ -80,7 +81,7 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        LatentConsistencyModelPipeline, LCMScheduler, LMSDiscreteScheduler,
                        PNDMScheduler, StableDiffusionImg2ImgPipeline,
                        StableDiffusionInpaintPipeline, StableDiffusionPipeline,
-                       StableDiffusionXLPipeline,
+                       StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline,
                        TCDScheduler, UNet2DConditionModel, UniPCMultistepScheduler)
 from lora import fuse_into, fuse_text_encoder
 from step_brownian import StepBrownian, dpm_solver_sde_module
@@ -211,6 +212,8 @@ def sample(pipeline, out, settings, **call):
     elif settings.get("image"):
         image_class = (LatentConsistencyModelImg2ImgPipeline
                        if isinstance(pipeline, LatentConsistencyModelPipeline)
+                       else StableDiffusionXLImg2ImgPipeline
+                       if isinstance(pipeline, StableDiffusionXLPipeline)
                        else StableDiffusionImg2ImgPipeline)
         pipeline = image_class(**pipeline.components)
         sys.modules[image_class.__module__].randn_tensor = lambda shape, **kwargs: noise.clone()
