@@ -52,10 +52,12 @@ constexpr double kTcdGamma = 0.3;  // TCDScheduler.step's eta
 // LatentConsistencyModelPipeline's guidance_scale, for a model that embeds it.
 constexpr double kEmbeddedGuidance = 8.5;
 // StableDiffusionImg2ImgPipeline's strength, and StableDiffusionInpaintPipeline's; SDXL's
-// pipelines' (StableDiffusionXLImg2ImgPipeline's 0.3, made to refine).
+// pipelines' (StableDiffusionXLImg2ImgPipeline's 0.3, made to refine;
+// StableDiffusionXLInpaintPipeline's 0.9999: the image noised to the second step).
 constexpr double kImageStrength = 0.8;
 constexpr double kInpaintStrength = 1.0;
 constexpr double kSdxlImageStrength = 0.3;
+constexpr double kSdxlInpaintStrength = 0.9999;
 
 int RunSample(const SampleOptions& o) {
   auto bad = [](const std::string& message) { return ReportBadInput("sample", message); };
@@ -211,9 +213,10 @@ int RunSample(const SampleOptions& o) {
   if (Status s = ChooseLcmOptions(o, ckpt, kind, options); !s.ok()) return bad(s.message());
   options.guidance_rescale = o.guidance_rescale.value_or(0.0);
   options.seed = o.seed;
-  const double strength = o.strength.value_or(inpainting              ? kInpaintStrength
-                                              : m.pooled_text_dim > 0 ? kSdxlImageStrength
-                                                                      : kImageStrength);
+  const bool sdxl = m.pooled_text_dim > 0;
+  const double strength =
+      o.strength.value_or(inpainting ? (sdxl ? kSdxlInpaintStrength : kInpaintStrength)
+                                     : (sdxl ? kSdxlImageStrength : kImageStrength));
   if (inpainting) {
     // StableDiffusionInpaintPipeline at strength 1 starts from x_T itself, not the image noised.
     if (strength != 1) options.strength = strength;

@@ -760,9 +760,10 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
   if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
   const std::string pipeline = MakePipeline(text_python, "sdxl");
   ASSERT_FALSE(pipeline.empty());
+  const std::string start = WriteStartLatents(pipeline, 1);
+  const std::string mask = WriteMask(dir_, 20, 18, 0.0);
   // A kohya LoRA as sd-scripts name SDXL's modules (the original layout's input_blocks, …) and
   // both text encoders' (lora_te1_, lora_te2_), read by diffusers' own conversions.
-  const std::string start = WriteStartLatents(pipeline, 1);
   const std::string kohya = (dir_ / "sdxl_kohya.safetensors").string();
   const CommandResult lora =
       RunScript("lora.py", fmt::format("sdxl {} {} 8", ShellQuote(pipeline), ShellQuote(kohya)));
@@ -824,6 +825,21 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
         {"seed", 7}},
        "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 10 --image " +
            ShellQuote(start)},
+      // Inpainting (StableDiffusionXLInpaintPipeline): its default strength 0.9999.
+      {"sdxl_inpaint",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 10},
+        {"guidance", 5.0},
+        {"spacing", nullptr},
+        {"scheduler", "euler"},
+        {"image", start},
+        {"mask", mask},
+        {"strength", 0.9999},
+        {"images", 2},
+        {"seed", 9}},
+       "--prompt 'a photo of a boat' --cfg 5 --per-class 2 --steps 10 --image " +
+           ShellQuote(start) + " --mask " + ShellQuote(mask)},
       {"sdxl_kohya_lora",
        {{"prompt", "a photo of a boat"},
         {"negative_prompt", "blurry"},

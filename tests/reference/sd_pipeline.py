@@ -60,7 +60,8 @@ With "height" and "width" (pixels), the pipeline samples at that size; an SDXL p
 "textual_inversion" (a list of [file, token or null]), each is loaded first by the pipeline's
 load_textual_inversion.
 Inpainting: with "mask" (a picture) besides "image" and "strength", the pipeline runs as
-StableDiffusionInpaintPipeline, its masked_image_latents the image file's tensor of that name
+StableDiffusionInpaintPipeline (an SDXL one as StableDiffusionXLInpaintPipeline), its
+masked_image_latents the image file's tensor of that name
 (else, for a 4-channel UNet, which does not read them, its images), the noise its prepare_latents
 draws OUT's "noise".
 Exit status: 0, or 2 for bad usage.
@@ -81,7 +82,8 @@ from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
                        LatentConsistencyModelPipeline, LCMScheduler, LMSDiscreteScheduler,
                        PNDMScheduler, StableDiffusionImg2ImgPipeline,
                        StableDiffusionInpaintPipeline, StableDiffusionPipeline,
-                       StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline,
+                       StableDiffusionXLImg2ImgPipeline, StableDiffusionXLInpaintPipeline,
+                       StableDiffusionXLPipeline,
                        TCDScheduler, UNet2DConditionModel, UniPCMultistepScheduler)
 from lora import fuse_into, fuse_text_encoder
 from step_brownian import StepBrownian, dpm_solver_sde_module
@@ -202,9 +204,11 @@ def sample(pipeline, out, settings, **call):
     if settings.get("height"):
         call.update(height=settings["height"], width=settings["width"])
     if settings.get("mask"):
-        pipeline = StableDiffusionInpaintPipeline(**pipeline.components)
-        sys.modules[StableDiffusionInpaintPipeline.__module__].randn_tensor = \
-            lambda shape, **kwargs: noise.clone()
+        inpaint_class = (StableDiffusionXLInpaintPipeline
+                         if isinstance(pipeline, StableDiffusionXLPipeline)
+                         else StableDiffusionInpaintPipeline)
+        pipeline = inpaint_class(**pipeline.components)
+        sys.modules[inpaint_class.__module__].randn_tensor = lambda shape, **kwargs: noise.clone()
         images = load_file(settings["image"])
         call.update(image=images["images"], mask_image=Image.open(settings["mask"]),
                     masked_image_latents=images.get("masked_image_latents", images["images"]),
