@@ -731,17 +731,9 @@ TEST_F(SdPipelineReferenceTest, SamplesAsLatentConsistencyModelPipeline) {
     EXPECT_EQ(how["embedded_guidance"], settings["guidance"]);
     EXPECT_EQ(how["cfg_scale"], 1.0);
   }
-  Result<io::SafetensorsFile> want =
-      io::SafetensorsFile::Read((dir_ / "lcm_defaults_want.safetensors").string());
-  ASSERT_TRUE(want.ok());
-  Result<io::SafetensorsFile> unguided =
-      Sample(pipeline, (dir_ / "lcm_defaults_want.safetensors").string(),
-             cases[0].flags + " --cfg 1", "lcm_unguided");
-  ASSERT_TRUE(unguided.ok()) << unguided.status().message();
-  const double moved =
-      RelativeL2(ReferenceTensor(*unguided, "images"), ReferenceTensor(*want, "latents"));
-  std::cout << "guidance 1 in place of 8.5: relative L2 latents " << moved << "\n";
-  EXPECT_GT(moved, 10 * kBound);
+  EXPECT_GT(MovedFrom(pipeline, "lcm_defaults", cases[0].flags + " --cfg 1",
+                      "guidance 1 in place of 8.5"),
+            10 * kBound);
   // Classifier-free guidance's flags have nothing to steer.
   const CommandResult refused = RunCommand(fmt::format(
       "{} sample --pretrained {} --prompt boat --negative-prompt blurry --raw {} 2>&1",
@@ -861,18 +853,11 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
     ASSERT_TRUE(compared.got.has_value());
   }
   // The LoRA matters: without it the same x_T samples far from diffusers' run with it.
-  Result<io::SafetensorsFile> with_lora =
-      io::SafetensorsFile::Read((dir_ / "sdxl_kohya_lora_want.safetensors").string());
-  ASSERT_TRUE(with_lora.ok());
-  Result<io::SafetensorsFile> without_lora = Sample(
-      pipeline, (dir_ / "sdxl_kohya_lora_want.safetensors").string(),
-      "--prompt 'a photo of a boat' --negative-prompt blurry --cfg 5 --per-class 2 --steps 6",
-      "sdxl_without_lora");
-  ASSERT_TRUE(without_lora.ok()) << without_lora.status().message();
-  const double lora_moved =
-      RelativeL2(ReferenceTensor(*without_lora, "images"), ReferenceTensor(*with_lora, "latents"));
-  std::cout << "without the kohya LoRA: relative L2 latents " << lora_moved << "\n";
-  EXPECT_GT(lora_moved, 10 * kBound);
+  EXPECT_GT(MovedFrom(pipeline, "sdxl_kohya_lora",
+                      "--prompt 'a photo of a boat' --negative-prompt blurry --cfg 5 --per-class 2 "
+                      "--steps 6",
+                      "without the kohya LoRA"),
+            10 * kBound);
   // Latents alone (no VAE decoding them): the time ids still take the pipeline's VAE's size.
   Result<io::SafetensorsFile> want =
       io::SafetensorsFile::Read((dir_ / "sdxl_defaults_want.safetensors").string());
@@ -889,15 +874,10 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
   EXPECT_LE(RelativeL2(ReferenceTensor(*latents_only, "images"), ReferenceTensor(*want, "latents")),
             kBound);
   // The micro-conditioning matters: other time ids move the latents far beyond the bound.
-  Result<io::SafetensorsFile> other =
-      Sample(pipeline, (dir_ / "sdxl_defaults_want.safetensors").string(),
-             cases[0].flags + " --original-size 64,64", "sdxl_other_size");
-  ASSERT_TRUE(other.ok()) << other.status().message();
-  const double moved =
-      RelativeL2(ReferenceTensor(*other, "images"), ReferenceTensor(*want, "latents"));
-  std::cout << "original size 64x64 in place of 16x16: relative L2 latents " << moved << "\n";
-  EXPECT_GT(moved, 10 * kBound);
-  // SDXL's flags are refused for a model without micro-conditioning, and malformed ones.
+  EXPECT_GT(MovedFrom(pipeline, "sdxl_defaults", cases[0].flags + " --original-size 64,64",
+                      "original size 64x64 in place of 16x16"),
+            10 * kBound);
+  // Malformed SDXL flags are refused.
   const CommandResult malformed = RunCommand(fmt::format(
       "{} sample --pretrained {} --prompt boat --crop-top-left 1,2,3 --raw {} 2>&1",
       ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote((dir_ / "x.st").string())));

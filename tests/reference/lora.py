@@ -60,6 +60,19 @@ def adapted_modules(unet, everywhere):
             and (everywhere or name.startswith(BLOCKS))]
 
 
+def random_pair(module, rank, generator):
+    """A random LoRA (down, up) of MODULE at RANK, 0.3 · N(0, 1) each: a Linear's [rank, in] and
+    [out, rank]; a convolution's down with its kernel and a 1×1 up (LoCon)."""
+    if isinstance(module, torch.nn.Linear):
+        down = torch.randn((rank, module.in_features), generator=generator)
+        up = torch.randn((module.out_features, rank), generator=generator)
+    else:
+        kh, kw = module.kernel_size
+        down = torch.randn((rank, module.in_channels, kh, kw), generator=generator)
+        up = torch.randn((module.out_channels, rank, 1, 1), generator=generator)
+    return 0.3 * down, 0.3 * up
+
+
 def small_unet(unet_dir, seed):
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(
@@ -82,8 +95,7 @@ def make(unet_dir, out_dir, seed, text_encoder_dir=None):
         encoder = CLIPTextModel.from_pretrained(text_encoder_dir)
         for name, module in encoder.named_modules():
             if isinstance(module, torch.nn.Linear) and (".self_attn." in name or ".mlp." in name):
-                down = 0.3 * torch.randn((2, module.in_features), generator=generator)
-                up = 0.3 * torch.randn((module.out_features, 2), generator=generator)
+                down, up = random_pair(module, 2, generator)
                 peft[f"text_encoder.{name}.lora_A.weight"] = down
                 peft[f"text_encoder.{name}.lora_B.weight"] = up
                 base = "lora_te_" + name.replace(".", "_")
@@ -91,15 +103,7 @@ def make(unet_dir, out_dir, seed, text_encoder_dir=None):
                 kohya[f"{base}.lora_up.weight"] = up.half()
                 kohya[f"{base}.alpha"] = torch.tensor(4.0).half()
     for i, (name, module) in enumerate(adapted_modules(unet, everywhere=True)):
-        rank = 4 if i % 2 == 0 else 2
-        if isinstance(module, torch.nn.Linear):
-            down = torch.randn((rank, module.in_features), generator=generator)
-            up = torch.randn((module.out_features, rank), generator=generator)
-        else:
-            kh, kw = module.kernel_size
-            down = torch.randn((rank, module.in_channels, kh, kw), generator=generator)
-            up = torch.randn((module.out_channels, rank, 1, 1), generator=generator)
-        down, up = 0.3 * down, 0.3 * up
+        down, up = random_pair(module, 4 if i % 2 == 0 else 2, generator)
         peft[f"unet.{name}.lora_A.weight"] = down
         peft[f"unet.{name}.lora_B.weight"] = up
         if name.startswith(BLOCKS):
@@ -149,27 +153,19 @@ def make_sdxl(pipeline_dir, out, seed):
         for name, module in encoder.named_modules():
             if isinstance(module, torch.nn.Linear) and (".self_attn." in name or ".mlp." in name):
                 base = prefix + name.replace(".", "_")
-                kohya[f"{base}.lora_down.weight"] = (0.3 * torch.randn(
-                    (2, module.in_features), generator=generator)).half()
-                kohya[f"{base}.lora_up.weight"] = (0.3 * torch.randn(
-                    (module.out_features, 2), generator=generator)).half()
+                down, up = random_pair(module, 2, generator)
+                kohya[f"{base}.lora_down.weight"] = down.half()
+                kohya[f"{base}.lora_up.weight"] = up.half()
                 kohya[f"{base}.alpha"] = torch.tensor(4.0).half()
     up_attends = {i for i, t in enumerate(unet.config.up_block_types) if "CrossAttn" in t}
     modules = [(n, m) for n, m in adapted_modules(unet, everywhere=False)
                if ".resnets." in n or ".attentions." in n]
     for i, (name, module) in enumerate(modules):
-        rank = 4 if i % 2 == 0 else 2
-        if isinstance(module, torch.nn.Linear):
-            down = torch.randn((rank, module.in_features), generator=generator)
-            up = torch.randn((module.out_features, rank), generator=generator)
-        else:
-            kh, kw = module.kernel_size
-            down = torch.randn((rank, module.in_channels, kh, kw), generator=generator)
-            up = torch.randn((module.out_channels, rank, 1, 1), generator=generator)
+        down, up = random_pair(module, 4 if i % 2 == 0 else 2, generator)
         base = "lora_unet_" + sgm_module(name, unet.config.layers_per_block, up_attends).replace(
             ".", "_")
-        kohya[f"{base}.lora_down.weight"] = (0.3 * down).half()
-        kohya[f"{base}.lora_up.weight"] = (0.3 * up).half()
+        kohya[f"{base}.lora_down.weight"] = down.half()
+        kohya[f"{base}.lora_up.weight"] = up.half()
         kohya[f"{base}.alpha"] = torch.tensor((1.0, 2.0, 8.0)[i % 3]).half()
     save_file({k: v.contiguous() for k, v in kohya.items()}, out)
     print(f"{len(kohya) // 3} kohya modules of an SDXL pipeline in {out}")

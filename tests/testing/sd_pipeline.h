@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -192,6 +193,22 @@ class SdPipelineReferenceTest : public DiffusersReference {
         "{} --strength {} {}",
         c.scheduler, c.steps, ShellQuote(image), extra, c.strength, c.flags);
     return {settings, flags};
+  }
+
+  // How far difftrain's samples with `flags`, from the x_T of diffusers' run `want`
+  // (`want`_want.safetensors), land from that run's latents: their relative L2, printed after
+  // `what`; NaN where either could not be read.
+  double MovedFrom(const std::string& pipeline, const std::string& want, const std::string& flags,
+                   const std::string& what) {
+    const std::string reference = (dir_ / (want + "_want.safetensors")).string();
+    Result<io::SafetensorsFile> run = io::SafetensorsFile::Read(reference);
+    Result<io::SafetensorsFile> got = Sample(pipeline, reference, flags, want + "_moved");
+    EXPECT_TRUE(run.ok() && got.ok());
+    if (!run.ok() || !got.ok()) return std::numeric_limits<double>::quiet_NaN();
+    const double moved =
+        RelativeL2(ReferenceTensor(*got, "images"), ReferenceTensor(*run, "latents"));
+    std::cout << what << ": relative L2 latents " << moved << "\n";
+    return moved;
   }
 
   // difftrain's samples from `noise` with `flags` into `name`.safetensors.
