@@ -740,6 +740,13 @@ TEST_F(SdPipelineReferenceTest, SamplesAsLatentConsistencyModelPipeline) {
       ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote((dir_ / "x.st").string())));
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_THAT(refused.output, ::testing::HasSubstr("takes its guidance scale as an embedding"));
+  // SDXL's micro-conditioning flags are refused for a UNet without it.
+  const CommandResult no_time_ids = RunCommand(fmt::format(
+      "{} sample --pretrained {} --prompt boat --original-size 16,16 --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote((dir_ / "x.st").string())));
+  EXPECT_EQ(no_time_ids.exit_code, 2) << no_time_ids.output;
+  EXPECT_THAT(no_time_ids.output,
+              ::testing::HasSubstr("--original-size: for SDXL's micro-conditioning"));
 }
 
 // Stable Diffusion XL (StableDiffusionXLPipeline): its two text encoders' penultimate states
