@@ -47,6 +47,10 @@ class CaptionedDataset : public Dataset {
   }
   const TextTable* texts() const override { return &texts_; }
   int64_t TextId(int64_t index) const override { return text_ids_[index]; }
+  bool has_geometry() const override { return images_->has_geometry(); }
+  Status GetGeometry(int64_t index, PictureGeometry* geometry) const override {
+    return images_->GetGeometry(index, geometry);
+  }
 
  private:
   CaptionedDataset(std::unique_ptr<Dataset> images, TextTable texts, std::vector<int64_t> ids)

@@ -9,6 +9,10 @@
 
 namespace difftrain {
 
+Status Dataset::GetGeometry(int64_t /*index*/, PictureGeometry* /*geometry*/) const {
+  return Status::Error("the dataset's samples do not know the pictures they came from");
+}
+
 Status SyntheticDataset::Get(int64_t index, float* image, int32_t* label) const {
   Rng rng(seed_, RngStream::kData, static_cast<uint64_t>(index));
   *label = num_classes_ > 0 ? static_cast<int32_t>(rng.Below(num_classes_)) : 0;

@@ -16,6 +16,17 @@ namespace difftrain {
 // never shuffles it and a writer refuses it unless it is cut with PrefixDataset.
 inline constexpr int64_t kUnboundedSize = INT64_MAX;
 
+// Where a picture sample came from, in pixels: the original picture's height and width, the
+// top-left corner of the crop taken from it once resized to the sample's scale, and the
+// sample's own height and width; diffusers' original_size, crops_coords_top_left and
+// target_size, which SDXL's UNet is conditioned on (its time ids).
+struct PictureGeometry {
+  int32_t original_height = 0, original_width = 0;
+  int32_t crop_top = 0, crop_left = 0;
+  int32_t height = 0, width = 0;
+  bool operator==(const PictureGeometry&) const = default;
+};
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -34,6 +45,10 @@ class Dataset {
   // TextId(index) of texts(). nullptr: the samples carry no text.
   virtual const TextTable* texts() const { return nullptr; }
   virtual int64_t TextId(int64_t /*index*/) const { return 0; }
+  // Whether the samples know their PictureGeometry (pictures of an image folder, and a latent
+  // folder packed from one), and sample `index`'s.
+  virtual bool has_geometry() const { return false; }
+  virtual Status GetGeometry(int64_t index, PictureGeometry* geometry) const;
 
   bool unbounded() const { return size() == kUnboundedSize; }
   int64_t sample_floats() const { return int64_t{frames()} * channels() * height() * width(); }
@@ -74,6 +89,10 @@ class PrefixDataset : public Dataset {
   }
   const TextTable* texts() const override { return source_.texts(); }
   int64_t TextId(int64_t index) const override { return source_.TextId(index); }
+  bool has_geometry() const override { return source_.has_geometry(); }
+  Status GetGeometry(int64_t index, PictureGeometry* geometry) const override {
+    return source_.GetGeometry(index, geometry);
+  }
 
  private:
   const Dataset& source_;

@@ -59,17 +59,34 @@ io::PngImage WithChannels(const io::PngImage& image, int channels) {
   return out;
 }
 
-// DiT's center_crop_arr: halve with BOX while the shorter side is at least 2·size, resize with
-// BICUBIC so that it is `size` (each side × size/shorter, rounded half to even as Python's
-// round), take the centred size × size.
+// DiT's center_crop_arr for a picture of width × height: halve with BOX while the shorter side
+// is at least 2·size, resize with BICUBIC so that it is `size` (each side × size/shorter,
+// rounded half to even as Python's round), take the centred size × size at (left, top).
+struct DitCrop {
+  int halvings = 0;
+  int width = 0, height = 0;  // after BICUBIC
+  int left = 0, top = 0;
+};
+DitCrop PlanDitCrop(int width, int height, int size) {
+  DitCrop plan;
+  for (; std::min(width, height) >= 2 * size; ++plan.halvings) {
+    width /= 2;
+    height /= 2;
+  }
+  const double scale = static_cast<double>(size) / std::min(width, height);
+  plan.width = static_cast<int>(std::nearbyint(width * scale));
+  plan.height = static_cast<int>(std::nearbyint(height * scale));
+  plan.left = (plan.width - size) / 2;
+  plan.top = (plan.height - size) / 2;
+  return plan;
+}
+
 io::PngImage DitCentreCrop(io::PngImage image, int size) {
-  while (std::min(image.width, image.height) >= 2 * size)
+  const DitCrop plan = PlanDitCrop(image.width, image.height, size);
+  for (int i = 0; i < plan.halvings; ++i)
     image = io::Resize(image, image.width / 2, image.height / 2, io::ResampleFilter::kBox);
-  const double scale = static_cast<double>(size) / std::min(image.width, image.height);
-  const int width = static_cast<int>(std::nearbyint(image.width * scale));
-  const int height = static_cast<int>(std::nearbyint(image.height * scale));
-  image = io::Resize(image, width, height, io::ResampleFilter::kBicubic);
-  return io::Crop(image, (width - size) / 2, (height - size) / 2, size, size);
+  image = io::Resize(image, plan.width, plan.height, io::ResampleFilter::kBicubic);
+  return io::Crop(image, plan.left, plan.top, size, size);
 }
 
 // The centred square of the shorter side, resized to size × size with BOX.
@@ -91,6 +108,23 @@ void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop c
     for (int c = 0; c < channels; ++c)
       out[c * plane + i] = cropped.pixels[i * channels + c] / 127.5f - 1.0f;
   }
+}
+
+PictureGeometry CropGeometry(int width, int height, int size, ImageCrop crop) {
+  PictureGeometry g{
+      .original_height = height, .original_width = width, .height = size, .width = size};
+  if (crop == ImageCrop::kDit) {
+    const DitCrop plan = PlanDitCrop(width, height, size);
+    g.crop_top = plan.top;
+    g.crop_left = plan.left;
+    return g;
+  }
+  // The square's corner in the picture scaled as the square is.
+  const int side = std::min(width, height);
+  const double scale = static_cast<double>(size) / side;
+  g.crop_top = static_cast<int32_t>(std::nearbyint((height - side) / 2 * scale));
+  g.crop_left = static_cast<int32_t>(std::nearbyint((width - side) / 2 * scale));
+  return g;
 }
 
 void PrepareStretched(const io::PngImage& image, int width, int height, int channels, float* out) {
@@ -208,6 +242,13 @@ Status ImageFolderDataset::Get(int64_t index, float* image, int32_t* label) cons
   if (decoded.width < 1 || decoded.height < 1) return Errorf("image '{}' is empty", files_[index]);
   PrepareImage(decoded, size_, channels_, crop_, image);
   *label = labels_[index];
+  return Status::Ok();
+}
+
+Status ImageFolderDataset::GetGeometry(int64_t index, PictureGeometry* geometry) const {
+  DT_ASSIGN_OR_RETURN(const io::ImageSize size, io::ReadImageSize(files_[index]));
+  if (size.width < 1 || size.height < 1) return Errorf("image '{}' is empty", files_[index]);
+  *geometry = CropGeometry(size.width, size.height, size_, crop_);
   return Status::Ok();
 }
 

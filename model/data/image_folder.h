@@ -42,6 +42,9 @@ class ImageFolderDataset : public Dataset {
   int num_classes() const override { return static_cast<int>(classes_.size()); }
   // An image that cannot be decoded is an error naming its file.
   Status Get(int64_t index, float* image, int32_t* label) const override;
+  // CropGeometry of the image, from its file's header.
+  bool has_geometry() const override { return true; }
+  Status GetGeometry(int64_t index, PictureGeometry* geometry) const override;
 
   const std::vector<std::string>& classes() const { return classes_; }
   const std::string& file(int64_t index) const { return files_[index]; }
@@ -68,6 +71,12 @@ Result<std::vector<std::string>> ReadImageCaptions(const ImageFolderDataset& fol
 
 // Steps 1–3 above for one decoded image: `out` is channels × size × size.
 void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop crop, float* out);
+
+// Where step 2 crops a picture of width × height: the corner of its size × size crop in the
+// picture scaled as the crop is (kDit: after the halvings and BICUBIC; kSquare: the centred
+// square's corner times size/shorter side, rounded), as diffusers' SDXL training scripts take
+// crops_coords_top_left after their resize.
+PictureGeometry CropGeometry(int width, int height, int size, ImageCrop crop);
 
 // An image to image pipeline's input, as diffusers' VaeImageProcessor.preprocess(image, height,
 // width) makes it: step 1 above, then stretched (no crop) to width × height with Pillow's

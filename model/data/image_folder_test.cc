@@ -100,6 +100,26 @@ TEST_F(ImageFolderPillowTest, PreparesImagesAsPillowDoes) {
   }
 }
 
+// Each picture's size from its header alone (PNG and JPEG, every colour mode) is the size
+// decoding gives, and the folder's geometry of each is CropGeometry of it.
+TEST_F(ImageFolderPillowTest, ReadsEachPicturesSizeFromItsHeader) {
+  Result<std::unique_ptr<ImageFolderDataset>> d =
+      ImageFolderDataset::Open(dir() + "/images", kSize, 3, ImageCrop::kSquare);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_TRUE((*d)->has_geometry());
+  for (int64_t k = 0; k < (*d)->size(); ++k) {
+    SCOPED_TRACE((*d)->file(k));
+    Result<io::PngImage> image = io::ReadImage((*d)->file(k));
+    Result<io::ImageSize> size = io::ReadImageSize((*d)->file(k));
+    ASSERT_TRUE(image.ok() && size.ok());
+    EXPECT_EQ(size->width, image->width);
+    EXPECT_EQ(size->height, image->height);
+    PictureGeometry geometry;
+    ASSERT_TRUE((*d)->GetGeometry(k, &geometry).ok());
+    EXPECT_EQ(geometry, CropGeometry(image->width, image->height, kSize, ImageCrop::kSquare));
+  }
+}
+
 // diffusers' image to image input (VaeImageProcessor.preprocess to a size): Pillow's LANCZOS
 // bytes, shrinking one side and enlarging the other (or both), RGB and grey, and its
 // 2·(x/255) − 1.
@@ -163,6 +183,44 @@ TEST(ImageFolderTest, AFolderWithoutSubfoldersIsUnlabelled) {
     EXPECT_FLOAT_EQ(v, 200 / 127.5f - 1);
 }
 
+// Where step 2 crops, as SDXL's time ids take it: the original size, the crop's corner in the
+// picture scaled as the crop is, the crop's size. Worked by hand from DiT's center_crop_arr (BOX
+// halvings while the shorter side is ≥ 2·S, sides × S/shorter rounded half to even, the
+// centred crop at ⌊(side − S)/2⌋) and the square crop (the square's corner × S/side, rounded).
+TEST(ImageFolderTest, CropGeometryIsWhereStep2Crops) {
+  struct Case {
+    int width, height, size;
+    ImageCrop crop;
+    PictureGeometry want;
+  };
+  const Case cases[] = {
+      // 40×24 → 26.67 → 27×16, crop at (5, 0).
+      {40, 24, 16, ImageCrop::kDit, {24, 40, 0, 5, 16, 16}},
+      // 24×60 → 16×40, crop at (0, 12).
+      {24, 60, 16, ImageCrop::kDit, {60, 24, 12, 0, 16, 16}},
+      // 90×70 halved twice → 22×17 → 20.7 → 21×16, crop at (2, 0).
+      {90, 70, 16, ImageCrop::kDit, {70, 90, 0, 2, 16, 16}},
+      // 50×12 → 33.3 → 33×8, crop at (12, 0).
+      {50, 12, 8, ImageCrop::kDit, {12, 50, 0, 12, 8, 8}},
+      {16, 16, 16, ImageCrop::kDit, {16, 16, 0, 0, 16, 16}},
+      // The 24² square at (8, 0) of 40×24, × 16/24: (5.33, 0) → (5, 0).
+      {40, 24, 16, ImageCrop::kSquare, {24, 40, 0, 5, 16, 16}},
+      // The 24² square at (0, 18) of 24×60: (0, 12).
+      {24, 60, 16, ImageCrop::kSquare, {60, 24, 12, 0, 16, 16}},
+      // The 70² square at (10, 0) of 90×70, × 16/70: (2.29, 0) → (2, 0).
+      {90, 70, 16, ImageCrop::kSquare, {70, 90, 0, 2, 16, 16}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.width << "x" << c.height << " to " << c.size
+                                      << (c.crop == ImageCrop::kDit ? " dit" : " square"));
+    const PictureGeometry got = CropGeometry(c.width, c.height, c.size, c.crop);
+    EXPECT_EQ(std::vector<int>({got.original_height, got.original_width, got.crop_top,
+                                got.crop_left, got.height, got.width}),
+              std::vector<int>({c.want.original_height, c.want.original_width, c.want.crop_top,
+                                c.want.crop_left, c.want.height, c.want.width}));
+  }
+}
+
 TEST(ImageFolderTest, ErrorsNameTheFolderOrFile) {
   TempDir temp("image_folder_errors");
   const std::string root = temp.path();
@@ -188,6 +246,10 @@ TEST(ImageFolderTest, ErrorsNameTheFolderOrFile) {
   std::ofstream(root + "/dogs/truncated.jpg") << "\xff\xd8\xff\xe0 truncated";
   EXPECT_THAT(io::ReadImage(root + "/dogs/truncated.jpg").status().message(),
               HasSubstr("JPEG file '" + root + "/dogs/truncated.jpg': cannot decode"));
+  EXPECT_THAT(io::ReadImageSize(root + "/dogs/truncated.jpg").status().message(),
+              HasSubstr("JPEG file '" + root + "/dogs/truncated.jpg': cannot read its header"));
+  PictureGeometry geometry;
+  EXPECT_THAT((*d)->GetGeometry(0, &geometry).message(), HasSubstr("no IHDR chunk first"));
 }
 
 }  // namespace

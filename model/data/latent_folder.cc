@@ -12,6 +12,8 @@
 #include <optional>
 #include <utility>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "model/io/posix_file.h"
@@ -27,6 +29,9 @@ using Json = nlohmann::json;
 constexpr char kLatentsTensor[] = "latents";
 constexpr char kLabelsTensor[] = "labels";
 constexpr char kTextIdsTensor[] = "text_ids";
+// PictureGeometry, six numbers a sample: original height, width, crop top, left, height, width.
+constexpr char kGeometryTensor[] = "geometry";
+constexpr int64_t kGeometryFields = 6;
 constexpr char kTextFile[] = "text.safetensors";
 // A shard header is a few hundred bytes; a larger length means a corrupt file.
 constexpr uint64_t kMaxShardHeaderBytes = 1 << 20;
@@ -190,6 +195,11 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
     data->frames_ = static_cast<int>(frames);
   }
   if (index.contains("text")) DT_RETURN_IF_ERROR(data->OpenTexts(dir, index["text"], index_path));
+  if (index.contains("geometry")) {
+    if (index["geometry"] != true)
+      return IndexError(index_path, "'geometry' must be true (the shards hold it) or absent");
+    data->has_geometry_ = true;
+  }
   DT_ASSIGN_OR_RETURN(data->vae_, ParseVae(index, index_path));
   DT_ASSIGN_OR_RETURN(int64_t total, PositiveField(index, "total", index_path));
   auto shards = index.find("shards");
@@ -288,6 +298,29 @@ Status LatentFolderDataset::OpenShard(Shard& shard) {
     }
     labels_.push_back(static_cast<int32_t>(labels[i]));
   }
+  if (has_geometry_) {
+    DT_ASSIGN_OR_RETURN(uint64_t geometry_offset,
+                        TensorOffset(path, header, kGeometryTensor, io::DType::kI64,
+                                     {shard.count, kGeometryFields}, data_start, file_bytes));
+    std::vector<int64_t> rows(static_cast<size_t>(shard.count * kGeometryFields));
+    DT_RETURN_IF_ERROR(
+        ReadAt(shard.fd, path, rows.data(), rows.size() * sizeof(int64_t), geometry_offset));
+    for (int64_t i = 0; i < shard.count; ++i) {
+      const int64_t* g = rows.data() + i * kGeometryFields;
+      if (std::any_of(g, g + kGeometryFields, [](int64_t v) { return v < 0 || v > INT32_MAX; }) ||
+          g[0] < 1 || g[1] < 1 || g[4] < 1 || g[5] < 1) {
+        return ShardError(path, fmt::format("geometry of sample {} is not sizes and offsets in "
+                                            "pixels: {}",
+                                            i, fmt::join(g, g + kGeometryFields, ", ")));
+      }
+      geometry_.push_back({.original_height = int32_t(g[0]),
+                           .original_width = int32_t(g[1]),
+                           .crop_top = int32_t(g[2]),
+                           .crop_left = int32_t(g[3]),
+                           .height = int32_t(g[4]),
+                           .width = int32_t(g[5])});
+    }
+  }
   if (texts_.size() == 0) return Status::Ok();
   DT_ASSIGN_OR_RETURN(uint64_t ids_offset,
                       TensorOffset(path, header, kTextIdsTensor, io::DType::kI64, {shard.count},
@@ -314,6 +347,12 @@ Status LatentFolderDataset::Get(int64_t index, float* image, int32_t* label) con
   DT_RETURN_IF_ERROR(ReadAt(shard.fd, shard.path, image, bytes,
                             shard.latents_offset + (index - shard.first) * bytes));
   *label = labels_[index];
+  return Status::Ok();
+}
+
+Status LatentFolderDataset::GetGeometry(int64_t index, PictureGeometry* geometry) const {
+  if (!has_geometry_) return Dataset::GetGeometry(index, geometry);
+  *geometry = geometry_[index];
   return Status::Ok();
 }
 
@@ -346,8 +385,9 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
   const int64_t floats = source.sample_floats();
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   std::vector<float> latents;
-  std::vector<int64_t> labels, text_ids;
+  std::vector<int64_t> labels, text_ids, geometry;
   const TextTable* texts = source.texts();
+  const bool has_geometry = source.has_geometry();
   for (int64_t first = 0; first < total; first += samples_per_shard) {
     const int64_t count = std::min(samples_per_shard, total - first);
     latents.resize(static_cast<size_t>(count * floats));
@@ -359,6 +399,12 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
       if (!got.ok()) return got.WithContext(fmt::format("reading sample {} to pack", first + i));
       labels[i] = label;
       if (texts != nullptr) text_ids[i] = source.TextId(first + i);
+      if (!has_geometry) continue;
+      PictureGeometry g;
+      got = source.GetGeometry(first + i, &g);
+      if (!got.ok()) return got.WithContext(fmt::format("sample {}'s picture", first + i));
+      geometry.insert(geometry.end(), {g.original_height, g.original_width, g.crop_top, g.crop_left,
+                                       g.height, g.width});
     }
     const std::string file = fmt::format("shard-{:05d}.safetensors", shards.size());
     io::SafetensorsWriter writer;
@@ -372,10 +418,14 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
     }
     writer.Add(kLabelsTensor, io::DType::kI64, {count}, labels.data());
     if (texts != nullptr) writer.Add(kTextIdsTensor, io::DType::kI64, {count}, text_ids.data());
+    if (has_geometry) {
+      writer.Add(kGeometryTensor, io::DType::kI64, {count, kGeometryFields}, geometry.data());
+    }
     writer.SetMetadata("format", std::string(kLatentFolderFormat));
     writer.SetMetadata("first_sample", std::to_string(first));
     DT_RETURN_IF_ERROR(writer.WriteAtomic(dir + "/" + file));
     shards.push_back({{"file", file}, {"count", count}});
+    geometry.clear();
   }
 
   if (texts != nullptr) DT_RETURN_IF_ERROR(WriteTextTable(*texts, dir + "/" + kTextFile));
@@ -394,6 +444,7 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
                      {"dim", texts->dim},
                      {"count", texts->size()}};
   }
+  if (has_geometry) index["geometry"] = true;
   if (vae) {
     index["vae"] = {{"path", vae->path},
                     {"scaling_factor", vae->scaling_factor},

@@ -8,7 +8,10 @@
 //                                            ...],
 //                                 "total": n0 + n1 + ...}
 //   DIR/shard-00000.safetensors  "latents" F32 [n0, C, H, W], "labels" I64 [n0]
-//                                (a folder of videos, "frames" F > 1: [n0, F, C, H, W])
+//                                (a folder of videos, "frames" F > 1: [n0, F, C, H, W]),
+//                                ["text_ids" I64 [n0] with a "text" entry,]
+//                                ["geometry" I64 [n0, 6] with "geometry": true: each
+//                                 picture's PictureGeometry (dataset.h)]
 //   ...
 //
 // Samples are numbered across shards in index order. Latents are stored as the model
@@ -68,6 +71,8 @@ class LatentFolderDataset : public Dataset {
   Status Get(int64_t index, float* image, int32_t* label) const override;
   const TextTable* texts() const override { return texts_.size() > 0 ? &texts_ : nullptr; }
   int64_t TextId(int64_t index) const override { return text_ids_[index]; }
+  bool has_geometry() const override { return has_geometry_; }
+  Status GetGeometry(int64_t index, PictureGeometry* geometry) const override;
 
   // Reads every shard whole and checks it as SafetensorsFile::Verify does: the header, the
   // layout and the CRC-32 of the data. Open does not, to start quickly on large folders.
@@ -93,6 +98,8 @@ class LatentFolderDataset : public Dataset {
   std::vector<int32_t> labels_;    // all of them, read at Open
   TextTable texts_;                // empty: a folder without text
   std::vector<int64_t> text_ids_;  // one per sample with texts, read at Open
+  bool has_geometry_ = false;
+  std::vector<PictureGeometry> geometry_;  // one per sample where the folder has it
   std::optional<LatentFolderVae> vae_;
 };
 

@@ -1,6 +1,7 @@
 #include "model/data/latent_folder.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -253,6 +254,77 @@ TEST_F(LatentFolderTest, AFolderWithoutClasses) {
   index["num_classes"] = -1;
   SetIndex(index);
   ExpectError(Path("index.json"), "'num_classes' must be a non-negative integer");
+}
+
+// Samples of pictures that know where they came from (an image folder's, PictureGeometry):
+// sample i of 100 + i by 200 + i pixels, cropped at (i, 2i) to 64².
+class PicturedDataset : public PrefixDataset {
+ public:
+  using PrefixDataset::PrefixDataset;
+  bool has_geometry() const override { return true; }
+  Status GetGeometry(int64_t index, PictureGeometry* g) const override {
+    const int32_t i = static_cast<int32_t>(index);
+    *g = {.original_height = 100 + i,
+          .original_width = 200 + i,
+          .crop_top = i,
+          .crop_left = 2 * i,
+          .height = 64,
+          .width = 64};
+    return Status::Ok();
+  }
+};
+
+// Each picture's geometry is packed with its sample (the index says so, each shard holds it)
+// and read back; a folder of samples without it has none; an index that says so over shards
+// without it, or a sample's geometry that is no sizes in pixels, is refused by name.
+TEST_F(LatentFolderTest, KeepsEachPicturesGeometry) {
+  const PicturedDataset pictured(synthetic_, 10);
+  ASSERT_TRUE(WriteLatentFolder(pictured, dir_, 4).ok());
+  EXPECT_EQ(Index().value("geometry", Json()), true);
+  {
+    Result<std::unique_ptr<LatentFolderDataset>> data = LatentFolderDataset::Open(dir_);
+    ASSERT_TRUE(data.ok()) << data.status().message();
+    ASSERT_TRUE((*data)->has_geometry());
+    ExpectSameSamples(**data, pictured);
+    for (int64_t i = 0; i < 10; ++i) {
+      PictureGeometry got, want;
+      ASSERT_TRUE((*data)->GetGeometry(i, &got).ok());
+      ASSERT_TRUE(pictured.GetGeometry(i, &want).ok());
+      EXPECT_EQ(got, want) << "sample " << i;
+    }
+  }
+  // A shard whose geometry is not sizes in pixels.
+  Result<io::SafetensorsFile> shard = io::SafetensorsFile::Read(Path("shard-00001.safetensors"));
+  ASSERT_TRUE(shard.ok());
+  std::vector<int64_t> rows(4 * 6);
+  std::vector<float> latents(4 * 4 * 8 * 8);
+  std::vector<int64_t> labels(4);
+  std::memcpy(rows.data(), shard->Find("geometry")->data, rows.size() * sizeof(int64_t));
+  std::memcpy(latents.data(), shard->Find("latents")->data, latents.size() * sizeof(float));
+  std::memcpy(labels.data(), shard->Find("labels")->data, labels.size() * sizeof(int64_t));
+  rows[2 * 6 + 4] = 0;  // sample 2's height
+  io::SafetensorsWriter broken;
+  broken.AddF32("latents", {4, 4, 8, 8}, latents.data());
+  broken.Add("labels", io::DType::kI64, {4}, labels.data());
+  broken.Add("geometry", io::DType::kI64, {4, 6}, rows.data());
+  ASSERT_TRUE(broken.WriteAtomic(Path("shard-00001.safetensors")).ok());
+  ExpectError(Path("shard-00001.safetensors"), "geometry of sample 2 is not sizes and offsets");
+
+  Pack();  // synthetic samples: no pictures
+  Result<std::unique_ptr<LatentFolderDataset>> data = LatentFolderDataset::Open(dir_);
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  EXPECT_FALSE((*data)->has_geometry());
+  PictureGeometry none;
+  EXPECT_FALSE((*data)->GetGeometry(0, &none).ok());
+  data->reset();
+  Json index = Index();
+  EXPECT_FALSE(index.contains("geometry"));
+  index["geometry"] = true;
+  SetIndex(index);
+  ExpectError(Path("shard-00000.safetensors"), "has no tensor 'geometry'");
+  index["geometry"] = 1;
+  SetIndex(index);
+  ExpectError(Path("index.json"), "'geometry' must be true");
 }
 
 // The VAE that encoded a folder is written into its index and read back; a malformed entry is

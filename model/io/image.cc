@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <csetjmp>
 #include <filesystem>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -33,9 +35,9 @@ void JpegFailed(j_common_ptr info) {
 
 void JpegWarning(j_common_ptr, int) {}  // corrupt-data warnings: decode what is there
 
-// Decodes into `image` (sized before any libjpeg call can longjmp); false with `errors`'
-// message on failure.
-bool DecodeJpeg(const std::string& bytes, PngImage& image, JpegErrors& errors) {
+// Decodes into `image` (sized before any libjpeg call can longjmp), or with !pixels reads its
+// header's width and height alone; false with `errors`' message on failure.
+bool DecodeJpeg(const std::string& bytes, PngImage& image, JpegErrors& errors, bool pixels) {
   jpeg_decompress_struct info;
   info.err = jpeg_std_error(&errors.manager);
   errors.manager.error_exit = JpegFailed;
@@ -47,6 +49,12 @@ bool DecodeJpeg(const std::string& bytes, PngImage& image, JpegErrors& errors) {
   jpeg_create_decompress(&info);
   jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
   jpeg_read_header(&info, TRUE);
+  if (!pixels) {
+    image.width = static_cast<int>(info.image_width);
+    image.height = static_cast<int>(info.image_height);
+    jpeg_destroy_decompress(&info);
+    return true;
+  }
   if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
     std::snprintf(errors.message, sizeof(errors.message), "CMYK JPEGs are not supported");
     jpeg_destroy_decompress(&info);
@@ -68,6 +76,21 @@ bool DecodeJpeg(const std::string& bytes, PngImage& image, JpegErrors& errors) {
   return true;
 }
 
+constexpr std::string_view kPngMagic = "\x89PNG\r\n\x1a\n";
+constexpr std::string_view kJpegMagic = "\xff\xd8\xff";
+
+enum class ImageKind { kPng, kJpeg };
+
+// The file's bytes and which kind of image they are; an error for neither.
+Result<std::pair<ImageKind, std::string>> ReadImageBytes(const std::string& path) {
+  Result<std::string> read = ReadWholeFile(path);
+  if (!read.ok()) return read.status();
+  const std::string_view bytes(read->data(), read->size());
+  if (bytes.starts_with(kPngMagic)) return std::pair(ImageKind::kPng, std::move(read).value());
+  if (bytes.starts_with(kJpegMagic)) return std::pair(ImageKind::kJpeg, std::move(read).value());
+  return Errorf("image '{}': neither a PNG nor a JPEG file", path);
+}
+
 }  // namespace
 
 bool HasImageExtension(const std::string& path) {
@@ -78,17 +101,41 @@ bool HasImageExtension(const std::string& path) {
 }
 
 Result<PngImage> ReadImage(const std::string& path) {
-  DT_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
-  const auto starts = [&bytes](std::string_view magic) {
-    return bytes.size() >= magic.size() && std::equal(magic.begin(), magic.end(), bytes.begin());
-  };
-  if (starts("\x89PNG\r\n\x1a\n")) return ReadPng(path);
-  if (!starts("\xff\xd8\xff")) return Errorf("image '{}': neither a PNG nor a JPEG file", path);
+  DT_ASSIGN_OR_RETURN(const auto file, ReadImageBytes(path));
+  const auto& [kind, bytes] = file;
+  if (kind == ImageKind::kPng) return ReadPng(path);
   PngImage image;
   JpegErrors errors;
-  if (!DecodeJpeg(bytes, image, errors))
+  if (!DecodeJpeg(bytes, image, errors, /*pixels=*/true))
     return Errorf("JPEG file '{}': cannot decode: {}", path, errors.message);
   return image;
+}
+
+Result<ImageSize> ReadImageSize(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(const auto file, ReadImageBytes(path));
+  const auto& [kind, bytes] = file;
+  ImageSize size;
+  if (kind == ImageKind::kPng) {
+    // The signature, then IHDR's length and type, then its width and height, big-endian.
+    if (bytes.size() < 24 || bytes.compare(12, 4, "IHDR") != 0)
+      return Errorf("PNG file '{}': no IHDR chunk first", path);
+    const auto be32 = [&bytes](size_t at) {
+      uint32_t v = 0;
+      for (size_t i = 0; i < 4; ++i)
+        v = (v << 8) | static_cast<uint8_t>(bytes[at + i]);
+      return v;
+    };
+    size.width = static_cast<int>(be32(16));
+    size.height = static_cast<int>(be32(20));
+    return size;
+  }
+  PngImage header;
+  JpegErrors errors;
+  if (!DecodeJpeg(bytes, header, errors, /*pixels=*/false))
+    return Errorf("JPEG file '{}': cannot read its header: {}", path, errors.message);
+  size.width = header.width;
+  size.height = header.height;
+  return size;
 }
 
 }  // namespace difftrain::io

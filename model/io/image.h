@@ -14,6 +14,13 @@ namespace difftrain::io {
 // (a CMYK JPEG is refused). An error names the file and says what is wrong with it.
 Result<PngImage> ReadImage(const std::string& path);
 
+// The width and height ReadImage would give, from the file's header alone (PNG's IHDR, JPEG's
+// frame header): no pixels decoded.
+struct ImageSize {
+  int width = 0, height = 0;
+};
+Result<ImageSize> ReadImageSize(const std::string& path);
+
 // Whether the file name ends in an image extension ReadImage takes (.png, .jpg, .jpeg; any
 // case): how a folder of images is listed.
 bool HasImageExtension(const std::string& path);

@@ -326,10 +326,19 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
   batch.context.resize(B * text);
   const size_t pooled = schema_.pooled_text_dim;
   batch.pooled_text.resize(B * pooled);
-  batch.time_ids.resize(pooled > 0 ? B * schema_.time_ids.size() : 0);
-  for (int b = 0; b < B && pooled > 0; ++b)
-    std::copy(schema_.time_ids.begin(), schema_.time_ids.end(),
-              batch.time_ids.begin() + b * schema_.time_ids.size());
+  const size_t ids = schema_.time_ids.size();
+  batch.time_ids.resize(pooled > 0 ? B * ids : 0);
+  for (int b = 0; b < B && pooled > 0; ++b) {
+    float* row = batch.time_ids.data() + b * ids;
+    std::copy(schema_.time_ids.begin(), schema_.time_ids.end(), row);
+    // SDXL's time ids of the picture the sample came from, where the data knows it.
+    if (!data_->has_geometry() || ids != 6) continue;
+    PictureGeometry g;
+    DT_RETURN_IF_ERROR(data_->GetGeometry(loader_.IndexOf(first + b), &g));
+    for (const int32_t v :
+         {g.original_height, g.original_width, g.crop_top, g.crop_left, g.height, g.width})
+      *row++ = static_cast<float>(v);
+  }
   const auto wait_start = std::chrono::steady_clock::now();
   const bool data_texts = text > 0 && data_->texts() != nullptr;
   DT_RETURN_IF_ERROR(loader_.Fill(first, B, batch.x0.data(), batch.y.data(),

@@ -30,6 +30,10 @@ class VaeEncodedDataset : public Dataset {
   Status Get(int64_t index, float* latents, int32_t* label) const override;
   const TextTable* texts() const override { return source_->texts(); }
   int64_t TextId(int64_t index) const override { return source_->TextId(index); }
+  bool has_geometry() const override { return source_->has_geometry(); }
+  Status GetGeometry(int64_t index, PictureGeometry* geometry) const override {
+    return source_->GetGeometry(index, geometry);
+  }
 
  private:
   VaeEncodedDataset(std::unique_ptr<Dataset> source, std::shared_ptr<const Vae> vae,
