@@ -3,6 +3,7 @@
 // Stable Diffusion pipeline around a base pipeline's other parts), an original single-file
 // checkpoint (A1111, ComfyUI, diffusers' from_single_file), the bare state dict of any family, or
 // a LoRA run's adapters as a LoRA file.
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -161,10 +162,11 @@ Status WriteDiffusers(const ExportOptions& o, const SampleSource& source, const 
   return WriteScheduler(source, base, out);
 }
 
-// SD 2.x's text model (a CLIPTextModel of `hidden` features) into `file` as the original holds
-// its OpenCLIP model: each layer's q, k and v rows of one in_proj (bytes of the stored dtype),
-// the rest renamed (model/io/ldm_checkpoint.h's LdmOpenClipTensor, read backwards).
-Status AddOpenClip(const io::SafetensorsFile& clip, int64_t hidden, TensorSink& file) {
+// A CLIP text model of `hidden` features into `file` as the original holds an OpenCLIP one under
+// `prefix`: each layer's q, k and v rows of one in_proj (bytes of the stored dtype), a projection
+// transposed, the rest renamed (model/io/ldm_checkpoint.h's LdmOpenClipTensor, read backwards).
+Status AddOpenClip(const io::SafetensorsFile& clip, int64_t hidden, const std::string& prefix,
+                   TensorSink& file) {
   struct Merged {
     io::DType dtype;
     std::vector<int64_t> shape;
@@ -175,7 +177,20 @@ Status AddOpenClip(const io::SafetensorsFile& clip, int64_t hidden, TensorSink& 
     const io::TensorView* t = clip.Find(name);
     std::optional<io::LdmTensorPart> part = io::LdmOpenClipTensor(name, hidden);
     if (!part) return Errorf("the text encoder's '{}' has no place in OpenCLIP's layout", name);
-    const std::string ldm = io::kLdmOpenClipPrefix + part->name;
+    const std::string ldm = prefix + part->name;
+    if (part->transposed) {
+      if (t->shape.size() != 2) return Errorf("the text encoder's '{}' is not a matrix", name);
+      const int64_t rows = t->shape[0], cols = t->shape[1];
+      const size_t size = io::DTypeSize(t->dtype);
+      std::vector<uint8_t> bytes(t->bytes);
+      const auto* from = static_cast<const uint8_t*>(t->data);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c)
+          std::memcpy(bytes.data() + (c * rows + r) * size, from + (r * cols + c) * size, size);
+      }
+      file.AddOwned(ldm, t->dtype, {cols, rows}, std::move(bytes));
+      continue;
+    }
     if (part->rows < 0) {
       file.AddStored(*t, ldm, t->shape);
       continue;
@@ -196,39 +211,67 @@ Status AddOpenClip(const io::SafetensorsFile& clip, int64_t hidden, TensorSink& 
   return Status::Ok();
 }
 
+// A text model of a base pipeline (its folder `part`) and where the original layout holds it.
+struct BaseTextModel {
+  std::string part;
+  std::string prefix;
+  bool open_clip = false;
+};
+
+// The text models of the base pipeline `base` as the original layout holds them: SD 1.x's CLIP
+// ViT-L (quick GELU) under transformers' names; SD 2.x's OpenCLIP ViT-H (GELU) in OpenCLIP's
+// layout; SDXL's pair (text_encoder_2/ beside text_encoder/) as CLIP and OpenCLIP under
+// conditioner.embedders. Refused where the UNet (`sdxl`: one with SDXL's addition embedding) and
+// the base disagree.
+Result<std::vector<BaseTextModel>> BaseTextModels(const fs::path& base, bool sdxl) {
+  std::error_code ec;
+  if (fs::is_directory(base / "text_encoder_2", ec)) {
+    if (!sdxl) {
+      return Errorf("--pipeline '{}' is SDXL's (text_encoder_2/), the UNet is not", base.string());
+    }
+    return std::vector<BaseTextModel>{{"text_encoder", io::kSgmClipPrefix, false},
+                                      {"text_encoder_2", io::kSgmOpenClipPrefix, true}};
+  }
+  if (sdxl) {
+    return Errorf(
+        "--pipeline '{}' has no text_encoder_2/: an SDXL UNet's single file takes an SDXL "
+        "pipeline's two text encoders",
+        base.string());
+  }
+  std::ifstream text_config(base / "text_encoder" / "config.json");
+  const nlohmann::json text = nlohmann::json::parse(text_config, nullptr, false);
+  if (text.is_discarded() || !text.contains("hidden_act")) {
+    return Errorf("--pipeline '{}': text_encoder/config.json is no CLIP text model's config",
+                  base.string());
+  }
+  const bool open_clip = text["hidden_act"] == "gelu";
+  return std::vector<BaseTextModel>{
+      {"text_encoder", open_clip ? io::kLdmOpenClipPrefix : io::kLdmClipPrefix, open_clip}};
+}
+
 // --format single-file into the file `out`: the UNet under the original names, and with a
-// base pipeline its VAE (attention as 1×1 convolutions) and CLIP text model.
+// base pipeline its VAE (attention as 1×1 convolutions) and text models (BaseTextModels).
 Status WriteSingleFile(const ExportOptions& o, const std::vector<std::string>& names,
                        const Model& model, const float* params, const std::string& out) {
   TensorSink file(o.dtype);
   AddModelTensors(model, params, names, file);
-  std::vector<io::SafetensorsFile> parts;  // the base's files, mapped until written
+  std::deque<io::SafetensorsFile> parts;  // the base's files, mapped until written
   std::vector<std::vector<int64_t>> shapes;
   if (!o.pipeline.empty()) {
     const fs::path base = o.pipeline;
-    // SD 1.x's CLIP ViT-L (quick GELU) as transformers names it; SD 2.x's OpenCLIP ViT-H (GELU)
-    // in OpenCLIP's layout.
-    std::ifstream text_config(base / "text_encoder" / "config.json");
-    const nlohmann::json text = nlohmann::json::parse(text_config, nullptr, false);
-    if (text.is_discarded() || !text.contains("hidden_act") || !text.contains("hidden_size")) {
-      return Errorf("--pipeline '{}': text_encoder/config.json is no CLIP text model's config",
-                    o.pipeline);
-    }
-    const bool openclip = text["hidden_act"] == "gelu";
+    const bool sdxl = std::any_of(names.begin(), names.end(), [](const std::string& name) {
+      return name.starts_with(std::string(io::kLdmUNetPrefix) + "label_emb.");
+    });
+    DT_ASSIGN_OR_RETURN(const std::vector<BaseTextModel> texts, BaseTextModels(base, sdxl));
     DT_ASSIGN_OR_RETURN(const std::string vae,
                         PartFile(base / "vae", {"diffusion_pytorch_model.safetensors",
                                                 "diffusion_pytorch_model.fp16.safetensors"}));
-    DT_ASSIGN_OR_RETURN(
-        const std::string clip,
-        PartFile(base / "text_encoder", {"model.safetensors", "model.fp16.safetensors"}));
-    for (const std::string& path : {vae, clip}) {
-      DT_ASSIGN_OR_RETURN(io::SafetensorsFile mapped, io::SafetensorsFile::Map(path));
-      parts.push_back(std::move(mapped));
-    }
-    const std::vector<std::string> vae_names = io::LdmVaeNames(parts[0].Names());
-    shapes.reserve(parts[0].Names().size());
+    DT_ASSIGN_OR_RETURN(io::SafetensorsFile vae_file, io::SafetensorsFile::Map(vae));
+    const io::SafetensorsFile& v = parts.emplace_back(std::move(vae_file));
+    const std::vector<std::string> vae_names = io::LdmVaeNames(v.Names());
+    shapes.reserve(v.Names().size());
     for (size_t i = 0; i < vae_names.size(); ++i) {
-      const io::TensorView* t = parts[0].Find(parts[0].Names()[i]);
+      const io::TensorView* t = v.Find(v.Names()[i]);
       shapes.push_back(t->shape);
       // The original's attention is 1×1 convolutions.
       if (vae_names[i].find(".mid.attn_1.") != std::string::npos && t->shape.size() == 2) {
@@ -237,12 +280,21 @@ Status WriteSingleFile(const ExportOptions& o, const std::vector<std::string>& n
       }
       file.AddStored(*t, vae_names[i], shapes.back());
     }
-    if (openclip) {
-      DT_RETURN_IF_ERROR(AddOpenClip(parts[1], text["hidden_size"].get<int64_t>(), file));
-    } else {
-      for (const std::string& name : parts[1].Names()) {
-        file.AddStored(*parts[1].Find(name), io::kLdmClipPrefix + name, parts[1].Find(name)->shape);
+    for (const BaseTextModel& text : texts) {
+      DT_ASSIGN_OR_RETURN(
+          const std::string path,
+          PartFile(base / text.part, {"model.safetensors", "model.fp16.safetensors"}));
+      DT_ASSIGN_OR_RETURN(io::SafetensorsFile mapped, io::SafetensorsFile::Map(path));
+      const io::SafetensorsFile& clip = parts.emplace_back(std::move(mapped));
+      if (text.open_clip) {
+        const io::TensorView* tokens = clip.Find("text_model.embeddings.token_embedding.weight");
+        if (tokens == nullptr || tokens->shape.size() != 2)
+          return Errorf("'{}' is no CLIP text model (no token embedding)", path);
+        DT_RETURN_IF_ERROR(AddOpenClip(clip, tokens->shape[1], text.prefix, file));
+        continue;
       }
+      for (const std::string& name : clip.Names())
+        file.AddStored(*clip.Find(name), text.prefix + name, clip.Find(name)->shape);
     }
   }
   return file.Write(out);

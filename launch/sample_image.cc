@@ -14,6 +14,7 @@
 #include "model/data/image_folder.h"
 #include "model/data/latent_folder.h"
 #include "model/io/image.h"
+#include "model/io/ldm_checkpoint.h"
 #include "model/io/safetensors.h"
 
 namespace difftrain::launch {
@@ -157,13 +158,23 @@ Status ChooseTimeIds(const SampleOptions& o, const SampleSource& ckpt, const Vae
   const fs::path pipeline_vae = fs::path(ckpt.pipeline) / "vae" / "config.json";
   if (vae != nullptr) {
     f = vae->config().downscale();
-  } else if (!ckpt.pipeline.empty() && fs::exists(pipeline_vae, ec)) {
-    // Not decoding: the pipeline's VAE still says how large its pictures are.
-    std::ifstream file(pipeline_vae);
-    const nlohmann::json j = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-    Result<VaeConfig> c = VaeConfig::FromJson(j);
-    if (!c.ok()) return c.status().WithContext(pipeline_vae.string());
-    f = c->downscale();
+  } else {
+    // Not decoding: the pipeline's VAE, or an original checkpoint's own, still says how large
+    // its pictures are.
+    std::optional<std::pair<nlohmann::json, std::string>> config;
+    if (!ckpt.pipeline.empty() && fs::exists(pipeline_vae, ec)) {
+      std::ifstream file(pipeline_vae);
+      config.emplace(nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false),
+                     pipeline_vae.string());
+    } else if (ckpt.single_file_vae) {
+      DT_ASSIGN_OR_RETURN(nlohmann::json j, io::LdmVaeConfig(*ckpt.file));
+      config.emplace(std::move(j), ckpt.path);
+    }
+    if (config) {
+      Result<VaeConfig> c = VaeConfig::FromJson(config->first);
+      if (!c.ok()) return c.status().WithContext(config->second);
+      f = c->downscale();
+    }
   }
   const std::vector<int> size = {m.height * f, m.width * f}, none = {0, 0};
   m.time_ids.clear();

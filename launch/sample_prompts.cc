@@ -37,10 +37,10 @@ Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const 
   std::string path = GivenTextEncoder(o, ckpt);
   if (path.empty()) path = table.text_encoder;
   if (path.empty()) return std::optional<TextEmbedder>();
-  // An original Stable Diffusion checkpoint's own CLIP text model (SD 1.x), with the config and
-  // tokenizer of the encoder given, which the file lacks.
-  const bool own = ckpt.single_file && path != table.text_encoder &&
-                   (io::HasLdmClipTextModel(*ckpt.file) || io::HasLdmOpenClipTextModel(*ckpt.file));
+  // An original Stable Diffusion checkpoint's own text models, with the configs and tokenizers
+  // of the encoder given, which the file lacks.
+  const bool own =
+      ckpt.single_file && path != table.text_encoder && !io::LdmTextModels(*ckpt.file).empty();
   if (ckpt.single_file && !own && path != table.text_encoder) {
     spdlog::info("{} holds no text model: the prompts are embedded by {} with its own weights",
                  ckpt.path, path);
@@ -48,7 +48,8 @@ Result<std::optional<TextEmbedder>> PromptEncoder(const SampleOptions& o, const 
   Result<TextEmbedder> embedder = TextEmbedder::Load(path, own ? &*ckpt.file : nullptr);
   if (own && embedder.ok()) {
     spdlog::info(
-        "the text encoder: {}'s own (cond_stage_model), with the config and tokenizer of {}",
+        "the text encoder: {}'s own (cond_stage_model, conditioner.embedders), with the config "
+        "and tokenizer of {}",
         ckpt.path, path);
   }
   if (!embedder.ok()) {

@@ -79,20 +79,25 @@ Status ReadScheduler(const nlohmann::json& schedule, const std::string& where,
   return Status::Ok();
 }
 
-// The scheduler diffusers' from_single_file gives an original Stable Diffusion checkpoint
-// (its SCHEDULER_DEFAULT_CONFIG, as create_scheduler_from_ldm sets it for SD 1.x/2.x).
-const nlohmann::json& SingleFileScheduler() {
-  static const nlohmann::json kScheduler = {{"_class_name", "DDIMScheduler"},
-                                            {"num_train_timesteps", 1000},
-                                            {"beta_schedule", "scaled_linear"},
-                                            {"beta_start", 0.00085},
-                                            {"beta_end", 0.012},
-                                            {"prediction_type", "epsilon"},
-                                            {"clip_sample", false},
-                                            {"set_alpha_to_one", false},
-                                            {"steps_offset", 1},
-                                            {"timestep_spacing", "leading"}};
-  return kScheduler;
+// The scheduler diffusers' from_single_file gives an original Stable Diffusion checkpoint: its
+// SCHEDULER_DEFAULT_CONFIG, as create_scheduler_from_ldm sets it for SD 1.x/2.x (DDIM) and
+// SDXL (Euler).
+nlohmann::json SingleFileScheduler(bool sdxl) {
+  nlohmann::json scheduler = {{"_class_name", "DDIMScheduler"},
+                              {"num_train_timesteps", 1000},
+                              {"beta_schedule", "scaled_linear"},
+                              {"beta_start", 0.00085},
+                              {"beta_end", 0.012},
+                              {"prediction_type", "epsilon"},
+                              {"clip_sample", false},
+                              {"set_alpha_to_one", false},
+                              {"steps_offset", 1},
+                              {"timestep_spacing", "leading"}};
+  if (sdxl) {
+    scheduler["_class_name"] = "EulerDiscreteScheduler";
+    scheduler["interpolation_type"] = "linear";
+  }
+  return scheduler;
 }
 
 // What an original Stable Diffusion checkpoint (`file`) says of itself: its UNet, from its
@@ -104,7 +109,8 @@ Result<DiffusersFolder> ReadSingleFile(const io::SafetensorsFile& file) {
   Result<ModelSpec> spec = ModelSpecFromJson("unet", unet);
   if (!spec.ok()) return spec.status().WithContext(fmt::format("'{}'", file.path()));
   folder.model = std::move(spec).value();
-  DT_RETURN_IF_ERROR(ReadScheduler(SingleFileScheduler(), "the single-file scheduler", folder));
+  DT_RETURN_IF_ERROR(ReadScheduler(SingleFileScheduler(io::IsSdxlCheckpoint(file)),
+                                   "the single-file scheduler", folder));
   return folder;
 }
 

@@ -270,8 +270,9 @@ TEST_F(ExportReferenceTest, ALoraRunExportsWhatDiffusersLoads) {
 // Stable Diffusion XL: a fine-tune of an SDXL pipeline's UNet (its micro-conditioning trained
 // on synthetic pooled texts) exported as a diffusers pipeline around the base's two text
 // encoders, which StableDiffusionXLPipeline.from_pretrained samples as `sample --checkpoint`
-// does; and a LoRA run's adapters as the file diffusers' SDXL LoRA script writes, fused by
-// diffusers into the base as `sample --lora` fuses it. Diffusers' side runs SDXL's Euler.
+// does, and as an original single file in SDXL's layout; and a LoRA run's adapters as the file
+// diffusers' SDXL LoRA script writes, fused by diffusers into the base as `sample --lora` fuses
+// it. Diffusers' side runs SDXL's Euler.
 class SdxlExportTest : public ExportReferenceTest {
  protected:
   static nlohmann::json SdxlSettings() {
@@ -318,10 +319,28 @@ TEST_F(SdxlExportTest, AFineTuneExportsAsAnSdxlPipeline) {
   std::cout << "the exported SDXL pipeline in diffusers against sample --checkpoint: relative L2 "
             << error << "\n";
   EXPECT_LE(error, kBound);
-  // An original single file has no SDXL layout here: refused by name, not written wrong.
-  r = Export(ckpt, "--format single-file --out " + ShellQuote((dir_ / "x.safetensors").string()));
+  // The single file in SDXL's original layout (the addition embedding as label_emb, both text
+  // models under conditioner.embedders): tensor for tensor what ldm_checkpoint.py writes of the
+  // exported pipeline, which diffusers' conversions read back as that pipeline.
+  const std::string single = (dir_ / "sdxl_single.safetensors").string();
+  r = Export(ckpt, fmt::format("--format single-file --out {} --pipeline {}", ShellQuote(single),
+                               ShellQuote(base)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string written = (dir_ / "sdxl_written.safetensors").string();
+  const CommandResult wrote = RunScript(
+      "ldm_checkpoint.py", "write " + ShellQuote(out) + " " + ShellQuote(written) + " sdxl");
+  ASSERT_EQ(wrote.exit_code, 0) << wrote.output;
+  ExpectSameTensors(single, written);
+  // A base without SDXL's second text encoder is refused by name, not written half.
+  const std::filesystem::path half = dir_ / "half";
+  std::filesystem::create_directories(half);
+  for (const char* part : {"vae", "text_encoder", "tokenizer"})
+    std::filesystem::create_directory_symlink(base + "/" + part, half / part);
+  r = Export(ckpt,
+             fmt::format("--format single-file --out {} --pipeline {}",
+                         ShellQuote((dir_ / "x.safetensors").string()), ShellQuote(half.string())));
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output, ::testing::HasSubstr("add_embedding"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("has no text_encoder_2/"));
 }
 
 TEST_F(SdxlExportTest, ALoraRunExportsWhatDiffusersLoads) {

@@ -33,6 +33,7 @@
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
 #include "model/tensor/rng.h"
+#include "model/train/trainer.h"
 #include "model/vae/vae.h"
 #include "tests/testing/python_reference.h"
 #include "tests/testing/sd_pipeline.h"
@@ -612,9 +613,11 @@ INSTANTIATE_TEST_SUITE_P(Unets, InpaintReferenceTest, ::testing::Values("sd", "i
 // config from its tensors, its own VAE, diffusers' single-file DDIM scheduler, its own text
 // model with the config and tokenizer of --text-encoder, here another CLIP of other weights) as
 // diffusers samples the pipeline. SD 1.x's layout (8 heads, convolutional projections, the CLIP
-// text model, SD 1.x's quick GELU, under transformers' names) and SD 2.x's (heads of 64 channels,
-// linear projections, the text model as OpenCLIP's, q, k and v in one in_proj). Fine-tuning starts
-// from the file too.
+// text model, SD 1.x's quick GELU, under transformers' names), SD 2.x's (heads of 64 channels,
+// linear projections, the text model as OpenCLIP's, q, k and v in one in_proj) and SDXL's (the
+// addition embedding as label_emb, both text models under conditioner.embedders, the second as
+// OpenCLIP's with its projection transposed; diffusers' single-file Euler scheduler, as
+// StableDiffusionXLPipeline samples the pipeline). Fine-tuning starts from the file too.
 class SingleFileReferenceTest : public SdPipelineReferenceTest,
                                 public ::testing::WithParamInterface<const char*> {};
 
@@ -624,35 +627,47 @@ TEST_P(SingleFileReferenceTest, SamplesAsDiffusersSamplesThePipeline) {
   const std::string pipeline = MakePipeline(text_python, GetParam());
   ASSERT_FALSE(pipeline.empty());
   const std::string single = (dir_ / "model.safetensors").string();
-  // SD 2.x's file holds its text model as OpenCLIP's.
+  // SD 2.x's file holds its text model as OpenCLIP's, SDXL's its two.
   const bool sd2 = GetParam() == std::string("ldm2");
+  const bool xl = GetParam() == std::string("ldmxl");
   const CommandResult written =
       RunScript("ldm_checkpoint.py", "write " + ShellQuote(pipeline) + " " + ShellQuote(single) +
-                                         (sd2 ? " openclip" : ""));
+                                         (sd2  ? " openclip"
+                                          : xl ? " sdxl"
+                                               : ""));
   ASSERT_EQ(written.exit_code, 0) << written.output;
-  // A text encoder of the same config and tokenizer and other weights: the file's own must win.
-  const CommandResult other =
-      RunCommand(fmt::format("{} {} sd {} {} '[\"x\"]' 9 2>&1", ShellQuote(text_python),
-                             ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/text_encoder.py"),
-                             ShellQuote((dir_ / "other").string()), sd2 ? 2 : 1));
+  // Text encoders of the same configs and tokenizers and other weights: the file's own must win.
+  const std::string other_dir = ShellQuote((dir_ / "other").string());
+  const CommandResult other = RunCommand(
+      fmt::format("{} {} {} '[\"x\"]' 9 2>&1", ShellQuote(text_python),
+                  ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/text_encoder.py"),
+                  xl ? "sdxl " + other_dir : fmt::format("sd {} {}", other_dir, sd2 ? 2 : 1)));
   ASSERT_EQ(other.exit_code, 0) << other.output;
   const std::string other_encoder = (dir_ / "other" / "pipeline").string();
-  const nlohmann::json settings = {{"prompt", "a photo of a boat"},
-                                   {"negative_prompt", nullptr},
-                                   {"steps", 8},
-                                   {"guidance", 5.0},
-                                   {"spacing", nullptr},
-                                   {"images", 2},
-                                   {"seed", 40}};
-  const Compared compared = Compare(pipeline, settings,
-                                    "--text-encoder " + ShellQuote(other_encoder) +
-                                        " --input-size 8 --prompt 'a photo of a boat' --cfg 5 "
-                                        "--per-class 2 --steps 8",
-                                    std::string("single_file_") + GetParam(), single);
+  nlohmann::json settings = {{"prompt", "a photo of a boat"},
+                             {"negative_prompt", nullptr},
+                             {"steps", 8},
+                             {"guidance", 5.0},
+                             {"spacing", nullptr},
+                             {"images", 2},
+                             {"seed", 40}};
+  if (xl) settings["scheduler"] = "euler";
+  const std::string flags =
+      "--input-size 8 --prompt 'a photo of a boat' --cfg 5 --per-class 2 "
+      "--steps 8";
+  const std::string name = std::string("single_file_") + GetParam();
+  const Compared compared =
+      Compare(pipeline, settings, "--text-encoder " + ShellQuote(other_encoder) + " " + flags, name,
+              single);
   ASSERT_TRUE(compared.got.has_value());
   const nlohmann::json how = nlohmann::json::parse(compared.got->metadata().at("sampling"));
-  EXPECT_EQ(how["sampler"], "ddim");
+  EXPECT_EQ(how["sampler"], xl ? "euler" : "ddim");
   EXPECT_EQ(how["vae"], single);
+  // The same weights and scheduler as the pipeline's folder: its samples, bit for bit.
+  Result<io::SafetensorsFile> folder =
+      Sample(pipeline, compared.reference, flags, name + "_folder");
+  ASSERT_TRUE(folder.ok()) << folder.status().message();
+  EXPECT_EQ(ReferenceTensor(*folder, "decoded"), ReferenceTensor(*compared.got, "decoded"));
 
   // Fine-tuning starts from it too (checkpoint.init_from, as `debug-dump --init-from` takes
   // it): the model the sample's config names holds the pipeline's UNet, tensor for tensor.
@@ -670,13 +685,22 @@ TEST_P(SingleFileReferenceTest, SamplesAsDiffusersSamplesThePipeline) {
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_THAT(refused.output,
               ::testing::HasSubstr("an original Stable Diffusion checkpoint holds no tokenizer"));
+  if (xl) {  // SDXL's two text models take both encoders' configs and tokenizers
+    const CommandResult one = RunCommand(fmt::format(
+        "{} sample --pretrained {} --input-size 8 --prompt boat --text-encoder {} --raw {} 2>&1",
+        ShellQuote(DIFFTRAIN_BINARY), ShellQuote(single),
+        ShellQuote(other_encoder + "/text_encoder"), ShellQuote((dir_ / "x.st").string())));
+    EXPECT_EQ(one.exit_code, 2) << one.output;
+    EXPECT_THAT(one.output, ::testing::HasSubstr("holds SDXL's two text models"));
+  }
   const CommandResult same =
       RunScript("init_weights.py",
                 "compare-diffusers " + ShellQuote(pipeline + "/unet") + " " + ShellQuote(dump));
   EXPECT_EQ(same.exit_code, 0) << same.output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, SingleFileReferenceTest, ::testing::Values("ldm1", "ldm2"));
+INSTANTIATE_TEST_SUITE_P(Layouts, SingleFileReferenceTest,
+                         ::testing::Values("ldm1", "ldm2", "ldmxl"));
 
 // A guidance-distilled (LCM) pipeline: LatentConsistencyModelPipeline's UNet takes the guidance
 // scale as an embedding (time_cond_proj_dim) in one conditional pass, its LCMScheduler steps on
@@ -892,8 +916,9 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
   EXPECT_THAT(malformed.output, ::testing::HasSubstr("--crop-top-left: two non-negative numbers"));
 }
 
-// SDXL fine-tuning from captioned pictures: `data pack` through the pipeline's VAE and its two
-// text encoders (the table holds each caption's pooled embedding), training from the
+// SDXL fine-tuning from captioned pictures of several sizes: `data pack` through the pipeline's
+// VAE and its two text encoders (the table holds each caption's pooled embedding, each shard
+// each picture's geometry), each sample's time ids its own picture's, training from the
 // pipeline's UNet on the packed folder, sampling a prompt the table lacks from the checkpoint;
 // and a table without pooled embeddings refused for SDXL by name.
 TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
@@ -904,14 +929,17 @@ TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
   const std::filesystem::path images = dir_ / "pictures";
   std::filesystem::create_directories(images);
   const std::vector<std::string> captions = {"a red boat", "a boat at night", "a red boat"};
+  // Pictures of three sizes (width × height): each sample's time ids are its own.
+  const std::vector<std::pair<int, int>> sizes = {{16, 16}, {40, 24}, {24, 32}};
   {
     std::ofstream jsonl(images / "metadata.jsonl");
     for (size_t k = 0; k < captions.size(); ++k) {
-      std::vector<uint8_t> pixels(16 * 16 * 3);
+      const auto [width, height] = sizes[k];
+      std::vector<uint8_t> pixels(width * height * 3);
       for (size_t i = 0; i < pixels.size(); ++i)
         pixels[i] = static_cast<uint8_t>((i * 29 + k * 53) % 251);
       const std::string file = fmt::format("{}.png", k);
-      ASSERT_TRUE(io::WritePng((images / file).string(), pixels.data(), 16, 16, 3).ok());
+      ASSERT_TRUE(io::WritePng((images / file).string(), pixels.data(), width, height, 3).ok());
       jsonl << nlohmann::json{{"file_name", file}, {"text", captions[k]}}.dump() << "\n";
     }
   }
@@ -940,6 +968,24 @@ TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
                      << "train: {steps: 2, log_every: 1}\n"
                      << "checkpoint: {dir: " << ckpt << ", every: 2, init_from: " << pipeline
                      << "/unet}\n";
+  // SDXL's time ids of each picture in the trainer's batches: its original size, where the
+  // square crop (16/side of the centred square) took it, and the 16 px sample (diffusers'
+  // original_size, crops_coords_top_left, target_size).
+  {
+    Result<TrainConfig> config = TrainConfig::FromYamlFile(job);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    Result<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
+    ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+    MicroBatch batch;
+    ASSERT_TRUE((*trainer)->MakeMicroBatch(0, 3, batch).ok());
+    std::vector<std::vector<float>> rows;
+    for (size_t b = 0; b < 3; ++b)
+      rows.emplace_back(batch.time_ids.begin() + 6 * b, batch.time_ids.begin() + 6 * b + 6);
+    EXPECT_THAT(rows, ::testing::UnorderedElementsAre(
+                          std::vector<float>{16, 16, 0, 0, 16, 16},
+                          std::vector<float>{24, 40, 0, 5, 16, 16},    // 8 px of 24², × 16/24
+                          std::vector<float>{32, 24, 3, 0, 16, 16}));  // 4 px, × 16/24
+  }
   const CommandResult trained =
       RunCommand(fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), job));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;

@@ -131,14 +131,24 @@ bool HasLdmVae(const SafetensorsFile& file) {
   return file.Find(std::string(kLdmVaePrefix) + "decoder.conv_in.weight") != nullptr;
 }
 
-bool HasLdmClipTextModel(const SafetensorsFile& file) {
-  return file.Find(std::string(kLdmClipPrefix) + "text_model.embeddings.token_embedding.weight") !=
-         nullptr;
+bool IsSdxlCheckpoint(const SafetensorsFile& file) {
+  return file.Find(std::string(kLdmUNetPrefix) + "label_emb.0.0.weight") != nullptr ||
+         file.Find(std::string(kSgmOpenClipPrefix) + "text_projection") != nullptr;
 }
 
-bool HasLdmOpenClipTextModel(const SafetensorsFile& file) {
-  return file.Find(std::string(kLdmOpenClipPrefix) +
-                   "transformer.resblocks.0.attn.in_proj_weight") != nullptr;
+std::vector<LdmTextModel> LdmTextModels(const SafetensorsFile& file) {
+  const auto clip = [&](const std::string& prefix) {
+    return file.Find(prefix + "text_model.embeddings.token_embedding.weight") != nullptr;
+  };
+  const auto open_clip = [&](const std::string& prefix) {
+    return file.Find(prefix + "transformer.resblocks.0.attn.in_proj_weight") != nullptr;
+  };
+  std::vector<LdmTextModel> models;
+  if (clip(kLdmClipPrefix)) models.push_back({kLdmClipPrefix, false});
+  if (open_clip(kLdmOpenClipPrefix)) models.push_back({kLdmOpenClipPrefix, true});
+  if (clip(kSgmClipPrefix)) models.push_back({kSgmClipPrefix, false});
+  if (open_clip(kSgmOpenClipPrefix)) models.push_back({kSgmOpenClipPrefix, true});
+  return models;
 }
 
 std::optional<LdmTensorPart> LdmOpenClipTensor(const std::string& name, int64_t hidden) {
@@ -149,6 +159,8 @@ std::optional<LdmTensorPart> LdmOpenClipTensor(const std::string& name, int64_t 
   }
   if (name == "text_model.embeddings.position_embedding.weight")
     return LdmTensorPart{"positional_embedding"};
+  if (name == "text_projection.weight")
+    return LdmTensorPart{.name = "text_projection", .transposed = true};
   std::optional<Indexed> layer = After(name, "text_model.encoder.layers.");
   if (!layer) return std::nullopt;
   const std::string block = fmt::format("transformer.resblocks.{}.", layer->index);
@@ -192,12 +204,10 @@ Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& na
   const std::vector<std::optional<std::string>> sgm = SgmUNetNames(names);
   std::vector<std::string> ldm;
   for (size_t i = 0; i < names.size(); ++i) {
-    // SDXL's layout holds its two text encoders under conditioner.embedders, which the
-    // SD 1.x/2.x one does not: an SDXL UNet is refused here, not written half right.
-    if (!sgm[i] || names[i].starts_with("add_embedding.")) {
+    if (!sgm[i]) {
       return Errorf(
           "the UNet's '{}' has no place in an original Stable Diffusion checkpoint (its layout "
-          "holds SD 1.x/2.x UNets: no guidance, class or addition embeddings)",
+          "holds SD 1.x/2.x and SDXL UNets: no guidance or class embeddings)",
           names[i]);
     }
     ldm.push_back(kLdmUNetPrefix + *sgm[i]);
@@ -208,10 +218,16 @@ Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& na
 Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
   const std::string p = kLdmUNetPrefix;
   const auto shape = [&](const std::string& name) { return ShapeOf(file, p + name); };
-  if (file.Find(p + "label_emb.0.0.weight") || file.Find(p + "label_emb.weight")) {
+  if (file.Find(p + "label_emb.weight")) {
     return Errorf(
-        "'{}': a UNet with class or addition embeddings (label_emb: SDXL, the x4 upscaler) is "
-        "not supported; SD 1.x and 2.x are",
+        "'{}': a UNet with class embeddings (label_emb: the x4 upscaler's) is not supported; SD "
+        "1.x, 2.x and SDXL are",
+        file.path());
+  }
+  if (file.Find("conditioner.embedders.0.model.transformer.resblocks.0.attn.in_proj_weight")) {
+    return Errorf(
+        "'{}': SDXL's refiner (its micro-conditioning takes an aesthetic score among 5 time ids) "
+        "is not supported; SDXL's base is",
         file.path());
   }
   std::vector<std::string> unet;
@@ -235,6 +251,7 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
   std::vector<int> channels;
   std::vector<std::string> down, up;
   std::optional<std::string> attention;  // the first attention's name
+  std::vector<int> depths;               // transformer blocks a level (1 where it attends not)
   for (int b = 0; b < levels; ++b) {
     const std::string block = fmt::format("input_blocks.{}.", 1 + b * (L + 1));
     DT_ASSIGN_OR_RETURN(const std::vector<int64_t> out, shape(block + "0.out_layers.3.weight"));
@@ -242,6 +259,8 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
     const bool attends = file.Find(p + block + "1.proj_in.weight") != nullptr;
     if (attends && !attention) attention = block + "1.";
     down.push_back(attends ? "CrossAttnDownBlock2D" : "DownBlock2D");
+    depths.push_back(
+        attends ? static_cast<int>(Indices(unet, block + "1.transformer_blocks.").size()) : 1);
   }
   for (int b = levels - 1; b >= 0; --b)
     up.push_back(down[b] == "DownBlock2D" ? "UpBlock2D" : "CrossAttnUpBlock2D");
@@ -249,7 +268,6 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
   DT_ASSIGN_OR_RETURN(const std::vector<int64_t> proj_in, shape(*attention + "proj_in.weight"));
   DT_ASSIGN_OR_RETURN(const std::vector<int64_t> to_k,
                       shape(*attention + "transformer_blocks.0.attn2.to_k.weight"));
-  const int depth = static_cast<int>(Indices(unet, *attention + "transformer_blocks.").size());
   const bool linear = proj_in.size() == 2;
   // SD 1.x: 8 heads; SD 2.x: heads of 64 channels (diffusers' attention_head_dim counts heads).
   nlohmann::json heads = 8;
@@ -264,7 +282,10 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
       heads.push_back(std::max(1, channels[b] / 64));
     }
   }
-  return nlohmann::json{{"_class_name", "UNet2DConditionModel"},
+  nlohmann::json depth = depths;
+  if (std::all_of(depths.begin(), depths.end(), [&](int d) { return d == depths[0]; }))
+    depth = depths[0];
+  nlohmann::json config{{"_class_name", "UNet2DConditionModel"},
                         {"sample_size", 64},
                         {"in_channels", conv_in[1]},
                         {"out_channels", conv_out[0]},
@@ -277,6 +298,27 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
                         {"use_linear_projection", linear},
                         {"transformer_layers_per_block", depth},
                         {"norm_num_groups", 32}};
+  if (file.Find(p + "label_emb.0.0.weight") == nullptr) return config;
+  // SDXL: pooled text ‖ sinusoids of 6 time ids, each of addition_time_embed_dim features.
+  DT_ASSIGN_OR_RETURN(const std::vector<int64_t> label, shape("label_emb.0.0.weight"));
+  constexpr int64_t kTimeIds = 6;
+  int64_t time_features = 256;  // SDXL's, which diffusers assumes too
+  const std::string projection = std::string(kSgmOpenClipPrefix) + "text_projection";
+  if (const TensorView* t = file.Find(projection); t != nullptr && t->shape.size() == 2) {
+    const int64_t rest = label[1] - t->shape[1];
+    if (rest <= 0 || rest % kTimeIds != 0) {
+      return Errorf(
+          "'{}': label_emb.0.0 takes {} features, which are not the pooled text's {} ({}) and "
+          "{} time ids' sinusoids",
+          file.path(), label[1], t->shape[1], projection, kTimeIds);
+    }
+    time_features = rest / kTimeIds;
+  }
+  config["sample_size"] = 128;
+  config["addition_embed_type"] = "text_time";
+  config["addition_time_embed_dim"] = time_features;
+  config["projection_class_embeddings_input_dim"] = label[1];
+  return config;
 }
 
 std::vector<std::string> LdmVaeNames(const std::vector<std::string>& names) {
@@ -348,7 +390,7 @@ Result<nlohmann::json> LdmVaeConfig(const SafetensorsFile& file) {
       {"down_block_types", std::vector<std::string>(levels, "DownEncoderBlock2D")},
       {"up_block_types", std::vector<std::string>(levels, "UpDecoderBlock2D")},
       {"norm_num_groups", 32},
-      {"scaling_factor", 0.18215}};
+      {"scaling_factor", IsSdxlCheckpoint(file) ? 0.13025 : 0.18215}};
 }
 
 }  // namespace difftrain::io

@@ -42,44 +42,62 @@ inline constexpr char kLdmVaePrefix[] = "first_stage_model.";
 // text model under OpenCLIP's names after the other.
 inline constexpr char kLdmClipPrefix[] = "cond_stage_model.transformer.";
 inline constexpr char kLdmOpenClipPrefix[] = "cond_stage_model.model.";
+// SDXL's original (SGM) layout holds its two: CLIP ViT-L as SD 1.x's, OpenCLIP ViT-bigG with
+// its text_projection.
+inline constexpr char kSgmClipPrefix[] = "conditioner.embedders.0.transformer.";
+inline constexpr char kSgmOpenClipPrefix[] = "conditioner.embedders.1.model.";
 
 // Whether `file` (its header suffices) holds an LDM UNet (model.diffusion_model.*), an LDM VAE
-// (first_stage_model.*), and SD 1.x's CLIP text model (cond_stage_model.transformer.text_model.*;
-// SD 2.x's OpenCLIP under cond_stage_model.model.* is not it).
+// (first_stage_model.*), and whether it is SDXL's (the UNet's addition embedding as label_emb.0,
+// or SDXL's text models).
 bool IsLdmCheckpoint(const SafetensorsFile& file);
 bool HasLdmVae(const SafetensorsFile& file);
-bool HasLdmClipTextModel(const SafetensorsFile& file);
-bool HasLdmOpenClipTextModel(const SafetensorsFile& file);
+bool IsSdxlCheckpoint(const SafetensorsFile& file);
 
-// Where SD 2.x's OpenCLIP text model (after kLdmOpenClipPrefix) holds the tensor transformers'
-// CLIPTextModel names `name` (hidden size `hidden`): token_embedding, positional_embedding,
-// ln_final; per layer ln_1, ln_2, attn.out_proj, mlp.c_fc, mlp.c_proj, and q, k, v as rows
-// [0, D), [D, 2D), [2D, 3D) of attn.in_proj, as diffusers'
-// create_text_encoder_from_open_clip_checkpoint splits them. nullopt for a name it has no place
-// for.
+// A text model an original checkpoint holds: its tensors' prefix, and whether they are named as
+// OpenCLIP's (else as transformers' CLIPTextModel).
+struct LdmTextModel {
+  std::string prefix;
+  bool open_clip = false;
+};
+// The file's text models in the order a pipeline takes them: SD 1.x's CLIP, SD 2.x's OpenCLIP,
+// or SDXL's CLIP and OpenCLIP (text_encoder, text_encoder_2); none for a file without.
+std::vector<LdmTextModel> LdmTextModels(const SafetensorsFile& file);
+
+// Where an OpenCLIP text model (after its prefix) holds the tensor transformers' CLIPTextModel
+// names `name` (hidden size `hidden`): token_embedding, positional_embedding, ln_final; per layer
+// ln_1, ln_2, attn.out_proj, mlp.c_fc, mlp.c_proj, and q, k, v as rows [0, D), [D, 2D), [2D, 3D)
+// of attn.in_proj, as diffusers' create_text_encoder_from_open_clip_checkpoint splits them; a
+// CLIPTextModelWithProjection's text_projection.weight [P, D] as text_projection [D, P], its
+// transpose (OpenCLIP multiplies by it from the right). nullopt for a name it has no place for.
 struct LdmTensorPart {
   std::string name;
   int64_t first_row = 0;
   int64_t rows = -1;  // -1: the whole tensor
+  bool transposed = false;
 };
 std::optional<LdmTensorPart> LdmOpenClipTensor(const std::string& name, int64_t hidden);
 
 // The file's name of each UNet tensor diffusers names `names` (a UNet2DConditionModel's
 // parameters: its layers per block and which up blocks attend are read from the names
-// themselves). Errors name a tensor the layout has no place for (time_cond_proj_dim's
-// cond_proj, class and addition embeddings).
+// themselves), SDXL's addition embedding as its original (SGM) layout's label_emb.0.0 and .0.2.
+// Errors name a tensor the layout has no place for (time_cond_proj_dim's cond_proj, class
+// embeddings).
 Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& names);
-// The same in SDXL's original (SGM) layout too, the addition embedding as its label_emb.0.0 and
-// .0.2, where a name has a place: nullopt for one that has none. What kohya's SDXL LoRAs name
+// The same without the prefix, nullopt for a name that has no place: what kohya's LoRAs name
 // their modules by.
 std::vector<std::optional<std::string>> SgmUNetNames(const std::vector<std::string>& names);
 
 // The UNet2DConditionModel config.json of the file's UNet: in and out channels, channels per
 // level, resnets per level, which levels attend, the cross-attention width, transformer depth
-// and linear or convolutional projections from the tensors; what the tensors cannot say, as
-// Stable Diffusion's configs have it: 8 heads (SD 1.x, convolutional projections) or heads of
-// 64 channels (SD 2.x, linear projections), GroupNorm of 32, sample_size 64 (512 px). Errors
-// say what is missing or uneven.
+// (one per level where the levels differ) and linear or convolutional projections from the
+// tensors; what the tensors cannot say, as Stable Diffusion's configs have it: 8 heads (SD 1.x,
+// convolutional projections) or heads of 64 channels (SD 2.x, SDXL: linear projections),
+// GroupNorm of 32, sample_size 64 (512 px; SDXL's 128, 1024 px). SDXL's addition embedding
+// (label_emb.0) is its text_time micro-conditioning: projection_class_embeddings_input_dim from
+// its tensor, addition_time_embed_dim the rest after the pooled text (the OpenCLIP model's
+// text_projection) over 6 time ids, else SDXL's 256. Errors say what is missing or uneven, and
+// refuse class embeddings and SDXL's refiner (5 time ids) by name.
 Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file);
 
 // The file's name of each VAE tensor diffusers' AutoencoderKL names `names` (its levels read
@@ -88,7 +106,7 @@ std::vector<std::string> LdmVaeNames(const std::vector<std::string>& names);
 
 // The AutoencoderKL config.json of the file's VAE: channels per level, resnets per level, image
 // and latent channels from the tensors; GroupNorm of 32 and scaling_factor 0.18215, as Stable
-// Diffusion's.
+// Diffusion 1.x/2.x's (SDXL's 0.13025, as its original config's scale_factor).
 Result<nlohmann::json> LdmVaeConfig(const SafetensorsFile& file);
 
 }  // namespace difftrain::io

@@ -4,8 +4,10 @@
 // Vae::Load and the initial-weights reader, the same weights.
 #include "model/io/ldm_checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -60,11 +62,14 @@ TEST(LdmCheckpointTest, NamesTheUNetsTensorsAsTheOriginal) {
       << lcm.status().message();
 }
 
-// SD 2.x's OpenCLIP text model: q, k and v are thirds of each layer's in_proj.
+// OpenCLIP's text model (SD 2.x's, SDXL's second): q, k and v are thirds of each layer's
+// in_proj, the projection is transposed.
 TEST(LdmCheckpointTest, FindsTheClipTensorsInOpenClipsNames) {
   const auto part = [](const std::string& name) {
     std::optional<LdmTensorPart> p = LdmOpenClipTensor(name, 32);
-    return p ? fmt::format("{} {} {}", p->name, p->first_row, p->rows) : std::string("none");
+    return p ? fmt::format("{} {} {}{}", p->name, p->first_row, p->rows,
+                           p->transposed ? " transposed" : "")
+             : std::string("none");
   };
   EXPECT_EQ(part("text_model.embeddings.token_embedding.weight"), "token_embedding.weight 0 -1");
   EXPECT_EQ(part("text_model.embeddings.position_embedding.weight"), "positional_embedding 0 -1");
@@ -79,17 +84,41 @@ TEST(LdmCheckpointTest, FindsTheClipTensorsInOpenClipsNames) {
   EXPECT_EQ(part("text_model.encoder.layers.1.layer_norm1.weight"),
             "transformer.resblocks.1.ln_1.weight 0 -1");
   EXPECT_EQ(part("text_model.final_layer_norm.bias"), "ln_final.bias 0 -1");
-  EXPECT_EQ(part("text_projection.weight"), "none");
+  EXPECT_EQ(part("text_projection.weight"), "text_projection 0 -1 transposed");
+  EXPECT_EQ(part("logit_scale"), "none");
+}
+
+// A file of zeros under the names `names`, shapes `shapes` (its header is what is read).
+Result<SafetensorsFile> ZerosFile(const TempDir& dir, const std::vector<std::string>& names,
+                                  const std::vector<std::vector<int64_t>>& shapes) {
+  SafetensorsWriter writer;
+  size_t most = 0;
+  for (const std::vector<int64_t>& shape : shapes) {
+    size_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    most = std::max(most, n);
+  }
+  const std::vector<float> zeros(most, 0.0f);
+  for (size_t i = 0; i < names.size(); ++i)
+    writer.AddF32(names[i], shapes[i], zeros.data());
+  const std::string path = dir.path() + "/model.safetensors";
+  DT_RETURN_IF_ERROR(writer.WriteAtomic(path));
+  return SafetensorsFile::Read(path);
 }
 
 // A UNet's tensors under their original names (zeros) give back its config: SD 1.x's shape
-// (convolutional projections, 8 heads) and SD 2.x's (linear, heads of 64 channels); the
+// (convolutional projections, 8 heads), SD 2.x's (linear, heads of 64 channels) and SDXL's
+// (a plain first level, transformers of several blocks, the text_time micro-conditioning whose
+// time features are what the OpenCLIP model's pooled text leaves of label_emb.0.0's input); the
 // initial-weights reader finds every tensor of the model in the file.
 TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
-  // SD 1.x, SD 2.x, and SD 1.x's inpainting UNet (sd-v1-5-inpainting: 9 input channels).
-  for (const auto& [linear, in_channels] : {std::pair{false, 4}, {true, 4}, {false, 9}}) {
-    SCOPED_TRACE(fmt::format("{} in_channels {}", linear ? "SD 2.x" : "SD 1.x", in_channels));
-    const nlohmann::json config = {
+  enum Kind { kSd1, kSd2, kSdxl };
+  // SD 1.x, SD 2.x, SD 1.x's inpainting UNet (sd-v1-5-inpainting: 9 input channels), SDXL.
+  for (const auto& [kind, in_channels] : {std::pair{kSd1, 4}, {kSd2, 4}, {kSd1, 9}, {kSdxl, 4}}) {
+    SCOPED_TRACE(fmt::format("{} in_channels {}", int(kind), in_channels));
+    const bool linear = kind != kSd1;
+    nlohmann::json config = {
         {"name", "unet"},
         {"sample_size", 64},
         {"in_channels", in_channels},
@@ -105,6 +134,16 @@ TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
         {"use_linear_projection", linear},
         {"transformer_layers_per_block", 1},
         {"norm_num_groups", 32}};
+    constexpr int kPooled = 16;
+    if (kind == kSdxl) {
+      config["sample_size"] = 128;
+      config["down_block_types"] = {"DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"};
+      config["up_block_types"] = {"CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"};
+      config["transformer_layers_per_block"] = {1, 2, 3};
+      config["addition_embed_type"] = "text_time";
+      config["addition_time_embed_dim"] = 8;
+      config["projection_class_embeddings_input_dim"] = kPooled + 6 * 8;
+    }
     Result<ModelSpec> spec = ModelSpecFromJson("unet", config);
     ASSERT_TRUE(spec.ok()) << spec.status().message();
     Result<ModelPartition> whole = FamilyOf(*spec).Partition(*spec, LayoutShape{}, 0, 0, 0);
@@ -115,44 +154,79 @@ TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
       names.push_back(t.name);
     Result<std::vector<std::string>> ldm = LdmUNetNames(names);
     ASSERT_TRUE(ldm.ok()) << ldm.status().message();
-    SafetensorsWriter writer;
-    const std::vector<float> zeros(table.total(), 0.0f);
-    for (size_t i = 0; i < names.size(); ++i)
-      writer.AddF32((*ldm)[i], table.tensors()[i].shape, zeros.data());
+    std::vector<std::vector<int64_t>> shapes;
+    for (const TensorSpec& t : table.tensors())
+      shapes.push_back(t.shape);
+    if (kind == kSdxl) {  // the pooled text's width is its projection's
+      ldm->push_back(std::string(kSgmOpenClipPrefix) + "text_projection");
+      shapes.push_back({24, kPooled});
+    }
     TempDir dir("ldm_unet");
-    ASSERT_TRUE(writer.WriteAtomic(dir.path() + "/model.safetensors").ok());
-    Result<SafetensorsFile> file = SafetensorsFile::Read(dir.path() + "/model.safetensors");
+    Result<SafetensorsFile> file = ZerosFile(dir, *ldm, shapes);
     ASSERT_TRUE(file.ok()) << file.status().message();
     EXPECT_TRUE(IsLdmCheckpoint(*file));
     EXPECT_FALSE(HasLdmVae(*file));
+    EXPECT_EQ(IsSdxlCheckpoint(*file), kind == kSdxl);
     Result<nlohmann::json> read = LdmUNetConfig(*file);
     ASSERT_TRUE(read.ok()) << read.status().message();
-    for (const char* key :
-         {"in_channels", "out_channels", "block_out_channels", "layers_per_block",
-          "down_block_types", "up_block_types", "cross_attention_dim", "attention_head_dim",
-          "use_linear_projection", "transformer_layers_per_block"}) {
-      EXPECT_EQ((*read)[key], config[key]) << key;
+    for (const char* key : {"in_channels", "out_channels", "block_out_channels", "layers_per_block",
+                            "down_block_types", "up_block_types", "cross_attention_dim",
+                            "attention_head_dim", "use_linear_projection",
+                            "transformer_layers_per_block", "sample_size", "addition_embed_type",
+                            "addition_time_embed_dim", "projection_class_embeddings_input_dim"}) {
+      EXPECT_EQ(read->value(key, nlohmann::json()), config.value(key, nlohmann::json())) << key;
     }
     Result<ModelSpec> read_spec = ModelSpecFromJson("unet", *read);
     ASSERT_TRUE(read_spec.ok()) << read_spec.status().message();
     EXPECT_EQ(FamilyOf(*read_spec).Samples(*read_spec).conditioning_channels, in_channels - 4);
     Result<std::vector<std::string>> unused = CheckInitialWeights(*file, table);
     ASSERT_TRUE(unused.ok()) << unused.status().message();
-    EXPECT_TRUE(unused->empty());
+    EXPECT_EQ(unused->size(), kind == kSdxl ? 1u : 0u);  // the text model's projection
+    if (kind != kSdxl) continue;
+    // Without its text models the time features are SDXL's 256: label_emb.0.0's 64 inputs
+    // leave no pooled text, and the config says so.
+    ldm->pop_back();
+    shapes.pop_back();
+    TempDir bare_dir("ldm_unet_bare");
+    Result<SafetensorsFile> bare = ZerosFile(bare_dir, *ldm, shapes);
+    ASSERT_TRUE(bare.ok());
+    Result<nlohmann::json> bare_config = LdmUNetConfig(*bare);
+    ASSERT_TRUE(bare_config.ok()) << bare_config.status().message();
+    EXPECT_EQ((*bare_config)["addition_time_embed_dim"], 256);
+    EXPECT_FALSE(ModelSpecFromJson("unet", *bare_config).ok());
+    // A projection of a width that leaves no 6 time ids' features is refused.
+    ldm->push_back(std::string(kSgmOpenClipPrefix) + "text_projection");
+    shapes.push_back({24, kPooled + 3});
+    TempDir uneven_dir("ldm_unet_uneven");
+    Result<SafetensorsFile> uneven = ZerosFile(uneven_dir, *ldm, shapes);
+    ASSERT_TRUE(uneven.ok());
+    Result<nlohmann::json> refused = LdmUNetConfig(*uneven);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("6 time ids' sinusoids"), std::string::npos)
+        << refused.status().message();
   }
-  // SDXL's (and the upscaler's) label embedding has no diffusers config here.
-  SafetensorsWriter sdxl;
-  const float zero = 0;
-  sdxl.AddF32(std::string(kLdmUNetPrefix) + "input_blocks.0.0.weight", {1}, &zero);
-  sdxl.AddF32(std::string(kLdmUNetPrefix) + "label_emb.0.0.weight", {1}, &zero);
-  TempDir dir("ldm_sdxl");
-  ASSERT_TRUE(sdxl.WriteAtomic(dir.path() + "/sdxl.safetensors").ok());
-  Result<SafetensorsFile> file = SafetensorsFile::Read(dir.path() + "/sdxl.safetensors");
-  ASSERT_TRUE(file.ok());
-  Result<nlohmann::json> refused = LdmUNetConfig(*file);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("label_emb: SDXL"), std::string::npos)
-      << refused.status().message();
+  // The upscaler's class embedding and SDXL's refiner are refused by name.
+  const std::string p = kLdmUNetPrefix;
+  const std::string refiner =
+      "conditioner.embedders.0.model.transformer.resblocks.0.attn.in_proj_weight";
+  const std::vector<int64_t> one = {1};
+  for (const auto& [names, shapes, message] :
+       {std::tuple{std::vector<std::string>{p + "label_emb.weight"},
+                   std::vector<std::vector<int64_t>>{one}, "class embeddings"},
+        {std::vector<std::string>{p + "label_emb.0.0.weight", refiner},
+         std::vector<std::vector<int64_t>>{one, one}, "SDXL's refiner"}}) {
+    std::vector<std::string> all = names;
+    all.push_back(p + "input_blocks.0.0.weight");
+    std::vector<std::vector<int64_t>> all_shapes = shapes;
+    all_shapes.push_back(one);
+    TempDir dir("ldm_refused");
+    Result<SafetensorsFile> file = ZerosFile(dir, all, all_shapes);
+    ASSERT_TRUE(file.ok());
+    Result<nlohmann::json> refused = LdmUNetConfig(*file);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find(message), std::string::npos)
+        << refused.status().message();
+  }
 }
 
 // A VAE's tensors under their original names, its attention as 1×1 convolutions: Vae::Load

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "model/io/ldm_checkpoint.h"
 #include "model/text/clip_bpe.h"
 
 namespace difftrain {
@@ -37,8 +38,8 @@ fs::path TokenizerFolder(const std::string& path, const std::string& config) {
 
 // The encoder at `path` and its tokenizer (TextEmbedder::Load of one encoder).
 Result<std::pair<TextEncoder, std::shared_ptr<const text::Tokenizer>>> LoadEncoderAndTokenizer(
-    const std::string& path, const io::SafetensorsFile* weights) {
-  DT_ASSIGN_OR_RETURN(TextEncoder encoder, TextEncoder::Load(path, weights));
+    const std::string& path, const io::SafetensorsFile* weights, size_t part) {
+  DT_ASSIGN_OR_RETURN(TextEncoder encoder, TextEncoder::Load(path, weights, part));
   const fs::path folder = TokenizerFolder(path, encoder.config_source());
   std::shared_ptr<const text::Tokenizer> tokenizer;
   try {
@@ -68,18 +69,19 @@ TextEmbedder::TextEmbedder(std::vector<Part> parts, std::string path)
 Result<TextEmbedder> TextEmbedder::Load(const std::string& path,
                                         const io::SafetensorsFile* weights) {
   std::vector<Part> parts;
-  DT_ASSIGN_OR_RETURN(auto first, LoadEncoderAndTokenizer(path, weights));
+  DT_ASSIGN_OR_RETURN(auto first, LoadEncoderAndTokenizer(path, weights, 0));
   parts.push_back({std::move(first.first), std::move(first.second)});
   std::error_code ec;
   const fs::path second = fs::path(path) / "text_encoder_2";
+  if (weights != nullptr && io::LdmTextModels(*weights).size() > 1 &&
+      !fs::is_directory(second, ec)) {
+    return Errorf(
+        "text encoder '{}': '{}' holds SDXL's two text models, which take the configs and "
+        "tokenizers of an SDXL pipeline's folder (text_encoder/ and text_encoder_2/)",
+        path, weights->path());
+  }
   if (fs::is_directory(second, ec)) {
-    if (weights != nullptr) {
-      return Errorf(
-          "text encoder '{}': an SDXL pipeline's two text encoders do not take the weights of "
-          "'{}' (an original Stable Diffusion checkpoint's text model)",
-          path, weights->path());
-    }
-    DT_ASSIGN_OR_RETURN(auto part, LoadEncoderAndTokenizer(second.string(), nullptr));
+    DT_ASSIGN_OR_RETURN(auto part, LoadEncoderAndTokenizer(second.string(), weights, 1));
     if (parts[0].encoder.config().kind != TextEncoderKind::kClip ||
         part.first.config().kind != TextEncoderKind::kClip) {
       return Errorf("text encoder '{}': text_encoder/ and text_encoder_2/ must be CLIP text models",

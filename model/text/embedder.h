@@ -32,8 +32,9 @@ class TextEmbedder {
   // an encoder folder that is a pipeline's text_encoder/ (Stable Diffusion's; ../tokenizer_2 of
   // a text_encoder_2/). With `weights`, the encoder's weights from that file
   // (TextEncoder::Load). A pipeline's folder with text_encoder_2/ beside text_encoder/ (SDXL's)
-  // loads both, each with its tokenizer (tokenizer/, tokenizer_2/); `weights` are refused for
-  // it.
+  // loads both, each with its tokenizer (tokenizer/, tokenizer_2/), and with `weights` the
+  // file's two text models (an original SDXL checkpoint's), which one encoder's folder does not
+  // take.
   static Result<TextEmbedder> Load(const std::string& path,
                                    const io::SafetensorsFile* weights = nullptr);
   TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Tokenizer> tokenizer,

@@ -172,19 +172,30 @@ Result<std::pair<fs::path, fs::path>> EncoderFiles(const std::string& path, bool
       path);
 }
 
-// The weights of `table` (a CLIP text model of hidden size D) from SD 2.x's OpenCLIP text model
-// in an original Stable Diffusion checkpoint (io::LdmOpenClipTensor: q, k and v are row ranges
-// of each layer's in_proj). Errors name the file and the tensor missing or misshapen.
-Result<std::vector<float>> ReadOpenClip(const io::SafetensorsFile& file, const TensorTable& table,
-                                        int64_t D) {
+// The weights of `table` (a CLIP text model of hidden size D) from the OpenCLIP text model under
+// `prefix` of an original Stable Diffusion checkpoint (io::LdmOpenClipTensor: q, k and v are row
+// ranges of each layer's in_proj; the projection transposed). Errors name the file and the tensor
+// missing or misshapen.
+Result<std::vector<float>> ReadOpenClip(const io::SafetensorsFile& file, const std::string& prefix,
+                                        const TensorTable& table, int64_t D) {
   std::vector<float> weights(table.total()), whole;
   std::unordered_set<std::string> used;
   for (const TensorSpec& t : table.tensors()) {
     const std::optional<io::LdmTensorPart> part = io::LdmOpenClipTensor(t.name, D);
     DT_CHECK(part.has_value(), "no OpenCLIP tensor for '{}'", t.name);
-    const std::string name = io::kLdmOpenClipPrefix + part->name;
+    const std::string name = prefix + part->name;
     used.insert(name);
     float* dst = weights.data() + t.offset;
+    if (part->transposed) {
+      const int64_t rows = t.shape[0], cols = t.shape[1];
+      whole.resize(t.numel);
+      DT_RETURN_IF_ERROR(file.CopyAsF32(name, {cols, rows}, whole.data()));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c)
+          dst[r * cols + c] = whole[c * rows + r];
+      }
+      continue;
+    }
     if (part->rows < 0) {
       DT_RETURN_IF_ERROR(file.CopyAsF32(name, t.shape, dst));
       continue;
@@ -199,11 +210,11 @@ Result<std::vector<float>> ReadOpenClip(const io::SafetensorsFile& file, const T
   }
   size_t unused = 0;
   for (const std::string& name : file.Names())
-    unused += name.starts_with(io::kLdmOpenClipPrefix) && !used.contains(name);
+    unused += name.starts_with(prefix) && !used.contains(name);
   spdlog::info(
-      "text encoder: SD 2.x's OpenCLIP text model of '{}' ({} of its tensors not read: its "
-      "text_projection and the layers past the config's)",
-      file.path(), unused);
+      "text encoder: the OpenCLIP text model {}* of '{}' ({} of its tensors not read: those past "
+      "the config's layers, and the text_projection of a model without one)",
+      prefix, file.path(), unused);
   return weights;
 }
 
@@ -263,7 +274,7 @@ const float* TextEncoder::W(const std::string& name) const {
 }
 
 Result<TextEncoder> TextEncoder::Load(const std::string& path,
-                                      const io::SafetensorsFile* weights_from) {
+                                      const io::SafetensorsFile* weights_from, size_t part) {
   DT_ASSIGN_OR_RETURN(const auto files, EncoderFiles(path, weights_from != nullptr));
   const auto& [weights_path, config_path] = files;
   DT_ASSIGN_OR_RETURN(
@@ -279,10 +290,24 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path,
     DT_ASSIGN_OR_RETURN(read, io::SafetensorsFile::Map(weights_path));
   }
   const io::SafetensorsFile& file = weights_from ? *weights_from : *read;
-  // A CLIP text model with its projection (CLIPTextModelWithProjection, or a whole CLIPModel's
-  // text half). An original Stable Diffusion checkpoint's text model is read without one.
+  // An original Stable Diffusion checkpoint's text model `part`.
+  std::optional<io::LdmTextModel> ldm;
   if (weights_from != nullptr) {
-    config->projection_dim = 0;
+    const std::vector<io::LdmTextModel> models = io::LdmTextModels(file);
+    if (part >= models.size()) {
+      return Errorf(
+          "text encoder '{}': '{}' holds {} text models (an original checkpoint's "
+          "cond_stage_model or SDXL's conditioner.embedders), not a text model {}",
+          path, file.path(), models.size(), part + 1);
+    }
+    ldm = models[part];
+  }
+  // A CLIP text model with its projection (CLIPTextModelWithProjection, or a whole CLIPModel's
+  // text half). An original checkpoint's text model has one where its config says so and it is
+  // OpenCLIP's with a text_projection (SDXL's second); SD 2.x's is read without.
+  if (ldm) {
+    if (!ldm->open_clip || file.Find(ldm->prefix + "text_projection") == nullptr)
+      config->projection_dim = 0;
   } else if (const io::TensorView* projection = file.Find(kClipProjection);
              config->kind == TextEncoderKind::kClip && config->projection_dim == 0 &&
              projection != nullptr && projection->shape.size() == 2 &&
@@ -290,19 +315,20 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path,
     config->projection_dim = static_cast<int>(projection->shape[0]);
   }
   TensorTable table = Tensors(*config);
-  // BERT's task models (BertForMaskedLM …) keep the encoder under "bert.", an original Stable
-  // Diffusion checkpoint its CLIP text model under "cond_stage_model.transformer.".
-  std::string prefix;
-  for (const char* under : {"bert.", io::kLdmClipPrefix}) {
-    if (file.Find(table.tensors()[0].name) == nullptr &&
-        file.Find(under + table.tensors()[0].name) != nullptr)
-      prefix = under;
-  }
   std::vector<float> weights;
-  if (config->kind == TextEncoderKind::kClip && file.Find(table.tensors()[0].name) == nullptr &&
-      io::HasLdmOpenClipTextModel(file)) {
-    DT_ASSIGN_OR_RETURN(weights, ReadOpenClip(file, table, config->hidden_size));
+  if (ldm && ldm->open_clip) {
+    if (config->kind != TextEncoderKind::kClip) {
+      return Errorf("text encoder '{}': the OpenCLIP text model of '{}' takes a CLIP config", path,
+                    file.path());
+    }
+    DT_ASSIGN_OR_RETURN(weights, ReadOpenClip(file, ldm->prefix, table, config->hidden_size));
   } else {
+    // BERT's task models (BertForMaskedLM …) keep the encoder under "bert.", an original
+    // checkpoint its CLIP text model under its prefix.
+    std::string prefix = ldm ? ldm->prefix : "";
+    if (!ldm && file.Find(table.tensors()[0].name) == nullptr &&
+        file.Find("bert." + table.tensors()[0].name) != nullptr)
+      prefix = "bert.";
     TensorTable spelled;  // the table under the names the file uses
     for (const TensorSpec& t : table.tensors())
       spelled.Add(prefix + t.name, t.shape);

@@ -34,13 +34,14 @@ class TextEncoder {
   // safetensors file itself with config.json beside it. BERT's names may carry the "bert."
   // prefix of its task models. With `weights`, the model of `path`'s config takes its weights
   // from that safetensors file (already read) instead: an original Stable Diffusion checkpoint's
-  // CLIP text model (SD 1.x's under "cond_stage_model.transformer.", SD 2.x's OpenCLIP under
-  // "cond_stage_model.model.", model/io/ldm_checkpoint.h; read without a projection). A CLIP
-  // text model has a projection (projection_dim() > 0) where its config's architectures name
-  // CLIPTextModelWithProjection or its weights hold text_projection.weight [P, D]. Errors name
-  // the file and what is missing or misshapen.
+  // text model number `part` (io::LdmTextModels: SD 1.x's CLIP, SD 2.x's OpenCLIP, SDXL's CLIP
+  // and OpenCLIP), with a projection only where it is OpenCLIP's with its text_projection and the
+  // config asks for one (SDXL's text_encoder_2). A CLIP text model has a projection
+  // (projection_dim() > 0) where its config's architectures name CLIPTextModelWithProjection or
+  // its weights hold text_projection.weight [P, D]. Errors name the file and what is missing or
+  // misshapen.
   static Result<TextEncoder> Load(const std::string& path,
-                                  const io::SafetensorsFile* weights = nullptr);
+                                  const io::SafetensorsFile* weights = nullptr, size_t part = 0);
   // A model of `config` with `weights` laid out as Tensors(config) (tests).
   TextEncoder(TextEncoderConfig config, std::vector<float> weights);
 

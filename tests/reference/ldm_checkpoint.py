@@ -3,7 +3,7 @@
 model.safetensors) made of a diffusers pipeline, and diffusers' own reading of it, the reference
 of difftrain's (model/io/ldm_checkpoint.h):
 
-    PYTHON tests/reference/ldm_checkpoint.py write PIPELINE OUT.safetensors [openclip]
+    PYTHON tests/reference/ldm_checkpoint.py write PIPELINE OUT.safetensors [openclip|sdxl]
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2).
 
@@ -19,7 +19,8 @@ StableDiffusionPipeline.from_single_file(OUT, original_config_file=OUT.yaml) (it
 convert_ldm_unet_checkpoint and convert_ldm_vae_checkpoint), whose UNet and VAE must equal the
 pipeline's tensor for tensor, and the OpenCLIP text model by diffusers'
 create_text_encoder_from_open_clip_checkpoint, which must give the pipeline's text model: so
-OUT is what diffusers takes for this pipeline.
+OUT is what diffusers takes for this pipeline. With `sdxl`, PIPELINE is a
+StableDiffusionXLPipeline, written in SDXL's original (SGM) layout (write_sdxl).
 Exit status: 0; 1 when diffusers reads back other weights; 2 for bad usage.
 """
 
@@ -45,7 +46,8 @@ def unet_name(name, per_level, up_attends):
     """The original name of the diffusers UNet tensor `name`."""
     top = {"conv_in.": "input_blocks.0.0.", "time_embedding.linear_1.": "time_embed.0.",
            "time_embedding.linear_2.": "time_embed.2.", "conv_norm_out.": "out.0.",
-           "conv_out.": "out.2."}
+           "conv_out.": "out.2.", "add_embedding.linear_1.": "label_emb.0.0.",
+           "add_embedding.linear_2.": "label_emb.0.2."}
     for old, new in top.items():
         if name.startswith(old):
             return new + name[len(old):]
@@ -136,14 +138,18 @@ def original_config(pipeline):
 
 
 def open_clip(text_encoder):
-    """The CLIPTextModel's tensors as SD 2.x's OpenCLIP text model names them."""
+    """The CLIP text model's tensors as OpenCLIP's text model names them: SD 2.x's (a
+    CLIPTextModel: a text_projection of random values), SDXL's second (a
+    CLIPTextModelWithProjection: its projection transposed)."""
     state = text_encoder.state_dict()
     hidden = text_encoder.config.hidden_size
+    projection = state.get("text_projection.weight")
     tensors = {"token_embedding.weight": state["text_model.embeddings.token_embedding.weight"],
                "positional_embedding": state["text_model.embeddings.position_embedding.weight"],
                "ln_final.weight": state["text_model.final_layer_norm.weight"],
                "ln_final.bias": state["text_model.final_layer_norm.bias"],
-               "text_projection": torch.randn(hidden, hidden)}
+               "text_projection": (torch.randn(hidden, hidden) if projection is None
+                                   else projection.t())}
     for i in range(text_encoder.config.num_hidden_layers):
         layer, block = f"text_model.encoder.layers.{i}.", f"transformer.resblocks.{i}."
         for kind in ("weight", "bias"):
@@ -156,9 +162,8 @@ def open_clip(text_encoder):
     return tensors
 
 
-def write(folder, out, openclip=False):
-    pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
-                                                       requires_safety_checker=False)
+def unet_and_vae(pipeline):
+    """The pipeline's UNet and VAE under the original names."""
     unet = pipeline.unet.state_dict()
     per_level = pipeline.unet.config.layers_per_block
     up_attends = {b for b, t in enumerate(pipeline.unet.config.up_block_types)
@@ -171,6 +176,65 @@ def write(folder, out, openclip=False):
         if ".mid.attn_1." in name and v.ndim == 2:
             v = v[:, :, None, None]  # 1x1 convolutions in the original
         tensors["first_stage_model." + name] = v
+    return tensors
+
+
+def same(what, want, got):
+    """Whether the state dicts `want` and `got` are equal, tensor for tensor (else says so)."""
+    if want.keys() != got.keys():
+        print(f"{what}: diffusers reads back other tensors: {sorted(set(want) ^ set(got))[:5]}",
+              file=sys.stderr)
+        return False
+    for k in want:
+        if not torch.equal(want[k], got[k]):
+            print(f"{what}: diffusers reads back another {k}", file=sys.stderr)
+            return False
+    return True
+
+
+def write_sdxl(folder, out):
+    """SDXL's original (SGM) layout: the UNet's addition embedding as label_emb.0, the text
+    models under conditioner.embedders.0.transformer (CLIP) and .1.model (OpenCLIP). Read back
+    by diffusers' own conversions (convert_ldm_unet_checkpoint, convert_ldm_vae_checkpoint,
+    create_text_encoder_from_ldm_clip_checkpoint, create_text_encoder_from_open_clip_checkpoint)
+    with the pipeline's configs, as from_single_file reads SDXL's file with SDXL's."""
+    from diffusers import StableDiffusionXLPipeline
+    from diffusers.loaders.single_file_utils import (
+        convert_ldm_unet_checkpoint, convert_ldm_vae_checkpoint,
+        create_text_encoder_from_ldm_clip_checkpoint,
+        create_text_encoder_from_open_clip_checkpoint)
+    pipeline = StableDiffusionXLPipeline.from_pretrained(folder)
+    tensors = unet_and_vae(pipeline)
+    for k, v in pipeline.text_encoder.state_dict().items():
+        tensors["conditioner.embedders.0.transformer." + k] = v
+    for k, v in open_clip(pipeline.text_encoder_2).items():
+        tensors["conditioner.embedders.1.model." + k] = v
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    save_file(tensors, out)
+    unet = convert_ldm_unet_checkpoint(tensors, dict(pipeline.unet.config))
+    vae = convert_ldm_vae_checkpoint(tensors, dict(pipeline.vae.config))
+    first = create_text_encoder_from_ldm_clip_checkpoint(
+        os.path.join(folder, "text_encoder"), tensors, local_files_only=True)
+    second = create_text_encoder_from_open_clip_checkpoint(
+        os.path.join(folder, "text_encoder_2"), tensors, prefix="conditioner.embedders.1.model.",
+        has_projection=True, local_files_only=True)
+    if not (same("unet", pipeline.unet.state_dict(), unet)
+            and same("vae", pipeline.vae.state_dict(), vae)
+            and same("text_encoder", pipeline.text_encoder.state_dict(), first.state_dict())
+            and same("text_encoder_2", pipeline.text_encoder_2.state_dict(),
+                     second.state_dict())):
+        return 1
+    print(f"wrote {out} ({len(tensors)} tensors); diffusers reads back the SDXL pipeline's "
+          "UNet, VAE and text encoders")
+    return 0
+
+
+def write(folder, out, openclip=False):
+    pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
+                                                       requires_safety_checker=False)
+    unet = pipeline.unet.state_dict()
+    levels = len(pipeline.vae.config.block_out_channels)
+    tensors = unet_and_vae(pipeline)
     if openclip:
         for k, v in open_clip(pipeline.text_encoder).items():
             tensors["cond_stage_model.model." + k] = v
@@ -185,16 +249,9 @@ def write(folder, out, openclip=False):
         out, original_config_file=config, image_size=pipeline.unet.config.sample_size * 2 ** (
             levels - 1), text_encoder=pipeline.text_encoder, tokenizer=pipeline.tokenizer,
         local_files_only=True)
-    for what, want, got in (("unet", unet, read.unet.state_dict()),
-                            ("vae", pipeline.vae.state_dict(), read.vae.state_dict())):
-        if want.keys() != got.keys():
-            print(f"{what}: diffusers reads back other tensors: "
-                  f"{sorted(set(want) ^ set(got))[:5]}", file=sys.stderr)
-            return 1
-        for k in want:
-            if not torch.equal(want[k], got[k]):
-                print(f"{what}: diffusers reads back another {k}", file=sys.stderr)
-                return 1
+    if not (same("unet", unet, read.unet.state_dict())
+            and same("vae", pipeline.vae.state_dict(), read.vae.state_dict())):
+        return 1
     if openclip:
         from diffusers.loaders.single_file_utils import \
             create_text_encoder_from_open_clip_checkpoint
@@ -217,6 +274,8 @@ def write(folder, out, openclip=False):
 
 
 def main(argv):
+    if len(argv) == 5 and argv[1] == "write" and argv[4] == "sdxl":
+        return write_sdxl(argv[2], argv[3])
     if len(argv) in (4, 5) and argv[1] == "write" and argv[4:] in ([], ["openclip"]):
         return write(argv[2], argv[3], len(argv) == 5)
     print(__doc__, file=sys.stderr)

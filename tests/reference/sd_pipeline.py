@@ -2,7 +2,7 @@
 """diffusers' StableDiffusionPipeline as the reference of `difftrain sample --pretrained
 PIPELINE` (launch/sample_command.cc):
 
-    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm|ldm1|ldm2|inpaint|sdxl]
+    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm|ldm1|ldm2|inpaint|sdxl|ldmxl]
     PYTHON tests/reference/sd_pipeline.py run DIR OUT.safetensors SETTINGS_JSON
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2 with
@@ -24,7 +24,9 @@ leading, steps_offset 1, set_alpha_to_one false). With `inpaint`, the UNet an in
 pipeline has: 9 input channels (the latents, the mask and the masked image's latents), 4 out.
 With `sdxl`, a StableDiffusionXLPipeline: DIR holds its text half (text_encoder.py sdxl); a UNet
 of SDXL's kind (transformers of 1 and 2 blocks, the text_time micro-conditioning), a VAE
-(scaling_factor 0.13025, SDXL's) and SDXL's EulerDiscreteScheduler (leading, steps_offset 1).
+(scaling_factor 0.13025, SDXL's) and SDXL's EulerDiscreteScheduler (leading, steps_offset 1);
+`ldmxl` the same as an original SDXL checkpoint can hold it (GroupNorm of 32, UNet channels 64,
+128 in heads of 64 channels, VAE channels 32, 64).
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
@@ -100,19 +102,25 @@ def perturbed(model, seed):
     return model
 
 
-def make_sdxl(folder, seed):
+def make_sdxl(folder, seed, original=False):
     """StableDiffusionXLPipeline: its text half already in FOLDER (text_encoder.py sdxl), a UNet
     of SDXL's kind (a plain first level, transformers of 2 blocks, linear projections, the
-    text_time micro-conditioning), a VAE as the others', and SDXL's EulerDiscreteScheduler."""
+    text_time micro-conditioning), a VAE as the others', and SDXL's EulerDiscreteScheduler.
+    `original`: GroupNorm of 32 and heads of 64 channels, as an original checkpoint's."""
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
     text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(
         os.path.join(folder, "text_encoder_2"))
     torch.manual_seed(seed)
     width = text_encoder.config.hidden_size + text_encoder_2.config.hidden_size
     time_features = 8
+    shape = dict(block_out_channels=(8, 16), norm_num_groups=4)
+    vae_shape = dict(block_out_channels=(4, 8), norm_num_groups=2)
+    if original:
+        shape = dict(block_out_channels=(64, 128), norm_num_groups=32)
+        vae_shape = dict(block_out_channels=(32, 64), norm_num_groups=32)
     unet = perturbed(UNet2DConditionModel(
         sample_size=8, in_channels=4, out_channels=4, layers_per_block=2,
-        block_out_channels=(8, 16), attention_head_dim=(1, 2), norm_num_groups=4,
+        attention_head_dim=(1, 2), **shape,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
         transformer_layers_per_block=(1, 2), use_linear_projection=True,
@@ -123,8 +131,7 @@ def make_sdxl(folder, seed):
     vae = perturbed(AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=4,
         down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(4, 8), norm_num_groups=2,
-        scaling_factor=0.13025), seed + 1)
+        up_block_types=("UpDecoderBlock2D",) * 2, scaling_factor=0.13025, **vae_shape), seed + 1)
     scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012,
                                        beta_schedule="scaled_linear", steps_offset=1,
                                        timestep_spacing="leading", prediction_type="epsilon")
@@ -140,8 +147,8 @@ def make_sdxl(folder, seed):
 
 
 def make(folder, seed, kind):
-    if kind == "sdxl":
-        return make_sdxl(folder, seed)
+    if kind in ("sdxl", "ldmxl"):
+        return make_sdxl(folder, seed, original=kind == "ldmxl")
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
     tokenizer = CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer"))
     torch.manual_seed(seed)
@@ -306,7 +313,7 @@ def run(folder, out, settings):
 
 def main(argv):
     if len(argv) in (4, 5) and argv[1] == "make" and argv[4:] in (
-            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"], ["inpaint"], ["sdxl"]):
+            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"], ["inpaint"], ["sdxl"], ["ldmxl"]):
         return make(argv[2], int(argv[3]), argv[4] if len(argv) == 5 else "sd")
     if len(argv) == 5 and argv[1] == "run":
         with open(argv[4]) as f:

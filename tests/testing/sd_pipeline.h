@@ -45,8 +45,9 @@ class SdPipelineReferenceTest : public DiffusersReference {
   std::string MakePipeline(const std::string& text_python, const std::string& kind = "sd") {
     // SDXL's text half is its two encoders and tokenizers.
     const std::string dir = ShellQuote(dir_.string());
-    const std::string text_args =
-        kind == "sdxl" ? "sdxl " + dir : fmt::format("sd {} {}", dir, kind == "ldm1" ? 1 : 2);
+    const std::string text_args = kind == "sdxl" || kind == "ldmxl"
+                                      ? "sdxl " + dir
+                                      : fmt::format("sd {} {}", dir, kind == "ldm1" ? 1 : 2);
     const CommandResult text = RunCommand(fmt::format(
         "{} {} {} '[\"x\"]' 3 2>&1", ShellQuote(text_python),
         ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/text_encoder.py"), text_args));
