@@ -777,7 +777,8 @@ TEST_F(SdPipelineReferenceTest, SamplesAsLatentConsistencyModelPipeline) {
 // side by side and the second's pooled embedding, the UNet's micro-conditioning (pooled text
 // and time ids), guidance against zeros (force_zeros_for_empty_prompt) or a negative prompt, its
 // Euler scheduler; the time ids from the samples' size, or from diffusers' original_size,
-// crops_coords_top_left and target_size.
+// crops_coords_top_left and target_size; a textual inversion of SDXL's form (clip_l and clip_g,
+// two vectors each) loaded into both encoders.
 TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
   const std::string text_python = TextPython();
   if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
@@ -791,6 +792,22 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
   const CommandResult lora =
       RunScript("lora.py", fmt::format("sdxl {} {} 8", ShellQuote(pipeline), ShellQuote(kohya)));
   ASSERT_EQ(lora.exit_code, 0) << lora.output;
+  // An SDXL textual inversion: two vectors for each encoder, clip_l and clip_g.
+  const std::string inversion = (dir_ / "sdxl_embedding.safetensors").string();
+  {
+    io::SafetensorsWriter embedding;
+    std::vector<std::vector<float>> rows;
+    for (const char* part : {"text_encoder", "text_encoder_2"}) {
+      const int64_t D = nlohmann::json::parse(std::ifstream(pipeline + "/" + part + "/config.json"))
+                            .at("hidden_size")
+                            .get<int64_t>();
+      std::vector<float>& v = rows.emplace_back(2 * D);
+      for (size_t i = 0; i < v.size(); ++i)
+        v[i] = static_cast<float>(std::sin(0.9 * i + rows.size()) * 0.7);
+      embedding.AddF32(rows.size() == 1 ? "clip_l" : "clip_g", {2, D}, v.data());
+    }
+    ASSERT_TRUE(embedding.WriteAtomic(inversion).ok());
+  }
   struct Case {
     const char* name;
     nlohmann::json settings;  // sd_pipeline.py run's
@@ -877,11 +894,51 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
        "--prompt 'a photo of a boat' --negative-prompt blurry --cfg 5 --per-class 2 --steps 6 "
        "--lora " +
            ShellQuote(kohya) + " --lora-scale 0.8"},
+      {"sdxl_textual_inversion",
+       {{"prompt", "a photo of <boat-style>, sailing"},
+        {"negative_prompt", "blurry <boat-style>"},
+        {"steps", 6},
+        {"guidance", 5.0},
+        {"spacing", nullptr},
+        {"scheduler", "euler"},
+        {"textual_inversion",
+         nlohmann::json::array({nlohmann::json::array({inversion, "<boat-style>"})})},
+        {"images", 2},
+        {"seed", 8}},
+       "--prompt 'a photo of <boat-style>, sailing' --negative-prompt 'blurry <boat-style>' "
+       "--cfg 5 --per-class 2 --steps 6 --textual-inversion " +
+           ShellQuote(inversion) + " --textual-inversion-token '<boat-style>'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const Compared compared = Compare(pipeline, c.settings, c.flags, c.name);
     ASSERT_TRUE(compared.got.has_value());
+  }
+  // The embedding matters: without it the tokens are plain text and the samples move.
+  EXPECT_GT(MovedFrom(pipeline, "sdxl_textual_inversion",
+                      "--prompt 'a photo of <boat-style>, sailing' --negative-prompt "
+                      "'blurry <boat-style>' --cfg 5 --per-class 2 --steps 6",
+                      "without the textual inversion"),
+            10 * kBound);
+  // An embedding of one encoder's, or without its token, is refused for SDXL's pair.
+  const std::string style = (dir_ / "one_encoder.safetensors").string();
+  {
+    io::SafetensorsWriter one;
+    const std::vector<float> v(32, 0.5f);
+    one.AddF32("<boat-style>", {32}, v.data());
+    ASSERT_TRUE(one.WriteAtomic(style).ok());
+  }
+  for (const auto& [flags, message] :
+       {std::pair{"--textual-inversion " + ShellQuote(style) + " --textual-inversion-token '<s>'",
+                  "whose embeddings hold a clip_l and a clip_g tensor; it holds <boat-style>"},
+        {"--textual-inversion " + ShellQuote(inversion),
+         "an SDXL embedding names no token: give one"}}) {
+    const CommandResult refused =
+        RunCommand(fmt::format("{} sample --pretrained {} --prompt boat --steps 2 {} --raw {} 2>&1",
+                               ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), flags,
+                               ShellQuote((dir_ / "x.st").string())));
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_THAT(refused.output, ::testing::HasSubstr(message));
   }
   // The LoRA matters: without it the same x_T samples far from diffusers' run with it.
   EXPECT_GT(MovedFrom(pipeline, "sdxl_kohya_lora",

@@ -100,53 +100,76 @@ int TextEmbedder::dim() const {
 }
 
 Status TextEmbedder::LoadTextualInversion(const std::string& file, const std::string& token) {
-  if (dual()) {
-    return Errorf(
-        "textual inversion '{}': the text encoder '{}' is SDXL's pair (text_encoder and "
-        "text_encoder_2), whose embeddings carry a clip_l and a clip_g tensor: not supported",
-        file, path_);
-  }
   DT_ASSIGN_OR_RETURN(const io::SafetensorsFile read, io::SafetensorsFile::Read(file));
   const std::vector<std::string> names = read.Names();
-  if (names.size() != 1) {
+  // The tensor each encoder takes: the file's one, or SDXL's clip_l and clip_g.
+  std::vector<std::string> tensors = names;
+  if (dual()) {
+    if (read.Find("clip_l") == nullptr || read.Find("clip_g") == nullptr) {
+      return Errorf(
+          "textual inversion '{}': the text encoder '{}' is SDXL's pair (text_encoder and "
+          "text_encoder_2), whose embeddings hold a clip_l and a clip_g tensor; it holds {}",
+          file, path_, fmt::join(names, ", "));
+    }
+    if (token.empty()) {
+      return Errorf("textual inversion '{}': an SDXL embedding names no token: give one", file);
+    }
+    tensors = {"clip_l", "clip_g"};
+  } else if (names.size() != 1) {
     return Errorf(
         "textual inversion '{}': holds {} tensors; an embedding file holds one ([D] or [n, D]: "
         "diffusers' learned_embeds, A1111's emb_params)",
         file, names.size());
   }
-  const std::vector<int64_t> shape = read.Find(names[0])->shape;
-  const int64_t D = dim();
-  if (shape.empty() || shape.size() > 2 || shape.back() != D || shape.front() < 1) {
-    return Errorf(
-        "textual inversion '{}': tensor '{}' is [{}], and the text encoder '{}' embeds tokens "
-        "of {} ([{}] or [n, {}])",
-        file, names[0], fmt::join(shape, ", "), path_, D, D, D);
+  // Each encoder's n vectors, n the same for all.
+  int n = 0;
+  std::vector<std::vector<float>> rows;
+  for (size_t p = 0; p < tensors.size(); ++p) {
+    const std::vector<int64_t> shape = read.Find(tensors[p])->shape;
+    const int64_t D = parts_[p].encoder.config().hidden_size;
+    if (shape.empty() || shape.size() > 2 || shape.back() != D || shape.front() < 1) {
+      return Errorf(
+          "textual inversion '{}': tensor '{}' is [{}], and the text encoder '{}' embeds tokens "
+          "of {} ([{}] or [n, {}])",
+          file, tensors[p], fmt::join(shape, ", "), path_, D, D, D);
+    }
+    const int vectors = shape.size() == 2 ? static_cast<int>(shape[0]) : 1;
+    if (p > 0 && vectors != n) {
+      return Errorf("textual inversion '{}': '{}' holds {} vectors and '{}' {}", file, tensors[0],
+                    n, tensors[p], vectors);
+    }
+    n = vectors;
+    DT_RETURN_IF_ERROR(read.CopyAsF32(tensors[p], shape, rows.emplace_back(n * D).data()));
   }
-  const int n = shape.size() == 2 ? static_cast<int>(shape[0]) : 1;
-  std::vector<float> rows(size_t(n) * D);
-  DT_RETURN_IF_ERROR(read.CopyAsF32(names[0], shape, rows.data()));
   const std::string name = token.empty() ? names[0] : token;
   std::vector<std::string> tokens = {name};
   for (int i = 1; i < n; ++i)
     tokens.push_back(fmt::format("{}_{}", name, i));
-  Part& part = parts_[0];
-  const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(part.tokenizer.get());
-  if (!clip) {
-    return Errorf("textual inversion '{}': the text encoder '{}' has no CLIP tokenizer", file,
-                  path_);
+  // Every tokenizer takes the tokens before any encoder changes, as diffusers adds them to each.
+  std::vector<std::shared_ptr<text::ClipBpeTokenizer>> grown;
+  std::vector<std::vector<int32_t>> ids;
+  for (const Part& part : parts_) {
+    const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(part.tokenizer.get());
+    if (!clip) {
+      return Errorf("textual inversion '{}': the text encoder '{}' has no CLIP tokenizer", file,
+                    path_);
+    }
+    try {
+      grown.push_back(std::make_shared<text::ClipBpeTokenizer>(*clip));
+      ids.push_back(grown.back()->AddTokens(tokens));
+    } catch (const std::invalid_argument& e) {
+      return Errorf("textual inversion '{}': {}", file, e.what());
+    }
   }
-  auto grown = std::make_shared<text::ClipBpeTokenizer>(*clip);
-  std::vector<int32_t> ids;
-  try {
-    ids = grown->AddTokens(tokens);
-  } catch (const std::invalid_argument& e) {
-    return Errorf("textual inversion '{}': {}", file, e.what());
+  for (size_t p = 0; p < parts_.size(); ++p) {
+    DT_RETURN_IF_ERROR(
+        parts_[p]
+            .encoder.SetTokenEmbeddings(grown[p]->vocab_size(), ids[p], rows[p].data())
+            .WithContext(fmt::format("textual inversion '{}'", file)));
+    parts_[p].tokenizer = std::move(grown[p]);
   }
-  DT_RETURN_IF_ERROR(part.encoder.SetTokenEmbeddings(grown->vocab_size(), ids, rows.data())
-                         .WithContext(fmt::format("textual inversion '{}'", file)));
-  part.tokenizer = std::move(grown);
   inversions_.emplace_back(name, n);
-  inversion_ids_.push_back(ids[0]);
+  inversion_ids_.push_back(ids[0][0]);
   return Status::Ok();
 }
 

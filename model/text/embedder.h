@@ -62,9 +62,12 @@ class TextEmbedder {
   // tensor, an embedding [D] or several [n, D] (diffusers' learned_embeds.safetensors names it
   // by its token; A1111's embeddings name it emb_params); it becomes the token `token` (empty:
   // the tensor's name), and n > 1 the tokens token, token_1, …, token_{n−1}, appended to the
-  // tokenizer and the encoder's token embeddings. Errors name the file: not one tensor, D not
-  // the encoder's width, a token the tokenizer has, a tokenizer other than CLIP's, SDXL's pair
-  // of encoders (whose embeddings carry a clip_l and a clip_g tensor: not supported).
+  // tokenizer and the encoder's token embeddings. SDXL's pair of encoders takes a file of two
+  // tensors, clip_l [n, 768] for text_encoder and clip_g [n, 1280] for text_encoder_2 (the form
+  // SDXL embeddings ship in, which diffusers loads into each encoder with its tokenizer), and a
+  // `token`. Errors name the file: not one tensor (SDXL: no clip_l and clip_g, or no token), D
+  // not the encoder's width, n not the same in both, a token a tokenizer has, a tokenizer other
+  // than CLIP's.
   Status LoadTextualInversion(const std::string& file, const std::string& token);
   // The tokens textual inversion added, with their vectors' count.
   const std::vector<std::pair<std::string, int>>& inversions() const { return inversions_; }

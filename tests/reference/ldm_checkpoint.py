@@ -186,7 +186,7 @@ def same(what, want, got):
               file=sys.stderr)
         return False
     for k in want:
-        if not torch.equal(want[k], got[k]):
+        if not torch.equal(want[k], got[k].to(want[k].dtype)):
             print(f"{what}: diffusers reads back another {k}", file=sys.stderr)
             return False
     return True
@@ -203,7 +203,12 @@ def write_sdxl(folder, out):
         convert_ldm_unet_checkpoint, convert_ldm_vae_checkpoint,
         create_text_encoder_from_ldm_clip_checkpoint,
         create_text_encoder_from_open_clip_checkpoint)
-    pipeline = StableDiffusionXLPipeline.from_pretrained(folder)
+    # In the dtype the pipeline was saved in (SDXL ships float16).
+    from safetensors import safe_open
+    with safe_open(os.path.join(folder, "unet", "diffusion_pytorch_model.safetensors"),
+                   "pt") as f:
+        dtype = f.get_tensor(next(iter(f.keys()))).dtype
+    pipeline = StableDiffusionXLPipeline.from_pretrained(folder, torch_dtype=dtype)
     tensors = unet_and_vae(pipeline)
     for k, v in pipeline.text_encoder.state_dict().items():
         tensors["conditioner.embedders.0.transformer." + k] = v

@@ -60,7 +60,8 @@ OUT's "noise" holds.
 With "height" and "width" (pixels), the pipeline samples at that size; an SDXL pipeline takes
 "original_size", "crops_coords_top_left" and "target_size" too. With
 "textual_inversion" (a list of [file, token or null]), each is loaded first by the pipeline's
-load_textual_inversion.
+load_textual_inversion (an SDXL pipeline's: the file's clip_l into text_encoder, clip_g into
+text_encoder_2, each with its tokenizer).
 Inpainting: with "mask" (a picture) besides "image" and "strength", the pipeline runs as
 StableDiffusionInpaintPipeline (an SDXL one as StableDiffusionXLInpaintPipeline), its
 masked_image_latents the image file's tensor of that name
@@ -265,7 +266,16 @@ def run(folder, out, settings):
         pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
                                                            requires_safety_checker=False)
     for inversion, token in settings.get("textual_inversion", []):
-        pipeline.load_textual_inversion(inversion, token=token)
+        if pipeline_class != "StableDiffusionXLPipeline":
+            pipeline.load_textual_inversion(inversion, token=token)
+            continue
+        # SDXL's embeddings: clip_l for its first encoder, clip_g for its second.
+        state = load_file(inversion)
+        for key, encoder, tokenizer in (("clip_l", pipeline.text_encoder, pipeline.tokenizer),
+                                        ("clip_g", pipeline.text_encoder_2,
+                                         pipeline.tokenizer_2)):
+            pipeline.load_textual_inversion(state[key], token=token, text_encoder=encoder,
+                                            tokenizer=tokenizer)
     for lora, scale in zip(settings.get("lora", []), settings.get("lora_scale", [])):
         # Fused as diffusers reads the file (tests/reference/lora.py); SDXL's with its UNet's
         # config (kohya's original-layout names) and its second text encoder.
