@@ -8,6 +8,7 @@
 
 #include "launch/command.h"
 #include "launch/model_options.h"
+#include "model/data/latent_folder.h"
 #include "model/io/safetensors.h"
 #include "model/train/checkpointing.h"
 #include "model/train/trainer.h"
@@ -24,6 +25,7 @@ struct DebugDumpOptions {
   DiffusionConfig diffusion;
   std::vector<int64_t> timesteps;  // the batch's, one per sample; empty: drawn as in training
   LoraConfig lora;                 // LoRA adapters: their gradients instead of the model's
+  std::string data;                // a latent folder to take the batch from; empty: synthetic
   std::string out;
 };
 
@@ -56,8 +58,17 @@ int RunDebugDump(const DebugDumpOptions& o) {
     }
   }
   const SampleSchema x = FamilyOf(*model).Samples(*model);
-  Trainer trainer(config, std::make_unique<SyntheticDataset>(o.seed, x.channels, x.height,
-                                                             x.num_classes, x.frames));
+  // The batch is the training data's first, as a run with this seed draws it, or synthetic.
+  std::unique_ptr<Dataset> data =
+      std::make_unique<SyntheticDataset>(o.seed, x.channels, x.height, x.num_classes, x.frames);
+  if (!o.data.empty()) {
+    Result<std::unique_ptr<LatentFolderDataset>> folder = LatentFolderDataset::Open(o.data);
+    if (!folder.ok()) return ReportBadInput("debug-dump", "--data: " + folder.status().message());
+    if (Status fits = CheckDataFitsModel(**folder, x, "latent_folder"); !fits.ok())
+      return ReportBadInput("debug-dump", "--data: " + fits.message());
+    data = std::move(folder).value();
+  }
+  Trainer trainer(config, std::move(data));
   if (o.random_weights) trainer.InitializeRandom(o.seed);
   if (!o.init_from.empty()) {
     Result<std::string> from = InitializeFromWeights(trainer, o.init_from);
@@ -179,6 +190,10 @@ DIFFTRAIN_COMMAND(kDebugDump,
                      app.add_option("--lora-targets", o->lora.targets,
                                     "the modules adapted (default to_q,to_k,to_v,to_out.0)")
                          ->delimiter(',');
+                     app.add_option("--data", o->data,
+                                    "take the batch from this latent folder (its pictures, texts, "
+                                    "pooled texts and SDXL time ids), as training with this "
+                                    "--seed draws it (default: synthetic samples)");
                      app.add_option("--out", o->out, "output .safetensors file")->required();
                      return [o] { return RunDebugDump(*o); };
                    }});

@@ -33,7 +33,6 @@
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
 #include "model/tensor/rng.h"
-#include "model/train/trainer.h"
 #include "model/vae/vae.h"
 #include "tests/testing/python_reference.h"
 #include "tests/testing/sd_pipeline.h"
@@ -1025,24 +1024,27 @@ TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
                      << "train: {steps: 2, log_every: 1}\n"
                      << "checkpoint: {dir: " << ckpt << ", every: 2, init_from: " << pipeline
                      << "/unet}\n";
-  // SDXL's time ids of each picture in the trainer's batches: its original size, where the
-  // square crop (16/side of the centred square) took it, and the 16 px sample (diffusers'
-  // original_size, crops_coords_top_left, target_size).
-  {
-    Result<TrainConfig> config = TrainConfig::FromYamlFile(job);
-    ASSERT_TRUE(config.ok()) << config.status().message();
-    Result<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
-    ASSERT_TRUE(trainer.ok()) << trainer.status().message();
-    MicroBatch batch;
-    ASSERT_TRUE((*trainer)->MakeMicroBatch(0, 3, batch).ok());
-    std::vector<std::vector<float>> rows;
-    for (size_t b = 0; b < 3; ++b)
-      rows.emplace_back(batch.time_ids.begin() + 6 * b, batch.time_ids.begin() + 6 * b + 6);
-    EXPECT_THAT(rows, ::testing::UnorderedElementsAre(
-                          std::vector<float>{16, 16, 0, 0, 16, 16},
-                          std::vector<float>{24, 40, 0, 5, 16, 16},    // 8 px of 24², × 16/24
-                          std::vector<float>{32, 24, 3, 0, 16, 16}));  // 4 px, × 16/24
-  }
+  // SDXL's time ids of each picture in a training batch (`debug-dump --data`: the folder's
+  // first batch): its original size, where the square crop (16/side of the centred square)
+  // took it, and the 16 px sample (diffusers' original_size, crops_coords_top_left,
+  // target_size); diffusers' UNet steps on the batch as difftrain's does.
+  const std::string dump = (dir_ / "dump.safetensors").string();
+  const CommandResult dumped = RunCommand(fmt::format(
+      "{} debug-dump --config {} --data {} --seed 1 --batch 3 --out {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job), ShellQuote(packed), ShellQuote(dump)));
+  ASSERT_EQ(dumped.exit_code, 0) << dumped.output;
+  Result<io::SafetensorsFile> dumped_file = io::SafetensorsFile::Read(dump);
+  ASSERT_TRUE(dumped_file.ok());
+  const std::vector<float> ids = ReferenceTensor(*dumped_file, "input.time_ids");
+  std::vector<std::vector<float>> rows;
+  for (size_t b = 0; b < 3; ++b)
+    rows.emplace_back(ids.begin() + 6 * b, ids.begin() + 6 * b + 6);
+  EXPECT_THAT(rows, ::testing::UnorderedElementsAre(
+                        std::vector<float>{16, 16, 0, 0, 16, 16},
+                        std::vector<float>{24, 40, 0, 5, 16, 16},    // 8 px of 24², × 16/24
+                        std::vector<float>{32, 24, 3, 0, 16, 16}));  // 4 px, × 16/24
+  const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(dump));
+  EXPECT_EQ(checked.exit_code, 0) << checked.output;
   const CommandResult trained =
       RunCommand(fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), job));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
@@ -1063,6 +1065,12 @@ TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
   EXPECT_NE(refused.exit_code, 0) << refused.output;
   EXPECT_THAT(refused.output,
               ::testing::HasSubstr("the model takes each text's pooled embedding of 40 features"));
+  const CommandResult refused_dump = RunCommand(
+      fmt::format("{} debug-dump --config {} --data {} --out {} 2>&1", ShellQuote(DIFFTRAIN_BINARY),
+                  ShellQuote(job), ShellQuote(packed), ShellQuote(dump)));
+  EXPECT_EQ(refused_dump.exit_code, 2) << refused_dump.output;
+  EXPECT_THAT(refused_dump.output, ::testing::HasSubstr("--data: the model takes each text's "
+                                                        "pooled embedding of 40 features"));
 }
 
 }  // namespace

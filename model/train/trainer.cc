@@ -117,6 +117,40 @@ std::string HostArenasNeeded(const TrainConfig& config, const ParallelOptions& p
 
 }  // namespace
 
+Status CheckDataFitsModel(const Dataset& d, const SampleSchema& m, const std::string& kind) {
+  // An unconditional model (no classes) trains on any labels: it never reads them.
+  if (d.frames() != m.frames || d.channels() != m.channels || d.height() != m.height ||
+      d.width() != m.width || (m.num_classes > 0 && d.num_classes() != m.num_classes)) {
+    return Errorf(
+        "{} samples are {}x{}x{}x{} (frames x channels x height x width) with {} classes, "
+        "but the model takes {}x{}x{}x{} samples with {} classes",
+        kind, d.frames(), d.channels(), d.height(), d.width(), d.num_classes(), m.frames,
+        m.channels, m.height, m.width, m.num_classes);
+  }
+  // Text-conditional data train a text-conditional model on their own text embeddings;
+  // without texts the model gets synthetic ones (NeMo's precached benchmark mode).
+  if (const TextTable* texts = d.texts();
+      texts != nullptr && m.context_length > 0 &&
+      (texts->length != m.context_length || texts->dim != m.context_dim)) {
+    return Errorf(
+        "{} texts are embedded as {}x{} (tokens x features), but the model takes text "
+        "embeddings of {}x{} (text_length x cross_attention_dim)",
+        kind, texts->length, texts->dim, m.context_length, m.context_dim);
+  }
+  // SDXL's UNet adds each text's pooled embedding: a table the data carry must have them.
+  if (const TextTable* texts = d.texts();
+      texts != nullptr && m.pooled_text_dim > 0 && texts->pooled_dim != m.pooled_text_dim) {
+    return Errorf(
+        "the model takes each text's pooled embedding of {} features (SDXL's "
+        "projection_class_embeddings_input_dim less its time ids'), but the {} texts' table has "
+        "{}; embed the captions with the model's text encoders (difftrain data embed --encoder "
+        "an SDXL pipeline)",
+        m.pooled_text_dim, kind,
+        texts->pooled_dim == 0 ? std::string("none") : std::to_string(texts->pooled_dim));
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                  const ParallelOptions& parallel,
                                                  std::unique_ptr<GpuStep> gpu) {
@@ -138,37 +172,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   spec.frames = m.frames;
   Result<std::unique_ptr<Dataset>> opened = OpenDataset(spec);
   if (!opened.ok()) return opened.status().WithContext("data");
-  const Dataset& d = **opened;
-  // An unconditional model (no classes) trains on any labels: it never reads them.
-  if (d.frames() != m.frames || d.channels() != m.channels || d.height() != m.height ||
-      d.width() != m.width || (m.num_classes > 0 && d.num_classes() != m.num_classes)) {
-    return Errorf(
-        "data: {} samples are {}x{}x{}x{} (frames x channels x height x width) with {} classes, "
-        "but the model takes {}x{}x{}x{} samples with {} classes",
-        config.data.kind, d.frames(), d.channels(), d.height(), d.width(), d.num_classes(),
-        m.frames, m.channels, m.height, m.width, m.num_classes);
-  }
-  // Text-conditional data train a text-conditional model on their own text embeddings;
-  // without texts the model gets synthetic ones (NeMo's precached benchmark mode).
-  if (const TextTable* texts = d.texts();
-      texts != nullptr && m.context_length > 0 &&
-      (texts->length != m.context_length || texts->dim != m.context_dim)) {
-    return Errorf(
-        "data: {} texts are embedded as {}x{} (tokens x features), but the model takes text "
-        "embeddings of {}x{} (text_length x cross_attention_dim)",
-        config.data.kind, texts->length, texts->dim, m.context_length, m.context_dim);
-  }
-  // SDXL's UNet adds each text's pooled embedding: a table the data carry must have them.
-  if (const TextTable* texts = d.texts();
-      texts != nullptr && m.pooled_text_dim > 0 && texts->pooled_dim != m.pooled_text_dim) {
-    return Errorf(
-        "data: the model takes each text's pooled embedding of {} features (SDXL's "
-        "projection_class_embeddings_input_dim less its time ids'), but the {} texts' table has "
-        "{}; embed the captions with the model's text encoders (difftrain data embed --encoder "
-        "an SDXL pipeline)",
-        m.pooled_text_dim, config.data.kind,
-        texts->pooled_dim == 0 ? std::string("none") : std::to_string(texts->pooled_dim));
-  }
+  DT_RETURN_IF_ERROR(CheckDataFitsModel(**opened, m, config.data.kind).WithContext("data"));
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
   }

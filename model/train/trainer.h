@@ -132,6 +132,10 @@ struct ParallelOptions {
 // communicator the GpuStep joined), and the host arenas are the checkpoint's copy of the
 // device's, refreshed when a checkpoint is written and uploaded after a restore. Only the
 // data-parallel layout runs there (TrainConfig::Validate).
+// Whether the samples of `data` (of the kind `kind`, for the messages) fit the model of schema
+// `m`: their shape and classes, their texts' length and width, and SDXL's pooled embeddings.
+Status CheckDataFitsModel(const Dataset& data, const SampleSchema& m, const std::string& kind);
+
 class Trainer : private parallel::PipelineStage {
  public:
   // Checks the layout against the model and opens the dataset of config.data, checking that
