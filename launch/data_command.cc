@@ -175,7 +175,7 @@ int RunVerify(const std::string& dir) {
   if (!verified.ok()) return ReportBadInput("data verify", verified.message());
   const TextTable* texts = (*folder)->texts();
   const std::optional<LatentFolderVae>& vae = (*folder)->vae();
-  std::printf("%s: %lld samples of %d×%d×%d, %d classes, %lld shards%s%s, checksums good\n",
+  std::printf("%s: %lld samples of %d×%d×%d, %d classes, %lld shards%s%s%s, checksums good\n",
               dir.c_str(), static_cast<long long>((*folder)->size()), (*folder)->channels(),
               (*folder)->height(), (*folder)->width(), (*folder)->num_classes(),
               static_cast<long long>((*folder)->num_shards()),
@@ -188,7 +188,8 @@ int RunVerify(const std::string& dir) {
               vae ? fmt::format(", encoded by the VAE {} ({}, scaled by {})", vae->path,
                                 vae->posterior, vae->scaling_factor)
                         .c_str()
-                  : "");
+                  : "",
+              (*folder)->has_geometry() ? ", each picture's size and crop (SDXL's time ids)" : "");
   return kExitOk;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -324,7 +325,12 @@ TEST_F(DataCommandTest, PacksAnImageFolderThroughAVae) {
                 " --image-size 16 --crop square --channels 1");
   ASSERT_NE(pixels, nullptr);
   ExpectSameSamples(*pixels, **ImageFolderDataset::Open(images, 16, 1, ImageCrop::kSquare), 5);
+  // Each picture's geometry with it, which `data verify` reports.
+  EXPECT_TRUE(pixels->has_geometry());
   pixels.reset();
+  const CommandResult verified = RunDifftrain("data verify " + Out());
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  EXPECT_THAT(verified.output, ::testing::HasSubstr("each picture's size and crop"));
 
   // Videos: each of a video's 3 frames through the VAE, [3, 4, 16, 16] a sample.
   const std::string grey = VaeFolder(dir_ + "/grey-vae", 1);
