@@ -222,7 +222,9 @@ DiT::DiT(const DiTConfig& config, const DiTShard& shard, const DiTComms& comms, 
   DT_CHECK(static_cast<int64_t>(global_table_.total()) == TrainableParameterCount(config_),
            "parameter table and parameter count disagree");
   p_ = DiTParams::Bind(sharded_.table, shard_);
-  params_ = Buffer<float>(num_params());
+  // A model made for inference is filled from a file by the threads that copy the weights in.
+  params_ =
+      Buffer<float>(num_params(), gradients ? BufferPages::kTouched : BufferPages::kOnFirstTouch);
   // Touched only where gradients are computed (a LoRA run skips most).
   grads_ = Buffer<float>(gradients ? num_params() : 0, BufferPages::kOnFirstTouch);
   if (shard_.first_stage()) {

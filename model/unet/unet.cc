@@ -40,7 +40,9 @@ std::unique_ptr<UNet::Layout> PlanLayout(const UNetConfig& c, const UNetPlan& pl
 UNet::UNet(const UNetConfig& config, bool gradients)
     : config_(config),
       plan_(config),
-      params_(plan_.table.total()),
+      // A model made for inference is filled from a file: its pages are first touched (and
+      // zeroed by the kernel) by the threads that copy the weights in, not by one memset.
+      params_(plan_.table.total(), gradients ? BufferPages::kTouched : BufferPages::kOnFirstTouch),
       // Touched only where gradients are computed (a LoRA run skips most).
       grads_(gradients ? plan_.table.total() : 0, BufferPages::kOnFirstTouch) {
   sharded_.table = plan_.table;
