@@ -1,6 +1,6 @@
 // `difftrain export`: a checkpoint's model written in the forms other tools load
-// (docs/export.md): a diffusers folder (UNet2DConditionModel and its scheduler, or a whole
-// Stable Diffusion pipeline around a base pipeline's other parts), an original single-file
+// (docs/export.md): a diffusers folder (UNet2DConditionModel or DiT's Transformer2DModel and its
+// scheduler, or a whole pipeline around a base pipeline's other parts), an original single-file
 // checkpoint (A1111, ComfyUI, diffusers' from_single_file), the bare state dict of any family, or
 // a LoRA run's adapters as a LoRA file.
 #include <algorithm>
@@ -91,10 +91,7 @@ Status WriteJson(const fs::path& path, const nlohmann::json& json) {
 
 // The names of the model's parameters (diffusers' for the UNet).
 std::vector<std::string> ParameterNames(const Model& model) {
-  std::vector<std::string> names;
-  for (const TensorSpec& t : model.global_parameter_table().tensors())
-    names.push_back(t.name);
-  return names;
+  return model.global_parameter_table().Names();
 }
 
 // The model's parameters (under `names`) and fixed tensors into `file`.
@@ -137,28 +134,58 @@ Status WriteScheduler(const SampleSource& source, const fs::path& base, const fs
                    source.diffusion.ToDiffusersScheduler());
 }
 
-// --format diffusers into the folder `out`: unet/ and scheduler/, and with a base pipeline
-// its other parts and model_index.json.
+// The model's parameters in its family's diffusers form into `file`: each tensor cut from one
+// of them (DiT's qkv as to_q, to_k and to_v, its embedders copied into every block).
+Status AddDiffusersTensors(const ModelFamily& family, const Model& model, const float* params,
+                           TensorSink& file) {
+  const TensorTable& global = model.global_parameter_table();
+  DT_ASSIGN_OR_RETURN(const std::vector<ModelFamily::DiffusersTensor> tensors,
+                      family.DiffusersTensors(global));
+  for (const ModelFamily::DiffusersTensor& d : tensors) {
+    const TensorSpec* t = global.Find(d.source);
+    if (t == nullptr)
+      return Errorf("the diffusers form's '{}' has no source '{}'", d.name, d.source);
+    std::vector<int64_t> shape = t->shape;
+    size_t first = 0;
+    if (d.rows >= 0) {
+      if (shape.empty() || d.first_row + d.rows > shape[0])
+        return Errorf("'{}': rows beyond '{}' {}", d.name, d.source, ShapeString(shape));
+      first = size_t(d.first_row) * (t->numel / size_t(shape[0]));
+      shape[0] = d.rows;
+    }
+    file.Add(d.name, shape, params + t->offset + first);
+  }
+  return Status::Ok();
+}
+
+// --format diffusers into the folder `out`: the model's folder (unet/, DiT's transformer/) and
+// scheduler/, and with a base pipeline its other parts and model_index.json.
 Status WriteDiffusers(const ExportOptions& o, const SampleSource& source, const Model& model,
                       const float* params, const fs::path& out) {
+  const ModelFamily& family = FamilyOf(source.model);
+  const std::string component(family.diffusers_component());
   const fs::path base = o.pipeline;
   std::error_code ec;
   if (!base.empty()) {
     if (!fs::is_regular_file(base / "model_index.json", ec))
       return Errorf("--pipeline '{}' is no diffusers pipeline (no model_index.json)", o.pipeline);
+    if (!fs::is_directory(base / component, ec)) {
+      return Errorf("--pipeline '{}' has no {}/ to put the {} model in", o.pipeline, component,
+                    family.name());
+    }
     for (const fs::directory_entry& entry : fs::directory_iterator(base, ec)) {
-      if (entry.path().filename() == "unet") continue;
+      if (entry.path().filename() == component) continue;
       fs::copy(entry.path(), out / entry.path().filename(), fs::copy_options::recursive, ec);
       if (ec) return Errorf("copying '{}': {}", entry.path().string(), ec.message());
     }
   }
-  fs::create_directories(out / "unet", ec);
-  DT_ASSIGN_OR_RETURN(const nlohmann::json config,
-                      FamilyOf(source.model).DiffusersConfig(source.model));
-  DT_RETURN_IF_ERROR(WriteJson(out / "unet" / "config.json", config));
+  fs::create_directories(out / component, ec);
+  DT_ASSIGN_OR_RETURN(const nlohmann::json config, family.DiffusersConfig(source.model));
+  DT_RETURN_IF_ERROR(WriteJson(out / component / "config.json", config));
   TensorSink file(o.dtype);
-  AddModelTensors(model, params, ParameterNames(model), file);
-  DT_RETURN_IF_ERROR(file.Write((out / "unet" / "diffusion_pytorch_model.safetensors").string()));
+  DT_RETURN_IF_ERROR(AddDiffusersTensors(family, model, params, file));
+  DT_RETURN_IF_ERROR(
+      file.Write((out / component / "diffusion_pytorch_model.safetensors").string()));
   return WriteScheduler(source, base, out);
 }
 
@@ -364,7 +391,11 @@ int RunExport(const ExportOptions& o) {
           "--format lora: the checkpoint trained the whole model, not LoRA adapters (the job's "
           "lora section); export it as diffusers, single-file or state-dict");
     }
-    if (Status s = WriteLora(o, *source, family.DiffusersConfig(source->model).ok()); !s.ok()) {
+    // diffusers' LoRA files (load_lora_weights) are the Stable Diffusion pipelines'; DiTPipeline
+    // loads none, so a DiT's adapters keep DiT's names.
+    const bool diffusers_names =
+        family.DiffusersConfig(source->model).ok() && family.diffusers_component() == "unet";
+    if (Status s = WriteLora(o, *source, diffusers_names); !s.ok()) {
       spdlog::error("{}", s.message());
       return kExitJobFailed;
     }
@@ -432,17 +463,18 @@ DIFFTRAIN_COMMAND(
                       "write; it must not exist")
            ->required();
        app.add_option("--format", o->format,
-                      "diffusers: a UNet2DConditionModel folder in unet/ and its DDIMScheduler "
-                      "in scheduler/ (a whole pipeline with --pipeline); single-file: an "
+                      "diffusers: a UNet2DConditionModel folder in unet/ (DiT: a "
+                      "Transformer2DModel in transformer/) and its DDIMScheduler in scheduler/ "
+                      "(a whole pipeline with --pipeline); single-file: an "
                       "original Stable Diffusion checkpoint; state-dict: the model's tensors "
                       "under difftrain's names (any family); lora: a LoRA run's adapters as "
                       "diffusers' LoRA file (load_lora_weights, `sample --lora`)")
            ->check(CLI::IsMember({"diffusers", "single-file", "state-dict", "lora"}))
            ->capture_default_str();
        app.add_option("--pipeline", o->pipeline,
-                      "a Stable Diffusion pipeline folder whose other parts (text encoder, "
-                      "tokenizer, VAE, scheduler) go with the UNet: a diffusers pipeline, or the "
-                      "VAE and CLIP text model of a single file");
+                      "a pipeline folder whose other parts (text encoder, tokenizer, VAE, "
+                      "scheduler) go with the model: a diffusers pipeline (Stable Diffusion's; "
+                      "DiTPipeline's for a DiT), or the VAE and CLIP text model of a single file");
        app.add_option("--dtype", o->dtype,
                       "the UNet's (the model's) tensors: fp32, or fp16 or bf16 rounded to "
                       "nearest even (--pipeline's parts keep their own)")

@@ -41,7 +41,8 @@ namespace difftrain::launch {
 namespace {
 
 // DiT's sample.py defaults: 250 respaced steps and guidance scale 4; a diffusers pipeline's
-// (StableDiffusionPipeline.__call__): 50 steps and guidance scale 7.5.
+// (StableDiffusionPipeline.__call__): 50 steps and guidance scale 7.5 (DiTPipeline's: 50 steps
+// and DiT's 4).
 constexpr int kDefaultSteps = 250;
 constexpr double kDefaultGuidance = 4.0;
 constexpr int kPipelineSteps = 50;
@@ -177,7 +178,8 @@ int RunSample(const SampleOptions& o) {
   options.spacing = sampling->spacing;
   options.eta = o.eta.value_or(kind == SamplerKind::kTcd ? kTcdGamma : 0.0);
   options.cfg_scale = o.cfg.value_or(
-      has_null_class ? (pipeline_defaults ? kPipelineGuidance : kDefaultGuidance) : 1.0);
+      has_null_class ? (pipeline_defaults && text_model ? kPipelineGuidance : kDefaultGuidance)
+                     : 1.0);
   // A guidance-distilled model takes the scale as an embedding in one conditional pass, as
   // LatentConsistencyModelPipeline runs it: no unconditional model to guide against.
   std::vector<float> guidance_embedding;

@@ -655,12 +655,15 @@ TEST_F(SampleCommandTest, PretrainedWeightsSampleAsTheirCheckpoint) {
   EXPECT_EQ(images("--pretrained " + ShellQuote(File("exported.safetensors")) + model,
                    "exported-samples.safetensors"),
             ema);
+  // And as diffusers' Transformer2DModel (tests/dit_diffusers_reference_test.cc checks it
+  // against diffusers): read back with the model from its config.json.
   exported =
       RunDifftrain("export --checkpoint " + Ckpt() + " --out " + ShellQuote(File("exported-dir")));
-  EXPECT_EQ(exported.exit_code, 2) << exported.output;
-  EXPECT_NE(exported.output.find("--format diffusers: the dit family has no diffusers form here"),
-            std::string::npos)
-      << exported.output;
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_EQ(
+      images("--pretrained " + ShellQuote(File("exported-dir")) + " --timestep-spacing respace",
+             "diffusers-samples.safetensors"),
+      ema);
   const std::vector<float> trained =
       images("--checkpoint " + Ckpt() + " --weights model", "ckpt-model.safetensors");
   EXPECT_NE(trained, ema);
@@ -681,7 +684,7 @@ TEST_F(SampleCommandTest, PretrainedWeightsSampleAsTheirCheckpoint) {
            {"", "give --checkpoint (a difftrain checkpoint) or --pretrained (weights)"},
            {"--pretrained " + ShellQuote(File("dit.safetensors")),
             "--pretrained: needs the model: '" + File("dit.safetensors") +
-                "' has no UNet2DConditionModel config.json beside it"},
+                "' has no diffusers config.json beside it"},
            {"--checkpoint " + Ckpt() + model, "the model and diffusion flags are for --pretrained"},
            {"--checkpoint " + Ckpt() + " --prediction v",
             "the model and diffusion flags are for --pretrained"},

@@ -96,10 +96,11 @@ std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o) {
   app.add_option("--eta", o.eta,
                  "DDIM's eta in [0, 1] (default 0: deterministic); TCD's gamma in [0, 1] "
                  "(default 0.3)");
-  app.add_option("--cfg", o.cfg,
-                 "classifier-free guidance scale; 1 = none (default 4, from a pipeline "
-                 "7.5; 1 for a model without a null class; a guidance-distilled model's "
-                 "embedded scale 8.5)");
+  app.add_option(
+      "--cfg", o.cfg,
+      "classifier-free guidance scale; 1 = none (default 4, from a text "
+      "model's pipeline 7.5; 1 for a model without a null class; a guidance-distilled model's "
+      "embedded scale 8.5)");
   app.add_option("--guidance-rescale", o.guidance_rescale,
                  "phi in [0, 1]: each guided output rescaled toward the conditional "
                  "output's standard deviation, as diffusers' guidance_rescale (default 0)");

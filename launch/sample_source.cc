@@ -120,21 +120,23 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
   DiffusersFolder folder;
   const fs::path dir = fs::path(weights).parent_path();
   DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> config, ReadJsonIfThere(dir / "config.json"));
-  if (config && config->value("_class_name", std::string()) == "UNet2DConditionModel") {
-    nlohmann::json unet = *config;
-    unet["name"] = "unet";
-    Result<ModelSpec> spec = ModelSpecFromJson("unet", unet);
+  bool component = false;  // the folder is a pipeline's model folder (unet/, transformer/)
+  for (const ModelFamily* family : ModelFamilies()) {
+    component = component || dir.filename() == family->diffusers_component();
+    if (!config || folder.model) continue;
+    Result<std::optional<ModelSpec>> spec = family->FromDiffusersConfig(*config);
     if (!spec.ok())
       return spec.status().WithContext(fmt::format("'{}'", (dir / "config.json").string()));
     folder.model = std::move(spec).value();
   }
   std::error_code ec;
   const fs::path pipeline = dir.parent_path();
-  // A pipeline's unet/ (model_index.json above it), or a UNet with its scheduler beside it
-  // (`difftrain export` without --pipeline): the scheduler describes the diffusion.
+  // A pipeline's unet/ or transformer/ (model_index.json above it), or a model with its
+  // scheduler beside it (`difftrain export` without --pipeline): the scheduler describes the
+  // diffusion.
   const fs::path scheduler = pipeline / "scheduler" / "scheduler_config.json";
   const bool in_pipeline = fs::is_regular_file(pipeline / "model_index.json", ec);
-  if (dir.filename() == "unet" && (in_pipeline || fs::is_regular_file(scheduler, ec))) {
+  if (component && (in_pipeline || fs::is_regular_file(scheduler, ec))) {
     if (in_pipeline) folder.pipeline = pipeline.string();
     DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> schedule, ReadJsonIfThere(scheduler));
     if (schedule) {
@@ -162,8 +164,9 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
   if (latent_size && folder.model) model.reset();
   if (!model && !folder.model) {
     return Errorf(
-        "needs the model: '{}' has no UNet2DConditionModel config.json beside it and is no "
-        "original Stable Diffusion checkpoint; give --model NAME (with --image-size or "
+        "needs the model: '{}' has no diffusers config.json beside it (a UNet2DConditionModel, "
+        "DiT's Transformer2DModel) and is no original Stable Diffusion checkpoint; give --model "
+        "NAME (with --image-size or "
         "--input-size) or --config JOB.yaml",
         c.path);
   }

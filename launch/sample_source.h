@@ -29,7 +29,7 @@ struct SampleSource {
   DiffusionConfig diffusion;
   std::string data_kind;  // the dataset it was trained on ("" if unknown)
   std::string data_path;
-  // Pretrained weights in a diffusers pipeline's unet/: the pipeline's folder, whose
+  // Pretrained weights in a diffusers pipeline's unet/ (transformer/): the pipeline's folder, whose
   // text_encoder/ and vae/ sampling takes by default.
   std::string pipeline;
   // The pipeline's scheduler: its timestep spacing, which sampling follows by default, and
@@ -47,7 +47,8 @@ struct SampleSource {
 };
 
 // What a diffusers folder says beside the weights file `weights`: the model, from a
-// UNet2DConditionModel's config.json beside it; where that folder is a pipeline's unet/
+// UNet2DConditionModel's or DiT's Transformer2DModel's config.json beside it (a family's
+// FromDiffusersConfig); where that folder is a pipeline's unet/ or transformer/
 // (the folder above holds model_index.json), the pipeline's folder; and where the folder above
 // it holds scheduler/scheduler_config.json (a pipeline, or `difftrain export`'s UNet), the
 // diffusion and timestep spacing it describes. Each is empty where the files are

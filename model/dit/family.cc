@@ -3,8 +3,10 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "model/dit/diffusers.h"
 #include "model/dit/dit.h"
 #include "model/dit/shard.h"
+#include "model/io/diffusers_dit.h"
 #include "model/train/gpu_step.h"
 #ifdef DIFFTRAIN_HAVE_CUDA
 #include "model/dit/cuda/gpu_step.h"
@@ -107,6 +109,38 @@ class TransformerFamily final : public ModelFamily {
       return Errorf("a {} config {} num_frames", k_.name, k_.video ? "needs" : "has no");
     }
     return DiTSpec(c);
+  }
+
+  // DiT's diffusers form (model/dit/diffusers.h); Latte has none here (diffusers 0.27.2 has
+  // no Latte).
+  Result<nlohmann::json> DiffusersConfig(const ModelSpec& spec) const override {
+    if (k_.video) return ModelFamily::DiffusersConfig(spec);
+    return DiffusersDitConfig(DiTConfigOf(spec));
+  }
+  std::string_view diffusers_component() const override {
+    return k_.video ? ModelFamily::diffusers_component() : "transformer";
+  }
+  Result<std::vector<DiffusersTensor>> DiffusersTensors(const TensorTable& global) const override {
+    if (k_.video) return ModelFamily::DiffusersTensors(global);
+    const int depth = io::DitDepth(global.Names());
+    std::vector<DiffusersTensor> tensors;
+    for (const TensorSpec& t : global.tensors()) {
+      std::optional<io::DiffusersDitPlace> place =
+          io::DiffusersDitTensor(t.name, t.shape.empty() ? 1 : t.shape[0], depth);
+      if (!place) return Errorf("diffusers' DiT has no place for '{}'", t.name);
+      for (const io::TensorRows& part : place->parts)
+        tensors.push_back({part.name, t.name, part.first_row, part.rows});
+      for (const std::string& copy : place->copies)
+        tensors.push_back({copy, t.name});
+    }
+    return tensors;
+  }
+  Result<std::optional<ModelSpec>> FromDiffusersConfig(
+      const nlohmann::json& config) const override {
+    if (k_.video) return std::optional<ModelSpec>();
+    DT_ASSIGN_OR_RETURN(std::optional<DiTConfig> c, DiTConfigFromDiffusers(config));
+    if (!c) return std::optional<ModelSpec>();
+    return std::optional<ModelSpec>(DiTSpec(*c));
   }
 
   ModelCost Cost(const ModelSpec& spec) const override {

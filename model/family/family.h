@@ -125,6 +125,23 @@ class ModelFamily {
   virtual Result<nlohmann::json> DiffusersConfig(const ModelSpec& spec) const;
   virtual Result<std::vector<std::string>> SingleFileNames(
       const std::vector<std::string>& names) const;
+  // The model's folder in a diffusers pipeline ("unet"; DiT's "transformer").
+  virtual std::string_view diffusers_component() const { return "unet"; }
+  // The tensors of the diffusers form, each cut from one of the model's parameters (`global`:
+  // the whole model's table); by default the parameters under their own names.
+  struct DiffusersTensor {
+    std::string name;
+    std::string source;  // the model's parameter
+    int64_t first_row = 0;
+    int64_t rows = -1;  // -1: all of it
+  };
+  virtual Result<std::vector<DiffusersTensor>> DiffusersTensors(const TensorTable& global) const;
+  // The model a diffusers config.json describes where it is of this family's class (a
+  // UNet2DConditionModel, DiT's Transformer2DModel), nullopt where it is not; an error names
+  // what the family cannot take.
+  virtual Result<std::optional<ModelSpec>> FromDiffusersConfig(const nlohmann::json& config) const {
+    return std::optional<ModelSpec>();
+  }
 
   virtual ModelCost Cost(const ModelSpec& spec) const = 0;
   virtual SampleSchema Samples(const ModelSpec& spec) const = 0;

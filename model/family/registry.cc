@@ -48,6 +48,14 @@ Result<nlohmann::json> ModelFamily::DiffusersConfig(const ModelSpec&) const {
       name());
 }
 
+Result<std::vector<ModelFamily::DiffusersTensor>> ModelFamily::DiffusersTensors(
+    const TensorTable& global) const {
+  std::vector<DiffusersTensor> tensors;
+  for (const TensorSpec& t : global.tensors())
+    tensors.push_back({t.name, t.name});
+  return tensors;
+}
+
 Result<std::vector<std::string>> ModelFamily::SingleFileNames(
     const std::vector<std::string>&) const {
   return Errorf(

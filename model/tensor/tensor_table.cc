@@ -22,6 +22,14 @@ const TensorSpec* TensorTable::Find(const std::string& name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
+std::vector<std::string> TensorTable::Names() const {
+  std::vector<std::string> names;
+  names.reserve(tensors_.size());
+  for (const TensorSpec& t : tensors_)
+    names.push_back(t.name);
+  return names;
+}
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

@@ -26,6 +26,8 @@ class TensorTable {
 
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   const TensorSpec* Find(const std::string& name) const;
+  // The tensors' names, in order.
+  std::vector<std::string> Names() const;
   size_t total() const { return total_; }
 
  private:

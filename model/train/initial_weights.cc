@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "model/io/checkpoint.h"
+#include "model/io/diffusers_dit.h"
 #include "model/io/ldm_checkpoint.h"
 
 namespace difftrain {
@@ -55,6 +56,50 @@ std::optional<std::string> Mismatch(const io::SafetensorsFile& file, const std::
   return std::nullopt;
 }
 
+// Where one tensor of the model lies in a file: the file's tensors holding its rows, in order,
+// and the file's further copies of all of it, which must hold the same values.
+struct InFile {
+  struct Part {
+    std::string name;
+    std::vector<int64_t> shape;
+    size_t offset = 0;  // of its first element within the model's tensor
+  };
+  std::vector<Part> parts;
+  std::vector<std::string> copies;
+};
+
+// Each tensor of `global` in `file`: under the names SpelledAsTheFile gives, or a DiT's in a
+// diffusers Transformer2DModel (model/io/diffusers_dit.h).
+Result<std::vector<InFile>> PlaceInFile(const io::SafetensorsFile& file,
+                                        const TensorTable& global) {
+  std::vector<InFile> placed;
+  const std::vector<std::string> names = global.Names();
+  const int dit_depth = io::DitDepth(names);
+  if (dit_depth > 0 && io::IsDiffusersDit(file.Names())) {
+    for (const TensorSpec& t : global.tensors()) {
+      std::optional<io::DiffusersDitPlace> place =
+          io::DiffusersDitTensor(t.name, t.shape.empty() ? 1 : t.shape[0], dit_depth);
+      if (!place) {
+        return Errorf("'{}' is a diffusers DiT, whose layout has no place for the model's '{}'",
+                      file.path(), t.name);
+      }
+      InFile& in = placed.emplace_back();
+      const size_t row = t.shape.empty() ? 1 : t.numel / size_t(t.shape[0]);
+      for (const io::TensorRows& part : place->parts) {
+        std::vector<int64_t> shape = t.shape;
+        if (part.rows >= 0) shape[0] = part.rows;
+        in.parts.push_back({part.name, std::move(shape), size_t(part.first_row) * row});
+      }
+      in.copies = std::move(place->copies);
+    }
+    return placed;
+  }
+  DT_ASSIGN_OR_RETURN(const TensorTable spelled, SpelledAsTheFile(file, global));
+  for (const TensorSpec& t : spelled.tensors())
+    placed.push_back({{{t.name, t.shape, 0}}, {}});
+  return placed;
+}
+
 }  // namespace
 
 Result<std::string> InitialWeightsFile(const std::string& path) {
@@ -65,7 +110,7 @@ Result<std::string> InitialWeightsFile(const std::string& path) {
   }
   if (!fs::is_directory(status)) return path;
   const fs::path dir(path);
-  for (const char* sub : {"", "unet"}) {
+  for (const char* sub : {"", "unet", "transformer"}) {
     for (const char* name :
          {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"}) {
       const fs::path candidate = dir / sub / name;
@@ -89,16 +134,15 @@ Result<std::string> InitialWeightsFile(const std::string& path) {
   }
   return Errorf(
       "'{}': a directory with no diffusion_pytorch_model.safetensors (or "
-      ".fp16.safetensors; in it or in unet/) and no complete difftrain checkpoint (step-N/): "
+      ".fp16.safetensors; in it, its unet/ or transformer/) and no complete difftrain checkpoint "
+      "(step-N/): "
       "name the safetensors file itself",
       path);
 }
 
 Result<TensorTable> SpelledAsTheFile(const io::SafetensorsFile& file, const TensorTable& global) {
   if (!io::IsLdmCheckpoint(file) || global.Find("conv_in.weight") == nullptr) return global;
-  std::vector<std::string> names;
-  for (const TensorSpec& t : global.tensors())
-    names.push_back(t.name);
+  const std::vector<std::string> names = global.Names();
   Result<std::vector<std::string>> ldm = io::LdmUNetNames(names);
   if (!ldm.ok()) return ldm.status().WithContext(fmt::format("'{}'", file.path()));
   TensorTable spelled;
@@ -110,25 +154,34 @@ Result<TensorTable> SpelledAsTheFile(const io::SafetensorsFile& file, const Tens
 Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& file,
                                                      const TensorTable& model,
                                                      const std::vector<std::string>& ignored) {
-  DT_ASSIGN_OR_RETURN(const TensorTable global, SpelledAsTheFile(file, model));
+  DT_ASSIGN_OR_RETURN(const std::vector<InFile> placed, PlaceInFile(file, model));
   const bool shard = IsCheckpointShard(file);
   std::vector<std::string> problems;
-  for (const TensorSpec& t : global.tensors()) {
-    if (auto problem = Mismatch(file, t.name, t.shape)) problems.push_back(*problem);
-    if (!shard) continue;
-    if (auto problem = Mismatch(file, "ema." + t.name, t.shape)) problems.push_back(*problem);
+  std::unordered_set<std::string> used;
+  size_t wanted = 0;
+  for (size_t i = 0; i < placed.size(); ++i) {
+    auto check = [&](const std::string& name, const std::vector<int64_t>& shape) {
+      used.insert(name);
+      wanted += shard ? 2 : 1;
+      if (auto problem = Mismatch(file, name, shape)) problems.push_back(*problem);
+      if (!shard) return;
+      if (auto problem = Mismatch(file, "ema." + name, shape)) problems.push_back(*problem);
+    };
+    for (const InFile::Part& part : placed[i].parts)
+      check(part.name, part.shape);
+    for (const std::string& copy : placed[i].copies)
+      check(copy, model.tensors()[i].shape);
   }
   if (!problems.empty()) {
     return Errorf(
         "'{}': {} of the model's {} tensors do not match ({} found in the "
         "file): {}",
-        file.path(), problems.size(), global.tensors().size() * (shard ? 2 : 1),
-        file.Names().size(), Listed(problems));
+        file.path(), problems.size(), wanted, file.Names().size(), Listed(problems));
   }
   const std::unordered_set<std::string> skip(ignored.begin(), ignored.end());
   std::vector<std::string> unused;
   for (const std::string& name : file.Names()) {
-    if (global.Find(name) != nullptr || skip.contains(name)) continue;
+    if (used.contains(name) || skip.contains(name)) continue;
     // A shard's EMA, moments and a LoRA run's adapters and frozen weights (its model tensors
     // hold them fused).
     if (shard &&
@@ -141,10 +194,27 @@ Result<std::vector<std::string>> CheckInitialWeights(const io::SafetensorsFile& 
 
 Status ReadPretrainedWeights(const io::SafetensorsFile& file, const TensorTable& model, bool ema,
                              float* params) {
-  DT_ASSIGN_OR_RETURN(const TensorTable global, SpelledAsTheFile(file, model));
+  DT_ASSIGN_OR_RETURN(const std::vector<InFile> placed, PlaceInFile(file, model));
   const std::string prefix = ema && IsCheckpointShard(file) ? "ema." : "";
-  for (const TensorSpec& t : global.tensors())
-    DT_RETURN_IF_ERROR(file.CopyAsF32(prefix + t.name, t.shape, params + t.offset));
+  std::vector<float> copy;
+  for (size_t i = 0; i < placed.size(); ++i) {
+    const TensorSpec& t = model.tensors()[i];
+    for (const InFile::Part& part : placed[i].parts) {
+      DT_RETURN_IF_ERROR(
+          file.CopyAsF32(prefix + part.name, part.shape, params + t.offset + part.offset));
+    }
+    // A copy of the whole tensor (a diffusers DiT's embedders in every block) must be the same.
+    for (const std::string& name : placed[i].copies) {
+      copy.resize(t.numel);
+      DT_RETURN_IF_ERROR(file.CopyAsF32(prefix + name, t.shape, copy.data()));
+      if (!std::equal(copy.begin(), copy.end(), params + t.offset)) {
+        return Errorf(
+            "'{}': '{}' differs from '{}': the model has one '{}' where the file keeps a copy "
+            "in every block, and they have been trained apart",
+            file.path(), prefix + name, prefix + placed[i].parts[0].name, t.name);
+      }
+    }
+  }
   return Status::Ok();
 }
 

@@ -1,11 +1,13 @@
 // A run's first weights from a file (checkpoint.init_from, docs/job-spec.md): fine-tuning from
 // pretrained weights — a diffusers UNet2DConditionModel folder, DiT's released weights saved
-// as safetensors, another run's difftrain checkpoint — instead of the seed's initialisation.
+// as safetensors or in diffusers' form (DiTPipeline's transformer/), another run's difftrain
+// checkpoint — instead of the seed's initialisation.
 // A run that resumes its own checkpoint never reads it: resuming wins.
 //
 // Tensors are matched by the reference state-dict names every family already uses (DiT's,
 // Latte's, diffusers' for the UNet; docs/formats.md), a UNet's also by the names of an original
-// Stable Diffusion checkpoint (model/io/ldm_checkpoint.h), and must have the model's shapes; any
+// Stable Diffusion checkpoint (model/io/ldm_checkpoint.h), a DiT's also by a diffusers
+// Transformer2DModel's (model/io/diffusers_dit.h), and must have the model's shapes; any
 // floating-point dtype is taken (F16, BF16, F32 exactly, F64 rounded). Tensors the model does
 // not have are left alone and named in a warning; a missing or misshapen one is an error.
 #pragma once
@@ -23,9 +25,10 @@
 namespace difftrain {
 
 // The safetensors file `path` names: the file itself; in a directory, diffusers' weights
-// (diffusion_pytorch_model.safetensors, else its .fp16 variant; in the directory or its unet/,
-// as a pipeline's folder holds them), else shard 0 of the newest complete checkpoint when the
-// directory is a difftrain checkpoint directory, or shard 0 of the step a step directory
+// (diffusion_pytorch_model.safetensors, else its .fp16 variant; in the directory or its unet/
+// or transformer/, as a pipeline's folder holds them), else shard 0 of the newest complete
+// checkpoint when the directory is a difftrain checkpoint directory, or shard 0 of the step a step
+// directory
 // (`.../step-00000020`) holds. The error says what was looked for.
 Result<std::string> InitialWeightsFile(const std::string& path);
 

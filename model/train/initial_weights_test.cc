@@ -189,8 +189,8 @@ TEST(InitialWeightsTest, PathsResolveToDiffusersFilesOrTheNewestCheckpoint) {
   Result<std::string> empty = InitialWeightsFile((root / "empty").string());
   ASSERT_FALSE(empty.ok());
   EXPECT_THAT(empty.status().message(),
-              HasSubstr("no diffusion_pytorch_model.safetensors (or .fp16.safetensors; in it or "
-                        "in unet/) and no complete difftrain checkpoint"));
+              HasSubstr("no diffusion_pytorch_model.safetensors (or .fp16.safetensors; in it, its "
+                        "unet/ or transformer/) and no complete difftrain checkpoint"));
 }
 
 TEST(InitialWeightsTest, TheLaunchersCheckReadsTheHeaderAgainstTheModelsShapes) {

@@ -109,6 +109,16 @@ class UNetFamilyImpl final : public ModelFamily {
     return config;
   }
 
+  Result<std::optional<ModelSpec>> FromDiffusersConfig(
+      const nlohmann::json& config) const override {
+    if (!config.is_object() || config.value("_class_name", std::string()) != "UNet2DConditionModel")
+      return std::optional<ModelSpec>();
+    nlohmann::json unet = config;
+    unet["name"] = "unet";
+    DT_ASSIGN_OR_RETURN(ModelSpec spec, FromJson(unet));
+    return std::optional<ModelSpec>(std::move(spec));
+  }
+
   Result<std::vector<std::string>> SingleFileNames(
       const std::vector<std::string>& names) const override {
     return io::LdmUNetNames(names);
