@@ -158,7 +158,8 @@ int RunSample(const SampleOptions& o) {
     ckpt.model = std::move(**resized);
     m = family.Samples(ckpt.model);
   }
-  if (Status s = ChooseTimeIds(o, ckpt, *vae ? &**vae : nullptr, m); !s.ok())
+  std::vector<float> negative_time_ids;  // the unconditional text's
+  if (Status s = ChooseTimeIds(o, ckpt, *vae ? &**vae : nullptr, m, negative_time_ids); !s.ok())
     return bad(s.message());
   if ((!o.out.empty() || !o.gif.empty()) && !*vae && m.channels != 1 && m.channels != 3) {
     return bad(fmt::format(
@@ -264,6 +265,9 @@ int RunSample(const SampleOptions& o) {
   std::vector<float> model_input;
   const size_t context_floats = size_t(m.context_length) * m.context_dim,
                pooled_floats = m.pooled_text_dim;
+  // SDXL's time ids, after each text's pooled embedding: the unconditional text's are the
+  // negative ones (the refiner's lower aesthetic score).
+  const size_t id_floats = pooled_floats > 0 ? m.time_ids.size() : 0;
   std::vector<float> text_rows, pooled_rows, time_id_rows;  // SDXL's inputs, split per row
   auto forward = [&](const float* x_t, const float* t, const int32_t* y, const float* context,
                      int B, float* out) {
@@ -284,17 +288,17 @@ int RunSample(const SampleOptions& o) {
     }
     ModelInputs inputs{x_t, t, y, context, dim > 0 ? guidance_rows.data() : nullptr};
     if (pooled_floats > 0) {
-      // SDXL's: each row's text is its [L, D] embedding, then its pooled one; the time ids
-      // are the same for every row.
+      // SDXL's: each row's text is its [L, D] embedding, then its pooled one, then its time ids.
       text_rows.resize(B * context_floats);
       pooled_rows.resize(B * pooled_floats);
+      time_id_rows.resize(B * id_floats);
       for (int r = 0; r < B; ++r) {
-        const float* row = context + r * (context_floats + pooled_floats);
+        const float* row = context + r * (context_floats + pooled_floats + id_floats);
         std::copy_n(row, context_floats, text_rows.data() + r * context_floats);
         std::copy_n(row + context_floats, pooled_floats, pooled_rows.data() + r * pooled_floats);
+        std::copy_n(row + context_floats + pooled_floats, id_floats,
+                    time_id_rows.data() + r * id_floats);
       }
-      for (size_t row = time_id_rows.size() / m.time_ids.size(); row < size_t(B); ++row)
-        time_id_rows.insert(time_id_rows.end(), m.time_ids.begin(), m.time_ids.end());
       inputs.context = text_rows.data();
       inputs.pooled_text = pooled_rows.data();
       inputs.time_ids = time_id_rows.data();
@@ -306,7 +310,7 @@ int RunSample(const SampleOptions& o) {
   Denoiser denoiser = [&forward](const float* x_t, const float* t, const int32_t* y, int B,
                                  float* out) { forward(x_t, t, y, nullptr, B, out); };
   if (text_model) {
-    // Each prompt's text: its embedding, and an SDXL UNet's pooled one after it.
+    // Each prompt's text: its embedding, and an SDXL UNet's pooled one and time ids after it.
     std::vector<float> embeddings;
     for (int64_t id : prompts->ids) {
       const float* e = prompts->table.embedding(id);
@@ -314,19 +318,23 @@ int RunSample(const SampleOptions& o) {
       if (pooled_floats > 0) {
         const float* pooled = prompts->table.pooled_embedding(id);
         embeddings.insert(embeddings.end(), pooled, pooled + pooled_floats);
+        embeddings.insert(embeddings.end(), m.time_ids.begin(), m.time_ids.end());
       }
     }
     std::vector<float> null_text = prompts->null_text;
-    if (pooled_floats > 0 && !null_text.empty()) {
+    if (pooled_floats > 0) {
+      // Zeros where the pipeline has no unconditional text (SDXL's force_zeros_for_empty_prompt).
+      null_text.resize(context_floats, 0.0f);
       std::vector<float> null_pooled = prompts->null_pooled;
       null_pooled.resize(pooled_floats, 0.0f);
       null_text.insert(null_text.end(), null_pooled.begin(), null_pooled.end());
+      null_text.insert(null_text.end(), negative_time_ids.begin(), negative_time_ids.end());
     }
     const std::vector<int32_t> no_labels(2 * o.batch, 0);
     denoiser = PromptDenoiser(
         [&forward, &no_labels](const float* x_t, const float* t, const float* context, int B,
                                float* out) { forward(x_t, t, no_labels.data(), context, B, out); },
-        std::move(embeddings), context_floats + pooled_floats, std::move(null_text));
+        std::move(embeddings), context_floats + pooled_floats + id_floats, std::move(null_text));
   }
 
   // Sample k (row-major in the grid) is column k % per_class of the row of class k / per_class.

@@ -134,8 +134,24 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
   return std::optional<Vae>(std::move(vae).value());
 }
 
+// StableDiffusionXLImg2ImgPipeline's aesthetic_score and negative_aesthetic_score.
+constexpr double kAestheticScore = 6.0, kNegativeAestheticScore = 2.5;
+
 Status ChooseTimeIds(const SampleOptions& o, const SampleSource& ckpt, const Vae* vae,
-                     SampleSchema& m) {
+                     SampleSchema& m, std::vector<float>& negative) {
+  // The refiner's five time ids end in an aesthetic score where the base's end in a size.
+  const bool refiner = m.aesthetic_score;
+  for (const auto& [flag, given] : {std::pair{"--aesthetic-score", &o.aesthetic_score},
+                                    {"--negative-aesthetic-score", &o.negative_aesthetic_score}}) {
+    if (given->has_value() && !refiner) {
+      return Errorf(
+          "{}: for SDXL's refiner (a pipeline with requires_aesthetics_score); this model's time "
+          "ids have no aesthetic score",
+          flag);
+    }
+  }
+  if (refiner && !o.target_size.empty())
+    return Errorf("--target-size: SDXL's refiner has an aesthetic score in its place");
   const std::pair<const char*, const std::vector<int>*> flags[] = {
       {"--original-size", &o.original_size},
       {"--crop-top-left", &o.crop_top_left},
@@ -180,9 +196,16 @@ Status ChooseTimeIds(const SampleOptions& o, const SampleSource& ckpt, const Vae
   m.time_ids.clear();
   for (const auto& [given, fallback] :
        {std::pair{&o.original_size, &size}, {&o.crop_top_left, &none}, {&o.target_size, &size}}) {
+    if (refiner && given == &o.target_size) break;
     const std::vector<int>& v = given->empty() ? *fallback : *given;
     m.time_ids.push_back(static_cast<float>(v[0]));
     m.time_ids.push_back(static_cast<float>(v[1]));
+  }
+  negative = m.time_ids;
+  if (refiner) {
+    m.time_ids.push_back(static_cast<float>(o.aesthetic_score.value_or(kAestheticScore)));
+    negative.push_back(
+        static_cast<float>(o.negative_aesthetic_score.value_or(kNegativeAestheticScore)));
   }
   return Status::Ok();
 }

@@ -39,10 +39,14 @@ Result<std::optional<ModelSpec>> ResizedForSampling(const SampleOptions& o, cons
 // SDXL's time ids (SampleSchema::time_ids: original size, crop top-left, target size, in
 // pixels), as StableDiffusionXLPipeline makes them: --original-size, --crop-top-left and
 // --target-size, each by default the samples' size (the latents times the downscale of `vae`,
-// else of a pipeline's vae/config.json, else 8: Stable Diffusion's) and no crop. Errors: those
-// flags for a model without micro-conditioning, a flag of other than two non-negative numbers.
+// else of a pipeline's vae/config.json, else 8: Stable Diffusion's) and no crop; the refiner's
+// (requires_aesthetics_score) the aesthetic score in place of the target size, as
+// StableDiffusionXLImg2ImgPipeline makes them. `negative`: the unconditional text's, the same
+// but for the refiner's --negative-aesthetic-score. Errors: those flags for a model without
+// micro-conditioning (the aesthetic scores for one other than the refiner, --target-size for
+// it), a flag of other than two non-negative numbers.
 Status ChooseTimeIds(const SampleOptions& o, const SampleSource& ckpt, const Vae* vae,
-                     SampleSchema& m);
+                     SampleSchema& m, std::vector<float>& negative);
 
 // Whether `path` names a safetensors file (x0's as they are) rather than a picture.
 bool IsSafetensorsPath(const std::string& path);

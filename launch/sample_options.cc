@@ -158,8 +158,13 @@ std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o) {
                  "SDXL: TOP,LEFT in pixels, as diffusers' crops_coords_top_left (default 0,0)")
       ->delimiter(',');
   app.add_option("--target-size", o.target_size,
-                 "SDXL: H,W in pixels, as diffusers' target_size (default: the samples' size)")
+                 "SDXL: H,W in pixels, as diffusers' target_size (default: the samples' size; "
+                 "not the refiner's)")
       ->delimiter(',');
+  app.add_option("--aesthetic-score", o.aesthetic_score,
+                 "SDXL's refiner: the aesthetic score its time ids give (default 6)");
+  app.add_option("--negative-aesthetic-score", o.negative_aesthetic_score,
+                 "SDXL's refiner: the unconditional text's (default 2.5)");
   app.add_option("--clip-denoised", o.clip_denoised,
                  "clip x0 predictions to [-1, 1] every step (default: true, false for "
                  "models trained on latents and for every sampler but ddpm and ddim)");

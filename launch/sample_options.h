@@ -64,6 +64,8 @@ struct SampleOptions {
   // SDXL's micro-conditioning (pixels): the image size the model is told the picture had, the
   // crop's top-left corner, the size it is told to make; empty: the samples' size, no crop.
   std::vector<int> original_size, crop_top_left, target_size;
+  // SDXL's refiner: the aesthetic score of its time ids, and that of the unconditional text's.
+  std::optional<double> aesthetic_score, negative_aesthetic_score;
   // Inpainting: the masks of the images (white: painted).
   std::vector<std::string> masks;
   std::string vae;  // a diffusers AutoencoderKL decoding a latent model's samples

@@ -18,12 +18,15 @@ namespace {
 namespace fs = std::filesystem;
 
 // The text encoder given for the prompts: --text-encoder, else pretrained weights' pipeline
-// if it has a text_encoder/; "" for none (`none` included).
+// if it has a text_encoder/ (or, SDXL's refiner, a text_encoder_2/ alone); "" for none (`none`
+// included).
 std::string GivenTextEncoder(const SampleOptions& o, const SampleSource& ckpt) {
   if (o.text_encoder == "none") return "";
   if (!o.text_encoder.empty()) return o.text_encoder;
   std::error_code ec;
-  if (!ckpt.pipeline.empty() && fs::is_directory(fs::path(ckpt.pipeline) / "text_encoder", ec))
+  // SDXL's refiner has text_encoder_2/ alone.
+  if (!ckpt.pipeline.empty() && (fs::is_directory(fs::path(ckpt.pipeline) / "text_encoder", ec) ||
+                                 fs::is_directory(fs::path(ckpt.pipeline) / "text_encoder_2", ec)))
     return ckpt.pipeline;
   return "";
 }
@@ -221,7 +224,8 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   // Diffusion's), guided with the empty prompt's embedding, that; models trained here were
   // guided with zeros (text dropout).
   // SDXL's pipelines guide with zeros (force_zeros_for_empty_prompt) where no negative prompt
-  // is given.
+  // is given, unless the pipeline says otherwise (the refiner's): then with the empty prompt's
+  // embedding and pooled embedding.
   if (o.negative_prompt) {
     const int64_t negative = *p.table.Find(*o.negative_prompt);
     const float* e = p.table.embedding(negative);
@@ -234,6 +238,11 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
     Result<std::vector<float>> empty = encoder->Embed({""}, m.context_length, skip);
     if (!empty.ok()) return empty.status().WithContext("the empty prompt");
     p.null_text = std::move(empty).value();
+  } else if (ckpt.pretrained && encoder && !ckpt.zeros_for_empty_prompt) {
+    Result<TextEmbeddings> empty = encoder->EmbedWithPooled({""}, m.context_length, skip);
+    if (!empty.ok()) return empty.status().WithContext("the empty prompt");
+    p.null_text = std::move(empty->hidden);
+    p.null_pooled = std::move(empty->pooled);
   }
   return p;
 }

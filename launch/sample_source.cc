@@ -120,6 +120,21 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
   DiffusersFolder folder;
   const fs::path dir = fs::path(weights).parent_path();
   DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> config, ReadJsonIfThere(dir / "config.json"));
+  std::error_code ec;
+  const fs::path pipeline = dir.parent_path();
+  const bool in_pipeline = fs::is_regular_file(pipeline / "model_index.json", ec);
+  if (config && in_pipeline) {
+    // SDXL's refiner says in its pipeline's config that its UNet's time ids hold an aesthetic
+    // score.
+    DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> index,
+                        ReadJsonIfThere(pipeline / "model_index.json"));
+    auto says = [&](const char* key, bool value) {
+      return index && index->is_object() && index->contains(key) && (*index)[key] == value;
+    };
+    if (says("requires_aesthetics_score", true)) (*config)["requires_aesthetics_score"] = true;
+    // Its unconditional text is the empty prompt's, not zeros.
+    if (says("force_zeros_for_empty_prompt", false)) folder.zeros_for_empty_prompt = false;
+  }
   bool component = false;  // the folder is a pipeline's model folder (unet/, transformer/)
   for (const ModelFamily* family : ModelFamilies()) {
     component = component || dir.filename() == family->diffusers_component();
@@ -129,13 +144,10 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
       return spec.status().WithContext(fmt::format("'{}'", (dir / "config.json").string()));
     folder.model = std::move(spec).value();
   }
-  std::error_code ec;
-  const fs::path pipeline = dir.parent_path();
   // A pipeline's unet/ or transformer/ (model_index.json above it), or a model with its
   // scheduler beside it (`difftrain export` without --pipeline): the scheduler describes the
   // diffusion.
   const fs::path scheduler = pipeline / "scheduler" / "scheduler_config.json";
-  const bool in_pipeline = fs::is_regular_file(pipeline / "model_index.json", ec);
   if (component && (in_pipeline || fs::is_regular_file(scheduler, ec))) {
     if (in_pipeline) folder.pipeline = pipeline.string();
     DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> schedule, ReadJsonIfThere(scheduler));
@@ -158,6 +170,7 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
   DT_ASSIGN_OR_RETURN(const DiffusersFolder folder,
                       c.single_file ? ReadSingleFile(*c.file) : ReadDiffusersFolder(c.path));
   c.pipeline = folder.pipeline;
+  c.zeros_for_empty_prompt = folder.zeros_for_empty_prompt;
   c.spacing = folder.spacing;
   c.scheduler_class = folder.scheduler_class;
   c.scheduler_config = folder.scheduler_config;

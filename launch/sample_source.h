@@ -39,6 +39,10 @@ struct SampleSource {
   // Its scheduler_config.json ({} without one): the DPM-Solver++ and UniPC samplers read their
   // options from it, as the class chosen would take them from_config.
   nlohmann::json scheduler_config = nlohmann::json::object();
+  // An SDXL pipeline guides with zeros where no negative prompt is given, unless its
+  // model_index.json says force_zeros_for_empty_prompt false (the refiner's): then with the
+  // empty prompt's embeddings.
+  bool zeros_for_empty_prompt = true;
   // Pretrained weights in an original Stable Diffusion checkpoint (model/io/ldm_checkpoint.h):
   // its UNet's config read from its tensors, the scheduler diffusers' from_single_file gives
   // it; and whether it holds a VAE, which sampling takes by default.
@@ -61,6 +65,7 @@ struct DiffusersFolder {
   std::string scheduler_class;
   nlohmann::json scheduler_config = nlohmann::json::object();
   std::string pipeline;
+  bool zeros_for_empty_prompt = true;  // model_index.json's force_zeros_for_empty_prompt
 };
 Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights);
 

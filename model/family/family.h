@@ -66,9 +66,12 @@ struct SampleSchema {
   // SDXL's micro-conditioning: each text also has a pooled embedding of this width
   // (ModelInputs::pooled_text; zeros where the text is dropped), and each sample the time ids
   // `time_ids` (ModelInputs::time_ids: original height, width, crop top, left, target height,
-  // width, in pixels; here a whole uncropped image at the model's size); 0 and empty: none.
+  // width, in pixels; here a whole uncropped image at the model's size; SDXL's refiner has the
+  // aesthetic score in place of the target size); 0 and empty: none.
   int pooled_text_dim = 0;
   std::vector<float> time_ids;
+  // The time ids end in an aesthetic score in place of the target size (SDXL's refiner: five).
+  bool aesthetic_score = false;
 
   bool learn_sigma() const { return out_channels == 2 * channels; }
   size_t elements() const { return size_t(frames) * channels * height * width; }

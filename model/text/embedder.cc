@@ -69,10 +69,21 @@ TextEmbedder::TextEmbedder(std::vector<Part> parts, std::string path)
 Result<TextEmbedder> TextEmbedder::Load(const std::string& path,
                                         const io::SafetensorsFile* weights) {
   std::vector<Part> parts;
-  DT_ASSIGN_OR_RETURN(auto first, LoadEncoderAndTokenizer(path, weights, 0));
-  parts.push_back({std::move(first.first), std::move(first.second)});
   std::error_code ec;
   const fs::path second = fs::path(path) / "text_encoder_2";
+  // SDXL's refiner: a pipeline of text_encoder_2/ alone, encoded as SDXL encodes.
+  if (weights == nullptr && fs::is_directory(second, ec) &&
+      !fs::is_directory(fs::path(path) / "text_encoder", ec)) {
+    DT_ASSIGN_OR_RETURN(auto only, LoadEncoderAndTokenizer(second.string(), nullptr, 0));
+    if (only.first.config().kind != TextEncoderKind::kClip)
+      return Errorf("text encoder '{}': text_encoder_2/ must be a CLIP text model", path);
+    parts.push_back({std::move(only.first), std::move(only.second)});
+    TextEmbedder embedder(std::move(parts), path);
+    embedder.sdxl_ = true;
+    return embedder;
+  }
+  DT_ASSIGN_OR_RETURN(auto first, LoadEncoderAndTokenizer(path, weights, 0));
+  parts.push_back({std::move(first.first), std::move(first.second)});
   if (weights != nullptr && io::LdmTextModels(*weights).size() > 1 &&
       !fs::is_directory(second, ec)) {
     return Errorf(
@@ -89,7 +100,9 @@ Result<TextEmbedder> TextEmbedder::Load(const std::string& path,
     }
     parts.push_back({std::move(part.first), std::move(part.second)});
   }
-  return TextEmbedder(std::move(parts), path);
+  TextEmbedder embedder(std::move(parts), path);
+  embedder.sdxl_ = embedder.dual();
+  return embedder;
 }
 
 int TextEmbedder::dim() const {
@@ -115,6 +128,15 @@ Status TextEmbedder::LoadTextualInversion(const std::string& file, const std::st
       return Errorf("textual inversion '{}': an SDXL embedding names no token: give one", file);
     }
     tensors = {"clip_l", "clip_g"};
+  } else if (sdxl_) {
+    // The refiner's text_encoder_2 takes an SDXL embedding's clip_g.
+    if (read.Find("clip_g") == nullptr || token.empty()) {
+      return Errorf(
+          "textual inversion '{}': the text encoder '{}' is SDXL's refiner's (text_encoder_2 "
+          "alone), which takes an SDXL embedding's clip_g tensor and a token; it holds {}",
+          file, path_, fmt::join(names, ", "));
+    }
+    tensors = {"clip_g"};
   } else if (names.size() != 1) {
     return Errorf(
         "textual inversion '{}': holds {} tensors; an embedding file holds one ([D] or [n, D]: "
@@ -215,8 +237,8 @@ Result<TextEmbeddings> TextEmbedder::Run(const std::vector<std::string>& texts, 
     }
   }
   // SDXL indexes hidden_states from the penultimate layer's, without the final LayerNorm.
-  const int skip = dual() ? skip_layers + 1 : skip_layers;
-  if (dual()) {
+  const int skip = sdxl_ ? skip_layers + 1 : skip_layers;
+  if (sdxl_) {
     int layers = parts_[0].encoder.config().num_layers;
     for (const Part& p : parts_)
       layers = std::min(layers, p.encoder.config().num_layers);
@@ -253,7 +275,7 @@ Result<TextEmbeddings> TextEmbedder::Run(const std::vector<std::string>& texts, 
         hidden = part_hidden.data();
       }
       const bool last = i + 1 == parts_.size();
-      DT_RETURN_IF_ERROR(p.encoder.Encode(tokens, skip, hidden, !dual(),
+      DT_RETURN_IF_ERROR(p.encoder.Encode(tokens, skip, hidden, !sdxl_,
                                           last && P > 0 ? out.pooled.data() + first * P : nullptr));
       if (parts_.size() > 1) {
         for (size_t row = 0; row < count * length; ++row)
@@ -282,7 +304,7 @@ Result<TextTable> TextEmbedder::EmbedTable(const std::vector<std::string>& capti
   for (const Part& p : parts_)
     encoders.push_back(fmt::format("{} ({})", p.encoder.config().Describe(), p.encoder.source()));
   std::string skipped;
-  if (dual()) {
+  if (sdxl_) {
     skipped = fmt::format(", hidden_states[-{}] without the final LayerNorm", skip_layers + 2);
   } else if (skip_layers > 0) {
     skipped = fmt::format(", last {} layers skipped", skip_layers);

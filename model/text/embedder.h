@@ -34,7 +34,8 @@ class TextEmbedder {
   // (TextEncoder::Load). A pipeline's folder with text_encoder_2/ beside text_encoder/ (SDXL's)
   // loads both, each with its tokenizer (tokenizer/, tokenizer_2/), and with `weights` the
   // file's two text models (an original SDXL checkpoint's), which one encoder's folder does not
-  // take.
+  // take. A pipeline's folder with text_encoder_2/ and no text_encoder/ (SDXL's refiner) loads
+  // that one, encoded as SDXL encodes (its hidden states and pooled output).
   static Result<TextEmbedder> Load(const std::string& path,
                                    const io::SafetensorsFile* weights = nullptr);
   TextEmbedder(TextEncoder encoder, std::shared_ptr<const text::Tokenizer> tokenizer,
@@ -103,6 +104,9 @@ class TextEmbedder {
                              bool pooled) const;
 
   std::vector<Part> parts_;  // one encoder, or SDXL's text_encoder and text_encoder_2
+  // Encoded as SDXL's pipelines encode: hidden_states[-(skip_layers + 2)] without the final
+  // LayerNorm (SDXL's pair, and its refiner's text_encoder_2 alone).
+  bool sdxl_ = false;
   std::string path_;
   std::vector<std::pair<std::string, int>> inversions_;
   std::vector<int32_t> inversion_ids_;  // the first id of each

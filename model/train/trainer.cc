@@ -335,13 +335,16 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
   for (int b = 0; b < B && pooled > 0; ++b) {
     float* row = batch.time_ids.data() + b * ids;
     std::copy(schema_.time_ids.begin(), schema_.time_ids.end(), row);
-    // SDXL's time ids of the picture the sample came from, where the data knows it.
-    if (!data_->has_geometry() || ids != 6) continue;
+    // SDXL's time ids of the picture the sample came from, where the data knows it: its
+    // original size and crop, then the target size (the refiner's five keep their aesthetic
+    // score).
+    if (!data_->has_geometry()) continue;
     PictureGeometry g;
     DT_RETURN_IF_ERROR(data_->GetGeometry(loader_.IndexOf(first + b), &g));
-    for (const int32_t v :
-         {g.original_height, g.original_width, g.crop_top, g.crop_left, g.height, g.width})
-      *row++ = static_cast<float>(v);
+    const int32_t geometry[] = {g.original_height, g.original_width, g.crop_top,
+                                g.crop_left,       g.height,         g.width};
+    for (size_t i = 0; i < ids && i < 6 && (ids == 6 || i < 4); ++i)
+      row[i] = static_cast<float>(geometry[i]);
   }
   const auto wait_start = std::chrono::steady_clock::now();
   const bool data_texts = text > 0 && data_->texts() != nullptr;

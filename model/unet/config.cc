@@ -173,8 +173,13 @@ Status UNetConfig::Validate() const {
     return Errorf(
         "model.projection_class_embeddings_input_dim {} must exceed the {} time ids' "
         "{}·addition_time_embed_dim = {} (the rest is the pooled text embedding)",
-        projection_class_embeddings_input_dim, kTimeIds, kTimeIds,
-        kTimeIds * addition_time_embed_dim);
+        projection_class_embeddings_input_dim, time_ids(), time_ids(),
+        time_ids() * addition_time_embed_dim);
+  }
+  if (requires_aesthetics_score && !text_time()) {
+    return Errorf(
+        "model.requires_aesthetics_score: an aesthetic score is a time id of SDXL's "
+        "micro-conditioning (addition_embed_type text_time), which this UNet has not");
   }
   if (text_time() && addition_time_embed_dim % 2 != 0) {
     return Errorf("model.addition_time_embed_dim must be even (cos and sin halves), got {}",
@@ -229,6 +234,7 @@ nlohmann::json UNetConfig::ToJson() const {
     j["addition_embed_type"] = "text_time";
     j["addition_time_embed_dim"] = addition_time_embed_dim;
     j["projection_class_embeddings_input_dim"] = projection_class_embeddings_input_dim;
+    if (requires_aesthetics_score) j["requires_aesthetics_score"] = true;
   }
   if (attention_head_dim.size() == 1) {
     j["attention_head_dim"] = attention_head_dim[0];
@@ -305,6 +311,8 @@ Result<UNetConfig> UNetConfig::FromJson(const json& j) {
         c.addition_time_embed_dim = value.is_null() ? 0 : value.get<int>();
       else if (key == "projection_class_embeddings_input_dim")
         c.projection_class_embeddings_input_dim = value.is_null() ? 0 : value.get<int>();
+      else if (key == "requires_aesthetics_score")
+        c.requires_aesthetics_score = value.get<bool>();
       else {
         auto fixed = FixedKeys().find(key);
         if (fixed == FixedKeys().end())

@@ -52,13 +52,19 @@ struct UNetConfig {
   // the depth of the level it mirrors, the mid block's that of the last level (SDXL: 1, 2, 10).
   std::vector<int> transformer_layers_per_block = {1};
   // SDXL's micro-conditioning (diffusers' addition_embed_type "text_time"): each of the
-  // kTimeIds numbers (original height, width, crop top, left, target height, width) becomes
+  // time_ids() numbers (original height, width, crop top, left, target height, width) becomes
   // addition_time_embed_dim sinusoidal features, the pooled text embedding goes before them,
   // and add_embedding (Linear(projection_class_embeddings_input_dim → time_embed_dim), SiLU,
   // Linear) of the whole is added to the time embedding. 0: none (SD 1.x/2.x).
   int addition_time_embed_dim = 0;
   int projection_class_embeddings_input_dim = 0;
-  static constexpr int kTimeIds = 6;
+  // SDXL's refiner (difftrain's key, from its pipeline's model_index.json): five time ids, the
+  // aesthetic score in place of the target size.
+  bool requires_aesthetics_score = false;
+  static constexpr int kTimeIds = 6;  // the base's
+  // The aesthetic score a refiner trains with (StableDiffusionXLImg2ImgPipeline's default).
+  static constexpr float kAestheticScore = 6.0f;
+  int time_ids() const { return requires_aesthetics_score ? kTimeIds - 1 : kTimeIds; }
 
   int levels() const { return static_cast<int>(block_out_channels.size()); }
   int width() const { return sample_width > 0 ? sample_width : sample_size; }
@@ -73,10 +79,12 @@ struct UNetConfig {
                                                     : transformer_layers_per_block[level];
   }
   bool text_time() const { return addition_time_embed_dim > 0; }
-  // The pooled text embedding's width under text_time (SDXL: 2816 − 6·256 = 1280); 0 without.
+  // The pooled text embedding's width under text_time (SDXL: 2816 − 6·256 = 1280; its refiner
+  // 2560 − 5·256); 0 without.
   int pooled_text_dim() const {
-    return text_time() ? projection_class_embeddings_input_dim - kTimeIds * addition_time_embed_dim
-                       : 0;
+    return text_time()
+               ? projection_class_embeddings_input_dim - time_ids() * addition_time_embed_dim
+               : 0;
   }
 
   Status Validate() const;

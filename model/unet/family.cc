@@ -102,7 +102,7 @@ class UNetFamilyImpl final : public ModelFamily {
   // diffusers' UNet2DConditionModel config: the spec's keys without difftrain's own.
   Result<nlohmann::json> DiffusersConfig(const ModelSpec& spec) const override {
     nlohmann::json config = spec.config;
-    for (const char* own : {"name", "text_length", "text_dropout"})
+    for (const char* own : {"name", "text_length", "text_dropout", "requires_aesthetics_score"})
       config.erase(own);
     config["_class_name"] = "UNet2DConditionModel";
     config["_diffusers_version"] = "0.27.2";
@@ -152,6 +152,9 @@ class UNetFamilyImpl final : public ModelFamily {
       const float h = kVaeScale * c.sample_size, w = kVaeScale * c.width();
       s.pooled_text_dim = c.pooled_text_dim();
       s.time_ids = {h, w, 0, 0, h, w};
+      // The refiner's: the aesthetic score diffusers' pipeline gives by default.
+      if (c.requires_aesthetics_score) s.time_ids = {h, w, 0, 0, UNetConfig::kAestheticScore};
+      s.aesthetic_score = c.requires_aesthetics_score;
     }
     return s;
   }

@@ -156,7 +156,7 @@ Status UNet::Forward(int slot, const ModelInputs& inputs, const float*, float*) 
              "an SDXL UNet (text_time) needs inputs.pooled_text and inputs.time_ids");
     const int P_text = config_.pooled_text_dim(),
               Pin = config_.projection_class_embeddings_input_dim;
-    const int ids = UNetConfig::kTimeIds;
+    const int ids = config_.time_ids();
     for (int b = 0; b < B; ++b) {
       float* row = acts + l.add_in + size_t(b) * Pin;
       std::memcpy(row, inputs.pooled_text + size_t(b) * P_text, sizeof(float) * P_text);

@@ -66,8 +66,8 @@ class UNet : public Model {
 
   // Reads x_t [B, in_channels, S, S], t [B], context [B, text_length, cross_attention_dim],
   // for a model with time_cond_proj_dim the optional guidance [B, time_cond_proj_dim], and for
-  // SDXL's (text_time) pooled_text [B, pooled_text_dim] and time_ids [B, 6]; the output is
-  // [B, out_channels, S, S].
+  // SDXL's (text_time) pooled_text [B, pooled_text_dim] and time_ids [B, 6] (the refiner's 5); the
+  // output is [B, out_channels, S, S].
   Status Forward(int slot, const ModelInputs& inputs, const float* input, float* output) override;
   const float* output(int slot) const override;
   Status Backward(int slot, const float* output_grad, float* input_grad,

@@ -102,6 +102,43 @@ TEST(UNetFamily, StableDiffusionXL) {
   EXPECT_EQ(UNetFamily().Samples(UNetSpec(Named("SD1.5"))).pooled_text_dim, 0);
 }
 
+// SDXL's refiner (stabilityai/stable-diffusion-xl-refiner-1.0's UNet): five time ids, the last
+// the aesthetic score, so its 2560 inputs of add_embedding are 1280 pooled + 5 · 256; the key is
+// difftrain's, kept by its JSON, dropped from the diffusers config, refused without text_time.
+TEST(UNetFamily, SdxlsRefinerHasFiveTimeIds) {
+  nlohmann::json refiner = Named("SDXL").ToJson();
+  refiner["block_out_channels"] = {384, 768, 1536, 1536};
+  refiner["down_block_types"] = {"DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D",
+                                 "DownBlock2D"};
+  refiner["up_block_types"] = {"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D",
+                               "UpBlock2D"};
+  refiner["transformer_layers_per_block"] = 4;
+  refiner["attention_head_dim"] = {6, 12, 24, 24};
+  refiner["cross_attention_dim"] = 1280;
+  refiner["projection_class_embeddings_input_dim"] = 2560;
+  refiner["name"] = "custom";
+  refiner["requires_aesthetics_score"] = true;
+  Result<ModelSpec> spec = UNetFamily().FromJson(refiner);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->config["requires_aesthetics_score"], true);
+  const SampleSchema x = UNetFamily().Samples(*spec);
+  EXPECT_EQ(x.pooled_text_dim, 1280);
+  EXPECT_TRUE(x.aesthetic_score);
+  EXPECT_EQ(x.time_ids, (std::vector<float>{1024, 1024, 0, 0, 6}));
+  Result<nlohmann::json> diffusers = UNetFamily().DiffusersConfig(*spec);
+  ASSERT_TRUE(diffusers.ok());
+  EXPECT_FALSE(diffusers->contains("requires_aesthetics_score"));
+  // The same UNet read as the base's six ids would take a pooled embedding of 1024.
+  refiner.erase("requires_aesthetics_score");
+  EXPECT_EQ(UNetFamily().Samples(*UNetFamily().FromJson(refiner)).pooled_text_dim, 1024);
+
+  nlohmann::json plain = Named("SD1.5").ToJson();
+  plain["requires_aesthetics_score"] = true;
+  EXPECT_NE(UNetFamily().FromJson(plain).status().message().find(
+                "model.requires_aesthetics_score: an aesthetic score is a time id of SDXL's"),
+            std::string::npos);
+}
+
 // What SDXL's keys take is checked, and refused by name otherwise.
 TEST(UNetFamily, RefusesMalformedSdxlKeys) {
   const auto refusal = [](const std::function<void(nlohmann::json&)>& edit) {

@@ -7,7 +7,7 @@ PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.2
 Debian's torch). The dump holds one training step: the parameters under diffusers' names,
 the inputs (x0, noise, t, the text embedding after dropout, x_t), the output, the MSE loss
 and every parameter's gradient; its "config" metadata holds UNet2DConditionModel's keys plus
-difftrain's own (name, text_length, text_dropout). The checker builds
+difftrain's own (name, text_length, text_dropout, requires_aesthetics_score). The checker builds
 UNet2DConditionModel(**config) in float64, loads the parameters with
 load_state_dict(strict=True), recomputes x_t from the diffusion metadata (its schedule
 rescaled by diffusers' rescale_zero_terminal_snr where zero_terminal_snr), runs forward and
@@ -52,7 +52,7 @@ from diffusers.schedulers import scheduling_ddpm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_np  # noqa: E402
 
-DIFFTRAIN_KEYS = ("name", "text_length", "text_dropout")
+DIFFTRAIN_KEYS = ("name", "text_length", "text_dropout", "requires_aesthetics_score")
 
 
 class MalformedDump(Exception):

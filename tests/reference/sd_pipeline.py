@@ -26,7 +26,9 @@ With `sdxl`, a StableDiffusionXLPipeline: DIR holds its text half (text_encoder.
 of SDXL's kind (transformers of 1 and 2 blocks, the text_time micro-conditioning), a VAE
 (scaling_factor 0.13025, SDXL's) and SDXL's EulerDiscreteScheduler (leading, steps_offset 1);
 `ldmxl` the same as an original SDXL checkpoint can hold it (GroupNorm of 32, UNet channels 64,
-128 in heads of 64 channels, VAE channels 32, 64).
+128 in heads of 64 channels, VAE channels 32, 64). `refiner`: SDXL's refiner, a
+StableDiffusionXLImg2ImgPipeline of text_encoder_2 alone, a UNet of five time ids (the aesthetic
+score, requires_aesthetics_score) and force_zeros_for_empty_prompt false.
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
@@ -58,7 +60,8 @@ SDXL one as StableDiffusionXLImg2ImgPipeline) of
 the same components, the noise its prepare_latents adds to the image the seeded N(0, 1) that
 OUT's "noise" holds.
 With "height" and "width" (pixels), the pipeline samples at that size; an SDXL pipeline takes
-"original_size", "crops_coords_top_left" and "target_size" too. With
+"original_size", "crops_coords_top_left" and "target_size" too, SDXL's refiner (which runs as
+it is, an image pipeline) "aesthetic_score" and "negative_aesthetic_score". With
 "textual_inversion" (a list of [file, token or null]), each is loaded first by the pipeline's
 load_textual_inversion (an SDXL pipeline's: the file's clip_l into text_encoder, clip_g into
 text_encoder_2, each with its tokenizer).
@@ -72,6 +75,7 @@ Exit status: 0, or 2 for bad usage.
 
 import json
 import os
+import shutil
 import sys
 
 import safetensors.torch  # noqa: F401  (before diffusers: its save_pretrained needs it)
@@ -103,16 +107,21 @@ def perturbed(model, seed):
     return model
 
 
-def make_sdxl(folder, seed, original=False):
+def make_sdxl(folder, seed, original=False, refiner=False):
     """StableDiffusionXLPipeline: its text half already in FOLDER (text_encoder.py sdxl), a UNet
     of SDXL's kind (a plain first level, transformers of 2 blocks, linear projections, the
     text_time micro-conditioning), a VAE as the others', and SDXL's EulerDiscreteScheduler.
-    `original`: GroupNorm of 32 and heads of 64 channels, as an original checkpoint's."""
+    `original`: GroupNorm of 32 and heads of 64 channels, as an original checkpoint's.
+    `refiner`: a StableDiffusionXLImg2ImgPipeline as SDXL's refiner is: text_encoder_2 alone
+    (text_encoder/ and tokenizer/ removed), a UNet attending to its width with five time ids
+    (requires_aesthetics_score), the empty prompt's embedding unforced to zeros."""
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
     text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(
         os.path.join(folder, "text_encoder_2"))
     torch.manual_seed(seed)
     width = text_encoder.config.hidden_size + text_encoder_2.config.hidden_size
+    if refiner:
+        width = text_encoder_2.config.hidden_size
     time_features = 8
     shape = dict(block_out_channels=(8, 16), norm_num_groups=4)
     vae_shape = dict(block_out_channels=(4, 8), norm_num_groups=2)
@@ -128,7 +137,7 @@ def make_sdxl(folder, seed, original=False):
         cross_attention_dim=width, addition_embed_type="text_time",
         addition_time_embed_dim=time_features,
         projection_class_embeddings_input_dim=text_encoder_2.config.projection_dim
-        + 6 * time_features), seed)
+        + (5 if refiner else 6) * time_features), seed)
     vae = perturbed(AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=4,
         down_block_types=("DownEncoderBlock2D",) * 2,
@@ -136,6 +145,17 @@ def make_sdxl(folder, seed, original=False):
     scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012,
                                        beta_schedule="scaled_linear", steps_offset=1,
                                        timestep_spacing="leading", prediction_type="epsilon")
+    if refiner:
+        pipeline = StableDiffusionXLImg2ImgPipeline(
+            vae=vae, text_encoder=None, text_encoder_2=text_encoder_2, tokenizer=None,
+            tokenizer_2=CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer_2")),
+            unet=unet, scheduler=scheduler, requires_aesthetics_score=True,
+            force_zeros_for_empty_prompt=False, add_watermarker=False)
+        for part in ("text_encoder", "tokenizer"):
+            shutil.rmtree(os.path.join(folder, part))
+        pipeline.save_pretrained(folder, safe_serialization=True)
+        print(f"saved the SDXL refiner pipeline to {folder}")
+        return 0
     pipeline = StableDiffusionXLPipeline(
         vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
         tokenizer=CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer")),
@@ -148,8 +168,8 @@ def make_sdxl(folder, seed, original=False):
 
 
 def make(folder, seed, kind):
-    if kind in ("sdxl", "ldmxl"):
-        return make_sdxl(folder, seed, original=kind == "ldmxl")
+    if kind in ("sdxl", "ldmxl", "refiner"):
+        return make_sdxl(folder, seed, original=kind == "ldmxl", refiner=kind == "refiner")
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
     tokenizer = CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer"))
     torch.manual_seed(seed)
@@ -221,6 +241,11 @@ def sample(pipeline, out, settings, **call):
         call.update(image=images["images"], mask_image=Image.open(settings["mask"]),
                     masked_image_latents=images.get("masked_image_latents", images["images"]),
                     strength=settings["strength"])
+    elif settings.get("image") and isinstance(pipeline, StableDiffusionXLImg2ImgPipeline):
+        # SDXL's refiner is an image pipeline already (its config, requires_aesthetics_score,
+        # stays with it).
+        sys.modules[type(pipeline).__module__].randn_tensor = lambda shape, **kwargs: noise.clone()
+        call.update(image=load_file(settings["image"])["images"], strength=settings["strength"])
     elif settings.get("image"):
         image_class = (LatentConsistencyModelImg2ImgPipeline
                        if isinstance(pipeline, LatentConsistencyModelPipeline)
@@ -257,16 +282,21 @@ def run(folder, out, settings):
     if pipeline_class == "LatentConsistencyModelPipeline":
         return run_lcm(folder, out, settings)
     call = {}
-    if pipeline_class == "StableDiffusionXLPipeline":
-        pipeline = StableDiffusionXLPipeline.from_pretrained(folder, add_watermarker=False)
+    if pipeline_class in ("StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"):
+        xl_class = (StableDiffusionXLPipeline if pipeline_class == "StableDiffusionXLPipeline"
+                    else StableDiffusionXLImg2ImgPipeline)
+        pipeline = xl_class.from_pretrained(folder, add_watermarker=False)
         for key in ("original_size", "crops_coords_top_left", "target_size"):
             if settings.get(key):
                 call[key] = tuple(settings[key])
+        for key in ("aesthetic_score", "negative_aesthetic_score"):
+            if settings.get(key) is not None:
+                call[key] = settings[key]
     else:
         pipeline = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None,
                                                            requires_safety_checker=False)
     for inversion, token in settings.get("textual_inversion", []):
-        if pipeline_class != "StableDiffusionXLPipeline":
+        if not pipeline_class.startswith("StableDiffusionXL"):
             pipeline.load_textual_inversion(inversion, token=token)
             continue
         # SDXL's embeddings: clip_l for its first encoder, clip_g for its second.
@@ -274,12 +304,14 @@ def run(folder, out, settings):
         for key, encoder, tokenizer in (("clip_l", pipeline.text_encoder, pipeline.tokenizer),
                                         ("clip_g", pipeline.text_encoder_2,
                                          pipeline.tokenizer_2)):
+            if encoder is None:  # the refiner's missing text_encoder
+                continue
             pipeline.load_textual_inversion(state[key], token=token, text_encoder=encoder,
                                             tokenizer=tokenizer)
     for lora, scale in zip(settings.get("lora", []), settings.get("lora_scale", [])):
         # Fused as diffusers reads the file (tests/reference/lora.py); SDXL's with its UNet's
         # config (kohya's original-layout names) and its second text encoder.
-        xl = pipeline_class == "StableDiffusionXLPipeline"
+        xl = pipeline_class.startswith("StableDiffusionXL")
         parts = [(pipeline.unet, lambda s, f, k: fuse_into(
                      s, f, k, unet_config=pipeline.unet.config if xl else None)),
                  (pipeline.text_encoder, fuse_text_encoder)]
@@ -287,6 +319,8 @@ def run(folder, out, settings):
             parts.append((pipeline.text_encoder_2, lambda s, f, k: fuse_text_encoder(
                 s, f, k, prefix="text_encoder_2.")))
         for model, fuse in parts:
+            if model is None:  # the refiner's missing text_encoder
+                continue
             state = {k: v.double() for k, v in model.state_dict().items()}
             fuse(state, lora, scale)
             model.load_state_dict({k: v.float() for k, v in state.items()})
@@ -323,7 +357,7 @@ def run(folder, out, settings):
 
 def main(argv):
     if len(argv) in (4, 5) and argv[1] == "make" and argv[4:] in (
-            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"], ["inpaint"], ["sdxl"], ["ldmxl"]):
+            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"], ["inpaint"], ["sdxl"], ["ldmxl"], ["refiner"]):
         return make(argv[2], int(argv[3]), argv[4] if len(argv) == 5 else "sd")
     if len(argv) == 5 and argv[1] == "run":
         with open(argv[4]) as f:

@@ -39,13 +39,13 @@ class SdPipelineReferenceTest : public DiffusersReference {
   }
 
   // The pipeline folder ("sd": StableDiffusionPipeline, "lcm": LatentConsistencyModelPipeline,
-  // "sdxl": StableDiffusionXLPipeline; sd_pipeline.py make's kinds); its text half made by
-  // `text_python`, SD 1.x's (quick GELU) for "ldm1", SDXL's two encoders for "sdxl", else SD
-  // 2.x's.
+  // "sdxl": StableDiffusionXLPipeline, "refiner": SDXL's refiner; sd_pipeline.py make's kinds); its
+  // text half made by `text_python`, SD 1.x's (quick GELU) for "ldm1", SDXL's two encoders for
+  // "sdxl" (the refiner keeps the second), else SD 2.x's.
   std::string MakePipeline(const std::string& text_python, const std::string& kind = "sd") {
     // SDXL's text half is its two encoders and tokenizers.
     const std::string dir = ShellQuote(dir_.string());
-    const std::string text_args = kind == "sdxl" || kind == "ldmxl"
+    const std::string text_args = kind == "sdxl" || kind == "ldmxl" || kind == "refiner"
                                       ? "sdxl " + dir
                                       : fmt::format("sd {} {}", dir, kind == "ldm1" ? 1 : 2);
     const CommandResult text = RunCommand(fmt::format(
