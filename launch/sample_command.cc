@@ -133,7 +133,9 @@ int RunSample(const SampleOptions& o) {
   }
   if (o.gif_delay_cs < 1) return bad("--gif-delay must be positive");
   // An unconditional model draws one row of --per-class samples, label 0.
-  std::vector<int> classes = o.classes;
+  Result<std::vector<int>> given_classes = ClassNumbers(o.classes, ckpt);
+  if (!given_classes.ok()) return bad(given_classes.status().message());
+  std::vector<int> classes = *given_classes;
   if (text_model) {
     for (int r = 0; r < num_rows; ++r)
       classes.push_back(r);
@@ -143,7 +145,7 @@ int RunSample(const SampleOptions& o) {
   } else if (classes.empty()) {
     return bad("--classes is required for a class-conditional model");
   }
-  for (int label : o.classes) {
+  for (int label : *given_classes) {
     if (label < 0 || label >= m.num_classes) {
       return bad(
           fmt::format("--classes: class {} is outside the model's [0, {})", label, m.num_classes));

@@ -688,6 +688,8 @@ TEST_F(SampleCommandTest, PretrainedWeightsSampleAsTheirCheckpoint) {
            {"--checkpoint " + Ckpt() + model, "the model and diffusion flags are for --pretrained"},
            {"--checkpoint " + Ckpt() + " --prediction v",
             "the model and diffusion flags are for --pretrained"},
+           {"--checkpoint " + Ckpt() + " --classes sneaker",
+            "--classes: 'sneaker' is no class number, and the model's classes have no names"},
            {"--checkpoint " + Ckpt() + " --aesthetic-score 6",
             "--aesthetic-score: for SDXL's refiner (a pipeline with requires_aesthetics_score)"},
            {"--pretrained " + ShellQuote(File("dit.safetensors")) + wider, "tensors do not match"},

@@ -16,8 +16,8 @@ std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o) {
                  "as --text-encoder and --vae")
       ->excludes("--checkpoint");
   app.add_option("--classes", o.classes,
-                 "class labels, one grid row each: 0,1,2 (required unless the model has "
-                 "no classes)")
+                 "class labels, one grid row each: 0,1,2, or names a DiTPipeline folder's "
+                 "id2label gives (required unless the model has no classes)")
       ->delimiter(',');
   app.add_option("--prompt", o.prompts,
                  "a text model's prompt, one grid row each (repeat it); found in the text "

@@ -20,7 +20,8 @@ struct SampleOptions {
   ModelOptions model;
   DiffusionConfig diffusion;
   bool model_given = false, diffusion_given = false;
-  std::vector<int> classes;
+  // Class numbers, or names a DiTPipeline's id2label gives (SampleSource::class_names).
+  std::vector<std::string> classes;
   std::vector<std::string> prompts;
   std::vector<int64_t> caption_ids;
   std::string text_table;    // "": the text table of the checkpoint's training data

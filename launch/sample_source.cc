@@ -1,10 +1,13 @@
 #include "launch/sample_source.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
@@ -134,6 +137,24 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
     if (says("requires_aesthetics_score", true)) (*config)["requires_aesthetics_score"] = true;
     // Its unconditional text is the empty prompt's, not zeros.
     if (says("force_zeros_for_empty_prompt", false)) folder.zeros_for_empty_prompt = false;
+    // DiTPipeline's ImageNet names: each of a class's comma-separated synonyms names it.
+    if (index && index->is_object() && index->contains("id2label") &&
+        (*index)["id2label"].is_object()) {
+      for (const auto& [id, names] : (*index)["id2label"].items()) {
+        char* end = nullptr;
+        const long number = std::strtol(id.c_str(), &end, 10);
+        if (!names.is_string() || id.empty() || *end != '\0' || number < 0) {
+          return Errorf("'{}': id2label's '{}' is not a class number and its name",
+                        (pipeline / "model_index.json").string(), id);
+        }
+        std::stringstream synonyms(names.get<std::string>());
+        for (std::string name; std::getline(synonyms, name, ',');) {
+          const size_t first = name.find_first_not_of(' '), last = name.find_last_not_of(' ');
+          if (first != std::string::npos)
+            folder.class_names[name.substr(first, last - first + 1)] = static_cast<int>(number);
+        }
+      }
+    }
   }
   bool component = false;  // the folder is a pipeline's model folder (unet/, transformer/)
   for (const ModelFamily* family : ModelFamilies()) {
@@ -171,6 +192,7 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
                       c.single_file ? ReadSingleFile(*c.file) : ReadDiffusersFolder(c.path));
   c.pipeline = folder.pipeline;
   c.zeros_for_empty_prompt = folder.zeros_for_empty_prompt;
+  c.class_names = folder.class_names;
   c.spacing = folder.spacing;
   c.scheduler_class = folder.scheduler_class;
   c.scheduler_config = folder.scheduler_config;
@@ -225,6 +247,38 @@ Status FillModelWeights(const SampleSource& source, bool ema, Model& model) {
                  source.file->path(), unused.size(), unused[0]);
   }
   return ReadPretrainedWeights(*source.file, global, ema, model.params());
+}
+
+Result<std::vector<int>> ClassNumbers(const std::vector<std::string>& classes,
+                                      const SampleSource& source) {
+  std::vector<int> numbers;
+  for (const std::string& given : classes) {
+    char* end = nullptr;
+    const long number = std::strtol(given.c_str(), &end, 10);
+    if (!given.empty() && *end == '\0') {
+      numbers.push_back(static_cast<int>(number));
+      continue;
+    }
+    const auto named = source.class_names.find(given);
+    if (named != source.class_names.end()) {
+      numbers.push_back(named->second);
+      continue;
+    }
+    if (source.class_names.empty()) {
+      return Errorf(
+          "--classes: '{}' is no class number, and the model's classes have no names (a "
+          "DiTPipeline folder's model_index.json gives them in id2label)",
+          given);
+    }
+    std::vector<std::string> some;
+    for (const auto& [name, id] : source.class_names) {
+      if (some.size() == 5) break;
+      some.push_back(name);
+    }
+    return Errorf("--classes: '{}' is no class number and none of the {} names of id2label ({}, …)",
+                  given, source.class_names.size(), fmt::join(some, ", "));
+  }
+  return numbers;
 }
 
 }  // namespace difftrain::launch

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -43,6 +44,9 @@ struct SampleSource {
   // model_index.json says force_zeros_for_empty_prompt false (the refiner's): then with the
   // empty prompt's embeddings.
   bool zeros_for_empty_prompt = true;
+  // A DiTPipeline's class names (model_index.json's id2label, each of its comma-separated
+  // synonyms, as DiTPipeline.get_label_ids reads them) and their numbers; empty without.
+  std::map<std::string, int> class_names;
   // Pretrained weights in an original Stable Diffusion checkpoint (model/io/ldm_checkpoint.h):
   // its UNet's config read from its tensors, the scheduler diffusers' from_single_file gives
   // it; and whether it holds a VAE, which sampling takes by default.
@@ -65,7 +69,8 @@ struct DiffusersFolder {
   std::string scheduler_class;
   nlohmann::json scheduler_config = nlohmann::json::object();
   std::string pipeline;
-  bool zeros_for_empty_prompt = true;  // model_index.json's force_zeros_for_empty_prompt
+  bool zeros_for_empty_prompt = true;      // model_index.json's force_zeros_for_empty_prompt
+  std::map<std::string, int> class_names;  // its id2label's (SampleSource::class_names)
 };
 Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights);
 
@@ -89,5 +94,10 @@ Result<SampleSource> LoadPretrainedSource(const std::string& path, std::optional
 // EMA (`ema`) or trained weights; pretrained weights as they are (a difftrain shard among them
 // gives its EMA or weights alike). Errors name the file and what does not match.
 Status FillModelWeights(const SampleSource& source, bool ema, Model& model);
+
+// --classes as numbers: each a number, or a name of the source's class_names. Errors name the
+// one that is neither, with a few of the names there are.
+Result<std::vector<int>> ClassNumbers(const std::vector<std::string>& classes,
+                                      const SampleSource& source);
 
 }  // namespace difftrain::launch

@@ -2,8 +2,8 @@
 //   - a DiTPipeline folder as pretrained weights: the model read from transformer/config.json,
 //     its tensors from diffusers' names (qkv from to_q, to_k and to_v; one embedder from every
 //     block's copies), and `difftrain sample --pretrained` of it samples what DiTPipeline samples
-//     from the same x_T, with the folder's DDIM scheduler and VAE; a pipeline whose blocks' copies
-//     differ is refused;
+//     from the same x_T, with the folder's DDIM scheduler and VAE, its classes also by the names
+//     of its id2label; a pipeline whose blocks' copies differ is refused;
 //   - `difftrain export --format diffusers` of a DiT trained here: the Transformer2DModel
 //     diffusers loads computes the model's output, and, around a base pipeline (--pipeline),
 //     DiTPipeline samples what `sample --checkpoint` samples of the run.
@@ -64,10 +64,13 @@ class DitDiffusersReferenceTest : public DiffusersReference {
     std::cout << folder << ": " << LastLine(r.output) << "\n";
     EXPECT_EQ(r.exit_code, 0) << r.output;
   }
-  // DiTPipeline's run of `folder` (classes 3 and 7, guidance 4, 5 DDIM steps): its file.
-  std::string Reference(const std::string& folder, const std::string& name) {
+  // DiTPipeline's run of `folder` (classes 3 and 7, or by their names with `by_name`, guidance 4,
+  // 5 DDIM steps): its file.
+  std::string Reference(const std::string& folder, const std::string& name, bool by_name = false) {
     const std::string json = (dir_ / (name + ".json")).string();
-    std::ofstream(json) << R"({"classes": [3, 7], "guidance": 4.0, "steps": 5, "seed": 3})";
+    std::ofstream(json) << (by_name ? R"({"classes": [], "labels": ["tiger shark", "cock"], )"
+                                    : R"({"classes": [3, 7], )")
+                        << R"("guidance": 4.0, "steps": 5, "seed": 3})";
     const std::string out = (dir_ / (name + ".safetensors")).string();
     const CommandResult r = RunScript(
         "dit_pipeline.py",
@@ -75,16 +78,17 @@ class DitDiffusersReferenceTest : public DiffusersReference {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return out;
   }
-  // difftrain's samples of the same classes from the reference's x_T (`source`: --pretrained or
-  // --checkpoint and their flags) against the reference's latents and their decoding.
+  // difftrain's samples of the same classes (`classes`) from the reference's x_T (`source`:
+  // --pretrained or --checkpoint and their flags) against the reference's latents and their
+  // decoding.
   void ExpectSamplesMatch(const std::string& reference, const std::string& source,
-                          const std::string& name) {
+                          const std::string& name, const std::string& classes = "3,7") {
     const std::string raw = (dir_ / (name + ".safetensors")).string();
     const CommandResult r = Difftrain(fmt::format(
-        "sample {} --initial-noise {} --classes 3,7 --per-class 1 --steps 5 --sampler ddim "
+        "sample {} --initial-noise {} --classes {} --per-class 1 --steps 5 --sampler ddim "
         "--out {} --raw {}",
-        source, ShellQuote(reference), ShellQuote((dir_ / (name + ".png")).string()),
-        ShellQuote(raw)));
+        source, ShellQuote(reference), ShellQuote(classes),
+        ShellQuote((dir_ / (name + ".png")).string()), ShellQuote(raw)));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(reference);
     Result<io::SafetensorsFile> got = io::SafetensorsFile::Read(raw);
@@ -110,6 +114,16 @@ TEST_F(DitDiffusersReferenceTest, SamplesADiTPipelineAsDiffusersDoes) {
   // guidance 4 by default.
   ExpectSamplesMatch(Reference(pipeline, "want"), "--pretrained " + ShellQuote(pipeline),
                      "pipeline");
+  // Classes by the names of model_index.json's id2label, as DiTPipeline.get_label_ids reads
+  // them (each comma-separated synonym a name); a name it has not is refused.
+  ExpectSamplesMatch(Reference(pipeline, "want_named", /*by_name=*/true),
+                     "--pretrained " + ShellQuote(pipeline), "named", "tiger shark,cock");
+  CommandResult named = Difftrain("sample --pretrained " + ShellQuote(pipeline) +
+                                  " --classes 'white shark' --steps 2 --out " +
+                                  ShellQuote((dir_ / "unnamed.png").string()));
+  EXPECT_EQ(named.exit_code, 2) << named.output;
+  EXPECT_THAT(named.output, ::testing::HasSubstr("--classes: 'white shark' is no class number and "
+                                                 "none of the 5 names of id2label"));
 
   // Blocks whose embedders were trained apart have no place in difftrain's DiT.
   const std::string untied = MakePipeline("untied", "untied");

@@ -19,13 +19,16 @@ make: a DiTPipeline of a small Transformer2DModel as DiT's conversion configures
 patch 2, GELU (tanh), a learned sigma, 1000 classes and the null class, LayerNorm eps 1e-6), every
 parameter moved by 0.1 * N(0, 1) from its initialisation and every block's timestep and class
 embedders then made block 0's (as a converted DiT's are: DiT has one), a small AutoencoderKL, and
-DiT's DDIMScheduler (linear betas 1e-4 to 0.02, no clipping); saved by save_pretrained. With
+DiT's DDIMScheduler (linear betas 1e-4 to 0.02, no clipping); saved by save_pretrained, with the
+ImageNet names of classes 0, 3 and 7 written into model_index.json's id2label as the hub's DiT
+pipelines have them. With
 `untied`, the blocks' embedders are left apart, as a model trained in diffusers may have them.
 
 forward: MODEL's transformer/ on a `difftrain debug-dump` file's x_t, t and y: exit 1 if its
 output is further than TOL (relative L2) from the dump's.
 
-run: SETTINGS_JSON holds classes, guidance, steps and seed; the pipeline is called with
+run: SETTINGS_JSON holds classes (or labels: names, DiTPipeline.get_label_ids's), guidance,
+steps and seed; the pipeline is called with
 latents N(0, 1) [len(classes), 4, h, w] (seeded; its own draw replaced). OUT:
   noise    the latents x_T it started from
   latents  the final latents
@@ -46,6 +49,7 @@ import diffusers.pipelines.dit.pipeline_dit as pipeline_dit  # noqa: E402
 from diffusers import AutoencoderKL, DDIMScheduler, DiTPipeline, Transformer2DModel  # noqa: E402
 
 EMBEDDERS = "norm1.emb."
+ID2LABEL = {"0": "tench, Tinca tinca", "3": "tiger shark, Galeocerdo cuvieri", "7": "cock"}
 
 
 def dit_shift(transformer):
@@ -78,6 +82,14 @@ def make(folder, seed, untied):
                               clip_sample=False)
     DiTPipeline(transformer=transformer, vae=vae, scheduler=scheduler).save_pretrained(
         folder, safe_serialization=True)
+    # ImageNet's names of a few classes, as facebook/DiT-XL-2-256's model_index.json has them
+    # (save_pretrained does not keep DiTPipeline's id2label).
+    index_path = os.path.join(folder, "model_index.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    index["id2label"] = ID2LABEL
+    with open(index_path, "w") as f:
+        json.dump(index, f, indent=2)
     print(f"saved the DiT pipeline to {folder}")
     return 0
 
@@ -113,6 +125,9 @@ def run(folder, out, settings_path):
     transformer = pipeline.transformer
     dit_shift(transformer)
     classes = settings["classes"]
+    if settings.get("labels"):  # names, as DiTPipeline reads its id2label
+        classes = pipeline.get_label_ids(settings["labels"])
+        print(f"labels {settings['labels']} are classes {classes}")
     side = transformer.config.sample_size
     generator = torch.Generator().manual_seed(settings["seed"])
     noise = torch.randn((len(classes), transformer.config.in_channels, side, side),
