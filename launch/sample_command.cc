@@ -123,6 +123,21 @@ int RunSample(const SampleOptions& o) {
   if (!o.gif.empty() && !m.video) return bad("--gif is for video models (Latte)");
   if (!o.images.empty() && m.video) return bad("--image is for image models, not videos");
   if (o.strength && o.images.empty()) return bad("--strength is for sampling from --image");
+  if (o.denoising_start) {
+    if (o.images.empty() || !std::all_of(o.images.begin(), o.images.end(), IsSafetensorsPath)) {
+      return bad(
+          "--denoising-start takes the noisy latents of a --denoising-end run as --image "
+          "(its --raw safetensors file)");
+    }
+    if (o.strength || !o.initial_noise.empty() || !o.masks.empty()) {
+      return bad(
+          "--denoising-start takes its --image as it is: not with --strength, --initial-noise "
+          "or --mask");
+    }
+  }
+  if (o.denoising_end && (!o.out.empty() || !o.gif.empty() || o.raw.empty())) {
+    return bad("--denoising-end stops with the samples still noisy: write them with --raw alone");
+  }
   const bool inpainting = !o.masks.empty();
   if (inpainting && o.images.empty()) return bad("--mask is for inpainting an --image");
   if (m.conditioning_channels > 0 && !inpainting) {
@@ -225,6 +240,8 @@ int RunSample(const SampleOptions& o) {
   if (inpainting) {
     // StableDiffusionInpaintPipeline at strength 1 starts from x_T itself, not the image noised.
     if (strength != 1) options.strength = strength;
+  } else if (o.denoising_start) {
+    options.denoising_start = o.denoising_start;  // the image as it is, no strength
   } else if (!o.images.empty()) {
     // A guidance-distilled LCM's image pipeline (LatentConsistencyModelImg2ImgPipeline) takes
     // its steps from the strength's part of the schedule; the others run the strength's part
@@ -233,6 +250,7 @@ int RunSample(const SampleOptions& o) {
     options.strength = in_schedule ? 1.0 : strength;
     if (in_schedule) options.lcm.strength = strength;
   }
+  options.denoising_end = o.denoising_end;
   DenoiserShape shape{
       m.channels, m.height, m.width, m.learn_sigma(), has_null_class ? num_rows : -1, m.frames};
   Result<Sampler> sampler = Sampler::Create(diffusion, shape, options);
@@ -402,6 +420,13 @@ int RunSample(const SampleOptions& o) {
                  fmt::join(o.images, ", "), strength, sampler->steps_run(),
                  sampler->start_timestep());
   }
+  if (options.denoising_start || options.denoising_end) {
+    spdlog::info("{} of the steps{}, from timestep {}{}", sampler->steps_run(),
+                 options.denoising_start ? fmt::format(" on {} as it is", fmt::join(o.images, ", "))
+                                         : std::string(),
+                 sampler->start_timestep(),
+                 options.denoising_end ? " (stopping noisy at the denoising end)" : "");
+  }
   if (inpainting) {
     spdlog::info("inpainting {} where {} is white{}", fmt::join(o.images, ", "),
                  fmt::join(o.masks, ", "),
@@ -427,7 +452,11 @@ int RunSample(const SampleOptions& o) {
       }
     }
     const KeptImage* keep = kept ? &*kept : nullptr;
-    if (!options.strength && o.initial_noise.empty()) {
+    if (options.denoising_start) {
+      // A denoising end's noisy latents, from where it stopped.
+      std::copy_n(start.data() + first * n, B * n, x);
+      sampler->Denoise(denoiser, labels.data() + first, B, first, x, keep);
+    } else if (!options.strength && o.initial_noise.empty()) {
       sampler->Sample(denoiser, labels.data() + first, B, first, x, keep);
     } else if (o.initial_noise.empty()) {
       sampler->SampleFrom(denoiser, labels.data() + first, B, first, start.data() + first * n, x,
@@ -480,8 +509,10 @@ int RunSample(const SampleOptions& o) {
     if (!o.initial_noise.empty()) how["initial_noise"] = o.initial_noise;
     if (!start.empty()) {
       how["image"] = o.images;
-      how["strength"] = strength;
+      if (!options.denoising_start) how["strength"] = strength;
     }
+    if (o.denoising_end) how["denoising_end"] = *o.denoising_end;
+    if (o.denoising_start) how["denoising_start"] = *o.denoising_start;
     if (inpainting) how["mask"] = o.masks;
     if (kind == SamplerKind::kDpmSolver || kind == SamplerKind::kDpmSolverSinglestep)
       how["dpm_solver"] = options.dpm.ToJson();

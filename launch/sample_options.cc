@@ -139,6 +139,14 @@ std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o) {
                  "the last ⌊steps × strength⌋ steps run (a guidance-distilled LCM: its "
                  "steps from that part of the schedule) (default 0.8; inpainting 1: from "
                  "x_T)");
+  app.add_option("--denoising-end", o.denoising_end,
+                 "in (0, 1): stop where that part of the schedule is done, the samples still "
+                 "noisy, for --raw (SDXL's base before its refiner, as diffusers' "
+                 "denoising_end); the euler sampler");
+  app.add_option("--denoising-start", o.denoising_start,
+                 "in (0, 1): take --image (a --denoising-end run's --raw) as it is and run "
+                 "the steps from that part of the schedule on (the refiner after its base, "
+                 "as diffusers' denoising_start)");
   app.add_option("--mask", o.masks,
                  "inpainting: paint --image where this picture is white (binarised at "
                  "half), as diffusers' StableDiffusionInpaintPipeline: an inpainting UNet "

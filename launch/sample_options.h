@@ -60,6 +60,8 @@ struct SampleOptions {
   // the schedule they are noised (default 0.8, as diffusers').
   std::vector<std::string> images;
   std::optional<double> strength;
+  // SDXL's base and refiner as an ensemble of experts (SamplerOptions::denoising_end, _start).
+  std::optional<double> denoising_end, denoising_start;
   // The samples' size in pixels (diffusers' height and width): the model resized to it.
   std::optional<int> height, width;
   // SDXL's micro-conditioning (pixels): the image size the model is told the picture had, the

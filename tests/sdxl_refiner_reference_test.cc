@@ -7,10 +7,12 @@
 //     samples from the same noise: the default aesthetic scores (6, and 2.5 for the
 //     unconditional half), others given, a negative prompt;
 //   - a training step of its UNet (`debug-dump`) is diffusers' UNet's, forward and backward;
-//   - --target-size, which the refiner's time ids have not, is refused.
+//   - --target-size, which the refiner's time ids have not, is refused;
+//   - the base and the refiner as an ensemble of experts (denoising_end, denoising_start).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <string>
 
 #include <fmt/format.h>
@@ -85,6 +87,91 @@ TEST_F(SdPipelineReferenceTest, SamplesAsSdxlsRefiner) {
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_THAT(refused.output,
               ::testing::HasSubstr("--target-size: SDXL's refiner has an aesthetic score"));
+}
+
+// SDXL's base and refiner as an ensemble of expert denoisers, diffusers' denoising_end and
+// denoising_start: the base's Euler steps down to the cutoff of 0.7 (7 of 10), its latents left
+// noisy there, and the refiner's steps from that cutoff on latents taken as they are; each
+// against its diffusers pipeline given the same inputs. (The two small pipelines are made
+// apart, so the refiner starts from latents of the kind, not from this base's.)
+class SdxlExpertsTest : public SdPipelineReferenceTest {
+ protected:
+  // difftrain's `sample` of `pipeline` with `flags` into `name`.safetensors against the
+  // latents of diffusers' run of `settings`; the relative L2.
+  double Run(const std::string& pipeline, const nlohmann::json& settings, const std::string& flags,
+             const std::string& name) {
+    const std::string want = Reference(pipeline, settings, name + "_want");
+    const std::string raw = (dir_ / (name + ".safetensors")).string();
+    const CommandResult r = RunCommand(
+        fmt::format("{} sample --pretrained {} --prompt 'a photo of a boat' --cfg 5 --per-class 2 "
+                    "--sampler euler --steps 10 {} --raw {} 2>&1",
+                    ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), flags, ShellQuote(raw)));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    Result<io::SafetensorsFile> got = io::SafetensorsFile::Read(raw);
+    Result<io::SafetensorsFile> wanted = io::SafetensorsFile::Read(want);
+    EXPECT_TRUE(got.ok() && wanted.ok());
+    if (!got.ok() || !wanted.ok()) return 1;
+    const double error =
+        RelativeL2(ReferenceTensor(*got, "images"), ReferenceTensor(*wanted, "latents"));
+    std::cout << name << ": relative L2 latents " << error << "\n";
+    return error;
+  }
+  static nlohmann::json Settings() {
+    return {{"prompt", "a photo of a boat"},
+            {"negative_prompt", nullptr},
+            {"steps", 10},
+            {"guidance", 5.0},
+            {"spacing", nullptr},
+            {"scheduler", "euler"},
+            {"images", 2},
+            {"seed", 3}};
+  }
+};
+
+TEST_F(SdxlExpertsTest, TheBaseStopsAtItsDenoisingEnd) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python, "sdxl");
+  ASSERT_FALSE(pipeline.empty());
+  nlohmann::json settings = Settings();
+  settings["denoising_end"] = 0.7;
+  const std::string want = Reference(pipeline, settings, "noise_source");
+  EXPECT_LE(Run(pipeline, settings, "--denoising-end 0.7 --initial-noise " + ShellQuote(want),
+                "base_end"),
+            kBound);
+  // A sampler other than Euler, and --out for latents left noisy, are refused.
+  const CommandResult ddim = RunCommand(fmt::format(
+      "{} sample --pretrained {} --prompt x --sampler ddim --denoising-end 0.7 --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline),
+      ShellQuote((dir_ / "ddim.safetensors").string())));
+  EXPECT_EQ(ddim.exit_code, 2) << ddim.output;
+  EXPECT_THAT(ddim.output, ::testing::HasSubstr("is for the euler sampler (SDXL's), not DDIM"));
+  const CommandResult png = RunCommand(fmt::format(
+      "{} sample --pretrained {} --prompt x --denoising-end 0.7 --out {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote((dir_ / "x.png").string())));
+  EXPECT_EQ(png.exit_code, 2) << png.output;
+  EXPECT_THAT(png.output, ::testing::HasSubstr("write them with --raw alone"));
+}
+
+TEST_F(SdxlExpertsTest, TheRefinerStartsAtItsDenoisingStart) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python, "refiner");
+  ASSERT_FALSE(pipeline.empty());
+  const std::string noisy = WriteStartLatents(pipeline, 2);
+  nlohmann::json settings = Settings();
+  settings["image"] = noisy;
+  settings["strength"] = 0.3;  // the pipeline's; a denoising start overrides it
+  settings["denoising_start"] = 0.7;
+  EXPECT_LE(Run(pipeline, settings, "--denoising-start 0.7 --image " + ShellQuote(noisy),
+                "refiner_start"),
+            kBound);
+  const CommandResult picture = RunCommand(fmt::format(
+      "{} sample --pretrained {} --prompt x --denoising-start 0.7 --image {} --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline), ShellQuote((dir_ / "x.png").string()),
+      ShellQuote((dir_ / "y.safetensors").string())));
+  EXPECT_EQ(picture.exit_code, 2) << picture.output;
+  EXPECT_THAT(picture.output, ::testing::HasSubstr("takes the noisy latents of a --denoising-end"));
 }
 
 }  // namespace

@@ -118,7 +118,8 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
   std::deque<std::vector<double>> lms_slopes;
   std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, ancestral ? N : 0);
   std::vector<double> noise(ancestral ? n : 0);
-  for (size_t k = begin_; k < euler_steps_.size(); ++k) {
+  const size_t end = end_ < 0 ? euler_steps_.size() : size_t(end_);  // a denoising end's
+  for (size_t k = begin_; k < end; ++k) {
     const EulerStep& step = euler_steps_[k];
     double dt = step.sigma_next - step.sigma, up = 0;
     if (ancestral) {

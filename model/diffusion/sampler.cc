@@ -146,7 +146,60 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
                         UniPcSteps(abar, options.steps, options.spacing, options.unipc, begin));
   }
   sampler.SetStart(diffusion.alphas_cumprod(), begin);
+  DT_RETURN_IF_ERROR(sampler.CutAtDenoisingBounds(diffusion.steps()));
   return sampler;
+}
+
+Status Sampler::CutAtDenoisingBounds(int T) {
+  if (!options_.denoising_end && !options_.denoising_start) return Status::Ok();
+  const SamplerKind kind = options_.kind;
+  // Euler is SDXL's scheduler, and the one checked against diffusers here; the other samplers'
+  // state across the cut (a multistep solver's history, Heun's pairs) is not.
+  if (kind != SamplerKind::kEuler) {
+    return Errorf(
+        "a denoising end or start (SDXL's base and refiner as experts) is for the euler sampler "
+        "(SDXL's), not {}",
+        SamplerName(kind));
+  }
+  if (options_.strength) {
+    return Status::Error(
+        "a denoising start takes its image as it is, noisy; a strength noises an image: not "
+        "both");
+  }
+  // The timesteps in the order the steps run.
+  std::vector<double> run;
+  for (const EulerStep& step : euler_steps_)
+    run.push_back(step.timestep);
+  const auto cutoff = [&](const char* what, double f) -> Result<double> {
+    if (!(f > 0 && f < 1)) return Errorf("the denoising {} must be in (0, 1), got {}", what, f);
+    return std::round(T - f * T);  // diffusers' discrete_timestep_cutoff
+  };
+  int begin = 0, end = static_cast<int>(run.size());
+  if (options_.denoising_end) {
+    DT_ASSIGN_OR_RETURN(const double at, cutoff("end", *options_.denoising_end));
+    end =
+        static_cast<int>(std::count_if(run.begin(), run.end(), [&](double t) { return t >= at; }));
+  }
+  if (options_.denoising_start) {
+    DT_ASSIGN_OR_RETURN(const double at, cutoff("start", *options_.denoising_start));
+    begin =
+        static_cast<int>(run.size()) -
+        static_cast<int>(std::count_if(run.begin(), run.end(), [&](double t) { return t < at; }));
+  }
+  if (begin >= end) {
+    return Errorf(
+        "a denoising {}{}{} leaves none of the {} steps (timesteps {} … {}): change it or the "
+        "steps",
+        options_.denoising_start ? fmt::format("start {}", *options_.denoising_start) : "",
+        options_.denoising_start && options_.denoising_end ? " and " : "",
+        options_.denoising_end ? fmt::format("end {}", *options_.denoising_end) : "", run.size(),
+        run.front(), run.back());
+  }
+  begin_ = begin;
+  end_ = end;
+  steps_run_ = end - begin;
+  start_timestep_ = static_cast<int>(run[begin]);
+  return Status::Ok();
 }
 
 void Sampler::SetStart(const std::vector<double>& alphas_cumprod, int begin) {
@@ -183,7 +236,9 @@ void Sampler::SetStart(const std::vector<double>& alphas_cumprod, int begin) {
 }
 
 double Sampler::InitialScale() const {
-  return options_.strength ? 1.0 : EulerInitialSigma(euler_steps_, options_.spacing);
+  return options_.strength || options_.denoising_start
+             ? 1.0
+             : EulerInitialSigma(euler_steps_, options_.spacing);
 }
 
 void Sampler::AddNoise(const float* x0, const float* noise, size_t count, float* out) const {

@@ -110,6 +110,12 @@ struct SamplerOptions {
   // LCM's image pipeline spends its strength on the schedule instead: LcmOptions::strength,
   // with strength 1 here.)
   std::optional<double> strength;
+  // SDXL's ensemble of expert denoisers, diffusers' denoising_end and denoising_start in (0, 1),
+  // each with its cutoff timestep T − round(f·T): the base runs the steps at or above the
+  // cutoff of its end and stops there, x still noisy; the refiner takes that x as it is
+  // (Denoise, no noise added) and runs the steps below the cutoff of its start. Euler (SDXL's
+  // scheduler), not with a strength.
+  std::optional<double> denoising_end, denoising_start;
 };
 
 // The image an inpainting sampler keeps outside its mask (images only, N samples).
@@ -126,7 +132,8 @@ class Sampler {
   // a negative guidance scale, guidance without a null class, an empty guidance interval, a
   // spacing whose timesteps leave [0, T − 1], PNDM, Euler, Heun, DPM-Solver or UniPC with
   // DiT's respacing, η or clipping, Karras σ's for DDPM, DDIM or PNDM, a guidance rescale
-  // outside [0, 1], a strength outside (0, 1] or one that leaves no step.
+  // outside [0, 1], a strength outside (0, 1] or one that leaves no step, a denoising end or
+  // start outside (0, 1), with another sampler or a strength, or leaving no step.
   static Result<Sampler> Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                                 const SamplerOptions& options);
 
@@ -152,7 +159,8 @@ class Sampler {
   const DenoiserShape& shape() const { return shape_; }
   const SamplerOptions& options() const { return options_; }
   // The steps that run: all N, or with a strength the last ⌊N·strength⌋ (first_step() is the
-  // index, in the order the steps run, of the first of them).
+  // index, in the order the steps run, of the first of them); a denoising end or start cuts
+  // them at its timestep.
   int steps_run() const { return steps_run_; }
   int first_step() const { return begin_; }
   // The timestep the first step that runs sees (an image is noised to it).
@@ -200,6 +208,8 @@ class Sampler {
   double InitialScale() const;
   // begin_, steps_run_ and the start: the first step's timestep and add_noise's a and s.
   void SetStart(const std::vector<double>& alphas_cumprod, int begin);
+  // The steps of a denoising start and end (SamplerOptions): begin_ and end_ at their cutoffs.
+  Status CutAtDenoisingBounds(int T);
   // Denoise for PNDM: the calls of plms_calls_, each from the linear multistep combination of
   // the last (up to 4) guided outputs.
   void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x,
@@ -239,8 +249,9 @@ class Sampler {
   std::vector<LinearStep> linear_steps_;
   std::vector<UniPcStep> unipc_steps_;
   std::vector<double> tcd_alpha_cumprod_s_;  // TCD's ᾱ_s, one per kept timestep
-  // The steps that run (image to image: from begin_, in run order), and AddNoise's a and s.
-  int begin_ = 0, steps_run_ = 0, start_timestep_ = 0;
+  // The steps that run (image to image: from begin_, in run order; with a denoising end to
+  // end_, before it; −1: to the last), and AddNoise's a and s.
+  int begin_ = 0, end_ = -1, steps_run_ = 0, start_timestep_ = 0;
   double start_signal_ = 0, start_noise_ = 1;
 };
 

@@ -61,7 +61,9 @@ the same components, the noise its prepare_latents adds to the image the seeded 
 OUT's "noise" holds.
 With "height" and "width" (pixels), the pipeline samples at that size; an SDXL pipeline takes
 "original_size", "crops_coords_top_left" and "target_size" too, SDXL's refiner (which runs as
-it is, an image pipeline) "aesthetic_score" and "negative_aesthetic_score". With
+it is, an image pipeline) "aesthetic_score" and "negative_aesthetic_score", and either
+"denoising_end" (the base, its latents left noisy there) or "denoising_start" (the refiner, its
+image those latents, taken as they are). With
 "textual_inversion" (a list of [file, token or null]), each is loaded first by the pipeline's
 load_textual_inversion (an SDXL pipeline's: the file's clip_l into text_encoder, clip_g into
 text_encoder_2, each with its tokenizer).
@@ -289,7 +291,8 @@ def run(folder, out, settings):
         for key in ("original_size", "crops_coords_top_left", "target_size"):
             if settings.get(key):
                 call[key] = tuple(settings[key])
-        for key in ("aesthetic_score", "negative_aesthetic_score"):
+        for key in ("aesthetic_score", "negative_aesthetic_score", "denoising_end",
+                    "denoising_start"):
             if settings.get(key) is not None:
                 call[key] = settings[key]
     else:
