@@ -103,6 +103,28 @@ nlohmann::json SingleFileScheduler(bool sdxl) {
   return scheduler;
 }
 
+// The class names of a pipeline's model_index.json (`index`, read from `path`): its id2label, each
+// comma-separated synonym naming its class, as DiTPipeline.get_label_ids reads them; none
+// without one.
+Result<std::map<std::string, int>> ClassNames(const nlohmann::json& index, const fs::path& path) {
+  std::map<std::string, int> names;
+  if (!index.contains("id2label") || !index["id2label"].is_object()) return names;
+  for (const auto& [id, synonyms] : index["id2label"].items()) {
+    char* end = nullptr;
+    const long number = std::strtol(id.c_str(), &end, 10);
+    if (!synonyms.is_string() || id.empty() || *end != '\0' || number < 0) {
+      return Errorf("'{}': id2label's '{}' is not a class number and its name", path.string(), id);
+    }
+    std::stringstream each(synonyms.get<std::string>());
+    for (std::string name; std::getline(each, name, ',');) {
+      const size_t first = name.find_first_not_of(' '), last = name.find_last_not_of(' ');
+      if (first != std::string::npos)
+        names[name.substr(first, last - first + 1)] = static_cast<int>(number);
+    }
+  }
+  return names;
+}
+
 // What an original Stable Diffusion checkpoint (`file`) says of itself: its UNet, from its
 // tensors, and diffusers' single-file scheduler.
 Result<DiffusersFolder> ReadSingleFile(const io::SafetensorsFile& file) {
@@ -129,31 +151,17 @@ Result<DiffusersFolder> ReadDiffusersFolder(const std::string& weights) {
   if (config && in_pipeline) {
     // SDXL's refiner says in its pipeline's config that its UNet's time ids hold an aesthetic
     // score.
-    DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> index,
-                        ReadJsonIfThere(pipeline / "model_index.json"));
-    auto says = [&](const char* key, bool value) {
-      return index && index->is_object() && index->contains(key) && (*index)[key] == value;
-    };
-    if (says("requires_aesthetics_score", true)) (*config)["requires_aesthetics_score"] = true;
-    // Its unconditional text is the empty prompt's, not zeros.
-    if (says("force_zeros_for_empty_prompt", false)) folder.zeros_for_empty_prompt = false;
-    // DiTPipeline's ImageNet names: each of a class's comma-separated synonyms names it.
-    if (index && index->is_object() && index->contains("id2label") &&
-        (*index)["id2label"].is_object()) {
-      for (const auto& [id, names] : (*index)["id2label"].items()) {
-        char* end = nullptr;
-        const long number = std::strtol(id.c_str(), &end, 10);
-        if (!names.is_string() || id.empty() || *end != '\0' || number < 0) {
-          return Errorf("'{}': id2label's '{}' is not a class number and its name",
-                        (pipeline / "model_index.json").string(), id);
-        }
-        std::stringstream synonyms(names.get<std::string>());
-        for (std::string name; std::getline(synonyms, name, ',');) {
-          const size_t first = name.find_first_not_of(' '), last = name.find_last_not_of(' ');
-          if (first != std::string::npos)
-            folder.class_names[name.substr(first, last - first + 1)] = static_cast<int>(number);
-        }
-      }
+    const fs::path index_path = pipeline / "model_index.json";
+    DT_ASSIGN_OR_RETURN(std::optional<nlohmann::json> index, ReadJsonIfThere(index_path));
+    if (index && index->is_object()) {
+      auto says = [&](const char* key, bool value) {
+        return index->contains(key) && (*index)[key] == value;
+      };
+      if (says("requires_aesthetics_score", true)) (*config)["requires_aesthetics_score"] = true;
+      // Its unconditional text is the empty prompt's, not zeros.
+      if (says("force_zeros_for_empty_prompt", false)) folder.zeros_for_empty_prompt = false;
+      // DiTPipeline's ImageNet names.
+      DT_ASSIGN_OR_RETURN(folder.class_names, ClassNames(*index, index_path));
     }
   }
   bool component = false;  // the folder is a pipeline's model folder (unet/, transformer/)

@@ -161,10 +161,15 @@ Status Sampler::CutAtDenoisingBounds(int T) {
         "(SDXL's), not {}",
         SamplerName(kind));
   }
-  if (options_.strength) {
+  if (options_.strength && options_.denoising_start) {
     return Status::Error(
         "a denoising start takes its image as it is, noisy; a strength noises an image: not "
         "both");
+  }
+  if (options_.strength) {
+    return Status::Error(
+        "a denoising end is for sampling from x_T here, not from an image at a strength (the "
+        "image pipelines' denoising_end is not checked against diffusers)");
   }
   // The timesteps in the order the steps run.
   std::vector<double> run;
