@@ -130,8 +130,12 @@ Status WriteScheduler(const SampleSource& source, const fs::path& base, const fs
                  base.string());
   }
   fs::create_directories(out / "scheduler", ec);
+  // A model of pixels (1 or 3 channels, not trained on a latent folder) samples clipped, as from
+  // its checkpoint; latents are not bounded.
+  const int channels = FamilyOf(source.model).Samples(source.model).channels;
+  const bool pixels = source.data_kind != "latent_folder" && (channels == 1 || channels == 3);
   return WriteJson(out / "scheduler" / "scheduler_config.json",
-                   source.diffusion.ToDiffusersScheduler());
+                   source.diffusion.ToDiffusersScheduler(pixels));
 }
 
 // The model's parameters in its family's diffusers form into `file`: each tensor cut from one
@@ -248,14 +252,26 @@ struct BaseTextModel {
 // The text models of the base pipeline `base` as the original layout holds them: SD 1.x's CLIP
 // ViT-L (quick GELU) under transformers' names; SD 2.x's OpenCLIP ViT-H (GELU) in OpenCLIP's
 // layout; SDXL's pair (text_encoder_2/ beside text_encoder/) as CLIP and OpenCLIP under
-// conditioner.embedders. Refused where the UNet (`sdxl`: one with SDXL's addition embedding) and
-// the base disagree.
-Result<std::vector<BaseTextModel>> BaseTextModels(const fs::path& base, bool sdxl) {
+// conditioner.embedders; SDXL's refiner's one (text_encoder_2/ alone) as OpenCLIP first. Refused
+// where the UNet (`sdxl`: one with SDXL's addition embedding; `refiner`: its time ids take an
+// aesthetic score) and the base disagree.
+Result<std::vector<BaseTextModel>> BaseTextModels(const fs::path& base, bool sdxl, bool refiner) {
   std::error_code ec;
   if (fs::is_directory(base / "text_encoder_2", ec)) {
     if (!sdxl) {
       return Errorf("--pipeline '{}' is SDXL's (text_encoder_2/), the UNet is not", base.string());
     }
+    const bool refiner_base = !fs::is_directory(base / "text_encoder", ec);
+    if (refiner != refiner_base) {
+      return Errorf(
+          "--pipeline '{}' is SDXL's {} (text_encoder_2/ {}), and the UNet is SDXL's {} (its time "
+          "ids {} an aesthetic score)",
+          base.string(), refiner_base ? "refiner" : "base",
+          refiner_base ? "alone" : "and text_encoder/", refiner ? "refiner" : "base",
+          refiner ? "take" : "take no");
+    }
+    if (refiner)
+      return std::vector<BaseTextModel>{{"text_encoder_2", io::kSgmRefinerOpenClipPrefix, true}};
     return std::vector<BaseTextModel>{{"text_encoder", io::kSgmClipPrefix, false},
                                       {"text_encoder_2", io::kSgmOpenClipPrefix, true}};
   }
@@ -277,9 +293,11 @@ Result<std::vector<BaseTextModel>> BaseTextModels(const fs::path& base, bool sdx
 }
 
 // --format single-file into the file `out`: the UNet under the original names, and with a
-// base pipeline its VAE (attention as 1×1 convolutions) and text models (BaseTextModels).
+// base pipeline its VAE (attention as 1×1 convolutions) and text models (BaseTextModels;
+// `refiner`: the UNet is SDXL's refiner's).
 Status WriteSingleFile(const ExportOptions& o, const std::vector<std::string>& names,
-                       const Model& model, const float* params, const std::string& out) {
+                       const Model& model, const float* params, bool refiner,
+                       const std::string& out) {
   TensorSink file(o.dtype);
   AddModelTensors(model, params, names, file);
   std::deque<io::SafetensorsFile> parts;  // the base's files, mapped until written
@@ -289,7 +307,8 @@ Status WriteSingleFile(const ExportOptions& o, const std::vector<std::string>& n
     const bool sdxl = std::any_of(names.begin(), names.end(), [](const std::string& name) {
       return name.starts_with(std::string(io::kLdmUNetPrefix) + "label_emb.");
     });
-    DT_ASSIGN_OR_RETURN(const std::vector<BaseTextModel> texts, BaseTextModels(base, sdxl));
+    DT_ASSIGN_OR_RETURN(const std::vector<BaseTextModel> texts,
+                        BaseTextModels(base, sdxl, refiner));
     DT_ASSIGN_OR_RETURN(const std::string vae,
                         PartFile(base / "vae", {"diffusion_pytorch_model.safetensors",
                                                 "diffusion_pytorch_model.fp16.safetensors"}));
@@ -433,7 +452,8 @@ int RunExport(const ExportOptions& o) {
     }
     if (!written.ok()) fs::remove_all(partial, ec);
   } else if (o.format == "single-file") {
-    written = WriteSingleFile(o, single_file_names, model, model.params(), o.out);
+    written = WriteSingleFile(o, single_file_names, model, model.params(),
+                              family.Samples(source->model).aesthetic_score, o.out);
   } else {
     TensorSink file(o.dtype);
     AddModelTensors(model, model.params(), ParameterNames(model), file);

@@ -222,13 +222,13 @@ int RunSample(const SampleOptions& o) {
     options.cfg_from = o.cfg_interval[0];
     options.cfg_to = o.cfg_interval[1];
   }
-  // Pixel models are clipped to the data range at every step; latents (not bounded to
-  // [−1, 1]) are not, as DiT's sample.py does for them.
+  // Without a scheduler config, pixel models are clipped to the data range at every step and
+  // latents (not bounded to [−1, 1]) are not, as DiT's sample.py does; a pipeline's scheduler
+  // says itself (clip_sample).
   // (Pretrained weights say nothing of their data: 1- or 3-channel samples are taken for pixels.)
   const bool latents =
       ckpt.pretrained ? m.channels != 1 && m.channels != 3 : ckpt.data_kind == "latent_folder";
-  options.clip_denoised = o.clip_denoised.value_or(
-      kind == SamplerKind::kDdpm || kind == SamplerKind::kDdim ? !latents : false);
+  if (Status s = ChooseClipping(o, ckpt, kind, latents, options); !s.ok()) return bad(s.message());
   if (Status s = ChooseSolverOptions(o, ckpt, kind, options); !s.ok()) return bad(s.message());
   if (Status s = ChooseLcmOptions(o, ckpt, kind, options); !s.ok()) return bad(s.message());
   options.guidance_rescale = o.guidance_rescale.value_or(0.0);

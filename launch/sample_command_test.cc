@@ -3,6 +3,7 @@
 // determinism, and the bad-input exits.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -656,14 +657,37 @@ TEST_F(SampleCommandTest, PretrainedWeightsSampleAsTheirCheckpoint) {
                    "exported-samples.safetensors"),
             ema);
   // And as diffusers' Transformer2DModel (tests/dit_diffusers_reference_test.cc checks it
-  // against diffusers): read back with the model from its config.json.
+  // against diffusers): read back with the model from its config.json. Its scheduler clips a
+  // model of pixels (clip_sample true) as diffusers' DDIM does, stepping along the model's own ε
+  // where DiT's steps along the clipped x0's: unclipped, both sample alike.
   exported =
       RunDifftrain("export --checkpoint " + Ckpt() + " --out " + ShellQuote(File("exported-dir")));
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
-  EXPECT_EQ(
+  const nlohmann::json scheduler =
+      nlohmann::json::parse(std::ifstream(File("exported-dir/scheduler/scheduler_config.json")));
+  EXPECT_EQ(scheduler["clip_sample"], true);
+  EXPECT_EQ(images("--pretrained " + ShellQuote(File("exported-dir")) +
+                       " --timestep-spacing respace --clip-denoised false",
+                   "diffusers-samples.safetensors"),
+            images("--checkpoint " + Ckpt() + " --clip-denoised false", "unclipped.safetensors"));
+  const std::vector<float> clipped =
       images("--pretrained " + ShellQuote(File("exported-dir")) + " --timestep-spacing respace",
-             "diffusers-samples.safetensors"),
-      ema);
+             "diffusers-clipped.safetensors");
+  EXPECT_TRUE(
+      std::all_of(clipped.begin(), clipped.end(), [](float v) { return v >= -1 && v <= 1; }));
+  EXPECT_NE(clipped, ema);
+  // A DDPMScheduler variance that difftrain's DDPM does not draw is refused by name.
+  nlohmann::json large = scheduler;
+  large["variance_type"] = "fixed_large";
+  std::ofstream(File("exported-dir/scheduler/scheduler_config.json")) << large.dump();
+  const CommandResult refused = RunDifftrain("sample --classes 1 --sampler ddpm --steps 2 --raw " +
+                                             ShellQuote(File("x.safetensors")) + " --pretrained " +
+                                             ShellQuote(File("exported-dir")));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("variance_type \"fixed_large\" is not supported"),
+            std::string::npos)
+      << refused.output;
+  std::ofstream(File("exported-dir/scheduler/scheduler_config.json")) << scheduler.dump();
   const std::vector<float> trained =
       images("--checkpoint " + Ckpt() + " --weights model", "ckpt-model.safetensors");
   EXPECT_NE(trained, ema);

@@ -142,7 +142,7 @@ std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o) {
   app.add_option("--denoising-end", o.denoising_end,
                  "in (0, 1): stop where that part of the schedule is done, the samples still "
                  "noisy, for --raw (SDXL's base before its refiner, as diffusers' "
-                 "denoising_end); the euler sampler");
+                 "denoising_end); the euler, ddim, dpmsolver, deis and unipc samplers");
   app.add_option("--denoising-start", o.denoising_start,
                  "in (0, 1): take --image (a --denoising-end run's --raw) as it is and run "
                  "the steps from that part of the schedule on (the refiner after its base, "

@@ -39,6 +39,20 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
   Result<SamplerKind> kind = ParseSamplerKind(c.name);
   if (!kind.ok()) return kind.status().WithContext("--sampler");
   c.kind = *kind;
+  // DDPMScheduler's variance: difftrain's DDPM takes the posterior's (fixed_small; its _log
+  // form is the same draw) or a model's learned range.
+  if (const nlohmann::json& config = source.scheduler_config; c.kind == SamplerKind::kDdpm &&
+                                                              config.contains("variance_type") &&
+                                                              !config["variance_type"].is_null()) {
+    const nlohmann::json& variance = config["variance_type"];
+    if (!variance.is_string() || (variance != "fixed_small" && variance != "fixed_small_log" &&
+                                  variance != "learned_range")) {
+      return Errorf(
+          "'{}/scheduler/scheduler_config.json': variance_type {} is not supported by --sampler "
+          "ddpm (fixed_small, fixed_small_log and learned_range are)",
+          source.pipeline, variance.dump());
+    }
+  }
   if (o.eta && c.kind != SamplerKind::kDdim && c.kind != SamplerKind::kTcd)
     return Status::Error("--eta is for --sampler ddim and tcd (its gamma) only");
   c.spacing = source.spacing.value_or(TimestepSpacing{});
@@ -162,6 +176,34 @@ Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, S
                       config, kind == SamplerKind::kDpmSolverSinglestep),
                   options.dpm);
   }
+}
+
+// Whether and how the x0 predictions are clipped: --clip-denoised, else a pipeline scheduler's
+// clip_sample as the chosen class takes it from_config (ReadDiffusersClipping), clipped as
+// diffusers clips; else as DiT's sampler does, pixels (DDPM, DDIM) clipped to [−1, 1] and
+// latents not.
+Status ChooseClipping(const SampleOptions& o, const SampleSource& source, SamplerKind kind,
+                      bool latents, SamplerOptions& options) {
+  if (!source.spacing) {  // no scheduler config: DiT's
+    options.clip_denoised = o.clip_denoised.value_or(
+        kind == SamplerKind::kDdpm || kind == SamplerKind::kDdim ? !latents : false);
+    return Status::Ok();
+  }
+  const std::string where =
+      source.pipeline.empty()
+          ? std::string("the scheduler config")
+          : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline);
+  Result<bool> defaulted = ReadDiffusersClipping(kind, source.scheduler_config, options);
+  if (!defaulted.ok()) return defaulted.status().WithContext(where);
+  if (o.clip_denoised) {
+    options.clip_denoised = *o.clip_denoised;
+  } else if (*defaulted) {
+    spdlog::info(
+        "{0} names no clip_sample: the x0 predictions are clipped to [-{1}, {1}], as "
+        "diffusers' {2}.from_config clips them by default (--clip-denoised false not to)",
+        where, options.clip_range, SchedulerClassOf(kind));
+  }
+  return Status::Ok();
 }
 
 // LCM's and TCD's options: the pipeline scheduler's keys (none from a checkpoint), with

@@ -26,6 +26,11 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
 Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, SamplerKind kind,
                            SamplerOptions& options);
 
+// Whether and how the x0 predictions are clipped into `options` (sample_sampler.cc says how);
+// `latents`: the model samples latents, not pixels.
+Status ChooseClipping(const SampleOptions& o, const SampleSource& source, SamplerKind kind,
+                      bool latents, SamplerOptions& options);
+
 // LCM's and TCD's options into `options`; --original-inference-steps with another sampler is
 // refused.
 Status ChooseLcmOptions(const SampleOptions& o, const SampleSource& source, SamplerKind kind,

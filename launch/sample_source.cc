@@ -136,6 +136,8 @@ Result<DiffusersFolder> ReadSingleFile(const io::SafetensorsFile& file) {
   folder.model = std::move(spec).value();
   DT_RETURN_IF_ERROR(ReadScheduler(SingleFileScheduler(io::IsSdxlCheckpoint(file)),
                                    "the single-file scheduler", folder));
+  // As from_single_file gives SDXL's refiner: its unconditional text the empty prompt's.
+  folder.zeros_for_empty_prompt = !io::IsSdxlRefinerCheckpoint(file);
   return folder;
 }
 

@@ -21,6 +21,7 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -53,6 +54,9 @@ class ExportReferenceTest : public SdPipelineReferenceTest {
   std::string Train(const std::string& base, const std::string& sections = "") {
     nlohmann::json unet = nlohmann::json::parse(std::ifstream(base + "/unet/config.json"));
     unet["name"] = "unet";
+    // SDXL's refiner says its five time ids in model_index.json, not in the UNet's config.
+    const nlohmann::json index = nlohmann::json::parse(std::ifstream(base + "/model_index.json"));
+    if (index.value("requires_aesthetics_score", false)) unet["requires_aesthetics_score"] = true;
     const std::string ckpt = (dir_ / "ckpt").string();
     const std::string job = (dir_ / "job.yaml").string();
     std::ofstream(job) << "model: " << unet.dump() << "\n"
@@ -87,6 +91,19 @@ class ExportReferenceTest : public SdPipelineReferenceTest {
   CommandResult Export(const std::string& ckpt, const std::string& args) {
     return RunCommand(fmt::format("{} export --checkpoint {} --weights model {} 2>&1",
                                   ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), args));
+  }
+  // `export --format single-file` around a pipeline folder `name` made of `base`'s parts (each
+  // link: the part's name there, the part of `base` it is).
+  CommandResult ExportSingleFileAround(
+      const std::string& ckpt, const std::string& base, const std::string& name,
+      const std::vector<std::pair<std::string, std::string>>& links) {
+    const std::filesystem::path folder = dir_ / name;
+    std::filesystem::create_directories(folder);
+    for (const auto& [part, from] : links)
+      std::filesystem::create_directory_symlink(base + "/" + from, folder / part);
+    return Export(ckpt, fmt::format("--format single-file --out {} --pipeline {}",
+                                    ShellQuote((dir_ / "x.safetensors").string()),
+                                    ShellQuote(folder.string())));
   }
   // A LoRA run `ckpt` from `base`'s UNet: `export --format lora` writes the file diffusers'
   // lora_state_dict reads (tests/reference/lora.py fuses it), and the base pipeline with it
@@ -332,15 +349,45 @@ TEST_F(SdxlExportTest, AFineTuneExportsAsAnSdxlPipeline) {
   ASSERT_EQ(wrote.exit_code, 0) << wrote.output;
   ExpectSameTensors(single, written);
   // A base without SDXL's second text encoder is refused by name, not written half.
-  const std::filesystem::path half = dir_ / "half";
-  std::filesystem::create_directories(half);
-  for (const char* part : {"vae", "text_encoder", "tokenizer"})
-    std::filesystem::create_directory_symlink(base + "/" + part, half / part);
-  r = Export(ckpt,
-             fmt::format("--format single-file --out {} --pipeline {}",
-                         ShellQuote((dir_ / "x.safetensors").string()), ShellQuote(half.string())));
+  r = ExportSingleFileAround(
+      ckpt, base, "half",
+      {{"vae", "vae"}, {"text_encoder", "text_encoder"}, {"tokenizer", "tokenizer"}});
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("has no text_encoder_2/"));
+}
+
+// SDXL's refiner fine-tuned (five time ids, its one text encoder): as an original single file in
+// the refiner's layout (its OpenCLIP model as conditioner.embedders.0), tensor for tensor what
+// ldm_checkpoint.py writes of the exported refiner pipeline; a refiner's UNet around a base's
+// two text encoders is refused by name.
+TEST_F(SdxlExportTest, ARefinerFineTuneExportsAsItsOriginalFile) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string base = MakePipeline(text_python, "ldmxl_refiner");
+  ASSERT_FALSE(base.empty());
+  const std::string ckpt = Train(base);
+  ASSERT_FALSE(ckpt.empty());
+  const std::string out = (dir_ / "refiner-finetune").string();
+  CommandResult r =
+      Export(ckpt, fmt::format("--out {} --pipeline {}", ShellQuote(out), ShellQuote(base)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string single = (dir_ / "refiner_single.safetensors").string();
+  r = Export(ckpt, fmt::format("--format single-file --out {} --pipeline {}", ShellQuote(single),
+                               ShellQuote(base)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string written = (dir_ / "refiner_written.safetensors").string();
+  const CommandResult wrote = RunScript(
+      "ldm_checkpoint.py", "write " + ShellQuote(out) + " " + ShellQuote(written) + " refiner");
+  ASSERT_EQ(wrote.exit_code, 0) << wrote.output;
+  ExpectSameTensors(single, written);
+  // A base's two text encoders for the refiner's UNet.
+  r = ExportSingleFileAround(ckpt, base, "two",
+                             {{"vae", "vae"},
+                              {"text_encoder_2", "text_encoder_2"},
+                              {"tokenizer_2", "tokenizer_2"},
+                              {"text_encoder", "text_encoder_2"}});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("and the UNet is SDXL's refiner"));
 }
 
 TEST_F(SdxlExportTest, ALoraRunExportsWhatDiffusersLoads) {

@@ -6,18 +6,19 @@
 // KDPM2AncestralDiscreteScheduler, UniPCMultistepScheduler, DPMSolverSinglestepScheduler
 // (second and third order, midpoint and heun), DEISMultistepScheduler, LCMScheduler, TCDScheduler,
 // Karras σ's,
-// DPM-Solver++ of third order and its SDE: tests/reference/schedulers.py lists the timesteps
-// set_timesteps keeps for every step count of a 1000-step diffusion, and runs each scheduler with a
-// small closed-form model from an x_T it writes (the stochastic ones with difftrain's step noise).
-// The C++ samplers, their diffusion and spacing read from the same scheduler config, must keep the
-// same timesteps, step between the same ᾱ's, take DDPM's posterior coefficients, and end at the
-// same sample within fp32's rounding (diffusers keeps its ᾱ's in fp32, difftrain in double; PNDM's
-// reference runs in float64, see schedulers.py): relative L2 ≤ 2e-5, measured 4e-8–1.5e-5 (and the
-// amplified cosine Heun run below). Each diffusers rule dropped in turn was off by far more: the
-// last step to ᾱ = 1 in place of ᾱ_0 4e-4 and 2e-3, steps_offset ignored 1.6e-3 and 4.6e-3, each
-// step to the timestep listed after it (not t − ⌊T/N⌋) 4.9e-2 (trailing) and 0.36 (linspace);
-// PNDM's default of set_alpha_to_one (false) taken as DDIM's 4.8e-5 (trailing, against diffusers in
-// fp32).
+// DPM-Solver++ of third order and its SDE, and diffusers' clip_sample (DDIM's, DDPM's, LCM's x0
+// clipped to the clip_sample_range, DDIM stepping along the model's own ε):
+// tests/reference/schedulers.py lists the timesteps set_timesteps keeps for every step count of a
+// 1000-step diffusion, and runs each scheduler with a small closed-form model from an x_T it writes
+// (the stochastic ones with difftrain's step noise). The C++ samplers, their diffusion and spacing
+// read from the same scheduler config, must keep the same timesteps, step between the same ᾱ's,
+// take DDPM's posterior coefficients, and end at the same sample within fp32's rounding (diffusers
+// keeps its ᾱ's in fp32, difftrain in double; PNDM's reference runs in float64, see schedulers.py):
+// relative L2 ≤ 2e-5, measured 4e-8–1.5e-5 (and the amplified cosine Heun run below). Each
+// diffusers rule dropped in turn was off by far more: the last step to ᾱ = 1 in place of ᾱ_0 4e-4
+// and 2e-3, steps_offset ignored 1.6e-3 and 4.6e-3, each step to the timestep listed after it (not
+// t − ⌊T/N⌋) 4.9e-2 (trailing) and 0.36 (linspace); PNDM's default of set_alpha_to_one (false)
+// taken as DDIM's 4.8e-5 (trailing, against diffusers in fp32).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -265,6 +266,13 @@ const std::vector<SchedulerRun>& Runs() {
        R"({"original_inference_steps": 40, "timestep_scaling": 0.01})",
        {"sd"},
        1},
+      // diffusers' clip_sample: DDIM's, DDPM's and LCM's x0 clipped to the clip_sample_range,
+      // DDIM's step along the model's own ε (use_clipped_model_output false).
+      {"ddim_clip", "DDIMScheduler", SamplerKind::kDdim, R"({"clip_sample": true})"},
+      {"ddim_clip_range", "DDIMScheduler", SamplerKind::kDdim,
+       R"({"clip_sample": true, "clip_sample_range": 1.5, "set_alpha_to_one": true})"},
+      {"ddpm_clip", "DDPMScheduler", SamplerKind::kDdpm, R"({"clip_sample": true})", {}, 1},
+      {"lcm_clip", "LCMScheduler", SamplerKind::kLcm, R"({"clip_sample": true})", {}, 1},
       // TCD: LCM's timesteps, each step through ⌊(1 − γ)·t'⌋; γ = 0 is deterministic (DDIM's
       // steps ending at timestep 0's noise level).
       {"tcd", "TCDScheduler", SamplerKind::kTcd, "{}", {}, 1, 0.3},
@@ -503,6 +511,7 @@ TEST_F(SchedulerReferenceTest, StepsAsDiffusersSchedulersDo) {
         run_options.unipc = *unipc;
       }
       if (r.eta) run_options.eta = *r.eta;
+      ASSERT_TRUE(ReadDiffusersClipping(r.kind, run_config, run_options).ok());
       if (r.kind == SamplerKind::kLcm || r.kind == SamplerKind::kTcd) {
         Result<LcmOptions> lcm = LcmOptions::FromDiffusersScheduler(run_config);
         ASSERT_TRUE(lcm.ok()) << lcm.status().message();

@@ -106,7 +106,7 @@ Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
   return c;
 }
 
-nlohmann::json DiffusionConfig::ToDiffusersScheduler() const {
+nlohmann::json DiffusionConfig::ToDiffusersScheduler(bool clip_sample) const {
   return {{"_class_name", "DDIMScheduler"},
           {"_diffusers_version", "0.27.2"},
           {"num_train_timesteps", steps},
@@ -115,7 +115,7 @@ nlohmann::json DiffusionConfig::ToDiffusersScheduler() const {
           {"beta_end", beta_end},
           {"prediction_type", prediction == "v" ? "v_prediction" : prediction},
           {"rescale_betas_zero_snr", zero_terminal_snr},
-          {"clip_sample", false},
+          {"clip_sample", clip_sample},
           {"set_alpha_to_one", false},
           {"steps_offset", zero_terminal_snr ? 0 : 1},
           {"timestep_spacing", zero_terminal_snr ? "trailing" : "leading"},

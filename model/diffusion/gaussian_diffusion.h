@@ -57,10 +57,11 @@ struct DiffusionConfig {
   // (timestep_spacing.h) and the solvers'.
   static Result<DiffusionConfig> FromDiffusersScheduler(const nlohmann::json& json);
   // The inverse, as a pipeline that samples this process ships it: a DDIMScheduler's config
-  // (diffusers 0.27.2) with these keys, as Stable Diffusion's configure the rest (no clipping,
-  // set_alpha_to_one false, leading spacing with steps_offset 1; with zero terminal SNR trailing
-  // spacing, steps_offset 0, as Lin et al. sample). FromDiffusersScheduler reads it back as this.
-  nlohmann::json ToDiffusersScheduler() const;
+  // (diffusers 0.27.2) with these keys, as Stable Diffusion's configure the rest (no clipping
+  // but for a model of pixels, `clip_sample`; set_alpha_to_one false, leading spacing with
+  // steps_offset 1; with zero terminal SNR trailing spacing, steps_offset 0, as Lin et al.
+  // sample). FromDiffusersScheduler reads it back as this.
+  nlohmann::json ToDiffusersScheduler(bool clip_sample = false) const;
 };
 
 class GaussianDiffusion {

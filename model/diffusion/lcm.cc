@@ -33,8 +33,6 @@ Result<LcmOptions> LcmOptions::FromDiffusersScheduler(const nlohmann::json& json
   try {
     o.original_steps = json.value("original_inference_steps", o.original_steps);
     o.timestep_scaling = json.value("timestep_scaling", o.timestep_scaling);
-    if (json.value("clip_sample", false))
-      return Errorf("clip_sample: true is not supported (LCM's x0 predictions are not clipped)");
   } catch (const nlohmann::json::exception& e) {
     return Errorf("malformed scheduler config: {}", e.what());
   }

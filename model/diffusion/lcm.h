@@ -46,7 +46,7 @@ struct LcmOptions {
   Status Validate() const;
   nlohmann::json ToJson() const;
   // original_inference_steps and timestep_scaling of an LCMScheduler config (their defaults
-  // where absent). Refused by name: clip_sample true (x0 predictions are not clipped).
+  // where absent). Its clip_sample is the sampler's (launch's ChooseClipping).
   static Result<LcmOptions> FromDiffusersScheduler(const nlohmann::json& json);
 
   // The boundary condition's coefficients at timestep t.

@@ -118,8 +118,7 @@ void Sampler::DenoiseEuler(const Denoiser& model, const int32_t* y, int N, int64
   std::deque<std::vector<double>> lms_slopes;
   std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, ancestral ? N : 0);
   std::vector<double> noise(ancestral ? n : 0);
-  const size_t end = end_ < 0 ? euler_steps_.size() : size_t(end_);  // a denoising end's
-  for (size_t k = begin_; k < end; ++k) {
+  for (size_t k = begin_; k < RunEnd(euler_steps_.size()); ++k) {
     const EulerStep& step = euler_steps_[k];
     double dt = step.sigma_next - step.sigma, up = 0;
     if (ancestral) {
@@ -241,7 +240,7 @@ void Sampler::DenoiseDpm(const Denoiser& model, const int32_t* y, int N, int64_t
     const double alpha = 1 / std::sqrt(sigma * sigma + 1);
     return Scale{alpha, sigma * alpha, std::log(alpha) - std::log(sigma * alpha)};
   };
-  for (size_t k = begin_; k < dpm_steps_.size(); ++k) {
+  for (size_t k = begin_; k < RunEnd(dpm_steps_.size()); ++k) {
     const DpmStep& step = dpm_steps_[k];
     if (keeper.Keep(state.data(), AtSigma(step.sigma))) keeper.Blend(x, AtSigma(step.sigma));
     guided.Run(x, static_cast<float>(step.timestep));
@@ -303,7 +302,7 @@ void Sampler::DenoiseLinear(const Denoiser& model, const int32_t* y, int N, floa
   std::vector<double> state(x, x + N * n), from(N * n);
   std::vector<double> outputs[3] = {std::vector<double>(N * n), std::vector<double>(N * n),
                                     std::vector<double>(N * n)};
-  for (size_t k = begin_; k < linear_steps_.size(); ++k) {
+  for (size_t k = begin_; k < RunEnd(linear_steps_.size()); ++k) {
     const LinearStep& step = linear_steps_[k];
     if (keeper.Keep(state.data(), AtSigma(step.sigma))) keeper.Blend(x, AtSigma(step.sigma));
     guided.Run(x, static_cast<float>(step.timestep));
@@ -369,7 +368,7 @@ void Sampler::DenoiseUniPc(const Denoiser& model, const int32_t* y, int N, float
     }
     return to;
   };
-  for (size_t k = begin_; k < unipc_steps_.size(); ++k) {
+  for (size_t k = begin_; k < RunEnd(unipc_steps_.size()); ++k) {
     const UniPcStep& step = unipc_steps_[k];
     if (keeper.Keep(state.data(), AtSigma(step.sigma))) keeper.Blend(x, AtSigma(step.sigma));
     guided.Run(x, static_cast<float>(step.timestep));

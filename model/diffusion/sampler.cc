@@ -11,6 +11,35 @@
 #include "model/tensor/rng.h"
 
 namespace difftrain {
+Result<bool> ReadDiffusersClipping(SamplerKind kind, const nlohmann::json& config,
+                                   SamplerOptions& options) {
+  const bool clips =
+      kind == SamplerKind::kDdpm || kind == SamplerKind::kDdim || kind == SamplerKind::kLcm;
+  const bool class_default = kind != SamplerKind::kLcm;
+  options.clip_as_diffusers = true;
+  options.clip_denoised = false;
+  options.clip_range = 1.0;
+  if (!clips) return false;
+  if (!config.is_object()) return Errorf("the scheduler config is not a JSON object");
+  bool defaulted = false;
+  if (config.contains("clip_sample")) {
+    if (!config["clip_sample"].is_boolean())
+      return Status::Error("clip_sample must be true or false");
+    options.clip_denoised = config["clip_sample"].get<bool>();
+  } else {
+    options.clip_denoised = class_default;
+    defaulted = class_default;
+  }
+  if (config.contains("clip_sample_range")) {
+    if (!config["clip_sample_range"].is_number())
+      return Status::Error("clip_sample_range must be a number");
+    options.clip_range = config["clip_sample_range"].get<double>();
+    if (options.clip_denoised && !(options.clip_range > 0 && std::isfinite(options.clip_range)))
+      return Errorf("clip_sample_range must be positive, got {}", options.clip_range);
+  }
+  return defaulted;
+}
+
 Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const DenoiserShape& shape,
                                 const SamplerOptions& options) {
   DT_CHECK(shape.channels > 0 && shape.height > 0 && shape.width > 0, "bad shape {}x{}x{}",
@@ -43,8 +72,12 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
         "linspace), not DiT's respacing",
         name, scheduler);
   }
-  if (multistep && options.clip_denoised) {
+  // LCMScheduler clips as DDIM's does (clip_sample); diffusers' other schedulers do not.
+  if (multistep && kind != SamplerKind::kLcm && options.clip_denoised) {
     return Errorf("{} does not clip its x0 predictions: sample with clip_denoised false", name);
+  }
+  if (options.clip_denoised && !(options.clip_range > 0 && std::isfinite(options.clip_range))) {
+    return Errorf("the clip range must be positive and finite, got {}", options.clip_range);
   }
   if (!(options.cfg_scale >= 0 && std::isfinite(options.cfg_scale))) {
     return Errorf("the guidance scale must be finite and non-negative, got {}", options.cfg_scale);
@@ -117,48 +150,61 @@ Result<Sampler> Sampler::Create(const GaussianDiffusion& diffusion, const Denois
   }
   Sampler sampler(diffusion, shape, options, std::move(diffusers_steps), std::move(plms_calls));
   sampler.tcd_alpha_cumprod_s_ = std::move(tcd_alpha_cumprod_s);
-  if (kind == SamplerKind::kEuler || kind == SamplerKind::kHeun ||
-      kind == SamplerKind::kEulerAncestral || kind == SamplerKind::kLms) {
-    DT_ASSIGN_OR_RETURN(sampler.euler_steps_, EulerSteps(abar, options.steps, options.spacing));
-  }
-  if (kind == SamplerKind::kKdpm2 || kind == SamplerKind::kKdpm2Ancestral) {
-    DT_ASSIGN_OR_RETURN(sampler.euler_steps_, Kdpm2Steps(abar, options.steps, options.spacing,
-                                                         kind == SamplerKind::kKdpm2Ancestral));
-  }
-  if (options.kind == SamplerKind::kDpmSolver) {
-    DT_ASSIGN_OR_RETURN(sampler.dpm_steps_,
-                        DpmSolverSteps(abar, options.steps, options.spacing, options.dpm, begin));
-  }
-  if (kind == SamplerKind::kDpmSolverSde) {
-    DT_ASSIGN_OR_RETURN(sampler.euler_steps_, DpmSdeSteps(abar, options.steps, options.spacing));
-  }
-  if (kind == SamplerKind::kDpmSolverSinglestep) {
-    DT_ASSIGN_OR_RETURN(
-        sampler.linear_steps_,
-        DpmSolverSinglestepSteps(abar, options.steps, options.spacing, options.dpm, begin));
-  }
-  if (kind == SamplerKind::kDeis) {
-    DT_ASSIGN_OR_RETURN(sampler.linear_steps_,
-                        DeisSteps(abar, options.steps, options.spacing, options.deis, begin));
-  }
-  if (kind == SamplerKind::kUniPc) {
-    DT_ASSIGN_OR_RETURN(sampler.unipc_steps_,
-                        UniPcSteps(abar, options.steps, options.spacing, options.unipc, begin));
-  }
+  DT_RETURN_IF_ERROR(sampler.BuildSolverSteps(abar, begin));
   sampler.SetStart(diffusion.alphas_cumprod(), begin);
-  DT_RETURN_IF_ERROR(sampler.CutAtDenoisingBounds(diffusion.steps()));
+  DT_ASSIGN_OR_RETURN(const int first, sampler.CutAtDenoisingBounds(diffusion.steps()));
+  if (first != begin) DT_RETURN_IF_ERROR(sampler.BuildSolverSteps(abar, first));
   return sampler;
 }
 
-Status Sampler::CutAtDenoisingBounds(int T) {
-  if (!options_.denoising_end && !options_.denoising_start) return Status::Ok();
+Status Sampler::BuildSolverSteps(const std::vector<double>& abar, int begin) {
   const SamplerKind kind = options_.kind;
-  // Euler is SDXL's scheduler, and the one checked against diffusers here; the other samplers'
-  // state across the cut (a multistep solver's history, Heun's pairs) is not.
-  if (kind != SamplerKind::kEuler) {
+  const SamplerOptions& options = options_;
+  if (kind == SamplerKind::kEuler || kind == SamplerKind::kHeun ||
+      kind == SamplerKind::kEulerAncestral || kind == SamplerKind::kLms) {
+    DT_ASSIGN_OR_RETURN(euler_steps_, EulerSteps(abar, options.steps, options.spacing));
+  }
+  if (kind == SamplerKind::kKdpm2 || kind == SamplerKind::kKdpm2Ancestral) {
+    DT_ASSIGN_OR_RETURN(euler_steps_, Kdpm2Steps(abar, options.steps, options.spacing,
+                                                 kind == SamplerKind::kKdpm2Ancestral));
+  }
+  if (options.kind == SamplerKind::kDpmSolver) {
+    DT_ASSIGN_OR_RETURN(dpm_steps_,
+                        DpmSolverSteps(abar, options.steps, options.spacing, options.dpm, begin));
+  }
+  if (kind == SamplerKind::kDpmSolverSde) {
+    DT_ASSIGN_OR_RETURN(euler_steps_, DpmSdeSteps(abar, options.steps, options.spacing));
+  }
+  if (kind == SamplerKind::kDpmSolverSinglestep) {
+    DT_ASSIGN_OR_RETURN(
+        linear_steps_,
+        DpmSolverSinglestepSteps(abar, options.steps, options.spacing, options.dpm, begin));
+  }
+  if (kind == SamplerKind::kDeis) {
+    DT_ASSIGN_OR_RETURN(linear_steps_,
+                        DeisSteps(abar, options.steps, options.spacing, options.deis, begin));
+  }
+  if (kind == SamplerKind::kUniPc) {
+    DT_ASSIGN_OR_RETURN(unipc_steps_,
+                        UniPcSteps(abar, options.steps, options.spacing, options.unipc, begin));
+  }
+  return Status::Ok();
+}
+
+Result<int> Sampler::CutAtDenoisingBounds(int T) {
+  if (!options_.denoising_end && !options_.denoising_start) return begin_;
+  const SamplerKind kind = options_.kind;
+  // The samplers of one model call a step, each checked against SDXL's pipelines cut so: Euler
+  // (SDXL's scheduler), DDIM, and the multistep solvers DPM-Solver++, DEIS and UniPC (their
+  // orders warm up again from a start, as from set_begin_index). Not the pairs of Heun and
+  // KDPM2, whose cuts diffusers moves by a call, nor the stochastic samplers.
+  const std::vector<SamplerKind> cut = {SamplerKind::kEuler, SamplerKind::kDdim,
+                                        SamplerKind::kDpmSolver, SamplerKind::kDeis,
+                                        SamplerKind::kUniPc};
+  if (std::find(cut.begin(), cut.end(), kind) == cut.end()) {
     return Errorf(
-        "a denoising end or start (SDXL's base and refiner as experts) is for the euler sampler "
-        "(SDXL's), not {}",
+        "a denoising end or start (SDXL's base and refiner as experts) is for the euler, ddim, "
+        "dpmsolver, deis and unipc samplers, not {}",
         SamplerName(kind));
   }
   if (options_.strength && options_.denoising_start) {
@@ -175,6 +221,13 @@ Status Sampler::CutAtDenoisingBounds(int T) {
   std::vector<double> run;
   for (const EulerStep& step : euler_steps_)
     run.push_back(step.timestep);
+  for (const DpmStep& step : dpm_steps_)
+    run.push_back(step.timestep);
+  for (const LinearStep& step : linear_steps_)
+    run.push_back(step.timestep);
+  for (const UniPcStep& step : unipc_steps_)
+    run.push_back(step.timestep);
+  if (kind == SamplerKind::kDdim) run.assign(timesteps_.rbegin(), timesteps_.rend());
   const auto cutoff = [&](const char* what, double f) -> Result<double> {
     if (!(f > 0 && f < 1)) return Errorf("the denoising {} must be in (0, 1), got {}", what, f);
     return std::round(T - f * T);  // diffusers' discrete_timestep_cutoff
@@ -204,7 +257,7 @@ Status Sampler::CutAtDenoisingBounds(int T) {
   end_ = end;
   steps_run_ = end - begin;
   start_timestep_ = static_cast<int>(run[begin]);
-  return Status::Ok();
+  return begin;
 }
 
 void Sampler::SetStart(const std::vector<double>& alphas_cumprod, int begin) {
@@ -367,13 +420,16 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   const size_t n = shape_.frames * frame;
   GuidedModel guided(model, shape_, options_, y, N);
   const bool lcm = options_.kind == SamplerKind::kLcm, tcd = options_.kind == SamplerKind::kTcd;
+  const double clip = options_.clip_range;
+  const bool model_eps = options_.clip_denoised && options_.clip_as_diffusers;
   // Each sample's noise of a stochastic step (DDPM, LCM, or DDIM and TCD with η > 0), frames
   // correlated as in training.
   const bool stochastic = options_.kind == SamplerKind::kDdpm || lcm || options_.eta > 0;
   std::vector<double> step_noise(stochastic ? N * n : 0);
   std::vector<Rng> rngs = StepNoiseStreams(options_.seed, first_index, N);
 
-  for (int i = static_cast<int>(steps_.size()) - 1 - begin_; i >= 0; --i) {
+  const int last = static_cast<int>(steps_.size() - RunEnd(steps_.size()));  // in run order
+  for (int i = static_cast<int>(steps_.size()) - 1 - begin_; i >= last; --i) {
     const StepCoefficients& c = steps_[i];
     keeper.Keep(x, AtAlphaCumprod(c.alpha_cumprod));
     guided.Run(x, static_cast<float>(timesteps_[i]));
@@ -405,7 +461,9 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
         // x0 of v = √ᾱ·ε − √(1 − ᾱ)·x0 holds at ᾱ = 0 too (zero terminal SNR), x0 of ε does not.
         double x0 =
             v_prediction_ ? sqrt_abar * xb[j] - sqrt_one_minus_abar * out : c.PredictX0(xb[j], out);
-        if (options_.clip_denoised) x0 = std::clamp(x0, -1.0, 1.0);
+        if (options_.clip_denoised) x0 = std::clamp(x0, -clip, clip);
+        // The model's own ε (of v: the ε it implies).
+        const double eps = v_prediction_ ? sqrt_abar * out + sqrt_one_minus_abar * xb[j] : out;
         double next;
         if (lcm) {
           // The consistency model's x0, noised afresh to ᾱ' (the last step's ᾱ' is 1).
@@ -413,8 +471,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
           next = std::sqrt(abar_prev) * denoised;
           if (noisy) next += std::sqrt(1 - abar_prev) * z[j];
         } else if (tcd) {
-          // x0 and the model's ε (of v: the ε it implies) to ᾱ_s, then noised back up to ᾱ'.
-          const double eps = v_prediction_ ? sqrt_abar * out + sqrt_one_minus_abar * xb[j] : out;
+          // x0 and the model's ε to ᾱ_s, then noised back up to ᾱ'.
           next = std::sqrt(abar_s) * x0 + std::sqrt(1 - abar_s) * eps;
           if (noisy) {
             next = std::sqrt(abar_prev / abar_s) * next + std::sqrt(1 - abar_prev / abar_s) * z[j];
@@ -430,9 +487,10 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
             next += std::exp(0.5 * log_variance) * z[j];
           }
         } else {
-          // DDIM: the ε implied by the (clipped) x0, then x_prev = √ᾱ' x0 + √(1 − ᾱ' − σ²) ε.
-          const double implied_eps = c.PredictEps(xb[j], x0);
-          next = std::sqrt(abar_prev) * x0 + direction * implied_eps;
+          // DDIM: x_prev = √ᾱ' x0 + √(1 − ᾱ' − σ²) ε, ε the one the (clipped) x0 implies, or
+          // the model's own where diffusers clips (unclipped, the two are one).
+          const double step_eps = model_eps ? eps : c.PredictEps(xb[j], x0);
+          next = std::sqrt(abar_prev) * x0 + direction * step_eps;
           if (noisy) next += sigma * z[j];
         }
         xb[j] = static_cast<float>(next);
@@ -440,9 +498,10 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
     }
   }
   keeper.Finish(x);
-  if (options_.clip_denoised) {
+  if (options_.clip_denoised && !options_.clip_as_diffusers) {
+    const float bound = static_cast<float>(options_.clip_range);
     for (size_t j = 0; j < N * n; ++j)
-      x[j] = std::clamp(x[j], -1.0f, 1.0f);
+      x[j] = std::clamp(x[j], -bound, bound);
   }
 }
 

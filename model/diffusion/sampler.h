@@ -103,7 +103,13 @@ struct SamplerOptions {
   int cfg_to = std::numeric_limits<int>::max();
   // φ of guidance rescale, in [0, 1]: 0 leaves the guided output as it is (guided_model.h).
   double guidance_rescale = 0;
-  bool clip_denoised = true;  // clip every x0 prediction, and the final sample, to [−1, 1]
+  // Clipping every x0 prediction to [−clip_range, clip_range], as DiT's sampler does (DDIM then
+  // steps along the ε the clipped x0 implies, and the final sample is clipped too) or as
+  // diffusers' clip_sample does (DDPM, DDIM and LCM; DDIM steps along the model's own ε, as
+  // use_clipped_model_output false, and the last step's sample stays as it comes).
+  bool clip_denoised = true;
+  double clip_range = 1.0;
+  bool clip_as_diffusers = false;
   uint64_t seed = 0;
   // Image to image: sampling starts from an image (AddNoise) and runs the last ⌊N·strength⌋
   // of the N steps, strength in (0, 1]; nullopt: from x_T, every step. (A guidance-distilled
@@ -117,6 +123,14 @@ struct SamplerOptions {
   // scheduler), not with a strength.
   std::optional<double> denoising_end, denoising_start;
 };
+
+// diffusers' clip_sample and clip_sample_range as the scheduler class of `kind` takes them from a
+// config (from_config): DDPMScheduler's and DDIMScheduler's clip_sample defaults to true,
+// LCMScheduler's to false; the other classes do not clip. Into `options` (clip_denoised,
+// clip_range, clip_as_diffusers). Returns whether clip_sample fell to a class default of true
+// (the config does not say it); errors name the key.
+Result<bool> ReadDiffusersClipping(SamplerKind kind, const nlohmann::json& config,
+                                   SamplerOptions& options);
 
 // The image an inpainting sampler keeps outside its mask (images only, N samples).
 struct KeptImage {
@@ -208,8 +222,14 @@ class Sampler {
   double InitialScale() const;
   // begin_, steps_run_ and the start: the first step's timestep and add_noise's a and s.
   void SetStart(const std::vector<double>& alphas_cumprod, int begin);
-  // The steps of a denoising start and end (SamplerOptions): begin_ and end_ at their cutoffs.
-  Status CutAtDenoisingBounds(int T);
+  // The steps of a denoising start and end (SamplerOptions): begin_ and end_ at their cutoffs;
+  // the first step that runs.
+  Result<int> CutAtDenoisingBounds(int T);
+  // The solvers' steps (Euler's, KDPM2's, DPM-Solver's, DEIS's, UniPC's), the multistep
+  // solvers' orders warming up from step `begin`, as diffusers' do from set_begin_index.
+  Status BuildSolverSteps(const std::vector<double>& abar, int begin);
+  // Where the run of `count` steps stops: a denoising end's, else after the last.
+  size_t RunEnd(size_t count) const { return end_ < 0 ? count : size_t(end_); }
   // Denoise for PNDM: the calls of plms_calls_, each from the linear multistep combination of
   // the last (up to 4) guided outputs.
   void DenoisePlms(const Denoiser& model, const int32_t* y, int N, float* x,

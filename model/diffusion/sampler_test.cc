@@ -330,42 +330,45 @@ TEST_F(SamplerTest, StartsFromAnImageNoisedToItsFirstStep) {
   EXPECT_NE(lcm.status().message().find("for LCM sampling from an image"), std::string::npos);
 }
 
-// SDXL's experts (denoising_end, denoising_start): 10 Euler steps at leading timesteps 900, 800,
-// …, 0 are cut at T − round(0.7 T) = 300, the base's 7 at or above it and the refiner's 3 below;
-// the base's end and the refiner's start of one cut together run every step, as one sampler does.
+// SDXL's experts (denoising_end, denoising_start): 10 Euler (or DDIM) steps at leading timesteps
+// 900, 800, …, 0 are cut at T − round(0.7 T) = 300, the base's 7 at or above it and the
+// refiner's 3 below; the base's end and the refiner's start of one cut together run every step,
+// as one sampler does. (A multistep solver's orders warm up again at the start, as diffusers'
+// do: its halves are not its whole run; tests/sdxl_refiner_reference_test.cc checks them.)
 TEST_F(SamplerTest, DenoisingEndAndStartCutEulersStepsAtTheirTimestep) {
-  std::vector<float> x0(kN);
-  for (size_t j = 0; j < kN; ++j)
-    x0[j] = 0.9f * std::cos(0.7f * j);
   SamplerOptions options;
-  options.kind = SamplerKind::kEuler;
-  options.spacing.kind = "leading";
-  options.steps = 10;
-  options.clip_denoised = false;
-  const Sampler whole = Make(options, false);
-  options.denoising_end = 0.7;
-  const Sampler base = Make(options, false);
-  EXPECT_EQ(base.steps_run(), 7);
-  EXPECT_EQ(base.first_step(), 0);
-  options.denoising_end.reset();
-  options.denoising_start = 0.7;
-  const Sampler refiner = Make(options, false);
-  EXPECT_EQ(refiner.steps_run(), 3);
-  EXPECT_EQ(refiner.first_step(), 7);
-  EXPECT_EQ(refiner.start_timestep(), 200);
-  // A model that is not perfect, so that every step shows.
-  const Denoiser model = [](const float* x, const float*, const int32_t*, int B, float* out) {
-    for (size_t j = 0; j < B * kN; ++j)
-      out[j] = 0.5f * x[j];
-  };
-  const int32_t label = 0;
-  std::vector<float> one(kN), two(kN);
-  whole.Sample(model, &label, 1, 0, one.data());
-  base.Sample(model, &label, 1, 0, two.data());
-  EXPECT_NE(two, one);
-  refiner.Denoise(model, &label, 1, 0, two.data());
-  for (size_t j = 0; j < kN; ++j)
-    ASSERT_NEAR(two[j], one[j], 1e-6 * (1 + std::abs(one[j]))) << j;
+  for (const SamplerKind kind : {SamplerKind::kEuler, SamplerKind::kDdim}) {
+    SCOPED_TRACE(SamplerName(kind));
+    options = SamplerOptions();
+    options.kind = kind;
+    options.spacing.kind = "leading";
+    options.steps = 10;
+    options.clip_denoised = false;
+    const Sampler whole = Make(options, false);
+    options.denoising_end = 0.7;
+    const Sampler base = Make(options, false);
+    EXPECT_EQ(base.steps_run(), 7);
+    EXPECT_EQ(base.first_step(), 0);
+    options.denoising_end.reset();
+    options.denoising_start = 0.7;
+    const Sampler refiner = Make(options, false);
+    EXPECT_EQ(refiner.steps_run(), 3);
+    EXPECT_EQ(refiner.first_step(), 7);
+    EXPECT_EQ(refiner.start_timestep(), 200);
+    // A model that is not perfect, so that every step shows.
+    const Denoiser model = [](const float* x, const float*, const int32_t*, int B, float* out) {
+      for (size_t j = 0; j < B * kN; ++j)
+        out[j] = 0.5f * x[j];
+    };
+    const int32_t label = 0;
+    std::vector<float> one(kN), two(kN);
+    whole.Sample(model, &label, 1, 0, one.data());
+    base.Sample(model, &label, 1, 0, two.data());
+    EXPECT_NE(two, one);
+    refiner.Denoise(model, &label, 1, 0, two.data());
+    for (size_t j = 0; j < kN; ++j)
+      ASSERT_NEAR(two[j], one[j], 1e-6 * (1 + std::abs(one[j]))) << j;
+  }
 
   // Refused: outside (0, 1), with a strength, with another sampler, leaving no step.
   const auto refusal = [&](const SamplerOptions& o) {
@@ -380,7 +383,8 @@ TEST_F(SamplerTest, DenoisingEndAndStartCutEulersStepsAtTheirTimestep) {
   EXPECT_NE(refusal(bad).find("not both"), std::string::npos);
   bad = options;
   bad.kind = SamplerKind::kHeun;
-  EXPECT_NE(refusal(bad).find("is for the euler sampler"), std::string::npos);
+  EXPECT_NE(refusal(bad).find("is for the euler, ddim, dpmsolver, deis and unipc samplers"),
+            std::string::npos);
   bad = options;
   bad.denoising_end = 0.5;
   EXPECT_NE(refusal(bad).find("leaves none of the 10 steps"), std::string::npos);

@@ -136,18 +136,29 @@ bool IsSdxlCheckpoint(const SafetensorsFile& file) {
          file.Find(std::string(kSgmOpenClipPrefix) + "text_projection") != nullptr;
 }
 
+namespace {
+
+bool HasOpenClip(const SafetensorsFile& file, const std::string& prefix) {
+  return file.Find(prefix + "transformer.resblocks.0.attn.in_proj_weight") != nullptr;
+}
+
+}  // namespace
+
+bool IsSdxlRefinerCheckpoint(const SafetensorsFile& file) {
+  return HasOpenClip(file, kSgmRefinerOpenClipPrefix);
+}
+
 std::vector<LdmTextModel> LdmTextModels(const SafetensorsFile& file) {
   const auto clip = [&](const std::string& prefix) {
     return file.Find(prefix + "text_model.embeddings.token_embedding.weight") != nullptr;
   };
-  const auto open_clip = [&](const std::string& prefix) {
-    return file.Find(prefix + "transformer.resblocks.0.attn.in_proj_weight") != nullptr;
-  };
+  const auto open_clip = [&](const std::string& prefix) { return HasOpenClip(file, prefix); };
   std::vector<LdmTextModel> models;
   if (clip(kLdmClipPrefix)) models.push_back({kLdmClipPrefix, false});
   if (open_clip(kLdmOpenClipPrefix)) models.push_back({kLdmOpenClipPrefix, true});
   if (clip(kSgmClipPrefix)) models.push_back({kSgmClipPrefix, false});
   if (open_clip(kSgmOpenClipPrefix)) models.push_back({kSgmOpenClipPrefix, true});
+  if (open_clip(kSgmRefinerOpenClipPrefix)) models.push_back({kSgmRefinerOpenClipPrefix, true});
   return models;
 }
 
@@ -224,12 +235,6 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
         "1.x, 2.x and SDXL are",
         file.path());
   }
-  if (file.Find("conditioner.embedders.0.model.transformer.resblocks.0.attn.in_proj_weight")) {
-    return Errorf(
-        "'{}': SDXL's refiner (its micro-conditioning takes an aesthetic score among 5 time ids) "
-        "is not supported; SDXL's base is",
-        file.path());
-  }
   std::vector<std::string> unet;
   for (const std::string& name : file.Names()) {
     if (name.starts_with(p)) unet.push_back(name.substr(p.size()));
@@ -282,6 +287,19 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
       heads.push_back(std::max(1, channels[b] / 64));
     }
   }
+  // diffusers' mid block takes the last level's depth: a last level that attends not (the
+  // refiner's) is given the mid block's.
+  const int mid_depth =
+      static_cast<int>(Indices(unet, "middle_block.1.transformer_blocks.").size());
+  if (mid_depth > 0 && mid_depth != depths.back()) {
+    if (down.back() != "DownBlock2D") {
+      return Errorf(
+          "'{}': the mid block's {} transformer blocks are not its last level's {}, which "
+          "diffusers' UNet2DConditionModel cannot hold",
+          file.path(), mid_depth, depths.back());
+    }
+    depths.back() = mid_depth;
+  }
   nlohmann::json depth = depths;
   if (std::all_of(depths.begin(), depths.end(), [&](int d) { return d == depths[0]; }))
     depth = depths[0];
@@ -299,11 +317,14 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
                         {"transformer_layers_per_block", depth},
                         {"norm_num_groups", 32}};
   if (file.Find(p + "label_emb.0.0.weight") == nullptr) return config;
-  // SDXL: pooled text ‖ sinusoids of 6 time ids, each of addition_time_embed_dim features.
+  // SDXL: pooled text ‖ sinusoids of 6 time ids (the refiner's 5), each of
+  // addition_time_embed_dim features.
   DT_ASSIGN_OR_RETURN(const std::vector<int64_t> label, shape("label_emb.0.0.weight"));
-  constexpr int64_t kTimeIds = 6;
+  const bool refiner = IsSdxlRefinerCheckpoint(file);
+  const int64_t kTimeIds = refiner ? 5 : 6;
   int64_t time_features = 256;  // SDXL's, which diffusers assumes too
-  const std::string projection = std::string(kSgmOpenClipPrefix) + "text_projection";
+  const std::string projection =
+      std::string(refiner ? kSgmRefinerOpenClipPrefix : kSgmOpenClipPrefix) + "text_projection";
   if (const TensorView* t = file.Find(projection); t != nullptr && t->shape.size() == 2) {
     const int64_t rest = label[1] - t->shape[1];
     if (rest <= 0 || rest % kTimeIds != 0) {
@@ -318,6 +339,7 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
   config["addition_embed_type"] = "text_time";
   config["addition_time_embed_dim"] = time_features;
   config["projection_class_embeddings_input_dim"] = label[1];
+  if (refiner) config["requires_aesthetics_score"] = true;
   return config;
 }
 

@@ -46,6 +46,8 @@ inline constexpr char kLdmOpenClipPrefix[] = "cond_stage_model.model.";
 // its text_projection.
 inline constexpr char kSgmClipPrefix[] = "conditioner.embedders.0.transformer.";
 inline constexpr char kSgmOpenClipPrefix[] = "conditioner.embedders.1.model.";
+// SDXL's refiner holds the OpenCLIP ViT-bigG alone, first.
+inline constexpr char kSgmRefinerOpenClipPrefix[] = "conditioner.embedders.0.model.";
 
 // Whether `file` (its header suffices) holds an LDM UNet (model.diffusion_model.*), an LDM VAE
 // (first_stage_model.*), and whether it is SDXL's (the UNet's addition embedding as label_emb.0,
@@ -53,6 +55,8 @@ inline constexpr char kSgmOpenClipPrefix[] = "conditioner.embedders.1.model.";
 bool IsLdmCheckpoint(const SafetensorsFile& file);
 bool HasLdmVae(const SafetensorsFile& file);
 bool IsSdxlCheckpoint(const SafetensorsFile& file);
+// Whether it is SDXL's refiner (its one text model, OpenCLIP's, as conditioner.embedders.0).
+bool IsSdxlRefinerCheckpoint(const SafetensorsFile& file);
 
 // A text model an original checkpoint holds: its tensors' prefix, and whether they are named as
 // OpenCLIP's (else as transformers' CLIPTextModel).
@@ -61,7 +65,8 @@ struct LdmTextModel {
   bool open_clip = false;
 };
 // The file's text models in the order a pipeline takes them: SD 1.x's CLIP, SD 2.x's OpenCLIP,
-// or SDXL's CLIP and OpenCLIP (text_encoder, text_encoder_2); none for a file without.
+// SDXL's CLIP and OpenCLIP (text_encoder, text_encoder_2), or the refiner's OpenCLIP (its
+// text_encoder_2); none for a file without.
 std::vector<LdmTextModel> LdmTextModels(const SafetensorsFile& file);
 
 // Where an OpenCLIP text model (after its prefix) holds the tensor transformers' CLIPTextModel
@@ -96,8 +101,10 @@ std::vector<std::optional<std::string>> SgmUNetNames(const std::vector<std::stri
 // GroupNorm of 32, sample_size 64 (512 px; SDXL's 128, 1024 px). SDXL's addition embedding
 // (label_emb.0) is its text_time micro-conditioning: projection_class_embeddings_input_dim from
 // its tensor, addition_time_embed_dim the rest after the pooled text (the OpenCLIP model's
-// text_projection) over 6 time ids, else SDXL's 256. Errors say what is missing or uneven, and
-// refuse class embeddings and SDXL's refiner (5 time ids) by name.
+// text_projection) over 6 time ids, else SDXL's 256; the refiner's over 5, the aesthetic score
+// among them (requires_aesthetics_score, difftrain's key). The mid block's transformer depth is
+// the last level's, as diffusers builds it: a last level without attention takes the mid
+// block's. Errors say what is missing or uneven, and refuse class embeddings by name.
 Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file);
 
 // The file's name of each VAE tensor diffusers' AutoencoderKL names `names` (its levels read

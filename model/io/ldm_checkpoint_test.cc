@@ -110,12 +110,16 @@ Result<SafetensorsFile> ZerosFile(const TempDir& dir, const std::vector<std::str
 // A UNet's tensors under their original names (zeros) give back its config: SD 1.x's shape
 // (convolutional projections, 8 heads), SD 2.x's (linear, heads of 64 channels) and SDXL's
 // (a plain first level, transformers of several blocks, the text_time micro-conditioning whose
-// time features are what the OpenCLIP model's pooled text leaves of label_emb.0.0's input); the
-// initial-weights reader finds every tensor of the model in the file.
+// time features are what the OpenCLIP model's pooled text leaves of label_emb.0.0's input) and
+// SDXL's refiner's (five time ids, its OpenCLIP model first, a last level without attention whose
+// depth is the mid block's); the initial-weights reader finds every tensor of the model in the
+// file.
 TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
-  enum Kind { kSd1, kSd2, kSdxl };
-  // SD 1.x, SD 2.x, SD 1.x's inpainting UNet (sd-v1-5-inpainting: 9 input channels), SDXL.
-  for (const auto& [kind, in_channels] : {std::pair{kSd1, 4}, {kSd2, 4}, {kSd1, 9}, {kSdxl, 4}}) {
+  enum Kind { kSd1, kSd2, kSdxl, kRefiner };
+  // SD 1.x, SD 2.x, SD 1.x's inpainting UNet (sd-v1-5-inpainting: 9 input channels), SDXL and
+  // its refiner.
+  for (const auto& [kind, in_channels] :
+       {std::pair{kSd1, 4}, {kSd2, 4}, {kSd1, 9}, {kSdxl, 4}, {kRefiner, 4}}) {
     SCOPED_TRACE(fmt::format("{} in_channels {}", int(kind), in_channels));
     const bool linear = kind != kSd1;
     nlohmann::json config = {
@@ -144,6 +148,16 @@ TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
       config["addition_time_embed_dim"] = 8;
       config["projection_class_embeddings_input_dim"] = kPooled + 6 * 8;
     }
+    if (kind == kRefiner) {
+      config["sample_size"] = 128;
+      config["down_block_types"] = {"DownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"};
+      config["up_block_types"] = {"UpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"};
+      config["transformer_layers_per_block"] = {1, 2, 2};  // the mid block's 2 last
+      config["addition_embed_type"] = "text_time";
+      config["addition_time_embed_dim"] = 8;
+      config["projection_class_embeddings_input_dim"] = kPooled + 5 * 8;
+      config["requires_aesthetics_score"] = true;
+    }
     Result<ModelSpec> spec = ModelSpecFromJson("unet", config);
     ASSERT_TRUE(spec.ok()) << spec.status().message();
     Result<ModelPartition> whole = FamilyOf(*spec).Partition(*spec, LayoutShape{}, 0, 0, 0);
@@ -161,19 +175,28 @@ TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
       ldm->push_back(std::string(kSgmOpenClipPrefix) + "text_projection");
       shapes.push_back({24, kPooled});
     }
+    if (kind == kRefiner) {  // its one text model, first
+      ldm->push_back(std::string(kSgmRefinerOpenClipPrefix) + "text_projection");
+      shapes.push_back({24, kPooled});
+      ldm->push_back(std::string(kSgmRefinerOpenClipPrefix) +
+                     "transformer.resblocks.0.attn.in_proj_weight");
+      shapes.push_back({72, 24});
+    }
     TempDir dir("ldm_unet");
     Result<SafetensorsFile> file = ZerosFile(dir, *ldm, shapes);
     ASSERT_TRUE(file.ok()) << file.status().message();
     EXPECT_TRUE(IsLdmCheckpoint(*file));
     EXPECT_FALSE(HasLdmVae(*file));
-    EXPECT_EQ(IsSdxlCheckpoint(*file), kind == kSdxl);
+    EXPECT_EQ(IsSdxlCheckpoint(*file), kind == kSdxl || kind == kRefiner);
+    EXPECT_EQ(IsSdxlRefinerCheckpoint(*file), kind == kRefiner);
     Result<nlohmann::json> read = LdmUNetConfig(*file);
     ASSERT_TRUE(read.ok()) << read.status().message();
-    for (const char* key : {"in_channels", "out_channels", "block_out_channels", "layers_per_block",
-                            "down_block_types", "up_block_types", "cross_attention_dim",
-                            "attention_head_dim", "use_linear_projection",
-                            "transformer_layers_per_block", "sample_size", "addition_embed_type",
-                            "addition_time_embed_dim", "projection_class_embeddings_input_dim"}) {
+    for (const char* key :
+         {"in_channels", "out_channels", "block_out_channels", "layers_per_block",
+          "down_block_types", "up_block_types", "cross_attention_dim", "attention_head_dim",
+          "use_linear_projection", "transformer_layers_per_block", "sample_size",
+          "addition_embed_type", "addition_time_embed_dim", "projection_class_embeddings_input_dim",
+          "requires_aesthetics_score"}) {
       EXPECT_EQ(read->value(key, nlohmann::json()), config.value(key, nlohmann::json())) << key;
     }
     Result<ModelSpec> read_spec = ModelSpecFromJson("unet", *read);
@@ -181,7 +204,8 @@ TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
     EXPECT_EQ(FamilyOf(*read_spec).Samples(*read_spec).conditioning_channels, in_channels - 4);
     Result<std::vector<std::string>> unused = CheckInitialWeights(*file, table);
     ASSERT_TRUE(unused.ok()) << unused.status().message();
-    EXPECT_EQ(unused->size(), kind == kSdxl ? 1u : 0u);  // the text model's projection
+    // The text model's projection (and the refiner's layer).
+    EXPECT_EQ(unused->size(), kind == kSdxl ? 1u : kind == kRefiner ? 2u : 0u);
     if (kind != kSdxl) continue;
     // Without its text models the time features are SDXL's 256: label_emb.0.0's 64 inputs
     // leave no pooled text, and the config says so.
@@ -204,17 +228,31 @@ TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
     ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.status().message().find("6 time ids' sinusoids"), std::string::npos)
         << refused.status().message();
+    // A mid block shallower than the last level, which attends: diffusers builds the mid
+    // block of the last level's depth, so no config says this UNet.
+    std::vector<std::string> shallow_names;
+    std::vector<std::vector<int64_t>> shallow_shapes;
+    for (size_t i = 0; i + 1 < ldm->size(); ++i) {  // less the uneven projection
+      if ((*ldm)[i].find("middle_block.1.transformer_blocks.2.") != std::string::npos) continue;
+      shallow_names.push_back((*ldm)[i]);
+      shallow_shapes.push_back(shapes[i]);
+    }
+    TempDir shallow_dir("ldm_unet_shallow_mid");
+    Result<SafetensorsFile> shallow = ZerosFile(shallow_dir, shallow_names, shallow_shapes);
+    ASSERT_TRUE(shallow.ok());
+    Result<nlohmann::json> shallow_config = LdmUNetConfig(*shallow);
+    ASSERT_FALSE(shallow_config.ok());
+    EXPECT_NE(shallow_config.status().message().find(
+                  "the mid block's 2 transformer blocks are not its last level's 3"),
+              std::string::npos)
+        << shallow_config.status().message();
   }
-  // The upscaler's class embedding and SDXL's refiner are refused by name.
+  // The upscaler's class embedding is refused by name.
   const std::string p = kLdmUNetPrefix;
-  const std::string refiner =
-      "conditioner.embedders.0.model.transformer.resblocks.0.attn.in_proj_weight";
   const std::vector<int64_t> one = {1};
   for (const auto& [names, shapes, message] :
        {std::tuple{std::vector<std::string>{p + "label_emb.weight"},
-                   std::vector<std::vector<int64_t>>{one}, "class embeddings"},
-        {std::vector<std::string>{p + "label_emb.0.0.weight", refiner},
-         std::vector<std::vector<int64_t>>{one, one}, "SDXL's refiner"}}) {
+                   std::vector<std::vector<int64_t>>{one}, "class embeddings"}}) {
     std::vector<std::string> all = names;
     all.push_back(p + "input_blocks.0.0.weight");
     std::vector<std::vector<int64_t>> all_shapes = shapes;

@@ -71,10 +71,14 @@ Result<TextEmbedder> TextEmbedder::Load(const std::string& path,
   std::vector<Part> parts;
   std::error_code ec;
   const fs::path second = fs::path(path) / "text_encoder_2";
-  // SDXL's refiner: a pipeline of text_encoder_2/ alone, encoded as SDXL encodes.
-  if (weights == nullptr && fs::is_directory(second, ec) &&
-      !fs::is_directory(fs::path(path) / "text_encoder", ec)) {
-    DT_ASSIGN_OR_RETURN(auto only, LoadEncoderAndTokenizer(second.string(), nullptr, 0));
+  // SDXL's refiner, encoded as SDXL encodes: a pipeline of text_encoder_2/ alone, or the
+  // original file's one text model with the config and tokenizer of the folder's
+  // text_encoder_2/ (a refiner's or a base's pipeline), else of the folder itself.
+  const bool refiner_file = weights != nullptr && io::IsSdxlRefinerCheckpoint(*weights);
+  if (refiner_file || (weights == nullptr && fs::is_directory(second, ec) &&
+                       !fs::is_directory(fs::path(path) / "text_encoder", ec))) {
+    const std::string from = fs::is_directory(second, ec) ? second.string() : path;
+    DT_ASSIGN_OR_RETURN(auto only, LoadEncoderAndTokenizer(from, weights, 0));
     if (only.first.config().kind != TextEncoderKind::kClip)
       return Errorf("text encoder '{}': text_encoder_2/ must be a CLIP text model", path);
     parts.push_back({std::move(only.first), std::move(only.second)});

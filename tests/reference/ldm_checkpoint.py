@@ -3,7 +3,7 @@
 model.safetensors) made of a diffusers pipeline, and diffusers' own reading of it, the reference
 of difftrain's (model/io/ldm_checkpoint.h):
 
-    PYTHON tests/reference/ldm_checkpoint.py write PIPELINE OUT.safetensors [openclip|sdxl]
+    PYTHON tests/reference/ldm_checkpoint.py write PIPELINE OUT.safetensors [openclip|sdxl|refiner]
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2).
 
@@ -20,7 +20,8 @@ convert_ldm_unet_checkpoint and convert_ldm_vae_checkpoint), whose UNet and VAE 
 pipeline's tensor for tensor, and the OpenCLIP text model by diffusers'
 create_text_encoder_from_open_clip_checkpoint, which must give the pipeline's text model: so
 OUT is what diffusers takes for this pipeline. With `sdxl`, PIPELINE is a
-StableDiffusionXLPipeline, written in SDXL's original (SGM) layout (write_sdxl).
+StableDiffusionXLPipeline, written in SDXL's original (SGM) layout (write_sdxl); with
+`refiner`, SDXL's refiner's pipeline (sd_pipeline.py make … ldmxl_refiner) in the refiner's.
 Exit status: 0; 1 when diffusers reads back other weights; 2 for bad usage.
 """
 
@@ -192,13 +193,16 @@ def same(what, want, got):
     return True
 
 
-def write_sdxl(folder, out):
+def write_sdxl(folder, out, refiner=False):
     """SDXL's original (SGM) layout: the UNet's addition embedding as label_emb.0, the text
-    models under conditioner.embedders.0.transformer (CLIP) and .1.model (OpenCLIP). Read back
-    by diffusers' own conversions (convert_ldm_unet_checkpoint, convert_ldm_vae_checkpoint,
-    create_text_encoder_from_ldm_clip_checkpoint, create_text_encoder_from_open_clip_checkpoint)
-    with the pipeline's configs, as from_single_file reads SDXL's file with SDXL's."""
-    from diffusers import StableDiffusionXLPipeline
+    models under conditioner.embedders.0.transformer (CLIP) and .1.model (OpenCLIP); the
+    refiner's (a StableDiffusionXLImg2ImgPipeline of text_encoder_2 alone) its OpenCLIP model
+    under conditioner.embedders.0.model. Read back by diffusers' own conversions
+    (convert_ldm_unet_checkpoint, convert_ldm_vae_checkpoint,
+    create_text_encoder_from_ldm_clip_checkpoint, create_text_encoder_from_open_clip_checkpoint,
+    the refiner's with its prefix) with the pipeline's configs, as from_single_file reads SDXL's
+    file with SDXL's."""
+    from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
     from diffusers.loaders.single_file_utils import (
         convert_ldm_unet_checkpoint, convert_ldm_vae_checkpoint,
         create_text_encoder_from_ldm_clip_checkpoint,
@@ -208,27 +212,33 @@ def write_sdxl(folder, out):
     with safe_open(os.path.join(folder, "unet", "diffusion_pytorch_model.safetensors"),
                    "pt") as f:
         dtype = f.get_tensor(next(iter(f.keys()))).dtype
-    pipeline = StableDiffusionXLPipeline.from_pretrained(folder, torch_dtype=dtype)
+    pipeline_class = StableDiffusionXLImg2ImgPipeline if refiner else StableDiffusionXLPipeline
+    pipeline = pipeline_class.from_pretrained(folder, torch_dtype=dtype)
     tensors = unet_and_vae(pipeline)
-    for k, v in pipeline.text_encoder.state_dict().items():
-        tensors["conditioner.embedders.0.transformer." + k] = v
+    second_prefix = "conditioner.embedders.0.model." if refiner else \
+        "conditioner.embedders.1.model."
+    if not refiner:
+        for k, v in pipeline.text_encoder.state_dict().items():
+            tensors["conditioner.embedders.0.transformer." + k] = v
     for k, v in open_clip(pipeline.text_encoder_2).items():
-        tensors["conditioner.embedders.1.model." + k] = v
+        tensors[second_prefix + k] = v
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     save_file(tensors, out)
     unet = convert_ldm_unet_checkpoint(tensors, dict(pipeline.unet.config))
     vae = convert_ldm_vae_checkpoint(tensors, dict(pipeline.vae.config))
-    first = create_text_encoder_from_ldm_clip_checkpoint(
-        os.path.join(folder, "text_encoder"), tensors, local_files_only=True)
     second = create_text_encoder_from_open_clip_checkpoint(
-        os.path.join(folder, "text_encoder_2"), tensors, prefix="conditioner.embedders.1.model.",
+        os.path.join(folder, "text_encoder_2"), tensors, prefix=second_prefix,
         has_projection=True, local_files_only=True)
     if not (same("unet", pipeline.unet.state_dict(), unet)
             and same("vae", pipeline.vae.state_dict(), vae)
-            and same("text_encoder", pipeline.text_encoder.state_dict(), first.state_dict())
             and same("text_encoder_2", pipeline.text_encoder_2.state_dict(),
                      second.state_dict())):
         return 1
+    if not refiner:
+        first = create_text_encoder_from_ldm_clip_checkpoint(
+            os.path.join(folder, "text_encoder"), tensors, local_files_only=True)
+        if not same("text_encoder", pipeline.text_encoder.state_dict(), first.state_dict()):
+            return 1
     print(f"wrote {out} ({len(tensors)} tensors); diffusers reads back the SDXL pipeline's "
           "UNet, VAE and text encoders")
     return 0
@@ -279,8 +289,8 @@ def write(folder, out, openclip=False):
 
 
 def main(argv):
-    if len(argv) == 5 and argv[1] == "write" and argv[4] == "sdxl":
-        return write_sdxl(argv[2], argv[3])
+    if len(argv) == 5 and argv[1] == "write" and argv[4] in ("sdxl", "refiner"):
+        return write_sdxl(argv[2], argv[3], refiner=argv[4] == "refiner")
     if len(argv) in (4, 5) and argv[1] == "write" and argv[4:] in ([], ["openclip"]):
         return write(argv[2], argv[3], len(argv) == 5)
     print(__doc__, file=sys.stderr)

@@ -87,7 +87,8 @@ RUNS = {c.__name__: c for c in (EulerDiscreteScheduler, EulerAncestralDiscreteSc
                                 KDPM2DiscreteScheduler, KDPM2AncestralDiscreteScheduler,
                                 DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
                                 DEISMultistepScheduler, DPMSolverSDEScheduler,
-                                UniPCMultistepScheduler, LCMScheduler, TCDScheduler)}
+                                UniPCMultistepScheduler, LCMScheduler, TCDScheduler,
+                                DDIMScheduler, DDPMScheduler)}
 
 
 def timesteps(out, T):
@@ -185,6 +186,7 @@ def steps(cases_path, out):
             tensors[f"{name}.{key}"] = x
             tensors[f"{name}.{key}_timesteps"] = dpm.timesteps.to(torch.float32)
 
+        restore = []
         for run in case.get("runs", []):
             scheduler = RUNS[run["class"]].from_config({**config, **run.get("extra", {})})
             # Its σ's from ᾱ's computed in float64, as PNDM's above: the cosine schedule's fp32
@@ -197,8 +199,11 @@ def steps(cases_path, out):
             if "noise" in run and run["class"] == "DPMSolverSDEScheduler":
                 scheduler.noise_sampler = StepBrownian(load_file(run["noise"])["noise"])
             elif "noise" in run:
-                # A stochastic scheduler's step noise, the C++ sampler's: one tensor a step.
+                # A stochastic scheduler's step noise, the C++ sampler's: one tensor a step (put
+                # back after the run, DDPM's module being the coefficients' below too).
                 noise = list(load_file(run["noise"])["noise"].unbind(0))
+                drawn = sys.modules[type(scheduler).__module__]
+                restore.append((drawn, drawn.randn_tensor))
                 if run["class"] == "KDPM2AncestralDiscreteScheduler":
                     # Its step() draws at every call and adds the draw at each second one.
                     noise = [z for step in noise for z in (torch.zeros_like(step), step)]
@@ -225,6 +230,9 @@ def steps(cases_path, out):
                                    **({"eta": run["eta"]} if "eta" in run else {})).prev_sample
             tensors[f"{name}.{run['key']}"] = x.float()
             tensors[f"{name}.{run['key']}_calls"] = torch.tensor(calls, dtype=torch.float32)
+            for module, draw in restore:
+                module.randn_tensor = draw
+            restore.clear()
 
         # DDPM's step, its noise zero and the model's output read as x0: the posterior mean's
         # coefficients are the step of (x0 = 1, x_t = 0) and of (x0 = 0, x_t = 1).

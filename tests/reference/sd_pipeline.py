@@ -2,7 +2,8 @@
 """diffusers' StableDiffusionPipeline as the reference of `difftrain sample --pretrained
 PIPELINE` (launch/sample_command.cc):
 
-    PYTHON tests/reference/sd_pipeline.py make DIR SEED [sd|lcm|ldm1|ldm2|inpaint|sdxl|ldmxl]
+    PYTHON tests/reference/sd_pipeline.py make DIR SEED \
+        [sd|lcm|ldm1|ldm2|inpaint|sdxl|ldmxl|refiner|ldmxl_refiner]
     PYTHON tests/reference/sd_pipeline.py run DIR OUT.safetensors SETTINGS_JSON
 
 PYTHON is the interpreter tests/reference/diffusers_env.sh prints (diffusers 0.27.2 with
@@ -28,12 +29,14 @@ of SDXL's kind (transformers of 1 and 2 blocks, the text_time micro-conditioning
 `ldmxl` the same as an original SDXL checkpoint can hold it (GroupNorm of 32, UNet channels 64,
 128 in heads of 64 channels, VAE channels 32, 64). `refiner`: SDXL's refiner, a
 StableDiffusionXLImg2ImgPipeline of text_encoder_2 alone, a UNet of five time ids (the aesthetic
-score, requires_aesthetics_score) and force_zeros_for_empty_prompt false.
+score, requires_aesthetics_score) and force_zeros_for_empty_prompt false; `ldmxl_refiner` the
+refiner as an original checkpoint can hold it, shaped as SDXL's refiner is (channels 64, 128,
+128, attention at the middle level only, transformers of 2 blocks in it and the mid block).
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
 the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
 "kdpm2", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis", "unipc" or "tcd"), karras
-(optional: use_karras_sigmas), guidance_rescale (optional, default 0), eta (optional, default
+(optional: use_karras_sigmas), clip_sample (optional: the scheduler's, set), guidance_rescale (optional, default 0), eta (optional, default
 0: the pipeline's, DDIM's η or TCD's γ), lora and lora_scale (optional: lists of LoRA files and
 their scales, fused into the UNet and the text encoder in turn as tests/reference/lora.py fuses
 them), step_noise (optional: a
@@ -130,12 +133,21 @@ def make_sdxl(folder, seed, original=False, refiner=False):
     if original:
         shape = dict(block_out_channels=(64, 128), norm_num_groups=32)
         vae_shape = dict(block_out_channels=(32, 64), norm_num_groups=32)
+    levels = dict(attention_head_dim=(1, 2),
+                  down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                  up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+                  transformer_layers_per_block=(1, 2))
+    if original and refiner:
+        # As SDXL's refiner: a last level without attention, the mid block's depth that of the
+        # levels that attend.
+        shape = dict(block_out_channels=(64, 128, 128), norm_num_groups=32)
+        levels = dict(attention_head_dim=(1, 2, 2),
+                      down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+                      up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+                      transformer_layers_per_block=2)
     unet = perturbed(UNet2DConditionModel(
-        sample_size=8, in_channels=4, out_channels=4, layers_per_block=2,
-        attention_head_dim=(1, 2), **shape,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        transformer_layers_per_block=(1, 2), use_linear_projection=True,
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=2, **shape, **levels,
+        use_linear_projection=True,
         cross_attention_dim=width, addition_embed_type="text_time",
         addition_time_embed_dim=time_features,
         projection_class_embeddings_input_dim=text_encoder_2.config.projection_dim
@@ -170,8 +182,9 @@ def make_sdxl(folder, seed, original=False, refiner=False):
 
 
 def make(folder, seed, kind):
-    if kind in ("sdxl", "ldmxl", "refiner"):
-        return make_sdxl(folder, seed, original=kind == "ldmxl", refiner=kind == "refiner")
+    if kind in ("sdxl", "ldmxl", "refiner", "ldmxl_refiner"):
+        return make_sdxl(folder, seed, original=kind.startswith("ldmxl"),
+                         refiner=kind.endswith("refiner"))
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(folder, "text_encoder"))
     tokenizer = CLIPTokenizer.from_pretrained(os.path.join(folder, "tokenizer"))
     torch.manual_seed(seed)
@@ -332,6 +345,8 @@ def run(folder, out, settings):
         config["timestep_spacing"] = settings["spacing"]
     if settings.get("karras"):
         config["use_karras_sigmas"] = True
+    if settings.get("clip_sample") is not None:
+        config["clip_sample"] = settings["clip_sample"]
     classes = {"euler": EulerDiscreteScheduler, "euler_ancestral": EulerAncestralDiscreteScheduler,
                "heun": HeunDiscreteScheduler, "lms": LMSDiscreteScheduler,
                "kdpm2": KDPM2DiscreteScheduler,
@@ -360,7 +375,8 @@ def run(folder, out, settings):
 
 def main(argv):
     if len(argv) in (4, 5) and argv[1] == "make" and argv[4:] in (
-            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"], ["inpaint"], ["sdxl"], ["ldmxl"], ["refiner"]):
+            [], ["sd"], ["lcm"], ["ldm1"], ["ldm2"], ["inpaint"], ["sdxl"], ["ldmxl"], ["refiner"],
+            ["ldmxl_refiner"]):
         return make(argv[2], int(argv[3]), argv[4] if len(argv) == 5 else "sd")
     if len(argv) == 5 and argv[1] == "run":
         with open(argv[4]) as f:

@@ -45,9 +45,10 @@ class SdPipelineReferenceTest : public DiffusersReference {
   std::string MakePipeline(const std::string& text_python, const std::string& kind = "sd") {
     // SDXL's text half is its two encoders and tokenizers.
     const std::string dir = ShellQuote(dir_.string());
-    const std::string text_args = kind == "sdxl" || kind == "ldmxl" || kind == "refiner"
-                                      ? "sdxl " + dir
-                                      : fmt::format("sd {} {}", dir, kind == "ldm1" ? 1 : 2);
+    const std::string text_args =
+        kind == "sdxl" || kind == "ldmxl" || kind == "refiner" || kind == "ldmxl_refiner"
+            ? "sdxl " + dir
+            : fmt::format("sd {} {}", dir, kind == "ldm1" ? 1 : 2);
     const CommandResult text = RunCommand(fmt::format(
         "{} {} {} '[\"x\"]' 3 2>&1", ShellQuote(text_python),
         ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/text_encoder.py"), text_args));
@@ -57,6 +58,24 @@ class SdPipelineReferenceTest : public DiffusersReference {
         RunScript("sd_pipeline.py", "make " + ShellQuote(pipeline) + " 5 " + kind);
     EXPECT_EQ(made.exit_code, 0) << made.output;
     return text.exit_code == 0 && made.exit_code == 0 ? pipeline : "";
+  }
+
+  // Fine-tuning starts from `weights` (checkpoint.init_from, as `debug-dump --init-from` takes
+  // it): the model of the sampling `config` (a sample's metadata) then holds `pipeline`'s UNet,
+  // tensor for tensor.
+  void ExpectInitFromHoldsItsUNet(const std::string& config, const std::string& weights,
+                                  const std::string& pipeline) {
+    std::ofstream(dir_ / "job.yaml") << "model: " << config << "\n";
+    const std::string dump = (dir_ / "init.safetensors").string();
+    const CommandResult dumped = RunCommand(
+        fmt::format("{} debug-dump --config {} --seed 1 --batch 2 --init-from {} --out {} 2>&1",
+                    ShellQuote(DIFFTRAIN_BINARY), ShellQuote((dir_ / "job.yaml").string()),
+                    ShellQuote(weights), ShellQuote(dump)));
+    ASSERT_EQ(dumped.exit_code, 0) << dumped.output;
+    const CommandResult same =
+        RunScript("init_weights.py",
+                  "compare-diffusers " + ShellQuote(pipeline + "/unet") + " " + ShellQuote(dump));
+    EXPECT_EQ(same.exit_code, 0) << same.output;
   }
 
   // diffusers' run of `settings` into `name`.safetensors; its path.
@@ -125,7 +144,7 @@ class SdPipelineReferenceTest : public DiffusersReference {
   }
 
   // Case `name` sampled by diffusers (`settings`) and by difftrain (`flags`) from the same x_T:
-  // the final latents and their decoding must agree within kBound, and differ from x_T.
+  // the final latents and their decoding must agree within `bound`, and differ from x_T.
   // difftrain samples `pretrained` where it is given, else the pipeline itself.
   // diffusers' file and final latents, and difftrain's file.
   struct Compared {
@@ -135,7 +154,7 @@ class SdPipelineReferenceTest : public DiffusersReference {
   };
   Compared Compare(const std::string& pipeline, const nlohmann::json& settings,
                    const std::string& flags, const std::string& name,
-                   const std::string& pretrained = "") {
+                   const std::string& pretrained = "", double bound = kBound) {
     Compared c;
     c.reference = Reference(pipeline, settings, name + "_want");
     Result<io::SafetensorsFile> want = io::SafetensorsFile::Read(c.reference);
@@ -150,8 +169,8 @@ class SdPipelineReferenceTest : public DiffusersReference {
         RelativeL2(ReferenceTensor(*got, "decoded"), ReferenceTensor(*want, "decoded"));
     std::cout << name << ": relative L2 latents " << latents_error << ", decoded " << decoded_error
               << "\n";
-    EXPECT_LE(latents_error, kBound);
-    EXPECT_LE(decoded_error, kBound);
+    EXPECT_LE(latents_error, bound);
+    EXPECT_LE(decoded_error, bound);
     EXPECT_GT(RelativeL2(ReferenceTensor(*want, "noise"), c.latents), 0.1)
         << "nothing was denoised";
     c.got = std::move(got).value();
