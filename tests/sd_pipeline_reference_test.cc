@@ -254,6 +254,19 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
         {"images", 2},
         {"seed", 13}},
        "--prompt 'a photo of a boat' --sampler tcd --cfg 3 --per-class 2 --seed 5"},
+      // DDPM (DDPMScheduler.from_config of the pipeline's DDIM config: clip_sample false,
+      // leading with steps_offset 1, its posterior variance), 8 ancestral steps whose noise is
+      // difftrain's (StepNoise below); the last, from timestep 1 to ᾱ = 1, adds none.
+      {"ddpm",
+       {{"prompt", "a photo of a boat"},
+        {"negative_prompt", nullptr},
+        {"steps", 8},
+        {"guidance", 7.5},
+        {"spacing", nullptr},
+        {"scheduler", "ddpm"},
+        {"images", 2},
+        {"seed", 14}},
+       "--prompt 'a photo of a boat' --sampler ddpm --per-class 2 --steps 8 --seed 5"},
       // Euler ancestral ("Euler a"), 9 steps: diffusers' step noise is the noise difftrain's
       // sampler draws from --seed (StepNoise below).
       {"euler_ancestral",
@@ -272,7 +285,7 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionPipeline) {
     SCOPED_TRACE(c.name);
     nlohmann::json settings = c.settings;
     if (settings["scheduler"] == "euler_ancestral" || settings["scheduler"] == "dpmsolver_sde" ||
-        settings["scheduler"] == "tcd") {
+        settings["scheduler"] == "tcd" || settings["scheduler"] == "ddpm") {
       // One draw a step (DPM++ SDE: two).
       settings["step_noise"] = WriteStepNoise(pipeline, settings["steps"], settings["images"],
                                               settings["scheduler"] == "dpmsolver_sde" ? 2 : 1);

@@ -43,7 +43,7 @@ case, with DDIMScheduler(**scheduler) and DDPMScheduler(**scheduler without DDIM
                    as StableDiffusionPipeline runs a scheduler, the model called on
                    scale_model_input(x, t) at each of its timesteps; the optional noise, a
                    safetensors file whose "noise" [N, 2, 2, 4, 4] holds each step's noise,
-                   is what the scheduler's step draws (Euler ancestral, LCM, TCD, DPM-Solver's SDE; KDPM2
+                   is what the scheduler's step draws (Euler ancestral, DDPM, LCM, TCD, DPM-Solver's SDE; KDPM2
                    ancestral draws at every call and adds each second call's draw;
                    DPMSolverSDEScheduler's [N, 2, 2, 2, 4, 4] are each step's two Brownian
                    increments, StepBrownian); the optional eta is the step's (TCD's γ)

@@ -34,18 +34,18 @@ refiner as an original checkpoint can hold it, shaped as SDXL's refiner is (chan
 128, attention at the middle level only, transformers of 2 blocks in it and the mid block).
 
 run: SETTINGS_JSON holds prompt, negative_prompt (null: none), steps, guidance, spacing (null:
-the scheduler's), scheduler ("ddim", "pndm", "euler", "euler_ancestral", "heun", "lms",
+the scheduler's), scheduler ("ddim", "ddpm", "pndm", "euler", "euler_ancestral", "heun", "lms",
 "kdpm2", "dpmsolver", "dpmsolver_singlestep", "dpmsolver_sde", "deis", "unipc" or "tcd"), karras
-(optional: use_karras_sigmas), clip_sample (optional: the scheduler's, set), guidance_rescale (optional, default 0), eta (optional, default
-0: the pipeline's, DDIM's η or TCD's γ), lora and lora_scale (optional: lists of LoRA files and
-their scales, fused into the UNet and the text encoder in turn as tests/reference/lora.py fuses
-them), step_noise (optional: a
-safetensors file whose "noise" [steps, 1, images, 4, h, w] EulerAncestralDiscreteScheduler.step
+(optional: use_karras_sigmas), clip_sample (optional: the scheduler's, set), guidance_rescale
+(optional, default 0), eta (optional, default 0: the pipeline's, DDIM's η or TCD's γ), lora and
+lora_scale (optional: lists of LoRA files and their scales, fused into the UNet and the text
+encoder in turn as tests/reference/lora.py fuses them), step_noise (optional: a safetensors file
+whose "noise" [steps, 1, images, 4, h, w] EulerAncestralDiscreteScheduler.step (DDPM's, TCD's)
 draws in place of its own, or [steps, 2, images, 4, h, w], the two draws a step from which
 DPMSolverSDEScheduler's Brownian increments are made, step_brownian.py) and images; the pipeline
 is called with latents N(0, 1) [images, 4, h, w] (seeded) and output_type "latent", with its
 scheduler swapped for DDIMScheduler.from_config(config, timestep_spacing=spacing),
-PNDMScheduler's with skip_prk_steps (as SD 1.x's pipelines configure it), or
+DDPMScheduler's, PNDMScheduler's with skip_prk_steps (as SD 1.x's pipelines configure it), or
 EulerDiscreteScheduler's, EulerAncestralDiscreteScheduler's, HeunDiscreteScheduler's,
 LMSDiscreteScheduler's, KDPM2DiscreteScheduler's, DPMSolverMultistepScheduler's,
 DPMSolverSinglestepScheduler's, DPMSolverSDEScheduler's, DEISMultistepScheduler's,
@@ -85,7 +85,7 @@ import sys
 
 import safetensors.torch  # noqa: F401  (before diffusers: its save_pretrained needs it)
 import torch
-from diffusers import (AutoencoderKL, DDIMScheduler, DEISMultistepScheduler,
+from diffusers import (AutoencoderKL, DDIMScheduler, DDPMScheduler, DEISMultistepScheduler,
                        DPMSolverMultistepScheduler,
                        DPMSolverSinglestepScheduler,
                        EulerAncestralDiscreteScheduler, EulerDiscreteScheduler,
@@ -347,7 +347,8 @@ def run(folder, out, settings):
         config["use_karras_sigmas"] = True
     if settings.get("clip_sample") is not None:
         config["clip_sample"] = settings["clip_sample"]
-    classes = {"euler": EulerDiscreteScheduler, "euler_ancestral": EulerAncestralDiscreteScheduler,
+    classes = {"ddpm": DDPMScheduler, "euler": EulerDiscreteScheduler,
+               "euler_ancestral": EulerAncestralDiscreteScheduler,
                "heun": HeunDiscreteScheduler, "lms": LMSDiscreteScheduler,
                "kdpm2": KDPM2DiscreteScheduler,
                "dpmsolver": DPMSolverMultistepScheduler,
