@@ -23,6 +23,14 @@ std::string PipelineSampler(const std::string& scheduler_class) {
   return "ddim";
 }
 
+// Where a source's scheduler config was read from, for its errors: the pipeline's file, or the
+// one diffusers' from_single_file gives an original checkpoint.
+std::string SchedulerConfigName(const SampleSource& source) {
+  return source.pipeline.empty()
+             ? std::string("the scheduler config")
+             : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline);
+}
+
 }  // namespace
 
 // The sampler and its timestep spacing: the flags, else a pipeline's scheduler's (spaced as its
@@ -48,9 +56,9 @@ Result<Sampling> ChooseSampling(const SampleOptions& o, const SampleSource& sour
     if (!variance.is_string() || (variance != "fixed_small" && variance != "fixed_small_log" &&
                                   variance != "learned_range")) {
       return Errorf(
-          "'{}/scheduler/scheduler_config.json': variance_type {} is not supported by --sampler "
-          "ddpm (fixed_small, fixed_small_log and learned_range are)",
-          source.pipeline, variance.dump());
+          "{}: variance_type {} is not supported by --sampler ddpm (fixed_small, "
+          "fixed_small_log and learned_range are)",
+          SchedulerConfigName(source), variance.dump());
     }
   }
   if (o.eta && c.kind != SamplerKind::kDdim && c.kind != SamplerKind::kTcd)
@@ -159,8 +167,7 @@ Status ChooseSolverOptions(const SampleOptions& o, const SampleSource& source, S
     if (set) given.push_back(flag);
   }
   const std::string where =
-      !given.empty() ? fmt::format("{}", fmt::join(given, ", "))
-                     : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline);
+      !given.empty() ? fmt::format("{}", fmt::join(given, ", ")) : SchedulerConfigName(source);
   const auto read = [&](auto parsed, auto& into) -> Status {
     if (!parsed.ok()) return parsed.status().WithContext(where);
     into = *parsed;
@@ -189,10 +196,7 @@ Status ChooseClipping(const SampleOptions& o, const SampleSource& source, Sample
         kind == SamplerKind::kDdpm || kind == SamplerKind::kDdim ? !latents : false);
     return Status::Ok();
   }
-  const std::string where =
-      source.pipeline.empty()
-          ? std::string("the scheduler config")
-          : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline);
+  const std::string where = SchedulerConfigName(source);
   Result<bool> defaulted = ReadDiffusersClipping(kind, source.scheduler_config, options);
   if (!defaulted.ok()) return defaulted.status().WithContext(where);
   if (o.clip_denoised) {
@@ -219,10 +223,9 @@ Status ChooseLcmOptions(const SampleOptions& o, const SampleSource& source, Samp
   if (o.original_inference_steps) config["original_inference_steps"] = *o.original_inference_steps;
   Result<LcmOptions> lcm = LcmOptions::FromDiffusersScheduler(config);
   if (!lcm.ok()) {
-    return lcm.status().WithContext(
-        o.original_inference_steps
-            ? std::string("--original-inference-steps")
-            : fmt::format("'{}/scheduler/scheduler_config.json'", source.pipeline));
+    return lcm.status().WithContext(o.original_inference_steps
+                                        ? std::string("--original-inference-steps")
+                                        : SchedulerConfigName(source));
   }
   options.lcm = *lcm;
   return Status::Ok();

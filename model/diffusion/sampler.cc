@@ -421,7 +421,8 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
   GuidedModel guided(model, shape_, options_, y, N);
   const bool lcm = options_.kind == SamplerKind::kLcm, tcd = options_.kind == SamplerKind::kTcd;
   const double clip = options_.clip_range;
-  const bool model_eps = options_.clip_denoised && options_.clip_as_diffusers;
+  // DDIM steps along the model's own ε where diffusers clips (unclipped, it is the x0's).
+  const bool ddim_own_eps = options_.clip_denoised && options_.clip_as_diffusers;
   // Each sample's noise of a stochastic step (DDPM, LCM, or DDIM and TCD with η > 0), frames
   // correlated as in training.
   const bool stochastic = options_.kind == SamplerKind::kDdpm || lcm || options_.eta > 0;
@@ -463,7 +464,9 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
             v_prediction_ ? sqrt_abar * xb[j] - sqrt_one_minus_abar * out : c.PredictX0(xb[j], out);
         if (options_.clip_denoised) x0 = std::clamp(x0, -clip, clip);
         // The model's own ε (of v: the ε it implies).
-        const double eps = v_prediction_ ? sqrt_abar * out + sqrt_one_minus_abar * xb[j] : out;
+        const auto own_eps = [&] {
+          return v_prediction_ ? sqrt_abar * out + sqrt_one_minus_abar * xb[j] : out;
+        };
         double next;
         if (lcm) {
           // The consistency model's x0, noised afresh to ᾱ' (the last step's ᾱ' is 1).
@@ -472,7 +475,7 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
           if (noisy) next += std::sqrt(1 - abar_prev) * z[j];
         } else if (tcd) {
           // x0 and the model's ε to ᾱ_s, then noised back up to ᾱ'.
-          next = std::sqrt(abar_s) * x0 + std::sqrt(1 - abar_s) * eps;
+          next = std::sqrt(abar_s) * x0 + std::sqrt(1 - abar_s) * own_eps();
           if (noisy) {
             next = std::sqrt(abar_prev / abar_s) * next + std::sqrt(1 - abar_prev / abar_s) * z[j];
           }
@@ -488,8 +491,8 @@ void Sampler::Denoise(const Denoiser& model, const int32_t* y, int N, int64_t fi
           }
         } else {
           // DDIM: x_prev = √ᾱ' x0 + √(1 − ᾱ' − σ²) ε, ε the one the (clipped) x0 implies, or
-          // the model's own where diffusers clips (unclipped, the two are one).
-          const double step_eps = model_eps ? eps : c.PredictEps(xb[j], x0);
+          // the model's own where diffusers clips.
+          const double step_eps = ddim_own_eps ? own_eps() : c.PredictEps(xb[j], x0);
           next = std::sqrt(abar_prev) * x0 + direction * step_eps;
           if (noisy) next += sigma * z[j];
         }
