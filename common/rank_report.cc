@@ -52,6 +52,7 @@ nlohmann::json RankReport::ToJson() const {
             {"comm_wait_seconds", comm_wait_seconds},
             {"compute_seconds", compute_seconds},
             {"comm_seconds", comm_seconds}});
+  if (sample_height > 0) j["sample_size"] = {sample_height, sample_width};
   return j;
 }
 
@@ -74,6 +75,12 @@ RankReport RankReport::FromJson(const nlohmann::json& j) {
   Read(j, "flops_per_second", r.flops_per_second);
   Read(j, "peak_flops_per_second", r.peak_flops_per_second);
   Read(j, "mfu", r.mfu);
+  if (auto size = j.find("sample_size"); size != j.end() && size->is_array() && size->size() == 2 &&
+                                         (*size)[0].is_number_integer() &&
+                                         (*size)[1].is_number_integer()) {
+    r.sample_height = (*size)[0].get<int>();
+    r.sample_width = (*size)[1].get<int>();
+  }
   Read(j, "data_wait_seconds", r.data_wait_seconds);
   Read(j, "comm_wait_seconds", r.comm_wait_seconds);
   Read(j, "compute_seconds", r.compute_seconds);

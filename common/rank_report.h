@@ -31,7 +31,10 @@ struct RankReport {
   double samples_per_second = 0;  // the job's: global batch / this rank's step seconds
   double flops_per_second = 0;    // model FLOPs of this rank's share (per device)
   double peak_flops_per_second = 0;
-  double mfu = 0;                // flops_per_second / peak_flops_per_second
+  double mfu = 0;  // flops_per_second / peak_flops_per_second
+  // The step's sample size (a latent's height and width) where the data come in aspect-ratio
+  // buckets; 0 otherwise.
+  int sample_height = 0, sample_width = 0;
   double data_wait_seconds = 0;  // blocked on the data loader in this step
   double comm_wait_seconds = 0;  // waiting for the gradient reduction after backward
   double compute_seconds = 0;    // step seconds minus the seconds blocked in communication

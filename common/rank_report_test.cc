@@ -29,6 +29,14 @@ TEST(RankReportTest, StepLineRoundTrips) {
   EXPECT_EQ(back.device_memory_allocated_bytes, 1 << 20);
   EXPECT_EQ(back.last_checkpoint_step, 10);
   EXPECT_TRUE(back.event.empty());
+  // One size: no sample_size; a bucketed step's size round-trips.
+  EXPECT_FALSE(r.ToJson().contains("sample_size"));
+  r.sample_height = 6;
+  r.sample_width = 10;
+  EXPECT_EQ(r.ToJson()["sample_size"], nlohmann::json::array({6, 10}));
+  const RankReport bucketed = RankReport::FromJson(nlohmann::json::parse(r.ToJson().dump()));
+  EXPECT_EQ(bucketed.sample_height, 6);
+  EXPECT_EQ(bucketed.sample_width, 10);
 }
 
 TEST(RankReportTest, StartedLineHasNoStepFields) {

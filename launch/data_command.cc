@@ -5,6 +5,7 @@
 //   data captions writes Fashion-MNIST's captions as a text table without embeddings (JSON)
 //   data embed    embeds captions into a text table, with a text encoder or the fixed token table
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <nlohmann/json.hpp>
@@ -44,8 +46,11 @@ struct PackOptions {
   std::string caption_column = "text";
   std::string vae;  // encode the samples through this AutoencoderKL
   std::string posterior = "sample";
+  // image_folder --crop buckets: "auto" (AspectRatioBuckets of --image-size) or "HxW,HxW,...".
+  std::string buckets = "auto";
   bool channels_given = false;
   bool image_size_given = false;
+  bool buckets_given = false;
 };
 
 struct EmbedOptions {
@@ -56,6 +61,47 @@ struct EmbedOptions {
   std::string encoder;     // a text encoder (model/text/embedder.h); "": the token table
   int skip_layers = 0;
 };
+
+// --buckets: "auto" (none given: the automatic list) or "HxW,HxW,..." in pixels, height × width.
+Result<std::vector<SampleSize>> ParseBuckets(const std::string& text) {
+  std::vector<SampleSize> buckets;
+  if (text == "auto") return buckets;
+  for (size_t start = 0;;) {
+    const size_t end = text.find(',', start);
+    const std::string item = text.substr(start, end == std::string::npos ? end : end - start);
+    const char* const last = item.data() + item.size();
+    SampleSize b;
+    auto [x, height_error] = std::from_chars(item.data(), last, b.height);
+    bool ok = height_error == std::errc() && x != item.data() && x != last && *x == 'x';
+    if (ok) {
+      auto [rest, width_error] = std::from_chars(x + 1, last, b.width);
+      ok = width_error == std::errc() && rest != x + 1 && rest == last;
+    }
+    if (!ok || b.height < 1 || b.width < 1) {
+      return Errorf(
+          "--buckets: '{}' is not HxW (a bucket's height x width in pixels, positive); expected "
+          "auto or a list such as 1024x1024,1152x896,896x1152",
+          item);
+    }
+    buckets.push_back(b);
+    if (end == std::string::npos) return buckets;
+    start = end + 1;
+  }
+}
+
+// How many of the first `count` samples each of an image folder's buckets holds: one line per
+// bucket that holds any.
+void LogBuckets(const Dataset& folder, int64_t count) {
+  const std::vector<SampleSize> buckets = folder.buckets();
+  std::vector<int64_t> held(buckets.size());
+  for (int64_t i = 0; i < count; ++i)
+    ++held[folder.BucketOf(i)];
+  spdlog::info("{} images in {} of {} aspect-ratio buckets (height × width: images):", count,
+               buckets.size() - std::count(held.begin(), held.end(), 0), buckets.size());
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    if (held[k] > 0) spdlog::info("  {}×{}: {}", buckets[k].height, buckets[k].width, held[k]);
+  }
+}
 
 // The samples through the VAE of --vae (loaded once, shared by the loader's threads), and
 // what the folder's index says of it.
@@ -110,6 +156,15 @@ Result<std::unique_ptr<Dataset>> WithOwnCaptions(std::unique_ptr<Dataset> source
   return std::unique_ptr<Dataset>(std::move(captioned));
 }
 
+// ", in 3 aspect-ratio buckets (8×8, 6×10, 10×6)" for a bucketed dataset; "" otherwise.
+std::string BucketsText(const Dataset& d) {
+  if (!d.bucketed()) return "";
+  std::vector<std::string> sizes;
+  for (const SampleSize& s : d.buckets())
+    sizes.push_back(fmt::format("{}×{}", s.height, s.width));
+  return fmt::format(" in {} aspect-ratio buckets ({})", sizes.size(), fmt::join(sizes, ", "));
+}
+
 int RunPack(PackOptions o) {
   if (o.per_shard < 1) return ReportBadInput("data pack", "--per-shard must be positive");
   if (o.limit < 0) return ReportBadInput("data pack", "--limit must not be negative");
@@ -121,6 +176,14 @@ int RunPack(PackOptions o) {
     }
     if (!o.channels_given) o.dataset.channels = 3;
   }
+  const bool bucketed = o.dataset.kind == "image_folder" && o.dataset.crop == "buckets";
+  if (o.buckets_given && !bucketed)
+    return ReportBadInput("data pack", "--buckets is for --dataset image_folder --crop buckets");
+  if (bucketed) {
+    Result<std::vector<SampleSize>> buckets = ParseBuckets(o.buckets);
+    if (!buckets.ok()) return ReportBadInput("data pack", buckets.status().message());
+    o.dataset.buckets = std::move(buckets).value();
+  }
   if (o.vae.empty() && o.posterior != "sample")
     return ReportBadInput("data pack", "--vae-posterior is for --vae");
   Result<std::unique_ptr<Dataset>> source = OpenDataset(o.dataset);
@@ -128,6 +191,9 @@ int RunPack(PackOptions o) {
   if ((*source)->unbounded() && o.limit == 0) {
     return ReportBadInput("data pack",
                           fmt::format("dataset '{}' has no end: give --limit", o.dataset.kind));
+  }
+  if (bucketed) {
+    LogBuckets(**source, o.limit > 0 ? std::min(o.limit, (*source)->size()) : (*source)->size());
   }
   if (!o.text_table.empty()) {
     Result<TextTable> texts = ReadTextTable(o.text_table);
@@ -159,9 +225,9 @@ int RunPack(PackOptions o) {
   }
   const TextTable* texts = samples.texts();
   spdlog::info(
-      "wrote {} samples of {}{}×{}×{} ({} classes){} to {}", count,
+      "wrote {} samples of {}{}×{}×{}{} ({} classes){} to {}", count,
       samples.frames() > 1 ? fmt::format("{}×", samples.frames()) : "", samples.channels(),
-      samples.height(), samples.width(), samples.num_classes(),
+      samples.height(), samples.width(), BucketsText(samples), samples.num_classes(),
       texts ? fmt::format(" with {} captions of {}×{}", texts->size(), texts->length, texts->dim)
             : "",
       o.out);
@@ -175,10 +241,10 @@ int RunVerify(const std::string& dir) {
   if (!verified.ok()) return ReportBadInput("data verify", verified.message());
   const TextTable* texts = (*folder)->texts();
   const std::optional<LatentFolderVae>& vae = (*folder)->vae();
-  std::printf("%s: %lld samples of %d×%d×%d, %d classes, %lld shards%s%s%s, checksums good\n",
+  std::printf("%s: %lld samples of %d×%d×%d%s, %d classes, %lld shards%s%s%s, checksums good\n",
               dir.c_str(), static_cast<long long>((*folder)->size()), (*folder)->channels(),
-              (*folder)->height(), (*folder)->width(), (*folder)->num_classes(),
-              static_cast<long long>((*folder)->num_shards()),
+              (*folder)->height(), (*folder)->width(), BucketsText(**folder).c_str(),
+              (*folder)->num_classes(), static_cast<long long>((*folder)->num_shards()),
               texts ? fmt::format(", {} texts of {}×{}{}", texts->size(), texts->length, texts->dim,
                                   texts->text_encoder.empty()
                                       ? std::string()
@@ -303,9 +369,17 @@ std::function<int()> SetupData(CLI::App& app) {
       ->capture_default_str();
   pack->add_option("--crop", o.dataset.crop,
                    "image_folder: dit (DiT's center_crop_arr: BOX halvings, BICUBIC, centre "
-                   "crop) or square (the centred square, then BOX)")
-      ->check(CLI::IsMember({"dit", "square"}))
+                   "crop), square (the centred square, then BOX) or buckets (SDXL's aspect-ratio "
+                   "buckets: each image resized with BILINEAR to cover the bucket nearest its "
+                   "aspect ratio, then centre-cropped to it)")
+      ->check(CLI::IsMember({"dit", "square", "buckets"}))
       ->capture_default_str();
+  CLI::Option* buckets =
+      pack->add_option("--buckets", o.buckets,
+                       "with --crop buckets: auto (SDXL's buckets for --image-size, a multiple of "
+                       "64: sides multiples of 64, areas up to its square) or a list HxW,HxW,... "
+                       "of heights x widths in pixels")
+          ->capture_default_str();
   pack->add_option("--vae", o.vae,
                    "encode the samples (a video's frames one by one) through this diffusers "
                    "AutoencoderKL (its folder, a pipeline's, or its safetensors file) into "
@@ -358,6 +432,7 @@ std::function<int()> SetupData(CLI::App& app) {
       PackOptions given = *pack_options;
       given.channels_given = channels->count() > 0;
       given.image_size_given = image_size->count() > 0;
+      given.buckets_given = buckets->count() > 0;
       return RunPack(given);
     }
     if (captions->parsed()) return RunCaptions(*captions_out);

@@ -375,5 +375,56 @@ TEST_F(DataCommandTest, ImagesAVaeCannotEncodeAreBadInput) {
   }
 }
 
+// `--crop buckets` and `--buckets`: a malformed list, buckets without the buckets crop, an
+// automatic list for a size that is not a multiple of 64, a bucket given twice; each refused by
+// name before anything is written.
+TEST_F(DataCommandTest, BucketFlagsThatCannotBeUsedAreBadInput) {
+  const std::string images = ImageFolder(dir_ + "/images");
+  const std::string folder = "--dataset image_folder --path " + ShellQuote(images);
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {folder + " --image-size 16 --crop buckets --buckets 12x",
+            "--buckets: '12x' is not HxW"},
+           {folder + " --image-size 16 --crop buckets --buckets 12x20,,20x12",
+            "--buckets: '' is not HxW"},
+           {folder + " --image-size 16 --crop buckets --buckets 12x20,20*12",
+            "--buckets: '20*12' is not HxW"},
+           {folder + " --image-size 16 --crop buckets --buckets 0x16",
+            "--buckets: '0x16' is not HxW"},
+           {folder + " --image-size 16 --crop buckets --buckets 16x-16",
+            "--buckets: '16x-16' is not HxW"},
+           {folder + " --image-size 16 --crop buckets --buckets 16x16x16",
+            "--buckets: '16x16x16' is not HxW"},
+           {folder + " --image-size 16 --crop buckets --buckets 99999999999x16",
+            "--buckets: '99999999999x16' is not HxW"},
+           {folder + " --image-size 16 --buckets 12x20",
+            "--buckets is for --dataset image_folder --crop buckets"},
+           {folder + " --image-size 16 --crop square --buckets auto",
+            "--buckets is for --dataset image_folder --crop buckets"},
+           {"--dataset synthetic --limit 2 --crop buckets --buckets 8x8",
+            "--buckets is for --dataset image_folder --crop buckets"},
+           {folder + " --image-size 100 --crop buckets",
+            "the automatic aspect-ratio buckets need an image size that is a multiple of 64, got "
+            "100"},
+           {folder + " --image-size 16 --crop buckets --buckets auto",
+            "the automatic aspect-ratio buckets need an image size that is a multiple of 64, got "
+            "16"},
+           {folder + " --image-size 16 --crop buckets --buckets 12x20,16x16,12x20",
+            "bucket 12x20 is given twice"},
+       }) {
+    const CommandResult result = RunDifftrain("data pack " + c.args + " --out " + Out());
+    EXPECT_EQ(result.exit_code, 2) << c.args << "\n" << result.output;
+    EXPECT_NE(result.output.find(c.message), std::string::npos) << c.args << "\n" << result.output;
+    EXPECT_FALSE(fs::exists(dir_ + "/out")) << c.args;
+  }
+  // --crop takes the three crops only.
+  const CommandResult result =
+      RunDifftrain("data pack " + folder + " --image-size 16 --crop sdxl --out " + Out());
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("buckets"), std::string::npos) << result.output;
+}
+
 }  // namespace
 }  // namespace difftrain

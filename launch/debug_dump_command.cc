@@ -57,7 +57,7 @@ int RunDebugDump(const DebugDumpOptions& o) {
       return ReportBadInput("debug-dump", valid.message());
     }
   }
-  const SampleSchema x = FamilyOf(*model).Samples(*model);
+  SampleSchema x = FamilyOf(*model).Samples(*model);
   // The batch is the training data's first, as a run with this seed draws it, or synthetic.
   std::unique_ptr<Dataset> data =
       std::make_unique<SyntheticDataset>(o.seed, x.channels, x.height, x.num_classes, x.frames);
@@ -65,6 +65,8 @@ int RunDebugDump(const DebugDumpOptions& o) {
     Result<std::unique_ptr<LatentFolderDataset>> folder = LatentFolderDataset::Open(o.data);
     if (!folder.ok()) return ReportBadInput("debug-dump", "--data: " + folder.status().message());
     if (Status fits = CheckDataFitsModel(**folder, x, "latent_folder"); !fits.ok())
+      return ReportBadInput("debug-dump", "--data: " + fits.message());
+    if (Status fits = CheckBucketsFitTraining(**folder, config, "latent_folder"); !fits.ok())
       return ReportBadInput("debug-dump", "--data: " + fits.message());
     data = std::move(folder).value();
   }
@@ -78,6 +80,9 @@ int RunDebugDump(const DebugDumpOptions& o) {
   MicroBatch batch;
   Status made = trainer.MakeMicroBatch(0, o.batch, batch);
   if (!made.ok()) return ReportBadInput("debug-dump", made.message());
+  // The batch's size: a bucketed folder's first batch is of its bucket's.
+  x.height = batch.sample_size.height;
+  x.width = batch.sample_size.width;
   if (!o.timesteps.empty()) {
     if (o.timesteps.size() != size_t(o.batch)) {
       return ReportBadInput("debug-dump", fmt::format("--timesteps: {} given for a batch of {}",

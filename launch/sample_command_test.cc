@@ -303,7 +303,7 @@ TEST_F(SampleCommandTest, BadInputExitsTwo) {
                 "': tensor 'noise' is [1, 4], and this model's samples are [K, 1, 8, 8]"},
            {"--checkpoint " + Ckpt() + " --classes 0 --image /nonexistent.png" + out, "--image: "},
            {"--checkpoint " + Ckpt() + " --classes 0 --height 16" + out,
-            "--height/--width: the dit family samples at its model's size only (8x8 latents)"},
+            "--height/--width: the dit family runs at its model's size only (8x8 latents)"},
            {"--checkpoint " + Ckpt() + " --classes 0 --width 0" + out,
             "--height/--width: 8x0 pixels, and the samples' sides must be positive multiples of "
             "the VAE's downscale 1"},

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/data/image_folder.h"
+#include "model/data/latent_folder.h"
 #include "model/data/text_table.h"
 #include "model/diffusion/guided_model.h"
 #include "model/io/image.h"
@@ -996,6 +997,40 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
   EXPECT_THAT(malformed.output, ::testing::HasSubstr("--crop-top-left: two non-negative numbers"));
 }
 
+// Captioned pictures for fine-tuning: DIR/NN.png of each size (width × height) in `sizes`, its
+// pixels a pattern of its number, and DIR/metadata.jsonl pairing it with captions[k].
+void WriteCaptionedPictures(const std::filesystem::path& dir,
+                            const std::vector<std::pair<int, int>>& sizes,
+                            const std::vector<std::string>& captions) {
+  std::filesystem::create_directories(dir);
+  std::ofstream jsonl(dir / "metadata.jsonl");
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const auto [width, height] = sizes[k];
+    std::vector<uint8_t> pixels(width * height * 3);
+    for (size_t i = 0; i < pixels.size(); ++i)
+      pixels[i] = static_cast<uint8_t>((i * 29 + k * 53) % 251);
+    const std::string file = fmt::format("{:02d}.png", k);
+    ASSERT_TRUE(io::WritePng((dir / file).string(), pixels.data(), width, height, 3).ok());
+    jsonl << nlohmann::json{{"file_name", file}, {"text", captions[k]}}.dump() << "\n";
+  }
+}
+
+// A job fine-tuning `pipeline`'s UNet on the latent folder `packed` for `steps` steps of 2
+// samples, its checkpoint (at the end) in `ckpt`; written to `job`.
+void WriteFineTuneJob(const std::string& job, const std::string& pipeline,
+                      const std::string& packed, const std::string& ckpt, int steps) {
+  nlohmann::json unet = nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
+  unet["name"] = "unet";
+  std::ofstream(job) << "model: " << unet.dump() << "\n"
+                     << "diffusion: {schedule: scaled_linear, beta_start: 0.00085, beta_end: "
+                        "0.012}\n"
+                     << "data: {kind: latent_folder, path: " << packed << "}\n"
+                     << "batch: {micro: 2, global: 2}\n"
+                     << "train: {steps: " << steps << ", log_every: 1}\n"
+                     << "checkpoint: {dir: " << ckpt << ", every: " << steps
+                     << ", init_from: " << pipeline << "/unet}\n";
+}
+
 // SDXL fine-tuning from captioned pictures of several sizes: `data pack` through the pipeline's
 // VAE and its two text encoders (the table holds each caption's pooled embedding, each shard
 // each picture's geometry), each sample's time ids its own picture's, training from the
@@ -1007,22 +1042,9 @@ TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
   const std::string pipeline = MakePipeline(text_python, "sdxl");
   ASSERT_FALSE(pipeline.empty());
   const std::filesystem::path images = dir_ / "pictures";
-  std::filesystem::create_directories(images);
-  const std::vector<std::string> captions = {"a red boat", "a boat at night", "a red boat"};
   // Pictures of three sizes (width × height): each sample's time ids are its own.
-  const std::vector<std::pair<int, int>> sizes = {{16, 16}, {40, 24}, {24, 32}};
-  {
-    std::ofstream jsonl(images / "metadata.jsonl");
-    for (size_t k = 0; k < captions.size(); ++k) {
-      const auto [width, height] = sizes[k];
-      std::vector<uint8_t> pixels(width * height * 3);
-      for (size_t i = 0; i < pixels.size(); ++i)
-        pixels[i] = static_cast<uint8_t>((i * 29 + k * 53) % 251);
-      const std::string file = fmt::format("{}.png", k);
-      ASSERT_TRUE(io::WritePng((images / file).string(), pixels.data(), width, height, 3).ok());
-      jsonl << nlohmann::json{{"file_name", file}, {"text", captions[k]}}.dump() << "\n";
-    }
-  }
+  WriteCaptionedPictures(images, {{16, 16}, {40, 24}, {24, 32}},
+                         {"a red boat", "a boat at night", "a red boat"});
   const std::string packed = (dir_ / "packed").string();
   const CommandResult pack = RunCommand(fmt::format(
       "{} data pack --dataset image_folder --path {} --image-size 16 --crop square --vae {} "
@@ -1037,17 +1059,8 @@ TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
   EXPECT_EQ(table->pooled_dim, 40);  // text_encoder_2's projection
   EXPECT_EQ(table->pooled.size(), 2u * 40);
 
-  nlohmann::json unet = nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
-  unet["name"] = "unet";
   const std::string ckpt = (dir_ / "ckpt").string(), job = (dir_ / "job.yaml").string();
-  std::ofstream(job) << "model: " << unet.dump() << "\n"
-                     << "diffusion: {schedule: scaled_linear, beta_start: 0.00085, beta_end: "
-                        "0.012}\n"
-                     << "data: {kind: latent_folder, path: " << packed << "}\n"
-                     << "batch: {micro: 2, global: 2}\n"
-                     << "train: {steps: 2, log_every: 1}\n"
-                     << "checkpoint: {dir: " << ckpt << ", every: 2, init_from: " << pipeline
-                     << "/unet}\n";
+  WriteFineTuneJob(job, pipeline, packed, ckpt, 2);
   // SDXL's time ids of each picture in a training batch (`debug-dump --data`: the folder's
   // first batch): its original size, where the square crop (16/side of the centred square)
   // took it, and the 16 px sample (diffusers' original_size, crops_coords_top_left,
@@ -1095,6 +1108,98 @@ TEST_F(SdPipelineReferenceTest, SdxlTrainsOnPicturesPackedWithItsEncoders) {
   EXPECT_EQ(refused_dump.exit_code, 2) << refused_dump.output;
   EXPECT_THAT(refused_dump.output, ::testing::HasSubstr("--data: the model takes each text's "
                                                         "pooled embedding of 40 features"));
+}
+
+// SDXL fine-tuning on aspect-ratio buckets (`data pack --crop buckets`): pictures of square,
+// landscape and portrait shapes packed into 16×16, 12×20 and 20×12 px buckets through the
+// pipeline's VAE and text encoders (8×8, 6×10 and 10×6 latents); a training batch is of one
+// bucket, its time ids say each picture's size, its crop and the bucket as the target size, and
+// diffusers' UNet steps on a non-square batch as difftrain's does; one epoch of every bucket's
+// batches trains from the pipeline's UNet, and the checkpoint samples.
+TEST_F(SdPipelineReferenceTest, SdxlTrainsOnAspectRatioBuckets) {
+  const std::string text_python = TextPython();
+  if (text_python.empty()) GTEST_SKIP() << "no transformers 4.40.2 environment (PyPI unreachable?)";
+  const std::string pipeline = MakePipeline(text_python, "sdxl");
+  ASSERT_FALSE(pipeline.empty());
+  const std::filesystem::path images = dir_ / "pictures";
+  // Width × height: four near-square, four landscape, four portrait pictures.
+  std::vector<std::string> captions;
+  for (int k = 0; k < 12; ++k)
+    captions.push_back(k % 2 ? "a red boat" : "a harbour");
+  WriteCaptionedPictures(images,
+                         {{16, 16},
+                          {20, 18},
+                          {17, 19},
+                          {32, 32},
+                          {40, 24},
+                          {30, 17},
+                          {25, 15},
+                          {50, 31},
+                          {24, 40},
+                          {17, 29},
+                          {15, 26},
+                          {30, 49}},
+                         captions);
+  const std::string packed = (dir_ / "packed").string();
+  const CommandResult pack = RunCommand(fmt::format(
+      "{} data pack --dataset image_folder --path {} --image-size 16 --crop buckets --buckets "
+      "16x16,12x20,20x12 --vae {} --text-encoder {} --out {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(images.string()), ShellQuote(pipeline),
+      ShellQuote(pipeline), ShellQuote(packed)));
+  ASSERT_EQ(pack.exit_code, 0) << pack.output;
+  Result<std::unique_ptr<LatentFolderDataset>> folder = LatentFolderDataset::Open(packed);
+  ASSERT_TRUE(folder.ok()) << folder.status().message();
+  EXPECT_EQ((*folder)->buckets(), (std::vector<SampleSize>{{8, 8}, {6, 10}, {10, 6}}));
+  std::vector<int> per_bucket(3);
+  for (int64_t i = 0; i < (*folder)->size(); ++i)
+    ++per_bucket[(*folder)->BucketOf(i)];
+  EXPECT_EQ(per_bucket, (std::vector<int>{4, 4, 4}));
+  const CommandResult verified = RunCommand(
+      fmt::format("{} data verify {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), ShellQuote(packed)));
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  EXPECT_THAT(verified.output,
+              ::testing::HasSubstr("12 samples of 4×8×8 in 3 aspect-ratio buckets (8×8, 6×10, "
+                                   "10×6)"));
+
+  const std::string ckpt = (dir_ / "ckpt").string(), job = (dir_ / "job.yaml").string();
+  WriteFineTuneJob(job, pipeline, packed, ckpt, 6);
+  // The first batch of a few seeds, until one is of a non-square bucket: its time ids are each
+  // picture's own with the bucket as the target, and diffusers' UNet takes the step.
+  bool checked_wide = false;
+  for (int seed = 1; seed <= 8 && !checked_wide; ++seed) {
+    const std::string dump = (dir_ / fmt::format("dump{}.safetensors", seed)).string();
+    const CommandResult dumped = RunCommand(fmt::format(
+        "{} debug-dump --config {} --data {} --seed {} --batch 2 --out {} 2>&1",
+        ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job), ShellQuote(packed), seed, ShellQuote(dump)));
+    ASSERT_EQ(dumped.exit_code, 0) << dumped.output;
+    Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(dump);
+    ASSERT_TRUE(file.ok());
+    const std::vector<int64_t> shape = file->Find("input.x_t")->shape;
+    ASSERT_EQ(shape.size(), 4u);
+    if (shape[2] == shape[3]) continue;
+    const std::vector<float> ids = ReferenceTensor(*file, "input.time_ids");
+    for (int b = 0; b < 2; ++b) {
+      EXPECT_EQ(ids[6 * b + 4], 2 * shape[2]) << "target height";
+      EXPECT_EQ(ids[6 * b + 5], 2 * shape[3]) << "target width";
+      // A landscape bucket's pictures are landscape (and a portrait one's portrait).
+      EXPECT_EQ(ids[6 * b + 1] > ids[6 * b + 0], shape[3] > shape[2]) << b;
+    }
+    const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(dump));
+    EXPECT_EQ(checked.exit_code, 0) << checked.output;
+    checked_wide = true;
+  }
+  EXPECT_TRUE(checked_wide) << "no seed's first batch was of a non-square bucket";
+
+  const CommandResult trained =
+      RunCommand(fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), job));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_THAT(trained.output, ::testing::HasSubstr("12 samples in 3 aspect-ratio buckets; an "
+                                                   "epoch trains 12 of them"));
+  const std::string raw = (dir_ / "from_checkpoint.safetensors").string();
+  const CommandResult sampled = RunCommand(fmt::format(
+      "{} sample --checkpoint {} --prompt 'a boat in the fog' --steps 4 --vae none --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), ShellQuote(raw)));
+  ASSERT_EQ(sampled.exit_code, 0) << sampled.output;
 }
 
 }  // namespace

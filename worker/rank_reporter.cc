@@ -119,7 +119,12 @@ void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
   r.lr = stats.lr;
   r.step_seconds = step_seconds;
   r.samples_per_second = config_.global_batch / step_seconds;
-  r.flops_per_second = r.samples_per_second * flops_per_sample_ / world_;
+  // A step of aspect-ratio buckets is of its bucket's size: the FLOPs are that size's.
+  const double flops_per_sample =
+      stats.flops_per_sample > 0 ? stats.flops_per_sample : flops_per_sample_;
+  r.flops_per_second = r.samples_per_second * flops_per_sample / world_;
+  r.sample_height = stats.sample_size.height;
+  r.sample_width = stats.sample_size.width;
   r.mfu = peak_.flops_per_second > 0 ? r.flops_per_second / peak_.flops_per_second : 0;
   r.data_wait_seconds = stats.data_wait_seconds;
   r.comm_wait_seconds = stats.comm_wait_seconds;

@@ -172,7 +172,8 @@ class Progress {
 
   void Report(const StepStats& s, double step_seconds, double elapsed_seconds) {
     const double samples_per_s = config_.global_batch / step_seconds;
-    const double tflops = samples_per_s * flops_per_sample_ / 1e12;
+    const double tflops =
+        samples_per_s * (s.flops_per_sample > 0 ? s.flops_per_sample : flops_per_sample_) / 1e12;
     const double eta = elapsed_seconds / (s.step - first_step_) * (config_.steps - s.step);
     const std::string line = fmt::format(
         "step {}/{}  loss {:.4f}  grad-norm {:.3f}  lr {:.2e}  {:.1f} samples/s  {:.3f} TFLOP/s  "

@@ -71,8 +71,9 @@ Result<std::unique_ptr<CaptionedDataset>> CaptionedDataset::Create(std::unique_p
     }
   }
   std::vector<int64_t> ids(images->size());
-  std::vector<float> image(images->sample_floats());
+  std::vector<float> image;
   for (int64_t i = 0; i < images->size(); ++i) {
+    image.resize(images->SampleFloats(i));
     int32_t label = 0;
     Status got = images->Get(i, image.data(), &label);
     if (!got.ok()) return got.WithContext(fmt::format("reading sample {}", i));

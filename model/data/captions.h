@@ -51,6 +51,8 @@ class CaptionedDataset : public Dataset {
   Status GetGeometry(int64_t index, PictureGeometry* geometry) const override {
     return images_->GetGeometry(index, geometry);
   }
+  std::vector<SampleSize> buckets() const override { return images_->buckets(); }
+  int BucketOf(int64_t index) const override { return images_->BucketOf(index); }
 
  private:
   CaptionedDataset(std::unique_ptr<Dataset> images, TextTable texts, std::vector<int64_t> ids)

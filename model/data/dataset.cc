@@ -13,6 +13,11 @@ Status Dataset::GetGeometry(int64_t /*index*/, PictureGeometry* /*geometry*/) co
   return Status::Error("the dataset's samples do not know the pictures they came from");
 }
 
+int64_t Dataset::SampleFloats(int64_t index) const {
+  const SampleSize s = buckets()[BucketOf(index)];
+  return int64_t{frames()} * channels() * s.area();
+}
+
 Status SyntheticDataset::Get(int64_t index, float* image, int32_t* label) const {
   Rng rng(seed_, RngStream::kData, static_cast<uint64_t>(index));
   *label = num_classes_ > 0 ? static_cast<int32_t>(rng.Below(num_classes_)) : 0;
@@ -59,12 +64,17 @@ Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec) {
   }
   if (spec.kind == "image_folder") {
     if (spec.path.empty()) return Status::Error("image_folder dataset needs a path");
-    if (spec.crop != "dit" && spec.crop != "square")
-      return Errorf("image_folder: crop must be dit or square, got '{}'", spec.crop);
-    DT_ASSIGN_OR_RETURN(
-        auto dataset,
-        ImageFolderDataset::Open(spec.path, spec.image_size, spec.channels,
-                                 spec.crop == "dit" ? ImageCrop::kDit : ImageCrop::kSquare));
+    ImageCrop crop;
+    if (spec.crop == "dit")
+      crop = ImageCrop::kDit;
+    else if (spec.crop == "square")
+      crop = ImageCrop::kSquare;
+    else if (spec.crop == "buckets")
+      crop = ImageCrop::kBuckets;
+    else
+      return Errorf("image_folder: crop must be dit, square or buckets, got '{}'", spec.crop);
+    DT_ASSIGN_OR_RETURN(auto dataset, ImageFolderDataset::Open(spec.path, spec.image_size,
+                                                               spec.channels, crop, spec.buckets));
     return std::unique_ptr<Dataset>(std::move(dataset));
   }
   return Errorf(

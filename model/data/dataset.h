@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "model/data/text_table.h"
@@ -25,6 +26,13 @@ struct PictureGeometry {
   int32_t crop_top = 0, crop_left = 0;
   int32_t height = 0, width = 0;
   bool operator==(const PictureGeometry&) const = default;
+};
+
+// A sample's size, height × width (of each frame of a video).
+struct SampleSize {
+  int height = 0, width = 0;
+  bool operator==(const SampleSize&) const = default;
+  int64_t area() const { return int64_t{height} * width; }
 };
 
 class Dataset {
@@ -49,9 +57,18 @@ class Dataset {
   // folder packed from one), and sample `index`'s.
   virtual bool has_geometry() const { return false; }
   virtual Status GetGeometry(int64_t index, PictureGeometry* geometry) const;
+  // Aspect-ratio buckets (SDXL's training; docs/data.md): the sizes a dataset's samples come in,
+  // each sample in one, BucketOf(index) an index into buckets(). A dataset of one size has one
+  // bucket, height() × width(); a bucketed one's height() and width() are its nominal size (the
+  // square whose area the buckets keep near), not any sample's.
+  virtual std::vector<SampleSize> buckets() const { return {{height(), width()}}; }
+  virtual int BucketOf(int64_t /*index*/) const { return 0; }
 
   bool unbounded() const { return size() == kUnboundedSize; }
+  bool bucketed() const { return buckets().size() > 1; }
+  // Floats of one sample of the nominal size, and of sample `index` (its bucket's).
   int64_t sample_floats() const { return int64_t{frames()} * channels() * height() * width(); }
+  int64_t SampleFloats(int64_t index) const;
 };
 
 // N(0, 1) values and uniform labels, a pure function of (seed, index): the seeds' benchmark
@@ -93,6 +110,8 @@ class PrefixDataset : public Dataset {
   Status GetGeometry(int64_t index, PictureGeometry* geometry) const override {
     return source_.GetGeometry(index, geometry);
   }
+  std::vector<SampleSize> buckets() const override { return source_.buckets(); }
+  int BucketOf(int64_t index) const override { return source_.BucketOf(index); }
 
  private:
   const Dataset& source_;
@@ -119,6 +138,9 @@ struct DatasetSpec {
   // image_folder: how an image becomes image_size × image_size, "dit" (DiT's center_crop_arr)
   // or "square" (the centred square, then BOX): model/data/image_folder.h.
   std::string crop = "dit";
+  // image_folder with crop "buckets": the buckets' sizes in pixels; empty: AspectRatioBuckets
+  // of image_size (model/data/image_folder.h).
+  std::vector<SampleSize> buckets;
 };
 
 Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec);

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/check.h"
 #include "model/io/image.h"
 #include "model/io/resample.h"
 
@@ -97,20 +98,108 @@ io::PngImage SquareCrop(const io::PngImage& image, int size) {
   return io::Resize(square, size, size, io::ResampleFilter::kBox);
 }
 
-}  // namespace
+// The bucketed crop of a picture of width × height into `bucket` (MosaicML diffusion's, centred):
+// scaled by s = max(w/W, h/H) to round(W·s) × round(H·s) (half to even, as Python's round, and
+// at least the bucket's sides), the centred w × h at (left, top).
+struct BucketCrop {
+  int width = 0, height = 0;  // after BILINEAR
+  int left = 0, top = 0;
+};
+BucketCrop PlanBucketCrop(int width, int height, SampleSize bucket) {
+  const double scale = std::max(static_cast<double>(bucket.width) / width,
+                                static_cast<double>(bucket.height) / height);
+  BucketCrop plan;
+  plan.width = std::max(static_cast<int>(std::nearbyint(width * scale)), bucket.width);
+  plan.height = std::max(static_cast<int>(std::nearbyint(height * scale)), bucket.height);
+  // The centre as torchvision's CenterCrop takes it: int(round(d / 2.0)), half to even.
+  plan.left = static_cast<int>(std::nearbyint((plan.width - bucket.width) / 2.0));
+  plan.top = static_cast<int>(std::nearbyint((plan.height - bucket.height) / 2.0));
+  return plan;
+}
 
-void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop crop, float* out) {
-  const io::PngImage converted = WithChannels(image, channels);
-  const io::PngImage cropped =
-      crop == ImageCrop::kDit ? DitCentreCrop(converted, size) : SquareCrop(converted, size);
-  const size_t plane = size_t(size) * size;
+io::PngImage BucketedCrop(const io::PngImage& image, SampleSize bucket) {
+  const BucketCrop plan = PlanBucketCrop(image.width, image.height, bucket);
+  const io::PngImage resized =
+      io::Resize(image, plan.width, plan.height, io::ResampleFilter::kBilinear);
+  return io::Crop(resized, plan.left, plan.top, bucket.width, bucket.height);
+}
+
+// Step 3: `image` (h × w × channels bytes) as channels × h × w floats x/127.5 − 1.
+void Normalise(const io::PngImage& image, float* out) {
+  const int channels = image.channels;
+  const size_t plane = size_t(image.width) * image.height;
   for (size_t i = 0; i < plane; ++i) {
     for (int c = 0; c < channels; ++c)
-      out[c * plane + i] = cropped.pixels[i * channels + c] / 127.5f - 1.0f;
+      out[c * plane + i] = image.pixels[i * channels + c] / 127.5f - 1.0f;
   }
 }
 
+}  // namespace
+
+std::vector<SampleSize> AspectRatioBuckets(int size, int step) {
+  if (size < 1 || step < 1 || size % step != 0) return {};
+  const int64_t area = int64_t{size} * size;
+  std::vector<SampleSize> buckets;
+  for (int64_t h = size; h <= 2 * int64_t{size}; h += step) {
+    const int64_t w = area / h / step * step;  // the widest multiple of step with h·w ≤ size²
+    if (2 * w < size) continue;
+    buckets.push_back({static_cast<int>(h), static_cast<int>(w)});
+    if (h != w) buckets.push_back({static_cast<int>(w), static_cast<int>(h)});
+  }
+  std::sort(buckets.begin(), buckets.end(), [](SampleSize a, SampleSize b) {
+    const int64_t left = int64_t{a.height} * b.width, right = int64_t{b.height} * a.width;
+    return left != right ? left < right : a.height < b.height;
+  });
+  buckets.erase(std::unique(buckets.begin(), buckets.end()), buckets.end());
+  return buckets;
+}
+
+int NearestBucket(const std::vector<SampleSize>& buckets, int width, int height) {
+  DT_CHECK(!buckets.empty() && width > 0 && height > 0, "nearest of {} buckets to {}x{}",
+           buckets.size(), width, height);
+  // |log(height/width) − log(h/w)| = log(M/m) for M, m the larger and smaller of height·w and
+  // width·h: bucket a is nearer than b when M_a·m_b < M_b·m_a (128 bits hold the products).
+  using Wide = unsigned __int128;
+  int best = -1;
+  uint64_t best_large = 0, best_small = 0;
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const SampleSize& b = buckets[k];
+    DT_CHECK(b.height > 0 && b.width > 0, "bucket {}x{}", b.height, b.width);
+    const uint64_t p = uint64_t(height) * uint64_t(b.width);
+    const uint64_t q = uint64_t(width) * uint64_t(b.height);
+    const uint64_t large = std::max(p, q), small = std::min(p, q);
+    if (best < 0 || Wide{large} * best_small < Wide{best_large} * small) {
+      best = static_cast<int>(k);
+      best_large = large;
+      best_small = small;
+    }
+  }
+  return best;
+}
+
+void PrepareImage(const io::PngImage& image, int size, int channels, ImageCrop crop, float* out) {
+  if (crop == ImageCrop::kBuckets) return PrepareBucketed(image, {size, size}, channels, out);
+  const io::PngImage converted = WithChannels(image, channels);
+  Normalise(crop == ImageCrop::kDit ? DitCentreCrop(converted, size) : SquareCrop(converted, size),
+            out);
+}
+
+void PrepareBucketed(const io::PngImage& image, SampleSize bucket, int channels, float* out) {
+  Normalise(BucketedCrop(WithChannels(image, channels), bucket), out);
+}
+
+PictureGeometry BucketGeometry(int width, int height, SampleSize bucket) {
+  const BucketCrop plan = PlanBucketCrop(width, height, bucket);
+  return {.original_height = height,
+          .original_width = width,
+          .crop_top = plan.top,
+          .crop_left = plan.left,
+          .height = bucket.height,
+          .width = bucket.width};
+}
+
 PictureGeometry CropGeometry(int width, int height, int size, ImageCrop crop) {
+  if (crop == ImageCrop::kBuckets) return BucketGeometry(width, height, {size, size});
   PictureGeometry g{
       .original_height = height, .original_width = width, .height = size, .width = size};
   if (crop == ImageCrop::kDit) {
@@ -201,12 +290,33 @@ void PrepareMask(const io::PngImage& image, int width, int height, float* out) {
     out[i] = grey.pixels[i] / 255.0f >= 0.5f ? 1.0f : 0.0f;
 }
 
-Result<std::unique_ptr<ImageFolderDataset>> ImageFolderDataset::Open(const std::string& dir,
-                                                                     int size, int channels,
-                                                                     ImageCrop crop) {
+Result<std::unique_ptr<ImageFolderDataset>> ImageFolderDataset::Open(
+    const std::string& dir, int size, int channels, ImageCrop crop,
+    std::vector<SampleSize> buckets) {
   if (size < 1) return Errorf("image_folder: the image size must be positive, got {}", size);
   if (channels != 1 && channels != 3)
     return Errorf("image_folder: channels must be 1 (grey) or 3 (RGB), got {}", channels);
+  if (crop != ImageCrop::kBuckets && !buckets.empty())
+    return Status::Error("image_folder: buckets are for the buckets crop");
+  if (crop == ImageCrop::kBuckets) {
+    if (buckets.empty()) {
+      buckets = AspectRatioBuckets(size);
+      if (buckets.empty()) {
+        return Errorf(
+            "image_folder: the automatic aspect-ratio buckets need an image size that is a "
+            "multiple of 64, got {}; give the buckets",
+            size);
+      }
+    }
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      const SampleSize& b = buckets[k];
+      if (b.height < 1 || b.width < 1)
+        return Errorf("image_folder: bucket {}x{} (height x width) has a side below 1", b.height,
+                      b.width);
+      if (std::find(buckets.begin(), buckets.begin() + k, b) != buckets.begin() + k)
+        return Errorf("image_folder: bucket {}x{} is given twice", b.height, b.width);
+    }
+  }
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return Errorf("image_folder '{}': not a directory", dir);
   std::unique_ptr<ImageFolderDataset> d(new ImageFolderDataset());
@@ -234,18 +344,48 @@ Result<std::unique_ptr<ImageFolderDataset>> ImageFolderDataset::Open(const std::
   if (ec) return Errorf("image_folder '{}': cannot list it: {}", dir, ec.message());
   if (d->files_.empty()) return Errorf("image_folder '{}': no .png, .jpg or .jpeg file in it", dir);
   d->classes_ = std::move(subfolders);
+  if (crop == ImageCrop::kBuckets) {
+    // Each picture's size from its header alone, and so its bucket.
+    d->buckets_ = std::move(buckets);
+    d->bucket_of_.reserve(d->files_.size());
+    d->picture_sizes_.reserve(d->files_.size());
+    for (const std::string& file : d->files_) {
+      Result<io::ImageSize> picture = io::ReadImageSize(file);
+      if (!picture.ok()) return picture.status().WithContext("image_folder '" + dir + "'");
+      if (picture->width < 1 || picture->height < 1)
+        return Errorf("image_folder '{}': image '{}' is empty", dir, file);
+      d->bucket_of_.push_back(NearestBucket(d->buckets_, picture->width, picture->height));
+      d->picture_sizes_.push_back({picture->height, picture->width});
+    }
+  }
   return d;
+}
+
+std::vector<SampleSize> ImageFolderDataset::buckets() const {
+  return crop_ == ImageCrop::kBuckets ? buckets_ : Dataset::buckets();
+}
+
+int ImageFolderDataset::BucketOf(int64_t index) const {
+  return crop_ == ImageCrop::kBuckets ? bucket_of_[index] : 0;
 }
 
 Status ImageFolderDataset::Get(int64_t index, float* image, int32_t* label) const {
   DT_ASSIGN_OR_RETURN(const io::PngImage decoded, io::ReadImage(files_[index]));
   if (decoded.width < 1 || decoded.height < 1) return Errorf("image '{}' is empty", files_[index]);
-  PrepareImage(decoded, size_, channels_, crop_, image);
+  if (crop_ == ImageCrop::kBuckets)
+    PrepareBucketed(decoded, buckets_[bucket_of_[index]], channels_, image);
+  else
+    PrepareImage(decoded, size_, channels_, crop_, image);
   *label = labels_[index];
   return Status::Ok();
 }
 
 Status ImageFolderDataset::GetGeometry(int64_t index, PictureGeometry* geometry) const {
+  if (crop_ == ImageCrop::kBuckets) {
+    const SampleSize& picture = picture_sizes_[index];
+    *geometry = BucketGeometry(picture.width, picture.height, buckets_[bucket_of_[index]]);
+    return Status::Ok();
+  }
   DT_ASSIGN_OR_RETURN(const io::ImageSize size, io::ReadImageSize(files_[index]));
   if (size.width < 1 || size.height < 1) return Errorf("image '{}' is empty", files_[index]);
   *geometry = CropGeometry(size.width, size.height, size_, crop_);

@@ -201,6 +201,32 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
     data->has_geometry_ = true;
   }
   DT_ASSIGN_OR_RETURN(data->vae_, ParseVae(index, index_path));
+  if (index.contains("buckets")) {
+    const Json& list = index["buckets"];
+    if (!list.is_array() || list.empty()) {
+      return IndexError(index_path,
+                        "'buckets' must be a non-empty list of {\"height\", \"width\"}");
+    }
+    for (const Json& bucket : list) {
+      if (!bucket.is_object()) {
+        return IndexError(index_path,
+                          fmt::format("bucket {} must be {{\"height\": positive integer, "
+                                      "\"width\": positive integer}}, got {}",
+                                      data->buckets_.size(), bucket.dump()));
+      }
+      SampleSize size;
+      for (auto [key, field] :
+           {std::pair{"height", &size.height}, std::pair{"width", &size.width}}) {
+        Result<int64_t> value = PositiveField(bucket, key, index_path);
+        if (!value.ok() || *value > INT32_MAX) {
+          return IndexError(index_path, fmt::format("bucket {}: '{}' must be a positive integer",
+                                                    data->buckets_.size(), key));
+        }
+        *field = static_cast<int>(*value);
+      }
+      data->buckets_.push_back(size);
+    }
+  }
   DT_ASSIGN_OR_RETURN(int64_t total, PositiveField(index, "total", index_path));
   auto shards = index.find("shards");
   if (shards == index.end() || !shards->is_array() || shards->empty()) {
@@ -215,7 +241,19 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
                                     data->shards_.size(), file.dump()));
     }
     DT_ASSIGN_OR_RETURN(int64_t count, PositiveField(entry, "count", index_path));
-    data->shards_.push_back({dir + "/" + file.get<std::string>(), -1, first, count, 0});
+    int bucket = 0;
+    if (!data->buckets_.empty()) {  // each shard's samples are of one bucket's size
+      const Json b = entry.value("bucket", Json());
+      if (!b.is_number_integer() || b.get<int64_t>() < 0 ||
+          b.get<int64_t>() >= static_cast<int64_t>(data->buckets_.size())) {
+        return IndexError(index_path,
+                          fmt::format("shard {}: 'bucket' must be a bucket's number in [0, {}), "
+                                      "got {}",
+                                      data->shards_.size(), data->buckets_.size(), b.dump()));
+      }
+      bucket = b.get<int>();
+    }
+    data->shards_.push_back({dir + "/" + file.get<std::string>(), -1, first, count, 0, bucket});
     first += count;
   }
   if (first != total) {
@@ -275,9 +313,10 @@ Status LatentFolderDataset::OpenShard(Shard& shard) {
   }
 
   const uint64_t data_start = 8 + header_bytes;
+  const SampleSize size = buckets()[shard.bucket];
   const std::vector<int64_t> shape =
-      frames_ > 1 ? std::vector<int64_t>{shard.count, frames_, channels_, height_, width_}
-                  : std::vector<int64_t>{shard.count, channels_, height_, width_};
+      frames_ > 1 ? std::vector<int64_t>{shard.count, frames_, channels_, size.height, size.width}
+                  : std::vector<int64_t>{shard.count, channels_, size.height, size.width};
   DT_ASSIGN_OR_RETURN(
       shard.latents_offset,
       TensorOffset(path, header, kLatentsTensor, io::DType::kF32, shape, data_start, file_bytes));
@@ -338,12 +377,20 @@ Status LatentFolderDataset::OpenShard(Shard& shard) {
   return Status::Ok();
 }
 
-Status LatentFolderDataset::Get(int64_t index, float* image, int32_t* label) const {
+const LatentFolderDataset::Shard& LatentFolderDataset::ShardOf(int64_t index) const {
   // The last shard whose first sample is at or before `index`.
   auto it = std::upper_bound(shards_.begin(), shards_.end(), index,
                              [](int64_t i, const Shard& shard) { return i < shard.first; });
-  const Shard& shard = *std::prev(it);
-  const size_t bytes = static_cast<size_t>(sample_floats()) * sizeof(float);
+  return *std::prev(it);
+}
+
+std::vector<SampleSize> LatentFolderDataset::buckets() const {
+  return buckets_.empty() ? Dataset::buckets() : buckets_;
+}
+
+Status LatentFolderDataset::Get(int64_t index, float* image, int32_t* label) const {
+  const Shard& shard = ShardOf(index);
+  const size_t bytes = static_cast<size_t>(SampleFloats(index)) * sizeof(float);
   DT_RETURN_IF_ERROR(ReadAt(shard.fd, shard.path, image, bytes,
                             shard.latents_offset + (index - shard.first) * bytes));
   *label = labels_[index];
@@ -382,50 +429,71 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
   }
 
   const int64_t total = source.size();
-  const int64_t floats = source.sample_floats();
+  // The samples in the folder's order: a bucketed source's grouped by bucket (each shard holds
+  // one bucket's samples), in the source's order within each.
+  const std::vector<SampleSize> buckets = source.buckets();
+  const bool bucketed = buckets.size() > 1;
+  std::vector<std::vector<int64_t>> members(buckets.size());
+  for (int64_t i = 0; i < total; ++i) {
+    const int b = bucketed ? source.BucketOf(i) : 0;
+    if (b < 0 || b >= static_cast<int>(buckets.size()))
+      return Errorf("sample {} is in bucket {}, outside the source's {}", i, b, buckets.size());
+    members[b].push_back(i);
+  }
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  int64_t written = 0;
   std::vector<float> latents;
   std::vector<int64_t> labels, text_ids, geometry;
   const TextTable* texts = source.texts();
   const bool has_geometry = source.has_geometry();
-  for (int64_t first = 0; first < total; first += samples_per_shard) {
-    const int64_t count = std::min(samples_per_shard, total - first);
-    latents.resize(static_cast<size_t>(count * floats));
-    labels.resize(static_cast<size_t>(count));
-    text_ids.resize(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) {
-      int32_t label = 0;
-      Status got = source.Get(first + i, latents.data() + i * floats, &label);
-      if (!got.ok()) return got.WithContext(fmt::format("reading sample {} to pack", first + i));
-      labels[i] = label;
-      if (texts != nullptr) text_ids[i] = source.TextId(first + i);
-      if (!has_geometry) continue;
-      PictureGeometry g;
-      got = source.GetGeometry(first + i, &g);
-      if (!got.ok()) return got.WithContext(fmt::format("sample {}'s picture", first + i));
-      geometry.insert(geometry.end(), {g.original_height, g.original_width, g.crop_top, g.crop_left,
-                                       g.height, g.width});
+  for (size_t bucket = 0; bucket < buckets.size(); ++bucket) {
+    const std::vector<int64_t>& in_bucket = members[bucket];
+    const SampleSize size = buckets[bucket];
+    const int64_t floats = int64_t{source.frames()} * source.channels() * size.area();
+    for (size_t start = 0; start < in_bucket.size(); start += samples_per_shard) {
+      const int64_t count =
+          std::min<int64_t>(samples_per_shard, static_cast<int64_t>(in_bucket.size() - start));
+      latents.resize(static_cast<size_t>(count * floats));
+      labels.resize(static_cast<size_t>(count));
+      text_ids.resize(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t sample = in_bucket[start + i];
+        int32_t label = 0;
+        Status got = source.Get(sample, latents.data() + i * floats, &label);
+        if (!got.ok()) return got.WithContext(fmt::format("reading sample {} to pack", sample));
+        labels[i] = label;
+        if (texts != nullptr) text_ids[i] = source.TextId(sample);
+        if (!has_geometry) continue;
+        PictureGeometry g;
+        got = source.GetGeometry(sample, &g);
+        if (!got.ok()) return got.WithContext(fmt::format("sample {}'s picture", sample));
+        geometry.insert(geometry.end(), {g.original_height, g.original_width, g.crop_top,
+                                         g.crop_left, g.height, g.width});
+      }
+      const std::string file = fmt::format("shard-{:05d}.safetensors", shards.size());
+      io::SafetensorsWriter writer;
+      if (source.frames() > 1) {
+        writer.AddF32(kLatentsTensor,
+                      {count, source.frames(), source.channels(), size.height, size.width},
+                      latents.data());
+      } else {
+        writer.AddF32(kLatentsTensor, {count, source.channels(), size.height, size.width},
+                      latents.data());
+      }
+      writer.Add(kLabelsTensor, io::DType::kI64, {count}, labels.data());
+      if (texts != nullptr) writer.Add(kTextIdsTensor, io::DType::kI64, {count}, text_ids.data());
+      if (has_geometry) {
+        writer.Add(kGeometryTensor, io::DType::kI64, {count, kGeometryFields}, geometry.data());
+      }
+      writer.SetMetadata("format", std::string(kLatentFolderFormat));
+      writer.SetMetadata("first_sample", std::to_string(written));
+      DT_RETURN_IF_ERROR(writer.WriteAtomic(dir + "/" + file));
+      nlohmann::ordered_json entry = {{"file", file}, {"count", count}};
+      if (bucketed) entry["bucket"] = bucket;
+      shards.push_back(std::move(entry));
+      geometry.clear();
+      written += count;
     }
-    const std::string file = fmt::format("shard-{:05d}.safetensors", shards.size());
-    io::SafetensorsWriter writer;
-    if (source.frames() > 1) {
-      writer.AddF32(kLatentsTensor,
-                    {count, source.frames(), source.channels(), source.height(), source.width()},
-                    latents.data());
-    } else {
-      writer.AddF32(kLatentsTensor, {count, source.channels(), source.height(), source.width()},
-                    latents.data());
-    }
-    writer.Add(kLabelsTensor, io::DType::kI64, {count}, labels.data());
-    if (texts != nullptr) writer.Add(kTextIdsTensor, io::DType::kI64, {count}, text_ids.data());
-    if (has_geometry) {
-      writer.Add(kGeometryTensor, io::DType::kI64, {count, kGeometryFields}, geometry.data());
-    }
-    writer.SetMetadata("format", std::string(kLatentFolderFormat));
-    writer.SetMetadata("first_sample", std::to_string(first));
-    DT_RETURN_IF_ERROR(writer.WriteAtomic(dir + "/" + file));
-    shards.push_back({{"file", file}, {"count", count}});
-    geometry.clear();
   }
 
   if (texts != nullptr) DT_RETURN_IF_ERROR(WriteTextTable(*texts, dir + "/" + kTextFile));
@@ -445,6 +513,11 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
                      {"count", texts->size()}};
   }
   if (has_geometry) index["geometry"] = true;
+  if (bucketed) {
+    index["buckets"] = nlohmann::ordered_json::array();
+    for (const SampleSize& b : buckets)
+      index["buckets"].push_back({{"height", b.height}, {"width", b.width}});
+  }
   if (vae) {
     index["vae"] = {{"path", vae->path},
                     {"scaling_factor", vae->scaling_factor},

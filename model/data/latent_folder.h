@@ -4,8 +4,9 @@
 //   DIR/index.json               {"format": "difftrain-latents", "version": 1,
 //                                 "channels": C, "height": H, "width": W, "num_classes": K,
 //                                 ["frames": F,]
-//                                 "shards": [{"file": "shard-00000.safetensors", "count": n0},
-//                                            ...],
+//                                 ["buckets": [{"height": h0, "width": w0}, ...],]
+//                                 "shards": [{"file": "shard-00000.safetensors", "count": n0
+//                                             [, "bucket": b0]}, ...],
 //                                 "total": n0 + n1 + ...}
 //   DIR/shard-00000.safetensors  "latents" F32 [n0, C, H, W], "labels" I64 [n0]
 //                                (a folder of videos, "frames" F > 1: [n0, F, C, H, W]),
@@ -13,6 +14,10 @@
 //                                ["geometry" I64 [n0, 6] with "geometry": true: each
 //                                 picture's PictureGeometry (dataset.h)]
 //   ...
+//
+// A folder with "buckets" (aspect-ratio buckets: `data pack --crop buckets`) holds samples of
+// several sizes; each shard's are of its bucket's size, [n, C, h_b, w_b], and "height" and
+// "width" are the nominal size the buckets' areas keep near.
 //
 // Samples are numbered across shards in index order. Latents are stored as the model
 // consumes them (already multiplied by the VAE's scale factor).
@@ -73,6 +78,8 @@ class LatentFolderDataset : public Dataset {
   int64_t TextId(int64_t index) const override { return text_ids_[index]; }
   bool has_geometry() const override { return has_geometry_; }
   Status GetGeometry(int64_t index, PictureGeometry* geometry) const override;
+  std::vector<SampleSize> buckets() const override;
+  int BucketOf(int64_t index) const override { return ShardOf(index).bucket; }
 
   // Reads every shard whole and checks it as SafetensorsFile::Verify does: the header, the
   // layout and the CRC-32 of the data. Open does not, to start quickly on large folders.
@@ -87,13 +94,16 @@ class LatentFolderDataset : public Dataset {
     int64_t first = 0;  // global index of its first sample
     int64_t count = 0;
     uint64_t latents_offset = 0;  // byte offset of the latents tensor in the file
+    int bucket = 0;               // its samples' bucket (0 in a folder of one size)
   };
   LatentFolderDataset() = default;
+  const Shard& ShardOf(int64_t index) const;
   Status OpenShard(Shard& shard);
   Status OpenTexts(const std::string& dir, const nlohmann::json& entry,
                    const std::string& index_path);
 
   int channels_ = 0, height_ = 0, width_ = 0, num_classes_ = 0, frames_ = 1;
+  std::vector<SampleSize> buckets_;  // empty: one size, height_ × width_
   std::vector<Shard> shards_;
   std::vector<int32_t> labels_;    // all of them, read at Open
   TextTable texts_;                // empty: a folder without text
@@ -105,7 +115,9 @@ class LatentFolderDataset : public Dataset {
 
 // Writes every sample of `source` (which must be bounded) to `dir` as a latent folder of
 // shards of `samples_per_shard` samples (the last one may hold fewer), with its text table and
-// text ids when it has texts, creating `dir` if needed. Each shard and then index.json are written
+// text ids when it has texts, creating `dir` if needed. A bucketed source's samples go into the
+// folder grouped by bucket (in bucket order, the source's order within each), each shard of one
+// bucket; the index lists the buckets and each shard's. Each shard and then index.json are written
 // atomically; index.json is removed first, so a pack that fails midway leaves a folder that does
 // not open rather than an index over a mix of old and new shards. `vae`: what encoded the
 // samples, written into the index.

@@ -12,6 +12,13 @@
 //
 // A global batch of this loader is batch_size · dp_size consecutive samples; rank r takes
 // the batch_size samples that start at r · batch_size within it.
+//
+// Aspect-ratio buckets (a dataset whose samples come in several sizes, Dataset::bucketed()):
+// every global batch is of one bucket. Epoch e's order is perm_e cut by bucket (each bucket's
+// samples in perm_e's order) into whole global batches, a bucket's remainder of fewer than one
+// global batch left out of the epoch, and those batches shuffled by
+// Rng(seed, kData, kBucketCounterBase + e) (kept in bucket order when shuffling is off). An
+// epoch is then epoch_samples() ≤ S samples long, and sample n lies in epoch n / epoch_samples().
 #pragma once
 
 #include <condition_variable>
@@ -28,6 +35,8 @@ namespace difftrain {
 
 // Flip draws use counters from here on, far from the epoch counters of the permutations.
 inline constexpr uint64_t kFlipCounterBase = uint64_t{1} << 62;
+// The shuffles of a bucketed epoch's batches use counters from here on.
+inline constexpr uint64_t kBucketCounterBase = uint64_t{1} << 61;
 
 struct DataLoaderOptions {
   uint64_t seed = 0;
@@ -58,8 +67,15 @@ class DataLoader {
   // The dataset index of global sample `sample`, and whether it is flipped.
   int64_t IndexOf(int64_t sample) const;
   bool IsFlipped(int64_t sample) const;
+  // The size of global sample `sample` (its bucket's; the dataset's where it has one size).
+  SampleSize SizeOf(int64_t sample) const;
+  // Samples of an epoch: the dataset's size, or for a bucketed dataset the whole global batches
+  // its buckets fill (0 where none fills one: the loader then has nothing to give, and its
+  // user must refuse the dataset first).
+  int64_t epoch_samples() const { return epoch_samples_; }
 
-  // Writes global samples [first_sample, first_sample + count) to `images` ([count, C, H, W])
+  // Writes global samples [first_sample, first_sample + count) to `images` ([count, C, H, W]; a
+  // bucketed range's samples one after another, each of its size)
   // and `labels`, and, when `texts` is given and the dataset has texts, their text embeddings
   // to `texts` ([count, L, D]), taking the prefetched result when it is that range (waiting for it
   // if it is still being read) and reading synchronously otherwise. The result is the same either
@@ -90,13 +106,21 @@ class DataLoader {
 
   // Reads a range; safe to call from the training and the prefetch thread at once.
   Status Read(Range range, float* images, int32_t* labels, float* texts, float* pooled) const;
-  // perm_e, computed once and kept for the two most recent epochs asked for.
+  // Epoch `epoch`'s dataset indices in order (perm_e, or its bucketed batches), computed once
+  // and kept for the two most recent epochs asked for.
   std::shared_ptr<const std::vector<int64_t>> Permutation(int64_t epoch) const;
+  // Epoch `epoch`'s bucketed order from its permutation.
+  std::vector<int64_t> BucketedOrder(const std::vector<int64_t>& permutation, int64_t epoch) const;
+  // Floats of the samples [first, first + count).
+  int64_t RangeFloats(Range range) const;
   void PrefetchLoop();
 
   const Dataset& dataset_;
   const DataLoaderOptions options_;
   const bool shuffled_;
+  const std::vector<SampleSize> buckets_;  // the dataset's
+  std::vector<int32_t> bucket_of_;         // each sample's bucket, where there are several
+  int64_t epoch_samples_ = 0;
 
   mutable std::mutex permutation_mutex_;
   mutable std::vector<std::pair<int64_t, std::shared_ptr<const std::vector<int64_t>>>>

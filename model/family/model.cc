@@ -39,6 +39,13 @@ size_t Model::fixed_bytes() const {
   return bytes;
 }
 
+Status Model::SetSampleSize(int height, int width) {
+  return Errorf(
+      "this model trains at its config's size only, not {}x{} latents (aspect-ratio buckets need "
+      "a convolutional family: the unet)",
+      height, width);
+}
+
 bool Model::holds_whole_model() const {
   if (num_params() != global_parameter_table().total()) return false;
   for (const Fragment& f : sharded().fragments) {

@@ -129,6 +129,11 @@ class Model {
   // Every parameter random and non-zero, so gradient checks see signal on every path.
   virtual void InitializeRandom(uint64_t seed) = 0;
 
+  // Aspect-ratio buckets: the sample size, height × width (of a latent), that the following
+  // Reserve and Forward take, the parameters the same (a convolutional model's are of any size).
+  // By default an error saying the family trains at its config's size only.
+  virtual Status SetSampleSize(int height, int width);
+
   // Allocates `slots` activation slots for micro-batches of B (if not already so); with
   // `recompute`, backward recomputes what forward did not keep.
   virtual void Reserve(int B, int slots, bool recompute = false) = 0;

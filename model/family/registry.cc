@@ -37,7 +37,7 @@ bool ModelFamily::Knows(const std::string& config_name) const {
 
 Result<ModelSpec> ModelFamily::Resized(const ModelSpec& spec, int, int) const {
   const SampleSchema s = Samples(spec);
-  return Errorf("the {} family samples at its model's size only ({}x{} latents)", name(), s.height,
+  return Errorf("the {} family runs at its model's size only ({}x{} latents)", name(), s.height,
                 s.width);
 }
 

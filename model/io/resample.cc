@@ -16,6 +16,11 @@ double BoxWeight(double x) {
   return x > -0.5 && x <= 0.5 ? 1.0 : 0.0;
 }
 
+double BilinearWeight(double x) {
+  x = std::abs(x);
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
 double BicubicWeight(double x) {
   constexpr double a = -0.5;
   x = std::abs(x);
@@ -38,6 +43,8 @@ double Support(ResampleFilter filter) {
   switch (filter) {
     case ResampleFilter::kBox:
       return 0.5;
+    case ResampleFilter::kBilinear:
+      return 1.0;
     case ResampleFilter::kBicubic:
       return 2.0;
     case ResampleFilter::kLanczos:
@@ -50,6 +57,8 @@ double Weight(ResampleFilter filter, double x) {
   switch (filter) {
     case ResampleFilter::kBox:
       return BoxWeight(x);
+    case ResampleFilter::kBilinear:
+      return BilinearWeight(x);
     case ResampleFilter::kBicubic:
       return BicubicWeight(x);
     case ResampleFilter::kLanczos:
@@ -68,6 +77,7 @@ std::vector<Taps> PassTaps(int in, int out, ResampleFilter filter) {
   const double scale = static_cast<double>(static_cast<float>(in)) / out;
   const double widen = std::max(scale, 1.0);
   const double support = Support(filter) * widen;
+  const double shrink = 1.0 / widen;  // Pillow multiplies by it rather than divide by widen
   std::vector<Taps> taps(out);
   for (int j = 0; j < out; ++j) {
     const double centre = (j + 0.5) * scale;
@@ -76,7 +86,7 @@ std::vector<Taps> PassTaps(int in, int out, ResampleFilter filter) {
     std::vector<double> w;
     double total = 0;
     for (int i = first; i < end; ++i) {
-      const double x = (i - centre + 0.5) / widen;
+      const double x = (i - centre + 0.5) * shrink;
       w.push_back(Weight(filter, x));
       total += w.back();
     }

@@ -7,6 +7,8 @@
 #include <new>
 #include <unordered_set>
 
+#include <spdlog/spdlog.h>
+
 #include "common/check.h"
 #include "model/diffusion/vb_loss.h"
 #include "model/optim/adamw.h"
@@ -117,6 +119,47 @@ std::string HostArenasNeeded(const TrainConfig& config, const ParallelOptions& p
 
 }  // namespace
 
+Status CheckBucketsFitTraining(const Dataset& d, const TrainConfig& config,
+                               const std::string& kind) {
+  if (!d.bucketed()) return Status::Ok();
+  const std::vector<SampleSize> buckets = d.buckets();
+  if (config.device != "cpu") {
+    return Errorf(
+        "{} samples come in {} aspect-ratio buckets, which train.device {} does not take yet "
+        "(its step is built for one size); train them with train.device: cpu, or pack the "
+        "pictures at one size (data pack --crop square)",
+        kind, buckets.size(), config.device);
+  }
+  const ModelFamily& family = FamilyOf(config.model);
+  std::vector<int64_t> counts(buckets.size());
+  for (int64_t i = 0; i < d.size(); ++i)
+    ++counts[d.BucketOf(i)];
+  int64_t kept = 0;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    // Every bucket, even one without samples: the trainer lays out each one's activations.
+    Result<ModelSpec> resized = family.Resized(config.model, buckets[b].height, buckets[b].width);
+    if (!resized.ok()) {
+      return resized.status().WithContext(fmt::format("{} bucket {} ({}x{} latents, {} samples)",
+                                                      kind, b, buckets[b].height, buckets[b].width,
+                                                      counts[b]));
+    }
+    kept += counts[b] / config.global_batch * config.global_batch;
+  }
+  if (kept == 0) {
+    return Errorf(
+        "no aspect-ratio bucket of the {} holds a global batch (batch.global {}): every batch is "
+        "of one bucket's size, and the largest bucket holds {} samples; lower batch.global or "
+        "pack fewer buckets",
+        kind, config.global_batch, *std::max_element(counts.begin(), counts.end()));
+  }
+  spdlog::info(
+      "data: {} samples in {} aspect-ratio buckets; an epoch trains {} of them, in whole global "
+      "batches of one bucket each ({} left out: the buckets' remainders)",
+      d.size(), std::count_if(counts.begin(), counts.end(), [](int64_t n) { return n > 0; }), kept,
+      d.size() - kept);
+  return Status::Ok();
+}
+
 Status CheckDataFitsModel(const Dataset& d, const SampleSchema& m, const std::string& kind) {
   // An unconditional model (no classes) trains on any labels: it never reads them.
   if (d.frames() != m.frames || d.channels() != m.channels || d.height() != m.height ||
@@ -173,6 +216,8 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   Result<std::unique_ptr<Dataset>> opened = OpenDataset(spec);
   if (!opened.ok()) return opened.status().WithContext("data");
   DT_RETURN_IF_ERROR(CheckDataFitsModel(**opened, m, config.data.kind).WithContext("data"));
+  DT_RETURN_IF_ERROR(
+      CheckBucketsFitTraining(**opened, config, config.data.kind).WithContext("data"));
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
   }
@@ -263,6 +308,19 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   douts_.resize(slots_);
   // On the GPU the host model keeps only the checkpoint's copy of the parameters.
   if (!gpu_) model_->Reserve(config.micro_batch, slots_, config.recompute);
+  if (!gpu_ && data_->bucketed()) {
+    // Every bucket's activations laid out once, largest first, so that the arena is made here at
+    // the largest (a machine without room for it fails to create the trainer, with Create's
+    // message, not a step later) and kept by every step's size (UNet::Reserve).
+    std::vector<SampleSize> sizes = data_->buckets();
+    std::sort(sizes.begin(), sizes.end(),
+              [](SampleSize a, SampleSize b) { return a.area() > b.area(); });
+    for (const SampleSize& s : sizes) {
+      Status sized = model_->SetSampleSize(s.height, s.width);
+      DT_CHECK(sized.ok(), "{}", sized.message());  // CheckBucketsFitTraining took every bucket
+      model_->Reserve(config.micro_batch, slots_, config.recompute);
+    }
+  }
   model_->InitializeReference(config.seed);
   if (lora_) {
     lora_->Initialize(config.seed);
@@ -318,7 +376,9 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
 }
 
 Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* loader_seconds) {
-  const size_t n = schema_.elements();
+  // A global batch is of one size: a bucket's, where the data has several.
+  batch.sample_size = loader_.SizeOf(first);
+  const size_t n = SampleElements(batch);
   batch.size = B;
   batch.x0.resize(B * n);
   batch.noise.resize(B * n);
@@ -389,11 +449,41 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
   return Status::Ok();
 }
 
+double Trainer::FlopsPerSample(SampleSize size) {
+  const auto key = std::make_pair(size.height, size.width);
+  if (auto it = flops_per_sample_.find(key); it != flops_per_sample_.end()) return it->second;
+  const ModelFamily& family = FamilyOf(config_.model);
+  double flops = family.Cost(config_.model).training_flops_per_sample();
+  if (size.height != schema_.height || size.width != schema_.width) {
+    // Only a family that resizes takes buckets (CheckBucketsFitTraining).
+    Result<ModelSpec> resized = family.Resized(config_.model, size.height, size.width);
+    if (resized.ok()) flops = family.Cost(*resized).training_flops_per_sample();
+  }
+  return flops_per_sample_[key] = flops;
+}
+
+size_t Trainer::SampleElements(const MicroBatch& batch) const {
+  return size_t(schema_.frames) * schema_.channels * batch.sample_size.area();
+}
+
+size_t Trainer::OutputElements(const MicroBatch& batch) const {
+  return size_t(schema_.frames) * schema_.out_channels * batch.sample_size.area();
+}
+
+void Trainer::ReserveFor(const MicroBatch& batch) {
+  // Only bucketed data change the model's size (CheckBucketsFitTraining took every bucket).
+  if (data_->bucketed()) {
+    Status sized = model_->SetSampleSize(batch.sample_size.height, batch.sample_size.width);
+    DT_CHECK(sized.ok(), "{}", sized.message());
+  }
+  model_->Reserve(batch.size, slots_, config_.recompute);
+}
+
 const float* Trainer::Target(const MicroBatch& batch) const {
   if (diffusion_.predicts_noise()) return batch.noise.data();
   target_.resize(batch.noise.size());
   diffusion_.Target(target_.data(), batch.x0.data(), batch.noise.data(), batch.t.data(), batch.size,
-                    schema_.elements());
+                    SampleElements(batch));
   return target_.data();
 }
 
@@ -403,7 +493,7 @@ double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_sc
   // A video's frames are [C, H, W] images with the video's timestep (its output splits ε and
   // σ per frame); every sample has F·C·H·W elements, so the mean over the frames of all
   // samples is the mean over the samples.
-  const int HW = m.height * m.width, n = batch.size * m.frames;
+  const int HW = static_cast<int>(batch.sample_size.area()), n = batch.size * m.frames;
   std::vector<int64_t> t(batch.t);
   if (m.frames > 1) {
     t.resize(n);
@@ -422,11 +512,11 @@ double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_sc
 
 double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {
   DT_CHECK(!parallel_.topology && !gpu_, "ForwardBackward is for one process on the CPU");
-  model_->Reserve(batch.size, slots_, config_.recompute);
+  ReserveFor(batch);
   Status forward = model_->Forward(0, batch.inputs(), nullptr, nullptr);
   DT_CHECK(forward.ok(), "{}", forward.message());
   last_output_ = model_->output(0);
-  douts_[0].resize(batch.size * schema_.output_elements());
+  douts_[0].resize(batch.size * OutputElements(batch));
   const double loss = Loss(last_output_, batch, grad_scale, douts_[0].data());
   Status backward = model_->Backward(0, douts_[0].data(), nullptr);
   DT_CHECK(backward.ok(), "{}", backward.message());
@@ -441,11 +531,14 @@ Status Trainer::Forward(int micro, const float* input, float* output) {
   if (shard.first_stage() || shard.last_stage()) {
     const int64_t first = step_first_ + static_cast<int64_t>(micro) * config_.micro_batch;
     DT_RETURN_IF_ERROR(MakeMicroBatch(first, config_.micro_batch, batch));
+    // The step's size (a bucket's): the model's activations follow it. Only a family that
+    // resizes takes buckets, and it has one stage.
+    ReserveFor(batch);
   }
   DT_RETURN_IF_ERROR(model_->Forward(slot, batch.inputs(), input, output));
   if (shard.last_stage()) {
     last_output_ = model_->output(slot);
-    douts_[slot].resize(batch.size * schema_.output_elements());
+    douts_[slot].resize(batch.size * OutputElements(batch));
     step_loss_ += Loss(last_output_, batch, grad_scale_, douts_[slot].data()) / micro_batches_;
   }
   return Status::Ok();
@@ -478,8 +571,13 @@ Result<StepStats> Trainer::Step() {
     loader_.Prefetch(loader_.RankFirstSample(samples_seen_ + config_.global_batch),
                      config_.global_batch / dp_size());
   }
+  const SampleSize size = loader_.SizeOf(step_first_);  // the whole global batch's
   Result<StepStats> stats = ApplyUpdate(step_loss_, config_.global_batch);
-  if (stats.ok()) stats->data_wait_seconds = data_wait_seconds_;
+  if (stats.ok()) {
+    stats->data_wait_seconds = data_wait_seconds_;
+    stats->flops_per_sample = FlopsPerSample(size);
+    if (data_->bucketed()) stats->sample_size = size;
+  }
   return stats;
 }
 

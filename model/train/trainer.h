@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -48,6 +49,8 @@ namespace difftrain {
 // The inputs of a micro-batch as the model sees them.
 struct MicroBatch {
   int size = 0;
+  // Each sample's size, height × width (of a latent); a bucketed dataset's batches differ.
+  SampleSize sample_size;
   std::vector<float> x0, noise, x_t;  // [B, ...the family's sample shape]
   std::vector<int64_t> t;             // timesteps
   std::vector<float> t_float;         // the same, as the model's input
@@ -106,6 +109,10 @@ struct StepStats {
   // Waiting for input: on the CPU for the data loader's reads; on a GPU for the micro-batches
   // (made ahead while the GPU computes, so only what making one takes beyond computing one).
   double data_wait_seconds = 0;
+  // Training FLOPs of one of the step's samples: the model's, or with aspect-ratio buckets those
+  // of the step's size, `sample_size` (0 × 0 where the data have one size).
+  double flops_per_sample = 0;
+  SampleSize sample_size;
 };
 
 // A rank's place in the parallel layout and its communicators; a null communicator is a
@@ -135,6 +142,10 @@ struct ParallelOptions {
 // Whether the samples of `data` (of the kind `kind`, for the messages) fit the model of schema
 // `m`: their shape and classes, their texts' length and width, and SDXL's pooled embeddings.
 Status CheckDataFitsModel(const Dataset& data, const SampleSchema& m, const std::string& kind);
+// A bucketed dataset (aspect-ratio buckets, docs/data.md) trains on the CPU a model that takes
+// each bucket's size (ModelFamily::Resized), and one of its buckets must fill a global batch.
+Status CheckBucketsFitTraining(const Dataset& data, const TrainConfig& config,
+                               const std::string& kind);
 
 class Trainer : private parallel::PipelineStage {
  public:
@@ -220,6 +231,13 @@ class Trainer : private parallel::PipelineStage {
   Result<StepStats> StepOnGpu();
   const std::vector<parallel::Range>& owned() const;
   // The regression target of `batch`: its noise, or v (diffusion.prediction).
+  // Training FLOPs of a sample of height × width (the model at that size), computed once a size.
+  double FlopsPerSample(SampleSize size);
+  // Floats of one sample of `batch`, and of the model's output for one.
+  size_t SampleElements(const MicroBatch& batch) const;
+  size_t OutputElements(const MicroBatch& batch) const;
+  // Sizes the model's activations for `batch` (its sample size and micro-batch).
+  void ReserveFor(const MicroBatch& batch);
   const float* Target(const MicroBatch& batch) const;
   // The loss of `output` for `batch` and its gradient (scaled) into dout.
   double Loss(const float* output, const MicroBatch& batch, float grad_scale, float* dout) const;
@@ -271,7 +289,8 @@ class Trainer : private parallel::PipelineStage {
   int slots_ = 1;                   // micro-batches in flight on this stage
   std::vector<MicroBatch> batches_;
   std::vector<std::vector<float>> douts_;
-  mutable std::vector<float> target_;  // Target()'s v
+  mutable std::vector<float> target_;                       // Target()'s v
+  std::map<std::pair<int, int>, double> flops_per_sample_;  // FlopsPerSample's, by size
   const float* last_output_ = nullptr;
   // The step in progress: its first sample, micro-batches, loss gradient scale and loss.
   int64_t step_first_ = 0;

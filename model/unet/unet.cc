@@ -86,11 +86,32 @@ size_t UNet::ActivationBytes(const UNetConfig& c, int B, int slots, bool recompu
   return (l->slot * slots + l->backward + l->workspace) * sizeof(float);
 }
 
+Status UNet::SetSampleSize(int height, int width) {
+  if (height == config_.sample_size && width == config_.width()) return Status::Ok();
+  UNetConfig resized = config_;
+  resized.sample_size = height;
+  resized.sample_width = width == height ? 0 : width;
+  DT_RETURN_IF_ERROR(resized.Validate());
+  UNetPlan plan(resized);
+  DT_CHECK(plan.table.total() == plan_.table.total(), "a resized UNet has other parameters");
+  config_ = std::move(resized);
+  plan_ = std::move(plan);
+  batch_ = 0;  // the next Reserve lays out activations of the new size
+  return Status::Ok();
+}
+
 void UNet::Reserve(int B, int slots, bool recompute) {
   if (B == batch_ && slots == slots_ && recompute == recompute_) return;
   layers_.clear();
   layout_ = PlanLayout(config_, plan_, B, recompute, &layers_);
-  acts_ = Buffer<float>(layout_->slot * slots + layout_->backward + layout_->workspace);
+  // Aspect-ratio buckets lay the activations out anew at each change of size: an arena that holds
+  // the new layout is kept (its pages touched already; layers write their values before they
+  // read them), a smaller one freed before the larger is made.
+  const size_t needed = layout_->slot * slots + layout_->backward + layout_->workspace;
+  if (needed > acts_.size()) {
+    acts_ = Buffer<float>();
+    acts_ = Buffer<float>(needed);
+  }
   contexts_.assign(slots, nullptr);
   guidances_.assign(slots, nullptr);
   batch_ = B;

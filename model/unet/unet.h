@@ -58,6 +58,9 @@ class UNet : public Model {
   // Every parameter random and non-zero (norm weights around 1).
   void InitializeRandom(uint64_t seed) override;
 
+  // The config with the new sample_size, checked as the config is; the next Reserve allocates
+  // the activations of that size.
+  Status SetSampleSize(int height, int width) override;
   void Reserve(int B, int slots, bool recompute = false) override;
   size_t activation_bytes() const override { return acts_.bytes(); }
   size_t boundary_elements() const override { return 0; }

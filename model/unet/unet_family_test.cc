@@ -279,7 +279,7 @@ TEST(UNetFamily, ResizesToNonSquareSamples) {
   ASSERT_TRUE(dit_spec.ok());
   Result<ModelSpec> refused = FamilyOf(*dit_spec).Resized(*dit_spec, 16, 32);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("the dit family samples at its model's size only"),
+  EXPECT_NE(refused.status().message().find("the dit family runs at its model's size only"),
             std::string::npos)
       << refused.status().message();
 }
@@ -314,6 +314,49 @@ TEST(UNetModel, GradientsAccumulateAndReadyOffsetsDecrease) {
     nonzero += once[i] != 0;
   }
   EXPECT_EQ(nonzero, once.size());  // every parameter is on a path to the output
+}
+
+// Aspect-ratio buckets: a UNet set to another sample size steps as a UNet made at that size
+// with the same parameters, bit for bit, forward and backward (recomputing too), and back at
+// its own size as one made there; a size its down blocks cannot halve is refused.
+TEST(UNetModel, SetToAnotherSizeStepsAsAModelMadeThere) {
+  const auto step = [](UNet& model, int H, int W, bool recompute) {
+    const int B = 2;
+    model.Reserve(B, 1, recompute);
+    std::vector<float> x(B * 4 * H * W), t = {10, 500}, context(B * 3 * 6), dout(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = std::sin(0.3f * i), dout[i] = std::cos(0.7f * i);
+    for (size_t i = 0; i < context.size(); ++i)
+      context[i] = std::cos(1.3f * i);
+    std::fill(model.grads(), model.grads() + model.num_params(), 0.0f);
+    EXPECT_TRUE(
+        model.Forward(0, {x.data(), t.data(), nullptr, context.data()}, nullptr, nullptr).ok());
+    std::vector<float> out(model.output(0), model.output(0) + x.size());
+    EXPECT_TRUE(model.Backward(0, dout.data(), nullptr).ok());
+    out.insert(out.end(), model.grads(), model.grads() + model.num_params());
+    return out;
+  };
+  for (bool recompute : {false, true}) {
+    UNet model(testing::TinyUNetConfig());
+    model.InitializeRandom(5);
+    const std::vector<float> square = step(model, 8, 8, recompute);
+    UNetConfig wide_config = testing::TinyUNetConfig();
+    wide_config.sample_size = 6;
+    wide_config.sample_width = 10;
+    UNet wide(wide_config);
+    std::copy(model.params(), model.params() + model.num_params(), wide.params());
+    ASSERT_TRUE(model.SetSampleSize(6, 10).ok());
+    EXPECT_EQ(model.config().sample_size, 6);
+    EXPECT_EQ(model.config().width(), 10);
+    EXPECT_EQ(step(model, 6, 10, recompute), step(wide, 6, 10, recompute)) << recompute;
+    ASSERT_TRUE(model.SetSampleSize(8, 8).ok());
+    EXPECT_EQ(model.config().sample_width, 0);
+    EXPECT_EQ(step(model, 8, 8, recompute), square) << recompute;
+    const Status odd = model.SetSampleSize(8, 7);
+    ASSERT_FALSE(odd.ok());
+    EXPECT_NE(odd.message().find("must be divisible by 2^1"), std::string::npos) << odd.message();
+    EXPECT_EQ(model.config().width(), 8);  // unchanged
+  }
 }
 
 // An SDXL-shaped UNet trains on synthetic data (texts and pooled texts N(0, 1), dropped

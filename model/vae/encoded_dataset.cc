@@ -14,19 +14,30 @@ Result<std::unique_ptr<VaeEncodedDataset>> VaeEncodedDataset::Create(
     return Errorf("the VAE '{}' encodes images of {} channels and the dataset's have {}",
                   vae->source(), c.in_channels, source->channels());
   }
-  if (source->height() % c.downscale() != 0 || source->width() % c.downscale() != 0) {
-    return Errorf("the VAE '{}' halves images {} times: their {}×{} pixels must be multiples of {}",
-                  vae->source(), c.levels() - 1, source->height(), source->width(), c.downscale());
+  for (const SampleSize& s : source->buckets()) {  // a bucketed source: each bucket's size
+    if (s.height % c.downscale() != 0 || s.width % c.downscale() != 0) {
+      return Errorf(
+          "the VAE '{}' halves images {} times: their {}×{} pixels must be multiples of {}",
+          vae->source(), c.levels() - 1, s.height, s.width, c.downscale());
+    }
   }
   return std::unique_ptr<VaeEncodedDataset>(
       new VaeEncodedDataset(std::move(source), std::move(vae), posterior, seed));
 }
 
+std::vector<SampleSize> VaeEncodedDataset::buckets() const {
+  std::vector<SampleSize> sizes = source_->buckets();
+  for (SampleSize& s : sizes)
+    s = {s.height / vae_->config().downscale(), s.width / vae_->config().downscale()};
+  return sizes;
+}
+
 Status VaeEncodedDataset::Get(int64_t index, float* latents, int32_t* label) const {
-  std::vector<float> images(source_->sample_floats());
+  std::vector<float> images(source_->SampleFloats(index));
   DT_RETURN_IF_ERROR(source_->Get(index, images.data(), label));
   const int F = frames();
-  return vae_->Encode(images.data(), F, source_->height(), source_->width(), posterior_, seed_,
+  const SampleSize size = source_->buckets()[source_->BucketOf(index)];
+  return vae_->Encode(images.data(), F, size.height, size.width, posterior_, seed_,
                       static_cast<uint64_t>(index) * F, latents);
 }
 

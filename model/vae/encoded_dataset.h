@@ -15,8 +15,8 @@ namespace difftrain {
 class VaeEncodedDataset : public Dataset {
  public:
   // Sample n's draws (VaePosterior::kSample) come from Rng(seed, kVae, n·frames + frame).
-  // Errors: the source's channels are not the VAE's in_channels, or its height and width are
-  // not multiples of the VAE's downscale.
+  // Errors: the source's channels are not the VAE's in_channels, or its height and width (each
+  // bucket's) are not multiples of the VAE's downscale.
   static Result<std::unique_ptr<VaeEncodedDataset>> Create(std::unique_ptr<Dataset> source,
                                                            std::shared_ptr<const Vae> vae,
                                                            VaePosterior posterior, uint64_t seed);
@@ -34,6 +34,9 @@ class VaeEncodedDataset : public Dataset {
   Status GetGeometry(int64_t index, PictureGeometry* geometry) const override {
     return source_->GetGeometry(index, geometry);
   }
+  // A bucketed source's buckets, each as its latents' size.
+  std::vector<SampleSize> buckets() const override;
+  int BucketOf(int64_t index) const override { return source_->BucketOf(index); }
 
  private:
   VaeEncodedDataset(std::unique_ptr<Dataset> source, std::shared_ptr<const Vae> vae,

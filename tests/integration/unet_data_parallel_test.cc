@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "model/data/bucket_testing.h"
+#include "model/data/latent_folder.h"
 #include "tests/testing/parallel_training.h"
 
 namespace difftrain {
@@ -61,6 +63,41 @@ TEST_F(UNetDataParallelTest, DataParallelZero1AccumulationAndRecomputeEqualOnePr
     ExpectSameLosses(Losses(job.parent_path()), Losses(reference), l.name);
     EXPECT_LE(ParameterDistance(job.parent_path(), reference), 1e-5) << l.name;
   }
+}
+
+// Aspect-ratio buckets: latents of 8×8, 6×10 and 10×6 (20, 14 and 7 of them; global batches
+// of 4, each of one bucket, 9 an epoch), trained data-parallel and with ZeRO-1 as one process
+// accumulating the same global batch trains them, over one epoch: every bucket's batches; and
+// resumed midway in another layout.
+TEST_F(UNetDataParallelTest, BucketedLatentsTrainDataParallelAsOneProcess) {
+  const std::filesystem::path folder = root_ / "bucketed";
+  const testing::BucketedTestDataset data(41, 4, 8, {{8, 8}, {6, 10}, {10, 6}}, {0, 1, 2, 0, 1, 0});
+  ASSERT_TRUE(WriteLatentFolder(data, folder.string(), 16).ok());
+  sections_ = "data: {kind: latent_folder, path: \"" + folder.string() + "\"}\n";
+  constexpr int kEpochSteps = 9;
+  for (const bool zero1 : {false, true}) {
+    const std::string name = zero1 ? "bucketed_dp2_zero1" : "bucketed_dp2";
+    const std::filesystem::path job = WriteJob(name, 2 * kMicro, zero1, kEpochSteps);
+    const CommandResult r = RunRanks(job, 2);
+    ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    EXPECT_NE(r.output.find("41 samples in 3 aspect-ratio buckets; an epoch trains 36 of them"),
+              std::string::npos)
+        << r.output;
+    const std::filesystem::path reference = Reference(2 * kMicro, kEpochSteps);
+    ASSERT_EQ(Losses(reference).size(), size_t{kEpochSteps});
+    ExpectSameLosses(Losses(job.parent_path()), Losses(reference), name);
+    EXPECT_LE(ParameterDistance(job.parent_path(), reference), 1e-5) << name;
+  }
+  // Four steps on two ranks, then the rest of the epoch resumed in one process: the same run.
+  const std::filesystem::path resumed = WriteJob("bucketed_resumed", 2 * kMicro, true, kEpochSteps);
+  CommandResult r = RunRanks(resumed, 2, "--steps 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunRanks(resumed, 1);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from step 4"), std::string::npos) << r.output;
+  const std::filesystem::path reference = Reference(2 * kMicro, kEpochSteps);
+  ExpectSameLosses(Losses(resumed.parent_path()), Losses(reference), "bucketed_resumed");
+  EXPECT_LE(ParameterDistance(resumed.parent_path(), reference), 1e-5);
 }
 
 TEST_F(UNetDataParallelTest, TensorParallelIsRefusedNamingTheAxis) {

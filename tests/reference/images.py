@@ -2,7 +2,7 @@
 """Images written, decoded and resized by Pillow, the reference of difftrain's image reading
 and preparation (model/io/image.h, model/data/image_folder.h):
 
-    /usr/bin/python3 tests/reference/images.py make DIR SIZE
+    /usr/bin/python3 tests/reference/images.py make DIR SIZE [BUCKETS]
 
 Writes DIR/images/<class>/<name> (Pillow's PNG and JPEG encoders; random pixels, smooth
 enough for JPEG to keep structure, of odd sizes and every colour mode the reader takes) and
@@ -23,9 +23,26 @@ and as its inpainting pipelines' mask processor prepares a mask (resize in the i
 colours, then grey and binarised; alpha dropped first),
   mask.k         F32 [SIZE - 2, SIZE + 3]      convert("RGB" or "L"), resize((SIZE + 3, SIZE - 2),
                                                LANCZOS), convert("L"), x/255 >= 0.5 as 1, else 0
+and Pillow's BILINEAR resize (the filter of torchvision's transforms.Resize on PIL images) of
+each image's convert("RGB") and convert("L"), as bytes:
+  bilinear.src.rgb.k, bilinear.src.grey.k   U8 [H, W, C]  the converted image, which is resized
+  bilinear.J.rgb.k, bilinear.J.grey.k       U8 [h, w, C]  resize((w, h), BILINEAR) for the
+                                            J-th (w, h) of bilinear_sizes(SIZE).
+With BUCKETS, aspect-ratio buckets "HxW,HxW,..." (pixels, height x width), the bucketed crop
+(SDXL's multi-aspect training, MosaicML diffusion's bucketed crop with a centred crop):
+  bucket.k           I32 [1]            the bucket nearest the image's aspect ratio, by
+                                        |log(H/W) - log(h/w)|, the first of equals
+  buckets.rgb.k      F32 [3, h, w]      convert("RGB"), scaled by s = max(w/W, h/H) to
+                                        (max(round(W s), w), max(round(H s), h)) with
+                                        resize(..., BILINEAR), the centred w x h (offsets
+                                        rounded down), normalised as DiT's
+  buckets.grey.k                        the same from convert("L")
+  bucket_geometry.k  I32 [6]            original height and width, the crop's top and left in
+                                        the resized image, h and w
 Exit status: 0, or 2 for bad usage.
 """
 
+import math
 import os
 import sys
 
@@ -51,7 +68,8 @@ def smooth(rng, h, w, c):
 
 
 # (class, file, mode, height, width): PNG in every mode, JPEG colour and grey, a square image,
-# images smaller than SIZE (enlarging) and one DiT halves twice.
+# images smaller than SIZE (enlarging), one DiT halves twice, and one whose width scaled into a
+# bucket of 5/4 SIZE x 3/4 SIZE is a half exactly (12.5 at SIZE 16: Python's round makes it 12).
 FILES = [
     ("bags", "a.png", "RGB", 37, 53),
     ("bags", "b.jpg", "RGB", 48, 40),
@@ -59,6 +77,7 @@ FILES = [
     ("shoes", "d.jpeg", "L", 33, 41),
     ("shoes", "e.png", "L", 12, 9),
     ("shoes", "f.png", "LA", 50, 31),
+    ("shoes", "g.png", "RGB", 40, 25),
     ("shoes", "h.jpg", "RGB", 70, 90),
 ]
 
@@ -104,7 +123,37 @@ def masked(image, size):
     return np.ascontiguousarray((x >= 0.5).astype(np.float32))
 
 
-def make(out, size):
+def bilinear_sizes(size):
+    """(width, height) pairs: one side shrunk and the other enlarged (or both, by image), both
+    enlarged, both shrunk several times."""
+    return [(size + 3, size - 2), (2 * size + 1, size + 5), (5, 7)]
+
+
+def nearest_bucket(buckets, width, height):
+    distances = [abs(math.log(height / width) - math.log(h / w)) for h, w in buckets]
+    best = min(range(len(buckets)), key=lambda k: distances[k])
+    # The test's pictures are not near a tie, so float logs decide as exact arithmetic would.
+    assert all(k == best or d - distances[best] > 1e-9 for k, d in enumerate(distances))
+    return best
+
+
+def bucket_crop(image, bucket):
+    """MosaicML diffusion's bucketed crop (RandomCropBucketedAspectRatioTransform) with a
+    centred crop in place of its random one; torchvision's resize of a PIL image is
+    Image.resize with BILINEAR."""
+    h, w = bucket
+    width, height = image.size
+    scale = max(w / width, h / height)
+    resized_w = max(round(width * scale), w)
+    resized_h = max(round(height * scale), h)
+    resized = image.resize((resized_w, resized_h), Image.BILINEAR)
+    # torchvision's CenterCrop: int(round(d / 2.0)), half to even.
+    top, left = int(round((resized_h - h) / 2.0)), int(round((resized_w - w) / 2.0))
+    crop = resized.crop((left, top, left + w, top + h))
+    return crop, np.array([height, width, top, left, h, w], dtype=np.int32)
+
+
+def make(out, size, buckets=None):
     rng = np.random.default_rng(0)
     expected = {}
     k = 0
@@ -137,16 +186,34 @@ def make(out, size):
             expected[f"square.{key}.{k}"] = normalised(square_crop(converted, size))
             expected[f"dit.{key}.{k}"] = normalised(center_crop_arr(converted, size))
             expected[f"stretch.{key}.{k}"] = np.ascontiguousarray(stretched(converted, size))
+            src = np.asarray(converted)
+            expected[f"bilinear.src.{key}.{k}"] = src if src.ndim == 3 else src[..., None]
+            for j, (w, h) in enumerate(bilinear_sizes(size)):
+                resized = np.asarray(converted.resize((w, h), Image.BILINEAR))
+                expected[f"bilinear.{j}.{key}.{k}"] = (
+                    resized if resized.ndim == 3 else resized[..., None])
+        if buckets:
+            bucket = nearest_bucket(buckets, *image.size)
+            expected[f"bucket.{k}"] = np.array([bucket], dtype=np.int32)
+            for key, mode in (("rgb", "RGB"), ("grey", "L")):
+                crop, geometry = bucket_crop(image.convert(mode), buckets[bucket])
+                expected[f"buckets.{key}.{k}"] = normalised(crop)
+            expected[f"bucket_geometry.{k}"] = geometry
         expected[f"mask.{k}"] = masked(image, size)
         k += 1
     safetensors_np.write(os.path.join(out, "expected.safetensors"), expected)
 
 
+def parse_buckets(text):
+    """"HxW,HxW,..." as [(h, w), ...]."""
+    return [tuple(int(side) for side in bucket.split("x")) for bucket in text.split(",")]
+
+
 def main(argv):
-    if len(argv) != 4 or argv[1] != "make":
+    if len(argv) not in (4, 5) or argv[1] != "make":
         print(__doc__, file=sys.stderr)
         return 2
-    make(argv[2], int(argv[3]))
+    make(argv[2], int(argv[3]), parse_buckets(argv[4]) if len(argv) == 5 else None)
     return 0
 
 
