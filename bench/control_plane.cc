@@ -221,7 +221,8 @@ Figures RunOnce(const std::string& binary, int nodes, int ranks_per_node, int se
                        {"loss", 0.25},
                        {"step_seconds", 0.5},
                        {"samples_per_second", 512.0},
-                       {"compute_seconds", 0.1}});
+                       {"compute_seconds", 0.1},
+                       {"flops_per_second", 2e9}});
     }
     cluster.Send(
         n, {MessageType::kHeartbeat,

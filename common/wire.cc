@@ -29,7 +29,7 @@ const std::vector<Field> kRankProgress = {
     {"rank", Field::kInt, 0, kMaxInt},    {"pid", Field::kInt, 0, kMaxInt},
     {"step", Field::kInt, -1, kMaxInt64}, {"loss", Field::kNumber},
     {"step_seconds", Field::kNumber},     {"samples_per_second", Field::kNumber},
-    {"compute_seconds", Field::kNumber},
+    {"compute_seconds", Field::kNumber},  {"flops_per_second", Field::kNumber},
 };
 const std::vector<Field> kRankAssignment = {
     {"rank", Field::kInt, 0, kMaxInt},

@@ -25,7 +25,9 @@
 
 namespace difftrain::wire {
 
-inline constexpr uint8_t kWireVersion = 1;
+// 2 (2026-11-30): a heartbeat's ranks carry flops_per_second. A field added or removed is a new
+// version: the decoder refuses unknown and missing fields.
+inline constexpr uint8_t kWireVersion = 2;
 inline constexpr size_t kFixedHeaderBytes = 8;
 inline constexpr size_t kMaxHeaderBytes = 256 << 10;  // 256 KiB of JSON
 inline constexpr size_t kMaxMessageBytes = 4 << 20;   // the whole frame

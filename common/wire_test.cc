@@ -1,5 +1,9 @@
 #include "common/wire.h"
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include <gtest/gtest.h>
 
 namespace difftrain::wire {
@@ -16,7 +20,8 @@ Message Heartbeat() {
               {"loss", 0.5},
               {"step_seconds", 0.1},
               {"samples_per_second", 40.0},
-              {"compute_seconds", 0.1}}}}},
+              {"compute_seconds", 0.1},
+              {"flops_per_second", 2e9}}}}},
           ""};
 }
 
@@ -42,7 +47,7 @@ TEST(WireTest, RoundTripKeepsTypeHeaderAndBinaryPayload) {
 TEST(WireTest, RefusesWhatIsNotAMessageWithTheReason) {
   const std::string good = Encode(Heartbeat());
   std::string version = good, type = good, length = good;
-  version[2] = 2;
+  version[2] = kWireVersion - 1;  // the previous protocol
   type[3] = 99;
   length[7] = 0x7f;
   const std::pair<std::string, std::string_view> cases[] = {
@@ -94,9 +99,25 @@ TEST(WireTest, ChecksEveryFieldTypeAndRange) {
   refused(h, "unknown field 'extra'");
 }
 
+// The fuzzer's seeds (tests/fuzz/wire_fuzz) are valid frames of this protocol version, so that
+// it starts from messages the decoder takes.
+TEST(WireTest, TheFuzzersSeedsDecode) {
+  int seeds = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(DIFFTRAIN_SOURCE_DIR "/tests/fuzz/wire_fuzz")) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string frame(std::istreambuf_iterator<char>(in), {});
+    const Result<Message> m = Decode(frame);
+    EXPECT_TRUE(m.ok()) << entry.path() << ": " << m.status().message();
+    ++seeds;
+  }
+  EXPECT_GE(seeds, 6);
+}
+
 TEST(WireTest, EveryTypeHasAName) {
   for (int t = 0; t < 256; ++t) {
-    const std::string frame = std::string("DT\x01") + static_cast<char>(t) + std::string(4, '\0');
+    const std::string frame = std::string("DT") + static_cast<char>(kWireVersion) +
+                              static_cast<char>(t) + std::string(4, '\0');
     Result<Message> m = Decode(frame);
     if (DropReason(m.status()) != "type") {
       EXPECT_NE(TypeName(MessageType(t)), "unknown") << t;

@@ -102,7 +102,7 @@ void Controller::PublishMetrics(bool force) {
     s.heartbeat_age_seconds[name] = Seconds(now - node.last_seen);
   for (const Rank& r : ranks_) {
     s.ranks.push_back({r.node, r.progress.step, r.progress.step_seconds, r.progress.compute_seconds,
-                       r.progress.samples_per_second});
+                       r.progress.samples_per_second, r.progress.flops_per_second});
   }
   s.messages = counters_.messages;
   s.heartbeats = counters_.heartbeats;

@@ -84,7 +84,8 @@ struct ControllerCounters {
 struct RankProgress {
   int64_t step = -1;
   double loss = 0, step_seconds = 0, samples_per_second = 0;
-  double compute_seconds = 0;  // step seconds minus the seconds blocked in communication
+  double compute_seconds = 0;   // step seconds minus the seconds blocked in communication
+  double flops_per_second = 0;  // the rank's model FLOP/s (per device); 0: not reported
 };
 
 class Controller {

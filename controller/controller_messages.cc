@@ -131,6 +131,7 @@ void Controller::OnHeartbeat(Node& node, const Message& m) {
     p.loss = r["loss"].get<double>();
     p.step_seconds = r["step_seconds"].get<double>();
     p.samples_per_second = r["samples_per_second"].get<double>();
+    p.flops_per_second = r["flops_per_second"].get<double>();
     p.compute_seconds = r["compute_seconds"].get<double>();
   }
   if (state_ == JobState::kRendezvous &&

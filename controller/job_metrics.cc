@@ -178,19 +178,22 @@ void JobMetrics::Publish(const JobSnapshot& s) {
   // Throughput and the straggler, from the ranks that reported a step; kept at their last values
   // while none has (a restart).
   int64_t iteration = -1;
-  double slowest_seconds = 0, samples_per_second = 0;
+  double slowest_seconds = 0, samples_per_second = 0, rank_flops = 0;
   for (const JobSnapshot::Rank& r : s.ranks) {
     if (!Reported(r)) continue;
     iteration = iteration < 0 ? r.step : std::min(iteration, r.step);
     if (r.step_seconds > slowest_seconds) {
       slowest_seconds = r.step_seconds;
       samples_per_second = r.samples_per_second;
+      rank_flops = r.flops_per_second;
     }
   }
   if (iteration < 0) return;
   iteration_.Set(static_cast<double>(iteration));
   samples_per_second_.Set(samples_per_second);
-  flops_.Set(samples_per_second * flops_per_sample_);
+  // The slowest rank's FLOP/s per device times the devices: its step's own FLOPs (a bucket's
+  // size where the data come in aspect-ratio buckets); the model's where it reported none.
+  flops_.Set(rank_flops > 0 ? rank_flops * s.world : samples_per_second * flops_per_sample_);
   const Straggler straggler = FindStraggler(s.ranks);
   if (straggler.rank >= topology_.world_size()) return;
   const ParallelCoordinates c = topology_.CoordinatesOf(straggler.rank);

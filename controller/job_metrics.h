@@ -29,6 +29,9 @@ struct JobSnapshot {
     std::string node;
     int64_t step = -1;
     double step_seconds = 0, compute_seconds = 0, samples_per_second = 0;
+    // The rank's model FLOP/s per device, each step's at its own size (aspect-ratio buckets);
+    // 0 where the rank did not report it.
+    double flops_per_second = 0;
   };
   std::vector<Rank> ranks;  // by global rank (of the current attempt)
   // The control plane's counts (ControllerCounters).

@@ -71,6 +71,14 @@ TEST(JobMetricsTest, SnapshotBecomesTheJobsSeries) {
   }
   // A lost daemon's heartbeat series is gone.
   EXPECT_EQ(text.find(R"(node="n1"} 0.2)"), std::string::npos) << text;
+  // Ranks that report their FLOP/s (a bucketed step's at its own size): the slowest rank's
+  // times the world, not samples/s times the model's FLOPs.
+  for (JobSnapshot::Rank& r : s.ranks)
+    r.flops_per_second = 3e9;
+  metrics.Publish(s);
+  EXPECT_NE(SerializeMetrics(*metrics.registry())
+                .find(R"(difftrain_job_model_flops_per_second{job="dit"} 12000000000)"),
+            std::string::npos);
   const testing::CommandResult lint = testing::PromtoolCheckMetrics(text);
   EXPECT_EQ(lint.exit_code, 0) << lint.output << text;
 }

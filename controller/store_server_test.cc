@@ -82,8 +82,8 @@ TEST_F(StoreServerTest, RanksReadTheControllersKeysButCannotWriteThem) {
   std::vector<Outgoing> published;
   store_.Publish("controller/attempt", "c0ffee:2", published);
   EXPECT_TRUE(published.empty());
-  for (const Message& m : {Set(1, "controller/attempt", "c0ffee:9"),
-                           Add(2, "controller/attempt", 1)}) {
+  for (const Message& m :
+       {Set(1, "controller/attempt", "c0ffee:9"), Add(2, "controller/attempt", 1)}) {
     const std::vector<Outgoing> out = Handle("rank", m);
     ASSERT_EQ(out.size(), 1u);
     EXPECT_EQ(out[0].message.header["ok"], false);

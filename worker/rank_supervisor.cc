@@ -272,6 +272,7 @@ nlohmann::json RankSupervisor::Progress() const {
                      {"loss", Number(p.progress, "loss")},
                      {"step_seconds", Number(p.progress, "step_seconds")},
                      {"samples_per_second", Number(p.progress, "samples_per_second")},
+                     {"flops_per_second", Number(p.progress, "flops_per_second")},
                      {"compute_seconds", Number(p.progress, "compute_seconds")}});
   }
   return ranks;
