@@ -245,7 +245,10 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   DT_RETURN_IF_ERROR(opt.Finish());
 
   YamlFields lora = top.Section("lora");
-  lora.Int("rank", c.lora.rank).Double("alpha", c.lora.alpha).StringList("targets", c.lora.targets);
+  lora.Int("rank", c.lora.rank)
+      .Double("alpha", c.lora.alpha)
+      .StringList("targets", c.lora.targets)
+      .Bool("use_dora", c.lora.use_dora);
   DT_RETURN_IF_ERROR(lora.Finish());
   if (top.Has("lora") && !lora.Has("rank")) {
     return top.ErrorAt("lora", "lora.rank: required (the adapters' rank, e.g. 4)");

@@ -195,6 +195,9 @@ DIFFTRAIN_COMMAND(kDebugDump,
                      app.add_option("--lora-targets", o->lora.targets,
                                     "the modules adapted (default to_q,to_k,to_v,to_out.0)")
                          ->delimiter(',');
+                     app.add_flag("--lora-use-dora", o->lora.use_dora,
+                                  "DoRA adapters: a trained magnitude per output row besides A "
+                                  "and B (`lora.M.lora_magnitude_vector`)");
                      app.add_option("--data", o->data,
                                     "take the batch from this latent folder (its pictures, texts, "
                                     "pooled texts and SDXL time ids), as training with this "

@@ -350,18 +350,24 @@ Status WriteSingleFile(const ExportOptions& o, const std::vector<std::string>& n
 // train_text_to_image_lora.py saves and load_lora_weights reads: each adapted module M as
 // `unet.M.lora.down.weight` (A) and `unet.M.lora.up.weight` (B), without the `unet.` prefix for
 // a family without a diffusers form (which `sample --lora` reads as the model's); alpha / rank
-// folded into B, as the file holds no alphas.
+// folded into B, as the file holds no alphas. A DoRA run's in peft's names, which carry its
+// magnitudes: `unet.M.lora_A.weight`, `unet.M.lora_B.weight`, `unet.M.lora_magnitude_vector`
+// (peft's get_peft_model_state_dict; the older form has no place for them).
 Status WriteLora(const ExportOptions& o, const SampleSource& source, bool diffusers_names) {
   const io::SafetensorsFile& shard = *source.file;
   const auto lora = shard.metadata().find("lora");
   const nlohmann::json config = nlohmann::json::parse(lora->second, nullptr, false);
   if (!config.is_object() || !config.value("rank", nlohmann::json()).is_number_integer() ||
-      !config.value("alpha", nlohmann::json()).is_number()) {
+      !config.value("alpha", nlohmann::json()).is_number() ||
+      !config.value("use_dora", nlohmann::json(false)).is_boolean()) {
     return Errorf("'{}': malformed 'lora' metadata {}", shard.path(), lora->second);
   }
   LoraConfig adapters;
   adapters.rank = config["rank"].get<int>();
   adapters.alpha = config["alpha"].get<double>();
+  adapters.use_dora = config.value("use_dora", false);
+  const std::string down_name = adapters.use_dora ? ".lora_A.weight" : ".lora.down.weight";
+  const std::string up_name = adapters.use_dora ? ".lora_B.weight" : ".lora.up.weight";
   const std::string prefix = o.weights == "ema" ? "ema.lora." : "lora.";
   const std::string component = diffusers_names ? "unet." : "";
   TensorSink file(o.dtype);
@@ -384,8 +390,15 @@ Status WriteLora(const ExportOptions& o, const SampleSource& source, bool diffus
       for (float& v : upper)
         v = static_cast<float>(v * adapters.scale());
     }
-    file.Add(component + module + ".lora.down.weight", a->shape, down.data());
-    file.Add(component + module + ".lora.up.weight", b->shape, upper.data());
+    file.Add(component + module + down_name, a->shape, down.data());
+    file.Add(component + module + up_name, b->shape, upper.data());
+    if (!adapters.use_dora) continue;
+    const std::string magnitude = prefix + module + ".lora_magnitude_vector";
+    const io::TensorView* m = shard.Find(magnitude);
+    if (m == nullptr) return Errorf("'{}': DoRA's '{}' is missing", shard.path(), magnitude);
+    std::vector<float>& values = arenas.emplace_back(m->bytes / sizeof(float));
+    DT_RETURN_IF_ERROR(shard.CopyF32(magnitude, m->shape, values.data()));
+    file.Add(component + module + ".lora_magnitude_vector", m->shape, values.data());
   }
   if (arenas.empty()) return Errorf("'{}': holds no '{}' adapters", shard.path(), prefix);
   return file.Write(o.out);

@@ -17,6 +17,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "model/io/checkpoint.h"
+#include "model/io/lora.h"
+#include "model/io/safetensors.h"
 #include "model/text/text_testing.h"
 #include "model/vae/vae_testing.h"
 #include "tests/testing/python_reference.h"
@@ -68,13 +71,14 @@ constexpr const char* kSdxlShape =
     "text_dropout: 0.3}";
 
 // The UNet's tests also dump a training step of difftrain's model.
-class UNetReference : public DiffusersReference {
+template <typename Env>
+class UNetReferenceOf : public PythonReference<Env> {
  protected:
   // `difftrain debug-dump` of case c into dir_/dump.safetensors; its path, or "" on failure.
   std::string Dump(const UNetCase& c) {
-    const std::string job = (dir_ / "job.yaml").string();
+    const std::string job = (this->dir_ / "job.yaml").string();
     std::ofstream(job) << "model: " << c.model << "\n";
-    const std::string dump = (dir_ / "dump.safetensors").string();
+    const std::string dump = (this->dir_ / "dump.safetensors").string();
     const CommandResult dumped =
         RunCommand(fmt::format("{} debug-dump --config {} {} --seed {} --batch 3 {}--out {} 2>&1",
                                ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job), c.diffusion, c.seed,
@@ -83,6 +87,7 @@ class UNetReference : public DiffusersReference {
     return dumped.exit_code == 0 ? dump : "";
   }
 };
+using UNetReference = UNetReferenceOf<DiffusersEnv>;
 
 class UNetReferenceTest : public UNetReference, public ::testing::WithParamInterface<UNetCase> {};
 
@@ -428,6 +433,127 @@ TEST_F(UNetInitFromTest, APipelineFolderSamplesAsItsPartsGivenByFlags) {
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_THAT(refused.output, ::testing::HasSubstr("scheduler_config.json"));
   EXPECT_THAT(refused.output, ::testing::HasSubstr("beta_schedule: 'sigmoid' is not supported"));
+}
+
+// DoRA training (`--lora-use-dora`, random A, B and magnitudes): the adapters' gradients, the
+// magnitudes' among them (the checker refuses a dump without them), against peft 0.10.0's own
+// DoRA layers (tests/reference/peft_env.sh), whose norms are detached as the dump's are held
+// constant. Attention projections (Linear) at alpha = rank; 3×3 and 1×1 convolutions and Linear
+// layers at alpha 2·rank; SDXL's shape.
+//
+// Each tensor within 3e-4, all together within 1e-5. On SDXL's shape, seeds 7 to 10 put the
+// worst tensor at 2.4e-4, 2.1e-5, 1.6e-4 and 2.9e-5 (a LoRA's at 2.4e-5, 1.0e-5, 2.7e-5 and
+// 1.3e-5), all together at most 4.6e-6. At seed 7 the dump's adapters and magnitudes put
+// through DoRA's formula in float64 from the reference's float64 ∂W equal peft's gradients to
+// 1e-12, and in float32 to 6e-8: the rest is the float32 rounding of the model's own ∂W, which
+// these weights condition worse than a LoRA's. A wrong factor m/n is off by 1e-2 or more.
+using DoraReferenceTest = UNetReferenceOf<PeftEnv>;
+
+class DoraReferenceCases : public DoraReferenceTest,
+                           public ::testing::WithParamInterface<UNetCase> {};
+
+TEST_P(DoraReferenceCases, DebugDumpMatchesPeft) {
+  const std::string dump = Dump(GetParam());
+  ASSERT_FALSE(dump.empty());
+  const CommandResult checked =
+      RunScript("check_unet_dump.py", ShellQuote(dump) + " --tol 3e-4 --tol-all 1e-5");
+  EXPECT_EQ(checked.exit_code, 0) << checked.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TinyConfigs, DoraReferenceCases,
+    ::testing::Values(UNetCase{"AttentionProjections", kSdLadder, "--lora-rank 2 --lora-use-dora",
+                               true, 3},
+                      UNetCase{"ConvolutionsAndAlpha", kSdLadder,
+                               "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012 "
+                               "--lora-rank 3 --lora-alpha 6 --lora-use-dora "
+                               "--lora-targets proj_in,proj_out,conv1,ff.net.2,attn2.to_k",
+                               true, 4},
+                      UNetCase{"Sdxl", kSdxlShape, "--lora-rank 2 --lora-use-dora", true, 7}),
+    [](const ::testing::TestParamInfo<UNetCase>& info) { return std::string(info.param.name); });
+
+// The check can fail: a DoRA dump whose magnitudes' gradients are 0.1% off fails them.
+TEST_F(DoraReferenceTest, FailsADumpWithTheMagnitudesGradientOff) {
+  UNetCase c = kCheckerCase;
+  c.diffusion = "--lora-rank 2 --lora-use-dora";
+  const std::string dump = Dump(c);
+  ASSERT_FALSE(dump.empty());
+  const std::string off = (dir_ / "off.safetensors").string();
+  const std::string name =
+      "grad.lora.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.lora_magnitude_vector";
+  const CommandResult perturbed = RunScript(
+      "perturb_dump.py", ShellQuote(dump) + " " + ShellQuote(off) + " " + name + " 1.001");
+  ASSERT_EQ(perturbed.exit_code, 0) << perturbed.output;
+  const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(off));
+  EXPECT_EQ(checked.exit_code, 1) << checked.output;
+  EXPECT_THAT(checked.output, ::testing::HasSubstr(name + "  rel "));
+  EXPECT_THAT(checked.output, ::testing::HasSubstr("FAIL"));
+}
+
+// A DoRA run (three steps from a diffusers UNet, attention projections and 3×3 convolutions at
+// rank 2, alpha 4): `export --format lora` writes peft's names, which peft's
+// set_peft_model_state_dict loads whole into its DoRA layers and whose merge is the run's
+// checkpoint's fused weights; difftrain's own reader (FuseLora: `sample --lora`) fuses the file
+// into the base to the same weights.
+TEST_F(DoraReferenceTest, ARunsExportedFileIsWhatPeftMerges) {
+  const std::string unet = (dir_ / "unet").string();
+  const CommandResult made = RunScript("lora.py", "unet " + ShellQuote(unet) + " 5");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  nlohmann::json model = nlohmann::json::parse(std::ifstream(unet + "/config.json"));
+  model["name"] = "unet";
+  const std::string ckpt = (dir_ / "ckpt").string(), job = (dir_ / "job.yaml").string();
+  std::ofstream(job) << "model: " << model.dump() << "\n"
+                     << "data: {kind: synthetic}\nbatch: {micro: 2, global: 2}\n"
+                     << "optimizer: {lr: 0.01, ema_decay: 0}\ntrain: {steps: 3, log_every: 1}\n"
+                     << "lora: {rank: 2, alpha: 4, use_dora: true, targets: [to_q, to_v, conv1]}\n"
+                     << "checkpoint: {dir: " << ckpt << ", every: 3, init_from: " << unet << "}\n";
+  const CommandResult trained = RunCommand(
+      fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job)));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string file = (dir_ / "dora.safetensors").string();
+  const CommandResult exported = RunCommand(
+      fmt::format("{} export --checkpoint {} --weights model --format lora --out {} 2>&1",
+                  ShellQuote(DIFFTRAIN_BINARY), ShellQuote(ckpt), ShellQuote(file)));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const std::string merged_path = (dir_ / "merged.safetensors").string();
+  const CommandResult merged_by_peft = RunScript(
+      "dora.py", ShellQuote(unet) + " " + ShellQuote(file) + " " + ShellQuote(merged_path));
+  ASSERT_EQ(merged_by_peft.exit_code, 0) << merged_by_peft.output;
+
+  Result<io::SafetensorsFile> merged = io::SafetensorsFile::Read(merged_path);
+  ASSERT_TRUE(merged.ok()) << merged.status().message();
+  Result<io::SafetensorsFile> shard = io::CheckpointStore(ckpt, 1).ReadShard(3, 0, 1);
+  ASSERT_TRUE(shard.ok()) << shard.status().message();
+  Result<io::SafetensorsFile> base =
+      io::SafetensorsFile::Read(unet + "/diffusion_pytorch_model.safetensors");
+  ASSERT_TRUE(base.ok()) << base.status().message();
+  TensorTable table;
+  for (const std::string& name : base->Names())
+    table.Add(name, base->Find(name)->shape);
+  std::vector<float> fused(table.total());
+  for (const TensorSpec& t : table.tensors())
+    ASSERT_TRUE(base->CopyAsF32(t.name, t.shape, fused.data() + t.offset).ok()) << t.name;
+  Result<io::LoraFused> read = io::FuseLora(file, 1.0, {{io::kLoraUNet, &table, fused.data()}});
+  ASSERT_TRUE(read.ok()) << read.status().message();
+
+  // Every module of the file: its A, B and magnitude.
+  Result<io::SafetensorsFile> exported_file = io::SafetensorsFile::Read(file);
+  ASSERT_TRUE(exported_file.ok());
+  EXPECT_EQ(exported_file->Names().size(), 3 * merged->Names().size()) << merged_by_peft.output;
+  EXPECT_EQ(read->modules, static_cast<int>(merged->Names().size()));
+  EXPECT_NE(exported_file->Find("unet.down_blocks.0.resnets.0.conv1.lora_magnitude_vector"),
+            nullptr);
+  for (const std::string& name : merged->Names()) {
+    const std::vector<float> peft = ReferenceTensor(*merged, name);
+    const std::vector<float> run = ReferenceTensor(*shard, name);
+    const std::vector<float> original = ReferenceTensor(*base, name);
+    const TensorSpec* t = table.Find(name);
+    ASSERT_NE(t, nullptr) << name;
+    const std::vector<float> ours(fused.begin() + t->offset, fused.begin() + t->offset + t->numel);
+    EXPECT_LT(RelativeL2(peft, run), 2e-6) << name << ": peft's merge against the run's weights";
+    EXPECT_LT(RelativeL2(ours, run), 2e-6) << name << ": FuseLora against the run's weights";
+    EXPECT_GT(RelativeL2(run, original), 1e-4) << name << " did not train";
+  }
 }
 
 }  // namespace

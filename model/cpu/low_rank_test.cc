@@ -1,8 +1,9 @@
 // The low-rank weight update: forward against a triple loop, ∂A and ∂B against central
 // differences of L = Σ dout ⊙ W(A, B), the += contract, and the float instantiation against the
-// double one.
+// double one; DoRA's magnitude and direction the same way, its row norms held constant.
 #include "model/cpu/low_rank.h"
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -90,6 +91,104 @@ TEST_F(LowRankTest, FloatAgreesWithDouble) {
   EXPECT_TRUE(gradcheck::Near(w, w_ref, 1e-6));
   EXPECT_TRUE(gradcheck::Near(da, da_ref, 1e-6));
   EXPECT_TRUE(gradcheck::Near(db, db_ref, 1e-6));
+}
+
+// DoRA: W = (m / n) ⊙ (W0 + s·B·A), n the rows' norms at the point, held constant in the
+// backward (peft's detach): its gradients are central differences of that function, n fixed.
+class DoraTest : public LowRankTest {
+ protected:
+  DoraTest() {
+    for (int o = 0; o < kOut; ++o)
+      magnitude_[o] = 0.5 + 0.1 * o;
+    DoraNorms(norms_.data(), w0_.data(), a_.data(), b_.data(), kOut, kRank, kIn, kScale);
+  }
+  void DoraForwardAt(Vector& w) const {
+    DoraForward(w.data(), w0_.data(), a_.data(), b_.data(), magnitude_.data(), kOut, kRank, kIn,
+                kScale, norms_.data());
+  }
+  void Backward(Vector& da, Vector& db, Vector& dm) {
+    DoraBackward(da.data(), db.data(), dm.data(), dout_.data(), w0_.data(), a_.data(), b_.data(),
+                 magnitude_.data(), kOut, kRank, kIn, kScale);
+  }
+  Vector magnitude_ = Vector(kOut), norms_ = Vector(kOut);
+};
+
+TEST_F(DoraTest, ForwardScalesEachRowOfTheLowRankWeightToItsMagnitude) {
+  Vector w(kOut * kIn), v(kOut * kIn);
+  DoraForwardAt(w);
+  Forward(v);
+  for (int o = 0; o < kOut; ++o) {
+    double norm = 0;
+    for (int i = 0; i < kIn; ++i)
+      norm += v[o * kIn + i] * v[o * kIn + i];
+    EXPECT_NEAR(norms_[o], std::sqrt(norm), 1e-14);
+    double row = 0;
+    for (int i = 0; i < kIn; ++i) {
+      EXPECT_NEAR(w[o * kIn + i], magnitude_[o] / std::sqrt(norm) * v[o * kIn + i], 1e-14);
+      row += w[o * kIn + i] * w[o * kIn + i];
+    }
+    EXPECT_NEAR(std::sqrt(row), magnitude_[o], 1e-14) << "row " << o << " has its magnitude";
+  }
+  // peft's initialisation, m = ‖W0‖ with B = 0, leaves W0 as it is.
+  std::fill(b_.begin(), b_.end(), 0.0);
+  DoraNorms(norms_.data(), w0_.data(), a_.data(), b_.data(), kOut, kRank, kIn, kScale);
+  magnitude_ = norms_;
+  DoraForwardAt(w);
+  EXPECT_TRUE(gradcheck::Near(w, w0_, 1e-15));
+}
+
+TEST_F(DoraTest, GradientsMatchCentralDifferencesWithTheNormsHeld) {
+  Vector da(a_.size()), db(b_.size()), dm(kOut);
+  Backward(da, db, dm);
+  const auto forward = [this](Vector& w) { DoraForwardAt(w); };
+  EXPECT_TRUE(gradcheck::GradientMatches(a_, da, dout_, forward)) << "A";
+  EXPECT_TRUE(gradcheck::GradientMatches(b_, db, dout_, forward)) << "B";
+  EXPECT_TRUE(gradcheck::GradientMatches(magnitude_, dm, dout_, forward)) << "magnitude";
+  // Not the gradient with the norms recomputed: that one differs (the check can fail).
+  const auto recomputed = [this](Vector& w) {
+    DoraForward(w.data(), w0_.data(), a_.data(), b_.data(), magnitude_.data(), kOut, kRank, kIn,
+                kScale);
+  };
+  EXPECT_FALSE(gradcheck::GradientMatches(b_, db, dout_, recomputed));
+}
+
+TEST_F(DoraTest, AZeroRowIsZeroAndGetsNoGradient) {
+  std::fill(w0_.begin(), w0_.begin() + kIn, 0.0);
+  std::fill(b_.begin(), b_.begin() + kRank, 0.0);  // row 0 of B·A is zero too
+  Vector w(kOut * kIn);
+  DoraNorms(norms_.data(), w0_.data(), a_.data(), b_.data(), kOut, kRank, kIn, kScale);
+  EXPECT_EQ(norms_[0], 0.0);
+  DoraForwardAt(w);
+  EXPECT_EQ(Vector(w.begin(), w.begin() + kIn), Vector(kIn, 0.0));
+  Vector da(a_.size()), db(b_.size()), dm(kOut);
+  Backward(da, db, dm);
+  EXPECT_EQ(dm[0], 0.0);
+  EXPECT_EQ(Vector(db.begin(), db.begin() + kRank), Vector(kRank, 0.0));
+  for (double x : da)
+    EXPECT_TRUE(std::isfinite(x));
+}
+
+TEST_F(DoraTest, FloatAgreesWithDouble) {
+  using gradcheck::Convert;
+  const auto w0 = Convert<float>(w0_), a = Convert<float>(a_), b = Convert<float>(b_),
+             dout = Convert<float>(dout_), m = Convert<float>(magnitude_);
+  std::vector<float> w(w0.size()), da(a.size()), db(b.size()), dm(kOut);
+  DoraForward(w.data(), w0.data(), a.data(), b.data(), m.data(), kOut, kRank, kIn, float(kScale));
+  DoraBackward(da.data(), db.data(), dm.data(), dout.data(), w0.data(), a.data(), b.data(),
+               m.data(), kOut, kRank, kIn, float(kScale));
+  Vector w_ref(w0_.size()), da_ref(a_.size()), db_ref(b_.size()), dm_ref(kOut);
+  DoraForwardAt(w_ref);
+  Backward(da_ref, db_ref, dm_ref);
+  EXPECT_TRUE(gradcheck::Near(w, w_ref, 1e-6));
+  EXPECT_TRUE(gradcheck::Near(da, da_ref, 1e-6));
+  EXPECT_TRUE(gradcheck::Near(db, db_ref, 1e-6));
+  EXPECT_TRUE(gradcheck::Near(dm, dm_ref, 1e-6));
+}
+
+TEST_F(DoraTest, BackwardAddsIntoItsGradients) {
+  Vector da(a_.size()), db(b_.size()), dm(kOut);
+  EXPECT_TRUE(gradcheck::Accumulates({{"da", &da}, {"db", &db}, {"dm", &dm}},
+                                     [&] { Backward(da, db, dm); }));
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 namespace difftrain::io {
 namespace {
 
-enum class Part { kDown, kUp, kAlpha };
+enum class Part { kDown, kUp, kAlpha, kMagnitude };
 
 // What a key names: its component, the module it adapts there, and which tensor it is.
 struct LoraKey {
@@ -25,7 +25,7 @@ struct LoraKey {
 
 // One adapted module's tensors, by their keys in the file.
 struct LoraModule {
-  std::string down, up, alpha;
+  std::string down, up, alpha, magnitude;
 };
 
 // Each component's key prefixes: diffusers' and kohya's.
@@ -52,6 +52,7 @@ constexpr std::pair<const char*, Part> kSuffixes[] = {
     {".lora_linear_layer.down.weight", Part::kDown},
     {".lora_linear_layer.up.weight", Part::kUp},
     {".alpha", Part::kAlpha},
+    {".lora_magnitude_vector", Part::kMagnitude},
 };
 
 // An attention processor's name as its module's: the UNet's …attn1.processor.to_q_lora is
@@ -190,9 +191,10 @@ Result<LoraFused> FuseLora(const std::string& path, double scale,
                                elsewhere.empty() ? "is not fused here" : elsewhere));
     }
     LoraModule& m = modules[named->component][named->module];
-    std::string& slot = named->part == Part::kDown ? m.down
-                        : named->part == Part::kUp ? m.up
-                                                   : m.alpha;
+    std::string& slot = named->part == Part::kDown        ? m.down
+                        : named->part == Part::kUp        ? m.up
+                        : named->part == Part::kMagnitude ? m.magnitude
+                                                          : m.alpha;
     if (!slot.empty()) return error(fmt::format("'{}' and '{}' name the same tensor", slot, key));
     slot = key;
   }
@@ -201,8 +203,11 @@ Result<LoraFused> FuseLora(const std::string& path, double scale,
   for (const LoraTarget& target : targets) {
     for (const auto& [module, m] : modules[target.component]) {
       if (m.down.empty() || m.up.empty()) {
-        return error(fmt::format("module '{}' has {} without {}", module,
-                                 m.down.empty() ? m.up : m.down,
+        const std::string& held = !m.down.empty()    ? m.down
+                                  : !m.up.empty()    ? m.up
+                                  : !m.alpha.empty() ? m.alpha
+                                                     : m.magnitude;
+        return error(fmt::format("module '{}' has '{}' without {}", module, held,
                                  m.down.empty() ? "its down (A) matrix" : "its up (B) matrix"));
       }
       const TensorSpec* w = target.table->Find(module + ".weight");
@@ -235,7 +240,26 @@ Result<LoraFused> FuseLora(const std::string& path, double scale,
         DT_RETURN_IF_ERROR(file.CopyAsF32(m.alpha, view.shape, &value));
         alpha = value;
       }
-      AddProduct(target.params + w->offset, b, a, out, rank, in, scale * alpha / rank);
+      std::vector<float> magnitude;
+      if (!m.magnitude.empty()) {
+        const TensorView& view = *file.Find(m.magnitude);
+        if (Numel(view.shape) != out) {
+          return error(fmt::format("'{}' is {}, expected one magnitude per output row of '{}' ({})",
+                                   m.magnitude, ShapeString(view.shape), module, out));
+        }
+        magnitude.resize(out);
+        DT_RETURN_IF_ERROR(file.CopyAsF32(m.magnitude, view.shape, magnitude.data()));
+      }
+      float* weight = target.params + w->offset;
+      AddProduct(weight, b, a, out, rank, in, scale * alpha / rank);
+      if (!magnitude.empty()) {
+        // DoRA, as peft merges it: each row of W0 + scale·(alpha/rank)·up·down scaled to its
+        // magnitude.
+        std::vector<float> norms(out);
+        cpu::RowNorms(weight, static_cast<int>(out), static_cast<int>(in), norms.data());
+        cpu::DoraScaleRows(weight, magnitude.data(), norms.data(), static_cast<int>(out),
+                           static_cast<int>(in));
+      }
       ++fused.modules;
       fused.rank = std::max<int>(fused.rank, static_cast<int>(rank));
     }

@@ -4,14 +4,18 @@
 // with down [rank, in] and up [out, rank] for a Linear, and down [rank, in, kh, kw] and
 // up [out, rank, 1, 1] for a convolution (kohya's LoCon), the product taken over the flattened
 // in × kh × kw. alpha is the file's (kohya's `.alpha`); without one it is the rank (a factor 1).
-// The product is added in float32 on BLAS, as peft's merge adds it.
+// The product is added in float32 on BLAS, as peft's merge adds it. A module with DoRA's
+// magnitude m (peft's lora_magnitude_vector, one per output row) becomes
+//   W = m / ‖W0 + scale · (alpha / rank) · up · down‖ ⊙ (W0 + scale · (alpha / rank) · up · down),
+// the norm of each output row (model/cpu/low_rank.h), as peft merges a DoRA layer.
 //
 // A file adapts components, each named by its keys' prefix: the UNet (unet., kohya's
 // lora_unet_; keys without a prefix are the UNet's too) and the text encoder (text_encoder.,
 // kohya's lora_te_ and lora_te1_; SDXL's second one, text_encoder_2. and lora_te2_, is never a
 // target). The key forms diffusers' loaders read (MODULE: the module's name in its component's
 // parameter table, whose weight is MODULE.weight: diffusers' and transformers' state-dict names):
-//   peft (diffusers' save_lora_weights)  unet.MODULE.lora_A.weight, unet.MODULE.lora_B.weight
+//   peft (diffusers' save_lora_weights)  unet.MODULE.lora_A.weight, unet.MODULE.lora_B.weight,
+//                                        and DoRA's unet.MODULE.lora_magnitude_vector
 //   diffusers' older LoRA layers         unet.MODULE.lora.down.weight, ….lora.up.weight (or
 //                                        lora_linear_layer.), MODULE.alpha
 //   attention processors'                unet.….attn1.processor.to_q_lora.down.weight, … (to_q,

@@ -106,6 +106,43 @@ TEST_F(LoraTest, EveryKeyFormFusesTheSameUpdate) {
   }
 }
 
+// DoRA's magnitude (peft's lora_magnitude_vector, a Linear's [out] and a convolution's
+// [1, out, 1, 1]) scales each row of W0 + scale·B·A to its magnitude, as peft merges it.
+TEST_F(LoraTest, DoraMagnitudesScaleEachRowOfTheUpdatedWeight) {
+  const std::vector<float> magnitude = {0.5f, 2, 1.5f};
+  const std::vector<float> conv_a(2 * 27, 0.125f), conv_b = {1, -1, 0.5f, 2}, conv_m = {3, 0.25f};
+  SafetensorsWriter w;
+  w.AddF32("unet.blocks.0.attn1.to_q.lora_A.weight", {2, 4}, a_.data());
+  w.AddF32("unet.blocks.0.attn1.to_q.lora_B.weight", {3, 2}, b_.data());
+  w.AddF32("unet.blocks.0.attn1.to_q.lora_magnitude_vector", {3}, magnitude.data());
+  w.AddF32("unet.blocks.0.conv1.lora_A.weight", {2, 3, 3, 3}, conv_a.data());
+  w.AddF32("unet.blocks.0.conv1.lora_B.weight", {2, 2, 1, 1}, conv_b.data());
+  w.AddF32("unet.blocks.0.conv1.lora_magnitude_vector", {1, 2, 1, 1}, conv_m.data());
+  std::vector<float> params = params_;
+  Result<LoraFused> fused = FuseLora(Write(w, "dora.safetensors"), 0.5, UNet(params));
+  ASSERT_TRUE(fused.ok()) << fused.status().message();
+  EXPECT_EQ(fused->modules, 2);
+  const auto scaled = [](std::vector<float> v, const std::vector<float>& m, int in) {
+    for (size_t o = 0; o < m.size(); ++o) {
+      double norm = 0;
+      for (int j = 0; j < in; ++j)
+        norm += double(v[o * in + j]) * v[o * in + j];
+      for (int j = 0; j < in; ++j)
+        v[o * in + j] = static_cast<float>(v[o * in + j] * m[o] / std::sqrt(norm));
+    }
+    return v;
+  };
+  ExpectClose(Weight(params, "blocks.0.attn1.to_q.weight"),
+              scaled(Expected(Weight(params_, "blocks.0.attn1.to_q.weight"), b_, a_, 3, 2, 4, 0.5),
+                     magnitude, 4));
+  ExpectClose(
+      Weight(params, "blocks.0.conv1.weight"),
+      scaled(Expected(Weight(params_, "blocks.0.conv1.weight"), conv_b, conv_a, 2, 2, 27, 0.5),
+             conv_m, 27));
+  EXPECT_EQ(Weight(params, "blocks.0.attn1.to_q.bias"),
+            Weight(params_, "blocks.0.attn1.to_q.bias"));
+}
+
 // kohya's alpha scales by alpha/rank (F16 tensors converted exactly); a 3×3 convolution's LoCon
 // multiplies over the flattened input and kernel; to_out_lora is to_out.0.
 TEST_F(LoraTest, AlphaLoConAndProcessorsToOut) {
@@ -156,6 +193,13 @@ TEST_F(LoraTest, RefusesByName) {
         {"unet.blocks.0.attn1.to_q.lora_B.weight", {3, 2}}},
        "down [2, 5] and up [3, 2] do not make its weight [3, 4]"},
       {{{"unet.blocks.0.attn1.to_q.weight", {3, 4}}}, "not a LoRA key difftrain reads"},
+      {{{"unet.blocks.0.attn1.to_q.lora_A.weight", {2, 4}},
+        {"unet.blocks.0.attn1.to_q.lora_B.weight", {3, 2}},
+        {"unet.blocks.0.attn1.to_q.lora_magnitude_vector", {4}}},
+       "expected one magnitude per output row of 'blocks.0.attn1.to_q' (3)"},
+      {{{"unet.blocks.0.attn1.to_q.lora_magnitude_vector", {3}}},
+       "has 'unet.blocks.0.attn1.to_q.lora_magnitude_vector' without its down (A) matrix"},
+      {{{"lora_unet_blocks_0_attn1_to_q.dora_scale", {1, 4}}}, "not a kohya LoRA key"},
       {{{"lora_unet_blocks_0_attn1_to_q.hada_w1_a", {3, 4}}}, "not a kohya LoRA key"},
       {{{"unet.blocks.0.attn1.to_q.lora_A.weight", {2, 4}},
         {"unet.blocks.0.attn1.to_q.lora.down.weight", {2, 4}},

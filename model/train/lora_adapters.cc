@@ -1,5 +1,6 @@
 #include "model/train/lora_adapters.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -13,7 +14,10 @@ namespace difftrain {
 
 Status LoraConfig::Validate() const {
   if (rank < 0) return Errorf("lora.rank must be positive (or 0: no LoRA), got {}", rank);
-  if (!enabled()) return Status::Ok();
+  if (!enabled()) {
+    if (use_dora) return Status::Error("lora.use_dora: DoRA needs lora.rank (e.g. 4)");
+    return Status::Ok();
+  }
   if (!std::isfinite(alpha) || alpha < 0) {
     return Errorf("lora.alpha must be positive (or 0: the rank), got {}", alpha);
   }
@@ -27,7 +31,10 @@ Status LoraConfig::Validate() const {
 }
 
 nlohmann::json LoraConfig::ToJson() const {
-  return {{"rank", rank}, {"alpha", alpha}, {"targets", targets}};
+  nlohmann::json json = {{"rank", rank}, {"alpha", alpha}, {"targets", targets}};
+  // Only when set: a plain LoRA's JSON (a checkpoint's "lora" metadata) stays as it was.
+  if (use_dora) json["use_dora"] = true;
+  return json;
 }
 
 Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const TensorTable& table) {
@@ -63,7 +70,7 @@ Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTab
   DT_ASSIGN_OR_RETURN(const std::vector<LoraModule> modules, LoraModulesOf(config, table));
   LoraElements n;
   for (const LoraModule& m : modules) {
-    n.adapters += static_cast<size_t>(config.rank * (m.in + m.out));
+    n.adapters += static_cast<size_t>(config.rank * (m.in + m.out) + (config.use_dora ? m.out : 0));
     n.frozen += static_cast<size_t>(m.in * m.out);
   }
   for (const TensorSpec& t : table.tensors())
@@ -88,6 +95,12 @@ Result<LoraAdapters> LoraAdapters::Create(const LoraConfig& config, const Tensor
     b_shape[1] = r;
     m.a = adapters.table_.Add(m.name + ".lora_A.weight", a_shape);
     m.b = adapters.table_.Add(m.name + ".lora_B.weight", b_shape);
+    if (config.use_dora) {
+      // peft 0.10's: a Linear's norms [out]; a convolution's keep their dimensions, [1, out, 1, 1].
+      std::vector<int64_t> m_shape = {m.out};
+      if (m.shape.size() == 4) m_shape = {1, m.out, 1, 1};
+      m.magnitude = adapters.table_.Add(m.name + ".lora_magnitude_vector", m_shape);
+    }
     m.base = base;
     base += static_cast<size_t>(m.out * m.in);
   }
@@ -106,6 +119,7 @@ void LoraAdapters::Initialize(uint64_t seed) {
     for (int64_t i = 0; i < config_.rank * m.in; ++i)
       a[i] = static_cast<float>(rng.Normal() / config_.rank);
   }
+  SetMagnitudesToNorms();
 }
 
 void LoraAdapters::InitializeRandom(uint64_t seed) {
@@ -116,6 +130,25 @@ void LoraAdapters::InitializeRandom(uint64_t seed) {
     float* b = params_.data() + m.b;
     for (int64_t i = 0; i < m.out * config_.rank; ++i)
       b[i] = static_cast<float>(rng.Normal() / std::sqrt(double(m.out)));
+  }
+  SetMagnitudesToNorms();
+  if (!config_.use_dora) return;
+  for (size_t k = 0; k < modules_.size(); ++k) {
+    const LoraModule& m = modules_[k];
+    Rng rng(seed, RngStream::kLora, 2 * modules_.size() + k);
+    float* magnitude = params_.data() + m.magnitude;
+    for (int64_t o = 0; o < m.out; ++o)
+      magnitude[o] = static_cast<float>(magnitude[o] * (1 + 0.1 * rng.Normal()));
+  }
+}
+
+void LoraAdapters::SetMagnitudesToNorms() {
+  if (!config_.use_dora) return;
+  const float s = static_cast<float>(scale());
+  for (const LoraModule& m : modules_) {
+    cpu::DoraNorms(params_.data() + m.magnitude, base_.data() + m.base, params_.data() + m.a,
+                   params_.data() + m.b, static_cast<int>(m.out), config_.rank,
+                   static_cast<int>(m.in), s);
   }
 }
 
@@ -128,9 +161,15 @@ void LoraAdapters::SetBase(const float* model_params) {
 void LoraAdapters::Apply(const float* adapters, float* model_params) const {
   const float s = static_cast<float>(scale());
   for (const LoraModule& m : modules_) {
-    cpu::LowRankForward(model_params + m.weight, base_.data() + m.base, adapters + m.a,
-                        adapters + m.b, static_cast<int>(m.out), config_.rank,
-                        static_cast<int>(m.in), s);
+    float* w = model_params + m.weight;
+    const int out = static_cast<int>(m.out), in = static_cast<int>(m.in);
+    if (config_.use_dora) {
+      cpu::DoraForward(w, base_.data() + m.base, adapters + m.a, adapters + m.b,
+                       adapters + m.magnitude, out, config_.rank, in, s);
+    } else {
+      cpu::LowRankForward(w, base_.data() + m.base, adapters + m.a, adapters + m.b, out,
+                          config_.rank, in, s);
+    }
   }
 }
 
@@ -138,6 +177,13 @@ void LoraAdapters::Gradients(const float* model_grads) {
   std::memset(grads_.data(), 0, grads_.bytes());
   const float s = static_cast<float>(scale());
   for (const LoraModule& m : modules_) {
+    if (config_.use_dora) {
+      cpu::DoraBackward(grads_.data() + m.a, grads_.data() + m.b, grads_.data() + m.magnitude,
+                        model_grads + m.weight, base_.data() + m.base, params_.data() + m.a,
+                        params_.data() + m.b, params_.data() + m.magnitude, static_cast<int>(m.out),
+                        config_.rank, static_cast<int>(m.in), s);
+      continue;
+    }
     cpu::LowRankBackward(grads_.data() + m.a, grads_.data() + m.b, model_grads + m.weight,
                          params_.data() + m.a, params_.data() + m.b, static_cast<int>(m.out),
                          config_.rank, static_cast<int>(m.in), s);

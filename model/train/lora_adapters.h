@@ -13,6 +13,12 @@
 // embedding's): that is
 // what a LoRA saves over a fine-tune of the whole model (docs/finetuning.md).
 //
+// With use_dora (DoRA, Liu et al. 2024; peft's use_dora) each module also trains a magnitude m
+// [out], and W = (m / ‖V‖) ⊙ V with V = W0 + (alpha / rank) · B·A, the norm of each output row
+// (model/cpu/low_rank.h); m starts at ‖W0‖'s rows, as peft's dora_init sets it, so training
+// still starts at W0. The model's gradient of W gives m's, A's and B's with the norm held
+// constant, as peft detaches it.
+//
 // Modules are matched as peft's target_modules match them: a module (a tensor name `M.weight`
 // of two or more dimensions, M the module) is adapted when M is a target or ends with
 // "." + a target (`to_q` adapts every attention's query projection; `attn1.to_q` the
@@ -36,6 +42,7 @@ struct LoraConfig {
   double alpha = 0;  // lora_alpha; 0: the rank (a scale of 1, diffusers' scripts' choice)
   // diffusers' train_text_to_image_lora.py's target_modules: the attention projections.
   std::vector<std::string> targets = {"to_q", "to_k", "to_v", "to_out.0"};
+  bool use_dora = false;  // peft's use_dora: a trained magnitude per output row
 
   bool enabled() const { return rank > 0; }
   // alpha / rank.
@@ -51,6 +58,7 @@ struct LoraModule {
   size_t weight = 0;           // the weight's offset in the model's arena
   int64_t out = 0, in = 0;     // the weight as [out, in] (in: everything after the first axis)
   size_t a = 0, b = 0;         // A's and B's offsets in the adapters' arena
+  size_t magnitude = 0;        // DoRA's m [out] in the adapters' arena (use_dora only)
   size_t base = 0;             // W0's offset in the frozen copy
 };
 
@@ -71,13 +79,16 @@ class LoraAdapters {
   // The adapters of `table`'s target modules (LoraModulesOf), zero.
   static Result<LoraAdapters> Create(const LoraConfig& config, const TensorTable& table);
 
-  // A from Rng(seed, kLora, module) as N(0, (1/rank)²), B zero (peft's "gaussian").
+  // A from Rng(seed, kLora, module) as N(0, (1/rank)²), B zero (peft's "gaussian"); DoRA's
+  // magnitudes the norms of W0's rows (peft's dora_init). After SetBase.
   void Initialize(uint64_t seed);
-  // A as above and B drawn too, N(0, 1/out): a debug dump's, whose A would otherwise get no
-  // gradient.
+  // A as above and B drawn too, N(0, 1/out); DoRA's magnitudes the norms of W0 + s·B·A's rows,
+  // each times 1 + N(0, 0.1²): a debug dump's, whose A (and the magnitudes' scaling of V's
+  // gradient) would otherwise not show in the gradients. After SetBase.
   void InitializeRandom(uint64_t seed);
 
-  // The adapters' arena: every module's A then B, module after module, and its gradients.
+  // The adapters' arena: every module's A then B (then DoRA's magnitude), module after
+  // module, and its gradients.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
@@ -92,12 +103,16 @@ class LoraAdapters {
 
   // Keeps the target weights of `model_params` as the frozen W0.
   void SetBase(const float* model_params);
+  // DoRA: each module's magnitudes set to the norms of the rows of W0 + s·B·A at params(), so
+  // that W is W0 + s·B·A (peft's dora_init); nothing without DoRA. Initialize does this; after
+  // a new SetBase (pretrained weights) it is to be done again.
+  void SetMagnitudesToNorms();
   // W0 of every module, one after the other (LoraModule::base).
   const float* base() const { return base_.data(); }
   float* base() { return base_.data(); }
   size_t base_size() const { return base_.size(); }
-  // Writes each target's W0 + s·B·A into `model_params`, with A and B from `adapters` (an arena
-  // laid out as params(): the trained adapters or their EMA).
+  // Writes each target's W0 + s·B·A (DoRA: scaled to its magnitudes) into `model_params`, with
+  // A and B from `adapters` (an arena laid out as params(): the trained adapters or their EMA).
   void Apply(const float* adapters, float* model_params) const;
   // The adapters' gradients (grads(), overwritten) from the model's gradients of each W.
   void Gradients(const float* model_grads);

@@ -1,7 +1,8 @@
 // LoRA training (model/train/lora_adapters.h) in the Trainer: peft's module matching, only the
 // adapters train (every other weight stays bit for bit), the model computes with W0 + s·B·A,
 // the adapters' gradients are the chain rule's of the model's, a LoRA overfits a batch, resuming
-// is bit-identical, and the job's lora section is checked against the layout and the model.
+// is bit-identical, and the job's lora section is checked against the layout and the model;
+// DoRA's magnitudes (use_dora) likewise.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,8 @@
 
 #include "common/temp_dir.h"
 #include "job/job_spec.h"
+#include "model/io/checkpoint.h"
+#include "model/io/safetensors.h"
 #include "model/train/checkpointing.h"
 #include "model/train/trainer.h"
 #include "model/unet/family.h"
@@ -32,6 +35,12 @@ TrainConfig TinyLora(int rank = 2, double alpha = 0) {
   c.lora.rank = rank;
   c.lora.alpha = alpha;
   c.lora.targets = {"qkv", "attn.proj", "fc2"};
+  return c;
+}
+
+TrainConfig TinyDora(int rank = 2, double alpha = 0) {
+  TrainConfig c = TinyLora(rank, alpha);
+  c.lora.use_dora = true;
   return c;
 }
 
@@ -176,8 +185,8 @@ TEST(LoraTrainingTest, AdapterGradientsAreTheLossGradients) {
   }
 }
 
-TEST(LoraTrainingTest, OverfitsAFixedBatch) {
-  TrainConfig c = TinyLora(4);
+// The adapters alone halve a fixed batch's loss in 200 steps.
+void ExpectOverfitsAFixedBatch(TrainConfig c) {
   testing::EditDiT(c.model, [](DiTConfig& m) { m.class_dropout_prob = 0; });
   auto trainer = MakeTrainer(c);
   trainer->InitializeRandom(2);
@@ -190,20 +199,34 @@ TEST(LoraTrainingTest, OverfitsAFixedBatch) {
   EXPECT_LT(last, first / 2) << "loss " << first << " -> " << last;
 }
 
-// What a LoRA run's arenas take is what PlanMemory (the controller's check of a node, `difftrain
-// validate`) says: the adapters' moments and EMA instead of the model's.
-TEST(LoraTrainingTest, PlannedMemoryIsTheTrainersArenas) {
-  const TrainConfig c = TinyLora(3);
+TEST(LoraTrainingTest, OverfitsAFixedBatch) {
+  ExpectOverfitsAFixedBatch(TinyLora(4));
+}
+
+// A trainer of `c` whose arenas take what PlanMemory says, and what the adapters' moments take.
+std::unique_ptr<Trainer> ExpectPlannedMemoryIsTheTrainers(const TrainConfig& c) {
   auto trainer = MakeTrainer(c);
   const Result<MemoryBytes> plan = PlanMemory(c.model, {}, 0, c.micro_batch, c.AccumulationSteps(),
                                               false, 1, size_t{1} << 20, false, c.lora);
-  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_TRUE(plan.ok()) << plan.status().message();
+  if (!plan.ok()) return trainer;
   const MemoryBytes got = trainer->memory();
   EXPECT_EQ(plan->parameters, got.parameters);
   EXPECT_EQ(plan->gradients, got.gradients);
   EXPECT_EQ(plan->optimizer, got.optimizer);
   EXPECT_EQ(plan->ema, got.ema);
   EXPECT_EQ(got.optimizer, 2 * trainer->lora()->size() * sizeof(float));
+  return trainer;
+}
+
+// What a LoRA run's arenas take is what PlanMemory (the controller's check of a node, `difftrain
+// validate`) says: the adapters' moments and EMA instead of the model's.
+TEST(LoraTrainingTest, PlannedMemoryIsTheTrainersArenas) {
+  const TrainConfig c = TinyLora(3);
+  auto trainer = ExpectPlannedMemoryIsTheTrainers(c);
+  const Result<MemoryBytes> plan = PlanMemory(c.model, {}, 0, c.micro_batch, c.AccumulationSteps(),
+                                              false, 1, size_t{1} << 20, false, c.lora);
+  ASSERT_TRUE(plan.ok());
   const Result<MemoryBytes> whole = PlanMemory(c.model, {}, 0, c.micro_batch, c.AccumulationSteps(),
                                                false, 1, size_t{1} << 20, false);
   ASSERT_TRUE(whole.ok());
@@ -419,6 +442,184 @@ TEST(LoraJobTest, TheSectionIsReadAndCheckedAgainstTheRun) {
   ASSERT_TRUE(automatic.ok()) << automatic.status().message();
   EXPECT_THAT(ResolveJob(*automatic, PlanDevice{}).message(),
               HasSubstr("a lora job names its layout"));
+}
+
+// Each row of W0 + scale·B·A, in double: its norm, and the row.
+struct DoraRows {
+  std::vector<double> v, norms;
+};
+DoraRows RowsOf(const LoraAdapters& lora, const LoraModule& m, const float* params) {
+  DoraRows d{std::vector<double>(m.out * m.in), std::vector<double>(m.out)};
+  for (int64_t o = 0; o < m.out; ++o) {
+    double norm = 0;
+    for (int64_t i = 0; i < m.in; ++i) {
+      double product = 0;
+      for (int r = 0; r < lora.config().rank; ++r)
+        product += double(params[m.b + o * lora.config().rank + r]) * params[m.a + r * m.in + i];
+      const double v = lora.base()[m.base + o * m.in + i] + lora.scale() * product;
+      d.v[o * m.in + i] = v;
+      norm += v * v;
+    }
+    d.norms[o] = std::sqrt(norm);
+  }
+  return d;
+}
+
+// DoRA: each module has peft's magnitude vector, which starts at the norms of W0's rows, so the
+// model starts at its own weights bit for bit; it trains, and every target is then
+// m / ‖V‖ ⊙ V of its adapters (V = W0 + alpha/rank · B·A), every other weight as it was.
+TEST(DoraTrainingTest, StartsAtTheModelAndEachTargetIsItsMagnitudeTimesItsDirection) {
+  const TrainConfig c = TinyDora(2, /*alpha=*/5);
+  TrainConfig whole = c;
+  whole.lora = {};
+  auto plain = MakeTrainer(whole), trainer = MakeTrainer(c);
+  ASSERT_EQ(Params(*trainer), Params(*plain)) << "m = ‖W0‖, B = 0: W = W0";
+  const LoraAdapters& lora = *trainer->lora();
+  for (const LoraModule& m : lora.modules()) {
+    const TensorSpec* t = lora.table().Find(m.name + ".lora_magnitude_vector");
+    ASSERT_NE(t, nullptr) << m.name;
+    EXPECT_EQ(t->shape, std::vector<int64_t>{m.out});
+    EXPECT_EQ(t->offset, m.magnitude);
+    const DoraRows rows = RowsOf(lora, m, lora.params());
+    for (int64_t o = 0; o < m.out; ++o)
+      EXPECT_NEAR(lora.params()[m.magnitude + o], rows.norms[o], 1e-6 * rows.norms[o]);
+  }
+  trainer->InitializeRandom(5);
+  const std::vector<float> before = Params(*trainer);
+  const std::vector<float> adapters(lora.params(), lora.params() + lora.size());
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(trainer->Step().ok());
+  const std::vector<float> after = Params(*trainer);
+  std::vector<bool> targeted(after.size(), false);
+  for (const LoraModule& m : lora.modules()) {
+    const DoraRows rows = RowsOf(lora, m, lora.params());
+    double diff = 0, norm = 0, moved = 0, magnitudes = 0;
+    for (int64_t o = 0; o < m.out; ++o) {
+      const double magnitude = lora.params()[m.magnitude + o];
+      moved += std::abs(magnitude - adapters[m.magnitude + o]);
+      magnitudes += std::abs(magnitude);
+      for (int64_t i = 0; i < m.in; ++i) {
+        const size_t k = m.weight + o * m.in + i;
+        const double want = magnitude / rows.norms[o] * rows.v[o * m.in + i];
+        diff += (after[k] - want) * (after[k] - want);
+        norm += want * want;
+        targeted[k] = true;
+      }
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-6) << m.name;
+    EXPECT_GT(moved / magnitudes, 1e-5) << m.name << "'s magnitudes did not train";
+  }
+  for (size_t k = 0; k < after.size(); ++k) {
+    if (!targeted[k]) {
+      ASSERT_EQ(after[k], before[k]) << "element " << k;
+    }
+  }
+}
+
+TEST(DoraTrainingTest, OverfitsAFixedBatch) {
+  ExpectOverfitsAFixedBatch(TinyDora(4));
+}
+
+// The planner counts the magnitudes (in the adapters' arena, their moments and EMA) as the
+// trainer holds them.
+TEST(DoraTrainingTest, PlannedMemoryIsTheTrainersArenas) {
+  auto trainer = ExpectPlannedMemoryIsTheTrainers(TinyDora(3));
+  size_t magnitudes = 0;
+  for (const LoraModule& m : trainer->lora()->modules())
+    magnitudes += m.out;
+  const Result<LoraElements> lora =
+      CountLoraElements(TinyLora(3).lora, trainer->model().parameter_table());
+  ASSERT_TRUE(lora.ok());
+  EXPECT_EQ(trainer->lora()->size(), lora->adapters + magnitudes);
+}
+
+// A DoRA run resumes bit for bit, its magnitudes and their EMA in the checkpoint under peft's
+// names; a plain LoRA run of the same rank does not resume it.
+TEST(DoraTrainingTest, ResumeIsBitIdentical) {
+  const TempDir dir("dora_training_test");
+  TrainConfig c = TinyDora(3, 6);
+  c.lora.targets = {"final_layer.linear", "adaLN_modulation.1", "qkv"};
+  auto straight = MakeTrainer(c);
+  for (int i = 0; i < 6; ++i)
+    ASSERT_TRUE(straight->Step().ok());
+  io::CheckpointStore store(dir.path(), 2);
+  auto first_half = MakeTrainer(c);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(first_half->Step().ok());
+  ASSERT_TRUE(WriteCheckpointShard(*first_half, store, 0, 1).ok());
+  ASSERT_TRUE(store.Commit(3, 1).ok());
+  auto resumed = MakeTrainer(c);
+  Result<std::optional<int64_t>> step = RestoreLatestCheckpoint(*resumed, store);
+  ASSERT_TRUE(step.ok()) << step.status().message();
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(resumed->Step().ok());
+  EXPECT_EQ(Params(*resumed), Params(*straight));
+  const size_t n = straight->lora()->size();
+  EXPECT_EQ(0, std::memcmp(straight->lora()->params(), resumed->lora()->params(), n * 4));
+  EXPECT_EQ(0, std::memcmp(straight->ema(), resumed->ema(), n * 4));
+  Result<io::SafetensorsFile> shard = store.ReadShard(3, 0, 1);
+  ASSERT_TRUE(shard.ok());
+  const std::string magnitude = "final_layer.linear.lora_magnitude_vector";
+  EXPECT_NE(shard->Find("lora." + magnitude), nullptr);
+  EXPECT_NE(shard->Find("ema.lora." + magnitude), nullptr);
+  EXPECT_THAT(shard->metadata().at("lora"), HasSubstr("\"use_dora\":true"));
+  TrainConfig plain = c;
+  plain.lora.use_dora = false;
+  auto lora = MakeTrainer(plain);
+  Result<std::optional<int64_t>> refused = RestoreLatestCheckpoint(*lora, store);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("checkpoint trained LoRA adapters"));
+}
+
+// Pretrained weights (checkpoint.init_from) become the frozen ones, the magnitudes their rows'
+// norms (in the EMA too): the run starts at those weights bit for bit.
+TEST(DoraTrainingTest, PretrainedWeightsSetTheMagnitudes) {
+  const TempDir dir("dora_training_test");
+  TrainConfig whole = TinyLora();
+  whole.lora = {};
+  whole.seed = 4;
+  auto source = MakeTrainer(whole);
+  source->InitializeRandom(9);
+  const TensorTable& global = source->model().global_parameter_table();
+  io::SafetensorsWriter w;
+  for (const TensorSpec& t : global.tensors())
+    w.AddF32(t.name, t.shape, source->model().params() + t.offset);
+  const std::string path = dir.path() + "/w.safetensors";
+  ASSERT_TRUE(w.WriteAtomic(path).ok());
+  Result<io::SafetensorsFile> file = io::SafetensorsFile::Read(path);
+  ASSERT_TRUE(file.ok());
+
+  auto trainer = MakeTrainer(TinyDora());
+  ASSERT_NE(Params(*trainer), Params(*source));
+  ASSERT_TRUE(trainer->InitializeFrom(*file).ok());
+  EXPECT_EQ(Params(*trainer), Params(*source));
+  const LoraAdapters& lora = *trainer->lora();
+  EXPECT_EQ(0, std::memcmp(trainer->ema(), lora.params(), lora.size() * sizeof(float)));
+  ASSERT_TRUE(trainer->Step().ok());
+  EXPECT_NE(Params(*trainer), Params(*source));
+}
+
+TEST(DoraJobTest, UseDoraIsReadAndCarriedOnlyWhenSet) {
+  const std::string job =
+      "model: {name: custom, input_size: 8, patch_size: 2, in_channels: 4, hidden_size: 32, "
+      "depth: 2, num_heads: 4, num_classes: 10}\ntrain: {device: cpu}\n";
+  Result<TrainConfig> dora =
+      TrainConfig::FromYamlText(job + "lora: {rank: 4, targets: [qkv], use_dora: true}\n", "j");
+  ASSERT_TRUE(dora.ok()) << dora.status().message();
+  EXPECT_TRUE(dora->lora.use_dora);
+  EXPECT_EQ(dora->ToJson()["lora"]["use_dora"], true);
+  Result<TrainConfig> lora =
+      TrainConfig::FromYamlText(job + "lora: {rank: 4, targets: [qkv]}\n", "j");
+  ASSERT_TRUE(lora.ok());
+  // A plain LoRA's JSON (its checkpoints' metadata) is what it was before DoRA.
+  EXPECT_FALSE(lora->ToJson()["lora"].contains("use_dora"));
+  LoraConfig rankless;
+  rankless.use_dora = true;
+  EXPECT_THAT(rankless.Validate().message(), HasSubstr("DoRA needs lora.rank"));
+  EXPECT_THAT(TrainConfig::FromYamlText(job + "lora: {rank: 4, targets: [qkv], use_dora: 2}\n", "j")
+                  .status()
+                  .message(),
+              HasSubstr("use_dora"));
 }
 
 }  // namespace

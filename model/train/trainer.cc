@@ -323,8 +323,8 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   }
   model_->InitializeReference(config.seed);
   if (lora_) {
-    lora_->Initialize(config.seed);
     lora_->SetBase(model_->params());
+    lora_->Initialize(config.seed);
     lora_->Apply(lora_->params(), model_->params());
   }
   std::memcpy(ema_.data(), trained_params(), ema_.bytes());
@@ -341,8 +341,8 @@ Trainer::~Trainer() = default;
 void Trainer::InitializeRandom(uint64_t seed) {
   model_->InitializeRandom(seed);
   if (lora_) {
-    lora_->InitializeRandom(seed);
     lora_->SetBase(model_->params());
+    lora_->InitializeRandom(seed);
     lora_->Apply(lora_->params(), model_->params());
   }
   std::memcpy(ema_.data(), trained_params(), ema_.bytes());

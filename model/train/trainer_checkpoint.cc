@@ -281,10 +281,13 @@ Result<std::vector<std::string>> Trainer::InitializeFrom(const io::SafetensorsFi
   DT_ASSIGN_OR_RETURN(std::vector<std::string> unused, CheckInitialWeights(file, global, fixed));
   if (lora_) {
     // The file's weights are the frozen ones; the adapters (B = 0) leave them as they are. A
-    // LoRA rank holds the whole model.
+    // LoRA rank holds the whole model. DoRA's magnitudes become their rows' norms, in the EMA
+    // too.
     DT_RETURN_IF_ERROR(ReadPretrainedWeights(file, global, /*ema=*/false, model_->params()));
     lora_->SetBase(model_->params());
+    lora_->SetMagnitudesToNorms();
     lora_->Apply(lora_->params(), model_->params());
+    std::memcpy(ema_.data(), lora_->params(), lora_->size() * sizeof(float));
   } else if (model_->holds_whole_model()) {
     DT_RETURN_IF_ERROR(ReadInitialWeights(file, global, model_->params(), ema_.data()));
   } else {

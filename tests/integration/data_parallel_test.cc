@@ -89,6 +89,21 @@ TEST_F(DataParallelTest, LoraEqualsOneProcessAndResumesInAnotherLayout) {
   EXPECT_LE(ParameterDistance(reshard.parent_path(), reference), 1e-5);
 }
 
+// DoRA (lora.use_dora): the magnitudes' gradients are linear in the model's too, so two ranks
+// averaging the adapters' are one process.
+TEST_F(DataParallelTest, DoraEqualsOneProcess) {
+  sections_ =
+      "lora: {rank: 2, alpha: 4, use_dora: true, targets: [final_layer.linear, "
+      "adaLN_modulation.1, qkv]}\n";
+  const int global = kMicro * 4;
+  const std::filesystem::path reference = Reference(global);
+  const std::filesystem::path job = WriteJob("dora_dp2_acc2", global, false, kSteps);
+  const CommandResult r = RunRanks(job, 2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectSameLosses(Losses(job.parent_path()), Losses(reference), "dora dp2");
+  EXPECT_LE(ParameterDistance(job.parent_path(), reference), 1e-5);
+}
+
 TEST_F(DataParallelTest, CheckpointOfOneLayoutResumesInAnother) {
   // Five steps with dp=2 and ZeRO-1, then five more with dp=4 without it, then with dp=1:
   // the same losses and parameters as ten uninterrupted steps of one process.

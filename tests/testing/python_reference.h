@@ -1,6 +1,7 @@
 // Test fixtures whose tests compare difftrain with a Python reference from PyPI, in a virtual
-// environment a script makes once per machine: diffusers 0.27.2 (tests/reference/diffusers_env.sh)
-// or transformers 4.40.2 (scripts/text_encoder_env.sh). The fixture finds that Python once per
+// environment a script makes once per machine: diffusers 0.27.2 (tests/reference/diffusers_env.sh),
+// the same with peft 0.10.0 (tests/reference/peft_env.sh) or transformers 4.40.2
+// (scripts/text_encoder_env.sh). The fixture finds that Python once per
 // suite, skips every test with the reason where PyPI cannot be reached, runs tests/reference's
 // scripts, and keeps a failed test's files (their folder is printed).
 #pragma once
@@ -101,6 +102,12 @@ struct DiffusersEnv {
   static constexpr const char* kName = "diffusers 0.27.2";
 };
 using DiffusersReference = PythonReference<DiffusersEnv>;
+
+// diffusers 0.27.2 with peft 0.10.0 (DoRA's reference), in a venv of its own.
+struct PeftEnv {
+  static constexpr const char* kScript = "tests/reference/peft_env.sh";
+  static constexpr const char* kName = "peft 0.10.0";
+};
 
 struct TransformersEnv {
   static constexpr const char* kScript = "scripts/text_encoder_env.sh";
