@@ -248,7 +248,8 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   lora.Int("rank", c.lora.rank)
       .Double("alpha", c.lora.alpha)
       .StringList("targets", c.lora.targets)
-      .Bool("use_dora", c.lora.use_dora);
+      .Bool("use_dora", c.lora.use_dora)
+      .Bool("use_rslora", c.lora.use_rslora);
   DT_RETURN_IF_ERROR(lora.Finish());
   if (top.Has("lora") && !lora.Has("rank")) {
     return top.ErrorAt("lora", "lora.rank: required (the adapters' rank, e.g. 4)");

@@ -198,6 +198,8 @@ DIFFTRAIN_COMMAND(kDebugDump,
                      app.add_flag("--lora-use-dora", o->lora.use_dora,
                                   "DoRA adapters: a trained magnitude per output row besides A "
                                   "and B (`lora.M.lora_magnitude_vector`)");
+                     app.add_flag("--lora-use-rslora", o->lora.use_rslora,
+                                  "rsLoRA's scale alpha / sqrt(rank) instead of alpha / rank");
                      app.add_option("--data", o->data,
                                     "take the batch from this latent folder (its pictures, texts, "
                                     "pooled texts and SDXL time ids), as training with this "

@@ -359,13 +359,15 @@ Status WriteLora(const ExportOptions& o, const SampleSource& source, bool diffus
   const nlohmann::json config = nlohmann::json::parse(lora->second, nullptr, false);
   if (!config.is_object() || !config.value("rank", nlohmann::json()).is_number_integer() ||
       !config.value("alpha", nlohmann::json()).is_number() ||
-      !config.value("use_dora", nlohmann::json(false)).is_boolean()) {
+      !config.value("use_dora", nlohmann::json(false)).is_boolean() ||
+      !config.value("use_rslora", nlohmann::json(false)).is_boolean()) {
     return Errorf("'{}': malformed 'lora' metadata {}", shard.path(), lora->second);
   }
   LoraConfig adapters;
   adapters.rank = config["rank"].get<int>();
   adapters.alpha = config["alpha"].get<double>();
   adapters.use_dora = config.value("use_dora", false);
+  adapters.use_rslora = config.value("use_rslora", false);
   const std::string down_name = adapters.use_dora ? ".lora_A.weight" : ".lora.down.weight";
   const std::string up_name = adapters.use_dora ? ".lora_B.weight" : ".lora.up.weight";
   const std::string prefix = o.weights == "ema" ? "ema.lora." : "lora.";

@@ -447,12 +447,12 @@ TEST_F(UNetInitFromTest, APipelineFolderSamplesAsItsPartsGivenByFlags) {
 // through DoRA's formula in float64 from the reference's float64 ∂W equal peft's gradients to
 // 1e-12, and in float32 to 6e-8: the rest is the float32 rounding of the model's own ∂W, which
 // these weights condition worse than a LoRA's. A wrong factor m/n is off by 1e-2 or more.
-using DoraReferenceTest = UNetReferenceOf<PeftEnv>;
+using PeftReferenceTest = UNetReferenceOf<PeftEnv>;
 
-class DoraReferenceCases : public DoraReferenceTest,
+class PeftReferenceCases : public PeftReferenceTest,
                            public ::testing::WithParamInterface<UNetCase> {};
 
-TEST_P(DoraReferenceCases, DebugDumpMatchesPeft) {
+TEST_P(PeftReferenceCases, DebugDumpMatchesPeft) {
   const std::string dump = Dump(GetParam());
   ASSERT_FALSE(dump.empty());
   const CommandResult checked =
@@ -461,19 +461,27 @@ TEST_P(DoraReferenceCases, DebugDumpMatchesPeft) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    TinyConfigs, DoraReferenceCases,
-    ::testing::Values(UNetCase{"AttentionProjections", kSdLadder, "--lora-rank 2 --lora-use-dora",
-                               true, 3},
-                      UNetCase{"ConvolutionsAndAlpha", kSdLadder,
-                               "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012 "
-                               "--lora-rank 3 --lora-alpha 6 --lora-use-dora "
-                               "--lora-targets proj_in,proj_out,conv1,ff.net.2,attn2.to_k",
-                               true, 4},
-                      UNetCase{"Sdxl", kSdxlShape, "--lora-rank 2 --lora-use-dora", true, 7}),
+    TinyConfigs, PeftReferenceCases,
+    ::testing::Values(
+        UNetCase{"AttentionProjections", kSdLadder, "--lora-rank 2 --lora-use-dora", true, 3},
+        UNetCase{"ConvolutionsAndAlpha", kSdLadder,
+                 "--schedule scaled_linear --beta-start 0.00085 --beta-end 0.012 "
+                 "--lora-rank 3 --lora-alpha 6 --lora-use-dora "
+                 "--lora-targets proj_in,proj_out,conv1,ff.net.2,attn2.to_k",
+                 true, 4},
+        UNetCase{"Sdxl", kSdxlShape, "--lora-rank 2 --lora-use-dora", true, 7},
+        // rsLoRA (peft's use_rslora: alpha / √rank), alone (scale 2 where a LoRA's is 1) and
+        // with DoRA. (Its gradients at scale 4, alpha 8, are those of a plain LoRA at alpha 16
+        // to the last bit, and both 3.6e-5 off all together: the model's float32 ∂W at a
+        // larger update, not rsLoRA.)
+        UNetCase{"RsLora", kSdLadder, "--lora-rank 4 --lora-alpha 4 --lora-use-rslora", true, 3},
+        UNetCase{"DoraRsLora", kSdLadder,
+                 "--lora-rank 4 --lora-use-dora --lora-use-rslora --lora-targets to_q,conv1", true,
+                 5}),
     [](const ::testing::TestParamInfo<UNetCase>& info) { return std::string(info.param.name); });
 
 // The check can fail: a DoRA dump whose magnitudes' gradients are 0.1% off fails them.
-TEST_F(DoraReferenceTest, FailsADumpWithTheMagnitudesGradientOff) {
+TEST_F(PeftReferenceTest, FailsADumpWithTheMagnitudesGradientOff) {
   UNetCase c = kCheckerCase;
   c.diffusion = "--lora-rank 2 --lora-use-dora";
   const std::string dump = Dump(c);
@@ -490,12 +498,31 @@ TEST_F(DoraReferenceTest, FailsADumpWithTheMagnitudesGradientOff) {
   EXPECT_THAT(checked.output, ::testing::HasSubstr("FAIL"));
 }
 
-// A DoRA run (three steps from a diffusers UNet, attention projections and 3×3 convolutions at
-// rank 2, alpha 4): `export --format lora` writes peft's names, which peft's
+// An rsLoRA dump read as a plain LoRA's (its scale alpha / rank, not alpha / √rank) fails.
+TEST_F(PeftReferenceTest, FailsAnRsLoraDumpReadAsAPlainLora) {
+  UNetCase c = kCheckerCase;
+  c.diffusion = "--lora-rank 4 --lora-alpha 4 --lora-use-rslora";
+  const std::string dump = Dump(c);
+  ASSERT_FALSE(dump.empty());
+  const std::string off = (dir_ / "off.safetensors").string();
+  const CommandResult perturbed =
+      RunScript("perturb_dump.py", ShellQuote(dump) + " " + ShellQuote(off) + " --metadata lora " +
+                                       ShellQuote(R"({"rank": 4, "alpha": 4.0, "targets": []})"));
+  ASSERT_EQ(perturbed.exit_code, 0) << perturbed.output;
+  const std::string bounds = " --tol 3e-4 --tol-all 1e-5";
+  EXPECT_EQ(RunScript("check_unet_dump.py", ShellQuote(dump) + bounds).exit_code, 0);
+  const CommandResult checked = RunScript("check_unet_dump.py", ShellQuote(off) + bounds);
+  EXPECT_EQ(checked.exit_code, 1) << checked.output;
+  EXPECT_THAT(checked.output, ::testing::ContainsRegex("grad\\.lora\\..*  rel [0-9.e+-]+  FAIL"));
+}
+
+// A DoRA run with rsLoRA's scale (three steps from a diffusers UNet, attention projections and
+// 3×3 convolutions at rank 2, alpha 4: a scale 4/√2): `export --format lora` writes peft's
+// names, alpha / √rank folded into B, which peft's
 // set_peft_model_state_dict loads whole into its DoRA layers and whose merge is the run's
 // checkpoint's fused weights; difftrain's own reader (FuseLora: `sample --lora`) fuses the file
 // into the base to the same weights.
-TEST_F(DoraReferenceTest, ARunsExportedFileIsWhatPeftMerges) {
+TEST_F(PeftReferenceTest, ARunsExportedFileIsWhatPeftMerges) {
   const std::string unet = (dir_ / "unet").string();
   const CommandResult made = RunScript("lora.py", "unet " + ShellQuote(unet) + " 5");
   ASSERT_EQ(made.exit_code, 0) << made.output;
@@ -505,7 +532,8 @@ TEST_F(DoraReferenceTest, ARunsExportedFileIsWhatPeftMerges) {
   std::ofstream(job) << "model: " << model.dump() << "\n"
                      << "data: {kind: synthetic}\nbatch: {micro: 2, global: 2}\n"
                      << "optimizer: {lr: 0.01, ema_decay: 0}\ntrain: {steps: 3, log_every: 1}\n"
-                     << "lora: {rank: 2, alpha: 4, use_dora: true, targets: [to_q, to_v, conv1]}\n"
+                     << "lora: {rank: 2, alpha: 4, use_dora: true, use_rslora: true, "
+                        "targets: [to_q, to_v, conv1]}\n"
                      << "checkpoint: {dir: " << ckpt << ", every: 3, init_from: " << unet << "}\n";
   const CommandResult trained = RunCommand(
       fmt::format("{} train --config {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job)));

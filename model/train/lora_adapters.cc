@@ -16,6 +16,7 @@ Status LoraConfig::Validate() const {
   if (rank < 0) return Errorf("lora.rank must be positive (or 0: no LoRA), got {}", rank);
   if (!enabled()) {
     if (use_dora) return Status::Error("lora.use_dora: DoRA needs lora.rank (e.g. 4)");
+    if (use_rslora) return Status::Error("lora.use_rslora: rsLoRA needs lora.rank (e.g. 4)");
     return Status::Ok();
   }
   if (!std::isfinite(alpha) || alpha < 0) {
@@ -34,6 +35,7 @@ nlohmann::json LoraConfig::ToJson() const {
   nlohmann::json json = {{"rank", rank}, {"alpha", alpha}, {"targets", targets}};
   // Only when set: a plain LoRA's JSON (a checkpoint's "lora" metadata) stays as it was.
   if (use_dora) json["use_dora"] = true;
+  if (use_rslora) json["use_rslora"] = true;
   return json;
 }
 

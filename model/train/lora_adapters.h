@@ -25,6 +25,7 @@
 // self-attention's only). Biases and everything else stay frozen (peft's bias="none").
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,11 +43,14 @@ struct LoraConfig {
   double alpha = 0;  // lora_alpha; 0: the rank (a scale of 1, diffusers' scripts' choice)
   // diffusers' train_text_to_image_lora.py's target_modules: the attention projections.
   std::vector<std::string> targets = {"to_q", "to_k", "to_v", "to_out.0"};
-  bool use_dora = false;  // peft's use_dora: a trained magnitude per output row
+  bool use_dora = false;    // peft's use_dora: a trained magnitude per output row
+  bool use_rslora = false;  // peft's use_rslora: the scale alpha / √rank (Kalajdzievski 2023)
 
   bool enabled() const { return rank > 0; }
-  // alpha / rank.
-  double scale() const { return (alpha > 0 ? alpha : rank) / rank; }
+  // alpha / rank; with use_rslora alpha / √rank.
+  double scale() const {
+    return (alpha > 0 ? alpha : rank) / (use_rslora ? std::sqrt(double(rank)) : rank);
+  }
   Status Validate() const;
   nlohmann::json ToJson() const;
 };

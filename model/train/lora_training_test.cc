@@ -622,5 +622,35 @@ TEST(DoraJobTest, UseDoraIsReadAndCarriedOnlyWhenSet) {
               HasSubstr("use_dora"));
 }
 
+// rsLoRA (Kalajdzievski 2023; peft's use_rslora): the product scaled by alpha / √rank, the
+// job's key read and carried only when set, and refused without a rank.
+TEST(RsLoraTest, ScalesByAlphaOverTheRootOfTheRank) {
+  LoraConfig c;
+  c.rank = 4;
+  c.alpha = 8;
+  EXPECT_EQ(c.scale(), 2.0);
+  c.use_rslora = true;
+  EXPECT_EQ(c.scale(), 4.0);
+  c.alpha = 0;  // the rank: √rank
+  EXPECT_EQ(c.scale(), 2.0);
+  EXPECT_EQ(c.ToJson()["use_rslora"], true);
+  c.rank = 0;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("rsLoRA needs lora.rank"));
+  const std::string job =
+      "model: {name: custom, input_size: 8, patch_size: 2, in_channels: 4, hidden_size: 32, "
+      "depth: 2, num_heads: 4, num_classes: 10}\ntrain: {device: cpu}\n";
+  Result<TrainConfig> rs = TrainConfig::FromYamlText(
+      job + "lora: {rank: 9, alpha: 6, targets: [qkv], use_rslora: true}\n", "j");
+  ASSERT_TRUE(rs.ok()) << rs.status().message();
+  EXPECT_EQ(rs->lora.scale(), 2.0);
+  EXPECT_FALSE(TinyLora().lora.ToJson().contains("use_rslora"));
+  // The trainer's adapters scale by it: the model is W0 + 2 · B·A (OnlyTheTargetsChange… for
+  // the rest).
+  TrainConfig t = TinyLora(4, 4);
+  t.lora.use_rslora = true;
+  auto trainer = MakeTrainer(t);
+  EXPECT_EQ(trainer->lora()->scale(), 2.0);
+}
+
 }  // namespace
 }  // namespace difftrain

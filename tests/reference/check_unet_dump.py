@@ -21,10 +21,11 @@ module(x) + alpha/rank · B(A(x)) (for a Conv2d, A a convolution of the module's
 and padding, B a 1×1 one), with the frozen weights not requiring gradients, and compares the
 adapters' gradients; the dump fuses the adapters into the weights instead (model/cpu/low_rank.h),
 so the two are different computations of the same gradient. A DoRA dump (`--lora-use-dora`,
-"use_dora" in the metadata; its magnitudes as `lora.M.lora_magnitude_vector`) is checked
-against peft's own DoRA layers instead (peft 0.10.0, in tests/reference/peft_env.sh's
-interpreter): the adapters are injected with use_dora, given the dump's A, B and magnitudes,
-and their gradients compared.
+"use_dora" in the metadata; its magnitudes as `lora.M.lora_magnitude_vector`) or of rsLoRA
+(`--lora-use-rslora`, "use_rslora": the scale alpha/sqrt(rank)) is checked against peft's own
+layers instead (peft 0.10.0, in tests/reference/peft_env.sh's interpreter): the adapters are
+injected with the dump's use_dora and use_rslora, given its A, B (and magnitudes), and their
+gradients compared.
 
 Error measure: ||a - b|| / ||b|| (L2 norms, b the float64 reference). Where the reference
 gradient vanishes mathematically (below 1e-9 of the largest), the absolute error relative to
@@ -182,29 +183,35 @@ def add_lora(model, tensors, lora, tensor):
     return adapters
 
 
-def add_dora(model, tensors, lora, tensor, dtype):
-    """peft's DoRA layers (LoraConfig use_dora) on the dump's target modules, holding its A, B
-    and magnitudes. Returns their parameters, by the dump's names."""
+def add_peft(model, tensors, lora, tensor, dtype):
+    """peft's own LoRA layers (LoraConfig with the dump's use_dora and use_rslora) on the dump's
+    target modules, holding its A, B (and DoRA's magnitudes). Returns their parameters, by the
+    dump's names."""
     try:
         import peft
     except ImportError:
-        raise MalformedDump("a DoRA dump is checked with peft: run this with the python "
-                            "tests/reference/peft_env.sh prints")
-    suffix = ".lora_magnitude_vector"
+        raise MalformedDump("a DoRA or rsLoRA dump is checked with peft: run this with the "
+                            "python tests/reference/peft_env.sh prints")
+    dora = bool(lora.get("use_dora"))
+    suffix = ".lora_A.weight"
     modules = [n[len("lora."):-len(suffix)] for n in tensors
                if n.startswith("lora.") and n.endswith(suffix)]
     if not modules:
+        raise MalformedDump("a LoRA dump without lora.*.lora_A.weight tensors")
+    if dora and not any(n.endswith(".lora_magnitude_vector") for n in tensors):
         raise MalformedDump("a DoRA dump without lora.*.lora_magnitude_vector tensors")
     config = peft.LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"] or lora["rank"],
-                             target_modules=modules, use_dora=True)
+                             target_modules=modules, use_dora=dora,
+                             use_rslora=bool(lora.get("use_rslora")))
     peft.inject_adapter_in_model(config, model)
     model.to(dtype)
     adapters = {}
     for name in modules:
         layer = model.get_submodule(name)
         parts = {".lora_A.weight": layer.lora_A["default"].weight,
-                 ".lora_B.weight": layer.lora_B["default"].weight,
-                 suffix: layer.lora_magnitude_vector["default"]}
+                 ".lora_B.weight": layer.lora_B["default"].weight}
+        if dora:
+            parts[".lora_magnitude_vector"] = layer.lora_magnitude_vector["default"]
         for part, parameter in parts.items():
             value = tensor(f"lora.{name}{part}")
             if value.shape != parameter.shape:
@@ -226,8 +233,8 @@ def reference_step(config, tensors, t, abar, prediction, dtype=torch.float64, lo
     model.load_state_dict(state, strict=True)
     if lora is not None:
         model.requires_grad_(False)
-        if lora.get("use_dora"):
-            adapters = add_dora(model, tensors, lora, tensor, dtype)
+        if lora.get("use_dora") or lora.get("use_rslora"):
+            adapters = add_peft(model, tensors, lora, tensor, dtype)
         else:
             adapters = add_lora(model, tensors, lora, tensor)
     # SDXL's micro-conditioning (addition_embed_type text_time): the pooled text and time ids.
