@@ -47,21 +47,10 @@ Real DoraFactor(Real magnitude, Real norm) {
   return norm > 0 ? magnitude / norm : Real(0);
 }
 
-// Each row o of w [out, in] times magnitude[o] / norms[o] (DoraFactor): the DoRA weight of a
-// V already in w (FuseLora's).
-template <typename Real>
-void DoraScaleRows(Real* w, const Real* magnitude, const Real* norms, int out, int in) {
-  for (int o = 0; o < out; ++o) {
-    const Real factor = DoraFactor(magnitude[o], norms[o]);
-    Real* row = w + static_cast<size_t>(o) * in;
-    for (int i = 0; i < in; ++i)
-      row[i] *= factor;
-  }
-}
-
-// DoRA's training ops take V a row at a time, made where it is used (rank multiply-adds an
-// element, from A in cache), so that V is never held whole: a step reads W0 and writes W once
-// (DoraForward), and reads W0 once and ∂W three times (DoraBackward: two GEMMs and one pass).
+// DoRA's ops take V a row at a time, made where it is used (rank multiply-adds an element,
+// from A in cache), so that V is never held whole: a step reads W0 and writes W once
+// (DoraForward, which FuseLora's DoRA merge uses too), and reads W0 once and ∂W three times
+// (DoraBackward: two GEMMs and one pass).
 
 // Row o of V = w0 + scale · b·a into v [in].
 template <typename Real>
@@ -87,13 +76,6 @@ Real RowNorm(const Real* v, int in) {
   for (int i = 0; i < in; ++i)
     sum += static_cast<double>(v[i]) * v[i];
   return static_cast<Real>(std::sqrt(sum));
-}
-
-// norms[o] = ‖v[o, :]‖ over `out` rows of `in`.
-template <typename Real>
-void RowNorms(const Real* v, int out, int in, Real* norms) {
-  for (int o = 0; o < out; ++o)
-    norms[o] = RowNorm(v + static_cast<size_t>(o) * in, in);
 }
 
 // The norms of the rows of V = w0 + scale · b·a.

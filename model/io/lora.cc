@@ -251,14 +251,14 @@ Result<LoraFused> FuseLora(const std::string& path, double scale,
         DT_RETURN_IF_ERROR(file.CopyAsF32(m.magnitude, view.shape, magnitude.data()));
       }
       float* weight = target.params + w->offset;
-      AddProduct(weight, b, a, out, rank, in, scale * alpha / rank);
-      if (!magnitude.empty()) {
-        // DoRA, as peft merges it: each row of W0 + scale·(alpha/rank)·up·down scaled to its
-        // magnitude.
-        std::vector<float> norms(out);
-        cpu::RowNorms(weight, static_cast<int>(out), static_cast<int>(in), norms.data());
-        cpu::DoraScaleRows(weight, magnitude.data(), norms.data(), static_cast<int>(out),
-                           static_cast<int>(in));
+      if (magnitude.empty()) {
+        AddProduct(weight, b, a, out, rank, in, scale * alpha / rank);
+      } else {
+        // DoRA, as peft merges it and training computes it: each row of
+        // W0 + scale·(alpha/rank)·up·down scaled to its magnitude.
+        cpu::DoraForward(weight, weight, a.data(), b.data(), magnitude.data(),
+                         static_cast<int>(out), static_cast<int>(rank), static_cast<int>(in),
+                         static_cast<float>(scale * alpha / rank));
       }
       ++fused.modules;
       fused.rank = std::max<int>(fused.rank, static_cast<int>(rank));
