@@ -40,6 +40,26 @@ Status TrainConfig::ValidateLora() const {
   return Status::Ok();
 }
 
+Status TrainConfig::ValidatePrior() const {
+  if (!(data.prior_loss_weight >= 0 && std::isfinite(data.prior_loss_weight))) {
+    return Errorf("data.prior_loss_weight: expected a number >= 0, found {}",
+                  data.prior_loss_weight);
+  }
+  if (!data.has_prior()) return Status::Ok();
+  if (micro_batch % 2 != 0) {
+    return Errorf(
+        "batch.micro: with data.prior_path every micro-batch is half the data's samples and half "
+        "the prior's: expected an even number, found {}",
+        micro_batch);
+  }
+  if (learn_sigma_loss) {
+    return Status::Error(
+        "data.prior_path: prior preservation weighs the MSE objective; not with "
+        "diffusion.learn_sigma_loss (set it false to train the noise alone)");
+  }
+  return Status::Ok();
+}
+
 Status TrainConfig::Validate(int dp) const {
   DT_RETURN_IF_ERROR(ModelSpecFromJson(model.family, model.config).status());
   DT_RETURN_IF_ERROR(diffusion.Validate());
@@ -60,6 +80,7 @@ Status TrainConfig::Validate(int dp) const {
   if (data.kind == "latent_folder" && data.path.empty()) {
     return Status::Error("data.path: required for data.kind latent_folder");
   }
+  DT_RETURN_IF_ERROR(ValidatePrior());
   if (const SampleSchema s = FamilyOf(model).Samples(model); s.height != s.width) {
     return Errorf(
         "model: the {} model's samples are {}x{} (height x width): difftrain trains square "
@@ -152,44 +173,49 @@ Status TrainConfig::Validate(int dp) const {
 }
 
 nlohmann::json TrainConfig::ToJson() const {
-  return {{"family", model.family},
-          {"model", model.config},
-          {"data",
-           {{"kind", data.kind},
-            {"path", data.path},
-            {"split", data.split},
-            {"shuffle", data.shuffle},
-            {"horizontal_flip", data.horizontal_flip}}},
-          {"diffusion", diffusion.ToJson()},
-          {"learn_sigma_loss", learn_sigma_loss},
-          {"optimizer", optimizer.ToJson()},
-          {"lora", lora.ToJson()},
-          {"batch", {{"micro", micro_batch}, {"global", global_batch}}},
-          {"train",
-           {{"steps", steps},
-            {"seed", seed},
-            {"log_every", log_every},
-            {"metrics_file", metrics_file},
-            {"recompute", recompute},
-            {"device", device},
-            {"precision", precision}}},
-          {"parallel",
-           {{"tp", parallel.tp},
-            {"cp", parallel.cp},
-            {"pp", parallel.pp},
-            {"dp", parallel.dp},
-            {"stage_blocks", parallel.stage_blocks},
-            {"zero1", parallel.zero1},
-            {"overlap", parallel.overlap},
-            {"bucket_mb", parallel.bucket_mb},
-            {"timeout_seconds", parallel.timeout_seconds},
-            {"backend", parallel.backend},
-            {"auto", parallel.automatic}}},
-          {"checkpoint",
-           {{"dir", checkpoint.dir},
-            {"every", checkpoint.every},
-            {"keep", checkpoint.keep},
-            {"init_from", checkpoint.init_from}}}};
+  nlohmann::json json = {{"family", model.family},
+                         {"model", model.config},
+                         {"data",
+                          {{"kind", data.kind},
+                           {"path", data.path},
+                           {"split", data.split},
+                           {"shuffle", data.shuffle},
+                           {"horizontal_flip", data.horizontal_flip}}},
+                         {"diffusion", diffusion.ToJson()},
+                         {"learn_sigma_loss", learn_sigma_loss},
+                         {"optimizer", optimizer.ToJson()},
+                         {"lora", lora.ToJson()},
+                         {"batch", {{"micro", micro_batch}, {"global", global_batch}}},
+                         {"train",
+                          {{"steps", steps},
+                           {"seed", seed},
+                           {"log_every", log_every},
+                           {"metrics_file", metrics_file},
+                           {"recompute", recompute},
+                           {"device", device},
+                           {"precision", precision}}},
+                         {"parallel",
+                          {{"tp", parallel.tp},
+                           {"cp", parallel.cp},
+                           {"pp", parallel.pp},
+                           {"dp", parallel.dp},
+                           {"stage_blocks", parallel.stage_blocks},
+                           {"zero1", parallel.zero1},
+                           {"overlap", parallel.overlap},
+                           {"bucket_mb", parallel.bucket_mb},
+                           {"timeout_seconds", parallel.timeout_seconds},
+                           {"backend", parallel.backend},
+                           {"auto", parallel.automatic}}},
+                         {"checkpoint",
+                          {{"dir", checkpoint.dir},
+                           {"every", checkpoint.every},
+                           {"keep", checkpoint.keep},
+                           {"init_from", checkpoint.init_from}}}};
+  if (data.has_prior()) {
+    json["data"]["prior_path"] = data.prior_path;
+    json["data"]["prior_loss_weight"] = data.prior_loss_weight;
+  }
+  return json;
 }
 
 Result<TrainConfig> TrainConfig::FromYamlFile(const std::string& path) {
@@ -208,7 +234,9 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .String("path", c.data.path)
       .String("split", c.data.split)
       .Bool("shuffle", c.data.shuffle)
-      .Bool("horizontal_flip", c.data.horizontal_flip);
+      .Bool("horizontal_flip", c.data.horizontal_flip)
+      .String("prior_path", c.data.prior_path)
+      .Double("prior_loss_weight", c.data.prior_loss_weight);
   DT_RETURN_IF_ERROR(data.Finish());
 
   YamlFields diffusion = top.Section("diffusion");
@@ -223,7 +251,9 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Double("min_snr_gamma", c.diffusion.min_snr_gamma)
       .String("prediction", c.diffusion.prediction)
       .Double("frame_noise_correlation", c.diffusion.frame_noise_correlation)
-      .Bool("zero_terminal_snr", c.diffusion.zero_terminal_snr);
+      .Bool("zero_terminal_snr", c.diffusion.zero_terminal_snr)
+      .Double("noise_offset", c.diffusion.noise_offset)
+      .Double("input_perturbation", c.diffusion.input_perturbation);
   DT_RETURN_IF_ERROR(diffusion.Finish());
   if (c.diffusion.frame_noise_correlation != 0 && !FamilyOf(c.model).Samples(c.model).video) {
     return Errorf(
@@ -241,7 +271,8 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Int64("warmup_steps", c.optimizer.warmup_steps)
       .String("lr_schedule", c.optimizer.lr_schedule)
       .Double("grad_clip", c.optimizer.grad_clip)
-      .Double("ema_decay", c.optimizer.ema_decay);
+      .Double("ema_decay", c.optimizer.ema_decay)
+      .String("ema_schedule", c.optimizer.ema_schedule);
   DT_RETURN_IF_ERROR(opt.Finish());
 
   YamlFields lora = top.Section("lora");

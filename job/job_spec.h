@@ -31,6 +31,13 @@ struct DataConfig {
   std::string split = "train";     // fashion_mnist: train | test
   bool shuffle = true;             // a new permutation every epoch, from the seed
   bool horizontal_flip = false;    // flip each sample with probability 1/2
+  // DreamBooth's prior preservation (Ruiz et al. 2023; diffusers' --with_prior_preservation):
+  // a latent folder of the class's own samples (the base model's, of the class prompt) that
+  // makes the second half of every micro-batch, the loss the mean over the data's half plus
+  // prior_loss_weight times the mean over the prior's. Empty: off.
+  std::string prior_path;
+  double prior_loss_weight = 1;
+  bool has_prior() const { return !prior_path.empty(); }
 };
 
 struct CheckpointConfig {
@@ -110,6 +117,8 @@ struct TrainConfig {
   nlohmann::json ToJson() const;
   // lora against the layout, the device and the model's modules.
   Status ValidateLora() const;
+  // data.prior_path and prior_loss_weight (Validate's).
+  Status ValidatePrior() const;
 
   // Reads and checks a job file. A `parallel: auto` job comes back unresolved (automatic set,
   // the layout not chosen): see ResolveJob.

@@ -360,6 +360,12 @@ TEST_F(JobSpecTest, TheFineTuningExampleIsValid) {
   modules = LoraModulesOf(c->lora, xl->parameters.table);
   ASSERT_TRUE(modules.ok());
   EXPECT_EQ(modules->size(), 70u * 2 * 4);
+  // DreamBooth's: a LoRA of SD 1.5 with the class's samples as the prior, one of each a forward.
+  c = TrainConfig::FromYamlFile(std::string(DIFFTRAIN_SOURCE_DIR) + "/jobs/sd15-dreambooth.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->data.prior_path, "dog-class-latents");
+  EXPECT_EQ(c->micro_batch, 2);
+  EXPECT_EQ(c->lora.rank, 4);
 }
 
 // An inpainting UNet (more input channels than it samples) samples only: its job is refused.
@@ -419,6 +425,34 @@ TEST_F(JobSpecTest, FrameNoiseCorrelationIsForVideoModels) {
   EXPECT_NE(image.status().message().find("diffusion.frame_noise_correlation"), std::string::npos)
       << image.status().message();
   EXPECT_NE(image.status().message().find("not videos"), std::string::npos);
+}
+
+// diffusers' training options: the noise offset and input perturbation, and DreamBooth's prior
+// (recorded in the job's JSON only where set).
+TEST_F(JobSpecTest, NoiseExtrasAndPriorPreservationAreRead) {
+  Result<TrainConfig> c = TrainConfig::FromYamlFile(
+      Write("model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2,\n"
+            "        num_heads: 4, num_classes: 10, learn_sigma: false}\n"
+            "batch: {micro: 2, global: 4}\n"
+            "data: {prior_path: class-latents, prior_loss_weight: 0.5}\n"
+            "diffusion: {noise_offset: 0.05, input_perturbation: 0.1}\n"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->data.prior_path, "class-latents");
+  EXPECT_EQ(c->data.prior_loss_weight, 0.5);
+  EXPECT_EQ(c->diffusion.noise_offset, 0.05);
+  EXPECT_EQ(c->diffusion.input_perturbation, 0.1);
+  EXPECT_EQ(c->ToJson()["data"]["prior_path"], "class-latents");
+  EXPECT_EQ(c->ToJson()["diffusion"]["input_perturbation"], 0.1);
+  EXPECT_FALSE(TrainConfig{}.ToJson()["data"].contains("prior_path"));
+
+  Result<TrainConfig> odd = TrainConfig::FromYamlFile(
+      Write("model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2,\n"
+            "        num_heads: 4, num_classes: 10, learn_sigma: false}\n"
+            "batch: {micro: 3, global: 6}\n"
+            "data: {prior_path: class-latents}\n"));
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("expected an even number, found 3"), std::string::npos)
+      << odd.status().message();
 }
 
 // Zero terminal SNR is read, shipped to the ranks, and refused without v-prediction, naming the

@@ -100,7 +100,8 @@ int RunDebugDump(const DebugDumpOptions& o) {
                    [](int64_t t) { return static_cast<float>(t); });
     GaussianDiffusion(o.diffusion)
         .QSample(batch.x_t.data(), batch.x0.data(), batch.noise.data(), batch.t.data(), o.batch,
-                 batch.x0.size() / o.batch);
+                 batch.x0.size() / o.batch,
+                 batch.perturbation.empty() ? nullptr : batch.perturbation.data());
   }
   std::memset(trainer.model().grads(), 0, trainer.model().num_params() * sizeof(float));
   const float loss = static_cast<float>(trainer.ForwardBackward(batch, 1.0f));
@@ -132,6 +133,9 @@ int RunDebugDump(const DebugDumpOptions& o) {
   if (x.pooled_text_dim > 0) {
     file.AddF32("input.pooled_text", {B, x.pooled_text_dim}, batch.pooled_text.data());
     file.AddF32("input.time_ids", {B, int64_t(x.time_ids.size())}, batch.time_ids.data());
+  }
+  if (!batch.perturbation.empty()) {
+    file.AddF32("input.perturbation", BatchShape(B, x, x.channels), batch.perturbation.data());
   }
   file.AddF32("input.x_t", BatchShape(B, x, x.channels), batch.x_t.data());
   file.AddF32("output", BatchShape(B, x, x.out_channels), trainer.last_output());
@@ -182,6 +186,13 @@ DIFFTRAIN_COMMAND(kDebugDump,
                                     "checkpoint.init_from")
                          ->excludes("--random-weights");
                      AddDiffusionOptions(app, o->diffusion);
+                     app.add_option("--noise-offset", o->diffusion.noise_offset,
+                                    "offset noise: each channel's noise shifted by this times "
+                                    "N(0, 1) (the job's diffusion.noise_offset)");
+                     app.add_option("--input-perturbation", o->diffusion.input_perturbation,
+                                    "x_t from the noise plus this times N(0, 1) "
+                                    "(`input.perturbation`; the job's "
+                                    "diffusion.input_perturbation)");
                      app.add_option("--timesteps", o->timesteps,
                                     "the batch's timesteps, one per sample: 999,500,0 "
                                     "(default: drawn as training draws them)")

@@ -63,8 +63,10 @@ constexpr double kSdxlInpaintStrength = 0.9999;
 int RunSample(const SampleOptions& o) {
   auto bad = [](const std::string& message) { return ReportBadInput("sample", message); };
   if (Status s = SetupLogging(o.log_level); !s.ok()) return bad(s.message());
-  if (o.out.empty() && o.raw.empty() && o.gif.empty())
-    return bad("give --out (a PNG grid), --gif (a video model's), --raw, or several");
+  if (o.out.empty() && o.out_dir.empty() && o.raw.empty() && o.gif.empty())
+    return bad(
+        "give --out (a PNG grid), --out-dir (a PNG a sample), --gif (a video model's), "
+        "--raw, or several");
   if (o.per_class < 1) return bad(fmt::format("--per-class must be positive, got {}", o.per_class));
   if (o.batch < 1) return bad(fmt::format("--batch must be positive, got {}", o.batch));
   if (o.lora_scales.size() > 1 && o.lora_scales.size() != o.loras.size()) {
@@ -178,7 +180,9 @@ int RunSample(const SampleOptions& o) {
   std::vector<float> negative_time_ids;  // the unconditional text's
   if (Status s = ChooseTimeIds(o, ckpt, *vae ? &**vae : nullptr, m, negative_time_ids); !s.ok())
     return bad(s.message());
-  if ((!o.out.empty() || !o.gif.empty()) && !*vae && m.channels != 1 && m.channels != 3) {
+  if (!o.out_dir.empty() && m.video) return bad("--out-dir is for image models (Latte: --gif)");
+  if ((!o.out.empty() || !o.out_dir.empty() || !o.gif.empty()) && !*vae && m.channels != 1 &&
+      m.channels != 3) {
     return bad(fmt::format(
         "--out: a PNG needs 1 or 3 channels and this model makes {} (latents: decode them "
         "with --vae, a diffusers AutoencoderKL folder)",
@@ -495,6 +499,18 @@ int RunSample(const SampleOptions& o) {
       return kExitJobFailed;
     }
     spdlog::info("wrote {}", o.out);
+  }
+  if (!o.out_dir.empty()) {
+    // A text model's samples are captioned with their rows' prompts.
+    std::vector<std::string> captions;
+    for (int k = 0; k < total && prompts; ++k)
+      captions.push_back(prompts->table.captions[prompts->ids[k / o.per_class]]);
+    Status s = WriteImageFolder(o.out_dir, shown, total, pictures, captions);
+    if (!s.ok()) {
+      spdlog::error("{}", s.message());
+      return kExitJobFailed;
+    }
+    spdlog::info("wrote {} images to {}", total, o.out_dir);
   }
   if (!o.raw.empty()) {
     nlohmann::json how = {{"weights", o.weights},

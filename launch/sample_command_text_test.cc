@@ -4,6 +4,8 @@
 // folder (`train`), and samples drawn from prompts with guidance (`sample --prompt`).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -143,6 +145,50 @@ TEST_F(TextSampleTest, SamplesFromPromptsIntoGridAndRawFile) {
   EXPECT_EQ(how["prompts"], nlohmann::json({"a photo of a sneaker", "an image of a bag"}));
   EXPECT_EQ(how["text_ids"], nlohmann::json({42, 50}));
   EXPECT_EQ(how["cfg_scale"], 3.0);
+}
+
+// DreamBooth's prior preservation end to end: the model's own samples of the class prompt as one
+// PNG each with their captions (`sample --out-dir`), packed as an image folder with a text
+// encoder, and trained beside the data as its prior (data.prior_path).
+TEST_F(TextSampleTest, ClassImagesFromOutDirPackAndTrainAsThePrior) {
+  const std::string prompt = "a photo of a sneaker";
+  CommandResult r = RunDifftrain("sample --checkpoint " + Q("ckpt") + " --prompt '" + prompt +
+                                 "' --per-class 3 --sampler ddim --steps 3 --out-dir " +
+                                 Q("class") + " --raw " + Q("class.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result<io::SafetensorsFile> raw = io::SafetensorsFile::Read(File("class.safetensors"));
+  ASSERT_TRUE(raw.ok()) << raw.status().message();
+  std::vector<float> images(3 * 32 * 32);
+  ASSERT_TRUE(raw->CopyF32("images", {3, 1, 32, 32}, images.data()).ok());
+  std::ifstream metadata(File("class/metadata.jsonl"));
+  for (int i = 0; i < 3; ++i) {
+    const std::string name = "0000" + std::to_string(i) + ".png";
+    Result<io::PngImage> png = io::ReadPng(File("class/" + name));
+    ASSERT_TRUE(png.ok()) << png.status().message();
+    ASSERT_EQ(png->width * png->height * png->channels, 32 * 32);
+    for (int p = 0; p < 32 * 32; ++p) {
+      const float v = std::clamp(images[i * 1024 + p], -1.0f, 1.0f);
+      ASSERT_EQ(png->pixels[p], static_cast<uint8_t>(std::lround((v + 1) * 127.5f)))
+          << name << " pixel " << p;
+    }
+    std::string line;
+    ASSERT_TRUE(std::getline(metadata, line));
+    EXPECT_EQ(nlohmann::json::parse(line), (nlohmann::json{{"file_name", name}, {"text", prompt}}));
+  }
+
+  ASSERT_EQ(testing::WriteTextEncoderFolder(File("class_bert"), 8, 5), "");
+  r = RunDifftrain("data pack --dataset image_folder --path " + Q("class") +
+                   " --channels 1 --image-size 32 --crop square --text-encoder " + Q("class_bert") +
+                   " --text-length 4 --out " + Q("class_latents"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ofstream(File("prior.yaml"))
+      << kTinyTextUNet << "data:\n  kind: latent_folder\n  path: " << File("data")
+      << "\n  prior_path: " << File("class_latents") << "\n  prior_loss_weight: 0.5\n";
+  r = RunDifftrain("train --config " + Q("prior.yaml"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("prior preservation with the 3 samples of " + File("class_latents")),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(TextSampleTest, CaptionIdsAreThePromptsAndGuidanceChangesTheSamples) {

@@ -1,9 +1,13 @@
 #include "launch/sample_files.h"
 
+#include <filesystem>
+
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "model/io/gif.h"
 #include "model/io/png.h"
+#include "model/io/posix_file.h"
 #include "model/io/safetensors.h"
 
 namespace difftrain::launch {
@@ -45,6 +49,31 @@ Status ReadInitialNoise(const std::string& path, int total, const SampleSchema& 
   DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(path));
   DT_ASSIGN_OR_RETURN(const std::string name, TensorNamedOrOnly(file, "noise"));
   return file.CopyAsF32(name, SamplesShape(total, m), x.data());
+}
+
+Status WriteImageFolder(const std::string& dir, const std::vector<float>& images, int N,
+                        const SampleSchema& m, const std::vector<std::string>& captions) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Errorf("--out-dir: cannot create '{}': {}", dir, ec.message());
+  const size_t n = size_t(m.channels) * m.height * m.width;
+  std::string metadata;
+  for (int i = 0; i < N; ++i) {
+    const std::string name = fmt::format("{:05d}.png", i);
+    DT_ASSIGN_OR_RETURN(const io::PngImage png,
+                        io::MakeImageGrid(images.data() + i * n, 1, m.channels, m.height, m.width,
+                                          1, /*padding=*/0));
+    DT_RETURN_IF_ERROR(
+        io::WritePng(dir + "/" + name, png.pixels.data(), png.width, png.height, png.channels));
+    if (captions.size() == size_t(N)) {
+      metadata += nlohmann::json{{"file_name", name}, {"text", captions[i]}}.dump() + "\n";
+    }
+  }
+  if (metadata.empty()) return Status::Ok();
+  DT_ASSIGN_OR_RETURN(io::AtomicFileWriter file,
+                      io::AtomicFileWriter::Open(dir + "/metadata.jsonl"));
+  DT_RETURN_IF_ERROR(file.Append(metadata.data(), metadata.size()));
+  return file.Commit();
 }
 
 Status WriteVideos(const std::string& filmstrip, const std::string& gif, int delay_cs,

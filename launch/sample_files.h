@@ -43,6 +43,13 @@ Status ReadInitialNoise(const std::string& path, int total, const SampleSchema& 
 Status WriteVideos(const std::string& filmstrip, const std::string& gif, int delay_cs,
                    const std::vector<float>& videos, int N, int columns, const SampleSchema& m);
 
+// --out-dir: N images of `m` (1 or 3 channels, values in [−1, 1]) as DIR/00000.png … and, where
+// `captions` has one per image, DIR/metadata.jsonl of {"file_name", "text"} lines: an image folder
+// with its captions, as `difftrain data pack --dataset image_folder` and diffusers'
+// train_text_to_image.py read it. The folder is made; files of the same names are replaced.
+Status WriteImageFolder(const std::string& dir, const std::vector<float>& images, int N,
+                        const SampleSchema& m, const std::vector<std::string>& captions);
+
 // Decodes `total` samples of `m` (a video's frames one by one, as its latents were encoded)
 // into `pictures` of the returned schema.
 Result<SampleSchema> DecodeSamples(const Vae& vae, const std::vector<float>& samples, int total,

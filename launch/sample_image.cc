@@ -87,7 +87,7 @@ Status ReadPicture(const std::string& path, int width, int height, int channels,
 Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSource& ckpt,
                                          const SampleSchema& m) {
   // Pictures to write or to encode.
-  const bool pictures = !o.out.empty() || !o.gif.empty() ||
+  const bool pictures = !o.out.empty() || !o.out_dir.empty() || !o.gif.empty() ||
                         std::any_of(o.images.begin(), o.images.end(),
                                     [](const std::string& p) { return !IsSafetensorsPath(p); });
   std::string path = o.vae;
@@ -127,7 +127,8 @@ Result<std::optional<Vae>> LoadSampleVae(const SampleOptions& o, const SampleSou
     return Errorf("--vae: '{}' decodes latents of {} channels and this model makes {}",
                   vae->source(), c.latent_channels, m.channels);
   }
-  if ((!o.out.empty() || !o.gif.empty()) && c.out_channels != 1 && c.out_channels != 3) {
+  if ((!o.out.empty() || !o.out_dir.empty() || !o.gif.empty()) && c.out_channels != 1 &&
+      c.out_channels != 3) {
     return Errorf("--vae: a PNG needs 1 or 3 channels and '{}' decodes {}", vae->source(),
                   c.out_channels);
   }

@@ -114,6 +114,9 @@ std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o) {
   app.add_option("--out", o.out,
                  "PNG grid: one row per class (a video model: a filmstrip, one row of frames "
                  "per video)");
+  app.add_option("--out-dir", o.out_dir,
+                 "a folder of one PNG per sample (00000.png, …), with a text model's prompts in "
+                 "metadata.jsonl: an image folder `data pack` reads (DreamBooth's class images)");
   app.add_option("--gif", o.gif,
                  "a video model's animated GIF: frame f shows the grid of every video's "
                  "frame f, one row per class");

@@ -50,6 +50,7 @@ struct SampleOptions {
   uint64_t seed = 0;
   int batch = 16;
   std::string out;
+  std::string out_dir;  // one PNG per sample, and metadata.jsonl of a text model's prompts
   std::string gif;
   int gif_delay_cs = 12;
   std::string raw;

@@ -95,7 +95,12 @@ INSTANTIATE_TEST_SUITE_P(
                                "--beta-start 0.00085 --beta-end 0.012 --timesteps 999,412,3"},
                       // v-prediction with learn_sigma on the cosine schedule.
                       DumpCase{"VPredictionCosineLearnSigma", 2, 8, 2, true, true, 7,
-                               "--prediction v --schedule cosine"}),
+                               "--prediction v --schedule cosine"},
+                      // diffusers' offset noise and input perturbation: x_t of the perturbed
+                      // noise, v of the offset one.
+                      DumpCase{"NoiseOffsetInputPerturbationVPrediction", 2, 8, 2, false, true, 8,
+                               "--prediction v --noise-offset 0.1 --input-perturbation 0.1 "
+                               "--timesteps 999,412,3"}),
     [](const ::testing::TestParamInfo<DumpCase>& info) { return std::string(info.param.name); });
 
 // checkpoint.init_from with PyTorch's weights: the reference DiT's state_dict (pos_embed

@@ -24,8 +24,12 @@ struct SampleLoss {
   int decoder = 0;                // t = 0: the vb term is the decoder's NLL
 };
 
-// The SampleLoss of each of B timesteps t of `diffusion` (loss.cc).
-std::vector<SampleLoss> SampleLosses(const GaussianDiffusion& diffusion, const int64_t* t, int B);
+// The SampleLoss of each of B timesteps t of `diffusion` (loss.cc). With `sample_weights`
+// (MicroBatch::sample_weights: a prior's halves), loss b's weight is also times
+// sample_weights[b / frames] (a video's frames are losses of their sample's).
+std::vector<SampleLoss> SampleLosses(const GaussianDiffusion& diffusion, const int64_t* t, int B,
+                                     const std::vector<double>& sample_weights = {},
+                                     int frames = 1);
 
 // Writes n default SampleLoss (weight 1) to `samples` on the device and waits for the copy:
 // what a step reads until a trainer uploads its batch's own (Reserve, and after a test poisons

@@ -137,17 +137,18 @@ void TrainState::OptimizerStep(double lr, int64_t step, const OptimizerConfig& c
   // The last step's EMA read the master weights AdamW is about to write.
   WaitForEma();
   const AdamWScalars scalars = AdamWScalarsAt(lr, step, config);
+  const double ema_decay = EmaDecayAt(config, step);
   if (!ema_stream_on_) {
     AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(),
               grads_.data(), norm_squared_.data(), n_, scalars, config.grad_clip,
-              {.values = ema_.data(), .decay = config.ema_decay}, stream_);
+              {.values = ema_.data(), .decay = ema_decay}, stream_);
     return;
   }
   AdamWStep(master_.data(), params_bf16_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads_.data(),
             norm_squared_.data(), n_, scalars, config.grad_clip, {}, stream_);
   DT_CUDA_CHECK(cudaEventRecord(updated_.get(), stream_));
   DT_CUDA_CHECK(cudaStreamWaitEvent(ema_stream_.get(), updated_.get()));
-  EmaUpdate(ema_.data(), master_.data(), n_, config.ema_decay, ema_stream_.get());
+  EmaUpdate(ema_.data(), master_.data(), n_, ema_decay, ema_stream_.get());
   DT_CUDA_CHECK(cudaEventRecord(ema_done_.get(), ema_stream_.get()));
 }
 

@@ -69,6 +69,13 @@ Status DiffusionConfig::Validate() const {
         "diffusion.zero_terminal_snr needs prediction v: at the last timestep x_t is pure noise, "
         "from which ε-prediction cannot tell x0 (Lin et al. 2024)");
   }
+  if (!(noise_offset >= 0 && std::isfinite(noise_offset))) {
+    return Errorf("diffusion.noise_offset: expected a number >= 0, found {}", noise_offset);
+  }
+  if (!(input_perturbation >= 0 && std::isfinite(input_perturbation))) {
+    return Errorf("diffusion.input_perturbation: expected a number >= 0, found {}",
+                  input_perturbation);
+  }
   if (!(min_snr_gamma > 0)) {
     return Errorf("diffusion.min_snr_gamma: expected a positive number, found {}", min_snr_gamma);
   }
@@ -76,15 +83,19 @@ Status DiffusionConfig::Validate() const {
 }
 
 nlohmann::json DiffusionConfig::ToJson() const {
-  return {{"schedule", schedule},
-          {"steps", steps},
-          {"beta_start", beta_start},
-          {"beta_end", beta_end},
-          {"loss_weighting", loss_weighting},
-          {"min_snr_gamma", min_snr_gamma},
-          {"prediction", prediction},
-          {"frame_noise_correlation", frame_noise_correlation},
-          {"zero_terminal_snr", zero_terminal_snr}};
+  nlohmann::json json = {{"schedule", schedule},
+                         {"steps", steps},
+                         {"beta_start", beta_start},
+                         {"beta_end", beta_end},
+                         {"loss_weighting", loss_weighting},
+                         {"min_snr_gamma", min_snr_gamma},
+                         {"prediction", prediction},
+                         {"frame_noise_correlation", frame_noise_correlation},
+                         {"zero_terminal_snr", zero_terminal_snr}};
+  // Written only where set, so that the metadata of every run without them is as before.
+  if (noise_offset > 0) json["noise_offset"] = noise_offset;
+  if (input_perturbation > 0) json["input_perturbation"] = input_perturbation;
+  return json;
 }
 
 Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
@@ -99,6 +110,8 @@ Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
     c.prediction = json.value("prediction", c.prediction);
     c.frame_noise_correlation = json.value("frame_noise_correlation", c.frame_noise_correlation);
     c.zero_terminal_snr = json.value("zero_terminal_snr", c.zero_terminal_snr);
+    c.noise_offset = json.value("noise_offset", c.noise_offset);
+    c.input_perturbation = json.value("input_perturbation", c.input_perturbation);
   } catch (const nlohmann::json::exception& e) {
     return Errorf("malformed diffusion config: {}", e.what());
   }
@@ -213,20 +226,46 @@ std::vector<double> GaussianDiffusion::LossWeights(const int64_t* t, int B) cons
 }
 
 void GaussianDiffusion::Mix(float* out, const float* first, const float* second, const int64_t* t,
-                            int B, size_t n, float sign) const {
+                            int B, size_t n, float sign, const float* third) const {
   for (int b = 0; b < B; ++b) {
     DT_CHECK(t[b] >= 0 && t[b] < config_.steps, "timestep {} out of range", t[b]);
     const float a = static_cast<float>(std::sqrt(alphas_cumprod_[t[b]]));
     const float s = sign * static_cast<float>(std::sqrt(1.0 - alphas_cumprod_[t[b]]));
     const size_t base = static_cast<size_t>(b) * n;
+    if (third == nullptr) {
+      for (size_t i = 0; i < n; ++i)
+        out[base + i] = a * first[base + i] + s * second[base + i];
+      continue;
+    }
     for (size_t i = 0; i < n; ++i)
-      out[base + i] = a * first[base + i] + s * second[base + i];
+      out[base + i] = a * first[base + i] + s * (second[base + i] + third[base + i]);
   }
 }
 
+void GaussianDiffusion::DrawNoiseExtras(Rng& rng, int frames, int channels, size_t plane,
+                                        float* noise, float* perturbation) const {
+  if (config_.noise_offset > 0) {
+    const float offset = static_cast<float>(config_.noise_offset);
+    for (int c = 0; c < channels; ++c) {
+      const float shift = offset * static_cast<float>(rng.Normal());
+      for (int f = 0; f < frames; ++f) {
+        float* p = noise + (size_t(f) * channels + c) * plane;
+        for (size_t i = 0; i < plane; ++i)
+          p[i] += shift;
+      }
+    }
+  }
+  if (!perturbs_input()) return;
+  DT_CHECK(perturbation != nullptr, "input_perturbation needs somewhere to write");
+  const float scale = static_cast<float>(config_.input_perturbation);
+  const size_t n = size_t(frames) * channels * plane;
+  for (size_t i = 0; i < n; ++i)
+    perturbation[i] = scale * static_cast<float>(rng.Normal());
+}
+
 void GaussianDiffusion::QSample(float* x_t, const float* x0, const float* noise, const int64_t* t,
-                                int B, size_t n) const {
-  Mix(x_t, x0, noise, t, B, n, 1.0f);
+                                int B, size_t n, const float* perturbation) const {
+  Mix(x_t, x0, noise, t, B, n, 1.0f, perturbation);
 }
 
 void GaussianDiffusion::Target(float* target, const float* x0, const float* noise, const int64_t* t,

@@ -41,6 +41,16 @@ struct DiffusionConfig {
   // √ᾱ_{T−1} is 0 and scaled so that √ᾱ_0 is kept, the β's recomputed from it. The last
   // timestep is then pure noise, from which only v can be predicted: needs prediction v.
   bool zero_terminal_snr = false;
+  // Offset noise (Guttenberg 2023; diffusers' --noise_offset): each sample's training noise
+  // plus noise_offset · o_c on every value of its channel c, o_c ~ N(0, 1), one per channel
+  // (a video's frames share it), so that the model learns to move an image's mean. The
+  // offset noise is q_sample's and the target's. 0: off.
+  double noise_offset = 0;
+  // Input perturbation (Ning et al. 2023, "Elucidating the Exposure Bias in Diffusion
+  // Models"; diffusers' --input_perturbation): x_t is q_sample of the noise plus
+  // input_perturbation · z, z ~ N(0, 1) per value, while the target stays the noise's.
+  // 0: off.
+  double input_perturbation = 0;
 
   Status Validate() const;
   nlohmann::json ToJson() const;
@@ -77,20 +87,33 @@ class GaussianDiffusion {
   std::vector<double> LossWeights(const int64_t* t, int B) const;
 
   // x_t = √ᾱ_t · x0 + √(1 − ᾱ_t) · noise for each of B samples of n values. The coefficients
-  // are rounded to fp32 before the product, as DiT's _extract_into_tensor does.
-  void QSample(float* x_t, const float* x0, const float* noise, const int64_t* t, int B,
-               size_t n) const;
+  // are rounded to fp32 before the product, as DiT's _extract_into_tensor does. With
+  // `perturbation` (DrawNoiseExtras'), x_t is that of noise + perturbation, the sum in fp32.
+  // x_t may be noise or x0.
+  void QSample(float* x_t, const float* x0, const float* noise, const int64_t* t, int B, size_t n,
+               const float* perturbation = nullptr) const;
   // The regression target of each of B samples of n values: the noise for ε-prediction, v for
   // v-prediction (coefficients rounded to fp32, as QSample's).
   void Target(float* target, const float* x0, const float* noise, const int64_t* t, int B,
               size_t n) const;
   bool predicts_noise() const { return config_.prediction == "epsilon"; }
+  // Whether DrawNoiseExtras has anything to draw; whether it writes a perturbation.
+  bool has_noise_extras() const { return config_.noise_offset > 0 || perturbs_input(); }
+  bool perturbs_input() const { return config_.input_perturbation > 0; }
+  // One sample's offset noise and input perturbation, drawn from `rng` after its noise
+  // (`frames` frames of `channels` planes of `plane` values): noise_offset · o_c added to every
+  // value of channel c's planes (o_c drawn for c = 0 … C−1), then, with input_perturbation,
+  // perturbation[i] = input_perturbation · z_i (z drawn in order; `perturbation` may be null
+  // otherwise). Products and sums in fp32, as diffusers' train_text_to_image.py adds them.
+  void DrawNoiseExtras(Rng& rng, int frames, int channels, size_t plane, float* noise,
+                       float* perturbation) const;
   double frame_noise_correlation() const { return config_.frame_noise_correlation; }
 
  private:
-  // out = √ᾱ_t · first + sign · √(1 − ᾱ_t) · second per sample, the coefficients rounded to fp32.
+  // out = √ᾱ_t · first + sign · √(1 − ᾱ_t) · (second + third) per sample (third optional),
+  // the coefficients rounded to fp32.
   void Mix(float* out, const float* first, const float* second, const int64_t* t, int B, size_t n,
-           float sign) const;
+           float sign, const float* third = nullptr) const;
 
   DiffusionConfig config_;
   std::vector<double> betas_, alphas_cumprod_;

@@ -178,6 +178,68 @@ TEST(DiffusionConfigTest, BadChoicesNameTheField) {
   config.prediction = "v";
   config.steps = 1;
   EXPECT_EQ(config.Validate().message(), "diffusion.zero_terminal_snr needs at least 2 steps");
+  config = {};
+  config.noise_offset = -0.1;
+  EXPECT_EQ(config.Validate().message(),
+            "diffusion.noise_offset: expected a number >= 0, found -0.1");
+  config = {};
+  config.input_perturbation = std::nan("");
+  EXPECT_EQ(config.Validate().message(),
+            "diffusion.input_perturbation: expected a number >= 0, found nan");
+}
+
+// The noise extras are recorded where set and only there: the metadata of a run without them is
+// what it always was.
+TEST(DiffusionConfigTest, NoiseExtrasAreRecordedOnlyWhereSet) {
+  DiffusionConfig config;
+  EXPECT_FALSE(config.ToJson().contains("noise_offset"));
+  EXPECT_FALSE(config.ToJson().contains("input_perturbation"));
+  config.noise_offset = 0.05;
+  config.input_perturbation = 0.1;
+  Result<DiffusionConfig> back = DiffusionConfig::FromJson(config.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->noise_offset, 0.05);
+  EXPECT_EQ(back->input_perturbation, 0.1);
+}
+
+// The offset is one N(0, 1) draw a channel, scaled, shared by the channel's frames and
+// positions; the perturbation one draw a value, scaled; both after whatever the stream held.
+TEST(NoiseExtrasTest, OffsetAChannelThenPerturbationAValue) {
+  DiffusionConfig config;
+  config.noise_offset = 0.5;
+  config.input_perturbation = 0.25;
+  const GaussianDiffusion diffusion(config);
+  constexpr int kFrames = 2, kChannels = 3;
+  constexpr size_t kPlane = 4, kN = kFrames * kChannels * kPlane;
+  std::vector<float> noise(kN), perturbation(kN);
+  for (size_t i = 0; i < kN; ++i)
+    noise[i] = 0.01f * static_cast<float>(i);
+  const std::vector<float> before = noise;
+  Rng rng(11, RngStream::kNoise, 0);
+  diffusion.DrawNoiseExtras(rng, kFrames, kChannels, kPlane, noise.data(), perturbation.data());
+  Rng same(11, RngStream::kNoise, 0);
+  float shift[kChannels];
+  for (float& s : shift)
+    s = 0.5f * static_cast<float>(same.Normal());
+  for (int f = 0; f < kFrames; ++f) {
+    for (int c = 0; c < kChannels; ++c) {
+      for (size_t i = 0; i < kPlane; ++i) {
+        const size_t at = (size_t(f) * kChannels + c) * kPlane + i;
+        EXPECT_EQ(noise[at], before[at] + shift[c]) << "frame " << f << " channel " << c;
+      }
+    }
+  }
+  for (size_t i = 0; i < kN; ++i)
+    EXPECT_EQ(perturbation[i], 0.25f * static_cast<float>(same.Normal())) << i;
+
+  // x_t of the perturbed noise: the sum first, then q_sample's mix.
+  const int64_t t = 300;
+  std::vector<float> x0(kN, 1.0f), x_t(kN);
+  diffusion.QSample(x_t.data(), x0.data(), noise.data(), &t, 1, kN, perturbation.data());
+  const float a = static_cast<float>(std::sqrt(diffusion.alphas_cumprod()[t]));
+  const float s = static_cast<float>(std::sqrt(1.0 - diffusion.alphas_cumprod()[t]));
+  for (size_t i = 0; i < kN; ++i)
+    EXPECT_EQ(x_t[i], a * x0[i] + s * (noise[i] + perturbation[i])) << i;
 }
 
 TEST(DiffusionConfigTest, JsonRoundTrips) {

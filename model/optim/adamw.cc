@@ -18,19 +18,33 @@ Status OptimizerConfig::Validate() const {
   }
   if (!(ema_decay >= 0 && ema_decay <= 1))
     return Errorf("optimizer.ema_decay must be in [0, 1], got {}", ema_decay);
+  if (ema_schedule != "constant" && ema_schedule != "diffusers") {
+    return Errorf("optimizer.ema_schedule: expected constant or diffusers, found '{}'",
+                  ema_schedule);
+  }
   return Status::Ok();
 }
 
 nlohmann::json OptimizerConfig::ToJson() const {
-  return {{"lr", lr},
-          {"beta1", beta1},
-          {"beta2", beta2},
-          {"eps", eps},
-          {"weight_decay", weight_decay},
-          {"warmup_steps", warmup_steps},
-          {"lr_schedule", lr_schedule},
-          {"grad_clip", grad_clip},
-          {"ema_decay", ema_decay}};
+  nlohmann::json json = {{"lr", lr},
+                         {"beta1", beta1},
+                         {"beta2", beta2},
+                         {"eps", eps},
+                         {"weight_decay", weight_decay},
+                         {"warmup_steps", warmup_steps},
+                         {"lr_schedule", lr_schedule},
+                         {"grad_clip", grad_clip},
+                         {"ema_decay", ema_decay}};
+  // Written only where it is not the default, so that older runs' metadata is unchanged.
+  if (ema_schedule != "constant") json["ema_schedule"] = ema_schedule;
+  return json;
+}
+
+double EmaDecayAt(const OptimizerConfig& config, int64_t step) {
+  if (config.ema_schedule != "diffusers") return config.ema_decay;
+  const int64_t s = step - 1;
+  if (s <= 0) return 0.0;
+  return std::min(config.ema_decay, (1.0 + double(s)) / (10.0 + double(s)));
 }
 
 double ScheduledLearningRate(double lr, double warmup_steps, bool cosine, int64_t step,

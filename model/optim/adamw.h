@@ -25,6 +25,10 @@ struct OptimizerConfig {
   std::string lr_schedule = "constant";
   double grad_clip = 0.0;  // max global gradient norm; 0 disables clipping
   double ema_decay = 0.9999;
+  // constant: every step's EMA decays by ema_decay (DiT's). diffusers: diffusers' EMAModel's
+  // default schedule (train_text_to_image.py's --use_ema), min(ema_decay, (1 + s)/(10 + s)) at
+  // optimizer step s + 1, 0 at the first (EmaDecayAt).
+  std::string ema_schedule = "constant";
 
   Status Validate() const;
   nlohmann::json ToJson() const;
@@ -53,6 +57,12 @@ AdamWScalars AdamWScalarsAt(double lr, int64_t step, const OptimizerConfig& conf
 // The gradient is multiplied by grad_scale first (clipping).
 void AdamWUpdate(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, size_t n,
                  double lr, double grad_scale, int64_t step, const OptimizerConfig& config);
+
+// The EMA's decay at optimizer step `step` (1-based) under config.ema_schedule: ema_decay, or
+// diffusers' EMAModel.get_decay (use_ema_warmup off, update_after_step 0, min_decay 0): 0 at
+// step 1 (the average starts at the weights after it), then min(ema_decay, (1 + s)/(10 + s))
+// with s = step − 1, which reaches 0.9999 only after 90,000 steps.
+double EmaDecayAt(const OptimizerConfig& config, int64_t step);
 
 // ema = decay · ema + (1 − decay) · params
 void EmaUpdate(float* ema, const float* params, size_t n, double decay);

@@ -31,6 +31,24 @@ TEST(LearningRateTest, CosineScheduleDecaysToZeroOverTheRun) {
   EXPECT_GT(LearningRate(config, 999, 1000), 0);
 }
 
+TEST(EmaScheduleTest, ConstantOrDiffusersRamp) {
+  OptimizerConfig config;
+  config.ema_decay = 0.99;
+  EXPECT_EQ(EmaDecayAt(config, 1), 0.99);
+  EXPECT_EQ(EmaDecayAt(config, 500), 0.99);
+  config.ema_schedule = "diffusers";
+  EXPECT_EQ(EmaDecayAt(config, 1), 0.0);           // the average starts at the first step's weights
+  EXPECT_EQ(EmaDecayAt(config, 2), 2.0 / 11.0);    // s = 1
+  EXPECT_EQ(EmaDecayAt(config, 11), 11.0 / 20.0);  // s = 10
+  EXPECT_EQ(EmaDecayAt(config, 2000), 0.99);       // capped
+  EXPECT_FALSE(config.ToJson().is_null());
+  EXPECT_EQ(config.ToJson()["ema_schedule"], "diffusers");
+  EXPECT_FALSE(OptimizerConfig{}.ToJson().contains("ema_schedule"));
+  config.ema_schedule = "karras";
+  EXPECT_EQ(config.Validate().message(),
+            "optimizer.ema_schedule: expected constant or diffusers, found 'karras'");
+}
+
 TEST(OptimizerConfigTest, UnknownScheduleNamesTheField) {
   OptimizerConfig config;
   config.lr_schedule = "linear";

@@ -194,6 +194,44 @@ Status CheckDataFitsModel(const Dataset& d, const SampleSchema& m, const std::st
   return Status::Ok();
 }
 
+namespace {
+
+// data.prior_path's latent folder, checked against the model and the data it trains beside.
+Result<std::unique_ptr<Dataset>> OpenPriorData(const TrainConfig& config, const Dataset& data,
+                                               const SampleSchema& m) {
+  DatasetSpec spec;
+  spec.kind = "latent_folder";
+  spec.path = config.data.prior_path;
+  spec.seed = config.seed;
+  Result<std::unique_ptr<Dataset>> opened = OpenDataset(spec);
+  if (!opened.ok()) return opened.status().WithContext("data.prior_path");
+  const Dataset& prior = **opened;
+  DT_RETURN_IF_ERROR(CheckDataFitsModel(prior, m, "data.prior_path").WithContext("data"));
+  if (data.bucketed() || prior.bucketed()) {
+    return Errorf(
+        "data.prior_path: the {} is packed in aspect-ratio buckets; prior preservation takes "
+        "data of one size (pack it with --crop square)",
+        data.bucketed() ? "data (data.path)" : "prior");
+  }
+  // A text model trains each half on its own texts: both folders have them, or neither.
+  if (m.context_length > 0 && (data.texts() != nullptr) != (prior.texts() != nullptr)) {
+    return Errorf(
+        "data.prior_path: the {} has text embeddings and the {} has none; pack both with the "
+        "same --text-encoder (the prior's with the class prompt, e.g. \"a photo of a dog\")",
+        data.texts() != nullptr ? "data" : "prior", data.texts() != nullptr ? "prior" : "data");
+  }
+  return opened;
+}
+
+// The prior's loader draws its own permutations: a seed of its own, from the job's.
+DataLoaderOptions PriorLoaderOptions(const TrainConfig& config, int dp_rank, int dp_size) {
+  DataLoaderOptions o = LoaderOptions(config, dp_rank, dp_size);
+  o.seed = config.seed ^ 0x5052494f52ull;  // "PRIOR"
+  return o;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                  const ParallelOptions& parallel,
                                                  std::unique_ptr<GpuStep> gpu) {
@@ -218,6 +256,14 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   DT_RETURN_IF_ERROR(CheckDataFitsModel(**opened, m, config.data.kind).WithContext("data"));
   DT_RETURN_IF_ERROR(
       CheckBucketsFitTraining(**opened, config, config.data.kind).WithContext("data"));
+  std::unique_ptr<Dataset> prior;
+  if (config.data.has_prior()) {
+    DT_ASSIGN_OR_RETURN(prior, OpenPriorData(config, **opened, m));
+    spdlog::info(
+        "data: prior preservation with the {} samples of {}: half of every micro-batch, their "
+        "loss weighted {}",
+        prior->size(), config.data.prior_path, config.data.prior_loss_weight);
+  }
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
   }
@@ -225,7 +271,8 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   // and the limit (the machine's or its cgroup's: model/tensor/host_memory.h), not an
   // uncaught std::bad_alloc or a rank OOM-killed while it fills them.
   try {
-    return std::make_unique<Trainer>(config, std::move(opened).value(), parallel, std::move(gpu));
+    return std::make_unique<Trainer>(config, std::move(opened).value(), parallel, std::move(gpu),
+                                     std::move(prior));
   } catch (const std::bad_alloc&) {
     return Errorf(
         "out of host memory creating the trainer: {} with {}x{}x{}x{} samples (frames x channels "
@@ -238,13 +285,15 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
 }
 
 Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
-                 const ParallelOptions& parallel, std::unique_ptr<GpuStep> gpu)
+                 const ParallelOptions& parallel, std::unique_ptr<GpuStep> gpu,
+                 std::unique_ptr<Dataset> prior)
     : config_(config),
       parallel_(parallel),
       coords_(parallel.topology ? parallel.topology->CoordinatesOf(parallel.rank)
                                 : ParallelCoordinates{}),
       data_(std::move(data)),
       loader_(*data_, LoaderOptions(config, dp_rank(), dp_size())),
+      prior_data_(std::move(prior)),
       schema_(FamilyOf(config.model).Samples(config.model)),
       model_(CreateModel(config, parallel)),
       diffusion_(config.diffusion),
@@ -253,6 +302,13 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   DT_CHECK(valid.ok(), "{}", valid.message());
   DT_CHECK((config.device == "cuda") == (gpu_ != nullptr), "train.device {} with{} a GpuStep",
            config.device, gpu_ ? "" : "out");
+  DT_CHECK(config.data.has_prior() == (prior_data_ != nullptr),
+           "data.prior_path '{}' with{} its samples (Trainer::Create opens them)",
+           config.data.prior_path, prior_data_ ? "" : "out");
+  if (prior_data_) {
+    prior_loader_ = std::make_unique<DataLoader>(*prior_data_,
+                                                 PriorLoaderOptions(config, dp_rank(), dp_size()));
+  }
   if (config.lora.enabled()) {
     // Validate refused the layouts that split the model, so this rank's table is the whole's.
     Result<LoraAdapters> adapters = LoraAdapters::Create(config.lora, model_->parameter_table());
@@ -376,13 +432,19 @@ Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
 }
 
 Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* loader_seconds) {
+  // With a prior, each half of the micro-batch comes from one loader, at half the index.
+  DT_CHECK(!prior_loader_ || (B % 2 == 0 && first % 2 == 0),
+           "a micro-batch with a prior takes an even number of samples from an even one");
+  const int own = prior_loader_ ? B / 2 : B;
+  const int64_t from = prior_loader_ ? first / 2 : first;
   // A global batch is of one size: a bucket's, where the data has several.
-  batch.sample_size = loader_.SizeOf(first);
+  batch.sample_size = loader_.SizeOf(from);
   const size_t n = SampleElements(batch);
   batch.size = B;
   batch.x0.resize(B * n);
   batch.noise.resize(B * n);
   batch.x_t.resize(B * n);
+  batch.perturbation.resize(diffusion_.perturbs_input() ? B * n : 0);
   batch.t.resize(B);
   batch.t_float.resize(B);
   batch.y.resize(B);
@@ -392,25 +454,42 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
   batch.pooled_text.resize(B * pooled);
   const size_t ids = schema_.time_ids.size();
   batch.time_ids.resize(pooled > 0 ? B * ids : 0);
-  for (int b = 0; b < B && pooled > 0; ++b) {
-    float* row = batch.time_ids.data() + b * ids;
-    std::copy(schema_.time_ids.begin(), schema_.time_ids.end(), row);
-    // SDXL's time ids of the picture the sample came from, where the data knows it: its
-    // original size and crop, then the target size (the refiner's five keep their aesthetic
-    // score).
-    if (!data_->has_geometry()) continue;
-    PictureGeometry g;
-    DT_RETURN_IF_ERROR(data_->GetGeometry(loader_.IndexOf(first + b), &g));
-    const int32_t geometry[] = {g.original_height, g.original_width, g.crop_top,
-                                g.crop_left,       g.height,         g.width};
-    for (size_t i = 0; i < ids && i < 6 && (ids == 6 || i < 4); ++i)
-      row[i] = static_cast<float>(geometry[i]);
-  }
+  // The data's half and the prior's (or the data's whole batch), from `offset` on.
+  struct Part {
+    const Dataset* data;
+    DataLoader* loader;
+    int offset;
+  };
+  const Part parts[] = {{data_.get(), &loader_, 0}, {prior_data_.get(), prior_loader_.get(), own}};
   const auto wait_start = std::chrono::steady_clock::now();
+  // Both halves have texts or neither (Create checked).
   const bool data_texts = text > 0 && data_->texts() != nullptr;
-  DT_RETURN_IF_ERROR(loader_.Fill(first, B, batch.x0.data(), batch.y.data(),
-                                  data_texts ? batch.context.data() : nullptr,
-                                  data_texts && pooled > 0 ? batch.pooled_text.data() : nullptr));
+  for (const Part& part : parts) {
+    if (part.loader == nullptr) continue;
+    for (int b = 0; b < own && pooled > 0; ++b) {
+      float* row = batch.time_ids.data() + (part.offset + b) * ids;
+      std::copy(schema_.time_ids.begin(), schema_.time_ids.end(), row);
+      // SDXL's time ids of the picture the sample came from, where the data knows it: its
+      // original size and crop, then the target size (the refiner's five keep their aesthetic
+      // score).
+      if (!part.data->has_geometry()) continue;
+      PictureGeometry g;
+      DT_RETURN_IF_ERROR(part.data->GetGeometry(part.loader->IndexOf(from + b), &g));
+      const int32_t geometry[] = {g.original_height, g.original_width, g.crop_top,
+                                  g.crop_left,       g.height,         g.width};
+      for (size_t i = 0; i < ids && i < 6 && (ids == 6 || i < 4); ++i)
+        row[i] = static_cast<float>(geometry[i]);
+    }
+    DT_RETURN_IF_ERROR(part.loader->Fill(
+        from, own, batch.x0.data() + part.offset * n, batch.y.data() + part.offset,
+        data_texts ? batch.context.data() + part.offset * text : nullptr,
+        data_texts && pooled > 0 ? batch.pooled_text.data() + part.offset * pooled : nullptr));
+  }
+  // The loss is the data's mean plus prior_loss_weight times the prior's (diffusers'
+  // train_dreambooth.py): as a weighted mean over all B samples, weights 2 and 2 · λ.
+  batch.sample_weights.assign(prior_loader_ ? B : 0, 2.0);
+  for (int b = own; b < B && prior_loader_; ++b)
+    batch.sample_weights[b] = 2.0 * config_.data.prior_loss_weight;
   if (loader_seconds != nullptr) {
     *loader_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
@@ -444,8 +523,17 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
     }
     DrawFrameNoise(rng, diffusion_.frame_noise_correlation(), schema_.frames, n / schema_.frames,
                    batch.noise.data() + b * n);
+    // diffusion.noise_offset and input_perturbation, drawn after the noise so that a job
+    // without them draws what it always drew.
+    if (diffusion_.has_noise_extras()) {
+      diffusion_.DrawNoiseExtras(
+          rng, schema_.frames, schema_.channels, batch.sample_size.area(),
+          batch.noise.data() + b * n,
+          diffusion_.perturbs_input() ? batch.perturbation.data() + b * n : nullptr);
+    }
   }
-  diffusion_.QSample(batch.x_t.data(), batch.x0.data(), batch.noise.data(), batch.t.data(), B, n);
+  diffusion_.QSample(batch.x_t.data(), batch.x0.data(), batch.noise.data(), batch.t.data(), B, n,
+                     batch.perturbation.empty() ? nullptr : batch.perturbation.data());
   return Status::Ok();
 }
 
@@ -460,6 +548,15 @@ double Trainer::FlopsPerSample(SampleSize size) {
     if (resized.ok()) flops = family.Cost(*resized).training_flops_per_sample();
   }
   return flops_per_sample_[key] = flops;
+}
+
+void Trainer::Prefetch(int64_t first, int count) {
+  if (!prior_loader_) {
+    loader_.Prefetch(first, count);
+    return;
+  }
+  loader_.Prefetch(first / 2, count / 2);
+  prior_loader_->Prefetch(first / 2, count / 2);
 }
 
 size_t Trainer::SampleElements(const MicroBatch& batch) const {
@@ -500,7 +597,12 @@ double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_sc
     for (int i = 0; i < n; ++i)
       t[i] = batch.t[i / m.frames];
   }
-  const std::vector<double> weights = diffusion_.LossWeights(t.data(), n);
+  std::vector<double> weights = diffusion_.LossWeights(t.data(), n);
+  if (!batch.sample_weights.empty()) {  // a prior's halves: each frame takes its sample's
+    weights.resize(n, 1.0);
+    for (int i = 0; i < n; ++i)
+      weights[i] *= batch.sample_weights[i / m.frames];
+  }
   const double* w = weights.empty() ? nullptr : weights.data();
   return config_.learn_sigma_loss
              ? DiffusionLoss(diffusion_, output, batch.x0.data(), batch.x_t.data(),
@@ -568,8 +670,8 @@ Result<StepStats> Trainer::Step() {
   DT_RETURN_IF_ERROR(parallel::RunOneForwardOneBackward(parallel_.pp, micro_batches_, *this));
   // Read this rank's slice of the next global batch while the update runs.
   if (model_->placement().first_stage() || model_->placement().last_stage()) {
-    loader_.Prefetch(loader_.RankFirstSample(samples_seen_ + config_.global_batch),
-                     config_.global_batch / dp_size());
+    Prefetch(loader_.RankFirstSample(samples_seen_ + config_.global_batch),
+             config_.global_batch / dp_size());
   }
   const SampleSize size = loader_.SizeOf(step_first_);  // the whole global batch's
   Result<StepStats> stats = ApplyUpdate(step_loss_, config_.global_batch);
@@ -690,7 +792,7 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
   }
   if (sync_) DT_RETURN_IF_ERROR(sync_->GatherParameters(params));
   if (lora_) lora_->Apply(lora_->params(), model_->params());
-  EmaUpdate(ema_.data(), params, trained_elements(), config_.optimizer.ema_decay);
+  EmaUpdate(ema_.data(), params, trained_elements(), EmaDecayAt(config_.optimizer, step_ + 1));
   ++step_;
   samples_seen_ += samples;
   stats.step = step_;

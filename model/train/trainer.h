@@ -52,13 +52,20 @@ struct MicroBatch {
   // Each sample's size, height × width (of a latent); a bucketed dataset's batches differ.
   SampleSize sample_size;
   std::vector<float> x0, noise, x_t;  // [B, ...the family's sample shape]
-  std::vector<int64_t> t;             // timesteps
-  std::vector<float> t_float;         // the same, as the model's input
-  std::vector<int32_t> y;             // labels after dropout (num_classes = null class)
-  std::vector<float> context;         // text embeddings [B, L, D] after dropout; text models
+  // diffusion.input_perturbation's term: x_t is q_sample of noise + perturbation, the target
+  // the noise's. [B, …] like noise; empty without it.
+  std::vector<float> perturbation;
+  std::vector<int64_t> t;      // timesteps
+  std::vector<float> t_float;  // the same, as the model's input
+  std::vector<int32_t> y;      // labels after dropout (num_classes = null class)
+  std::vector<float> context;  // text embeddings [B, L, D] after dropout; text models
   // SDXL's micro-conditioning (SampleSchema::pooled_text_dim > 0): the texts' pooled
   // embeddings [B, P] after dropout and the time ids [B, 6]; empty otherwise.
   std::vector<float> pooled_text, time_ids;
+  // Each sample's weight in the loss besides the diffusion's (data.prior_path: 2 for the data's
+  // half, 2 · prior_loss_weight for the prior's, so that the loss is the data's mean plus
+  // prior_loss_weight times the prior's); empty: 1 each.
+  std::vector<double> sample_weights;
 
   ModelInputs inputs() const {
     ModelInputs in{x_t.data(), t_float.data(), y.data(),
@@ -155,12 +162,17 @@ class Trainer : private parallel::PipelineStage {
                                                  const ParallelOptions& parallel = {},
                                                  std::unique_ptr<GpuStep> gpu = nullptr);
   // Initialises the model as the reference does, from config.seed; `data` must fit the model;
-  // `gpu` is given exactly when config.device is cuda.
+  // `gpu` is given exactly when config.device is cuda; `prior` exactly when
+  // config.data.prior_path is set (the samples of the folder it names, which Create opens and
+  // checks: they must fit the model as `data` does, and neither be bucketed).
   Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
-          const ParallelOptions& parallel = {}, std::unique_ptr<GpuStep> gpu = nullptr);
+          const ParallelOptions& parallel = {}, std::unique_ptr<GpuStep> gpu = nullptr,
+          std::unique_ptr<Dataset> prior = nullptr);
   ~Trainer() override;
 
-  // Builds the micro-batch of global samples [first, first + B).
+  // Builds the micro-batch of global samples [first, first + B). With a prior (data.prior_path)
+  // B and first are even: samples [first/2, first/2 + B/2) of the data, then the same of the
+  // prior's, each drawn by its own loader.
   Status MakeMicroBatch(int64_t first, int B, MicroBatch& batch);
   // One process on the CPU: forward, loss and backward of one micro-batch; gradients
   // accumulate, scaled by grad_scale. Returns the (unscaled) loss.
@@ -234,6 +246,8 @@ class Trainer : private parallel::PipelineStage {
   // Training FLOPs of a sample of height × width (the model at that size), computed once a size.
   double FlopsPerSample(SampleSize size);
   // Floats of one sample of `batch`, and of the model's output for one.
+  // Starts reading the micro-batches of samples [first, first + count) in the background.
+  void Prefetch(int64_t first, int count);
   size_t SampleElements(const MicroBatch& batch) const;
   size_t OutputElements(const MicroBatch& batch) const;
   // Sizes the model's activations for `batch` (its sample size and micro-batch).
@@ -266,6 +280,9 @@ class Trainer : private parallel::PipelineStage {
   ParallelCoordinates coords_;
   std::unique_ptr<Dataset> data_;
   DataLoader loader_;
+  // data.prior_path's samples and their loader (its own permutations); null without a prior.
+  std::unique_ptr<Dataset> prior_data_;
+  std::unique_ptr<DataLoader> prior_loader_;
   SampleSchema schema_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<LoraAdapters> lora_;  // job.lora's adapters; null: the whole model trains

@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "model/data/latent_folder.h"
 #include "model/family/family.h"
 #include "model/train/checkpointing.h"
 #include "tests/testing/tiny_training.h"
@@ -93,6 +94,214 @@ TEST_F(TrainerTest, VideoNoiseCorrelatesItsFramesAsTheJobSays) {
   };
   EXPECT_NEAR(frame_correlation(0.0), 0.0, 0.1);
   EXPECT_NEAR(frame_correlation(0.8), 0.8, 0.1);
+}
+
+// diffusion.noise_offset and input_perturbation as diffusers' train_text_to_image.py applies
+// them, on the noise a run without them draws: the noise shifted by one offset a sample and
+// channel (a video's frames share it) of about noise_offset's spread, x_t mixed from the noise
+// plus a perturbation of about input_perturbation's spread, and the loss's target the offset
+// noise without the perturbation.
+TEST_F(TrainerTest, NoiseOffsetAndInputPerturbationAsDiffusersAddsThem) {
+  auto batch_of = [](const std::string& extras, MicroBatch& batch, double* loss) {
+    Result<TrainConfig> c = TrainConfig::FromYamlText(
+        "model: {name: latte, input_size: 8, in_channels: 2, num_frames: 2, patch_size: 4,\n"
+        "        hidden_size: 16, depth: 2, num_heads: 2, num_classes: 4, learn_sigma: false}\n"
+        "diffusion: {" +
+            extras + "}\n",
+        "job.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    auto trainer = MakeTrainer(*c);
+    trainer->model().InitializeRandom(5);
+    ASSERT_TRUE(trainer->MakeMicroBatch(0, 64, batch).ok());
+    *loss = trainer->ForwardBackward(batch, 1.0f);
+    // The loss is the mean square of the output less the noise (offset included).
+    double sum = 0;
+    for (size_t i = 0; i < batch.noise.size(); ++i) {
+      const double d = double(trainer->last_output()[i]) - batch.noise[i];
+      sum += d * d;
+    }
+    EXPECT_NEAR(*loss, sum / double(batch.noise.size()), 1e-6 * *loss) << extras;
+  };
+  MicroBatch plain, extra;
+  double plain_loss = 0, extra_loss = 0;
+  batch_of("", plain, &plain_loss);
+  batch_of("noise_offset: 0.1, input_perturbation: 0.2", extra, &extra_loss);
+  ASSERT_EQ(plain.noise.size(), extra.noise.size());
+  EXPECT_TRUE(plain.perturbation.empty());
+  ASSERT_EQ(extra.perturbation.size(), extra.noise.size());
+  EXPECT_EQ(plain.t, extra.t);
+  EXPECT_EQ(plain.x0, extra.x0);
+
+  constexpr int kFrames = 2, kChannels = 2;
+  constexpr size_t kPlane = 64, kSample = kFrames * kChannels * kPlane;
+  std::vector<double> shifts;
+  for (int b = 0; b < 64; ++b) {
+    for (int c = 0; c < kChannels; ++c) {
+      const size_t first = b * kSample + c * kPlane;
+      const double shift = double(extra.noise[first]) - plain.noise[first];
+      for (int f = 0; f < kFrames; ++f) {
+        for (size_t i = 0; i < kPlane; ++i) {
+          const size_t at = b * kSample + (f * kChannels + c) * kPlane + i;
+          ASSERT_NEAR(double(extra.noise[at]) - plain.noise[at], shift, 1e-6)
+              << "sample " << b << " frame " << f << " channel " << c;
+        }
+      }
+      shifts.push_back(shift);
+    }
+  }
+  double mean = 0, square = 0;
+  for (double s : shifts) {
+    mean += s / shifts.size();
+    square += s * s / shifts.size();
+  }
+  EXPECT_NEAR(mean, 0.0, 0.03);
+  EXPECT_NEAR(std::sqrt(square), 0.1, 0.025);
+
+  // x_t less q_sample of the offset noise is √(1 − ᾱ_t) times the perturbation, whose spread is
+  // input_perturbation's.
+  const GaussianDiffusion diffusion{DiffusionConfig{}};
+  std::vector<float> unperturbed(extra.x_t.size());
+  diffusion.QSample(unperturbed.data(), extra.x0.data(), extra.noise.data(), extra.t.data(), 64,
+                    kSample);
+  double spread = 0;
+  for (int b = 0; b < 64; ++b) {
+    const double s = std::sqrt(1.0 - diffusion.alphas_cumprod()[extra.t[b]]);
+    for (size_t i = 0; i < kSample; ++i) {
+      const size_t at = b * kSample + i;
+      ASSERT_NEAR(double(extra.x_t[at]) - unperturbed[at], s * extra.perturbation[at], 1e-5) << at;
+      spread += double(extra.perturbation[at]) * extra.perturbation[at];
+    }
+  }
+  EXPECT_NEAR(std::sqrt(spread / extra.perturbation.size()), 0.2, 0.01);
+}
+
+// optimizer.ema_schedule: diffusers reaches the trainer's average: after the first step it is the
+// weights themselves (decay 0), after the second 2/11 of them and 9/11 of the new weights.
+TEST_F(TrainerTest, DiffusersEmaScheduleStartsTheAverageAtTheFirstStepsWeights) {
+  TrainConfig c = TinyConfig();
+  c.optimizer.ema_schedule = "diffusers";
+  c.global_batch = c.micro_batch;
+  auto trainer = MakeTrainer(c);
+  const size_t n = trainer->model().num_params();
+  ASSERT_TRUE(trainer->Step().ok());
+  const std::vector<float> first = Params(*trainer);
+  EXPECT_EQ(std::vector<float>(trainer->ema(), trainer->ema() + n), first);
+  ASSERT_TRUE(trainer->Step().ok());
+  const std::vector<float> second = Params(*trainer);
+  const float d = static_cast<float>(2.0 / 11.0), keep = static_cast<float>(1.0 - 2.0 / 11.0);
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_FLOAT_EQ(trainer->ema()[i], d * first[i] + keep * second[i]) << i;
+}
+
+// DreamBooth's prior preservation: a job whose data.prior_path names a latent folder of 16
+// samples of the class (here synthetic samples of another seed).
+class PriorTest : public TrainerTest {
+ protected:
+  TrainConfig PriorConfig(double weight = 1) {
+    TrainConfig c = TinyConfig();
+    c.learn_sigma_loss = false;
+    c.micro_batch = 4;
+    c.global_batch = 8;
+    const std::string prior = (dir_ / "prior").string();
+    if (!std::filesystem::exists(prior)) {
+      const SampleSchema x = FamilyOf(c.model).Samples(c.model);
+      const SyntheticDataset source(99, x.channels, x.height, x.num_classes);
+      EXPECT_TRUE(WriteLatentFolder(PrefixDataset(source, 16), prior, 5).ok());
+    }
+    c.data.prior_path = prior;
+    c.data.prior_loss_weight = weight;
+    return c;
+  }
+};
+
+// Each micro-batch is the data's samples [first/2, first/2 + B/2), as a run without the prior
+// would draw them, then as many of the prior's; an epoch of the prior's draws each of its
+// samples once.
+TEST_F(PriorTest, HalfOfEachMicroBatchIsTheClasssOwnSamples) {
+  Result<std::unique_ptr<Trainer>> with = Trainer::Create(PriorConfig());
+  ASSERT_TRUE(with.ok()) << with.status().message();
+  TrainConfig plain_config = PriorConfig();
+  plain_config.data.prior_path.clear();
+  Result<std::unique_ptr<Trainer>> plain = Trainer::Create(plain_config);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  Result<std::unique_ptr<LatentFolderDataset>> folder =
+      LatentFolderDataset::Open((dir_ / "prior").string());
+  ASSERT_TRUE(folder.ok());
+  const size_t n = 4 * 8 * 8;
+  std::vector<std::vector<float>> prior_samples(16, std::vector<float>(n));
+  for (int i = 0; i < 16; ++i) {
+    int32_t label = 0;
+    ASSERT_TRUE((*folder)->Get(i, prior_samples[i].data(), &label).ok());
+  }
+  std::vector<int> drawn(16, 0);
+  for (int64_t first = 0; first < 32; first += 4) {
+    MicroBatch batch, own;
+    ASSERT_TRUE((*with)->MakeMicroBatch(first, 4, batch).ok());
+    ASSERT_TRUE((*plain)->MakeMicroBatch(first / 2, 2, own).ok());
+    EXPECT_EQ(std::vector<float>(batch.x0.begin(), batch.x0.begin() + 2 * n), own.x0)
+        << "micro-batch from " << first;
+    EXPECT_EQ(batch.sample_weights, (std::vector<double>{2, 2, 2, 2}));
+    for (int b = 2; b < 4; ++b) {
+      const std::vector<float> sample(batch.x0.begin() + b * n, batch.x0.begin() + (b + 1) * n);
+      const auto at = std::find(prior_samples.begin(), prior_samples.end(), sample);
+      ASSERT_NE(at, prior_samples.end()) << "sample " << b << " from " << first;
+      ++drawn[at - prior_samples.begin()];
+    }
+  }
+  EXPECT_EQ(drawn, std::vector<int>(16, 1));
+}
+
+// The loss is diffusers' train_dreambooth.py's: the data half's MSE plus prior_loss_weight
+// times the prior half's, each a mean over its own samples.
+TEST_F(PriorTest, LossIsTheDataMeanPlusWeightTimesThePriorMean) {
+  Result<std::unique_ptr<Trainer>> trainer = Trainer::Create(PriorConfig(0.25));
+  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+  (*trainer)->model().InitializeRandom(3);
+  MicroBatch batch;
+  ASSERT_TRUE((*trainer)->MakeMicroBatch(0, 4, batch).ok());
+  const double loss = (*trainer)->ForwardBackward(batch, 1.0f);
+  const size_t n = 4 * 8 * 8;
+  // learn_sigma: the output's first 4 of 8 channels are the noise's prediction.
+  auto half_mse = [&](int from) {
+    double sum = 0;
+    for (int b = from; b < from + 2; ++b) {
+      for (size_t i = 0; i < n; ++i) {
+        const double d = double((*trainer)->last_output()[b * 2 * n + i]) - batch.noise[b * n + i];
+        sum += d * d;
+      }
+    }
+    return sum / double(2 * n);
+  };
+  EXPECT_NEAR(loss, half_mse(0) + 0.25 * half_mse(2), 1e-6 * loss);
+}
+
+TEST_F(PriorTest, BadPriorsAreRefusedNamingTheField) {
+  TrainConfig odd = PriorConfig();
+  odd.micro_batch = 3;
+  odd.global_batch = 6;
+  EXPECT_THAT(odd.Validate().message(), ::testing::HasSubstr("batch.micro: with data.prior_path"));
+  TrainConfig sigma = PriorConfig();
+  sigma.learn_sigma_loss = true;
+  EXPECT_THAT(sigma.Validate().message(),
+              ::testing::HasSubstr("not with diffusion.learn_sigma_loss"));
+  TrainConfig negative = PriorConfig(-1);
+  EXPECT_EQ(negative.Validate().message(),
+            "data.prior_loss_weight: expected a number >= 0, found -1");
+  TrainConfig missing = PriorConfig();
+  missing.data.prior_path = (dir_ / "nowhere").string();
+  Result<std::unique_ptr<Trainer>> none = Trainer::Create(missing);
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(), ::testing::HasSubstr("data.prior_path"));
+  // A prior of another sample shape: 2 channels where the model takes 4.
+  const std::string small = (dir_ / "small").string();
+  const SyntheticDataset source(5, 2, 8, 10);
+  ASSERT_TRUE(WriteLatentFolder(PrefixDataset(source, 4), small, 4).ok());
+  TrainConfig other = PriorConfig();
+  other.data.prior_path = small;
+  Result<std::unique_ptr<Trainer>> misfit = Trainer::Create(other);
+  ASSERT_FALSE(misfit.ok());
+  EXPECT_THAT(misfit.status().message(),
+              ::testing::HasSubstr("data.prior_path samples are 1x2x8x8"));
 }
 
 // The final linear's output features are ordered (ki, kj, channel); channels C..2C-1 are

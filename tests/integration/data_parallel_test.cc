@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "model/data/dataset.h"
+#include "model/data/latent_folder.h"
 #include "tests/testing/parallel_training.h"
 
 namespace difftrain {
@@ -101,6 +103,23 @@ TEST_F(DataParallelTest, DoraEqualsOneProcess) {
   const CommandResult r = RunRanks(job, 2);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ExpectSameLosses(Losses(job.parent_path()), Losses(reference), "dora dp2");
+  EXPECT_LE(ParameterDistance(job.parent_path(), reference), 1e-5);
+}
+
+// DreamBooth's prior preservation: each rank's micro-batches take their halves from the data and
+// from the prior's folder, and the step is one process's.
+TEST_F(DataParallelTest, PriorPreservationEqualsOneProcess) {
+  const std::filesystem::path prior = root_ / "prior";
+  const SyntheticDataset source(99, 4, 8, 10);
+  ASSERT_TRUE(WriteLatentFolder(PrefixDataset(source, 12), prior.string(), 5).ok());
+  sections_ = "data: {prior_path: \"" + prior.string() +
+              "\", prior_loss_weight: 0.5}\ndiffusion: {learn_sigma_loss: false}\n";
+  const int global = kMicro * 4;
+  const std::filesystem::path reference = Reference(global);
+  const std::filesystem::path job = WriteJob("prior_dp2_acc2", global, false, kSteps);
+  const CommandResult r = RunRanks(job, 2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectSameLosses(Losses(job.parent_path()), Losses(reference), "prior dp2");
   EXPECT_LE(ParameterDistance(job.parent_path(), reference), 1e-5);
 }
 

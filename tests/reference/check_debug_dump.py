@@ -105,7 +105,8 @@ def parse_metadata(metadata):
     config.pop("name", None)  # descriptive only ("DiT-S/2" or "custom")
     diffusion = _json_object(metadata, "diffusion", DIFFUSION_KEYS,
                              optional={"loss_weighting", "min_snr_gamma", "prediction",
-                                       "frame_noise_correlation", "zero_terminal_snr"})
+                                       "frame_noise_correlation", "zero_terminal_snr",
+                                       "noise_offset", "input_perturbation"})
     if diffusion["schedule"] not in SCHEDULES:
         raise MalformedDump(f"diffusion schedule {diffusion['schedule']!r}: known are "
                             f"{sorted(SCHEDULES)}")
@@ -142,9 +143,10 @@ def _json_object(metadata, key, keys, optional=frozenset()):
     return value
 
 
-def expected_shapes(model, batch, video):
+def expected_shapes(model, batch, video, perturbed=False):
     """name -> (shape, kind) for every tensor a dump of this model must hold; kind is
-    "float" or "int". A video's samples are [F, C, H, W]."""
+    "float" or "int". A video's samples are [F, C, H, W]. A dump with input perturbation
+    holds its term, input.perturbation, too."""
     cfg = model.cfg
     frames = (cfg.num_frames,) if video else ()
     image = (batch, *frames, cfg.in_channels, cfg.input_size, cfg.input_size)
@@ -153,6 +155,7 @@ def expected_shapes(model, batch, video):
         "input.x0": (image, "float"), "input.noise": (image, "float"),
         "input.t": ((batch,), "int"),
         "input.x_t": (image, "float"),
+        **({"input.perturbation": (image, "float")} if perturbed else {}),
         "output": ((batch, *frames, cfg.out_channels, cfg.input_size, cfg.input_size), "float"),
         "loss": ((1,), "float"),
     })
@@ -223,7 +226,8 @@ def check(path, tol):
     batch = tensors["input.t"].shape[0]
 
     model = family.model(cfg, dtype=torch.float64)
-    validate_tensors(tensors, expected_shapes(model, batch, family.video))
+    perturbed = diffusion.get("input_perturbation", 0) > 0
+    validate_tensors(tensors, expected_shapes(model, batch, family.video, perturbed))
     t, y = tensors["input.t"], labels(tensors)
     if t.min() < 0 or t.max() >= diffusion["steps"]:
         raise MalformedDump(f"input.t {t.tolist()} outside [0, {diffusion['steps']})")
@@ -234,8 +238,11 @@ def check(path, tol):
 
     # Every comparison, as (name, value in the dump, float64 reference value).
     betas = schedule(diffusion)
-    x_t = dit_torch.q_sample(torch.from_numpy(tensors["input.x0"]), torch.from_numpy(tensors["input.noise"]),
-                             torch.from_numpy(t).long(), betas)
+    # diffusers' input perturbation: x_t of the noise plus the perturbation; the target the noise.
+    mixed = torch.from_numpy(tensors["input.noise"])
+    if perturbed:
+        mixed = mixed + torch.from_numpy(tensors["input.perturbation"])
+    x_t = dit_torch.q_sample(torch.from_numpy(tensors["input.x0"]), mixed, torch.from_numpy(t).long(), betas)
     grid_size = cfg.input_size // cfg.patch_size
     pos_embed = dit_torch.get_2d_sincos_pos_embed(cfg.hidden_size, grid_size)[None]
     comparisons = [("input.x_t", tensors["input.x_t"], x_t), ("pos_embed", tensors["pos_embed"], pos_embed)]

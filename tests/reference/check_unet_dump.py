@@ -130,6 +130,8 @@ def check(path, tol, tol_all):
     lora = json.loads(metadata["lora"]) if "lora" in metadata else None
     reference = reference_step(config, tensors, t, abar, prediction, lora=lora)
     x0, noise = (torch.from_numpy(tensors[n]).to(torch.float64) for n in ("input.x0", "input.noise"))
+    if "input.perturbation" in tensors:  # diffusers' input perturbation: x_t of noise + it
+        noise = noise + torch.from_numpy(tensors["input.perturbation"]).to(torch.float64)
     reference["input.x_t"] = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
 
     print(f"{path}: batch {t.shape[0]}, {prediction}-prediction, config {metadata['config']}")

@@ -34,7 +34,8 @@ class CudaStep final : public CudaModelStep<cuda::DiT> {
     std::vector<int64_t> t(size_t(batch.size) * frames);
     for (size_t i = 0; i < t.size(); ++i)
       t[i] = batch.t[i / frames];
-    samples_ = cuda::SampleLosses(diffusion_, t.data(), static_cast<int>(t.size()));
+    samples_ = cuda::SampleLosses(diffusion_, t.data(), static_cast<int>(t.size()),
+                                  batch.sample_weights, frames);
     Copy(model_.input_x(), batch.x_t);
     Copy(model_.input_t(), batch.t_float);
     Copy(model_.input_y(), batch.y);

@@ -32,7 +32,7 @@ class UNetCudaStep final : public CudaModelStep<cuda::UNet> {
                         batch.size, batch.noise.size() / batch.size);
       target = &target_;
     }
-    samples_ = cuda::SampleLosses(diffusion_, batch.t.data(), batch.size);
+    samples_ = cuda::SampleLosses(diffusion_, batch.t.data(), batch.size, batch.sample_weights);
     Copy(model_.input_x(), batch.x_t);
     Copy(model_.input_t(), batch.t_float);
     Copy(model_.input_context(), batch.context);
