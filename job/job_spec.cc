@@ -379,6 +379,13 @@ Status ResolveJob(TrainConfig& c, const PlanDevice& device) {
         "(parallel: {{dp: N}}, or none for one process)",
         c.cluster.Where("parallel"));
   }
+  if (c.data.has_prior() && !c.micro_batch_given) {
+    // The planner's micro-batches are any divisor; a prior's halves need an even one.
+    return Errorf(
+        "{}: parallel: auto with data.prior_path needs batch.micro, an even number (half of "
+        "each micro-batch is the prior's)",
+        c.cluster.Where("batch.micro"));
+  }
   const std::optional<int> micro =
       c.micro_batch_given ? std::optional<int>(c.micro_batch) : std::nullopt;
   Result<PlannedLayout> chosen =

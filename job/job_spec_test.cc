@@ -453,6 +453,16 @@ TEST_F(JobSpecTest, NoiseExtrasAndPriorPreservationAreRead) {
   ASSERT_FALSE(odd.ok());
   EXPECT_NE(odd.status().message().find("expected an even number, found 3"), std::string::npos)
       << odd.status().message();
+
+  // parallel: auto would choose any micro-batch: with a prior the job gives it.
+  Result<TrainConfig> automatic = TrainConfig::FromYamlFile(
+      Write(std::string(kAutoJob) + "data: {prior_path: class-latents}\n"
+                                    "diffusion: {learn_sigma_loss: false}\n"));
+  ASSERT_TRUE(automatic.ok()) << automatic.status().message();
+  const Status resolved = ResolveJob(*automatic, PlanDevice{});
+  EXPECT_NE(resolved.message().find("parallel: auto with data.prior_path needs batch.micro"),
+            std::string::npos)
+      << resolved.message();
 }
 
 // Zero terminal SNR is read, shipped to the ranks, and refused without v-prediction, naming the

@@ -46,6 +46,7 @@ struct PackOptions {
   std::string caption_column = "text";
   std::string vae;  // encode the samples through this AutoencoderKL
   std::string posterior = "sample";
+  bool mirror = false;  // with --vae: each picture's mirror image encoded too
   // image_folder --crop buckets: "auto" (AspectRatioBuckets of --image-size) or "HxW,HxW,...".
   std::string buckets = "auto";
   bool channels_given = false;
@@ -116,8 +117,8 @@ Result<std::unique_ptr<Dataset>> EncodeWithVae(std::unique_ptr<Dataset> source,
                shared->config().scaling_factor, o.posterior, o.dataset.seed};
   spdlog::info("encoding through the VAE {} ({} of the posterior, scaled by {})", shared->source(),
                o.posterior == "mode" ? "the mean" : "a draw", shared->config().scaling_factor);
-  Result<std::unique_ptr<VaeEncodedDataset>> encoded =
-      VaeEncodedDataset::Create(std::move(source), std::move(shared), posterior, o.dataset.seed);
+  Result<std::unique_ptr<VaeEncodedDataset>> encoded = VaeEncodedDataset::Create(
+      std::move(source), std::move(shared), posterior, o.dataset.seed, o.mirror);
   if (!encoded.ok()) return encoded.status().WithContext("--vae");
   return std::unique_ptr<Dataset>(std::move(encoded).value());
 }
@@ -186,6 +187,11 @@ int RunPack(PackOptions o) {
   }
   if (o.vae.empty() && o.posterior != "sample")
     return ReportBadInput("data pack", "--vae-posterior is for --vae");
+  if (o.vae.empty() && o.mirror) {
+    return ReportBadInput("data pack",
+                          "--mirror is for --vae: a picture's mirror image is its sample flipped, "
+                          "as data.horizontal_flip flips it");
+  }
   Result<std::unique_ptr<Dataset>> source = OpenDataset(o.dataset);
   if (!source.ok()) return ReportBadInput("data pack", source.status().message());
   if ((*source)->unbounded() && o.limit == 0) {
@@ -241,7 +247,7 @@ int RunVerify(const std::string& dir) {
   if (!verified.ok()) return ReportBadInput("data verify", verified.message());
   const TextTable* texts = (*folder)->texts();
   const std::optional<LatentFolderVae>& vae = (*folder)->vae();
-  std::printf("%s: %lld samples of %d×%d×%d%s, %d classes, %lld shards%s%s%s, checksums good\n",
+  std::printf("%s: %lld samples of %d×%d×%d%s, %d classes, %lld shards%s%s%s%s, checksums good\n",
               dir.c_str(), static_cast<long long>((*folder)->size()), (*folder)->channels(),
               (*folder)->height(), (*folder)->width(), BucketsText(**folder).c_str(),
               (*folder)->num_classes(), static_cast<long long>((*folder)->num_shards()),
@@ -255,7 +261,8 @@ int RunVerify(const std::string& dir) {
                                 vae->posterior, vae->scaling_factor)
                         .c_str()
                   : "",
-              (*folder)->has_geometry() ? ", each picture's size and crop (SDXL's time ids)" : "");
+              (*folder)->has_geometry() ? ", each picture's size and crop (SDXL's time ids)" : "",
+              (*folder)->has_mirrored() ? ", each picture's mirror image" : "");
   return kExitOk;
 }
 
@@ -384,6 +391,10 @@ std::function<int()> SetupData(CLI::App& app) {
                    "encode the samples (a video's frames one by one) through this diffusers "
                    "AutoencoderKL (its folder, a pipeline's, or its safetensors file) into "
                    "latents × its scaling_factor");
+  pack->add_flag("--mirror", o.mirror,
+                 "with --vae: also encode each picture flipped left-right, which training's "
+                 "data.horizontal_flip then takes for a flipped sample instead of the latents "
+                 "flipped (diffusers' --random_flip flips the picture before the VAE)");
   pack->add_option("--vae-posterior", o.posterior,
                    "with --vae: sample (a draw of the posterior, as DiT's feature extraction) "
                    "or mode (its mean)")

@@ -1,4 +1,5 @@
 // Runs the built `difftrain data` the way a user does.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "model/data/fashion_mnist.h"
 #include "model/data/image_folder.h"
 #include "model/data/latent_folder.h"
+#include "model/data/loader.h"
 #include "model/data/moving_fashion_mnist.h"
 #include "model/io/png.h"
 #include "model/text/embedder.h"
@@ -351,6 +353,66 @@ TEST_F(DataCommandTest, PacksAnImageFolderThroughAVae) {
   ExpectSameSamples(*videos, **encoded, 2);
 }
 
+// `data pack --vae --mirror`: each picture flipped left-right through the VAE too, which is not
+// its latents flipped; a loader with horizontal_flip gives a flipped sample that mirror image, as
+// diffusers' --random_flip flips the picture before encoding it.
+TEST_F(DataCommandTest, MirrorPacksEachPicturesFlippedPictureThroughTheVae) {
+  const std::string images = ImageFolder(dir_ + "/images");
+  const std::string vae_dir = VaeFolder(dir_ + "/vae", 3);
+  std::unique_ptr<LatentFolderDataset> folder =
+      Pack("--dataset image_folder --path " + ShellQuote(images) + " --image-size 16 --vae " +
+           ShellQuote(vae_dir) + " --vae-posterior mode --mirror");
+  ASSERT_NE(folder, nullptr);
+  ASSERT_TRUE(folder->has_mirrored());
+  Result<std::unique_ptr<ImageFolderDataset>> pictures = ImageFolderDataset::Open(images, 16, 3);
+  ASSERT_TRUE(pictures.ok()) << pictures.status().message();
+  Result<Vae> vae = Vae::Load(vae_dir);
+  ASSERT_TRUE(vae.ok());
+  std::vector<float> picture(3 * 16 * 16), want(4 * 8 * 8), got(4 * 8 * 8), flipped(4 * 8 * 8);
+  for (int64_t i = 0; i < 5; ++i) {
+    int32_t label = 0, stored = -1;
+    ASSERT_TRUE((*pictures)->Get(i, picture.data(), &label).ok());
+    for (int row = 0; row < 3 * 16; ++row)
+      std::reverse(picture.begin() + row * 16, picture.begin() + (row + 1) * 16);
+    ASSERT_TRUE(
+        vae->Encode(picture.data(), 1, 16, 16, VaePosterior::kMode, 0, 0, want.data()).ok());
+    ASSERT_TRUE(folder->GetMirrored(i, got.data(), &stored).ok());
+    EXPECT_EQ(got, want) << "sample " << i;
+    EXPECT_EQ(stored, label);
+    // The VAE's latents of the flipped picture are not its latents flipped.
+    ASSERT_TRUE(folder->Get(i, flipped.data(), &stored).ok());
+    for (int row = 0; row < 4 * 8; ++row)
+      std::reverse(flipped.begin() + row * 8, flipped.begin() + (row + 1) * 8);
+    EXPECT_NE(flipped, want) << "sample " << i;
+  }
+  DataLoaderOptions options;
+  options.batch_size = 5;
+  options.shuffle = false;
+  options.horizontal_flip = true;
+  options.prefetch = false;
+  DataLoader loader(*folder, options);
+  std::vector<float> batch(5 * 4 * 8 * 8);
+  std::vector<int32_t> labels(5);
+  ASSERT_TRUE(loader.Fill(0, 5, batch.data(), labels.data()).ok());
+  int mirrored = 0;
+  for (int64_t n = 0; n < 5; ++n) {
+    int32_t label = 0;
+    if (loader.IsFlipped(n)) {
+      ASSERT_TRUE(folder->GetMirrored(n, got.data(), &label).ok());
+      ++mirrored;
+    } else {
+      ASSERT_TRUE(folder->Get(n, got.data(), &label).ok());
+    }
+    EXPECT_EQ(std::vector<float>(batch.begin() + n * 256, batch.begin() + (n + 1) * 256), got)
+        << "sample " << n;
+  }
+  EXPECT_GT(mirrored, 0);
+  folder.reset();
+  const CommandResult verified = RunDifftrain("data verify " + Out());
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  EXPECT_THAT(verified.output, ::testing::HasSubstr("each picture's mirror image"));
+}
+
 TEST_F(DataCommandTest, ImagesAVaeCannotEncodeAreBadInput) {
   const std::string images = ImageFolder(dir_ + "/images");
   const std::string vae = VaeFolder(dir_ + "/vae", 3);
@@ -366,6 +428,7 @@ TEST_F(DataCommandTest, ImagesAVaeCannotEncodeAreBadInput) {
                 ShellQuote(vae),
             "their 15×15 pixels must be multiples of 2"},
            {"--dataset fashion_mnist --vae-posterior mode", "--vae-posterior is for --vae"},
+           {"--dataset fashion_mnist --mirror", "--mirror is for --vae"},
            {"--dataset fashion_mnist --vae " + ShellQuote(dir_ + "/none"),
             "--vae: VAE '" + dir_ + "/none': no such file or directory"},
        }) {

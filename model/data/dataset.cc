@@ -13,6 +13,10 @@ Status Dataset::GetGeometry(int64_t /*index*/, PictureGeometry* /*geometry*/) co
   return Status::Error("the dataset's samples do not know the pictures they came from");
 }
 
+Status Dataset::GetMirrored(int64_t /*index*/, float* /*image*/, int32_t* /*label*/) const {
+  return Status::Error("the dataset's samples have no mirror images of their own");
+}
+
 int64_t Dataset::SampleFloats(int64_t index) const {
   const SampleSize s = buckets()[BucketOf(index)];
   return int64_t{frames()} * channels() * s.area();

@@ -63,6 +63,14 @@ class Dataset {
   // square whose area the buckets keep near), not any sample's.
   virtual std::vector<SampleSize> buckets() const { return {{height(), width()}}; }
   virtual int BucketOf(int64_t /*index*/) const { return 0; }
+  // Whether each sample has a mirror image of its own (GetMirrored): a VAE's latents of the
+  // picture flipped left-right, which are not its latents flipped (`data pack --mirror`, and a
+  // latent folder packed so). Without one a sample's mirror image is the sample flipped, as a
+  // picture's is.
+  virtual bool has_mirrored() const { return false; }
+  // Sample `index`'s mirror image and its label, as Get writes the sample; an error where
+  // !has_mirrored().
+  virtual Status GetMirrored(int64_t index, float* image, int32_t* label) const;
 
   bool unbounded() const { return size() == kUnboundedSize; }
   bool bucketed() const { return buckets().size() > 1; }
@@ -112,6 +120,10 @@ class PrefixDataset : public Dataset {
   }
   std::vector<SampleSize> buckets() const override { return source_.buckets(); }
   int BucketOf(int64_t index) const override { return source_.BucketOf(index); }
+  bool has_mirrored() const override { return source_.has_mirrored(); }
+  Status GetMirrored(int64_t index, float* image, int32_t* label) const override {
+    return source_.GetMirrored(index, image, label);
+  }
 
  private:
   const Dataset& source_;

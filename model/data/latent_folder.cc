@@ -27,6 +27,7 @@ static_assert(std::endian::native == std::endian::little, "shards hold little-en
 using Json = nlohmann::json;
 
 constexpr char kLatentsTensor[] = "latents";
+constexpr char kMirroredTensor[] = "latents_mirrored";
 constexpr char kLabelsTensor[] = "labels";
 constexpr char kTextIdsTensor[] = "text_ids";
 // PictureGeometry, six numbers a sample: original height, width, crop top, left, height, width.
@@ -200,6 +201,11 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
       return IndexError(index_path, "'geometry' must be true (the shards hold it) or absent");
     data->has_geometry_ = true;
   }
+  if (index.contains("mirrored")) {
+    if (index["mirrored"] != true)
+      return IndexError(index_path, "'mirrored' must be true (the shards hold them) or absent");
+    data->mirrored_ = true;
+  }
   DT_ASSIGN_OR_RETURN(data->vae_, ParseVae(index, index_path));
   if (index.contains("buckets")) {
     const Json& list = index["buckets"];
@@ -253,7 +259,7 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
       }
       bucket = b.get<int>();
     }
-    data->shards_.push_back({dir + "/" + file.get<std::string>(), -1, first, count, 0, bucket});
+    data->shards_.push_back({dir + "/" + file.get<std::string>(), -1, first, count, 0, bucket, 0});
     first += count;
   }
   if (first != total) {
@@ -320,6 +326,11 @@ Status LatentFolderDataset::OpenShard(Shard& shard) {
   DT_ASSIGN_OR_RETURN(
       shard.latents_offset,
       TensorOffset(path, header, kLatentsTensor, io::DType::kF32, shape, data_start, file_bytes));
+  if (mirrored_) {
+    DT_ASSIGN_OR_RETURN(shard.mirrored_offset,
+                        TensorOffset(path, header, kMirroredTensor, io::DType::kF32, shape,
+                                     data_start, file_bytes));
+  }
   DT_ASSIGN_OR_RETURN(uint64_t labels_offset,
                       TensorOffset(path, header, kLabelsTensor, io::DType::kI64, {shard.count},
                                    data_start, file_bytes));
@@ -388,13 +399,23 @@ std::vector<SampleSize> LatentFolderDataset::buckets() const {
   return buckets_.empty() ? Dataset::buckets() : buckets_;
 }
 
-Status LatentFolderDataset::Get(int64_t index, float* image, int32_t* label) const {
+Status LatentFolderDataset::Read(int64_t index, uint64_t Shard::*offset, float* image,
+                                 int32_t* label) const {
   const Shard& shard = ShardOf(index);
   const size_t bytes = static_cast<size_t>(SampleFloats(index)) * sizeof(float);
-  DT_RETURN_IF_ERROR(ReadAt(shard.fd, shard.path, image, bytes,
-                            shard.latents_offset + (index - shard.first) * bytes));
+  DT_RETURN_IF_ERROR(
+      ReadAt(shard.fd, shard.path, image, bytes, shard.*offset + (index - shard.first) * bytes));
   *label = labels_[index];
   return Status::Ok();
+}
+
+Status LatentFolderDataset::Get(int64_t index, float* image, int32_t* label) const {
+  return Read(index, &Shard::latents_offset, image, label);
+}
+
+Status LatentFolderDataset::GetMirrored(int64_t index, float* image, int32_t* label) const {
+  if (!mirrored_) return Dataset::GetMirrored(index, image, label);
+  return Read(index, &Shard::mirrored_offset, image, label);
 }
 
 Status LatentFolderDataset::GetGeometry(int64_t index, PictureGeometry* geometry) const {
@@ -442,10 +463,11 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
   }
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   int64_t written = 0;
-  std::vector<float> latents;
+  std::vector<float> latents, mirrored;
   std::vector<int64_t> labels, text_ids, geometry;
   const TextTable* texts = source.texts();
   const bool has_geometry = source.has_geometry();
+  const bool has_mirrored = source.has_mirrored();
   for (size_t bucket = 0; bucket < buckets.size(); ++bucket) {
     const std::vector<int64_t>& in_bucket = members[bucket];
     const SampleSize size = buckets[bucket];
@@ -454,6 +476,7 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
       const int64_t count =
           std::min<int64_t>(samples_per_shard, static_cast<int64_t>(in_bucket.size() - start));
       latents.resize(static_cast<size_t>(count * floats));
+      mirrored.resize(has_mirrored ? static_cast<size_t>(count * floats) : 0);
       labels.resize(static_cast<size_t>(count));
       text_ids.resize(static_cast<size_t>(count));
       for (int64_t i = 0; i < count; ++i) {
@@ -462,6 +485,12 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
         Status got = source.Get(sample, latents.data() + i * floats, &label);
         if (!got.ok()) return got.WithContext(fmt::format("reading sample {} to pack", sample));
         labels[i] = label;
+        if (has_mirrored) {
+          got = source.GetMirrored(sample, mirrored.data() + i * floats, &label);
+          if (!got.ok()) {
+            return got.WithContext(fmt::format("reading sample {}'s mirror image to pack", sample));
+          }
+        }
         if (texts != nullptr) text_ids[i] = source.TextId(sample);
         if (!has_geometry) continue;
         PictureGeometry g;
@@ -472,14 +501,13 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
       }
       const std::string file = fmt::format("shard-{:05d}.safetensors", shards.size());
       io::SafetensorsWriter writer;
-      if (source.frames() > 1) {
-        writer.AddF32(kLatentsTensor,
-                      {count, source.frames(), source.channels(), size.height, size.width},
-                      latents.data());
-      } else {
-        writer.AddF32(kLatentsTensor, {count, source.channels(), size.height, size.width},
-                      latents.data());
-      }
+      const std::vector<int64_t> shape =
+          source.frames() > 1
+              ? std::vector<int64_t>{count, source.frames(), source.channels(), size.height,
+                                     size.width}
+              : std::vector<int64_t>{count, source.channels(), size.height, size.width};
+      writer.AddF32(kLatentsTensor, shape, latents.data());
+      if (has_mirrored) writer.AddF32(kMirroredTensor, shape, mirrored.data());
       writer.Add(kLabelsTensor, io::DType::kI64, {count}, labels.data());
       if (texts != nullptr) writer.Add(kTextIdsTensor, io::DType::kI64, {count}, text_ids.data());
       if (has_geometry) {
@@ -513,6 +541,7 @@ Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t 
                      {"count", texts->size()}};
   }
   if (has_geometry) index["geometry"] = true;
+  if (has_mirrored) index["mirrored"] = true;
   if (bucketed) {
     index["buckets"] = nlohmann::ordered_json::array();
     for (const SampleSize& b : buckets)

@@ -13,6 +13,8 @@
 //                                ["text_ids" I64 [n0] with a "text" entry,]
 //                                ["geometry" I64 [n0, 6] with "geometry": true: each
 //                                 picture's PictureGeometry (dataset.h)]
+//                                ["latents_mirrored" F32, as "latents", with "mirrored": true:
+//                                 each sample's mirror image (Dataset::GetMirrored)]
 //   ...
 //
 // A folder with "buckets" (aspect-ratio buckets: `data pack --crop buckets`) holds samples of
@@ -80,6 +82,8 @@ class LatentFolderDataset : public Dataset {
   Status GetGeometry(int64_t index, PictureGeometry* geometry) const override;
   std::vector<SampleSize> buckets() const override;
   int BucketOf(int64_t index) const override { return ShardOf(index).bucket; }
+  bool has_mirrored() const override { return mirrored_; }
+  Status GetMirrored(int64_t index, float* image, int32_t* label) const override;
 
   // Reads every shard whole and checks it as SafetensorsFile::Verify does: the header, the
   // layout and the CRC-32 of the data. Open does not, to start quickly on large folders.
@@ -93,9 +97,12 @@ class LatentFolderDataset : public Dataset {
     int fd = -1;
     int64_t first = 0;  // global index of its first sample
     int64_t count = 0;
-    uint64_t latents_offset = 0;  // byte offset of the latents tensor in the file
-    int bucket = 0;               // its samples' bucket (0 in a folder of one size)
+    uint64_t latents_offset = 0;   // byte offset of the latents tensor in the file
+    int bucket = 0;                // its samples' bucket (0 in a folder of one size)
+    uint64_t mirrored_offset = 0;  // of latents_mirrored, in a folder that has them
   };
+  // Reads sample `index` from the shard's tensor at byte `offset`.
+  Status Read(int64_t index, uint64_t Shard::*offset, float* image, int32_t* label) const;
   LatentFolderDataset() = default;
   const Shard& ShardOf(int64_t index) const;
   Status OpenShard(Shard& shard);
@@ -110,6 +117,7 @@ class LatentFolderDataset : public Dataset {
   std::vector<int64_t> text_ids_;  // one per sample with texts, read at Open
   bool has_geometry_ = false;
   std::vector<PictureGeometry> geometry_;  // one per sample where the folder has it
+  bool mirrored_ = false;                  // the shards hold latents_mirrored
   std::optional<LatentFolderVae> vae_;
 };
 
@@ -120,7 +128,7 @@ class LatentFolderDataset : public Dataset {
 // bucket; the index lists the buckets and each shard's. Each shard and then index.json are written
 // atomically; index.json is removed first, so a pack that fails midway leaves a folder that does
 // not open rather than an index over a mix of old and new shards. `vae`: what encoded the
-// samples, written into the index.
+// samples, written into the index. A source with mirror images (has_mirrored) writes them too.
 Status WriteLatentFolder(const Dataset& source, const std::string& dir, int64_t samples_per_shard,
                          const std::optional<LatentFolderVae>& vae = std::nullopt);
 

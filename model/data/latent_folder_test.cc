@@ -277,6 +277,57 @@ class PicturedDataset : public PrefixDataset {
 // Each picture's geometry is packed with its sample (the index says so, each shard holds it)
 // and read back; a folder of samples without it has none; an index that says so over shards
 // without it, or a sample's geometry that is no sizes in pixels, is refused by name.
+// A source whose samples have mirror images of their own (here the negated samples).
+class MirroredDataset : public PrefixDataset {
+ public:
+  using PrefixDataset::PrefixDataset;
+  bool has_mirrored() const override { return true; }
+  Status GetMirrored(int64_t index, float* image, int32_t* label) const override {
+    DT_RETURN_IF_ERROR(Get(index, image, label));
+    for (int64_t i = 0; i < sample_floats(); ++i)
+      image[i] = -image[i];
+    return Status::Ok();
+  }
+};
+
+// A source's mirror images go into each shard as latents_mirrored, which GetMirrored reads back;
+// an index that says "mirrored" over shards without them names the tensor.
+TEST_F(LatentFolderTest, KeepsEachSamplesMirrorImage) {
+  const MirroredDataset mirrored(synthetic_, 10);
+  ASSERT_TRUE(WriteLatentFolder(mirrored, dir_, 4).ok());
+  EXPECT_EQ(Index().value("mirrored", Json()), true);
+  {
+    Result<std::unique_ptr<LatentFolderDataset>> data = LatentFolderDataset::Open(dir_);
+    ASSERT_TRUE(data.ok()) << data.status().message();
+    ASSERT_TRUE((*data)->has_mirrored());
+    ExpectSameSamples(**data, mirrored);
+    std::vector<float> got(4 * 8 * 8), want(4 * 8 * 8);
+    for (int64_t i = 0; i < 10; ++i) {
+      int32_t a = -1, b = -2;
+      ASSERT_TRUE((*data)->GetMirrored(i, got.data(), &a).ok());
+      ASSERT_TRUE(mirrored.GetMirrored(i, want.data(), &b).ok());
+      EXPECT_EQ(got, want) << "sample " << i;
+      EXPECT_EQ(a, b);
+    }
+    EXPECT_TRUE((*data)->VerifyChecksums().ok());
+  }
+  Pack();  // the same samples without mirror images
+  Result<std::unique_ptr<LatentFolderDataset>> plain = LatentFolderDataset::Open(dir_);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE((*plain)->has_mirrored());
+  std::vector<float> image(4 * 8 * 8);
+  int32_t label = 0;
+  EXPECT_FALSE((*plain)->GetMirrored(0, image.data(), &label).ok());
+  plain->reset();
+  Json index = Index();
+  index["mirrored"] = true;
+  SetIndex(index);
+  ExpectError(Path("shard-00000.safetensors"), "has no tensor 'latents_mirrored'");
+  index["mirrored"] = "yes";
+  SetIndex(index);
+  ExpectError(Path("index.json"), "'mirrored' must be true");
+}
+
 TEST_F(LatentFolderTest, KeepsEachPicturesGeometry) {
   const PicturedDataset pictured(synthetic_, 10);
   ASSERT_TRUE(WriteLatentFolder(pictured, dir_, 4).ok());

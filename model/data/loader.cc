@@ -130,7 +130,12 @@ Status DataLoader::Read(Range range, float* images, int32_t* labels, float* text
     const int H = size.height, W = size.width;
     float* image = images + offset;
     offset += int64_t{dataset_.frames()} * C * H * W;
-    Status got = dataset_.Get(index, image, &labels[b]);
+    // A flipped sample is its mirror image: the dataset's own where it has one (a VAE's latents
+    // of the flipped picture), else the sample flipped.
+    const bool flipped = IsFlipped(sample);
+    const bool own_mirror = flipped && dataset_.has_mirrored();
+    Status got = own_mirror ? dataset_.GetMirrored(index, image, &labels[b])
+                            : dataset_.Get(index, image, &labels[b]);
     if (!got.ok()) {
       return got.WithContext(fmt::format("reading sample {} (dataset index {})", sample, index));
     }
@@ -142,7 +147,7 @@ Status DataLoader::Read(Range range, float* images, int32_t* labels, float* text
                     pooled + int64_t{b} * table->pooled_dim);
       }
     }
-    if (!IsFlipped(sample)) continue;
+    if (!flipped || own_mirror) continue;
     for (int row = 0; row < dataset_.frames() * C * H; ++row)
       std::reverse(image + int64_t{row} * W, image + int64_t{row + 1} * W);
   }

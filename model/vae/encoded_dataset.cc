@@ -1,5 +1,6 @@
 #include "model/vae/encoded_dataset.h"
 
+#include <algorithm>
 #include <vector>
 
 #include <fmt/format.h>
@@ -8,7 +9,7 @@ namespace difftrain {
 
 Result<std::unique_ptr<VaeEncodedDataset>> VaeEncodedDataset::Create(
     std::unique_ptr<Dataset> source, std::shared_ptr<const Vae> vae, VaePosterior posterior,
-    uint64_t seed) {
+    uint64_t seed, bool mirrored) {
   const VaeConfig& c = vae->config();
   if (source->channels() != c.in_channels) {
     return Errorf("the VAE '{}' encodes images of {} channels and the dataset's have {}",
@@ -22,7 +23,7 @@ Result<std::unique_ptr<VaeEncodedDataset>> VaeEncodedDataset::Create(
     }
   }
   return std::unique_ptr<VaeEncodedDataset>(
-      new VaeEncodedDataset(std::move(source), std::move(vae), posterior, seed));
+      new VaeEncodedDataset(std::move(source), std::move(vae), posterior, seed, mirrored));
 }
 
 std::vector<SampleSize> VaeEncodedDataset::buckets() const {
@@ -33,12 +34,28 @@ std::vector<SampleSize> VaeEncodedDataset::buckets() const {
 }
 
 Status VaeEncodedDataset::Get(int64_t index, float* latents, int32_t* label) const {
+  return Encode(index, /*mirror=*/false, static_cast<uint64_t>(index) * frames(), latents, label);
+}
+
+Status VaeEncodedDataset::GetMirrored(int64_t index, float* latents, int32_t* label) const {
+  if (!mirrored_) return Dataset::GetMirrored(index, latents, label);
+  return Encode(index, /*mirror=*/true, kMirrorDrawBase + static_cast<uint64_t>(index) * frames(),
+                latents, label);
+}
+
+Status VaeEncodedDataset::Encode(int64_t index, bool mirror, uint64_t first_draw, float* latents,
+                                 int32_t* label) const {
   std::vector<float> images(source_->SampleFloats(index));
   DT_RETURN_IF_ERROR(source_->Get(index, images.data(), label));
   const int F = frames();
   const SampleSize size = source_->buckets()[source_->BucketOf(index)];
-  return vae_->Encode(images.data(), F, size.height, size.width, posterior_, seed_,
-                      static_cast<uint64_t>(index) * F, latents);
+  if (mirror) {
+    const size_t rows = size_t(F) * source_->channels() * size.height;
+    for (size_t row = 0; row < rows; ++row)
+      std::reverse(images.begin() + row * size.width, images.begin() + (row + 1) * size.width);
+  }
+  return vae_->Encode(images.data(), F, size.height, size.width, posterior_, seed_, first_draw,
+                      latents);
 }
 
 }  // namespace difftrain
