@@ -1,5 +1,7 @@
 #include "model/data/dataset.h"
 
+#include <algorithm>
+
 #include "common/check.h"
 #include "model/data/fashion_mnist.h"
 #include "model/data/image_folder.h"
@@ -15,6 +17,11 @@ Status Dataset::GetGeometry(int64_t /*index*/, PictureGeometry* /*geometry*/) co
 
 Status Dataset::GetMirrored(int64_t /*index*/, float* /*image*/, int32_t* /*label*/) const {
   return Status::Error("the dataset's samples have no mirror images of their own");
+}
+
+void MirrorRows(float* values, int64_t rows, int width) {
+  for (int64_t row = 0; row < rows; ++row)
+    std::reverse(values + row * width, values + (row + 1) * width);
 }
 
 int64_t Dataset::SampleFloats(int64_t index) const {

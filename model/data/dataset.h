@@ -79,6 +79,10 @@ class Dataset {
   int64_t SampleFloats(int64_t index) const;
 };
 
+// Flips `rows` rows of `width` values each left-right in place: a sample's mirror image, each
+// frame's channels a block of rows (what data.horizontal_flip and `data pack --mirror` flip).
+void MirrorRows(float* values, int64_t rows, int width);
+
 // N(0, 1) values and uniform labels, a pure function of (seed, index): the seeds' benchmark
 // input, images or videos of `frames` frames. Unbounded: size() is the largest index.
 class SyntheticDataset : public Dataset {

@@ -147,9 +147,7 @@ Status DataLoader::Read(Range range, float* images, int32_t* labels, float* text
                     pooled + int64_t{b} * table->pooled_dim);
       }
     }
-    if (!flipped || own_mirror) continue;
-    for (int row = 0; row < dataset_.frames() * C * H; ++row)
-      std::reverse(image + int64_t{row} * W, image + int64_t{row + 1} * W);
+    if (flipped && !own_mirror) MirrorRows(image, int64_t{dataset_.frames()} * C * H, W);
   }
   return Status::Ok();
 }

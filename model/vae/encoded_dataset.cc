@@ -1,6 +1,5 @@
 #include "model/vae/encoded_dataset.h"
 
-#include <algorithm>
 #include <vector>
 
 #include <fmt/format.h>
@@ -49,11 +48,7 @@ Status VaeEncodedDataset::Encode(int64_t index, bool mirror, uint64_t first_draw
   DT_RETURN_IF_ERROR(source_->Get(index, images.data(), label));
   const int F = frames();
   const SampleSize size = source_->buckets()[source_->BucketOf(index)];
-  if (mirror) {
-    const size_t rows = size_t(F) * source_->channels() * size.height;
-    for (size_t row = 0; row < rows; ++row)
-      std::reverse(images.begin() + row * size.width, images.begin() + (row + 1) * size.width);
-  }
+  if (mirror) MirrorRows(images.data(), int64_t{F} * source_->channels() * size.height, size.width);
   return vae_->Encode(images.data(), F, size.height, size.width, posterior_, seed_, first_draw,
                       latents);
 }
