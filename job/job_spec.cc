@@ -272,7 +272,11 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .String("lr_schedule", c.optimizer.lr_schedule)
       .Double("grad_clip", c.optimizer.grad_clip)
       .Double("ema_decay", c.optimizer.ema_decay)
-      .String("ema_schedule", c.optimizer.ema_schedule);
+      .String("ema_schedule", c.optimizer.ema_schedule)
+      .Int64("lr_num_cycles", c.optimizer.lr_num_cycles)
+      .Double("lr_power", c.optimizer.lr_power)
+      .Double("ema_inv_gamma", c.optimizer.ema_inv_gamma)
+      .Double("ema_power", c.optimizer.ema_power);
   DT_RETURN_IF_ERROR(opt.Finish());
 
   YamlFields lora = top.Section("lora");

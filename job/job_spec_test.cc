@@ -427,6 +427,36 @@ TEST_F(JobSpecTest, FrameNoiseCorrelationIsForVideoModels) {
   EXPECT_NE(image.status().message().find("not videos"), std::string::npos);
 }
 
+// diffusers' learning-rate and EMA schedules and their parameters reach the ranks as written.
+TEST_F(JobSpecTest, DiffusersSchedulesAreReadAndShipped) {
+  const std::string path = Write(
+      "model: {name: DiT-S/8, input_size: 16, num_classes: 10}\n"
+      "optimizer: {lr_schedule: diffusers_cosine_with_restarts, lr_num_cycles: 3,\n"
+      "            warmup_steps: 5, ema_schedule: diffusers_warmup, ema_inv_gamma: 2,\n"
+      "            ema_power: 0.75}\n");
+  std::string yaml;
+  Result<TrainConfig> job = LoadJob(path, {}, &yaml);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_EQ(job->optimizer.lr_num_cycles, 3);
+  EXPECT_EQ(job->optimizer.ema_inv_gamma, 2.0);
+  const nlohmann::json written = job->ToJson()["optimizer"];
+  EXPECT_EQ(written["lr_num_cycles"], 3);
+  EXPECT_EQ(written["ema_power"], 0.75);
+  EXPECT_FALSE(written.contains("lr_power"));  // only the schedule's own parameters
+  Result<std::string> shipped = ResolvedJobYaml(yaml, *job);
+  ASSERT_TRUE(shipped.ok());
+  Result<TrainConfig> rank = TrainConfig::FromYamlText(*shipped, path);
+  ASSERT_TRUE(rank.ok()) << rank.status().message();
+  EXPECT_EQ(rank->ToJson(), job->ToJson());
+
+  Result<TrainConfig> bad = TrainConfig::FromYamlFile(
+      Write("optimizer: {lr_schedule: diffusers_cosine_with_restarts, lr_num_cycles: 0}\n"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("optimizer.lr_num_cycles must be >= 1, got 0"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 // diffusers' training options: the noise offset and input perturbation, and DreamBooth's prior
 // (recorded in the job's JSON only where set).
 TEST_F(JobSpecTest, NoiseExtrasAndPriorPreservationAreRead) {

@@ -24,6 +24,7 @@
 #include "launch/sample_prompts.h"
 #include "launch/sample_sampler.h"
 #include "launch/sample_source.h"
+#include "launch/sample_watch.h"
 #include "model/cpu/embed.h"
 #include "model/data/text_table.h"
 #include "model/diffusion/sampler.h"
@@ -592,7 +593,7 @@ DIFFTRAIN_COMMAND(kSample, {"sample",
                                 o->diffusion_given = std::any_of(
                                     diffusion.begin(), diffusion.end(),
                                     [](const CLI::Option* d) { return d->count() > 0; });
-                                return RunSample(*o);
+                                return o->watch ? WatchCheckpoints(*o, RunSample) : RunSample(*o);
                               };
                             }});
 

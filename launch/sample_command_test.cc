@@ -23,6 +23,7 @@
 #include "model/vae/vae.h"
 #include "model/vae/vae_testing.h"
 #include "tests/testing/run_command.h"
+#include "tests/testing/tiny_training.h"
 
 namespace difftrain {
 namespace {
@@ -32,22 +33,8 @@ using testing::RunDifftrain;
 using testing::ShellQuote;
 
 // 8×8 grey images, 1 input channel, learn_sigma (DiT's default) and a null class.
-constexpr const char* kTinyJob = R"(model:
-  name: custom
-  input_size: 8
-  patch_size: 2
-  in_channels: 1
-  hidden_size: 32
-  depth: 2
-  num_heads: 4
-  num_classes: 10
-batch:
-  micro: 4
-  global: 4
-train:
-  steps: 2
-  log_every: 1
-)";
+const std::string kTinyJob =
+    std::string(testing::kTinyGreyJobYaml) + "train:\n  steps: 2\n  log_every: 1\n";
 
 class SampleCommandTest : public ::testing::Test {
  protected:

@@ -125,6 +125,14 @@ std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o) {
   app.add_option("--raw", o.raw,
                  "safetensors file of the samples: images F32 [N, C, H, W] ([N, F, C, H, "
                  "W] for videos), labels I64 [N], and with a VAE decoded F32");
+  app.add_flag("--watch", o.watch,
+               "sample every checkpoint of the run directory --checkpoint as training writes "
+               "it, newest first, into per-step outputs (--out-dir D: D/step-00000020/; "
+               "--out grid.png: grid-step-00000020.png; --gif, --raw alike); stop once the "
+               "run's last step is sampled");
+  app.add_option("--watch-timeout", o.watch_timeout,
+                 "with --watch: seconds to wait for a new checkpoint before giving up (exit 1)")
+      ->capture_default_str();
   app.add_option("--weights", o.weights, "ema or model")
       ->check(CLI::IsMember({"ema", "model"}))
       ->capture_default_str();

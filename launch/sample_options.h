@@ -85,6 +85,10 @@ struct SampleOptions {
     return lora_scales.empty() ? 1.0 : lora_scales[lora_scales.size() == 1 ? 0 : i];
   }
   std::string log_level = "info";
+  // Sample every checkpoint of the run directory `checkpoint` as it appears
+  // (launch/sample_watch.h), giving up after watch_timeout seconds without a new one.
+  bool watch = false;
+  double watch_timeout = 3600;
 };
 
 // Declares the flags on `app` (launch/sample_options.cc); the diffusion flags' options, which

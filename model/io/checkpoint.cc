@@ -404,6 +404,15 @@ Result<SafetensorsFile> CheckpointStore::MapShard(int64_t step, int rank, int wo
   return shard;
 }
 
+Result<std::vector<int64_t>> CheckpointStore::PublishedSteps() const {
+  DT_ASSIGN_OR_RETURN(std::vector<StepEntry> entries, ListSteps(dir_));
+  std::vector<int64_t> steps;
+  for (const StepEntry& entry : entries) {
+    if (entry.published) steps.push_back(entry.step);
+  }
+  return steps;
+}
+
 Result<int> CheckpointStore::World(int64_t step) const {
   DT_ASSIGN_OR_RETURN(Manifest manifest, LoadManifest(StepDir(step), step));
   return manifest.world;

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "model/io/safetensors.h"
@@ -42,6 +43,12 @@ class CheckpointStore {
   // The newest complete step, verifying every shard's checksum; nullopt when there is none
   // (a missing directory included). Incomplete or corrupt steps are skipped with a warning.
   Result<std::optional<int64_t>> LatestComplete() const;
+
+  // The published steps, newest first, without reading them: a step directory is renamed into
+  // place only after Commit verified it, so each is whole unless changed since (sampling's
+  // --watch lists them every second; a reader still checks the shard it reads). None when the
+  // directory does not exist.
+  Result<std::vector<int64_t>> PublishedSteps() const;
 
   // Reads rank `rank`'s shard of a committed step after checking it against the manifest:
   // the manifest's step and world, the shard's size and whole-file checksum.

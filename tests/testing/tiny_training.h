@@ -23,6 +23,22 @@ inline DiTConfig TinyDiT(int hidden_size, int depth = 2) {
   return m;
 }
 
+// The same model with one input channel (8×8 grey images), and one micro-batch of 4 a step, as
+// the model and batch sections of a job file: for the tests that run the binary.
+inline constexpr const char* kTinyGreyJobYaml = R"(model:
+  name: custom
+  input_size: 8
+  patch_size: 2
+  in_channels: 1
+  hidden_size: 32
+  depth: 2
+  num_heads: 4
+  num_classes: 10
+batch:
+  micro: 4
+  global: 4
+)";
+
 inline TrainConfig TinyTrainConfig(int hidden_size, int depth = 2) {
   TrainConfig c;
   c.model = DiTSpec(TinyDiT(hidden_size, depth));

@@ -1,0 +1,153 @@
+// `difftrain sample --watch` (launch/sample_watch.h).
+#include "launch/sample_watch.h"
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "common/exit_codes.h"
+#include "common/log.h"
+#include "model/io/checkpoint.h"
+#include "model/io/safetensors.h"
+
+namespace difftrain::launch {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// Between two listings of the run's directory.
+constexpr auto kPollInterval = std::chrono::milliseconds(500);
+
+// o with its outputs moved to step `step`'s paths and its checkpoint the step's directory.
+SampleOptions ForStep(const SampleOptions& o, const io::CheckpointStore& store, int64_t step) {
+  SampleOptions s = o;
+  s.watch = false;
+  s.checkpoint = store.StepDir(step);
+  if (!o.out.empty()) s.out = StepOutput(o.out, step, false);
+  if (!o.out_dir.empty()) s.out_dir = StepOutput(o.out_dir, step, true);
+  if (!o.gif.empty()) s.gif = StepOutput(o.gif, step, false);
+  if (!o.raw.empty()) s.raw = StepOutput(o.raw, step, false);
+  return s;
+}
+
+// Whether every output of `s` exists: a step an earlier watcher sampled.
+bool Sampled(const SampleOptions& s) {
+  std::error_code ec;
+  for (const std::string* path : {&s.out, &s.out_dir, &s.gif, &s.raw}) {
+    if (!path->empty() && !fs::exists(*path, ec)) return false;
+  }
+  return true;
+}
+
+// The run's last step: train.steps in the metadata of step `step`'s first shard.
+Result<int64_t> LastStepOfRun(const io::CheckpointStore& store, int64_t step) {
+  DT_ASSIGN_OR_RETURN(int world, store.World(step));
+  const std::string path = store.ShardPath(step, 0, world);
+  DT_ASSIGN_OR_RETURN(io::SafetensorsFile header, io::SafetensorsFile::ReadHeader(path));
+  auto it = header.metadata().find("train");
+  if (it == header.metadata().end()) return Errorf("'{}': metadata has no 'train'", path);
+  const nlohmann::json train = nlohmann::json::parse(it->second, nullptr, false);
+  if (!train.is_object() || !train.contains("train") || !train["train"].contains("steps") ||
+      !train["train"]["steps"].is_number_integer()) {
+    return Errorf("'{}': metadata 'train' has no train.steps", path);
+  }
+  return train["train"]["steps"].get<int64_t>();
+}
+
+}  // namespace
+
+std::string StepOutput(const std::string& path, int64_t step, bool folder) {
+  const std::string name = fmt::format("step-{:08d}", step);
+  const fs::path p(path);
+  if (folder) return (p / name).string();
+  return (p.parent_path() / (p.stem().string() + "-" + name + p.extension().string())).string();
+}
+
+int WatchCheckpoints(const SampleOptions& o,
+                     const std::function<int(const SampleOptions&)>& sample) {
+  auto bad = [](const std::string& message) { return ReportBadInput("sample", message); };
+  if (Status s = SetupLogging(o.log_level); !s.ok()) return bad(s.message());
+  if (o.checkpoint.empty()) return bad("--watch watches a run's --checkpoint directory");
+  std::error_code ec;
+  if (fs::exists(fs::path(o.checkpoint) / "manifest.json", ec)) {
+    return bad(fmt::format(
+        "--watch takes a run's checkpoint directory, and '{}' is one of its steps", o.checkpoint));
+  }
+  if (!(o.watch_timeout > 0)) {
+    return bad(fmt::format("--watch-timeout must be positive, got {}", o.watch_timeout));
+  }
+  const io::CheckpointStore store(o.checkpoint, 0);
+  const auto timeout = std::chrono::duration<double>(o.watch_timeout);
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
+  std::set<int64_t> done;  // sampled, found sampled, or gone before it could be
+  std::optional<int64_t> last_step;
+  spdlog::info("sample --watch: watching {} for checkpoints (at most {} s between them)",
+               o.checkpoint, o.watch_timeout);
+  while (true) {
+    Result<std::vector<int64_t>> published = store.PublishedSteps();
+    if (!published.ok()) {
+      spdlog::error("sample --watch: {}", published.status().message());
+      return kExitJobFailed;
+    }
+    if (!last_step && !published->empty()) {
+      Result<int64_t> last = LastStepOfRun(store, published->front());
+      if (last.ok()) {
+        last_step = *last;
+      } else if (fs::exists(store.StepDir(published->front()), ec)) {
+        spdlog::error("sample --watch: {}", last.status().message());
+        return kExitJobFailed;
+      }  // else pruned since the listing: the next round reads another step
+    }
+    std::optional<int64_t> next;
+    for (int64_t step : *published) {
+      if (done.count(step)) continue;
+      if (Sampled(ForStep(o, store, step))) {
+        spdlog::info("sample --watch: step {} was sampled before; skipped", step);
+        done.insert(step);
+        continue;
+      }
+      next = step;
+      break;
+    }
+    if (!next) {
+      if (last_step && done.count(*last_step)) {
+        spdlog::info("sample --watch: the run's last step {} is sampled", *last_step);
+        return kExitOk;
+      }
+      if (Clock::now() > deadline) {
+        spdlog::error(
+            "sample --watch: no new checkpoint in {} for {} s (--watch-timeout){}; stopping",
+            o.checkpoint, o.watch_timeout,
+            last_step ? fmt::format(", and the run's last step {} is not among them", *last_step)
+                      : "");
+        return kExitJobFailed;
+      }
+      std::this_thread::sleep_for(kPollInterval);
+      continue;
+    }
+    const int64_t step = *next;
+    const SampleOptions options = ForStep(o, store, step);
+    spdlog::info("sample --watch: sampling step {}", step);
+    const int rc = sample(options);
+    done.insert(step);
+    if (rc != kExitOk) {
+      if (!fs::exists(store.StepDir(step), ec)) {
+        spdlog::warn("sample --watch: step {} was pruned (checkpoint.keep) before it was read",
+                     step);
+        continue;
+      }
+      return rc;
+    }
+    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
+  }
+}
+
+}  // namespace difftrain::launch
