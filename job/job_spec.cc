@@ -215,6 +215,7 @@ nlohmann::json TrainConfig::ToJson() const {
     json["data"]["prior_path"] = data.prior_path;
     json["data"]["prior_loss_weight"] = data.prior_loss_weight;
   }
+  if (!tensorboard_dir.empty()) json["train"]["tensorboard_dir"] = tensorboard_dir;
   return json;
 }
 
@@ -303,6 +304,7 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Int64("seed", seed)
       .Int("log_every", c.log_every)
       .String("metrics_file", c.metrics_file)
+      .String("tensorboard_dir", c.tensorboard_dir)
       .Bool("recompute", c.recompute)
       .String("device", c.device)
       .String("precision", c.precision);

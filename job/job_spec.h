@@ -92,7 +92,9 @@ struct TrainConfig {
   uint64_t seed = 0;
   int log_every = 10;
   std::string metrics_file;  // JSON lines of per-step metrics; "{rank}" becomes the rank
-  bool recompute = false;    // keep only each block's input; recompute the rest in backward
+  // TensorBoard event files of rank 0's per-step scalars (worker/rank_reporter.h); "": none.
+  std::string tensorboard_dir;
+  bool recompute = false;  // keep only each block's input; recompute the rest in backward
   // cpu: the model core on the CPU. cuda: the family's bf16 GPU step (model/*/cuda) on this
   // rank's GPU, gradients averaged over NCCL; data-parallel layouts only (docs/cuda.md).
   // auto (a job file's default): cuda where the ranks' nodes have GPUs and this build has the

@@ -68,6 +68,7 @@ int RunSample(const SampleOptions& o) {
     return bad(
         "give --out (a PNG grid), --out-dir (a PNG a sample), --gif (a video model's), "
         "--raw, or several");
+  if (!o.tensorboard.empty()) return bad("--tensorboard logs what --watch samples: add --watch");
   if (o.per_class < 1) return bad(fmt::format("--per-class must be positive, got {}", o.per_class));
   if (o.batch < 1) return bad(fmt::format("--batch must be positive, got {}", o.batch));
   if (o.lora_scales.size() > 1 && o.lora_scales.size() != o.loras.size()) {

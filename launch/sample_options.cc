@@ -133,6 +133,10 @@ std::vector<CLI::Option*> AddSampleOptions(CLI::App& app, SampleOptions& o) {
   app.add_option("--watch-timeout", o.watch_timeout,
                  "with --watch: seconds to wait for a new checkpoint before giving up (exit 1)")
       ->capture_default_str();
+  app.add_option("--tensorboard", o.tensorboard,
+                 "with --watch and --out: log each step's grid as the TensorBoard image "
+                 "`samples` of that step, in DIR/samples (DIR: the run's "
+                 "train.tensorboard_dir)");
   app.add_option("--weights", o.weights, "ema or model")
       ->check(CLI::IsMember({"ema", "model"}))
       ->capture_default_str();

@@ -89,6 +89,7 @@ struct SampleOptions {
   // (launch/sample_watch.h), giving up after watch_timeout seconds without a new one.
   bool watch = false;
   double watch_timeout = 3600;
+  std::string tensorboard;  // with watch: each step's grid (out) as a TensorBoard image
 };
 
 // Declares the flags on `app` (launch/sample_options.cc); the diffusion flags' options, which

@@ -15,7 +15,10 @@
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "model/io/checkpoint.h"
+#include "model/io/png.h"
+#include "model/io/posix_file.h"
 #include "model/io/safetensors.h"
+#include "model/io/tensorboard.h"
 
 namespace difftrain::launch {
 namespace {
@@ -30,6 +33,7 @@ constexpr auto kPollInterval = std::chrono::milliseconds(500);
 SampleOptions ForStep(const SampleOptions& o, const io::CheckpointStore& store, int64_t step) {
   SampleOptions s = o;
   s.watch = false;
+  s.tensorboard.clear();
   s.checkpoint = store.StepDir(step);
   if (!o.out.empty()) s.out = StepOutput(o.out, step, false);
   if (!o.out_dir.empty()) s.out_dir = StepOutput(o.out_dir, step, true);
@@ -62,6 +66,13 @@ Result<int64_t> LastStepOfRun(const io::CheckpointStore& store, int64_t step) {
   return train["train"]["steps"].get<int64_t>();
 }
 
+// The grid PNG at `path` as the TensorBoard image `samples` of step `step`.
+Status LogGrid(io::TensorBoardWriter& tensorboard, const std::string& path, int64_t step) {
+  DT_ASSIGN_OR_RETURN(io::PngImage grid, io::ReadPng(path));
+  DT_ASSIGN_OR_RETURN(std::string png, io::ReadWholeFile(path));
+  return tensorboard.Image(step, "samples", png, grid.height, grid.width, grid.channels);
+}
+
 }  // namespace
 
 std::string StepOutput(const std::string& path, int64_t step, bool folder) {
@@ -83,6 +94,16 @@ int WatchCheckpoints(const SampleOptions& o,
   }
   if (!(o.watch_timeout > 0)) {
     return bad(fmt::format("--watch-timeout must be positive, got {}", o.watch_timeout));
+  }
+  std::optional<io::TensorBoardWriter> tensorboard;
+  if (!o.tensorboard.empty()) {
+    if (o.out.empty()) return bad("--tensorboard logs the grid: give --out too");
+    // A run of its own: a training attempt's SessionLog START drops the events of its later
+    // steps that TensorBoard read before it, which in the same run could be these.
+    Result<io::TensorBoardWriter> opened =
+        io::TensorBoardWriter::Open((fs::path(o.tensorboard) / "samples").string());
+    if (!opened.ok()) return bad("--tensorboard: " + opened.status().message());
+    tensorboard.emplace(std::move(opened).value());
   }
   const io::CheckpointStore store(o.checkpoint, 0);
   const auto timeout = std::chrono::duration<double>(o.watch_timeout);
@@ -145,6 +166,12 @@ int WatchCheckpoints(const SampleOptions& o,
         continue;
       }
       return rc;
+    }
+    if (tensorboard) {
+      if (Status s = LogGrid(*tensorboard, options.out, step); !s.ok()) {
+        spdlog::error("sample --watch: --tensorboard: {}", s.message());
+        return kExitJobFailed;
+      }
     }
     deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
   }

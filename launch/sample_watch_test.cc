@@ -102,7 +102,9 @@ TEST(SampleWatchTest, GivesUpWithoutACheckpointAndRefusesBadInput) {
            {"--checkpoint " + ShellQuote(none) + " --watch --watch-timeout 0", 2,
             "--watch-timeout must be positive, got 0"},
            {"--pretrained " + ShellQuote(none) + " --watch", 2,
-            "--watch watches a run's --checkpoint directory"}}) {
+            "--watch watches a run's --checkpoint directory"},
+           {"--checkpoint " + ShellQuote(none) + " --tensorboard " + ShellQuote(none), 2,
+            "--tensorboard logs what --watch samples: add --watch"}}) {
     const CommandResult r = RunDifftrain("sample " + c.args + out);
     EXPECT_EQ(r.exit_code, c.exit_code) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;

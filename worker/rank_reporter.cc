@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -75,10 +77,16 @@ Result<std::unique_ptr<RankReporter>> RankReporter::Open(const TrainConfig& conf
     r->file_.open(path, std::ios::app);
     if (!r->file_) return Errorf("cannot open metrics file '{}'", path);
   }
+  if (!config.tensorboard_dir.empty() && parallel.rank == 0) {
+    Result<io::TensorBoardWriter> tensorboard = io::TensorBoardWriter::Open(config.tensorboard_dir);
+    if (!tensorboard.ok()) return tensorboard.status().WithContext("train.tensorboard_dir");
+    spdlog::info("TensorBoard events: {}", tensorboard->path());
+    r->tensorboard_.emplace(std::move(tensorboard).value());
+  }
   r->pipe_fd_ = OpenProgressPipe();
   if (gpu) {
     r->peak_ = {GpuPeakFlops(gpu->device_name()), "table: " + gpu->device_name()};
-  } else if (r->pipe_fd_ >= 0 || r->file_.is_open() || metrics != nullptr) {
+  } else if (r->pipe_fd_ >= 0 || r->file_.is_open() || r->tensorboard_ || metrics != nullptr) {
     DT_ASSIGN_OR_RETURN(r->peak_, CpuPeakFlops());
   }
   if (r->peak_.flops_per_second > 0) {
@@ -104,8 +112,19 @@ void RankReporter::Publish(const RankReport& report) {
   (void)!::write(pipe_fd_, text.data(), text.size());
 }
 
+void RankReporter::Tensorboard(const std::function<Status(io::TensorBoardWriter&)>& write) {
+  if (!tensorboard_) return;
+  if (Status s = write(*tensorboard_); !s.ok()) {
+    spdlog::warn("train.tensorboard_dir: {}; no more TensorBoard events this attempt", s.message());
+    tensorboard_.reset();
+  }
+}
+
 void RankReporter::Started(int64_t step) {
   if (step > 0) last_checkpoint_step_ = step;
+  // Training goes on after `step` (0, or a checkpoint's): what an earlier attempt logged of
+  // later steps is retrained, and TensorBoard drops it.
+  Tensorboard([&](io::TensorBoardWriter& w) { return w.Restart(step + 1); });
   RankReport r = Base();
   r.event = "started";
   Publish(r);
@@ -137,6 +156,16 @@ void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
   r.compute_seconds = std::max(0.0, step_seconds - blocked);
   Publish(r);
   if (file_.is_open()) file_ << r.ToJson().dump() << '\n' << std::flush;
+  Tensorboard([&](io::TensorBoardWriter& w) {
+    return w.Scalars(r.step, {{"train/loss", r.loss},
+                              {"train/grad_norm", r.grad_norm},
+                              {"train/lr", r.lr},
+                              {"perf/step_seconds", r.step_seconds},
+                              {"perf/samples_per_second", r.samples_per_second},
+                              {"perf/tflops_per_second", r.flops_per_second / 1e12},
+                              {"perf/mfu", r.mfu},
+                              {"perf/data_wait_seconds", r.data_wait_seconds}});
+  });
 }
 
 void RankReporter::Checkpointed(int64_t step, double seconds) {

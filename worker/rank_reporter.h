@@ -1,14 +1,18 @@
 // A training rank's reports (common/rank_report.h): one line per step to the worker daemon that
 // started it (the pipe DIFFTRAIN_PROGRESS_FD; the daemon exports them to Prometheus), to the
-// rank's metrics file (train.metrics_file, "{rank}" → the rank) and, in the MPI launch, which
-// has no daemon, to the rank's own Prometheus metrics.
+// rank's metrics file (train.metrics_file, "{rank}" → the rank), rank 0's to TensorBoard event
+// files (train.tensorboard_dir) and, in the MPI launch, which has no daemon, to the rank's own
+// Prometheus metrics.
 #pragma once
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <optional>
 
 #include "common/rank_report.h"
+#include "model/io/tensorboard.h"
 #include "model/parallel/timed_comm.h"
 #include "model/train/peak_flops.h"
 #include "model/train/trainer.h"
@@ -40,6 +44,8 @@ class RankReporter {
  private:
   RankReporter(const TrainConfig& config, const Trainer& trainer, parallel::CommTimes& times);
   RankReport Base() const;
+  // `write` to tensorboard_, if open.
+  void Tensorboard(const std::function<Status(io::TensorBoardWriter&)>& write);
   // To the daemon's pipe and to `metrics_`.
   void Publish(const RankReport& report);
 
@@ -53,6 +59,9 @@ class RankReporter {
   int pipe_fd_ = -1;
   RankMetrics* metrics_ = nullptr;
   std::ofstream file_;
+  // Rank 0's, with train.tensorboard_dir; dropped after a failed write (logged once: the run
+  // goes on without it).
+  std::optional<io::TensorBoardWriter> tensorboard_;
   double checkpoint_seconds_ = 0;
   int64_t last_checkpoint_step_ = -1;
 };
