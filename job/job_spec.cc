@@ -80,6 +80,8 @@ Status TrainConfig::Validate(int dp) const {
   if (data.kind == "latent_folder" && data.path.empty()) {
     return Status::Error("data.path: required for data.kind latent_folder");
   }
+  if (data.max_samples < 0)
+    return Errorf("data.max_samples: expected a count >= 0 (0: all), found {}", data.max_samples);
   DT_RETURN_IF_ERROR(ValidatePrior());
   if (const SampleSchema s = FamilyOf(model).Samples(model); s.height != s.width) {
     return Errorf(
@@ -216,6 +218,7 @@ nlohmann::json TrainConfig::ToJson() const {
     json["data"]["prior_loss_weight"] = data.prior_loss_weight;
   }
   if (!tensorboard_dir.empty()) json["train"]["tensorboard_dir"] = tensorboard_dir;
+  if (data.max_samples > 0) json["data"]["max_samples"] = data.max_samples;
   return json;
 }
 
@@ -237,7 +240,8 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Bool("shuffle", c.data.shuffle)
       .Bool("horizontal_flip", c.data.horizontal_flip)
       .String("prior_path", c.data.prior_path)
-      .Double("prior_loss_weight", c.data.prior_loss_weight);
+      .Double("prior_loss_weight", c.data.prior_loss_weight)
+      .Int64("max_samples", c.data.max_samples);
   DT_RETURN_IF_ERROR(data.Finish());
 
   YamlFields diffusion = top.Section("diffusion");
@@ -278,6 +282,8 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Double("lr_power", c.optimizer.lr_power)
       .Double("ema_inv_gamma", c.optimizer.ema_inv_gamma)
       .Double("ema_power", c.optimizer.ema_power);
+  bool scale_lr = false;
+  opt.Bool("scale_lr", scale_lr);
   DT_RETURN_IF_ERROR(opt.Finish());
 
   YamlFields lora = top.Section("lora");
@@ -296,6 +302,12 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   c.global_batch = c.micro_batch;  // default: no accumulation
   batch.Int("global", c.global_batch);
   DT_RETURN_IF_ERROR(batch.Finish());
+  if (scale_lr) {
+    // diffusers' --scale_lr: lr × accumulation × train_batch_size × processes, the samples of
+    // a step, of which a prior's half is not counted (train_dreambooth.py's batch is the
+    // instance images'). Applied here, once: the job's lr is the scaled one from then on.
+    c.optimizer.lr *= static_cast<double>(c.global_batch) / (c.data.has_prior() ? 2.0 : 1.0);
+  }
 
   YamlFields train = top.Section("train");
   int64_t seed = 0;

@@ -38,6 +38,9 @@ struct DataConfig {
   std::string prior_path;
   double prior_loss_weight = 1;
   bool has_prior() const { return !prior_path.empty(); }
+  // Train on this many of the data's samples, a random subset from the seed (diffusers'
+  // --max_train_samples); 0: all of them.
+  int64_t max_samples = 0;
 };
 
 struct CheckpointConfig {

@@ -457,6 +457,32 @@ TEST_F(JobSpecTest, DiffusersSchedulesAreReadAndShipped) {
       << bad.status().message();
 }
 
+// optimizer.scale_lr is diffusers' --scale_lr: the rate times the samples of a step, not
+// counting a prior's half; the ranks, parsing the same file, scale it the same once.
+TEST_F(JobSpecTest, ScaleLrMultipliesByTheStepsSamplesOnce) {
+  const std::string model =
+      "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2,\n"
+      "        num_heads: 4, num_classes: 10, learn_sigma: false}\n"
+      "batch: {micro: 2, global: 8}\n"
+      "optimizer: {lr: 1.0e-6, scale_lr: true}\n";
+  const std::string path = Write(model);
+  std::string yaml;
+  Result<TrainConfig> job = LoadJob(path, {}, &yaml);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_DOUBLE_EQ(job->optimizer.lr, 8e-6);
+  EXPECT_FALSE(job->ToJson()["optimizer"].contains("scale_lr"));
+  Result<std::string> shipped = ResolvedJobYaml(yaml, *job);
+  ASSERT_TRUE(shipped.ok());
+  Result<TrainConfig> rank = TrainConfig::FromYamlText(*shipped, path);
+  ASSERT_TRUE(rank.ok()) << rank.status().message();
+  EXPECT_EQ(rank->optimizer.lr, job->optimizer.lr);
+
+  Result<TrainConfig> prior =
+      TrainConfig::FromYamlFile(Write(model + "data: {prior_path: class-latents}\n"));
+  ASSERT_TRUE(prior.ok()) << prior.status().message();
+  EXPECT_DOUBLE_EQ(prior->optimizer.lr, 4e-6);  // 4 subject samples a step, 4 of the class
+}
+
 // diffusers' training options: the noise offset and input perturbation, and DreamBooth's prior
 // (recorded in the job's JSON only where set).
 TEST_F(JobSpecTest, NoiseExtrasAndPriorPreservationAreRead) {

@@ -1,6 +1,8 @@
 #include "model/data/dataset.h"
 
 #include <algorithm>
+#include <numeric>
+#include <utility>
 
 #include "common/check.h"
 #include "model/data/fashion_mnist.h"
@@ -38,10 +40,46 @@ Status SyntheticDataset::Get(int64_t index, float* image, int32_t* label) const 
   return Status::Ok();
 }
 
+SubsetDataset::SubsetDataset(const Dataset& source, std::vector<int64_t> indices)
+    : source_(source), indices_(std::move(indices)) {
+  for (int64_t i : indices_)
+    DT_CHECK(i >= 0 && i < source.size(), "index {} of a dataset of {}", i, source.size());
+}
+
+namespace {
+
+std::vector<int64_t> FirstIndices(int64_t count) {
+  DT_CHECK(count >= 0, "a prefix of {} samples", count);
+  std::vector<int64_t> indices(static_cast<size_t>(count));
+  std::iota(indices.begin(), indices.end(), int64_t{0});
+  return indices;
+}
+
+}  // namespace
+
 PrefixDataset::PrefixDataset(const Dataset& source, int64_t count)
-    : source_(source), count_(count) {
-  DT_CHECK(count >= 0 && count <= source.size(), "prefix of {} samples of a dataset of {}", count,
-           source.size());
+    : SubsetDataset(source, FirstIndices(count)) {}
+
+std::unique_ptr<Dataset> TakeSubset(std::unique_ptr<Dataset> source, int64_t count, uint64_t seed) {
+  DT_CHECK(count > 0, "a subset of {} samples", count);
+  if (!source->unbounded() && count >= source->size()) return source;
+  std::vector<int64_t> indices;
+  if (source->unbounded()) {
+    indices = FirstIndices(count);
+  } else {
+    // The first `count` places of a Fisher–Yates shuffle of every index, then sorted.
+    std::vector<int64_t> all = FirstIndices(source->size());
+    Rng rng(seed, RngStream::kData, /*counter=*/0x5355425345540000ull);  // "SUBSET"
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t j = i + static_cast<int64_t>(rng.Below(static_cast<uint64_t>(all.size() - i)));
+      std::swap(all[i], all[j]);
+    }
+    indices.assign(all.begin(), all.begin() + count);
+    std::sort(indices.begin(), indices.end());
+  }
+  auto subset = std::make_unique<SubsetDataset>(*source, std::move(indices));
+  subset->owned_ = std::move(source);
+  return subset;
 }
 
 Result<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec) {

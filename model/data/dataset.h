@@ -102,37 +102,52 @@ class SyntheticDataset : public Dataset {
   int channels_, size_, num_classes_, frames_;
 };
 
-// The first `count` samples of another dataset (which must outlive this view): how an
-// unbounded dataset is given a size, e.g. to pack a few synthetic samples.
-class PrefixDataset : public Dataset {
+// Some of another dataset's samples, by index: sample i is the source's indices[i]. The
+// source must outlive the view unless the view owns it (TakeSubset).
+class SubsetDataset : public Dataset {
  public:
-  PrefixDataset(const Dataset& source, int64_t count);
-  int64_t size() const override { return count_; }
+  SubsetDataset(const Dataset& source, std::vector<int64_t> indices);
+  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
   int channels() const override { return source_.channels(); }
   int height() const override { return source_.height(); }
   int width() const override { return source_.width(); }
   int num_classes() const override { return source_.num_classes(); }
   int frames() const override { return source_.frames(); }
   Status Get(int64_t index, float* image, int32_t* label) const override {
-    return source_.Get(index, image, label);
+    return source_.Get(indices_[index], image, label);
   }
   const TextTable* texts() const override { return source_.texts(); }
-  int64_t TextId(int64_t index) const override { return source_.TextId(index); }
+  int64_t TextId(int64_t index) const override { return source_.TextId(indices_[index]); }
   bool has_geometry() const override { return source_.has_geometry(); }
   Status GetGeometry(int64_t index, PictureGeometry* geometry) const override {
-    return source_.GetGeometry(index, geometry);
+    return source_.GetGeometry(indices_[index], geometry);
   }
   std::vector<SampleSize> buckets() const override { return source_.buckets(); }
-  int BucketOf(int64_t index) const override { return source_.BucketOf(index); }
+  int BucketOf(int64_t index) const override { return source_.BucketOf(indices_[index]); }
   bool has_mirrored() const override { return source_.has_mirrored(); }
   Status GetMirrored(int64_t index, float* image, int32_t* label) const override {
-    return source_.GetMirrored(index, image, label);
+    return source_.GetMirrored(indices_[index], image, label);
   }
+  const std::vector<int64_t>& indices() const { return indices_; }
 
  private:
+  friend std::unique_ptr<Dataset> TakeSubset(std::unique_ptr<Dataset>, int64_t, uint64_t);
+  std::unique_ptr<Dataset> owned_;  // the source, where the view owns it
   const Dataset& source_;
-  int64_t count_;
+  std::vector<int64_t> indices_;
 };
+
+// The first `count` samples of another dataset (which must outlive this view): how an
+// unbounded dataset is given a size, e.g. to pack a few synthetic samples.
+class PrefixDataset : public SubsetDataset {
+ public:
+  PrefixDataset(const Dataset& source, int64_t count);
+};
+
+// `count` of `source`'s samples drawn at random from `seed`, in the source's order, owning it
+// (data.max_samples: diffusers' --max_train_samples takes a seeded random subset too); an
+// unbounded source gives its first `count`, and `count` ≥ its size the source itself.
+std::unique_ptr<Dataset> TakeSubset(std::unique_ptr<Dataset> source, int64_t count, uint64_t seed);
 
 // A dataset chosen by name, as a command line or job spec names it.
 struct DatasetSpec {

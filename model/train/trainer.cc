@@ -253,6 +253,17 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   spec.frames = m.frames;
   Result<std::unique_ptr<Dataset>> opened = OpenDataset(spec);
   if (!opened.ok()) return opened.status().WithContext("data");
+  if (config.data.max_samples > 0) {
+    const int64_t all = (*opened)->size();
+    const bool unbounded = (*opened)->unbounded();
+    *opened = TakeSubset(std::move(opened).value(), config.data.max_samples, config.seed);
+    if (unbounded) {
+      spdlog::info("data: the first {} samples (data.max_samples)", (*opened)->size());
+    } else if ((*opened)->size() < all) {
+      spdlog::info("data: {} of the {} samples, at random (data.max_samples)", (*opened)->size(),
+                   all);
+    }
+  }
   DT_RETURN_IF_ERROR(CheckDataFitsModel(**opened, m, config.data.kind).WithContext("data"));
   DT_RETURN_IF_ERROR(
       CheckBucketsFitTraining(**opened, config, config.data.kind).WithContext("data"));

@@ -193,6 +193,39 @@ TEST_F(TrainerTest, DiffusersEmaScheduleStartsTheAverageAtTheFirstStepsWeights) 
     ASSERT_FLOAT_EQ(trainer->ema()[i], d * first[i] + keep * second[i]) << i;
 }
 
+// data.max_samples: the trainer draws from a seeded random subset of the data, exactly as it
+// draws from a folder holding just those samples.
+TEST_F(TrainerTest, MaxSamplesTrainsOnASeededSubsetAsOnAFolderOfIt) {
+  TrainConfig c = TinyConfig();
+  const SampleSchema x = FamilyOf(c.model).Samples(c.model);
+  const SyntheticDataset source(5, x.channels, x.height, x.num_classes);
+  const std::string all = (dir_ / "all").string(), some = (dir_ / "some").string();
+  ASSERT_TRUE(WriteLatentFolder(PrefixDataset(source, 40), all, 8).ok());
+  Result<std::unique_ptr<LatentFolderDataset>> folder = LatentFolderDataset::Open(all);
+  ASSERT_TRUE(folder.ok());
+  const std::unique_ptr<Dataset> subset = TakeSubset(std::move(folder).value(), 12, c.seed);
+  ASSERT_TRUE(WriteLatentFolder(*subset, some, 8).ok());
+  c.data.kind = "latent_folder";
+  c.data.path = all;
+  c.data.max_samples = 12;
+  TrainConfig d = c;
+  d.data.path = some;
+  d.data.max_samples = 0;
+  Result<std::unique_ptr<Trainer>> sampled = Trainer::Create(c), packed = Trainer::Create(d);
+  ASSERT_TRUE(sampled.ok()) << sampled.status().message();
+  ASSERT_TRUE(packed.ok()) << packed.status().message();
+  for (int64_t first = 0; first < 24; first += 4) {  // two epochs of the 12
+    MicroBatch a, b;
+    ASSERT_TRUE((*sampled)->MakeMicroBatch(first, 4, a).ok());
+    ASSERT_TRUE((*packed)->MakeMicroBatch(first, 4, b).ok());
+    EXPECT_EQ(a.x0, b.x0) << first;
+    EXPECT_EQ(a.y, b.y) << first;
+  }
+  c.data.max_samples = -1;
+  EXPECT_EQ(Trainer::Create(c).status().message(),
+            "data.max_samples: expected a count >= 0 (0: all), found -1");
+}
+
 // DreamBooth's prior preservation: a job whose data.prior_path names a latent folder of 16
 // samples of the class (here synthetic samples of another seed).
 class PriorTest : public TrainerTest {
