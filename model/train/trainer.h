@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "common/topology.h"
@@ -233,25 +234,33 @@ class Trainer : private parallel::PipelineStage {
   // *loader_seconds. Changes nothing of the trainer's, so a helper thread may call it while a
   // GPU step runs.
   Status FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* loader_seconds);
-  // Clips, updates the owned parameters with AdamW, gathers them (ZeRO-1), updates the
-  // EMA and advances the counters.
+  // config.data, cut by data.max_samples, and data.prior_path's folder (null without one),
+  // each checked against the model of schema `m` (model/train/trainer_data.cc).
+  static Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> OpenData(
+      const TrainConfig& config, const SampleSchema& m);
+  // The data loader's options for this rank; the prior's, which draws its own permutations
+  // (a seed of its own, from the job's).
+  static DataLoaderOptions LoaderOptions(const TrainConfig& config, int dp_rank, int dp_size);
+  static DataLoaderOptions PriorLoaderOptions(const TrainConfig& config, int dp_rank, int dp_size);
   // Zeroes the model's gradients before a step: the ranges `zeroed_`.
   void ZeroModelGradients();
+  // Clips, updates the owned parameters with AdamW, gathers them (ZeRO-1), updates the
+  // EMA and advances the counters.
   Result<StepStats> ApplyUpdate(double loss, int64_t samples);
   // Step on the GPU: the micro-batches one after the other, the gradient all-reduce, the
   // update.
   Result<StepStats> StepOnGpu();
   const std::vector<parallel::Range>& owned() const;
-  // The regression target of `batch`: its noise, or v (diffusion.prediction).
   // Training FLOPs of a sample of height × width (the model at that size), computed once a size.
   double FlopsPerSample(SampleSize size);
-  // Floats of one sample of `batch`, and of the model's output for one.
   // Starts reading the micro-batches of samples [first, first + count) in the background.
   void Prefetch(int64_t first, int count);
+  // Floats of one sample of `batch`, and of the model's output for one.
   size_t SampleElements(const MicroBatch& batch) const;
   size_t OutputElements(const MicroBatch& batch) const;
   // Sizes the model's activations for `batch` (its sample size and micro-batch).
   void ReserveFor(const MicroBatch& batch);
+  // The regression target of `batch`: its noise, or v (diffusion.prediction).
   const float* Target(const MicroBatch& batch) const;
   // The loss of `output` for `batch` and its gradient (scaled) into dout.
   double Loss(const float* output, const MicroBatch& batch, float grad_scale, float* dout) const;
