@@ -156,6 +156,15 @@ int WatchCheckpoints(const SampleOptions& o,
     }
     const int64_t step = *next;
     const SampleOptions options = ForStep(o, store, step);
+    // The outputs' folders, made as the first step needs them (on a volume that starts empty).
+    for (const std::string* path : {&options.out, &options.out_dir, &options.gif, &options.raw}) {
+      const fs::path parent = fs::path(*path).parent_path();
+      if (path->empty() || parent.empty()) continue;
+      if (fs::create_directories(parent, ec); ec) {
+        spdlog::error("sample --watch: cannot create '{}': {}", parent.string(), ec.message());
+        return kExitJobFailed;
+      }
+    }
     spdlog::info("sample --watch: sampling step {}", step);
     const int rc = sample(options);
     done.insert(step);

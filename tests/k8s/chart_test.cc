@@ -124,6 +124,41 @@ TEST_F(ChartTest, ControllerPodRunsTheControllerWithTheJobSpecKeysAndCheckpoints
             "dit-checkpoints");
 }
 
+// samples.enabled: a Job of its own that runs `difftrain sample --watch` on the run's
+// checkpoint directory (the one the chart gives the job spec) from the checkpoint claim.
+TEST_F(ChartTest, SamplesJobWatchesTheRunsCheckpointsOnTheClaim) {
+  EXPECT_FALSE(Render({"-f", "cpu.yaml"}).Find("Job", "dit-difftrain-samples"));  // off by default
+  const Rendered r =
+      Render({"-f", "cpu.yaml", "--set", "samples.enabled=true", "--set",
+              "samples.args={--classes,1}", "--set", "samples.tensorboardDir=/checkpoints/tb"});
+  const YAML::Node job = r.Find("Job", "dit-difftrain-samples");
+  ASSERT_TRUE(job) << r.text;
+  EXPECT_EQ(job["metadata"]["labels"]["app.kubernetes.io/component"].as<std::string>(), "samples");
+  const YAML::Node c = Container(job, "difftrain");
+  EXPECT_EQ(Strings(c["args"]),
+            (Args{"sample", "--checkpoint", "/checkpoints/dit", "--watch", "--watch-timeout",
+                  "3600", "--out", "/checkpoints/dit-samples/grid.png", "--tensorboard",
+                  "/checkpoints/tb", "--classes", "1"}));
+  EXPECT_FALSE(c["resources"]["limits"]["nvidia.com/gpu"]);
+  EXPECT_EQ(Named(c["volumeMounts"], "checkpoints")["mountPath"].as<std::string>(), "/checkpoints");
+  EXPECT_EQ(Named(job["spec"]["template"]["spec"]["volumes"],
+                  "checkpoints")["persistentVolumeClaim"]["claimName"]
+                .as<std::string>(),
+            "dit-difftrain-checkpoints");
+  // The job spec's own checkpoint.dir, where it names one; a job spec the chart does not build
+  // (an existing ConfigMap, specYaml) it cannot read, and asks for it.
+  const Rendered own = Render({"-f", "cpu.yaml", "--set", "samples.enabled=true", "--set",
+                               "job.spec.checkpoint.dir=/checkpoints/runs/a"});
+  EXPECT_EQ(Strings(Container(own.Find("Job", "dit-difftrain-samples"), "difftrain")["args"])[2],
+            "/checkpoints/runs/a");
+  ExpectRenderError({"-f", "existing-configmap.yaml", "--set", "samples.enabled=true", "--set",
+                     "checkpoint.enabled=true"},
+                    "samples.checkpointDir: required with job.specYaml or job.existingConfigMap");
+  ExpectRenderError(
+      {"-f", "cpu.yaml", "--set", "samples.enabled=true", "--set", "checkpoint.enabled=false"},
+      "samples.enabled: the samples Job reads the checkpoints");
+}
+
 TEST_F(ChartTest, KeysAreCopiedOwnerOnlyIntoMemoryBecauseDifftrainRefusesReadableKeyFiles) {
   const Rendered r = Render({"-f", "gpu.yaml"});
   for (const char* name : {"dit-difftrain-controller", "dit-difftrain-worker"}) {

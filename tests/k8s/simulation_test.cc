@@ -1,7 +1,8 @@
-// The chart's pods, simulated on this machine: the controller pod and two worker pods of
-// tests/k8s/values/simulation.yaml run with exactly the command, arguments and environment
-// the rendered Jobs give their containers (init containers first), and the job trains to
-// completion. What a cluster would provide is provided locally, and only that:
+// The chart's pods, simulated on this machine: the controller pod, two worker pods and the
+// samples pod of tests/k8s/values/simulation.yaml run with exactly the command, arguments and
+// environment the rendered Jobs give their containers (init containers first), the job trains
+// to completion and its checkpoints are sampled. What a cluster would provide is provided locally,
+// and only that:
 //   - each volume is a directory: the ConfigMap's files, the Secret's files (keys from
 //     `difftrain keys`), one shared directory for the checkpoint claim, emptyDirs; a mount
 //     path in an argument, a variable or the job spec becomes that directory;
@@ -264,7 +265,8 @@ TEST_F(SimulationTest, ControllerAndTwoWorkerPodsTrainTheJobToCompletion) {
   ASSERT_EQ(rendered_.exit_code, 0) << rendered_.text;
   const YAML::Node controller_job = rendered_.Find("Job", "sim-difftrain-controller");
   const YAML::Node worker_job = rendered_.Find("Job", "sim-difftrain-worker");
-  ASSERT_TRUE(controller_job && worker_job) << rendered_.text;
+  const YAML::Node samples_job = rendered_.Find("Job", "sim-difftrain-samples");
+  ASSERT_TRUE(controller_job && worker_job && samples_job) << rendered_.text;
   const std::string subdomain =
       worker_job["spec"]["template"]["spec"]["subdomain"].as<std::string>();
   const int nodes = worker_job["spec"]["completions"].as<int>();
@@ -295,6 +297,9 @@ TEST_F(SimulationTest, ControllerAndTwoWorkerPodsTrainTheJobToCompletion) {
   std::vector<pid_t> worker_pids;
   for (Pod& w : workers)
     worker_pids.push_back(StartPod(worker_job, w));
+  Pod sampler;
+  sampler.hostname = "sim-difftrain-samples-pod";
+  const pid_t sampler_pid = StartPod(samples_job, sampler);
   ASSERT_FALSE(HasFailure()) << log_.str();
 
   const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
@@ -316,6 +321,23 @@ TEST_F(SimulationTest, ControllerAndTwoWorkerPodsTrainTheJobToCompletion) {
   EXPECT_THAT(written, ::testing::Contains(::testing::MatchesRegex("step-0*4")))
       << checkpoints << "\n"
       << Log(controller.hostname);
+
+  // The samples pod sampled both kept checkpoints (checkpoint.keep 2: steps 2 and 4) and
+  // ended; rank 0 wrote the run's TensorBoard events and the sampler its grids beside them.
+  EXPECT_EQ(Wait(sampler_pid, deadline), 0) << Log(sampler.hostname);
+  const fs::path claim = root_ / "claims/sim-difftrain-checkpoints";
+  for (const char* step : {"00000002", "00000004"}) {
+    EXPECT_TRUE(fs::exists(claim / "sim-samples" / (std::string("grid-step-") + step + ".png")))
+        << step << "\n"
+        << Log(sampler.hostname);
+  }
+  for (const fs::path& dir : {claim / "sim-tensorboard", claim / "sim-tensorboard/samples"}) {
+    bool events = false;
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+      events |= e.path().filename().string().starts_with("events.out.tfevents.");
+    EXPECT_TRUE(events) << dir;
+  }
 }
 
 }  // namespace

@@ -68,7 +68,21 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* The pod spec parts both Jobs share: scheduling, security, image pull secrets. */}}
+{{/* The run's checkpoint directory, for the samples Job: samples.checkpointDir, else the job
+     spec's checkpoint.dir as difftrain.jobSpecYaml sets it (a job spec the chart does not
+     build, specYaml or an existing ConfigMap, it cannot read). */}}
+{{- define "difftrain.checkpointDir" -}}
+{{- if .Values.samples.checkpointDir -}}
+{{- .Values.samples.checkpointDir -}}
+{{- else if or .Values.job.specYaml .Values.job.existingConfigMap -}}
+{{- fail "samples.checkpointDir: required with job.specYaml or job.existingConfigMap (the checkpoint.dir the job spec sets), for the samples Job" -}}
+{{- else -}}
+{{- $ckpt := get (.Values.job.spec | default dict) "checkpoint" | default dict -}}
+{{- get $ckpt "dir" | default (printf "%s/%s" (trimSuffix "/" .Values.checkpoint.mountPath) .Release.Name) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod spec parts the Jobs share: scheduling, security, image pull secrets. */}}
 {{- define "difftrain.podScheduling" -}}
 restartPolicy: Never
 terminationGracePeriodSeconds: {{ int .Values.terminationGracePeriodSeconds }}
