@@ -1,11 +1,13 @@
 // `difftrain sample --watch` (launch/sample_watch.h).
 #include "launch/sample_watch.h"
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -29,23 +31,27 @@ using Clock = std::chrono::steady_clock;
 // Between two listings of the run's directory.
 constexpr auto kPollInterval = std::chrono::milliseconds(500);
 
+// The outputs `s` asks for (each empty where not), and whether each is a folder.
+std::array<std::pair<std::string*, bool>, 4> Outputs(SampleOptions& s) {
+  return {{{&s.out, false}, {&s.out_dir, true}, {&s.gif, false}, {&s.raw, false}}};
+}
+
 // o with its outputs moved to step `step`'s paths and its checkpoint the step's directory.
 SampleOptions ForStep(const SampleOptions& o, const io::CheckpointStore& store, int64_t step) {
   SampleOptions s = o;
   s.watch = false;
   s.tensorboard.clear();
   s.checkpoint = store.StepDir(step);
-  if (!o.out.empty()) s.out = StepOutput(o.out, step, false);
-  if (!o.out_dir.empty()) s.out_dir = StepOutput(o.out_dir, step, true);
-  if (!o.gif.empty()) s.gif = StepOutput(o.gif, step, false);
-  if (!o.raw.empty()) s.raw = StepOutput(o.raw, step, false);
+  for (auto [path, folder] : Outputs(s)) {
+    if (!path->empty()) *path = StepOutput(*path, step, folder);
+  }
   return s;
 }
 
 // Whether every output of `s` exists: a step an earlier watcher sampled.
-bool Sampled(const SampleOptions& s) {
+bool Sampled(SampleOptions s) {
   std::error_code ec;
-  for (const std::string* path : {&s.out, &s.out_dir, &s.gif, &s.raw}) {
+  for (auto [path, folder] : Outputs(s)) {
     if (!path->empty() && !fs::exists(*path, ec)) return false;
   }
   return true;
@@ -155,9 +161,9 @@ int WatchCheckpoints(const SampleOptions& o,
       continue;
     }
     const int64_t step = *next;
-    const SampleOptions options = ForStep(o, store, step);
+    SampleOptions options = ForStep(o, store, step);
     // The outputs' folders, made as the first step needs them (on a volume that starts empty).
-    for (const std::string* path : {&options.out, &options.out_dir, &options.gif, &options.raw}) {
+    for (auto [path, folder] : Outputs(options)) {
       const fs::path parent = fs::path(*path).parent_path();
       if (path->empty() || parent.empty()) continue;
       if (fs::create_directories(parent, ec); ec) {
