@@ -16,53 +16,13 @@
 #include "model/cpu/linear.h"
 #include "model/io/ldm_checkpoint.h"
 #include "model/io/safetensors.h"
+#include "model/text/encoder_names.h"
 #include "model/train/initial_weights.h"
 
 namespace difftrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The names of one layer's tensors, in the order a layer reads them.
-struct LayerNames {
-  std::string q, k, v, out, norm1, fc1, fc2, norm2;
-};
-
-LayerNames Layer(const TextEncoderConfig& c, int i) {
-  if (c.kind == TextEncoderKind::kBert) {
-    const std::string p = fmt::format("encoder.layer.{}.", i);
-    return {p + "attention.self.query",
-            p + "attention.self.key",
-            p + "attention.self.value",
-            p + "attention.output.dense",
-            p + "attention.output.LayerNorm",
-            p + "intermediate.dense",
-            p + "output.dense",
-            p + "output.LayerNorm"};
-  }
-  const std::string p = fmt::format("text_model.encoder.layers.{}.", i);
-  return {p + "self_attn.q_proj", p + "self_attn.k_proj",
-          p + "self_attn.v_proj", p + "self_attn.out_proj",
-          p + "layer_norm1",      p + "mlp.fc1",
-          p + "mlp.fc2",          p + "layer_norm2"};
-}
-
-// The embedding tables: tokens, positions (and BERT's token types and its LayerNorm).
-struct EmbeddingNames {
-  std::string tokens, positions, types, norm;
-};
-
-EmbeddingNames Embeddings(const TextEncoderConfig& c) {
-  if (c.kind == TextEncoderKind::kBert) {
-    return {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
-            "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm"};
-  }
-  return {"text_model.embeddings.token_embedding.weight",
-          "text_model.embeddings.position_embedding.weight", "", ""};
-}
-
-constexpr char kClipFinalNorm[] = "text_model.final_layer_norm";
-constexpr char kClipProjection[] = "text_projection.weight";  // [P, D], no bias
 
 // The position whose state transformers' CLIPTextTransformer pools: the first
 // `eos_token_id`, or (with the legacy id 2) the first of the largest id, as
@@ -241,7 +201,7 @@ TensorTable TextEncoder::Tensors(const TextEncoderConfig& c) {
     table.Add(name + ".weight", {D});
     table.Add(name + ".bias", {D});
   };
-  const EmbeddingNames e = Embeddings(c);
+  const text::EmbeddingNames e = text::EncoderEmbeddings(c);
   table.Add(e.tokens, {c.vocab_size, D});
   table.Add(e.positions, {c.max_positions, D});
   if (c.kind == TextEncoderKind::kBert) {
@@ -249,7 +209,7 @@ TensorTable TextEncoder::Tensors(const TextEncoderConfig& c) {
     norm(e.norm);
   }
   for (int i = 0; i < c.num_layers; ++i) {
-    const LayerNames l = Layer(c, i);
+    const text::LayerNames l = text::EncoderLayer(c, i);
     if (c.kind == TextEncoderKind::kClip) norm(l.norm1);
     linear(l.q, D, D);
     linear(l.k, D, D);
@@ -261,9 +221,9 @@ TensorTable TextEncoder::Tensors(const TextEncoderConfig& c) {
     linear(l.fc2, D, F);
     if (c.kind == TextEncoderKind::kBert) norm(l.norm2);
   }
-  if (c.kind == TextEncoderKind::kClip) norm(kClipFinalNorm);
+  if (c.kind == TextEncoderKind::kClip) norm(text::kClipFinalNorm);
   if (c.kind == TextEncoderKind::kClip && c.projection_dim > 0)
-    table.Add(kClipProjection, {c.projection_dim, D});
+    table.Add(text::kClipProjection, {c.projection_dim, D});
   return table;
 }
 
@@ -308,7 +268,7 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path,
   if (ldm) {
     if (!ldm->open_clip || file.Find(ldm->prefix + "text_projection") == nullptr)
       config->projection_dim = 0;
-  } else if (const io::TensorView* projection = file.Find(kClipProjection);
+  } else if (const io::TensorView* projection = file.Find(text::kClipProjection);
              config->kind == TextEncoderKind::kClip && config->projection_dim == 0 &&
              projection != nullptr && projection->shape.size() == 2 &&
              projection->shape[1] == config->hidden_size) {
@@ -355,7 +315,7 @@ Status TextEncoder::SetTokenEmbeddings(int vocab_size, const std::vector<int32_t
                 weights.begin() + t.offset);
   }
   const size_t D = c.hidden_size;
-  float* tokens = weights.data() + table.Find(Embeddings(c).tokens)->offset;
+  float* tokens = weights.data() + table.Find(text::EncoderEmbeddings(c).tokens)->offset;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size)
       return Errorf("text encoder: token id {} is outside [0, {})", ids[i], vocab_size);
@@ -376,25 +336,38 @@ Status TextEncoder::Pool(const std::vector<text::Tokens>& texts, float* out) con
   return Forward(texts, 0, true, nullptr, out);
 }
 
-Status TextEncoder::Forward(const std::vector<text::Tokens>& texts, int skip_layers,
-                            bool final_norm, float* hidden, float* pooled) const {
+Status TextEncoder::InputEmbeddings(const std::vector<text::Tokens>& texts, float* x) const {
   const TextEncoderConfig& c = config_;
-  if (pooled != nullptr && c.projection_dim == 0) {
-    return Errorf(
-        "text encoder '{}' ({}): no text_projection, so no pooled output (SDXL's text_encoder_2, "
-        "a CLIPTextModelWithProjection, has one)",
-        source_.empty() ? "in memory" : source_, c.Describe());
+  if (c.kind != TextEncoderKind::kClip)
+    return Errorf("text encoder ({}): training through it is for CLIP text models", c.Describe());
+  DT_RETURN_IF_ERROR(CheckTexts(texts));
+  const text::EmbeddingNames e = text::EncoderEmbeddings(c);
+  const float* tokens = W(e.tokens);
+  const float* positions = W(e.positions);
+  const size_t D = c.hidden_size, L = texts.empty() ? 0 : texts[0].ids.size();
+  for (size_t n = 0; n < texts.size(); ++n) {
+    for (size_t l = 0; l < L; ++l) {
+      float* row = x + (n * L + l) * D;
+      const float* token = tokens + size_t(texts[n].ids[l]) * D;
+      for (size_t d = 0; d < D; ++d)
+        row[d] = token[d] + positions[l * D + d];
+    }
   }
+  return Status::Ok();
+}
+
+float* TextEncoder::token_embeddings() {
+  return weights_.data() + table_.Find(text::EncoderEmbeddings(config_).tokens)->offset;
+}
+
+Status TextEncoder::CheckTexts(const std::vector<text::Tokens>& texts) const {
+  const TextEncoderConfig& c = config_;
   if (texts.empty()) return Status::Ok();
   const int N = static_cast<int>(texts.size());
   const int L = static_cast<int>(texts[0].ids.size());
   if (L < 1 || L > c.max_positions) {
     return Errorf("text encoder: texts of {} tokens; it takes 1 to {} (max_position_embeddings)", L,
                   c.max_positions);
-  }
-  if (skip_layers < 0 || skip_layers >= c.num_layers) {
-    return Errorf("text encoder: cannot skip {} of its {} layers (0 to {})", skip_layers,
-                  c.num_layers, c.num_layers - 1);
   }
   for (int n = 0; n < N; ++n) {
     const text::Tokens& t = texts[n];
@@ -407,9 +380,29 @@ Status TextEncoder::Forward(const std::vector<text::Tokens>& texts, int skip_lay
                       c.vocab_size);
     }
   }
+  return Status::Ok();
+}
+
+Status TextEncoder::Forward(const std::vector<text::Tokens>& texts, int skip_layers,
+                            bool final_norm, float* hidden, float* pooled) const {
+  const TextEncoderConfig& c = config_;
+  if (pooled != nullptr && c.projection_dim == 0) {
+    return Errorf(
+        "text encoder '{}' ({}): no text_projection, so no pooled output (SDXL's text_encoder_2, "
+        "a CLIPTextModelWithProjection, has one)",
+        source_.empty() ? "in memory" : source_, c.Describe());
+  }
+  if (texts.empty()) return Status::Ok();
+  DT_RETURN_IF_ERROR(CheckTexts(texts));
+  const int N = static_cast<int>(texts.size());
+  const int L = static_cast<int>(texts[0].ids.size());
+  if (skip_layers < 0 || skip_layers >= c.num_layers) {
+    return Errorf("text encoder: cannot skip {} of its {} layers (0 to {})", skip_layers,
+                  c.num_layers, c.num_layers - 1);
+  }
   const int D = c.hidden_size, F = c.intermediate_size, rows = N * L;
   const bool bert = c.kind == TextEncoderKind::kBert;
-  const EmbeddingNames e = Embeddings(c);
+  const text::EmbeddingNames e = text::EncoderEmbeddings(c);
   const float* tokens = W(e.tokens);
   const float* positions = W(e.positions);
   const float* type = bert ? W(e.types) : nullptr;  // BERT's token type 0
@@ -444,13 +437,13 @@ Status TextEncoder::Forward(const std::vector<text::Tokens>& texts, int skip_lay
   const int taken = c.num_layers - skip_layers;
   const auto take_hidden = [&] {
     if (!bert && final_norm) {
-      norm(hidden, x.data(), kClipFinalNorm);
+      norm(hidden, x.data(), text::kClipFinalNorm);
     } else {
       std::copy(x.begin(), x.end(), hidden);
     }
   };
   for (int i = 0; i < (pooled != nullptr ? c.num_layers : taken); ++i) {
-    const LayerNames l = Layer(c, i);
+    const text::LayerNames l = text::EncoderLayer(c, i);
     // Attention: BERT over x, then add and normalise; CLIP over norm1(x), then add.
     const float* in = x.data();
     if (!bert) {
@@ -494,9 +487,9 @@ Status TextEncoder::Forward(const std::vector<text::Tokens>& texts, int skip_lay
     const int l = PooledPosition(texts[n].ids, c.eos_token_id);
     std::copy_n(x.data() + (size_t(n) * L + l) * D, D, ends.data() + size_t(n) * D);
   }
-  AffineLayerNorm(ends.data(), ends.data(), W(std::string(kClipFinalNorm) + ".weight"),
-                  W(std::string(kClipFinalNorm) + ".bias"), N, D, c.layer_norm_eps);
-  cpu::LinearForward(pooled, ends.data(), W(kClipProjection), static_cast<const float*>(nullptr), N,
+  AffineLayerNorm(ends.data(), ends.data(), W(std::string(text::kClipFinalNorm) + ".weight"),
+                  W(std::string(text::kClipFinalNorm) + ".bias"), N, D, c.layer_norm_eps);
+  cpu::LinearForward(pooled, ends.data(), W(text::kClipProjection), static_cast<const float*>(nullptr), N,
                      D, c.projection_dim);
   return Status::Ok();
 }

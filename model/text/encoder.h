@@ -77,12 +77,22 @@ class TextEncoder {
   // the new table.
   Status SetTokenEmbeddings(int vocab_size, const std::vector<int32_t>& ids, const float* rows);
 
+  // Training through the encoder (textual inversion; model/text/clip_pass.h): a CLIP model's
+  // input embeddings of N texts of L tokens, x [N, L, D], each position's token embedding plus
+  // its position embedding, as Encode starts from them. Errors: not CLIP, and Encode's for
+  // the texts' lengths and ids.
+  Status InputEmbeddings(const std::vector<text::Tokens>& texts, float* x) const;
+  // The token embedding table [vocab_size, D] (the rows textual inversion trains).
+  float* token_embeddings();
+
   // The tensors a model of `config` has, under transformers' state-dict names.
   static TensorTable Tensors(const TextEncoderConfig& config);
 
  private:
   TextEncoder(TensorTable table, const TextEncoderConfig& config, std::vector<float> weights);
   const float* W(const std::string& name) const;
+  // The texts' lengths (all the same, 1 to max_positions) and ids (in the vocabulary).
+  Status CheckTexts(const std::vector<text::Tokens>& texts) const;
   // Encode and Pool: `hidden` and `pooled` each optional.
   Status Forward(const std::vector<text::Tokens>& texts, int skip_layers, bool final_norm,
                  float* hidden, float* pooled) const;

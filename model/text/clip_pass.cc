@@ -1,0 +1,295 @@
+#include "model/text/clip_pass.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+#include "model/cpu/activation.h"
+#include "model/cpu/layernorm.h"
+#include "model/cpu/linear.h"
+#include "model/text/encoder.h"
+#include "model/text/encoder_names.h"
+
+namespace difftrain {
+namespace {
+
+// The activation in place, as TextEncoder::Encode applies it.
+template <typename T>
+void Activate(TextActivation act, T* x, size_t n) {
+  switch (act) {
+    case TextActivation::kGelu:
+      for (size_t i = 0; i < n; ++i)
+        x[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * T(0.70710678118654752)));
+      break;
+    case TextActivation::kGeluTanh:
+      cpu::GeluForward(x, x, n);
+      break;
+    case TextActivation::kQuickGelu:
+      for (size_t i = 0; i < n; ++i)
+        x[i] = x[i] / (T(1) + std::exp(T(-1.702) * x[i]));
+      break;
+  }
+}
+
+// d *= act'(pre), element-wise.
+template <typename T>
+void ActivationBackward(TextActivation act, T* d, const T* pre, size_t n) {
+  switch (act) {
+    case TextActivation::kGelu:
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < n; ++i) {
+        const T x = pre[i];
+        const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752)));
+        const T pdf = std::exp(T(-0.5) * x * x) * T(0.39894228040143268);  // 1/√(2π)
+        d[i] *= cdf + x * pdf;
+      }
+      break;
+    case TextActivation::kGeluTanh: {
+      std::vector<T> g(d, d + n);
+      std::fill(d, d + n, T(0));
+      cpu::GeluBackward(d, g.data(), pre, n);
+      break;
+    }
+    case TextActivation::kQuickGelu:
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < n; ++i) {
+        const T s = T(1) / (T(1) + std::exp(T(-1.702) * pre[i]));
+        d[i] *= s + T(1.702) * pre[i] * s * (T(1) - s);
+      }
+      break;
+  }
+}
+
+// Causal multi-head attention of N texts of L tokens, q, k, v, out [N·L, D], as
+// TextEncoder::Encode computes it; probs [N, H, L, L] the softmax's weights (zero above the
+// diagonal).
+template <typename T>
+void CausalAttention(T* out, T* probs, const T* q, const T* k, const T* v, int N, int L, int D,
+                     int H) {
+  const int hd = D / H;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int n = 0; n < N; ++n) {
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < L; ++i) {
+        T* p = probs + ((size_t(n) * H + h) * L + i) * L;
+        const T* qi = q + (size_t(n) * L + i) * D + h * hd;
+        T top = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          const T* kj = k + (size_t(n) * L + j) * D + h * hd;
+          T s = 0;
+          for (int d = 0; d < hd; ++d)
+            s += qi[d] * kj[d];
+          p[j] = s * scale;
+          top = std::max(top, p[j]);
+        }
+        T sum = 0;
+        for (int j = 0; j <= i; ++j) {
+          p[j] = std::exp(p[j] - top);
+          sum += p[j];
+        }
+        std::fill(p + i + 1, p + L, T(0));
+        T* oi = out + (size_t(n) * L + i) * D + h * hd;
+        std::fill(oi, oi + hd, T(0));
+        for (int j = 0; j <= i; ++j) {
+          if (p[j] == 0) continue;
+          p[j] = p[j] / sum;
+          const T* vj = v + (size_t(n) * L + j) * D + h * hd;
+          for (int d = 0; d < hd; ++d)
+            oi[d] += p[j] * vj[d];
+        }
+      }
+    }
+  }
+}
+
+// The attention's backward: dq, dk, dv [N·L, D] written from dout.
+template <typename T>
+void CausalAttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                             const T* v, const T* probs, int N, int L, int D, int H) {
+  const int hd = D / H;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  const size_t rows = size_t(N) * L;
+  std::fill(dq, dq + rows * D, T(0));
+  std::fill(dk, dk + rows * D, T(0));
+  std::fill(dv, dv + rows * D, T(0));
+  // Each (text, head) writes its own columns of its own rows.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int n = 0; n < N; ++n) {
+    for (int h = 0; h < H; ++h) {
+      std::vector<T> ds(L);
+      for (int i = 0; i < L; ++i) {
+        const T* p = probs + ((size_t(n) * H + h) * L + i) * L;
+        const T* doi = dout + (size_t(n) * L + i) * D + h * hd;
+        // dP = dO·Vᵀ, then the softmax's: dS = P ⊙ (dP − Σ P ⊙ dP).
+        T dot = 0;
+        for (int j = 0; j <= i; ++j) {
+          const T* vj = v + (size_t(n) * L + j) * D + h * hd;
+          T s = 0;
+          for (int d = 0; d < hd; ++d)
+            s += doi[d] * vj[d];
+          ds[j] = s;
+          dot += p[j] * s;
+        }
+        const T* qi = q + (size_t(n) * L + i) * D + h * hd;
+        T* dqi = dq + (size_t(n) * L + i) * D + h * hd;
+        for (int j = 0; j <= i; ++j) {
+          const T g = p[j] * (ds[j] - dot) * scale;
+          const T* kj = k + (size_t(n) * L + j) * D + h * hd;
+          T* dkj = dk + (size_t(n) * L + j) * D + h * hd;
+          T* dvj = dv + (size_t(n) * L + j) * D + h * hd;
+          for (int d = 0; d < hd; ++d) {
+            dqi[d] += g * kj[d];
+            dkj[d] += g * qi[d];
+            dvj[d] += p[j] * doi[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+ClipPass<T>::ClipPass(const TextEncoderConfig& config, const T* weights)
+    : config_(config), table_(TextEncoder::Tensors(config)), weights_(weights) {
+  DT_CHECK(config.kind == TextEncoderKind::kClip, "ClipPass: {} is not a CLIP text model",
+           config.Describe());
+}
+
+template <typename T>
+const T* ClipPass<T>::W(const std::string& name) const {
+  const TensorSpec* t = table_.Find(name);
+  DT_CHECK(t != nullptr, "ClipPass: no tensor '{}'", name);
+  return weights_ + t->offset;
+}
+
+template <typename T>
+void ClipPass<T>::Norm(const std::string& name, const T* in, T* out, T* mean, T* rstd) const {
+  const int rows = N_ * L_, D = config_.hidden_size;
+  cpu::LayerNormForward(out, mean, rstd, in, rows, D, static_cast<T>(config_.layer_norm_eps));
+  const T* gamma = W(name + ".weight");
+  const T* beta = W(name + ".bias");
+  for (int n = 0; n < rows; ++n) {
+    T* row = out + size_t(n) * D;
+    for (int c = 0; c < D; ++c)
+      row[c] = row[c] * gamma[c] + beta[c];
+  }
+}
+
+template <typename T>
+void ClipPass<T>::NormBackward(const std::string& name, const T* dout, const T* in,
+                               const T* mean, const T* rstd, T* din) {
+  const int rows = N_ * L_, D = config_.hidden_size;
+  const T* gamma = W(name + ".weight");
+  scratch_.resize(size_t(rows) * D);
+  for (int n = 0; n < rows; ++n) {
+    for (int c = 0; c < D; ++c)
+      scratch_[size_t(n) * D + c] = dout[size_t(n) * D + c] * gamma[c];
+  }
+  cpu::LayerNormBackward(din, scratch_.data(), in, mean, rstd, rows, D);
+}
+
+template <typename T>
+size_t ClipPass<T>::ActivationElements(const TextEncoderConfig& c, int N, int L) {
+  const size_t rows = size_t(N) * L, D = c.hidden_size, F = c.intermediate_size;
+  const size_t layer = rows * (5 * D + F + 4) + size_t(N) * c.num_heads * L * L;
+  return c.num_layers * layer + rows * (D + 2) + 2 * rows * std::max(D, F);
+}
+
+template <typename T>
+void ClipPass<T>::Forward(const T* x, int N, int L, int skip_layers, bool final_norm, T* out) {
+  const TextEncoderConfig& c = config_;
+  DT_CHECK(skip_layers >= 0 && skip_layers < c.num_layers && L >= 1 && L <= c.max_positions,
+           "ClipPass: {} texts of {} tokens skipping {} of {} layers", N, L, skip_layers,
+           c.num_layers);
+  N_ = N;
+  L_ = L;
+  taken_ = c.num_layers - skip_layers;
+  final_norm_ = final_norm;
+  const int D = c.hidden_size, F = c.intermediate_size, H = c.num_heads, rows = N * L;
+  const size_t RD = size_t(rows) * D;
+  layers_.resize(taken_);
+  std::vector<T> stream(x, x + RD), h(RD), a(RD), mlp(size_t(rows) * F);
+  const auto linear = [&](T* y, const T* in, const std::string& name, int I, int O) {
+    cpu::LinearForward(y, in, W(name + ".weight"), W(name + ".bias"), rows, I, O);
+  };
+  for (int i = 0; i < taken_; ++i) {
+    const text::LayerNames names = text::EncoderLayer(c, i);
+    Layer& k = layers_[i];
+    k.x = stream;
+    k.mean1.resize(rows), k.rstd1.resize(rows), k.mean2.resize(rows), k.rstd2.resize(rows);
+    k.q.resize(RD), k.k.resize(RD), k.v.resize(RD);
+    k.probs.resize(size_t(N) * H * L * L);
+    k.pre.resize(size_t(rows) * F);
+    Norm(names.norm1, stream.data(), h.data(), k.mean1.data(), k.rstd1.data());
+    linear(k.q.data(), h.data(), names.q, D, D);
+    linear(k.k.data(), h.data(), names.k, D, D);
+    linear(k.v.data(), h.data(), names.v, D, D);
+    CausalAttention(a.data(), k.probs.data(), k.q.data(), k.k.data(), k.v.data(), N, L, D, H);
+    linear(h.data(), a.data(), names.out, D, D);
+    for (size_t j = 0; j < RD; ++j)
+      stream[j] += h[j];
+    k.mid = stream;
+    Norm(names.norm2, stream.data(), h.data(), k.mean2.data(), k.rstd2.data());
+    linear(k.pre.data(), h.data(), names.fc1, D, F);
+    std::copy(k.pre.begin(), k.pre.end(), mlp.begin());
+    Activate(c.activation, mlp.data(), mlp.size());
+    linear(h.data(), mlp.data(), names.fc2, F, D);
+    for (size_t j = 0; j < RD; ++j)
+      stream[j] += h[j];
+  }
+  last_ = std::move(stream);
+  if (final_norm) {
+    mean_.resize(rows);
+    rstd_.resize(rows);
+    Norm(text::kClipFinalNorm, last_.data(), out, mean_.data(), rstd_.data());
+  } else {
+    std::copy(last_.begin(), last_.end(), out);
+  }
+}
+
+template <typename T>
+void ClipPass<T>::Backward(const T* dout, T* dx) {
+  const TextEncoderConfig& c = config_;
+  const int D = c.hidden_size, F = c.intermediate_size, H = c.num_heads, rows = N_ * L_;
+  const size_t RD = size_t(rows) * D;
+  // dx carries the stream's gradient, from the output back to the input.
+  if (final_norm_) {
+    std::fill(dx, dx + RD, T(0));
+    NormBackward(text::kClipFinalNorm, dout, last_.data(), mean_.data(), rstd_.data(), dx);
+  } else {
+    std::copy(dout, dout + RD, dx);
+  }
+  std::vector<T> dmlp(size_t(rows) * F), dh(RD), dq(RD), dk(RD), dv(RD);
+  // din = dout · W (written): a Linear's input gradient, its weight frozen.
+  const auto linear_back = [&](T* din, const T* d, const std::string& name, int I, int O) {
+    std::fill(din, din + size_t(rows) * I, T(0));
+    cpu::LinearBackward<T>(din, nullptr, nullptr, d, nullptr, W(name + ".weight"), rows, I, O);
+  };
+  for (int i = taken_; i-- > 0;) {
+    const text::LayerNames names = text::EncoderLayer(c, i);
+    const Layer& k = layers_[i];
+    // The MLP: stream += fc2(act(fc1(norm2(mid)))).
+    linear_back(dmlp.data(), dx, names.fc2, F, D);
+    ActivationBackward(c.activation, dmlp.data(), k.pre.data(), dmlp.size());
+    linear_back(dh.data(), dmlp.data(), names.fc1, D, F);
+    NormBackward(names.norm2, dh.data(), k.mid.data(), k.mean2.data(), k.rstd2.data(), dx);
+    // The attention: mid = x + out(attention(norm1(x))).
+    linear_back(dh.data(), dx, names.out, D, D);
+    CausalAttentionBackward(dq.data(), dk.data(), dv.data(), dh.data(), k.q.data(), k.k.data(),
+                            k.v.data(), k.probs.data(), N_, L_, D, H);
+    linear_back(dh.data(), dq.data(), names.q, D, D);
+    cpu::LinearBackward<T>(dh.data(), nullptr, nullptr, dk.data(), nullptr, W(names.k + ".weight"),
+                           rows, D, D);
+    cpu::LinearBackward<T>(dh.data(), nullptr, nullptr, dv.data(), nullptr, W(names.v + ".weight"),
+                           rows, D, D);
+    NormBackward(names.norm1, dh.data(), k.x.data(), k.mean1.data(), k.rstd1.data(), dx);
+  }
+}
+
+template class ClipPass<float>;
+template class ClipPass<double>;
+
+}  // namespace difftrain
