@@ -39,6 +39,13 @@ size_t Model::fixed_bytes() const {
   return bytes;
 }
 
+Status Model::SetContextGradient(int, float* dcontext) {
+  if (dcontext == nullptr) return Status::Ok();
+  return Status::Error(
+      "this model computes no gradient of its text embeddings (textual inversion trains through "
+      "the Stable Diffusion UNet's cross-attention)");
+}
+
 Status Model::SetSampleSize(int height, int width) {
   return Errorf(
       "this model trains at its config's size only, not {}x{} latents (aspect-ratio buckets need "

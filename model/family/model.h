@@ -155,6 +155,11 @@ class Model {
   // would be. The default computes everything.
   virtual void SkipGradients(std::vector<size_t> tensor_offsets) {}
 
+  // Textual inversion (model/train/textual_inversion.h): the next Backward of `slot` also adds
+  // the loss gradient of that micro-batch's inputs.context into `dcontext` [B, L, D] (`+=`);
+  // null: none, as by default. A family that cannot returns an error.
+  virtual Status SetContextGradient(int slot, float* dcontext);
+
   // Called during Backward with an offset o: the gradients of the arena range [o, end) are
   // final; o only decreases and the last call has o = 0.
   using GradientsReady = std::function<void(size_t from)>;

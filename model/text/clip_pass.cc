@@ -105,8 +105,8 @@ void CausalAttention(T* out, T* probs, const T* q, const T* k, const T* v, int N
 
 // The attention's backward: dq, dk, dv [N·L, D] written from dout.
 template <typename T>
-void CausalAttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                             const T* v, const T* probs, int N, int L, int D, int H) {
+void CausalAttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                             const T* probs, int N, int L, int D, int H) {
   const int hd = D / H;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
   const size_t rows = size_t(N) * L;
@@ -179,8 +179,8 @@ void ClipPass<T>::Norm(const std::string& name, const T* in, T* out, T* mean, T*
 }
 
 template <typename T>
-void ClipPass<T>::NormBackward(const std::string& name, const T* dout, const T* in,
-                               const T* mean, const T* rstd, T* din) {
+void ClipPass<T>::NormBackward(const std::string& name, const T* dout, const T* in, const T* mean,
+                               const T* rstd, T* din) {
   const int rows = N_ * L_, D = config_.hidden_size;
   const T* gamma = W(name + ".weight");
   scratch_.resize(size_t(rows) * D);

@@ -489,8 +489,8 @@ Status TextEncoder::Forward(const std::vector<text::Tokens>& texts, int skip_lay
   }
   AffineLayerNorm(ends.data(), ends.data(), W(std::string(text::kClipFinalNorm) + ".weight"),
                   W(std::string(text::kClipFinalNorm) + ".bias"), N, D, c.layer_norm_eps);
-  cpu::LinearForward(pooled, ends.data(), W(text::kClipProjection), static_cast<const float*>(nullptr), N,
-                     D, c.projection_dim);
+  cpu::LinearForward(pooled, ends.data(), W(text::kClipProjection),
+                     static_cast<const float*>(nullptr), N, D, c.projection_dim);
   return Status::Ok();
 }
 

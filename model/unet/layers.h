@@ -36,8 +36,9 @@ struct UNetRun {
   const std::vector<size_t>* value_offsets = nullptr;  // in acts
   const std::vector<size_t>* grad_offsets = nullptr;   // in scratch (value 0 has none)
   const float* context = nullptr;                      // [B, L, D_text]
-  const float* temb_silu = nullptr;                    // SiLU(time embedding) [B, E]
-  float* dtemb_silu = nullptr;                         // its gradient (`+=`)
+  float* dcontext = nullptr;         // its gradient (`+=`; textual inversion), or null: none
+  const float* temb_silu = nullptr;  // SiLU(time embedding) [B, E]
+  float* dtemb_silu = nullptr;       // its gradient (`+=`)
   // Forward again inside backward (activation recomputation): only what the layer's backward
   // reads, not its output value, which is already there.
   bool recomputing = false;

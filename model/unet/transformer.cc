@@ -179,7 +179,7 @@ class TransformerLayer final : public UNetLayer {
     Zero(r.S(d_ln_), NC);
     k.ff0.Backward(r, r.S(d_ln_), r.S(d_ff_in_), r.A(k.ln3.out), N_);
     k.ln3.Backward(r, dh, r.S(d_ln_), r.A(k.h2), r.S(d_xhat_));
-    // Cross-attention; the text gets no gradient.
+    // Cross-attention; the text's gradient where one is asked for (textual inversion).
     Zero(r.S(d_a_), NC);
     k.out2.Backward(r, r.S(d_a_), dh, r.A(k.a2), N_);
     Zero(r.S(d_q_), NC);
@@ -188,7 +188,7 @@ class TransformerLayer final : public UNetLayer {
     float* dkv = r.S(d_kv_);
     cpu::AttentionBackward(r.S(d_q_), dkv, dkv + C_, r.S(d_a_), r.A(k.q2_out), C_, kv, kv + C_,
                            2 * C_, r.A(k.probs2), B_, T_, L_, C_, H_);
-    k.kv2.Backward(r, nullptr, dkv, r.context, B_ * L_);
+    k.kv2.Backward(r, r.dcontext, dkv, r.context, B_ * L_);
     Zero(r.S(d_ln_), NC);
     k.q2.Backward(r, r.S(d_ln_), r.S(d_q_), r.A(k.ln2.out), N_);
     k.ln2.Backward(r, dh, r.S(d_ln_), r.A(k.h1), r.S(d_xhat_));

@@ -113,6 +113,7 @@ void UNet::Reserve(int B, int slots, bool recompute) {
     acts_ = Buffer<float>(needed);
   }
   contexts_.assign(slots, nullptr);
+  dcontexts_.assign(slots, nullptr);
   guidances_.assign(slots, nullptr);
   batch_ = B;
   slots_ = slots;
@@ -121,6 +122,12 @@ void UNet::Reserve(int B, int slots, bool recompute) {
 
 const float* UNet::output(int slot) const {
   return acts_.data() + slot * layout_->slot + layout_->value_offsets.back();
+}
+
+Status UNet::SetContextGradient(int slot, float* dcontext) {
+  DT_CHECK(slot < slots_, "slot {} of {}", slot, slots_);
+  dcontexts_[slot] = dcontext;
+  return Status::Ok();
 }
 
 UNetRun UNet::Run(int slot) {
@@ -136,6 +143,7 @@ UNetRun UNet::Run(int slot) {
   r.value_offsets = &l.value_offsets;
   r.grad_offsets = &l.grad_offsets;
   r.context = contexts_[slot];
+  r.dcontext = dcontexts_[slot];
   r.temb_silu = r.acts + l.temb_silu;
   return r;
 }

@@ -75,6 +75,9 @@ class UNet : public Model {
   const float* output(int slot) const override;
   Status Backward(int slot, const float* output_grad, float* input_grad,
                   const GradientsReady& ready = {}) override;
+  // The cross-attentions' key and value projections add their input's gradient into
+  // `dcontext` (every transformer block's, each micro-batch's Backward).
+  Status SetContextGradient(int slot, float* dcontext) override;
   // Skips the gradients of the convolutions' and Linear layers' weights and biases (the norms'
   // and the time embedding's, small tensors, are computed still).
   void SkipGradients(std::vector<size_t> tensor_offsets) override {
@@ -100,6 +103,7 @@ class UNet : public Model {
   // Each slot's text embedding, which backward reads again (the caller keeps its inputs until
   // the micro-batch's backward).
   std::vector<const float*> contexts_;
+  std::vector<float*> dcontexts_;        // SetContextGradient's, each slot's
   std::vector<const float*> guidances_;  // each slot's guidance embedding, or null
   GradientSkips skipped_;                // SkipGradients' tensors
   // slots × the slot size, then the backward scratch, then (recomputing) the workspace
