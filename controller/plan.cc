@@ -98,7 +98,7 @@ Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int s
         const MemoryBytes m,
         PlanMemory(config.model, layout, topology.CoordinatesOf(rank).pp, config.micro_batch,
                    plan.accumulation, pc.zero1, plan.dp * plan.cp, pc.bucket_elements(),
-                   config.recompute, config.lora));
+                   config.recompute, config.lora, config.textual_inversion));
     const double bytes = double(m.total());
     need += bytes;
     largest = std::max(largest, bytes);

@@ -40,6 +40,39 @@ Status TrainConfig::ValidateLora() const {
   return Status::Ok();
 }
 
+Status TrainConfig::ValidateTextualInversion() const {
+  DT_RETURN_IF_ERROR(textual_inversion.Validate());
+  const SampleSchema s = FamilyOf(model).Samples(model);
+  if (model.family != "unet" || s.context_length == 0 || s.pooled_text_dim > 0) {
+    return Errorf(
+        "textual_inversion: trains a token for the Stable Diffusion 1.x/2.x UNet's text encoder; "
+        "the {} model {}",
+        model.name(),
+        s.pooled_text_dim > 0 ? "is SDXL's, whose two text encoders are not trained here"
+                              : "takes no text");
+  }
+  // The vectors are one replicated arena, as LoRA's adapters; the text encoder runs on the CPU.
+  const std::pair<const char*, bool> unsupported[] = {{"lora", lora.enabled()},
+                                                      {"data.prior_path", data.has_prior()},
+                                                      {"parallel.tp > 1", parallel.tp > 1},
+                                                      {"parallel.cp > 1", parallel.cp > 1},
+                                                      {"parallel.pp > 1", parallel.pp > 1},
+                                                      {"parallel.zero1", parallel.zero1},
+                                                      {"train.device cuda", device == "cuda"}};
+  for (const auto& [what, set] : unsupported) {
+    if (set) {
+      return Errorf(
+          "{}: textual_inversion trains on the CPU, data parallel, without lora or a prior; not "
+          "with {}{}",
+          cluster.Where("textual_inversion.token"), what,
+          device_automatic && device == "cuda" ? " (train.device auto found a GPU: set "
+                                                 "train.device: cpu)"
+                                               : "");
+    }
+  }
+  return Status::Ok();
+}
+
 Status TrainConfig::ValidatePrior() const {
   if (!(data.prior_loss_weight >= 0 && std::isfinite(data.prior_loss_weight))) {
     return Errorf("data.prior_loss_weight: expected a number >= 0, found {}",
@@ -157,6 +190,9 @@ Status TrainConfig::Validate(int dp) const {
   if (lora.enabled()) {
     DT_RETURN_IF_ERROR(ValidateLora());
   }
+  if (textual_inversion.enabled()) {
+    DT_RETURN_IF_ERROR(ValidateTextualInversion());
+  }
   if (device == "cuda") {
     // What the GPU step does not do yet (docs/cuda.md).
     const std::pair<const char*, bool> unsupported[] = {{"parallel.tp > 1", parallel.tp > 1},
@@ -219,6 +255,7 @@ nlohmann::json TrainConfig::ToJson() const {
   }
   if (!tensorboard_dir.empty()) json["train"]["tensorboard_dir"] = tensorboard_dir;
   if (data.max_samples > 0) json["data"]["max_samples"] = data.max_samples;
+  if (textual_inversion.enabled()) json["textual_inversion"] = textual_inversion.ToJson();
   return json;
 }
 
@@ -297,6 +334,18 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
     return top.ErrorAt("lora", "lora.rank: required (the adapters' rank, e.g. 4)");
   }
 
+  YamlFields inversion = top.Section("textual_inversion");
+  inversion.String("token", c.textual_inversion.token)
+      .String("initializer_token", c.textual_inversion.initializer_token)
+      .Int("vectors", c.textual_inversion.vectors)
+      .String("text_encoder", c.textual_inversion.text_encoder)
+      .StringList("templates", c.textual_inversion.templates);
+  DT_RETURN_IF_ERROR(inversion.Finish());
+  if (top.Has("textual_inversion") && !inversion.Has("token")) {
+    return top.ErrorAt("textual_inversion",
+                       "textual_inversion.token: required (the new token, e.g. <cat-toy>)");
+  }
+
   YamlFields batch = top.Section("batch");
   batch.Int("micro", c.micro_batch);
   c.global_batch = c.micro_batch;  // default: no accumulation
@@ -361,6 +410,7 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   c.cluster.Locate(train, "train", {"device", "precision"});
   c.cluster.Locate(ckpt, "checkpoint", {"init_from"});
   c.cluster.Locate(lora, "lora", {"rank", "targets"});
+  c.cluster.Locate(inversion, "textual_inversion", {"token"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());
   c.micro_batch_given = batch.Has("micro");
@@ -390,12 +440,12 @@ Status ResolveJob(TrainConfig& c, const PlanDevice& device) {
   if (c.device == "auto") c.device_automatic = true;
   if (c.device_automatic) c.device = !device.gpu.empty() && kCudaBackend ? "cuda" : "cpu";
   if (!c.parallel.automatic) return c.device_automatic ? c.Validate() : Status::Ok();
-  if (c.lora.enabled()) {
+  if (c.lora.enabled() || c.textual_inversion.enabled()) {
     // The planner's memory and time models are of whole-model training.
     return Errorf(
-        "{}: parallel: auto plans whole-model training; a lora job names its layout "
+        "{}: parallel: auto plans whole-model training; a {} job names its layout "
         "(parallel: {{dp: N}}, or none for one process)",
-        c.cluster.Where("parallel"));
+        c.cluster.Where("parallel"), c.lora.enabled() ? "lora" : "textual_inversion");
   }
   if (c.data.has_prior() && !c.micro_batch_given) {
     // The planner's micro-batches are any divisor; a prior's halves need an even one.

@@ -22,6 +22,7 @@
 #include "model/optim/adamw.h"
 #include "model/train/lora_adapters.h"
 #include "model/train/planner.h"
+#include "model/train/textual_inversion.h"
 
 namespace difftrain {
 
@@ -88,6 +89,10 @@ struct TrainConfig {
   // lora.rank > 0: the model's target modules train as low-rank adapters, every weight else
   // frozen (model/train/lora_adapters.h); the CPU, data and context parallel layouts.
   LoraConfig lora;
+  // textual_inversion.token set: a new token's embedding trains, the model and the text encoder
+  // frozen (model/train/textual_inversion.h); the Stable Diffusion 1.x/2.x UNet, on the CPU,
+  // data parallel.
+  TextualInversionConfig textual_inversion;
   int micro_batch = 8;
   int global_batch = 8;           // = micro_batch × data-parallel size × accumulation steps
   bool micro_batch_given = true;  // batch.micro was in the file (`parallel: auto` keeps it)
@@ -122,6 +127,8 @@ struct TrainConfig {
   nlohmann::json ToJson() const;
   // lora against the layout, the device and the model's modules.
   Status ValidateLora() const;
+  // textual_inversion against the model, the layout, the device and the other sections.
+  Status ValidateTextualInversion() const;
   // data.prior_path and prior_loss_weight (Validate's).
   Status ValidatePrior() const;
 

@@ -397,6 +397,61 @@ TEST_F(JobSpecTest, ANonSquareUNetIsNotTrained) {
       << c.status().message();
 }
 
+// textual_inversion: read and shipped; refused, by name, for the models and layouts it does not
+// train (a model without text, SDXL's pair of encoders, LoRA, a prior, split layouts, the GPU).
+TEST_F(JobSpecTest, TextualInversionIsReadAndRefusedWhereItDoesNotTrain) {
+  const std::string sd =
+      "model: {name: SD1.5, text_dropout: 0}\n"
+      "data: {kind: latent_folder, path: cat-latents}\n"
+      "train: {device: cpu}\n"
+      "textual_inversion: {token: '<cat-toy>', initializer_token: toy, vectors: 3,\n"
+      "                    templates: ['a photo of a {}', 'a rendering of a {}']}\n";
+  Result<TrainConfig> c = TrainConfig::FromYamlText(sd, "ti.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->textual_inversion.token, "<cat-toy>");
+  EXPECT_EQ(c->textual_inversion.vectors, 3);
+  EXPECT_EQ(c->textual_inversion.templates.size(), 2u);
+  EXPECT_EQ(c->ToJson()["textual_inversion"]["initializer_token"], "toy");
+  // A job without the section ships none.
+  Result<TrainConfig> plain =
+      TrainConfig::FromYamlText("model: {name: SD1.5}\ntrain: {device: cpu}\n", "plain.yaml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->ToJson().contains("textual_inversion"));
+  const auto refused = [&](const std::string& yaml, const std::string& why) {
+    Result<TrainConfig> r = TrainConfig::FromYamlText(yaml, "ti.yaml");
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
+  };
+  refused(sd + "lora: {rank: 4}\n", "without lora or a prior; not with lora");
+  refused(sd + "parallel: {tp: 2}\n", "not with parallel.tp > 1");
+  refused(sd + "parallel: {dp: 2, zero1: true}\n", "not with parallel.zero1");
+  refused(std::string(sd).replace(sd.find("device: cpu"), 11, "device: cuda"),
+          "not with train.device cuda");
+  refused(std::string(sd).replace(sd.find("cat-latents}"), 12,
+                                  "cat-latents, prior_path: cats}\nbatch: {micro: 2}"),
+          "not with data.prior_path");
+  refused(std::string(sd).replace(sd.find("SD1.5"), 5, "SDXL"), "SDXL's");
+  refused(std::string(kAutoJob).replace(std::string(kAutoJob).find("parallel: auto\n"), 15, "") +
+              "textual_inversion: {token: x, initializer_token: y}\n",
+          "takes no text");
+  refused(std::string(sd).replace(sd.find("{}', 'a rendering"), 2, ""), "should hold \"{}\" once");
+  refused(std::string(sd).replace(sd.find("'<cat-toy>'"), 11, "'cat toy'"), "holds white space");
+  refused(std::string(sd).replace(sd.find("vectors: 3"), 10, "vectors: 0"),
+          "textual_inversion.vectors: expected a count >= 1");
+  refused(std::string(sd).replace(sd.find("initializer_token: toy, "), 24, ""),
+          "textual_inversion.initializer_token: required");
+  refused("model: {name: SD1.5}\ntextual_inversion: {vectors: 2}\n",
+          "textual_inversion.token: required");
+  std::string automatic = std::string(sd).replace(sd.find("train: {device: cpu}"), 20,
+                                                  "parallel: auto\nbatch: {micro: 1}");
+  Result<TrainConfig> unresolved = TrainConfig::FromYamlText(automatic, "ti.yaml");
+  ASSERT_TRUE(unresolved.ok()) << unresolved.status().message();
+  const Status resolved = ResolveJob(*unresolved, PlanDevice{});
+  ASSERT_FALSE(resolved.ok());
+  EXPECT_NE(resolved.message().find("a textual_inversion job names its layout"), std::string::npos)
+      << resolved.message();
+}
+
 TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
   Result<TrainConfig> c = TrainConfig::FromYamlFile(Write("model: {name: DiT-M/3}\n"));
   ASSERT_FALSE(c.ok());

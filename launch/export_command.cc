@@ -29,6 +29,7 @@
 #include "model/io/safetensors.h"
 #include "model/simt/simt.h"
 #include "model/train/lora_adapters.h"
+#include "model/train/textual_inversion.h"
 
 namespace difftrain::launch {
 namespace {
@@ -406,6 +407,28 @@ Status WriteLora(const ExportOptions& o, const SampleSource& source, bool diffus
   return file.Write(o.out);
 }
 
+// A textual inversion's vectors (model/train/textual_inversion.h) as the learned_embeds file
+// diffusers' textual_inversion.py saves: one tensor [vectors, D] named by the token, which
+// load_textual_inversion and `sample --textual-inversion` read.
+Status WriteTextualInversion(const ExportOptions& o, const SampleSource& source) {
+  const io::SafetensorsFile& shard = *source.file;
+  const auto meta = shard.metadata().find(std::string(kInversionMetadata));
+  const nlohmann::json config = nlohmann::json::parse(meta->second, nullptr, false);
+  if (!config.is_object() || !config.value("token", nlohmann::json()).is_string()) {
+    return Errorf("'{}': malformed '{}' metadata {}", shard.path(), kInversionMetadata,
+                  meta->second);
+  }
+  const std::string name = (o.weights == "ema" ? "ema." : "") + std::string(kInversionVectors);
+  const io::TensorView* vectors = shard.Find(name);
+  if (vectors == nullptr || vectors->shape.size() != 2)
+    return Errorf("'{}': holds no [vectors, D] tensor '{}'", shard.path(), name);
+  std::vector<float> values(vectors->shape[0] * vectors->shape[1]);
+  DT_RETURN_IF_ERROR(shard.CopyF32(name, vectors->shape, values.data()));
+  TensorSink file(o.dtype);
+  file.Add(config["token"].get<std::string>(), vectors->shape, values.data());
+  return file.Write(o.out);
+}
+
 int RunExport(const ExportOptions& o) {
   auto bad = [](const std::string& message) { return ReportBadInput("export", message); };
   if (Status s = SetupLogging(o.log_level); !s.ok()) return bad(s.message());
@@ -413,12 +436,27 @@ int RunExport(const ExportOptions& o) {
   Result<SampleSource> source = LoadCheckpointSource(o.checkpoint);
   if (!source.ok()) return bad("--checkpoint: " + source.status().message());
   const ModelFamily& family = FamilyOf(source->model);
-  if ((o.format == "state-dict" || o.format == "lora") && !o.pipeline.empty())
+  if ((o.format == "state-dict" || o.format == "lora" || o.format == "textual-inversion") &&
+      !o.pipeline.empty())
     return bad("--pipeline is for --format diffusers and single-file");
   std::error_code ec;
   const fs::path out = o.out;
   if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
     return bad(fmt::format("--out '{}' exists: export writes a new file or folder", o.out));
+  if (o.format == "textual-inversion") {
+    if (!source->file->metadata().contains(std::string(kInversionMetadata))) {
+      return bad(
+          "--format textual-inversion: the checkpoint trained no textual inversion (the job's "
+          "textual_inversion section)");
+    }
+    if (Status s = WriteTextualInversion(o, *source); !s.ok()) {
+      spdlog::error("{}", s.message());
+      return kExitJobFailed;
+    }
+    spdlog::info("wrote {} ({} textual inversion vectors, step {}, in {})", o.out, o.weights,
+                 source->step, o.dtype);
+    return kExitOk;
+  }
   if (o.format == "lora") {
     if (!source->file->metadata().contains("lora")) {
       return bad(
@@ -503,8 +541,12 @@ DIFFTRAIN_COMMAND(
                       "(a whole pipeline with --pipeline); single-file: an "
                       "original Stable Diffusion checkpoint; state-dict: the model's tensors "
                       "under difftrain's names (any family); lora: a LoRA run's adapters as "
-                      "diffusers' LoRA file (load_lora_weights, `sample --lora`)")
-           ->check(CLI::IsMember({"diffusers", "single-file", "state-dict", "lora"}))
+                      "diffusers' LoRA file (load_lora_weights, `sample --lora`); "
+                      "textual-inversion: a textual inversion's vectors as diffusers' "
+                      "learned_embeds.safetensors (load_textual_inversion, `sample "
+                      "--textual-inversion`)")
+           ->check(CLI::IsMember(
+               {"diffusers", "single-file", "state-dict", "lora", "textual-inversion"}))
            ->capture_default_str();
        app.add_option("--pipeline", o->pipeline,
                       "a pipeline folder whose other parts (text encoder, tokenizer, VAE, "

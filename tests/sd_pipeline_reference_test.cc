@@ -997,40 +997,6 @@ TEST_F(SdPipelineReferenceTest, SamplesAsStableDiffusionXLPipeline) {
   EXPECT_THAT(malformed.output, ::testing::HasSubstr("--crop-top-left: two non-negative numbers"));
 }
 
-// Captioned pictures for fine-tuning: DIR/NN.png of each size (width × height) in `sizes`, its
-// pixels a pattern of its number, and DIR/metadata.jsonl pairing it with captions[k].
-void WriteCaptionedPictures(const std::filesystem::path& dir,
-                            const std::vector<std::pair<int, int>>& sizes,
-                            const std::vector<std::string>& captions) {
-  std::filesystem::create_directories(dir);
-  std::ofstream jsonl(dir / "metadata.jsonl");
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    const auto [width, height] = sizes[k];
-    std::vector<uint8_t> pixels(width * height * 3);
-    for (size_t i = 0; i < pixels.size(); ++i)
-      pixels[i] = static_cast<uint8_t>((i * 29 + k * 53) % 251);
-    const std::string file = fmt::format("{:02d}.png", k);
-    ASSERT_TRUE(io::WritePng((dir / file).string(), pixels.data(), width, height, 3).ok());
-    jsonl << nlohmann::json{{"file_name", file}, {"text", captions[k]}}.dump() << "\n";
-  }
-}
-
-// A job fine-tuning `pipeline`'s UNet on the latent folder `packed` for `steps` steps of 2
-// samples, its checkpoint (at the end) in `ckpt`; written to `job`.
-void WriteFineTuneJob(const std::string& job, const std::string& pipeline,
-                      const std::string& packed, const std::string& ckpt, int steps) {
-  nlohmann::json unet = nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
-  unet["name"] = "unet";
-  std::ofstream(job) << "model: " << unet.dump() << "\n"
-                     << "diffusion: {schedule: scaled_linear, beta_start: 0.00085, beta_end: "
-                        "0.012}\n"
-                     << "data: {kind: latent_folder, path: " << packed << "}\n"
-                     << "batch: {micro: 2, global: 2}\n"
-                     << "train: {steps: " << steps << ", log_every: 1}\n"
-                     << "checkpoint: {dir: " << ckpt << ", every: " << steps
-                     << ", init_from: " << pipeline << "/unet}\n";
-}
-
 // SDXL fine-tuning from captioned pictures of several sizes: `data pack` through the pipeline's
 // VAE and its two text encoders (the table holds each caption's pooled embedding, each shard
 // each picture's geometry), each sample's time ids its own picture's, training from the

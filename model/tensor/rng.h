@@ -20,6 +20,7 @@ enum class RngStream : uint64_t {
   kText = 5,    // synthetic text embeddings (text-conditional families)
   kVae = 6,     // drawing from a VAE posterior (encoding images into latents)
   kLora = 7,    // LoRA adapters' initialisation (model/train/lora_adapters.h)
+  kPrompt = 8,  // textual inversion: each training sample's prompt template
 };
 
 // xoshiro256** seeded through splitmix64 from (seed, stream, counter).

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/check.h"
 #include "model/io/ldm_checkpoint.h"
 #include "model/text/clip_bpe.h"
 
@@ -168,6 +169,15 @@ Status TextEmbedder::LoadTextualInversion(const std::string& file, const std::st
     DT_RETURN_IF_ERROR(read.CopyAsF32(tensors[p], shape, rows.emplace_back(n * D).data()));
   }
   const std::string name = token.empty() ? names[0] : token;
+  return AddTextualInversion(name, n, rows)
+      .status()
+      .WithContext(fmt::format("textual inversion '{}'", file));
+}
+
+Result<std::vector<int32_t>> TextEmbedder::AddTextualInversion(
+    const std::string& name, int n, const std::vector<std::vector<float>>& rows) {
+  DT_CHECK(rows.size() == parts_.size(), "{} encoders' vectors for {} encoders", rows.size(),
+           parts_.size());
   std::vector<std::string> tokens = {name};
   for (int i = 1; i < n; ++i)
     tokens.push_back(fmt::format("{}_{}", name, i));
@@ -176,27 +186,22 @@ Status TextEmbedder::LoadTextualInversion(const std::string& file, const std::st
   std::vector<std::vector<int32_t>> ids;
   for (const Part& part : parts_) {
     const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(part.tokenizer.get());
-    if (!clip) {
-      return Errorf("textual inversion '{}': the text encoder '{}' has no CLIP tokenizer", file,
-                    path_);
-    }
+    if (!clip) return Errorf("the text encoder '{}' has no CLIP tokenizer", path_);
     try {
       grown.push_back(std::make_shared<text::ClipBpeTokenizer>(*clip));
       ids.push_back(grown.back()->AddTokens(tokens));
     } catch (const std::invalid_argument& e) {
-      return Errorf("textual inversion '{}': {}", file, e.what());
+      return Status::Error(e.what());
     }
   }
   for (size_t p = 0; p < parts_.size(); ++p) {
     DT_RETURN_IF_ERROR(
-        parts_[p]
-            .encoder.SetTokenEmbeddings(grown[p]->vocab_size(), ids[p], rows[p].data())
-            .WithContext(fmt::format("textual inversion '{}'", file)));
+        parts_[p].encoder.SetTokenEmbeddings(grown[p]->vocab_size(), ids[p], rows[p].data()));
     parts_[p].tokenizer = std::move(grown[p]);
   }
   inversions_.emplace_back(name, n);
   inversion_ids_.push_back(ids[0][0]);
-  return Status::Ok();
+  return ids[0];
 }
 
 std::string TextEmbedder::SpellInversions(std::string text) const {

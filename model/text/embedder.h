@@ -70,6 +70,11 @@ class TextEmbedder {
   // not the encoder's width, n not the same in both, a token a tokenizer has, a tokenizer other
   // than CLIP's.
   Status LoadTextualInversion(const std::string& file, const std::string& token);
+  // The same for vectors in memory: the tokens `token`, token_1, …, token_{n−1} with `rows`,
+  // one [n, D] per encoder (SDXL's two). Returns their ids in the first encoder's tokenizer
+  // (consecutive). Errors: a token a tokenizer has, a tokenizer other than CLIP's.
+  Result<std::vector<int32_t>> AddTextualInversion(const std::string& token, int n,
+                                                   const std::vector<std::vector<float>>& rows);
   // The tokens textual inversion added, with their vectors' count.
   const std::vector<std::pair<std::string, int>>& inversions() const { return inversions_; }
   // `text` with every multi-vector token the tokenizer cuts out of it spelled out in full ("<x>"

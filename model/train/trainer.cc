@@ -53,7 +53,8 @@ std::vector<parallel::Range> Intersect(const std::vector<parallel::Range>& a,
 
 Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout, int stage,
                                int micro_batch, int micro_batches, bool zero1, int dp_cp,
-                               size_t bucket_elements, bool recompute, const LoraConfig& lora) {
+                               size_t bucket_elements, bool recompute, const LoraConfig& lora,
+                               const TextualInversionConfig& inversion) {
   const ModelFamily& family = FamilyOf(model);
   DT_ASSIGN_OR_RETURN(const ModelPartition part, family.Partition(model, layout, 0, 0, stage));
   const size_t n = part.parameters.table.total();
@@ -75,6 +76,18 @@ Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout
     m.optimizer = 2 * e.adapters * sizeof(float);
     m.ema = e.adapters * sizeof(float);
   }
+  if (inversion.enabled()) {
+    // The model's vectors' gradients (Trainer::zeroed_) and the trained vectors'; the text
+    // encoder's weights and activations are not counted.
+    const size_t trained = size_t(inversion.vectors) * family.Samples(model).context_dim;
+    size_t vectors = 0;
+    for (const TensorSpec& t : part.parameters.table.tensors())
+      vectors += t.shape.size() < 2 ? t.numel : 0;
+    m.parameters += trained * sizeof(float);
+    m.gradients = (vectors + trained) * sizeof(float);
+    m.optimizer = 2 * trained * sizeof(float);
+    m.ema = trained * sizeof(float);
+  }
   m.activations = family.ActivationBytes(
       model, layout, stage, micro_batch,
       parallel::InFlightMicroBatches(layout.pp, stage, micro_batches), recompute);
@@ -94,9 +107,9 @@ std::string HostArenasNeeded(const TrainConfig& config, const ParallelOptions& p
   const int dp = t ? t->dp() : 1, cp = t ? t->cp() : 1;
   const LayoutShape layout{t ? t->tp() : 1, cp, t ? t->pp() : 1, parallel.stage_blocks};
   const int stage = t ? t->CoordinatesOf(parallel.rank).pp : 0;
-  const Result<MemoryBytes> m =
-      PlanMemory(config.model, layout, stage, config.micro_batch, config.AccumulationSteps(dp),
-                 parallel.zero1, dp * cp, parallel.bucket_elements, config.recompute, config.lora);
+  const Result<MemoryBytes> m = PlanMemory(
+      config.model, layout, stage, config.micro_batch, config.AccumulationSteps(dp), parallel.zero1,
+      dp * cp, parallel.bucket_elements, config.recompute, config.lora, config.textual_inversion);
   if (!m.ok()) return whole;
   constexpr double kGiB = double(1ull << 30);
   return fmt::format(
@@ -120,6 +133,10 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   const SampleSchema m = family.Samples(config.model);
   DT_ASSIGN_OR_RETURN(auto opened, OpenData(config, m));
   auto& [data, prior] = opened;
+  std::unique_ptr<TextualInversion> inversion;
+  if (config.textual_inversion.enabled()) {
+    DT_ASSIGN_OR_RETURN(inversion, OpenTextualInversion(config, *data));
+  }
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
   }
@@ -128,7 +145,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   // uncaught std::bad_alloc or a rank OOM-killed while it fills them.
   try {
     return std::make_unique<Trainer>(config, std::move(data), parallel, std::move(gpu),
-                                     std::move(prior));
+                                     std::move(prior), std::move(inversion));
   } catch (const std::bad_alloc&) {
     return Errorf(
         "out of host memory creating the trainer: {} with {}x{}x{}x{} samples (frames x channels "
@@ -142,7 +159,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
 
 Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
                  const ParallelOptions& parallel, std::unique_ptr<GpuStep> gpu,
-                 std::unique_ptr<Dataset> prior)
+                 std::unique_ptr<Dataset> prior, std::unique_ptr<TextualInversion> inversion)
     : config_(config),
       parallel_(parallel),
       coords_(parallel.topology ? parallel.topology->CoordinatesOf(parallel.rank)
@@ -152,6 +169,7 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
       prior_data_(std::move(prior)),
       schema_(FamilyOf(config.model).Samples(config.model)),
       model_(CreateModel(config, parallel)),
+      inversion_(std::move(inversion)),
       diffusion_(config.diffusion),
       gpu_(std::move(gpu)) {
   Status valid = config.Validate(dp_size());
@@ -165,6 +183,14 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
     prior_loader_ = std::make_unique<DataLoader>(*prior_data_,
                                                  PriorLoaderOptions(config, dp_rank(), dp_size()));
   }
+  // Adds tensor t to the ranges each step zeroes, merged with the last where they touch.
+  const auto append_zeroed = [this](const TensorSpec& t) {
+    if (!zeroed_.empty() && zeroed_.back().end == t.offset) {
+      zeroed_.back().end += t.numel;
+    } else {
+      zeroed_.push_back({t.offset, t.offset + t.numel});
+    }
+  };
   if (config.lora.enabled()) {
     // Validate refused the layouts that split the model, so this rank's table is the whole's.
     Result<LoraAdapters> adapters = LoraAdapters::Create(config.lora, model_->parameter_table());
@@ -180,13 +206,20 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
       // Zeroed each step: the targets' gradients, which the adapters' come from, and the
       // vectors (norms, biases) a family may compute whatever it is asked to skip. The rest
       // of the gradient arena is never written, and its pages never touched.
-      if (targets.contains(t.offset) || t.shape.size() < 2) {
-        if (!zeroed_.empty() && zeroed_.back().end == t.offset) {
-          zeroed_.back().end += t.numel;
-        } else {
-          zeroed_.push_back({t.offset, t.offset + t.numel});
-        }
-      }
+      if (targets.contains(t.offset) || t.shape.size() < 2) append_zeroed(t);
+    }
+    model_->SkipGradients(std::move(frozen));
+  } else if (config.textual_inversion.enabled()) {
+    if (!inversion_) {
+      Result<std::unique_ptr<TextualInversion>> made = OpenTextualInversion(config, *data_);
+      DT_CHECK(made.ok(), "{}", made.status().message());
+      inversion_ = std::move(made).value();
+    }
+    // The whole model is frozen: its gradients are not needed, only its context's.
+    std::vector<size_t> frozen;
+    for (const TensorSpec& t : model_->parameter_table().tensors()) {
+      frozen.push_back(t.offset);
+      if (t.shape.size() < 2) append_zeroed(t);
     }
     model_->SkipGradients(std::move(frozen));
   } else {
@@ -195,8 +228,9 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   whole_ = {{0, trained_elements()}};
   ema_ = Buffer<float>(trained_elements());
   // On the GPU the gradients are averaged on the device (StepOnGpu), not by GradientSync; a
-  // LoRA's adapters' gradients in one all-reduce (ApplyUpdate).
-  if (parallel.dp_cp != nullptr && !gpu_ && !lora_) {
+  // LoRA's adapters' (or a textual inversion's vectors') gradients in one all-reduce
+  // (ApplyUpdate).
+  if (parallel.dp_cp != nullptr && !gpu_ && !trains_apart()) {
     sync_ = std::make_unique<parallel::GradientSync>(*parallel.dp_cp, model_->num_params(),
                                                      parallel.bucket_elements, parallel.zero1,
                                                      parallel.overlap);
@@ -212,12 +246,16 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
     const TensorSpec& t = sharded.table.tensors()[i];
     if (coords_.tp == 0 || sharded.split[i]) counted.push_back({t.offset, t.offset + t.numel});
   }
-  norm_ranges_ = lora_ ? whole_ : Intersect(owned(), counted);
+  norm_ranges_ = trains_apart() ? whole_ : Intersect(owned(), counted);
   micro_batches_ = config.AccumulationSteps(dp_size());
   slots_ = parallel::InFlightMicroBatches(model_->placement().pp, model_->placement().stage,
                                           micro_batches_);
   batches_.resize(slots_);
   douts_.resize(slots_);
+  if (inversion_) {
+    inversion_->SetSlots(slots_);
+    dcontexts_.resize(slots_);
+  }
   // On the GPU the host model keeps only the checkpoint's copy of the parameters.
   if (!gpu_) model_->Reserve(config.micro_batch, slots_, config.recompute);
   if (!gpu_ && data_->bucketed()) {
@@ -276,6 +314,10 @@ MemoryBytes Trainer::memory() const {
   if (lora_) {  // the adapters and the frozen copy of their weights
     m.parameters += (lora_->size() + lora_->base_size()) * sizeof(float);
     m.gradients += lora_->size() * sizeof(float);
+  }
+  if (inversion_) {  // the vectors (the text encoder's weights are not counted)
+    m.parameters += inversion_->size() * sizeof(float);
+    m.gradients += inversion_->size() * sizeof(float);
   }
   m.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
   m.ema = ema_.bytes();
@@ -352,12 +394,18 @@ double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_sc
 double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {
   DT_CHECK(!parallel_.topology && !gpu_, "ForwardBackward is for one process on the CPU");
   ReserveFor(batch);
-  Status forward = model_->Forward(0, batch.inputs(), nullptr, nullptr);
+  if (inversion_) {  // the texts encoded into a copy of the batch, in slot 0
+    batches_[0] = batch;
+    Status encoded = EncodeTexts(0, batches_[0]);
+    DT_CHECK(encoded.ok(), "{}", encoded.message());
+  }
+  const MicroBatch& used = inversion_ ? batches_[0] : batch;
+  Status forward = model_->Forward(0, used.inputs(), nullptr, nullptr);
   DT_CHECK(forward.ok(), "{}", forward.message());
   last_output_ = model_->output(0);
   douts_[0].resize(batch.size * OutputElements(batch));
-  const double loss = Loss(last_output_, batch, grad_scale, douts_[0].data());
-  Status backward = model_->Backward(0, douts_[0].data(), nullptr);
+  const double loss = Loss(last_output_, used, grad_scale, douts_[0].data());
+  Status backward = BackwardWithTexts(0, douts_[0].data(), nullptr, {});
   DT_CHECK(backward.ok(), "{}", backward.message());
   return loss;
 }
@@ -373,6 +421,7 @@ Status Trainer::Forward(int micro, const float* input, float* output) {
     // The step's size (a bucket's): the model's activations follow it. Only a family that
     // resizes takes buckets, and it has one stage.
     ReserveFor(batch);
+    DT_RETURN_IF_ERROR(EncodeTexts(slot, batch));
   }
   DT_RETURN_IF_ERROR(model_->Forward(slot, batch.inputs(), input, output));
   if (shard.last_stage()) {
@@ -392,7 +441,36 @@ Status Trainer::Backward(int micro, const float* output_grad, float* input_grad)
     ready = [this](size_t from) { sync_->OnGradientsReady(from); };
   }
   const float* grad = model_->placement().last_stage() ? douts_[slot].data() : output_grad;
-  return model_->Backward(slot, grad, input_grad, ready);
+  return BackwardWithTexts(slot, grad, input_grad, ready);
+}
+
+Status Trainer::EncodeTexts(int slot, MicroBatch& batch) {
+  if (!inversion_) return Status::Ok();
+  DT_RETURN_IF_ERROR(inversion_->Encode(slot, batch.texts, batch.context.data()));
+  const size_t text = size_t(schema_.context_length) * schema_.context_dim;
+  for (int b = 0; b < batch.size; ++b) {
+    if (batch.text_dropped[b]) std::fill_n(batch.context.data() + b * text, text, 0.0f);
+  }
+  return Status::Ok();
+}
+
+Status Trainer::BackwardWithTexts(int slot, const float* output_grad, float* input_grad,
+                                  const Model::GradientsReady& ready) {
+  if (!inversion_) return model_->Backward(slot, output_grad, input_grad, ready);
+  const MicroBatch& batch = batches_[slot];
+  std::vector<float>& dcontext = dcontexts_[slot];
+  dcontext.assign(batch.context.size(), 0.0f);
+  DT_RETURN_IF_ERROR(model_->SetContextGradient(slot, dcontext.data()));
+  const Status backward = model_->Backward(slot, output_grad, input_grad, ready);
+  DT_RETURN_IF_ERROR(model_->SetContextGradient(slot, nullptr));
+  DT_RETURN_IF_ERROR(backward);
+  // A dropped text's context was zeros, not the encoder's: no gradient reaches the encoder.
+  const size_t text = size_t(schema_.context_length) * schema_.context_dim;
+  for (int b = 0; b < batch.size; ++b) {
+    if (batch.text_dropped[b]) std::fill_n(dcontext.data() + b * text, text, 0.0f);
+  }
+  inversion_->Backward(slot, dcontext.data());
+  return Status::Ok();
 }
 
 Result<StepStats> Trainer::Step() {
@@ -469,6 +547,7 @@ void Trainer::ZeroModelGradients() {
   float* grads = model_->grads();
   for (const parallel::Range& r : zeroed_)
     std::memset(grads + r.begin, 0, r.size() * sizeof(float));
+  if (inversion_) std::fill_n(inversion_->grads(), inversion_->size(), 0.0f);
 }
 
 StepStats Trainer::StepOn(const MicroBatch& batch) {
@@ -487,18 +566,18 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
     if (!waited.ok()) return waited.status();
     stats.comm_wait_seconds = *waited;
   }
-  if (lora_) {
-    // The adapters' gradients from this rank's, averaged: linear in the model's, so the same
-    // as from the averaged model gradients, for a fraction of the bytes.
-    lora_->Gradients(model_->grads());
-    if (parallel_.dp_cp != nullptr) {
-      const auto start = std::chrono::steady_clock::now();
-      DT_RETURN_IF_ERROR(
-          parallel_.dp_cp->AllReduce(lora_->grads(), lora_->size(), parallel::ReduceOp::kAvg)
-              .WithContext("averaging the LoRA adapters' gradients"));
-      stats.comm_wait_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
+  // The adapters' gradients from this rank's model gradients, averaged: linear in the model's,
+  // so the same as from the averaged model gradients, for a fraction of the bytes.
+  if (lora_) lora_->Gradients(model_->grads());
+  if (trains_apart() && parallel_.dp_cp != nullptr) {
+    const auto start = std::chrono::steady_clock::now();
+    float* apart = lora_ ? lora_->grads() : inversion_->grads();
+    DT_RETURN_IF_ERROR(
+        parallel_.dp_cp->AllReduce(apart, trained_elements(), parallel::ReduceOp::kAvg)
+            .WithContext(lora_ ? "averaging the LoRA adapters' gradients"
+                               : "averaging the textual inversion's gradients"));
+    stats.comm_wait_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   double sum_squares = 0;
   for (const parallel::Range& r : norm_ranges_)
@@ -529,6 +608,7 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
   }
   if (sync_) DT_RETURN_IF_ERROR(sync_->GatherParameters(params));
   if (lora_) lora_->Apply(lora_->params(), model_->params());
+  if (inversion_) inversion_->Apply(inversion_->params());
   EmaUpdate(ema_.data(), params, trained_elements(), EmaDecayAt(config_.optimizer, step_ + 1));
   ++step_;
   samples_seen_ += samples;

@@ -5,7 +5,10 @@
 // With job.lora the trained parameters are the LoRA adapters of the model's target modules
 // (model/train/lora_adapters.h), the rest of the model frozen: the optimizer, the gradient norm
 // and clipping, the EMA and the gradient average work on the adapters' arena (the "trained
-// arena"), the model computing with W0 + s·B·A after every update.
+// arena"), the model computing with W0 + s·B·A after every update. With job.textual_inversion
+// the trained arena is a new token's embedding (model/train/textual_inversion.h): each
+// micro-batch's texts are encoded by the text encoder before the model's forward, and the
+// gradient of the model's context flows back through the encoder after its backward.
 //
 // Every random draw is addressed by the global index n of the training sample: sample n's
 // image comes from the data loader (a permutation per epoch, from the seed), and its
@@ -44,6 +47,7 @@
 #include "model/train/batch_ahead.h"
 #include "model/train/gpu_step.h"
 #include "model/train/lora_adapters.h"
+#include "model/train/textual_inversion.h"
 
 namespace difftrain {
 
@@ -60,6 +64,10 @@ struct MicroBatch {
   std::vector<float> t_float;  // the same, as the model's input
   std::vector<int32_t> y;      // labels after dropout (num_classes = null class)
   std::vector<float> context;  // text embeddings [B, L, D] after dropout; text models
+  // Textual inversion: each sample's text as tokens, which the trainer encodes into context
+  // (unless the sample's text is dropped: text_dropped[b], its context zero).
+  std::vector<text::Tokens> texts;
+  std::vector<uint8_t> text_dropped;
   // SDXL's micro-conditioning (SampleSchema::pooled_text_dim > 0): the texts' pooled
   // embeddings [B, P] after dropout and the time ids [B, 6]; empty otherwise.
   std::vector<float> pooled_text, time_ids;
@@ -95,10 +103,13 @@ struct MemoryBytes {
 // ranks with ZeRO-1 (rank 0's share, the largest), gradient buckets of `bucket_elements`,
 // activations recomputed or not.
 // With `lora`, a LoRA run's: the adapters' moments and EMA instead of the model's, the adapters
-// and the frozen copy of their weights beside the model's parameters and gradients.
+// and the frozen copy of their weights beside the model's parameters and gradients. With
+// `inversion`, a textual inversion's: the vectors' gradients, moments and EMA instead of the
+// model's (its text encoder not counted).
 Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout, int stage,
                                int micro_batch, int micro_batches, bool zero1, int dp_cp,
-                               size_t bucket_elements, bool recompute, const LoraConfig& lora = {});
+                               size_t bucket_elements, bool recompute, const LoraConfig& lora = {},
+                               const TextualInversionConfig& inversion = {});
 
 // The model a checkpoint's shard 0 (or a debug dump) holds: its family (metadata "family";
 // checkpoints written before model families existed hold a DiT) and its config.
@@ -166,9 +177,12 @@ class Trainer : private parallel::PipelineStage {
   // `gpu` is given exactly when config.device is cuda; `prior` exactly when
   // config.data.prior_path is set (the samples of the folder it names, which Create opens and
   // checks: they must fit the model as `data` does, and neither be bucketed).
+  // With job.textual_inversion, `inversion` is its token and encoder (OpenTextualInversion's);
+  // null: made here.
   Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
           const ParallelOptions& parallel = {}, std::unique_ptr<GpuStep> gpu = nullptr,
-          std::unique_ptr<Dataset> prior = nullptr);
+          std::unique_ptr<Dataset> prior = nullptr,
+          std::unique_ptr<TextualInversion> inversion = nullptr);
   ~Trainer() override;
 
   // Builds the micro-batch of global samples [first, first + B). With a prior (data.prior_path)
@@ -211,6 +225,13 @@ class Trainer : private parallel::PipelineStage {
   // The LoRA adapters the run trains; null when it trains the whole model.
   const LoraAdapters* lora() const { return lora_.get(); }
   LoraAdapters* lora() { return lora_.get(); }
+  // The token textual inversion trains; null otherwise.
+  const TextualInversion* textual_inversion() const { return inversion_.get(); }
+  // job.textual_inversion's token and text encoder: the job's text_encoder, else the one the
+  // data's text table records, checked against the model and the data (captions that name the
+  // token, unless templates make the texts).
+  static Result<std::unique_ptr<TextualInversion>> OpenTextualInversion(const TrainConfig& config,
+                                                                        const Dataset& data);
 
   // The GPU the model computes on; null on the CPU.
   const GpuStep* gpu() const { return gpu_.get(); }
@@ -242,8 +263,13 @@ class Trainer : private parallel::PipelineStage {
   // (a seed of its own, from the job's).
   static DataLoaderOptions LoaderOptions(const TrainConfig& config, int dp_rank, int dp_size);
   static DataLoaderOptions PriorLoaderOptions(const TrainConfig& config, int dp_rank, int dp_size);
-  // Zeroes the model's gradients before a step: the ranges `zeroed_`.
+  // Zeroes the model's gradients before a step: the ranges `zeroed_` (and a textual inversion's).
   void ZeroModelGradients();
+  // Textual inversion: micro-batch `slot`'s texts encoded into batch.context before the model's
+  // forward; after its backward, the context's gradient through the encoder. No-ops otherwise.
+  Status EncodeTexts(int slot, MicroBatch& batch);
+  Status BackwardWithTexts(int slot, const float* output_grad, float* input_grad,
+                           const Model::GradientsReady& ready);
   // Clips, updates the owned parameters with AdamW, gathers them (ZeRO-1), updates the
   // EMA and advances the counters.
   Result<StepStats> ApplyUpdate(double loss, int64_t samples);
@@ -279,10 +305,24 @@ class Trainer : private parallel::PipelineStage {
   // Any other run's: the model's, EMA's and moments' whole arenas (rank 0), their ranges.
   Status AddModelToCheckpoint(io::SafetensorsWriter& shard, nlohmann::json& ranges);
   Status RestoreLora(const io::SafetensorsFile& shard);
-  // The trained arena: the model's parameters and gradients, or the LoRA adapters'.
-  float* trained_params() { return lora_ ? lora_->params() : model_->params(); }
-  const float* trained_grads() const { return lora_ ? lora_->grads() : model_->grads(); }
-  size_t trained_elements() const { return lora_ ? lora_->size() : model_->num_params(); }
+  // A textual inversion's checkpoint (rank 0): the frozen model, the vectors, their EMA and
+  // moments; and its restore.
+  void AddTextualInversionToCheckpoint(io::SafetensorsWriter& shard);
+  Status RestoreTextualInversion(const io::SafetensorsFile& shard);
+  // The trained arena: the model's parameters and gradients, the LoRA adapters', or a textual
+  // inversion's vectors.
+  float* trained_params() {
+    return lora_ ? lora_->params() : inversion_ ? inversion_->params() : model_->params();
+  }
+  const float* trained_grads() const {
+    return lora_ ? lora_->grads() : inversion_ ? inversion_->grads() : model_->grads();
+  }
+  size_t trained_elements() const {
+    return lora_ ? lora_->size() : inversion_ ? inversion_->size() : model_->num_params();
+  }
+  // Whether the trained arena is apart from the model's (LoRA, textual inversion): one
+  // replicated arena, averaged in one all-reduce.
+  bool trains_apart() const { return lora_ || inversion_; }
 
   TrainConfig config_;
   ParallelOptions parallel_;
@@ -295,6 +335,8 @@ class Trainer : private parallel::PipelineStage {
   SampleSchema schema_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<LoraAdapters> lora_;  // job.lora's adapters; null: the whole model trains
+  std::unique_ptr<TextualInversion> inversion_;  // job.textual_inversion's token; or null
+  std::vector<std::vector<float>> dcontexts_;    // its context gradients, one per slot
   GaussianDiffusion diffusion_;
   std::unique_ptr<parallel::GradientSync> sync_;
   std::vector<parallel::Range> whole_;  // [0, n) of the trained arena: what one process owns

@@ -115,9 +115,32 @@ void Trainer::AddLoraToCheckpoint(io::SafetensorsWriter& shard) {
   shard.AddF32("optim.exp_avg_sq", {total}, exp_avg_sq_.data());
 }
 
+void Trainer::AddTextualInversionToCheckpoint(io::SafetensorsWriter& shard) {
+  // The model, frozen, is its own EMA; the vectors and their EMA, under the token's name in
+  // the metadata (export --format textual_inversion).
+  DT_CHECK(model_->holds_whole_model(), "a textual inversion's rank holds the whole model");
+  saved_view_[0] = saved_view_[1] = model_->params();
+  AddSavedModel(shard);
+  const std::vector<int64_t> shape = {inversion_->vectors(), inversion_->dim()};
+  shard.AddF32(std::string(kInversionVectors), shape, inversion_->params());
+  shard.AddF32("ema." + std::string(kInversionVectors), shape, ema_.data());
+  const int64_t total = static_cast<int64_t>(inversion_->size());
+  shard.AddF32("optim.exp_avg", {total}, exp_avg_.data());
+  shard.AddF32("optim.exp_avg_sq", {total}, exp_avg_sq_.data());
+}
+
 Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
   nlohmann::json ranges = nlohmann::json::array();
-  if (lora_) {
+  if (inversion_) {
+    // Every rank holds the same vectors and moments: rank 0 writes.
+    if (parallel_.rank == 0) {
+      AddTextualInversionToCheckpoint(shard);
+      ranges.push_back({0, inversion_->size()});
+    }
+    nlohmann::json inversion = config_.textual_inversion.ToJson();
+    inversion["text_encoder"] = inversion_->embedder().path();  // as resolved
+    shard.SetMetadata(std::string(kInversionMetadata), inversion.dump());
+  } else if (lora_) {
     // Every rank holds the same adapters and moments (no ZeRO-1, no tp or pp): rank 0 writes.
     if (parallel_.rank == 0) {
       AddLoraToCheckpoint(shard);
@@ -216,6 +239,10 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
     return Errorf("'{}': checkpoint trained LoRA adapters {} but this run trains the whole model",
                   shard.path(), meta.at("lora"));
   }
+  if (!inversion_ && meta.contains(std::string(kInversionMetadata))) {
+    return Errorf("'{}': checkpoint trained a textual inversion {} but this run does not",
+                  shard.path(), meta.at(std::string(kInversionMetadata)));
+  }
   // Straight into the arenas where they are the whole model's; else through a whole-model copy.
   const TensorTable& global = model_->global_parameter_table();
   const bool whole = model_->holds_whole_model();
@@ -229,6 +256,8 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
   DT_RETURN_IF_ERROR(read(/*ema=*/false, model_->params()));
   if (lora_) {
     DT_RETURN_IF_ERROR(RestoreLora(shard));
+  } else if (inversion_) {
+    DT_RETURN_IF_ERROR(RestoreTextualInversion(shard));
   } else {
     DT_RETURN_IF_ERROR(read(/*ema=*/true, ema_.data()));
   }
@@ -273,6 +302,30 @@ Status Trainer::RestoreLora(const io::SafetensorsFile& shard) {
   return Status::Ok();
 }
 
+Status Trainer::RestoreTextualInversion(const io::SafetensorsFile& shard) {
+  auto saved = shard.metadata().find(std::string(kInversionMetadata));
+  if (saved == shard.metadata().end()) {
+    return Errorf(
+        "'{}': checkpoint trained the whole model but this run trains a textual "
+        "inversion of {}",
+        shard.path(), config_.textual_inversion.token);
+  }
+  // The same token, vectors and texts (the encoder may have moved: its path is not compared).
+  nlohmann::json theirs = nlohmann::json::parse(saved->second, nullptr, false);
+  nlohmann::json ours = config_.textual_inversion.ToJson();
+  if (theirs.is_object()) theirs.erase("text_encoder");
+  ours.erase("text_encoder");
+  if (theirs != ours) {
+    return Errorf("'{}': checkpoint trained the textual inversion {} but this run's is {}",
+                  shard.path(), saved->second, ours.dump());
+  }
+  const std::vector<int64_t> shape = {inversion_->vectors(), inversion_->dim()};
+  DT_RETURN_IF_ERROR(shard.CopyF32(std::string(kInversionVectors), shape, inversion_->params()));
+  DT_RETURN_IF_ERROR(shard.CopyF32("ema." + std::string(kInversionVectors), shape, ema_.data()));
+  inversion_->Apply(inversion_->params());
+  return Status::Ok();
+}
+
 Result<std::vector<std::string>> Trainer::InitializeFrom(const io::SafetensorsFile& file) {
   const TensorTable& global = model_->global_parameter_table();
   std::vector<std::string> fixed;
@@ -288,6 +341,9 @@ Result<std::vector<std::string>> Trainer::InitializeFrom(const io::SafetensorsFi
     lora_->SetMagnitudesToNorms();
     lora_->Apply(lora_->params(), model_->params());
     std::memcpy(ema_.data(), lora_->params(), lora_->size() * sizeof(float));
+  } else if (inversion_) {
+    // The file's weights are the frozen model; the vectors and their EMA stay as they started.
+    DT_RETURN_IF_ERROR(ReadPretrainedWeights(file, global, /*ema=*/false, model_->params()));
   } else if (model_->holds_whole_model()) {
     DT_RETURN_IF_ERROR(ReadInitialWeights(file, global, model_->params(), ema_.data()));
   } else {
@@ -324,11 +380,12 @@ Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {
     return Errorf("'{}': optimizer moments do not match its {} elements of 'optim.ranges'",
                   shard.path(), held);
   }
-  if (lora_) {
-    // The adapters' moments, whole (RestoreModel checked that the adapters are this run's).
-    if (held != lora_->size()) {
-      return Errorf("'{}': {} moments for {} LoRA adapter elements", shard.path(), held,
-                    lora_->size());
+  if (trains_apart()) {
+    // The adapters' (the vectors') moments, whole (RestoreModel checked that they are this
+    // run's).
+    if (held != trained_elements()) {
+      return Errorf("'{}': {} moments for {} {} elements", shard.path(), held, trained_elements(),
+                    lora_ ? "LoRA adapter" : "textual inversion");
     }
     std::memcpy(exp_avg_.data(), m->data, m->bytes);
     std::memcpy(exp_avg_sq_.data(), v->data, v->bytes);

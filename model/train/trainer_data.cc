@@ -178,6 +178,53 @@ Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> Trainer::O
   return std::pair(std::move(opened).value(), std::move(prior));
 }
 
+Result<std::unique_ptr<TextualInversion>> Trainer::OpenTextualInversion(const TrainConfig& config,
+                                                                        const Dataset& data) {
+  const TextualInversionConfig& c = config.textual_inversion;
+  const SampleSchema m = FamilyOf(config.model).Samples(config.model);
+  const TextTable* table = data.texts();
+  std::string encoder = c.text_encoder;
+  if (encoder.empty() && table != nullptr) encoder = table->text_encoder;
+  if (encoder.empty()) {
+    return Status::Error(
+        "textual_inversion.text_encoder: required: the data's text table records no text encoder "
+        "(a Stable Diffusion pipeline's folder, or data pack --text-encoder)");
+  }
+  if (c.templates.empty()) {
+    // The data's captions are the texts: they must name the token.
+    if (table == nullptr) {
+      return Errorf(
+          "textual_inversion: the data ({}) carry no captions; give textual_inversion.templates "
+          "(\"a photo of a {{}}\", …) or pack captions that name {} (data pack --text-encoder)",
+          config.data.path.empty() ? config.data.kind : config.data.path, c.token);
+    }
+    int64_t naming = 0;
+    for (const std::string& caption : table->captions)
+      naming += caption.find(c.token) != std::string::npos;
+    if (naming == 0) {
+      return Errorf(
+          "textual_inversion.token: none of the data's {} captions names '{}' (e.g. \"{}\"), so "
+          "it would learn nothing; caption the pictures with it, or give "
+          "textual_inversion.templates",
+          table->size(), c.token, table->captions.empty() ? "" : table->captions[0]);
+    }
+    spdlog::info("textual inversion: {} of the data's {} captions name {}", naming, table->size(),
+                 c.token);
+  }
+  Result<std::unique_ptr<TextualInversion>> made = TextualInversion::Create(
+      c, encoder, m.context_length, table != nullptr ? table->skip_layers : 0);
+  if (!made.ok()) return made.status();
+  if ((*made)->dim() != m.context_dim) {
+    return Errorf(
+        "textual_inversion.text_encoder '{}' embeds tokens of {} features; the model takes {} "
+        "(cross_attention_dim)",
+        encoder, (*made)->dim(), m.context_dim);
+  }
+  spdlog::info("textual inversion: {} ({} vector{} of {}) from '{}', encoded by '{}'", c.token,
+               c.vectors, c.vectors == 1 ? "" : "s", m.context_dim, c.initializer_token, encoder);
+  return made;
+}
+
 Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
   return FillMicroBatch(first, B, batch, &data_wait_seconds_);
 }
@@ -201,6 +248,10 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
   batch.y.resize(B);
   const size_t text = size_t(schema_.context_length) * schema_.context_dim;
   batch.context.resize(B * text);
+  if (inversion_) {
+    batch.texts.resize(B);
+    batch.text_dropped.assign(B, 0);
+  }
   const size_t pooled = schema_.pooled_text_dim;
   batch.pooled_text.resize(B * pooled);
   const size_t ids = schema_.time_ids.size();
@@ -213,10 +264,23 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
   };
   const Part parts[] = {{data_.get(), &loader_, 0}, {prior_data_.get(), prior_loader_.get(), own}};
   const auto wait_start = std::chrono::steady_clock::now();
-  // Both halves have texts or neither (Create checked).
-  const bool data_texts = text > 0 && data_->texts() != nullptr;
+  // Both halves have texts or neither (Create checked). A textual inversion encodes its own.
+  const bool data_texts = text > 0 && data_->texts() != nullptr && !inversion_;
   for (const Part& part : parts) {
     if (part.loader == nullptr) continue;
+    for (int b = 0; b < own && inversion_; ++b) {
+      // The sample's caption, or a template drawn from its own stream.
+      const TextTable* table = part.data->texts();
+      const std::string caption =
+          table ? table->captions[part.data->TextId(part.loader->IndexOf(from + b))] : "";
+      Rng pick(config_.seed, RngStream::kPrompt, static_cast<uint64_t>(first + part.offset + b));
+      try {
+        batch.texts[part.offset + b] =
+            inversion_->Tokenize(inversion_->Text(caption, pick.NextU64()));
+      } catch (const std::invalid_argument& e) {
+        return Errorf("data: the caption \"{}\": {}", caption, e.what());
+      }
+    }
     for (int b = 0; b < own && pooled > 0; ++b) {
       float* row = batch.time_ids.data() + (part.offset + b) * ids;
       std::copy(schema_.time_ids.begin(), schema_.time_ids.end(), row);
@@ -261,7 +325,9 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
       float* context = batch.context.data() + b * text;
       float* pooled_text = batch.pooled_text.data() + b * pooled;
       const bool dropped = rng.Uniform() < schema_.context_dropout;
-      if (dropped) {
+      if (inversion_) {
+        batch.text_dropped[b] = dropped;  // the context is the encoder's (Trainer::EncodeTexts)
+      } else if (dropped) {
         std::fill(context, context + text, 0.0f);
         std::fill(pooled_text, pooled_text + pooled, 0.0f);
       } else if (!data_texts) {

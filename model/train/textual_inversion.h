@@ -1,0 +1,108 @@
+// Textual inversion (Gal et al. 2022, "An Image is Worth One Word"; diffusers'
+// textual_inversion.py): a new token of the text encoder, whose embedding alone is trained so
+// that the frozen model draws the pictures of the data when a prompt names it. As the script:
+//   - the tokens `token`, token_1, …, token_{vectors−1} are added to the CLIP tokenizer, and
+//     each of their embedding rows starts as the embedding of `initializer_token` (a word the
+//     tokenizer makes one token of);
+//   - each sample's text is its caption (the data's text table) or, with `templates`, one of
+//     them drawn at random with "{}" replaced by the tokens (the script's "a photo of a {}");
+//   - the text is encoded by the text encoder (TextEncoder::Encode, its weights frozen) into
+//     the context the UNet cross-attends to; the loss's gradient flows back through the UNet
+//     (its weights frozen: Model::SetContextGradient) and the encoder (ClipPass) to the input
+//     embeddings, of which the new tokens' positions give the trained rows' gradients;
+//   - the optimizer, clipping, the EMA and the data-parallel average work on those rows (the
+//     trainer's "trained arena", as a LoRA run's adapters).
+// The run's result is the rows, [vectors, D]: `difftrain export --format textual_inversion`
+// writes them as the script's learned_embeds.safetensors, which diffusers'
+// load_textual_inversion and `difftrain sample --textual-inversion` take.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "model/text/clip_pass.h"
+#include "model/text/embedder.h"
+
+namespace difftrain {
+
+// A textual inversion's checkpoint: its vectors [vectors, D] (and "ema." + that), and the
+// shard's metadata key holding its config (ToJson, text_encoder as resolved).
+inline constexpr std::string_view kInversionVectors = "textual_inversion.vectors";
+inline constexpr std::string_view kInversionMetadata = "textual_inversion";
+
+struct TextualInversionConfig {
+  std::string token;              // the script's --placeholder_token; "": no textual inversion
+  std::string initializer_token;  // --initializer_token
+  int vectors = 1;                // --num_vectors
+  // The text encoder (a diffusers pipeline's folder, or its text_encoder/); "": the one the
+  // data's text table records (data pack --text-encoder).
+  std::string text_encoder;
+  // Prompt templates, each with one "{}" for the tokens; empty: the data's captions, which
+  // name the token.
+  std::vector<std::string> templates;
+
+  bool enabled() const { return !token.empty(); }
+  Status Validate() const;
+  nlohmann::json ToJson() const;
+};
+
+class TextualInversion {
+ public:
+  // The encoder at `encoder_path` with the new tokens; contexts of `length` tokens after all
+  // but `skip_layers` layers (the data's table's clip skip). Errors name what does not fit: not one
+  // CLIP encoder (SDXL's pair trains both; not here), the initializer not one token, the token
+  // already a word.
+  static Result<std::unique_ptr<TextualInversion>> Create(const TextualInversionConfig& config,
+                                                          const std::string& encoder_path,
+                                                          int length, int skip_layers);
+  // Micro-batches in flight (Encode's slots); 1 at first.
+  void SetSlots(int slots);
+
+  // The trained arena, [vectors, D], and its gradient.
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* grads() const { return grads_.data(); }
+  size_t size() const { return params_.size(); }
+  int vectors() const { return config_.vectors; }
+  int dim() const { return dim_; }
+  const TextEmbedder& embedder() const { return *embedder_; }
+  const TextualInversionConfig& config() const { return config_; }
+
+  // The text of a sample: `caption`, or with templates template `pick` % count.
+  std::string Text(const std::string& caption, uint64_t pick) const;
+  // `text` as the encoder's tokens (the multi-vector token spelled out).
+  text::Tokens Tokenize(const std::string& text) const;
+
+  // Encodes micro-batch `slot`'s texts into context [B, length, D], keeping what Backward reads.
+  Status Encode(int slot, const std::vector<text::Tokens>& texts, float* context);
+  // The gradient of slot's context, dcontext [B, length, D] → added into grads() (the rows of
+  // the new tokens, wherever the texts hold them).
+  void Backward(int slot, const float* dcontext);
+  // The encoder's new rows set to `vectors` (params(), or their EMA), [vectors, D].
+  void Apply(const float* vectors);
+
+ private:
+  TextualInversion(TextualInversionConfig config, std::unique_ptr<TextEmbedder> embedder,
+                   int32_t first_id, int length, int skip_layers);
+
+  TextualInversionConfig config_;
+  std::unique_ptr<TextEmbedder> embedder_;
+  int32_t first_id_;  // the new tokens' ids are [first_id_, first_id_ + vectors)
+  int length_, skip_layers_, dim_;
+  std::vector<float> params_, grads_;
+  struct Slot {
+    std::vector<text::Tokens> texts;
+    std::vector<float> inputs, dinputs;
+  };
+  std::vector<Slot> slots_;
+  std::vector<ClipPass<float>> passes_;  // one per slot
+};
+
+}  // namespace difftrain
