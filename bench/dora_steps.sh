@@ -28,15 +28,8 @@ checkpoint: {dir: "$work/$kind-ckpt", every: 100000}
 EOF
 done
 
-for run in $(seq "$runs"); do
-  for kind in lora dora; do
-    rm -rf "$work/$kind-ckpt" "$work/$kind-0.jsonl"
-    /usr/bin/time -f "%M" -o "$work/$kind-$run.rss" \
-      "$difftrain" train --config "$work/$kind.yaml" >"$work/$kind.log" 2>&1 ||
-      { cat "$work/$kind.log"; exit 1; }
-    cp "$work/$kind-0.jsonl" "$work/$kind-$run.jsonl"
-  done
-done
+. "$(dirname "$0")/train_runs.sh"
+train_runs "$difftrain" "$work" "$runs" lora dora
 
 /usr/bin/python3 - "$work" "$runs" <<'EOF'
 import json, statistics, sys

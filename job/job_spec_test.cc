@@ -366,6 +366,13 @@ TEST_F(JobSpecTest, TheFineTuningExampleIsValid) {
   EXPECT_EQ(c->data.prior_path, "dog-class-latents");
   EXPECT_EQ(c->micro_batch, 2);
   EXPECT_EQ(c->lora.rank, 4);
+  // Textual inversion's: a token for SD 1.5's text encoder, the lr scaled by the step's samples.
+  c = TrainConfig::FromYamlFile(std::string(DIFFTRAIN_SOURCE_DIR) +
+                                "/jobs/sd15-textual-inversion.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->textual_inversion.token, "<cat-toy>");
+  EXPECT_EQ(c->textual_inversion.templates.size(), 8u);
+  EXPECT_DOUBLE_EQ(c->optimizer.lr, 0.002);
 }
 
 // An inpainting UNet (more input channels than it samples) samples only: its job is refused.

@@ -11,6 +11,7 @@
 #include "model/io/ldm_checkpoint.h"
 #include "model/io/lora.h"
 #include "model/text/embedder.h"
+#include "model/train/textual_inversion.h"
 
 namespace difftrain::launch {
 namespace {
@@ -23,6 +24,7 @@ namespace fs = std::filesystem;
 std::string GivenTextEncoder(const SampleOptions& o, const SampleSource& ckpt) {
   if (o.text_encoder == "none") return "";
   if (!o.text_encoder.empty()) return o.text_encoder;
+  if (!ckpt.inversion_encoder.empty()) return ckpt.inversion_encoder;
   std::error_code ec;
   // SDXL's refiner has text_encoder_2/ alone.
   if (!ckpt.pipeline.empty() && (fs::is_directory(fs::path(ckpt.pipeline) / "text_encoder", ec) ||
@@ -85,9 +87,11 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   }
   Prompts p;
   p.table_path = o.text_table;
-  // Every prompt embedded by the encoder: from pretrained weights, or from a checkpoint whose
-  // training data had no text table (synthetic texts).
-  const bool tableless = ckpt.data_kind != "latent_folder" || ckpt.data_path.empty();
+  // Every prompt embedded by the encoder: from pretrained weights, from a checkpoint whose
+  // training data had no text table (synthetic texts), or from a textual inversion's (the
+  // table's embeddings were made without its token).
+  const bool tableless = ckpt.data_kind != "latent_folder" || ckpt.data_path.empty() ||
+                         !ckpt.inversion_token.empty();
   const bool encoder_only = p.table_path.empty() && (ckpt.pretrained || tableless) &&
                             !GivenTextEncoder(o, ckpt).empty() && o.caption_ids.empty();
   if (p.table_path.empty() && !encoder_only) {
@@ -157,6 +161,27 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
       }
     }
     p.lora_text_encoder = true;
+  }
+  if (!ckpt.inversion_token.empty()) {
+    // The checkpoint's own token: every prompt is embedded with it.
+    if (!encoder || !encoder_only) {
+      return Errorf(
+          "the checkpoint trained the textual inversion {}, whose vectors reach the prompts "
+          "through a text encoder that embeds every prompt (without --text-table or --captions)",
+          ckpt.inversion_token);
+    }
+    const std::string name =
+        (o.weights == "ema" ? "ema." : "") + std::string(kInversionVectors);
+    const io::TensorView* view = ckpt.file->Find(name);
+    if (view == nullptr || view->shape.size() != 2)
+      return Errorf("'{}': holds no [vectors, D] tensor '{}'", ckpt.file->path(), name);
+    std::vector<float> rows(view->shape[0] * view->shape[1]);
+    DT_RETURN_IF_ERROR(ckpt.file->CopyF32(name, view->shape, rows.data()));
+    Result<std::vector<int32_t>> added = encoder->AddTextualInversion(
+        ckpt.inversion_token, static_cast<int>(view->shape[0]), {rows});
+    if (!added.ok()) return added.status().WithContext(ckpt.file->path());
+    spdlog::info("the checkpoint's textual inversion: the token {} ({} {} vector{})",
+                 ckpt.inversion_token, view->shape[0], o.weights, view->shape[0] == 1 ? "" : "s");
   }
   if (!o.textual_inversions.empty()) {
     // New tokens: every prompt must be embedded with them.

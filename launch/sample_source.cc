@@ -49,6 +49,12 @@ Result<SampleSource> LoadCheckpointSource(const std::string& path) {
     c.diffusion = *diffusion;
     c.data_kind = train.contains("data") ? train["data"].value("kind", std::string()) : "";
     c.data_path = train.contains("data") ? train["data"].value("path", std::string()) : "";
+    if (meta.contains(std::string(kInversionMetadata))) {
+      DT_ASSIGN_OR_RETURN(const nlohmann::json inversion,
+                          json_field(std::string(kInversionMetadata)));
+      c.inversion_token = inversion.at("token").get<std::string>();
+      c.inversion_encoder = inversion.at("text_encoder").get<std::string>();
+    }
   } catch (const nlohmann::json::exception& e) {
     return Errorf("'{}': malformed training config in the metadata: {}", c.file->path(), e.what());
   }

@@ -52,6 +52,9 @@ struct SampleSource {
   // it; and whether it holds a VAE, which sampling takes by default.
   bool single_file = false;
   bool single_file_vae = false;
+  // A textual inversion's checkpoint (model/train/textual_inversion.h): its token and the text
+  // encoder it trained through ("" otherwise); the vectors are the shard's.
+  std::string inversion_token, inversion_encoder;
 };
 
 // What a diffusers folder says beside the weights file `weights`: the model, from a

@@ -235,6 +235,21 @@ TEST_F(TextualInversionTest, TrainsResumesExportsAndSamples) {
       ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline_), ShellQuote(learned),
       ShellQuote((dir_ / "sampled.safetensors").string())));
   EXPECT_EQ(sampled.exit_code, 0) << sampled.output;
+  // The checkpoint samples with its token: every prompt embedded with the trained vectors.
+  const CommandResult from_checkpoint = RunCommand(fmt::format(
+      "{} sample --checkpoint {} --prompt 'a photo of <cat-toy>' --steps 2 --raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(one),
+      ShellQuote((dir_ / "from_checkpoint.safetensors").string())));
+  EXPECT_EQ(from_checkpoint.exit_code, 0) << from_checkpoint.output;
+  EXPECT_THAT(from_checkpoint.output,
+              HasSubstr("the checkpoint's textual inversion: the token <cat-toy> (2 ema vectors)"));
+  const CommandResult table_refused = RunCommand(fmt::format(
+      "{} sample --checkpoint {} --prompt 'a photo of <cat-toy>' --text-table {} --steps 2 --raw "
+      "{} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(one), ShellQuote(packed_ + "/text.safetensors"),
+      ShellQuote((dir_ / "refused.safetensors").string())));
+  EXPECT_NE(table_refused.exit_code, 0) << table_refused.output;
+  EXPECT_THAT(table_refused.output, HasSubstr("trained the textual inversion <cat-toy>"));
   // A whole-model checkpoint has no vectors to export.
   const CommandResult refused =
       RunCommand(fmt::format("{} export --checkpoint {} --format textual-inversion --out {} 2>&1",
