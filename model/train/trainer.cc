@@ -444,35 +444,6 @@ Status Trainer::Backward(int micro, const float* output_grad, float* input_grad)
   return BackwardWithTexts(slot, grad, input_grad, ready);
 }
 
-Status Trainer::EncodeTexts(int slot, MicroBatch& batch) {
-  if (!inversion_) return Status::Ok();
-  DT_RETURN_IF_ERROR(inversion_->Encode(slot, batch.texts, batch.context.data()));
-  const size_t text = size_t(schema_.context_length) * schema_.context_dim;
-  for (int b = 0; b < batch.size; ++b) {
-    if (batch.text_dropped[b]) std::fill_n(batch.context.data() + b * text, text, 0.0f);
-  }
-  return Status::Ok();
-}
-
-Status Trainer::BackwardWithTexts(int slot, const float* output_grad, float* input_grad,
-                                  const Model::GradientsReady& ready) {
-  if (!inversion_) return model_->Backward(slot, output_grad, input_grad, ready);
-  const MicroBatch& batch = batches_[slot];
-  std::vector<float>& dcontext = dcontexts_[slot];
-  dcontext.assign(batch.context.size(), 0.0f);
-  DT_RETURN_IF_ERROR(model_->SetContextGradient(slot, dcontext.data()));
-  const Status backward = model_->Backward(slot, output_grad, input_grad, ready);
-  DT_RETURN_IF_ERROR(model_->SetContextGradient(slot, nullptr));
-  DT_RETURN_IF_ERROR(backward);
-  // A dropped text's context was zeros, not the encoder's: no gradient reaches the encoder.
-  const size_t text = size_t(schema_.context_length) * schema_.context_dim;
-  for (int b = 0; b < batch.size; ++b) {
-    if (batch.text_dropped[b]) std::fill_n(dcontext.data() + b * text, text, 0.0f);
-  }
-  inversion_->Backward(slot, dcontext.data());
-  return Status::Ok();
-}
-
 Result<StepStats> Trainer::Step() {
   if (gpu_) return StepOnGpu();
   step_first_ = loader_.RankFirstSample(samples_seen_);

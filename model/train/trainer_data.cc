@@ -178,53 +178,6 @@ Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> Trainer::O
   return std::pair(std::move(opened).value(), std::move(prior));
 }
 
-Result<std::unique_ptr<TextualInversion>> Trainer::OpenTextualInversion(const TrainConfig& config,
-                                                                        const Dataset& data) {
-  const TextualInversionConfig& c = config.textual_inversion;
-  const SampleSchema m = FamilyOf(config.model).Samples(config.model);
-  const TextTable* table = data.texts();
-  std::string encoder = c.text_encoder;
-  if (encoder.empty() && table != nullptr) encoder = table->text_encoder;
-  if (encoder.empty()) {
-    return Status::Error(
-        "textual_inversion.text_encoder: required: the data's text table records no text encoder "
-        "(a Stable Diffusion pipeline's folder, or data pack --text-encoder)");
-  }
-  if (c.templates.empty()) {
-    // The data's captions are the texts: they must name the token.
-    if (table == nullptr) {
-      return Errorf(
-          "textual_inversion: the data ({}) carry no captions; give textual_inversion.templates "
-          "(\"a photo of a {{}}\", …) or pack captions that name {} (data pack --text-encoder)",
-          config.data.path.empty() ? config.data.kind : config.data.path, c.token);
-    }
-    int64_t naming = 0;
-    for (const std::string& caption : table->captions)
-      naming += caption.find(c.token) != std::string::npos;
-    if (naming == 0) {
-      return Errorf(
-          "textual_inversion.token: none of the data's {} captions names '{}' (e.g. \"{}\"), so "
-          "it would learn nothing; caption the pictures with it, or give "
-          "textual_inversion.templates",
-          table->size(), c.token, table->captions.empty() ? "" : table->captions[0]);
-    }
-    spdlog::info("textual inversion: {} of the data's {} captions name {}", naming, table->size(),
-                 c.token);
-  }
-  Result<std::unique_ptr<TextualInversion>> made = TextualInversion::Create(
-      c, encoder, m.context_length, table != nullptr ? table->skip_layers : 0);
-  if (!made.ok()) return made.status();
-  if ((*made)->dim() != m.context_dim) {
-    return Errorf(
-        "textual_inversion.text_encoder '{}' embeds tokens of {} features; the model takes {} "
-        "(cross_attention_dim)",
-        encoder, (*made)->dim(), m.context_dim);
-  }
-  spdlog::info("textual inversion: {} ({} vector{} of {}) from '{}', encoded by '{}'", c.token,
-               c.vectors, c.vectors == 1 ? "" : "s", m.context_dim, c.initializer_token, encoder);
-  return made;
-}
-
 Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {
   return FillMicroBatch(first, B, batch, &data_wait_seconds_);
 }
