@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "model/cpu/gradcheck.h"
 #include "model/text/encoder.h"
@@ -35,6 +38,22 @@ struct PassCase {
   int skip_layers;
   bool final_norm;
 };
+
+std::string Describe(const PassCase& p) {
+  const char* activation = p.activation == TextActivation::kGelu       ? "gelu"
+                           : p.activation == TextActivation::kGeluTanh ? "gelu_tanh"
+                                                                       : "quick_gelu";
+  return fmt::format("{}_skip{}{}", activation, p.skip_layers,
+                     p.final_norm ? "" : "_no_final_norm");
+}
+
+void PrintTo(const PassCase& p, std::ostream* os) {
+  *os << Describe(p);
+}
+
+std::string CaseName(const ::testing::TestParamInfo<PassCase>& info) {
+  return Describe(info.param);
+}
 
 class ClipPassTest : public ::testing::TestWithParam<PassCase> {};
 
@@ -86,7 +105,8 @@ INSTANTIATE_TEST_SUITE_P(Activations, ClipPassTest,
                          ::testing::Values(PassCase{TextActivation::kQuickGelu, 0, true},
                                            PassCase{TextActivation::kGelu, 0, true},
                                            PassCase{TextActivation::kGeluTanh, 1, true},
-                                           PassCase{TextActivation::kQuickGelu, 1, false}));
+                                           PassCase{TextActivation::kQuickGelu, 1, false}),
+                         CaseName);
 
 TEST(ClipPassInputs, BertIsRefusedByName) {
   TextEncoderConfig c = TinyClip(TextActivation::kGelu);
