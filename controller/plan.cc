@@ -78,6 +78,16 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
     p.state_bytes_per_rank = static_cast<int64_t>(
         4 * (p.parameters + 2 * double(e.frozen) + double(e.vectors) + 5 * double(e.adapters)));
   }
+  if (config.textual_inversion.enabled()) {
+    // The frozen model and its vectors' gradients; the trained vectors' parameters, gradients,
+    // moments and EMA (the trainer's own arenas: PlanMemory; tp = pp = 1). The text encoder's
+    // weights are not counted.
+    DT_ASSIGN_OR_RETURN(const MemoryBytes m,
+                        PlanMemory(config.model, layout, 0, config.micro_batch, p.accumulation,
+                                   false, p.dp, config.parallel.bucket_elements(), config.recompute,
+                                   {}, config.textual_inversion));
+    p.state_bytes_per_rank = static_cast<int64_t>(m.parameters + m.gradients + m.optimizer + m.ema);
+  }
   p.activation_bytes_per_rank = static_cast<int64_t>(family.ActivationBytes(
       config.model, layout, /*stage=*/0, config.micro_batch, 1, config.recompute));
   return p;
@@ -167,9 +177,10 @@ std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
       "memory per rank (estimate): state {:.1f} MiB (parameters, gradients, EMA, AdamW{}) + "
       "activations {:.1f} MiB (micro-batch {})\n",
       p.state_bytes_per_rank / 1048576.0,
-      config.lora.enabled()   ? "; EMA and AdamW of the LoRA adapters"
-      : config.parallel.zero1 ? " sharded by ZeRO-1"
-                              : "",
+      config.lora.enabled()                ? "; EMA and AdamW of the LoRA adapters"
+      : config.textual_inversion.enabled() ? "; EMA and AdamW of the textual inversion's vectors"
+      : config.parallel.zero1              ? " sharded by ZeRO-1"
+                                           : "",
       p.activation_bytes_per_rank / 1048576.0, config.micro_batch);
   out += "placement:\n";
   constexpr int kShownNodes = 16;

@@ -93,6 +93,34 @@ TEST(CheckNodeHostMemoryTest, ALoraJobNeedsItsAdaptersStateOnly) {
   EXPECT_LT(p.state_bytes_per_rank, MakePlan(whole)->state_bytes_per_rank);
 }
 
+// A textual inversion's ranks hold the frozen model and the vectors' state: less than a LoRA
+// job's, as the trainer allocates it.
+TEST(CheckNodeHostMemoryTest, ATextualInversionJobNeedsItsVectorsStateOnly) {
+  const std::string yaml =
+      "model: {name: SD1.5, sample_size: 8, text_dropout: 0}\n"
+      "batch: {micro: 1, global: 2}\n"
+      "parallel: {dp: 2}\n"
+      "train: {device: cpu}\n"
+      "cluster: {nodes: 1, devices_per_node: 2}\n";
+  Result<TrainConfig> whole = TrainConfig::FromYamlText(yaml, "whole.yaml");
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  Result<TrainConfig> lora = TrainConfig::FromYamlText(yaml + "lora: {rank: 4}\n", "lora.yaml");
+  ASSERT_TRUE(lora.ok()) << lora.status().message();
+  Result<TrainConfig> inversion = TrainConfig::FromYamlText(
+      yaml + "textual_inversion: {token: '<x>', initializer_token: toy, vectors: 2}\n", "ti.yaml");
+  ASSERT_TRUE(inversion.ok()) << inversion.status().message();
+  const JobPlan p = *MakePlan(*inversion);
+  Result<MemoryBytes> m =
+      PlanMemory(inversion->model, {}, 0, 1, 1, false, 2, inversion->parallel.bucket_elements(),
+                 false, {}, inversion->textual_inversion);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(p.state_bytes_per_rank, int64_t(m->parameters + m->gradients + m->optimizer + m->ema));
+  EXPECT_EQ(m->optimizer, 2u * 2 * 768 * sizeof(float));  // two vectors of SD 1.5's 768
+  EXPECT_LT(p.state_bytes_per_rank, MakePlan(*lora)->state_bytes_per_rank);
+  EXPECT_LT(MakePlan(*lora)->state_bytes_per_rank, MakePlan(*whole)->state_bytes_per_rank);
+  EXPECT_THAT(DescribePlan(*inversion, p), HasSubstr("EMA and AdamW of the textual inversion's"));
+}
+
 // Under a pipeline the stages hold different arenas; the node needs their sum.
 TEST(CheckNodeHostMemoryTest, PipelineStagesAreSummedStageByStage) {
   const TrainConfig c = Config("{pp: 2}");
