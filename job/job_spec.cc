@@ -15,23 +15,29 @@ Result<int> TrainConfig::DataParallelSize(int world) const {
   return dp;
 }
 
+Status TrainConfig::RefuseSettings(
+    const std::string& field, const std::string& trains,
+    std::initializer_list<std::pair<const char*, bool>> unsupported) const {
+  for (const auto& [what, set] : unsupported) {
+    if (set) {
+      return Errorf("{}: {}; not with {}{}", cluster.Where(field), trains, what,
+                    device_automatic && device == "cuda" ? " (train.device auto found a GPU: set "
+                                                           "train.device: cpu)"
+                                                         : "");
+    }
+  }
+  return Status::Ok();
+}
+
 Status TrainConfig::ValidateLora() const {
   // The adapters are one replicated arena beside the model's: layouts that split the model's
   // weights (tp, pp) or shard the moments (ZeRO-1) do not apply, nor the GPU step yet.
-  const std::pair<const char*, bool> unsupported[] = {{"parallel.tp > 1", parallel.tp > 1},
-                                                      {"parallel.pp > 1", parallel.pp > 1},
-                                                      {"parallel.zero1", parallel.zero1},
-                                                      {"train.device cuda", device == "cuda"}};
-  for (const auto& [what, set] : unsupported) {
-    if (set) {
-      return Errorf(
-          "{}: lora trains on the CPU in data and context parallel layouts; not with {}{}",
-          cluster.Where("lora.rank"), what,
-          device_automatic && device == "cuda" ? " (train.device auto found a GPU: set "
-                                                 "train.device: cpu)"
-                                               : "");
-    }
-  }
+  DT_RETURN_IF_ERROR(RefuseSettings("lora.rank",
+                                    "lora trains on the CPU in data and context parallel layouts",
+                                    {{"parallel.tp > 1", parallel.tp > 1},
+                                     {"parallel.pp > 1", parallel.pp > 1},
+                                     {"parallel.zero1", parallel.zero1},
+                                     {"train.device cuda", device == "cuda"}}));
   DT_ASSIGN_OR_RETURN(const ModelPartition whole, FamilyOf(model).Partition(model, {}, 0, 0, 0));
   Result<std::vector<LoraModule>> modules = LoraModulesOf(lora, whole.parameters.table);
   if (!modules.ok()) {
@@ -52,25 +58,16 @@ Status TrainConfig::ValidateTextualInversion() const {
                               : "takes no text");
   }
   // The vectors are one replicated arena, as LoRA's adapters; the text encoder runs on the CPU.
-  const std::pair<const char*, bool> unsupported[] = {{"lora", lora.enabled()},
-                                                      {"data.prior_path", data.has_prior()},
-                                                      {"parallel.tp > 1", parallel.tp > 1},
-                                                      {"parallel.cp > 1", parallel.cp > 1},
-                                                      {"parallel.pp > 1", parallel.pp > 1},
-                                                      {"parallel.zero1", parallel.zero1},
-                                                      {"train.device cuda", device == "cuda"}};
-  for (const auto& [what, set] : unsupported) {
-    if (set) {
-      return Errorf(
-          "{}: textual_inversion trains on the CPU, data parallel, without lora or a prior; not "
-          "with {}{}",
-          cluster.Where("textual_inversion.token"), what,
-          device_automatic && device == "cuda" ? " (train.device auto found a GPU: set "
-                                                 "train.device: cpu)"
-                                               : "");
-    }
-  }
-  return Status::Ok();
+  return RefuseSettings(
+      "textual_inversion.token",
+      "textual_inversion trains on the CPU, data parallel, without lora or a prior",
+      {{"lora", lora.enabled()},
+       {"data.prior_path", data.has_prior()},
+       {"parallel.tp > 1", parallel.tp > 1},
+       {"parallel.cp > 1", parallel.cp > 1},
+       {"parallel.pp > 1", parallel.pp > 1},
+       {"parallel.zero1", parallel.zero1},
+       {"train.device cuda", device == "cuda"}});
 }
 
 Status TrainConfig::ValidatePrior() const {

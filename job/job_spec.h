@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -127,6 +129,11 @@ struct TrainConfig {
   nlohmann::json ToJson() const;
   // lora against the layout, the device and the model's modules.
   Status ValidateLora() const;
+  // The first of `unsupported` (a setting, whether the job has it) that is set, refused as
+  // "FIELD (its place in the file): TRAINS; not with SETTING", with a hint where train.device
+  // auto chose the GPU.
+  Status RefuseSettings(const std::string& field, const std::string& trains,
+                        std::initializer_list<std::pair<const char*, bool>> unsupported) const;
   // textual_inversion against the model, the layout, the device and the other sections.
   Status ValidateTextualInversion() const;
   // data.prior_path and prior_loss_weight (Validate's).

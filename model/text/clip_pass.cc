@@ -7,29 +7,12 @@
 #include "model/cpu/activation.h"
 #include "model/cpu/layernorm.h"
 #include "model/cpu/linear.h"
+#include "model/text/activation.h"
 #include "model/text/encoder.h"
 #include "model/text/encoder_names.h"
 
 namespace difftrain {
 namespace {
-
-// The activation in place, as TextEncoder::Encode applies it.
-template <typename T>
-void Activate(TextActivation act, T* x, size_t n) {
-  switch (act) {
-    case TextActivation::kGelu:
-      for (size_t i = 0; i < n; ++i)
-        x[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * T(0.70710678118654752)));
-      break;
-    case TextActivation::kGeluTanh:
-      cpu::GeluForward(x, x, n);
-      break;
-    case TextActivation::kQuickGelu:
-      for (size_t i = 0; i < n; ++i)
-        x[i] = x[i] / (T(1) + std::exp(T(-1.702) * x[i]));
-      break;
-  }
-}
 
 // d *= act'(pre), element-wise.
 template <typename T>
@@ -192,13 +175,6 @@ void ClipPass<T>::NormBackward(const std::string& name, const T* dout, const T* 
 }
 
 template <typename T>
-size_t ClipPass<T>::ActivationElements(const TextEncoderConfig& c, int N, int L) {
-  const size_t rows = size_t(N) * L, D = c.hidden_size, F = c.intermediate_size;
-  const size_t layer = rows * (5 * D + F + 4) + size_t(N) * c.num_heads * L * L;
-  return c.num_layers * layer + rows * (D + 2) + 2 * rows * std::max(D, F);
-}
-
-template <typename T>
 void ClipPass<T>::Forward(const T* x, int N, int L, int skip_layers, bool final_norm, T* out) {
   const TextEncoderConfig& c = config_;
   DT_CHECK(skip_layers >= 0 && skip_layers < c.num_layers && L >= 1 && L <= c.max_positions,
@@ -235,7 +211,7 @@ void ClipPass<T>::Forward(const T* x, int N, int L, int skip_layers, bool final_
     Norm(names.norm2, stream.data(), h.data(), k.mean2.data(), k.rstd2.data());
     linear(k.pre.data(), h.data(), names.fc1, D, F);
     std::copy(k.pre.begin(), k.pre.end(), mlp.begin());
-    Activate(c.activation, mlp.data(), mlp.size());
+    text::Activate(c.activation, mlp.data(), mlp.size());
     linear(h.data(), mlp.data(), names.fc2, F, D);
     for (size_t j = 0; j < RD; ++j)
       stream[j] += h[j];

@@ -36,9 +36,6 @@ class ClipPass {
   // (written).
   void Backward(const T* dout, T* dx);
 
-  // Elements the kept activations take for N texts of L tokens (the planner's memory).
-  static size_t ActivationElements(const TextEncoderConfig& config, int N, int L);
-
  private:
   const T* W(const std::string& name) const;
   // LayerNorm `name` (affine) of rows × D: out, and the row statistics Backward reads.

@@ -16,6 +16,7 @@
 #include "model/cpu/linear.h"
 #include "model/io/ldm_checkpoint.h"
 #include "model/io/safetensors.h"
+#include "model/text/activation.h"
 #include "model/text/encoder_names.h"
 #include "model/train/initial_weights.h"
 
@@ -44,22 +45,6 @@ void AffineLayerNorm(float* out, const float* in, const float* gamma, const floa
     float* row = out + size_t(n) * C;
     for (int c = 0; c < C; ++c)
       row[c] = row[c] * gamma[c] + beta[c];
-  }
-}
-
-void Activate(TextActivation act, float* x, size_t n) {
-  switch (act) {
-    case TextActivation::kGelu:
-      for (size_t i = 0; i < n; ++i)
-        x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
-      break;
-    case TextActivation::kGeluTanh:
-      cpu::GeluForward(x, x, n);
-      break;
-    case TextActivation::kQuickGelu:
-      for (size_t i = 0; i < n; ++i)
-        x[i] = x[i] / (1.0f + std::exp(-1.702f * x[i]));
-      break;
   }
 }
 
@@ -471,7 +456,7 @@ Status TextEncoder::Forward(const std::vector<text::Tokens>& texts, int skip_lay
       in = h.data();
     }
     linear(mlp.data(), in, l.fc1, D, F);
-    Activate(c.activation, mlp.data(), mlp.size());
+    text::Activate(c.activation, mlp.data(), mlp.size());
     linear(h.data(), mlp.data(), l.fc2, F, D);
     for (size_t j = 0; j < x.size(); ++j)
       x[j] += h[j];

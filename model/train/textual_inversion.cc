@@ -1,6 +1,7 @@
 #include "model/train/textual_inversion.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -116,9 +117,9 @@ TextualInversion::TextualInversion(TextualInversionConfig config,
 
 void TextualInversion::SetSlots(int slots) {
   slots_.resize(slots);
-  while (static_cast<int>(passes_.size()) < slots)
+  passes_.clear();
+  for (int s = 0; s < slots; ++s)
     passes_.emplace_back(embedder_->encoder().config(), embedder_->encoder().weights());
-  passes_.resize(slots, passes_.back());
 }
 
 std::string TextualInversion::Text(const std::string& caption, uint64_t pick) const {
