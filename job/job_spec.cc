@@ -43,7 +43,18 @@ Status TrainConfig::ValidateLora() const {
   if (!modules.ok()) {
     return Errorf("{}: {}", cluster.Where("lora.targets"), modules.status().message());
   }
-  return Status::Ok();
+  if (!lora.train_text_encoder) return Status::Ok();
+  const SampleSchema s = FamilyOf(model).Samples(model);
+  if (model.family != "unet" || s.context_length == 0 || s.pooled_text_dim > 0) {
+    return Errorf("{}: adapts the Stable Diffusion 1.x/2.x UNet's text encoder; the {} model {}",
+                  cluster.Where("lora.train_text_encoder"), model.name(),
+                  s.pooled_text_dim > 0 ? "is SDXL's, whose two text encoders are not trained here"
+                                        : "takes no text");
+  }
+  // The encoder runs on the CPU beside the model, its texts whole on every rank.
+  return RefuseSettings("lora.train_text_encoder",
+                        "the text encoder's adapters train data parallel",
+                        {{"parallel.cp > 1", parallel.cp > 1}});
 }
 
 Status TrainConfig::ValidateTextualInversion() const {
@@ -325,7 +336,10 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .Double("alpha", c.lora.alpha)
       .StringList("targets", c.lora.targets)
       .Bool("use_dora", c.lora.use_dora)
-      .Bool("use_rslora", c.lora.use_rslora);
+      .Bool("use_rslora", c.lora.use_rslora)
+      .Bool("train_text_encoder", c.lora.train_text_encoder)
+      .StringList("text_encoder_targets", c.lora.text_encoder_targets)
+      .String("text_encoder", c.lora.text_encoder);
   DT_RETURN_IF_ERROR(lora.Finish());
   if (top.Has("lora") && !lora.Has("rank")) {
     return top.ErrorAt("lora", "lora.rank: required (the adapters' rank, e.g. 4)");
@@ -406,7 +420,7 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   c.cluster.Locate(parallel, "parallel", {"tp", "backend"});
   c.cluster.Locate(train, "train", {"device", "precision"});
   c.cluster.Locate(ckpt, "checkpoint", {"init_from"});
-  c.cluster.Locate(lora, "lora", {"rank", "targets"});
+  c.cluster.Locate(lora, "lora", {"rank", "targets", "train_text_encoder"});
   c.cluster.Locate(inversion, "textual_inversion", {"token"});
   DT_RETURN_IF_ERROR(ReadClusterConfig(top, c.cluster));
   DT_RETURN_IF_ERROR(top.Finish());

@@ -353,22 +353,19 @@ Status WriteSingleFile(const ExportOptions& o, const std::vector<std::string>& n
 // a family without a diffusers form (which `sample --lora` reads as the model's); alpha / rank
 // folded into B, as the file holds no alphas. A DoRA run's in peft's names, which carry its
 // magnitudes: `unet.M.lora_A.weight`, `unet.M.lora_B.weight`, `unet.M.lora_magnitude_vector`
-// (peft's get_peft_model_state_dict; the older form has no place for them).
+// (peft's get_peft_model_state_dict; the older form has no place for them). A text encoder's
+// adapters (lora.train_text_encoder) as train_dreambooth_lora.py saves them:
+// `text_encoder.M.lora_linear_layer.down.weight` and `….up.weight` (DoRA: peft's names).
 Status WriteLora(const ExportOptions& o, const SampleSource& source, bool diffusers_names) {
   const io::SafetensorsFile& shard = *source.file;
   const auto lora = shard.metadata().find("lora");
-  const nlohmann::json config = nlohmann::json::parse(lora->second, nullptr, false);
-  if (!config.is_object() || !config.value("rank", nlohmann::json()).is_number_integer() ||
-      !config.value("alpha", nlohmann::json()).is_number() ||
-      !config.value("use_dora", nlohmann::json(false)).is_boolean() ||
-      !config.value("use_rslora", nlohmann::json(false)).is_boolean()) {
-    return Errorf("'{}': malformed 'lora' metadata {}", shard.path(), lora->second);
+  Result<LoraConfig> parsed =
+      LoraConfig::FromJson(nlohmann::json::parse(lora->second, nullptr, false));
+  if (!parsed.ok()) {
+    return Errorf("'{}': malformed 'lora' metadata {}: {}", shard.path(), lora->second,
+                  parsed.status().message());
   }
-  LoraConfig adapters;
-  adapters.rank = config["rank"].get<int>();
-  adapters.alpha = config["alpha"].get<double>();
-  adapters.use_dora = config.value("use_dora", false);
-  adapters.use_rslora = config.value("use_rslora", false);
+  const LoraConfig& adapters = *parsed;
   const std::string down_name = adapters.use_dora ? ".lora_A.weight" : ".lora.down.weight";
   const std::string up_name = adapters.use_dora ? ".lora_B.weight" : ".lora.up.weight";
   const std::string prefix = o.weights == "ema" ? "ema.lora." : "lora.";
@@ -393,15 +390,19 @@ Status WriteLora(const ExportOptions& o, const SampleSource& source, bool diffus
       for (float& v : upper)
         v = static_cast<float>(v * adapters.scale());
     }
-    file.Add(component + module + down_name, a->shape, down.data());
-    file.Add(component + module + up_name, b->shape, upper.data());
+    // The text encoder's modules carry their component's prefix already.
+    const bool text = module.starts_with(kLoraTextPrefix);
+    const std::string key = (text ? "" : component) + module;
+    const bool layer = text && !adapters.use_dora;  // the script's lora_linear_layer form
+    file.Add(key + (layer ? ".lora_linear_layer.down.weight" : down_name), a->shape, down.data());
+    file.Add(key + (layer ? ".lora_linear_layer.up.weight" : up_name), b->shape, upper.data());
     if (!adapters.use_dora) continue;
     const std::string magnitude = prefix + module + ".lora_magnitude_vector";
     const io::TensorView* m = shard.Find(magnitude);
     if (m == nullptr) return Errorf("'{}': DoRA's '{}' is missing", shard.path(), magnitude);
     std::vector<float>& values = arenas.emplace_back(m->bytes / sizeof(float));
     DT_RETURN_IF_ERROR(shard.CopyF32(magnitude, m->shape, values.data()));
-    file.Add(component + module + ".lora_magnitude_vector", m->shape, values.data());
+    file.Add(key + ".lora_magnitude_vector", m->shape, values.data());
   }
   if (arenas.empty()) return Errorf("'{}': holds no '{}' adapters", shard.path(), prefix);
   return file.Write(o.out);
@@ -439,6 +440,19 @@ int RunExport(const ExportOptions& o) {
   if ((o.format == "state-dict" || o.format == "lora" || o.format == "textual-inversion") &&
       !o.pipeline.empty())
     return bad("--pipeline is for --format diffusers and single-file");
+  if (source->text_lora && (o.format == "diffusers" || o.format == "single-file")) {
+    // The model's weights hold the UNet's adapters fused, not the text encoder's.
+    if (!o.pipeline.empty()) {
+      return bad(fmt::format(
+          "--pipeline: the checkpoint adapted the text encoder too (lora.train_text_encoder), "
+          "and --format {} would carry the pipeline's text encoder without its adapters; export "
+          "--format lora (diffusers' load_lora_weights and `sample --lora` take both parts)",
+          o.format));
+    }
+    spdlog::warn(
+        "the checkpoint adapted the text encoder too (lora.train_text_encoder): this export is "
+        "the UNet alone; --format lora writes both parts' adapters");
+  }
   std::error_code ec;
   const fs::path out = o.out;
   if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))

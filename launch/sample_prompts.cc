@@ -11,6 +11,7 @@
 #include "model/io/ldm_checkpoint.h"
 #include "model/io/lora.h"
 #include "model/text/embedder.h"
+#include "model/train/text_encoder_lora.h"
 #include "model/train/textual_inversion.h"
 
 namespace difftrain::launch {
@@ -24,7 +25,7 @@ namespace fs = std::filesystem;
 std::string GivenTextEncoder(const SampleOptions& o, const SampleSource& ckpt) {
   if (o.text_encoder == "none") return "";
   if (!o.text_encoder.empty()) return o.text_encoder;
-  if (!ckpt.inversion_encoder.empty()) return ckpt.inversion_encoder;
+  if (!ckpt.trained_text_encoder.empty()) return ckpt.trained_text_encoder;
   std::error_code ec;
   // SDXL's refiner has text_encoder_2/ alone.
   if (!ckpt.pipeline.empty() && (fs::is_directory(fs::path(ckpt.pipeline) / "text_encoder", ec) ||
@@ -88,10 +89,11 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
   Prompts p;
   p.table_path = o.text_table;
   // Every prompt embedded by the encoder: from pretrained weights, from a checkpoint whose
-  // training data had no text table (synthetic texts), or from a textual inversion's (the
-  // table's embeddings were made without its token).
+  // training data had no text table (synthetic texts), or from one that trained through the
+  // encoder (a textual inversion's, whose table's embeddings were made without its token; a LoRA
+  // of the encoder, whose table's were made before it was adapted).
   const bool tableless = ckpt.data_kind != "latent_folder" || ckpt.data_path.empty() ||
-                         !ckpt.inversion_token.empty();
+                         !ckpt.inversion_token.empty() || ckpt.text_lora.has_value();
   const bool encoder_only = p.table_path.empty() && (ckpt.pretrained || tableless) &&
                             !GivenTextEncoder(o, ckpt).empty() && o.caption_ids.empty();
   if (p.table_path.empty() && !encoder_only) {
@@ -162,6 +164,23 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
     }
     p.lora_text_encoder = true;
   }
+  if (ckpt.text_lora) {
+    // The checkpoint's own text encoder adapters: every prompt is embedded with them.
+    if (!encoder || !encoder_only) {
+      return Status::Error(
+          "the checkpoint adapted the text encoder too (lora.train_text_encoder), which reaches "
+          "the prompts only where the encoder embeds every prompt (without --text-table or "
+          "--captions)");
+    }
+    if (!o.text_encoder.empty()) {
+      spdlog::info("the checkpoint's text encoder adapters go into --text-encoder {}",
+                   o.text_encoder);
+    }
+    DT_RETURN_IF_ERROR(FuseCheckpointTextLora(*ckpt.file, *ckpt.text_lora, o.weights == "ema",
+                                              encoder->encoder()));
+    spdlog::info("the checkpoint's text encoder adapters ({} weights) fused into {}", o.weights,
+                 encoder->path());
+  }
   if (!ckpt.inversion_token.empty()) {
     // The checkpoint's own token: every prompt is embedded with it.
     if (!encoder || !encoder_only) {
@@ -170,8 +189,7 @@ Result<Prompts> ResolvePrompts(const SampleOptions& o, const SampleSource& ckpt,
           "through a text encoder that embeds every prompt (without --text-table or --captions)",
           ckpt.inversion_token);
     }
-    const std::string name =
-        (o.weights == "ema" ? "ema." : "") + std::string(kInversionVectors);
+    const std::string name = (o.weights == "ema" ? "ema." : "") + std::string(kInversionVectors);
     const io::TensorView* view = ckpt.file->Find(name);
     if (view == nullptr || view->shape.size() != 2)
       return Errorf("'{}': holds no [vectors, D] tensor '{}'", ckpt.file->path(), name);

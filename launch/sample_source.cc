@@ -53,7 +53,16 @@ Result<SampleSource> LoadCheckpointSource(const std::string& path) {
       DT_ASSIGN_OR_RETURN(const nlohmann::json inversion,
                           json_field(std::string(kInversionMetadata)));
       c.inversion_token = inversion.at("token").get<std::string>();
-      c.inversion_encoder = inversion.at("text_encoder").get<std::string>();
+      c.trained_text_encoder = inversion.at("text_encoder").get<std::string>();
+    }
+    if (meta.contains("lora")) {
+      DT_ASSIGN_OR_RETURN(const nlohmann::json lora, json_field("lora"));
+      Result<LoraConfig> config = LoraConfig::FromJson(lora);
+      if (!config.ok()) return config.status().WithContext(fmt::format("'{}'", c.file->path()));
+      if (config->train_text_encoder) {
+        c.text_lora = *config;
+        c.trained_text_encoder = config->text_encoder;
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     return Errorf("'{}': malformed training config in the metadata: {}", c.file->path(), e.what());

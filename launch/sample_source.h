@@ -18,6 +18,7 @@
 #include "model/family/family.h"
 #include "model/family/model.h"
 #include "model/io/safetensors.h"
+#include "model/train/lora_adapters.h"
 
 namespace difftrain::launch {
 
@@ -52,9 +53,14 @@ struct SampleSource {
   // it; and whether it holds a VAE, which sampling takes by default.
   bool single_file = false;
   bool single_file_vae = false;
-  // A textual inversion's checkpoint (model/train/textual_inversion.h): its token and the text
-  // encoder it trained through ("" otherwise); the vectors are the shard's.
-  std::string inversion_token, inversion_encoder;
+  // A textual inversion's checkpoint (model/train/textual_inversion.h): its token ("" otherwise);
+  // the vectors are the shard's.
+  std::string inversion_token;
+  // A LoRA checkpoint that adapted the text encoder too (lora.train_text_encoder): its config;
+  // the adapters are the shard's. Unset otherwise.
+  std::optional<LoraConfig> text_lora;
+  // The text encoder a textual inversion or a text encoder LoRA trained through ("" otherwise).
+  std::string trained_text_encoder;
 };
 
 // What a diffusers folder says beside the weights file `weights`: the model, from a

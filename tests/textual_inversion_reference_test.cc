@@ -16,7 +16,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -30,6 +29,7 @@
 #include "model/train/trainer.h"
 #include "tests/testing/python_reference.h"
 #include "tests/testing/sd_pipeline.h"
+#include "tests/testing/text_step.h"
 
 namespace difftrain::testing {
 namespace {
@@ -52,12 +52,7 @@ class TextualInversionTest : public SdPipelineReferenceTest {
                            {"a photo of <cat-toy>", "<cat-toy> on a table", "a photo of <cat-toy>",
                             "a small <cat-toy>"});
     packed_ = (dir_ / "packed").string();
-    const CommandResult pack = RunCommand(fmt::format(
-        "{} data pack --dataset image_folder --path {} --image-size 16 --crop square --vae {} "
-        "--text-encoder {} --out {} 2>&1",
-        ShellQuote(DIFFTRAIN_BINARY), ShellQuote((dir_ / "pictures").string()),
-        ShellQuote(pipeline_), ShellQuote(pipeline_), ShellQuote(packed_)));
-    ASSERT_EQ(pack.exit_code, 0) << pack.output;
+    PackCaptionedPictures((dir_ / "pictures").string(), pipeline_, packed_);
     job_ = WriteJob("job", steps, kInversion);
   }
 
@@ -66,22 +61,14 @@ class TextualInversionTest : public SdPipelineReferenceTest {
   std::string WriteJob(const std::string& name, int steps, const std::string& extra,
                        const std::string& batch = "batch: {micro: 2, global: 2}") {
     const std::string job = (dir_ / (name + ".yaml")).string();
-    WriteFineTuneJob(job, pipeline_, packed_, (dir_ / (name + "-ckpt")).string(), steps, 1, extra);
-    std::ifstream in(job);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t at = text.find("batch: {micro: 2, global: 2}");
-    EXPECT_NE(at, std::string::npos) << text;
-    if (at != std::string::npos) text.replace(at, 28, batch);
-    std::ofstream(job) << text;
+    WriteFineTuneJob(job, pipeline_, packed_, (dir_ / (name + "-ckpt")).string(), steps, 1, extra,
+                     batch);
     return job;
   }
 
   // The vectors of the newest checkpoint of `ckpt`.
   static std::vector<float> Vectors(const std::string& ckpt) {
-    io::CheckpointStore store(ckpt, 10);
-    const int64_t step = store.LatestComplete()->value();
-    const io::SafetensorsFile shard =
-        std::move(store.ReadShard(step, 0, *store.World(step))).value();
+    const io::SafetensorsFile shard = NewestShard0(ckpt);
     return ReferenceTensor(shard, std::string(kInversionVectors));
   }
 
@@ -109,29 +96,13 @@ TEST_F(TextualInversionTest, StepIsDiffusersTextualInversion) {
   const StepStats stats = (*trainer)->StepOn(batch);
 
   io::SafetensorsWriter step;
-  std::vector<float> ids;
-  for (const text::Tokens& t : batch.texts)
-    ids.insert(ids.end(), t.ids.begin(), t.ids.end());
-  const int64_t B = batch.size, L = 77;
-  step.AddF32("x_t", {B, 4, 8, 8}, batch.x_t.data());
-  step.AddF32("t", {B}, batch.t_float.data());
-  step.AddF32("target", {B, 4, 8, 8}, batch.noise.data());  // epsilon-prediction
-  step.AddF32("ids", {B, L}, ids.data());
+  const std::vector<float> ids = AddTextStep(batch, config->optimizer, step);
   Result<TextTable> table = ReadTextTable(packed_ + "/text.safetensors");
   ASSERT_TRUE(table.ok());
-  const OptimizerConfig& o = config->optimizer;
-  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"token", "<cat-toy>"},
-           {"initializer_token", "toy"},
-           {"vectors", "2"},
-           {"captions", nlohmann::json(table->captions).dump()},
-           {"lr", fmt::format("{}", o.lr)},
-           {"beta1", fmt::format("{}", o.beta1)},
-           {"beta2", fmt::format("{}", o.beta2)},
-           {"eps", fmt::format("{}", o.eps)},
-           {"weight_decay", fmt::format("{}", o.weight_decay)}}) {
-    step.SetMetadata(key, value);
-  }
+  step.SetMetadata("token", "<cat-toy>");
+  step.SetMetadata("initializer_token", "toy");
+  step.SetMetadata("vectors", "2");
+  step.SetMetadata("captions", nlohmann::json(table->captions).dump());
   const std::string step_path = (dir_ / "step.safetensors").string();
   ASSERT_TRUE(step.WriteAtomic(step_path).ok());
   const std::string out = (dir_ / "expected.safetensors").string();
@@ -160,14 +131,10 @@ TEST_F(TextualInversionTest, StepIsDiffusersTextualInversion) {
 TEST_F(TextualInversionTest, TrainsResumesExportsAndSamples) {
   SetUpRun(3);
   if (IsSkipped()) return;
-  const auto train = [&](const std::string& job, const std::string& extra = "") {
-    return RunCommand(fmt::format("OMP_NUM_THREADS=1 {} train --config {} {} 2>&1",
-                                  ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job), extra));
-  };
   // Global batches of 4 (two micro-batches of 2 in one process; one each on two ranks).
   job_ = WriteJob("job", 3, kInversion, "batch: {micro: 2, global: 4}");
   const std::string one = (dir_ / "job-ckpt").string();
-  const CommandResult trained = train(job_);
+  const CommandResult trained = TrainInOneProcess(job_);
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const std::vector<float> final = Vectors(one);
   ASSERT_EQ(final.size(), 2u * 32);
@@ -175,10 +142,8 @@ TEST_F(TextualInversionTest, TrainsResumesExportsAndSamples) {
   // Broken after step 1: its later checkpoints removed, the run resumes from step 1.
   const std::string broken_job = WriteJob("broken", 3, kInversion, "batch: {micro: 2, global: 4}");
   const std::string broken = (dir_ / "broken-ckpt").string();
-  std::filesystem::create_directories(broken);
-  std::filesystem::copy(one + "/step-00000001", broken + "/step-00000001",
-                        std::filesystem::copy_options::recursive);
-  const CommandResult resumed = train(broken_job);
+  KeepTheFirstStep(one, broken);
+  const CommandResult resumed = TrainInOneProcess(broken_job);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("step 1"));
   EXPECT_EQ(Vectors(broken), final);
@@ -186,14 +151,7 @@ TEST_F(TextualInversionTest, TrainsResumesExportsAndSamples) {
   // Two data-parallel ranks against one process.
   const std::string dp_job = WriteJob("dp", 3, kInversion + std::string("parallel: {dp: 2}\n"),
                                       "batch: {micro: 2, global: 4}");
-  const std::string store = (dir_ / "store").string();
-  const std::string rank =
-      fmt::format("OMP_NUM_THREADS=1 {} train --config {} --world 2 --store {}",
-                  ShellQuote(DIFFTRAIN_BINARY), ShellQuote(dp_job), ShellQuote(store));
-  const CommandResult ranks = RunCommand(fmt::format(
-      "sh -c {}", ShellQuote(fmt::format("{} --rank 1 > {}/rank1.log 2>&1 & p=$!; {} --rank 0 "
-                                         "2>&1 || rc=1; wait $p || rc=1; exit ${{rc:-0}}",
-                                         rank, dir_.string(), rank))));
+  const CommandResult ranks = TrainOnTwoRanks(dp_job, dir_);
   ASSERT_EQ(ranks.exit_code, 0) << ranks.output;
   const std::vector<float> two = Vectors((dir_ / "dp-ckpt").string());
   std::cout << "two ranks against one process: relative L2 " << RelativeL2(two, final) << "\n";

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/check.h"
 #include "model/cpu/activation.h"
@@ -149,6 +152,24 @@ const T* ClipPass<T>::W(const std::string& name) const {
 }
 
 template <typename T>
+T* ClipPass<T>::WeightGrad(const std::string& name) const {
+  if (grads_ == nullptr) return nullptr;
+  const std::string weight = name + ".weight";
+  if (std::find(trained_.begin(), trained_.end(), weight) == trained_.end()) return nullptr;
+  return grads_ + table_.Find(weight)->offset;
+}
+
+template <typename T>
+void ClipPass<T>::SetWeightGradients(T* grads, std::vector<std::string> weights) {
+  for (const std::string& w : weights) {
+    const TensorSpec* t = table_.Find(w);
+    DT_CHECK(t != nullptr && t->shape.size() == 2, "ClipPass: '{}' is no Linear weight", w);
+  }
+  grads_ = weights.empty() ? nullptr : grads;
+  trained_ = std::move(weights);
+}
+
+template <typename T>
 void ClipPass<T>::Norm(const std::string& name, const T* in, T* out, T* mean, T* rstd) const {
   const int rows = N_ * L_, D = config_.hidden_size;
   cpu::LayerNormForward(out, mean, rstd, in, rows, D, static_cast<T>(config_.layer_norm_eps));
@@ -200,15 +221,18 @@ void ClipPass<T>::Forward(const T* x, int N, int L, int skip_layers, bool final_
     k.probs.resize(size_t(N) * H * L * L);
     k.pre.resize(size_t(rows) * F);
     Norm(names.norm1, stream.data(), h.data(), k.mean1.data(), k.rstd1.data());
+    if (grads_ != nullptr) k.normed1.assign(h.begin(), h.end());
     linear(k.q.data(), h.data(), names.q, D, D);
     linear(k.k.data(), h.data(), names.k, D, D);
     linear(k.v.data(), h.data(), names.v, D, D);
     CausalAttention(a.data(), k.probs.data(), k.q.data(), k.k.data(), k.v.data(), N, L, D, H);
+    if (grads_ != nullptr) k.attention.assign(a.begin(), a.end());
     linear(h.data(), a.data(), names.out, D, D);
     for (size_t j = 0; j < RD; ++j)
       stream[j] += h[j];
     k.mid = stream;
     Norm(names.norm2, stream.data(), h.data(), k.mean2.data(), k.rstd2.data());
+    if (grads_ != nullptr) k.normed2.assign(h.begin(), h.end());
     linear(k.pre.data(), h.data(), names.fc1, D, F);
     std::copy(k.pre.begin(), k.pre.end(), mlp.begin());
     text::Activate(c.activation, mlp.data(), mlp.size());
@@ -238,29 +262,34 @@ void ClipPass<T>::Backward(const T* dout, T* dx) {
   } else {
     std::copy(dout, dout + RD, dx);
   }
-  std::vector<T> dmlp(size_t(rows) * F), dh(RD), dq(RD), dk(RD), dv(RD);
-  // din = dout · W (written): a Linear's input gradient, its weight frozen.
-  const auto linear_back = [&](T* din, const T* d, const std::string& name, int I, int O) {
+  std::vector<T> dmlp(size_t(rows) * F), dh(RD), dq(RD), dk(RD), dv(RD), act;
+  // din = dout · W (written), and where asked the weight's gradient dout^T · in (added).
+  const auto linear_back = [&](T* din, const T* d, const std::string& name, const T* in, int I,
+                               int O) {
     std::fill(din, din + size_t(rows) * I, T(0));
-    cpu::LinearBackward<T>(din, nullptr, nullptr, d, nullptr, W(name + ".weight"), rows, I, O);
+    cpu::LinearBackward<T>(din, WeightGrad(name), nullptr, d, in, W(name + ".weight"), rows, I, O);
   };
   for (int i = taken_; i-- > 0;) {
     const text::LayerNames names = text::EncoderLayer(c, i);
     const Layer& k = layers_[i];
     // The MLP: stream += fc2(act(fc1(norm2(mid)))).
-    linear_back(dmlp.data(), dx, names.fc2, F, D);
+    if (WeightGrad(names.fc2) != nullptr) {
+      act = k.pre;
+      text::Activate(c.activation, act.data(), act.size());
+    }
+    linear_back(dmlp.data(), dx, names.fc2, act.data(), F, D);
     ActivationBackward(c.activation, dmlp.data(), k.pre.data(), dmlp.size());
-    linear_back(dh.data(), dmlp.data(), names.fc1, D, F);
+    linear_back(dh.data(), dmlp.data(), names.fc1, k.normed2.data(), D, F);
     NormBackward(names.norm2, dh.data(), k.mid.data(), k.mean2.data(), k.rstd2.data(), dx);
     // The attention: mid = x + out(attention(norm1(x))).
-    linear_back(dh.data(), dx, names.out, D, D);
+    linear_back(dh.data(), dx, names.out, k.attention.data(), D, D);
     CausalAttentionBackward(dq.data(), dk.data(), dv.data(), dh.data(), k.q.data(), k.k.data(),
                             k.v.data(), k.probs.data(), N_, L_, D, H);
-    linear_back(dh.data(), dq.data(), names.q, D, D);
-    cpu::LinearBackward<T>(dh.data(), nullptr, nullptr, dk.data(), nullptr, W(names.k + ".weight"),
-                           rows, D, D);
-    cpu::LinearBackward<T>(dh.data(), nullptr, nullptr, dv.data(), nullptr, W(names.v + ".weight"),
-                           rows, D, D);
+    linear_back(dh.data(), dq.data(), names.q, k.normed1.data(), D, D);
+    for (const auto& [d, name] : {std::pair{dk.data(), names.k}, std::pair{dv.data(), names.v}}) {
+      cpu::LinearBackward<T>(dh.data(), WeightGrad(name), nullptr, d, k.normed1.data(),
+                             W(name + ".weight"), rows, D, D);
+    }
     NormBackward(names.norm1, dh.data(), k.x.data(), k.mean1.data(), k.rstd1.data(), dx);
   }
 }

@@ -1,10 +1,12 @@
 // ClipPass (model/text/clip_pass.h): in float it is TextEncoder::Encode's forward pass from the
-// input embeddings, bit for bit; in double its input gradient matches central differences, for
-// each activation, with and without the final LayerNorm and with layers skipped.
+// input embeddings, bit for bit; in double its input gradient and its Linear layers' weight
+// gradients match central differences, for each activation, with and without the final
+// LayerNorm and with layers skipped.
 #include "model/text/clip_pass.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 
 #include "model/cpu/gradcheck.h"
 #include "model/text/encoder.h"
+#include "model/text/encoder_names.h"
 
 namespace difftrain {
 namespace {
@@ -99,6 +102,53 @@ TEST_P(ClipPassTest, InputGradientMatchesCentralDifferences) {
   gc::Vector again(size, 7.0);
   pass.Backward(dout.data(), again.data());
   EXPECT_EQ(again, dx);
+}
+
+// Every Linear weight of the layers taken, each checked on its own: the loss as a function of
+// that tensor. The input's gradient is unchanged by asking for weight gradients too.
+TEST_P(ClipPassTest, WeightGradientsMatchCentralDifferences) {
+  const PassCase p = GetParam();
+  const TextEncoderConfig c = TinyClip(p.activation);
+  const TensorTable table = TextEncoder::Tensors(c);
+  std::mt19937 rng(7);
+  const gc::Vector w = gc::Random(table.total(), rng, -0.6, 0.6);
+  const int N = 2, L = 5;
+  const size_t size = size_t(N) * L * c.hidden_size;
+  const gc::Vector x = gc::Random(size, rng), dout = gc::Random(size, rng);
+  std::vector<std::string> weights;
+  for (int i = 0; i < c.num_layers - p.skip_layers; ++i) {
+    const text::LayerNames n = text::EncoderLayer(c, i);
+    for (const std::string& m : {n.q, n.k, n.v, n.out, n.fc1, n.fc2})
+      weights.push_back(m + ".weight");
+  }
+  gc::Vector grads(table.total(), 0.0), dx(size), plain_dx(size), out(size);
+  ClipPass<double> pass(c, w.data());
+  pass.SetWeightGradients(grads.data(), weights);
+  pass.Forward(x.data(), N, L, p.skip_layers, p.final_norm, out.data());
+  pass.Backward(dout.data(), dx.data());
+  ClipPass<double> plain(c, w.data());
+  plain.Forward(x.data(), N, L, p.skip_layers, p.final_norm, out.data());
+  plain.Backward(dout.data(), plain_dx.data());
+  EXPECT_EQ(dx, plain_dx);
+  for (const std::string& name : weights) {
+    const TensorSpec* t = table.Find(name);
+    gc::Vector probed = w, tensor(w.begin() + t->offset, w.begin() + t->offset + t->numel);
+    const gc::Vector grad(grads.begin() + t->offset, grads.begin() + t->offset + t->numel);
+    ClipPass<double> probe(c, probed.data());
+    const gc::ForwardFn forward = [&](gc::Vector& y) {
+      std::copy(tensor.begin(), tensor.end(), probed.begin() + t->offset);
+      probe.Forward(x.data(), N, L, p.skip_layers, p.final_norm, y.data());
+    };
+    // q's and k's gradients are ~1e-5 of the output's scale (small scores through the softmax),
+    // where the differences' rounding (~1e-11) is already 1e-7 of them: a bound of 1e-6.
+    EXPECT_TRUE(gc::GradientMatches(tensor, grad, dout, forward, 1e-6)) << name;
+  }
+  // Nothing else is written: the LayerNorms' and embeddings' entries stay zero.
+  for (const TensorSpec& t : table.tensors()) {
+    if (std::find(weights.begin(), weights.end(), t.name) != weights.end()) continue;
+    for (size_t j = 0; j < t.numel; ++j)
+      ASSERT_EQ(grads[t.offset + j], 0.0) << t.name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, ClipPassTest,

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/check.h"
 #include "model/cpu/low_rank.h"
 #include "model/tensor/rng.h"
 
@@ -17,6 +18,9 @@ Status LoraConfig::Validate() const {
   if (!enabled()) {
     if (use_dora) return Status::Error("lora.use_dora: DoRA needs lora.rank (e.g. 4)");
     if (use_rslora) return Status::Error("lora.use_rslora: rsLoRA needs lora.rank (e.g. 4)");
+    if (train_text_encoder) {
+      return Status::Error("lora.train_text_encoder: the text encoder's adapters need lora.rank");
+    }
     return Status::Ok();
   }
   if (!std::isfinite(alpha) || alpha < 0) {
@@ -28,6 +32,26 @@ Status LoraConfig::Validate() const {
       return Errorf("lora.targets: '{}' is no module name (to_q, attn1.to_q, to_out.0, …)", t);
     }
   }
+  if (!train_text_encoder) {
+    if (!text_encoder.empty()) {
+      return Errorf(
+          "lora.text_encoder: '{}' is given but lora.train_text_encoder is not set (true adapts "
+          "the text encoder too)",
+          text_encoder);
+    }
+    return Status::Ok();
+  }
+  if (text_encoder_targets.empty()) {
+    return Status::Error("lora.text_encoder_targets: name at least one module (q_proj, …)");
+  }
+  for (const std::string& t : text_encoder_targets) {
+    if (t.empty() || t.front() == '.' || t.back() == '.') {
+      return Errorf(
+          "lora.text_encoder_targets: '{}' is no module name (q_proj, k_proj, v_proj, out_proj, "
+          "fc1, fc2)",
+          t);
+    }
+  }
   return Status::Ok();
 }
 
@@ -36,10 +60,42 @@ nlohmann::json LoraConfig::ToJson() const {
   // Only when set: a plain LoRA's JSON (a checkpoint's "lora" metadata) stays as it was.
   if (use_dora) json["use_dora"] = true;
   if (use_rslora) json["use_rslora"] = true;
+  if (train_text_encoder) {
+    json["train_text_encoder"] = true;
+    json["text_encoder_targets"] = text_encoder_targets;
+    json["text_encoder"] = text_encoder;
+  }
   return json;
 }
 
-Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const TensorTable& table) {
+Result<LoraConfig> LoraConfig::FromJson(const nlohmann::json& json) {
+  LoraConfig c;
+  try {
+    c.rank = json.at("rank").get<int>();
+    c.alpha = json.at("alpha").get<double>();
+    c.targets = json.at("targets").get<std::vector<std::string>>();
+    c.use_dora = json.value("use_dora", false);
+    c.use_rslora = json.value("use_rslora", false);
+    c.train_text_encoder = json.value("train_text_encoder", false);
+    if (c.train_text_encoder) {
+      c.text_encoder_targets = json.at("text_encoder_targets").get<std::vector<std::string>>();
+      c.text_encoder = json.value("text_encoder", std::string());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Errorf("malformed LoRA config {}: {}", json.dump(), e.what());
+  }
+  DT_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+namespace {
+
+// The modules of `table` that `targets` adapt (of part `part`, named prefix + M); `what` and
+// `model` name the targets' setting and the model in the error.
+Result<std::vector<LoraModule>> MatchModules(const std::vector<std::string>& targets,
+                                             const TensorTable& table, int part,
+                                             const std::string& prefix, const char* what,
+                                             const char* model) {
   std::vector<LoraModule> modules;
   std::vector<std::string> seen;  // a few of the model's modules, for the error
   for (const TensorSpec& t : table.tensors()) {
@@ -47,11 +103,12 @@ Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const Te
     const std::string name = t.name.substr(0, t.name.size() - 7);
     if (seen.size() < 8) seen.push_back(name);
     const bool targeted = std::any_of(
-        config.targets.begin(), config.targets.end(),
+        targets.begin(), targets.end(),
         [&](const std::string& target) { return name == target || name.ends_with("." + target); });
     if (!targeted) continue;
     LoraModule m;
-    m.name = name;
+    m.name = prefix + name;
+    m.part = part;
     m.shape = t.shape;
     m.weight = t.offset;
     m.out = t.shape[0];
@@ -60,12 +117,23 @@ Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const Te
   }
   if (modules.empty()) {
     return Errorf(
-        "lora.targets [{}] match no module of the model (a target names a module or the end of "
-        "its dotted name; the model's weights of two or more dimensions are of modules such as "
-        "{})",
-        fmt::join(config.targets, ", "), fmt::join(seen, ", "));
+        "{} [{}] match no module of {} (a target names a module or the end of its dotted name; "
+        "its weights of two or more dimensions are of modules such as {})",
+        what, fmt::join(targets, ", "), model, fmt::join(seen, ", "));
   }
   return modules;
+}
+
+}  // namespace
+
+Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const TensorTable& table) {
+  return MatchModules(config.targets, table, 0, "", "lora.targets", "the model");
+}
+
+Result<std::vector<LoraModule>> TextLoraModulesOf(const LoraConfig& config,
+                                                  const TensorTable& table) {
+  return MatchModules(config.text_encoder_targets, table, 1, kLoraTextPrefix,
+                      "lora.text_encoder_targets", "the text encoder");
 }
 
 Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTable& table) {
@@ -80,12 +148,35 @@ Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTab
   return n;
 }
 
-Result<LoraAdapters> LoraAdapters::Create(const LoraConfig& config, const TensorTable& table) {
+Result<LoraAdapters> LoraAdapters::Create(const LoraConfig& config, const TensorTable& table,
+                                          const TensorTable* text_table) {
   DT_RETURN_IF_ERROR(config.Validate());
   if (!config.enabled()) return Status::Error("LoRA adapters need lora.rank > 0");
+  DT_CHECK(config.train_text_encoder == (text_table != nullptr),
+           "lora.train_text_encoder {} with{} the text encoder's table", config.train_text_encoder,
+           text_table ? "" : "out");
+  DT_ASSIGN_OR_RETURN(std::vector<LoraModule> modules, LoraModulesOf(config, table));
+  if (text_table != nullptr) {
+    DT_ASSIGN_OR_RETURN(std::vector<LoraModule> text, TextLoraModulesOf(config, *text_table));
+    modules.insert(modules.end(), text.begin(), text.end());
+  }
+  return Make(config, std::move(modules));
+}
+
+Result<LoraAdapters> LoraAdapters::OfTextEncoder(const LoraConfig& config,
+                                                 const TensorTable& text_table) {
+  DT_RETURN_IF_ERROR(config.Validate());
+  if (!config.enabled() || !config.train_text_encoder) {
+    return Status::Error("the text encoder's LoRA adapters need lora.train_text_encoder");
+  }
+  DT_ASSIGN_OR_RETURN(std::vector<LoraModule> modules, TextLoraModulesOf(config, text_table));
+  return Make(config, std::move(modules));
+}
+
+LoraAdapters LoraAdapters::Make(const LoraConfig& config, std::vector<LoraModule> modules) {
   LoraAdapters adapters;
   adapters.config_ = config;
-  DT_ASSIGN_OR_RETURN(adapters.modules_, LoraModulesOf(config, table));
+  adapters.modules_ = std::move(modules);
   size_t base = 0;
   for (LoraModule& m : adapters.modules_) {
     const int64_t r = config.rank;
@@ -154,16 +245,23 @@ void LoraAdapters::SetMagnitudesToNorms() {
   }
 }
 
-void LoraAdapters::SetBase(const float* model_params) {
+void LoraAdapters::SetBase(const float* model_params, const float* text_params) {
+  DT_CHECK(adapts_text_encoder() || text_params == nullptr,
+           "LoraAdapters::SetBase: the text encoder's weights are given but not adapted");
   for (const LoraModule& m : modules_) {
-    std::memcpy(base_.data() + m.base, model_params + m.weight, m.out * m.in * sizeof(float));
+    const float* arena = m.part == 0 ? model_params : text_params;
+    if (arena == nullptr) continue;
+    const float* w = arena + m.weight;
+    std::memcpy(base_.data() + m.base, w, m.out * m.in * sizeof(float));
   }
 }
 
-void LoraAdapters::Apply(const float* adapters, float* model_params) const {
+void LoraAdapters::Apply(const float* adapters, float* model_params, float* text_params) const {
   const float s = static_cast<float>(scale());
   for (const LoraModule& m : modules_) {
-    float* w = model_params + m.weight;
+    float* arena = m.part == 0 ? model_params : text_params;
+    if (arena == nullptr) continue;
+    float* w = arena + m.weight;
     const int out = static_cast<int>(m.out), in = static_cast<int>(m.in);
     if (config_.use_dora) {
       cpu::DoraForward(w, base_.data() + m.base, adapters + m.a, adapters + m.b,
@@ -175,20 +273,24 @@ void LoraAdapters::Apply(const float* adapters, float* model_params) const {
   }
 }
 
-void LoraAdapters::Gradients(const float* model_grads) {
+void LoraAdapters::Gradients(const float* model_grads, const float* text_grads) {
+  DT_CHECK(adapts_text_encoder() == (text_grads != nullptr),
+           "LoraAdapters::Gradients: the text encoder's gradients are {}",
+           text_grads ? "given but not adapted" : "adapted but not given");
   std::memset(grads_.data(), 0, grads_.bytes());
   const float s = static_cast<float>(scale());
   for (const LoraModule& m : modules_) {
+    const float* dw = (m.part == 0 ? model_grads : text_grads) + m.weight;
     if (config_.use_dora) {
-      cpu::DoraBackward(grads_.data() + m.a, grads_.data() + m.b, grads_.data() + m.magnitude,
-                        model_grads + m.weight, base_.data() + m.base, params_.data() + m.a,
-                        params_.data() + m.b, params_.data() + m.magnitude, static_cast<int>(m.out),
-                        config_.rank, static_cast<int>(m.in), s);
+      cpu::DoraBackward(grads_.data() + m.a, grads_.data() + m.b, grads_.data() + m.magnitude, dw,
+                        base_.data() + m.base, params_.data() + m.a, params_.data() + m.b,
+                        params_.data() + m.magnitude, static_cast<int>(m.out), config_.rank,
+                        static_cast<int>(m.in), s);
       continue;
     }
-    cpu::LowRankBackward(grads_.data() + m.a, grads_.data() + m.b, model_grads + m.weight,
-                         params_.data() + m.a, params_.data() + m.b, static_cast<int>(m.out),
-                         config_.rank, static_cast<int>(m.in), s);
+    cpu::LowRankBackward(grads_.data() + m.a, grads_.data() + m.b, dw, params_.data() + m.a,
+                         params_.data() + m.b, static_cast<int>(m.out), config_.rank,
+                         static_cast<int>(m.in), s);
   }
 }
 

@@ -23,6 +23,14 @@
 // of two or more dimensions, M the module) is adapted when M is a target or ends with
 // "." + a target (`to_q` adapts every attention's query projection; `attn1.to_q` the
 // self-attention's only). Biases and everything else stay frozen (peft's bias="none").
+//
+// With train_text_encoder the text encoder that makes the model's context is adapted too, as
+// diffusers' train_dreambooth_lora.py does with --train_text_encoder: its modules
+// `text_encoder_targets` (the CLIP attention's q_proj, k_proj, v_proj, out_proj) get adapters
+// of the same rank and alpha, named text_encoder.M (M the module's transformers name, the
+// prefix diffusers' LoRA files give the text encoder's part), in the same arena after the
+// model's: one optimizer, one gradient norm, one EMA over both (the script's
+// params_to_optimize).
 #pragma once
 
 #include <cmath>
@@ -45,6 +53,12 @@ struct LoraConfig {
   std::vector<std::string> targets = {"to_q", "to_k", "to_v", "to_out.0"};
   bool use_dora = false;    // peft's use_dora: a trained magnitude per output row
   bool use_rslora = false;  // peft's use_rslora: the scale alpha / √rank (Kalajdzievski 2023)
+  // train_dreambooth_lora.py's --train_text_encoder: adapters of the text encoder's modules
+  // text_encoder_targets too; the encoder is `text_encoder` (a pipeline's folder or its
+  // text_encoder/), "" the one the data's text table records.
+  bool train_text_encoder = false;
+  std::vector<std::string> text_encoder_targets = {"q_proj", "k_proj", "v_proj", "out_proj"};
+  std::string text_encoder;
 
   bool enabled() const { return rank > 0; }
   // alpha / rank; with use_rslora alpha / √rank.
@@ -53,11 +67,17 @@ struct LoraConfig {
   }
   Status Validate() const;
   nlohmann::json ToJson() const;
+  // ToJson's (a checkpoint's "lora" metadata); an error naming what is malformed.
+  static Result<LoraConfig> FromJson(const nlohmann::json& json);
 };
+
+// The prefix of the text encoder's modules in the adapters' table (kLoraTextEncoder's).
+inline constexpr char kLoraTextPrefix[] = "text_encoder.";
 
 // One adapted module.
 struct LoraModule {
-  std::string name;            // M: its weight is M.weight
+  std::string name;  // M: its weight is M.weight (the text encoder's: kLoraTextPrefix + M)
+  int part = 0;      // 0: the model's; 1: the text encoder's
   std::vector<int64_t> shape;  // the weight's
   size_t weight = 0;           // the weight's offset in the model's arena
   int64_t out = 0, in = 0;     // the weight as [out, in] (in: everything after the first axis)
@@ -69,6 +89,10 @@ struct LoraModule {
 // The modules of `table` (a model's parameters) that `config.targets` adapt, in table order. An
 // error when none matches, naming the targets and a few of the model's modules.
 Result<std::vector<LoraModule>> LoraModulesOf(const LoraConfig& config, const TensorTable& table);
+// The same for the text encoder of parameter table `table`: config.text_encoder_targets, the
+// modules part 1 and named with kLoraTextPrefix.
+Result<std::vector<LoraModule>> TextLoraModulesOf(const LoraConfig& config,
+                                                  const TensorTable& table);
 
 // The elements a LoRA run keeps beside the model's arenas: its adapters (every module's A and B)
 // and the frozen copy of the adapted weights.
@@ -80,8 +104,14 @@ Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTab
 
 class LoraAdapters {
  public:
-  // The adapters of `table`'s target modules (LoraModulesOf), zero.
-  static Result<LoraAdapters> Create(const LoraConfig& config, const TensorTable& table);
+  // The adapters of `table`'s target modules (LoraModulesOf), zero; with `text_table` (the text
+  // encoder's parameters; config.train_text_encoder) its targets' (TextLoraModulesOf) after them.
+  static Result<LoraAdapters> Create(const LoraConfig& config, const TensorTable& table,
+                                     const TensorTable* text_table = nullptr);
+  // The text encoder's adapters alone (config.train_text_encoder), as Create lays them out after
+  // the model's: what sampling a checkpoint fuses into its text encoder.
+  static Result<LoraAdapters> OfTextEncoder(const LoraConfig& config,
+                                            const TensorTable& text_table);
 
   // A from Rng(seed, kLora, module) as N(0, (1/rank)²), B zero (peft's "gaussian"); DoRA's
   // magnitudes the norms of W0's rows (peft's dora_init). After SetBase.
@@ -105,8 +135,9 @@ class LoraAdapters {
   const LoraConfig& config() const { return config_; }
   double scale() const { return config_.scale(); }
 
-  // Keeps the target weights of `model_params` as the frozen W0.
-  void SetBase(const float* model_params);
+  // Keeps the target weights of `model_params` (and of the text encoder's, `text_params`; null:
+  // its W0 stay as they are) as the frozen W0.
+  void SetBase(const float* model_params, const float* text_params = nullptr);
   // DoRA: each module's magnitudes set to the norms of the rows of W0 + s·B·A at params(), so
   // that W is W0 + s·B·A (peft's dora_init); nothing without DoRA. Initialize does this; after
   // a new SetBase (pretrained weights) it is to be done again.
@@ -115,13 +146,20 @@ class LoraAdapters {
   const float* base() const { return base_.data(); }
   float* base() { return base_.data(); }
   size_t base_size() const { return base_.size(); }
-  // Writes each target's W0 + s·B·A (DoRA: scaled to its magnitudes) into `model_params`, with
-  // A and B from `adapters` (an arena laid out as params(): the trained adapters or their EMA).
-  void Apply(const float* adapters, float* model_params) const;
-  // The adapters' gradients (grads(), overwritten) from the model's gradients of each W.
-  void Gradients(const float* model_grads);
+  // Writes each target's W0 + s·B·A (DoRA: scaled to its magnitudes) into `model_params` (the
+  // text encoder's into `text_params`; null: they are not written), with A and B from `adapters`
+  // (an arena laid out as params(): the trained adapters or their EMA).
+  void Apply(const float* adapters, float* model_params, float* text_params = nullptr) const;
+  // The adapters' gradients (grads(), overwritten) from the model's gradients of each W (and the
+  // text encoder's, `text_grads`, given exactly when it is adapted).
+  void Gradients(const float* model_grads, const float* text_grads = nullptr);
+  // Whether the text encoder is adapted (config().train_text_encoder).
+  bool adapts_text_encoder() const { return config_.train_text_encoder; }
 
  private:
+  // The adapters of `modules`, zero.
+  static LoraAdapters Make(const LoraConfig& config, std::vector<LoraModule> modules);
+
   LoraConfig config_;
   std::vector<LoraModule> modules_;
   TensorTable table_;

@@ -54,17 +54,10 @@ Result<std::unique_ptr<TextualInversion>> TextualInversion::Create(
   Result<TextEmbedder> loaded = TextEmbedder::Load(encoder_path);
   if (!loaded.ok()) return loaded.status().WithContext("textual_inversion.text_encoder");
   auto embedder = std::make_unique<TextEmbedder>(std::move(loaded).value());
+  DT_RETURN_IF_ERROR(CheckTrainedEncoder(
+      *embedder, encoder_path, length, skip_layers, "textual_inversion.text_encoder",
+      "textual inversion trains one CLIP text encoder's tokens"));
   const TextEncoder& encoder = embedder->encoder();
-  if (embedder->encoder_2() != nullptr || embedder->pooled_dim() > 0 ||
-      encoder.config().kind != TextEncoderKind::kClip) {
-    return Errorf(
-        "textual_inversion.text_encoder '{}': textual inversion trains one CLIP text encoder's "
-        "tokens (Stable Diffusion 1.x and 2.x); this is {}",
-        encoder_path,
-        embedder->encoder_2() != nullptr
-            ? "SDXL's pair of encoders, whose tokens are not trained here"
-            : encoder.config().Describe());
-  }
   const auto* clip = dynamic_cast<const text::ClipBpeTokenizer*>(&embedder->tokenizer());
   if (clip == nullptr) {
     return Errorf("textual_inversion.text_encoder '{}': no CLIP tokenizer", encoder_path);
@@ -85,16 +78,6 @@ Result<std::unique_ptr<TextualInversion>> TextualInversion::Create(
   Result<std::vector<int32_t>> ids =
       embedder->AddTextualInversion(config.token, config.vectors, {rows});
   if (!ids.ok()) return ids.status().WithContext("textual_inversion.token");
-  if (length > encoder.config().max_positions) {
-    return Errorf(
-        "textual_inversion: the model takes texts of {} tokens, more than the encoder "
-        "'{}' takes ({})",
-        length, encoder_path, encoder.config().max_positions);
-  }
-  if (skip_layers < 0 || skip_layers >= encoder.config().num_layers) {
-    return Errorf("textual_inversion: cannot skip {} of the encoder's {} layers", skip_layers,
-                  encoder.config().num_layers);
-  }
   return std::unique_ptr<TextualInversion>(
       new TextualInversion(config, std::move(embedder), (*ids)[0], length, skip_layers));
 }
@@ -105,21 +88,16 @@ TextualInversion::TextualInversion(TextualInversionConfig config,
     : config_(std::move(config)),
       embedder_(std::move(embedder)),
       first_id_(first_id),
-      length_(length),
-      skip_layers_(skip_layers),
       dim_(embedder_->encoder().config().hidden_size),
       params_(size_t(config_.vectors) * dim_),
-      grads_(params_.size()) {
+      grads_(params_.size()),
+      passes_(embedder_->encoder(), length, skip_layers) {
   std::copy_n(embedder_->encoder().token_embeddings() + size_t(first_id_) * dim_, params_.size(),
               params_.begin());
-  SetSlots(1);
 }
 
 void TextualInversion::SetSlots(int slots) {
-  slots_.resize(slots);
-  passes_.clear();
-  for (int s = 0; s < slots; ++s)
-    passes_.emplace_back(embedder_->encoder().config(), embedder_->encoder().weights());
+  passes_.SetSlots(slots);
 }
 
 std::string TextualInversion::Text(const std::string& caption, uint64_t pick) const {
@@ -130,29 +108,22 @@ std::string TextualInversion::Text(const std::string& caption, uint64_t pick) co
 }
 
 text::Tokens TextualInversion::Tokenize(const std::string& text) const {
-  return embedder_->tokenizer().Encode(embedder_->SpellInversions(text), length_);
+  return embedder_->tokenizer().Encode(embedder_->SpellInversions(text), passes_.length());
 }
 
 Status TextualInversion::Encode(int slot, const std::vector<text::Tokens>& texts, float* context) {
-  DT_CHECK(slot < static_cast<int>(slots_.size()), "slot {} of {}", slot, slots_.size());
-  Slot& s = slots_[slot];
-  s.texts = texts;
-  s.inputs.resize(texts.size() * length_ * dim_);
-  DT_RETURN_IF_ERROR(embedder_->encoder().InputEmbeddings(texts, s.inputs.data()));
-  passes_[slot].Forward(s.inputs.data(), static_cast<int>(texts.size()), length_, skip_layers_,
-                        /*final_norm=*/true, context);
-  return Status::Ok();
+  return passes_.Encode(slot, texts, context);
 }
 
 void TextualInversion::Backward(int slot, const float* dcontext) {
-  Slot& s = slots_[slot];
-  s.dinputs.resize(s.inputs.size());
-  passes_[slot].Backward(dcontext, s.dinputs.data());
-  for (size_t n = 0; n < s.texts.size(); ++n) {
-    for (int l = 0; l < length_; ++l) {
-      const int32_t v = s.texts[n].ids[l] - first_id_;
+  const std::vector<float>& dinputs = passes_.Backward(slot, dcontext);
+  const std::vector<text::Tokens>& texts = passes_.texts(slot);
+  const int length = passes_.length();
+  for (size_t n = 0; n < texts.size(); ++n) {
+    for (int l = 0; l < length; ++l) {
+      const int32_t v = texts[n].ids[l] - first_id_;
       if (v < 0 || v >= config_.vectors) continue;
-      const float* d = s.dinputs.data() + (n * length_ + l) * dim_;
+      const float* d = dinputs.data() + (n * length + l) * dim_;
       float* g = grads_.data() + size_t(v) * dim_;
       for (int i = 0; i < dim_; ++i)
         g[i] += d[i];

@@ -26,8 +26,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "model/text/clip_pass.h"
 #include "model/text/embedder.h"
+#include "model/train/text_training.h"
 
 namespace difftrain {
 
@@ -52,7 +52,7 @@ struct TextualInversionConfig {
   nlohmann::json ToJson() const;
 };
 
-class TextualInversion {
+class TextualInversion : public TextTraining {
  public:
   // The encoder at `encoder_path` with the new tokens; contexts of `length` tokens after all
   // but `skip_layers` layers (the data's table's clip skip). Errors name what does not fit: not one
@@ -61,8 +61,7 @@ class TextualInversion {
   static Result<std::unique_ptr<TextualInversion>> Create(const TextualInversionConfig& config,
                                                           const std::string& encoder_path,
                                                           int length, int skip_layers);
-  // Micro-batches in flight (Encode's slots); 1 at first.
-  void SetSlots(int slots);
+  void SetSlots(int slots) override;
 
   // The trained arena, [vectors, D], and its gradient.
   float* params() { return params_.data(); }
@@ -76,15 +75,14 @@ class TextualInversion {
   const TextualInversionConfig& config() const { return config_; }
 
   // The text of a sample: `caption`, or with templates template `pick` % count.
-  std::string Text(const std::string& caption, uint64_t pick) const;
+  std::string Text(const std::string& caption, uint64_t pick) const override;
   // `text` as the encoder's tokens (the multi-vector token spelled out).
-  text::Tokens Tokenize(const std::string& text) const;
+  text::Tokens Tokenize(const std::string& text) const override;
 
-  // Encodes micro-batch `slot`'s texts into context [B, length, D], keeping what Backward reads.
-  Status Encode(int slot, const std::vector<text::Tokens>& texts, float* context);
-  // The gradient of slot's context, dcontext [B, length, D] → added into grads() (the rows of
-  // the new tokens, wherever the texts hold them).
-  void Backward(int slot, const float* dcontext);
+  Status Encode(int slot, const std::vector<text::Tokens>& texts, float* context) override;
+  // The gradient of slot's context → added into grads() (the rows of the new tokens, wherever
+  // the texts hold them).
+  void Backward(int slot, const float* dcontext) override;
   // The encoder's new rows set to `vectors` (params(), or their EMA), [vectors, D].
   void Apply(const float* vectors);
 
@@ -95,14 +93,9 @@ class TextualInversion {
   TextualInversionConfig config_;
   std::unique_ptr<TextEmbedder> embedder_;
   int32_t first_id_;  // the new tokens' ids are [first_id_, first_id_ + vectors)
-  int length_, skip_layers_, dim_;
+  int dim_;
   std::vector<float> params_, grads_;
-  struct Slot {
-    std::vector<text::Tokens> texts;
-    std::vector<float> inputs, dinputs;
-  };
-  std::vector<Slot> slots_;
-  std::vector<ClipPass<float>> passes_;  // one per slot
+  EncoderPasses passes_;
 };
 
 }  // namespace difftrain

@@ -133,10 +133,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   const SampleSchema m = family.Samples(config.model);
   DT_ASSIGN_OR_RETURN(auto opened, OpenData(config, m));
   auto& [data, prior] = opened;
-  std::unique_ptr<TextualInversion> inversion;
-  if (config.textual_inversion.enabled()) {
-    DT_ASSIGN_OR_RETURN(inversion, OpenTextualInversion(config, *data));
-  }
+  DT_ASSIGN_OR_RETURN(std::unique_ptr<TextTraining> texts, OpenTextTraining(config, *data));
   if (config.device == "cuda" && gpu == nullptr) {
     DT_ASSIGN_OR_RETURN(gpu, GpuStep::Create(config, /*device=*/0));
   }
@@ -145,7 +142,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   // uncaught std::bad_alloc or a rank OOM-killed while it fills them.
   try {
     return std::make_unique<Trainer>(config, std::move(data), parallel, std::move(gpu),
-                                     std::move(prior), std::move(inversion));
+                                     std::move(prior), std::move(texts));
   } catch (const std::bad_alloc&) {
     return Errorf(
         "out of host memory creating the trainer: {} with {}x{}x{}x{} samples (frames x channels "
@@ -159,7 +156,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
 
 Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
                  const ParallelOptions& parallel, std::unique_ptr<GpuStep> gpu,
-                 std::unique_ptr<Dataset> prior, std::unique_ptr<TextualInversion> inversion)
+                 std::unique_ptr<Dataset> prior, std::unique_ptr<TextTraining> texts)
     : config_(config),
       parallel_(parallel),
       coords_(parallel.topology ? parallel.topology->CoordinatesOf(parallel.rank)
@@ -169,7 +166,7 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
       prior_data_(std::move(prior)),
       schema_(FamilyOf(config.model).Samples(config.model)),
       model_(CreateModel(config, parallel)),
-      inversion_(std::move(inversion)),
+      texts_(std::move(texts)),
       diffusion_(config.diffusion),
       gpu_(std::move(gpu)) {
   Status valid = config.Validate(dp_size());
@@ -191,9 +188,20 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
       zeroed_.push_back({t.offset, t.offset + t.numel});
     }
   };
+  if ((config.textual_inversion.enabled() || config.lora.train_text_encoder) && !texts_) {
+    Result<std::unique_ptr<TextTraining>> made = OpenTextTraining(config, *data_);
+    DT_CHECK(made.ok(), "{}", made.status().message());
+    texts_ = std::move(made).value();
+  }
+  inversion_ = dynamic_cast<TextualInversion*>(texts_.get());
+  text_lora_ = dynamic_cast<TextEncoderLora*>(texts_.get());
+  DT_CHECK(config.textual_inversion.enabled() == (inversion_ != nullptr) &&
+               (config.lora.enabled() && config.lora.train_text_encoder) == (text_lora_ != nullptr),
+           "the text encoder the run trains through is not the job's");
   if (config.lora.enabled()) {
     // Validate refused the layouts that split the model, so this rank's table is the whole's.
-    Result<LoraAdapters> adapters = LoraAdapters::Create(config.lora, model_->parameter_table());
+    Result<LoraAdapters> adapters = LoraAdapters::Create(
+        config.lora, model_->parameter_table(), text_lora_ ? &text_lora_->table() : nullptr);
     DT_CHECK(adapters.ok(), "{}", adapters.status().message());
     lora_ = std::make_unique<LoraAdapters>(std::move(adapters).value());
     // The frozen weights' gradients are not needed: only the targets' (the chain rule's input).
@@ -210,11 +218,6 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
     }
     model_->SkipGradients(std::move(frozen));
   } else if (config.textual_inversion.enabled()) {
-    if (!inversion_) {
-      Result<std::unique_ptr<TextualInversion>> made = OpenTextualInversion(config, *data_);
-      DT_CHECK(made.ok(), "{}", made.status().message());
-      inversion_ = std::move(made).value();
-    }
     // The whole model is frozen: its gradients are not needed, only its context's.
     std::vector<size_t> frozen;
     for (const TensorSpec& t : model_->parameter_table().tensors()) {
@@ -252,8 +255,8 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
                                           micro_batches_);
   batches_.resize(slots_);
   douts_.resize(slots_);
-  if (inversion_) {
-    inversion_->SetSlots(slots_);
+  if (texts_) {
+    texts_->SetSlots(slots_);
     dcontexts_.resize(slots_);
   }
   // On the GPU the host model keeps only the checkpoint's copy of the parameters.
@@ -273,9 +276,9 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
   }
   model_->InitializeReference(config.seed);
   if (lora_) {
-    lora_->SetBase(model_->params());
+    lora_->SetBase(model_->params(), text_weights());
     lora_->Initialize(config.seed);
-    lora_->Apply(lora_->params(), model_->params());
+    lora_->Apply(lora_->params(), model_->params(), text_weights());
   }
   std::memcpy(ema_.data(), trained_params(), ema_.bytes());
   if (gpu_) {
@@ -291,9 +294,9 @@ Trainer::~Trainer() = default;
 void Trainer::InitializeRandom(uint64_t seed) {
   model_->InitializeRandom(seed);
   if (lora_) {
-    lora_->SetBase(model_->params());
+    lora_->SetBase(model_->params(), text_weights());
     lora_->InitializeRandom(seed);
-    lora_->Apply(lora_->params(), model_->params());
+    lora_->Apply(lora_->params(), model_->params(), text_weights());
   }
   std::memcpy(ema_.data(), trained_params(), ema_.bytes());
   gpu_stale_ = gpu_ != nullptr;
@@ -319,6 +322,8 @@ MemoryBytes Trainer::memory() const {
     m.parameters += inversion_->size() * sizeof(float);
     m.gradients += inversion_->size() * sizeof(float);
   }
+  // The adapted text encoder weights' gradients (its weights are not counted).
+  if (text_lora_) m.gradients += text_lora_->trained_elements() * sizeof(float);
   m.optimizer = exp_avg_.bytes() + exp_avg_sq_.bytes();
   m.ema = ema_.bytes();
   m.activations = model_->activation_bytes();
@@ -394,12 +399,12 @@ double Trainer::Loss(const float* output, const MicroBatch& batch, float grad_sc
 double Trainer::ForwardBackward(const MicroBatch& batch, float grad_scale) {
   DT_CHECK(!parallel_.topology && !gpu_, "ForwardBackward is for one process on the CPU");
   ReserveFor(batch);
-  if (inversion_) {  // the texts encoded into a copy of the batch, in slot 0
+  if (texts_) {  // the texts encoded into a copy of the batch, in slot 0
     batches_[0] = batch;
     Status encoded = EncodeTexts(0, batches_[0]);
     DT_CHECK(encoded.ok(), "{}", encoded.message());
   }
-  const MicroBatch& used = inversion_ ? batches_[0] : batch;
+  const MicroBatch& used = texts_ ? batches_[0] : batch;
   Status forward = model_->Forward(0, used.inputs(), nullptr, nullptr);
   DT_CHECK(forward.ok(), "{}", forward.message());
   last_output_ = model_->output(0);
@@ -519,6 +524,7 @@ void Trainer::ZeroModelGradients() {
   for (const parallel::Range& r : zeroed_)
     std::memset(grads + r.begin, 0, r.size() * sizeof(float));
   if (inversion_) std::fill_n(inversion_->grads(), inversion_->size(), 0.0f);
+  if (text_lora_) text_lora_->ZeroGradients();
 }
 
 StepStats Trainer::StepOn(const MicroBatch& batch) {
@@ -539,7 +545,7 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
   }
   // The adapters' gradients from this rank's model gradients, averaged: linear in the model's,
   // so the same as from the averaged model gradients, for a fraction of the bytes.
-  if (lora_) lora_->Gradients(model_->grads());
+  if (lora_) lora_->Gradients(model_->grads(), text_grads());
   if (trains_apart() && parallel_.dp_cp != nullptr) {
     const auto start = std::chrono::steady_clock::now();
     float* apart = lora_ ? lora_->grads() : inversion_->grads();
@@ -578,7 +584,7 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
     moment += r.size();
   }
   if (sync_) DT_RETURN_IF_ERROR(sync_->GatherParameters(params));
-  if (lora_) lora_->Apply(lora_->params(), model_->params());
+  if (lora_) lora_->Apply(lora_->params(), model_->params(), text_weights());
   if (inversion_) inversion_->Apply(inversion_->params());
   EmaUpdate(ema_.data(), params, trained_elements(), EmaDecayAt(config_.optimizer, step_ + 1));
   ++step_;

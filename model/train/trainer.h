@@ -6,9 +6,11 @@
 // (model/train/lora_adapters.h), the rest of the model frozen: the optimizer, the gradient norm
 // and clipping, the EMA and the gradient average work on the adapters' arena (the "trained
 // arena"), the model computing with W0 + s·B·A after every update. With job.textual_inversion
-// the trained arena is a new token's embedding (model/train/textual_inversion.h): each
-// micro-batch's texts are encoded by the text encoder before the model's forward, and the
-// gradient of the model's context flows back through the encoder after its backward.
+// the trained arena is a new token's embedding (model/train/textual_inversion.h); with
+// lora.train_text_encoder the adapters of the text encoder's modules follow the model's in the
+// LoRA arena (model/train/text_encoder_lora.h). Either way each micro-batch's texts are encoded
+// by the text encoder before the model's forward, and the gradient of the model's context flows
+// back through the encoder after its backward (model/train/text_training.h).
 //
 // Every random draw is addressed by the global index n of the training sample: sample n's
 // image comes from the data loader (a permutation per epoch, from the seed), and its
@@ -47,6 +49,8 @@
 #include "model/train/batch_ahead.h"
 #include "model/train/gpu_step.h"
 #include "model/train/lora_adapters.h"
+#include "model/train/text_encoder_lora.h"
+#include "model/train/text_training.h"
 #include "model/train/textual_inversion.h"
 
 namespace difftrain {
@@ -64,8 +68,9 @@ struct MicroBatch {
   std::vector<float> t_float;  // the same, as the model's input
   std::vector<int32_t> y;      // labels after dropout (num_classes = null class)
   std::vector<float> context;  // text embeddings [B, L, D] after dropout; text models
-  // Textual inversion: each sample's text as tokens, which the trainer encodes into context
-  // (unless the sample's text is dropped: text_dropped[b], its context zero).
+  // Textual inversion, a LoRA of the text encoder: each sample's text as tokens, which the
+  // trainer encodes into context (unless the sample's text is dropped: text_dropped[b], its
+  // context zero).
   std::vector<text::Tokens> texts;
   std::vector<uint8_t> text_dropped;
   // SDXL's micro-conditioning (SampleSchema::pooled_text_dim > 0): the texts' pooled
@@ -177,12 +182,11 @@ class Trainer : private parallel::PipelineStage {
   // `gpu` is given exactly when config.device is cuda; `prior` exactly when
   // config.data.prior_path is set (the samples of the folder it names, which Create opens and
   // checks: they must fit the model as `data` does, and neither be bucketed).
-  // With job.textual_inversion, `inversion` is its token and encoder (OpenTextualInversion's);
-  // null: made here.
+  // With job.textual_inversion or lora.train_text_encoder, `texts` is the text encoder it trains
+  // through (OpenTextTraining's); null: made here.
   Trainer(const TrainConfig& config, std::unique_ptr<Dataset> data,
           const ParallelOptions& parallel = {}, std::unique_ptr<GpuStep> gpu = nullptr,
-          std::unique_ptr<Dataset> prior = nullptr,
-          std::unique_ptr<TextualInversion> inversion = nullptr);
+          std::unique_ptr<Dataset> prior = nullptr, std::unique_ptr<TextTraining> texts = nullptr);
   ~Trainer() override;
 
   // Builds the micro-batch of global samples [first, first + B). With a prior (data.prior_path)
@@ -226,12 +230,15 @@ class Trainer : private parallel::PipelineStage {
   const LoraAdapters* lora() const { return lora_.get(); }
   LoraAdapters* lora() { return lora_.get(); }
   // The token textual inversion trains; null otherwise.
-  const TextualInversion* textual_inversion() const { return inversion_.get(); }
-  // job.textual_inversion's token and text encoder: the job's text_encoder, else the one the
-  // data's text table records, checked against the model and the data (captions that name the
-  // token, unless templates make the texts).
-  static Result<std::unique_ptr<TextualInversion>> OpenTextualInversion(const TrainConfig& config,
-                                                                        const Dataset& data);
+  const TextualInversion* textual_inversion() const { return inversion_; }
+  // The text encoder a LoRA run adapts too (lora.train_text_encoder); null otherwise.
+  const TextEncoderLora* text_encoder_lora() const { return text_lora_; }
+  // The text encoder the run trains through: job.textual_inversion's token and encoder, or
+  // lora.train_text_encoder's encoder; null for neither. The encoder is the job's setting's, else
+  // the one the data's text table records, checked against the model and the data (a textual
+  // inversion's captions must name the token, unless templates make the texts).
+  static Result<std::unique_ptr<TextTraining>> OpenTextTraining(const TrainConfig& config,
+                                                                const Dataset& data);
 
   // The GPU the model computes on; null on the CPU.
   const GpuStep* gpu() const { return gpu_.get(); }
@@ -265,8 +272,9 @@ class Trainer : private parallel::PipelineStage {
   static DataLoaderOptions PriorLoaderOptions(const TrainConfig& config, int dp_rank, int dp_size);
   // Zeroes the model's gradients before a step: the ranges `zeroed_` (and a textual inversion's).
   void ZeroModelGradients();
-  // Textual inversion: micro-batch `slot`'s texts encoded into batch.context before the model's
-  // forward; after its backward, the context's gradient through the encoder. No-ops otherwise.
+  // Training through the text encoder (texts_): micro-batch `slot`'s texts encoded into
+  // batch.context before the model's forward; after its backward, the context's gradient through
+  // the encoder. No-ops otherwise.
   Status EncodeTexts(int slot, MicroBatch& batch);
   Status BackwardWithTexts(int slot, const float* output_grad, float* input_grad,
                            const Model::GradientsReady& ready);
@@ -335,8 +343,15 @@ class Trainer : private parallel::PipelineStage {
   SampleSchema schema_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<LoraAdapters> lora_;  // job.lora's adapters; null: the whole model trains
-  std::unique_ptr<TextualInversion> inversion_;  // job.textual_inversion's token; or null
-  std::vector<std::vector<float>> dcontexts_;    // its context gradients, one per slot
+  // The text encoder the run trains through (textual inversion, a LoRA of the encoder), or null;
+  // inversion_ and text_lora_ are it as what it is.
+  std::unique_ptr<TextTraining> texts_;
+  TextualInversion* inversion_ = nullptr;
+  TextEncoderLora* text_lora_ = nullptr;
+  std::vector<std::vector<float>> dcontexts_;  // the context's gradients, one per slot
+  // The text encoder's weights and gradients a LoRA adapts; null without lora.train_text_encoder.
+  float* text_weights() { return text_lora_ ? text_lora_->weights() : nullptr; }
+  const float* text_grads() const { return text_lora_ ? text_lora_->grads() : nullptr; }
   GaussianDiffusion diffusion_;
   std::unique_ptr<parallel::GradientSync> sync_;
   std::vector<parallel::Range> whole_;  // [0, n) of the trained arena: what one process owns

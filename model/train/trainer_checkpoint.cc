@@ -146,7 +146,9 @@ Status Trainer::AddToCheckpoint(io::SafetensorsWriter& shard) {
       AddLoraToCheckpoint(shard);
       ranges.push_back({0, lora_->size()});
     }
-    shard.SetMetadata("lora", config_.lora.ToJson().dump());
+    nlohmann::json lora = config_.lora.ToJson();
+    if (text_lora_) lora["text_encoder"] = text_lora_->embedder().path();  // as resolved
+    shard.SetMetadata("lora", lora.dump());
   } else {
     DT_RETURN_IF_ERROR(AddModelToCheckpoint(shard, ranges));
   }
@@ -278,27 +280,32 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
 }
 
 Status Trainer::RestoreLora(const io::SafetensorsFile& shard) {
-  const std::string want = config_.lora.ToJson().dump();
+  nlohmann::json want = config_.lora.ToJson();
   auto saved = shard.metadata().find("lora");
   if (saved == shard.metadata().end()) {
     return Errorf("'{}': checkpoint trained the whole model but this run trains LoRA adapters {}",
-                  shard.path(), want);
+                  shard.path(), want.dump());
   }
-  if (saved->second != want) {
+  // The same adapters (a text encoder's may have moved: its path is not compared).
+  nlohmann::json theirs = nlohmann::json::parse(saved->second, nullptr, false);
+  if (theirs.is_object() && theirs.contains("text_encoder")) theirs["text_encoder"] = "";
+  if (want.contains("text_encoder")) want["text_encoder"] = "";
+  if (theirs != want) {
     return Errorf("'{}': checkpoint trained LoRA adapters {} but this run's are {}", shard.path(),
-                  saved->second, want);
+                  saved->second, want.dump());
   }
-  // The model's arena holds the fused weights; the targets' frozen ones are kept apart.
+  // The model's arena holds the fused weights (the text encoder's weights the adapted ones); the
+  // targets' frozen ones are kept apart.
   for (const LoraModule& m : lora_->modules()) {
-    DT_RETURN_IF_ERROR(
-        shard.CopyF32("lora.base." + m.name + ".weight", m.shape, model_->params() + m.weight));
+    float* part = m.part == 0 ? model_->params() : text_weights();
+    DT_RETURN_IF_ERROR(shard.CopyF32("lora.base." + m.name + ".weight", m.shape, part + m.weight));
   }
-  lora_->SetBase(model_->params());
+  lora_->SetBase(model_->params(), text_weights());
   for (const TensorSpec& t : lora_->table().tensors()) {
     DT_RETURN_IF_ERROR(shard.CopyF32("lora." + t.name, t.shape, lora_->params() + t.offset));
     DT_RETURN_IF_ERROR(shard.CopyF32("ema.lora." + t.name, t.shape, ema_.data() + t.offset));
   }
-  lora_->Apply(lora_->params(), model_->params());
+  lora_->Apply(lora_->params(), model_->params(), text_weights());
   return Status::Ok();
 }
 
@@ -337,9 +344,10 @@ Result<std::vector<std::string>> Trainer::InitializeFrom(const io::SafetensorsFi
     // LoRA rank holds the whole model. DoRA's magnitudes become their rows' norms, in the EMA
     // too.
     DT_RETURN_IF_ERROR(ReadPretrainedWeights(file, global, /*ema=*/false, model_->params()));
+    // The text encoder's frozen weights stay its own.
     lora_->SetBase(model_->params());
     lora_->SetMagnitudesToNorms();
-    lora_->Apply(lora_->params(), model_->params());
+    lora_->Apply(lora_->params(), model_->params(), text_weights());
     std::memcpy(ema_.data(), lora_->params(), lora_->size() * sizeof(float));
   } else if (inversion_) {
     // The file's weights are the frozen model; the vectors and their EMA stay as they started.

@@ -201,7 +201,7 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
   batch.y.resize(B);
   const size_t text = size_t(schema_.context_length) * schema_.context_dim;
   batch.context.resize(B * text);
-  if (inversion_) {
+  if (texts_) {
     batch.texts.resize(B);
     batch.text_dropped.assign(B, 0);
   }
@@ -217,19 +217,19 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
   };
   const Part parts[] = {{data_.get(), &loader_, 0}, {prior_data_.get(), prior_loader_.get(), own}};
   const auto wait_start = std::chrono::steady_clock::now();
-  // Both halves have texts or neither (Create checked). A textual inversion encodes its own.
-  const bool data_texts = text > 0 && data_->texts() != nullptr && !inversion_;
+  // Both halves have texts or neither (Create checked). A run that trains through the text
+  // encoder encodes its own.
+  const bool data_texts = text > 0 && data_->texts() != nullptr && !texts_;
   for (const Part& part : parts) {
     if (part.loader == nullptr) continue;
-    for (int b = 0; b < own && inversion_; ++b) {
+    for (int b = 0; b < own && texts_; ++b) {
       // The sample's caption, or a template drawn from its own stream.
       const TextTable* table = part.data->texts();
       const std::string caption =
           table ? table->captions[part.data->TextId(part.loader->IndexOf(from + b))] : "";
       Rng pick(config_.seed, RngStream::kPrompt, static_cast<uint64_t>(first + part.offset + b));
       try {
-        batch.texts[part.offset + b] =
-            inversion_->Tokenize(inversion_->Text(caption, pick.NextU64()));
+        batch.texts[part.offset + b] = texts_->Tokenize(texts_->Text(caption, pick.NextU64()));
       } catch (const std::invalid_argument& e) {
         return Errorf("data: the caption \"{}\": {}", caption, e.what());
       }
@@ -278,7 +278,7 @@ Status Trainer::FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* 
       float* context = batch.context.data() + b * text;
       float* pooled_text = batch.pooled_text.data() + b * pooled;
       const bool dropped = rng.Uniform() < schema_.context_dropout;
-      if (inversion_) {
+      if (texts_) {
         batch.text_dropped[b] = dropped;  // the context is the encoder's (Trainer::EncodeTexts)
       } else if (dropped) {
         std::fill(context, context + text, 0.0f);

@@ -1,9 +1,10 @@
 // Test fixtures whose tests compare difftrain with a Python reference from PyPI, in a virtual
 // environment a script makes once per machine: diffusers 0.27.2 (tests/reference/diffusers_env.sh),
 // the same with peft 0.10.0 (tests/reference/peft_env.sh) or transformers 4.40.2
-// (scripts/text_encoder_env.sh), or tensorboard 2.16.2 (tests/reference/tensorboard_env.sh). The fixture finds that Python once per
-// suite, skips every test with the reason where PyPI cannot be reached, runs tests/reference's
-// scripts, and keeps a failed test's files (their folder is printed).
+// (scripts/text_encoder_env.sh), or tensorboard 2.16.2 (tests/reference/tensorboard_env.sh). The
+// fixture finds that Python once per suite, skips every test with the reason where PyPI cannot be
+// reached, runs tests/reference's scripts, and keeps a failed test's files (their folder is
+// printed).
 #pragma once
 
 #include <gtest/gtest.h>

@@ -20,10 +20,12 @@
 #include <nlohmann/json.hpp>
 
 #include "model/diffusion/guided_model.h"
+#include "model/io/checkpoint.h"
 #include "model/io/png.h"
 #include "model/io/safetensors.h"
 #include "model/tensor/rng.h"
 #include "tests/testing/python_reference.h"
+#include "tests/testing/run_command.h"
 
 namespace difftrain::testing {
 
@@ -47,19 +49,64 @@ inline void WriteCaptionedPictures(const std::filesystem::path& dir,
   }
 }
 
-// A job fine-tuning `pipeline`'s UNet on the latent folder `packed` for `steps` steps of 2
-// samples, its checkpoints (every `every` steps; 0: at the end) in `ckpt`, with the sections
-// `extra` too; written to `job`.
+// `data pack` of the captioned pictures in `pictures` at 16 px through `pipeline`'s VAE and (its
+// captions) text encoder into `out`.
+inline void PackCaptionedPictures(const std::string& pictures, const std::string& pipeline,
+                                  const std::string& out) {
+  const CommandResult pack = RunCommand(fmt::format(
+      "{} data pack --dataset image_folder --path {} --image-size 16 --crop square --vae {} "
+      "--text-encoder {} --out {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pictures), ShellQuote(pipeline),
+      ShellQuote(pipeline), ShellQuote(out)));
+  ASSERT_EQ(pack.exit_code, 0) << pack.output;
+}
+
+// `difftrain train` of `job` in one process of one OpenMP thread.
+inline CommandResult TrainInOneProcess(const std::string& job) {
+  return RunCommand(fmt::format("OMP_NUM_THREADS=1 {} train --config {} 2>&1",
+                                ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job)));
+}
+
+// `difftrain train` of `job` (parallel: {dp: 2}) as two ranks on this machine, meeting in a
+// file store in `dir`; rank 1's output in dir/rank1.log. Fails where either rank fails.
+inline CommandResult TrainOnTwoRanks(const std::string& job, const std::filesystem::path& dir) {
+  const std::string rank = fmt::format(
+      "OMP_NUM_THREADS=1 {} train --config {} --world 2 --store {}", ShellQuote(DIFFTRAIN_BINARY),
+      ShellQuote(job), ShellQuote((dir / "store").string()));
+  return RunCommand(fmt::format(
+      "sh -c {}", ShellQuote(fmt::format("{} --rank 1 > {}/rank1.log 2>&1 & p=$!; {} --rank 0 "
+                                         "2>&1 || rc=1; wait $p || rc=1; exit ${{rc:-0}}",
+                                         rank, dir.string(), rank))));
+}
+
+// Shard 0 of the newest complete checkpoint in `ckpt`.
+inline io::SafetensorsFile NewestShard0(const std::string& ckpt) {
+  io::CheckpointStore store(ckpt, 10);
+  const int64_t step = store.LatestComplete()->value();
+  return std::move(store.ReadShard(step, 0, *store.World(step))).value();
+}
+
+// A run broken after its first step: checkpoint directory `to` holding only `from`'s first step.
+inline void KeepTheFirstStep(const std::string& from, const std::string& to) {
+  std::filesystem::create_directories(to);
+  std::filesystem::copy(from + "/step-00000001", to + "/step-00000001",
+                        std::filesystem::copy_options::recursive);
+}
+
+// A job fine-tuning `pipeline`'s UNet on the latent folder `packed` for `steps` steps of
+// `batch` (2 samples by default), its checkpoints (every `every` steps; 0: at the end) in `ckpt`,
+// with the sections `extra` too; written to `job`.
 inline void WriteFineTuneJob(const std::string& job, const std::string& pipeline,
                              const std::string& packed, const std::string& ckpt, int steps,
-                             int every = 0, const std::string& extra = "") {
+                             int every = 0, const std::string& extra = "",
+                             const std::string& batch = "batch: {micro: 2, global: 2}") {
   nlohmann::json unet = nlohmann::json::parse(std::ifstream(pipeline + "/unet/config.json"));
   unet["name"] = "unet";
   std::ofstream(job) << "model: " << unet.dump() << "\n"
                      << "diffusion: {schedule: scaled_linear, beta_start: 0.00085, beta_end: "
                         "0.012}\n"
                      << "data: {kind: latent_folder, path: " << packed << "}\n"
-                     << "batch: {micro: 2, global: 2}\n"
+                     << batch << "\n"
                      << "train: {steps: " << steps << ", log_every: 1}\n"
                      << extra << "checkpoint: {dir: " << ckpt
                      << ", every: " << (every > 0 ? every : steps)
