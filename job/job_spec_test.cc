@@ -366,6 +366,16 @@ TEST_F(JobSpecTest, TheFineTuningExampleIsValid) {
   EXPECT_EQ(c->data.prior_path, "dog-class-latents");
   EXPECT_EQ(c->micro_batch, 2);
   EXPECT_EQ(c->lora.rank, 4);
+  EXPECT_FALSE(c->lora.train_text_encoder);
+  // And with the text encoder adapted too.
+  c = TrainConfig::FromYamlFile(std::string(DIFFTRAIN_SOURCE_DIR) +
+                                "/jobs/sd15-dreambooth-text-encoder.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_TRUE(c->lora.train_text_encoder);
+  EXPECT_EQ(c->lora.text_encoder_targets,
+            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "out_proj"}));
+  EXPECT_EQ(c->lora.text_encoder, "");
+  EXPECT_EQ(c->ToJson()["lora"]["train_text_encoder"], true);
   // Textual inversion's: a token for SD 1.5's text encoder, the lr scaled by the step's samples.
   c = TrainConfig::FromYamlFile(std::string(DIFFTRAIN_SOURCE_DIR) +
                                 "/jobs/sd15-textual-inversion.yaml");
@@ -457,6 +467,48 @@ TEST_F(JobSpecTest, TextualInversionIsReadAndRefusedWhereItDoesNotTrain) {
   ASSERT_FALSE(resolved.ok());
   EXPECT_NE(resolved.message().find("a textual_inversion job names its layout"), std::string::npos)
       << resolved.message();
+}
+
+// lora.train_text_encoder: read and shipped (a plain LoRA's section ships as it did); refused,
+// by name, for the models it does not adapt (no text, SDXL's pair of encoders), context
+// parallelism, and its settings without it.
+TEST_F(JobSpecTest, TrainTextEncoderIsReadAndRefusedWhereItDoesNotTrain) {
+  const std::string sd =
+      "model: {name: SD1.5, text_dropout: 0}\n"
+      "data: {kind: latent_folder, path: dog-latents}\n"
+      "train: {device: cpu}\n"
+      "lora: {rank: 4, train_text_encoder: true, text_encoder: sd15, "
+      "text_encoder_targets: [q_proj, v_proj]}\n";
+  Result<TrainConfig> c = TrainConfig::FromYamlText(sd, "te.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->lora.text_encoder, "sd15");
+  EXPECT_EQ(c->lora.text_encoder_targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  const nlohmann::json shipped = c->ToJson()["lora"];
+  EXPECT_EQ(shipped["text_encoder"], "sd15");
+  Result<LoraConfig> back = LoraConfig::FromJson(shipped);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), shipped);
+  Result<TrainConfig> plain = TrainConfig::FromYamlText(
+      "model: {name: SD1.5}\ntrain: {device: cpu}\nlora: {rank: 4}\n", "plain.yaml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->ToJson()["lora"].contains("train_text_encoder"));
+  const auto refused = [&](const std::string& yaml, const std::string& why) {
+    Result<TrainConfig> r = TrainConfig::FromYamlText(yaml, "te.yaml");
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
+  };
+  refused(std::string(sd).replace(sd.find("SD1.5"), 5, "SDXL"), "SDXL's, whose two text encoders");
+  refused("model: {name: DiT-S/2}\ntrain: {device: cpu}\n"
+          "lora: {rank: 4, targets: [qkv], train_text_encoder: true}\n",
+          "takes no text");
+  refused(sd + "parallel: {cp: 2}\n", "not with parallel.cp > 1");
+  refused(std::string(sd).replace(sd.find("train_text_encoder: true"), 24,
+                                  "train_text_encoder: false"),
+          "lora.text_encoder: 'sd15' is given but lora.train_text_encoder is not set");
+  refused(std::string(sd).replace(sd.find("[q_proj, v_proj]"), 16, "[]"),
+          "lora.text_encoder_targets: name at least one module");
+  refused("model: {name: SD1.5}\nlora: {rank: 0, train_text_encoder: true}\n",
+          "the text encoder's adapters need lora.rank");
 }
 
 TEST_F(JobSpecTest, AnUnknownModelNamesTheFamiliesConfigs) {
