@@ -15,13 +15,8 @@ build=${1:-build}
 size=${2:-8}
 steps=${3:-6}
 runs=${4:-3}
-difftrain=$(cd "$build" && pwd)/difftrain
-here=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/text_encoder_lora_steps.XXXXXX)
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
-python=$("$here/scripts/text_encoder_env.sh" | tail -n 1)
-(cd "$here/tests/reference" && "$python" "$here/bench/text_encoder_torch.py" save "$work/sd") \
-  >/dev/null 2>&1
+. "$(dirname "$0")/train_runs.sh"
+text_bench_setup text_encoder_lora_steps "$build"
 diffusers=$("$here/tests/reference/diffusers_env.sh" | tail -n 1)
 "$diffusers" "$here/tests/reference/sd_pipeline.py" make "$work/sd" 5 sd >/dev/null 2>&1
 "$diffusers" - "$work/pictures" $((size * 2)) <<'EOF'
@@ -55,7 +50,6 @@ checkpoint: {dir: "$work/$kind-ckpt", every: 100000}
 EOF
 done
 
-. "$here/bench/train_runs.sh"
 train_runs "$difftrain" "$work" "$runs" lora text_lora
 
 echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'); SD 1.5 at ${size}x${size} latents"

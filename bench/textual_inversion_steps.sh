@@ -13,13 +13,8 @@ build=${1:-build}
 size=${2:-8}
 steps=${3:-6}
 runs=${4:-3}
-difftrain=$(cd "$build" && pwd)/difftrain
-here=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/inversion_steps.XXXXXX)
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
-python=$("$here/scripts/text_encoder_env.sh" | tail -n 1)
-(cd "$here/tests/reference" && "$python" "$here/bench/text_encoder_torch.py" save "$work/sd") \
-  >/dev/null 2>&1
+. "$(dirname "$0")/train_runs.sh"
+text_bench_setup inversion_steps "$build"
 
 for kind in full lora inversion; do
   extra=""
@@ -35,7 +30,6 @@ checkpoint: {dir: "$work/$kind-ckpt", every: 100000}
 EOF
 done
 
-. "$here/bench/train_runs.sh"
 train_runs "$difftrain" "$work" "$runs" full lora inversion
 
 echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'); SD 1.5 at ${size}x${size} latents"

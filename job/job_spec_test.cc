@@ -498,13 +498,14 @@ TEST_F(JobSpecTest, TrainTextEncoderIsReadAndRefusedWhereItDoesNotTrain) {
     EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
   };
   refused(std::string(sd).replace(sd.find("SD1.5"), 5, "SDXL"), "SDXL's, whose two text encoders");
-  refused("model: {name: DiT-S/2}\ntrain: {device: cpu}\n"
-          "lora: {rank: 4, targets: [qkv], train_text_encoder: true}\n",
-          "takes no text");
+  refused(
+      "model: {name: DiT-S/2}\ntrain: {device: cpu}\n"
+      "lora: {rank: 4, targets: [qkv], train_text_encoder: true}\n",
+      "takes no text");
   refused(sd + "parallel: {cp: 2}\n", "not with parallel.cp > 1");
-  refused(std::string(sd).replace(sd.find("train_text_encoder: true"), 24,
-                                  "train_text_encoder: false"),
-          "lora.text_encoder: 'sd15' is given but lora.train_text_encoder is not set");
+  refused(
+      std::string(sd).replace(sd.find("train_text_encoder: true"), 24, "train_text_encoder: false"),
+      "lora.text_encoder: 'sd15' is given but lora.train_text_encoder is not set");
   refused(std::string(sd).replace(sd.find("[q_proj, v_proj]"), 16, "[]"),
           "lora.text_encoder_targets: name at least one module");
   refused("model: {name: SD1.5}\nlora: {rank: 0, train_text_encoder: true}\n",
