@@ -285,6 +285,15 @@ TEST_F(TextEncoderLoraTest, TrainsResumesExportsAndSamples) {
   EXPECT_EQ(unet_weights, unet_modules);
   EXPECT_EQ(text_weights, text_modules);
   EXPECT_EQ(text_modules, 8);
+  // difftrain's own reading of the file: `sample --lora` fuses its text encoder part into the
+  // encoder that embeds the prompts.
+  const CommandResult with_lora = RunCommand(fmt::format(
+      "{} sample --pretrained {} --lora {} --prompt 'a photo of sks dog' --steps 2 --vae none "
+      "--raw {} 2>&1",
+      ShellQuote(DIFFTRAIN_BINARY), ShellQuote(pipeline_), ShellQuote(file),
+      ShellQuote((dir_ / "with_lora.safetensors").string())));
+  EXPECT_EQ(with_lora.exit_code, 0) << with_lora.output;
+  EXPECT_THAT(with_lora.output, HasSubstr("into 8 modules of the text encoder"));
 
   // The checkpoint samples with its adapted encoder; its export with a pipeline would not carry
   // it, and is refused.
