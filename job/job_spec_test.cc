@@ -24,6 +24,12 @@ class JobSpecTest : public ::testing::Test {
     std::ofstream(path) << yaml;
     return path;
   }
+  // The job `yaml` is refused with a message holding `why`.
+  static void ExpectRefused(const std::string& yaml, const std::string& why) {
+    Result<TrainConfig> r = TrainConfig::FromYamlText(yaml, "job.yaml");
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
+  }
 
   TempDir tmp_{"job_spec"};
 };
@@ -434,11 +440,7 @@ TEST_F(JobSpecTest, TextualInversionIsReadAndRefusedWhereItDoesNotTrain) {
       TrainConfig::FromYamlText("model: {name: SD1.5}\ntrain: {device: cpu}\n", "plain.yaml");
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE(plain->ToJson().contains("textual_inversion"));
-  const auto refused = [&](const std::string& yaml, const std::string& why) {
-    Result<TrainConfig> r = TrainConfig::FromYamlText(yaml, "ti.yaml");
-    ASSERT_FALSE(r.ok()) << yaml;
-    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
-  };
+  const auto refused = ExpectRefused;
   refused(sd + "lora: {rank: 4}\n", "without lora or a prior; not with lora");
   refused(sd + "parallel: {tp: 2}\n", "not with parallel.tp > 1");
   refused(sd + "parallel: {dp: 2, zero1: true}\n", "not with parallel.zero1");
@@ -492,11 +494,7 @@ TEST_F(JobSpecTest, TrainTextEncoderIsReadAndRefusedWhereItDoesNotTrain) {
       "model: {name: SD1.5}\ntrain: {device: cpu}\nlora: {rank: 4}\n", "plain.yaml");
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE(plain->ToJson()["lora"].contains("train_text_encoder"));
-  const auto refused = [&](const std::string& yaml, const std::string& why) {
-    Result<TrainConfig> r = TrainConfig::FromYamlText(yaml, "te.yaml");
-    ASSERT_FALSE(r.ok()) << yaml;
-    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
-  };
+  const auto refused = ExpectRefused;
   refused(std::string(sd).replace(sd.find("SD1.5"), 5, "SDXL"), "SDXL's, whose two text encoders");
   refused(
       "model: {name: DiT-S/2}\ntrain: {device: cpu}\n"

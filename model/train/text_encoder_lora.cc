@@ -64,7 +64,6 @@ TextEncoderLora::TextEncoderLora(std::unique_ptr<TextEmbedder> embedder,
 }
 
 void TextEncoderLora::SetSlots(int slots) {
-  slots_ = slots;
   passes_.SetSlots(slots, grads_.data(), trained_);
 }
 

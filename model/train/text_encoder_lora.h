@@ -63,7 +63,6 @@ class TextEncoderLora : public TextTraining {
   TensorTable table_;
   std::vector<std::string> trained_;  // the adapted weights' names (M.weight)
   Buffer<float> grads_;
-  int slots_ = 1;
   EncoderPasses passes_;
 };
 
