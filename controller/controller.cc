@@ -438,9 +438,12 @@ void Controller::Tick() {
         int64_t step = ranks_[0].progress.step;
         for (const Rank& r : ranks_)
           step = std::min(step, r.progress.step);
+        // Steps of 0: train.epochs that the ranks resolve from data this machine cannot read.
         spdlog::info("controller: attempt {} at step {}/{}, loss {:.4f}, {:.1f} samples/s",
-                     attempt_, step, o_.config.steps, ranks_[0].progress.loss,
-                     ranks_[0].progress.samples_per_second);
+                     attempt_, step,
+                     o_.config.steps > 0 ? std::to_string(o_.config.steps)
+                                         : fmt::format("({} epochs)", o_.config.epochs),
+                     ranks_[0].progress.loss, ranks_[0].progress.samples_per_second);
       }
       break;
     default:

@@ -10,6 +10,24 @@
 
 namespace difftrain::controller {
 
+namespace {
+
+// The run's length: its steps, and where the file gives train.epochs, what they came from.
+std::string DescribeSteps(const TrainConfig& config) {
+  if (config.epochs < 1) return fmt::format("{} steps", config.steps);
+  if (config.steps < 1) {
+    return fmt::format(
+        "train.epochs {}: the data is not readable here, so each rank resolves the steps from "
+        "it",
+        config.epochs);
+  }
+  return fmt::format("{} steps (train.epochs {}: {} samples an epoch, {} of the data a step)",
+                     config.steps, config.epochs, config.epoch_samples,
+                     config.data.has_prior() ? config.global_batch / 2 : config.global_batch);
+}
+
+}  // namespace
+
 Result<JobPlan> MakePlan(const TrainConfig& config) {
   const ClusterConfig& c = config.cluster;
   JobPlan p;
@@ -158,8 +176,8 @@ std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
   }
   out += fmt::format("batch: global {} = micro {} x data-parallel {} x accumulation {}\n",
                      config.global_batch, config.micro_batch, p.dp, p.accumulation);
-  out += fmt::format("model: {} ({} parameters), {} steps\n", config.model.name(), p.parameters,
-                     config.steps);
+  out += fmt::format("model: {} ({} parameters), {}\n", config.model.name(), p.parameters,
+                     DescribeSteps(config));
   if (const std::string& init = config.checkpoint.init_from; !init.empty()) {
     // LoadJob checked it wherever it is readable (job/load_job.cc).
     std::error_code ec;

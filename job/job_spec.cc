@@ -156,7 +156,8 @@ Status TrainConfig::Validate(int dp) const {
         "{} (global = micro × dp × accumulation steps), found {}",
         cluster.Where("batch.global"), micro_batch, dp, int64_t{micro_batch} * dp, global_batch);
   }
-  if (steps < 1) return Errorf("train.steps must be positive, got {}", steps);
+  // Steps of 0 with epochs: not resolved yet (ResolveEpochs).
+  if (steps < 1 && epochs < 1) return Errorf("train.steps must be positive, got {}", steps);
   if (log_every < 1) return Errorf("train.log_every must be positive, got {}", log_every);
   for (auto [field, v] : {std::pair{"tp", parallel.tp}, {"cp", parallel.cp}, {"pp", parallel.pp}}) {
     if (v < 1) return Errorf("parallel.{} must be positive, got {}", field, v);
@@ -262,6 +263,10 @@ nlohmann::json TrainConfig::ToJson() const {
     json["data"]["prior_loss_weight"] = data.prior_loss_weight;
   }
   if (!tensorboard_dir.empty()) json["train"]["tensorboard_dir"] = tensorboard_dir;
+  if (epochs > 0) {
+    json["train"]["epochs"] = epochs;
+    json["train"]["epoch_samples"] = epoch_samples;
+  }
   if (data.max_samples > 0) json["data"]["max_samples"] = data.max_samples;
   if (textual_inversion.enabled()) json["textual_inversion"] = textual_inversion.ToJson();
   return json;
@@ -373,6 +378,7 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   int64_t seed = 0;
   c.device = "auto";  // a job file's default, resolved with the layout (ResolveJob)
   train.Int64("steps", c.steps)
+      .Int64("epochs", c.epochs)
       .Int64("seed", seed)
       .Int("log_every", c.log_every)
       .String("metrics_file", c.metrics_file)
@@ -382,6 +388,17 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
       .String("precision", c.precision);
   c.seed = static_cast<uint64_t>(seed);
   DT_RETURN_IF_ERROR(train.Finish());
+  if (train.Has("epochs")) {
+    // diffusers' --num_train_epochs; its steps depend on the data, read where it can be.
+    if (train.Has("steps")) {
+      return train.ErrorAt("epochs", "give train.steps or train.epochs, not both");
+    }
+    if (c.epochs < 1) {
+      return train.ErrorAt("epochs",
+                           fmt::format("expected a positive number of epochs, found {}", c.epochs));
+    }
+    c.steps = 0;
+  }
 
   // `parallel: auto`: the planner chooses the layout once the cluster section is read.
   YamlFields parallel = top.Section("parallel");
@@ -418,7 +435,7 @@ Result<TrainConfig> TrainConfig::FromYamlText(const std::string& text, const std
   c.cluster.Locate(top.Section("model"), "model", {"num_heads", "hidden_size"});
   c.cluster.Locate(batch, "batch", {"micro", "global"});
   c.cluster.Locate(parallel, "parallel", {"tp", "backend"});
-  c.cluster.Locate(train, "train", {"device", "precision"});
+  c.cluster.Locate(train, "train", {"device", "precision", "epochs"});
   c.cluster.Locate(ckpt, "checkpoint", {"init_from"});
   c.cluster.Locate(lora, "lora", {"rank", "targets", "train_text_encoder"});
   c.cluster.Locate(inversion, "textual_inversion", {"token"});
@@ -512,6 +529,13 @@ Result<std::string> ResolvedJobYaml(const std::string& original_yaml, const Trai
   section("batch")["micro"] = c.micro_batch;
   section("train")["recompute"] = c.recompute;
   section("train")["device"] = c.device;
+  // Epochs resolved where the job was launched arrive as steps; otherwise each rank resolves
+  // them from the data it reads.
+  const bool epochs_resolved = c.epochs > 0 && c.steps > 0;
+  if (epochs_resolved) {
+    section("train").remove("epochs");
+    section("train")["steps"] = c.steps;
+  }
   YAML::Emitter out;
   out << root;
   if (!out.good()) return Errorf("writing the resolved job: {}", out.GetLastError());
@@ -521,6 +545,11 @@ Result<std::string> ResolvedJobYaml(const std::string& original_yaml, const Trai
                        "tp, cp, pp, dp, zero1, batch.micro and train.recompute");
   }
   if (c.device_automatic) text += "# train.device: auto, resolved by the controller\n";
+  if (epochs_resolved) {
+    text += fmt::format(
+        "# train.epochs: {}, resolved by the controller: {} samples an epoch, {} steps\n", c.epochs,
+        c.epoch_samples, c.steps);
+  }
   return text + out.c_str() + "\n";
 }
 

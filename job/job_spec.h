@@ -98,7 +98,14 @@ struct TrainConfig {
   int micro_batch = 8;
   int global_batch = 8;           // = micro_batch × data-parallel size × accumulation steps
   bool micro_batch_given = true;  // batch.micro was in the file (`parallel: auto` keeps it)
+  // Optimizer steps of the run. With train.epochs in the file, 0 until ResolveEpochs
+  // (model/train/trainer.h) sets it from the data, where the job is launched or, where the data
+  // cannot be read there, on each rank.
   int64_t steps = 100;
+  // train.epochs: passes over the data (0: train.steps given), and once resolved the samples of
+  // one (the data's after data.max_samples; aspect-ratio buckets' whole global batches).
+  int64_t epochs = 0;
+  int64_t epoch_samples = 0;
   uint64_t seed = 0;
   int log_every = 10;
   std::string metrics_file;  // JSON lines of per-step metrics; "{rank}" becomes the rank

@@ -570,6 +570,59 @@ TEST_F(JobSpecTest, DiffusersSchedulesAreReadAndShipped) {
       << bad.status().message();
 }
 
+// train.epochs (diffusers' --num_train_epochs) is resolved where the job is launched, from the
+// data if it can be read there, and the ranks receive the steps; data not readable there (on the
+// compute nodes only) ships the epochs for each rank to resolve. Both fields, or no epoch, are
+// refused at the field.
+TEST_F(JobSpecTest, EpochsAreResolvedToStepsWhereTheDataCanBeRead) {
+  const std::string model =
+      "model: {name: custom, input_size: 8, patch_size: 2, hidden_size: 32, depth: 2,\n"
+      "        num_heads: 4, num_classes: 10, learn_sigma: false}\n"
+      "batch: {micro: 4, global: 8}\n";
+  const std::string path =
+      Write(model + "data: {kind: synthetic, max_samples: 20}\ntrain: {epochs: 3}\n");
+  std::string yaml;
+  Result<TrainConfig> job = LoadJob(path, {}, &yaml);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_EQ(job->epochs, 3);
+  EXPECT_EQ(job->epoch_samples, 20);
+  EXPECT_EQ(job->steps, 8);  // 60 samples in steps of 8
+  Result<std::string> shipped = ResolvedJobYaml(yaml, *job);
+  ASSERT_TRUE(shipped.ok());
+  EXPECT_NE(shipped->find("# train.epochs: 3, resolved by the controller: 20 samples an epoch, "
+                          "8 steps"),
+            std::string::npos)
+      << *shipped;
+  Result<TrainConfig> rank = TrainConfig::FromYamlText(*shipped, path);
+  ASSERT_TRUE(rank.ok()) << rank.status().message();
+  EXPECT_EQ(rank->steps, 8);
+  EXPECT_EQ(rank->epochs, 0);
+
+  const std::string elsewhere = Write(
+      model + "data: {kind: latent_folder, path: /nonexistent/latents}\ntrain: {epochs: 3}\n");
+  job = LoadJob(elsewhere, {}, &yaml);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_EQ(job->steps, 0);
+  shipped = ResolvedJobYaml(yaml, *job);
+  ASSERT_TRUE(shipped.ok());
+  rank = TrainConfig::FromYamlText(*shipped, elsewhere);
+  ASSERT_TRUE(rank.ok()) << rank.status().message();
+  EXPECT_EQ(rank->epochs, 3);
+  EXPECT_EQ(rank->steps, 0);
+
+  ExpectRefused("train: {steps: 10, epochs: 2}\n",
+                "job.yaml:1:28: train.epochs: give train.steps or train.epochs, not both");
+  ExpectRefused("train: {epochs: 0}\n",
+                "train.epochs: expected a positive number of epochs, found 0");
+  // Readable data that has no epochs is refused where the job is launched.
+  Result<TrainConfig> endless =
+      LoadJob(Write(model + "data: {kind: synthetic}\ntrain: {epochs: 3}\n"));
+  ASSERT_FALSE(endless.ok());
+  EXPECT_NE(endless.status().message().find("job.yaml:5:17: train.epochs: data.kind synthetic"),
+            std::string::npos)
+      << endless.status().message();
+}
+
 // optimizer.scale_lr is diffusers' --scale_lr: the rate times the samples of a step, not
 // counting a prior's half; the ranks, parsing the same file, scale it the same once.
 TEST_F(JobSpecTest, ScaleLrMultipliesByTheStepsSamplesOnce) {

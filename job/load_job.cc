@@ -5,9 +5,29 @@
 
 #include "common/yaml_fields.h"
 #include "job/job_spec.h"
+#include "model/data/fashion_mnist.h"
 #include "model/train/initial_weights.h"
+#include "model/train/trainer.h"
 
 namespace difftrain {
+
+namespace {
+
+// Whether this machine can read the job's data, so that train.epochs can be resolved where the
+// job is launched; otherwise (data on the compute nodes only) each rank resolves them.
+bool DataReadableHere(const DataConfig& d) {
+  std::string path = d.path;
+  if (path.empty() && d.kind.find("fashion_mnist") != std::string::npos) {
+    path = kFashionMnistDefaultDir;
+  }
+  std::error_code ec;
+  for (const std::string& p : {path, d.prior_path}) {
+    if (!p.empty() && !std::filesystem::exists(p, ec)) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& overrides,
                             std::string* yaml) {
@@ -37,6 +57,7 @@ Result<TrainConfig> LoadJob(const std::string& path, const ClusterOverrides& ove
       return Errorf("{}: checkpoint.init_from: {}", c.Where("checkpoint.init_from"), s.message());
     }
   }
+  if (DataReadableHere(config.data)) DT_RETURN_IF_ERROR(Trainer::ResolveEpochs(config));
   if (yaml != nullptr) *yaml = std::move(text);
   return config;
 }

@@ -37,7 +37,7 @@ DIFFTRAIN_COMMAND(
                auto f = std::make_shared<TrainFlags>();
                worker::RankOptions& o = f->rank;
                app.add_option("--config", o.config, "job YAML (docs/job-spec.md)")->required();
-               app.add_option("--steps", o.steps, "override train.steps");
+               app.add_option("--steps", o.steps, "override train.steps (or train.epochs)");
                app.add_option("--rank", o.rank, "this rank (or RANK)");
                app.add_option("--world", o.world, "number of ranks (or WORLD_SIZE)");
                app.add_option("--store", o.store,

@@ -108,6 +108,33 @@ TEST_F(TrainCommandTest, TrainsWritesCheckpointAndResumes) {
   EXPECT_EQ(r.output.find("step 1/5"), std::string::npos) << r.output;
 }
 
+// train.epochs: `difftrain train` alone resolves them from the data (20 samples, 2 epochs in steps
+// of 8: 5 steps), as `difftrain validate` shows; --steps overrides them.
+TEST_F(TrainCommandTest, EpochsTrainTheirStepsAndValidateShowsThem) {
+  std::string job = kTinyJob;
+  job.replace(job.find("  steps: 3\n"), 11, "  epochs: 2\n");
+  job += "data:\n  kind: synthetic\n  max_samples: 20\n";
+  CommandResult r = Train(job);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("for 5 steps (2 epochs of 20 samples)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 5/5"), std::string::npos) << r.output;
+  r = RunDifftrain("validate " + ShellQuote((dir_ / "job.yaml").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("5 steps (train.epochs 2: 20 samples an epoch, 8 of the data a step)"),
+            std::string::npos)
+      << r.output;
+  r = Train(job, "--steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
+
+  job.replace(job.find("  max_samples: 20\n"), 18, "");
+  r = Train(job);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.epochs: data.kind synthetic has a sample at every index"),
+            std::string::npos)
+      << r.output;
+}
+
 // checkpoint.init_from: a job starts from another run's checkpoint directory, in one process
 // and under tensor parallelism alike (each rank takes its shard of the same weights), and a
 // run that has a checkpoint of its own resumes it instead.

@@ -302,10 +302,18 @@ int RunRank(const RankOptions& o) {
                                    : TrainConfig::FromYamlText(o.config_text, o.config);
   if (!loaded.ok()) return ReportBadInput("train", loaded.status().message());
   TrainConfig config = *loaded;
-  if (o.steps) config.steps = *o.steps;
+  if (o.steps) {
+    config.steps = *o.steps;  // over train.epochs too
+    config.epochs = 0;
+  }
   // Under a controller the job arrives resolved; alone, `parallel: auto` is chosen here for
   // the file's cluster section, as `difftrain validate` chooses it.
   if (Status s = ResolveJob(config); !s.ok()) return ReportBadInput("train", s.message());
+  // train.epochs not resolved where the job was launched (or no launcher): from the data here,
+  // which every rank reads alike.
+  if (Status s = Trainer::ResolveEpochs(config); !s.ok()) {
+    return ReportBadInput("train", s.message());
+  }
   if (Status s = CpuPeakFlopsGiven().status(); !s.ok()) return ReportBadInput("train", s.message());
   // Before the communicators, which add to it until they are gone.
   parallel::CommTimes comm_times;
@@ -353,10 +361,13 @@ int RunRank(const RankOptions& o) {
   if (!reporter.ok()) return Fail(reporter.status().message());
   const int dp = trainer.dp_size();
   spdlog::info(
-      "training {} ({} parameters, {:.2f} GFLOP per sample) for {} steps on {} rank(s) "
+      "training {} ({} parameters, {:.2f} GFLOP per sample) for {} steps{} on {} rank(s) "
       "(tp {} cp {} dp {} pp {}), global batch {} = micro {} x data-parallel {} x "
       "accumulation {}{}",
       config.model.name(), cost.parameters, cost.training_flops_per_sample() / 1e9, config.steps,
+      config.epochs > 0
+          ? fmt::format(" ({} epochs of {} samples)", config.epochs, config.epoch_samples)
+          : "",
       p.world, config.parallel.tp, config.parallel.cp, dp, config.parallel.pp, config.global_batch,
       config.micro_batch, dp, config.AccumulationSteps(dp),
       config.parallel.zero1 ? ", ZeRO-1" : "");

@@ -316,6 +316,23 @@ TEST(BucketedTrainingTest, StepsReportTheirBucketsSizeAndFlops) {
       FamilyOf(config.model).Cost(config.model).forward_macs_per_sample);
 }
 
+// train.epochs over buckets: an epoch is the whole global batches the buckets fill. Of 43
+// samples, buckets of 22, 14 and 7 fill 5, 3 and 1 batches of 4: 36 samples, so 2 epochs are 18
+// steps.
+TEST_F(BucketedFolderTest, AnEpochOfBucketsIsTheirWholeGlobalBatches) {
+  ASSERT_TRUE(WriteLatentFolder(BucketedTestDataset(43, 4, 8, kBuckets, kBucketOf), dir_, 8).ok());
+  TrainConfig config;
+  config.model = *ModelSpecFromJson("unet", Json::parse(kTinyUNet));
+  config.global_batch = config.micro_batch = 4;
+  config.data.kind = "latent_folder";
+  config.data.path = dir_;
+  config.epochs = 2;
+  config.steps = 0;
+  ASSERT_TRUE(Trainer::ResolveEpochs(config).ok());
+  EXPECT_EQ(config.epoch_samples, 36);
+  EXPECT_EQ(config.steps, 18);
+}
+
 // A bucket too small for a global batch is left out; with none large enough there is nothing to
 // train on, and training says so. A family that trains at its own size only refuses buckets by
 // name, and so does the GPU step.

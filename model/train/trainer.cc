@@ -126,6 +126,10 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                  std::unique_ptr<GpuStep> gpu) {
   const int dp = parallel.topology ? parallel.topology->dp() : 1;
   DT_RETURN_IF_ERROR(config.Validate(dp));
+  if (config.steps < 1) {
+    return Errorf("train.epochs {}: the steps are not resolved from the data (ResolveEpochs)",
+                  config.epochs);
+  }
   const ModelFamily& family = FamilyOf(config.model);
   if (parallel.topology) {
     DT_RETURN_IF_ERROR(family.ValidateLayout(config.model, parallel.layout()));

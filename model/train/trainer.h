@@ -169,7 +169,7 @@ Status CheckDataFitsModel(const Dataset& data, const SampleSchema& m, const std:
 // A bucketed dataset (aspect-ratio buckets, docs/data.md) trains on the CPU a model that takes
 // each bucket's size (ModelFamily::Resized), and one of its buckets must fill a global batch.
 Status CheckBucketsFitTraining(const Dataset& data, const TrainConfig& config,
-                               const std::string& kind);
+                               const std::string& kind, bool announce = true);
 
 class Trainer : private parallel::PipelineStage {
  public:
@@ -252,6 +252,13 @@ class Trainer : private parallel::PipelineStage {
   int dp_rank() const { return coords_.dp; }
   int dp_size() const { return parallel_.topology ? parallel_.topology->dp() : 1; }
   MemoryBytes memory() const;
+  // train.epochs: sets config.steps to ceil(epochs × S / G), S the samples of an epoch of
+  // config.data (its size after data.max_samples; of aspect-ratio buckets, the whole global
+  // batches they fill) and G the data's samples a step (batch.global, half of it with
+  // data.prior_path), and config.epoch_samples to S. Opens and checks the data as Create does, and
+  // fails as it would. A no-op where the job gives train.steps or its epochs are resolved.
+  static Status ResolveEpochs(TrainConfig& config);
+
   int64_t step() const { return step_; }
   int64_t samples_seen() const { return samples_seen_; }
   // On a GPU: the micro-batches that were made ahead, while the GPU computed the one before.
@@ -264,8 +271,9 @@ class Trainer : private parallel::PipelineStage {
   Status FillMicroBatch(int64_t first, int B, MicroBatch& batch, double* loader_seconds);
   // config.data, cut by data.max_samples, and data.prior_path's folder (null without one),
   // each checked against the model of schema `m` (model/train/trainer_data.cc).
+  // `announce`: log what was opened (how much of the data, the prior, the buckets).
   static Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> OpenData(
-      const TrainConfig& config, const SampleSchema& m);
+      const TrainConfig& config, const SampleSchema& m, bool announce = true);
   // The data loader's options for this rank; the prior's, which draws its own permutations
   // (a seed of its own, from the job's).
   static DataLoaderOptions LoaderOptions(const TrainConfig& config, int dp_rank, int dp_size);

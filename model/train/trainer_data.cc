@@ -16,8 +16,8 @@
 
 namespace difftrain {
 
-Status CheckBucketsFitTraining(const Dataset& d, const TrainConfig& config,
-                               const std::string& kind) {
+Status CheckBucketsFitTraining(const Dataset& d, const TrainConfig& config, const std::string& kind,
+                               bool announce) {
   if (!d.bucketed()) return Status::Ok();
   const std::vector<SampleSize> buckets = d.buckets();
   if (config.device != "cpu") {
@@ -49,6 +49,7 @@ Status CheckBucketsFitTraining(const Dataset& d, const TrainConfig& config,
         "pack fewer buckets",
         kind, config.global_batch, *std::max_element(counts.begin(), counts.end()));
   }
+  if (!announce) return Status::Ok();
   spdlog::info(
       "data: {} samples in {} aspect-ratio buckets; an epoch trains {} of them, in whole global "
       "batches of one bucket each ({} left out: the buckets' remainders)",
@@ -141,7 +142,7 @@ DataLoaderOptions Trainer::PriorLoaderOptions(const TrainConfig& config, int dp_
 }
 
 Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> Trainer::OpenData(
-    const TrainConfig& config, const SampleSchema& m) {
+    const TrainConfig& config, const SampleSchema& m, bool announce) {
   DatasetSpec spec;
   spec.kind = config.data.kind;
   spec.path = config.data.path;
@@ -157,7 +158,8 @@ Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> Trainer::O
     const int64_t all = (*opened)->size();
     const bool unbounded = (*opened)->unbounded();
     *opened = TakeSubset(std::move(opened).value(), config.data.max_samples, config.seed);
-    if (unbounded) {
+    if (!announce) {
+    } else if (unbounded) {
       spdlog::info("data: the first {} samples (data.max_samples)", (*opened)->size());
     } else if ((*opened)->size() < all) {
       spdlog::info("data: {} of the {} samples, at random (data.max_samples)", (*opened)->size(),
@@ -166,16 +168,47 @@ Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> Trainer::O
   }
   DT_RETURN_IF_ERROR(CheckDataFitsModel(**opened, m, config.data.kind).WithContext("data"));
   DT_RETURN_IF_ERROR(
-      CheckBucketsFitTraining(**opened, config, config.data.kind).WithContext("data"));
+      CheckBucketsFitTraining(**opened, config, config.data.kind, announce).WithContext("data"));
   std::unique_ptr<Dataset> prior;
   if (config.data.has_prior()) {
     DT_ASSIGN_OR_RETURN(prior, OpenPriorData(config, **opened, m));
-    spdlog::info(
-        "data: prior preservation with the {} samples of {}: half of every micro-batch, their "
-        "loss weighted {}",
-        prior->size(), config.data.prior_path, config.data.prior_loss_weight);
+    if (announce)
+      spdlog::info(
+          "data: prior preservation with the {} samples of {}: half of every micro-batch, their "
+          "loss weighted {}",
+          prior->size(), config.data.prior_path, config.data.prior_loss_weight);
   }
   return std::pair(std::move(opened).value(), std::move(prior));
+}
+
+Status Trainer::ResolveEpochs(TrainConfig& config) {
+  if (config.epochs < 1 || config.steps > 0) return Status::Ok();
+  const std::string where = config.cluster.Where("train.epochs");
+  const SampleSchema m = FamilyOf(config.model).Samples(config.model);
+  Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> opened =
+      OpenData(config, m, /*announce=*/false);
+  if (!opened.ok()) return opened.status().WithContext(where + ": train.epochs");
+  const Dataset& data = *opened->first;
+  if (data.unbounded()) {
+    return Errorf(
+        "{}: train.epochs: data.kind {} has a sample at every index and no epochs; give "
+        "data.max_samples (an epoch of that many samples) or train.steps",
+        where, config.data.kind);
+  }
+  DataLoaderOptions options = LoaderOptions(config, /*dp_rank=*/0, /*dp_size=*/1);
+  options.prefetch = false;
+  // One epoch is the loader's: the data's samples, or the buckets' whole global batches.
+  const int64_t epoch = DataLoader(data, options).epoch_samples();
+  // With a prior, half of each step's samples are the prior's, which has epochs of its own.
+  const int64_t per_step = config.data.has_prior() ? config.global_batch / 2 : config.global_batch;
+  const int64_t kMaxSteps = int64_t{1} << 40;
+  if (config.epochs > kMaxSteps / std::max<int64_t>(epoch, 1)) {
+    return Errorf("{}: train.epochs {} of {} samples are more than {} samples", where,
+                  config.epochs, epoch, kMaxSteps);
+  }
+  config.epoch_samples = epoch;
+  config.steps = (config.epochs * epoch + per_step - 1) / per_step;
+  return Status::Ok();
 }
 
 Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {

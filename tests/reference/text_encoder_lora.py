@@ -12,22 +12,23 @@ PYTHON is the interpreter tests/reference/peft_env.sh prints (diffusers 0.27.2, 
 step: the script's training of the UNet's and the text encoder's adapters, in float64. The
 CLIPTextModel of PIPELINE_DIR/text_encoder and the UNet2DConditionModel of PIPELINE_DIR/unet,
 frozen, get peft's adapters as the script adds them: add_adapter(LoraConfig(r=rank,
-lora_alpha=alpha, init_lora_weights="gaussian", target_modules=...)), the UNet's with
-unet_targets, the text encoder's with text_targets. STEP.safetensors (difftrain's) holds the
-batch, x_t [B, C, H, W], timesteps t [B], regression target [B, C, H, W] and token ids [B, L]
-(F32), and every adapter tensor's value before the first step, in peft's shapes (A [r, in],
-B [out, r]): unet.M.lora_A.weight and unet.M.lora_B.weight for each adapted module M of the
-UNet (e.g. down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q), text_encoder.M.lora_A.weight
-and text_encoder.M.lora_B.weight for each of the text encoder (e.g.
-text_model.encoder.layers.0.self_attn.q_proj). Its metadata: rank, alpha, unet_targets and
-text_targets (JSON lists), AdamW's lr, beta1, beta2, eps and weight_decay, and steps. The
-adapters peft made must be STEP's, name for name and shape for shape; they take STEP's values
-and are all that is trained, by one torch AdamW over both models' adapters. Each of the steps,
-on the same batch: gradients zeroed; loss F.mse_loss(unet(x_t, t, text_encoder(ids)[0]).sample,
-target) backward; AdamW steps. Left out: the script's gradient clipping (max_grad_norm, 1.0 by
-default) and its loss in float32 (model_pred.float()). OUT.safetensors: "loss" [steps], each
-step's loss; "grad.NAME", the last step's gradient of STEP's adapter tensor NAME; "NAME", its
-value after the steps.
+lora_alpha=alpha, init_lora_weights="gaussian", use_dora=..., target_modules=...)), the UNet's
+with unet_targets, the text encoder's with text_targets. STEP.safetensors (difftrain's) holds
+the batch, x_t [B, C, H, W], timesteps t [B], regression target [B, C, H, W] and token ids [B,
+L] (F32), and every adapter tensor's value before the first step, in peft's shapes (A [r, in], B
+[out, r]; with DoRA also each module's magnitudes [out], M.lora_magnitude_vector):
+unet.M.lora_A.weight and unet.M.lora_B.weight for each adapted module M of the UNet (e.g.
+down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q), text_encoder.M.lora_A.weight and
+text_encoder.M.lora_B.weight for each of the text encoder (e.g.
+text_model.encoder.layers.0.self_attn.q_proj). Its metadata: rank, alpha, use_dora ("true" for
+peft's use_dora=True on both models; absent: LoRA), unet_targets and text_targets (JSON lists),
+AdamW's lr, beta1, beta2, eps and weight_decay, and steps. The adapters peft made must be
+STEP's, name for name and shape for shape; they take STEP's values and are all that is trained,
+by one torch AdamW over both models' adapters. Each of the steps, on the same batch: gradients
+zeroed; loss F.mse_loss(unet(x_t, t, text_encoder(ids)[0]).sample, target) backward; AdamW
+steps. Left out: the script's gradient clipping (max_grad_norm, 1.0 by default) and its loss in
+float32 (model_pred.float()). OUT.safetensors: "loss" [steps], each step's loss; "grad.NAME",
+the last step's gradient of STEP's adapter tensor NAME; "NAME", its value after the steps.
 load: StableDiffusionPipeline.from_pretrained(PIPELINE_DIR), load_lora_weights(LORA) and
 fuse_lora() (in 0.27.2 it fuses the UNet's and the text encoder's adapters, at scale 1: W0 +
 alpha/r · B·A, alpha a kohya file's alphas, else r: the script's and peft's names carry no
@@ -60,16 +61,20 @@ from safetensors.torch import load_file, save_file
 from transformers import CLIPTextModel
 
 ADAPTER = re.compile(r"\.(lora_[AB])\.[^.]+\.weight$")
+MAGNITUDE = re.compile(r"\.lora_magnitude_vector\.[^.]+$")
 
 
 def adapter_parameters(model, prefix):
-    """The model's LoRA parameters by STEP's names: prefix.M.lora_A.weight (peft's adapter
-    name dropped)."""
+    """The model's LoRA parameters by STEP's names: prefix.M.lora_A.weight, and DoRA's
+    prefix.M.lora_magnitude_vector (peft's adapter name dropped)."""
     found = {}
     for name, param in model.named_parameters():
         match = ADAPTER.search(name)
         if match:
             found[f"{prefix}.{name[:match.start()]}.{match.group(1)}.weight"] = param
+        match = MAGNITUDE.search(name)
+        if match:
+            found[f"{prefix}.{name[:match.start()]}.lora_magnitude_vector"] = param
     return found
 
 
@@ -82,14 +87,16 @@ def step(pipeline, step_path, out):
     alpha = float(meta["alpha"])
     alpha = int(alpha) if alpha.is_integer() else alpha
     steps = int(meta["steps"])
+    dora = meta.get("use_dora") == "true"
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(pipeline, "text_encoder")).double()
     unet = UNet2DConditionModel.from_pretrained(os.path.join(pipeline, "unet")).double()
     text_encoder.requires_grad_(False)
     unet.requires_grad_(False)
     # The script's adapters.
     unet.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights="gaussian",
-                                target_modules=json.loads(meta["unet_targets"])))
+                                use_dora=dora, target_modules=json.loads(meta["unet_targets"])))
     text_encoder.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights="gaussian",
+                                        use_dora=dora,
                                         target_modules=json.loads(meta["text_targets"])))
     params = {**adapter_parameters(unet, "unet"),
               **adapter_parameters(text_encoder, "text_encoder")}
