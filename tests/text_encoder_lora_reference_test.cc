@@ -257,10 +257,11 @@ TEST_F(TextEncoderLoraTest, TrainsResumesExportsAndSamples) {
   std::cout << "two ranks against one process: relative L2 " << RelativeL2(all_two, all_one)
             << "\n";
   // Measured 2.5e-7 on an AVX-512 machine and 3.2e-6 on an AVX2 one, whose BLAS rounds
-  // otherwise: most of it in the text encoder's first q_proj's A (6.4e-5 at most an element),
-  // whose gradient is ~1e-5 of the others' and which AdamW divides by its own size, so the
-  // rounding of the all-reduce's sum moves it by a part of lr. A gradient not averaged over the
-  // ranks would differ by a part of the update itself (1e-2 and up).
+  // otherwise: most of it in the text encoder's first q_proj's A (6.4e-5 at most an element).
+  // CLIP's q and k gradients are small (clip_pass_test), and AdamW divides each update by its
+  // gradient's own size, which is the likely way the all-reduce's rounding grows there. A
+  // gradient not averaged over the ranks should differ by a part of the update itself (lr is
+  // 1e-2; not measured).
   EXPECT_LE(RelativeL2(all_two, all_one), 3e-5);
 
   // The export, as the script writes it; diffusers fuses it into the pipeline.
