@@ -7,7 +7,8 @@
 # sample's caption every step). The data: 8 pictures of noise with captions, packed through the
 # small VAE of tests/reference/sd_pipeline.py (4 latent channels, half the side) and embedded by
 # that encoder. Trained for STEPS steps, one kind after the other, RUNS times; prints each run's
-# median step time (steps 1–2 left out as warm-up) and peak RSS, and the median ratio to LoRA.
+# median step time (steps 1–2 left out as warm-up) and peak RSS, and the median ratio to LoRA; and
+# the memory `validate` plans for each, the text encoder's on a line of its own.
 #
 #   bench/text_encoder_lora_steps.sh [BUILD_DIR] [SIZE] [STEPS] [RUNS]   (build, 8, 6, 3)
 set -eu
@@ -51,6 +52,11 @@ EOF
 done
 
 train_runs "$difftrain" "$work" "$runs" lora text_lora
+# What the plan predicts of each (`validate`: the rank's memory, with the text encoder's line).
+for kind in lora text_lora; do
+  echo "$kind planned: $("$difftrain" validate "$work/$kind.yaml" | grep -A1 '^memory per rank' |
+    grep -v '^placement' | tr '\n' ' ')"
+done
 
 echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'); SD 1.5 at ${size}x${size} latents"
 /usr/bin/python3 - "$work" "$runs" <<'EOF'

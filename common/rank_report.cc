@@ -44,6 +44,7 @@ nlohmann::json RankReport::ToJson() const {
   j.update({{"loss", loss},
             {"grad_norm", grad_norm},
             {"lr", lr},
+            {"epoch", epoch},
             {"step_seconds", step_seconds},
             {"samples_per_second", samples_per_second},
             {"flops_per_second", flops_per_second},
@@ -70,6 +71,7 @@ RankReport RankReport::FromJson(const nlohmann::json& j) {
   Read(j, "loss", r.loss);
   Read(j, "grad_norm", r.grad_norm);
   Read(j, "lr", r.lr);
+  Read(j, "epoch", r.epoch);
   Read(j, "step_seconds", r.step_seconds);
   Read(j, "samples_per_second", r.samples_per_second);
   Read(j, "flops_per_second", r.flops_per_second);

@@ -27,6 +27,8 @@ struct RankReport {
 
   // The step.
   double loss = 0, grad_norm = 0, lr = 0;
+  // Passes over the data done (StepStats::epoch); 0 for data without epochs.
+  double epoch = 0;
   double step_seconds = 0;
   double samples_per_second = 0;  // the job's: global batch / this rank's step seconds
   double flops_per_second = 0;    // model FLOPs of this rank's share (per device)

@@ -12,6 +12,7 @@ TEST(RankReportTest, StepLineRoundTrips) {
   r.tp = 1;
   r.dp = 1;
   r.loss = 0.25;
+  r.epoch = 1.5;
   r.step_seconds = 0.5;
   r.flops_per_second = 2e9;
   r.comm_seconds["dp"]["all_reduce"] = 0.125;
@@ -23,6 +24,7 @@ TEST(RankReportTest, StepLineRoundTrips) {
   EXPECT_EQ(back.tp, 1);
   EXPECT_EQ(back.dp, 1);
   EXPECT_EQ(back.loss, 0.25);
+  EXPECT_EQ(back.epoch, 1.5);
   EXPECT_EQ(back.step_seconds, 0.5);
   EXPECT_EQ(back.flops_per_second, 2e9);
   EXPECT_EQ(back.comm_seconds.at("dp").at("all_reduce"), 0.125);

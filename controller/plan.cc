@@ -108,6 +108,20 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
   }
   p.activation_bytes_per_rank = static_cast<int64_t>(family.ActivationBytes(
       config.model, layout, /*stage=*/0, config.micro_batch, 1, config.recompute));
+  if (config.textual_inversion.enabled() ||
+      (config.lora.enabled() && config.lora.train_text_encoder)) {
+    const std::optional<TrainedEncoder> encoder =
+        Trainer::TrainedTextEncoder(config, &p.text_encoder_not_counted);
+    if (encoder) {
+      DT_ASSIGN_OR_RETURN(
+          const MemoryBytes m,
+          PlanMemory(config.model, layout, 0, config.micro_batch, p.accumulation, false, p.dp,
+                     config.parallel.bucket_elements(), config.recompute, config.lora,
+                     config.textual_inversion, &*encoder));
+      p.text_encoder_bytes_per_rank = static_cast<int64_t>(m.text_encoder);
+      p.text_encoder = encoder->path;
+    }
+  }
   return p;
 }
 
@@ -127,7 +141,8 @@ Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int s
         PlanMemory(config.model, layout, topology.CoordinatesOf(rank).pp, config.micro_batch,
                    plan.accumulation, pc.zero1, plan.dp * plan.cp, pc.bucket_elements(),
                    config.recompute, config.lora, config.textual_inversion));
-    const double bytes = double(m.total());
+    // The text encoder a run trains through, where it was readable to the plan.
+    const double bytes = double(m.total() + plan.text_encoder_bytes_per_rank);
     need += bytes;
     largest = std::max(largest, bytes);
   }
@@ -150,18 +165,20 @@ nlohmann::json JobPlan::ToJson(const Topology& topology) const {
   for (std::string_view token : kParallelGroupTokens) {
     groups[std::string(token)] = *topology.GetRanks(token);
   }
-  return {{"world", world},
-          {"nodes", nodes},
-          {"devices_per_node", devices_per_node},
-          {"tp", tp},
-          {"cp", cp},
-          {"dp", dp},
-          {"pp", pp},
-          {"accumulation_steps", accumulation},
-          {"placement", node_ranks},
-          {"groups", groups},
-          {"state_bytes_per_rank", state_bytes_per_rank},
-          {"activation_bytes_per_rank", activation_bytes_per_rank}};
+  nlohmann::json j = {{"world", world},
+                      {"nodes", nodes},
+                      {"devices_per_node", devices_per_node},
+                      {"tp", tp},
+                      {"cp", cp},
+                      {"dp", dp},
+                      {"pp", pp},
+                      {"accumulation_steps", accumulation},
+                      {"placement", node_ranks},
+                      {"groups", groups},
+                      {"state_bytes_per_rank", state_bytes_per_rank},
+                      {"activation_bytes_per_rank", activation_bytes_per_rank}};
+  if (!text_encoder.empty()) j["text_encoder_bytes_per_rank"] = text_encoder_bytes_per_rank;
+  return j;
 }
 
 std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
@@ -200,6 +217,14 @@ std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
       : config.parallel.zero1              ? " sharded by ZeRO-1"
                                            : "",
       p.activation_bytes_per_rank / 1048576.0, config.micro_batch);
+  if (!p.text_encoder.empty()) {
+    out += fmt::format(
+        "  + text encoder {:.1f} MiB ('{}': its weights{}, the activations of its passes)\n",
+        p.text_encoder_bytes_per_rank / 1048576.0, p.text_encoder,
+        config.textual_inversion.enabled() ? "" : ", its adapters' state");
+  } else if (!p.text_encoder_not_counted.empty()) {
+    out += fmt::format("  + text encoder: not counted ({})\n", p.text_encoder_not_counted);
+  }
   out += "placement:\n";
   constexpr int kShownNodes = 16;
   for (int node = 0; node < p.nodes && node < kShownNodes; ++node) {

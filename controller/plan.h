@@ -29,6 +29,11 @@ struct JobPlan {
   int64_t parameters = 0;
   int64_t state_bytes_per_rank = 0;       // parameters, gradients, AdamW moments, EMA
   int64_t activation_bytes_per_rank = 0;  // one micro-batch
+  // The text encoder a textual inversion or lora.train_text_encoder trains through: what it
+  // holds a rank (TextEncoderMemory; 0 where it is not counted), its path, or why it is not
+  // counted (its files are not readable here). Empty both where the run trains through none.
+  int64_t text_encoder_bytes_per_rank = 0;
+  std::string text_encoder, text_encoder_not_counted;
 
   nlohmann::json ToJson(const Topology& topology) const;
 };

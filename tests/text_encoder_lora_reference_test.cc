@@ -215,6 +215,56 @@ TEST_F(TextEncoderLoraTest, TwoStepsOfDoraAreThePeftScripts) {
       2e-5, 1e-6);
 }
 
+// What `validate` and the controller count of the adapted text encoder (PlanMemory's
+// text_encoder: TextEncoderMemory) is what the trainer holds: the encoder's weights; the
+// encoder's share of the LoRA arenas (the adapters, their gradients, moments and EMA, the frozen
+// copies) with the adapted weights' gradients; after a step what the micro-batch's pass keeps,
+// the Linear layers' inputs with it.
+TEST_F(TextEncoderLoraTest, ThePlanCountsTheAdaptedTextEncoderAsTheTrainerHoldsIt) {
+  SetUpRun();
+  if (IsSkipped()) return;
+  const std::string job = WriteJob("plan", 1);
+  Result<TrainConfig> config = TrainConfig::FromYamlFile(job);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  config->device = "cpu";
+  std::string why;
+  const std::optional<TrainedEncoder> encoder = Trainer::TrainedTextEncoder(*config, &why);
+  ASSERT_TRUE(encoder.has_value()) << why;
+  Result<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+  MicroBatch batch;
+  ASSERT_TRUE((*trainer)->MakeMicroBatch(0, 2, batch).ok());
+  (*trainer)->StepOn(batch);
+  const TextEncoderLora* text = (*trainer)->text_encoder_lora();
+  const LoraAdapters* adapters = (*trainer)->lora();
+  ASSERT_TRUE(text != nullptr && adapters != nullptr);
+
+  const ModelFamily& family = FamilyOf(config->model);
+  const int length = family.Samples(config->model).context_length;
+  Result<TextEncoderMemory> plan =
+      PlanTextEncoderMemory(encoder->config, &config->lora, 0, 2, 1, length, encoder->skip_layers);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->weights, text->table().total() * sizeof(float));
+  Result<ModelPartition> whole = family.Partition(config->model, {}, 0, 0, 0);
+  ASSERT_TRUE(whole.ok());
+  Result<LoraElements> unet = CountLoraElements(config->lora, whole->parameters.table);
+  ASSERT_TRUE(unet.ok());
+  const size_t text_adapters = adapters->size() - unet->adapters;
+  const size_t text_frozen = adapters->base_size() - unet->frozen;
+  EXPECT_GT(text_adapters, 0u);
+  EXPECT_EQ(plan->lora,
+            sizeof(float) * (5 * text_adapters + text_frozen + text->trained_elements()));
+  EXPECT_EQ(text->passes().HeldBytes(0),
+            EncoderPassBytes(encoder->config, 2, length, encoder->skip_layers, true));
+
+  const CommandResult r =
+      RunCommand(fmt::format("{} validate {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job)));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(fmt::format("+ text encoder {:.1f} MiB ('{}': its weights, its "
+                                              "adapters' state, the activations of its passes)",
+                                              plan->total() / 1048576.0, encoder->path)));
+}
+
 // `difftrain train` of the job: two data-parallel ranks end where one process does; a run
 // broken after its first step and resumed ends bit for bit where the unbroken one does; the
 // export is what diffusers' load_lora_weights fuses into the weights of the checkpoint's UNet and

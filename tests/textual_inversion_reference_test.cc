@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "controller/plan.h"
 #include "job/job_spec.h"
 #include "model/data/text_table.h"
 #include "model/io/checkpoint.h"
@@ -219,6 +220,70 @@ TEST_F(TextualInversionTest, TrainsResumesExportsAndSamples) {
 // Texts from templates, for pictures packed without captions: each sample's text is one of the
 // templates with the token (all its vectors spelled), and the run trains; and what does not fit
 // the pipeline is refused by name.
+// What `validate` and the controller count of the text encoder a textual inversion trains
+// through (PlanMemory's text_encoder: TextEncoderMemory) is what the trainer holds: the
+// encoder's weights with the new rows, and after a step what its micro-batch's pass keeps. An
+// encoder not readable where the job is planned is said not to be counted.
+TEST_F(TextualInversionTest, ThePlanCountsTheTextEncoderAsTheTrainerHoldsIt) {
+  SetUpRun(1);
+  if (IsSkipped()) return;
+  Result<TrainConfig> config = TrainConfig::FromYamlFile(job_);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  config->device = "cpu";
+  std::string why;
+  const std::optional<TrainedEncoder> encoder = Trainer::TrainedTextEncoder(*config, &why);
+  ASSERT_TRUE(encoder.has_value()) << why;
+  Result<TextTable> table = ReadTextTable(packed_ + "/text.safetensors");
+  ASSERT_TRUE(table.ok());
+  EXPECT_EQ(encoder->path, table->text_encoder);  // the job names none: the data's
+  EXPECT_EQ(encoder->skip_layers, table->skip_layers);
+
+  Result<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+  MicroBatch batch;
+  ASSERT_TRUE((*trainer)->MakeMicroBatch(0, 2, batch).ok());
+  (*trainer)->StepOn(batch);
+  const TextualInversion* inversion = (*trainer)->textual_inversion();
+  const int length = FamilyOf(config->model).Samples(config->model).context_length;
+  Result<TextEncoderMemory> plan =
+      PlanTextEncoderMemory(encoder->config, nullptr, 2, 2, 1, length, encoder->skip_layers);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->weights, inversion->embedder().encoder().tensors().total() * sizeof(float));
+  EXPECT_EQ(inversion->passes().HeldBytes(0),
+            EncoderPassBytes(encoder->config, 2, length, encoder->skip_layers, false));
+  EXPECT_GT(plan->activations, inversion->passes().HeldBytes(0));
+  const Result<MemoryBytes> with =
+      PlanMemory(config->model, {}, 0, 2, 1, false, 1, config->parallel.bucket_elements(), false,
+                 config->lora, config->textual_inversion, &*encoder);
+  ASSERT_TRUE(with.ok()) << with.status().message();
+  EXPECT_EQ(with->text_encoder, plan->total());
+  // The controller's check that a node holds its ranks counts it.
+  Result<controller::JobPlan> job_plan = controller::MakePlan(*config);
+  ASSERT_TRUE(job_plan.ok()) << job_plan.status().message();
+  EXPECT_EQ(job_plan->text_encoder_bytes_per_rank, static_cast<int64_t>(plan->total()));
+  const int64_t need = static_cast<int64_t>(with->total());
+  EXPECT_TRUE(controller::CheckNodeHostMemory(*config, *job_plan, 0, "n0", need, "").ok());
+  EXPECT_FALSE(controller::CheckNodeHostMemory(*config, *job_plan, 0, "n0", need - 1, "").ok());
+
+  const auto validate = [](const std::string& job) {
+    return RunCommand(
+        fmt::format("{} validate {} 2>&1", ShellQuote(DIFFTRAIN_BINARY), ShellQuote(job)));
+  };
+  CommandResult r = validate(job_);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(fmt::format("+ text encoder {:.1f} MiB ('{}': its weights, the "
+                                              "activations of its passes)",
+                                              plan->total() / 1048576.0, encoder->path)));
+  const std::string elsewhere =
+      WriteJob("elsewhere", 1,
+               "textual_inversion: {token: '<cat-toy>', initializer_token: toy, text_encoder: "
+               "/on/the/nodes/sd15}\n");
+  r = validate(elsewhere);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("+ text encoder: not counted (text encoder '/on/the/nodes/sd15': "
+                                  "no such file or directory)"));
+}
+
 TEST_F(TextualInversionTest, TemplatesMakeTheTextsAndMisfitsAreRefused) {
   SetUpRun(1);
   if (IsSkipped()) return;

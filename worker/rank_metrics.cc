@@ -23,7 +23,7 @@ auto& Register(Builder builder, prometheus::Registry& registry, const char* name
 // The series of one rank: its labels and the metrics made with them.
 struct RankMetrics::Series {
   Labels labels;
-  prometheus::Gauge *up, *iteration, *loss, *grad_norm, *lr, *samples_per_second, *flops,
+  prometheus::Gauge *up, *iteration, *loss, *grad_norm, *lr, *epoch, *samples_per_second, *flops,
       *peak_flops, *mfu, *memory_allocated, *memory_reserved, *host_resident, *checkpoint_seconds,
       *last_checkpoint_step, *last_checkpoint_time;
   int64_t timed_checkpoint_step = INT64_MIN;  // the checkpoint last_checkpoint_time is of
@@ -46,6 +46,9 @@ RankMetrics::RankMetrics()
                           "Global gradient norm of the last step, before clipping")),
       lr_(Register(BuildGauge(), *registry_, "difftrain_rank_learning_rate",
                    "Learning rate of the last step")),
+      epoch_(Register(BuildGauge(), *registry_, "difftrain_rank_epoch",
+                      "Passes over the data done: the data's samples trained on / the samples of "
+                      "an epoch (0 for data without epochs)")),
       step_seconds_(Register(BuildHistogram(), *registry_, "difftrain_rank_step_seconds",
                              "Wall time of each training step")),
       samples_per_second_(Register(BuildGauge(), *registry_, "difftrain_rank_samples_per_second",
@@ -112,6 +115,7 @@ RankMetrics::Series& RankMetrics::SeriesOf(const RankReport& r) {
   s->loss = &loss_.Add(labels);
   s->grad_norm = &grad_norm_.Add(labels);
   s->lr = &lr_.Add(labels);
+  s->epoch = &epoch_.Add(labels);
   s->step_seconds = &step_seconds_.Add(labels, StepSecondsBuckets());
   s->samples_per_second = &samples_per_second_.Add(labels);
   s->flops = &flops_.Add(labels);
@@ -151,6 +155,7 @@ void RankMetrics::Record(const RankReport& r) {
   s.loss->Set(r.loss);
   s.grad_norm->Set(r.grad_norm);
   s.lr->Set(r.lr);
+  s.epoch->Set(r.epoch);
   s.step_seconds->Observe(r.step_seconds);
   s.samples_per_second->Set(r.samples_per_second);
   s.flops->Set(r.flops_per_second);

@@ -45,6 +45,7 @@ class RankMetrics {
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& grad_norm_;
   prometheus::Family<prometheus::Gauge>& lr_;
+  prometheus::Family<prometheus::Gauge>& epoch_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
   prometheus::Family<prometheus::Gauge>& samples_per_second_;
   prometheus::Family<prometheus::Gauge>& flops_;

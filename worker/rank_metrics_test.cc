@@ -19,6 +19,7 @@ RankReport Step(int rank, int64_t step, double loss) {
   r.dp = rank / 2;
   r.step = step;
   r.loss = loss;
+  r.epoch = 0.125 * static_cast<double>(step);
   r.step_seconds = 0.2;
   r.samples_per_second = 40;
   r.flops_per_second = 1e9;
@@ -58,6 +59,11 @@ TEST_F(RankMetricsTest, StepsBecomeSeriesWithTheRanksLabels) {
   EXPECT_NE(
       text.find(
           R"(difftrain_rank_step_seconds_count{cp="0",dp="0",job="dit",node="n0",pp="0",rank="0",tp="0"} 2)"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find(
+          R"(difftrain_rank_epoch{cp="0",dp="0",job="dit",node="n0",pp="0",rank="0",tp="0"} 0.25)"),
       std::string::npos)
       << text;
   // Counters add up the steps' seconds.

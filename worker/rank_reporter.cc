@@ -136,6 +136,7 @@ void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
   r.loss = stats.loss;
   r.grad_norm = stats.grad_norm;
   r.lr = stats.lr;
+  r.epoch = stats.epoch;
   r.step_seconds = step_seconds;
   r.samples_per_second = config_.global_batch / step_seconds;
   // A step of aspect-ratio buckets is of its bucket's size: the FLOPs are that size's.
@@ -160,6 +161,7 @@ void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
     return w.Scalars(r.step, {{"train/loss", r.loss},
                               {"train/grad_norm", r.grad_norm},
                               {"train/lr", r.lr},
+                              {"train/epoch", r.epoch},
                               {"perf/step_seconds", r.step_seconds},
                               {"perf/samples_per_second", r.samples_per_second},
                               {"perf/tflops_per_second", r.flops_per_second / 1e12},

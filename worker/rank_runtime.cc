@@ -175,10 +175,12 @@ class Progress {
     const double tflops =
         samples_per_s * (s.flops_per_sample > 0 ? s.flops_per_sample : flops_per_sample_) / 1e12;
     const double eta = elapsed_seconds / (s.step - first_step_) * (config_.steps - s.step);
+    // The passes over the data, where the data have epochs.
+    const std::string epoch = s.epoch > 0 ? fmt::format("  epoch {:.2f}", s.epoch) : "";
     const std::string line = fmt::format(
-        "step {}/{}  loss {:.4f}  grad-norm {:.3f}  lr {:.2e}  {:.1f} samples/s  {:.3f} TFLOP/s  "
+        "step {}/{}{}  loss {:.4f}  grad-norm {:.3f}  lr {:.2e}  {:.1f} samples/s  {:.3f} TFLOP/s  "
         "ETA {:.0f}s",
-        s.step, config_.steps, s.loss, s.grad_norm, s.lr, samples_per_s, tflops, eta);
+        s.step, config_.steps, epoch, s.loss, s.grad_norm, s.lr, samples_per_s, tflops, eta);
     if (tty_) {
       std::fprintf(stderr, "\r\033[K%s", line.c_str());
       if (s.step == config_.steps) std::fputc('\n', stderr);

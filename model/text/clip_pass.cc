@@ -196,6 +196,18 @@ void ClipPass<T>::NormBackward(const std::string& name, const T* dout, const T* 
 }
 
 template <typename T>
+size_t ClipPass<T>::HeldBytes() const {
+  size_t n = last_.capacity() + mean_.capacity() + rstd_.capacity() + scratch_.capacity();
+  for (const Layer& k : layers_) {
+    for (const std::vector<T>* v :
+         {&k.x, &k.mid, &k.mean1, &k.rstd1, &k.mean2, &k.rstd2, &k.q, &k.k, &k.v, &k.probs, &k.pre,
+          &k.normed1, &k.attention, &k.normed2})
+      n += v->capacity();
+  }
+  return n * sizeof(T);
+}
+
+template <typename T>
 void ClipPass<T>::Forward(const T* x, int N, int L, int skip_layers, bool final_norm, T* out) {
   const TextEncoderConfig& c = config_;
   DT_CHECK(skip_layers >= 0 && skip_layers < c.num_layers && L >= 1 && L <= c.max_positions,

@@ -42,6 +42,9 @@ class ClipPass {
   // `grads`, an arena laid out as the weights; the layers' inputs are kept for it. Only the
   // attention's and the MLP's Linear layers (q, k, v, out, fc1, fc2) have gradients here.
   void SetWeightGradients(T* grads, std::vector<std::string> weights);
+  // The bytes the pass keeps between passes: the activations of the last Forward and Backward's
+  // scratch (what TextEncoderMemory predicts).
+  size_t HeldBytes() const;
 
  private:
   const T* W(const std::string& name) const;

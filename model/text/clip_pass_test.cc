@@ -16,6 +16,7 @@
 #include "model/cpu/gradcheck.h"
 #include "model/text/encoder.h"
 #include "model/text/encoder_names.h"
+#include "model/text/text_testing.h"
 
 namespace difftrain {
 namespace {
@@ -23,17 +24,8 @@ namespace {
 namespace gc = cpu::gradcheck;
 
 TextEncoderConfig TinyClip(TextActivation act) {
-  TextEncoderConfig c;
-  c.kind = TextEncoderKind::kClip;
-  c.vocab_size = 20;
-  c.hidden_size = 8;
-  c.intermediate_size = 12;
-  c.num_layers = 3;
-  c.num_heads = 2;
-  c.max_positions = 7;
-  c.layer_norm_eps = 1e-5;
-  c.activation = act;
-  return c;
+  return testing::ClipConfig(/*vocab_size=*/20, /*hidden_size=*/8, /*intermediate_size=*/12,
+                             /*num_layers=*/3, /*num_heads=*/2, /*max_positions=*/7, act);
 }
 
 struct PassCase {

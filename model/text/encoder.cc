@@ -218,10 +218,9 @@ const float* TextEncoder::W(const std::string& name) const {
   return weights_.data() + t->offset;
 }
 
-Result<TextEncoder> TextEncoder::Load(const std::string& path,
-                                      const io::SafetensorsFile* weights_from, size_t part) {
-  DT_ASSIGN_OR_RETURN(const auto files, EncoderFiles(path, weights_from != nullptr));
-  const auto& [weights_path, config_path] = files;
+namespace {
+
+Result<TextEncoderConfig> ReadEncoderConfig(const std::string& path, const fs::path& config_path) {
   DT_ASSIGN_OR_RETURN(
       const nlohmann::json json,
       ReadModelConfigJson("text encoder", path, config_path.string(), "transformers"));
@@ -229,6 +228,22 @@ Result<TextEncoder> TextEncoder::Load(const std::string& path,
   if (!config.ok())
     return config.status().WithContext(
         fmt::format("text encoder config '{}'", config_path.string()));
+  return config;
+}
+
+}  // namespace
+
+Result<TextEncoderConfig> TextEncoder::ReadConfig(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(const auto files, EncoderFiles(path, /*config_only=*/false));
+  return ReadEncoderConfig(path, files.second);
+}
+
+Result<TextEncoder> TextEncoder::Load(const std::string& path,
+                                      const io::SafetensorsFile* weights_from, size_t part) {
+  DT_ASSIGN_OR_RETURN(const auto files, EncoderFiles(path, weights_from != nullptr));
+  const auto& [weights_path, config_path] = files;
+  Result<TextEncoderConfig> config = ReadEncoderConfig(path, config_path);
+  if (!config.ok()) return config.status();
 
   std::optional<io::SafetensorsFile> read;
   if (!weights_from) {

@@ -42,6 +42,8 @@ class TextEncoder {
   // misshapen.
   static Result<TextEncoder> Load(const std::string& path,
                                   const io::SafetensorsFile* weights = nullptr, size_t part = 0);
+  // The config of the encoder at `path` (as Load finds it), without its weights.
+  static Result<TextEncoderConfig> ReadConfig(const std::string& path);
   // A model of `config` with `weights` laid out as Tensors(config) (tests).
   TextEncoder(TextEncoderConfig config, std::vector<float> weights);
 

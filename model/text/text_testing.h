@@ -116,4 +116,21 @@ inline std::string WriteTextEncoderFolder(const std::filesystem::path& dir, int 
   return "";
 }
 
+// The config of a CLIP text model of the given sizes (tests that build one in memory).
+inline TextEncoderConfig ClipConfig(int vocab_size, int hidden_size, int intermediate_size,
+                                    int num_layers, int num_heads, int max_positions,
+                                    TextActivation activation) {
+  TextEncoderConfig c;
+  c.kind = TextEncoderKind::kClip;
+  c.vocab_size = vocab_size;
+  c.hidden_size = hidden_size;
+  c.intermediate_size = intermediate_size;
+  c.num_layers = num_layers;
+  c.num_heads = num_heads;
+  c.max_positions = max_positions;
+  c.layer_norm_eps = 1e-5;
+  c.activation = activation;
+  return c;
+}
+
 }  // namespace difftrain::testing

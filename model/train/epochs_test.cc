@@ -95,6 +95,45 @@ TEST_F(EpochsTest, WithAPriorAStepTakesHalfItsSamplesFromTheData) {
   EXPECT_EQ(c.steps, 20);
 }
 
+// Each step reports the passes over the data done: 12 samples (data.max_samples) in steps of 8 are
+// 2/3 of an epoch a step; with a prior, a step's 4 samples of 40 are a tenth. Synthetic data
+// without an end has no epochs: 0.
+TEST_F(EpochsTest, StepsReportThePassesOverTheDataDone) {
+  const std::string data = Folder("data", 40);
+  TrainConfig some = Config(data, 2);
+  some.data.max_samples = 12;
+  ASSERT_TRUE(Trainer::ResolveEpochs(some).ok());
+  ASSERT_EQ(some.steps, 3);
+  Result<std::unique_ptr<Trainer>> trainer = Trainer::Create(some);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+  EXPECT_EQ((*trainer)->epochs_seen(), 0);
+  for (int step = 1; step <= 3; ++step) {
+    Result<StepStats> stats = (*trainer)->Step();
+    ASSERT_TRUE(stats.ok()) << stats.status().message();
+    EXPECT_DOUBLE_EQ(stats->epoch, 8.0 * step / 12) << step;
+  }
+
+  TrainConfig prior = Config(data, 1);
+  prior.data.prior_path = Folder("prior", 16, 99);
+  ASSERT_TRUE(Trainer::ResolveEpochs(prior).ok());
+  trainer = Trainer::Create(prior);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+  for (int step = 1; step <= 2; ++step) {
+    Result<StepStats> stats = (*trainer)->Step();
+    ASSERT_TRUE(stats.ok()) << stats.status().message();
+    EXPECT_DOUBLE_EQ(stats->epoch, 4.0 * step / 40) << step;
+  }
+
+  TrainConfig synthetic = Config();
+  synthetic.data.kind = "synthetic";
+  synthetic.steps = 1;
+  trainer = Trainer::Create(synthetic);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+  Result<StepStats> stats = (*trainer)->Step();
+  ASSERT_TRUE(stats.ok()) << stats.status().message();
+  EXPECT_EQ(stats->epoch, 0);
+}
+
 // Data without an end has no epochs unless data.max_samples cuts it; data the trainer would
 // refuse is refused here, naming train.epochs; and the trainer refuses epochs not resolved.
 TEST_F(EpochsTest, DataWithoutEpochsOrThatDoesNotFitIsRefused) {

@@ -136,8 +136,10 @@ Result<std::vector<LoraModule>> TextLoraModulesOf(const LoraConfig& config,
                       "lora.text_encoder_targets", "the text encoder");
 }
 
-Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTable& table) {
-  DT_ASSIGN_OR_RETURN(const std::vector<LoraModule> modules, LoraModulesOf(config, table));
+namespace {
+
+LoraElements CountElements(const LoraConfig& config, const std::vector<LoraModule>& modules,
+                           const TensorTable& table) {
   LoraElements n;
   for (const LoraModule& m : modules) {
     n.adapters += static_cast<size_t>(config.rank * (m.in + m.out) + (config.use_dora ? m.out : 0));
@@ -146,6 +148,19 @@ Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTab
   for (const TensorSpec& t : table.tensors())
     if (t.shape.size() < 2) n.vectors += t.numel;
   return n;
+}
+
+}  // namespace
+
+Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTable& table) {
+  DT_ASSIGN_OR_RETURN(const std::vector<LoraModule> modules, LoraModulesOf(config, table));
+  return CountElements(config, modules, table);
+}
+
+Result<LoraElements> CountTextLoraElements(const LoraConfig& config,
+                                           const TensorTable& text_table) {
+  DT_ASSIGN_OR_RETURN(const std::vector<LoraModule> modules, TextLoraModulesOf(config, text_table));
+  return CountElements(config, modules, text_table);
 }
 
 Result<LoraAdapters> LoraAdapters::Create(const LoraConfig& config, const TensorTable& table,

@@ -101,6 +101,9 @@ struct LoraElements {
   size_t vectors = 0;               // the table's tensors of under two dimensions
 };
 Result<LoraElements> CountLoraElements(const LoraConfig& config, const TensorTable& table);
+// The same for the text encoder's targets (TextLoraModulesOf) in `text_table`, the encoder's
+// parameters (config.train_text_encoder).
+Result<LoraElements> CountTextLoraElements(const LoraConfig& config, const TensorTable& text_table);
 
 class LoraAdapters {
  public:

@@ -52,6 +52,7 @@ class TextEncoderLora : public TextTraining {
   const float* grads() const { return grads_.data(); }
   void ZeroGradients();
   const TextEmbedder& embedder() const { return *embedder_; }
+  const EncoderPasses& passes() const { return passes_; }
   // The adapted weights' elements (their gradients' memory).
   size_t trained_elements() const;
 

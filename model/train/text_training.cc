@@ -55,6 +55,49 @@ Status EncoderPasses::Encode(int slot, const std::vector<text::Tokens>& texts, f
   return Status::Ok();
 }
 
+size_t EncoderPasses::HeldBytes(int slot) const {
+  const Slot& s = slots_[slot];
+  return (s.inputs.capacity() + s.dinputs.capacity()) * sizeof(float) + passes_[slot].HeldBytes();
+}
+
+size_t EncoderPassBytes(const TextEncoderConfig& c, int texts, int length, int skip_layers,
+                        bool weight_gradients) {
+  const size_t rows = size_t(texts) * length, RD = rows * c.hidden_size;
+  const size_t layer = (weight_gradients ? 8 : 5) * RD + 4 * rows +
+                       size_t(texts) * c.num_heads * length * length + rows * c.intermediate_size;
+  const size_t layers = size_t(c.num_layers - skip_layers);
+  // The layers'; the last stream, the final LayerNorm's statistics, the backward's scratch; the
+  // inputs and their gradient.
+  return sizeof(float) * (layers * layer + RD + 2 * rows + RD + 2 * RD);
+}
+
+Result<TextEncoderMemory> PlanTextEncoderMemory(const TextEncoderConfig& c, const LoraConfig* lora,
+                                                int new_tokens, int micro_batch, int slots,
+                                                int length, int skip_layers) {
+  TextEncoderMemory m;
+  const TensorTable table = TextEncoder::Tensors(c);
+  m.weights = sizeof(float) * (table.total() + size_t(new_tokens) * c.hidden_size);
+  bool fc2 = false;  // ClipPass's backward makes fc2's input where fc2's weight is adapted
+  if (lora != nullptr) {
+    DT_ASSIGN_OR_RETURN(const LoraElements e, CountTextLoraElements(*lora, table));
+    // The adapted weights' gradients (TextEncoderLora::grads: only theirs are touched) and
+    // frozen copies; the adapters' parameters, gradients, two moments and EMA.
+    m.lora = sizeof(float) * (2 * e.frozen + 5 * e.adapters);
+    DT_ASSIGN_OR_RETURN(const std::vector<LoraModule> modules, TextLoraModulesOf(*lora, table));
+    for (const LoraModule& module : modules)
+      fc2 = fc2 || module.name.ends_with(".mlp.fc2");
+  }
+  const size_t rows = size_t(micro_batch) * length, RD = rows * c.hidden_size;
+  const size_t F = rows * c.intermediate_size;
+  // Each slot's passes and its context's gradient (Trainer::BackwardWithTexts); the backward's
+  // temporaries: the MLP's gradient, fc2's input where its weight is adapted, four [rows, D].
+  m.activations =
+      size_t(slots) * (EncoderPassBytes(c, micro_batch, length, skip_layers, lora != nullptr) +
+                       sizeof(float) * RD) +
+      sizeof(float) * ((fc2 ? 2 : 1) * F + 4 * RD);
+  return m;
+}
+
 const std::vector<float>& EncoderPasses::Backward(int slot, const float* dcontext) {
   Slot& s = slots_[slot];
   s.dinputs.resize(s.inputs.size());

@@ -15,6 +15,7 @@
 #include "model/text/embedder.h"
 #include "model/text/encoder.h"
 #include "model/text/tokenizer.h"
+#include "model/train/lora_adapters.h"
 
 namespace difftrain {
 
@@ -44,6 +45,34 @@ Status CheckTrainedEncoder(const TextEmbedder& embedder, const std::string& path
 // The CLIP passes of a TextTraining: one ClipPass per micro-batch in flight over `encoder`'s
 // weights, texts of `length` tokens after all but `skip_layers` layers, through the final
 // LayerNorm (what the data's text table holds: TextEncoder::Encode).
+// What training through a CLIP text encoder of `config` holds in host memory beside the model's
+// arenas (PlanMemory adds it to a rank's), the text encoder's counterpart of MemoryBytes:
+struct TextEncoderMemory {
+  size_t weights = 0;  // the encoder's weights, with a textual inversion's `new_tokens` rows
+  // lora.train_text_encoder: the adapted weights' gradients and frozen copies; the encoder's
+  // adapters' parameters, gradients, AdamW moments and EMA.
+  size_t lora = 0;
+  // What each micro-batch in flight keeps from its forward to its backward (EncoderPassBytes)
+  // with its context's gradient, and one backward's temporaries.
+  size_t activations = 0;
+  size_t total() const { return weights + lora + activations; }
+};
+// The bytes one micro-batch of `texts` texts of `length` tokens keeps through all but
+// `skip_layers` layers (EncoderPasses::HeldBytes after its backward): per layer the stream in
+// and after the attention, q, k, v, the attention's probabilities, fc1's output and the
+// LayerNorms' statistics, with `weight_gradients` (a LoRA) the Linear layers' inputs too; the
+// last stream, the final LayerNorm's statistics and the backward's scratch; the input embeddings
+// and their gradient.
+size_t EncoderPassBytes(const TextEncoderConfig& config, int texts, int length, int skip_layers,
+                        bool weight_gradients);
+// A run's: `lora` null for a textual inversion of `new_tokens` vectors, else the LoRA that
+// adapts the encoder; `slots` micro-batches of `micro_batch` texts in flight. Errors: LoRA
+// targets that match none of the encoder's modules.
+Result<TextEncoderMemory> PlanTextEncoderMemory(const TextEncoderConfig& config,
+                                                const LoraConfig* lora, int new_tokens,
+                                                int micro_batch, int slots, int length,
+                                                int skip_layers);
+
 class EncoderPasses {
  public:
   EncoderPasses(TextEncoder& encoder, int length, int skip_layers);
@@ -58,6 +87,8 @@ class EncoderPasses {
   const std::vector<text::Tokens>& texts(int slot) const { return slots_[slot].texts; }
   int length() const { return length_; }
   int dim() const { return dim_; }
+  // The bytes slot `slot` keeps: its inputs, their gradient and its ClipPass's.
+  size_t HeldBytes(int slot) const;
 
  private:
   TextEncoder& encoder_;

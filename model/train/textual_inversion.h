@@ -72,6 +72,7 @@ class TextualInversion : public TextTraining {
   int vectors() const { return config_.vectors; }
   int dim() const { return dim_; }
   const TextEmbedder& embedder() const { return *embedder_; }
+  const EncoderPasses& passes() const { return passes_; }
   const TextualInversionConfig& config() const { return config_; }
 
   // The text of a sample: `caption`, or with templates template `pick` % count.

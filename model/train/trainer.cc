@@ -54,7 +54,8 @@ std::vector<parallel::Range> Intersect(const std::vector<parallel::Range>& a,
 Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout, int stage,
                                int micro_batch, int micro_batches, bool zero1, int dp_cp,
                                size_t bucket_elements, bool recompute, const LoraConfig& lora,
-                               const TextualInversionConfig& inversion) {
+                               const TextualInversionConfig& inversion,
+                               const TrainedEncoder* encoder) {
   const ModelFamily& family = FamilyOf(model);
   DT_ASSIGN_OR_RETURN(const ModelPartition part, family.Partition(model, layout, 0, 0, stage));
   const size_t n = part.parameters.table.total();
@@ -77,8 +78,7 @@ Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout
     m.ema = e.adapters * sizeof(float);
   }
   if (inversion.enabled()) {
-    // The model's vectors' gradients (Trainer::zeroed_) and the trained vectors'; the text
-    // encoder's weights and activations are not counted.
+    // The model's vectors' gradients (Trainer::zeroed_) and the trained vectors'.
     const size_t trained = size_t(inversion.vectors) * family.Samples(model).context_dim;
     size_t vectors = 0;
     for (const TensorSpec& t : part.parameters.table.tensors())
@@ -88,9 +88,16 @@ Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout
     m.optimizer = 2 * trained * sizeof(float);
     m.ema = trained * sizeof(float);
   }
-  m.activations = family.ActivationBytes(
-      model, layout, stage, micro_batch,
-      parallel::InFlightMicroBatches(layout.pp, stage, micro_batches), recompute);
+  const int slots = parallel::InFlightMicroBatches(layout.pp, stage, micro_batches);
+  m.activations = family.ActivationBytes(model, layout, stage, micro_batch, slots, recompute);
+  if (encoder != nullptr && (inversion.enabled() || lora.train_text_encoder)) {
+    DT_ASSIGN_OR_RETURN(
+        const TextEncoderMemory text,
+        PlanTextEncoderMemory(encoder->config, inversion.enabled() ? nullptr : &lora,
+                              inversion.enabled() ? inversion.vectors : 0, micro_batch, slots,
+                              family.Samples(model).context_length, encoder->skip_layers));
+    m.text_encoder = text.total();
+  }
   return m;
 }
 
@@ -520,6 +527,7 @@ Result<StepStats> Trainer::StepOnGpu() {
   ++step_;
   samples_seen_ += config_.global_batch;
   stats.step = step_;
+  stats.epoch = epochs_seen();
   return stats;
 }
 
@@ -594,6 +602,7 @@ Result<StepStats> Trainer::ApplyUpdate(double loss, int64_t samples) {
   ++step_;
   samples_seen_ += samples;
   stats.step = step_;
+  stats.epoch = epochs_seen();
   return stats;
 }
 

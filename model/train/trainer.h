@@ -99,7 +99,19 @@ struct MemoryBytes {
   size_t optimizer = 0;  // the AdamW moments this rank owns
   size_t ema = 0;
   size_t activations = 0;  // every activation slot and the backward scratch
-  size_t total() const { return parameters + gradients + optimizer + ema + activations; }
+  // The text encoder a run trains through (textual inversion, lora.train_text_encoder): its
+  // weights, its adapters' state and activations (TextEncoderMemory).
+  size_t text_encoder = 0;
+  size_t total() const {
+    return parameters + gradients + optimizer + ema + activations + text_encoder;
+  }
+};
+
+// The text encoder a run trains through, as a plan counts it (Trainer::TrainedTextEncoder).
+struct TrainedEncoder {
+  std::string path;
+  TextEncoderConfig config;
+  int skip_layers = 0;  // the data's text table's clip skip (0 where the data are not readable)
 };
 
 // The arenas a rank of pipeline stage `stage` (tp and cp rank 0) of `layout` allocates:
@@ -110,11 +122,13 @@ struct MemoryBytes {
 // With `lora`, a LoRA run's: the adapters' moments and EMA instead of the model's, the adapters
 // and the frozen copy of their weights beside the model's parameters and gradients. With
 // `inversion`, a textual inversion's: the vectors' gradients, moments and EMA instead of the
-// model's (its text encoder not counted).
+// model's. With `encoder`, the text encoder either trains through (MemoryBytes::text_encoder;
+// without it, not counted).
 Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout, int stage,
                                int micro_batch, int micro_batches, bool zero1, int dp_cp,
                                size_t bucket_elements, bool recompute, const LoraConfig& lora = {},
-                               const TextualInversionConfig& inversion = {});
+                               const TextualInversionConfig& inversion = {},
+                               const TrainedEncoder* encoder = nullptr);
 
 // The model a checkpoint's shard 0 (or a debug dump) holds: its family (metadata "family";
 // checkpoints written before model families existed hold a DiT) and its config.
@@ -137,6 +151,10 @@ struct StepStats {
   // of the step's size, `sample_size` (0 × 0 where the data have one size).
   double flops_per_sample = 0;
   SampleSize sample_size;
+  // Passes over the data after this step: the data's samples trained on (half the step's with
+  // data.prior_path) over the samples of an epoch; 0 for data without epochs (synthetic data
+  // without data.max_samples).
+  double epoch = 0;
 };
 
 // A rank's place in the parallel layout and its communicators; a null communicator is a
@@ -237,6 +255,12 @@ class Trainer : private parallel::PipelineStage {
   // lora.train_text_encoder's encoder; null for neither. The encoder is the job's setting's, else
   // the one the data's text table records, checked against the model and the data (a textual
   // inversion's captions must name the token, unless templates make the texts).
+  // The text encoder `config` trains through (textual_inversion.text_encoder,
+  // lora.text_encoder, else the one the data's text table records) with its config, where it is
+  // readable here; nullopt with `why` (when given) saying why not: the run trains through none,
+  // or its files are not readable here.
+  static std::optional<TrainedEncoder> TrainedTextEncoder(const TrainConfig& config,
+                                                          std::string* why = nullptr);
   static Result<std::unique_ptr<TextTraining>> OpenTextTraining(const TrainConfig& config,
                                                                 const Dataset& data);
 
@@ -261,6 +285,8 @@ class Trainer : private parallel::PipelineStage {
 
   int64_t step() const { return step_; }
   int64_t samples_seen() const { return samples_seen_; }
+  // StepStats::epoch after the steps done.
+  double epochs_seen() const;
   // On a GPU: the micro-batches that were made ahead, while the GPU computed the one before.
   int64_t micro_batches_made_ahead() const { return ahead_ ? ahead_->taken_ahead() : 0; }
 

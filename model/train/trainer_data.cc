@@ -158,10 +158,9 @@ Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> Trainer::O
     const int64_t all = (*opened)->size();
     const bool unbounded = (*opened)->unbounded();
     *opened = TakeSubset(std::move(opened).value(), config.data.max_samples, config.seed);
-    if (!announce) {
-    } else if (unbounded) {
+    if (announce && unbounded) {
       spdlog::info("data: the first {} samples (data.max_samples)", (*opened)->size());
-    } else if ((*opened)->size() < all) {
+    } else if (announce && (*opened)->size() < all) {
       spdlog::info("data: {} of the {} samples, at random (data.max_samples)", (*opened)->size(),
                    all);
     }
@@ -209,6 +208,14 @@ Status Trainer::ResolveEpochs(TrainConfig& config) {
   config.epoch_samples = epoch;
   config.steps = (config.epochs * epoch + per_step - 1) / per_step;
   return Status::Ok();
+}
+
+double Trainer::epochs_seen() const {
+  const int64_t epoch = loader_.epoch_samples();
+  if (data_->unbounded() || epoch < 1) return 0;
+  // With a prior, half of every step's samples are the prior's.
+  const int64_t seen = prior_loader_ ? samples_seen_ / 2 : samples_seen_;
+  return static_cast<double>(seen) / static_cast<double>(epoch);
 }
 
 Status Trainer::MakeMicroBatch(int64_t first, int B, MicroBatch& batch) {

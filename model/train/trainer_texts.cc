@@ -56,6 +56,39 @@ Status CheckCaptionsNameTheToken(const TrainConfig& config, const Dataset& data)
 
 }  // namespace
 
+std::optional<TrainedEncoder> Trainer::TrainedTextEncoder(const TrainConfig& config,
+                                                          std::string* why) {
+  const auto none = [why](std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return std::nullopt;
+  };
+  const bool inversion = config.textual_inversion.enabled();
+  if (!inversion && !(config.lora.enabled() && config.lora.train_text_encoder))
+    return none("the run trains through no text encoder");
+  const std::string& given =
+      inversion ? config.textual_inversion.text_encoder : config.lora.text_encoder;
+  const char* setting = inversion ? "textual_inversion.text_encoder" : "lora.text_encoder";
+  TrainedEncoder encoder;
+  // The data's text table: its clip skip, and the encoder where the job names none.
+  const SampleSchema m = FamilyOf(config.model).Samples(config.model);
+  Result<std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>>> opened =
+      OpenData(config, m, /*announce=*/false);
+  if (opened.ok()) {
+    Result<std::string> path = TrainedEncoderPath(given, *opened->first, setting);
+    if (!path.ok()) return none(std::string(path.status().message()));
+    encoder.path = *path;
+    if (const TextTable* table = opened->first->texts()) encoder.skip_layers = table->skip_layers;
+  } else if (!given.empty()) {
+    encoder.path = given;
+  } else {
+    return none(fmt::format("{} is the data's, which are not readable here", setting));
+  }
+  Result<TextEncoderConfig> read = TextEncoder::ReadConfig(encoder.path);
+  if (!read.ok()) return none(std::string(read.status().message()));
+  encoder.config = *read;
+  return encoder;
+}
+
 Result<std::unique_ptr<TextTraining>> Trainer::OpenTextTraining(const TrainConfig& config,
                                                                 const Dataset& data) {
   const SampleSchema m = FamilyOf(config.model).Samples(config.model);
