@@ -252,6 +252,8 @@ TEST_F(TextEncoderLoraTest, ThePlanCountsTheAdaptedTextEncoderAsTheTrainerHoldsI
   const size_t text_adapters = adapters->size() - unet->adapters;
   const size_t text_frozen = adapters->base_size() - unet->frozen;
   EXPECT_GT(text_adapters, 0u);
+  // A checkpoint fuses the EMA's adapters into a copy of the UNet's adapted weights alone.
+  EXPECT_EQ(adapters->model_base_size(), unet->frozen);
   EXPECT_EQ(plan->lora,
             sizeof(float) * (5 * text_adapters + text_frozen + text->trained_elements()));
   EXPECT_EQ(text->passes().HeldBytes(0),

@@ -9,8 +9,10 @@ namespace difftrain {
 Status WriteCheckpointShard(Trainer& trainer, const io::CheckpointStore& store, int rank,
                             int world) {
   io::SafetensorsWriter shard;
-  DT_RETURN_IF_ERROR(trainer.AddToCheckpoint(shard));
-  return store.WriteShard(trainer.step(), rank, world, shard);
+  Status added = trainer.AddToCheckpoint(shard);
+  if (added.ok()) added = store.WriteShard(trainer.step(), rank, world, shard);
+  trainer.ReleaseCheckpoint();
+  return added;
 }
 
 Result<std::optional<int64_t>> RestoreLatestCheckpoint(Trainer& trainer,

@@ -271,21 +271,37 @@ void LoraAdapters::SetBase(const float* model_params, const float* text_params) 
   }
 }
 
-void LoraAdapters::Apply(const float* adapters, float* model_params, float* text_params) const {
+void LoraAdapters::Fuse(const LoraModule& m, const float* adapters, float* w) const {
   const float s = static_cast<float>(scale());
+  const int out = static_cast<int>(m.out), in = static_cast<int>(m.in);
+  if (config_.use_dora) {
+    cpu::DoraForward(w, base_.data() + m.base, adapters + m.a, adapters + m.b,
+                     adapters + m.magnitude, out, config_.rank, in, s);
+  } else {
+    cpu::LowRankForward(w, base_.data() + m.base, adapters + m.a, adapters + m.b, out, config_.rank,
+                        in, s);
+  }
+}
+
+void LoraAdapters::Apply(const float* adapters, float* model_params, float* text_params) const {
   for (const LoraModule& m : modules_) {
     float* arena = m.part == 0 ? model_params : text_params;
-    if (arena == nullptr) continue;
-    float* w = arena + m.weight;
-    const int out = static_cast<int>(m.out), in = static_cast<int>(m.in);
-    if (config_.use_dora) {
-      cpu::DoraForward(w, base_.data() + m.base, adapters + m.a, adapters + m.b,
-                       adapters + m.magnitude, out, config_.rank, in, s);
-    } else {
-      cpu::LowRankForward(w, base_.data() + m.base, adapters + m.a, adapters + m.b, out,
-                          config_.rank, in, s);
-    }
+    if (arena != nullptr) Fuse(m, adapters, arena + m.weight);
   }
+}
+
+void LoraAdapters::ApplyToBase(const float* adapters, float* out) const {
+  for (const LoraModule& m : modules_) {
+    if (m.part == 0) Fuse(m, adapters, out + m.base);
+  }
+}
+
+size_t LoraAdapters::model_base_size() const {
+  size_t end = 0;
+  for (const LoraModule& m : modules_) {
+    if (m.part == 0) end = std::max(end, m.base + static_cast<size_t>(m.out * m.in));
+  }
+  return end;
 }
 
 void LoraAdapters::Gradients(const float* model_grads, const float* text_grads) {

@@ -153,6 +153,12 @@ class LoraAdapters {
   // text encoder's into `text_params`; null: they are not written), with A and B from `adapters`
   // (an arena laid out as params(): the trained adapters or their EMA).
   void Apply(const float* adapters, float* model_params, float* text_params = nullptr) const;
+  // The model's adapted weights (not the text encoder's) written into `out`, laid out as base()
+  // (model_base_size() elements: each target at its frozen copy's place): the adapted weights
+  // alone, without a copy of the whole model.
+  void ApplyToBase(const float* adapters, float* out) const;
+  // The elements of base() that hold the model's targets (the text encoder's follow them).
+  size_t model_base_size() const;
   // The adapters' gradients (grads(), overwritten) from the model's gradients of each W (and the
   // text encoder's, `text_grads`, given exactly when it is adapted).
   void Gradients(const float* model_grads, const float* text_grads = nullptr);
@@ -161,6 +167,8 @@ class LoraAdapters {
 
  private:
   // The adapters of `modules`, zero.
+  // Target m's W0 + s·B·A (DoRA: scaled) with the adapters of `adapters`, into w [out, in].
+  void Fuse(const LoraModule& m, const float* adapters, float* w) const;
   static LoraAdapters Make(const LoraConfig& config, std::vector<LoraModule> modules);
 
   LoraConfig config_;

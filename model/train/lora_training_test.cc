@@ -533,6 +533,44 @@ TEST(DoraTrainingTest, PlannedMemoryIsTheTrainersArenas) {
   EXPECT_EQ(trainer->lora()->size(), lora->adapters + magnitudes);
 }
 
+// A LoRA checkpoint's EMA is the model with the EMA's adapters fused, made in a copy of the
+// adapted weights alone (not of the whole model: SD 1.5's 3.4 GB), which is freed once the shard
+// is written. Every EMA tensor is what fusing the EMA's adapters into a copy of the whole model
+// gives, bit for bit.
+TEST(LoraCheckpointTest, TheEmaIsFusedInACopyOfTheAdaptedWeightsAlone) {
+  const TempDir dir("lora_training_test");
+  TrainConfig c = TinyLora(3, 6);
+  c.lora.targets = {"final_layer.linear", "adaLN_modulation.1", "qkv"};
+  c.optimizer.ema_decay = 0.5;  // an EMA apart from the adapters after a few steps
+  auto trainer = MakeTrainer(c);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(trainer->Step().ok());
+  io::SafetensorsWriter unwritten;
+  ASSERT_TRUE(trainer->AddToCheckpoint(unwritten).ok());
+  EXPECT_EQ(trainer->checkpoint_bytes(), trainer->lora()->model_base_size() * sizeof(float));
+  EXPECT_EQ(trainer->lora()->model_base_size(), trainer->lora()->base_size());  // no text encoder
+  EXPECT_LT(trainer->lora()->base_size(), trainer->model().num_params());
+  trainer->ReleaseCheckpoint();
+  EXPECT_EQ(trainer->checkpoint_bytes(), 0u);
+
+  io::CheckpointStore store(dir.path(), 2);
+  ASSERT_TRUE(WriteCheckpointShard(*trainer, store, 0, 1).ok());
+  EXPECT_EQ(trainer->checkpoint_bytes(), 0u);
+  ASSERT_TRUE(store.Commit(3, 1).ok());
+  Result<io::SafetensorsFile> shard = store.ReadShard(3, 0, 1);
+  ASSERT_TRUE(shard.ok()) << shard.status().message();
+  std::vector<float> expected = Params(*trainer);
+  trainer->lora()->Apply(trainer->ema(), expected.data());
+  size_t differ = 0;  // adapted weights whose EMA is not the model's
+  for (const TensorSpec& t : trainer->model().global_parameter_table().tensors()) {
+    std::vector<float> ema(t.numel);
+    ASSERT_TRUE(shard->CopyF32("ema." + t.name, t.shape, ema.data()).ok()) << t.name;
+    EXPECT_EQ(0, std::memcmp(ema.data(), expected.data() + t.offset, t.numel * 4)) << t.name;
+    differ += std::memcmp(ema.data(), trainer->model().params() + t.offset, t.numel * 4) != 0;
+  }
+  EXPECT_GT(differ, 0u);
+}
+
 // A DoRA run resumes bit for bit, its magnitudes and their EMA in the checkpoint under peft's
 // names; a plain LoRA run of the same rank does not resume it.
 TEST(DoraTrainingTest, ResumeIsBitIdentical) {

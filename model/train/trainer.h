@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -226,8 +227,14 @@ class Trainer : private parallel::PipelineStage {
   // whole-model arena in the metadata), assembled from the shards of every tp rank and
   // pipeline stage (and every ZeRO-1 piece); the other ranks write metadata only. So a
   // checkpoint of one layout loads into any other. Pointers stay valid while the Trainer
-  // lives and does not step.
+  // lives and does not step, until ReleaseCheckpoint.
   Status AddToCheckpoint(io::SafetensorsWriter& shard);
+  // Frees what AddToCheckpoint gathered or made for the shard (rank 0's whole-model copies under
+  // tp or pp, a ZeRO-1 rank's whole moments, a LoRA's fused EMA weights), once it is written:
+  // a rank holds them only while it checkpoints.
+  void ReleaseCheckpoint();
+  // The bytes AddToCheckpoint made and ReleaseCheckpoint frees (0 between checkpoints).
+  size_t checkpoint_bytes() const;
   // Restores this rank's shard of model and EMA, counters and the data position from
   // shard 0 of a checkpoint.
   Status RestoreModel(const io::SafetensorsFile& shard0);
@@ -338,9 +345,10 @@ class Trainer : private parallel::PipelineStage {
   Status Backward(int micro, const float* output_grad, float* input_grad) override;
   // Rank 0: the whole-model arenas of the checkpoint, from every member of its replica.
   Status GatherCheckpoint(const float* moments, const float* moments_sq);
-  // The whole model and its EMA (saved_[0], saved_[1]) and the fixed tensors, under the
-  // reference names.
-  void AddSavedModel(io::SafetensorsWriter& shard) const;
+  // The whole model and its EMA (saved_view_[0], saved_view_[1]) and the fixed tensors, under
+  // the reference names; the EMA of a tensor at an offset `ema_at` holds from there instead.
+  void AddSavedModel(io::SafetensorsWriter& shard,
+                     const std::unordered_map<size_t, const float*>& ema_at = {}) const;
   // A LoRA run's checkpoint (rank 0; one replica holds everything): the model and its EMA with
   // their adapters fused, the frozen target weights, the adapters, their EMA and moments.
   void AddLoraToCheckpoint(io::SafetensorsWriter& shard);

@@ -82,28 +82,53 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
   return Status::Ok();
 }
 
-void Trainer::AddSavedModel(io::SafetensorsWriter& shard) const {
+void Trainer::AddSavedModel(io::SafetensorsWriter& shard,
+                            const std::unordered_map<size_t, const float*>& ema_at) const {
   const TensorTable& global = model_->global_parameter_table();
   for (const TensorSpec& t : global.tensors())
     shard.AddF32(t.name, t.shape, saved_view_[0] + t.offset);
   for (const FixedTensor& f : model_->fixed_tensors())
     shard.AddF32(f.name, f.shape, f.data);
-  for (const TensorSpec& t : global.tensors())
-    shard.AddF32("ema." + t.name, t.shape, saved_view_[1] + t.offset);
+  for (const TensorSpec& t : global.tensors()) {
+    const auto at = ema_at.find(t.offset);
+    shard.AddF32("ema." + t.name, t.shape,
+                 at != ema_at.end() ? at->second : saved_view_[1] + t.offset);
+  }
+}
+
+size_t Trainer::checkpoint_bytes() const {
+  size_t bytes = 0;
+  for (const Buffer<float>& saved : saved_)
+    bytes += saved.bytes();
+  for (const Buffer<float>& moments : zero1_moments_)
+    bytes += moments.bytes();
+  return bytes;
+}
+
+void Trainer::ReleaseCheckpoint() {
+  for (Buffer<float>& saved : saved_)
+    saved = Buffer<float>();
+  for (Buffer<float>& moments : zero1_moments_)
+    moments = Buffer<float>();
+  for (const float*& view : saved_view_)
+    view = nullptr;
 }
 
 void Trainer::AddLoraToCheckpoint(io::SafetensorsWriter& shard) {
   // The model and its EMA as they sample (the adapters fused: what `sample`, `export` and
   // init_from read of any checkpoint), the frozen weights the adapters apply to, the adapters.
-  // A LoRA rank holds the whole model (no tp, no pp): its arena is written as it is, beside one
-  // copy with the EMA's adapters fused.
+  // A LoRA rank holds the whole model (no tp, no pp): its arena is written as it is, and as its
+  // EMA but for the adapted weights, which are fused with the EMA's adapters into a copy the
+  // size of the frozen ones (not of the whole model).
   DT_CHECK(model_->holds_whole_model(), "a LoRA run's rank holds the whole model");
-  saved_view_[0] = model_->params();
-  saved_[1] = Buffer<float>(model_->num_params());
-  std::memcpy(saved_[1].data(), model_->params(), saved_[1].bytes());
-  lora_->Apply(ema_.data(), saved_[1].data());
-  saved_view_[1] = saved_[1].data();
-  AddSavedModel(shard);
+  saved_view_[0] = saved_view_[1] = model_->params();
+  saved_[1] = Buffer<float>(lora_->model_base_size());
+  lora_->ApplyToBase(ema_.data(), saved_[1].data());
+  std::unordered_map<size_t, const float*> fused;
+  for (const LoraModule& m : lora_->modules()) {
+    if (m.part == 0) fused[m.weight] = saved_[1].data() + m.base;
+  }
+  AddSavedModel(shard, fused);
   for (const LoraModule& m : lora_->modules())
     shard.AddF32("lora.base." + m.name + ".weight", m.shape, lora_->base() + m.base);
   for (const TensorSpec& t : lora_->table().tensors()) {
