@@ -26,6 +26,25 @@ std::string DescribeSteps(const TrainConfig& config) {
                      config.data.has_prior() ? config.global_batch / 2 : config.global_batch);
 }
 
+// Whether each rank assembles its shard's whole moments to checkpoint them (ZeRO-1 on the CPU,
+// of a whole model's training).
+bool CheckpointsZero1(const TrainConfig& config) {
+  return config.parallel.zero1 && config.device == "cpu" && !config.lora.enabled() &&
+         !config.textual_inversion.enabled();
+}
+
+// What the checkpoint buffers of PlanCheckpointMemory hold, for `validate`.
+std::string CheckpointBuffers(const TrainConfig& config, const JobPlan& p) {
+  std::vector<std::string> parts;
+  if (config.lora.enabled()) {
+    parts.push_back("rank 0 fuses the EMA's adapters into a copy of the adapted weights");
+  } else if (p.tp > 1 || p.pp > 1) {
+    parts.push_back("rank 0 gathers the whole model's parameters, EMA and AdamW moments");
+  }
+  if (CheckpointsZero1(config)) parts.push_back("each rank its shard's whole AdamW moments");
+  return fmt::format("{}; freed once it is written", fmt::join(parts, "; "));
+}
+
 }  // namespace
 
 Result<JobPlan> MakePlan(const TrainConfig& config) {
@@ -122,6 +141,22 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
       p.text_encoder = encoder->path;
     }
   }
+  if (!config.checkpoint.dir.empty()) {
+    const bool zero1 = CheckpointsZero1(config);
+    DT_ASSIGN_OR_RETURN(const size_t rank0,
+                        PlanCheckpointMemory(config.model, layout, 0, 0, /*writer=*/true, zero1,
+                                             config.lora, config.textual_inversion));
+    p.checkpoint_bytes_rank0 = static_cast<int64_t>(rank0);
+    for (int stage = 0; stage < p.pp && p.world > 1; ++stage) {
+      for (int tp = 0; tp < p.tp; ++tp) {
+        DT_ASSIGN_OR_RETURN(const size_t other,
+                            PlanCheckpointMemory(config.model, layout, tp, stage, false, zero1,
+                                                 config.lora, config.textual_inversion));
+        p.checkpoint_bytes_per_rank =
+            std::max(p.checkpoint_bytes_per_rank, static_cast<int64_t>(other));
+      }
+    }
+  }
   return p;
 }
 
@@ -141,8 +176,16 @@ Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int s
         PlanMemory(config.model, layout, topology.CoordinatesOf(rank).pp, config.micro_batch,
                    plan.accumulation, pc.zero1, plan.dp * plan.cp, pc.bucket_elements(),
                    config.recompute, config.lora, config.textual_inversion));
-    // The text encoder a run trains through, where it was readable to the plan.
-    const double bytes = double(m.total() + plan.text_encoder_bytes_per_rank);
+    // The text encoder a run trains through, where it was readable to the plan; what a
+    // checkpoint allocates while it is written.
+    size_t checkpoint = 0;
+    if (!config.checkpoint.dir.empty()) {
+      const ParallelCoordinates at = topology.CoordinatesOf(rank);
+      DT_ASSIGN_OR_RETURN(checkpoint, PlanCheckpointMemory(config.model, layout, at.tp, at.pp,
+                                                           rank == 0, CheckpointsZero1(config),
+                                                           config.lora, config.textual_inversion));
+    }
+    const double bytes = double(m.total() + plan.text_encoder_bytes_per_rank + checkpoint);
     need += bytes;
     largest = std::max(largest, bytes);
   }
@@ -150,7 +193,8 @@ Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int s
   constexpr double kGiB = double(1ull << 30);
   return Errorf(
       "node {} cannot hold its {} rank(s) {}..{}: their parameters, gradients, optimizer state, "
-      "EMA and activations need {:.2f} GiB of host memory (up to {:.2f} GiB a rank at "
+      "EMA, activations and checkpoint buffers need {:.2f} GiB of host memory (up to {:.2f} GiB a "
+      "rank at "
       "batch.micro {}), more than the node's {:.2f} GiB{}; lower batch.micro, set "
       "train.recompute: true, split the model over more ranks (tp, cp, pp) or give each node "
       "more memory (`difftrain plan --device cpu --memory-gib` predicts a rank's memory)",
@@ -178,6 +222,8 @@ nlohmann::json JobPlan::ToJson(const Topology& topology) const {
                       {"state_bytes_per_rank", state_bytes_per_rank},
                       {"activation_bytes_per_rank", activation_bytes_per_rank}};
   if (!text_encoder.empty()) j["text_encoder_bytes_per_rank"] = text_encoder_bytes_per_rank;
+  j["checkpoint_bytes_rank0"] = checkpoint_bytes_rank0;
+  j["checkpoint_bytes_per_rank"] = checkpoint_bytes_per_rank;
   return j;
 }
 
@@ -224,6 +270,14 @@ std::string DescribePlan(const TrainConfig& config, const JobPlan& p) {
         config.textual_inversion.enabled() ? "" : ", its adapters' state");
   } else if (!p.text_encoder_not_counted.empty()) {
     out += fmt::format("  + text encoder: not counted ({})\n", p.text_encoder_not_counted);
+  }
+  if (p.checkpoint_bytes_rank0 > 0 || p.checkpoint_bytes_per_rank > 0) {
+    out += fmt::format("  + while a checkpoint is written: rank 0 {:.1f} MiB{} ({})\n",
+                       p.checkpoint_bytes_rank0 / 1048576.0,
+                       p.world > 1 ? fmt::format(", any other rank up to {:.1f} MiB",
+                                                 p.checkpoint_bytes_per_rank / 1048576.0)
+                                   : "",
+                       CheckpointBuffers(config, p));
   }
   out += "placement:\n";
   constexpr int kShownNodes = 16;

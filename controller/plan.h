@@ -34,6 +34,10 @@ struct JobPlan {
   // counted (its files are not readable here). Empty both where the run trains through none.
   int64_t text_encoder_bytes_per_rank = 0;
   std::string text_encoder, text_encoder_not_counted;
+  // What writing a checkpoint allocates beside the arenas until it is written
+  // (PlanCheckpointMemory): rank 0's, and the most of any other rank's; 0 without checkpoint.dir.
+  int64_t checkpoint_bytes_rank0 = 0;
+  int64_t checkpoint_bytes_per_rank = 0;
 
   nlohmann::json ToJson(const Topology& topology) const;
 };
@@ -43,10 +47,10 @@ struct JobPlan {
 Result<JobPlan> MakePlan(const TrainConfig& config);
 
 // Whether node `slot` of the plan holds its ranks' host arenas (PlanMemory: what each rank's
-// Trainer allocates) in `memory_bytes`, what its worker daemon reported (the machine's memory,
-// or its cgroup's limit: `limit` names that cgroup, "" where there is none). A job on GPUs
-// keeps no activations on the host: no check. The error names the node, its ranks, what they
-// need and what to change.
+// Trainer allocates) and what they allocate while a checkpoint is written in `memory_bytes`, what
+// its worker daemon reported (the machine's memory, or its cgroup's limit: `limit` names that
+// cgroup, "" where there is none). A job on GPUs keeps no activations on the host: no check. The
+// error names the node, its ranks, what they need and what to change.
 Status CheckNodeHostMemory(const TrainConfig& config, const JobPlan& plan, int slot,
                            const std::string& node, int64_t memory_bytes, const std::string& limit);
 

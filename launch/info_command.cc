@@ -39,6 +39,9 @@ Result<nlohmann::json> DescribeRanks(const ModelSpec& spec, const InfoOptions& o
         const MemoryBytes m,
         PlanMemory(spec, layout, stage, o.micro_batch, micro_batches, o.zero1, o.dp * o.cp,
                    static_cast<size_t>(o.bucket_mb * (1 << 20) / sizeof(float)), o.recompute));
+    // What a rank of the stage other than rank 0 allocates to write a checkpoint.
+    DT_ASSIGN_OR_RETURN(const size_t checkpoint,
+                        PlanCheckpointMemory(spec, layout, 0, stage, false, o.zero1));
     stages.push_back({{"stage", stage},
                       {"blocks", {part.first_block, part.end_block}},
                       {"parameters", m.parameters},
@@ -46,8 +49,11 @@ Result<nlohmann::json> DescribeRanks(const ModelSpec& spec, const InfoOptions& o
                       {"optimizer", m.optimizer},
                       {"ema", m.ema},
                       {"activations", m.activations},
-                      {"total", m.total()}});
+                      {"total", m.total()},
+                      {"checkpoint", checkpoint}});
   }
+  // Rank 0 (tp 0 of stage 0) gathers the whole model to write a checkpoint under tp or pp.
+  DT_ASSIGN_OR_RETURN(const size_t rank0, PlanCheckpointMemory(spec, layout, 0, 0, true, o.zero1));
   return nlohmann::json{{"tp", o.tp},
                         {"cp", o.cp},
                         {"dp", o.dp},
@@ -56,7 +62,8 @@ Result<nlohmann::json> DescribeRanks(const ModelSpec& spec, const InfoOptions& o
                         {"micro_batches", micro_batches},
                         {"zero1", o.zero1},
                         {"recompute", o.recompute},
-                        {"stages", stages}};
+                        {"stages", stages},
+                        {"checkpoint_rank0", rank0}};
 }
 
 Result<nlohmann::json> Describe(const ModelSpec& spec, const InfoOptions& o) {

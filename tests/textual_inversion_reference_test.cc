@@ -264,6 +264,14 @@ TEST_F(TextualInversionTest, ThePlanCountsTheTextEncoderAsTheTrainerHoldsIt) {
   const int64_t need = static_cast<int64_t>(with->total());
   EXPECT_TRUE(controller::CheckNodeHostMemory(*config, *job_plan, 0, "n0", need, "").ok());
   EXPECT_FALSE(controller::CheckNodeHostMemory(*config, *job_plan, 0, "n0", need - 1, "").ok());
+  // And the trainer's out-of-memory error.
+  const std::string arenas = DescribeHostArenas(*config, {});
+  EXPECT_NE(arenas.find(fmt::format(", text encoder {:.2f} GiB)", plan->total() / double(1 << 30))),
+            std::string::npos)
+      << arenas;
+  EXPECT_NE(arenas.find(fmt::format("{:.2f} GiB of host memory", need / double(1 << 30))),
+            std::string::npos)
+      << arenas;
 
   const auto validate = [](const std::string& job) {
     return RunCommand(

@@ -173,6 +173,8 @@ void RankReporter::Stepped(const StepStats& stats, double step_seconds) {
 void RankReporter::Checkpointed(int64_t step, double seconds) {
   last_checkpoint_step_ = step;
   checkpoint_seconds_ = seconds;
+  // What writing it allocated beside the arenas, and freed (PlanCheckpointMemory).
+  place_.memory_bytes["checkpoint"] = trainer_.checkpoint_peak_bytes();
 }
 
 }  // namespace difftrain::worker

@@ -287,9 +287,10 @@ Status CommitUnpruned(const std::string& dir, int64_t step, int world) {
   return Publish(dir, step);
 }
 
-// `map`: memory-mapped, checked against the manifest's size and the file's data checksum only.
+// `map`: memory-mapped, checked against the manifest's size and, unless `verified`, the file's
+// data checksum only.
 Result<SafetensorsFile> ReadCheckedShard(const std::string& step_dir, int64_t step, int rank,
-                                         int world, bool map = false) {
+                                         int world, bool map = false, bool verified = false) {
   DT_ASSIGN_OR_RETURN(Manifest manifest, LoadManifest(step_dir, step));
   if (manifest.world != world) {
     return Errorf(
@@ -303,7 +304,7 @@ Result<SafetensorsFile> ReadCheckedShard(const std::string& step_dir, int64_t st
     std::error_code ec;
     const uint64_t bytes = fs::file_size(path, ec);
     if (!ec) DT_RETURN_IF_ERROR(MatchSize(path, record, bytes));
-    return SafetensorsFile::Map(path);
+    return SafetensorsFile::Map(path, /*check_data=*/!verified);
   }
   DT_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
   DT_RETURN_IF_ERROR(MatchDigest(path, record, file.digest()));
@@ -394,9 +395,11 @@ Result<SafetensorsFile> CheckpointStore::ReadShard(int64_t step, int rank, int w
   return shard;
 }
 
-Result<SafetensorsFile> CheckpointStore::MapShard(int64_t step, int rank, int world) const {
+Result<SafetensorsFile> CheckpointStore::MapShard(int64_t step, int rank, int world,
+                                                  bool verified) const {
   DT_CHECK(rank >= 0 && rank < world, "rank {} world {}", rank, world);
-  Result<SafetensorsFile> shard = ReadCheckedShard(StepDir(step), step, rank, world, true);
+  Result<SafetensorsFile> shard =
+      ReadCheckedShard(StepDir(step), step, rank, world, /*map=*/true, verified);
   if (!shard.ok()) {
     return shard.status().WithContext(
         fmt::format("mapping checkpoint step {} shard {} of {}", step, rank, world));

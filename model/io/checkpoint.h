@@ -57,8 +57,9 @@ class CheckpointStore {
   // the model or its EMA, not the optimizer's moments: a whole fine-tune of SD 1.5 holds 13.7 GB
   // of which sampling needs 3.4): the manifest's step, world and size, and the data against the
   // file's own crc32 (SafetensorsFile::Map), not the whole-file checksum, which would read it a
-  // second time.
-  Result<SafetensorsFile> MapShard(int64_t step, int rank, int world) const;
+  // second time. `verified`: the caller has just checked the whole-file checksum
+  // (LatestComplete), and the data is not read again.
+  Result<SafetensorsFile> MapShard(int64_t step, int rank, int world, bool verified = false) const;
 
   // The number of shards (ranks) a committed step was written by; a run of another size
   // reads all of them to reassemble sharded state.

@@ -410,7 +410,7 @@ Result<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
                    /*digest=*/true);
 }
 
-Result<SafetensorsFile> SafetensorsFile::Map(const std::string& path) {
+Result<SafetensorsFile> SafetensorsFile::Map(const std::string& path, bool check_data) {
   // Where it cannot be opened or mapped, Read says why as it always does.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Read(path);
@@ -432,12 +432,24 @@ Result<SafetensorsFile> SafetensorsFile::Map(const std::string& path) {
   std::shared_ptr<const uint8_t> bytes(
       static_cast<const uint8_t*>(mapped),
       [size](const uint8_t* p) { ::munmap(const_cast<uint8_t*>(p), size); });
-  return FromBytes(path, std::move(bytes), size, /*digest=*/false);
+  Result<SafetensorsFile> file =
+      FromBytes(path, std::move(bytes), size, /*digest=*/false, check_data);
+  if (file.ok()) file->mapped_ = true;
+  return file;
+}
+
+void SafetensorsFile::Forget(const void* data, uint64_t bytes) const {
+  if (!mapped_ || bytes == 0) return;
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // The pages that hold any of it: the file's own (a private read-only map), never written.
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 Result<SafetensorsFile> SafetensorsFile::FromBytes(const std::string& path,
                                                    std::shared_ptr<const uint8_t> whole,
-                                                   uint64_t size, bool digest) {
+                                                   uint64_t size, bool digest, bool check_data) {
   SafetensorsFile file;
   file.path_ = path;
   file.bytes_ = std::move(whole);
@@ -447,7 +459,7 @@ Result<SafetensorsFile> SafetensorsFile::FromBytes(const std::string& path,
   const uint8_t* data = bytes + 8 + header_bytes;
   uint64_t data_bytes = size - 8 - header_bytes;
   DT_ASSIGN_OR_RETURN(Layout layout, ParseLayout(path, header, data_bytes));
-  if (digest || layout.metadata.contains(std::string(kCrc32Key))) {
+  if (digest || (check_data && layout.metadata.contains(std::string(kCrc32Key)))) {
     uint32_t data_crc = Crc32(0, data, data_bytes);
     DT_RETURN_IF_ERROR(CheckDataCrc(path, layout.metadata, data_crc));
     if (digest)
@@ -504,9 +516,8 @@ const TensorView* SafetensorsFile::Find(const std::string& name) const {
   return it == index_.end() ? nullptr : &views_[it->second];
 }
 
-Status SafetensorsFile::CopyF32(const std::string& name, const std::vector<int64_t>& expected_shape,
-                                float* dst) const {
-  DT_CHECK(has_data(), "CopyF32 of '{}' from a header read alone ('{}')", name, path_);
+Result<const TensorView*> SafetensorsFile::FindF32(
+    const std::string& name, const std::vector<int64_t>& expected_shape) const {
   const TensorView* t = Find(name);
   if (t == nullptr) {
     return FileError(path_, fmt::format("tensor '{}' not found (expected F32 {})", name,
@@ -517,6 +528,13 @@ Status SafetensorsFile::CopyF32(const std::string& name, const std::vector<int64
                      fmt::format("tensor '{}' is {} {}, expected F32 {}", name, DTypeName(t->dtype),
                                  ShapeString(t->shape), ShapeString(expected_shape)));
   }
+  return t;
+}
+
+Status SafetensorsFile::CopyF32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                                float* dst) const {
+  DT_CHECK(has_data(), "CopyF32 of '{}' from a header read alone ('{}')", name, path_);
+  DT_ASSIGN_OR_RETURN(const TensorView* t, FindF32(name, expected_shape));
   if (t->bytes > 0) std::memcpy(dst, t->data, t->bytes);
   return Status::Ok();
 }

@@ -115,7 +115,9 @@ class SafetensorsFile {
   // origin read once (pretrained weights, a VAE, a text encoder), which need no digest. The data
   // is checked against `difftrain.crc32` where the file has it; digest() is empty. The file must
   // not shrink while it is mapped (difftrain replaces files by renaming, which keeps it).
-  static Result<SafetensorsFile> Map(const std::string& path);
+  // `check_data` false: the caller has just verified the file (CheckpointStore::LatestComplete),
+  // and nothing is read until a tensor is.
+  static Result<SafetensorsFile> Map(const std::string& path, bool check_data = true);
   // Validates `path` exactly as Read does while streaming it in pieces, so a checkpoint of
   // many gigabytes can be checked without holding it in memory.
   static Result<FileDigest> Verify(const std::string& path);
@@ -130,6 +132,10 @@ class SafetensorsFile {
   const std::vector<std::string>& Names() const { return names_; }
   // nullptr when there is no tensor of that name.
   const TensorView* Find(const std::string& name) const;
+  // The tensor `name` if it is F32 of `expected_shape`, else an error naming the file and what
+  // it holds instead.
+  Result<const TensorView*> FindF32(const std::string& name,
+                                    const std::vector<int64_t>& expected_shape) const;
   // Copies tensor `name` to `dst`; an error names the file and the tensor when it is
   // missing or is not F32 of exactly `expected_shape`.
   Status CopyF32(const std::string& name, const std::vector<int64_t>& expected_shape,
@@ -139,6 +145,10 @@ class SafetensorsFile {
   Status CopyAsF32(const std::string& name, const std::vector<int64_t>& expected_shape,
                    float* dst) const;
   bool has_data() const { return bytes_ != nullptr; }
+  // A mapped file gives back the pages of [data, data + bytes) (of one of its views) that this
+  // process has read: a later read maps them again from the page cache. So reading a file of
+  // many gigabytes piece by piece keeps little of it resident. Nothing for a file in memory.
+  void Forget(const void* data, uint64_t bytes) const;
   const FileDigest& digest() const { return digest_; }
 
  private:
@@ -146,11 +156,12 @@ class SafetensorsFile {
   // The file of `size` bytes at `whole`: validated; its digest computed where asked.
   static Result<SafetensorsFile> FromBytes(const std::string& path,
                                            std::shared_ptr<const uint8_t> whole, uint64_t size,
-                                           bool digest);
+                                           bool digest, bool check_data = true);
 
   std::string path_;
   // The whole file: a heap copy (Read) or a memory map (Map), released with it.
   std::shared_ptr<const uint8_t> bytes_;
+  bool mapped_ = false;
   std::map<std::string, std::string> metadata_;
   std::vector<std::string> names_;
   std::vector<TensorView> views_;  // parallel to names_

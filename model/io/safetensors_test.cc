@@ -1,6 +1,7 @@
 #include "model/io/safetensors.h"
 #include "common/temp_dir.h"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -406,6 +407,56 @@ TEST_F(SafetensorsTest, RejectsAFlippedDataByteByChecksum) {
   raw[raw.size() - 3] ^= 0x10;
   WriteBytes(path, raw);
   ExpectRejected(path, "data checksum mismatch");
+}
+
+// A caller that has just verified a file (a checkpoint's shards, CheckpointStore::LatestComplete)
+// maps it without reading its data again; everyone else gets the check.
+TEST_F(SafetensorsTest, MapWithoutTheCheckReadsNoDataUntilATensorIs) {
+  std::string path = WriteSample();
+  std::string raw = ReadBytes(path);
+  raw[raw.size() - 3] ^= 0x10;
+  WriteBytes(path, raw);
+  EXPECT_FALSE(SafetensorsFile::Map(path).ok());
+  Result<SafetensorsFile> unchecked = SafetensorsFile::Map(path, /*check_data=*/false);
+  ASSERT_TRUE(unchecked.ok()) << unchecked.status().message();
+  EXPECT_NE(unchecked->Find("b"), nullptr);
+}
+
+// The process's resident bytes (/proc/self/statm), mapped file pages included.
+int64_t Resident() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, pages = 0;
+  statm >> size >> pages;
+  return pages * ::sysconf(_SC_PAGESIZE);
+}
+
+// Reading a mapped tensor makes its pages resident; Forget gives them back, and the tensor reads
+// the same again (from the page cache).
+TEST_F(SafetensorsTest, ForgetGivesBackTheMappedPagesOfWhatWasRead) {
+  std::vector<float> big(16 << 20);  // 64 MiB
+  std::iota(big.begin(), big.end(), 0.0f);
+  SafetensorsWriter writer;
+  writer.AddF32("big", {static_cast<int64_t>(big.size())}, big.data());
+  const std::string path = Path("forget.safetensors");
+  ASSERT_TRUE(writer.WriteAtomic(path).ok());
+  Result<SafetensorsFile> mapped = SafetensorsFile::Map(path, /*check_data=*/false);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().message();
+  const TensorView* t = mapped->Find("big");
+  ASSERT_NE(t, nullptr);
+  const int64_t before = Resident();
+  std::vector<float> copy(big.size());
+  std::memcpy(copy.data(), t->data, t->bytes);  // `copy` itself was resident already
+  const int64_t read = Resident();
+  EXPECT_GT(read - before, int64_t(60) << 20);
+  mapped->Forget(t->data, t->bytes);
+  EXPECT_LT(Resident(), read - (int64_t(60) << 20));
+  EXPECT_EQ(std::memcmp(t->data, big.data(), t->bytes), 0);
+  // A file read into memory keeps its bytes.
+  Result<SafetensorsFile> in_memory = SafetensorsFile::Read(path);
+  ASSERT_TRUE(in_memory.ok());
+  const TensorView* u = in_memory->Find("big");
+  in_memory->Forget(u->data, u->bytes);
+  EXPECT_EQ(std::memcmp(u->data, big.data(), u->bytes), 0);
 }
 
 TEST_F(SafetensorsTest, RejectsAnEditedHeader) {

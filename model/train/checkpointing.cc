@@ -22,9 +22,11 @@ Result<std::optional<int64_t>> RestoreLatestCheckpoint(Trainer& trainer,
   DT_ASSIGN_OR_RETURN(int world, store.World(*latest));
   size_t restored = 0;
   for (int rank = 0; rank < world; ++rank) {
-    // Mapped: LatestComplete has just checked every shard's checksum, and a shard read whole
-    // beside the trainer's arenas would double a large model's memory.
-    DT_ASSIGN_OR_RETURN(io::SafetensorsFile shard, store.MapShard(*latest, rank, world));
+    // Mapped, and not checked again: LatestComplete has just checked every shard's checksum,
+    // and a shard read whole beside the trainer's arenas would double a large model's memory.
+    // The rank reads its fragments of it alone, and gives each tensor's pages back once read.
+    DT_ASSIGN_OR_RETURN(io::SafetensorsFile shard,
+                        store.MapShard(*latest, rank, world, /*verified=*/true));
     if (rank == 0) {
       Status s = trainer.RestoreModel(shard);
       if (!s.ok()) return s.WithContext("restoring checkpoint");
@@ -44,7 +46,7 @@ Result<std::optional<int64_t>> RestoreLatestCheckpoint(Trainer& trainer,
 
 Result<std::string> InitializeFromWeights(Trainer& trainer, const std::string& path) {
   DT_ASSIGN_OR_RETURN(const std::string file_path, InitialWeightsFile(path));
-  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Read(file_path));
+  DT_ASSIGN_OR_RETURN(const io::SafetensorsFile file, io::SafetensorsFile::Map(file_path));
   DT_ASSIGN_OR_RETURN(const std::vector<std::string> unused, trainer.InitializeFrom(file));
   if (!unused.empty()) {
     std::string names;

@@ -550,8 +550,13 @@ TEST(LoraCheckpointTest, TheEmaIsFusedInACopyOfTheAdaptedWeightsAlone) {
   EXPECT_EQ(trainer->checkpoint_bytes(), trainer->lora()->model_base_size() * sizeof(float));
   EXPECT_EQ(trainer->lora()->model_base_size(), trainer->lora()->base_size());  // no text encoder
   EXPECT_LT(trainer->lora()->base_size(), trainer->model().num_params());
+  // What the plan counts for rank 0 to write a checkpoint (PlanCheckpointMemory).
+  const Result<size_t> planned = PlanCheckpointMemory(c.model, {}, 0, 0, true, false, c.lora);
+  ASSERT_TRUE(planned.ok()) << planned.status().message();
+  EXPECT_EQ(*planned, trainer->checkpoint_bytes());
   trainer->ReleaseCheckpoint();
   EXPECT_EQ(trainer->checkpoint_bytes(), 0u);
+  EXPECT_EQ(trainer->checkpoint_peak_bytes(), *planned);
 
   io::CheckpointStore store(dir.path(), 2);
   ASSERT_TRUE(WriteCheckpointShard(*trainer, store, 0, 1).ok());

@@ -101,11 +101,33 @@ Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout
   return m;
 }
 
-namespace {
+Result<size_t> PlanCheckpointMemory(const ModelSpec& model, const LayoutShape& layout, int tp,
+                                    int stage, bool writer, bool zero1, const LoraConfig& lora,
+                                    const TextualInversionConfig& inversion) {
+  if (inversion.enabled() || (lora.enabled() && !writer)) return size_t{0};
+  const ModelFamily& family = FamilyOf(model);
+  DT_ASSIGN_OR_RETURN(const ModelPartition whole, family.Partition(model, {}, 0, 0, 0));
+  if (lora.enabled()) {
+    DT_ASSIGN_OR_RETURN(const LoraElements e, CountLoraElements(lora, whole.parameters.table));
+    return e.frozen * sizeof(float);
+  }
+  DT_ASSIGN_OR_RETURN(const ModelPartition part, family.Partition(model, layout, tp, 0, stage));
+  size_t floats = zero1 ? 2 * part.parameters.table.total() : 0;
+  if (writer && (layout.tp > 1 || layout.pp > 1)) {
+    size_t peer = 0;
+    for (int s = 0; s < layout.pp; ++s) {
+      for (int t = 0; t < layout.tp; ++t) {
+        if (s == stage && t == tp) continue;
+        DT_ASSIGN_OR_RETURN(const ModelPartition theirs, family.Partition(model, layout, t, 0, s));
+        peer = std::max(peer, theirs.parameters.table.total());
+      }
+    }
+    floats += 4 * whole.parameters.table.total() + peer;
+  }
+  return floats * sizeof(float);
+}
 
-// What a rank's host arenas take (PlanMemory: what the constructor below allocates), for the
-// out-of-memory error: "1.23 GiB (parameters 0.01, ... activations 1.16 GiB)".
-std::string HostArenasNeeded(const TrainConfig& config, const ParallelOptions& parallel) {
+std::string DescribeHostArenas(const TrainConfig& config, const ParallelOptions& parallel) {
   const std::string whole =
       "more host memory for its parameters, gradients, optimizer state, "
       "EMA and activations";
@@ -114,19 +136,21 @@ std::string HostArenasNeeded(const TrainConfig& config, const ParallelOptions& p
   const int dp = t ? t->dp() : 1, cp = t ? t->cp() : 1;
   const LayoutShape layout{t ? t->tp() : 1, cp, t ? t->pp() : 1, parallel.stage_blocks};
   const int stage = t ? t->CoordinatesOf(parallel.rank).pp : 0;
-  const Result<MemoryBytes> m = PlanMemory(
-      config.model, layout, stage, config.micro_batch, config.AccumulationSteps(dp), parallel.zero1,
-      dp * cp, parallel.bucket_elements, config.recompute, config.lora, config.textual_inversion);
+  // The text encoder a run trains through, where its files can be read.
+  const std::optional<TrainedEncoder> encoder = Trainer::TrainedTextEncoder(config);
+  const Result<MemoryBytes> m =
+      PlanMemory(config.model, layout, stage, config.micro_batch, config.AccumulationSteps(dp),
+                 parallel.zero1, dp * cp, parallel.bucket_elements, config.recompute, config.lora,
+                 config.textual_inversion, encoder ? &*encoder : nullptr);
   if (!m.ok()) return whole;
   constexpr double kGiB = double(1ull << 30);
   return fmt::format(
       "{:.2f} GiB of host memory (parameters {:.2f}, gradients {:.2f}, AdamW moments {:.2f}, "
-      "EMA {:.2f}, activations {:.2f} GiB)",
+      "EMA {:.2f}, activations {:.2f}{} GiB)",
       double(m->total()) / kGiB, m->parameters / kGiB, m->gradients / kGiB, m->optimizer / kGiB,
-      m->ema / kGiB, m->activations / kGiB);
+      m->ema / kGiB, m->activations / kGiB,
+      m->text_encoder > 0 ? fmt::format(", text encoder {:.2f}", m->text_encoder / kGiB) : "");
 }
-
-}  // namespace
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                  const ParallelOptions& parallel,
@@ -161,7 +185,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
         "train.recompute: true, split the model (tp, cp, pp) or give the rank more memory; "
         "`difftrain plan` predicts a rank's memory",
         config.model.name(), m.frames, m.channels, m.height, m.width, config.micro_batch,
-        HostArenasNeeded(config, parallel), ReadHostMemory().Describe());
+        DescribeHostArenas(config, parallel), ReadHostMemory().Describe());
   }
 }
 

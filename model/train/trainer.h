@@ -131,6 +131,16 @@ Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout
                                const TextualInversionConfig& inversion = {},
                                const TrainedEncoder* encoder = nullptr);
 
+// What a rank allocates beside its arenas while it writes a checkpoint, until it is written
+// (Trainer::AddToCheckpoint, ReleaseCheckpoint): with ZeRO-1 (`zero1`: on the CPU) the whole
+// moments of its shard, which it assembles; rank 0 (`writer`) under tp or pp the whole model's
+// parameters, EMA and two moments, which it gathers, and the largest peer's shard, which it
+// receives them through; a LoRA's rank 0 its adapted weights with the EMA's adapters fused. A
+// textual inversion writes from its arenas. The rank is (`tp`, `stage`) of `layout`.
+Result<size_t> PlanCheckpointMemory(const ModelSpec& model, const LayoutShape& layout, int tp,
+                                    int stage, bool writer, bool zero1, const LoraConfig& lora = {},
+                                    const TextualInversionConfig& inversion = {});
+
 // The model a checkpoint's shard 0 (or a debug dump) holds: its family (metadata "family";
 // checkpoints written before model families existed hold a DiT) and its config.
 Result<ModelSpec> CheckpointModel(const io::SafetensorsFile& shard0);
@@ -138,6 +148,10 @@ Result<ModelSpec> CheckpointModel(const io::SafetensorsFile& shard0);
 // laid out by `global` (the reference names).
 Status ReadModelArena(const io::SafetensorsFile& shard0, const TensorTable& global, bool ema,
                       float* out);
+// This rank's share of the same: every fragment (a shard's piece of the whole-model arena,
+// model/family/model.h) copied from its tensor in the file, whose every tensor is checked.
+Status ReadModelFragments(const io::SafetensorsFile& shard0, const TensorTable& global,
+                          const std::vector<Fragment>& fragments, bool ema, float* local);
 
 struct StepStats {
   int64_t step = 0;  // optimizer steps done after this one
@@ -175,6 +189,11 @@ struct ParallelOptions {
   // The layout's shape (tp, cp, pp, stage_blocks); one process without a topology.
   LayoutShape layout() const;
 };
+
+// What a rank's host arenas take by PlanMemory (what the trainer allocates; the text encoder a
+// run trains through where its files can be read), as the trainer's out-of-memory error names
+// it: "1.23 GiB of host memory (parameters 0.01, … activations 1.16 GiB)".
+std::string DescribeHostArenas(const TrainConfig& config, const ParallelOptions& parallel);
 
 // With train.device cuda the model computes on a GPU (`gpu`, model/train/gpu_step.h): the
 // micro-batches are made here as on the CPU, each while the GPU computes the one before it (on a
@@ -235,6 +254,9 @@ class Trainer : private parallel::PipelineStage {
   void ReleaseCheckpoint();
   // The bytes AddToCheckpoint made and ReleaseCheckpoint frees (0 between checkpoints).
   size_t checkpoint_bytes() const;
+  // The most checkpoint_bytes() has been when ReleaseCheckpoint freed them (0 before the first
+  // checkpoint): what writing a checkpoint takes beside the arenas (PlanCheckpointMemory).
+  size_t checkpoint_peak_bytes() const { return checkpoint_peak_bytes_; }
   // Restores this rank's shard of model and EMA, counters and the data position from
   // shard 0 of a checkpoint.
   Status RestoreModel(const io::SafetensorsFile& shard0);
@@ -411,7 +433,9 @@ class Trainer : private parallel::PipelineStage {
   Buffer<float> saved_[4];
   const float* saved_view_[4] = {};
   Buffer<float> zero1_moments_[2];  // a ZeRO-1 rank's whole moments, for its checkpoint
-  int slots_ = 1;                   // micro-batches in flight on this stage
+  Buffer<float> peer_shard_;        // rank 0: one peer's arena at a time, as it gathers
+  size_t checkpoint_peak_bytes_ = 0;
+  int slots_ = 1;  // micro-batches in flight on this stage
   std::vector<MicroBatch> batches_;
   std::vector<std::vector<float>> douts_;
   mutable std::vector<float> target_;                       // Target()'s v

@@ -32,6 +32,31 @@ Status ReadModelArena(const io::SafetensorsFile& shard0, const TensorTable& glob
   return Status::Ok();
 }
 
+Status ReadModelFragments(const io::SafetensorsFile& shard0, const TensorTable& global,
+                          const std::vector<Fragment>& fragments, bool ema, float* local) {
+  std::vector<Fragment> by_global = fragments;
+  std::sort(by_global.begin(), by_global.end(),
+            [](const Fragment& a, const Fragment& b) { return a.global < b.global; });
+  for (const TensorSpec& t : global.tensors()) {
+    DT_ASSIGN_OR_RETURN(const io::TensorView* view,
+                        shard0.FindF32(ema ? "ema." + t.name : t.name, t.shape));
+    const size_t begin = t.offset, end = t.offset + t.numel;
+    const char* data = static_cast<const char*>(view->data);
+    // Fragments are disjoint: only the last one to start at or before `begin` can hold it.
+    auto f = std::upper_bound(by_global.begin(), by_global.end(), begin,
+                              [](size_t at, const Fragment& g) { return at < g.global; });
+    if (f != by_global.begin()) --f;
+    for (; f != by_global.end() && f->global < end; ++f) {
+      const size_t from = std::max(begin, f->global), to = std::min(end, f->global + f->length);
+      if (from >= to) continue;
+      std::memcpy(local + f->local + (from - f->global), data + (from - begin) * sizeof(float),
+                  (to - from) * sizeof(float));
+    }
+    shard0.Forget(view->data, view->bytes);
+  }
+  return Status::Ok();
+}
+
 Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) {
   const size_t n = model_->global_parameter_table().total();
   const float* mine[4] = {model_->params(), ema_.data(), moments, moments_sq};
@@ -58,9 +83,11 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
           FamilyOf(config_.model).Partition(config_.model, parallel_.layout(), tp, 0, stage);
       DT_CHECK(part.ok(), "{}", part.status().message());
       const ShardedParameters& theirs = part->parameters;
-      std::vector<float> local(theirs.table.total());
+      if (peer_shard_.size() < theirs.table.total())
+        peer_shard_ = Buffer<float>(theirs.table.total());
+      float* local = peer_shard_.data();
       for (int i = 0; i < 4; ++i) {
-        DT_RETURN_IF_ERROR(parallel_.world->Recv(local.data(), local.size(), peer)
+        DT_RETURN_IF_ERROR(parallel_.world->Recv(local, theirs.table.total(), peer)
                                .WithContext("gathering the checkpoint"));
         // Replicated tensors are computed identically on every tp rank (model/dit/shard.h);
         // tp rank 0's copy is already in place and this one must be the same, bit for bit.
@@ -69,13 +96,12 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
           if (theirs.split[k]) continue;
           const float* ours =
               saved_[i].data() + model_->global_parameter_table().Find(spec.name)->offset;
-          DT_CHECK(std::memcmp(ours, local.data() + spec.offset, spec.numel * sizeof(float)) == 0,
+          DT_CHECK(std::memcmp(ours, local + spec.offset, spec.numel * sizeof(float)) == 0,
                    "replicated tensor {} differs between tensor-parallel ranks 0 and {}", spec.name,
                    tp);
         }
         for (const Fragment& f : theirs.fragments)
-          std::memcpy(saved_[i].data() + f.global, local.data() + f.local,
-                      f.length * sizeof(float));
+          std::memcpy(saved_[i].data() + f.global, local + f.local, f.length * sizeof(float));
       }
     }
   }
@@ -102,10 +128,12 @@ size_t Trainer::checkpoint_bytes() const {
     bytes += saved.bytes();
   for (const Buffer<float>& moments : zero1_moments_)
     bytes += moments.bytes();
-  return bytes;
+  return bytes + peer_shard_.bytes();
 }
 
 void Trainer::ReleaseCheckpoint() {
+  checkpoint_peak_bytes_ = std::max(checkpoint_peak_bytes_, checkpoint_bytes());
+  peer_shard_ = Buffer<float>();
   for (Buffer<float>& saved : saved_)
     saved = Buffer<float>();
   for (Buffer<float>& moments : zero1_moments_)
@@ -270,15 +298,10 @@ Status Trainer::RestoreModel(const io::SafetensorsFile& shard) {
     return Errorf("'{}': checkpoint trained a textual inversion {} but this run does not",
                   shard.path(), meta.at(std::string(kInversionMetadata)));
   }
-  // Straight into the arenas where they are the whole model's; else through a whole-model copy.
-  const TensorTable& global = model_->global_parameter_table();
-  const bool whole = model_->holds_whole_model();
-  const auto read = [&](bool ema, float* local) -> Status {
-    if (whole) return ReadModelArena(shard, global, ema, local);
-    Buffer<float> arena(global.total());
-    DT_RETURN_IF_ERROR(ReadModelArena(shard, global, ema, arena.data()));
-    model_->ScatterFromGlobal(arena.data(), local);
-    return Status::Ok();
+  // This rank's fragments, straight out of the mapped shard: no whole-model copy.
+  const auto read = [&](bool ema, float* local) {
+    return ReadModelFragments(shard, model_->global_parameter_table(), model_->sharded().fragments,
+                              ema, local);
   };
   DT_RETURN_IF_ERROR(read(/*ema=*/false, model_->params()));
   if (lora_) {
@@ -380,10 +403,13 @@ Result<std::vector<std::string>> Trainer::InitializeFrom(const io::SafetensorsFi
   } else if (model_->holds_whole_model()) {
     DT_RETURN_IF_ERROR(ReadInitialWeights(file, global, model_->params(), ema_.data()));
   } else {
-    Buffer<float> params(global.total()), ema(global.total());
-    DT_RETURN_IF_ERROR(ReadInitialWeights(file, global, params.data(), ema.data()));
-    model_->ScatterFromGlobal(params.data(), model_->params());
-    model_->ScatterFromGlobal(ema.data(), ema_.data());
+    // One whole-model arena at a time: the weights, then the EMA's start (a checkpoint's EMA,
+    // any other file's weights again).
+    Buffer<float> arena(global.total());
+    for (const bool ema : {false, true}) {
+      DT_RETURN_IF_ERROR(ReadPretrainedWeights(file, global, ema, arena.data()));
+      model_->ScatterFromGlobal(arena.data(), ema ? ema_.data() : model_->params());
+    }
   }
   gpu_stale_ = gpu_ != nullptr;
   return unused;
@@ -454,6 +480,10 @@ Result<size_t> Trainer::RestoreOptimizer(const io::SafetensorsFile& shard) {
                     (end - begin) * sizeof(float));
         copied += end - begin;
       }
+      // The pages of the fragment's moments, read (a mapped shard: RestoreLatestCheckpoint).
+      const size_t bytes = (ge - gb) * sizeof(float);
+      shard.Forget(static_cast<const char*>(m->data) + from * sizeof(float), bytes);
+      shard.Forget(static_cast<const char*>(v->data) + from * sizeof(float), bytes);
     }
     saved_offset += saved.size();
   }

@@ -5,6 +5,8 @@
 // step and the same final parameters as one process (1e-5); checkpoints move between
 // layouts; the memory plan of `difftrain info` is what the ranks allocate.
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <fmt/format.h>
@@ -132,7 +134,16 @@ TEST_P(ModelParallelTest, CheckpointOfOneLayoutResumesInAnother) {
 
 TEST_P(ModelParallelTest, InfoMemoryPlanIsWhatRanksAllocate) {
   const Layout l{2, 2, 1, 2};
-  const std::filesystem::path job = WriteJob("memory", l.global(), true, 1, l.yaml());
+  // Two steps, a checkpoint after each: the second step's report has what the first's took.
+  const std::filesystem::path job = WriteJob("memory", l.global(), true, 2, l.yaml());
+  {
+    std::ifstream in(job);
+    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t keep = yaml.find("keep: 5}");
+    ASSERT_NE(keep, std::string::npos) << yaml;
+    yaml.replace(keep, 8, "keep: 5, every: 1}");
+    std::ofstream(job) << yaml;
+  }
   const CommandResult r = RunRanks(job, l.world());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const CommandResult info = testing::RunDifftrain(
@@ -140,7 +151,8 @@ TEST_P(ModelParallelTest, InfoMemoryPlanIsWhatRanksAllocate) {
                   "--zero1 --bucket-mb 0.02 --json",
                   GetParam().info_flags, l.tp, l.cp, l.dp, l.pp, kMicro, l.accumulation()));
   ASSERT_EQ(info.exit_code, 0) << info.output;
-  const nlohmann::json plan = nlohmann::json::parse(info.output)["per_rank"]["stages"];
+  const nlohmann::json per_rank = nlohmann::json::parse(info.output)["per_rank"];
+  const nlohmann::json& plan = per_rank["stages"];
   for (int rank = 0; rank < l.world(); ++rank) {
     const int stage = rank / (l.tp * l.cp * l.dp);  // order tp-cp-dp-pp
     const nlohmann::json allocated = Metrics(job.parent_path(), rank).at(0)["memory_bytes"];
@@ -153,6 +165,11 @@ TEST_P(ModelParallelTest, InfoMemoryPlanIsWhatRanksAllocate) {
         EXPECT_EQ(allocated[arena], plan[stage][arena]) << "rank " << rank << " " << arena;
       }
     }
+    // Rank 0 gathers the whole model (tp, pp), each rank its shard's whole moments (ZeRO-1).
+    const nlohmann::json after = Metrics(job.parent_path(), rank).at(1)["memory_bytes"];
+    EXPECT_EQ(after["checkpoint"],
+              rank == 0 ? per_rank["checkpoint_rank0"] : plan[stage]["checkpoint"])
+        << "rank " << rank;
   }
 }
 
