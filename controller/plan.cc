@@ -147,7 +147,8 @@ Result<JobPlan> MakePlan(const TrainConfig& config) {
                         PlanCheckpointMemory(config.model, layout, 0, 0, /*writer=*/true, zero1,
                                              config.lora, config.textual_inversion));
     p.checkpoint_bytes_rank0 = static_cast<int64_t>(rank0);
-    for (int stage = 0; stage < p.pp && p.world > 1; ++stage) {
+    // Every other rank: its stage's and tp rank's share (the same for every cp and dp rank).
+    for (int stage = 0; p.world > 1 && stage < p.pp; ++stage) {
       for (int tp = 0; tp < p.tp; ++tp) {
         DT_ASSIGN_OR_RETURN(const size_t other,
                             PlanCheckpointMemory(config.model, layout, tp, stage, false, zero1,

@@ -106,14 +106,18 @@ Result<size_t> PlanCheckpointMemory(const ModelSpec& model, const LayoutShape& l
                                     const TextualInversionConfig& inversion) {
   if (inversion.enabled() || (lora.enabled() && !writer)) return size_t{0};
   const ModelFamily& family = FamilyOf(model);
-  DT_ASSIGN_OR_RETURN(const ModelPartition whole, family.Partition(model, {}, 0, 0, 0));
+  const bool gathers = lora.enabled() || layout.tp > 1 || layout.pp > 1;
+  std::optional<ModelPartition> whole;
+  if (writer && gathers) {
+    DT_ASSIGN_OR_RETURN(whole, family.Partition(model, {}, 0, 0, 0));
+  }
   if (lora.enabled()) {
-    DT_ASSIGN_OR_RETURN(const LoraElements e, CountLoraElements(lora, whole.parameters.table));
+    DT_ASSIGN_OR_RETURN(const LoraElements e, CountLoraElements(lora, whole->parameters.table));
     return e.frozen * sizeof(float);
   }
   DT_ASSIGN_OR_RETURN(const ModelPartition part, family.Partition(model, layout, tp, 0, stage));
   size_t floats = zero1 ? 2 * part.parameters.table.total() : 0;
-  if (writer && (layout.tp > 1 || layout.pp > 1)) {
+  if (whole) {
     size_t peer = 0;
     for (int s = 0; s < layout.pp; ++s) {
       for (int t = 0; t < layout.tp; ++t) {
@@ -122,7 +126,7 @@ Result<size_t> PlanCheckpointMemory(const ModelSpec& model, const LayoutShape& l
         peer = std::max(peer, theirs.parameters.table.total());
       }
     }
-    floats += 4 * whole.parameters.table.total() + peer;
+    floats += 4 * whole->parameters.table.total() + peer;
   }
   return floats * sizeof(float);
 }

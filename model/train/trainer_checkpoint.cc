@@ -26,10 +26,7 @@ Result<ModelSpec> CheckpointModel(const io::SafetensorsFile& shard0) {
 
 Status ReadModelArena(const io::SafetensorsFile& shard0, const TensorTable& global, bool ema,
                       float* out) {
-  for (const TensorSpec& t : global.tensors()) {
-    DT_RETURN_IF_ERROR(shard0.CopyF32(ema ? "ema." + t.name : t.name, t.shape, out + t.offset));
-  }
-  return Status::Ok();
+  return ReadModelFragments(shard0, global, {{0, 0, global.total()}}, ema, out);
 }
 
 Status ReadModelFragments(const io::SafetensorsFile& shard0, const TensorTable& global,
