@@ -3,7 +3,8 @@
 # (DiT-B/2: 32x32 latents, 256 tokens) at micro-batch 1 on the two ranks of LAYOUT, synthetic data,
 # OMP_NUM_THREADS=1 a rank. A first run trains 2 steps and writes a checkpoint after each; a second
 # resumes it and trains a third. Prints the memory `validate` plans for the job and, for each run
-# and rank, its peak RSS (GNU time's maximum resident set) in GiB.
+# and rank, its peak RSS (GNU time's maximum resident set) in GiB, and how long each checkpoint
+# took rank 0 (from its step's log line to its "written" line: gather, write, commit).
 #
 #   bench/checkpoint_memory.sh [BUILD_DIR] [LAYOUT] [MODEL]   (build, "tp: 2", DiT-B/2)
 set -eu
@@ -34,6 +35,13 @@ run() {
     printf '%s rank %s: peak RSS %.2f GiB\n' "$1" $rank \
       "$(awk '{ print $1 / 1048576 }' "$work/$1-$rank.rss")"
   done
+  # Rank 0's log: from a step's line to its checkpoint's "written" line (gather, write, commit).
+  awk -v run="$1" '
+    function seconds(stamp) { split(stamp, t, ":"); return t[1] * 3600 + t[2] * 60 + t[3] }
+    / step [0-9]+\/[0-9]+ / { at = seconds(substr($2, 1, length($2) - 1)) }
+    / checkpoint step [0-9]+ written / {
+      printf "%s checkpoint step %s: %.1f s\n", run, $6, seconds(substr($2, 1, length($2) - 1)) - at
+    }' "$work/$1-0.log"
 }
 run train 2
 run resume 3

@@ -39,7 +39,8 @@ std::string CheckpointBuffers(const TrainConfig& config, const JobPlan& p) {
   if (config.lora.enabled()) {
     parts.push_back("rank 0 fuses the EMA's adapters into a copy of the adapted weights");
   } else if (p.tp > 1 || p.pp > 1) {
-    parts.push_back("rank 0 gathers the whole model's parameters, EMA and AdamW moments");
+    parts.push_back(
+        "rank 0 gathers the whole model's parameters, EMA and AdamW moments one at a time");
   }
   if (CheckpointsZero1(config)) parts.push_back("each rank its shard's whole AdamW moments");
   return fmt::format("{}; freed once it is written", fmt::join(parts, "; "));

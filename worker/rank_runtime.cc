@@ -345,7 +345,8 @@ int RunRank(const RankOptions& o) {
   bool resumed_any = false;
   if (!config.checkpoint.dir.empty()) {
     store.emplace(config.checkpoint.dir, config.checkpoint.keep);
-    Result<std::optional<int64_t>> resumed = RestoreLatestCheckpoint(trainer, *store);
+    Result<std::optional<int64_t>> resumed =
+        RestoreLatestCheckpoint(trainer, *store, p.parallel.world);
     if (!resumed.ok()) return Fail(resumed.status().message());
     if (*resumed) spdlog::info("resumed from step {} of {}", **resumed, store->dir());
     resumed_any = resumed->has_value();

@@ -150,6 +150,19 @@ Status AtomicFileWriter::Append(const void* data, size_t bytes) {
   return Status::Ok();
 }
 
+Status AtomicFileWriter::WriteAt(uint64_t offset, const void* data, size_t bytes) {
+  const auto* in = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t n = ::pwrite(fd_, in + done, std::min(bytes - done, kMaxIoBytes),
+                         static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return OsError("cannot write", tmp_path_, errno);
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
 Status AtomicFileWriter::Commit() {
   // Data must be on disk before the rename makes it visible under the real name, or a
   // crash could leave a complete-looking name over a file with holes.

@@ -48,6 +48,9 @@ class AtomicFileWriter {
   ~AtomicFileWriter();
 
   Status Append(const void* data, size_t bytes);
+  // Overwrites `bytes` bytes at `offset` of what was appended (a header written again once the
+  // data after it is known), leaving the position where appending continues.
+  Status WriteAt(uint64_t offset, const void* data, size_t bytes);
   Status Commit();
 
  private:

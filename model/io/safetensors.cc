@@ -357,11 +357,9 @@ void SafetensorsWriter::SetMetadata(std::string key, std::string value) {
   metadata_[std::move(key)] = std::move(value);
 }
 
-uint32_t SafetensorsWriter::DataCrc32() const {
-  uint32_t crc = 0;
-  for (const Entry& t : tensors_)
-    crc = Crc32(crc, t.data, t.bytes);
-  return crc;
+void SafetensorsWriter::AddFill(std::function<Status()> fill) {
+  DT_CHECK(fill != nullptr, "an empty fill");
+  fills_.emplace_back(tensors_.size(), std::move(fill));
 }
 
 std::string SafetensorsWriter::Header(uint32_t data_crc) const {
@@ -387,15 +385,33 @@ std::string SafetensorsWriter::Header(uint32_t data_crc) const {
 }
 
 Status SafetensorsWriter::WriteAtomic(const std::string& path) const {
-  // The checksum goes into the header, which precedes the data: one pass over the tensors
-  // for it, a second to write them, and never a copy of the (possibly huge) data.
-  std::string header = Header(DataCrc32());
-  uint64_t header_bytes = header.size();
+  // The checksum goes into the header, which precedes the data. The header is written first
+  // with a placeholder of the same width (8 hex digits), the data once after it while its
+  // checksum is computed, piece by piece so each piece is still in cache when it is written,
+  // and then the header again: one pass over data that may be gigabytes, never a copy of it.
+  const std::string placeholder = Header(0);
+  const uint64_t header_bytes = placeholder.size();
   DT_ASSIGN_OR_RETURN(AtomicFileWriter file, AtomicFileWriter::Open(path));
   DT_RETURN_IF_ERROR(file.Append(&header_bytes, 8));
-  DT_RETURN_IF_ERROR(file.Append(header.data(), header.size()));
-  for (const Entry& t : tensors_)
-    DT_RETURN_IF_ERROR(file.Append(t.data, t.bytes));
+  DT_RETURN_IF_ERROR(file.Append(placeholder.data(), placeholder.size()));
+  constexpr uint64_t kPiece = uint64_t{1} << 20;
+  uint32_t crc = 0;
+  auto fill = fills_.begin();
+  for (size_t i = 0; i <= tensors_.size(); ++i) {
+    for (; fill != fills_.end() && fill->first == i; ++fill)
+      DT_RETURN_IF_ERROR(fill->second());
+    if (i == tensors_.size()) break;
+    const Entry& t = tensors_[i];
+    const auto* data = static_cast<const uint8_t*>(t.data);
+    for (uint64_t at = 0; at < t.bytes; at += kPiece) {
+      const uint64_t n = std::min(kPiece, t.bytes - at);
+      crc = Crc32(crc, data + at, n);
+      DT_RETURN_IF_ERROR(file.Append(data + at, n));
+    }
+  }
+  const std::string header = Header(crc);
+  DT_CHECK(header.size() == placeholder.size(), "a header's checksum changed its length");
+  DT_RETURN_IF_ERROR(file.WriteAt(8, header.data(), header.size()));
   return file.Commit();
 }
 

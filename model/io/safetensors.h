@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -58,13 +59,19 @@ std::optional<uint32_t> ParseCrc32Hex(std::string_view text);
 
 // Collects tensors by pointer and writes them as one safetensors file. Nothing is copied:
 // every pointer given to Add must stay valid, and its data unchanged, until WriteAtomic
-// returns. Tensors are written in the order they were added.
+// returns. Tensors are written in the order they were added, each read once (its checksum
+// computed as it is written).
 class SafetensorsWriter {
  public:
   // A duplicate name, a negative dimension or a null `data` for a non-empty tensor is a
   // programming error. `data` holds TensorBytes(dtype, shape) bytes.
   void Add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data);
   void AddF32(std::string name, std::vector<int64_t> shape, const float* data);
+  // A point in the data: WriteAtomic runs `fill` once every tensor added before it is written
+  // and before any tensor added after it is read, so those may point into a buffer that `fill`
+  // fills (a checkpoint gathered one arena at a time into one buffer). A failed fill fails the
+  // write. Their data need be valid only from their fill on; a writer with fills is written once.
+  void AddFill(std::function<Status()> fill);
   // `kCrc32Key` is reserved: WriteAtomic sets it.
   void SetMetadata(std::string key, std::string value);
 
@@ -80,10 +87,11 @@ class SafetensorsWriter {
     const void* data;
     uint64_t bytes;
   };
-  uint32_t DataCrc32() const;
   std::string Header(uint32_t data_crc) const;
 
   std::vector<Entry> tensors_;
+  // Each fill with the number of tensors added before it, in the order they were added.
+  std::vector<std::pair<size_t, std::function<Status()>>> fills_;
   std::unordered_set<std::string> names_;
   std::map<std::string, std::string> metadata_;
 };

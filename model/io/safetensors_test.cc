@@ -226,6 +226,59 @@ TEST_F(SafetensorsTest, WriteIntoAMissingDirectoryNamesThePath) {
   EXPECT_NE(status.message().find(path), std::string::npos) << status.message();
 }
 
+TEST_F(SafetensorsTest, FillsRefillOneBufferBetweenTheTensorsThatPointIntoIt) {
+  // Three tensors of 1.2 MB (more than one piece of the write) over one buffer, each filled
+  // just before it is written, as a checkpoint gathers one arena at a time.
+  constexpr int64_t kN = 300000;
+  std::vector<float> buffer(kN);
+  std::vector<std::string> log;
+  SafetensorsWriter writer;
+  for (int i = 0; i < 3; ++i) {
+    writer.AddFill([&, i] {
+      log.push_back("fill " + std::to_string(i));
+      for (int64_t k = 0; k < kN; ++k)
+        buffer[k] = float(i * kN + k);
+      return Status::Ok();
+    });
+    writer.AddF32("x" + std::to_string(i), {kN}, buffer.data());
+  }
+  writer.AddF32("a", {6}, a_.data());
+  writer.AddFill([&] {
+    log.push_back("end");
+    return Status::Ok();
+  });
+  const std::string path = Path("fills.safetensors");
+  ASSERT_TRUE(writer.WriteAtomic(path).ok());
+  EXPECT_EQ(log, (std::vector<std::string>{"fill 0", "fill 1", "fill 2", "end"}));
+
+  Result<SafetensorsFile> file = SafetensorsFile::Read(path);  // checks difftrain.crc32
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  std::vector<float> x(kN);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(file->CopyF32("x" + std::to_string(i), {kN}, x.data()).ok());
+    for (int64_t k : {int64_t{0}, kN / 2, kN - 1})
+      EXPECT_EQ(x[k], float(i * kN + k)) << i << " " << k;
+  }
+}
+
+TEST_F(SafetensorsTest, AFailedFillFailsTheWriteAndLeavesNoFile) {
+  SafetensorsWriter writer;
+  writer.AddF32("a", {6}, a_.data());
+  bool later = false;
+  writer.AddFill([] { return Errorf("rank 3 sent nothing"); });
+  writer.AddFill([&] {
+    later = true;
+    return Status::Ok();
+  });
+  writer.AddF32("b", {4}, b_.data());
+  const std::string path = Path("failed.safetensors");
+  const Status status = writer.WriteAtomic(path);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("rank 3 sent nothing"), std::string::npos) << status.message();
+  EXPECT_FALSE(later);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 0);
+}
+
 TEST_F(SafetensorsTest, CopyF32NamesTheTensorAndTheMismatch) {
   Result<SafetensorsFile> file = SafetensorsFile::Read(WriteSample());
   ASSERT_TRUE(file.ok());

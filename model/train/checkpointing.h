@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "model/io/checkpoint.h"
+#include "model/parallel/comm.h"
 #include "model/train/trainer.h"
 
 namespace difftrain {
@@ -17,10 +18,20 @@ namespace difftrain {
 Status WriteCheckpointShard(Trainer& trainer, const io::CheckpointStore& store, int rank,
                             int world);
 
-// Restores the newest complete checkpoint, if any; returns its step (nullopt: none, the
-// trainer keeps its fresh initialisation).
+// The newest complete checkpoint of `store` (nullopt: none), the same for every rank of
+// `world`: its rank 0 reads every shard's checksum (LatestComplete) and broadcasts the step it
+// chose, so one rank streams the checkpoint to check it rather than all of them. The others
+// check only the sizes of the shards they map (CheckpointStore::MapShard). Without `world`, or
+// one of one rank, LatestComplete itself.
+Result<std::optional<int64_t>> AgreeOnLatestCheckpoint(const io::CheckpointStore& store,
+                                                       parallel::Comm* world);
+
+// Restores the newest complete checkpoint, if any, on every rank of `world` (see
+// AgreeOnLatestCheckpoint); returns its step (nullopt: none, the trainer keeps its fresh
+// initialisation).
 Result<std::optional<int64_t>> RestoreLatestCheckpoint(Trainer& trainer,
-                                                       const io::CheckpointStore& store);
+                                                       const io::CheckpointStore& store,
+                                                       parallel::Comm* world = nullptr);
 
 // Starts a trainer that resumed nothing from the weights `path` names (checkpoint.init_from,
 // model/train/initial_weights.h); returns the file read. Logs, at info level (rank 0's), the

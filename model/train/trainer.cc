@@ -126,7 +126,7 @@ Result<size_t> PlanCheckpointMemory(const ModelSpec& model, const LayoutShape& l
         peer = std::max(peer, theirs.parameters.table.total());
       }
     }
-    floats += 4 * whole->parameters.table.total() + peer;
+    floats += whole->parameters.table.total() + peer;
   }
   return floats * sizeof(float);
 }

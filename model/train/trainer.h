@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -133,10 +134,11 @@ Result<MemoryBytes> PlanMemory(const ModelSpec& model, const LayoutShape& layout
 
 // What a rank allocates beside its arenas while it writes a checkpoint, until it is written
 // (Trainer::AddToCheckpoint, ReleaseCheckpoint): with ZeRO-1 (`zero1`: on the CPU) the whole
-// moments of its shard, which it assembles; rank 0 (`writer`) under tp or pp the whole model's
-// parameters, EMA and two moments, which it gathers, and the largest peer's shard, which it
-// receives them through; a LoRA's rank 0 its adapted weights with the EMA's adapters fused. A
-// textual inversion writes from its arenas. The rank is (`tp`, `stage`) of `layout`.
+// moments of its shard, which it assembles; rank 0 (`writer`) under tp or pp one whole-model
+// arena, which it gathers the parameters, EMA and two moments into in turn, and the largest
+// peer's shard, which it receives them through; a LoRA's rank 0 its adapted weights with the EMA's
+// adapters fused. A textual inversion writes from its arenas. The rank is (`tp`, `stage`) of
+// `layout`.
 Result<size_t> PlanCheckpointMemory(const ModelSpec& model, const LayoutShape& layout, int tp,
                                     int stage, bool writer, bool zero1, const LoraConfig& lora = {},
                                     const TextualInversionConfig& inversion = {});
@@ -248,7 +250,7 @@ class Trainer : private parallel::PipelineStage {
   // checkpoint of one layout loads into any other. Pointers stay valid while the Trainer
   // lives and does not step, until ReleaseCheckpoint.
   Status AddToCheckpoint(io::SafetensorsWriter& shard);
-  // Frees what AddToCheckpoint gathered or made for the shard (rank 0's whole-model copies under
+  // Frees what AddToCheckpoint gathered or made for the shard (rank 0's whole-model buffer under
   // tp or pp, a ZeRO-1 rank's whole moments, a LoRA's fused EMA weights), once it is written:
   // a rank holds them only while it checkpoints.
   void ReleaseCheckpoint();
@@ -365,12 +367,16 @@ class Trainer : private parallel::PipelineStage {
   size_t boundary_elements() const override { return model_->boundary_elements(); }
   Status Forward(int micro, const float* input, float* output) override;
   Status Backward(int micro, const float* output_grad, float* input_grad) override;
-  // Rank 0: the whole-model arenas of the checkpoint, from every member of its replica.
-  Status GatherCheckpoint(const float* moments, const float* moments_sq);
+  // Rank 0: one whole-model arena of the checkpoint (parameters, EMA or a moment) into `whole`,
+  // its own shard `mine` and every other member's of its replica, which they send in turn.
+  Status GatherArena(const float* mine, float* whole);
   // The whole model and its EMA (saved_view_[0], saved_view_[1]) and the fixed tensors, under
   // the reference names; the EMA of a tensor at an offset `ema_at` holds from there instead.
+  // With `gather`, the shard calls it for arena 0 (the parameters) and 1 (the EMA) as it
+  // reaches them (SafetensorsWriter::AddFill).
   void AddSavedModel(io::SafetensorsWriter& shard,
-                     const std::unordered_map<size_t, const float*>& ema_at = {}) const;
+                     const std::unordered_map<size_t, const float*>& ema_at = {},
+                     const std::function<Status(int arena)>& gather = {}) const;
   // A LoRA run's checkpoint (rank 0; one replica holds everything): the model and its EMA with
   // their adapters fused, the frozen target weights, the adapters, their EMA and moments.
   void AddLoraToCheckpoint(io::SafetensorsWriter& shard);
@@ -427,10 +433,11 @@ class Trainer : private parallel::PipelineStage {
   // count once, on tp rank 0.
   std::vector<parallel::Range> norm_ranges_;
   Buffer<float> ema_, exp_avg_, exp_avg_sq_;
-  // Rank 0: parameters, EMA and moments of the whole model, gathered into saved_ or, where this
-  // rank's arenas are the whole model's, the arenas themselves (no copies of a model that may
-  // take most of the machine's memory).
-  Buffer<float> saved_[4];
+  // Rank 0: parameters, EMA and moments of the whole model as the shard writes them: the arenas
+  // themselves where this rank's are the whole model's (no copies of a model that may take most
+  // of the machine's memory), else saved_[0], which each is gathered into in turn; a LoRA's
+  // fused EMA weights in saved_[1].
+  Buffer<float> saved_[2];
   const float* saved_view_[4] = {};
   Buffer<float> zero1_moments_[2];  // a ZeRO-1 rank's whole moments, for its checkpoint
   Buffer<float> peer_shard_;        // rank 0: one peer's arena at a time, as it gathers

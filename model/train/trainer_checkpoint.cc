@@ -1,5 +1,5 @@
 // The Trainer's checkpoints (model/train/trainer.h): gathering every tp rank's and stage's
-// shard of the parameters, EMA and AdamW moments onto rank 0, writing them into a shard file,
+// shard of the parameters, EMA and AdamW moments onto rank 0 as it writes them into a shard file,
 // and restoring a rank's own shard (and the moments it owns under ZeRO-1) from a checkpoint.
 #include "model/train/trainer.h"
 
@@ -54,23 +54,10 @@ Status ReadModelFragments(const io::SafetensorsFile& shard0, const TensorTable& 
   return Status::Ok();
 }
 
-Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) {
-  const size_t n = model_->global_parameter_table().total();
-  const float* mine[4] = {model_->params(), ema_.data(), moments, moments_sq};
-  if (model_->holds_whole_model()) {
-    for (int i = 0; i < 4; ++i) {
-      saved_[i] = Buffer<float>();
-      saved_view_[i] = mine[i];
-    }
-    return Status::Ok();
-  }
-  for (int i = 0; i < 4; ++i) {
-    saved_[i] = Buffer<float>(n);
-    model_->GatherToGlobal(mine[i], saved_[i].data());
-    saved_view_[i] = saved_[i].data();
-  }
+Status Trainer::GatherArena(const float* mine, float* whole) {
+  model_->GatherToGlobal(mine, whole);
   if (!parallel_.topology) return Status::Ok();
-  // Every other tp rank and stage of replica (cp 0, dp 0) sends its four arenas.
+  // Every other tp rank and stage of replica (cp 0, dp 0) sends its arenas in the same order.
   const Topology& t = *parallel_.topology;
   for (int stage = 0; stage < t.pp(); ++stage) {
     for (int tp = 0; tp < t.tp(); ++tp) {
@@ -83,35 +70,35 @@ Status Trainer::GatherCheckpoint(const float* moments, const float* moments_sq) 
       if (peer_shard_.size() < theirs.table.total())
         peer_shard_ = Buffer<float>(theirs.table.total());
       float* local = peer_shard_.data();
-      for (int i = 0; i < 4; ++i) {
-        DT_RETURN_IF_ERROR(parallel_.world->Recv(local, theirs.table.total(), peer)
-                               .WithContext("gathering the checkpoint"));
-        // Replicated tensors are computed identically on every tp rank (model/dit/shard.h);
-        // tp rank 0's copy is already in place and this one must be the same, bit for bit.
-        for (size_t k = 0; k < theirs.table.tensors().size() && tp > 0; ++k) {
-          const TensorSpec& spec = theirs.table.tensors()[k];
-          if (theirs.split[k]) continue;
-          const float* ours =
-              saved_[i].data() + model_->global_parameter_table().Find(spec.name)->offset;
-          DT_CHECK(std::memcmp(ours, local + spec.offset, spec.numel * sizeof(float)) == 0,
-                   "replicated tensor {} differs between tensor-parallel ranks 0 and {}", spec.name,
-                   tp);
-        }
-        for (const Fragment& f : theirs.fragments)
-          std::memcpy(saved_[i].data() + f.global, local + f.local, f.length * sizeof(float));
+      DT_RETURN_IF_ERROR(parallel_.world->Recv(local, theirs.table.total(), peer)
+                             .WithContext("gathering the checkpoint"));
+      // Replicated tensors are computed identically on every tp rank (model/dit/shard.h);
+      // tp rank 0's copy is already in place and this one must be the same, bit for bit.
+      for (size_t k = 0; k < theirs.table.tensors().size() && tp > 0; ++k) {
+        const TensorSpec& spec = theirs.table.tensors()[k];
+        if (theirs.split[k]) continue;
+        const float* ours = whole + model_->global_parameter_table().Find(spec.name)->offset;
+        DT_CHECK(std::memcmp(ours, local + spec.offset, spec.numel * sizeof(float)) == 0,
+                 "replicated tensor {} differs between tensor-parallel ranks 0 and {}", spec.name,
+                 tp);
       }
+      for (const Fragment& f : theirs.fragments)
+        std::memcpy(whole + f.global, local + f.local, f.length * sizeof(float));
     }
   }
   return Status::Ok();
 }
 
 void Trainer::AddSavedModel(io::SafetensorsWriter& shard,
-                            const std::unordered_map<size_t, const float*>& ema_at) const {
+                            const std::unordered_map<size_t, const float*>& ema_at,
+                            const std::function<Status(int arena)>& gather) const {
   const TensorTable& global = model_->global_parameter_table();
+  if (gather) shard.AddFill([gather] { return gather(0); });
   for (const TensorSpec& t : global.tensors())
     shard.AddF32(t.name, t.shape, saved_view_[0] + t.offset);
   for (const FixedTensor& f : model_->fixed_tensors())
     shard.AddF32(f.name, f.shape, f.data);
+  if (gather) shard.AddFill([gather] { return gather(1); });
   for (const TensorSpec& t : global.tensors()) {
     const auto at = ema_at.find(t.offset);
     shard.AddF32("ema." + t.name, t.shape,
@@ -226,7 +213,8 @@ Status Trainer::AddModelToCheckpoint(io::SafetensorsWriter& shard, nlohmann::jso
   // The whole moments of this rank's shard: with ZeRO-1 every dp-cp rank owns pieces of them.
   const float* moments = exp_avg_.data();
   const float* moments_sq = exp_avg_sq_.data();
-  // Kept by the trainer: the shard may write straight from them (GatherCheckpoint).
+  // Kept by the trainer: the shard may write straight from them, or rank 0 gather them
+  // (GatherArena).
   Buffer<float>& whole_m = zero1_moments_[0];
   Buffer<float>& whole_v = zero1_moments_[1];
   if (sync_ && sync_->zero1()) {
@@ -243,24 +231,37 @@ Status Trainer::AddModelToCheckpoint(io::SafetensorsWriter& shard, nlohmann::jso
     moments = whole_m.data();
     moments_sq = whole_v.data();
   }
-  const bool writer = parallel_.rank == 0;
-  if (writer) {
-    DT_RETURN_IF_ERROR(GatherCheckpoint(moments, moments_sq));
-  } else if (coords_.cp == 0 && coords_.dp == 0) {
-    const float* mine[4] = {model_->params(), ema_.data(), moments, moments_sq};
+  const float* mine[4] = {model_->params(), ema_.data(), moments, moments_sq};
+  if (parallel_.rank != 0) {
+    if (coords_.cp != 0 || coords_.dp != 0) return Status::Ok();
     for (const float* arena : mine) {
       DT_RETURN_IF_ERROR(
           parallel_.world->Send(arena, n, 0).WithContext("sending the checkpoint to rank 0"));
     }
+    return Status::Ok();
   }
-  if (writer) {
-    const TensorTable& global = model_->global_parameter_table();
-    AddSavedModel(shard);
-    const int64_t total = static_cast<int64_t>(global.total());
-    shard.AddF32("optim.exp_avg", {total}, saved_view_[2]);
-    shard.AddF32("optim.exp_avg_sq", {total}, saved_view_[3]);
-    ranges.push_back({0, global.total()});
+  // Rank 0 writes the whole model's four arenas. Where its own are the whole model's, the shard
+  // writes straight from them. Otherwise it gathers one arena at a time into one whole-model
+  // buffer as the file reaches it, and each peer's sends wait their turn: one copy of the model,
+  // not four.
+  std::function<Status(int)> gather;
+  if (model_->holds_whole_model()) {
+    for (int i = 0; i < 4; ++i)
+      saved_view_[i] = mine[i];
+  } else {
+    saved_[0] = Buffer<float>(model_->global_parameter_table().total());
+    for (const float*& view : saved_view_)
+      view = saved_[0].data();
+    gather = [this, mine](int arena) { return GatherArena(mine[arena], saved_[0].data()); };
   }
+  const TensorTable& global = model_->global_parameter_table();
+  AddSavedModel(shard, {}, gather);
+  const int64_t total = static_cast<int64_t>(global.total());
+  if (gather) shard.AddFill([gather] { return gather(2); });
+  shard.AddF32("optim.exp_avg", {total}, saved_view_[2]);
+  if (gather) shard.AddFill([gather] { return gather(3); });
+  shard.AddF32("optim.exp_avg_sq", {total}, saved_view_[3]);
+  ranges.push_back({0, global.total()});
   return Status::Ok();
 }
 

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -113,8 +114,22 @@ class ParallelTrainingTest : public ::testing::Test {
     return losses;
   }
 
-  // Relative L2 distance of the final model tensors (shard 0 of the newest checkpoint).
+  // Relative L2 distance of the final model tensors and their EMA (shard 0 of the newest
+  // checkpoint).
   static double ParameterDistance(const std::filesystem::path& a, const std::filesystem::path& b) {
+    return Distance(a, b, [](const std::string& name) { return name.rfind("optim.", 0) != 0; });
+  }
+  // The larger relative L2 distance of the two final AdamW moments of the whole model.
+  static double MomentDistance(const std::filesystem::path& a, const std::filesystem::path& b) {
+    double most = 0;
+    for (const char* moment : {"optim.exp_avg", "optim.exp_avg_sq"})
+      most = std::max(most, Distance(a, b, [&](const std::string& name) { return name == moment; }));
+    return most;
+  }
+  // Relative L2 distance of the tensors of b's that `which` takes, concatenated (1: a lacks one).
+  template <typename Which>
+  static double Distance(const std::filesystem::path& a, const std::filesystem::path& b,
+                         Which which) {
     auto load = [](const std::filesystem::path& dir) {
       io::CheckpointStore store((dir / "ckpt").string(), 5);
       const int64_t step = store.LatestComplete()->value();
@@ -123,11 +138,11 @@ class ParallelTrainingTest : public ::testing::Test {
     const io::SafetensorsFile fa = load(a), fb = load(b);
     double diff = 0, norm = 0;
     for (const std::string& name : fb.Names()) {
-      if (name.rfind("optim.", 0) == 0) continue;
+      if (!which(name)) continue;
       const io::TensorView* x = fa.Find(name);
       const io::TensorView* y = fb.Find(name);
       EXPECT_NE(x, nullptr) << name;
-      if (x == nullptr) return 1;
+      if (x == nullptr || x->bytes != y->bytes) return 1;
       std::vector<float> u(x->bytes / 4), v(y->bytes / 4);
       std::memcpy(u.data(), x->data, x->bytes);
       std::memcpy(v.data(), y->data, y->bytes);
