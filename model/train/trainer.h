@@ -248,7 +248,9 @@ class Trainer : private parallel::PipelineStage {
   // whole-model arena in the metadata), assembled from the shards of every tp rank and
   // pipeline stage (and every ZeRO-1 piece); the other ranks write metadata only. So a
   // checkpoint of one layout loads into any other. Pointers stay valid while the Trainer
-  // lives and does not step, until ReleaseCheckpoint.
+  // lives and does not step, until ReleaseCheckpoint. Under tp or pp, rank 0's shard gathers
+  // each arena as it is written (SafetensorsWriter::AddFill): write it once, before
+  // ReleaseCheckpoint, while the other ranks are in AddToCheckpoint sending theirs.
   Status AddToCheckpoint(io::SafetensorsWriter& shard);
   // Frees what AddToCheckpoint gathered or made for the shard (rank 0's whole-model buffer under
   // tp or pp, a ZeRO-1 rank's whole moments, a LoRA's fused EMA weights), once it is written:
