@@ -139,23 +139,20 @@ Result<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path) {
 }
 
 Status AtomicFileWriter::Append(const void* data, size_t bytes) {
-  const auto* in = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < bytes) {
-    ssize_t n = ::write(fd_, in + done, std::min(bytes - done, kMaxIoBytes));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return OsError("cannot write", tmp_path_, errno);
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
+  return Write(data, bytes, std::nullopt);
 }
 
 Status AtomicFileWriter::WriteAt(uint64_t offset, const void* data, size_t bytes) {
+  return Write(data, bytes, offset);
+}
+
+Status AtomicFileWriter::Write(const void* data, size_t bytes, std::optional<uint64_t> offset) {
   const auto* in = static_cast<const char*>(data);
   size_t done = 0;
   while (done < bytes) {
-    ssize_t n = ::pwrite(fd_, in + done, std::min(bytes - done, kMaxIoBytes),
-                         static_cast<off_t>(offset + done));
+    const size_t piece = std::min(bytes - done, kMaxIoBytes);
+    ssize_t n = offset ? ::pwrite(fd_, in + done, piece, static_cast<off_t>(*offset + done))
+                       : ::write(fd_, in + done, piece);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return OsError("cannot write", tmp_path_, errno);
     done += static_cast<size_t>(n);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -55,6 +56,8 @@ class AtomicFileWriter {
 
  private:
   AtomicFileWriter(std::string path, std::string tmp_path, int fd);
+  // All of `bytes`: at the position (no `offset`) or at `offset`, leaving the position as it is.
+  Status Write(const void* data, size_t bytes, std::optional<uint64_t> offset);
   void Abandon();
   std::string path_;
   std::string tmp_path_;
