@@ -22,9 +22,9 @@
 #include "model/diffusion/gaussian_diffusion.h"
 #include "model/family/family.h"
 #include "model/optim/adamw.h"
-#include "model/train/lora_adapters.h"
+#include "model/train/lora_config.h"
 #include "model/train/planner.h"
-#include "model/train/textual_inversion.h"
+#include "model/train/textual_inversion_config.h"
 
 namespace difftrain {
 

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/check.h"
+#include "model/io/half.h"
 #include "model/io/posix_file.h"
 #include "model/tensor/tensor_table.h"
 
@@ -271,12 +272,6 @@ Result<uint32_t> StreamCrc32(InputFile& in, uint64_t bytes) {
     done += n;
   }
   return crc;
-}
-
-// IEEE binary16 bits to fp32, exactly (subnormals and infinities included; a NaN stays a NaN),
-// by the compiler's _Float16 (the F16C instruction where the target has it).
-float HalfToFloat(uint16_t h) {
-  return static_cast<float>(std::bit_cast<_Float16>(h));
 }
 
 // Tensors at least this large are converted (or copied) by all of OpenMP's threads, which also

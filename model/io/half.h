@@ -1,0 +1,41 @@
+// IEEE binary16 (a safetensors F16 tensor's element) to fp32.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace difftrain::io {
+
+// binary16 bits to fp32, exactly, by integer arithmetic: normal numbers, subnormals, zeros and
+// infinities; a NaN stays a NaN with its payload (the compiler's _Float16 conversion, which the
+// loaders use where the compiler has it, quiets a signalling one).
+constexpr float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent != 0) {
+    return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  }
+  if (mantissa == 0) return std::bit_cast<float>(sign);
+  // A subnormal, mantissa · 2^-24: shifted up to its leading one, 2^(-14 - shifts) · 1.m.
+  uint32_t shifts = 0;
+  while ((mantissa & 0x400u) == 0) {
+    mantissa <<= 1;
+    ++shifts;
+  }
+  return std::bit_cast<float>(sign | ((113 - shifts) << 23) | ((mantissa & 0x3ffu) << 13));
+}
+
+// The conversion the loaders use: the compiler's _Float16 where it has one (GCC on x86-64:
+// the F16C instruction with -march=native), HalfBitsToFloat otherwise (clang 14 on x86-64,
+// which builds the fuzz targets, has no _Float16 there).
+inline float HalfToFloat(uint16_t h) {
+#if defined(__FLT16_MANT_DIG__)
+  return static_cast<float>(std::bit_cast<_Float16>(h));
+#else
+  return HalfBitsToFloat(h);
+#endif
+}
+
+}  // namespace difftrain::io
