@@ -12,11 +12,13 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/temp_dir.h"
 #include "model/io/safetensors.h"
+#include "tests/testing/python_fork_server.h"
 #include "tests/testing/run_command.h"
 
 namespace difftrain::testing {
@@ -59,11 +61,12 @@ class PythonReference : public ::testing::Test {
     }
   }
 
-  // The reference's Python running one of tests/reference's scripts.
+  // The reference's Python running one of tests/reference's scripts (through this program's
+  // fork server where it can, tests/testing/python_fork_server.h).
   static CommandResult RunScript(const std::string& script, const std::string& args) {
-    return RunCommand(ShellQuote(*python_) + " " +
-                      ShellQuote(DIFFTRAIN_SOURCE_DIR "/tests/reference/" + script) + " " + args +
-                      " 2>&1");
+    const std::string path = DIFFTRAIN_SOURCE_DIR "/tests/reference/" + script;
+    if (std::optional<CommandResult> r = RunPythonScript(*python_, path, args)) return *r;
+    return RunCommand(ShellQuote(*python_) + " " + ShellQuote(path) + " " + args + " 2>&1");
   }
 
   static inline std::string* python_ = nullptr;
