@@ -35,9 +35,6 @@ import sys
 import threading
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
 def third_party_imports(script):
     """(module, [names]) for each import statement of `script` whose module is not one of the
     scripts beside it."""
