@@ -442,11 +442,15 @@ TEST_F(UNetInitFromTest, APipelineFolderSamplesAsItsPartsGivenByFlags) {
 // layers at alpha 2·rank; SDXL's shape.
 //
 // Each tensor within 3e-4, all together within 1e-5. On SDXL's shape, seeds 7 to 10 put the
-// worst tensor at 2.4e-4, 2.1e-5, 1.6e-4 and 2.9e-5 (a LoRA's at 2.4e-5, 1.0e-5, 2.7e-5 and
-// 1.3e-5), all together at most 4.6e-6. At seed 7 the dump's adapters and magnitudes put
-// through DoRA's formula in float64 from the reference's float64 ∂W equal peft's gradients to
-// 1e-12, and in float32 to 6e-8: the rest is the float32 rounding of the model's own ∂W, which
-// these weights condition worse than a LoRA's. A wrong factor m/n is off by 1e-2 or more.
+// worst tensor at 2.4e-4, 2.1e-5, 1.6e-4 and 2.9e-5 on an AVX2 EPYC (a LoRA's at 2.4e-5,
+// 1.0e-5, 2.7e-5 and 1.3e-5), all together at most 4.6e-6; on an AVX-512 Xeon (OpenBLAS's
+// other kernels) at 5.8e-4, 1.1e-5, 2.1e-4 and 1.7e-5, seeds 11 to 13 at 2.0e-5 to 2.3e-5,
+// all together 1.2e-5 at seed 7 and at most 2.5e-6 at the others. At seed 7 the dump's
+// adapters and magnitudes put through DoRA's formula in float64 from the reference's float64
+// ∂W equal peft's gradients to 1e-12, and in float32 to 6e-8: the rest is the float32 rounding
+// of the model's own ∂W, which some draws of these weights condition far worse than others
+// (seeds 7 and 9). The SDXL case uses seed 8, 14× and more inside the bound on both machines;
+// it was seed 7, which failed on the Xeon. A wrong factor m/n is off by 1e-2 or more.
 using PeftReferenceTest = UNetReferenceOf<PeftEnv>;
 
 class PeftReferenceCases : public PeftReferenceTest,
@@ -469,7 +473,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "--lora-rank 3 --lora-alpha 6 --lora-use-dora "
                  "--lora-targets proj_in,proj_out,conv1,ff.net.2,attn2.to_k",
                  true, 4},
-        UNetCase{"Sdxl", kSdxlShape, "--lora-rank 2 --lora-use-dora", true, 7},
+        UNetCase{"Sdxl", kSdxlShape, "--lora-rank 2 --lora-use-dora", true, 8},
         // rsLoRA (peft's use_rslora: alpha / √rank), alone (scale 2 where a LoRA's is 1) and
         // with DoRA. (Its gradients at scale 4, alpha 8, are those of a plain LoRA at alpha 16
         // to the last bit, and both 3.6e-5 off all together: the model's float32 ∂W at a
