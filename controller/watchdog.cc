@@ -17,7 +17,7 @@
 namespace difftrain::controller {
 namespace {
 
-double Seconds(Controller::Clock::duration d) {
+double SecondsOf(Controller::Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
@@ -50,7 +50,7 @@ void Controller::CheckStopDeadline(Clock::time_point now) {
   const RestartPolicy& r = o_.config.cluster.restart;
   const double limit =
       r.stop_grace_seconds + r.heartbeat_seconds * r.heartbeat_misses + kReportMarginSeconds;
-  if (Seconds(now - stop_since_) <= limit) return;
+  if (SecondsOf(now - stop_since_) <= limit) return;
   std::vector<int> missing;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     if (!ranks_[i].exited) missing.push_back(static_cast<int>(i));
@@ -89,7 +89,7 @@ void Controller::CheckProgress(Clock::time_point now) {
     const bool writes_checkpoint = !checkpoint.dir.empty() && checkpoint.every > 0 &&
                                    r.progress.step > 0 && r.progress.step % checkpoint.every == 0;
     const bool slow = r.moves == 0 || writes_checkpoint;
-    const double stalled = Seconds(now - r.moved_at);
+    const double stalled = SecondsOf(now - r.moved_at);
     if (stalled <= limit + (slow ? allowance : 0)) continue;
     hung.push_back(static_cast<int>(i));
     longest = std::max(longest, stalled);
@@ -100,7 +100,7 @@ void Controller::CheckProgress(Clock::time_point now) {
     ++counters_.hangs;
     ++hangs_by_rank_[{i, r.node}];
     spdlog::warn("controller: rank {} on node {} is hung: its step {} has not moved for {:.1f} s",
-                 i, r.node, r.progress.step, Seconds(now - r.moved_at));
+                 i, r.node, r.progress.step, SecondsOf(now - r.moved_at));
   }
   Fail(fmt::format("rank(s) {} made no progress for {:.1f} s (restart.hang_seconds: {})",
                    fmt::join(hung, ","), longest,
@@ -118,7 +118,7 @@ void Controller::FenceLostNode(const Node& node) {
       std::max(node.last_sent, node.last_seen) +
       FromSeconds(r.heartbeat_seconds * r.heartbeat_misses + kReportMarginSeconds);
   if (dead_by > fence_until_) fence_until_ = dead_by;
-  const double wait = Seconds(fence_until_ - Clock::now());
+  const double wait = SecondsOf(fence_until_ - Clock::now());
   if (wait > 0) {
     spdlog::info(
         "controller: no new attempt for {:.1f} s: the ranks of node {} may live until "

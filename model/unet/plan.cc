@@ -209,7 +209,7 @@ double Elementwise(double n) {
 // columns (model/cuda/conv2d.h): forward im2col (read x, write p) and the tokens to planes
 // (read, write y; read y too when it accumulates); backward the bias sum, the tokens' bf16
 // copy, im2col again, col2im (read p, read and write din) and the zeroing of din by its caller.
-UNetNodeBytes Conv(double x, double p, double y, bool accumulate = false) {
+UNetNodeBytes ConvBytes(double x, double p, double y, bool accumulate = false) {
   return {kF32 * x + kBf16 * p + kF32 * (accumulate ? 3 : 2) * y,
           kF32 * y + (kF32 + kBf16) * y + kF32 * x + kBf16 * p + kBf16 * p + 3 * kF32 * x};
 }
@@ -227,23 +227,24 @@ UNetNodeBytes NodeBytes(const UNetPlan& plan, const UNetNode& n) {
   switch (n.kind) {
     case UNetNodeKind::kConv: {
       const double Xin = double(in.C) * in.H * in.W;
-      return Conv(Xin, 9.0 * in.C * T, Y);
+      return ConvBytes(Xin, 9.0 * in.C * T, Y);
     }
     case UNetNodeKind::kUpsampleConv: {
       // Nearest ×2 into a map 4× the input (x = in.C · in.H · in.W); backward zeroes its
       // gradient and sums each 2×2 back.
       const double x = double(in.C) * in.H * in.W, up = 4 * x;
-      return UNetNodeBytes{kF32 * (x + up), kF32 * up + kF32 * (up + x)} + Conv(up, 9 * up, Y);
+      return UNetNodeBytes{kF32 * (x + up), kF32 * up + kF32 * (up + x)} + ConvBytes(up, 9 * up, Y);
     }
     case UNetNodeKind::kOutput:
-      return GroupNorm(X) + UNetNodeBytes{0, kF32 * X} + Conv(X, 9 * X, Y);
+      return GroupNorm(X) + UNetNodeBytes{0, kF32 * X} + ConvBytes(X, 9 * X, Y);
     case UNetNodeKind::kResnet: {
-      UNetNodeBytes b = GroupNorm(X) + Conv(X, 9 * X, Y) + GroupNorm(Y) + Conv(Y, 9 * Y, Y);
+      UNetNodeBytes b =
+          GroupNorm(X) + ConvBytes(X, 9 * X, Y) + GroupNorm(Y) + ConvBytes(Y, 9 * Y, Y);
       b.forward += kF32 * 2 * Y;                    // the time embedding added over the planes
       b.backward += kF32 * Y + kF32 * (2 * Y + X);  // its plane sums; dact2, dh, dact1 zeroed
       if (n.inputs.size() == 2) b = b + UNetNodeBytes{Elementwise(X), kF32 * X + Elementwise(X)};
-      if (X != Y) return b + Conv(X, X, Y, /*accumulate=*/true);  // the 1×1 shortcut
-      return b + UNetNodeBytes{Elementwise(Y), Elementwise(Y)};   // the identity's add
+      if (X != Y) return b + ConvBytes(X, X, Y, /*accumulate=*/true);  // the 1×1 shortcut
+      return b + UNetNodeBytes{Elementwise(Y), Elementwise(Y)};        // the identity's add
     }
     case UNetNodeKind::kTransformer: {
       // Per element of the [T, C] tokens (model/unet/cuda/transformer.cc). Forward: the
