@@ -12,6 +12,10 @@
 
 namespace difftrain {
 
+// The width of the sinusoidal timestep features the timestep embedder reads (DiT's
+// frequency_embedding_size).
+inline constexpr int kFrequencyDim = 256;
+
 struct DiTConfig {
   std::string name = "custom";
   int input_size = 32;  // latent height = width

@@ -24,7 +24,6 @@ using parallel::ReduceFromTensorParallel;
 using parallel::SequenceShape;
 
 constexpr float kLayerNormEps = 1e-6f;
-constexpr int kFrequencyDim = 256;  // timestep embedder input width
 
 void Zero(float* p, size_t n) {
   std::memset(p, 0, n * sizeof(float));

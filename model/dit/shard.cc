@@ -7,8 +7,6 @@
 namespace difftrain {
 namespace {
 
-constexpr int kFrequencyDim = 256;  // the timestep embedder's input width
-
 // Builds the local table and its fragments, tensor by tensor, in the reference order.
 class TableBuilder {
  public:

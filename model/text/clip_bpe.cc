@@ -18,13 +18,9 @@ using nlohmann::json;
 
 constexpr int kMaxMerges = 49152 - 256 - 2;  // transformers reads lines [1, 49152 − 256 − 2]
 
-[[noreturn]] void Fail(const std::filesystem::path& file, const std::string& what) {
-  throw std::runtime_error(fmt::format("tokenizer {}: {}", file.string(), what));
-}
-
 std::string ReadFile(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
-  if (!in) Fail(file, "cannot be read");
+  if (!in) TokenizerFileError(file, "cannot be read");
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
@@ -34,7 +30,7 @@ json ReadJson(const std::filesystem::path& file) {
   try {
     return json::parse(ReadFile(file));
   } catch (const json::exception& e) {
-    Fail(file, fmt::format("is not JSON: {}", e.what()));
+    TokenizerFileError(file, fmt::format("is not JSON: {}", e.what()));
   }
 }
 
@@ -162,10 +158,10 @@ std::unique_ptr<ClipBpeTokenizer> ClipBpeTokenizer::Load(const std::filesystem::
   std::unique_ptr<ClipBpeTokenizer> tok(new ClipBpeTokenizer());
   const std::filesystem::path vocab_file = folder / "vocab.json";
   const json vocab = ReadJson(vocab_file);
-  if (!vocab.is_object()) Fail(vocab_file, "is not a JSON object of token → id");
+  if (!vocab.is_object()) TokenizerFileError(vocab_file, "is not a JSON object of token → id");
   for (const auto& [token, id] : vocab.items()) {
     if (!id.is_number_integer())
-      Fail(vocab_file, fmt::format("the id of \"{}\" is no integer", token));
+      TokenizerFileError(vocab_file, fmt::format("the id of \"{}\" is no integer", token));
     tok->vocab_[token] = id.get<int32_t>();
     tok->vocab_size_ = std::max(tok->vocab_size_, id.get<int>() + 1);
   }
@@ -210,7 +206,7 @@ std::unique_ptr<ClipBpeTokenizer> ClipBpeTokenizer::Load(const std::filesystem::
     try {
       tok->specials_.push_back({DecodeUtf8(*token), tok->vocab_[*token]});
     } catch (const std::invalid_argument& e) {
-      Fail(folder, fmt::format("special token: {}", e.what()));
+      TokenizerFileError(folder, fmt::format("special token: {}", e.what()));
     }
   }
   tok->bos_id_ = tok->vocab_[bos];

@@ -33,6 +33,10 @@ std::string ModelType(const fs::path& file) {
 
 }  // namespace
 
+void TokenizerFileError(const fs::path& file, const std::string& what) {
+  throw std::runtime_error(fmt::format("tokenizer {}: {}", file.string(), what));
+}
+
 Tokens FrameTokens(std::vector<int32_t> pieces, int length, int32_t start, int32_t end,
                    int32_t pad) {
   if (length < 2) {

@@ -40,6 +40,10 @@ class Tokenizer {
 Tokens FrameTokens(std::vector<int32_t> pieces, int length, int32_t start, int32_t end,
                    int32_t pad);
 
+// Throws std::runtime_error("tokenizer FILE: WHAT"): what a tokenizer's file holds that is not
+// supported, or lacks.
+[[noreturn]] void TokenizerFileError(const std::filesystem::path& file, const std::string& what);
+
 // The tokenizer of a model folder: WordPiece where its tokenizer.json's model is WordPiece,
 // CLIP's BPE where it has vocab.json and merges.txt; a diffusers pipeline folder's tokenizer/
 // folder likewise. Throws std::runtime_error saying what the folder lacks, or what a file

@@ -86,10 +86,6 @@ std::vector<Segment> SplitAdded(std::u32string_view text,
   return out;
 }
 
-[[noreturn]] void Fail(const std::filesystem::path& file, const std::string& what) {
-  throw std::runtime_error(fmt::format("tokenizer {}: {}", file.string(), what));
-}
-
 std::string TypeOf(const json& section) {
   if (!section.is_object()) return section.is_null() ? "null" : section.dump();
   const auto type = section.find("type");
@@ -103,13 +99,15 @@ int32_t TemplateTokenId(const std::filesystem::path& file, const json& processor
   const json* special =
       item.is_object() && item.contains("SpecialToken") ? &item["SpecialToken"] : nullptr;
   if (special == nullptr || !special->contains("id")) {
-    Fail(file, fmt::format("post_processor.single must be [CLS] $A [SEP] (its {} is {})", key,
-                           item.dump()));
+    TokenizerFileError(
+        file, fmt::format("post_processor.single must be [CLS] $A [SEP] (its {} is {})", key,
+                          item.dump()));
   }
   const std::string name = (*special)["id"].get<std::string>();
   const json& tokens = processor.value("special_tokens", json::object());
   if (!tokens.contains(name) || !tokens[name].contains("ids") || tokens[name]["ids"].size() != 1) {
-    Fail(file, fmt::format("post_processor.special_tokens[\"{}\"].ids is missing", name));
+    TokenizerFileError(file,
+                       fmt::format("post_processor.special_tokens[\"{}\"].ids is missing", name));
   }
   return tokens[name]["ids"][0].get<int32_t>();
 }
@@ -120,18 +118,19 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
     const std::filesystem::path& tokenizer_json) {
   const std::filesystem::path& file = tokenizer_json;
   std::ifstream in(file);
-  if (!in) Fail(file, "cannot be read");
+  if (!in) TokenizerFileError(file, "cannot be read");
   json root;
   try {
     root = json::parse(in);
   } catch (const json::exception& e) {
-    Fail(file, fmt::format("is not JSON: {}", e.what()));
+    TokenizerFileError(file, fmt::format("is not JSON: {}", e.what()));
   }
   std::unique_ptr<WordPieceTokenizer> tok(new WordPieceTokenizer());
   try {
     const json& normalizer = root.value("normalizer", json());
     if (TypeOf(normalizer) != R"("BertNormalizer")") {
-      Fail(file, fmt::format("normalizer.type is {}, not BertNormalizer", TypeOf(normalizer)));
+      TokenizerFileError(
+          file, fmt::format("normalizer.type is {}, not BertNormalizer", TypeOf(normalizer)));
     }
     tok->clean_text_ = normalizer.value("clean_text", true);
     tok->handle_chinese_chars_ = normalizer.value("handle_chinese_chars", true);
@@ -141,15 +140,16 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
 
     const json& pre = root.value("pre_tokenizer", json());
     if (TypeOf(pre) != R"("BertPreTokenizer")") {
-      Fail(file, fmt::format("pre_tokenizer.type is {}, not BertPreTokenizer", TypeOf(pre)));
+      TokenizerFileError(
+          file, fmt::format("pre_tokenizer.type is {}, not BertPreTokenizer", TypeOf(pre)));
     }
 
     const json& model = root.value("model", json());
     if (TypeOf(model) != R"("WordPiece")") {
-      Fail(file, fmt::format("model.type is {}, not WordPiece", TypeOf(model)));
+      TokenizerFileError(file, fmt::format("model.type is {}, not WordPiece", TypeOf(model)));
     }
     if (!model.contains("vocab") || !model["vocab"].is_object()) {
-      Fail(file, "model.vocab is missing");
+      TokenizerFileError(file, "model.vocab is missing");
     }
     for (const auto& [piece, id] : model["vocab"].items()) {
       tok->vocab_[piece] = id.get<int32_t>();
@@ -158,7 +158,7 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
     const std::string unk = model.value("unk_token", "[UNK]");
     const auto unk_id = tok->vocab_.find(unk);
     if (unk_id == tok->vocab_.end()) {
-      Fail(file, fmt::format("model.unk_token \"{}\" is not in model.vocab", unk));
+      TokenizerFileError(file, fmt::format("model.unk_token \"{}\" is not in model.vocab", unk));
     }
     tok->unk_id_ = unk_id->second;
     tok->prefix_ = model.value("continuing_subword_prefix", "##");
@@ -166,8 +166,8 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
 
     for (const json& added : root.value("added_tokens", json::array())) {
       if (added.value("single_word", false)) {
-        Fail(file, fmt::format("added_tokens: single_word of \"{}\" is not supported",
-                               added.value("content", "")));
+        TokenizerFileError(file, fmt::format("added_tokens: single_word of \"{}\" is not supported",
+                                             added.value("content", "")));
       }
       AddedToken token;
       token.content = DecodeUtf8(added.at("content").get<std::string>());
@@ -183,7 +183,8 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
     if (TypeOf(post) == R"("TemplateProcessing")") {
       const json& single = post.value("single", json::array());
       if (!single.is_array() || single.size() != 3 || !single[1].contains("Sequence")) {
-        Fail(file, fmt::format("post_processor.single is {}, not [CLS] $A [SEP]", single.dump()));
+        TokenizerFileError(
+            file, fmt::format("post_processor.single is {}, not [CLS] $A [SEP]", single.dump()));
       }
       tok->start_id_ = TemplateTokenId(file, post, single[0], "first");
       tok->end_id_ = TemplateTokenId(file, post, single[2], "last");
@@ -191,8 +192,9 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
       tok->start_id_ = post.at("cls").at(1).get<int32_t>();
       tok->end_id_ = post.at("sep").at(1).get<int32_t>();
     } else {
-      Fail(file, fmt::format("post_processor.type is {}, not TemplateProcessing or BertProcessing",
-                             TypeOf(post)));
+      TokenizerFileError(
+          file, fmt::format("post_processor.type is {}, not TemplateProcessing or BertProcessing",
+                            TypeOf(post)));
     }
 
     const json& padding = root.value("padding", json());
@@ -201,12 +203,12 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
     } else if (const auto pad = tok->vocab_.find("[PAD]"); pad != tok->vocab_.end()) {
       tok->pad_id_ = pad->second;
     } else {
-      Fail(file, "padding.pad_id is missing and model.vocab has no [PAD]");
+      TokenizerFileError(file, "padding.pad_id is missing and model.vocab has no [PAD]");
     }
   } catch (const json::exception& e) {
-    Fail(file, fmt::format("unexpected content: {}", e.what()));
+    TokenizerFileError(file, fmt::format("unexpected content: {}", e.what()));
   } catch (const std::invalid_argument& e) {
-    Fail(file, e.what());
+    TokenizerFileError(file, e.what());
   }
   return tok;
 }

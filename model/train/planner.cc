@@ -24,7 +24,6 @@ using planner::InsideNode;
 using planner::kFloat;
 
 constexpr double kGiB = 1 << 30;
-constexpr int kFrequencyDim = 256;  // timestep embedder input width
 
 // The memory this machine's ranks may use: its own, or its cgroup's limit (Slurm's --mem, a
 // pod's limits.memory).

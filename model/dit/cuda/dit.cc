@@ -14,7 +14,6 @@
 namespace difftrain::cuda {
 namespace {
 
-constexpr int kFrequencyDim = 256;  // the timestep embedder's input width
 constexpr size_t kAlignment = 256;  // bytes; every activation starts on this boundary
 
 // Hands out aligned pieces of an arena at `base`; with a null base it only counts, so the
