@@ -4,6 +4,10 @@
 # `ctest` runs each for a few seconds. Without a working clang the tests report themselves
 # skipped with the reason.
 set(DIFFTRAIN_FUZZ_SECONDS 4 CACHE STRING "Seconds each fuzz target runs in ctest")
+# The sources a target drives compile at -O0 by default: two thirds of -O1's compile time, for
+# the few seconds `make test` runs each target (the eight targets' compiles were a minute more
+# of the build at -O1); -O1 runs more inputs a second, for long runs (docs/benchmarks.md).
+set(DIFFTRAIN_FUZZ_OPT -O0 CACHE STRING "Optimization of the sources a fuzz target drives")
 find_program(DIFFTRAIN_FUZZ_CXX NAMES clang++ clang++-16 clang++-15 clang++-14)
 set(fuzz_skip_reason "")
 if(NOT DIFFTRAIN_FUZZ_CXX)
@@ -42,10 +46,10 @@ endfunction()
 #
 #   difftrain_fuzz_target(NAME "LIBS" SOURCE... [LINKED SOURCE...])
 #
-# The SOURCEs, the code the fuzzer drives, compile at -O1 with line tables (what a sanitizer's
-# stack trace shows). Those after LINKED are only there for the linker (a family's model
-# behind the registry the parser reads through): -O0, which halves their compile and leaves
-# them instrumented.
+# The SOURCEs, the code the fuzzer drives, compile at DIFFTRAIN_FUZZ_OPT with line tables (what
+# a sanitizer's stack trace shows). Those after LINKED are only there for the linker (a
+# family's model behind the registry the parser reads through): -O0 whatever the option, which
+# halves their compile and leaves them instrumented.
 function(difftrain_fuzz_target name libs)
   cmake_parse_arguments(PARSE_ARGV 2 arg "" "" "LINKED")
   set(out ${CMAKE_BINARY_DIR}/fuzz/${name})
@@ -63,7 +67,7 @@ function(difftrain_fuzz_target name libs)
       if(src IN_LIST arg_LINKED)
         set(level -O0)
       else()
-        set(level -O1)
+        set(level ${DIFFTRAIN_FUZZ_OPT})
       endif()
       string(MAKE_C_IDENTIFIER ${src} object)
       set(object ${out}.objects/${object}.o)
@@ -105,7 +109,7 @@ difftrain_fuzz_target(wire_fuzz "-lfmt" common/wire_fuzz.cc common/wire.cc)
 # each family's model (for DiT: its CPU kernels, and OpenBLAS).
 difftrain_fuzz_target(job_spec_fuzz
   "-lfmt;-lyaml-cpp;-lz;-fopenmp;-isystem;${OPENBLAS_INCLUDE_DIR};${OPENBLAS_LIBRARY}"
-  controller/job_spec_fuzz.cc job/job_spec.cc common/yaml_fields.cc
+  controller/job_spec_fuzz.cc job/job_spec.cc common/yaml_fields.cc common/json_read.cc
   common/cluster_config.cc model/family/registry.cc
   model/dit/family.cc model/dit/config.cc model/latte/family.cc model/unet/family.cc
   model/unet/config.cc model/train/planner.cc model/train/planner_unet.cc
@@ -122,3 +126,21 @@ difftrain_fuzz_target(job_spec_fuzz
 difftrain_fuzz_target(checkpoint_fuzz "-lfmt;-lz"
   tests/fuzz/checkpoint_fuzz.cc model/io/safetensors.cc model/io/posix_file.cc
   model/tensor/tensor_table.cc)
+difftrain_fuzz_target(tokenizer_fuzz "-lfmt;-licuuc"
+  tests/fuzz/tokenizer_fuzz.cc model/text/tokenizer.cc model/text/clip_bpe.cc
+  model/text/wordpiece.cc model/text/unicode.cc common/json_read.cc)
+difftrain_fuzz_target(image_fuzz "-lfmt;-lpng;-ljpeg"
+  tests/fuzz/image_fuzz.cc model/io/image.cc model/io/png.cc model/io/posix_file.cc)
+difftrain_fuzz_target(lora_fuzz
+  "-lfmt;-lz;-fopenmp;-isystem;${OPENBLAS_INCLUDE_DIR};${OPENBLAS_LIBRARY}"
+  tests/fuzz/lora_fuzz.cc model/io/lora.cc model/io/ldm_checkpoint.cc model/io/safetensors.cc
+  model/io/posix_file.cc model/tensor/tensor_table.cc)
+difftrain_fuzz_target(config_fuzz "-lfmt"
+  tests/fuzz/config_fuzz.cc model/unet/config.cc model/unet/plan.cc model/text/config.cc
+  model/vae/config.cc model/dit/config.cc model/dit/diffusers.cc common/json_read.cc LINKED model/tensor/tensor_table.cc)
+difftrain_fuzz_target(scheduler_fuzz "-lfmt"
+  tests/fuzz/scheduler_fuzz.cc model/diffusion/gaussian_diffusion.cc
+  model/diffusion/timestep_spacing.cc model/diffusion/dpm_solver.cc model/diffusion/deis.cc
+  model/diffusion/unipc.cc model/diffusion/lcm.cc model/diffusion/sampler_kind.cc
+  model/diffusion/sampler.cc model/diffusion/multistep_samplers.cc common/json_read.cc
+  LINKED model/diffusion/guided_model.cc model/diffusion/vb_loss.cc)

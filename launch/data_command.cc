@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include <nlohmann/json.hpp>
+#include "common/json_read.h"
 #include "launch/command.h"
 
 #include "model/data/captions.h"
@@ -291,7 +292,7 @@ Result<TextTable> ReadCaptions(const std::string& path) {
   try {
     if (!j.is_object() || !j.contains("captions")) throw std::runtime_error("no 'captions' list");
     t.captions = j.at("captions").get<std::vector<std::string>>();
-    if (j.contains("labels")) t.labels = j.at("labels").get<std::vector<int>>();
+    if (j.contains("labels")) t.labels = JsonInts(j.at("labels"), "labels");
     if (j.contains("held_out")) t.held_out = j.at("held_out").get<std::vector<bool>>();
   } catch (const std::exception& e) {
     return Errorf("captions '{}': {}", path, e.what());

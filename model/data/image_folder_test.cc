@@ -11,6 +11,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+#include <zlib.h>
+
 #include "common/temp_dir.h"
 #include "model/io/image.h"
 #include "model/io/resample.h"
@@ -522,11 +525,63 @@ TEST(ImageFolderTest, ErrorsNameTheFolderOrFile) {
               HasSubstr("neither a PNG nor a JPEG file"));
   std::ofstream(root + "/dogs/truncated.jpg") << "\xff\xd8\xff\xe0 truncated";
   EXPECT_THAT(io::ReadImage(root + "/dogs/truncated.jpg").status().message(),
-              HasSubstr("JPEG file '" + root + "/dogs/truncated.jpg': cannot decode"));
+              HasSubstr("JPEG file '" + root + "/dogs/truncated.jpg': cannot read its header"));
   EXPECT_THAT(io::ReadImageSize(root + "/dogs/truncated.jpg").status().message(),
               HasSubstr("JPEG file '" + root + "/dogs/truncated.jpg': cannot read its header"));
   PictureGeometry geometry;
   EXPECT_THAT((*d)->GetGeometry(0, &geometry).message(), HasSubstr("no IHDR chunk first"));
+}
+
+// A picture's header can declare far more pixels than its bytes hold (a PNG of 20,000² grey
+// pixels is ~400 KB of zlib; this one's IDAT is 8×8's): both readers refuse it from the header,
+// past Pillow's bound, before anything is allocated for its pixels.
+TEST(ImageFolderTest, RefusesPicturesOfTooManyPixelsFromTheHeader) {
+  TempDir temp("image_bombs");
+  const std::string seeds = std::string(DIFFTRAIN_SOURCE_DIR) + "/tests/fuzz/image_fuzz/";
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto put16 = [](std::string& b, size_t at, uint32_t v) {
+    b[at] = char(v >> 8);
+    b[at + 1] = char(v);
+  };
+  const auto put32 = [&put16](std::string& b, size_t at, uint32_t v) {
+    put16(b, at, v >> 16);
+    put16(b, at + 2, v & 0xffff);
+  };
+  // PNG: IHDR's width and height, then its CRC over the type and the data.
+  std::string png = read(seeds + "grey.png");
+  ASSERT_EQ(png.compare(12, 4, "IHDR"), 0);
+  const auto write_png = [&](uint32_t width, uint32_t height) {
+    put32(png, 16, width);
+    put32(png, 20, height);
+    put32(png, 29, crc32(0, reinterpret_cast<const Bytef*>(png.data() + 12), 17));
+    const std::string path = temp.path() + fmt::format("/{}x{}.png", width, height);
+    std::ofstream(path, std::ios::binary) << png;
+    return path;
+  };
+  ASSERT_TRUE(io::ReadImage(write_png(4, 4)).ok());  // the patching itself is right
+  for (const std::string& path : {write_png(20000, 20000), write_png(13378, 13377)}) {
+    EXPECT_THAT(io::ReadImage(path).status().message(), HasSubstr("PNG file '" + path + "': "));
+    EXPECT_THAT(io::ReadImageSize(path).status().message(),
+                HasSubstr("pixels, too many (the readers take up to 178956970 pixels"));
+  }
+  EXPECT_THAT(io::ReadImage(write_png(20000, 20000)).status().message(),
+              HasSubstr("20000 × 20000 pixels, too many"));
+  EXPECT_THAT(io::ReadImageSize(write_png(0, 8)).status().message(),
+              HasSubstr("0 × 8 pixels, none"));
+  // JPEG: the frame header's height and width (after FF C0, its length and precision).
+  std::string jpeg = read(seeds + "grey.jpg");
+  const size_t sof = jpeg.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  put16(jpeg, sof + 5, 60000);
+  put16(jpeg, sof + 7, 50000);
+  const std::string path = temp.path() + "/bomb.jpg";
+  std::ofstream(path, std::ios::binary) << jpeg;
+  EXPECT_THAT(io::ReadImage(path).status().message(),
+              HasSubstr("JPEG file '" + path + "': 50000 × 60000 pixels, too many"));
+  EXPECT_THAT(io::ReadImageSize(path).status().message(), HasSubstr("50000 × 60000 pixels"));
 }
 
 }  // namespace

@@ -125,12 +125,14 @@ Result<TextTable> ReadTextTable(const std::string& path) {
   }
   if (auto it = file.metadata().find("text_encoder"); it != file.metadata().end()) {
     const nlohmann::json e = nlohmann::json::parse(it->second, nullptr, false);
+    const auto skip = [&e] { return e.value("skip_layers", nlohmann::json(0)); };
     if (!e.is_object() || !e.contains("path") || !e["path"].is_string() ||
-        !e.value("skip_layers", nlohmann::json(0)).is_number_integer()) {
+        !skip().is_number_integer() || skip().get<int64_t>() < 0 ||
+        skip().get<int64_t>() > INT32_MAX) {
       return TableError(path, "metadata 'text_encoder' is not {\"path\": …, \"skip_layers\": …}");
     }
     table.text_encoder = e["path"].get<std::string>();
-    table.skip_layers = e.value("skip_layers", 0);
+    table.skip_layers = skip().get<int>();
   }
   for (const nlohmann::json& h : held_out) {
     if (!h.is_boolean()) return TableError(path, "metadata 'held_out' holds a non-boolean");

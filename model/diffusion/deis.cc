@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "common/json_read.h"
+
 namespace difftrain {
 namespace {
 
@@ -44,7 +46,7 @@ Result<DeisOptions> DeisOptions::FromDiffusersScheduler(const nlohmann::json& js
           "bh2 read as logrho)",
           type);
     }
-    o.order = json.value("solver_order", 2);
+    o.order = JsonIntOr(json, "solver_order", 2);
     if (o.order < 1 || o.order > 3)
       return Errorf("solver_order: {} is not supported (1, 2 or 3)", o.order);
     o.lower_order_final = json.value("lower_order_final", true);

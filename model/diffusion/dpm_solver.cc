@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/json_read.h"
 
 namespace difftrain {
 
@@ -36,7 +37,7 @@ Result<DpmSolverOptions> DpmSolverOptions::FromDiffusersScheduler(const nlohmann
                     singlestep ? "" : ", sde-dpmsolver++");
     }
     o.sde = algorithm == "sde-dpmsolver++";
-    o.order = json.value("solver_order", 2);
+    o.order = JsonIntOr(json, "solver_order", 2);
     if (o.order < 1 || o.order > 3)
       return Errorf("solver_order: {} is not supported (1, 2 or 3)", o.order);
     if (o.sde && o.order == 3) {

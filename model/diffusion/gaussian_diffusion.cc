@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/check.h"
+#include "common/json_read.h"
 #include "model/diffusion/sampler_kind.h"
 #include "model/tensor/rng.h"
 
@@ -40,8 +42,42 @@ void RescaleToZeroTerminalSnr(std::vector<double>& betas) {
 
 }  // namespace
 
+namespace {
+
+// The schedule's β's, one per step (zero terminal SNR's rescale applied): config must be valid
+// up to them (steps, schedule and betas).
+std::vector<double> Betas(const DiffusionConfig& config) {
+  const int n = config.steps;
+  std::vector<double> betas(n);
+  for (int i = 0; i < n; ++i) {
+    if (config.schedule == "cosine") {
+      betas[i] = std::min(1.0 - CosineAlphaBar(static_cast<double>(i + 1) / n) /
+                                    CosineAlphaBar(static_cast<double>(i) / n),
+                          kCosineMaxBeta);
+    } else if (config.schedule == "scaled_linear") {
+      // numpy.linspace(√beta_start, √beta_end, n)², as diffusers' "scaled_linear".
+      const double lo = std::sqrt(config.beta_start), hi = std::sqrt(config.beta_end);
+      const double root = n == 1 ? lo : lo + (hi - lo) * i / (n - 1);
+      betas[i] = root * root;
+    } else {
+      // numpy.linspace(beta_start, beta_end, n): start + i·step, the last value exact.
+      betas[i] = n == 1 ? config.beta_start
+                        : config.beta_start + (config.beta_end - config.beta_start) * i / (n - 1);
+    }
+  }
+  if (config.zero_terminal_snr) RescaleToZeroTerminalSnr(betas);
+  return betas;
+}
+
+}  // namespace
+
 Status DiffusionConfig::Validate() const {
   if (steps < 1) return Errorf("diffusion.steps must be positive, got {}", steps);
+  // Each step is a row of the schedule's tables (and a scheduler_config.json's
+  // num_train_timesteps is whatever its file says): DDPM trains on 1,000, Improved DDPM 4,000.
+  if (steps > kMaxSteps) {
+    return Errorf("diffusion.steps {} is more than the {} a schedule may have", steps, kMaxSteps);
+  }
   if (schedule != "linear" && schedule != "cosine" && schedule != "scaled_linear") {
     return Errorf("diffusion.schedule: expected linear, scaled_linear or cosine, found '{}'",
                   schedule);
@@ -79,6 +115,21 @@ Status DiffusionConfig::Validate() const {
   if (!(min_snr_gamma > 0)) {
     return Errorf("diffusion.min_snr_gamma: expected a positive number, found {}", min_snr_gamma);
   }
+  // Every ᾱ_t must stay a normal float32 (at least 1.2e-38), as diffusers' tables hold it:
+  // below, σ_t = √((1 − ᾱ_t)/ᾱ_t) is past 9e18 and the samplers' σ-space arithmetic (the
+  // ancestral split's σ⁴) overflows. β's near 1 over many steps reach it. Zero terminal SNR's
+  // last ᾱ is 0 by design (the samplers take 2^-24 for it).
+  const std::vector<double> betas = Betas(*this);
+  double cumprod = 1.0;
+  for (int t = 0; t < steps - (zero_terminal_snr ? 1 : 0); ++t) {
+    cumprod *= 1.0 - betas[t];
+    if (!(cumprod >= std::numeric_limits<float>::min())) {
+      return Errorf(
+          "diffusion: the schedule's alpha_cumprod falls to {:.3g} at timestep {} of {} (betas "
+          "from {} to {}), below float32's smallest normal number: lower beta_end or the steps",
+          cumprod, t, steps, betas.front(), betas.back());
+    }
+  }
   return Status::Ok();
 }
 
@@ -102,7 +153,7 @@ Result<DiffusionConfig> DiffusionConfig::FromJson(const nlohmann::json& json) {
   DiffusionConfig c;
   try {
     c.schedule = json.value("schedule", c.schedule);
-    c.steps = json.at("steps").get<int>();
+    c.steps = JsonInt(json.at("steps"), "steps");
     c.beta_start = json.at("beta_start").get<double>();
     c.beta_end = json.at("beta_end").get<double>();
     c.loss_weighting = json.value("loss_weighting", c.loss_weighting);
@@ -139,7 +190,7 @@ Result<DiffusionConfig> DiffusionConfig::FromDiffusersScheduler(const nlohmann::
   if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
   DiffusionConfig c;
   try {
-    c.steps = json.value("num_train_timesteps", 1000);
+    c.steps = JsonIntOr(json, "num_train_timesteps", 1000);
     // The class's defaults (sampler_kind.h).
     const BetaDefaults defaults = DiffusersBetaDefaults(json.value("_class_name", std::string()));
     c.beta_start = json.value("beta_start", defaults.start);
@@ -181,28 +232,10 @@ Result<DiffusionConfig> DiffusionConfig::FromDiffusersScheduler(const nlohmann::
 GaussianDiffusion::GaussianDiffusion(const DiffusionConfig& config) : config_(config) {
   Status valid = config.Validate();
   DT_CHECK(valid.ok(), "{}", valid.message());
-  const int n = config.steps;
-  betas_.resize(n);
-  alphas_cumprod_.resize(n);
-  for (int i = 0; i < n; ++i) {
-    if (config.schedule == "cosine") {
-      betas_[i] = std::min(1.0 - CosineAlphaBar(static_cast<double>(i + 1) / n) /
-                                     CosineAlphaBar(static_cast<double>(i) / n),
-                           kCosineMaxBeta);
-    } else if (config.schedule == "scaled_linear") {
-      // numpy.linspace(√beta_start, √beta_end, n)², as diffusers' "scaled_linear".
-      const double lo = std::sqrt(config.beta_start), hi = std::sqrt(config.beta_end);
-      const double root = n == 1 ? lo : lo + (hi - lo) * i / (n - 1);
-      betas_[i] = root * root;
-    } else {
-      // numpy.linspace(beta_start, beta_end, n): start + i·step, the last value exact.
-      betas_[i] = n == 1 ? config.beta_start
-                         : config.beta_start + (config.beta_end - config.beta_start) * i / (n - 1);
-    }
-  }
-  if (config.zero_terminal_snr) RescaleToZeroTerminalSnr(betas_);
+  betas_ = Betas(config);
+  alphas_cumprod_.resize(config.steps);
   double cumprod = 1.0;
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < config.steps; ++i) {
     cumprod *= 1.0 - betas_[i];
     alphas_cumprod_[i] = cumprod;
   }

@@ -17,7 +17,8 @@ namespace difftrain {
 class Rng;
 
 struct DiffusionConfig {
-  int steps = 1000;
+  int steps = 1000;  // T, at most kMaxSteps
+  static constexpr int kMaxSteps = 1'000'000;
   // linear: β from beta_start to beta_end (DiT). cosine: ᾱ(t) = cos²((t/T + s)/(1 + s) · π/2)
   // with s = 0.008 and β capped at 0.999 (Nichol & Dhariwal, DiT's "squaredcos_cap_v2").
   // scaled_linear: √β linear from √beta_start to √beta_end (Stable Diffusion: 0.00085, 0.012).

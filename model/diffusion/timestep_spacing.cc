@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/check.h"
+#include "common/json_read.h"
 #include "model/diffusion/sampler_kind.h"
 
 namespace difftrain {
@@ -65,7 +66,7 @@ Result<TimestepSpacing> TimestepSpacing::FromDiffusersScheduler(const nlohmann::
                                                 : json.value("timestep_spacing", class_spacing);
     if (s.kind == "respace")
       return Errorf("timestep_spacing: 'respace' is not a diffusers spacing");
-    s.steps_offset = json.value("steps_offset", 0);
+    s.steps_offset = JsonIntOr(json, "steps_offset", 0);
     // Its default is the class's: PNDMScheduler's false, DDIMScheduler's true.
     s.set_alpha_to_one = json.value("set_alpha_to_one", class_name != "PNDMScheduler");
     if (json.value("thresholding", false))

@@ -16,6 +16,7 @@
 // set_alpha_to_one and ᾱ_0 without (SD's configs: false); DDPM's is always 1.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -131,7 +132,10 @@ struct AncestralSigmas {
 inline AncestralSigmas SplitAncestralStep(double sigma, double sigma_next) {
   const double up = std::sqrt(sigma_next * sigma_next * (sigma * sigma - sigma_next * sigma_next) /
                               (sigma * sigma));
-  return {up, std::sqrt(sigma_next * sigma_next - up * up)};
+  // σ'² − σ_up² is σ'⁴/σ² ≥ 0 in exact arithmetic; rounded, it can come out below 0 where σ'⁴/σ²
+  // is below σ'²'s last bit (σ far above σ': scheduler_fuzz found a NaN σ_down), so it is
+  // clamped there; elsewhere the result is diffusers' to the bit.
+  return {up, std::sqrt(std::max(0.0, sigma_next * sigma_next - up * up))};
 }
 
 // Euler's N steps, in the order they run: the timesteps of the spacing (linspace's unrounded,

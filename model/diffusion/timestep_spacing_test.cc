@@ -138,6 +138,20 @@ TEST(EulerStepsTest, InterpolateSigmaAtTheSpacingsTimesteps) {
                    std::sqrt(sigma(981) * sigma(981) + 1));
 }
 
+// The ancestral split: σ_up² + σ_down² = σ'², σ_down = σ'²/σ in exact arithmetic. Where σ is far
+// above σ', σ'² − σ_up² rounds below 0: σ_down is then 0, not NaN (scheduler_fuzz found a NaN
+// KDPM2 ancestral midpoint of such a schedule; this pair is one, in doubles).
+TEST(SplitAncestralStepTest, DownIsNeverNaN) {
+  const AncestralSigmas split = SplitAncestralStep(14.6, 7.3);
+  EXPECT_NEAR(split.down, 7.3 * 7.3 / 14.6, 1e-12);
+  EXPECT_NEAR(split.up * split.up + split.down * split.down, 7.3 * 7.3, 1e-12);
+  const double sigma = 3393281115.7936854, next = 0.040598704408715235;
+  ASSERT_LT(next * next - next * next * (sigma * sigma - next * next) / (sigma * sigma), 0.0);
+  const AncestralSigmas far = SplitAncestralStep(sigma, next);
+  EXPECT_EQ(far.down, 0.0);
+  EXPECT_EQ(far.up, next);
+}
+
 // KDPM2's midpoints: the geometric mean of σ and σ' (ancestral: of σ and σ_down), where the
 // diffusion's σ is that; none on the last step; Karras timesteps rounded, the midpoints' not.
 TEST(Kdpm2StepsTest, MidpointsAreGeometricMeansInSigma) {

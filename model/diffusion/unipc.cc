@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/json_read.h"
 #include "model/diffusion/dpm_solver.h"
 
 namespace difftrain {
@@ -52,7 +53,7 @@ Result<UniPcOptions> UniPcOptions::FromDiffusersScheduler(const nlohmann::json& 
   if (!json.is_object()) return Errorf("the scheduler config is not a JSON object");
   UniPcOptions o;
   try {
-    o.order = json.value("solver_order", 2);
+    o.order = JsonIntOr(json, "solver_order", 2);
     if (o.order < 1 || o.order > 3)
       return Errorf("solver_order: {} is not supported (1, 2 or 3)", o.order);
     std::string type = json.value("solver_type", std::string("bh2"));
@@ -63,7 +64,7 @@ Result<UniPcOptions> UniPcOptions::FromDiffusersScheduler(const nlohmann::json& 
     o.bh2 = type == "bh2";
     o.lower_order_final = json.value("lower_order_final", true);
     if (json.contains("disable_corrector"))
-      o.disable_corrector = json["disable_corrector"].get<std::vector<int>>();
+      o.disable_corrector = JsonInts(json["disable_corrector"], "disable_corrector");
     if (!json.value("predict_x0", true))
       return Errorf("predict_x0: false (UniPC on the noise prediction) is not supported");
     if (json.contains("solver_p") && !json["solver_p"].is_null())

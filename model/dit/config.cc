@@ -3,6 +3,8 @@
 #include <limits>
 #include <map>
 
+#include "common/json_read.h"
+
 namespace difftrain {
 namespace {
 
@@ -97,19 +99,19 @@ Result<DiTConfig> DiTConfig::FromJson(const nlohmann::json& j) {
   DiTConfig c;
   try {
     c.name = j.value("name", std::string("custom"));
-    c.input_size = j.at("input_size").get<int>();
-    c.patch_size = j.at("patch_size").get<int>();
-    c.in_channels = j.at("in_channels").get<int>();
-    c.hidden_size = j.at("hidden_size").get<int>();
-    c.depth = j.at("depth").get<int>();
-    c.num_heads = j.at("num_heads").get<int>();
+    c.input_size = JsonInt(j.at("input_size"), "input_size");
+    c.patch_size = JsonInt(j.at("patch_size"), "patch_size");
+    c.in_channels = JsonInt(j.at("in_channels"), "in_channels");
+    c.hidden_size = JsonInt(j.at("hidden_size"), "hidden_size");
+    c.depth = JsonInt(j.at("depth"), "depth");
+    c.num_heads = JsonInt(j.at("num_heads"), "num_heads");
     c.mlp_ratio = j.at("mlp_ratio").get<double>();
-    c.num_classes = j.at("num_classes").get<int>();
+    c.num_classes = JsonInt(j.at("num_classes"), "num_classes");
     c.class_dropout_prob = j.at("class_dropout_prob").get<double>();
     c.learn_sigma = j.at("learn_sigma").get<bool>();
     if (j.contains("num_frames")) {
       c.video = true;
-      c.num_frames = j.at("num_frames").get<int>();
+      c.num_frames = JsonInt(j.at("num_frames"), "num_frames");
     }
   } catch (const nlohmann::json::exception& e) {
     return Errorf("malformed DiT config: {}", e.what());

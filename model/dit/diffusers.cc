@@ -1,8 +1,12 @@
 #include "model/dit/diffusers.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
+
+#include "common/json_read.h"
 
 namespace difftrain {
 namespace {
@@ -51,8 +55,8 @@ Result<nlohmann::json> DiffusersDitConfig(const DiTConfig& c) {
 }
 
 Result<std::optional<DiTConfig>> DiTConfigFromDiffusers(const nlohmann::json& config) {
-  if (!config.is_object() || !IsDitClass(config.value("_class_name", std::string())) ||
-      config.value("norm_type", std::string()) != "ada_norm_zero" ||
+  if (!config.is_object() || !IsDitClass(JsonStringOr(config, "_class_name", "")) ||
+      JsonStringOr(config, "norm_type", "") != "ada_norm_zero" ||
       !config.value("patch_size", nlohmann::json()).is_number_integer() ||
       !config.value("in_channels", nlohmann::json()).is_number_integer()) {
     return std::optional<DiTConfig>();
@@ -60,7 +64,11 @@ Result<std::optional<DiTConfig>> DiTConfigFromDiffusers(const nlohmann::json& co
   auto integer = [&](const char* key) -> Result<int> {
     const nlohmann::json v = config.value(key, nlohmann::json());
     if (!v.is_number_integer()) return Errorf("diffusers DiT config: '{}' is no integer", key);
-    return v.get<int>();
+    try {
+      return JsonInt(v, key);
+    } catch (const nlohmann::json::exception& e) {
+      return Errorf("diffusers DiT config: {}", e.what());
+    }
   };
   // What difftrain's DiT is, where diffusers' may be otherwise.
   auto expect = [&](const char* key, const nlohmann::json& want) -> Status {
@@ -83,11 +91,18 @@ Result<std::optional<DiTConfig>> DiTConfigFromDiffusers(const nlohmann::json& co
   DT_ASSIGN_OR_RETURN(const int head_dim, integer("attention_head_dim"));
   DT_ASSIGN_OR_RETURN(c.depth, integer("num_layers"));
   DT_ASSIGN_OR_RETURN(c.num_classes, integer("num_embeds_ada_norm"));
-  c.hidden_size = c.num_heads * head_dim;
+  const int64_t hidden = int64_t{c.num_heads} * head_dim;
+  if (hidden <= 0 || hidden > std::numeric_limits<int>::max()) {
+    return Errorf(
+        "diffusers DiT config: num_attention_heads {} × attention_head_dim {} is no width",
+        c.num_heads, head_dim);
+  }
+  c.hidden_size = static_cast<int>(hidden);
   c.mlp_ratio = 4;
   c.class_dropout_prob = 0.1;  // diffusers' class embedder has the null class
   const nlohmann::json out = config.value("out_channels", nlohmann::json());
-  const int out_channels = out.is_number_integer() ? out.get<int>() : c.in_channels;
+  DT_ASSIGN_OR_RETURN(const int out_channels, out.is_number_integer() ? integer("out_channels")
+                                                                      : Result<int>(c.in_channels));
   if (out_channels != c.in_channels && out_channels != 2 * c.in_channels) {
     return Errorf(
         "diffusers DiT config: out_channels {} is neither in_channels {} nor twice them (a "

@@ -109,6 +109,18 @@ TEST(DiffusersDitTest, RefusesWhatDiffusersDiTCannotHoldAndPassesOverOtherModels
   heads["num_attention_heads"] = "2";
   EXPECT_THAT(DiTConfigFromDiffusers(heads).status().message(),
               HasSubstr("'num_attention_heads' is no integer"));
+  // Integers past int's range, and a width past it (tests/fuzz/config_fuzz).
+  heads["num_attention_heads"] = int64_t{1} << 32;
+  EXPECT_THAT(DiTConfigFromDiffusers(heads).status().message(),
+              HasSubstr("num_attention_heads: 4294967296 is not an integer"));
+  heads["num_attention_heads"] = 1 << 20;
+  heads["attention_head_dim"] = 1 << 12;
+  EXPECT_THAT(DiTConfigFromDiffusers(heads).status().message(),
+              HasSubstr("num_attention_heads 1048576 × attention_head_dim 4096 is no width"));
+  nlohmann::json big = dit;
+  big["sample_size"] = 1e300;
+  EXPECT_THAT(DiTConfigFromDiffusers(big).status().message(),
+              HasSubstr("'sample_size' is no integer"));
 }
 
 // The state dict diffusers 0.27.2 gives Transformer2DModel(num_layers=2, norm_type=

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/check.h"
+#include "common/json_read.h"
 #include "model/io/posix_file.h"
 
 namespace difftrain::io {
@@ -80,7 +81,7 @@ Result<Manifest> ParseManifest(const std::string& path, const std::string& text,
       return error(fmt::format("is not a {} version {} manifest", kFormat, kVersion));
     }
     manifest.step = json.at("step").get<int64_t>();
-    manifest.world = json.at("world").get<int>();
+    manifest.world = JsonInt(json.at("world"), "world");
     for (const nlohmann::json& shard : json.at("shards")) {
       manifest.shards.push_back(
           {shard.at("file").get<std::string>(), shard.at("bytes").get<uint64_t>(), 0});

@@ -100,20 +100,10 @@ bool HasImageExtension(const std::string& path) {
   return extension == ".png" || extension == ".jpg" || extension == ".jpeg";
 }
 
-Result<PngImage> ReadImage(const std::string& path) {
-  DT_ASSIGN_OR_RETURN(const auto file, ReadImageBytes(path));
-  const auto& [kind, bytes] = file;
-  if (kind == ImageKind::kPng) return ReadPng(path);
-  PngImage image;
-  JpegErrors errors;
-  if (!DecodeJpeg(bytes, image, errors, /*pixels=*/true))
-    return Errorf("JPEG file '{}': cannot decode: {}", path, errors.message);
-  return image;
-}
+namespace {
 
-Result<ImageSize> ReadImageSize(const std::string& path) {
-  DT_ASSIGN_OR_RETURN(const auto file, ReadImageBytes(path));
-  const auto& [kind, bytes] = file;
+// The width and height in the header of `bytes`, a picture of `kind` read from `path`.
+Result<ImageSize> SizeOf(ImageKind kind, const std::string& bytes, const std::string& path) {
   ImageSize size;
   if (kind == ImageKind::kPng) {
     // The signature, then IHDR's length and type, then its width and height, big-endian.
@@ -125,6 +115,7 @@ Result<ImageSize> ReadImageSize(const std::string& path) {
         v = (v << 8) | static_cast<uint8_t>(bytes[at + i]);
       return v;
     };
+    DT_RETURN_IF_ERROR(CheckImagePixels("PNG", path, be32(16), be32(20)));
     size.width = static_cast<int>(be32(16));
     size.height = static_cast<int>(be32(20));
     return size;
@@ -133,9 +124,30 @@ Result<ImageSize> ReadImageSize(const std::string& path) {
   JpegErrors errors;
   if (!DecodeJpeg(bytes, header, errors, /*pixels=*/false))
     return Errorf("JPEG file '{}': cannot read its header: {}", path, errors.message);
+  DT_RETURN_IF_ERROR(CheckImagePixels("JPEG", path, header.width, header.height));
   size.width = header.width;
   size.height = header.height;
   return size;
+}
+
+}  // namespace
+
+Result<PngImage> ReadImage(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(const auto file, ReadImageBytes(path));
+  const auto& [kind, bytes] = file;
+  if (kind == ImageKind::kPng) return DecodePng(bytes, path);
+  // Too many pixels are refused from the header, before any is allocated.
+  DT_RETURN_IF_ERROR(SizeOf(kind, bytes, path).status());
+  PngImage image;
+  JpegErrors errors;
+  if (!DecodeJpeg(bytes, image, errors, /*pixels=*/true))
+    return Errorf("JPEG file '{}': cannot decode: {}", path, errors.message);
+  return image;
+}
+
+Result<ImageSize> ReadImageSize(const std::string& path) {
+  DT_ASSIGN_OR_RETURN(const auto file, ReadImageBytes(path));
+  return SizeOf(file.first, file.second, path);
 }
 
 }  // namespace difftrain::io

@@ -93,11 +93,27 @@ Status WriteImageGrid(const std::string& path, const float* images, int N, int C
   return WritePng(path, grid->pixels.data(), grid->width, grid->height, C);
 }
 
+Status CheckImagePixels(const std::string& kind, const std::string& path, uint64_t width,
+                        uint64_t height) {
+  if (width > 0 && height > 0 && width * height <= kMaxImagePixels) return Status::Ok();
+  return Errorf("{} file '{}': {} × {} pixels, {} (the readers take up to {} pixels, as Pillow)",
+                kind, path, width, height, width == 0 || height == 0 ? "none" : "too many",
+                kMaxImagePixels);
+}
+
 Result<PngImage> ReadPng(const std::string& path) {
-  DT_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  DT_ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path));
+  return DecodePng(bytes, path);
+}
+
+Result<PngImage> DecodePng(const std::string& bytes, const std::string& path) {
   png_image image = NewImage();
   if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
     return PngError(path, fmt::format("cannot decode: {}", image.message));
+  }
+  if (Status pixels = CheckImagePixels("PNG", path, image.width, image.height); !pixels.ok()) {
+    png_image_free(&image);
+    return pixels;
   }
   // 8-bit samples, keeping the file's colour and alpha; palettes are expanded.
   image.format &= PNG_FORMAT_FLAG_COLOR | PNG_FORMAT_FLAG_ALPHA;

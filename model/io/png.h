@@ -36,7 +36,19 @@ Result<PngImage> MakeImageGrid(const float* images, int N, int C, int H, int W, 
 Status WriteImageGrid(const std::string& path, const float* images, int N, int C, int H, int W,
                       int columns, int padding);
 
+// The most pixels (width × height) a picture read here may have: Pillow's bound, past which
+// it refuses a file as a decompression bomb (2 × Image.MAX_IMAGE_PIXELS), so that a dataset
+// diffusers' scripts read is read here too. A few hundred bytes of PNG or JPEG can declare
+// 65,535² pixels, 12 GB decoded; the readers refuse such a file from its header.
+inline constexpr uint64_t kMaxImagePixels = 178'956'970;
+// The error for a picture of width × height pixels past kMaxImagePixels (or of none), naming
+// `kind` ("PNG", "JPEG") and `path`; Ok otherwise.
+Status CheckImagePixels(const std::string& kind, const std::string& path, uint64_t width,
+                        uint64_t height);
+
 // Reads a PNG file; an error names the file and says what is wrong with it.
 Result<PngImage> ReadPng(const std::string& path);
+// The PNG file `bytes`, read from `path` (which errors name).
+Result<PngImage> DecodePng(const std::string& bytes, const std::string& path);
 
 }  // namespace difftrain::io

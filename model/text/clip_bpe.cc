@@ -160,10 +160,9 @@ std::unique_ptr<ClipBpeTokenizer> ClipBpeTokenizer::Load(const std::filesystem::
   const json vocab = ReadJson(vocab_file);
   if (!vocab.is_object()) TokenizerFileError(vocab_file, "is not a JSON object of token → id");
   for (const auto& [token, id] : vocab.items()) {
-    if (!id.is_number_integer())
-      TokenizerFileError(vocab_file, fmt::format("the id of \"{}\" is no integer", token));
-    tok->vocab_[token] = id.get<int32_t>();
-    tok->vocab_size_ = std::max(tok->vocab_size_, id.get<int>() + 1);
+    const int32_t checked = TokenId(id, vocab_file, fmt::format("\"{}\"", token));
+    tok->vocab_[token] = checked;
+    tok->vocab_size_ = std::max(tok->vocab_size_, checked + 1);
   }
 
   // Python: read().strip().split("\n")[1 : 49152 - 256 - 2 + 1], each line .split().

@@ -1,8 +1,11 @@
 #include "model/text/config.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include <fmt/format.h>
+
+#include "common/json_read.h"
 
 namespace difftrain {
 namespace {
@@ -20,7 +23,12 @@ Result<TextActivation> ParseActivation(const std::string& name) {
 // `key` of `j` into `out` when present.
 template <typename T>
 void Read(const json& j, const char* key, T* out) {
-  if (j.contains(key) && !j[key].is_null()) *out = j[key].get<T>();
+  if (!j.contains(key) || j[key].is_null()) return;
+  if constexpr (std::is_same_v<T, int>) {
+    *out = JsonInt(j[key], key);  // range-checked
+  } else {
+    *out = j[key].get<T>();
+  }
 }
 
 }  // namespace

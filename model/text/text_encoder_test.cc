@@ -255,6 +255,9 @@ TEST(TextEncoderConfigTest, RefusesWhatItDoesNotImplementByName) {
        "hidden_size 10 is not a multiple of num_attention_heads 3"},
       {R"({"model_type": "clip"})", "without a text_config"},
       {R"({"model_type": "bert", "hidden_size": "big"})", "wrong type"},
+      // A number past int's range (tests/fuzz/config_fuzz: undefined behaviour before).
+      {R"({"model_type": "bert", "num_hidden_layers": 3e57})",
+       "num_hidden_layers: 3e+57 is not an integer"},
   };
   for (const auto& [json, message] : cases) {
     Result<TextEncoderConfig> c = TextEncoderConfig::FromJson(nlohmann::json::parse(json));

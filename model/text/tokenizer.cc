@@ -37,6 +37,19 @@ void TokenizerFileError(const fs::path& file, const std::string& what) {
   throw std::runtime_error(fmt::format("tokenizer {}: {}", file.string(), what));
 }
 
+int32_t TokenId(const nlohmann::json& id, const fs::path& file, const std::string& what) {
+  // A JSON integer beyond int64 is unsigned: beyond the bound too.
+  if (id.is_number_unsigned() && id.get<uint64_t>() <= uint64_t(kMaxTokenId)) {
+    return id.get<int32_t>();
+  }
+  if (id.is_number_integer() && !id.is_number_unsigned() && id.get<int64_t>() >= 0 &&
+      id.get<int64_t>() <= kMaxTokenId) {
+    return id.get<int32_t>();
+  }
+  TokenizerFileError(file, fmt::format("the id of {} is {}, not an integer in [0, {}]", what,
+                                       id.dump(), kMaxTokenId));
+}
+
 Tokens FrameTokens(std::vector<int32_t> pieces, int length, int32_t start, int32_t end,
                    int32_t pad) {
   if (length < 2) {

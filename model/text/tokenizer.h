@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace difftrain::text {
 
 struct Tokens {
@@ -43,6 +45,14 @@ Tokens FrameTokens(std::vector<int32_t> pieces, int length, int32_t start, int32
 // Throws std::runtime_error("tokenizer FILE: WHAT"): what a tokenizer's file holds that is not
 // supported, or lacks.
 [[noreturn]] void TokenizerFileError(const std::filesystem::path& file, const std::string& what);
+
+// The largest id a tokenizer's file may give (the text encoders' tables have up to ~250,000
+// rows); ids index an embedding table, so every one is checked when the file is read.
+inline constexpr int32_t kMaxTokenId = (1 << 24) - 1;
+// `id` (of `what`, in `file`) as a token id: an integer in [0, kMaxTokenId], else
+// TokenizerFileError.
+int32_t TokenId(const nlohmann::json& id, const std::filesystem::path& file,
+                const std::string& what);
 
 // The tokenizer of a model folder: WordPiece where its tokenizer.json's model is WordPiece,
 // CLIP's BPE where it has vocab.json and merges.txt; a diffusers pipeline folder's tokenizer/

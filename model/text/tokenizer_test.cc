@@ -145,6 +145,34 @@ TEST_F(WordPieceTest, RefusesOtherKindsNamingFileAndKey) {
       HasSubstr("is not JSON"));
 }
 
+// Ids index the text encoder's embedding table, which is checked against vocab_size() alone:
+// an id a file gives outside [0, kMaxTokenId] is refused naming it (tokenizer_fuzz found a
+// negative one accepted and encoded), and those of the post-processor and the padding count
+// toward vocab_size().
+TEST_F(WordPieceTest, RefusesIdsOutsideTheTableAndCountsTheSpecialOnes) {
+  json file = WordPieceJson();
+  file["model"]["vocab"]["hello"] = -1;
+  EXPECT_THAT(Thrown<std::runtime_error>([&] { Load(file); }),
+              HasSubstr("the id of model.vocab[\"hello\"] is -1, not an integer in [0, 16777215]"));
+  file = WordPieceJson();
+  file["model"]["vocab"]["hello"] = 2.5;
+  EXPECT_THAT(Thrown<std::runtime_error>([&] { Load(file); }), HasSubstr("is 2.5, not an integer"));
+  file = WordPieceJson();
+  file["padding"]["pad_id"] = uint64_t{1} << 40;
+  EXPECT_THAT(Thrown<std::runtime_error>([&] { Load(file); }), HasSubstr("padding.pad_id"));
+  file = WordPieceJson();
+  file["added_tokens"][0]["id"] = -3;
+  EXPECT_THAT(Thrown<std::runtime_error>([&] { Load(file); }), HasSubstr("added token \"[PAD]\""));
+  file = WordPieceJson();
+  file["post_processor"]["special_tokens"]["[SEP]"]["ids"][0] = 40;
+  auto tok = Load(file);
+  EXPECT_EQ(tok->vocab_size(), 41);
+  EXPECT_EQ(tok->Encode("hello", 4).ids, (std::vector<int32_t>{2, 10, 40, 0}));
+  file["post_processor"]["special_tokens"]["[SEP]"]["ids"][0] = -40;
+  EXPECT_THAT(Thrown<std::runtime_error>([&] { Load(file); }),
+              HasSubstr("post_processor.special_tokens[\"[SEP]\"] is -40"));
+}
+
 // A CLIP tokenizer folder: merges ranked l o, lo w</w>, e r</w>, lo w, n e.
 void WriteClip(const fs::path& folder) {
   const std::vector<std::string> vocab = {"!",
@@ -225,6 +253,20 @@ TEST_F(ClipBpeTest, TruncatesAndPadsWithTheConfiguredToken) {
   WriteClip(dir_ / "config");
   Write(dir_ / "config" / "tokenizer_config.json", R"({"pad_token": {"content": "!"}})");
   EXPECT_EQ(ClipBpeTokenizer::Load(dir_ / "config")->pad_id(), 0);
+}
+
+TEST_F(ClipBpeTest, RefusesIdsOutsideTheTable) {
+  WriteClip(dir_);
+  json vocab = json::parse(R"({"low</w>": 0, "!": -1})");
+  Write(dir_ / "vocab.json", vocab.dump());
+  const std::string error = Thrown<std::runtime_error>([&] { ClipBpeTokenizer::Load(dir_); });
+  EXPECT_THAT(error, HasSubstr("the id of \"!\" is -1, not an integer in [0, 16777215]"));
+  EXPECT_THAT(error, HasSubstr((dir_ / "vocab.json").string()));
+  Write(dir_ / "vocab.json", R"({"low</w>": 16777216})");
+  EXPECT_THAT(Thrown<std::runtime_error>([&] { ClipBpeTokenizer::Load(dir_); }),
+              HasSubstr("is 16777216"));
+  Write(dir_ / "vocab.json", R"({"low</w>": 16777215})");
+  EXPECT_EQ(ClipBpeTokenizer::Load(dir_)->vocab_size(), 16777216);
 }
 
 // Textual inversion's tokens: the next ids, cut out of the text as special tokens (the longest

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_read.h"
 #include "model/text/unicode.h"
 
 namespace difftrain::text {
@@ -109,7 +110,8 @@ int32_t TemplateTokenId(const std::filesystem::path& file, const json& processor
     TokenizerFileError(file,
                        fmt::format("post_processor.special_tokens[\"{}\"].ids is missing", name));
   }
-  return tokens[name]["ids"][0].get<int32_t>();
+  return TokenId(tokens[name]["ids"][0], file,
+                 fmt::format("post_processor.special_tokens[\"{}\"]", name));
 }
 
 }  // namespace
@@ -152,8 +154,9 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
       TokenizerFileError(file, "model.vocab is missing");
     }
     for (const auto& [piece, id] : model["vocab"].items()) {
-      tok->vocab_[piece] = id.get<int32_t>();
-      tok->vocab_size_ = std::max(tok->vocab_size_, id.get<int>() + 1);
+      const int32_t checked = TokenId(id, file, fmt::format("model.vocab[\"{}\"]", piece));
+      tok->vocab_[piece] = checked;
+      tok->vocab_size_ = std::max(tok->vocab_size_, checked + 1);
     }
     const std::string unk = model.value("unk_token", "[UNK]");
     const auto unk_id = tok->vocab_.find(unk);
@@ -162,7 +165,7 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
     }
     tok->unk_id_ = unk_id->second;
     tok->prefix_ = model.value("continuing_subword_prefix", "##");
-    tok->max_input_chars_per_word_ = model.value("max_input_chars_per_word", 100);
+    tok->max_input_chars_per_word_ = JsonIntOr(model, "max_input_chars_per_word", 100);
 
     for (const json& added : root.value("added_tokens", json::array())) {
       if (added.value("single_word", false)) {
@@ -171,7 +174,8 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
       }
       AddedToken token;
       token.content = DecodeUtf8(added.at("content").get<std::string>());
-      token.id = added.at("id").get<int32_t>();
+      token.id = TokenId(added.at("id"), file,
+                         fmt::format("added token \"{}\"", added.at("content").get<std::string>()));
       token.normalized = added.value("normalized", false);
       token.lstrip = added.value("lstrip", false);
       token.rstrip = added.value("rstrip", false);
@@ -189,8 +193,8 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
       tok->start_id_ = TemplateTokenId(file, post, single[0], "first");
       tok->end_id_ = TemplateTokenId(file, post, single[2], "last");
     } else if (TypeOf(post) == R"("BertProcessing")") {
-      tok->start_id_ = post.at("cls").at(1).get<int32_t>();
-      tok->end_id_ = post.at("sep").at(1).get<int32_t>();
+      tok->start_id_ = TokenId(post.at("cls").at(1), file, "post_processor.cls");
+      tok->end_id_ = TokenId(post.at("sep").at(1), file, "post_processor.sep");
     } else {
       TokenizerFileError(
           file, fmt::format("post_processor.type is {}, not TemplateProcessing or BertProcessing",
@@ -199,12 +203,16 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::Load(
 
     const json& padding = root.value("padding", json());
     if (padding.is_object() && padding.contains("pad_id")) {
-      tok->pad_id_ = padding["pad_id"].get<int32_t>();
+      tok->pad_id_ = TokenId(padding["pad_id"], file, "padding.pad_id");
     } else if (const auto pad = tok->vocab_.find("[PAD]"); pad != tok->vocab_.end()) {
       tok->pad_id_ = pad->second;
     } else {
       TokenizerFileError(file, "padding.pad_id is missing and model.vocab has no [PAD]");
     }
+    // Ids the post-processor and the padding add count as the vocabulary's: the encoder's
+    // table must have their rows too (TextEmbedder checks vocab_size against it).
+    tok->vocab_size_ =
+        std::max({tok->vocab_size_, tok->start_id_ + 1, tok->end_id_ + 1, tok->pad_id_ + 1});
   } catch (const json::exception& e) {
     TokenizerFileError(file, fmt::format("unexpected content: {}", e.what()));
   } catch (const std::invalid_argument& e) {

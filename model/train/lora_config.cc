@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/json_read.h"
+
 namespace difftrain {
 
 Status LoraConfig::Validate() const {
@@ -66,7 +68,7 @@ nlohmann::json LoraConfig::ToJson() const {
 Result<LoraConfig> LoraConfig::FromJson(const nlohmann::json& json) {
   LoraConfig c;
   try {
-    c.rank = json.at("rank").get<int>();
+    c.rank = JsonInt(json.at("rank"), "rank");
     c.alpha = json.at("alpha").get<double>();
     c.targets = json.at("targets").get<std::vector<std::string>>();
     c.use_dora = json.value("use_dora", false);

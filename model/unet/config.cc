@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/json_read.h"
 #include "model/unet/plan.h"
 
 namespace difftrain {
@@ -255,43 +256,43 @@ Result<UNetConfig> UNetConfig::FromJson(const json& j) {
         c.name = value.get<std::string>();
       else if (key == "sample_size" && value.is_array()) {
         // diffusers' [height, width]
-        const std::vector<int> size = value.get<std::vector<int>>();
+        const std::vector<int> size = JsonInts(value, key);
         if (size.size() != 2)
           return Errorf("model.sample_size: expected a side or [height, width], found {}",
                         value.dump());
         c.sample_size = size[0];
         c.sample_width = size[0] == size[1] ? 0 : size[1];
       } else if (key == "sample_size")
-        c.sample_size = value.get<int>();
+        c.sample_size = JsonInt(value, key);
       else if (key == "in_channels")
-        c.in_channels = value.get<int>();
+        c.in_channels = JsonInt(value, key);
       else if (key == "out_channels")
-        c.out_channels = value.get<int>();
+        c.out_channels = JsonInt(value, key);
       else if (key == "block_out_channels")
-        c.block_out_channels = value.get<std::vector<int>>();
+        c.block_out_channels = JsonInts(value, key);
       else if (key == "down_block_types")
         c.down_block_types = value.get<std::vector<std::string>>();
       else if (key == "up_block_types")
         c.up_block_types = value.get<std::vector<std::string>>();
       else if (key == "layers_per_block")
-        c.layers_per_block = value.get<int>();
+        c.layers_per_block = JsonInt(value, key);
       else if (key == "attention_head_dim")
         c.attention_head_dim =
-            value.is_array() ? value.get<std::vector<int>>() : std::vector<int>{value.get<int>()};
+            value.is_array() ? JsonInts(value, key) : std::vector<int>{JsonInt(value, key)};
       else if (key == "cross_attention_dim")
-        c.cross_attention_dim = value.get<int>();
+        c.cross_attention_dim = JsonInt(value, key);
       else if (key == "norm_num_groups")
-        c.norm_num_groups = value.get<int>();
+        c.norm_num_groups = JsonInt(value, key);
       else if (key == "use_linear_projection")
         c.use_linear_projection = value.get<bool>();
       else if (key == "upcast_attention")
         c.upcast_attention = !value.is_null() && value.get<bool>();  // SDXL's is null
       else if (key == "text_length")
-        c.text_length = value.get<int>();
+        c.text_length = JsonInt(value, key);
       else if (key == "text_dropout")
         c.text_dropout = value.get<double>();
       else if (key == "time_cond_proj_dim")
-        c.time_cond_proj_dim = value.is_null() ? 0 : value.get<int>();
+        c.time_cond_proj_dim = value.is_null() ? 0 : JsonInt(value, key);
       else if (key == "transformer_layers_per_block") {
         if (value.is_array() && !value.empty() && value[0].is_array()) {
           return Errorf(
@@ -300,7 +301,7 @@ Result<UNetConfig> UNetConfig::FromJson(const json& j) {
               value.dump());
         }
         c.transformer_layers_per_block =
-            value.is_array() ? value.get<std::vector<int>>() : std::vector<int>{value.get<int>()};
+            value.is_array() ? JsonInts(value, key) : std::vector<int>{JsonInt(value, key)};
       } else if (key == "addition_embed_type") {
         if (!value.is_null() && value != "text_time") {
           return Errorf("model.addition_embed_type: only null and \"text_time\" (SDXL's), found {}",
@@ -308,9 +309,9 @@ Result<UNetConfig> UNetConfig::FromJson(const json& j) {
         }
         text_time = !value.is_null();
       } else if (key == "addition_time_embed_dim")
-        c.addition_time_embed_dim = value.is_null() ? 0 : value.get<int>();
+        c.addition_time_embed_dim = value.is_null() ? 0 : JsonInt(value, key);
       else if (key == "projection_class_embeddings_input_dim")
-        c.projection_class_embeddings_input_dim = value.is_null() ? 0 : value.get<int>();
+        c.projection_class_embeddings_input_dim = value.is_null() ? 0 : JsonInt(value, key);
       else if (key == "requires_aesthetics_score")
         c.requires_aesthetics_score = value.get<bool>();
       else {

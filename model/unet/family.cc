@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/check.h"
+#include "common/json_read.h"
 #include "model/io/ldm_checkpoint.h"
 #include "model/train/gpu_step.h"
 #include "model/unet/unet.h"
@@ -111,7 +112,7 @@ class UNetFamilyImpl final : public ModelFamily {
 
   Result<std::optional<ModelSpec>> FromDiffusersConfig(
       const nlohmann::json& config) const override {
-    if (!config.is_object() || config.value("_class_name", std::string()) != "UNet2DConditionModel")
+    if (JsonStringOr(config, "_class_name", "") != "UNet2DConditionModel")
       return std::optional<ModelSpec>();
     nlohmann::json unet = config;
     unet["name"] = "unet";

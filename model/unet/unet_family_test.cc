@@ -8,6 +8,7 @@
 #include <functional>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "model/data/dataset.h"
@@ -28,6 +29,24 @@ UNetConfig Named(const std::string& name) {
 std::vector<int64_t> Shape(const UNetPlan& plan, const std::string& name) {
   const TensorSpec* t = plan.table.Find(name);
   return t ? t->shape : std::vector<int64_t>{};
+}
+
+// A config.json's numbers past int's range are refused by key (tests/fuzz/config_fuzz: a float
+// of 3e57 read as an int was undefined behaviour); an integral float is an int.
+TEST(UNetFamily, ConfigNumbersMustBeInts) {
+  nlohmann::json j = testing::TinyUNetConfig().ToJson();
+  j["sample_size"] = 3.05227e57;
+  EXPECT_THAT(UNetConfig::FromJson(j).status().message(),
+              ::testing::HasSubstr("sample_size: 3.05227e+57 is not an integer"));
+  j = testing::TinyUNetConfig().ToJson();
+  j["block_out_channels"] = {8, int64_t{1} << 33};
+  EXPECT_THAT(UNetConfig::FromJson(j).status().message(),
+              ::testing::HasSubstr("block_out_channels: 8589934592 is not an integer"));
+  j = testing::TinyUNetConfig().ToJson();
+  j["cross_attention_dim"] = double(testing::TinyUNetConfig().cross_attention_dim);
+  Result<UNetConfig> read = UNetConfig::FromJson(j);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->ToJson(), testing::TinyUNetConfig().ToJson());
 }
 
 TEST(UNetFamily, StableDiffusionParameterCountsAndNames) {

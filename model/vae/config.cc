@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "common/json_read.h"
+
 namespace difftrain {
 namespace {
 
@@ -59,19 +61,19 @@ Result<VaeConfig> VaeConfig::FromJson(const json& j) {
     if (j.contains("_class_name") && j["_class_name"] != "AutoencoderKL")
       return Errorf("_class_name: {} is not AutoencoderKL", j["_class_name"].dump());
     if (j.contains("block_out_channels"))
-      c.block_out_channels = j["block_out_channels"].get<std::vector<int>>();
+      c.block_out_channels = JsonInts(j["block_out_channels"], "block_out_channels");
     for (const auto& [key, value] : j.items()) {
       if (key.starts_with("_") || key == "block_out_channels") continue;
       if (key == "in_channels") {
-        c.in_channels = value.get<int>();
+        c.in_channels = JsonInt(value, key);
       } else if (key == "out_channels") {
-        c.out_channels = value.get<int>();
+        c.out_channels = JsonInt(value, key);
       } else if (key == "layers_per_block") {
-        c.layers_per_block = value.get<int>();
+        c.layers_per_block = JsonInt(value, key);
       } else if (key == "latent_channels") {
-        c.latent_channels = value.get<int>();
+        c.latent_channels = JsonInt(value, key);
       } else if (key == "norm_num_groups") {
-        c.norm_num_groups = value.get<int>();
+        c.norm_num_groups = JsonInt(value, key);
       } else if (key == "scaling_factor") {
         c.scaling_factor = value.get<double>();
       } else if (key == "mid_block_add_attention") {

@@ -79,6 +79,10 @@ TEST(VaeConfigTest, RefusesWhatItDoesNotImplementByName) {
   EXPECT_THAT(refused("norm_num_groups", 3), HasSubstr("block_out_channels[0] = 4"));
   EXPECT_THAT(refused("_class_name", "VQModel"), HasSubstr("not AutoencoderKL"));
   EXPECT_THAT(refused("layers_per_block", "two"), HasSubstr("malformed AutoencoderKL config"));
+  EXPECT_THAT(refused("latent_channels", 1e300),
+              HasSubstr("latent_channels: 1e+300 is not an integer"));
+  EXPECT_THAT(refused("block_out_channels", json::array({4, int64_t{1} << 40})),
+              HasSubstr("block_out_channels: 1099511627776 is not an integer"));
   EXPECT_EQ(refused("force_upcast", false), "accepted");
 }
 

@@ -3,29 +3,20 @@
 // reader and the streaming verifier must agree on it: both refuse it, or both accept it with
 // the same size and checksum, and every tensor Read accepts lies inside the file.
 // Built and run for a few seconds by `make test` when clang has -fsanitize=fuzzer.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "model/io/safetensors.h"
+#include "tests/fuzz/memory_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace difftrain;
-  const int fd = ::memfd_create("checkpoint_fuzz", MFD_CLOEXEC);
-  if (fd < 0) std::abort();
-  for (size_t done = 0; done < size;) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n <= 0) std::abort();
-    done += static_cast<size_t>(n);
-  }
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const fuzz::MemoryFile file(data, size);
+  const std::string path = file.path();
   Result<io::SafetensorsFile> read = io::SafetensorsFile::Read(path);
   Result<io::FileDigest> verified = io::SafetensorsFile::Verify(path);
-  ::close(fd);
   if (read.ok() != verified.ok()) std::abort();
   if (!read.ok()) return 0;
   if (read->digest().bytes != size || verified->bytes != size ||
