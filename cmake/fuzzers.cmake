@@ -144,3 +144,6 @@ difftrain_fuzz_target(scheduler_fuzz "-lfmt"
   model/diffusion/unipc.cc model/diffusion/lcm.cc model/diffusion/sampler_kind.cc
   model/diffusion/sampler.cc model/diffusion/multistep_samplers.cc common/json_read.cc
   LINKED model/diffusion/guided_model.cc model/diffusion/vb_loss.cc)
+difftrain_fuzz_target(text_table_fuzz "-lfmt;-lz"
+  tests/fuzz/text_table_fuzz.cc model/data/text_table.cc model/io/safetensors.cc
+  model/io/posix_file.cc model/tensor/tensor_table.cc)
