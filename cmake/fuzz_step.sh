@@ -30,9 +30,7 @@ link)
   for arg in "$@"; do
     case $arg in *.o) [ -s "$arg" ] || cat "$arg.error" >>"$binary.error" ;; esac
   done
-  if [ -s "$binary.error" ]; then
-    :
-  elif ! "$@" -o "$binary" 2>"$binary.error"; then
+  if [ ! -s "$binary.error" ] && ! "$@" -o "$binary" 2>"$binary.error"; then
     rm -f "$binary"
   fi
   if [ -x "$binary" ]; then
