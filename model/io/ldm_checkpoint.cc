@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <set>
 #include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace difftrain::io {
 namespace {
@@ -17,12 +19,18 @@ struct Indexed {
   int index;
   std::string rest;
 };
+// The layouts number their blocks and layers from 0 up to a few dozen; a number of more than
+// four digits is none of theirs (and would overflow the block arithmetic below).
+constexpr size_t kMaxIndexDigits = 4;
+
 std::optional<Indexed> After(std::string_view name, std::string_view prefix) {
   if (!name.starts_with(prefix)) return std::nullopt;
   name.remove_prefix(prefix.size());
   const size_t dot = name.find('.');
   const std::string_view digits = name.substr(0, dot);
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+  if (digits.empty() || digits.size() > kMaxIndexDigits ||
+      !std::all_of(digits.begin(), digits.end(), ::isdigit))
+    return std::nullopt;
   return Indexed{std::atoi(std::string(digits).c_str()),
                  dot == std::string_view::npos ? "" : std::string(name.substr(dot + 1))};
 }
@@ -112,11 +120,22 @@ std::optional<std::string> LdmUNetName(const std::string& name, int L,
 }
 
 // The shape of the file's tensor `name`, or an error naming it.
-Result<std::vector<int64_t>> ShapeOf(const SafetensorsFile& file, const std::string& name) {
+// The shape of tensor `name`, which must have one of `ranks` dimensions, each of a size a
+// config's int holds (the configs are read from them).
+Result<std::vector<int64_t>> ShapeOf(const SafetensorsFile& file, const std::string& name,
+                                     std::initializer_list<size_t> ranks) {
   const TensorView* t = file.Find(name);
   if (t == nullptr) {
     return Errorf("'{}' holds no tensor '{}' (an original Stable Diffusion checkpoint has it)",
                   file.path(), name);
+  }
+  const bool ranked = std::find(ranks.begin(), ranks.end(), t->shape.size()) != ranks.end();
+  const bool sized = std::all_of(t->shape.begin(), t->shape.end(),
+                                 [](int64_t d) { return d <= std::numeric_limits<int>::max(); });
+  if (!ranked || !sized) {
+    return Errorf("'{}': tensor '{}' has shape [{}], not one of {} dimensions{}", file.path(), name,
+                  fmt::join(t->shape, ", "), fmt::join(ranks, " or "),
+                  sized ? "" : " of an int's size");
   }
   return t->shape;
 }
@@ -228,7 +247,9 @@ Result<std::vector<std::string>> LdmUNetNames(const std::vector<std::string>& na
 
 Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
   const std::string p = kLdmUNetPrefix;
-  const auto shape = [&](const std::string& name) { return ShapeOf(file, p + name); };
+  const auto shape = [&](const std::string& name, std::initializer_list<size_t> ranks) {
+    return ShapeOf(file, p + name, ranks);
+  };
   if (file.Find(p + "label_emb.weight")) {
     return Errorf(
         "'{}': a UNet with class embeddings (label_emb: the x4 upscaler's) is not supported; SD "
@@ -251,15 +272,16 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
                   file.path(), N, L);
   }
   const int levels = N / (L + 1);
-  DT_ASSIGN_OR_RETURN(const std::vector<int64_t> conv_in, shape("input_blocks.0.0.weight"));
-  DT_ASSIGN_OR_RETURN(const std::vector<int64_t> conv_out, shape("out.2.weight"));
+  DT_ASSIGN_OR_RETURN(const std::vector<int64_t> conv_in, shape("input_blocks.0.0.weight", {4}));
+  DT_ASSIGN_OR_RETURN(const std::vector<int64_t> conv_out, shape("out.2.weight", {4}));
   std::vector<int> channels;
   std::vector<std::string> down, up;
   std::optional<std::string> attention;  // the first attention's name
   std::vector<int> depths;               // transformer blocks a level (1 where it attends not)
   for (int b = 0; b < levels; ++b) {
     const std::string block = fmt::format("input_blocks.{}.", 1 + b * (L + 1));
-    DT_ASSIGN_OR_RETURN(const std::vector<int64_t> out, shape(block + "0.out_layers.3.weight"));
+    DT_ASSIGN_OR_RETURN(const std::vector<int64_t> out,
+                        shape(block + "0.out_layers.3.weight", {4}));
     channels.push_back(static_cast<int>(out[0]));
     const bool attends = file.Find(p + block + "1.proj_in.weight") != nullptr;
     if (attends && !attention) attention = block + "1.";
@@ -270,9 +292,10 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
   for (int b = levels - 1; b >= 0; --b)
     up.push_back(down[b] == "DownBlock2D" ? "UpBlock2D" : "CrossAttnUpBlock2D");
   if (!attention) return Errorf("'{}': its UNet has no cross-attention", file.path());
-  DT_ASSIGN_OR_RETURN(const std::vector<int64_t> proj_in, shape(*attention + "proj_in.weight"));
+  DT_ASSIGN_OR_RETURN(const std::vector<int64_t> proj_in,
+                      shape(*attention + "proj_in.weight", {2, 4}));
   DT_ASSIGN_OR_RETURN(const std::vector<int64_t> to_k,
-                      shape(*attention + "transformer_blocks.0.attn2.to_k.weight"));
+                      shape(*attention + "transformer_blocks.0.attn2.to_k.weight", {2}));
   const bool linear = proj_in.size() == 2;
   // SD 1.x: 8 heads; SD 2.x: heads of 64 channels (diffusers' attention_head_dim counts heads).
   nlohmann::json heads = 8;
@@ -319,7 +342,7 @@ Result<nlohmann::json> LdmUNetConfig(const SafetensorsFile& file) {
   if (file.Find(p + "label_emb.0.0.weight") == nullptr) return config;
   // SDXL: pooled text ‖ sinusoids of 6 time ids (the refiner's 5), each of
   // addition_time_embed_dim features.
-  DT_ASSIGN_OR_RETURN(const std::vector<int64_t> label, shape("label_emb.0.0.weight"));
+  DT_ASSIGN_OR_RETURN(const std::vector<int64_t> label, shape("label_emb.0.0.weight", {2}));
   const bool refiner = IsSdxlRefinerCheckpoint(file);
   const int64_t kTimeIds = refiner ? 5 : 6;
   int64_t time_features = 256;  // SDXL's, which diffusers assumes too
@@ -385,7 +408,7 @@ std::vector<std::string> LdmVaeNames(const std::vector<std::string>& names) {
 
 Result<nlohmann::json> LdmVaeConfig(const SafetensorsFile& file) {
   const std::string p = kLdmVaePrefix;
-  const auto shape = [&](const std::string& name) { return ShapeOf(file, p + name); };
+  const auto shape = [&](const std::string& name) { return ShapeOf(file, p + name, {4}); };
   std::vector<std::string> vae;
   for (const std::string& name : file.Names()) {
     if (name.starts_with(p)) vae.push_back(name.substr(p.size()));

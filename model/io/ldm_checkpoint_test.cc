@@ -206,6 +206,41 @@ TEST(LdmCheckpointTest, ReadsTheUNetsConfigFromItsTensors) {
     ASSERT_TRUE(unused.ok()) << unused.status().message();
     // The text model's projection (and the refiner's layer).
     EXPECT_EQ(unused->size(), kind == kSdxl ? 1u : kind == kRefiner ? 2u : 0u);
+    if (kind == kSd1 && in_channels == 4) {
+      // A block numbered past the layout's four digits is none of it (INT_MAX's would have
+      // overflowed the count of blocks): the same config (found writing single_file_fuzz).
+      std::vector<std::string> past = *ldm;
+      std::vector<std::vector<int64_t>> past_shapes = shapes;
+      past.push_back(std::string(kLdmUNetPrefix) + "input_blocks.2147483647.0.in_layers.0.weight");
+      past_shapes.push_back({32});
+      TempDir past_dir("ldm_unet_past");
+      Result<SafetensorsFile> past_file = ZerosFile(past_dir, past, past_shapes);
+      ASSERT_TRUE(past_file.ok());
+      Result<nlohmann::json> past_config = LdmUNetConfig(*past_file);
+      ASSERT_TRUE(past_config.ok()) << past_config.status().message();
+      EXPECT_EQ(*past_config, *read);
+      Result<std::vector<std::string>> no_place =
+          LdmUNetNames({"down_blocks.10000.resnets.0.norm1.weight"});
+      ASSERT_FALSE(no_place.ok());
+      EXPECT_NE(no_place.status().message().find("has no place"), std::string::npos);
+      // A convolution of one dimension (it read its second, past the shape's end) is refused
+      // naming it.
+      std::vector<std::vector<int64_t>> flat = shapes;
+      const size_t conv_in = std::find(ldm->begin(), ldm->end(),
+                                       std::string(kLdmUNetPrefix) + "input_blocks.0.0.weight") -
+                             ldm->begin();
+      ASSERT_LT(conv_in, flat.size());
+      flat[conv_in] = {32};
+      TempDir flat_dir("ldm_unet_flat");
+      Result<SafetensorsFile> flat_file = ZerosFile(flat_dir, *ldm, flat);
+      ASSERT_TRUE(flat_file.ok());
+      Result<nlohmann::json> refused = LdmUNetConfig(*flat_file);
+      ASSERT_FALSE(refused.ok());
+      EXPECT_NE(refused.status().message().find(
+                    "input_blocks.0.0.weight' has shape [32], not one of 4 dimensions"),
+                std::string::npos)
+          << refused.status().message();
+    }
     if (kind != kSdxl) continue;
     // Without its text models the time features are SDXL's 256: label_emb.0.0's 64 inputs
     // leave no pooled text, and the config says so.
@@ -304,6 +339,23 @@ TEST(LdmCheckpointTest, LoadsTheVaeOfAnOriginalCheckpoint) {
   EXPECT_EQ(loaded->config().block_out_channels, (std::vector<int>{32, 64}));
   EXPECT_EQ(loaded->config().layers_per_block, 2);
   EXPECT_DOUBLE_EQ(loaded->config().scaling_factor, 0.18215);
+  // A level's convolution without dimensions is refused naming it (its size was read from
+  // an empty shape: found writing single_file_fuzz).
+  SafetensorsWriter flat;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const bool conv1 = ldm[i].ends_with("encoder.down.1.block.0.conv1.weight");
+    flat.AddF32(ldm[i], conv1 ? std::vector<int64_t>{} : table.tensors()[i].shape,
+                weights.data() + table.tensors()[i].offset);
+  }
+  ASSERT_TRUE(flat.WriteAtomic(dir.path() + "/flat.safetensors").ok());
+  Result<SafetensorsFile> flat_file = SafetensorsFile::Read(dir.path() + "/flat.safetensors");
+  ASSERT_TRUE(flat_file.ok()) << flat_file.status().message();
+  Result<nlohmann::json> refused = LdmVaeConfig(*flat_file);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(
+                "encoder.down.1.block.0.conv1.weight' has shape [], not one of 4 dimensions"),
+            std::string::npos)
+      << refused.status().message();
   const Vae direct(*c, weights);
   std::vector<float> latents(4 * 4 * 4), a(3 * 8 * 8), b(a.size());
   for (size_t i = 0; i < latents.size(); ++i)
