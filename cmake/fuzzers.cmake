@@ -157,3 +157,13 @@ difftrain_fuzz_target(scheduler_fuzz "-lfmt"
 difftrain_fuzz_target(text_table_fuzz "-lfmt;-lz"
   tests/fuzz/text_table_fuzz.cc model/data/text_table.cc model/io/safetensors.cc
   model/io/posix_file.cc model/tensor/tensor_table.cc)
+difftrain_fuzz_target(single_file_fuzz "-lfmt;-lz"
+  tests/fuzz/single_file_fuzz.cc model/io/ldm_checkpoint.cc model/io/safetensors.cc
+  model/io/posix_file.cc model/unet/config.cc model/unet/plan.cc model/vae/config.cc
+  common/json_read.cc LINKED model/tensor/tensor_table.cc)
+difftrain_fuzz_target(latent_folder_fuzz "-lfmt;-lz;-lpng;-ljpeg"
+  tests/fuzz/latent_folder_fuzz.cc model/data/latent_folder.cc model/data/dataset.cc
+  model/data/text_table.cc model/io/safetensors.cc model/io/posix_file.cc common/json_read.cc
+  LINKED model/tensor/tensor_table.cc model/data/fashion_mnist.cc
+  model/data/moving_fashion_mnist.cc model/data/image_folder.cc model/io/image.cc
+  model/io/png.cc model/io/resample.cc)

@@ -108,10 +108,12 @@ Result<uint64_t> TensorOffset(const std::string& path, const Json& header, const
     return ShardError(path, fmt::format("tensor '{}' has data_offsets {} for {} bytes", name,
                                         offsets.dump(), bytes));
   }
-  const uint64_t end = data_start + offsets[1].get<uint64_t>();
-  if (end > file_bytes) {
-    return ShardError(path, fmt::format("truncated: tensor '{}' ends at byte {}, the file has {}",
-                                        name, end, file_bytes));
+  // Against the data's size, not as data_start + end: an offset near 2^64 wrapped that sum
+  // into the file, and the samples were read from the header.
+  if (offsets[1].get<uint64_t>() > file_bytes - data_start) {
+    return ShardError(path, fmt::format("truncated: tensor '{}' ends at byte {} of the data, the "
+                                        "file holds {} bytes of data",
+                                        name, offsets[1].get<uint64_t>(), file_bytes - data_start));
   }
   return data_start + offsets[0].get<uint64_t>();
 }
@@ -247,6 +249,11 @@ Result<std::unique_ptr<LatentFolderDataset>> LatentFolderDataset::Open(const std
                                     data->shards_.size(), file.dump()));
     }
     DT_ASSIGN_OR_RETURN(int64_t count, PositiveField(entry, "count", index_path));
+    if (count > total - first) {  // (summed, counts near 2^63 overflowed)
+      return IndexError(
+          index_path, fmt::format("'total' is {} but shard {}'s count {} takes the shards past it",
+                                  total, data->shards_.size(), count));
+    }
     int bucket = 0;
     if (!data->buckets_.empty()) {  // each shard's samples are of one bucket's size
       const Json b = entry.value("bucket", Json());

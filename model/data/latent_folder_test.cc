@@ -219,6 +219,48 @@ TEST_F(LatentFolderTest, HugeCountInTheIndexIsAnErrorNotAnAllocation) {
   ExpectError(Path("shard-00000.safetensors"), "expected F32 [1152921504606846976,4,8,8]");
 }
 
+// Counts near 2^63 overflowed their sum before the total was compared (found writing
+// latent_folder_fuzz; its regression seed): the shard that passes the total is refused.
+TEST_F(LatentFolderTest, CountsThatPassTheTotalAreAnErrorNotAnOverflow) {
+  Pack();
+  Json index = Index();
+  index["shards"][0]["count"] = int64_t{1} << 62;
+  index["shards"][1]["count"] = int64_t{1} << 62;
+  index["total"] = (int64_t{1} << 62) + 6;
+  SetIndex(index);
+  ExpectError(Path("index.json"), "shard 1's count 4611686018427387904 takes the shards past it");
+}
+
+// A tensor whose data_offsets lie near 2^64 wrapped, added to the header's end, back into the
+// file: the samples were read from the header's own bytes. Refused as past the data.
+TEST_F(LatentFolderTest, OffsetsPastTheDataAreAnErrorNotAWrapIntoTheHeader) {
+  const Json index = {{"format", "difftrain-latents"},
+                      {"version", 1},
+                      {"channels", 1},
+                      {"height", 1},
+                      {"width", 1},
+                      {"num_classes", 0},
+                      {"shards", {{{"file", "shard.safetensors"}, {"count", 1}}}},
+                      {"total", 1}};
+  SetIndex(index);
+  std::string header;
+  for (size_t guessed = 0; guessed != header.size() || header.empty();) {
+    guessed = header.size();  // the header's length, which the wrapped offsets depend on
+    const uint64_t wrapped = ~uint64_t{0} - (8 + guessed) + 1 + 8;  // data start + it = byte 8
+    header =
+        Json{
+            {"latents",
+             {{"dtype", "F32"}, {"shape", {1, 1, 1, 1}}, {"data_offsets", {wrapped, wrapped + 4}}}},
+            {"labels", {{"dtype", "I64"}, {"shape", {1}}, {"data_offsets", {0, 8}}}}}
+            .dump();
+  }
+  const uint64_t length = header.size();
+  std::string file(reinterpret_cast<const char*>(&length), 8);
+  file += header + std::string(8, '\0');
+  WriteText(Path("shard.safetensors"), file);
+  ExpectError(Path("shard.safetensors"), "tensor 'latents' ends at byte");
+}
+
 TEST_F(LatentFolderTest, TruncatedShard) {
   Pack();
   const std::string path = Path("shard-00001.safetensors");
