@@ -23,8 +23,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <string_view>
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "model/io/ldm_checkpoint.h"
@@ -117,6 +121,14 @@ std::optional<std::vector<Tensor>> ParseTensors(std::string_view text) {
     tensors.push_back(std::move(t));
   }
   return tensors;
+}
+
+// The input form of `tensors`, which ParseTensors reads.
+std::string Lines(const std::vector<Tensor>& tensors) {
+  std::string text;
+  for (const Tensor& t : tensors)
+    text += fmt::format("{} {}\n", t.name, fmt::join(t.shape, ","));
+  return text;
 }
 
 bool Verbose() {
@@ -208,11 +220,9 @@ void WriteSeeds(const std::string& dir) {
     const UNetPlan plan(*c);
     Result<std::vector<std::string>> ldm = io::LdmUNetNames(plan.table.Names());
     if (!ldm.ok()) std::exit(1);
-    std::ofstream out(dir + "/" + name);
-    for (const Tensor& t : LdmUNetTensors(*c, *ldm, nullptr))
-      out << t.name << " " << fmt::format("{}", fmt::join(t.shape, ",")) << "\n";
-    for (const Tensor& t : text)
-      out << t.name << " " << fmt::format("{}", fmt::join(t.shape, ",")) << "\n";
+    std::vector<Tensor> tensors = LdmUNetTensors(*c, *ldm, nullptr);
+    tensors.insert(tensors.end(), text.begin(), text.end());
+    std::ofstream(dir + "/" + name) << Lines(tensors);
   };
   const nlohmann::json sd1 = {{"block_out_channels", {32, 64}},
                               {"layers_per_block", 1},
@@ -271,6 +281,67 @@ void WriteSeeds(const std::string& dir) {
 }
 
 }  // namespace
+
+// libFuzzer's own mutation of the bytes.
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+
+// Half the mutations know the input's form (libFuzzer's byte-level ones did not find, in
+// 300 s, a block numbered 2147483647 or a convolution without dimensions): a tensor's
+// dimension set to an extreme, dropped or added; a number in a name set to an extreme; a
+// tensor dropped, or copied under another number.
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
+                                          unsigned int seed) {
+  std::minstd_rand rng(seed);
+  std::optional<std::vector<Tensor>> tensors =
+      ParseTensors(std::string_view(reinterpret_cast<const char*>(data), size));
+  if (!tensors || tensors->empty() || rng() % 2 == 0) return LLVMFuzzerMutate(data, size, max_size);
+  constexpr int64_t kDims[] = {0, 1, 2, 3, 64, 2147483647, 2147483648, 4294967296};
+  constexpr const char* kNumbers[] = {"0", "1", "2", "9999", "10000", "2147483647", "99999999999"};
+  const auto pick = [&](const auto& options) { return options[rng() % std::size(options)]; };
+  // Another number in place of one of the name's (where it has one).
+  const auto renumbered = [&](std::string name) {
+    std::vector<std::pair<size_t, size_t>> runs;  // start, length
+    for (size_t i = 0; i < name.size(); ++i) {
+      if (name[i] < '0' || name[i] > '9') continue;
+      const size_t start = i;
+      while (i < name.size() && name[i] >= '0' && name[i] <= '9')
+        ++i;
+      runs.push_back({start, i - start});
+    }
+    if (runs.empty()) return name;
+    const auto [at, length] = runs[rng() % runs.size()];
+    return name.replace(at, length, pick(kNumbers));
+  };
+  const size_t k = rng() % tensors->size();
+  Tensor& t = (*tensors)[k];
+  switch (rng() % 6) {
+    case 0:
+      if (t.shape.empty())
+        t.shape.push_back(pick(kDims));
+      else
+        t.shape[rng() % t.shape.size()] = pick(kDims);
+      break;
+    case 1:
+      if (!t.shape.empty()) t.shape.erase(t.shape.begin() + rng() % t.shape.size());
+      break;
+    case 2:
+      t.shape.insert(t.shape.begin() + rng() % (t.shape.size() + 1), pick(kDims));
+      break;
+    case 3:
+      t.name = renumbered(t.name);
+      break;
+    case 4:
+      tensors->erase(tensors->begin() + k);
+      break;
+    default:
+      tensors->push_back({renumbered(t.name), t.shape});
+      break;
+  }
+  const std::string text = Lines(*tensors);
+  if (text.size() > max_size) return LLVMFuzzerMutate(data, size, max_size);
+  std::memcpy(data, text.data(), text.size());
+  return text.size();
+}
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* dir = std::getenv("SINGLE_FILE_FUZZ_SEEDS")) {
