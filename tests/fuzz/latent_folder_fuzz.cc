@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -34,6 +33,7 @@
 #include "model/data/latent_folder.h"
 #include "model/data/text_table.h"
 #include "model/io/safetensors.h"
+#include "tests/fuzz/mutator.h"
 
 extern "C" const char* __asan_default_options() {
   return "malloc_context_size=0";
@@ -186,9 +186,6 @@ void WriteSeeds(const std::string& dir) {
 
 }  // namespace
 
-// libFuzzer's own mutation of the bytes.
-extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
-
 // Half the mutations know the index is JSON (libFuzzer's byte-level ones did not find, in
 // 180 s, two shard counts near 2^62): a number anywhere set to an extreme, an array's element
 // copied, a member dropped.
@@ -235,10 +232,7 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
       break;
     }
   }
-  const std::string text = index.dump();
-  if (text.size() > max_size) return LLVMFuzzerMutate(data, size, max_size);
-  std::memcpy(data, text.data(), text.size());
-  return text.size();
+  return fuzz::Mutated(data, size, max_size, index.dump());
 }
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {

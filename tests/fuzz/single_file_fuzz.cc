@@ -23,7 +23,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -44,6 +43,7 @@
 #include "model/unet/plan.h"
 #include "model/vae/config.h"
 #include "tests/fuzz/memory_file.h"
+#include "tests/fuzz/mutator.h"
 
 extern "C" const char* __asan_default_options() {
   return "malloc_context_size=0";
@@ -140,15 +140,14 @@ std::string Said(const Result<nlohmann::json>& json) {
   return json.ok() ? json->dump() : json.status().message();
 }
 
-// The UNet of `config` under the file's names, with the text tensors `file` holds that a
+// The UNet's tensors `unet` under the file's names, with the text tensors `file` holds that a
 // UNet's config is read from (SDXL's pooled text width, the refiner's one text model).
-std::vector<Tensor> LdmUNetTensors(const UNetConfig& config,
+std::vector<Tensor> LdmUNetTensors(const TensorTable& unet,
                                    const std::vector<std::string>& ldm_names,
                                    const io::SafetensorsFile* file) {
-  const UNetPlan plan(config);
   std::vector<Tensor> tensors;
   for (size_t i = 0; i < ldm_names.size(); ++i)
-    tensors.push_back({ldm_names[i], plan.table.tensors()[i].shape});
+    tensors.push_back({ldm_names[i], unet.tensors()[i].shape});
   if (file == nullptr) return tensors;
   for (const std::string& name : file->Names()) {
     if (name.starts_with(io::kLdmUNetPrefix) || name.starts_with(io::kLdmVaePrefix)) continue;
@@ -185,7 +184,7 @@ void CheckUNet(const io::SafetensorsFile& file) {
   }
   if (io::SgmUNetNames(names).size() != names.size()) std::abort();
 
-  const fuzz::MemoryFile again = HeaderFile(LdmUNetTensors(*config, *ldm, &file));
+  const fuzz::MemoryFile again = HeaderFile(LdmUNetTensors(plan.table, *ldm, &file));
   Result<io::SafetensorsFile> reread = io::SafetensorsFile::ReadHeader(again.path());
   if (!reread.ok()) {
     std::fprintf(stderr, "the UNet's own file: %s\n", reread.status().message().c_str());
@@ -220,7 +219,7 @@ void WriteSeeds(const std::string& dir) {
     const UNetPlan plan(*c);
     Result<std::vector<std::string>> ldm = io::LdmUNetNames(plan.table.Names());
     if (!ldm.ok()) std::exit(1);
-    std::vector<Tensor> tensors = LdmUNetTensors(*c, *ldm, nullptr);
+    std::vector<Tensor> tensors = LdmUNetTensors(plan.table, *ldm, nullptr);
     tensors.insert(tensors.end(), text.begin(), text.end());
     std::ofstream(dir + "/" + name) << Lines(tensors);
   };
@@ -282,9 +281,6 @@ void WriteSeeds(const std::string& dir) {
 
 }  // namespace
 
-// libFuzzer's own mutation of the bytes.
-extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
-
 // Half the mutations know the input's form (libFuzzer's byte-level ones did not find, in
 // 300 s, a block numbered 2147483647 or a convolution without dimensions): a tensor's
 // dimension set to an extreme, dropped or added; a number in a name set to an extreme; a
@@ -337,10 +333,7 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
       tensors->push_back({renumbered(t.name), t.shape});
       break;
   }
-  const std::string text = Lines(*tensors);
-  if (text.size() > max_size) return LLVMFuzzerMutate(data, size, max_size);
-  std::memcpy(data, text.data(), text.size());
-  return text.size();
+  return fuzz::Mutated(data, size, max_size, Lines(*tensors));
 }
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
