@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: deps configure build test run format clean
+.PHONY: deps configure build bench test run format clean
 
 deps:
 	@scripts/install-deps.sh
@@ -13,6 +13,11 @@ configure: deps
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# The build plus the benchmark programs (bench/), which `make test` does not run and so the
+# default build leaves out; the scripts in bench/ call this before they run one.
+bench: configure
+	@cmake --build $(BUILD) -j $(JOBS) --target all benchmarks
 
 # CPU ranks take their MFU peak from DIFFTRAIN_CPU_PEAK_GFLOPS (about one core's sgemm here)
 # rather than measuring it at each start: ~0.15-0.2 s a rank on one thread, ~30% of a small

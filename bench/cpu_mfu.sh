@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=${BENCH:-build/bench/bench_cpu_mfu}
-[[ -n ${BENCH:-} ]] || make build >/dev/null
+[[ -n ${BENCH:-} ]] || make bench >/dev/null
 batches=("${@:-32 64}")
 configs=${CONFIGS-jobs/unet-fashion.yaml jobs/latte-moving-fashion.yaml}
 echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-default}"

@@ -8,7 +8,7 @@
 #   SKIP_BUILD=1 uses build/ as it is; THREADS (default: the cores) for both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ -n ${SKIP_BUILD:-} ]] || make build >/dev/null
+[[ -n ${SKIP_BUILD:-} ]] || make bench >/dev/null
 size=${1:-256}
 repeats=${2:-5}
 threads=${THREADS:-$(nproc)}

@@ -23,6 +23,8 @@ fi
 build=${1:-build}
 out=${2:-.gpu}
 
+# The bench programs are not in the default build (bench/CMakeLists.txt): build them here.
+[[ -f $build/build.ninja || -f $build/Makefile ]] && cmake --build "$build" --target benchmarks >/dev/null
 programs=("$build"/cuda_*_test "$build/bench/bench_cuda_dit" "$build/bench/bench_cuda_attention"
   "$build/bench/bench_cuda_norms" "$build/bench/bench_cuda_unet" "$build/difftrain")
 for p in "${programs[@]}"; do
