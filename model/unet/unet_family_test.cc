@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -199,6 +200,42 @@ TEST(UNetFamily, ForwardMacsAt512Pixels) {
   EXPECT_NEAR(m.linear / 1e9, 129.4, 0.05);
   EXPECT_NEAR(m.attention / 1e9, 63.0, 0.05);
   EXPECT_NEAR(ForwardMacs(Named("SD2-base")).total() / 1e9, 402.1, 0.05);
+}
+
+// A pipeline's unet/config.json (`sample --pretrained`, `checkpoint.init_from`): what
+// DiffusersConfig writes reads back as the same model; the config of another class, of none,
+// or whose "_class_name" is no string is no UNet's (the caller asks the next family): neither
+// an error nor an exception (nlohmann's value() threw on a number there).
+TEST(UNetFamily, DiffusersConfigReadsBackAndOtherClassesAreNone) {
+  const ModelSpec sd2 = UNetSpec(Named("SD2-base"));
+  Result<nlohmann::json> written = UNetFamily().DiffusersConfig(sd2);
+  ASSERT_TRUE(written.ok()) << written.status().message();
+  EXPECT_EQ((*written)["_class_name"], "UNet2DConditionModel");
+  EXPECT_FALSE(written->contains("name"));
+  Result<std::optional<ModelSpec>> read = UNetFamily().FromDiffusersConfig(*written);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  ASSERT_TRUE(read->has_value());
+  // The same model, under the name a pipeline's UNet takes (a config.json names none).
+  nlohmann::json expected = Named("SD2-base").ToJson();
+  expected["name"] = "unet";
+  EXPECT_EQ(UNetConfigOf(**read).ToJson(), expected);
+
+  for (const nlohmann::json& other : {nlohmann::json("AutoencoderKL"), nlohmann::json(42),
+                                      nlohmann::json::array(), nlohmann::json(nullptr)}) {
+    nlohmann::json config = *written;
+    config["_class_name"] = other;
+    Result<std::optional<ModelSpec>> none = UNetFamily().FromDiffusersConfig(config);
+    ASSERT_TRUE(none.ok()) << other << ": " << none.status().message();
+    EXPECT_FALSE(none->has_value()) << other;
+  }
+  nlohmann::json unnamed = *written;
+  unnamed.erase("_class_name");
+  EXPECT_FALSE(UNetFamily().FromDiffusersConfig(unnamed)->has_value());
+  // A UNet's config that is no valid UNet is an error naming the key.
+  nlohmann::json bad = *written;
+  bad["act_fn"] = "gelu";
+  EXPECT_THAT(UNetFamily().FromDiffusersConfig(bad).status().message(),
+              ::testing::HasSubstr("act_fn"));
 }
 
 TEST(UNetFamily, DiffusersKeysInAndOut) {
