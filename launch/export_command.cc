@@ -4,7 +4,6 @@
 // checkpoint (A1111, ComfyUI, diffusers' from_single_file), the bare state dict of any family, or
 // a LoRA run's adapters as a LoRA file.
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -25,9 +24,9 @@
 #include "launch/command.h"
 #include "launch/sample_source.h"
 #include "model/family/family.h"
+#include "model/io/half.h"
 #include "model/io/ldm_checkpoint.h"
 #include "model/io/safetensors.h"
-#include "model/simt/simt.h"
 #include "model/train/lora_adapters.h"
 #include "model/train/textual_inversion.h"
 
@@ -57,10 +56,7 @@ class TensorSink {
     for (int64_t d : shape)
       n *= static_cast<size_t>(d);
     std::vector<uint16_t>& bits = halves_.emplace_back(n);
-    for (size_t i = 0; i < n; ++i) {
-      bits[i] = dtype_ == io::DType::kF16 ? std::bit_cast<uint16_t>(static_cast<_Float16>(data[i]))
-                                          : simt::FloatToBf16(data[i]);
-    }
+    io::RoundFloats(data, n, dtype_ == io::DType::kBF16, bits.data());
     file_.Add(name, dtype_, shape, bits.data());
   }
   // A tensor of another file, as it is stored there (its dtype).

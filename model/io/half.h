@@ -1,7 +1,8 @@
-// IEEE binary16 (a safetensors F16 tensor's element) to fp32.
+// IEEE binary16 and bfloat16 (a safetensors F16 or BF16 tensor's element) and fp32.
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 
 namespace difftrain::io {
@@ -37,5 +38,19 @@ inline float HalfToFloat(uint16_t h) {
   return HalfBitsToFloat(h);
 #endif
 }
+
+// fp32 to bfloat16 bits, rounded to nearest even; a NaN stays a NaN (quieted), as torch's
+// .bfloat16().
+constexpr uint16_t FloatToBf16Bits(float x) {
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// n floats to F16 bits (`bf16` false: IEEE binary16, rounded to nearest even, as torch's
+// .half()) or BF16 bits (FloatToBf16Bits): `difftrain export --dtype`'s conversion
+// (model/io/half.cc; the compiler's _Float16, which GCC has on x86-64).
+void RoundFloats(const float* src, size_t n, bool bf16, uint16_t* dst);
 
 }  // namespace difftrain::io

@@ -14,6 +14,7 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,91 @@ TEST(HalfTest, TheIntegerConversionEqualsTheCompilersForEveryBitPattern) {
     }
   }
   EXPECT_EQ(nans, 2 * 1023);  // exponent 31, mantissa not zero, either sign
+}
+
+// `export --dtype`'s rounding, held to its definition rather than to another conversion: each
+// float goes to the nearer of the two representable values around it (of 16-bit patterns
+// decoded exactly: HalfBitsToFloat, bf16 bits << 16), a tie to the one with an even last bit;
+// beyond the largest value, to infinity where IEEE's rounding goes; a NaN stays a NaN. Floats:
+// every value of the 16-bit grids, the midpoints between neighbours and just either side of
+// them, and random bit patterns.
+TEST(HalfTest, RoundFloatsGoesToTheNearestValueTiesToEven) {
+  auto bf16_value = [](uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); };
+  // The positive, finite values of each format, ascending: F16 0x0000..0x7bff, BF16 ..0x7f7f.
+  auto expected = [&](float x, bool bf16) -> uint16_t {
+    const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+    const double a = std::fabs(double(x));
+    const uint16_t last = bf16 ? 0x7f7f : 0x7bff;
+    auto value = [&](uint16_t b) { return double(bf16 ? bf16_value(b) : HalfBitsToFloat(b)); };
+    uint16_t lo = 0, hi = last;  // the largest value <= a, by bisection
+    if (a >= value(last)) {
+      lo = last;
+    } else {
+      while (hi - lo > 1) {
+        const uint16_t mid = static_cast<uint16_t>((lo + hi) / 2);
+        (value(mid) <= a ? lo : hi) = mid;
+      }
+    }
+    const double below = value(lo);
+    // Past the largest value, the next step up is infinity (0x7c00, 0x7f80), one ulp on.
+    const double above = lo == last ? below + (below - value(lo - 1)) : value(lo + 1);
+    const uint16_t up = lo == last ? (bf16 ? 0x7f80 : 0x7c00) : static_cast<uint16_t>(lo + 1);
+    if (a == below) return sign | lo;
+    const double to_below = a - below, to_above = above - a;
+    if (to_below < to_above || (to_below == to_above && (lo & 1) == 0)) return sign | lo;
+    return sign | up;
+  };
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1e-10f,
+                           -1e-10f,
+                           65504.0f,
+                           65519.99f,
+                           65520.0f,
+                           1e30f,
+                           -1e30f,
+                           3.3895314e38f,
+                           std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity()};
+  for (uint32_t b = 0; b < 0x7c00; ++b) {
+    const float v = HalfBitsToFloat(static_cast<uint16_t>(b));
+    const float mid = float((double(v) + double(HalfBitsToFloat(uint16_t(b + 1)))) / 2);
+    for (const float x : {v, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)}) {
+      xs.push_back(x);
+      xs.push_back(-x);
+    }
+  }
+  for (uint32_t b = 0; b < 0x7f80; b += 7) {
+    const float v = bf16_value(static_cast<uint16_t>(b));
+    const float mid = std::bit_cast<float>((b << 16) | 0x8000u);
+    for (const float x : {v, mid, std::nextafter(mid, 0.0f),
+                          std::nextafter(mid, std::numeric_limits<float>::infinity())})
+      xs.push_back(x);
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+    if (!std::isnan(x)) xs.push_back(x);
+  }
+  for (const bool bf16 : {false, true}) {
+    std::vector<uint16_t> got(xs.size());
+    RoundFloats(xs.data(), xs.size(), bf16, got.data());
+    int bad = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (got[i] != expected(xs[i], bf16) && ++bad <= 10) {
+        ADD_FAILURE() << (bf16 ? "bf16 " : "fp16 ") << std::hexfloat << xs[i] << ": got 0x"
+                      << std::hex << got[i] << ", expected 0x" << expected(xs[i], bf16);
+      }
+    }
+    EXPECT_EQ(bad, 0) << (bf16 ? "bf16" : "fp16");
+    const float nan[2] = {std::numeric_limits<float>::quiet_NaN(),
+                          -std::numeric_limits<float>::signaling_NaN()};
+    uint16_t nan_bits[2];
+    RoundFloats(nan, 2, bf16, nan_bits);
+    for (const uint16_t h : nan_bits)
+      EXPECT_TRUE(std::isnan(bf16 ? bf16_value(h) : HalfBitsToFloat(h))) << std::hex << h;
+  }
 }
 
 TEST_F(SafetensorsTest, RoundTripsEveryDTypeAndMetadata) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "model/io/half.h"
 
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
@@ -442,11 +443,7 @@ void ResetCounters() {
 }
 
 uint16_t FloatToBf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  return io::FloatToBf16Bits(x);
 }
 
 }  // namespace difftrain::simt
