@@ -1,6 +1,11 @@
 # The two set-up commands of the README, plus the steps they are made of.
 BUILD ?= build
 JOBS ?= $(shell nproc)
+# Tests at once: one more than the cores. Many tests spend part of their time waiting on
+# their subprocesses (ranks, daemons, Slurm, Python references); with as many tests as cores,
+# two cores were 70% busy over ctest's run, with one more the whole run took 22% less time
+# (docs/benchmarks.md, "make test: one test more than the cores").
+TEST_JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 CMAKE_ARGS ?=
 
 .PHONY: deps configure build bench test run format clean
@@ -24,7 +29,7 @@ bench: configure
 # multi-rank test (docs/metrics.md). Tests that check the measurement unset it.
 test: build
 	cd $(BUILD) && DIFFTRAIN_CPU_PEAK_GFLOPS=$${DIFFTRAIN_CPU_PEAK_GFLOPS:-40} \
-	  ctest --output-on-failure -j $(JOBS)
+	  ctest --output-on-failure -j $(TEST_JOBS)
 
 # Trains the default job (a small DiT on Fashion-MNIST, a few minutes on a CPU) the way a
 # cluster does, with a controller and a worker daemon on this machine (`difftrain run`),
