@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "launch/command.h"
 #include "launch/model_options.h"
+#include "launch/sample_denoiser.h"
 #include "launch/sample_files.h"
 #include "launch/sample_image.h"
 #include "launch/sample_options.h"
@@ -280,88 +281,10 @@ int RunSample(const SampleOptions& o) {
     spdlog::info("fused the LoRA {} into {} modules of the model (rank up to {}) at scale {}", lora,
                  fused->modules, fused->rank, o.LoraScale(i));
   }
-  const size_t out_floats = m.output_elements();
-  std::vector<float> guidance_rows;  // the guidance embedding, once per sample of a batch
-  // An inpainting UNet's input: each row's x_t, then its sample's conditioning channels (the
-  // batch's, one per sample; a guided call's two halves are the same samples).
-  const size_t sampled_floats = m.elements(),
-               conditioning_floats = m.input_elements() - m.elements();
-  const float* conditioning = nullptr;
-  int conditioned_samples = 0;
-  std::vector<float> model_input;
-  const size_t context_floats = size_t(m.context_length) * m.context_dim,
-               pooled_floats = m.pooled_text_dim;
-  // SDXL's time ids, after each text's pooled embedding: the unconditional text's are the
-  // negative ones (the refiner's lower aesthetic score).
-  const size_t id_floats = pooled_floats > 0 ? m.time_ids.size() : 0;
-  std::vector<float> text_rows, pooled_rows, time_id_rows;  // SDXL's inputs, split per row
-  auto forward = [&](const float* x_t, const float* t, const int32_t* y, const float* context,
-                     int B, float* out) {
-    model.Reserve(B, 1);
-    const size_t dim = guidance_embedding.size();
-    for (size_t row = guidance_rows.size() / std::max<size_t>(dim, 1); row < size_t(B); ++row)
-      guidance_rows.insert(guidance_rows.end(), guidance_embedding.begin(),
-                           guidance_embedding.end());
-    if (conditioning_floats > 0) {
-      model_input.resize(B * (sampled_floats + conditioning_floats));
-      for (int r = 0; r < B; ++r) {
-        float* row = model_input.data() + r * (sampled_floats + conditioning_floats);
-        std::copy_n(x_t + r * sampled_floats, sampled_floats, row);
-        std::copy_n(conditioning + (r % conditioned_samples) * conditioning_floats,
-                    conditioning_floats, row + sampled_floats);
-      }
-      x_t = model_input.data();
-    }
-    ModelInputs inputs{x_t, t, y, context, dim > 0 ? guidance_rows.data() : nullptr};
-    if (pooled_floats > 0) {
-      // SDXL's: each row's text is its [L, D] embedding, then its pooled one, then its time ids.
-      text_rows.resize(B * context_floats);
-      pooled_rows.resize(B * pooled_floats);
-      time_id_rows.resize(B * id_floats);
-      for (int r = 0; r < B; ++r) {
-        const float* row = context + r * (context_floats + pooled_floats + id_floats);
-        std::copy_n(row, context_floats, text_rows.data() + r * context_floats);
-        std::copy_n(row + context_floats, pooled_floats, pooled_rows.data() + r * pooled_floats);
-        std::copy_n(row + context_floats + pooled_floats, id_floats,
-                    time_id_rows.data() + r * id_floats);
-      }
-      inputs.context = text_rows.data();
-      inputs.pooled_text = pooled_rows.data();
-      inputs.time_ids = time_id_rows.data();
-    }
-    const Status s = model.Forward(0, inputs, nullptr, nullptr);
-    DT_CHECK(s.ok(), "{}", s.message());
-    std::memcpy(out, model.output(0), B * out_floats * sizeof(float));
-  };
-  Denoiser denoiser = [&forward](const float* x_t, const float* t, const int32_t* y, int B,
-                                 float* out) { forward(x_t, t, y, nullptr, B, out); };
-  if (text_model) {
-    // Each prompt's text: its embedding, and an SDXL UNet's pooled one and time ids after it.
-    std::vector<float> embeddings;
-    for (int64_t id : prompts->ids) {
-      const float* e = prompts->table.embedding(id);
-      embeddings.insert(embeddings.end(), e, e + context_floats);
-      if (pooled_floats > 0) {
-        const float* pooled = prompts->table.pooled_embedding(id);
-        embeddings.insert(embeddings.end(), pooled, pooled + pooled_floats);
-        embeddings.insert(embeddings.end(), m.time_ids.begin(), m.time_ids.end());
-      }
-    }
-    std::vector<float> null_text = prompts->null_text;
-    if (pooled_floats > 0) {
-      // Zeros where the pipeline has no unconditional text (SDXL's force_zeros_for_empty_prompt).
-      null_text.resize(context_floats, 0.0f);
-      std::vector<float> null_pooled = prompts->null_pooled;
-      null_pooled.resize(pooled_floats, 0.0f);
-      null_text.insert(null_text.end(), null_pooled.begin(), null_pooled.end());
-      null_text.insert(null_text.end(), negative_time_ids.begin(), negative_time_ids.end());
-    }
-    const std::vector<int32_t> no_labels(2 * o.batch, 0);
-    denoiser = PromptDenoiser(
-        [&forward, &no_labels](const float* x_t, const float* t, const float* context, int B,
-                               float* out) { forward(x_t, t, no_labels.data(), context, B, out); },
-        std::move(embeddings), context_floats + pooled_floats + id_floats, std::move(null_text));
-  }
+  SampleDenoiser calls(model, m, guidance_embedding);
+  const Denoiser denoiser =
+      text_model ? calls.ForPrompts(*prompts, negative_time_ids, o.batch) : calls.ForLabels();
+  const size_t conditioning_floats = calls.conditioning_floats();
 
   // Sample k (row-major in the grid) is column k % per_class of the row of class k / per_class.
   const int total = static_cast<int>(classes.size()) * o.per_class;
@@ -443,10 +366,10 @@ int RunSample(const SampleOptions& o) {
   for (int first = 0; first < total; first += o.batch) {
     const int B = std::min(o.batch, total - first);
     float* x = images.data() + first * n;
-    conditioning = conditioning_rows.empty()
-                       ? nullptr
-                       : conditioning_rows.data() + first * conditioning_floats;
-    conditioned_samples = B;
+    calls.SetConditioning(conditioning_rows.empty()
+                              ? nullptr
+                              : conditioning_rows.data() + first * conditioning_floats,
+                          B);
     // A model of the sampled channels alone inpaints by keeping the image outside the mask.
     std::optional<KeptImage> kept;
     if (inpainting && conditioning_floats == 0) {
