@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "model/io/posix_file.h"
@@ -121,11 +122,18 @@ std::string SplitPrefix(const std::string& split) {
 Result<IdxImages> ReadIdxImages(const std::string& path) {
   DT_ASSIGN_OR_RETURN(IdxReader reader, IdxReader::Open(path));
   DT_ASSIGN_OR_RETURN(std::vector<uint32_t> dims, reader.ReadHeader(kIdxImagesMagic, 3));
+  // Each dimension fits in 32 bits, their product perhaps not in 64 (it would wrap to the size
+  // of a short body); a row or column count past an int is no image either.
+  uint64_t bytes = 0;
+  if (dims[1] > INT32_MAX || dims[2] > INT32_MAX ||
+      __builtin_mul_overflow(uint64_t{dims[0]} * dims[1], uint64_t{dims[2]}, &bytes)) {
+    return IdxError(path, fmt::format("{}×{}×{} images are more bytes than a file holds", dims[0],
+                                      dims[1], dims[2]));
+  }
   IdxImages images;
   images.count = dims[0];
   images.rows = static_cast<int>(dims[1]);
   images.cols = static_cast<int>(dims[2]);
-  const uint64_t bytes = uint64_t{dims[0]} * dims[1] * dims[2];
   DT_ASSIGN_OR_RETURN(images.pixels, reader.ReadBody(bytes, fmt::format("{}×{}×{} images", dims[0],
                                                                         dims[1], dims[2])));
   return images;

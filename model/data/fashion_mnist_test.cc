@@ -243,6 +243,21 @@ TEST_F(FashionMnistFileTest, WrongImageSize) {
   ExpectError(ImagesPath(), "images are 27×27");
 }
 
+// Dimensions whose product wraps around 64 bits (2^28 · 2^28 · 2^8 = 2^64, a body of 0 bytes)
+// are an error, not images the body does not hold; so is a row count past an int.
+TEST_F(FashionMnistFileTest, DimensionsWhoseBytesDoNotFitAreAnError) {
+  WriteGzip(ImagesPath(), Idx(0x803, {1u << 28, 1u << 28, 1u << 8}, ""));
+  Result<IdxImages> read = ReadIdxImages(ImagesPath());
+  ASSERT_FALSE(read.ok()) << read->count << " images of " << read->pixels.size() << " bytes";
+  EXPECT_NE(read.status().message().find("268435456×268435456×256 images are more bytes"),
+            std::string::npos)
+      << read.status().message();
+  WriteGzip(ImagesPath(), Idx(0x803, {0, 0x80000000u, 1}, ""));
+  read = ReadIdxImages(ImagesPath());
+  ASSERT_FALSE(read.ok()) << read->rows << " rows";
+  EXPECT_NE(read.status().message().find(ImagesPath()), std::string::npos);
+}
+
 TEST_F(FashionMnistFileTest, UnknownSplit) {
   Result<std::unique_ptr<F>> data = F::Load(dir_, "validation");
   ASSERT_FALSE(data.ok());
