@@ -358,12 +358,7 @@ void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
   // A(row, k): lane 4·(row % 8) + (k % 8)/2, register (row ≥ 8) + 2·(k ≥ 8), half k % 2.
   // B(k, n): lane 4·n + (k % 8)/2, register (k ≥ 8), half k % 2.
   // D(row, col) of lane l, element i: row l/4 + 8·(i ≥ 2), col 2·(l % 4) + i % 2.
-  auto half = [](uint32_t reg, int k) {
-    const uint32_t bits = uint32_t(uint16_t(reg >> (16 * (k & 1)))) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-  };
+  auto half = [](uint32_t reg, int k) { return Bf16ToFloat(uint16_t(reg >> (16 * (k & 1)))); };
   for (int i = 0; i < 4; ++i) {
     const int row = lane / 4 + 8 * (i >= 2), col = 2 * (lane % 4) + (i & 1);
     float sum = 0;
